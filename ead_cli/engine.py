@@ -1,0 +1,116 @@
+"""Everything between parsed options and a ready Decoder: models found, loaded, checked, a policy built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import registry
+from .compat import check_tokenizers
+from .decoder import Decoder
+from .errors import EadError
+from .policies import SwitchPoint, make_policy
+from .runner import Runner
+from .sampling import SamplingParams
+
+ROLES = ("small", "large")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which models, and how llama.cpp runs them. ``None`` means the default."""
+
+    small: str | None = None
+    large: str | None = None
+    models_file: Path | None = None
+    n_ctx: int | None = None
+    threads: int | None = None
+    n_gpu_layers: int | None = None
+    allow_download: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_ctx is not None and self.n_ctx < 16:
+            raise EadError(f"--ctx must be at least 16, got {self.n_ctx}", exit_code=2)
+        if self.threads is not None and self.threads < 1:
+            raise EadError(f"--threads must be at least 1, got {self.threads}", exit_code=2)
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    mode: str = "ead"
+    policy: str = "gate"
+    tau: float | None = None
+    window: int | None = None
+    min_run: int = 10
+    burst: int = 1
+    switch_point: SwitchPoint = "before"
+    normalize: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise EadError(f"--max-tokens must be at least 0, got {self.max_tokens}", exit_code=2)
+
+
+def load_runners(options: ModelOptions, progress: Callable[[str], None] | None = None) -> list[Runner]:
+    """Resolve and load the small and the large model, and refuse a pair that does not share a tokenizer."""
+    catalog = registry.load_catalog(options.models_file)
+    refs = (options.small or catalog.small, options.large or catalog.large)
+    paths = [
+        registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
+        for ref in refs
+    ]
+    runners: list[Runner] = []
+    try:
+        for role, path in zip(ROLES, paths, strict=True):
+            runners.append(_load(path, role, options))
+        check_tokenizers([(runner.path.name, runner.model) for runner in runners])
+    except BaseException:
+        close_all(runners)
+        raise
+    return runners
+
+
+def _load(path: Path, role: str, options: ModelOptions) -> Runner:
+    return Runner(
+        path, name=role, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.n_gpu_layers
+    )
+
+
+def build_decoder(
+    runners: Sequence[Runner], policy_options: PolicyOptions, generation: GenerationOptions
+) -> Decoder:
+    """A Decoder over loaded runners; invalid policy values become a one-line usage error."""
+    try:
+        policy = make_policy(
+            policy_options.mode,
+            policy_options.policy,
+            tau=policy_options.tau,
+            window=policy_options.window,
+            min_run=policy_options.min_run,
+            burst=policy_options.burst,
+            switch_point=policy_options.switch_point,
+        )
+    except ValueError as error:
+        raise EadError(str(error), exit_code=2) from None
+    return Decoder(
+        runners,
+        ROLES[: len(runners)],
+        policy,
+        generation.sampling,
+        max_tokens=generation.max_tokens,
+        stop=generation.stop,
+        normalize=policy_options.normalize,
+    )
+
+
+def close_all(runners: Sequence[Runner]) -> None:
+    for runner in runners:
+        runner.close()

@@ -1,0 +1,73 @@
+"""From the user's text to prompt token ids: the GGUF's own chat template, rendered in a sandbox."""
+
+from __future__ import annotations
+
+import ctypes
+
+import jinja2
+import llama_cpp
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from .errors import EadError
+from .runner import Runner
+
+Message = dict[str, str]
+
+
+def _token_text(runner: Runner, token: int) -> str:
+    if token < 0:
+        return ""
+    text = llama_cpp.llama_vocab_get_text(runner.vocab, token)
+    return ctypes.string_at(text).decode("utf-8", errors="replace") if text else ""
+
+
+def check_prompt_text(text: str) -> str:
+    """Refuse prompts nothing sensible can come of."""
+    if not text.strip():
+        raise EadError("the prompt is empty", exit_code=2)
+    if "\x00" in text:
+        raise EadError("the prompt contains a NUL byte", exit_code=2)
+    return text
+
+
+def render_chat(runner: Runner, messages: list[Message]) -> str | None:
+    """The conversation as the model's chat template writes it, or None if the GGUF has no template.
+
+    llama-cpp-python renders templates with jinja2's immutable sandbox, so a hostile template cannot
+    reach files or Python internals; any failure becomes a one-line error.
+    """
+    template = runner.metadata("tokenizer.chat_template")
+    if not template:
+        return None
+    eos = _token_text(runner, llama_cpp.llama_vocab_eos(runner.vocab))
+    bos = _token_text(runner, llama_cpp.llama_vocab_bos(runner.vocab))
+    try:
+        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+        return formatter(messages=messages).prompt
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as error:
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise EadError(f"the chat template of {runner.path.name} failed: {detail}") from None
+
+
+def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+    """Prompt token ids: the chat template unless ``raw`` (or the model has none), BOS as the vocab wants."""
+    check_prompt_text(text)
+    messages: list[Message] = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": text}
+    ]
+    rendered = None if raw else render_chat(runner, messages)
+    if rendered is None:
+        rendered = text if raw or not system else f"{system}\n\n{text}"
+    bos = _token_text(runner, llama_cpp.llama_vocab_bos(runner.vocab))
+    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(runner.vocab)) and not (bos and rendered.startswith(bos))
+    return runner.tokenize(rendered, add_special=add_bos)
+
+
+def check_fits(prompt: list[int], n_ctx: int) -> None:
+    """A prompt must leave room for at least one generated token."""
+    if len(prompt) >= n_ctx:
+        raise EadError(
+            f"the prompt is {len(prompt)} tokens, longer than the context of {n_ctx} tokens "
+            f"(raise --ctx or shorten the prompt)",
+            exit_code=2,
+        )

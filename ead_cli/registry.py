@@ -1,0 +1,560 @@
+"""Model references to local GGUF files: an alias from models.toml, or a path.
+
+An alias is looked up, in order, in the Hugging Face hub cache, in the ead cache (files assembled from
+the offline chunk packages), in the offline chunk packages themselves (assembled on first use), and
+finally downloaded from the hub. Every failure is an ``EadError`` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+from ead_cli.errors import EadError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+Progress = Callable[[str], None]
+
+_GGUF_MAGIC = b"GGUF"
+_BLOCK = 8 << 20  # bytes per read while assembling: large enough to stream at disk speed
+_DEFAULT_HUB_TIMEOUT_S = 5.0
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REPO = re.compile(r"[\w.-]+/[\w.-]+")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# Connection-level failures of the HTTP client a huggingface_hub version uses (httpx2, httpx or requests):
+# looked up only among modules already imported, since only those can have raised.
+_TRANSPORT_ERRORS = {
+    "httpx2": ("TransportError",),
+    "httpx": ("TransportError",),
+    "requests": ("ConnectionError", "Timeout"),
+}
+
+
+@dataclass(frozen=True)
+class OfflineSource:
+    """A model file shipped as byte chunks in pip packages, pinned by the SHA-256 of the joined file."""
+
+    packages: tuple[str, ...]  # import names, in the order their chunks are joined
+    version: str  # the pip version every package is pinned at
+    file: str  # name of the assembled file in the ead cache
+    sha256: str
+
+    @staticmethod
+    def pip_name(package: str) -> str:
+        """The package's name on the index (where pip treats ``_`` and ``-`` alike)."""
+        return package.replace("_", "-")
+
+    def requirement(self, package: str) -> str:
+        """What to ``pip install`` for one of the packages."""
+        return f"{self.pip_name(package)}=={self.version}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One alias: where its GGUF file(s) live on the hub, and what to show about it."""
+
+    alias: str
+    repo: str
+    pattern: str  # glob over the repo's top-level files; all matches are fetched, the first is loaded
+    params: float | None = None  # approximate parameter count, for display
+    description: str = ""
+    offline: OfflineSource | None = None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All known aliases (built-in, then the user file's), and the default small/large pair."""
+
+    models: dict[str, ModelSpec]
+    small: str
+    large: str
+
+    def spec(self, alias: str) -> ModelSpec:
+        """The alias's spec; an unknown alias is an error that suggests close matches."""
+        try:
+            return self.models[alias]
+        except KeyError:
+            close = difflib.get_close_matches(alias, list(self.models), n=2, cutoff=0.6)
+            hint = f" (did you mean: {', '.join(close)}?)" if close else ""
+            raise EadError(f"unknown model alias '{alias}'{hint}; see 'ead models list'") from None
+
+
+def load_catalog(user_file: Path | None = None) -> Catalog:
+    """The built-in aliases with a user file (``user_file``, else ``$EAD_MODELS``) merged over them.
+
+    A user alias replaces the built-in one whole, so a user never gets a half-built-in spec.
+    """
+    builtin = _builtin_models_file()
+    models, defaults = _read_models_file(builtin)
+    if user_file is None and os.environ.get("EAD_MODELS"):
+        user_file = Path(os.environ["EAD_MODELS"])
+    user_defaults: dict[str, str] = {}
+    if user_file is not None:
+        user_models, user_defaults = _read_models_file(user_file.expanduser())
+        models |= user_models
+        defaults |= user_defaults
+    for role in ("small", "large"):
+        origin = user_file if role in user_defaults else builtin
+        if role not in defaults:
+            raise EadError(f"models file {origin}: [defaults] has no '{role}' entry")
+        if defaults[role] not in models:
+            raise EadError(f"models file {origin}: default {role} model '{defaults[role]}' is not an alias")
+    return Catalog(models, defaults["small"], defaults["large"])
+
+
+def resolve(
+    ref: str, catalog: Catalog, *, allow_download: bool = True, progress: Progress | None = None
+) -> Path:
+    """The local GGUF file for ``ref``: a path (checked to be a GGUF file) or an alias (fetched if needed).
+
+    Anything with a path separator or a ``.gguf`` suffix is a path, so a typo in a path never turns into
+    a download. With ``allow_download=False`` an alias that is not available locally is an error.
+    """
+    if ref.lower().endswith(".gguf") or any(sep in ref for sep in (os.sep, os.altsep) if sep):
+        return _checked_gguf(Path(ref).expanduser())
+    return _fetch(catalog.spec(ref), allow_download=allow_download, progress=progress)
+
+
+def pull(alias: str, catalog: Catalog, progress: Progress | None = None) -> Path:
+    """Make an alias available locally (offline packages first, else the hub) and return its file."""
+    return _fetch(catalog.spec(alias), allow_download=True, progress=progress)
+
+
+def local_status(spec: ModelSpec) -> str | None:
+    """Where the alias is available right now without a download, for ``ead models list``; cheap.
+
+    ``catalog`` is not needed (``spec`` says it all); it is kept only for the call shape ``cli.py`` uses.
+    """
+    if _hub_cached(spec) is not None:
+        return "hub cache"
+    if _ead_cached(spec) is not None:
+        return "ead cache"
+    if spec.offline is not None and not _locate_packages(spec.offline)[1]:
+        return "offline packages (not assembled)"
+    return None
+
+
+# --- paths -------------------------------------------------------------------------------------------
+
+
+def _checked_gguf(path: Path) -> Path:
+    """``path`` made absolute, after checking it is a readable, non-empty file with the GGUF magic.
+
+    A file cut short after the header is left to llama.cpp, which fails to load it.
+    """
+    if not path.exists():
+        raise EadError(f"model file not found: {path}")
+    if path.is_dir():
+        raise EadError(f"model path is a directory, not a GGUF file: {path}")
+    if not path.is_file():
+        raise EadError(f"model path is not a regular file: {path}")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(_GGUF_MAGIC))
+    except OSError as err:
+        raise EadError(f"cannot read model file ({err.strerror}): {path}") from None
+    if not magic:
+        raise EadError(f"model file is empty (0 bytes): {path}")
+    if magic != _GGUF_MAGIC:
+        raise EadError(f"not a GGUF file (bad magic): {path}")
+    return path.absolute()
+
+
+# --- alias resolution --------------------------------------------------------------------------------
+
+
+def _fetch(spec: ModelSpec, *, allow_download: bool, progress: Progress | None) -> Path:
+    found = _hub_cached(spec) or _ead_cached(spec)
+    if found is not None:
+        return found
+    if spec.offline is not None:
+        package_dirs, missing = _locate_packages(spec.offline)
+        if package_dirs and missing:
+            source = spec.offline
+            raise EadError(
+                f"offline packages for '{spec.alias}' are incomplete (missing "
+                f"{', '.join(source.pip_name(name) for name in missing)}); install them with: "
+                f"pip install {' '.join(source.requirement(name) for name in missing)}"
+            )
+        if package_dirs:
+            return _assemble(spec.alias, spec.offline, package_dirs, progress)
+    if not allow_download or _hub_offline():
+        raise _not_cached_error(spec)
+    if progress is not None:
+        progress(f"downloading {spec.alias} ({spec.pattern}) from the Hugging Face hub repo {spec.repo}")
+    return _download(spec)
+
+
+def _not_cached_error(spec: ModelSpec) -> EadError:
+    return EadError(
+        f"model '{spec.alias}' is not cached and the Hugging Face hub cannot be reached (offline); "
+        f"run 'ead models pull {spec.alias}' when online, or pass a path to a .gguf file"
+    )
+
+
+def _xdg_cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+
+
+def _ead_models_dir() -> Path:
+    root = os.environ.get("EAD_CACHE")
+    return (Path(root).expanduser() if root else _xdg_cache_home() / "ead-cli") / "models"
+
+
+def _hub_cache_dir() -> Path:
+    """The hub cache, read from the environment at call time (huggingface_hub reads it once, at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME")
+    return (Path(home).expanduser() if home else _xdg_cache_home() / "huggingface") / "hub"
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _hub_timeout() -> float:
+    """Seconds to wait for the hub to answer; ``HF_HUB_ETAG_TIMEOUT`` overrides the default."""
+    try:
+        return float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or _DEFAULT_HUB_TIMEOUT_S)
+    except ValueError:
+        return _DEFAULT_HUB_TIMEOUT_S
+
+
+def _first_complete_match(folder: Path, pattern: str) -> Path | None:
+    """The first file matching ``pattern``, or None if there is none or a shard of a split file is missing."""
+    files = sorted(f for f in folder.glob(pattern) if f.is_file())
+    if not files:
+        return None
+    shard = _SHARD.search(files[0].name)
+    if shard is not None:
+        total = shard[2]
+        expected = {_SHARD.sub(f"-{i:05d}-of-{total}.gguf", files[0].name) for i in range(1, int(total) + 1)}
+        if not expected <= {f.name for f in files}:
+            return None
+    return files[0]
+
+
+def _hub_cached(spec: ModelSpec) -> Path | None:
+    """The alias's file in the hub cache, without any network access."""
+    cache = _hub_cache_dir()
+    if not (cache / f"models--{spec.repo.replace('/', '--')}").is_dir():
+        return None  # never fetched: skip importing huggingface_hub, which costs a few tenths of a second
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(
+            spec.repo, allow_patterns=[spec.pattern], local_files_only=True, cache_dir=cache
+        )
+    except LocalEntryNotFoundError:
+        return None
+    return _first_complete_match(Path(folder), spec.pattern)
+
+
+def _download(spec: ModelSpec) -> Path:
+    """Fetch the alias's files from the hub into the hub cache, with huggingface_hub's progress bars."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.utils import HfHubHTTPError, LocalEntryNotFoundError
+
+    cache = _hub_cache_dir()
+    timeout = _hub_timeout()
+    try:
+        # snapshot_download's own first request has no timeout and hangs on a stalled connection,
+        # so a probe with one comes first: an unreachable hub then fails in seconds.
+        HfApi().repo_info(spec.repo, timeout=timeout)
+        folder = snapshot_download(
+            spec.repo, allow_patterns=[spec.pattern], cache_dir=cache, etag_timeout=timeout
+        )
+    except HfHubHTTPError as err:  # the hub answered, but not with the repo
+        raise EadError(f"cannot download model '{spec.alias}' from {spec.repo}: {_first_line(err)}") from None
+    except (ConnectionError, TimeoutError, LocalEntryNotFoundError, *_transport_errors()):
+        raise _not_cached_error(spec) from None
+    except OSError as err:  # the local side: disk full, read-only cache, ...
+        raise EadError(f"cannot download model '{spec.alias}': {_first_line(err)}") from None
+    found = _first_complete_match(Path(folder), spec.pattern)
+    if found is None:
+        raise EadError(f"the Hugging Face repo {spec.repo} has no complete file matching '{spec.pattern}'")
+    return found
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    return tuple(
+        getattr(sys.modules[module], name)
+        for module, names in _TRANSPORT_ERRORS.items()
+        if module in sys.modules
+        for name in names
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+# --- offline packages and the ead cache --------------------------------------------------------------
+
+
+def _sidecar(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _verified(target: Path, sha256: str) -> bool:
+    """Whether ``target`` is the file a past assembly verified: its sidecar records this hash, size and mtime.
+
+    Trusting the sidecar spares hashing a gigabyte on every run; any change to the file changes its mtime.
+    """
+    try:
+        record = json.loads(_sidecar(target).read_text())
+        stat = target.stat()
+    except (OSError, ValueError):
+        return False
+    return record == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _ead_cached(spec: ModelSpec) -> Path | None:
+    if spec.offline is None:
+        return None
+    target = _ead_models_dir() / spec.offline.file
+    return target if _verified(target, spec.offline.sha256) else None
+
+
+def _locate_packages(source: OfflineSource) -> tuple[list[Path], list[str]]:
+    """The directories of the installed chunk packages (in order), and the names of those not installed.
+
+    Found by import spec, without importing them: they hold data, not code worth running.
+    """
+    found: list[Path] = []
+    missing: list[str] = []
+    for name in source.packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            missing.append(name)
+        else:
+            found.append(Path(next(iter(spec.submodule_search_locations))))
+    return found, missing
+
+
+@contextmanager
+def _exclusive_lock(lock: IO[str], on_wait: Callable[[], None]) -> Iterator[None]:
+    """Hold an exclusive flock on the open ``lock``, calling ``on_wait`` first if another process has it."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        on_wait()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progress: Progress | None) -> Path:
+    """Join the chunks into the ead cache, atomically, and only if the result has the pinned SHA-256.
+
+    Under the lock, a file another process finished meanwhile is used as is.
+    """
+    say = progress or (lambda _message: None)
+    models_dir = _ead_models_dir()
+    target = models_dir / source.file
+    try:
+        models_dir.mkdir(parents=True, exist_ok=True)
+        # The lock file stays behind: deleting it would let a third process lock a fresh file meanwhile.
+        lock = (models_dir / f".{source.file}.lock").open("a")
+    except OSError as err:
+        raise EadError(
+            f"cannot write to the ead cache folder {models_dir} ({err.strerror}); "
+            "set EAD_CACHE to a writable folder"
+        ) from None
+    with lock, _exclusive_lock(lock, lambda: say(f"waiting for another process assembling {alias}...")):
+        if _verified(target, source.sha256):
+            return target
+        for leftover in models_dir.glob(f".{source.file}.*.tmp"):  # from a run killed mid-assembly
+            leftover.unlink()
+        chunks = _chunk_files(source, package_dirs)
+        size_mib = sum(chunk.stat().st_size for chunk in chunks) / 2**20
+        say(f"assembling {alias} ({size_mib:.0f} MiB) from {len(chunks)} offline packages into {target}")
+        fd, tmp_name = tempfile.mkstemp(dir=models_dir, prefix=f".{source.file}.", suffix=".tmp")
+        tmp = Path(tmp_name)
+        try:
+            digest = hashlib.sha256()
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    with chunk.open("rb") as f:
+                        while block := f.read(_BLOCK):
+                            digest.update(block)
+                            out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            if digest.hexdigest() != source.sha256:
+                raise EadError(
+                    f"offline package data for {alias} failed its SHA-256 check "
+                    f"(expected {source.sha256}, got {digest.hexdigest()})"
+                )
+            os.replace(tmp, target)
+            stat = target.stat()
+            _sidecar(target).write_text(
+                json.dumps({"sha256": source.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+            )
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)
+            if isinstance(err, OSError):
+                raise EadError(f"assembling {alias} into {models_dir} failed: {_first_line(err)}") from None
+            raise
+    return target
+
+
+def _chunk_files(source: OfflineSource, package_dirs: list[Path]) -> list[Path]:
+    chunks: list[Path] = []
+    for name, package_dir in zip(source.packages, package_dirs, strict=True):
+        files = sorted((package_dir / "data").glob("*.bin"))
+        if not files:
+            raise EadError(
+                f"offline package {name} has no data/*.bin files in {package_dir}; "
+                f"reinstall it: pip install --force-reinstall {source.requirement(name)}"
+            )
+        chunks += files
+    return chunks
+
+
+# --- models.toml -------------------------------------------------------------------------------------
+
+
+def _builtin_models_file() -> Path:
+    """Inside the package when installed from a wheel, else at the top of the source tree."""
+    package_dir = Path(__file__).resolve().parent
+    for candidate in (package_dir / "models.toml", package_dir.parent / "models.toml"):
+        if candidate.is_file():
+            return candidate
+    raise EadError(f"the built-in models.toml is missing from {package_dir}; reinstall ead-cli")
+
+
+# What a value of each kind of field must be, and how an error message describes that.
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "text": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
+    "number": (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
+        "a positive number",
+    ),
+    "names": (
+        lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) and x.isidentifier() for x in v),
+        "a non-empty list of package import names",
+    ),
+    "table": (lambda v: isinstance(v, dict), "a table"),
+}
+
+
+class _Table:
+    """One TOML table under validation: errors name the file and the key, and unknown keys are typos."""
+
+    def __init__(self, data: dict[str, Any], prefix: str, path: Path) -> None:
+        self.data = dict(data)
+        self.prefix = prefix  # dotted key of this table, "" for the top level
+        self.path = path
+        self.known: list[str] = []
+
+    def key(self, key: str) -> str:
+        """``key`` as it would be written in TOML under this table."""
+        quoted = key if _BARE_KEY.fullmatch(key) else f'"{key}"'
+        return f"{self.prefix}.{quoted}" if self.prefix else quoted
+
+    def fail(self, problem: str) -> NoReturn:
+        raise EadError(f"models file {self.path}: {problem}")
+
+    def take(self, key: str, kind: str, *, required: bool = True) -> Any:
+        """Remove and return ``key``, checked to be of ``kind``; None if absent and not required."""
+        self.known.append(key)
+        if key not in self.data:
+            if required:
+                self.fail(f"{self.key(key)} is missing")
+            return None
+        value = self.data.pop(key)
+        check, expected = _KINDS[kind]
+        if not check(value):
+            self.fail(f"{self.key(key)} must be {expected}, not {value!r}")
+        return value
+
+    def finish(self) -> None:
+        """Reject keys nobody took: in a hand-written file they are typos."""
+        if self.data:
+            unknown = ", ".join(self.key(key) for key in sorted(self.data))
+            self.fail(f"unknown key {unknown} (known here: {', '.join(self.known)})")
+
+
+def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]:
+    """The aliases and the [defaults] entries of one models file."""
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise EadError(f"models file not found: {path}") from None
+    except OSError as err:
+        raise EadError(f"cannot read models file {path}: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise EadError(f"models file {path} is not valid TOML: {' '.join(str(err).split())}") from None
+    top = _Table(data, "", path)
+    defaults_table = _Table(top.take("defaults", "table", required=False) or {}, "defaults", path)
+    defaults = {role: defaults_table.take(role, "text", required=False) for role in ("small", "large")}
+    defaults_table.finish()
+    models_table = _Table(top.take("models", "table", required=False) or {}, "models", path)
+    models = {
+        alias: _parse_spec(alias, _Table(models_table.take(alias, "table"), models_table.key(alias), path))
+        for alias in list(models_table.data)
+    }
+    top.finish()
+    return models, {role: name for role, name in defaults.items() if name is not None}
+
+
+def _parse_spec(alias: str, table: _Table) -> ModelSpec:
+    if not alias or any(c.isspace() or c in "/\\" for c in alias) or alias.lower().endswith(".gguf"):
+        table.fail(f"alias {alias!r} must be non-empty, without spaces or slashes, and not end in .gguf")
+    repo = table.take("repo", "text")
+    if not _REPO.fullmatch(repo):
+        table.fail(f'{table.key("repo")} must look like "owner/name", not {repo!r}')
+    pattern = table.take("pattern", "text")
+    if not pattern.endswith(".gguf"):
+        table.fail(f"{table.key('pattern')} must end in .gguf, not {pattern!r}")
+    description = table.take("description", "text", required=False) or ""
+    params = table.take("params", "number", required=False)
+    offline = table.take("offline", "table", required=False)
+    table.finish()
+    if offline is not None:
+        offline = _parse_offline(_Table(offline, table.key("offline"), table.path))
+    return ModelSpec(
+        alias=alias,
+        repo=repo,
+        pattern=pattern,
+        params=None if params is None else float(params),
+        description=description,
+        offline=offline,
+    )
+
+
+def _parse_offline(table: _Table) -> OfflineSource:
+    packages = table.take("packages", "names")
+    version = table.take("version", "text")
+    file = table.take("file", "text")
+    if "/" in file or "\\" in file or not file.endswith(".gguf"):
+        table.fail(f"{table.key('file')} must be a bare file name ending in .gguf, not {file!r}")
+    sha256 = table.take("sha256", "text").lower()
+    if not _SHA256.fullmatch(sha256):
+        table.fail(f"{table.key('sha256')} must be 64 hex digits, not {sha256!r}")
+    table.finish()
+    return OfflineSource(tuple(packages), version, file, sha256)

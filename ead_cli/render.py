@@ -1,0 +1,105 @@
+"""Showing a generation: coloured text on a terminal, plain text in a pipe, JSON lines for machines."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from .decoder import Summary, TokenEvent
+
+_STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
+_RESET = "\x1b[0m"
+
+
+def wants_color(stream: TextIO, no_color: bool) -> bool:
+    """Colour on a terminal unless --no-color or NO_COLOR (https://no-color.org); FORCE_COLOR forces it."""
+    if no_color or os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return stream.isatty()
+
+
+class TextRenderer:
+    """Streams token text as it comes, each token in its model's colour when ``color``."""
+
+    def __init__(self, out: TextIO, *, color: bool) -> None:
+        self.out = out
+        self.color = color
+
+    def legend(self, names: dict[str, str]) -> str:
+        """One line naming the colours, e.g. ``■ small: qwen-0.5b.gguf  ■ large: qwen-1.5b.gguf``."""
+        parts = []
+        for role, name in names.items():
+            code = _STYLE.get(role, ("", ""))[0] if self.color else ""
+            parts.append(f"{code}■ {role}{_RESET if code else ''}: {name}")
+        return "  ".join(parts)
+
+    def event(self, event: TokenEvent) -> None:
+        if not event.text:
+            return
+        if self.color:
+            self.out.write(f"{_STYLE.get(event.model, ('', ''))[0]}{event.text}{_RESET}")
+        else:
+            self.out.write(event.text)
+        self.out.flush()
+
+    def finish(self, summary: Summary) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+class JsonlRenderer:
+    """One JSON object per token, then one summary object; every object has a ``type``."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def event(self, event: TokenEvent) -> None:
+        self.out.write(json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False) + "\n")
+        self.out.flush()
+
+    def finish(self, summary: Summary) -> None:
+        self.out.write(json.dumps({"type": "summary", **asdict(summary)}) + "\n")
+        self.out.flush()
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f}s"
+
+
+def stats_headline(summary: Summary) -> str:
+    """Two lines: what was produced, and what it cost."""
+    return (
+        f"{summary.generated} tokens ({summary.finish_reason}), prompt {summary.prompt_tokens} · "
+        f"large share {summary.large_share:.1%} · switches {summary.switches}\n"
+        f"param cost {summary.param_cost:.3f} · {summary.flops / 1e9:,.1f} GFLOP · "
+        f"{_seconds(summary.wall_s)} wall · {summary.tokens_per_s:.1f} tok/s"
+    )
+
+
+def stats_table(summary: Summary) -> Table:
+    """Per model: tokens written, and tokens read (and seconds) in each phase, FLOPs."""
+    table = Table(box=None, pad_edge=False)
+    for column in ("model", "written", "prefill", "decode", "catch-up", "GFLOP"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for report in summary.models:
+        table.add_row(
+            report.role,
+            str(report.written),
+            f"{report.prefill_tokens} in {_seconds(report.prefill_s)}",
+            f"{report.decode_tokens} in {_seconds(report.decode_s)}",
+            f"{report.catchup_tokens} in {_seconds(report.catchup_s)}",
+            f"{report.flops / 1e9:,.1f}",
+        )
+    return table
+
+
+def print_stats(console: Console, summary: Summary) -> None:
+    console.print(stats_headline(summary), soft_wrap=True)
+    console.print(stats_table(summary))

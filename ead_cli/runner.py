@@ -1,0 +1,283 @@
+"""One llama.cpp context per model, fed lazily from the token list the models share.
+
+A runner knows how many tokens of the shared sequence it has read (``n_past``). ``sync`` feeds only
+the unseen tail and returns a zero-copy view of the logits at the last position. Feeding is split by
+phase so the figures are honest: the prompt (prefill), the model's own previous token (decode, one
+token), and tokens another model wrote while this one was idle (catch-up, one batch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Literal
+
+import llama_cpp
+import numpy as np
+
+from .errors import EadError
+
+Phase = Literal["prefill", "decode", "catchup"]
+DEFAULT_CTX = 4096  # tokens, capped at the model's training context
+_QUIET_LEVEL = logging.CRITICAL + 1
+
+
+def _init_backend() -> None:
+    """Initialise llama.cpp once; its log goes to llama-cpp-python's logger, silent unless EAD_VERBOSE."""
+    import llama_cpp._logger
+
+    level = logging.DEBUG if os.environ.get("EAD_VERBOSE") else _QUIET_LEVEL
+    logging.getLogger("llama-cpp-python").setLevel(level)
+    llama_cpp.llama_backend_init()
+
+
+_init_backend()
+
+
+def default_threads() -> int:
+    """All the cores this process may use: llama.cpp's decode is bound by them on a CPU."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def gpu_offload_available() -> bool:
+    """True for CUDA, Metal, Vulkan… builds of llama.cpp."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+_OUTPUT_TENSOR = len(b"output.weight").to_bytes(8, "little") + b"output.weight"
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def has_untied_output(path: Path) -> bool:
+    """Whether the GGUF stores an output matrix of its own (else the head reuses the embeddings).
+
+    Looks for the tensor name, length-prefixed as GGUF writes it, in each shard's header region.
+    """
+    shards = [path]
+    match = _SHARD.search(path.name)
+    if match:
+        stem = path.name[: match.start()]
+        shards = sorted(path.parent.glob(f"{stem}-*-of-{match.group(2)}.gguf"))
+    for shard in shards:
+        with open(shard, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            if view.find(_OUTPUT_TENSOR, 0, min(len(view), 64 << 20)) >= 0:
+                return True
+    return False
+
+
+@dataclass
+class PhaseCounter:
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class RunnerStats:
+    """What a runner did. FLOPs are 2 x body parameters per token read + 2 x head size per logits row."""
+
+    prefill: PhaseCounter
+    decode: PhaseCounter
+    catchup: PhaseCounter
+    logits_rows: int = 0
+
+    @classmethod
+    def empty(cls) -> RunnerStats:
+        return cls(PhaseCounter(), PhaseCounter(), PhaseCounter())
+
+    @property
+    def tokens_read(self) -> int:
+        return self.prefill.tokens + self.decode.tokens + self.catchup.tokens
+
+
+class Runner:
+    """A llama.cpp model and context with a cursor into the shared token list.
+
+    ``n_ctx`` None: 4096 tokens or the model's training context if smaller. ``n_gpu_layers`` None: every
+    layer when llama.cpp was built with a GPU backend (CUDA, Metal, Vulkan), else none; -1 means all.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        name: str,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_gpu_layers: int | None = None,
+        n_batch: int = 512,
+    ) -> None:
+        self.path = Path(path)
+        self.name = name
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        model_params = llama_cpp.llama_model_default_params()
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if gpu_offload_available() else 0
+        model_params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if not self._model:
+            raise EadError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported GGUF)")
+        self.vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
+        self.n_params = llama_cpp.llama_model_n_params(self._model)
+        self.n_embd = llama_cpp.llama_model_n_embd(self._model)
+        # Embedding lookups are free; the output head runs only for rows whose logits we ask for.
+        self.head_params = self.n_vocab * self.n_embd
+        stored_matrices = 2 if has_untied_output(self.path) else 1
+        self.body_params = max(self.n_params - stored_matrices * self.head_params, 0)
+
+        if n_ctx is None:
+            n_ctx = min(DEFAULT_CTX, self.n_ctx_train) if self.n_ctx_train > 0 else DEFAULT_CTX
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx
+        self.n_batch = min(n_batch, n_ctx)
+        ctx_params.n_batch = self.n_batch
+        ctx_params.n_ubatch = self.n_batch
+        threads = n_threads or default_threads()
+        ctx_params.n_threads = threads
+        ctx_params.n_threads_batch = threads
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            self.close()
+            raise EadError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_past = 0
+        self._logits_at = -1  # n_past when the logits buffer was last filled
+        self.stats = RunnerStats.empty()
+
+    @property
+    def model(self) -> llama_cpp.llama_model_p:
+        return self._model
+
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p:
+        return self._ctx
+
+    def sync(self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool) -> np.ndarray:
+        """Read every token this model has not seen; return the logits predicting the next one.
+
+        ``prompt_len``: tokens[:prompt_len] are the prompt (counted as prefill). ``own_tail``: the last
+        token was written by this model, so a one-token feed is an ordinary decode step.
+        The returned array is a view into llama.cpp's buffer, valid until the next feed.
+        """
+        n = len(tokens)
+        if n > self.n_ctx:
+            raise EadError(f"{n} tokens do not fit the context of {self.n_ctx} tokens")
+        if self.n_past == n and self._logits_at != n:
+            self.truncate(n - 1)  # the logits buffer belongs to another position: recompute the last row
+        start = self.n_past
+        if start < prompt_len:
+            self._feed(tokens, start, min(prompt_len, n), "prefill")
+            start = self.n_past
+        if start < n:
+            phase: Phase = "decode" if own_tail and n - start == 1 else "catchup"
+            self._feed(tokens, start, n, phase)
+        return self.logits()
+
+    def logits(self) -> np.ndarray:
+        """Zero-copy view of the last computed row of logits."""
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on (rollback, chat edits)."""
+        if n < self.n_past:
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
+            self.n_past = n
+
+    def _feed(self, tokens: Sequence[int], start: int, end: int, phase: Phase) -> None:
+        batch = self._batch
+        counter: PhaseCounter = getattr(self.stats, phase)
+        began = perf_counter()
+        for chunk_start in range(start, end, self.n_batch):
+            chunk_end = min(end, chunk_start + self.n_batch)
+            count = chunk_end - chunk_start
+            batch.n_tokens = count
+            for i in range(count):
+                batch.token[i] = tokens[chunk_start + i]
+                batch.pos[i] = chunk_start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = False
+            batch.logits[count - 1] = chunk_end == end
+            status = llama_cpp.llama_decode(self._ctx, batch)
+            if status != 0:
+                self.truncate(chunk_start)
+                raise EadError(f"llama.cpp failed to decode with {self.name} (status {status})")
+            self.n_past = chunk_end
+        counter.seconds += perf_counter() - began
+        counter.tokens += end - start
+        self.stats.logits_rows += 1
+        self._logits_at = end
+
+    def flops(self) -> float:
+        """Forward FLOPs so far: 2 x body params per token read, 2 x head params per logits row."""
+        return 2.0 * (self.body_params * self.stats.tokens_read + self.head_params * self.stats.logits_rows)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as nothing)."""
+        buffer = ctypes.create_string_buffer(64)
+        size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
+        if size < 0:
+            buffer = ctypes.create_string_buffer(-size)
+            size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, -size, 0, False)
+        return buffer.raw[:size]
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        buffer = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), buffer, capacity, add_special, parse_special
+        )
+        if count < 0:
+            capacity = -count
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), buffer, capacity, add_special, parse_special
+            )
+        return list(buffer[:count])
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def metadata(self, key: str) -> str | None:
+        """A string value from the GGUF metadata (e.g. tokenizer.chat_template), or None."""
+        size = 256
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            needed = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buffer, size)
+            if needed < 0:
+                return None
+            if needed < size:
+                return buffer.value.decode("utf-8", errors="replace")
+            size = needed + 1
+
+    def close(self) -> None:
+        """Free the batch, context and model (safe to call twice)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""Token choice through llama.cpp's own sampler chain, shared by every model of a run.
+
+One chain serves all models, so the random stream (and ``--seed``) carries across switches: the same
+seed gives the same text run to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llama_cpp
+
+from .errors import EadError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temp 0 is greedy; otherwise top-k, top-p, min-p, then temperature, then a seeded draw."""
+
+    temp: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temp < 0:
+            raise EadError(f"--temp must be at least 0, got {self.temp}", exit_code=2)
+        if self.top_k < 0:
+            raise EadError(f"--top-k must be at least 0 (0 disables it), got {self.top_k}", exit_code=2)
+        if not 0.0 < self.top_p <= 1.0:
+            raise EadError(f"--top-p must be in (0, 1], got {self.top_p}", exit_code=2)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise EadError(f"--min-p must be in [0, 1], got {self.min_p}", exit_code=2)
+        if not 0 <= self.seed < 2**32 - 1:
+            raise EadError(f"--seed must be in [0, 4294967294], got {self.seed}", exit_code=2)
+
+
+class Sampler:
+    """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        chain_params = llama_cpp.llama_sampler_chain_default_params()
+        self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        add = llama_cpp.llama_sampler_chain_add
+        if params.temp == 0:
+            add(self._chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(self._chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+            add(self._chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            add(self._chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
+            add(self._chain, llama_cpp.llama_sampler_init_dist(params.seed))
+
+    def sample(self, ctx: llama_cpp.llama_context_p) -> int:
+        """Choose the next token from ctx's last logits row (and record it in the chain's state)."""
+        return llama_cpp.llama_sampler_sample(self._chain, ctx, -1)
+
+    def close(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None

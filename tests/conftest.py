@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny GGUF models written once per test session (a few ms each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def tiny_small(tiny_dir: Path) -> Path:
+    """The "small" model of a pair: base vocabulary, seed 0, middle entropy."""
+    return write_tiny_model(tiny_dir / "small.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_large(tiny_dir: Path) -> Path:
+    """The "large" model: the small one's vocabulary, another seed, so it predicts differently."""
+    return write_tiny_model(tiny_dir / "large.gguf", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_small: Path, tiny_large: Path) -> tuple[Path, Path]:
+    return tiny_small, tiny_large
+
+
+@pytest.fixture(scope="session")
+def tiny_other_vocab(tiny_dir: Path) -> Path:
+    """Same vocabulary size as the pair, but token 258 is 're' where the pair has 'er'."""
+    return write_tiny_model(tiny_dir / "other_vocab.gguf", seed=2, vocab="other")
+
+
+@pytest.fixture(scope="session")
+def tiny_other_size(tiny_dir: Path) -> Path:
+    """64 more merged tokens than the pair: 331 tokens instead of 267."""
+    return write_tiny_model(tiny_dir / "other_size.gguf", seed=3, vocab="bigger")

