@@ -107,6 +107,7 @@ class Decoder:
         self._started, self._ended, self._finish = perf_counter(), None, "interrupted"
         self._generated, self._written = 0, [0] * len(runners)
         for runner in runners:
+            runner.align(tokens)
             runner.stats = RunnerStats.empty()
         last_writer = -1
         try:

@@ -153,6 +153,7 @@ class Runner:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
+        self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
         self.stats = RunnerStats.empty()
 
@@ -191,10 +192,27 @@ class Runner:
         return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
 
     def truncate(self, n: int) -> None:
-        """Forget every position from n on (rollback, chat edits)."""
-        if n < self.n_past:
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
-            self.n_past = n
+        """Forget every position from n on (rollback, chat edits).
+
+        Always clears the cache from n, also past ``n_past``: a Ctrl-C that lands inside llama_decode
+        can leave cells there that ``n_past`` never counted.
+        """
+        llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
+        self.n_past = min(self.n_past, n)
+        del self._seen[n:]
+
+    def align(self, tokens: Sequence[int]) -> int:
+        """Keep the cached prefix shared with ``tokens``, drop the rest; return how many tokens are kept.
+
+        A new run (the next chat turn, another prompt) then reads only what differs.
+        """
+        seen = self._seen
+        common = 0
+        limit = min(len(seen), len(tokens))
+        while common < limit and seen[common] == tokens[common]:
+            common += 1
+        self.truncate(common)
+        return common
 
     def _feed(self, tokens: Sequence[int], start: int, end: int, phase: Phase) -> None:
         batch = self._batch
@@ -216,6 +234,7 @@ class Runner:
                 self.truncate(chunk_start)
                 raise EadError(f"llama.cpp failed to decode with {self.name} (status {status})")
             self.n_past = chunk_end
+            self._seen.extend(tokens[chunk_start:chunk_end])
         counter.seconds += perf_counter() - began
         counter.tokens += end - start
         self.stats.logits_rows += 1
