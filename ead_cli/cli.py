@@ -33,6 +33,7 @@ class Mode(str, Enum):
     ead = "ead"
     small = "small"
     large = "large"
+    spec = "spec"
 
 
 class PolicyName(str, Enum):
@@ -56,7 +57,14 @@ ModelsFile = Annotated[
     Path | None,
     typer.Option("--models", envvar="EAD_MODELS", help="A TOML file of extra or overriding aliases."),
 ]
-ModeOpt = Annotated[Mode, typer.Option(help="ead switches between the models; small/large use one alone.")]
+ModeOpt = Annotated[
+    Mode,
+    typer.Option(help="ead switches by entropy; small/large use one alone; spec is speculative decoding."),
+]
+Draft = Annotated[int, typer.Option(help="spec: tokens the small model drafts per round.")]
+DraftStop = Annotated[
+    float | None, typer.Option(help="spec: end a draft early at this small-model entropy (bits).")
+]
 PolicyOpt = Annotated[PolicyName, typer.Option(help="gate: per-token; ead: the paper's rolling-window rule.")]
 Tau = Annotated[float | None, typer.Option(help="Entropy threshold in bits [default: gate 1.0, ead 0.5].")]
 Window = Annotated[
@@ -123,6 +131,8 @@ def generate(
     burst: Burst = 1,
     switch_point: SwitchPointOpt = SwitchPointName.before,
     normalize: Normalize = False,
+    draft: Draft = 4,
+    draft_entropy_stop: DraftStop = None,
     temp: Temp = 0.0,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -149,7 +159,7 @@ def generate(
         tuple(stop or ()),
     )
     policy_options = PolicyOptions(
-        mode.value, policy.value, tau, window, min_run, burst, switch_point.value, normalize
+        mode.value, policy.value, tau, window, min_run, burst, switch_point.value, normalize, draft, draft_entropy_stop
     )
     model_options = ModelOptions(small, large, models, ctx, threads, n_gpu_layers)
     runners = load_runners(model_options, progress=_progress)

@@ -1,4 +1,10 @@
-"""The decoding loop: models take turns on one token list, as a policy decides; events stream out."""
+"""The decoding loops: models take turns on one token list, as a policy decides; events stream out.
+
+``Decoder`` is entropy-adaptive decoding: a policy picks the model for each token. ``SpeculativeDecoder``
+is the lossless baseline over the same runners: the small model drafts, the large one verifies the
+draft in one batch and keeps the longest prefix it agrees with. Both yield the same events and
+summaries, so every comparison shares every line of model code.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 
+import numpy as np
+
 from .entropy import entropy_bits, max_entropy_bits
 from .policies import Policy
 from .runner import Runner, RunnerStats
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, probabilities
 from .text import TextStream
 
 
@@ -46,8 +54,10 @@ class ModelReport:
 
 @dataclass(frozen=True)
 class Summary:
-    """Figures for a whole generation. ``param_cost`` is the paper's metric: sum over models of tokens
-    written x parameters, over (all tokens x the largest model's parameters)."""
+    """Figures for a whole generation. ``switches``: how often the writing model changed. ``param_cost``
+    is the paper's metric: sum over models of tokens written x parameters, over (all tokens x the
+    largest model's parameters). ``drafted`` and
+    ``acceptance_rate`` are for speculative decoding (0 and None otherwise)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -59,90 +69,81 @@ class Summary:
     wall_s: float
     tokens_per_s: float
     models: tuple[ModelReport, ...]
+    drafted: int = 0
+    acceptance_rate: float | None = None
 
 
-class Decoder:
-    """Owns the token list, the runners, the policy and the sampler. Knows nothing about terminals.
-
-    Runners are ordered from the smallest to the largest; ``roles`` names them ("small", "large").
-    """
+class _Generation:
+    """What both loops share: the token list, stop conditions, counters and the summary."""
 
     def __init__(
         self,
         runners: Sequence[Runner],
         roles: Sequence[str],
-        policy: Policy,
         sampling: SamplingParams,
         *,
         max_tokens: int = 512,
         stop: Sequence[str] = (),
-        normalize: bool = False,
     ) -> None:
         self.runners = tuple(runners)
         self.roles = tuple(roles)
-        self.policy = policy
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.stop = tuple(stop)
-        self._entropy_scale = 1.0 / max_entropy_bits(self.runners[0].n_vocab) if normalize else 1.0
+        self.tokens: list[int] = []
         self._written = [0] * len(self.runners)
         self._prompt_len = 0
         self._generated = 0
+        self._switches = 0
+        self._drafted = 0
+        self._accepted = 0
+        self._last_writer = -1
         self._finish = "interrupted"
         self._started = 0.0
         self._ended: float | None = None
+        self._text = TextStream(self.stop)
 
     @property
     def n_ctx(self) -> int:
         return min(runner.n_ctx for runner in self.runners)
 
-    def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
-        """Generate from the prompt's token ids, yielding one event per token."""
-        runners, roles, policy, scale = self.runners, self.roles, self.policy, self._entropy_scale
-        tokens = list(prompt)
-        prompt_len = self._prompt_len = len(tokens)
-        n_ctx = self.n_ctx
-        text = TextStream(self.stop)
-        sampler = Sampler(self.sampling)
+    def _begin(self, prompt: Sequence[int]) -> list[int]:
+        self.tokens = list(prompt)
+        self._prompt_len = len(self.tokens)
+        self._text = TextStream(self.stop)
         self._started, self._ended, self._finish = perf_counter(), None, "interrupted"
-        self._generated, self._written = 0, [0] * len(runners)
-        for runner in runners:
-            runner.align(tokens)
+        self._generated, self._switches, self._drafted, self._accepted = 0, 0, 0, 0
+        self._last_writer = -1
+        self._written = [0] * len(self.runners)
+        for runner in self.runners:
+            runner.align(self.tokens)
             runner.stats = RunnerStats.empty()
-        last_writer = -1
-        try:
-            while self._generated < self.max_tokens:
-                evaluated = policy.active
-                runner = runners[evaluated]
-                logits = runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == evaluated)
-                entropy = entropy_bits(logits) * scale
-                writer = policy.observe(entropy)
-                if writer != evaluated:
-                    runner = runners[writer]
-                    runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == writer)
-                token = sampler.sample(runner.ctx)
-                tokens.append(token)
-                self._written[writer] += 1
-                self._generated += 1
-                last_writer = writer
-                piece = text.push(runner.token_bytes(token))
-                if runner.is_end_of_generation(token) or text.stopped:
-                    self._finish = "stop"
-                elif self._generated >= self.max_tokens or len(tokens) > n_ctx:
-                    self._finish = "length"
-                else:
-                    yield TokenEvent(
-                        self._generated - 1, token, piece, roles[writer], entropy, policy.rolling
-                    )
-                    continue
-                yield TokenEvent(
-                    self._generated - 1, token, piece + text.flush(), roles[writer], entropy, policy.rolling
-                )
-                return
+        return self.tokens
+
+    def _emit(self, token: int, writer: int, entropy: float, rolling: float) -> TokenEvent:
+        """Append a token; set the finish reason if it ends the generation (check ``self.finished``)."""
+        self.tokens.append(token)
+        self._written[writer] += 1
+        self._generated += 1
+        if self._generated > 1 and writer != self._last_writer:
+            self._switches += 1
+        self._last_writer = writer
+        runner = self.runners[writer]
+        piece = self._text.push(runner.token_bytes(token))
+        if runner.is_end_of_generation(token) or self._text.stopped:
+            self._finish = "stop"
+        elif self._generated >= self.max_tokens or len(self.tokens) > self.n_ctx:
             self._finish = "length"
-        finally:
-            self._ended = perf_counter()
-            sampler.close()
+        if self._finish != "interrupted":
+            piece += self._text.flush()
+        return TokenEvent(self._generated - 1, token, piece, self.roles[writer], entropy, rolling)
+
+    @property
+    def finished(self) -> bool:
+        return self._finish != "interrupted"
+
+    def _end(self) -> None:
+        self._ended = perf_counter()
 
     def summary(self) -> Summary:
         """Figures so far; valid after an interrupted run too (finish reason 'interrupted')."""
@@ -171,11 +172,156 @@ class Decoder:
             finish_reason=self._finish,
             prompt_tokens=self._prompt_len,
             generated=total,
-            switches=self.policy.switches,
+            switches=self._switches,
             large_share=self._written[-1] / total if total else 0.0,
             param_cost=weighted / (total * largest) if total else 0.0,
             flops=sum(report.flops for report in reports),
             wall_s=wall,
             tokens_per_s=total / wall if wall else 0.0,
             models=reports,
+            drafted=self._drafted,
+            acceptance_rate=self._accepted / self._drafted if self._drafted else None,
         )
+
+
+class Decoder(_Generation):
+    """Entropy-adaptive decoding: at each step the policy's active model is evaluated, its entropy
+    observed, and the policy names the model that writes the token. Runners are ordered from the
+    smallest to the largest; ``roles`` names them ("small", "large")."""
+
+    def __init__(
+        self,
+        runners: Sequence[Runner],
+        roles: Sequence[str],
+        policy: Policy,
+        sampling: SamplingParams,
+        *,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        normalize: bool = False,
+    ) -> None:
+        super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
+        self.policy = policy
+        self._entropy_scale = 1.0 / max_entropy_bits(self.runners[0].n_vocab) if normalize else 1.0
+
+    def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
+        """Generate from the prompt's token ids, yielding one event per token."""
+        runners, policy, scale = self.runners, self.policy, self._entropy_scale
+        tokens = self._begin(prompt)
+        prompt_len = len(tokens)
+        sampler = Sampler(self.sampling)
+        last_writer = -1
+        try:
+            while self._generated < self.max_tokens:
+                evaluated = policy.active
+                runner = runners[evaluated]
+                logits = runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == evaluated)
+                entropy = entropy_bits(logits) * scale
+                writer = policy.observe(entropy)
+                if writer != evaluated:
+                    runner = runners[writer]
+                    runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == writer)
+                last_writer = writer
+                yield self._emit(sampler.sample(runner.ctx), writer, entropy, policy.rolling)
+                if self.finished:
+                    return
+            self._finish = "length"
+        finally:
+            self._end()
+            sampler.close()
+
+
+class SpeculativeDecoder(_Generation):
+    """Speculative decoding with runners (small, large): lossless with respect to the large model.
+
+    Each round the small model drafts up to ``draft`` tokens (fewer if its entropy reaches
+    ``entropy_stop`` bits); the large model reads them in one batch with logits at every draft position,
+    keeps the longest prefix it accepts and writes the next token itself; both caches drop the rest.
+    Greedy (temp 0): a draft token stands if it is the large model's argmax, so the text equals the large
+    model's own greedy text. Temperature > 0: the standard rejection rule (accept with probability
+    min(1, p/q), else draw from max(0, p - q)), so tokens follow the large model's distribution.
+    """
+
+    def __init__(
+        self,
+        runners: Sequence[Runner],
+        roles: Sequence[str],
+        sampling: SamplingParams,
+        *,
+        draft: int = 4,
+        entropy_stop: float | None = None,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+    ) -> None:
+        if len(runners) != 2:
+            raise ValueError("speculative decoding takes exactly two models: a drafter and a verifier")
+        if not 1 <= draft <= 64:
+            raise ValueError(f"draft must be in [1, 64], got {draft}")
+        super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
+        self.draft = draft
+        self.entropy_stop = entropy_stop
+        self._rng = np.random.default_rng(sampling.seed)
+
+    def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
+        small, large = self.runners
+        tokens = self._begin(prompt)
+        prompt_len = len(tokens)
+        try:
+            while not self.finished and self._generated < self.max_tokens:
+                room = min(self.draft, self.max_tokens - self._generated - 1, self.n_ctx - len(tokens) - 1)
+                drafts, draft_probs, draft_entropies = self._draft(small, tokens, prompt_len, max(room, 0))
+                n = len(tokens)
+                rows = large.verify(tokens + drafts, prompt_len=prompt_len, rows=len(drafts) + 1)
+                accepted, correction, entropy = self._judge(drafts, draft_probs, rows)
+                large.truncate(n + accepted)
+                small.truncate(n + accepted)
+                self._drafted += len(drafts)
+                self._accepted += accepted
+                for token, token_entropy in zip(drafts[:accepted], draft_entropies, strict=False):
+                    yield self._emit(token, 0, token_entropy, token_entropy)
+                    if self.finished:
+                        return
+                yield self._emit(correction, 1, entropy, entropy)
+            if not self.finished:
+                self._finish = "length"
+        finally:
+            self._end()
+
+    def _draft(
+        self, small: Runner, tokens: list[int], prompt_len: int, count: int
+    ) -> tuple[list[int], list[np.ndarray], list[float]]:
+        """The small model's draft: tokens, the distributions they were drawn from, their entropies."""
+        drafts: list[int] = []
+        dists: list[np.ndarray] = []
+        entropies: list[float] = []
+        for _ in range(count):
+            logits = small.sync(tokens + drafts, prompt_len=prompt_len, own_tail=bool(drafts))
+            entropy = entropy_bits(logits)
+            if self.entropy_stop is not None and entropy >= self.entropy_stop and drafts:
+                break
+            dist = probabilities(logits, self.sampling)
+            token = self._draw(dist)
+            drafts.append(token)
+            dists.append(dist)
+            entropies.append(entropy)
+            if small.is_end_of_generation(token):
+                break
+        return drafts, dists, entropies
+
+    def _judge(
+        self, drafts: list[int], draft_probs: list[np.ndarray], rows: np.ndarray
+    ) -> tuple[int, int, float]:
+        """How many draft tokens the large model accepts, the token it writes next, and its entropy there."""
+        for i, (token, q) in enumerate(zip(drafts, draft_probs, strict=True)):
+            p = probabilities(rows[i], self.sampling)
+            if p[token] >= q[token] or self._rng.random() < p[token] / q[token]:
+                continue
+            residual = np.maximum(p - q, 0.0)
+            return i, self._draw(residual / residual.sum()), entropy_bits(rows[i])
+        last = rows[len(drafts)]
+        return len(drafts), self._draw(probabilities(last, self.sampling)), entropy_bits(last)
+
+    def _draw(self, dist: np.ndarray) -> int:
+        if self.sampling.temp == 0:
+            return int(np.argmax(dist))
+        return int(self._rng.choice(dist.shape[0], p=dist))

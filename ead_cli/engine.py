@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import registry
 from .compat import check_tokenizers
-from .decoder import Decoder
+from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError
 from .policies import SwitchPoint, make_policy
 from .runner import Runner
@@ -46,6 +46,8 @@ class PolicyOptions:
     burst: int = 1
     switch_point: SwitchPoint = "before"
     normalize: bool = False
+    draft: int = 4
+    draft_entropy_stop: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,20 @@ def _load(path: Path, role: str, options: ModelOptions) -> Runner:
 
 def build_decoder(
     runners: Sequence[Runner], policy_options: PolicyOptions, generation: GenerationOptions
-) -> Decoder:
-    """A Decoder over loaded runners; invalid policy values become a one-line usage error."""
+) -> Decoder | SpeculativeDecoder:
+    """A decoder over loaded runners; invalid policy values become a one-line usage error."""
+    roles = ROLES[: len(runners)]
     try:
+        if policy_options.mode == "spec":
+            return SpeculativeDecoder(
+                runners,
+                roles,
+                generation.sampling,
+                draft=policy_options.draft,
+                entropy_stop=policy_options.draft_entropy_stop,
+                max_tokens=generation.max_tokens,
+                stop=generation.stop,
+            )
         policy = make_policy(
             policy_options.mode,
             policy_options.policy,
@@ -102,7 +115,7 @@ def build_decoder(
         raise EadError(str(error), exit_code=2) from None
     return Decoder(
         runners,
-        ROLES[: len(runners)],
+        roles,
         policy,
         generation.sampling,
         max_tokens=generation.max_tokens,

@@ -26,7 +26,7 @@ SWITCH_POINTS: tuple[SwitchPoint, ...] = ("before", "after")
 
 
 class Policy(ABC):
-    """Common state: the active model, a rolling window of entropies, a switch count."""
+    """Common state: the active model and a rolling window of entropies."""
 
     def __init__(self, *, window: int = 1, switch_point: SwitchPoint = "after", start: int = 0) -> None:
         if window < 1:
@@ -35,7 +35,6 @@ class Policy(ABC):
             raise ValueError(f"switch point must be 'before' or 'after', got {switch_point!r}")
         self.switch_point: SwitchPoint = switch_point
         self.active = start
-        self.switches = 0
         self._window: deque[float] = deque(maxlen=window)
         self._window_sum = 0.0
 
@@ -51,9 +50,7 @@ class Policy(ABC):
             self._window_sum -= window[0]
         window.append(entropy)
         self._window_sum += entropy
-        evaluated = self.active
-        writer, self.active = self._step(entropy, evaluated)
-        self.switches += (writer != evaluated) + (self.active != writer)
+        writer, self.active = self._step(entropy, self.active)
         return writer
 
     @abstractmethod
@@ -152,7 +149,7 @@ class Gate(Policy):
         return evaluated, self.large
 
 
-MODES = ("ead", "small", "large")
+MODES = ("ead", "small", "large", "spec")
 POLICIES = ("ead", "gate")
 DEFAULT_TAU = {"ead": 0.5, "gate": 1.0}
 
@@ -169,7 +166,8 @@ def make_policy(
 ) -> Policy:
     """Build a policy for a two-model run from command-line style options (ValueError if invalid).
 
-    ``mode`` small/large pins one model (the baselines); ``mode`` ead switches with ``policy``.
+    ``mode`` small/large pins one model (the baselines); ``mode`` ead switches with ``policy``
+    (``spec`` is not a policy: the engine builds a SpeculativeDecoder for it).
     ``window`` defaults to 5 for ead (the paper's w) and 1 for gate (the step's own entropy).
     """
     if mode not in MODES:
@@ -181,7 +179,7 @@ def make_policy(
         raise ValueError(f"tau must be at least 0, got {tau}")
     if window is None:
         window = 5 if policy == "ead" else 1
-    if mode != "ead":
+    if mode in ("small", "large"):
         return Fixed(0 if mode == "small" else 1, window=window)
     if policy == "ead":
         return EAD(tau, window=window, min_run=min_run, switch_point=switch_point)

@@ -186,6 +186,24 @@ class Runner:
             self._feed(tokens, start, n, phase)
         return self.logits()
 
+    def verify(self, tokens: Sequence[int], *, prompt_len: int, rows: int) -> np.ndarray:
+        """Read every unseen token, with logits at each of the last ``rows`` positions (a draft to check).
+
+        Returns a (rows, n_vocab) view: row i predicts position len(tokens) - rows + i + 1.
+        """
+        n = len(tokens)
+        if n > self.n_ctx:
+            raise EadError(f"{n} tokens do not fit the context of {self.n_ctx} tokens")
+        first_row = n - rows
+        self.truncate(min(self.n_past, first_row))
+        if self.n_past < min(prompt_len, first_row):
+            self._feed(tokens, self.n_past, min(prompt_len, first_row), "prefill")
+        if self.n_past < first_row:
+            self._feed(tokens, self.n_past, first_row, "catchup")
+        self._feed(tokens, first_row, n, "catchup", rows=rows)
+        pointer = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab))
+
     def logits(self) -> np.ndarray:
         """Zero-copy view of the last computed row of logits."""
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, -1)
@@ -214,7 +232,8 @@ class Runner:
         self.truncate(common)
         return common
 
-    def _feed(self, tokens: Sequence[int], start: int, end: int, phase: Phase) -> None:
+    def _feed(self, tokens: Sequence[int], start: int, end: int, phase: Phase, rows: int = 1) -> None:
+        """Decode tokens[start:end] in batches, with logits for the last ``rows`` positions."""
         batch = self._batch
         counter: PhaseCounter = getattr(self.stats, phase)
         began = perf_counter()
@@ -227,8 +246,7 @@ class Runner:
                 batch.pos[i] = chunk_start + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = False
-            batch.logits[count - 1] = chunk_end == end
+                batch.logits[i] = chunk_start + i >= end - rows
             status = llama_cpp.llama_decode(self._ctx, batch)
             if status != 0:
                 self.truncate(chunk_start)
@@ -237,7 +255,7 @@ class Runner:
             self._seen.extend(tokens[chunk_start:chunk_end])
         counter.seconds += perf_counter() - began
         counter.tokens += end - start
-        self.stats.logits_rows += 1
+        self.stats.logits_rows += min(rows, end - start)
         self._logits_at = end
 
     def flops(self) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import llama_cpp
+import numpy as np
 
 from .errors import EadError
 
@@ -61,3 +62,29 @@ class Sampler:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The distribution the sampler chain draws from, as an array: needed where a rule compares two
+    models' probabilities (speculative decoding's acceptance test).
+
+    Same order as the chain: top-k, then top-p and min-p on the softmax of the raw logits, then the
+    temperature over what is left. Greedy (temp 0) is one-hot on the argmax.
+    """
+    out = np.zeros(logits.shape[0], dtype=np.float64)
+    if params.temp == 0:
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    values = logits.astype(np.float64)
+    order = np.argsort(-values, kind="stable")
+    if params.top_k > 0:
+        order = order[: params.top_k]
+    kept = values[order]
+    raw = np.exp(kept - kept[0])
+    raw /= raw.sum()
+    cutoff = int(np.searchsorted(np.cumsum(raw), params.top_p)) + 1  # smallest prefix with mass >= top_p
+    keep = min(cutoff, len(order))
+    keep = max(1, min(keep, int(np.count_nonzero(raw[:keep] >= params.min_p * raw[0]))))
+    tempered = np.exp((kept[:keep] - kept[0]) / params.temp)
+    out[order[:keep]] = tempered / tempered.sum()
+    return out

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from tiny_models import write_tiny_model
 
+from ead_cli import registry
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -40,3 +42,14 @@ def tiny_other_vocab(tiny_dir: Path) -> Path:
 def tiny_other_size(tiny_dir: Path) -> Path:
     """64 more merged tokens than the pair: 331 tokens instead of 267."""
     return write_tiny_model(tiny_dir / "other_size.gguf", seed=3, vocab="bigger")
+
+
+@pytest.fixture(scope="session")
+def real_pair() -> tuple[Path, Path]:
+    """The default demo pair (Qwen2.5-Coder 0.5B and 1.5B Instruct), resolved as a user's run would:
+    from the ead cache, assembled once from the offline packages that ./scripts/setup.sh installs."""
+    catalog = registry.load_catalog()
+    small, large = (
+        registry.resolve(alias, catalog, allow_download=False) for alias in (catalog.small, catalog.large)
+    )
+    return small, large
