@@ -19,9 +19,9 @@ PROMPT = "Write a haiku about the sea, s'il vous plaît: 日本"
 
 
 def open_pair(paths: tuple[Path, Path], n_ctx: int) -> list[Runner]:
-    return [
-        Runner(path, name=role, n_ctx=n_ctx) for path, role in zip(paths, ("small", "large"), strict=True)
-    ]
+    """One thread: tiny models gain nothing from more, and a busy machine stalls llama.cpp's barrier."""
+    roles = ("small", "large")
+    return [Runner(p, name=role, n_ctx=n_ctx, n_threads=1) for p, role in zip(paths, roles, strict=True)]
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_catch_up_keeps_each_models_state_equal_to_a_fresh_read(
     tokens = prompt + [e.token for e in events]
     for runner, path in zip(runners, tiny_pair, strict=True):
         caught_up = runner.sync(tokens, prompt_len=len(prompt), own_tail=False).copy()
-        with Runner(path, name="fresh", n_ctx=512) as fresh:
+        with Runner(path, name="fresh", n_ctx=512, n_threads=1) as fresh:
             expected = fresh.sync(tokens, prompt_len=len(prompt), own_tail=False)
             # Batched and one-by-one reads differ by ~0.004 here (f16 KV cache); one token missing or
             # misplaced in the cache moves the logits by more than 0.25.

@@ -51,7 +51,7 @@ def test_rollback_leaves_both_caches_as_a_fresh_read(
     assert spec.summary().acceptance_rate < 1.0  # some drafts were rejected and rolled back
     for runner, path in zip(runners, tiny_pair, strict=True):
         mine = runner.sync(tokens, prompt_len=len(prompt), own_tail=False).copy()
-        with Runner(path, name="fresh", n_ctx=512) as fresh:
+        with Runner(path, name="fresh", n_ctx=512, n_threads=1) as fresh:
             expected = fresh.sync(tokens, prompt_len=len(prompt), own_tail=False)
             np.testing.assert_allclose(mine, expected, rtol=0, atol=0.01)
 

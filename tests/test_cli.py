@@ -1,0 +1,264 @@
+"""The ead command line on tiny models: output formats, pipes, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ead_cli.cli import app
+
+EAD = str(Path(sys.executable).with_name("ead"))
+ANSI = "\x1b["
+
+
+def ead(
+    *args: str, stdin: str | bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the installed `ead` script for real."""
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("FORCE_COLOR", None) if env is None or "FORCE_COLOR" not in env else None
+    return subprocess.run([EAD, *args], input=data, capture_output=True, env=full_env, timeout=120)
+
+
+def pair_args(pair: tuple[Path, Path]) -> list[str]:
+    """Tiny models gain nothing from threads, and a 2-thread llama.cpp barrier on a busy 2-core machine
+    waits ~0.2 s per token for a descheduled thread: one thread keeps these tests fast anywhere."""
+    return ["--small", str(pair[0]), "--large", str(pair[1]), "--threads", "1"]
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
+    err = result.stderr.decode()
+    assert result.returncode == code, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert result.stdout == b""
+    return lines[0]
+
+
+def test_jsonl_has_one_object_per_token_and_a_summary(tiny_pair: tuple[Path, Path]) -> None:
+    result = ead(
+        "generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "20", "--format", "jsonl", "hi"
+    )
+    assert result.returncode == 0, result.stderr
+    objects = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    tokens, summary = objects[:-1], objects[-1]
+    assert len(tokens) == 20
+    assert all(t["type"] == "token" for t in tokens)
+    assert set(tokens[0]) == {"type", "index", "token", "text", "model", "entropy", "rolling"}
+    assert [t["index"] for t in tokens] == list(range(20))
+    assert summary["type"] == "summary"
+    assert summary["generated"] == 20 and summary["finish_reason"] == "length"
+    large = sum(t["model"] == "large" for t in tokens)
+    assert summary["large_share"] == pytest.approx(large / 20)
+    assert [m["role"] for m in summary["models"]] == ["small", "large"]
+
+
+def test_piped_output_is_plain_text_and_colour_is_opt_in(tiny_pair: tuple[Path, Path]) -> None:
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "30", "--format", "text", "hi"]
+    plain = ead(*args)
+    assert plain.returncode == 0
+    assert ANSI not in plain.stdout.decode() and plain.stderr == b""
+    coloured = ead(*args, env={"FORCE_COLOR": "1"})
+    assert ANSI in coloured.stdout.decode()
+    assert "■ small" in coloured.stderr.decode() and "■ large" in coloured.stderr.decode()  # the legend
+    stripped = (
+        coloured.stdout.decode().replace("\x1b[36m", "").replace("\x1b[1;33m", "").replace("\x1b[0m", "")
+    )
+    assert stripped == plain.stdout.decode()
+    no_color = ead(*args, env={"FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert no_color.stdout == plain.stdout
+    flag = ead(*args, "--no-color", env={"FORCE_COLOR": "1"})
+    assert flag.stdout == plain.stdout
+
+
+def test_prompt_from_stdin_equals_the_argument(tiny_pair: tuple[Path, Path]) -> None:
+    base = ["generate", *pair_args(tiny_pair), "--max-tokens", "10"]
+    argument = ead(*base, "tell me")
+    assert ead(*base, "-", stdin="tell me").stdout == argument.stdout
+    assert ead(*base, stdin="tell me").stdout == argument.stdout
+
+
+def test_stats_go_to_stderr(tiny_pair: tuple[Path, Path]) -> None:
+    result = ead("generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "25", "--stats", "hi")
+    err = result.stderr.decode()
+    assert result.returncode == 0
+    assert "25 tokens (length)" in err and "large share" in err and "GFLOP" in err and "catch-up" in err
+
+
+def test_max_tokens_zero_prints_nothing(tiny_pair: tuple[Path, Path]) -> None:
+    result = ead("generate", *pair_args(tiny_pair), "--max-tokens", "0", "hi")
+    assert result.returncode == 0
+    assert result.stdout == b"\n"
+
+
+def test_a_closed_pipe_ends_quietly(tiny_pair: tuple[Path, Path]) -> None:
+    args = " ".join([EAD, "generate", *pair_args(tiny_pair), "--max-tokens", "1500", "--ctx", "2048", "hi"])
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {args} | head -c 10 > /dev/null"], capture_output=True, timeout=120
+    )
+    assert result.returncode == 141
+    assert result.stderr == b""
+
+
+def test_typer_runner_generates(tiny_pair: tuple[Path, Path]) -> None:
+    result = CliRunner().invoke(
+        app, ["generate", *pair_args(tiny_pair), "--max-tokens", "5", "--format", "jsonl", "x"]
+    )
+    assert result.exit_code == 0
+    assert len(result.stdout.splitlines()) == 6
+
+
+def test_unknown_alias_suggests_close_matches() -> None:
+    line = assert_one_line_error(ead("generate", "--small", "qc05b", "hi"), 1, "unknown model alias 'qc05b'")
+    assert "qc0.5b" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("missing.gguf", None, "model file not found"),
+        ("", None, "directory"),
+        ("empty.gguf", b"", "empty"),
+        ("text.gguf", b"hello, not a model", "not a GGUF file"),
+        ("spaced ünïcode/model file.gguf", b"GGUF-but-cut", "could not load"),
+    ],
+)
+def test_bad_model_files(
+    tmp_path: Path, tiny_large: Path, name: str, content: bytes | None, fragment: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    assert_one_line_error(
+        ead("generate", "--small", str(path), "--large", str(tiny_large), "hi"), 1, fragment
+    )
+
+
+def test_a_truncated_model_is_refused(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    data = tiny_pair[0].read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(
+        ead("generate", "--small", str(cut), "--large", str(tiny_pair[1]), "hi"),
+        1,
+        "could not load",
+        "cut.gguf",
+    )
+
+
+def test_mismatched_tokenizers_are_refused(tiny_small: Path, tiny_other_vocab: Path) -> None:
+    result = ead("generate", *pair_args((tiny_small, tiny_other_vocab)), "hi")
+    assert_one_line_error(result, 1, "do not share a tokenizer", "token 258", "'er'", "'re'")
+
+
+def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "EAD_CACHE": str(tmp_path / "ead")}
+    result = ead("generate", "--small", str(tiny_small), "--large", "q14b", "hi", env=env)
+    assert_one_line_error(result, 1, "'q14b' is not cached", "offline")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--temp", "-1"], "--temp must be at least 0"),
+        (["--temp", "warm"], "Invalid value for '--temp'"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--min-p", "-0.1"], "--min-p must be in [0, 1]"),
+        (["--top-k", "-1"], "--top-k must be at least 0"),
+        (["--seed", "-1"], "--seed must be in"),
+        (["--max-tokens", "-1"], "--max-tokens must be at least 0"),
+        (["--ctx", "8"], "--ctx must be at least 16"),
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--tau", "-0.5"], "tau must be at least 0"),
+        (["--window", "0"], "window must be at least 1"),
+        (["--policy", "ead", "--min-run", "-1"], "min-run must be at least 0"),
+        (["--burst", "0"], "burst must be at least 1"),
+        (["--mode", "spec", "--draft", "0"], "draft must be in [1, 64]"),
+        (["--mode", "fast"], "Invalid value for '--mode'"),
+        (["--switch-point", "during"], "Invalid value for '--switch-point'"),
+        (["--format", "xml"], "Invalid value for '--format'"),
+    ],
+)
+def test_invalid_option_values(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2, fragment)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fragment"),
+    [
+        (b"", "the prompt is empty"),
+        (b"  \n\t ", "the prompt is empty"),
+        (b"a\x00b", "NUL byte"),
+        (b"caf\xe9", "not valid UTF-8"),
+    ],
+)
+def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragment: str) -> None:
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), "-", stdin=prompt), 2, fragment)
+
+
+def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path]) -> None:
+    result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "-", stdin="word " * 2000)
+    line = assert_one_line_error(result, 2, "longer than the context of 256 tokens")
+    assert int(line.split("the prompt is ")[1].split(" tokens")[0]) > 256
+
+
+def test_a_full_context_finishes_with_length(tiny_pair: tuple[Path, Path]) -> None:
+    result = ead(
+        "generate", *pair_args(tiny_pair), "--ctx", "256", "--max-tokens", "5000", "--format", "jsonl", "hi"
+    )
+    summary = json.loads(result.stdout.decode().splitlines()[-1])
+    assert result.returncode == 0
+    assert summary["finish_reason"] == "length"
+    assert summary["prompt_tokens"] + summary["generated"] == 257
+
+
+@pytest.mark.real
+def test_ctrl_c_keeps_the_partial_answer_and_prints_stats() -> None:
+    process = subprocess.Popen(
+        [EAD, "generate", "--max-tokens", "400", "--stats", "Write a long essay about the history of Rome"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    first = process.stdout.read(20)  # the answer has started streaming
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    rest, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert len(first + rest) > 20
+    text = err.decode()
+    assert "(interrupted)" in text and "Traceback" not in text
+
+
+def test_help_lists_the_commands() -> None:
+    result = ead("--help")
+    assert result.returncode == 0
+    assert b"generate" in result.stdout and b"models" in result.stdout
+
+
+def test_models_list_shows_the_default_pair() -> None:
+    result = ead("models", "list")
+    assert result.returncode == 0
+    out = result.stdout.decode()
+    for alias in ("q0.5b", "q14b", "qc0.5b", "qc1.5b", "l8b"):
+        assert alias in out
+
+
+def test_entry_point_is_on_path_for_the_venv() -> None:
+    assert shutil.which("ead", path=str(Path(sys.executable).parent))
