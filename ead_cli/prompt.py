@@ -30,11 +30,13 @@ def check_prompt_text(text: str) -> str:
     return text
 
 
-def render_chat(runner: Runner, messages: list[Message]) -> str | None:
+def render_chat(runner: Runner, messages: list[Message], *, add_generation_prompt: bool = True) -> str | None:
     """The conversation as the model's chat template writes it, or None if the GGUF has no template.
 
-    llama-cpp-python renders templates with jinja2's immutable sandbox, so a hostile template cannot
-    reach files or Python internals; any failure becomes a one-line error.
+    ``add_generation_prompt``: end with the opening of an assistant turn (False: the conversation as
+    it stands, e.g. to find the text a new turn adds). llama-cpp-python renders templates with
+    jinja2's immutable sandbox, so a hostile template cannot reach files or Python internals; any
+    failure becomes a one-line error.
     """
     template = runner.metadata("tokenizer.chat_template")
     if not template:
@@ -42,7 +44,9 @@ def render_chat(runner: Runner, messages: list[Message]) -> str | None:
     eos = _token_text(runner, llama_cpp.llama_vocab_eos(runner.vocab))
     bos = _token_text(runner, llama_cpp.llama_vocab_bos(runner.vocab))
     try:
-        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+        formatter = Jinja2ChatFormatter(
+            template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+        )
         return formatter(messages=messages).prompt
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as error:
         detail = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -58,6 +62,11 @@ def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: 
     rendered = None if raw else render_chat(runner, messages)
     if rendered is None:
         rendered = text if raw or not system else f"{system}\n\n{text}"
+    return encode_rendered(runner, rendered)
+
+
+def encode_rendered(runner: Runner, rendered: str) -> list[int]:
+    """Token ids of a whole prompt's text: BOS first if the vocab wants one and the text lacks it."""
     bos = _token_text(runner, llama_cpp.llama_vocab_bos(runner.vocab))
     add_bos = bool(llama_cpp.llama_vocab_get_add_bos(runner.vocab)) and not (bos and rendered.startswith(bos))
     return runner.tokenize(rendered, add_special=add_bos)

@@ -1,0 +1,237 @@
+"""A multi-turn conversation on the engine, kept as the very tokens both models' KV caches hold.
+
+``Conversation.tokens`` is the conversation as the models read it: the chat template's text for each
+turn, every answer as the tokens the models wrote (never re-tokenized), closed with the template's
+end-of-turn text. A new turn appends only the tokens of the text the template adds for it (the
+rendering with the turn minus the rendering without), so ``Runner.align`` keeps both caches and each
+model reads only what it has not seen yet. Should a rendering not extend the previous one (a new
+system message, a template that rewrites past turns), the whole rendering is tokenized again and the
+caches keep the prefix that still matches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .decoder import Summary, TokenEvent
+from .engine import GenerationOptions, PolicyOptions, build_decoder
+from .errors import EadError
+from .prompt import Message, check_fits, check_prompt_text, encode_rendered, render_chat
+from .runner import Runner
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What an answer was asked with: the messages up to the user's, the prompt and its text."""
+
+    messages: list[Message]
+    prompt: list[int]
+    rendered: str
+    policy: PolicyOptions
+    generation: GenerationOptions
+
+
+class ContextFull(EadError):
+    """The conversation leaves no room for the next answer: only a new conversation helps."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One exchange and the settings it ran with. ``answer`` is the text of the answer's tokens."""
+
+    user: str
+    answer: str
+    events: tuple[TokenEvent, ...]
+    summary: Summary
+    policy: PolicyOptions
+    generation: GenerationOptions
+
+    @property
+    def cut(self) -> bool:
+        """The answer did not end by itself (Ctrl-C, the token limit, a full context)."""
+        return self.summary.finish_reason != "stop"
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Figures summed over every answer of the session, across new conversations."""
+
+    answers: int = 0
+    generated: int = 0
+    large_written: int = 0
+    switches: int = 0
+    flops: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def large_share(self) -> float:
+        return self.large_written / self.generated if self.generated else 0.0
+
+    def add(self, summary: Summary) -> Totals:
+        return Totals(
+            self.answers + 1,
+            self.generated + summary.generated,
+            self.large_written + summary.models[-1].written,
+            self.switches + summary.switches,
+            self.flops + summary.flops,
+            self.wall_s + summary.wall_s,
+        )
+
+
+class Conversation:
+    """Messages, token list and settings of a chat over loaded runners (smallest first).
+
+    Each answer gets a fresh decoder over the same runners, so settings changed with ``configure``
+    (or a new ``system`` message) apply from the next answer on.
+    """
+
+    def __init__(
+        self,
+        runners: Sequence[Runner],
+        policy: PolicyOptions,
+        generation: GenerationOptions,
+        *,
+        system: str | None = None,
+    ) -> None:
+        self.runners = tuple(runners)
+        if not self.runners[0].metadata("tokenizer.chat_template"):
+            raise EadError(
+                f"{self.runners[0].path.name} has no chat template, which ead chat needs "
+                "(ead generate --raw works without one)",
+                exit_code=2,
+            )
+        self.configure(policy, generation)
+        self.system = system or None
+        self.totals = Totals()
+        self.messages: list[Message] = []
+        self.turns: list[Turn] = []
+        self.tokens: list[int] = []
+        self._text = ""  # the template's text that ``tokens`` stand for
+
+    @property
+    def n_ctx(self) -> int:
+        return min(runner.n_ctx for runner in self.runners)
+
+    @property
+    def full(self) -> bool:
+        """No room is left for another turn."""
+        return len(self.tokens) >= self.n_ctx
+
+    def configure(self, policy: PolicyOptions, generation: GenerationOptions) -> None:
+        """Settings for the next answers; values the engine refuses raise EadError and change nothing."""
+        build_decoder(self.runners, policy, generation)  # only to validate: a decoder costs nothing
+        self.policy, self.generation = policy, generation
+
+    def reset(self) -> None:
+        """Start a new conversation (same system message and settings). The caches keep what matches."""
+        self.messages, self.turns, self.tokens, self._text = [], [], [], ""
+
+    def ask(self, text: str) -> Iterator[TokenEvent]:
+        """Start the answer to a user message; return its stream of token events.
+
+        Raises at once, changing nothing, if the message is empty or leaves no room for an answer.
+        Once iterated, however the stream ends (finished, closed early as on Ctrl-C, or raising), the
+        turn is in ``turns`` and its answer, closed with the template's end of turn, in ``tokens``.
+        """
+        check_prompt_text(text)
+        messages = [*self.messages, {"role": "user", "content": text}]
+        rendered = self._render(messages, add_generation_prompt=True)
+        prompt = self._extend(self.tokens, self._text, rendered)
+        if len(prompt) >= self.n_ctx and self.turns:
+            raise ContextFull(
+                f"the context is full: the conversation with this message is {len(prompt)} tokens, "
+                f"the context holds {self.n_ctx}"
+            )
+        check_fits(prompt, self.n_ctx)
+        decoder = build_decoder(self.runners, self.policy, self.generation)
+        request = _Request(messages, prompt, rendered, self.policy, self.generation)
+        return self._stream(decoder.run(prompt), decoder.summary, request)
+
+    def _stream(
+        self, run: Iterator[TokenEvent], summary: Callable[[], Summary], request: _Request
+    ) -> Iterator[TokenEvent]:
+        events: list[TokenEvent] = []
+        try:
+            with closing(run):
+                for event in run:
+                    events.append(event)
+                    yield event
+        finally:
+            self._close_turn(request, summary(), events)
+
+    def _close_turn(self, request: _Request, summary: Summary, events: list[TokenEvent]) -> None:
+        """Record the turn; close the answer with the template's end-of-turn text, cut or not."""
+        runner = self.runners[0]
+        content = [event.token for event in events]
+        if content and summary.finish_reason == "stop" and runner.is_end_of_generation(content[-1]):
+            content.pop()  # the template writes its own end of turn (align drops this token from a cache)
+        answer = b"".join(runner.token_bytes(token) for token in content).decode("utf-8", errors="replace")
+        messages = [*request.messages, {"role": "assistant", "content": answer}]
+        closed = self._render(messages, add_generation_prompt=False)
+        tokens = self._extend(request.prompt + content, request.rendered + answer, closed)
+        turn = Turn(
+            request.messages[-1]["content"],
+            answer,
+            tuple(events),
+            summary,
+            request.policy,
+            request.generation,
+        )
+        # One assignment, so a second Ctrl-C cannot leave the tokens and the messages out of step.
+        self.tokens, self.messages, self._text, self.turns, self.totals = (
+            tokens,
+            messages,
+            closed,
+            [*self.turns, turn],
+            self.totals.add(summary),
+        )
+
+    def _render(self, messages: list[Message], *, add_generation_prompt: bool) -> str:
+        system: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
+        rendered = render_chat(
+            self.runners[0], system + messages, add_generation_prompt=add_generation_prompt
+        )
+        assert rendered is not None  # the template's presence is checked in __init__
+        return rendered
+
+    def _extend(self, tokens: list[int], text: str, rendered: str) -> list[int]:
+        """Tokens for ``rendered``, given ``tokens`` that stand for ``text``: when the rendering extends
+        that text, only the new text is tokenized; otherwise the whole rendering is."""
+        runner = self.runners[0]
+        if tokens and rendered.startswith(text):
+            return tokens + runner.tokenize(rendered[len(text) :], add_special=False)
+        return encode_rendered(runner, rendered)
+
+    def transcript(self) -> dict[str, object]:
+        """The conversation as JSON-ready data: every answer token with its model and entropy, figures."""
+        return {
+            "models": {runner.name: str(runner.path) for runner in self.runners},
+            "system": self.system,
+            "n_ctx": self.n_ctx,
+            "conversation_tokens": self.tokens,
+            "turns": [
+                {
+                    "user": turn.user,
+                    "answer": turn.answer,
+                    "cut": turn.cut,
+                    "policy": asdict(turn.policy),
+                    "generation": asdict(turn.generation),
+                    "tokens": [asdict(event) for event in turn.events],
+                    "summary": asdict(turn.summary),
+                }
+                for turn in self.turns
+            ],
+            "session": {**asdict(self.totals), "large_share": self.totals.large_share},
+        }
+
+    def save(self, path: Path) -> None:
+        """Write the transcript as JSON; a path that cannot be written is a one-line error."""
+        data = json.dumps(self.transcript(), ensure_ascii=False, indent=1)
+        try:
+            path.write_text(data + "\n", encoding="utf-8")
+        except OSError as error:
+            raise EadError(f"cannot write {path}: {error.strerror or error}") from None

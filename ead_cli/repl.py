@@ -1,0 +1,307 @@
+"""``ead chat`` at a terminal: line editing, slash commands, answers streamed in each model's colour.
+
+With stdin not a terminal it reads one user turn per line and prints plain answers, so it works in a
+pipeline. Answers go to stdout; everything else (summaries, command replies, errors) to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import BinaryIO, TextIO, TypeVar
+
+from rich.console import Console
+
+from .chat import ContextFull, Conversation, Turn
+from .engine import GenerationOptions, PolicyOptions
+from .errors import EadError
+from .policies import DEFAULT_TAU
+from .render import TextRenderer, print_stats, wants_color
+from .runner import Runner
+
+PROMPT = ">>> "
+MORE = "... "
+FENCE = '"""'
+RESET_HINT = "/reset starts a new conversation"
+ReadLine = Callable[[str], str]
+Number = TypeVar("Number", int, float)
+
+
+def read_message(read_line: ReadLine) -> str:
+    """One user message: a line; a line ending in a backslash goes on on the next; a block between
+    lines that start and end with \"\"\" is one message. ``read_line`` raises EOFError at the end."""
+    line = read_line(PROMPT)
+    if line.lstrip().startswith(FENCE):
+        line = line.lstrip()[len(FENCE) :]
+        lines = []
+        while not line.rstrip().endswith(FENCE):
+            lines.append(line)
+            line = read_line(MORE)
+        lines.append(line.rstrip()[: -len(FENCE)])
+        return "\n".join(lines).strip("\n")
+    lines = []
+    while line.endswith("\\"):
+        lines.append(line[:-1])
+        line = read_line(MORE)
+    return "\n".join([*lines, line])
+
+
+def _number(kind: type[Number], command: str, text: str) -> Number:
+    """A finite number from a command's argument, or a one-line error."""
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise EadError(f"/{command} takes {what}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise EadError(f"/{command} takes a finite number, got {text!r}")
+    return value
+
+
+def summary_line(turn: Turn) -> str:
+    """The one line after each answer: tokens, large-model share, speed, and why it was cut."""
+    summary = turn.summary
+    cut = f" · cut ({summary.finish_reason})" if turn.cut else ""
+    return (
+        f"{summary.generated} tokens · large share {summary.large_share:.1%} · "
+        f"{summary.tokens_per_s:.1f} tok/s{cut}"
+    )
+
+
+def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
+    """What the next answer runs with, defaults spelled out: shown on each change and in /stats."""
+    tau = DEFAULT_TAU[policy.policy] if policy.tau is None else policy.tau
+    window = "default" if policy.window is None else policy.window
+    return (
+        f"settings: mode {policy.mode} · policy {policy.policy} · tau {tau:g} · window {window} · "
+        f"min-run {policy.min_run} · temp {generation.sampling.temp:g} · max-tokens {generation.max_tokens}"
+    )
+
+
+class Repl:
+    """Reads messages and commands, streams answers. ``interactive``: a person at a terminal, so
+    Ctrl-C stops only the answer (or clears the line) and errors never end the session."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        read_line: ReadLine,
+        *,
+        out: TextIO,
+        err: TextIO,
+        color: bool,
+        interactive: bool,
+    ) -> None:
+        self.conversation = conversation
+        self.read_line = read_line
+        self.err = err
+        self.renderer = TextRenderer(out, color=color)
+        self.console = Console(
+            file=err, highlight=False, soft_wrap=True, color_system="auto" if color else None
+        )
+        self.interactive = interactive
+        self.failed = False
+        # name: (handler, argument, what it does); /exit has no handler, it ends the loop
+        self.commands: dict[str, tuple[Callable[[str], None] | None, str, str]] = {
+            "help": (self._help, "", "this list"),
+            "tau": (self._tau, "X", "entropy threshold (bits; a fraction of log2|V| with --normalize)"),
+            "window": (self._window, "N", "steps in the rolling entropy mean"),
+            "min-run": (self._min_run, "N", "ead: steps a model keeps the pen after a switch"),
+            "temp": (self._temp, "X", "temperature; 0 is greedy"),
+            "max-tokens": (self._max_tokens, "N", "stop each answer after N tokens"),
+            "system": (self._system, "TEXT", "system message (nothing: none); the next answer re-reads all"),
+            "stats": (self._stats, "", "the last answer's and the session's figures"),
+            "reset": (self._reset, "", "start a new conversation"),
+            "save": (self._save, "FILE", "the transcript as JSON, each token with its model and entropy"),
+            "exit": (None, "", "leave (Ctrl-D too)"),
+        }
+
+    def loop(self) -> int:
+        """Run until Ctrl-D, /exit or the end of input; the exit status is 1 if anything failed on a pipe."""
+        if self.interactive:
+            names = {runner.name: runner.path.name for runner in self.conversation.runners}
+            self.err.write(self.renderer.legend(names) + "\n")
+            self.note("/help lists the commands; Ctrl-D leaves")
+        while True:
+            try:
+                if not self._step():
+                    break
+            except KeyboardInterrupt:
+                if not self.interactive:
+                    raise
+                self.err.write("\n")  # the line typed so far is dropped; a fresh prompt follows
+            except EOFError:
+                if self.interactive:
+                    self.err.write("\n")
+                break
+        return 1 if self.failed else 0
+
+    def note(self, message: str) -> None:
+        self.console.print(message, style="dim", markup=False)
+
+    def error(self, message: str) -> None:
+        if not self.interactive:
+            self.failed = True
+        self.console.print(f"error: {message}", style="red", markup=False)
+
+    def _step(self) -> bool:
+        """Read and handle one message or command; False to leave."""
+        text = read_message(self.read_line).strip()
+        if not text:
+            return True
+        if text.startswith("/"):
+            return self._command(text)
+        self._answer(text)
+        return True
+
+    def _command(self, line: str) -> bool:
+        name, _, argument = line[1:].partition(" ")
+        if name not in self.commands:
+            self.error(f"unknown command /{name} (/help lists the commands)")
+            return True
+        handler = self.commands[name][0]
+        if handler is None:
+            return False
+        try:
+            handler(argument.strip())
+        except EadError as error:
+            self.error(str(error))
+        return True
+
+    def _answer(self, text: str) -> None:
+        conversation = self.conversation
+        try:
+            stream = conversation.ask(text)
+        except ContextFull as error:
+            self.error(f"{error}; {RESET_HINT}")
+            return
+        except EadError as error:
+            self.error(str(error))
+            return
+        try:
+            for event in stream:
+                self.renderer.event(event)
+        except KeyboardInterrupt:
+            if not self.interactive:
+                raise
+        finally:
+            stream.close()
+        turn = conversation.turns[-1]
+        self.renderer.finish(turn.summary)
+        self.note(summary_line(turn))
+        if conversation.full:
+            used = f"{len(conversation.tokens)} of {conversation.n_ctx} tokens"
+            self.note(f"the context is full ({used}): {RESET_HINT}")
+
+    def _configure(
+        self, policy: PolicyOptions | None = None, generation: GenerationOptions | None = None
+    ) -> None:
+        conversation = self.conversation
+        conversation.configure(policy or conversation.policy, generation or conversation.generation)
+        self.note(settings_line(conversation.policy, conversation.generation) + " (from the next answer)")
+
+    def _tau(self, argument: str) -> None:
+        self._configure(replace(self.conversation.policy, tau=_number(float, "tau", argument)))
+
+    def _window(self, argument: str) -> None:
+        self._configure(replace(self.conversation.policy, window=_number(int, "window", argument)))
+
+    def _min_run(self, argument: str) -> None:
+        self._configure(replace(self.conversation.policy, min_run=_number(int, "min-run", argument)))
+
+    def _temp(self, argument: str) -> None:
+        generation = self.conversation.generation
+        sampling = replace(generation.sampling, temp=_number(float, "temp", argument))
+        self._configure(generation=replace(generation, sampling=sampling))
+
+    def _max_tokens(self, argument: str) -> None:
+        generation = self.conversation.generation
+        self._configure(generation=replace(generation, max_tokens=_number(int, "max-tokens", argument)))
+
+    def _system(self, argument: str) -> None:
+        self.conversation.system = argument or None
+        self.note(f"system message {'set' if argument else 'removed'} (from the next answer)")
+
+    def _stats(self, argument: str) -> None:
+        conversation = self.conversation
+        if conversation.turns:
+            self.console.print("last answer:", style="bold")
+            print_stats(self.console, conversation.turns[-1].summary)
+        else:
+            self.note("no answer yet in this conversation")
+        totals = conversation.totals
+        self.console.print(
+            f"session: {totals.answers} answers · {totals.generated} tokens · large share "
+            f"{totals.large_share:.1%} · {totals.switches} switches · {totals.flops / 1e9:,.1f} GFLOP · "
+            f"{totals.wall_s:.2f}s",
+            markup=False,
+        )
+        self.console.print(
+            f"context: {len(conversation.tokens)} of {conversation.n_ctx} tokens · "
+            + settings_line(conversation.policy, conversation.generation),
+            markup=False,
+        )
+
+    def _reset(self, argument: str) -> None:
+        self.conversation.reset()
+        self.note("new conversation")
+
+    def _save(self, argument: str) -> None:
+        if not argument:
+            raise EadError("/save takes a file name")
+        path = Path(argument).expanduser()
+        self.conversation.save(path)
+        self.note(f"saved {len(self.conversation.turns)} turns to {path}")
+
+    def _help(self, argument: str) -> None:
+        for name, (_, usage, description) in self.commands.items():
+            self.console.print(f"/{name} {usage}".ljust(17) + description, markup=False)
+        self.console.print(
+            'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
+            "message.\n"
+            "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or clears the line.",
+            markup=False,
+        )
+
+
+def _pipe_reader(stream: BinaryIO) -> ReadLine:
+    """Lines of a pipe, without their line ending; EOFError at the end."""
+
+    def read_line(prompt: str) -> str:
+        data = stream.readline()
+        if not data:
+            raise EOFError
+        try:
+            return data.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as error:
+            raise EadError(f"stdin is not valid UTF-8 (byte {error.start} of a line)", exit_code=2) from None
+
+    return read_line
+
+
+def _line_editor() -> ReadLine:
+    """input() with GNU readline loaded: line editing and up-arrow history."""
+    with contextlib.suppress(ImportError):  # a Python built without it: input() still reads lines
+        import readline  # noqa: F401  (importing it is what gives input() editing and history)
+    return input
+
+
+def run_chat(
+    runners: Sequence[Runner],
+    policy: PolicyOptions,
+    generation: GenerationOptions,
+    *,
+    system: str | None = None,
+    no_color: bool = False,
+) -> int:
+    """Hold a conversation on this process's terminal, or over its pipes; returns the exit status."""
+    conversation = Conversation(runners, policy, generation, system=system)
+    interactive = sys.stdin.isatty()
+    read_line = _line_editor() if interactive else _pipe_reader(sys.stdin.buffer)
+    color = interactive and wants_color(sys.stdout, no_color)
+    repl = Repl(conversation, read_line, out=sys.stdout, err=sys.stderr, color=color, interactive=interactive)
+    return repl.loop()

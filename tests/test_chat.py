@@ -1,0 +1,261 @@
+"""The conversation library on real llama.cpp with tiny models: token bookkeeping across turns, KV
+reuse, cut answers, a full context, settings, the JSON transcript."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_models import NEAR_UNIFORM_SCALE, write_tiny_model
+
+from ead_cli.chat import ContextFull, Conversation, Turn
+from ead_cli.engine import GenerationOptions, PolicyOptions
+from ead_cli.errors import EadError
+from ead_cli.prompt import encode_prompt, encode_rendered, render_chat
+from ead_cli.runner import Runner
+from ead_cli.sampling import SamplingParams
+
+SYSTEM = "Answer briefly."
+SWITCHING = PolicyOptions(tau=3.0)  # the tiny pair's entropies cross 3 bits: both models write
+
+
+def open_pair(paths: tuple[Path, Path], n_ctx: int = 512) -> list[Runner]:
+    return [
+        Runner(path, name=role, n_ctx=n_ctx, n_threads=1)
+        for path, role in zip(paths, ("small", "large"), strict=True)
+    ]
+
+
+@pytest.fixture
+def runners(tiny_pair: tuple[Path, Path]):
+    pair = open_pair(tiny_pair)
+    yield pair
+    for runner in pair:
+        runner.close()
+
+
+def answer(conversation: Conversation, text: str) -> Turn:
+    for _ in conversation.ask(text):
+        pass
+    return conversation.turns[-1]
+
+
+def content(turn: Turn) -> list[int]:
+    """The answer's tokens as the conversation keeps them: without a final end-of-generation token."""
+    tokens = [event.token for event in turn.events]
+    return tokens[:-1] if turn.summary.finish_reason == "stop" else tokens
+
+
+def test_the_token_list_is_the_template_text_with_the_answers_as_written(runners: list[Runner]) -> None:
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=12), system=SYSTEM)
+    first = answer(conversation, "hello wörld")
+    after_first = list(conversation.tokens)
+    second = answer(conversation, "and again")
+    tokens = conversation.tokens
+
+    # The first prompt is exactly what `ead generate` sends; later turns only append.
+    assert tokens[: first.summary.prompt_tokens] == encode_prompt(runners[0], "hello wörld", system=SYSTEM)
+    assert tokens[: len(after_first)] == after_first
+    assert second.summary.prompt_tokens > len(after_first)
+
+    # Each answer sits where its turn's prompt ends, as the tokens the models wrote ...
+    spans = []
+    for turn in (first, second):
+        start, written = turn.summary.prompt_tokens, content(turn)
+        assert tokens[start : start + len(written)] == written
+        spans.append(range(start, start + len(written)))
+    # ... and everything else is the template's own text, tokenized as a whole rendering would be.
+    scaffold = [token for i, token in enumerate(tokens) if not any(i in span for span in spans)]
+    empty_answers = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "hello wörld"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "and again"},
+        {"role": "assistant", "content": ""},
+    ]
+    assert scaffold == encode_rendered(
+        runners[0], render_chat(runners[0], empty_answers, add_generation_prompt=False)
+    )
+    assert conversation.messages == [
+        {"role": "user", "content": "hello wörld"},
+        {"role": "assistant", "content": first.answer},
+        {"role": "user", "content": "and again"},
+        {"role": "assistant", "content": second.answer},
+    ]
+
+
+def test_a_new_turn_reads_only_what_each_model_has_not_seen(
+    runners: list[Runner], tiny_pair: tuple[Path, Path]
+) -> None:
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=30))
+    first = answer(conversation, "hello")
+    read = [runner.n_past for runner in runners]
+    closed = len(conversation.tokens)
+    second = answer(conversation, "tell me more")
+    prompt = second.summary.prompt_tokens
+    assert {event.model for event in first.events + second.events} == {"small", "large"}
+    for report, already in zip(second.summary.models, read, strict=True):
+        # Nothing of the first turn's prompt is read again; a model reads the answer tokens it skipped
+        # (at least the last one: no model reads it during the answer), the end of turn, the new turn.
+        assert first.summary.prompt_tokens <= already < first.summary.prompt_tokens + first.summary.generated
+        assert report.prefill_tokens == prompt - already
+        assert report.prefill_tokens < prompt - first.summary.prompt_tokens
+    assert prompt - closed == len(
+        runners[0].tokenize(
+            "<|im_start|>user\ntell me more<|im_end|>\n<|im_start|>assistant\n", add_special=False
+        )
+    )
+    # The reused caches hold exactly what a fresh read of the whole conversation gives.
+    tokens = conversation.tokens[:-1]
+    for runner, path in zip(runners, tiny_pair, strict=True):
+        reused = runner.sync(tokens, prompt_len=len(tokens), own_tail=False).copy()
+        with Runner(path, name="fresh", n_ctx=512, n_threads=1) as fresh:
+            expected = fresh.sync(tokens, prompt_len=len(tokens), own_tail=False)
+            np.testing.assert_allclose(reused, expected, rtol=0, atol=0.01)
+
+
+def test_with_one_model_the_second_prefill_is_exactly_the_new_tokens(runners: list[Runner]) -> None:
+    conversation = Conversation(runners, PolicyOptions(mode="small"), GenerationOptions(max_tokens=20))
+    first = answer(conversation, "hello")
+    assert first.summary.finish_reason == "length"
+    second = answer(conversation, "more")
+    small, large = second.summary.models
+    answered = first.summary.prompt_tokens + first.summary.generated
+    # The answer's last token (never read while answering), then the template's new text.
+    assert small.prefill_tokens == 1 + second.summary.prompt_tokens - answered
+    assert large.prefill_tokens == 0
+
+
+def test_a_stream_closed_early_is_kept_cut_and_closed_like_the_template(runners: list[Runner]) -> None:
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=100))
+    stream = conversation.ask("hello")
+    events = list(itertools.islice(stream, 5))
+    stream.close()  # what Ctrl-C does in the REPL
+    turn = conversation.turns[-1]
+    assert turn.cut and turn.summary.finish_reason == "interrupted"
+    assert [e.token for e in turn.events] == [e.token for e in events]
+    end_of_turn = runners[0].tokenize("<|im_end|>\n", add_special=False)
+    assert (
+        conversation.tokens == conversation.tokens[: turn.summary.prompt_tokens] + content(turn) + end_of_turn
+    )
+    assert conversation.messages[-1] == {"role": "assistant", "content": turn.answer}
+
+    closed = list(conversation.tokens)
+    following = answer(conversation, "go on")
+    assert following.summary.generated == 100
+    assert conversation.tokens[: len(closed)] == closed
+    assert following.summary.prompt_tokens > len(closed)
+
+
+def test_an_end_of_generation_token_gives_way_to_the_templates_end_of_turn(tmp_path: Path) -> None:
+    # Near-uniform models: each step draws <|endoftext|> or <|im_end|> with probability 2/267.
+    paths = tuple(
+        write_tiny_model(tmp_path / f"{role}.gguf", seed=seed, logit_scale=NEAR_UNIFORM_SCALE)
+        for role, seed in (("small", 0), ("large", 1))
+    )
+    runners = open_pair(paths)
+    sampling = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    try:
+        for seed in range(40):
+            conversation = Conversation(
+                runners, SWITCHING, GenerationOptions(replace(sampling, seed=seed), max_tokens=400)
+            )
+            turn = answer(conversation, "hello")
+            if turn.summary.finish_reason == "stop":
+                break
+        else:
+            pytest.fail("no seed ended an answer with an end-of-generation token")
+        assert not turn.cut
+        assert runners[0].is_end_of_generation(turn.events[-1].token)
+        start = turn.summary.prompt_tokens
+        written = [event.token for event in turn.events[:-1]]
+        end_of_turn = runners[0].tokenize("<|im_end|>\n", add_special=False)
+        assert conversation.tokens[start:] == written + end_of_turn
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+def test_a_new_system_message_re_renders_the_conversation(runners: list[Runner]) -> None:
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=8))
+    first = answer(conversation, "hello")
+    conversation.system = SYSTEM
+    second = answer(conversation, "more")
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": first.answer},
+        {"role": "user", "content": "more"},
+    ]
+    expected = encode_rendered(runners[0], render_chat(runners[0], messages))
+    assert conversation.tokens[: second.summary.prompt_tokens] == expected
+
+
+def test_a_full_context_refuses_the_next_turn_until_a_reset(tiny_pair: tuple[Path, Path]) -> None:
+    runners = open_pair(tiny_pair, n_ctx=64)  # llama.cpp makes it 256
+    try:
+        conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=1000))
+        first = answer(conversation, "hello")
+        assert first.summary.finish_reason == "length"
+        assert first.summary.prompt_tokens + first.summary.generated == conversation.n_ctx + 1
+        assert conversation.full
+        before = (list(conversation.tokens), len(conversation.turns))
+        with pytest.raises(ContextFull, match=r"the context is full: .* \d+ tokens, the context holds 256"):
+            conversation.ask("more")
+        assert (conversation.tokens, len(conversation.turns)) == before
+        conversation.reset()
+        assert not conversation.full and conversation.turns == []
+        again = answer(conversation, "hello")
+        assert again.summary.generated > 0
+        assert conversation.totals.answers == 2
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+def test_bad_settings_are_refused_and_change_nothing(runners: list[Runner]) -> None:
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=4))
+    with pytest.raises(EadError, match="window must be at least 1, got 0"):
+        conversation.configure(replace(SWITCHING, window=0), conversation.generation)
+    assert conversation.policy == SWITCHING
+    conversation.configure(replace(SWITCHING, tau=1000.0), conversation.generation)
+    assert answer(conversation, "hello").summary.large_share == 0.0
+    with pytest.raises(EadError, match="the prompt is empty"):
+        conversation.ask("  ")
+    assert len(conversation.turns) == 1
+
+
+def test_a_model_without_a_chat_template_is_refused(tmp_path: Path, tiny_large: Path) -> None:
+    bare = write_tiny_model(tmp_path / "bare.gguf", chat_template=None)
+    runners = open_pair((bare, tiny_large))
+    try:
+        with pytest.raises(EadError, match=r"bare\.gguf has no chat template"):
+            Conversation(runners, SWITCHING, GenerationOptions())
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+def test_the_transcript_has_every_token_with_its_model_and_entropy(
+    runners: list[Runner], tmp_path: Path
+) -> None:
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=10))
+    turns = [answer(conversation, "hello"), answer(conversation, "more")]
+    path = tmp_path / "chat.json"
+    conversation.save(path)
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert saved["conversation_tokens"] == conversation.tokens
+    for data, turn in zip(saved["turns"], turns, strict=True):
+        assert data["answer"] == turn.answer
+        assert [t["token"] for t in data["tokens"]] == [e.token for e in turn.events]
+        assert [t["model"] for t in data["tokens"]] == [e.model for e in turn.events]
+        assert [t["entropy"] for t in data["tokens"]] == [e.entropy for e in turn.events]
+        assert data["summary"]["prompt_tokens"] == turn.summary.prompt_tokens
+        assert data["policy"]["tau"] == 3.0
+    assert saved["session"]["generated"] == 20
+    with pytest.raises(EadError, match="cannot write"):
+        conversation.save(tmp_path / "missing" / "chat.json")

@@ -1,0 +1,246 @@
+"""``ead chat`` as a person and a pipeline use it: the real command in a real pseudo-terminal
+(pexpect), and with piped stdin; tiny models, one thread, a few seconds in all."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from ead_cli.chat import Conversation
+from ead_cli.engine import GenerationOptions, ModelOptions, PolicyOptions, close_all, load_runners
+from ead_cli.repl import MORE, PROMPT, read_message
+from ead_cli.runner import Runner
+
+EAD = Path(sys.executable).with_name("ead")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+SUMMARY = re.compile(r"(\d+) tokens · large share [\d.]+% · [\d.]+ tok/s")
+UP = "\x1b[A"
+
+
+def chat_args(pair: tuple[Path, Path], *extra: str) -> list[str]:
+    small, large = pair
+    return ["chat", "--small", str(small), "--large", str(large), "--threads", "1", "--tau", "3", *extra]
+
+
+@pytest.fixture
+def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
+    children: list[pexpect.spawn] = []
+
+    def start(*extra: str) -> pexpect.spawn:
+        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+        env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
+        child = pexpect.spawn(
+            str(EAD),
+            chat_args(tiny_pair, *extra),
+            env=env,
+            encoding="utf-8",
+            codec_errors="replace",
+            timeout=30,
+            dimensions=(40, 250),
+        )
+        children.append(child)
+        child.expect_exact(PROMPT)
+        return child
+
+    yield start
+    for child in children:
+        child.close(force=True)
+
+
+def plain(text: str) -> str:
+    return ANSI.sub("", text).replace("\r", "")
+
+
+def send(child: pexpect.spawn, keys: str) -> str:
+    """Type keys and Enter; return what the terminal showed until the next prompt, colours kept."""
+    child.send(keys + "\r")
+    child.expect_exact(PROMPT)
+    return child.before
+
+
+def reply(child: pexpect.spawn, line: str) -> list[str]:
+    """A command's output lines after its echo, without colours."""
+    echo, *lines = plain(send(child, line)).splitlines()
+    assert echo == line
+    return lines
+
+
+def leave(child: pexpect.spawn) -> int:
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus
+
+
+def end_of_turn(tiny_small: Path) -> list[int]:
+    with Runner(tiny_small, name="small", n_ctx=64) as runner:
+        return runner.tokenize("<|im_end|>\n", add_special=False)
+
+
+def test_read_message_joins_continued_lines_and_quoted_blocks() -> None:
+    def reader(*lines: str):
+        pending, prompts = list(lines), []
+
+        def read_line(prompt: str) -> str:
+            prompts.append(prompt)
+            if not pending:
+                raise EOFError
+            return pending.pop(0)
+
+        return read_line, prompts
+
+    read_line, prompts = reader("hello there")
+    assert read_message(read_line) == "hello there" and prompts == [PROMPT]
+    read_line, prompts = reader("one \\", "two\\", "three", "next")
+    assert read_message(read_line) == "one \ntwo\nthree" and prompts == [PROMPT, MORE, MORE]
+    read_line, prompts = reader('"""', "a \\", "", "  b", '"""', "next")
+    assert read_message(read_line) == "a \\\n\n  b" and prompts == [PROMPT, MORE, MORE, MORE, MORE]
+    assert read_message(reader('"""first', 'last"""')[0]) == "first\nlast"
+    assert read_message(reader('"""inline"""')[0]) == "inline"
+    with pytest.raises(EOFError):
+        read_message(reader('"""', "never closed")[0])
+
+
+def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> None:
+    child = spawn("--max-tokens", "8")
+    first = send(child, "hello")
+    assert re.search(r"\x1b\[(36|1;33)m", first), "answers are coloured by model on a terminal"
+    assert re.search(r"8 tokens · large share [\d.]+% · [\d.]+ tok/s · cut \(length\)", plain(first))
+
+    [changed] = reply(child, "/tau 2.5")
+    assert "tau 2.5" in changed and changed.endswith("(from the next answer)")
+    # Up-arrow twice recalls "hello" from readline's history.
+    second = plain(send(child, UP + UP))
+    assert "hello" in second.splitlines()[0] and SUMMARY.search(second)
+
+    assert reply(child, "/frobnicate") == ["error: unknown command /frobnicate (/help lists the commands)"]
+    assert reply(child, "/tau abc") == ["error: /tau takes a number, got 'abc'"]
+    assert reply(child, "/window 0") == ["error: window must be at least 1, got 0"]
+    assert reply(child, "/temp -1") == ["error: --temp must be at least 0, got -1.0"]
+
+    stats = "\n".join(reply(child, "/stats"))
+    assert "tau 2.5 · window default" in stats and "temp 0 ·" in stats  # the bad values changed nothing
+    assert "session: 2 answers · 16 tokens" in stats
+    prefill = [int(n) for n in re.findall(r"^(?:small|large)\s+\d+\s+(\d+) in", stats, re.MULTILINE)]
+
+    path = tmp_path / "chat.json"
+    assert reply(child, f"/save {path}") == [f"saved 2 turns to {path}"]
+    assert leave(child) == 0
+
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    turns = saved["turns"]
+    assert [turn["user"] for turn in turns] == ["hello", "hello"]
+    assert [turn["policy"]["tau"] for turn in turns] == [3.0, 2.5]
+    for turn in turns:
+        assert len(turn["tokens"]) == 8 and turn["cut"]
+        assert {token["model"] for token in turn["tokens"]} <= {"small", "large"}
+        assert all(isinstance(token["entropy"], float) and token["entropy"] >= 0 for token in turn["tokens"])
+    # The second prompt holds the first answer's tokens: it extends the first conversation.
+    conversation = saved["conversation_tokens"]
+    start = turns[0]["summary"]["prompt_tokens"]
+    assert conversation[start : start + 8] == [token["token"] for token in turns[0]["tokens"]]
+    assert turns[1]["summary"]["prompt_tokens"] > start + 8
+    # /stats showed the second answer's prefill: only what each model had not read, not the whole prompt.
+    models = turns[1]["summary"]["models"]
+    assert prefill == [model["prefill_tokens"] for model in models]
+    assert all(0 < n < turns[1]["summary"]["prompt_tokens"] - start for n in prefill)
+
+
+def test_ctrl_c_stops_the_answer_only_and_clears_a_line_at_the_prompt(
+    spawn, tmp_path: Path, tiny_small: Path
+) -> None:
+    child = spawn("--ctx", "32768", "--max-tokens", "100000")  # an answer that runs for a minute
+    child.send("never sent")
+    child.sendcontrol("c")
+    child.expect_exact(PROMPT)
+
+    child.send("hello\r")
+    child.expect(r"\x1b\[(36|1;33)m")  # the answer is streaming
+    child.sendcontrol("c")
+    child.expect(r"(\d+) tokens · large share [\d.]+% · [\d.]+ tok/s · cut \(interrupted\)")
+    child.expect_exact(PROMPT)
+
+    assert reply(child, "/max-tokens 5")[0].endswith("max-tokens 5 (from the next answer)")
+    child.send("first line \\\r")
+    child.expect_exact(MORE)
+    continued = plain(send(child, "second line"))
+    assert "5 tokens" in continued
+    for line in ('"""', "a", ""):
+        child.send(line + "\r")
+        child.expect_exact(MORE)
+    assert "5 tokens" in plain(send(child, '"""'))
+
+    path = tmp_path / "chat.json"
+    reply(child, f"/save {path}")
+    assert leave(child) == 0
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    cut, continued_turn, block = saved["turns"]
+    assert [turn["user"] for turn in saved["turns"]] == ["hello", "first line \nsecond line", "a"]
+    assert cut["cut"] and cut["summary"]["finish_reason"] == "interrupted"
+    written = [token["token"] for token in cut["tokens"]]
+    assert written, "Ctrl-C came after the answer had begun"
+    # The cut answer stays in the conversation, closed as the template closes a turn.
+    start = cut["summary"]["prompt_tokens"]
+    closed = written + end_of_turn(tiny_small)
+    assert saved["conversation_tokens"][start : start + len(closed)] == closed
+    assert continued_turn["summary"]["prompt_tokens"] > start + len(closed)
+    assert continued_turn["summary"]["generated"] == block["summary"]["generated"] == 5
+
+
+def test_a_full_context_is_reported_and_reset_recovers(spawn) -> None:
+    child = spawn("--ctx", "64", "--max-tokens", "1000")  # llama.cpp rounds the context up to 256
+    first = plain(send(child, "hello"))
+    assert "cut (length)" in first
+    assert "the context is full (259 of 256 tokens): /reset starts a new conversation" in first
+    [refused] = reply(child, "more")
+    assert re.fullmatch(
+        r"error: the context is full: the conversation with this message is \d+ tokens, the context "
+        r"holds 256; /reset starts a new conversation",
+        refused,
+    )
+    assert reply(child, "/reset") == ["new conversation"]
+    assert SUMMARY.search(plain(send(child, "hello again")))
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_piped_stdin_gives_one_plain_answer_per_line(tiny_pair: tuple[Path, Path]) -> None:
+    result = subprocess.run(
+        [str(EAD), *chat_args(tiny_pair, "--max-tokens", "12")],
+        input=b"hello\nagain\n",
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    stderr = result.stderr.decode()
+    assert [int(n) for n in SUMMARY.findall(stderr)] == [12, 12]
+    assert "\x1b" not in stderr
+
+    # The same conversation in this process: the pipe printed exactly its answers, nothing else.
+    runners = load_runners(ModelOptions(str(tiny_pair[0]), str(tiny_pair[1]), threads=1))
+    try:
+        conversation = Conversation(runners, PolicyOptions(tau=3.0), GenerationOptions(max_tokens=12))
+        expected = ""
+        for text in ("hello", "again"):
+            expected += "".join(event.text for event in conversation.ask(text)) + "\n"
+    finally:
+        close_all(runners)
+    assert result.stdout.decode() == expected
+
+    failed = subprocess.run(
+        [str(EAD), *chat_args(tiny_pair)], input=b"/tau x\n", capture_output=True, timeout=60, check=False
+    )
+    assert failed.returncode == 1
+    assert failed.stdout == b""
+    assert failed.stderr.decode() == "error: /tau takes a number, got 'x'\n"
