@@ -23,6 +23,7 @@ import llama_cpp
 import numpy as np
 
 from .errors import EadError
+from .signals import main_thread_signals
 
 Phase = Literal["prefill", "decode", "catchup"]
 DEFAULT_CTX = 4096  # tokens, capped at the model's training context
@@ -31,11 +32,12 @@ _QUIET_LEVEL = logging.CRITICAL + 1
 
 def _init_backend() -> None:
     """Initialise llama.cpp once; its log goes to llama-cpp-python's logger, silent unless EAD_VERBOSE."""
-    import llama_cpp._logger
+    import llama_cpp._logger  # installs the log callback that honours the logger's level
 
     level = logging.DEBUG if os.environ.get("EAD_VERBOSE") else _QUIET_LEVEL
     logging.getLogger("llama-cpp-python").setLevel(level)
-    llama_cpp.llama_backend_init()
+    with main_thread_signals():
+        llama_cpp.llama_backend_init()
 
 
 _init_backend()
@@ -122,7 +124,8 @@ class Runner:
         if n_gpu_layers is None:
             n_gpu_layers = -1 if gpu_offload_available() else 0
         model_params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        with main_thread_signals():
+            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             raise EadError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported GGUF)")
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -145,7 +148,8 @@ class Runner:
         threads = n_threads or default_threads()
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
-        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        with main_thread_signals():
+            self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.close()
             raise EadError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
@@ -247,7 +251,8 @@ class Runner:
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = chunk_start + i >= end - rows
-            status = llama_cpp.llama_decode(self._ctx, batch)
+            with main_thread_signals():
+                status = llama_cpp.llama_decode(self._ctx, batch)
             if status != 0:
                 self.truncate(chunk_start)
                 raise EadError(f"llama.cpp failed to decode with {self.name} (status {status})")

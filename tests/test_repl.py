@@ -59,9 +59,37 @@ def plain(text: str) -> str:
     return ANSI.sub("", text).replace("\r", "")
 
 
+def wait_ready(child: pexpect.spawn) -> None:
+    """readline can drop keys typed in the instant it takes the terminal over after printing its prompt
+    (a person is never that fast; a test is): type a probe until readline echoes it, then kill the line
+    (Ctrl-U, which readline answers with backspaces and an erase-to-end-of-line)."""
+    for _ in range(200):
+        child.send("#")
+        if child.expect_exact(["#", pexpect.TIMEOUT], timeout=0.1) == 0:
+            break
+    child.send("\x15")
+    child.expect_exact("\x1b[K")
+
+
+def interrupt_prompt(child: pexpect.spawn) -> None:
+    """Ctrl-C at the prompt gives a fresh prompt. CPython's readline only notices a signal that interrupts
+    its select(); one that lands just before select() is entered waits for the next key. A person cannot
+    press Ctrl-C within microseconds of a redraw, a test can: a second Ctrl-C then does what the first
+    would have (one KeyboardInterrupt either way)."""
+    child.sendcontrol("c")
+    if child.expect_exact([PROMPT, pexpect.TIMEOUT], timeout=3) == 1:
+        child.sendcontrol("c")
+        child.expect_exact(PROMPT)
+
+
+def type_line(child: pexpect.spawn, keys: str) -> None:
+    wait_ready(child)
+    child.send(keys + "\r")
+
+
 def send(child: pexpect.spawn, keys: str) -> str:
     """Type keys and Enter; return what the terminal showed until the next prompt, colours kept."""
-    child.send(keys + "\r")
+    type_line(child, keys)
     child.expect_exact(PROMPT)
     return child.before
 
@@ -158,23 +186,24 @@ def test_ctrl_c_stops_the_answer_only_and_clears_a_line_at_the_prompt(
     spawn, tmp_path: Path, tiny_small: Path
 ) -> None:
     child = spawn("--ctx", "32768", "--max-tokens", "100000")  # an answer that runs for a minute
+    wait_ready(child)
     child.send("never sent")
-    child.sendcontrol("c")
-    child.expect_exact(PROMPT)
+    child.expect_exact("never sent")
+    interrupt_prompt(child)
 
-    child.send("hello\r")
+    type_line(child, "hello")
     child.expect(r"\x1b\[(36|1;33)m")  # the answer is streaming
     child.sendcontrol("c")
     child.expect(r"(\d+) tokens · large share [\d.]+% · [\d.]+ tok/s · cut \(interrupted\)")
     child.expect_exact(PROMPT)
 
     assert reply(child, "/max-tokens 5")[0].endswith("max-tokens 5 (from the next answer)")
-    child.send("first line \\\r")
+    type_line(child, "first line \\")
     child.expect_exact(MORE)
     continued = plain(send(child, "second line"))
     assert "5 tokens" in continued
     for line in ('"""', "a", ""):
-        child.send(line + "\r")
+        type_line(child, line)
         child.expect_exact(MORE)
     assert "5 tokens" in plain(send(child, '"""'))
 

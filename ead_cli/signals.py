@@ -1,0 +1,27 @@
+"""Keep SIGINT and SIGTERM for the main thread, where Python handles them.
+
+The kernel delivers a process-directed signal to any thread that does not block it. If a Ctrl-C lands
+on a worker thread (numpy's OpenBLAS pool, llama.cpp's threads), Python still records it, but the main
+thread sleeping in readline's select() is not woken: the prompt ignores Ctrl-C until the next key. A
+thread inherits the signal mask of the thread that starts it, so these signals are held back while
+third-party code may start threads; one that arrives meanwhile stays pending and is handled as soon as
+the call returns.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def main_thread_signals() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread (and so in threads started meanwhile) for the block."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
