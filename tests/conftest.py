@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tiny_models import write_tiny_model
+from tiny_models import open_pair, write_tiny_model
 
 from ead_cli import registry
+from ead_cli.runner import Runner
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +55,12 @@ def real_pair() -> tuple[Path, Path]:
         registry.resolve(alias, catalog, allow_download=False) for alias in (catalog.small, catalog.large)
     )
     return small, large
+
+
+@pytest.fixture
+def runners(tiny_pair: tuple[Path, Path]) -> Iterator[list[Runner]]:
+    """The tiny pair loaded, closed after the test."""
+    pair = open_pair(tiny_pair, 512)
+    yield pair
+    for runner in pair:
+        runner.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_models import NEAR_UNIFORM_SCALE, write_tiny_model
+from tiny_models import NEAR_UNIFORM_SCALE, open_pair, write_tiny_model
 
 from ead_cli.chat import ContextFull, Conversation, Turn
 from ead_cli.engine import GenerationOptions, PolicyOptions
@@ -21,21 +21,6 @@ from ead_cli.sampling import SamplingParams
 
 SYSTEM = "Answer briefly."
 SWITCHING = PolicyOptions(tau=3.0)  # the tiny pair's entropies cross 3 bits: both models write
-
-
-def open_pair(paths: tuple[Path, Path], n_ctx: int = 512) -> list[Runner]:
-    return [
-        Runner(path, name=role, n_ctx=n_ctx, n_threads=1)
-        for path, role in zip(paths, ("small", "large"), strict=True)
-    ]
-
-
-@pytest.fixture
-def runners(tiny_pair: tuple[Path, Path]):
-    pair = open_pair(tiny_pair)
-    yield pair
-    for runner in pair:
-        runner.close()
 
 
 def answer(conversation: Conversation, text: str) -> Turn:

@@ -7,6 +7,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from tiny_models import open_pair
 
 from ead_cli.decoder import Decoder, TokenEvent
 from ead_cli.errors import EadError
@@ -16,20 +17,6 @@ from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a haiku about the sea, s'il vous plaît: 日本"
-
-
-def open_pair(paths: tuple[Path, Path], n_ctx: int) -> list[Runner]:
-    """One thread: tiny models gain nothing from more, and a busy machine stalls llama.cpp's barrier."""
-    roles = ("small", "large")
-    return [Runner(p, name=role, n_ctx=n_ctx, n_threads=1) for p, role in zip(paths, roles, strict=True)]
-
-
-@pytest.fixture
-def runners(tiny_pair: tuple[Path, Path]):
-    pair = open_pair(tiny_pair, 512)
-    yield pair
-    for runner in pair:
-        runner.close()
 
 
 def generate(

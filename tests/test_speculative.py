@@ -6,21 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_decoder import PROMPT, open_pair
+from test_decoder import PROMPT
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
 from ead_cli.policies import Fixed
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams, probabilities
-
-
-@pytest.fixture
-def runners(tiny_pair: tuple[Path, Path]):
-    pair = open_pair(tiny_pair, 512)
-    yield pair
-    for runner in pair:
-        runner.close()
 
 
 def run(decoder: Decoder | SpeculativeDecoder, runners: list[Runner]) -> list[int]:

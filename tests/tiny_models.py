@@ -46,6 +46,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from ead_cli.runner import Runner
+
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -179,3 +181,10 @@ def write_tiny_model(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def open_pair(paths: tuple[Path, Path], n_ctx: int = 512) -> list[Runner]:
+    """Load a (small, large) pair on one thread: tiny models gain nothing from more, and on a busy machine
+    llama.cpp's thread barrier waits for a descheduled thread on every token."""
+    roles = ("small", "large")
+    return [Runner(p, name=role, n_ctx=n_ctx, n_threads=1) for p, role in zip(paths, roles, strict=True)]

@@ -1,0 +1,567 @@
+"""ead bench: task selection, the sandbox, strategies, resumable results, the figures and the reports.
+
+Generation runs on the tiny GGUF pair (one thread: a 2-thread barrier on a busy 2-core machine is slow);
+tiny models write garbage code, so every HumanEval sample fails, but every file and figure must be right.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from ead_cli import bench
+from ead_cli.engine import ModelOptions, PolicyOptions
+from ead_cli.errors import EadError
+from ead_cli.runner import Runner
+from ead_cli.sampling import SamplingParams
+
+EAD = str(Path(sys.executable).with_name("ead"))
+ADD = bench.Task(
+    "HumanEval/0", "def add(a, b):\n", "add", "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+)
+
+
+@pytest.fixture(scope="module")
+def humaneval() -> list[bench.Task]:
+    return bench.load_humaneval()
+
+
+# ------------------------------------------------------------------------------------ tasks and ids
+
+
+def test_ids_take_numbers_and_inclusive_ranges_sorted_once() -> None:
+    assert bench.parse_ids("5, 1,3-4,3") == [1, 3, 4, 5]
+    assert bench.parse_ids("7-7") == [7]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("a", "'a' is not a number"), ("5-3", "runs backwards"), ("1,", "'' is not a number")],
+)
+def test_bad_ids_are_usage_errors(spec: str, message: str) -> None:
+    with pytest.raises(EadError, match=message) as error:
+        bench.parse_ids(spec)
+    assert error.value.exit_code == 2
+
+
+def test_splits_go_by_the_task_number(humaneval: list[bench.Task]) -> None:
+    assert len(humaneval) == 164
+    even = bench.select_tasks(humaneval, split="even")
+    odd = bench.select_tasks(humaneval, split="odd")
+    assert len(even) == len(odd) == 82
+    assert {t.number % 2 for t in even} == {0} and {t.number % 2 for t in odd} == {1}
+    chosen = bench.select_tasks(humaneval, ids="0-9", split="odd", limit=3)
+    assert [t.task_id for t in chosen] == ["HumanEval/1", "HumanEval/3", "HumanEval/5"]
+    assert [t.task_id for t in bench.select_tasks(humaneval, ids="12,2")] == ["HumanEval/2", "HumanEval/12"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"split": "three"}, "--split must be one of even, odd, all"),
+        ({"ids": "1,3", "split": "even"}, "no tasks selected"),
+        ({"ids": "200"}, "no task 200 .the tasks are 0-163."),
+        ({"limit": 0}, "--limit must be at least 1"),
+    ],
+)
+def test_bad_selections_are_usage_errors(humaneval: list[bench.Task], options: dict, message: str) -> None:
+    with pytest.raises(EadError, match=message) as error:
+        bench.select_tasks(humaneval, **options)
+    assert error.value.exit_code == 2
+
+
+def test_prompt_lists_read_text_lines_or_jsonl(tmp_path: Path) -> None:
+    text = tmp_path / "p.txt"
+    text.write_text("first\n\n  \nsecond {\n")
+    assert bench.load_prompts(text) == ["first", "second {"]
+    assert bench.load_prompts(text, limit=1) == ["first"]
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"prompt": "a\\nb"}\n\n{"prompt": "c", "id": 3}\n')
+    assert bench.load_prompts(rows) == ["a\nb", "c"]
+    rows.write_text('{"prompt": "a"}\n["b"]\n')
+    with pytest.raises(EadError, match='line 2: not a JSON object with a "prompt" string'):
+        bench.load_prompts(rows)
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(EadError, match="no prompts in"):
+        bench.load_prompts(tmp_path / "empty.txt")
+
+
+# ------------------------------------------------------------------------------------ prompt and code
+
+
+def test_the_prompt_is_the_chat_template_with_the_assistant_turn_opened_by_a_fence(
+    tiny_small: Path, humaneval: list[bench.Task]
+) -> None:
+    task = humaneval[0]
+    with Runner(tiny_small, name="small", n_ctx=2048, n_threads=1) as runner:
+        tokens = bench.humaneval_prompt(runner, task)
+        text = b"".join(runner.token_bytes(t) for t in tokens).decode()
+        special = runner.tokenize("<|im_start|>", add_special=False)
+    assert special[0] in tokens  # control tokens are parsed, not spelled out
+    message = bench.USER_MESSAGE.format(prompt=task.prompt.rstrip())
+    assert "```python\nfrom typing import List\n\n\ndef has_close_elements(" in message
+    assert message.endswith('    """\n```')
+    # Control tokens render as nothing; everything else is the ChatML turn, then the prefill.
+    assert text == f"user\n{message}\nassistant\n```python\n"
+
+
+def test_a_body_alone_gets_the_tasks_prompt_in_front() -> None:
+    assert bench.completion_code(ADD, "    return a + b\n") == "def add(a, b):\n    return a + b\n"
+    whole = "import math\n\ndef add(a, b):\n    return a + b\n"
+    assert bench.completion_code(ADD, whole) == whole
+    assert bench.completion_code(ADD, "def adder(a, b):\n    return 1\n").startswith("def add(a, b):\n")
+
+
+# ------------------------------------------------------------------------------------------ sandbox
+
+
+def test_a_correct_solution_passes_and_a_wrong_one_fails() -> None:
+    assert bench.check_solution(ADD, "def add(a, b):\n    return a + b\n") == bench.Outcome("passed")
+    wrong = bench.check_solution(ADD, "def add(a, b):\n    return a - b\n")
+    assert wrong == bench.Outcome("failed", "AssertionError")
+    assert not wrong.passed
+
+
+def test_an_infinite_loop_is_killed_at_the_time_limit() -> None:
+    started = time.perf_counter()
+    outcome = bench.check_solution(ADD, "def add(a, b):\n    while True:\n        pass\n", timeout_s=1)
+    assert time.perf_counter() - started < 3
+    assert outcome == bench.Outcome("timeout", "no result within 1 s")
+
+
+def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
+    """A grandchild that outlives the program (if forking is allowed at all) dies with its group."""
+    marker = tmp_path / "alive"
+    grandchild = f"import time; time.sleep(1); open({str(marker)!r}, 'w')"
+    code = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
+    code += "time.sleep(60)\n"
+    bench.run_program(code, timeout_s=0.5)
+    time.sleep(1.5)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("chunks = []\nwhile True:\n    chunks.append(bytes(10**8))\n", "MemoryError"),
+        ("def add(a, b:\n    return a + b\n", "SyntaxError"),
+        ("def add(a, b):\n    return add(a, b)\n", "RecursionError"),
+        ("print('x' * 10**6)\n" * 20, "File too large"),
+    ],
+)
+def test_crashes_are_failed_samples(code: str, error: str) -> None:
+    outcome = bench.check_solution(ADD, code, timeout_s=5)
+    assert outcome.status == "failed"
+    assert error in outcome.error
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\nsys.exit(0)\n",
+        "import os\nos._exit(0)\n",
+        "print('ead-bench-passed-0123456789abcdef')\nraise SystemExit\n",
+        "def add(a, b):\n    raise SystemExit(0)\n",
+    ],
+)
+def test_exiting_before_the_checks_or_faking_success_is_a_failure(code: str) -> None:
+    outcome = bench.check_solution(ADD, code)
+    assert outcome.status == "failed"
+    assert not outcome.passed
+
+
+def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
+    probe = "import os, sys\nprint(sorted(os.listdir('.')), sys.stdin.read() == '', sorted(os.environ))\n"
+    result = bench.run_program(probe)
+    assert result.returncode == 0
+    assert (
+        result.stdout.strip() == "['program.py', 'stderr', 'stdout'] True ['HOME', 'LANG', 'PATH', 'TMPDIR']"
+    )
+
+
+# --------------------------------------------------------------------------------------- strategies
+
+
+def test_the_default_sweep_and_its_names() -> None:
+    strategies = bench.build_strategies(bench.ALL_FAMILIES, bench.Grid())
+    assert [s.name for s in strategies] == [
+        "small-only",
+        "large-only",
+        "ead tau=0.125",
+        "ead tau=0.25",
+        "ead tau=0.5",
+        "ead tau=1",
+        "gate tau=1",
+        "spec",
+    ]
+    ead = strategies[4].policy
+    assert (ead.mode, ead.policy, ead.tau, ead.window, ead.min_run) == ("ead", "ead", 0.5, None, 10)
+    assert strategies[-1].policy == PolicyOptions(mode="spec")
+
+
+def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
+    grid = bench.parse_grid("0.5,1,0.5", "1,2", "3,5", "4", "before,after", "2,8", "1.5")
+    strategies = bench.build_strategies("ead,gate,spec", grid)
+    names = [s.name for s in strategies]
+    assert len(names) == 2 * 2 * 2 + 2 * 2 + 2
+    assert names[:2] == [
+        "ead tau=0.5 window=3 min_run=4",
+        "ead tau=0.5 window=3 min_run=4 switch_point=after",
+    ]
+    assert "gate tau=2 switch_point=after" in names
+    assert names[-1] == "spec draft=8 draft_entropy_stop=1.5"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("0.5,x", "1", None, "10", "before", "4", None), "--tau: 'x' is not a valid value"),
+        (("-1", "1", None, "10", "before", "4", None), "--tau: -1 is below 0"),
+        (("nan", "1", None, "10", "before", "4", None), "--tau: nan is below 0 or not finite"),
+        (("1", "1", "0", "10", "before", "4", None), "--window: 0 is below 1"),
+        (("1", "1", None, "2.5", "before", "4", None), "--min-run: '2.5' is not a valid value"),
+        (("1", "1", None, "10", "during", "4", None), "--switch-point: 'during' is not one of before, after"),
+        (("1", "1", None, "10", "before", "0", None), "--draft: 0 is below 1"),
+    ],
+)
+def test_bad_sweep_values_are_usage_errors(args: tuple, message: str) -> None:
+    with pytest.raises(EadError, match=message) as error:
+        bench.parse_grid(*args)
+    assert error.value.exit_code == 2
+
+
+def test_unknown_families_are_refused() -> None:
+    with pytest.raises(EadError, match="--strategies: medium is not one of small, large, ead, gate, spec"):
+        bench.build_strategies("small,medium", bench.Grid())
+    with pytest.raises(EadError, match="--strategies: nothing"):
+        bench.build_strategies(" , ", bench.Grid())
+
+
+# ---------------------------------------------------------------------------------- running, resume
+
+
+def run(
+    job: bench.Bench, pair: tuple[Path, Path], plans: list[list[tuple[str, str]]] | None = None
+) -> list[bench.Record]:
+    """Run a bench on the tiny pair, noting each plan as (strategy, task id) pairs."""
+
+    def watch(plan: bench.Plan, records: Iterator[bench.Record]) -> None:
+        if plans is not None:
+            plans.append([(s.name, item.task_id) for s, item in plan])
+        for _ in records:
+            pass
+
+    models = ModelOptions(str(pair[0]), str(pair[1]), threads=1)
+    return bench.run_bench(job, models, watch=watch)
+
+
+def baselines() -> list[bench.Strategy]:
+    return bench.build_strategies("small,large", bench.Grid())
+
+
+def humaneval_job(tasks: list[bench.Task], out: Path, max_tokens: int = 8) -> bench.Bench:
+    return bench.humaneval_bench(
+        tasks, baselines(), sampling=SamplingParams(), max_tokens=max_tokens, out=out
+    )
+
+
+def test_an_interrupted_bench_resumes_with_only_what_is_missing(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+) -> None:
+    plans: list[list[tuple[str, str]]] = []
+    first = run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, plans)
+    assert plans[0] == [
+        ("small-only", "HumanEval/0"),
+        ("large-only", "HumanEval/0"),
+        ("small-only", "HumanEval/1"),
+        ("large-only", "HumanEval/1"),
+    ]
+    assert len(first) == 4
+    again = run(humaneval_job(humaneval[:3], tmp_path), tiny_pair, plans)
+    assert plans[1] == [("small-only", "HumanEval/2"), ("large-only", "HumanEval/2")]
+    assert again[:4] == first
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line)["type"] for line in lines] == ["config"] + ["sample"] * 6
+    run(humaneval_job(humaneval[:3], tmp_path), tiny_pair, plans)
+    assert plans[2] == []
+
+
+def test_a_sample_record_has_every_figure(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+) -> None:
+    small, large = run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    assert small["strategy"] == "small-only" and small["task_id"] == "HumanEval/0"
+    assert small["params"] == asdict(PolicyOptions(mode="small"))
+    assert small["passed"] is False and small["outcome"] == "failed" and small["error"]
+    assert small["generated"] == 8 and small["finish_reason"] == "length"
+    assert small["code"] == humaneval[0].prompt + small["text"]  # garbage has no def line
+    assert small["acceptance_rate"] is None
+    assert (small["large_share"], large["large_share"]) == (0.0, 1.0)
+    for record, writer in ((small, "small"), (large, "large")):
+        models = record["models"]
+        assert models[writer]["written"] == 8
+        # Cold caches: the writing model reads the whole prompt as prefill, every sample.
+        assert models[writer]["prefill_tokens"] == record["prompt_tokens"] > 100
+        assert models[writer]["decode_tokens"] == 7
+        assert record["flops"] == pytest.approx(sum(m["flops"] for m in models.values()))
+        assert record["tokens_per_s"] == pytest.approx(8 / record["wall_s"])
+
+
+def test_a_results_file_of_another_setup_is_refused(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+) -> None:
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    before = (tmp_path / "results.jsonl").read_bytes()
+    with pytest.raises(EadError, match=r"holds results of another setup \(differs in: max_tokens\)"):
+        run(humaneval_job(humaneval[:1], tmp_path, max_tokens=9), tiny_pair)
+    with pytest.raises(EadError, match=r"differs in: models"):
+        run(humaneval_job(humaneval[:1], tmp_path), (tiny_pair[0], tiny_pair[0]))
+    assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
+def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_sample(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+) -> None:
+    grid = bench.parse_grid("1", "1", None, "10", "before", "4,100", None)
+    strategies = bench.build_strategies("small,spec", grid)
+    job = bench.humaneval_bench(
+        humaneval[:1], strategies, sampling=SamplingParams(), max_tokens=8, out=tmp_path
+    )
+    with pytest.raises(EadError, match=r"draft must be in \[1, 64\], got 100") as error:
+        run(job, tiny_pair)
+    assert error.value.exit_code == 2
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+) -> None:
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(path.read_bytes()[:-40])
+    plans: list[list[tuple[str, str]]] = []
+    records = run(humaneval_job(humaneval[:1], tmp_path), tiny_pair, plans)
+    assert plans == [[("large-only", "HumanEval/0")]]
+    assert [r["strategy"] for r in records] == ["small-only", "large-only"]
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+def test_prompt_lists_measure_agreement_with_the_large_model(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Say hi\nName a colour\n")
+    strategies = bench.build_strategies("small,large", bench.Grid())
+    job = bench.prompts_bench(
+        prompts,
+        bench.load_prompts(prompts),
+        strategies,
+        sampling=SamplingParams(),
+        max_tokens=12,
+        out=tmp_path,
+    )
+    records = run(job, tiny_pair)
+    assert [r["task_id"] for r in records] == ["prompt/0"] * 2 + ["prompt/1"] * 2
+    assert all(r["passed"] is None and r["code"] is None for r in records)
+    small, large = bench.aggregate(records)
+    assert large.agreement == 1.0 and large.pass_at_1 is None
+    texts = {(r["strategy"], r["task_id"]): r["text"] for r in records}
+    expected = [
+        bench.agreement(texts["small-only", t], texts["large-only", t]) for t in ("prompt/0", "prompt/1")
+    ]
+    assert small.agreement == pytest.approx(sum(expected) / 2)
+    assert small.agreement < 1.0  # the tiny models were written from different seeds
+
+
+# ----------------------------------------------------------------------------------------- figures
+
+
+def record(
+    strategy: str, task: str, *, passed: bool | None, generated: int, large_share: float, **extra
+) -> dict:
+    """A hand-written sample record: large model 3x the small one's parameters."""
+    written_large = round(generated * large_share)
+    base = {
+        "strategy": strategy,
+        "task_id": task,
+        "passed": passed,
+        "generated": generated,
+        "large_share": large_share,
+        "param_cost": (generated - written_large + 3 * written_large) / (3 * generated),
+        "switches": 0,
+        "acceptance_rate": None,
+        "text": "a b c d",
+        "models": {
+            role: {"prefill_s": 0.5, "decode_s": 1.0, "catchup_s": 0.25} for role in ("small", "large")
+        },
+    }
+    return base | extra
+
+
+RECORDS = [
+    record("large-only", "t/0", passed=True, generated=10, large_share=1.0, flops=100.0, wall_s=2.0),
+    record("large-only", "t/1", passed=False, generated=30, large_share=1.0, flops=300.0, wall_s=6.0),
+    record("ead", "t/0", passed=True, generated=20, large_share=0.5, flops=80.0, wall_s=1.0, switches=2),
+    record(
+        "ead",
+        "t/1",
+        passed=True,
+        generated=20,
+        large_share=0.25,
+        flops=40.0,
+        wall_s=3.0,
+        switches=5,
+        text="a b x d",
+    ),
+    record(
+        "spec", "t/0", passed=False, generated=5, large_share=1.0, flops=10.0, wall_s=1.0, acceptance_rate=0.5
+    ),
+    record(
+        "spec", "t/1", passed=False, generated=5, large_share=1.0, flops=10.0, wall_s=1.0, acceptance_rate=1.0
+    ),
+]
+
+
+def test_the_aggregate_figures() -> None:
+    large, ead, spec = bench.aggregate(RECORDS)
+    assert (large.strategy, large.samples, large.pass_at_1, large.agreement) == ("large-only", 2, 0.5, 1.0)
+    assert (large.flops_rel, large.wall_rel, large.param_cost) == (1.0, 1.0, 1.0)
+    assert ead.pass_at_1 == 1.0
+    # Token-weighted: (20 x 0.5 + 20 x 0.25) / 40 large tokens.
+    assert ead.large_share == pytest.approx(0.375)
+    assert ead.param_cost == pytest.approx((15 + 3 * 5 + 10 + 3 * 10) / (3 * 40))
+    assert ead.agreement == pytest.approx((1.0 + 0.75) / 2)  # 3 of 4 words in place: 2 x 3 / 8
+    assert (ead.flops, ead.flops_rel) == (120.0, pytest.approx(0.3))
+    assert (ead.wall_s, ead.wall_rel) == (4.0, pytest.approx(0.5))
+    assert ead.tokens_per_s == pytest.approx(10.0)
+    assert ead.switches == 3.5
+    assert ead.acceptance_rate is None and spec.acceptance_rate == 0.75
+    assert ead.model_s == {
+        "small_prefill_s": 1.0,
+        "small_decode_s": 2.0,
+        "small_catchup_s": 0.5,
+        "large_prefill_s": 1.0,
+        "large_decode_s": 2.0,
+        "large_catchup_s": 0.5,
+    }
+
+
+def test_without_large_only_there_are_no_relative_figures() -> None:
+    (ead,) = bench.aggregate([r for r in RECORDS if r["strategy"] == "ead"])
+    assert ead.flops_rel is ead.wall_rel is ead.agreement is None
+    headers, rows = bench.report_table([ead])
+    # Columns no strategy has a value for are left out; a missing value in a kept column is "-".
+    assert headers == [
+        "strategy",
+        "n",
+        "pass@1",
+        "large share",
+        "param cost",
+        "TFLOP",
+        "wall s",
+        "tok/s",
+        "switches",
+    ]
+    headers, rows = bench.report_table(bench.aggregate(RECORDS))
+    assert [row[headers.index("FLOPs vs large")] for row in rows] == ["1.00", "0.30", "0.05"]
+    assert [row[headers.index("acceptance")] for row in rows] == ["-", "-", "75.0%"]
+
+
+def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    aggregates = bench.aggregate(RECORDS)
+    files = bench.write_report(tmp_path, aggregates)
+    with open(files.csv, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["strategy"] for row in rows] == ["large-only", "ead", "spec"]
+    ead = rows[1]
+    assert float(ead["pass_at_1"]) == 1.0 and float(ead["large_share"]) == 0.375
+    assert float(ead["wall_rel"]) == 0.5 and float(ead["flops"]) == 120.0
+    assert float(ead["large_decode_s"]) == 2.0 and ead["acceptance_rate"] == ""
+    assert float(rows[2]["acceptance_rate"]) == 0.75
+    markdown = files.markdown.read_text().splitlines()
+    assert markdown[0].startswith("| strategy | n | pass@1 | agreement | large share | param cost |")
+    assert markdown[1].startswith("| --- | ---: |")
+    assert markdown[3].startswith("| ead | 2 | 100.0% | 0.875 | 37.5% | 0.583 |")
+    assert files.plot == tmp_path / "plot.png" and files.note is None
+    assert files.plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # what a missing package raises
+    files = bench.write_report(tmp_path, bench.aggregate(RECORDS))
+    assert files.plot is None and not (tmp_path / "plot.png").exists()
+    assert files.note == "matplotlib is not installed (pip install 'ead-cli[plot]'): no plot"
+    assert files.csv.exists() and files.markdown.exists()
+
+
+# -------------------------------------------------------------------------------------- command line
+
+
+def ead(*args: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "FORCE_COLOR"}
+    return subprocess.run([EAD, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    out = tmp_path / "out"
+    models = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    result = ead("bench", "humaneval", "--ids", "0,1", *models, "--max-tokens", "16", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "pass@1" in result.stdout and "ead tau=0.125" in result.stdout
+    assert "16/16" in result.stderr  # the progress bar: 8 strategies x 2 tasks
+    config, records = bench.read_results(out / "results.jsonl")
+    assert config["max_tokens"] == 16 and config["stop"] == ["```"]
+    assert config["models"]["small"]["file"] == tiny_pair[0].name
+    assert len(records) == 16
+    assert {r["task_id"] for r in records} == {"HumanEval/0", "HumanEval/1"}
+    assert all(r["passed"] is False and r["outcome"] == "failed" for r in records)
+    assert all(1 <= r["generated"] <= 16 for r in records)
+    with open(out / "report.csv", newline="") as handle:
+        rows = {row["strategy"]: row for row in csv.DictReader(handle)}
+    assert len(rows) == 8
+    assert all(row["samples"] == "2" and float(row["pass_at_1"]) == 0.0 for row in rows.values())
+    assert float(rows["small-only"]["large_share"]) == 0.0 and float(rows["large-only"]["large_share"]) == 1.0
+    assert float(rows["large-only"]["wall_rel"]) == 1.0
+    assert (
+        float(rows["spec"]["agreement"]) == 1.0
+    )  # greedy speculative decoding writes the large model's text
+    assert rows["spec"]["acceptance_rate"] != "" and rows["ead tau=1"]["acceptance_rate"] == ""
+    for name, row in rows.items():
+        mine = [r for r in records if r["strategy"] == name]
+        assert float(row["wall_s"]) == pytest.approx(sum(r["wall_s"] for r in mine))
+        assert int(row["generated"]) == sum(r["generated"] for r in mine)
+    assert (out / "report.md").read_text().count("\n") == 10
+    assert (out / "plot.png").exists() or "matplotlib is not installed" in result.stderr
+
+    again = ead("bench", "report", str(out))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--split", "three"], "--split must be one of even, odd, all"),
+        (["--ids", "1,3", "--split", "even"], "no tasks selected"),
+        (["--tau", "0.5,,1"], "--tau: '' is not a valid value"),
+        (["--strategies", "ead,fast"], "--strategies: fast is not one of"),
+        (["--timeout", "0"], "--timeout must be above 0 seconds"),
+        (["--max-tokens", "-1"], "--max-tokens must be at least 0"),
+    ],
+)
+def test_bad_bench_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    result = ead("bench", "humaneval", *args, "--out", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert not (tmp_path / "results.jsonl").exists()
