@@ -25,7 +25,8 @@ TOKENS = 48
 @pytest.fixture(scope="module")
 def runners(real_pair: tuple[Path, Path]):
     pair = [
-        Runner(path, name=role, n_ctx=1024) for path, role in zip(real_pair, ("small", "large"), strict=True)
+        Runner(path, name=role, n_ctx=1024, n_threads=1)
+        for path, role in zip(real_pair, ("small", "large"), strict=True)
     ]
     yield pair
     for runner in pair:
@@ -50,7 +51,7 @@ def test_a_greedy_run_is_reproducible(runners: list[Runner]) -> None:
 def test_large_mode_equals_a_bare_llama_cpp_python_greedy_loop(runners: list[Runner], real_pair) -> None:
     tokens, models, _ = generate(runners, Fixed(1))
     prompt = encode_prompt(runners[0], PROMPT)
-    llm = llama_cpp.Llama(model_path=str(real_pair[1]), n_ctx=1024, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(real_pair[1]), n_ctx=1024, n_threads=1, verbose=False)
     llm.eval(prompt)
     bare = []
     for _ in range(TOKENS):
@@ -102,7 +103,7 @@ def test_greedy_speculative_decoding_writes_only_the_large_models_choices(
     tokens = [e.token for e in spec.run(prompt)]
     assert len(tokens) == TOKENS
     assert spec.summary().acceptance_rate > 0.3
-    with Runner(real_pair[1], name="check", n_ctx=1024) as fresh:
+    with Runner(real_pair[1], name="check", n_ctx=1024, n_threads=1) as fresh:
         rows = fresh.verify(prompt + tokens, prompt_len=len(prompt), rows=TOKENS + 1)
         gaps = [float(rows[i].max() - rows[i][token]) for i, token in enumerate(tokens)]
     assert max(gaps) < NEAR_TIE
@@ -112,7 +113,7 @@ def test_greedy_speculative_decoding_writes_only_the_large_models_choices(
 def test_the_cli_streams_jsonl_on_the_default_pair() -> None:
     ead = Path(sys.executable).with_name("ead")
     result = subprocess.run(
-        [str(ead), "generate", "--max-tokens", "12", "--format", "jsonl", PROMPT],
+        [str(ead), "generate", "--threads", "1", "--max-tokens", "12", "--format", "jsonl", PROMPT],
         capture_output=True,
         text=True,
         timeout=300,
