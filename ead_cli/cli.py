@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -12,11 +13,12 @@ import typer
 from rich.console import Console
 from typer.exceptions import TyperException
 
-from . import registry
+from . import bench, registry
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
 from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
 from .sampling import SamplingParams
+from .signals import Terminated, terminate_on_sigterm
 
 app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
@@ -66,9 +68,9 @@ DraftStop = Annotated[
     float | None, typer.Option(help="spec: end a draft early at this small-model entropy (bits).")
 ]
 PolicyOpt = Annotated[PolicyName, typer.Option(help="gate: per-token; ead: the paper's rolling-window rule.")]
-Tau = Annotated[float | None, typer.Option(help="Entropy threshold in bits [default: gate 1.0, ead 0.5].")]
+Tau = Annotated[float | None, typer.Option(help="Entropy threshold in bits (default: gate 1.0, ead 0.5).")]
 Window = Annotated[
-    int | None, typer.Option(help="Steps in the rolling entropy mean [default: ead 5, gate 1].")
+    int | None, typer.Option(help="Steps in the rolling entropy mean (default: ead 5, gate 1).")
 ]
 MinRun = Annotated[int, typer.Option(help="ead: steps a model keeps the pen after a switch (d_min).")]
 Burst = Annotated[int, typer.Option(help="gate: tokens the large model writes per trigger.")]
@@ -88,12 +90,12 @@ Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repea
 System = Annotated[str | None, typer.Option(help="System message for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
 Ctx = Annotated[
-    int | None, typer.Option("--ctx", help="Context size in tokens [default: 4096 or the model's].")
+    int | None, typer.Option("--ctx", help="Context size in tokens (default: 4096 or the model's).")
 ]
-Threads = Annotated[int | None, typer.Option(help="CPU threads [default: all cores].")]
+Threads = Annotated[int | None, typer.Option(help="CPU threads (default: all cores).")]
 GpuLayers = Annotated[
     int | None,
-    typer.Option("--n-gpu-layers", help="Layers to offload; -1 all [default: all if a GPU backend]."),
+    typer.Option("--n-gpu-layers", help="Layers to offload; -1 all (default: all if a GPU backend)."),
 ]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
@@ -159,7 +161,16 @@ def generate(
         tuple(stop or ()),
     )
     policy_options = PolicyOptions(
-        mode.value, policy.value, tau, window, min_run, burst, switch_point.value, normalize, draft, draft_entropy_stop
+        mode.value,
+        policy.value,
+        tau,
+        window,
+        min_run,
+        burst,
+        switch_point.value,
+        normalize,
+        draft,
+        draft_entropy_stop,
     )
     model_options = ModelOptions(small, large, models, ctx, threads, n_gpu_layers)
     runners = load_runners(model_options, progress=_progress)
@@ -185,14 +196,15 @@ def generate(
 
 
 def _stream(decoder, tokens: list[int], renderer: TextRenderer | JsonlRenderer) -> int:
-    """Run the decoder into the renderer. Ctrl-C keeps what was printed (130); a closed pipe ends quietly."""
+    """Run the decoder into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
+    pipe ends quietly (141)."""
     try:
         for event in decoder.run(tokens):
             renderer.event(event)
         renderer.finish(decoder.summary())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as interrupt:
         renderer.finish(decoder.summary())
-        return 130
+        return 143 if isinstance(interrupt, Terminated) else 130
     except BrokenPipeError:
         _silence_stdout()
         return 141
@@ -203,6 +215,61 @@ def _silence_stdout() -> None:
     """After the reader went away: point stdout at /dev/null so Python's final flush cannot fail."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+@app.command()
+def chat(
+    small: Small = None,
+    large: Large = None,
+    models: ModelsFile = None,
+    mode: ModeOpt = Mode.ead,
+    policy: PolicyOpt = PolicyName.gate,
+    tau: Tau = None,
+    window: Window = None,
+    min_run: MinRun = 10,
+    burst: Burst = 1,
+    switch_point: SwitchPointOpt = SwitchPointName.before,
+    normalize: Normalize = False,
+    draft: Draft = 4,
+    draft_entropy_stop: DraftStop = None,
+    temp: Temp = 0.0,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = 0,
+    max_tokens: MaxTokens = 512,
+    system: System = None,
+    ctx: Ctx = None,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+    no_color: NoColor = False,
+) -> None:
+    """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
+    each token. /help lists the commands; with stdin not a terminal, each line is one turn."""
+    from .repl import run_chat
+
+    generation = GenerationOptions(
+        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed), max_tokens
+    )
+    policy_options = PolicyOptions(
+        mode.value,
+        policy.value,
+        tau,
+        window,
+        min_run,
+        burst,
+        switch_point.value,
+        normalize,
+        draft=draft,
+        draft_entropy_stop=draft_entropy_stop,
+    )
+    runners = load_runners(ModelOptions(small, large, models, ctx, threads, n_gpu_layers), progress=_progress)
+    try:
+        exit_code = run_chat(runners, policy_options, generation, system=system, no_color=no_color)
+    finally:
+        close_all(runners)
+    if exit_code:
+        raise typer.Exit(exit_code)
 
 
 @models_app.command("list")
@@ -230,9 +297,169 @@ def models_pull(
     print(path)
 
 
+bench_app = typer.Typer(
+    help="Compare strategies on HumanEval (pass@1) or a prompt list: quality against cost and time.",
+    no_args_is_help=True,
+)
+app.add_typer(bench_app, name="bench")
+
+Strategies = Annotated[
+    str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(bench.FAMILIES)}.")
+]
+TauList = Annotated[str, typer.Option("--tau", help="ead thresholds in bits, comma-separated.")]
+GateTauList = Annotated[str, typer.Option("--gate-tau", help="gate thresholds in bits, comma-separated.")]
+WindowList = Annotated[
+    str | None, typer.Option("--window", help="ead windows, comma-separated (default: 5).")
+]
+MinRunList = Annotated[str, typer.Option("--min-run", help="ead minimum runs, comma-separated.")]
+SwitchPointList = Annotated[
+    str, typer.Option("--switch-point", help="ead and gate switch points: before, after or both.")
+]
+DraftList = Annotated[str, typer.Option("--draft", help="spec: draft lengths, comma-separated.")]
+DraftStopList = Annotated[
+    str | None,
+    typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
+]
+BenchLimit = Annotated[int | None, typer.Option(help="Run at most this many tasks.")]
+BenchOut = Annotated[
+    Path | None,
+    typer.Option(
+        "--out", help="Folder for results and reports (default: bench-results/humaneval-SPLIT, prompts-FILE)."
+    ),
+]
+
+
+@bench_app.command("humaneval")
+def bench_humaneval(
+    ids: Annotated[str | None, typer.Option(help="Task numbers, e.g. 1,3,10-20 (default: all).")] = None,
+    split: Annotated[str, typer.Option(help="even (tuning thresholds), odd (reporting) or all.")] = "all",
+    limit: BenchLimit = None,
+    strategies: Strategies = bench.ALL_FAMILIES,
+    tau: TauList = "0.125,0.25,0.5,1",
+    gate_tau: GateTauList = "1",
+    window: WindowList = None,
+    min_run: MinRunList = "10",
+    switch_point: SwitchPointList = "before",
+    draft: DraftList = "4",
+    draft_stop: DraftStopList = None,
+    max_tokens: MaxTokens = 512,
+    temp: Temp = 0.0,
+    seed: Seed = 0,
+    timeout: Annotated[float, typer.Option(help="Seconds each solution's tests may run.")] = 10.0,
+    out: BenchOut = None,
+    small: Small = None,
+    large: Large = None,
+    models: ModelsFile = None,
+    ctx: Ctx = None,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+) -> None:
+    """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
+    tasks = bench.select_tasks(bench.load_humaneval(), ids=ids, split=split, limit=limit)
+    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop)
+    job = bench.humaneval_bench(
+        tasks,
+        bench.build_strategies(strategies, grid),
+        sampling=SamplingParams(temp=temp, seed=seed),
+        max_tokens=max_tokens,
+        out=out or Path("bench-results") / f"humaneval-{split}",
+        timeout_s=timeout,
+    )
+    _run_bench(job, ModelOptions(small, large, models, ctx, threads, n_gpu_layers))
+
+
+@bench_app.command("prompts")
+def bench_prompts(
+    file: Annotated[Path, typer.Argument(help='Prompts, one per line, or a .jsonl file of {"prompt": ...}.')],
+    limit: BenchLimit = None,
+    strategies: Strategies = bench.ALL_FAMILIES,
+    tau: TauList = "0.125,0.25,0.5,1",
+    gate_tau: GateTauList = "1",
+    window: WindowList = None,
+    min_run: MinRunList = "10",
+    switch_point: SwitchPointList = "before",
+    draft: DraftList = "4",
+    draft_stop: DraftStopList = None,
+    max_tokens: MaxTokens = 512,
+    temp: Temp = 0.0,
+    seed: Seed = 0,
+    out: BenchOut = None,
+    small: Small = None,
+    large: Large = None,
+    models: ModelsFile = None,
+    ctx: Ctx = None,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+) -> None:
+    """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
+    prompts = bench.load_prompts(file, limit)
+    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop)
+    job = bench.prompts_bench(
+        file,
+        prompts,
+        bench.build_strategies(strategies, grid),
+        sampling=SamplingParams(temp=temp, seed=seed),
+        max_tokens=max_tokens,
+        out=out or Path("bench-results") / f"prompts-{file.stem}",
+    )
+    _run_bench(job, ModelOptions(small, large, models, ctx, threads, n_gpu_layers))
+
+
+@bench_app.command("report")
+def bench_report(
+    folder: Annotated[Path, typer.Argument(help="A bench's --out folder.")],
+) -> None:
+    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl."""
+    _, records = bench.read_results(folder / bench.RESULTS_FILE)
+    if not records:
+        raise EadError(f"no samples in {folder / bench.RESULTS_FILE}", exit_code=2)
+    _show_report(folder, bench.aggregate(records))
+
+
+def _run_bench(job: bench.Bench, model_options: ModelOptions) -> None:
+    """Run with a progress bar on stderr (ETA included), then show the table and write the reports."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    def label(plan: bench.Plan, index: int) -> str:
+        return f"{plan[index][0].name} · {plan[index][1].task_id}" if index < len(plan) else "done"
+
+    def watch(plan: bench.Plan, records: Iterator[bench.Record]) -> None:
+        if not plan:
+            stderr.print(f"every sample is already in {job.out / bench.RESULTS_FILE}", style="dim")
+        columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), "ETA", TimeRemainingColumn())
+        with Progress("{task.description}", *columns, console=stderr, disable=not plan) as progress:
+            bar = progress.add_task(label(plan, 0), total=len(plan))
+            for done, _ in enumerate(records, 1):
+                progress.update(bar, completed=done, description=label(plan, done))
+
+    records = bench.run_bench(job, model_options, watch=watch, progress=_progress)
+    _show_report(job.out, bench.aggregate(records))
+
+
+def _show_report(folder: Path, aggregates: list[bench.Aggregate]) -> None:
+    from rich.table import Table
+
+    files = bench.write_report(folder, aggregates)
+    headers, rows = bench.report_table(aggregates)
+    table = Table(box=None, pad_edge=False)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    if not console.is_terminal:  # in a pipe or a file: the whole table, not squeezed into 80 columns
+        console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
+    console.print(table)
+    written = [files.csv, files.markdown, *([files.plot] if files.plot else [])]
+    stderr.print(f"wrote {', '.join(str(path) for path in written)}", style="dim", soft_wrap=True)
+    if files.note:
+        stderr.print(files.note, style="dim")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure a user can cause ends in one line on stderr and a non-zero exit."""
     command = typer.main.get_command(app)
+    terminate_on_sigterm()
     try:
         code = command.main(args=argv, prog_name="ead", standalone_mode=False)
     except TyperException as error:
@@ -245,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"{message}{hint}", error.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 130)
+    except Terminated:
+        _fail("terminated", 143)
     except EadError as error:
         _fail(str(error), error.exit_code)
     except BrokenPipeError:

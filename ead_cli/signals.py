@@ -25,3 +25,20 @@ def main_thread_signals() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread: stop like Ctrl-C (keep what was printed), exit 143.
+
+    Not a KeyboardInterrupt, so code that treats Ctrl-C as "stop this answer" (the chat prompt) does not
+    swallow a request to end the process.
+    """
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def terminate_on_sigterm() -> None:
+    """Turn SIGTERM into the Terminated exception (the default action would lose buffered output)."""
+    signal.signal(signal.SIGTERM, _raise_terminated)

@@ -262,3 +262,19 @@ def test_models_list_shows_the_default_pair() -> None:
 
 def test_entry_point_is_on_path_for_the_venv() -> None:
     assert shutil.which("ead", path=str(Path(sys.executable).parent))
+
+
+def test_sigterm_stops_like_ctrl_c_and_keeps_the_output(tiny_pair: tuple[Path, Path]) -> None:
+    args = [*pair_args(tiny_pair), "--ctx", "2048", "--max-tokens", "2000", "--format", "jsonl", "--stats"]
+    process = subprocess.Popen([EAD, "generate", *args, "hi"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None
+    first = process.stdout.readline()  # streaming has begun
+    process.send_signal(signal.SIGTERM)
+    rest, err = process.communicate(timeout=60)
+    assert process.returncode == 143
+    lines = (first + rest).decode().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["type"] == "summary" and summary["finish_reason"] == "interrupted"
+    assert 1 <= summary["generated"] < 2000
+    assert len(lines) - 1 == summary["generated"]  # every token written was printed before the end
+    assert "(interrupted)" in err.decode() and "Traceback" not in err.decode()
