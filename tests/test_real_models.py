@@ -125,3 +125,19 @@ def test_the_cli_streams_jsonl_on_the_default_pair() -> None:
     assert {t["model"] for t in tokens} <= {"small", "large"}
     assert summary["type"] == "summary" and summary["generated"] == 12
     assert summary["finish_reason"] == "length"
+
+
+def test_the_demo_script_answers_its_own_question() -> None:
+    """The README's first command, as a user runs it (options only: the script supplies the prompt)."""
+    demo = Path(__file__).resolve().parent.parent / "scripts" / "demo.sh"
+    result = subprocess.run(
+        [str(demo), "--max-tokens", "6", "--threads", "1", "--format", "jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[-1]["type"] == "summary" and lines[-1]["generated"] == 6
+    assert lines[-1]["prompt_tokens"] > 20  # the default question, in the chat template
+    assert "6 tokens (length)" in result.stderr  # --stats, on stderr
