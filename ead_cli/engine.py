@@ -11,7 +11,7 @@ from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError
 from .policies import SwitchPoint, make_policy
-from .runner import Runner
+from .runner import Runner, check_memory, gpu_offload_available, memory_available
 from .sampling import SamplingParams
 
 ROLES = ("small", "large")
@@ -69,6 +69,8 @@ def load_runners(options: ModelOptions, progress: Callable[[str], None] | None =
         registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
         for ref in refs
     ]
+    if options.n_gpu_layers == 0 or not gpu_offload_available():
+        check_memory(paths, memory_available())  # on a GPU the weights live in its memory instead
     runners: list[Runner] = []
     try:
         for role, path in zip(ROLES, paths, strict=True):

@@ -57,17 +57,43 @@ _OUTPUT_TENSOR = len(b"output.weight").to_bytes(8, "little") + b"output.weight"
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
+def shard_paths(path: Path) -> list[Path]:
+    """The files of a model: the path itself, or every shard of a split GGUF (name-0000k-of-0000n.gguf)."""
+    match = _SHARD.search(path.name)
+    if not match:
+        return [path]
+    stem = path.name[: match.start()]
+    return sorted(path.parent.glob(f"{stem}-*-of-{match.group(2)}.gguf"))
+
+
+def memory_available() -> int | None:
+    """Bytes the kernel says can be had without swapping (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(paths: Sequence[Path], available: int | None) -> None:
+    """Refuse models whose weights cannot fit in memory, rather than being killed while loading them."""
+    need = sum(shard.stat().st_size for path in paths for shard in shard_paths(path))
+    if available is not None and need > available:
+        raise EadError(
+            f"the models need about {need / 2**30:.1f} GiB of memory but {available / 2**30:.1f} GiB is "
+            "available: close other programs, or pick smaller models or quantisations"
+        )
+
+
 def has_untied_output(path: Path) -> bool:
     """Whether the GGUF stores an output matrix of its own (else the head reuses the embeddings).
 
     Looks for the tensor name, length-prefixed as GGUF writes it, in each shard's header region.
     """
-    shards = [path]
-    match = _SHARD.search(path.name)
-    if match:
-        stem = path.name[: match.start()]
-        shards = sorted(path.parent.glob(f"{stem}-*-of-{match.group(2)}.gguf"))
-    for shard in shards:
+    for shard in shard_paths(path):
         with open(shard, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
             if view.find(_OUTPUT_TENSOR, 0, min(len(view), 64 << 20)) >= 0:
                 return True

@@ -187,3 +187,26 @@ def test_figures_account_for_every_token_read(runners: list[Runner]) -> None:
         (small.written * small.params + large.written * large.params) / (summary.generated * large.params)
     )
     assert large.catchup_tokens > 0 and small.catchup_tokens > 0
+
+
+def test_models_larger_than_the_available_memory_are_refused(tiny_pair: tuple[Path, Path]) -> None:
+    from ead_cli.runner import check_memory, memory_available
+
+    size = sum(path.stat().st_size for path in tiny_pair)
+    check_memory(tiny_pair, size)  # exactly enough
+    check_memory(tiny_pair, None)  # unknown: no check
+    with pytest.raises(EadError, match=r"the models need about 0\.0 GiB of memory but 0\.0 GiB is available"):
+        check_memory(tiny_pair, size - 1)
+    available = memory_available()
+    assert available is not None and available > 0  # Linux: /proc/meminfo
+
+
+def test_a_split_model_counts_all_its_shards(tmp_path: Path) -> None:
+    from ead_cli.runner import shard_paths
+
+    for k in (1, 2, 3):
+        (tmp_path / f"m-q4-0000{k}-of-00003.gguf").write_bytes(b"GGUF")
+    (tmp_path / "m-q4-00001-of-00002.gguf").write_bytes(b"GGUF")  # another split: not ours
+    shards = shard_paths(tmp_path / "m-q4-00001-of-00003.gguf")
+    assert [p.name for p in shards] == [f"m-q4-0000{k}-of-00003.gguf" for k in (1, 2, 3)]
+    assert shard_paths(tmp_path / "single.gguf") == [tmp_path / "single.gguf"]
