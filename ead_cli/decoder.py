@@ -220,9 +220,9 @@ class Decoder(_Generation):
                 writer = policy.observe(entropy)
                 if writer != evaluated:
                     runner = runners[writer]
-                    runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == writer)
+                    logits = runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == writer)
                 last_writer = writer
-                yield self._emit(sampler.sample(runner.ctx), writer, entropy, policy.rolling)
+                yield self._emit(sampler.sample(runner.ctx, logits), writer, entropy, policy.rolling)
                 if self.finished:
                     return
             self._finish = "length"

@@ -41,6 +41,7 @@ class Sampler:
     """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits."""
 
     def __init__(self, params: SamplingParams) -> None:
+        self._greedy = params.temp == 0
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         add = llama_cpp.llama_sampler_chain_add
@@ -54,8 +55,14 @@ class Sampler:
             add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
             add(self._chain, llama_cpp.llama_sampler_init_dist(params.seed))
 
-    def sample(self, ctx: llama_cpp.llama_context_p) -> int:
-        """Choose the next token from ctx's last logits row (and record it in the chain's state)."""
+    def sample(self, ctx: llama_cpp.llama_context_p, logits: np.ndarray) -> int:
+        """Choose the next token from ctx's last logits row (``logits`` is a view of it).
+
+        Greedy takes the argmax of the view: the same token as llama.cpp's greedy sampler (the first
+        maximum), without building its 151,936-entry candidate array every token (~0.5 ms).
+        """
+        if self._greedy:
+            return int(np.argmax(logits))
         return llama_cpp.llama_sampler_sample(self._chain, ctx, -1)
 
     def close(self) -> None:
