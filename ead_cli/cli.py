@@ -119,6 +119,37 @@ def _progress(message: str) -> None:
     stderr.print(message, style="dim")
 
 
+def _decoding_options(
+    mode: Mode,
+    policy: PolicyName,
+    tau: float | None,
+    window: int | None,
+    min_run: int,
+    burst: int,
+    switch_point: SwitchPointName,
+    normalize: bool,
+    draft: int,
+    draft_entropy_stop: float | None,
+    sampling: SamplingParams,
+    max_tokens: int,
+    stop: list[str] | None,
+) -> tuple[PolicyOptions, GenerationOptions]:
+    """The policy and generation options that `generate` and `chat` share, from their parsed values."""
+    policy_options = PolicyOptions(
+        mode.value,
+        policy.value,
+        tau,
+        window,
+        min_run,
+        burst,
+        switch_point.value,
+        normalize,
+        draft,
+        draft_entropy_stop,
+    )
+    return policy_options, GenerationOptions(sampling, max_tokens, tuple(stop or ()))
+
+
 @app.command()
 def generate(
     prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
@@ -155,22 +186,20 @@ def generate(
     from .prompt import check_fits, check_prompt_text, encode_prompt
 
     text = check_prompt_text(_read_prompt(prompt))
-    generation = GenerationOptions(
-        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-        max_tokens,
-        tuple(stop or ()),
-    )
-    policy_options = PolicyOptions(
-        mode.value,
-        policy.value,
+    policy_options, generation = _decoding_options(
+        mode,
+        policy,
         tau,
         window,
         min_run,
         burst,
-        switch_point.value,
+        switch_point,
         normalize,
         draft,
         draft_entropy_stop,
+        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        max_tokens,
+        stop,
     )
     model_options = ModelOptions(small, large, models, ctx, threads, n_gpu_layers)
     runners = load_runners(model_options, progress=_progress)
@@ -248,20 +277,20 @@ def chat(
     each token. /help lists the commands; with stdin not a terminal, each line is one turn."""
     from .repl import run_chat
 
-    generation = GenerationOptions(
-        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed), max_tokens
-    )
-    policy_options = PolicyOptions(
-        mode.value,
-        policy.value,
+    policy_options, generation = _decoding_options(
+        mode,
+        policy,
         tau,
         window,
         min_run,
         burst,
-        switch_point.value,
+        switch_point,
         normalize,
-        draft=draft,
-        draft_entropy_stop=draft_entropy_stop,
+        draft,
+        draft_entropy_stop,
+        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        max_tokens,
+        None,
     )
     runners = load_runners(ModelOptions(small, large, models, ctx, threads, n_gpu_layers), progress=_progress)
     try:
