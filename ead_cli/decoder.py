@@ -14,7 +14,7 @@ from time import perf_counter
 
 import numpy as np
 
-from .entropy import entropy_bits, max_entropy_bits
+from .entropy import EntropyMeter, max_entropy_bits
 from .policies import Policy
 from .runner import Runner, RunnerStats
 from .sampling import Sampler, SamplingParams, probabilities
@@ -207,6 +207,7 @@ class Decoder(_Generation):
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         """Generate from the prompt's token ids, yielding one event per token."""
         runners, policy, scale = self.runners, self.policy, self._entropy_scale
+        measure = EntropyMeter(runners[0].n_vocab)
         tokens = self._begin(prompt)
         prompt_len = len(tokens)
         sampler = Sampler(self.sampling)
@@ -216,7 +217,7 @@ class Decoder(_Generation):
                 evaluated = policy.active
                 runner = runners[evaluated]
                 logits = runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == evaluated)
-                entropy = entropy_bits(logits) * scale
+                entropy = measure(logits) * scale
                 writer = policy.observe(entropy)
                 if writer != evaluated:
                     runner = runners[writer]
@@ -261,6 +262,7 @@ class SpeculativeDecoder(_Generation):
         self.draft = draft
         self.entropy_stop = entropy_stop
         self._rng = np.random.default_rng(sampling.seed)
+        self._entropy = EntropyMeter(runners[0].n_vocab)
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         small, large = self.runners
@@ -296,7 +298,7 @@ class SpeculativeDecoder(_Generation):
         entropies: list[float] = []
         for _ in range(count):
             logits = small.sync(tokens + drafts, prompt_len=prompt_len, own_tail=bool(drafts))
-            entropy = entropy_bits(logits)
+            entropy = self._entropy(logits)
             if self.entropy_stop is not None and entropy >= self.entropy_stop and drafts:
                 break
             dist = probabilities(logits, self.sampling)
@@ -317,9 +319,9 @@ class SpeculativeDecoder(_Generation):
             if p[token] >= q[token] or self._rng.random() < p[token] / q[token]:
                 continue
             residual = np.maximum(p - q, 0.0)
-            return i, self._draw(residual / residual.sum()), entropy_bits(rows[i])
+            return i, self._draw(residual / residual.sum()), self._entropy(rows[i])
         last = rows[len(drafts)]
-        return len(drafts), self._draw(probabilities(last, self.sampling)), entropy_bits(last)
+        return len(drafts), self._draw(probabilities(last, self.sampling)), self._entropy(last)
 
     def _draw(self, dist: np.ndarray) -> int:
         if self.sampling.temp == 0:

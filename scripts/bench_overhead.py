@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """What the EAD loop costs over a bare llama-cpp-python decode loop, on one model, in one process.
 
-Both loops decode the same prompt greedily for the same number of tokens; runs alternate (bare, ead,
-bare, ead, ...) so machine noise hits both alike. Prints one JSON object; ``ratio`` is the median EAD
-loop throughput over the median bare loop throughput (goal: >= 0.97).
+Both loops decode the same prompt greedily for the same number of tokens on the same llama.cpp
+context (same model, threads, batch and attention settings), so the ratio is the cost of the loop
+alone: entropy, policy, sampling, detokenising and events. The bare loop is the least Python a
+greedy decode can have: llama_decode on a one-token batch, argmax over the logits view. Runs
+alternate (bare, ead, bare, ead, ...) so machine noise hits both alike. Prints one JSON object;
+``ratio`` is the median EAD loop throughput over the median bare loop throughput (goal: >= 0.97).
 
-    .venv/bin/python scripts/bench_overhead.py [--model qc0.5b] [--tokens 128] [--runs 5]
+    .venv/bin/python scripts/bench_overhead.py [--model qc0.5b] [--tokens 128] [--runs 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -30,16 +33,23 @@ from ead_cli.sampling import SamplingParams
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
 
-def bare_loop(llm: llama_cpp.Llama, prompt: list[int], count: int) -> float:
-    """Tokens per second of decode: Llama.eval one token at a time, argmax over the last logits row."""
-    llm.reset()
-    llm.eval(prompt)
-    n_vocab = llm.n_vocab()
+def bare_loop(runner: Runner, prompt: list[int], count: int) -> float:
+    """Tokens per second of decode: llama_decode one token at a time, argmax over the logits view."""
+    runner.truncate(0)
+    ctx, n_vocab = runner.ctx, runner.n_vocab
+    prompt_array = (llama_cpp.llama_token * len(prompt))(*prompt)
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(prompt_array, len(prompt))) != 0:
+        raise SystemExit("llama_decode failed on the prompt")
+    token = (llama_cpp.llama_token * 1)()
     began = perf_counter()
     for _ in range(count):
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
-        llm.eval([int(np.argmax(logits))])
-    return count / (perf_counter() - began)
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        token[0] = int(np.argmax(logits))
+        if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(token, 1)) != 0:
+            raise SystemExit("llama_decode failed")
+    elapsed = perf_counter() - began
+    runner.truncate(0)  # the runner's own cursor did not see these tokens
+    return count / elapsed
 
 
 def ead_loop(runner: Runner, prompt: list[int], count: int) -> float:
@@ -47,7 +57,7 @@ def ead_loop(runner: Runner, prompt: list[int], count: int) -> float:
     runner.truncate(0)
     decoder = Decoder([runner], ("small",), Fixed(0), SamplingParams(), max_tokens=count + 1)
     events = decoder.run(prompt)
-    next(events)  # the prompt's prefill and the first token, as the bare loop's llm.eval(prompt)
+    next(events)  # the prompt's prefill and the first token, as the bare loop's prompt decode
     began = perf_counter()
     produced = sum(1 for _ in events)
     elapsed = perf_counter() - began
@@ -61,19 +71,17 @@ def main() -> None:
     parser.add_argument("--model", default="qc0.5b", help="alias or .gguf path")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=default_threads())
     args = parser.parse_args()
     path = registry.resolve(args.model, registry.load_catalog(), allow_download=False)
-    threads = default_threads()
+    threads = args.threads
     runner = Runner(path, name="small", n_ctx=1024, n_threads=threads)
     prompt = encode_prompt(runner, PROMPT)
-    llm = llama_cpp.Llama(
-        model_path=str(path), n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False
-    )
     bare, ead = [], []
-    bare_loop(llm, prompt, 16)  # warm both: page in the weights, allocate buffers
+    bare_loop(runner, prompt, 16)  # warm both: page in the weights, allocate buffers
     ead_loop(runner, prompt, 16)
     for _ in range(args.runs):
-        bare.append(bare_loop(llm, prompt, args.tokens))
+        bare.append(bare_loop(runner, prompt, args.tokens))
         ead.append(ead_loop(runner, prompt, args.tokens))
     result = {
         "model": str(path.name),

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ead_cli.entropy import entropy_bits, max_entropy_bits
+from ead_cli.entropy import EntropyMeter, entropy_bits, max_entropy_bits
 from ead_cli.text import TextStream
 
 
@@ -20,6 +20,17 @@ def test_entropy_matches_the_definition_and_ignores_shifts() -> None:
     expected = float(-(p * np.log2(p)).sum())
     assert entropy_bits(logits) == pytest.approx(expected, rel=1e-6)
     assert entropy_bits(logits + 1000.0) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_meter_reused_on_many_rows_matches_float64_on_each() -> None:
+    rng = np.random.default_rng(0)
+    meter = EntropyMeter(151936)
+    for scale in (0.1, 3.0, 30.0):  # near-uniform, typical, near-certain
+        logits = (rng.standard_normal(151936) * scale).astype(np.float32)
+        z = logits.astype(np.float64) - logits.max()
+        p = np.exp(z) / np.exp(z).sum()
+        expected = float(-(p[p > 0] * np.log2(p[p > 0])).sum())
+        assert meter(logits) == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
 def test_a_certain_distribution_has_zero_entropy_even_with_huge_logits() -> None:
