@@ -45,6 +45,7 @@ appended and flushed as it finishes; a rerun skips the (strategy, task) pairs al
      "passed": true | false | null, "outcome": "passed" | "failed" | "timeout" | null, "error": str | null,
      "finish_reason", "prompt_tokens", "generated", "switches", "large_share", "param_cost", "flops",
      "wall_s", "tokens_per_s", "drafted", "acceptance_rate": float | null (speculative decoding only),
+     "checked", "rollbacks", "rolled_back" (--verify),
      "models": {"small": {"written", "prefill_tokens", "prefill_s", "decode_tokens", "decode_s",
                           "catchup_tokens", "catchup_s", "flops"}, "large": {...}},
      "text": generated text, "code": the program's code (null for prompt lists)}
@@ -56,7 +57,7 @@ word characters, single other non-space characters) of a strategy's text and the
 same task (1.0: the same words in the same order; the quality proxy of ``ead bench prompts``); large-model
 share and parameter-weighted cost, weighted by generated tokens; total FLOPs and wall-clock seconds, also
 as a ratio to large-only's totals; tokens per second over all samples; mean switches per sample; mean
-acceptance rate; and seconds per model in prefill, decode and catch-up.
+acceptance rate; mean rollbacks per sample; and seconds per model in prefill, decode and catch-up.
 """
 
 from __future__ import annotations
@@ -337,6 +338,7 @@ class Grid:
     switch_points: tuple[SwitchPoint, ...] = ("before",)
     drafts: tuple[int, ...] = (4,)
     draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
+    verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
 
 
 # Strategy families by name, in the order they run: a new way of decoding is one more entry here.
@@ -344,14 +346,16 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
     "small": lambda grid: [PolicyOptions(mode="small")],
     "large": lambda grid: [PolicyOptions(mode="large")],
     "ead": lambda grid: [
-        PolicyOptions("ead", "ead", tau=tau, window=window, min_run=min_run, switch_point=point)
-        for tau, window, min_run, point in itertools.product(
-            grid.taus, grid.windows, grid.min_runs, grid.switch_points
+        PolicyOptions(
+            "ead", "ead", tau=tau, window=window, min_run=min_run, switch_point=point, verify=verify
+        )
+        for tau, window, min_run, point, verify in itertools.product(
+            grid.taus, grid.windows, grid.min_runs, grid.switch_points, grid.verifies
         )
     ],
     "gate": lambda grid: [
-        PolicyOptions("ead", "gate", tau=tau, switch_point=point)
-        for tau, point in itertools.product(grid.gate_taus, grid.switch_points)
+        PolicyOptions("ead", "gate", tau=tau, switch_point=point, verify=verify)
+        for tau, point, verify in itertools.product(grid.gate_taus, grid.switch_points, grid.verifies)
     ],
     "spec": lambda grid: [
         PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
@@ -383,6 +387,7 @@ def parse_grid(
     switch_point: str,
     draft: str,
     draft_stop: str | None,
+    verify: str | None = None,
 ) -> Grid:
     """The sweep from comma-separated option values; any bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
@@ -397,7 +402,19 @@ def parse_grid(
         switch_points=points,  # type: ignore[arg-type]
         drafts=_parse_list(draft, "--draft", int, 1),
         draft_stops=(None,) if draft_stop is None else _parse_list(draft_stop, "--draft-stop", float, 0),
+        verifies=(None,) if verify is None else _parse_verify(verify),
     )
+
+
+def _parse_verify(spec: str) -> tuple[float | None, ...]:
+    """Ratios in (0, 1]; "none" stands for no check, to compare with and without in one run."""
+    parts = [part.strip() for part in spec.split(",")]
+    ratios = [part for part in parts if part.lower() != "none"]
+    values = _parse_list(",".join(ratios), "--verify", float, 0) if ratios else ()
+    for value in values:
+        if not 0 < value <= 1:
+            raise EadError(f"--verify: {value:g} is not in (0, 1]", exit_code=2)
+    return ((None,) if len(ratios) < len(parts) else ()) + values
 
 
 def build_strategies(families: str, grid: Grid) -> list[Strategy]:
@@ -780,6 +797,7 @@ class Aggregate:
     tokens_per_s: float
     switches: float
     acceptance_rate: float | None
+    rollbacks: float
     model_s: dict[str, float]  # "<role>_<phase>_s": seconds, e.g. "large_catchup_s"
 
     def row(self) -> dict[str, Any]:
@@ -845,6 +863,7 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
                 tokens_per_s=generated / wall if wall else 0.0,
                 switches=sum(r["switches"] for r in rs) / len(rs),
                 acceptance_rate=_mean(accepted),
+                rollbacks=sum(r.get("rollbacks", 0) for r in rs) / len(rs),
                 model_s=_model_seconds(rs),
             )
         )
@@ -881,6 +900,7 @@ COLUMNS = (
     Column("tok/s", lambda a: a.tokens_per_s, ".1f"),
     Column("switches", lambda a: a.switches, ".1f"),
     Column("acceptance", lambda a: a.acceptance_rate, ".1%"),
+    Column("rollbacks", lambda a: a.rollbacks or None, ".2f"),
 )
 
 

@@ -77,6 +77,14 @@ Burst = Annotated[int, typer.Option(help="gate: tokens the large model writes pe
 SwitchPointOpt = Annotated[
     SwitchPointName, typer.Option(help="before: the new model writes the token that triggered the switch.")
 ]
+Verify = Annotated[
+    float | None,
+    typer.Option(
+        help="The large model checks the small one's tokens on catch-up and rewrites from the first whose "
+        "probability is below RATIO x its top one (0 < RATIO <= 1).",
+        metavar="RATIO",
+    ),
+]
 Normalize = Annotated[
     bool, typer.Option("--normalize", help="Entropy as a fraction of log2|V| (tau in [0, 1]).")
 ]
@@ -130,6 +138,7 @@ def _decoding_options(
     normalize: bool,
     draft: int,
     draft_entropy_stop: float | None,
+    verify: float | None,
     sampling: SamplingParams,
     max_tokens: int,
     stop: list[str] | None,
@@ -146,6 +155,7 @@ def _decoding_options(
         normalize,
         draft,
         draft_entropy_stop,
+        verify,
     )
     return policy_options, GenerationOptions(sampling, max_tokens, tuple(stop or ()))
 
@@ -166,6 +176,7 @@ def generate(
     normalize: Normalize = False,
     draft: Draft = 4,
     draft_entropy_stop: DraftStop = None,
+    verify: Verify = None,
     temp: Temp = 0.0,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -197,6 +208,7 @@ def generate(
         normalize,
         draft,
         draft_entropy_stop,
+        verify,
         SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         max_tokens,
         stop,
@@ -261,6 +273,7 @@ def chat(
     normalize: Normalize = False,
     draft: Draft = 4,
     draft_entropy_stop: DraftStop = None,
+    verify: Verify = None,
     temp: Temp = 0.0,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -288,6 +301,7 @@ def chat(
         normalize,
         draft,
         draft_entropy_stop,
+        verify,
         SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         max_tokens,
         None,
@@ -349,6 +363,12 @@ DraftStopList = Annotated[
     str | None,
     typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
 ]
+VerifyList = Annotated[
+    str | None,
+    typer.Option(
+        "--verify", help="ead and gate: catch-up check ratios, comma-separated; 'none' for no check."
+    ),
+]
 BenchLimit = Annotated[int | None, typer.Option(help="Run at most this many tasks.")]
 BenchOut = Annotated[
     Path | None,
@@ -371,6 +391,7 @@ def bench_humaneval(
     switch_point: SwitchPointList = "before",
     draft: DraftList = "4",
     draft_stop: DraftStopList = None,
+    verify: VerifyList = None,
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
@@ -385,7 +406,7 @@ def bench_humaneval(
 ) -> None:
     """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
     tasks = bench.select_tasks(bench.load_humaneval(), ids=ids, split=split, limit=limit)
-    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop)
+    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify)
     job = bench.humaneval_bench(
         tasks,
         bench.build_strategies(strategies, grid),
@@ -409,6 +430,7 @@ def bench_prompts(
     switch_point: SwitchPointList = "before",
     draft: DraftList = "4",
     draft_stop: DraftStopList = None,
+    verify: VerifyList = None,
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
@@ -422,7 +444,7 @@ def bench_prompts(
 ) -> None:
     """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
     prompts = bench.load_prompts(file, limit)
-    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop)
+    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify)
     job = bench.prompts_bench(
         file,
         prompts,

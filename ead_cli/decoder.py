@@ -8,7 +8,8 @@ summaries, so every comparison shares every line of model code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -56,8 +57,10 @@ class ModelReport:
 class Summary:
     """Figures for a whole generation. ``switches``: how often the writing model changed. ``param_cost``
     is the paper's metric: sum over models of tokens written x parameters, over (all tokens x the
-    largest model's parameters). ``drafted`` and
-    ``acceptance_rate`` are for speculative decoding (0 and None otherwise)."""
+    largest model's parameters). ``drafted`` and ``acceptance_rate`` are for speculative decoding
+    (0 and None otherwise). With ``--verify``: ``checked`` small-model tokens the large one checked
+    on catch-up, ``rollbacks`` the times it rejected one, ``rolled_back`` the tokens thrown away
+    then (their compute stays in ``flops`` and the seconds)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -71,6 +74,9 @@ class Summary:
     models: tuple[ModelReport, ...]
     drafted: int = 0
     acceptance_rate: float | None = None
+    checked: int = 0
+    rollbacks: int = 0
+    rolled_back: int = 0
 
 
 class _Generation:
@@ -97,6 +103,9 @@ class _Generation:
         self._switches = 0
         self._drafted = 0
         self._accepted = 0
+        self._checked = 0
+        self._rollbacks = 0
+        self._rolled_back = 0
         self._last_writer = -1
         self._finish = "interrupted"
         self._started = 0.0
@@ -113,6 +122,7 @@ class _Generation:
         self._text = TextStream(self.stop)
         self._started, self._ended, self._finish = perf_counter(), None, "interrupted"
         self._generated, self._switches, self._drafted, self._accepted = 0, 0, 0, 0
+        self._checked, self._rollbacks, self._rolled_back = 0, 0, 0
         self._last_writer = -1
         self._written = [0] * len(self.runners)
         for runner in self.runners:
@@ -121,8 +131,13 @@ class _Generation:
         return self.tokens
 
     def _emit(self, token: int, writer: int, entropy: float, rolling: float) -> TokenEvent:
-        """Append a token; set the finish reason if it ends the generation (check ``self.finished``)."""
+        """Append a token and announce it."""
         self.tokens.append(token)
+        return self._announce(token, writer, entropy, rolling)
+
+    def _announce(self, token: int, writer: int, entropy: float, rolling: float) -> TokenEvent:
+        """The event for the next generated token (already in ``tokens``); set the finish reason if it
+        ends the generation (check ``self.finished``)."""
         self._written[writer] += 1
         self._generated += 1
         if self._generated > 1 and writer != self._last_writer:
@@ -132,7 +147,7 @@ class _Generation:
         piece = self._text.push(runner.token_bytes(token))
         if runner.is_end_of_generation(token) or self._text.stopped:
             self._finish = "stop"
-        elif self._generated >= self.max_tokens or len(self.tokens) > self.n_ctx:
+        elif self._generated >= self.max_tokens or self._prompt_len + self._generated > self.n_ctx:
             self._finish = "length"
         if self._finish != "interrupted":
             piece += self._text.flush()
@@ -181,13 +196,25 @@ class _Generation:
             models=reports,
             drafted=self._drafted,
             acceptance_rate=self._accepted / self._drafted if self._drafted else None,
+            checked=self._checked,
+            rollbacks=self._rollbacks,
+            rolled_back=self._rolled_back,
         )
 
 
 class Decoder(_Generation):
     """Entropy-adaptive decoding: at each step the policy's active model is evaluated, its entropy
     observed, and the policy names the model that writes the token. Runners are ordered from the
-    smallest to the largest; ``roles`` names them ("small", "large")."""
+    smallest to the largest; ``roles`` names them ("small", "large").
+
+    ``verify`` (a ratio in (0, 1]): the largest model checks the other models' tokens when it catches
+    up on them, from logits at each caught-up position that the catch-up batch computes anyway. A
+    token whose probability there is below ``verify`` x the top probability is rejected: both caches
+    roll back to it and the largest model writes that position itself. Tokens wait, unshown, until
+    they are checked: when the largest model next takes over, when the answer ends, or once
+    ``check_every`` of them wait, which bounds both the delay before text appears and the work one
+    rejection throws away. Every token shown has been checked. The policy's window is not rewound.
+    """
 
     def __init__(
         self,
@@ -199,37 +226,133 @@ class Decoder(_Generation):
         max_tokens: int = 512,
         stop: Sequence[str] = (),
         normalize: bool = False,
+        verify: float | None = None,
+        check_every: int = 32,
     ) -> None:
+        if verify is not None and not 0.0 < verify <= 1.0:
+            raise ValueError(f"verify ratio must be in (0, 1], got {verify}")
+        if check_every < 1:
+            raise ValueError(f"check_every must be at least 1, got {check_every}")
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.policy = policy
+        self.verify = verify
+        self.check_every = check_every
         self._entropy_scale = 1.0 / max_entropy_bits(self.runners[0].n_vocab) if normalize else 1.0
+        self._measure = EntropyMeter(self.runners[0].n_vocab)
+        self._checker = len(self.runners) - 1 if verify is not None and len(self.runners) > 1 else -1
+        self._log_ratio = math.log(verify) if verify is not None else 0.0
+        self._held: list[tuple[int, int, float, float]] = []  # (token, writer, entropy, rolling), unchecked
+        self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
+        self._sampler: Sampler | None = None
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         """Generate from the prompt's token ids, yielding one event per token."""
-        runners, policy, scale = self.runners, self.policy, self._entropy_scale
-        measure = EntropyMeter(runners[0].n_vocab)
+        policy, scale, measure = self.policy, self._entropy_scale, self._measure
         tokens = self._begin(prompt)
         prompt_len = len(tokens)
-        sampler = Sampler(self.sampling)
+        self._held, self._preview = [], None
+        self._sampler = sampler = Sampler(self.sampling)
         last_writer = -1
         try:
-            while self._generated < self.max_tokens:
+            while len(tokens) - prompt_len < self.max_tokens:
                 evaluated = policy.active
-                runner = runners[evaluated]
-                logits = runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == evaluated)
-                entropy = measure(logits) * scale
-                writer = policy.observe(entropy)
-                if writer != evaluated:
-                    runner = runners[writer]
-                    logits = runner.sync(tokens, prompt_len=prompt_len, own_tail=last_writer == writer)
+                logits = yield from self._logits(evaluated, last_writer)
+                if logits is not None:
+                    entropy = measure(logits) * scale
+                    writer = policy.observe(entropy)
+                    if writer != evaluated:
+                        logits = yield from self._logits(writer, last_writer)
+                if logits is None:  # a rollback: the checker has written the rejected position itself
+                    last_writer = self._checker
+                    if self.finished:
+                        return
+                    continue
                 last_writer = writer
-                yield self._emit(sampler.sample(runner.ctx, logits), writer, entropy, policy.rolling)
+                token = sampler.sample(self.runners[writer].ctx, logits)
+                if self._checker < 0 or writer == self._checker:
+                    yield self._emit(token, writer, entropy, policy.rolling)
+                elif self._hold(token, writer, entropy, policy.rolling):
+                    rolled_back = yield from self._check()
+                    if rolled_back:
+                        last_writer = self._checker
                 if self.finished:
                     return
             self._finish = "length"
         finally:
+            del tokens[prompt_len + self._generated :]  # held tokens never shown are not the answer
+            self._held, self._preview = [], None
             self._end()
             sampler.close()
+
+    def _logits(self, index: int, last_writer: int) -> Generator[TokenEvent, None, np.ndarray | None]:
+        """Logits of model ``index`` for the next position; None after a rollback (see ``_check``)."""
+        if index == self._checker and self._held:
+            rolled_back = yield from self._check()
+            if rolled_back:
+                return None
+        runner = self.runners[index]
+        return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index)
+
+    def _hold(self, token: int, writer: int, entropy: float, rolling: float) -> bool:
+        """Keep an unchecked token back; True when it must be checked now (it ends the answer, or
+        ``check_every`` tokens wait)."""
+        self.tokens.append(token)
+        self._held.append((token, writer, entropy, rolling))
+        if self._preview is None:
+            self._preview = self._text.copy()
+        runner = self.runners[writer]
+        self._preview.push(runner.token_bytes(token))
+        generated = len(self.tokens) - self._prompt_len
+        return (
+            len(self._held) >= self.check_every
+            or runner.is_end_of_generation(token)
+            or self._preview.stopped
+            or generated >= self.max_tokens
+            or len(self.tokens) > self.n_ctx
+        )
+
+    def _check(self) -> Generator[TokenEvent, None, bool]:
+        """The checker reads the held tokens with logits at each, in batches; releases those it accepts;
+        at the first it rejects, rolls every cache back and writes that position. True on a rollback."""
+        tokens, checker = self.tokens, self.runners[self._checker]
+        end_of_text = len(tokens)
+        first = end_of_text - len(self._held)
+        start = first - 1  # the row read at position start predicts position first
+        limit = min(end_of_text, checker.n_ctx)  # a last token past the context is checked, never read
+        while start < limit:
+            end = min(limit, start + checker.n_batch)
+            rows = checker.verify(tokens[:end], prompt_len=self._prompt_len, rows=end - start)
+            for i in range(min(end - start, end_of_text - 1 - start)):  # the last row predicts a new token
+                position = start + i + 1
+                row = rows[i]
+                self._checked += 1
+                if row[tokens[position]] - row.max() >= self._log_ratio:
+                    continue
+                yield from self._release(position - first)
+                self._rollbacks += 1
+                self._rolled_back += end_of_text - position
+                del tokens[position:]
+                self._held, self._preview = [], None
+                for runner in self.runners:
+                    runner.truncate(position)
+                token = self._sampler.sample(checker.ctx, row, index=i)
+                entropy = self._measure(row) * self._entropy_scale
+                yield self._emit(token, self._checker, entropy, self.policy.rolling)
+                return True
+            start = end
+        yield from self._release(len(self._held))
+        return False
+
+    def _release(self, count: int) -> Iterator[TokenEvent]:
+        """Announce the first ``count`` held tokens: they passed the check."""
+        released, self._held = self._held[:count], self._held[count:]
+        if not self._held:
+            self._preview = None
+        for token, writer, entropy, rolling in released:
+            yield self._announce(token, writer, entropy, rolling)
+            if self.finished:
+                self._held = []
+                return
 
 
 class SpeculativeDecoder(_Generation):

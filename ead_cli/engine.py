@@ -48,6 +48,7 @@ class PolicyOptions:
     normalize: bool = False
     draft: int = 4
     draft_entropy_stop: float | None = None
+    verify: float | None = None  # ead mode: the large model checks small tokens on catch-up
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def build_decoder(
     """A decoder over loaded runners; invalid policy values become a one-line usage error."""
     roles = ROLES[: len(runners)]
     try:
+        if policy_options.verify is not None and (policy_options.mode != "ead" or len(runners) < 2):
+            raise ValueError("--verify applies to --mode ead (two models switching)")
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
                 runners,
@@ -113,17 +116,18 @@ def build_decoder(
             burst=policy_options.burst,
             switch_point=policy_options.switch_point,
         )
+        return Decoder(
+            runners,
+            roles,
+            policy,
+            generation.sampling,
+            max_tokens=generation.max_tokens,
+            stop=generation.stop,
+            normalize=policy_options.normalize,
+            verify=policy_options.verify,
+        )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None
-    return Decoder(
-        runners,
-        roles,
-        policy,
-        generation.sampling,
-        max_tokens=generation.max_tokens,
-        stop=generation.stop,
-        normalize=policy_options.normalize,
-    )
 
 
 def close_all(runners: Sequence[Runner]) -> None:

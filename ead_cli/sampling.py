@@ -55,15 +55,15 @@ class Sampler:
             add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
             add(self._chain, llama_cpp.llama_sampler_init_dist(params.seed))
 
-    def sample(self, ctx: llama_cpp.llama_context_p, logits: np.ndarray) -> int:
-        """Choose the next token from ctx's last logits row (``logits`` is a view of it).
+    def sample(self, ctx: llama_cpp.llama_context_p, logits: np.ndarray, index: int = -1) -> int:
+        """Choose a token from row ``index`` of ctx's last batch of logits (``logits`` is a view of it).
 
         Greedy takes the argmax of the view: the same token as llama.cpp's greedy sampler (the first
         maximum), without building its 151,936-entry candidate array every token (~0.5 ms).
         """
         if self._greedy:
             return int(np.argmax(logits))
-        return llama_cpp.llama_sampler_sample(self._chain, ctx, -1)
+        return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
 
     def close(self) -> None:
         if self._chain is not None:

@@ -39,6 +39,13 @@ class TextStream:
         self._pending = self._pending[len(self._pending) - keep :]
         return released
 
+    def copy(self) -> TextStream:
+        """An independent stream in the same state: to look ahead without committing."""
+        twin = TextStream(self._stop)
+        twin._decoder.setstate(self._decoder.getstate())
+        twin._pending, twin.stopped = self._pending, self.stopped
+        return twin
+
     def flush(self) -> str:
         """At the end: release what was held back (a partial stop string, an unfinished character)."""
         if self.stopped:
