@@ -641,7 +641,7 @@ def sample_record(strategy: Strategy, task_id: str, summary: Summary, text: str)
     return {
         "type": "sample",
         "strategy": strategy.name,
-        "params": asdict(strategy.policy),
+        "params": json.loads(json.dumps(asdict(strategy.policy))),  # as stored: tuples become lists
         "task_id": task_id,
         "passed": None,
         "outcome": None,

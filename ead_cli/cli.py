@@ -16,6 +16,7 @@ from typer.exceptions import TyperException
 from . import bench, registry
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
+from .policies import BURST_KINDS
 from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
 from .sampling import SamplingParams
 from .signals import Terminated, terminate_on_sigterm
@@ -73,7 +74,27 @@ Window = Annotated[
     int | None, typer.Option(help="Steps in the rolling entropy mean (default: ead 5, gate 1).")
 ]
 MinRun = Annotated[int, typer.Option(help="ead: steps a model keeps the pen after a switch (d_min).")]
-Burst = Annotated[int, typer.Option(help="gate: tokens the large model writes per trigger.")]
+Burst = Annotated[
+    str,
+    typer.Option(
+        help="gate: tokens the large model writes per trigger; 'line': to the end of the line; "
+        "'adaptive': while its own entropy stays at or above tau."
+    ),
+]
+Pattern = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="gate: a regular expression; where the text so far ends in a match, the large model writes "
+        "the rest of the line (repeatable; '@code' adds built-in ones for code).",
+    ),
+]
+TauRange = Annotated[
+    str | None,
+    typer.Option(
+        help="LOW:HIGH makes tau adaptive: it falls after runs of uncertain steps and rises after "
+        "confident ones, within the range."
+    ),
+]
 SwitchPointOpt = Annotated[
     SwitchPointName, typer.Option(help="before: the new model writes the token that triggered the switch.")
 ]
@@ -133,12 +154,14 @@ def _decoding_options(
     tau: float | None,
     window: int | None,
     min_run: int,
-    burst: int,
+    burst: str,
     switch_point: SwitchPointName,
     normalize: bool,
     draft: int,
     draft_entropy_stop: float | None,
     verify: float | None,
+    pattern: list[str] | None,
+    tau_range: str | None,
     sampling: SamplingParams,
     max_tokens: int,
     stop: list[str] | None,
@@ -150,14 +173,35 @@ def _decoding_options(
         tau,
         window,
         min_run,
-        burst,
+        _parse_burst(burst),
         switch_point.value,
         normalize,
         draft,
         draft_entropy_stop,
         verify,
+        tuple(pattern or ()),
+        _parse_tau_range(tau_range),
     )
     return policy_options, GenerationOptions(sampling, max_tokens, tuple(stop or ()))
+
+
+def _parse_burst(text: str) -> int | str:
+    if text in BURST_KINDS:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise EadError(f"--burst must be a count, 'line' or 'adaptive', got {text!r}", exit_code=2) from None
+
+
+def _parse_tau_range(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        low, high = (float(part) for part in text.split(":"))
+    except ValueError:
+        raise EadError(f"--tau-range must be LOW:HIGH in bits, got {text!r}", exit_code=2) from None
+    return low, high
 
 
 @app.command()
@@ -171,12 +215,14 @@ def generate(
     tau: Tau = None,
     window: Window = None,
     min_run: MinRun = 10,
-    burst: Burst = 1,
+    burst: Burst = "1",
     switch_point: SwitchPointOpt = SwitchPointName.before,
     normalize: Normalize = False,
     draft: Draft = 4,
     draft_entropy_stop: DraftStop = None,
     verify: Verify = None,
+    pattern: Pattern = None,
+    tau_range: TauRange = None,
     temp: Temp = 0.0,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -209,6 +255,8 @@ def generate(
         draft,
         draft_entropy_stop,
         verify,
+        pattern,
+        tau_range,
         SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         max_tokens,
         stop,
@@ -268,12 +316,14 @@ def chat(
     tau: Tau = None,
     window: Window = None,
     min_run: MinRun = 10,
-    burst: Burst = 1,
+    burst: Burst = "1",
     switch_point: SwitchPointOpt = SwitchPointName.before,
     normalize: Normalize = False,
     draft: Draft = 4,
     draft_entropy_stop: DraftStop = None,
     verify: Verify = None,
+    pattern: Pattern = None,
+    tau_range: TauRange = None,
     temp: Temp = 0.0,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -302,6 +352,8 @@ def chat(
         draft,
         draft_entropy_stop,
         verify,
+        pattern,
+        tau_range,
         SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         max_tokens,
         None,

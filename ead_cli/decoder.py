@@ -25,8 +25,9 @@ from .text import TextStream
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One generated token. ``entropy`` is what the policy observed at this step (bits, or a fraction
-    of log2|V| with normalisation); ``rolling`` is the policy's rolling mean after it; ``text`` is the
-    text this token releases (whole characters; stop-string candidates are held back)."""
+    of log2|V| with normalisation); ``rolling`` is the policy's rolling mean after it; ``tau`` the
+    policy's threshold after it (it moves with an adaptive range; None without a policy); ``text`` is
+    the text this token releases (whole characters; stop-string candidates are held back)."""
 
     index: int
     token: int
@@ -34,6 +35,7 @@ class TokenEvent:
     model: str
     entropy: float
     rolling: float
+    tau: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,12 +132,16 @@ class _Generation:
             runner.stats = RunnerStats.empty()
         return self.tokens
 
-    def _emit(self, token: int, writer: int, entropy: float, rolling: float) -> TokenEvent:
+    def _emit(
+        self, token: int, writer: int, entropy: float, rolling: float, tau: float | None = None
+    ) -> TokenEvent:
         """Append a token and announce it."""
         self.tokens.append(token)
-        return self._announce(token, writer, entropy, rolling)
+        return self._announce(token, writer, entropy, rolling, tau)
 
-    def _announce(self, token: int, writer: int, entropy: float, rolling: float) -> TokenEvent:
+    def _announce(
+        self, token: int, writer: int, entropy: float, rolling: float, tau: float | None = None
+    ) -> TokenEvent:
         """The event for the next generated token (already in ``tokens``); set the finish reason if it
         ends the generation (check ``self.finished``)."""
         self._written[writer] += 1
@@ -151,7 +157,7 @@ class _Generation:
             self._finish = "length"
         if self._finish != "interrupted":
             piece += self._text.flush()
-        return TokenEvent(self._generated - 1, token, piece, self.roles[writer], entropy, rolling)
+        return TokenEvent(self._generated - 1, token, piece, self.roles[writer], entropy, rolling, tau)
 
     @property
     def finished(self) -> bool:
@@ -241,7 +247,7 @@ class Decoder(_Generation):
         self._measure = EntropyMeter(self.runners[0].n_vocab)
         self._checker = len(self.runners) - 1 if verify is not None and len(self.runners) > 1 else -1
         self._log_ratio = math.log(verify) if verify is not None else 0.0
-        self._held: list[tuple[int, int, float, float]] = []  # (token, writer, entropy, rolling), unchecked
+        self._held: list[tuple[int, int, float, float, float | None]] = []  # unchecked _announce arguments
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | None = None
 
@@ -269,9 +275,11 @@ class Decoder(_Generation):
                     continue
                 last_writer = writer
                 token = sampler.sample(self.runners[writer].ctx, logits)
+                if policy.wants_text:
+                    policy.see(self.runners[writer].token_bytes(token).decode("utf-8", "replace"))
                 if self._checker < 0 or writer == self._checker:
-                    yield self._emit(token, writer, entropy, policy.rolling)
-                elif self._hold(token, writer, entropy, policy.rolling):
+                    yield self._emit(token, writer, entropy, policy.rolling, policy.tau)
+                elif self._hold(token, writer, entropy, policy.rolling, policy.tau):
                     rolled_back = yield from self._check()
                     if rolled_back:
                         last_writer = self._checker
@@ -293,11 +301,11 @@ class Decoder(_Generation):
         runner = self.runners[index]
         return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index)
 
-    def _hold(self, token: int, writer: int, entropy: float, rolling: float) -> bool:
+    def _hold(self, token: int, writer: int, entropy: float, rolling: float, tau: float | None) -> bool:
         """Keep an unchecked token back; True when it must be checked now (it ends the answer, or
         ``check_every`` tokens wait)."""
         self.tokens.append(token)
-        self._held.append((token, writer, entropy, rolling))
+        self._held.append((token, writer, entropy, rolling, tau))
         if self._preview is None:
             self._preview = self._text.copy()
         runner = self.runners[writer]
@@ -337,7 +345,9 @@ class Decoder(_Generation):
                     runner.truncate(position)
                 token = self._sampler.sample(checker.ctx, row, index=i)
                 entropy = self._measure(row) * self._entropy_scale
-                yield self._emit(token, self._checker, entropy, self.policy.rolling)
+                if self.policy.wants_text:
+                    self.policy.see(checker.token_bytes(token).decode("utf-8", "replace"))
+                yield self._emit(token, self._checker, entropy, self.policy.rolling, self.policy.tau)
                 return True
             start = end
         yield from self._release(len(self._held))
@@ -348,8 +358,8 @@ class Decoder(_Generation):
         released, self._held = self._held[:count], self._held[count:]
         if not self._held:
             self._preview = None
-        for token, writer, entropy, rolling in released:
-            yield self._announce(token, writer, entropy, rolling)
+        for held in released:
+            yield self._announce(*held)
             if self.finished:
                 self._held = []
                 return

@@ -10,7 +10,7 @@ from . import registry
 from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError
-from .policies import SwitchPoint, make_policy
+from .policies import Burst, Policy, SwitchPoint, make_policy
 from .runner import Runner, check_memory, gpu_offload_available, memory_available
 from .sampling import SamplingParams
 
@@ -38,17 +38,48 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class PolicyOptions:
+    """How models take turns; checked when made (a usage error, before any model loads)."""
+
     mode: str = "ead"
     policy: str = "gate"
     tau: float | None = None
     window: int | None = None
     min_run: int = 10
-    burst: int = 1
+    burst: Burst = 1
     switch_point: SwitchPoint = "before"
     normalize: bool = False
     draft: int = 4
     draft_entropy_stop: float | None = None
     verify: float | None = None  # ead mode: the large model checks small tokens on catch-up
+    patterns: tuple[str, ...] = ()
+    tau_range: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.verify is not None and self.mode != "ead":
+            raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
+        if self.verify is not None and not 0 < self.verify <= 1:
+            raise EadError(f"verify ratio must be in (0, 1], got {self.verify}", exit_code=2)
+        if self.mode == "spec" and not 1 <= self.draft <= 64:
+            raise EadError(f"draft must be in [1, 64], got {self.draft}", exit_code=2)
+        if self.mode != "spec":
+            self.make_policy()
+
+    def make_policy(self) -> Policy:
+        """A fresh policy state machine (one per generation)."""
+        try:
+            return make_policy(
+                self.mode,
+                self.policy,
+                tau=self.tau,
+                window=self.window,
+                min_run=self.min_run,
+                burst=self.burst,
+                switch_point=self.switch_point,
+                patterns=self.patterns,
+                tau_range=self.tau_range,
+            )
+        except ValueError as error:
+            raise EadError(str(error), exit_code=2) from None
 
 
 @dataclass(frozen=True)
@@ -95,8 +126,6 @@ def build_decoder(
     """A decoder over loaded runners; invalid policy values become a one-line usage error."""
     roles = ROLES[: len(runners)]
     try:
-        if policy_options.verify is not None and (policy_options.mode != "ead" or len(runners) < 2):
-            raise ValueError("--verify applies to --mode ead (two models switching)")
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
                 runners,
@@ -107,19 +136,10 @@ def build_decoder(
                 max_tokens=generation.max_tokens,
                 stop=generation.stop,
             )
-        policy = make_policy(
-            policy_options.mode,
-            policy_options.policy,
-            tau=policy_options.tau,
-            window=policy_options.window,
-            min_run=policy_options.min_run,
-            burst=policy_options.burst,
-            switch_point=policy_options.switch_point,
-        )
         return Decoder(
             runners,
             roles,
-            policy,
+            policy_options.make_policy(),
             generation.sampling,
             max_tokens=generation.max_tokens,
             stop=generation.stop,

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -300,7 +299,7 @@ def test_a_sample_record_has_every_figure(
 ) -> None:
     small, large = run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     assert small["strategy"] == "small-only" and small["task_id"] == "HumanEval/0"
-    assert small["params"] == asdict(PolicyOptions(mode="small"))
+    assert PolicyOptions(**small["params"] | {"patterns": ()}) == PolicyOptions(mode="small")
     assert small["passed"] is False and small["outcome"] == "failed" and small["error"]
     assert small["generated"] == 8 and small["finish_reason"] == "length"
     assert small["code"] == humaneval[0].prompt + small["text"]  # garbage has no def line
@@ -328,18 +327,11 @@ def test_a_results_file_of_another_setup_is_refused(
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
 
-def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_sample(
-    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
-) -> None:
+def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_model_loads() -> None:
     grid = bench.parse_grid("1", "1", None, "10", "before", "4,100", None)
-    strategies = bench.build_strategies("small,spec", grid)
-    job = bench.humaneval_bench(
-        humaneval[:1], strategies, sampling=SamplingParams(), max_tokens=8, out=tmp_path
-    )
     with pytest.raises(EadError, match=r"draft must be in \[1, 64\], got 100") as error:
-        run(job, tiny_pair)
+        bench.build_strategies("small,spec", grid)
     assert error.value.exit_code == 2
-    assert not (tmp_path / "results.jsonl").exists()
 
 
 def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(

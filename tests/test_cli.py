@@ -58,7 +58,8 @@ def test_jsonl_has_one_object_per_token_and_a_summary(tiny_pair: tuple[Path, Pat
     tokens, summary = objects[:-1], objects[-1]
     assert len(tokens) == 20
     assert all(t["type"] == "token" for t in tokens)
-    assert set(tokens[0]) == {"type", "index", "token", "text", "model", "entropy", "rolling"}
+    assert set(tokens[0]) == {"type", "index", "token", "text", "model", "entropy", "rolling", "tau"}
+    assert {t["tau"] for t in tokens} == {3.0}
     assert [t["index"] for t in tokens] == list(range(20))
     assert summary["type"] == "summary"
     assert summary["generated"] == 20 and summary["finish_reason"] == "length"
@@ -188,7 +189,11 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--tau", "-0.5"], "tau must be at least 0"),
         (["--window", "0"], "window must be at least 1"),
         (["--policy", "ead", "--min-run", "-1"], "min-run must be at least 0"),
-        (["--burst", "0"], "burst must be at least 1"),
+        (["--burst", "0"], "burst must be a count of at least 1"),
+        (["--burst", "often"], "--burst must be a count, 'line' or 'adaptive'"),
+        (["--pattern", "(x"], "is not a valid regular expression"),
+        (["--tau-range", "1"], "--tau-range must be LOW:HIGH"),
+        (["--tau-range", "2:1"], "tau range must satisfy 0 <= low < high"),
         (["--mode", "spec", "--draft", "0"], "draft must be in [1, 64]"),
         (["--mode", "fast"], "Invalid value for '--mode'"),
         (["--switch-point", "during"], "Invalid value for '--switch-point'"),

@@ -210,3 +210,23 @@ def test_a_split_model_counts_all_its_shards(tmp_path: Path) -> None:
     shards = shard_paths(tmp_path / "m-q4-00001-of-00003.gguf")
     assert [p.name for p in shards] == [f"m-q4-0000{k}-of-00003.gguf" for k in (1, 2, 3)]
     assert shard_paths(tmp_path / "single.gguf") == [tmp_path / "single.gguf"]
+
+
+class TextRecordingGate(Gate):
+    """A gate that keeps the text the decoder shows it."""
+
+    def __init__(self, tau: float) -> None:
+        super().__init__(tau)
+        self.wants_text = True
+        self.seen: list[str] = []
+
+    def see(self, text: str) -> None:
+        self.seen.append(text)
+
+
+def test_a_policy_that_wants_text_sees_each_written_token_in_order(runners: list[Runner]) -> None:
+    policy = TextRecordingGate(3.0)
+    _, _, events = generate(runners, policy, max_tokens=50)
+    assert {e.model for e in events} == {"small", "large"}
+    expected = [runners[0].token_bytes(e.token).decode("utf-8", "replace") for e in events]
+    assert policy.seen == expected

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ead_cli.policies import EAD, Fixed, Gate, Policy, make_policy
+from ead_cli.policies import EAD, AdaptiveTau, Fixed, Gate, Policy, make_policy
 
 
 def drive(policy: Policy, entropies: list[float]) -> tuple[list[int], list[int]]:
@@ -113,6 +113,90 @@ def test_gate_with_a_window_smooths_the_trigger() -> None:
     assert writers == [1, 0, 0, 1]
 
 
+def test_gate_adaptive_burst_lasts_while_the_large_models_entropy_stays_high() -> None:
+    policy = Gate(1.0, burst="adaptive", switch_point="before")
+    writers, evaluated = drive(policy, [0.5, 2.0, 3.0, 1.0, 0.2, 0.3])
+    # trigger at step 2 (large writes it), large unsure at 3 and 4 (tie stays), sure at 5: it writes
+    # that token too (it was evaluated there), then the small model resumes.
+    assert writers == [0, 1, 1, 1, 1, 0]
+    assert evaluated == [0, 0, 1, 1, 1, 0]
+
+
+def test_gate_adaptive_burst_after_starts_on_the_next_token() -> None:
+    policy = Gate(1.0, burst="adaptive", switch_point="after")
+    writers, evaluated = drive(policy, [2.0, 0.1, 0.1])
+    assert writers == [0, 1, 0]
+    assert evaluated == [0, 1, 0]
+
+
+def see_each(policy: Policy, steps: list[tuple[float, str]]) -> list[int]:
+    """Feed (entropy, text of the token written) pairs; return the writers."""
+    writers = []
+    for entropy, text in steps:
+        writers.append(policy.observe(entropy))
+        policy.see(text)
+    return writers
+
+
+def test_gate_line_burst_lasts_until_the_large_model_ends_the_line() -> None:
+    policy = Gate(1.0, burst="line", switch_point="before")
+    assert policy.wants_text
+    writers = see_each(
+        policy, [(0.1, "x ="), (2.0, " fib"), (0.0, "(n"), (5.0, ")\n"), (0.0, "y"), (1.5, "\n"), (0, "z")]
+    )
+    # the trigger token " fib" starts the burst; ")\n" ends it; "\n" as a trigger token ends its own burst
+    assert writers == [0, 1, 1, 1, 0, 1, 0]
+
+
+def test_patterns_hand_the_rest_of_the_line_to_the_large_model_whatever_the_entropy() -> None:
+    policy = make_policy(tau=100.0, patterns=["@code"])
+    steps = [
+        (0.0, "import math\n"),
+        (0.0, "def"),
+        (0.0, " is"),
+        (0.0, "_prime"),
+        (0.0, "(n):\n"),
+        (0.0, "    x"),
+    ]
+    writers = see_each(policy, steps)
+    # "def is" completes the signature pattern: the large model writes "_prime" and "(n):\n"
+    assert writers == [0, 0, 0, 1, 1, 0]
+    assert policy.active == 0
+
+
+def test_a_user_pattern_fires_where_it_completes_only() -> None:
+    policy = Gate(100.0, patterns=[r"\bTODO"])
+    writers = see_each(policy, [(0.0, "# TO"), (0.0, "DO"), (0.0, ": fix"), (0.0, "\n"), (0.0, "a")])
+    assert writers == [0, 0, 1, 1, 0]
+
+
+def test_adaptive_tau_moves_one_step_per_run_of_four_within_its_range() -> None:
+    tau = AdaptiveTau(1.0, 0.5, 1.5)  # steps of 0.125
+    for _ in range(4):
+        tau.update(2.0)
+    assert tau.value == pytest.approx(0.875)
+    for _ in range(3):
+        tau.update(0.0)
+    assert tau.value == pytest.approx(0.875)  # a run of three moves nothing
+    tau.update(0.0)
+    assert tau.value == pytest.approx(1.0)
+    for _ in range(100):
+        tau.update(0.0)
+    assert tau.value == 1.5
+    for _ in range(100):
+        tau.update(9.0)
+    assert tau.value == 0.5
+
+
+def test_a_policy_with_a_tau_range_reports_and_uses_the_moving_tau() -> None:
+    policy = Gate(1.0, tau_range=(0.5, 1.5))
+    writers, _ = drive(policy, [0.9] * 8 + [1.1])
+    # eight confident steps lift tau to 1.25: 1.1 no longer triggers (it would at the fixed 1.0)
+    assert policy.tau == pytest.approx(1.25)
+    assert writers == [0] * 9
+    assert make_policy(policy="ead", tau=0.5, tau_range=(0.25, 1.0)).tau == 0.5
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -121,8 +205,13 @@ def test_gate_with_a_window_smooths_the_trigger() -> None:
         ({"tau": -0.1}, "tau must be at least 0"),
         ({"window": 0}, "window must be at least 1"),
         ({"policy": "ead", "min_run": -1}, "min-run must be at least 0"),
-        ({"burst": 0}, "burst must be at least 1"),
+        ({"burst": 0}, "burst must be a count of at least 1"),
         ({"switch_point": "during"}, "switch point must be"),
+        ({"burst": "sometimes"}, "burst must be a count of at least 1, 'line' or 'adaptive'"),
+        ({"patterns": ["(unclosed"]}, "pattern '\\(unclosed' is not a valid regular expression"),
+        ({"policy": "ead", "patterns": ["def"]}, "--pattern and --burst apply to --policy gate"),
+        ({"policy": "ead", "burst": "line"}, "--pattern and --burst apply to --policy gate"),
+        ({"tau_range": (1.0, 0.5)}, "tau range must satisfy 0 <= low < high"),
     ],
 )
 def test_make_policy_rejects_invalid_values(kwargs: dict, message: str) -> None:
