@@ -88,7 +88,7 @@ from typing import Any
 from .decoder import Summary
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
-from .policies import SWITCH_POINTS, SwitchPoint
+from .policies import BURST_KINDS, SWITCH_POINTS, Burst, SwitchPoint
 from .prompt import check_fits, encode_prompt, render_chat
 from .runner import Runner
 from .sampling import SamplingParams
@@ -339,6 +339,7 @@ class Grid:
     drafts: tuple[int, ...] = (4,)
     draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
     verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
+    bursts: tuple[Burst, ...] = (1,)
 
 
 # Strategy families by name, in the order they run: a new way of decoding is one more entry here.
@@ -354,8 +355,10 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
         )
     ],
     "gate": lambda grid: [
-        PolicyOptions("ead", "gate", tau=tau, switch_point=point, verify=verify)
-        for tau, point, verify in itertools.product(grid.gate_taus, grid.switch_points, grid.verifies)
+        PolicyOptions("ead", "gate", tau=tau, switch_point=point, verify=verify, burst=burst)
+        for tau, point, verify, burst in itertools.product(
+            grid.gate_taus, grid.switch_points, grid.verifies, grid.bursts
+        )
     ],
     "spec": lambda grid: [
         PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
@@ -388,6 +391,7 @@ def parse_grid(
     draft: str,
     draft_stop: str | None,
     verify: str | None = None,
+    burst: str = "1",
 ) -> Grid:
     """The sweep from comma-separated option values; any bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
@@ -403,6 +407,12 @@ def parse_grid(
         drafts=_parse_list(draft, "--draft", int, 1),
         draft_stops=(None,) if draft_stop is None else _parse_list(draft_stop, "--draft-stop", float, 0),
         verifies=(None,) if verify is None else _parse_verify(verify),
+        bursts=tuple(
+            dict.fromkeys(
+                part if part in BURST_KINDS else _parse_list(part, "--burst", int, 1)[0]
+                for part in (piece.strip() for piece in burst.split(","))
+            )
+        ),
     )
 
 

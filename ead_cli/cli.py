@@ -421,6 +421,9 @@ VerifyList = Annotated[
         "--verify", help="ead and gate: catch-up check ratios, comma-separated; 'none' for no check."
     ),
 ]
+BurstList = Annotated[
+    str, typer.Option("--burst", help="gate: bursts, comma-separated: counts, 'line', 'adaptive'.")
+]
 BenchLimit = Annotated[int | None, typer.Option(help="Run at most this many tasks.")]
 BenchOut = Annotated[
     Path | None,
@@ -444,6 +447,7 @@ def bench_humaneval(
     draft: DraftList = "4",
     draft_stop: DraftStopList = None,
     verify: VerifyList = None,
+    burst: BurstList = "1",
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
@@ -458,7 +462,7 @@ def bench_humaneval(
 ) -> None:
     """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
     tasks = bench.select_tasks(bench.load_humaneval(), ids=ids, split=split, limit=limit)
-    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify)
+    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify, burst)
     job = bench.humaneval_bench(
         tasks,
         bench.build_strategies(strategies, grid),
@@ -483,6 +487,7 @@ def bench_prompts(
     draft: DraftList = "4",
     draft_stop: DraftStopList = None,
     verify: VerifyList = None,
+    burst: BurstList = "1",
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
@@ -496,7 +501,7 @@ def bench_prompts(
 ) -> None:
     """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
     prompts = bench.load_prompts(file, limit)
-    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify)
+    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify, burst)
     job = bench.prompts_bench(
         file,
         prompts,

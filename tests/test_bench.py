@@ -220,6 +220,19 @@ def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
     assert names[-1] == "spec draft=8 draft_entropy_stop=1.5"
 
 
+def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
+    grid = bench.parse_grid("1", "1", None, "10", "before", "4", None, "none,0.1", "1,line,adaptive,line")
+    names = [s.name for s in bench.build_strategies("gate", grid)]
+    assert names == [
+        "gate tau=1",
+        "gate tau=1 burst=line",
+        "gate tau=1 burst=adaptive",
+        "gate tau=1 verify=0.1",
+        "gate tau=1 burst=line verify=0.1",
+        "gate tau=1 burst=adaptive verify=0.1",
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -230,6 +243,10 @@ def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
         (("1", "1", None, "2.5", "before", "4", None), "--min-run: '2.5' is not a valid value"),
         (("1", "1", None, "10", "during", "4", None), "--switch-point: 'during' is not one of before, after"),
         (("1", "1", None, "10", "before", "0", None), "--draft: 0 is below 1"),
+        (("1", "1", None, "10", "before", "4", None, "0"), r"--verify: 0 is not in \(0, 1\]"),
+        (("1", "1", None, "10", "before", "4", None, "0.1,x"), "--verify: 'x' is not a valid value"),
+        (("1", "1", None, "10", "before", "4", None, None, "0"), "--burst: 0 is below 1"),
+        (("1", "1", None, "10", "before", "4", None, None, "lines"), "--burst: 'lines' is not a valid value"),
     ],
 )
 def test_bad_sweep_values_are_usage_errors(args: tuple, message: str) -> None:
