@@ -11,9 +11,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 from typer.exceptions import TyperException
 
 from . import bench, registry
+from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
 from .policies import BURST_KINDS
@@ -264,6 +266,7 @@ def generate(
     model_options = ModelOptions(small, large, models, ctx, threads, n_gpu_layers)
     runners = load_runners(model_options, progress=_progress)
     try:
+        policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
         decoder = build_decoder(runners, policy_options, generation)
         tokens = encode_prompt(runners[0], text, system=system, raw=raw)
         check_fits(tokens, decoder.n_ctx)
@@ -360,6 +363,7 @@ def chat(
     )
     runners = load_runners(ModelOptions(small, large, models, ctx, threads, n_gpu_layers), progress=_progress)
     try:
+        policy_options = _apply_saved_tau(policy_options, runners, announce=True)
         exit_code = run_chat(runners, policy_options, generation, system=system, no_color=no_color)
     finally:
         close_all(runners)
@@ -367,10 +371,75 @@ def chat(
         raise typer.Exit(exit_code)
 
 
+def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -> PolicyOptions:
+    options, applied = calibration.with_saved_tau(options, runners)
+    if applied and announce:
+        stderr.print(
+            f"tau {options.tau:.3f}: calibrated for this pair ({calibration.config_file()}); --tau overrides",
+            style="dim",
+        )
+    return options
+
+
+@app.command()
+def calibrate(
+    small: Small = None,
+    large: Large = None,
+    models: ModelsFile = None,
+    target_share: Annotated[
+        float, typer.Option(help="The share of tokens the large model should write, in (0, 1).")
+    ] = 0.1,
+    policy: Annotated[
+        list[PolicyName] | None,
+        typer.Option(help="Policies to calibrate (repeatable; default: gate and ead)."),
+    ] = None,
+    domain: Annotated[str, typer.Option(help="Built-in prompts: code, prose, maths or all.")] = "all",
+    prompts: Annotated[
+        Path | None,
+        typer.Option(help="A prompt file instead (one per line): odd lines calibrate, even lines check."),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 96,
+    check: Annotated[
+        bool, typer.Option(help="Check the prediction with real runs on the held-out prompts.")
+    ] = True,
+    save: Annotated[
+        bool, typer.Option("--save", help="Save the taus for this pair: generate and chat then use them.")
+    ] = False,
+    ctx: Ctx = None,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+) -> None:
+    """The tau that hands about --target-share of the tokens to the large model, per policy."""
+    if not 0 < target_share < 1:
+        raise EadError(f"--target-share must be in (0, 1), got {target_share}", exit_code=2)
+    if max_tokens < 1:
+        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    file_prompts = bench.load_prompts(prompts, None) if prompts else None
+    split = calibration.split_prompts(domain, file_prompts)
+    names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
+    policies = [PolicyOptions(policy=name) for name in names]
+    runners = load_runners(ModelOptions(small, large, models, ctx, threads, n_gpu_layers), progress=_progress)
+    try:
+        results = calibration.calibrate(
+            runners, policies, target_share, split, max_tokens=max_tokens, check=check, progress=_progress
+        )
+        table = Table(box=None, pad_edge=False)
+        for column in ("policy", "tau (bits)", "predicted share", "measured share (held out)"):
+            table.add_column(column, justify="left" if column == "policy" else "right")
+        for result in results:
+            measured = "-" if result.measured_share is None else f"{result.measured_share:.1%}"
+            table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
+        Console().print(table)
+        if save:
+            path = calibration.save(runners[0].path, runners[1].path, results)
+            stderr.print(f"saved to {path}", style="dim")
+    finally:
+        close_all(runners)
+
+
 @models_app.command("list")
 def models_list(models: ModelsFile = None) -> None:
     """Show the aliases and which are available locally."""
-    from rich.table import Table
 
     catalog = registry.load_catalog(models)
     table = Table(box=None, pad_edge=False)
@@ -545,7 +614,6 @@ def _run_bench(job: bench.Bench, model_options: ModelOptions) -> None:
 
 
 def _show_report(folder: Path, aggregates: list[bench.Aggregate]) -> None:
-    from rich.table import Table
 
     files = bench.write_report(folder, aggregates)
     headers, rows = bench.report_table(aggregates)

@@ -1,0 +1,230 @@
+"""`ead calibrate`: the τ that hands a chosen share of tokens to the large model, for a model pair.
+
+Users do not know what τ to pick, and τ in bits means different things for different models and
+domains. The small model writes answers to sample prompts alone; its entropy stream is replayed through
+each policy (a pure state machine, so replaying is exact for the policy, and cheap) while τ is bisected
+until the simulated large-model share meets the target. The replay cannot know how the large model's
+tokens would have changed the text, so the prediction is then checked by real runs at that τ on
+held-out prompts, and both shares are reported. Saved results live in one JSON file per user, keyed by
+the pair's file names and the policy; ``ead generate`` and ``ead chat`` use them when no ``--tau`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .decoder import Decoder
+from .engine import PolicyOptions
+from .errors import EadError
+from .policies import Fixed
+from .prompt import encode_prompt
+from .runner import Runner
+from .sampling import SamplingParams
+
+# Per domain: the first half calibrates, the second half checks (held out).
+PROMPTS: dict[str, tuple[str, ...]] = {
+    "code": (
+        "Write a Python function that returns the longest palindromic substring of a string.",
+        "Implement a least-recently-used cache class in Python with get and put in O(1).",
+        "Write a Python function that merges overlapping intervals in a list of pairs.",
+        "Write a Python function that parses a CSV line with quoted fields into a list of strings.",
+    ),
+    "prose": (
+        "Write a short paragraph describing a rainy morning in a small harbour town.",
+        "Explain to a new colleague, in a few sentences, why code review matters.",
+        "Write a polite email declining an invitation to speak at a conference.",
+        "Describe the smell and sound of a bakery at dawn in one paragraph.",
+    ),
+    "maths": (
+        "Solve for x: 3x + 7 = 2x - 5. Show each step.",
+        "A train travels 180 km in 2.5 hours. What is its average speed in m/s? Show your work.",
+        "What is the sum of the interior angles of a hexagon? Explain the reasoning.",
+        "Find the derivative of f(x) = x^3 * sin(x) and simplify.",
+    ),
+}
+DOMAINS = (*PROMPTS, "all")
+BISECTIONS = 40
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One policy's result: ``predicted_share`` on the calibration prompts (replayed small-model
+    entropies), ``measured_share`` from real runs on the held-out prompts (None if not checked)."""
+
+    policy: str
+    tau: float
+    target_share: float
+    predicted_share: float
+    measured_share: float | None
+
+
+def split_prompts(domain: str, file_prompts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """(calibration prompts, held-out prompts): a file alternates lines; built-ins split each domain."""
+    if file_prompts is not None:
+        if len(file_prompts) < 2:
+            raise EadError("calibration needs at least 2 prompts (half to calibrate, half to check)", 2)
+        return list(file_prompts[::2]), list(file_prompts[1::2])
+    if domain not in DOMAINS:
+        raise EadError(f"--domain must be one of {', '.join(DOMAINS)}, got {domain!r}", exit_code=2)
+    domains = list(PROMPTS) if domain == "all" else [domain]
+    calibrate = [p for d in domains for p in PROMPTS[d][: len(PROMPTS[d]) // 2]]
+    held_out = [p for d in domains for p in PROMPTS[d][len(PROMPTS[d]) // 2 :]]
+    return calibrate, held_out
+
+
+def _encode_each(runner: Runner, prompts: Sequence[str]) -> list[list[int]]:
+    return [encode_prompt(runner, prompt) for prompt in prompts]
+
+
+def small_entropies(runners: Sequence[Runner], prompts: Sequence[str], max_tokens: int) -> list[list[float]]:
+    """The small model's entropy at each step of its own greedy answer to each prompt."""
+    streams = []
+    for prompt in _encode_each(runners[0], prompts):
+        decoder = Decoder(runners, ("small", "large"), Fixed(0), SamplingParams(), max_tokens=max_tokens)
+        streams.append([event.entropy for event in decoder.run(prompt)])
+    return streams
+
+
+def simulated_share(streams: Sequence[Sequence[float]], options: PolicyOptions, tau: float) -> float:
+    """The large model's share if the policy at ``tau`` saw these entropy streams."""
+    large = total = 0
+    for stream in streams:
+        policy = replace(options, tau=tau).make_policy()
+        large += sum(policy.observe(entropy) for entropy in stream)
+        total += len(stream)
+    return large / total if total else 0.0
+
+
+def tau_for_share(
+    streams: Sequence[Sequence[float]], options: PolicyOptions, target: float
+) -> tuple[float, float]:
+    """The τ whose simulated share is closest to ``target`` (bisection: the share falls as τ rises);
+    returns (τ, its simulated share)."""
+    low, high = 0.0, max((max(s) for s in streams if s), default=0.0) + 1e-6
+    share_low, share_high = simulated_share(streams, options, low), simulated_share(streams, options, high)
+    for _ in range(BISECTIONS):
+        middle = (low + high) / 2
+        share = simulated_share(streams, options, middle)
+        if share > target:
+            low, share_low = middle, share
+        else:
+            high, share_high = middle, share
+    if abs(share_low - target) < abs(share_high - target):
+        return low, share_low
+    return high, share_high
+
+
+def measured_share(
+    runners: Sequence[Runner], options: PolicyOptions, prompts: Sequence[str], max_tokens: int
+) -> float:
+    """The large model's share over real runs (both models) at the options' τ."""
+    large = total = 0
+    for prompt in _encode_each(runners[0], prompts):
+        for runner in runners:
+            runner.truncate(0)
+        decoder = Decoder(
+            runners, ("small", "large"), options.make_policy(), SamplingParams(), max_tokens=max_tokens
+        )
+        events = list(decoder.run(prompt))
+        large += sum(event.model == "large" for event in events)
+        total += len(events)
+    return large / total if total else 0.0
+
+
+def calibrate(
+    runners: Sequence[Runner],
+    policies: Sequence[PolicyOptions],
+    target: float,
+    prompts: tuple[Sequence[str], Sequence[str]],
+    *,
+    max_tokens: int = 96,
+    check: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[Calibration]:
+    """Calibrate each policy on the first prompt list; check on the second with real runs."""
+    if not 0 < target < 1:
+        raise EadError(f"--target-share must be in (0, 1), got {target}", exit_code=2)
+    calibration_prompts, held_out = prompts
+    if progress:
+        progress(f"the small model answers {len(calibration_prompts)} calibration prompts")
+    streams = small_entropies(runners, calibration_prompts, max_tokens)
+    results = []
+    for options in policies:
+        tau, predicted = tau_for_share(streams, options, target)
+        measured = None
+        if check:
+            if progress:
+                progress(f"checking {options.policy} at tau {tau:.3f} on {len(held_out)} held-out prompts")
+            measured = measured_share(runners, replace(options, tau=tau), held_out, max_tokens)
+        results.append(Calibration(options.policy, tau, target, predicted, measured))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- storage
+
+
+def config_file() -> Path:
+    """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default)."""
+    if os.environ.get("EAD_CONFIG"):
+        return Path(os.environ["EAD_CONFIG"]).expanduser()
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser()
+    return base / "ead-cli" / "calibration.json"
+
+
+def pair_key(small: Path, large: Path) -> str:
+    return f"{small.name} + {large.name}"
+
+
+def _read(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise EadError(f"cannot read the calibration file {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise EadError(f"the calibration file {path} is not a JSON object")
+    return data
+
+
+def save(small: Path, large: Path, results: Sequence[Calibration], path: Path | None = None) -> Path:
+    """Merge the results into the calibration file (written whole to a temporary name, then renamed)."""
+    path = path or config_file()
+    data = _read(path)
+    entry = data.setdefault(pair_key(small, large), {})
+    for result in results:
+        entry[result.policy] = {
+            "tau": result.tau,
+            "target_share": result.target_share,
+            "predicted_share": result.predicted_share,
+            "measured_share": result.measured_share,
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+    ) as out:
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    os.replace(out.name, path)
+    return path
+
+
+def saved_tau(small: Path, large: Path, policy: str) -> float | None:
+    """The τ saved for this pair and policy, or None."""
+    entry = _read(config_file()).get(pair_key(small, large), {}).get(policy)
+    tau = entry.get("tau") if isinstance(entry, dict) else None
+    return float(tau) if isinstance(tau, int | float) else None
+
+
+def with_saved_tau(options: PolicyOptions, runners: Sequence[Runner]) -> tuple[PolicyOptions, bool]:
+    """The options with the pair's calibrated τ where none was given (bits only, not with --normalize);
+    True when one was applied."""
+    if options.tau is not None or options.mode != "ead" or options.normalize or len(runners) != 2:
+        return options, False
+    tau = saved_tau(runners[0].path, runners[1].path, options.policy)
+    return (replace(options, tau=tau), True) if tau is not None else (options, False)

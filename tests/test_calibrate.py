@@ -1,0 +1,107 @@
+"""ead calibrate: τ for a target share from replayed entropy streams, checked by real runs, saved per pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import assert_one_line_error, ead, pair_args
+
+from ead_cli import calibrate as calibration
+from ead_cli.engine import PolicyOptions
+from ead_cli.errors import EadError
+
+
+def test_gate_tau_hands_exactly_the_target_share_of_a_replayed_stream() -> None:
+    streams = [[float(h) for h in range(10)], [0.5, 8.5]]
+    tau, share = calibration.tau_for_share(streams, PolicyOptions(policy="gate"), 0.25)
+    assert share == pytest.approx(3 / 12)  # the three highest of 12: 9, 8.5 and 8
+    assert 7.0 < tau <= 8.0
+    assert calibration.simulated_share(streams, PolicyOptions(policy="gate"), tau) == share
+
+
+def test_ead_replay_counts_hysteresis_and_the_window() -> None:
+    stream = [0.0] * 20 + [3.0] * 30 + [0.0] * 50
+    options = PolicyOptions(policy="ead")
+    tau, share = calibration.tau_for_share([stream], options, 0.3)
+    assert share == pytest.approx(0.3, abs=0.02)
+    # the same τ replayed by hand through a fresh policy gives the same share
+    policy = PolicyOptions(policy="ead", tau=tau).make_policy()
+    assert sum(policy.observe(h) for h in stream) / len(stream) == pytest.approx(share)
+
+
+def test_prompts_split_into_calibration_and_held_out_halves() -> None:
+    calibrate, held_out = calibration.split_prompts("code")
+    assert calibrate == list(calibration.PROMPTS["code"][:2]) and held_out == list(
+        calibration.PROMPTS["code"][2:]
+    )
+    every = calibration.split_prompts("all")
+    assert len(every[0]) == len(every[1]) == 6 and not set(every[0]) & set(every[1])
+    assert calibration.split_prompts("all", ["a", "b", "c"]) == (["a", "c"], ["b"])
+    with pytest.raises(EadError, match="--domain must be one of code, prose, maths, all"):
+        calibration.split_prompts("poetry")
+    with pytest.raises(EadError, match="at least 2 prompts"):
+        calibration.split_prompts("all", ["only one"])
+
+
+def test_saved_taus_merge_per_pair_and_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EAD_CONFIG", str(tmp_path / "sub" / "calibration.json"))
+    small, large = Path("/m/a.gguf"), Path("/m/b.gguf")
+    gate = calibration.Calibration("gate", 1.25, 0.2, 0.2, 0.21)
+    calibration.save(small, large, [gate])
+    calibration.save(small, large, [calibration.Calibration("ead", 0.75, 0.2, 0.19, None)])
+    assert calibration.saved_tau(small, large, "gate") == 1.25
+    assert calibration.saved_tau(small, large, "ead") == 0.75
+    assert calibration.saved_tau(large, small, "gate") is None  # the pair is ordered
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["calibration.json"]  # no temporary left
+
+
+def test_a_corrupt_calibration_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "calibration.json"
+    path.write_text("{not json")
+    monkeypatch.setenv("EAD_CONFIG", str(path))
+    with pytest.raises(EadError, match="cannot read the calibration file"):
+        calibration.saved_tau(Path("a.gguf"), Path("b.gguf"), "gate")
+
+
+def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    env = {"EAD_CONFIG": str(tmp_path / "calibration.json")}
+    result = ead(
+        "calibrate", *pair_args(tiny_pair), "--target-share", "0.3", "--max-tokens", "40", "--save", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.decode()
+    assert "gate" in table and "ead" in table and "measured share" in table
+    saved = json.loads((tmp_path / "calibration.json").read_text())
+    entry = saved[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
+    assert entry["gate"]["predicted_share"] == pytest.approx(0.3, abs=0.05)
+    assert 0 < entry["gate"]["measured_share"] < 1
+
+    def taus(*extra: str) -> set[float]:
+        run = ead(
+            "generate", *pair_args(tiny_pair), "--max-tokens", "5", "--format", "jsonl", *extra, "hi", env=env
+        )
+        assert run.returncode == 0, run.stderr
+        return {json.loads(line)["tau"] for line in run.stdout.decode().splitlines()[:-1]}
+
+    assert taus() == {entry["gate"]["tau"]}
+    assert taus("--policy", "ead") == {entry["ead"]["tau"]}
+    assert taus("--tau", "2") == {2.0}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--target-share", "0"], "--target-share must be in (0, 1)"),
+        (["--target-share", "1"], "--target-share must be in (0, 1)"),
+        (["--domain", "poetry"], "--domain must be one of"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    ],
+)
+def test_calibrate_refuses_bad_settings_before_loading(
+    tiny_pair: tuple[Path, Path], args: list[str], fragment: str
+) -> None:
+    assert_one_line_error(ead("calibrate", *pair_args(tiny_pair), *args), 2, fragment)
