@@ -655,7 +655,12 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _silence_stdout()
         sys.exit(141)
+    if code in _STOPPED:  # typer turns a Ctrl-C inside a command into a bare exit code: say what happened
+        _fail(_STOPPED[code], code)
     sys.exit(code or 0)
+
+
+_STOPPED = {130: "interrupted", 143: "terminated"}
 
 
 def _fail(message: str, code: int) -> None:

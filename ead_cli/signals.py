@@ -27,6 +27,11 @@ def main_thread_signals() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def stop_requested() -> bool:
+    """Whether a Ctrl-C or SIGTERM waits, held back, for this thread to unblock it."""
+    return bool(signal.sigpending() & _SIGNALS)
+
+
 class Terminated(BaseException):
     """SIGTERM, raised in the main thread: stop like Ctrl-C (keep what was printed), exit 143.
 

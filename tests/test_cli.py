@@ -283,3 +283,4 @@ def test_sigterm_stops_like_ctrl_c_and_keeps_the_output(tiny_pair: tuple[Path, P
     assert 1 <= summary["generated"] < 2000
     assert len(lines) - 1 == summary["generated"]  # every token written was printed before the end
     assert "(interrupted)" in err.decode() and "Traceback" not in err.decode()
+    assert err.decode().splitlines()[-1] == "error: terminated"
