@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
-from ead_cli.policies import EAD, Fixed, Gate, Policy
+from ead_cli.policies import CODE_PATTERNS, EAD, Fixed, Gate, Policy
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
@@ -33,12 +33,14 @@ def runners(real_pair: tuple[Path, Path]):
         runner.close()
 
 
-def generate(runners: list[Runner], policy: Policy) -> tuple[list[int], list[str], Decoder]:
+def generate(
+    runners: list[Runner], policy: Policy, verify: float | None = None
+) -> tuple[list[int], list[str], Decoder]:
     """A run from cold caches, as every `ead generate` process starts (a warm cache re-reads the last
     prompt token alone, which moves logits by float noise and can flip a near-tie)."""
     for runner in runners:
         runner.truncate(0)
-    decoder = Decoder(runners, ("small", "large"), policy, SamplingParams(), max_tokens=TOKENS)
+    decoder = Decoder(runners, ("small", "large"), policy, SamplingParams(), max_tokens=TOKENS, verify=verify)
     events = list(decoder.run(encode_prompt(runners[0], PROMPT)))
     return [e.token for e in events], [e.model for e in events], decoder
 
@@ -84,6 +86,29 @@ def test_a_middle_threshold_uses_both_models(runners: list[Runner], policy: Poli
     assert summary.param_cost == pytest.approx(
         (small.written * small.params + large.written * large.params) / (TOKENS * large.params)
     )
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        Gate(1.0, burst="line"),
+        Gate(1.0, burst="adaptive"),
+        Gate(1.0, tau_range=(0.5, 2.0)),
+        Gate(1e9, patterns=CODE_PATTERNS),  # no entropy reaches tau: only the patterns call the large model
+    ],
+)
+def test_each_gate_extension_uses_both_models_on_the_demo_pair(runners: list[Runner], policy: Policy) -> None:
+    _, models, decoder = generate(runners, policy)
+    assert 0 < models.count("large") < TOKENS
+    assert decoder.summary().switches >= 1
+
+
+def test_verify_checks_the_small_models_tokens_on_the_demo_pair(runners: list[Runner]) -> None:
+    tokens, models, decoder = generate(runners, Gate(1.0), verify=0.1)
+    summary = decoder.summary()
+    assert len(tokens) == TOKENS and "small" in models
+    assert summary.checked >= models.count("small")  # every small token shown was checked first
+    assert summary.rolled_back >= summary.rollbacks
 
 
 NEAR_TIE = 0.05  # logits; batched and one-by-one reads of the same tokens differ by up to ~0.015 here
