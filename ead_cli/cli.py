@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -150,7 +153,60 @@ def _progress(message: str) -> None:
     stderr.print(message, style="dim")
 
 
+Decoding = tuple[PolicyOptions, GenerationOptions]
+
+
+@dataclass(frozen=True)
+class _OptionGroup:
+    """Options several commands share, declared once: a command with a parameter ``name`` gets these
+    options in its place on the command line and receives what ``build`` makes of their values."""
+
+    name: str
+    options: tuple[tuple[str, Any, Any], ...]  # (parameter, Annotated type, default)
+    build: Callable[..., Any]
+
+
+def _with_options(group: _OptionGroup) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        parameters: list[inspect.Parameter] = []
+        for parameter in signature.parameters.values():
+            if parameter.name != group.name:
+                parameters.append(parameter)
+                continue
+            kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+            parameters += [inspect.Parameter(n, kind, default=d, annotation=a) for n, a, d in group.options]
+
+        @functools.wraps(command)
+        def with_group(**values: Any) -> Any:
+            own = {name: values.pop(name) for name, _, _ in group.options}
+            return command(**values, **{group.name: group.build(**own)})
+
+        with_group.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        with_group.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_group
+
+    return decorate
+
+
+MODEL_OPTIONS = _OptionGroup(
+    "model_options",
+    (
+        ("small", Small, None),
+        ("large", Large, None),
+        ("models", ModelsFile, None),
+        ("ctx", Ctx, None),
+        ("threads", Threads, None),
+        ("n_gpu_layers", GpuLayers, None),
+    ),
+    lambda small, large, models, ctx, threads, n_gpu_layers: ModelOptions(
+        small, large, models, ctx, threads, n_gpu_layers
+    ),
+)
+
+
 def _decoding_options(
+    *,
     mode: Mode,
     policy: PolicyName,
     tau: float | None,
@@ -164,10 +220,13 @@ def _decoding_options(
     verify: float | None,
     pattern: list[str] | None,
     tau_range: str | None,
-    sampling: SamplingParams,
+    temp: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    seed: int,
     max_tokens: int,
-    stop: list[str] | None,
-) -> tuple[PolicyOptions, GenerationOptions]:
+) -> Decoding:
     """The policy and generation options that `generate` and `chat` share, from their parsed values."""
     policy_options = PolicyOptions(
         mode.value,
@@ -184,7 +243,35 @@ def _decoding_options(
         tuple(pattern or ()),
         _parse_tau_range(tau_range),
     )
-    return policy_options, GenerationOptions(sampling, max_tokens, tuple(stop or ()))
+    sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    return policy_options, GenerationOptions(sampling, max_tokens)
+
+
+DECODING_OPTIONS = _OptionGroup(
+    "decoding",
+    (
+        ("mode", ModeOpt, Mode.ead),
+        ("policy", PolicyOpt, PolicyName.gate),
+        ("tau", Tau, None),
+        ("window", Window, None),
+        ("min_run", MinRun, 10),
+        ("burst", Burst, "1"),
+        ("switch_point", SwitchPointOpt, SwitchPointName.before),
+        ("normalize", Normalize, False),
+        ("draft", Draft, 4),
+        ("draft_entropy_stop", DraftStop, None),
+        ("verify", Verify, None),
+        ("pattern", Pattern, None),
+        ("tau_range", TauRange, None),
+        ("temp", Temp, 0.0),
+        ("top_k", TopK, 40),
+        ("top_p", TopP, 0.95),
+        ("min_p", MinP, 0.05),
+        ("seed", Seed, 0),
+        ("max_tokens", MaxTokens, 512),
+    ),
+    _decoding_options,
+)
 
 
 def _parse_burst(text: str) -> int | str:
@@ -207,36 +294,15 @@ def _parse_tau_range(text: str | None) -> tuple[float, float] | None:
 
 
 @app.command()
+@_with_options(MODEL_OPTIONS)
+@_with_options(DECODING_OPTIONS)
 def generate(
+    model_options: ModelOptions,
+    decoding: Decoding,
     prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
-    small: Small = None,
-    large: Large = None,
-    models: ModelsFile = None,
-    mode: ModeOpt = Mode.ead,
-    policy: PolicyOpt = PolicyName.gate,
-    tau: Tau = None,
-    window: Window = None,
-    min_run: MinRun = 10,
-    burst: Burst = "1",
-    switch_point: SwitchPointOpt = SwitchPointName.before,
-    normalize: Normalize = False,
-    draft: Draft = 4,
-    draft_entropy_stop: DraftStop = None,
-    verify: Verify = None,
-    pattern: Pattern = None,
-    tau_range: TauRange = None,
-    temp: Temp = 0.0,
-    top_k: TopK = 40,
-    top_p: TopP = 0.95,
-    min_p: MinP = 0.05,
-    seed: Seed = 0,
-    max_tokens: MaxTokens = 512,
     stop: Stop = None,
     system: System = None,
     raw: Raw = False,
-    ctx: Ctx = None,
-    threads: Threads = None,
-    n_gpu_layers: GpuLayers = None,
     output_format: FormatOpt = OutputFormat.text,
     stats: Stats = False,
     no_color: NoColor = False,
@@ -245,25 +311,8 @@ def generate(
     from .prompt import check_fits, check_prompt_text, encode_prompt
 
     text = check_prompt_text(_read_prompt(prompt))
-    policy_options, generation = _decoding_options(
-        mode,
-        policy,
-        tau,
-        window,
-        min_run,
-        burst,
-        switch_point,
-        normalize,
-        draft,
-        draft_entropy_stop,
-        verify,
-        pattern,
-        tau_range,
-        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-        max_tokens,
-        stop,
-    )
-    model_options = ModelOptions(small, large, models, ctx, threads, n_gpu_layers)
+    policy_options, generation = decoding
+    generation = replace(generation, stop=tuple(stop or ()))
     runners = load_runners(model_options, progress=_progress)
     try:
         policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
@@ -295,6 +344,9 @@ def _stream(decoder, tokens: list[int], renderer: TextRenderer | JsonlRenderer) 
             renderer.event(event)
         renderer.finish(decoder.summary())
     except (KeyboardInterrupt, Terminated) as interrupt:
+        last = decoder.last_event
+        if last is not None and last.index > renderer.shown:  # counted, but the signal came first
+            renderer.event(last)
         renderer.finish(decoder.summary())
         return 143 if isinstance(interrupt, Terminated) else 130
     except BrokenPipeError:
@@ -310,58 +362,20 @@ def _silence_stdout() -> None:
 
 
 @app.command()
+@_with_options(MODEL_OPTIONS)
+@_with_options(DECODING_OPTIONS)
 def chat(
-    small: Small = None,
-    large: Large = None,
-    models: ModelsFile = None,
-    mode: ModeOpt = Mode.ead,
-    policy: PolicyOpt = PolicyName.gate,
-    tau: Tau = None,
-    window: Window = None,
-    min_run: MinRun = 10,
-    burst: Burst = "1",
-    switch_point: SwitchPointOpt = SwitchPointName.before,
-    normalize: Normalize = False,
-    draft: Draft = 4,
-    draft_entropy_stop: DraftStop = None,
-    verify: Verify = None,
-    pattern: Pattern = None,
-    tau_range: TauRange = None,
-    temp: Temp = 0.0,
-    top_k: TopK = 40,
-    top_p: TopP = 0.95,
-    min_p: MinP = 0.05,
-    seed: Seed = 0,
-    max_tokens: MaxTokens = 512,
+    model_options: ModelOptions,
+    decoding: Decoding,
     system: System = None,
-    ctx: Ctx = None,
-    threads: Threads = None,
-    n_gpu_layers: GpuLayers = None,
     no_color: NoColor = False,
 ) -> None:
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
     each token. /help lists the commands; with stdin not a terminal, each line is one turn."""
     from .repl import run_chat
 
-    policy_options, generation = _decoding_options(
-        mode,
-        policy,
-        tau,
-        window,
-        min_run,
-        burst,
-        switch_point,
-        normalize,
-        draft,
-        draft_entropy_stop,
-        verify,
-        pattern,
-        tau_range,
-        SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-        max_tokens,
-        None,
-    )
-    runners = load_runners(ModelOptions(small, large, models, ctx, threads, n_gpu_layers), progress=_progress)
+    policy_options, generation = decoding
+    runners = load_runners(model_options, progress=_progress)
     try:
         policy_options = _apply_saved_tau(policy_options, runners, announce=True)
         exit_code = run_chat(runners, policy_options, generation, system=system, no_color=no_color)
@@ -382,10 +396,9 @@ def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -
 
 
 @app.command()
+@_with_options(MODEL_OPTIONS)
 def calibrate(
-    small: Small = None,
-    large: Large = None,
-    models: ModelsFile = None,
+    model_options: ModelOptions,
     target_share: Annotated[
         float, typer.Option(help="The share of tokens the large model should write, in (0, 1).")
     ] = 0.1,
@@ -405,9 +418,6 @@ def calibrate(
     save: Annotated[
         bool, typer.Option("--save", help="Save the taus for this pair: generate and chat then use them.")
     ] = False,
-    ctx: Ctx = None,
-    threads: Threads = None,
-    n_gpu_layers: GpuLayers = None,
 ) -> None:
     """The tau that hands about --target-share of the tokens to the large model, per policy."""
     if not 0 < target_share < 1:
@@ -418,7 +428,7 @@ def calibrate(
     split = calibration.split_prompts(domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
     policies = [PolicyOptions(policy=name) for name in names]
-    runners = load_runners(ModelOptions(small, large, models, ctx, threads, n_gpu_layers), progress=_progress)
+    runners = load_runners(model_options, progress=_progress)
     try:
         results = calibration.calibrate(
             runners, policies, target_share, split, max_tokens=max_tokens, check=check, progress=_progress
@@ -503,7 +513,9 @@ BenchOut = Annotated[
 
 
 @bench_app.command("humaneval")
+@_with_options(MODEL_OPTIONS)
 def bench_humaneval(
+    model_options: ModelOptions,
     ids: Annotated[str | None, typer.Option(help="Task numbers, e.g. 1,3,10-20 (default: all).")] = None,
     split: Annotated[str, typer.Option(help="even (tuning thresholds), odd (reporting) or all.")] = "all",
     limit: BenchLimit = None,
@@ -522,12 +534,6 @@ def bench_humaneval(
     seed: Seed = 0,
     timeout: Annotated[float, typer.Option(help="Seconds each solution's tests may run.")] = 10.0,
     out: BenchOut = None,
-    small: Small = None,
-    large: Large = None,
-    models: ModelsFile = None,
-    ctx: Ctx = None,
-    threads: Threads = None,
-    n_gpu_layers: GpuLayers = None,
 ) -> None:
     """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
     tasks = bench.select_tasks(bench.load_humaneval(), ids=ids, split=split, limit=limit)
@@ -540,12 +546,14 @@ def bench_humaneval(
         out=out or Path("bench-results") / f"humaneval-{split}",
         timeout_s=timeout,
     )
-    _run_bench(job, ModelOptions(small, large, models, ctx, threads, n_gpu_layers))
+    _run_bench(job, model_options)
 
 
 @bench_app.command("prompts")
+@_with_options(MODEL_OPTIONS)
 def bench_prompts(
     file: Annotated[Path, typer.Argument(help='Prompts, one per line, or a .jsonl file of {"prompt": ...}.')],
+    model_options: ModelOptions,
     limit: BenchLimit = None,
     strategies: Strategies = bench.ALL_FAMILIES,
     tau: TauList = "0.125,0.25,0.5,1",
@@ -561,12 +569,6 @@ def bench_prompts(
     temp: Temp = 0.0,
     seed: Seed = 0,
     out: BenchOut = None,
-    small: Small = None,
-    large: Large = None,
-    models: ModelsFile = None,
-    ctx: Ctx = None,
-    threads: Threads = None,
-    n_gpu_layers: GpuLayers = None,
 ) -> None:
     """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
     prompts = bench.load_prompts(file, limit)
@@ -579,7 +581,7 @@ def bench_prompts(
         max_tokens=max_tokens,
         out=out or Path("bench-results") / f"prompts-{file.stem}",
     )
-    _run_bench(job, ModelOptions(small, large, models, ctx, threads, n_gpu_layers))
+    _run_bench(job, model_options)
 
 
 @bench_app.command("report")

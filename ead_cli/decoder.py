@@ -113,6 +113,7 @@ class _Generation:
         self._started = 0.0
         self._ended: float | None = None
         self._text = TextStream(self.stop)
+        self.last_event: TokenEvent | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -127,6 +128,7 @@ class _Generation:
         self._checked, self._rollbacks, self._rolled_back = 0, 0, 0
         self._last_writer = -1
         self._written = [0] * len(self.runners)
+        self.last_event = None
         for runner in self.runners:
             runner.align(self.tokens)
             runner.stats = RunnerStats.empty()
@@ -143,21 +145,31 @@ class _Generation:
         self, token: int, writer: int, entropy: float, rolling: float, tau: float | None = None
     ) -> TokenEvent:
         """The event for the next generated token (already in ``tokens``); set the finish reason if it
-        ends the generation (check ``self.finished``)."""
-        self._written[writer] += 1
-        self._generated += 1
-        if self._generated > 1 and writer != self._last_writer:
-            self._switches += 1
-        self._last_writer = writer
+        ends the generation (check ``self.finished``).
+
+        The counts change together with ``last_event``, after every call, so a Ctrl-C (raised between
+        calls) never leaves a token counted that the caller cannot show: it shows ``last_event`` if
+        it had not got to it.
+        """
+        index = self._generated
         runner = self.runners[writer]
         piece = self._text.push(runner.token_bytes(token))
+        finish = self._finish
         if runner.is_end_of_generation(token) or self._text.stopped:
-            self._finish = "stop"
-        elif self._generated >= self.max_tokens or self._prompt_len + self._generated > self.n_ctx:
-            self._finish = "length"
-        if self._finish != "interrupted":
+            finish = "stop"
+        elif index + 1 >= self.max_tokens or self._prompt_len + index + 1 > self.n_ctx:
+            finish = "length"
+        if finish != "interrupted":
             piece += self._text.flush()
-        return TokenEvent(self._generated - 1, token, piece, self.roles[writer], entropy, rolling, tau)
+        event = TokenEvent(index, token, piece, self.roles[writer], entropy, rolling, tau)
+        self._written[writer] += 1
+        if index and writer != self._last_writer:
+            self._switches += 1
+        self._last_writer = writer
+        self._finish = finish
+        self._generated = index + 1
+        self.last_event = event
+        return event
 
     @property
     def finished(self) -> bool:

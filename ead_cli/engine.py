@@ -61,6 +61,11 @@ class PolicyOptions:
             raise EadError(f"verify ratio must be in (0, 1], got {self.verify}", exit_code=2)
         if self.mode == "spec" and not 1 <= self.draft <= 64:
             raise EadError(f"draft must be in [1, 64], got {self.draft}", exit_code=2)
+        stop = self.draft_entropy_stop
+        if stop is not None and not stop >= 0:
+            raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
+        if self.normalize and self.tau is not None and self.tau > 1:
+            raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
         if self.mode != "spec":
             self.make_policy()
 

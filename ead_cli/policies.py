@@ -282,7 +282,7 @@ def make_policy(
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     tau = DEFAULT_TAU[policy] if tau is None else tau
-    if tau < 0:
+    if not tau >= 0:  # written so, NaN fails it too
         raise ValueError(f"tau must be at least 0, got {tau}")
     if window is None:
         window = 5 if policy == "ead" else 1

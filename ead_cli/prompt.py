@@ -6,6 +6,7 @@ import ctypes
 
 import jinja2
 import llama_cpp
+from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from .errors import EadError
@@ -36,7 +37,7 @@ def render_chat(runner: Runner, messages: list[Message], *, add_generation_promp
     ``add_generation_prompt``: end with the opening of an assistant turn (False: the conversation as
     it stands, e.g. to find the text a new turn adds). llama-cpp-python renders templates with
     jinja2's immutable sandbox, so a hostile template cannot reach files or Python internals; any
-    failure becomes a one-line error.
+    failure, and a rendering without text (which would leave nothing to decode), is a one-line error.
     """
     template = runner.metadata("tokenizer.chat_template")
     if not template:
@@ -47,10 +48,23 @@ def render_chat(runner: Runner, messages: list[Message], *, add_generation_promp
         formatter = Jinja2ChatFormatter(
             template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
         )
-        return formatter(messages=messages).prompt
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as error:
-        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise EadError(f"the chat template of {runner.path.name} failed: {detail}") from None
+        rendered = formatter(messages=messages).prompt
+    except Exception as error:  # the template is a program from the file: whatever it raises is its fault
+        raise EadError(
+            f"the chat template of {runner.path.name} failed: {_template_failure(error)}"
+        ) from None
+    if not rendered.strip():  # the messages are never empty, so a template that drops them is broken
+        raise EadError(f"the chat template of {runner.path.name} rendered no text")
+    return rendered
+
+
+def _template_failure(error: Exception) -> str:
+    """One line on why a template failed; an error without a message (MemoryError) is named by its type."""
+    if isinstance(error, jinja2.TemplateNotFound):
+        return f"it includes {error.name!r}, and chat templates cannot load files"
+    lines = str(error).strip().splitlines()
+    detail = lines[0] if lines else type(error).__name__
+    return f"refused by the sandbox: {detail}" if isinstance(error, SecurityError) else detail
 
 
 def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:

@@ -154,11 +154,41 @@ def local_status(spec: ModelSpec) -> str | None:
 # --- paths -------------------------------------------------------------------------------------------
 
 
+def shard_paths(path: Path) -> list[Path]:
+    """The files of a model: the path itself, or every shard of a split GGUF (name-0000k-of-0000n.gguf),
+    in order, whether or not they exist: llama.cpp loads a split model from its first shard and finds
+    the others beside it by these names."""
+    match = _SHARD.search(path.name)
+    if match is None or not 1 <= int(match[1]) <= int(match[2]):
+        return [path]
+    total = match[2]
+    return [
+        path.with_name(_SHARD.sub(f"-{i:05d}-of-{total}.gguf", path.name)) for i in range(1, int(total) + 1)
+    ]
+
+
 def _checked_gguf(path: Path) -> Path:
-    """``path`` made absolute, after checking it is a readable, non-empty file with the GGUF magic.
+    """The model's first file, made absolute, after checking that every file of it (each shard of a split
+    GGUF) is a readable, non-empty file with the GGUF magic: llama.cpp names none of these problems.
 
     A file cut short after the header is left to llama.cpp, which fails to load it.
     """
+    _check_gguf_file(path)
+    shards = shard_paths(path)
+    missing = [str(shard.absolute()) for shard in shards if not shard.exists()]
+    if missing:
+        raise EadError(
+            f"split model {path.name} is missing {len(missing)} of its {len(shards)} shards: "
+            f"{', '.join(missing)}"
+        )
+    for shard in shards:
+        if shard != path:
+            _check_gguf_file(shard)
+    return shards[0].absolute()
+
+
+def _check_gguf_file(path: Path) -> None:
+    """Refuse anything but a readable, non-empty regular file that starts with the GGUF magic."""
     if not path.exists():
         raise EadError(f"model file not found: {path}")
     if path.is_dir():
@@ -174,7 +204,6 @@ def _checked_gguf(path: Path) -> Path:
         raise EadError(f"model file is empty (0 bytes): {path}")
     if magic != _GGUF_MAGIC:
         raise EadError(f"not a GGUF file (bad magic): {path}")
-    return path.absolute()
 
 
 # --- alias resolution --------------------------------------------------------------------------------
@@ -241,14 +270,8 @@ def _hub_timeout() -> float:
 def _first_complete_match(folder: Path, pattern: str) -> Path | None:
     """The first file matching ``pattern``, or None if there is none or a shard of a split file is missing."""
     files = sorted(f for f in folder.glob(pattern) if f.is_file())
-    if not files:
+    if not files or not set(shard_paths(files[0])) <= set(files):
         return None
-    shard = _SHARD.search(files[0].name)
-    if shard is not None:
-        total = shard[2]
-        expected = {_SHARD.sub(f"-{i:05d}-of-{total}.gguf", files[0].name) for i in range(1, int(total) + 1)}
-        if not expected <= {f.name for f in files}:
-            return None
     return files[0]
 
 

@@ -25,11 +25,32 @@ def wants_color(stream: TextIO, no_color: bool) -> bool:
     return stream.isatty()
 
 
-class TextRenderer:
+class _Renderer:
+    """``shown``: the index of the last event handed to the output. It is set between making the text
+    and the write call (no signal is handled there), so after a Ctrl-C the caller can tell a token the
+    output never got from one it did, and show it: the output then holds every token the summary
+    counts, none twice."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.shown = -1
+
+    def event(self, event: TokenEvent) -> None:
+        text = self._text(event)
+        self.shown = event.index
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+    def _text(self, event: TokenEvent) -> str:
+        raise NotImplementedError
+
+
+class TextRenderer(_Renderer):
     """Streams token text as it comes, each token in its model's colour when ``color``."""
 
     def __init__(self, out: TextIO, *, color: bool) -> None:
-        self.out = out
+        super().__init__(out)
         self.color = color
 
     def legend(self, names: dict[str, str]) -> str:
@@ -40,29 +61,21 @@ class TextRenderer:
             parts.append(f"{code}■ {role}{_RESET if code else ''}: {name}")
         return "  ".join(parts)
 
-    def event(self, event: TokenEvent) -> None:
-        if not event.text:
-            return
-        if self.color:
-            self.out.write(f"{_STYLE.get(event.model, ('', ''))[0]}{event.text}{_RESET}")
-        else:
-            self.out.write(event.text)
-        self.out.flush()
+    def _text(self, event: TokenEvent) -> str:
+        if self.color and event.text:
+            return f"{_STYLE.get(event.model, ('', ''))[0]}{event.text}{_RESET}"
+        return event.text
 
     def finish(self, summary: Summary) -> None:
         self.out.write("\n")
         self.out.flush()
 
 
-class JsonlRenderer:
+class JsonlRenderer(_Renderer):
     """One JSON object per token, then one summary object; every object has a ``type``."""
 
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-
-    def event(self, event: TokenEvent) -> None:
-        self.out.write(json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False) + "\n")
-        self.out.flush()
+    def _text(self, event: TokenEvent) -> str:
+        return json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False) + "\n"
 
     def finish(self, summary: Summary) -> None:
         self.out.write(json.dumps({"type": "summary", **asdict(summary)}) + "\n")

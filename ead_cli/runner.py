@@ -12,7 +12,6 @@ import ctypes
 import logging
 import mmap
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,8 @@ import llama_cpp
 import numpy as np
 
 from .errors import EadError
-from .signals import main_thread_signals
+from .registry import shard_paths
+from .signals import Terminated, main_thread_signals, stop_requested
 
 Phase = Literal["prefill", "decode", "catchup"]
 DEFAULT_CTX = 4096  # tokens, capped at the model's training context
@@ -54,16 +54,6 @@ def gpu_offload_available() -> bool:
 
 
 _OUTPUT_TENSOR = len(b"output.weight").to_bytes(8, "little") + b"output.weight"
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-
-
-def shard_paths(path: Path) -> list[Path]:
-    """The files of a model: the path itself, or every shard of a split GGUF (name-0000k-of-0000n.gguf)."""
-    match = _SHARD.search(path.name)
-    if not match:
-        return [path]
-    stem = path.name[: match.start()]
-    return sorted(path.parent.glob(f"{stem}-*-of-{match.group(2)}.gguf"))
 
 
 def memory_available() -> int | None:
@@ -182,6 +172,11 @@ class Runner:
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # Asked between graph nodes of a batch, so a Ctrl-C stops a long prefill or catch-up at once
+        # rather than after it; set only for batches (a Python call per node would slow decode).
+        self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)
+        self._no_abort_callback = llama_cpp.ggml_abort_callback()
+        self._interrupt: BaseException | None = None
         self.n_past = 0
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
@@ -277,8 +272,7 @@ class Runner:
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = chunk_start + i >= end - rows
-            with main_thread_signals():
-                status = llama_cpp.llama_decode(self._ctx, batch)
+            status = self._decode(batch, abortable=count > 1)
             if status != 0:
                 self.truncate(chunk_start)
                 raise EadError(f"llama.cpp failed to decode with {self.name} (status {status})")
@@ -288,6 +282,29 @@ class Runner:
         counter.tokens += end - start
         self.stats.logits_rows += min(rows, end - start)
         self._logits_at = end
+
+    def _decode(self, batch: llama_cpp.llama_batch, *, abortable: bool) -> int:
+        """llama_decode with signals held for the main thread; a batch stops early on Ctrl-C/SIGTERM,
+        which is then raised here (cells it wrote are cleared by the next ``truncate``/``align``)."""
+        if abortable:
+            llama_cpp.llama_set_abort_callback(self._ctx, self._abort_callback, None)
+        try:
+            with main_thread_signals():
+                status = llama_cpp.llama_decode(self._ctx, batch)
+        finally:
+            if abortable:
+                llama_cpp.llama_set_abort_callback(self._ctx, self._no_abort_callback, None)
+        if self._interrupt is not None:
+            interrupt, self._interrupt = self._interrupt, None
+            raise interrupt
+        return status
+
+    def _abort_requested(self, _data: int | None) -> bool:
+        try:
+            return stop_requested()
+        except (KeyboardInterrupt, Terminated) as interrupt:  # its handler ran in here: raise it later
+            self._interrupt = interrupt
+            return True
 
     def flops(self) -> float:
         """Forward FLOPs so far: 2 x body params per token read, 2 x head params per logits row."""

@@ -25,7 +25,7 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temp < 0:
+        if not self.temp >= 0:  # written so, NaN fails it too
             raise EadError(f"--temp must be at least 0, got {self.temp}", exit_code=2)
         if self.top_k < 0:
             raise EadError(f"--top-k must be at least 0 (0 disables it), got {self.top_k}", exit_code=2)

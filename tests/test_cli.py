@@ -49,6 +49,16 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragm
     return lines[0]
 
 
+def read_to_the_end(process: subprocess.Popen) -> tuple[bytes, bytes]:
+    """The rest of stdout and all of stderr. Not communicate(): it reads the raw pipes and so skips what
+    an earlier readline() already pulled into the stdout buffer."""
+    assert process.stdout is not None and process.stderr is not None
+    rest = process.stdout.read()
+    err = process.stderr.read()  # a few lines of stats: it cannot fill the pipe while stdout drains
+    process.wait(timeout=60)
+    return rest, err
+
+
 def test_jsonl_has_one_object_per_token_and_a_summary(tiny_pair: tuple[Path, Path]) -> None:
     result = ead(
         "generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "20", "--format", "jsonl", "hi"
@@ -244,7 +254,7 @@ def test_ctrl_c_keeps_the_partial_answer_and_prints_stats() -> None:
     first = process.stdout.read(20)  # the answer has started streaming
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
-    rest, err = process.communicate(timeout=60)
+    rest, err = read_to_the_end(process)
     assert process.returncode == 130
     assert len(first + rest) > 20
     text = err.decode()
@@ -275,7 +285,7 @@ def test_sigterm_stops_like_ctrl_c_and_keeps_the_output(tiny_pair: tuple[Path, P
     assert process.stdout is not None
     first = process.stdout.readline()  # streaming has begun
     process.send_signal(signal.SIGTERM)
-    rest, err = process.communicate(timeout=60)
+    rest, err = read_to_the_end(process)
     assert process.returncode == 143
     lines = (first + rest).decode().splitlines()
     summary = json.loads(lines[-1])

@@ -114,11 +114,14 @@ def write_tiny_model(
     chat_template: str | None = CHATML,
     n_ctx_train: int = 2048,
     eot_token: str = "<|im_end|>",
+    split_max_tensors: int = 0,
 ) -> Path:
-    """Write a tiny random llama model with a byte-level BPE tokenizer to ``path`` and return it.
+    """Write a tiny random llama model with a byte-level BPE tokenizer to ``path`` and return its file.
 
     ``eot_token`` names the end-of-turn token in the metadata; another control token than the default
     gives a model whose end-of-generation ids differ while every token text stays the same.
+    ``split_max_tensors`` > 0 writes a split GGUF as llama.cpp's gguf-split does (21 tensors in all:
+    11 gives two shards, ``<stem>-00001-of-00002.gguf`` and ``-00002-``); the first shard is returned.
     """
     tokens, types, merges = vocabulary(vocab)
     n_vocab = len(tokens)
@@ -150,7 +153,7 @@ def write_tiny_model(
     output = normal(n_vocab, N_EMBD, std=N_EMBD**-0.5) * gains[:, None] * np.float32(logit_scale)
     tensors |= {"output_norm.weight": np.ones(N_EMBD, np.float32), "output.weight": output}
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     writer.add_name(f"tiny-{vocab}-seed{seed}")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(N_EMBD)
@@ -176,11 +179,12 @@ def write_tiny_model(
         writer.add_chat_template(chat_template)
     for name, data in tensors.items():
         writer.add_tensor(name, data)
+    first = writer.format_shard_names(Path(path))[0]
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return first
 
 
 def open_pair(paths: tuple[Path, Path], n_ctx: int = 512) -> list[Runner]:

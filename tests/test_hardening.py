@@ -1,0 +1,265 @@
+"""Hostile and odd inputs through the real `ead` command: templates from the model file, split models with
+a shard gone, paths with spaces and non-ASCII names, files that are not models, option values at their
+bounds, prompts with nothing in them. Each bad case ends in one `error:` line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_cli import assert_one_line_error, ead, pair_args
+from tiny_models import write_tiny_model
+
+# --- chat templates: a program read from the model file --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "fragments"),
+    [
+        (
+            "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+            ["refused by the sandbox", "attribute '__class__' of 'str' object is unsafe"],
+        ),
+        (
+            "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+            ["refused by the sandbox", "attribute '__init__'"],
+        ),
+        (
+            "{% for m in messages %}{% set _ = m.update({'role': 'system'}) %}{% endfor %}",
+            ["refused by the sandbox", "attribute 'update' of 'dict' object is unsafe"],
+        ),
+        ("{% include '/etc/passwd' %}", ["it includes '/etc/passwd'", "cannot load files"]),
+        ("{% extends '/etc/hostname' %}", ["it includes '/etc/hostname'", "cannot load files"]),
+        # The private attribute is undefined in the sandbox and renders as nothing: no prompt at all.
+        ("{{ self._TemplateReference__context }}", ["rendered no text"]),
+        ("{% for i in range(10**9) %}x{% endfor %}", ["Range too big"]),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", ["maximum recursion depth exceeded"]),
+        ("{{ 1 // 0 }}", ["division or modulo by zero"]),
+        ("{{ 'x' * 10**15 }}", ["MemoryError"]),
+        ("{% for %}", ["Expected an expression"]),
+    ],
+)
+def test_a_hostile_chat_template_is_one_line_error(
+    tmp_path: Path, template: str, fragments: list[str]
+) -> None:
+    pair = tuple(
+        write_tiny_model(tmp_path / f"{role}.gguf", seed=seed, chat_template=template)
+        for seed, role in enumerate(("small", "large"))
+    )
+    result = ead("generate", *pair_args(pair), "--max-tokens", "2", "hi")
+    line = assert_one_line_error(result, 1, "the chat template of small.gguf", *fragments)
+    assert "uid=" not in line  # the shell command never ran
+
+
+def test_raw_skips_a_hostile_template(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    """--raw never renders the template, so the same weights write exactly what the clean pair writes."""
+    hostile = "{{ cycler.__init__.__globals__.os.popen('id').read() }}"
+    pair = tuple(
+        write_tiny_model(tmp_path / f"{role}.gguf", seed=seed, chat_template=hostile)
+        for seed, role in enumerate(("small", "large"))
+    )
+    options = ["--raw", "--tau", "3", "--max-tokens", "12", "--format", "jsonl", "hello"]
+    result = ead("generate", *pair_args(pair), *options)
+    assert result.returncode == 0, result.stderr
+    tokens = _tokens(result.stdout)
+    assert len(tokens) == 12
+    assert tokens == _tokens(ead("generate", *pair_args(tiny_pair), *options).stdout)
+
+
+def _tokens(jsonl: bytes) -> list[int]:
+    return [json.loads(line)["token"] for line in jsonl.decode().splitlines()[:-1]]
+
+
+# --- split models ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def split_small(tmp_path: Path) -> list[Path]:
+    """The small model's weights (seed 0) written as two shards, as llama.cpp's gguf-split writes them."""
+    (tmp_path / "split").mkdir()
+    first = write_tiny_model(tmp_path / "split" / "small.gguf", seed=0, split_max_tensors=11)
+    shards = sorted(first.parent.iterdir())
+    assert [p.name for p in shards] == ["small-00001-of-00002.gguf", "small-00002-of-00002.gguf"]
+    return shards
+
+
+def test_a_split_model_generates_like_the_whole_file(
+    split_small: list[Path], tiny_pair: tuple[Path, Path]
+) -> None:
+    """The control for the missing-shard case: complete, the same shards load, from either one."""
+    args = ["--tau", "3", "--max-tokens", "12", "hello"]
+    whole = ead("generate", *pair_args(tiny_pair), *args)
+    assert whole.returncode == 0 and whole.stdout.strip()
+    for shard in split_small:
+        result = ead("generate", *pair_args((shard, tiny_pair[1])), *args)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == whole.stdout
+
+
+@pytest.mark.parametrize("passed", [0, 1])
+def test_a_split_model_with_a_shard_missing(split_small: list[Path], tiny_large: Path, passed: int) -> None:
+    gone = split_small[1 - passed]
+    gone.unlink()
+    result = ead("generate", *pair_args((split_small[passed], tiny_large)), "hi")
+    assert_one_line_error(
+        result, 1, f"split model {split_small[passed].name} is missing 1 of its 2 shards", str(gone)
+    )
+
+
+def test_an_empty_shard_is_refused(split_small: list[Path], tiny_large: Path) -> None:
+    split_small[1].write_bytes(b"")
+    result = ead("generate", *pair_args((split_small[0], tiny_large)), "hi")
+    assert_one_line_error(result, 1, "model file is empty (0 bytes)", str(split_small[1]))
+
+
+# --- paths -------------------------------------------------------------------------------------------
+
+
+def test_paths_with_spaces_and_non_ascii_names(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    folder = tmp_path / "mödels dir"
+    folder.mkdir()
+    small, large = folder / "small 模型.gguf", folder / "große Datei (1).gguf"
+    shutil.copyfile(tiny_pair[0], small)
+    shutil.copyfile(tiny_pair[1], large)
+    result = ead("generate", *pair_args((small, large)), "--max-tokens", "6", "--format", "jsonl", "hi")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.decode().splitlines()[-1])
+    assert summary["generated"] == 6
+    assert [model["path"] for model in summary["models"]] == [str(small), str(large)]
+
+
+def test_a_home_path_without_the_gguf_suffix(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    """`~` is the user's home; a reference with a slash is a path even without the .gguf suffix."""
+    (tmp_path / "my models").mkdir()
+    shutil.copyfile(tiny_pair[0], tmp_path / "my models" / "small model")
+    result = ead(
+        "generate",
+        *pair_args((Path("~/my models/small model"), tiny_pair[1])),
+        "--max-tokens",
+        "3",
+        "--format",
+        "jsonl",
+        "hi",
+        env={"HOME": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.decode().splitlines()[-1])
+    assert summary["models"][0]["path"] == str(tmp_path / "my models" / "small model")
+
+
+# --- files that are not models (a directory, an empty file, a text file: see test_cli) ----------------
+
+
+def _fifo(folder: Path) -> Path:
+    path = folder / "large.gguf"
+    os.mkfifo(path)
+    return path
+
+
+def _dangling_link(folder: Path) -> Path:
+    path = folder / "large.gguf"
+    path.symlink_to(folder / "nowhere.gguf")
+    return path
+
+
+def _dev_null(folder: Path) -> Path:
+    return Path("/dev/null")
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (_fifo, "not a regular file"),  # opening it to read the magic would block for ever
+        (_dangling_link, "model file not found"),
+        (_dev_null, "not a regular file"),
+    ],
+)
+def test_a_large_model_that_is_not_a_file(
+    tmp_path: Path, tiny_small: Path, make: Callable[[Path], Path], fragment: str
+) -> None:
+    path = make(tmp_path)
+    result = ead("generate", *pair_args((tiny_small, path)), "hi")
+    assert_one_line_error(result, 1, f"{fragment}: {path}")
+
+
+# --- option values at their bounds --------------------------------------------------------------------
+
+SAMPLED = ("--temp", "0.7")  # so the sampling bounds reach llama.cpp's sampler chain, not greedy argmax
+SPEC = ("--mode", "spec")
+EAD_RULE = ("--policy", "ead")
+
+# (option, a value at the bound, the nearest value past it, words of the error, other options needed)
+BOUNDS = [
+    ("--max-tokens", "0", "-1", "--max-tokens must be at least 0", ()),
+    ("--temp", "0", "-1e-09", "--temp must be at least 0", ()),
+    ("--top-k", "0", "-1", "--top-k must be at least 0", SAMPLED),
+    ("--top-p", "1", "1.000001", "--top-p must be in (0, 1]", SAMPLED),
+    ("--top-p", "1e-09", "0", "--top-p must be in (0, 1]", SAMPLED),
+    ("--min-p", "0", "-1e-09", "--min-p must be in [0, 1]", SAMPLED),
+    ("--min-p", "1", "1.000001", "--min-p must be in [0, 1]", SAMPLED),
+    ("--seed", "0", "-1", "--seed must be in [0, 4294967294]", SAMPLED),
+    ("--seed", "4294967294", "4294967295", "--seed must be in [0, 4294967294]", SAMPLED),
+    ("--tau", "0", "-1e-09", "tau must be at least 0", ()),
+    ("--window", "1", "0", "window must be at least 1", EAD_RULE),
+    ("--min-run", "0", "-1", "min-run must be at least 0", EAD_RULE),
+    ("--burst", "1", "0", "burst must be a count of at least 1", ()),
+    # --raw: the templated prompt is 20 tokens (llama.cpp pads a context to 256 tokens today; it need not)
+    ("--ctx", "16", "15", "--ctx must be at least 16", ("--raw",)),
+    ("--threads", "1", "0", "--threads must be at least 1", ()),
+    ("--draft", "1", "0", "draft must be in [1, 64]", SPEC),
+    ("--draft", "64", "65", "draft must be in [1, 64]", SPEC),
+    ("--verify", "1", "1.000001", "verify ratio must be in (0, 1]", ()),
+    ("--verify", "5e-324", "0", "verify ratio must be in (0, 1]", ()),  # the smallest positive float
+    ("--draft-entropy-stop", "0", "-0.1", "--draft-entropy-stop must be at least 0 bits", SPEC),
+    ("--tau", "1", "1.000001", "with --normalize, tau is a fraction of log2|V| in [0, 1]", ("--normalize",)),
+]
+
+
+@pytest.mark.parametrize(("option", "bound", "past", "fragment", "extra"), BOUNDS)
+def test_an_option_at_its_bound_and_just_past_it(
+    tiny_pair: tuple[Path, Path], option: str, bound: str, past: str, fragment: str, extra: tuple[str, ...]
+) -> None:
+    base = ["generate", *pair_args(tiny_pair), "--max-tokens", "2", *extra]
+    at_bound = ead(*base, option, bound, "hi")
+    assert at_bound.returncode == 0, at_bound.stderr
+    assert at_bound.stderr == b""
+    assert_one_line_error(ead(*base, option, past, "hi"), 2, fragment)
+
+
+@pytest.mark.parametrize(
+    ("option", "fragment", "extra"),
+    [
+        ("--top-p", "--top-p must be in (0, 1]", SAMPLED),
+        ("--min-p", "--min-p must be in [0, 1]", SAMPLED),
+        ("--verify", "verify ratio must be in (0, 1]", ()),
+        ("--temp", "--temp must be at least 0", ()),
+        ("--tau", "tau must be at least 0", ()),
+        ("--draft-entropy-stop", "--draft-entropy-stop must be at least 0 bits", SPEC),
+    ],
+)
+def test_not_a_number_is_refused(
+    tiny_pair: tuple[Path, Path], option: str, fragment: str, extra: tuple[str, ...]
+) -> None:
+    """Click parses 'nan' as a float; every comparison with it is False, so a check written as
+    `value < 0` lets it through where one written as `0 <= value <= 1` does not."""
+    result = ead("generate", *pair_args(tiny_pair), "--max-tokens", "2", *extra, option, "nan", "hi")
+    assert_one_line_error(result, 2, fragment)
+
+
+# --- prompts with nothing in them (stdin: see test_cli) ------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", [" ", "\t\n \r\n", "\u3000\u00a0\u2028"])
+def test_a_whitespace_argument_is_an_empty_prompt(tiny_pair: tuple[Path, Path], prompt: str) -> None:
+    """Unicode spaces (ideographic, no-break, line separator) count as whitespace too."""
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), prompt), 2, "the prompt is empty")
+
+
+@pytest.mark.parametrize("prompt", [b"\x00", b"hi\x00", b"\xef\xbb\xbf\x00\n"])
+def test_a_nul_byte_anywhere_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes) -> None:
+    """A NUL cannot reach the argument (the OS ends argv strings there), so stdin is the only way in."""
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), "-", stdin=prompt), 2, "NUL byte")
