@@ -512,23 +512,40 @@ BenchOut = Annotated[
 ]
 
 
+Sweep = list[bench.Strategy]
+
+
+def _sweep(strategies: str, **grid: str | None) -> Sweep:
+    return bench.build_strategies(strategies, bench.parse_grid(**grid))  # type: ignore[arg-type]
+
+
+SWEEP_OPTIONS = _OptionGroup(
+    "sweep",
+    (
+        ("strategies", Strategies, bench.ALL_FAMILIES),
+        ("tau", TauList, "0.125,0.25,0.5,1"),
+        ("gate_tau", GateTauList, "1"),
+        ("window", WindowList, None),
+        ("min_run", MinRunList, "10"),
+        ("switch_point", SwitchPointList, "before"),
+        ("draft", DraftList, "4"),
+        ("draft_stop", DraftStopList, None),
+        ("verify", VerifyList, None),
+        ("burst", BurstList, "1"),
+    ),
+    _sweep,
+)
+
+
 @bench_app.command("humaneval")
 @_with_options(MODEL_OPTIONS)
+@_with_options(SWEEP_OPTIONS)
 def bench_humaneval(
     model_options: ModelOptions,
+    sweep: Sweep,
     ids: Annotated[str | None, typer.Option(help="Task numbers, e.g. 1,3,10-20 (default: all).")] = None,
     split: Annotated[str, typer.Option(help="even (tuning thresholds), odd (reporting) or all.")] = "all",
     limit: BenchLimit = None,
-    strategies: Strategies = bench.ALL_FAMILIES,
-    tau: TauList = "0.125,0.25,0.5,1",
-    gate_tau: GateTauList = "1",
-    window: WindowList = None,
-    min_run: MinRunList = "10",
-    switch_point: SwitchPointList = "before",
-    draft: DraftList = "4",
-    draft_stop: DraftStopList = None,
-    verify: VerifyList = None,
-    burst: BurstList = "1",
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
@@ -537,10 +554,9 @@ def bench_humaneval(
 ) -> None:
     """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
     tasks = bench.select_tasks(bench.load_humaneval(), ids=ids, split=split, limit=limit)
-    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify, burst)
     job = bench.humaneval_bench(
         tasks,
-        bench.build_strategies(strategies, grid),
+        sweep,
         sampling=SamplingParams(temp=temp, seed=seed),
         max_tokens=max_tokens,
         out=out or Path("bench-results") / f"humaneval-{split}",
@@ -551,20 +567,12 @@ def bench_humaneval(
 
 @bench_app.command("prompts")
 @_with_options(MODEL_OPTIONS)
+@_with_options(SWEEP_OPTIONS)
 def bench_prompts(
     file: Annotated[Path, typer.Argument(help='Prompts, one per line, or a .jsonl file of {"prompt": ...}.')],
     model_options: ModelOptions,
+    sweep: Sweep,
     limit: BenchLimit = None,
-    strategies: Strategies = bench.ALL_FAMILIES,
-    tau: TauList = "0.125,0.25,0.5,1",
-    gate_tau: GateTauList = "1",
-    window: WindowList = None,
-    min_run: MinRunList = "10",
-    switch_point: SwitchPointList = "before",
-    draft: DraftList = "4",
-    draft_stop: DraftStopList = None,
-    verify: VerifyList = None,
-    burst: BurstList = "1",
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
@@ -572,11 +580,10 @@ def bench_prompts(
 ) -> None:
     """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
     prompts = bench.load_prompts(file, limit)
-    grid = bench.parse_grid(tau, gate_tau, window, min_run, switch_point, draft, draft_stop, verify, burst)
     job = bench.prompts_bench(
         file,
         prompts,
-        bench.build_strategies(strategies, grid),
+        sweep,
         sampling=SamplingParams(temp=temp, seed=seed),
         max_tokens=max_tokens,
         out=out or Path("bench-results") / f"prompts-{file.stem}",
