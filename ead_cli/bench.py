@@ -323,8 +323,18 @@ def strategy_name(policy: PolicyOptions) -> str:
     for field in fields(policy):
         value = getattr(policy, field.name)
         if field.name not in ("mode", "policy") and value != getattr(default, field.name):
-            parts.append(f"{field.name}={value:g}" if isinstance(value, float) else f"{field.name}={value}")
+            parts.append(f"{field.name}={_label(value)}")
     return " ".join(parts)
+
+
+def _label(value: Any) -> str:
+    """0.5 -> "0.5"; (0.5, 2.0) -> "0.5:2"; ("@code", "x") -> "@code|x"."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        numbers = all(isinstance(part, int | float) for part in value)
+        return (":" if numbers else "|").join(_label(part) for part in value)
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -340,6 +350,8 @@ class Grid:
     draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
     verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
     bursts: tuple[Burst, ...] = (1,)
+    patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
+    tau_range: tuple[float, float] | None = None  # ead and gate: adaptive tau for every strategy
 
 
 # Strategy families by name, in the order they run: a new way of decoding is one more entry here.
@@ -348,14 +360,30 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
     "large": lambda grid: [PolicyOptions(mode="large")],
     "ead": lambda grid: [
         PolicyOptions(
-            "ead", "ead", tau=tau, window=window, min_run=min_run, switch_point=point, verify=verify
+            "ead",
+            "ead",
+            tau=tau,
+            window=window,
+            min_run=min_run,
+            switch_point=point,
+            verify=verify,
+            tau_range=grid.tau_range,
         )
         for tau, window, min_run, point, verify in itertools.product(
             grid.taus, grid.windows, grid.min_runs, grid.switch_points, grid.verifies
         )
     ],
     "gate": lambda grid: [
-        PolicyOptions("ead", "gate", tau=tau, switch_point=point, verify=verify, burst=burst)
+        PolicyOptions(
+            "ead",
+            "gate",
+            tau=tau,
+            switch_point=point,
+            verify=verify,
+            burst=burst,
+            patterns=grid.patterns,
+            tau_range=grid.tau_range,
+        )
         for tau, point, verify, burst in itertools.product(
             grid.gate_taus, grid.switch_points, grid.verifies, grid.bursts
         )

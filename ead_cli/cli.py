@@ -515,8 +515,10 @@ BenchOut = Annotated[
 Sweep = list[bench.Strategy]
 
 
-def _sweep(strategies: str, **grid: str | None) -> Sweep:
-    return bench.build_strategies(strategies, bench.parse_grid(**grid))  # type: ignore[arg-type]
+def _sweep(strategies: str, pattern: list[str] | None, tau_range: str | None, **grid: str | None) -> Sweep:
+    swept = bench.parse_grid(**grid)  # type: ignore[arg-type]
+    shared = replace(swept, patterns=tuple(pattern or ()), tau_range=_parse_tau_range(tau_range))
+    return bench.build_strategies(strategies, shared)
 
 
 SWEEP_OPTIONS = _OptionGroup(
@@ -532,6 +534,8 @@ SWEEP_OPTIONS = _OptionGroup(
         ("draft_stop", DraftStopList, None),
         ("verify", VerifyList, None),
         ("burst", BurstList, "1"),
+        ("pattern", Pattern, None),
+        ("tau_range", TauRange, None),
     ),
     _sweep,
 )

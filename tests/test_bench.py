@@ -7,6 +7,7 @@ tiny models write garbage code, so every HumanEval sample fails, but every file 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -230,6 +231,18 @@ def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
         "gate tau=1 verify=0.1",
         "gate tau=1 burst=line verify=0.1",
         "gate tau=1 burst=adaptive verify=0.1",
+    ]
+
+
+def test_patterns_and_an_adaptive_tau_apply_to_every_strategy_they_fit() -> None:
+    grid = bench.parse_grid("0.5", "1,2", None, "10", "before", "4", None)
+    grid = dataclasses.replace(grid, patterns=("@code", r"def \w+"), tau_range=(0.5, 2.0))
+    names = [s.name for s in bench.build_strategies("small,ead,gate", grid)]
+    assert names == [
+        "small-only",
+        "ead tau=0.5 tau_range=0.5:2",
+        "gate tau=1 patterns=@code|def \\w+ tau_range=0.5:2",
+        "gate tau=2 patterns=@code|def \\w+ tau_range=0.5:2",
     ]
 
 
