@@ -49,6 +49,12 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragm
     return lines[0]
 
 
+def interruptible() -> None:
+    """For children these tests send Ctrl-C: a shell's background job (nohup, CI runners) starts them
+    with SIGINT ignored, and Python then installs no handler; restore the default a terminal gives."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def read_to_the_end(process: subprocess.Popen) -> tuple[bytes, bytes]:
     """The rest of stdout and all of stderr. Not communicate(): it reads the raw pipes and so skips what
     an earlier readline() already pulled into the stdout buffer."""
@@ -249,6 +255,7 @@ def test_ctrl_c_keeps_the_partial_answer_and_prints_stats() -> None:
         [EAD, "generate", "--max-tokens", "400", "--stats", "Write a long essay about the history of Rome"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
     )
     assert process.stdout is not None
     first = process.stdout.read(20)  # the answer has started streaming

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from test_cli import interruptible
 
 from ead_cli.chat import Conversation
 from ead_cli.engine import GenerationOptions, ModelOptions, PolicyOptions, close_all, load_runners
@@ -45,6 +46,7 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
             codec_errors="replace",
             timeout=30,
             dimensions=(40, 250),
+            preexec_fn=interruptible,
         )
         children.append(child)
         child.expect_exact(PROMPT)
