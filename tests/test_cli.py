@@ -233,8 +233,9 @@ def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragm
     assert_one_line_error(ead("generate", *pair_args(tiny_pair), "-", stdin=prompt), 2, fragment)
 
 
-def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path]) -> None:
-    result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "-", stdin="word " * 2000)
+@pytest.mark.parametrize("size", [10_000, 1_000_000])  # 10 KB, and the 1 MB a pasted log can be
+def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path], size: int) -> None:
+    result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "-", stdin="word " * (size // 5))
     line = assert_one_line_error(result, 2, "longer than the context of 256 tokens")
     assert int(line.split("the prompt is ")[1].split(" tokens")[0]) > 256
 
