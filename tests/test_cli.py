@@ -269,6 +269,38 @@ def test_ctrl_c_keeps_the_partial_answer_and_prints_stats() -> None:
     assert "(interrupted)" in text and "Traceback" not in text
 
 
+@pytest.mark.real
+def test_ctrl_c_during_a_long_prefill_stops_it_cleanly() -> None:
+    """A 2,000-token prompt takes the large model (one thread) many seconds to read; Ctrl-C lands inside
+    that batch, where llama.cpp's abort callback stops it: exit 130, the stats of an empty answer, one
+    'interrupted' line, no traceback."""
+    prompt = "Summarise: " + "The quick brown fox jumps over the lazy dog. " * 200
+    process = subprocess.Popen(
+        [EAD, "generate", "--mode", "large", "--threads", "1", "--stats", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
+    )
+    assert process.stdin is not None
+    process.stdin.write(prompt.encode())
+    process.stdin.close()
+    # Loading is mostly waiting on the disk; once the process has used 4 s of CPU it is inside the
+    # prefill (which needs far more), whatever the page cache held.
+    ticks = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + 120
+    while int(Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[11]) < 4 * ticks:
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    out, err = read_to_the_end(process)
+    text = err.decode()
+    assert process.returncode == 130, text
+    assert "0 tokens (interrupted)" in text and "Traceback" not in text
+    assert text.splitlines()[-1] == "error: interrupted"
+    assert out.strip() == b""
+
+
 def test_help_lists_the_commands() -> None:
     result = ead("--help")
     assert result.returncode == 0
