@@ -136,6 +136,11 @@ def measured_share(
     return large / total if total else 0.0
 
 
+def check_target_share(target: float) -> None:
+    if not 0 < target < 1:
+        raise EadError(f"--target-share must be in (0, 1), got {target}", exit_code=2)
+
+
 def calibrate(
     runners: Sequence[Runner],
     policies: Sequence[PolicyOptions],
@@ -147,8 +152,7 @@ def calibrate(
     progress: Callable[[str], None] | None = None,
 ) -> list[Calibration]:
     """Calibrate each policy on the first prompt list; check on the second with real runs."""
-    if not 0 < target < 1:
-        raise EadError(f"--target-share must be in (0, 1), got {target}", exit_code=2)
+    check_target_share(target)
     calibration_prompts, held_out = prompts
     if progress:
         progress(f"the small model answers {len(calibration_prompts)} calibration prompts")

@@ -420,8 +420,7 @@ def calibrate(
     ] = False,
 ) -> None:
     """The tau that hands about --target-share of the tokens to the large model, per policy."""
-    if not 0 < target_share < 1:
-        raise EadError(f"--target-share must be in (0, 1), got {target_share}", exit_code=2)
+    calibration.check_target_share(target_share)
     if max_tokens < 1:
         raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
     file_prompts = bench.load_prompts(prompts, None) if prompts else None

@@ -81,6 +81,16 @@ class Summary:
     rolled_back: int = 0
 
 
+def check_verify_ratio(ratio: float) -> None:
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"verify ratio must be in (0, 1], got {ratio}")
+
+
+def check_draft(draft: int) -> None:
+    if not 1 <= draft <= 64:
+        raise ValueError(f"draft must be in [1, 64], got {draft}")
+
+
 class _Generation:
     """What both loops share: the token list, stop conditions, counters and the summary."""
 
@@ -247,13 +257,12 @@ class Decoder(_Generation):
         verify: float | None = None,
         check_every: int = 32,
     ) -> None:
-        if verify is not None and not 0.0 < verify <= 1.0:
-            raise ValueError(f"verify ratio must be in (0, 1], got {verify}")
+        if verify is not None:
+            check_verify_ratio(verify)
         if check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.policy = policy
-        self.verify = verify
         self.check_every = check_every
         self._entropy_scale = 1.0 / max_entropy_bits(self.runners[0].n_vocab) if normalize else 1.0
         self._measure = EntropyMeter(self.runners[0].n_vocab)
@@ -287,8 +296,7 @@ class Decoder(_Generation):
                     continue
                 last_writer = writer
                 token = sampler.sample(self.runners[writer].ctx, logits)
-                if policy.wants_text:
-                    policy.see(self.runners[writer].token_bytes(token).decode("utf-8", "replace"))
+                self._tell_policy(token, writer)
                 if self._checker < 0 or writer == self._checker:
                     yield self._emit(token, writer, entropy, policy.rolling, policy.tau)
                 elif self._hold(token, writer, entropy, policy.rolling, policy.tau):
@@ -312,6 +320,11 @@ class Decoder(_Generation):
                 return None
         runner = self.runners[index]
         return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index)
+
+    def _tell_policy(self, token: int, writer: int) -> None:
+        """Policies that read text (line bursts, patterns) see each written token's text."""
+        if self.policy.wants_text:
+            self.policy.see(self.runners[writer].token_bytes(token).decode("utf-8", "replace"))
 
     def _hold(self, token: int, writer: int, entropy: float, rolling: float, tau: float | None) -> bool:
         """Keep an unchecked token back; True when it must be checked now (it ends the answer, or
@@ -357,8 +370,7 @@ class Decoder(_Generation):
                     runner.truncate(position)
                 token = self._sampler.sample(checker.ctx, row, index=i)
                 entropy = self._measure(row) * self._entropy_scale
-                if self.policy.wants_text:
-                    self.policy.see(checker.token_bytes(token).decode("utf-8", "replace"))
+                self._tell_policy(token, self._checker)
                 yield self._emit(token, self._checker, entropy, self.policy.rolling, self.policy.tau)
                 return True
             start = end
@@ -401,8 +413,7 @@ class SpeculativeDecoder(_Generation):
     ) -> None:
         if len(runners) != 2:
             raise ValueError("speculative decoding takes exactly two models: a drafter and a verifier")
-        if not 1 <= draft <= 64:
-            raise ValueError(f"draft must be in [1, 64], got {draft}")
+        check_draft(draft)
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.draft = draft
         self.entropy_stop = entropy_stop

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import registry
 from .compat import check_tokenizers
-from .decoder import Decoder, SpeculativeDecoder
+from .decoder import Decoder, SpeculativeDecoder, check_draft, check_verify_ratio
 from .errors import EadError
 from .policies import Burst, Policy, SwitchPoint, make_policy
 from .runner import Runner, check_memory, gpu_offload_available, memory_available
@@ -57,10 +57,13 @@ class PolicyOptions:
     def __post_init__(self) -> None:
         if self.verify is not None and self.mode != "ead":
             raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
-        if self.verify is not None and not 0 < self.verify <= 1:
-            raise EadError(f"verify ratio must be in (0, 1], got {self.verify}", exit_code=2)
-        if self.mode == "spec" and not 1 <= self.draft <= 64:
-            raise EadError(f"draft must be in [1, 64], got {self.draft}", exit_code=2)
+        try:
+            if self.verify is not None:
+                check_verify_ratio(self.verify)
+            if self.mode == "spec":
+                check_draft(self.draft)
+        except ValueError as error:
+            raise EadError(str(error), exit_code=2) from None
         stop = self.draft_entropy_stop
         if stop is not None and not stop >= 0:
             raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
