@@ -28,7 +28,8 @@ so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax err
 This limits accidents; it is not a security boundary against hostile code.
 
 Strategies (``FAMILIES``): small-only, large-only, ``ead`` at each τ (x window x min-run x switch point),
-``gate`` at each gate τ (x switch point), ``spec`` (speculative decoding) at each draft length (x draft
+``gate`` at each gate τ (x switch point x burst), ``lookahead`` at each lookahead τ (x span, from the
+draft lengths), ``spec`` (speculative decoding) at each draft length (x draft
 entropy stop). A strategy is a name and the PolicyOptions ``build_decoder`` takes; the name lists the
 options that differ from their defaults, e.g. ``ead tau=0.5 window=3``.
 
@@ -343,6 +344,7 @@ class Grid:
 
     taus: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
     gate_taus: tuple[float, ...] = (1.0,)
+    lookahead_taus: tuple[float, ...] = (1.0,)
     windows: tuple[int | None, ...] = (None,)  # None: the policy's default
     min_runs: tuple[int, ...] = (10,)
     switch_points: tuple[SwitchPoint, ...] = ("before",)
@@ -388,6 +390,10 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
             grid.gate_taus, grid.switch_points, grid.verifies, grid.bursts
         )
     ],
+    "lookahead": lambda grid: [
+        PolicyOptions("ead", "lookahead", tau=tau, draft=span, verify=verify, tau_range=grid.tau_range)
+        for tau, span, verify in itertools.product(grid.lookahead_taus, grid.drafts, grid.verifies)
+    ],
     "spec": lambda grid: [
         PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
         for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
@@ -420,6 +426,7 @@ def parse_grid(
     draft_stop: str | None,
     verify: str | None = None,
     burst: str = "1",
+    lookahead_tau: str = "1",
 ) -> Grid:
     """The sweep from comma-separated option values; any bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
@@ -429,6 +436,7 @@ def parse_grid(
     return Grid(
         taus=_parse_list(tau, "--tau", float, 0),
         gate_taus=_parse_list(gate_tau, "--gate-tau", float, 0),
+        lookahead_taus=_parse_list(lookahead_tau, "--lookahead-tau", float, 0),
         windows=(None,) if window is None else _parse_list(window, "--window", int, 1),
         min_runs=_parse_list(min_run, "--min-run", int, 0),
         switch_points=points,  # type: ignore[arg-type]

@@ -91,11 +91,22 @@ def small_entropies(runners: Sequence[Runner], prompts: Sequence[str], max_token
 
 
 def simulated_share(streams: Sequence[Sequence[float]], options: PolicyOptions, tau: float) -> float:
-    """The large model's share if the policy at ``tau`` saw these entropy streams."""
+    """The large model's share if the policy at ``tau`` saw these entropy streams. Where the large model
+    writes, its entropy is taken to be the small one's at that position (a lookahead rewrite replays
+    the span's)."""
     large = total = 0
     for stream in streams:
         policy = replace(options, tau=tau).make_policy()
-        large += sum(policy.observe(entropy) for entropy in stream)
+        writers: list[int] = []
+        step = 0
+        while step < len(stream):
+            writers.append(policy.observe(stream[step]))
+            step += 1
+            taken_back = policy.take_back(step == len(stream))
+            if taken_back:  # lookahead: the large model rewrites those positions
+                del writers[-taken_back:]
+                step -= taken_back
+        large += sum(writers)
         total += len(stream)
     return large / total if total else 0.0
 

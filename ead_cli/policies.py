@@ -16,10 +16,19 @@ position is not fed back, so every policy sees exactly one entropy per generated
 
 Policies that look at the text too (line bursts, patterns) set ``wants_text``; the decoder then calls
 ``see(text)`` with each written token's text after ``observe``. Others cost nothing for it.
+
+Two more hooks, for policies that need them and free for the others:
+- ``escalating``: a cascade (three or more models) asks the next model up at the same step: while it is
+  True after ``observe``, the decoder evaluates the returned model and calls ``observe`` again with its
+  entropy. Those chained entropies do not enter the rolling window (it stays the step's first model's).
+- ``holding`` and ``take_back(now)``: a lookahead policy may take back tokens already written; the
+  decoder holds them unshown while ``holding`` and, after each token, removes the newest
+  ``take_back(now)`` of them (``now``: the answer ends, so decide on what there is).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from collections import deque
@@ -33,6 +42,7 @@ BURST_KINDS = ("line", "adaptive")
 ADAPT_RUN = 4  # consecutive steps on one side of tau that move an adaptive tau
 ADAPT_STEPS = 8  # an adaptive tau crosses its range in this many moves
 TEXT_TAIL = 256  # characters of generated text that patterns are matched against
+Tau = float | Sequence[float]  # one threshold per level below the top: a cascade of n models has n - 1
 
 # Built-in patterns for code (``--pattern @code``): the large model writes the rest of the line after
 # a function signature starts, after a string literal opens a line's first argument, and at deep nesting.
@@ -69,9 +79,14 @@ class AdaptiveTau:
 
 
 class Policy(ABC):
-    """Common state: the active model and a rolling window of entropies."""
+    """Common state: the active model, a rolling window of entropies and the thresholds.
+
+    ``tau``: one threshold, or one per level below the top (models 0 .. n-1, n = len(tau) + 1).
+    """
 
     wants_text = False
+    escalating = False
+    holding = False
 
     def __init__(
         self,
@@ -79,24 +94,38 @@ class Policy(ABC):
         window: int = 1,
         switch_point: SwitchPoint = "after",
         start: int = 0,
-        tau: float | None = None,
+        tau: Tau | None = None,
         tau_range: tuple[float, float] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         if switch_point not in SWITCH_POINTS:
             raise ValueError(f"switch point must be 'before' or 'after', got {switch_point!r}")
+        taus = () if tau is None else (tau,) if isinstance(tau, int | float) else tuple(tau)
+        if not all(t >= 0 for t in taus):  # written so, NaN fails it too
+            raise ValueError(f"tau must be at least 0, got {', '.join(map(str, taus))}")
+        if tau is not None and not taus:
+            raise ValueError("tau needs at least one threshold")
+        if tau_range and len(taus) != 1:
+            raise ValueError("an adaptive tau range takes two models (one threshold)")
         self.switch_point: SwitchPoint = switch_point
         self.active = start
+        self.levels = len(taus) + 1  # the models, from 0 (smallest) to levels - 1
+        self._level = start  # the model whose entropy was observed last
         self._window: deque[float] = deque(maxlen=window)
         self._window_sum = 0.0
-        self._tau = tau
-        self._adaptive = AdaptiveTau(tau, *tau_range) if tau is not None and tau_range else None
+        self._taus = taus
+        self._adaptive = AdaptiveTau(taus[0], *tau_range) if taus and tau_range else None
 
     @property
     def tau(self) -> float | None:
-        """The threshold in force (it moves with an adaptive range); None for a policy without one."""
-        return self._adaptive.value if self._adaptive else self._tau
+        """The threshold in force at the model observed last (with an adaptive range it moves); None for
+        a policy without one."""
+        return self._tau_at(min(self._level, len(self._taus) - 1)) if self._taus else None
+
+    def _tau_at(self, level: int) -> float:
+        """The threshold between model ``level`` and the next one up."""
+        return self._adaptive.value if self._adaptive else self._taus[level]
 
     @property
     def rolling(self) -> float:
@@ -105,19 +134,26 @@ class Policy(ABC):
 
     def observe(self, entropy: float) -> int:
         """Take the entropy of the active model at this step; return the model that writes the token."""
-        window = self._window
-        if len(window) == window.maxlen:
-            self._window_sum -= window[0]
-        window.append(entropy)
-        self._window_sum += entropy
+        self._level = self.active
+        first = not self.escalating  # the step's first entropy; a cascade's chained ones stay out
+        if first:
+            window = self._window
+            if len(window) == window.maxlen:
+                self._window_sum -= window[0]
+            window.append(entropy)
+            self._window_sum += entropy
         writer, self.active = self._step(entropy, self.active)
-        if self._adaptive:
+        if self._adaptive and first:
             self._adaptive.update(entropy)
         return writer
 
     def see(self, text: str) -> None:
         """The text of the token just written (called only when ``wants_text``)."""
         raise NotImplementedError(f"{type(self).__name__} sets wants_text without reading the text")
+
+    def take_back(self, now: bool = False) -> int:
+        """How many of the newest tokens to take back now (only a lookahead policy ever does)."""
+        return 0
 
     @abstractmethod
     def _step(self, entropy: float, evaluated: int) -> tuple[int, int]:
@@ -142,30 +178,33 @@ class EAD(Policy):
     current model. A tie (mean == tau) goes to the large model. The window is not cleared on a switch.
     Before the window fills, the mean is over the steps seen so far; with min_run >= window this never
     matters, because no switch can happen before the window is full.
+
+    A cascade (one tau per level below the top) moves one level at a time by the same rule: up from
+    level i when the mean reaches tau[i], down when it falls under tau[i-1]. Two models: the rule above.
     """
 
     def __init__(
         self,
-        tau: float,
+        tau: Tau,
         *,
         window: int = 5,
         min_run: int = 10,
         switch_point: SwitchPoint = "after",
-        small: int = 0,
-        large: int = 1,
         tau_range: tuple[float, float] | None = None,
     ) -> None:
         if min_run < 0:
             raise ValueError(f"min-run must be at least 0, got {min_run}")
-        super().__init__(window=window, switch_point=switch_point, start=small, tau=tau, tau_range=tau_range)
+        super().__init__(window=window, switch_point=switch_point, tau=tau, tau_range=tau_range)
         self.min_run = min_run
-        self.small = small
-        self.large = large
         self.since_switch = 0
 
     def _step(self, entropy: float, evaluated: int) -> tuple[int, int]:
         self.since_switch += 1
-        wanted = self.large if self.rolling >= self.tau else self.small
+        wanted = evaluated
+        if evaluated < self.levels - 1 and self.rolling >= self._tau_at(evaluated):
+            wanted = evaluated + 1
+        elif evaluated > 0 and self.rolling < self._tau_at(evaluated - 1):
+            wanted = evaluated - 1
         if wanted == evaluated or self.since_switch < self.min_run:
             return evaluated, evaluated
         self.since_switch = 0
@@ -184,26 +223,30 @@ class Gate(Policy):
     and the burst starts on the next. ``patterns``: regular expressions matched (multi-line) against
     the end of the text so far; a match hands the rest of that line to the large model, whatever
     the entropy.
+
+    A cascade (one tau per level below the top; switch point "before"): a trigger asks the next model
+    up at the same step, and it writes the token (and the burst) unless its own entropy reaches its
+    tau too, in which case the next one is asked, up to the top. An adaptive burst by level i lasts
+    while its entropy stays at or above tau[i-1], the threshold that called it.
     """
 
     def __init__(
         self,
-        tau: float,
+        tau: Tau,
         *,
         burst: Burst = 1,
         window: int = 1,
         switch_point: SwitchPoint = "before",
-        small: int = 0,
-        large: int = 1,
         patterns: Sequence[str] = (),
         tau_range: tuple[float, float] | None = None,
     ) -> None:
         if burst not in BURST_KINDS and not (isinstance(burst, int) and burst >= 1):
             raise ValueError(f"burst must be a count of at least 1, 'line' or 'adaptive', got {burst!r}")
-        super().__init__(window=window, switch_point=switch_point, start=small, tau=tau, tau_range=tau_range)
+        super().__init__(window=window, switch_point=switch_point, tau=tau, tau_range=tau_range)
+        if self.levels > 2 and switch_point == "after":
+            raise ValueError("a cascade of three or more models gates with switch point 'before'")
         self.burst = burst
-        self.small = small
-        self.large = large
+        self.top = self.levels - 1
         self.burst_left = 0  # a counted burst: tokens to go; "line" and "adaptive" bursts use _bursting
         self._bursting = False
         self._line_burst = False
@@ -212,30 +255,43 @@ class Gate(Policy):
         self._tail = ""
 
     def _step(self, entropy: float, evaluated: int) -> tuple[int, int]:
+        self.escalating = False
         if self._bursting:
-            if self.burst == "adaptive" and not self._line_burst and entropy < self.tau:
+            if self.burst == "adaptive" and not self._line_burst and entropy < self._tau_at(evaluated - 1):
                 self._bursting = False
-                return evaluated, self.small
-            return evaluated, self.large
+                return evaluated, 0
+            return evaluated, evaluated
         if self.burst_left:
             self.burst_left -= 1
-            return evaluated, self.large if self.burst_left else self.small
-        if self.rolling < self.tau:
+            return evaluated, evaluated if self.burst_left else 0
+        if evaluated == 0 and self.rolling < self._tau_at(0):
             return evaluated, evaluated
+        if evaluated and entropy < self._tau_at(evaluated):  # a level asked in a cascade is sure: it writes
+            return self._burst_by(evaluated)
+        if evaluated + 1 < self.top:  # ask the next level up at this same step
+            self.escalating = True
+            return evaluated + 1, evaluated + 1
+        if self.switch_point == "before":
+            return self._burst_by(self.top)
         if isinstance(self.burst, str):
             self._bursting, self._line_burst = True, self.burst == "line"
-            return (self.large if self.switch_point == "before" else evaluated), self.large
-        if self.switch_point == "before":
-            self.burst_left = self.burst - 1
-            return self.large, self.large if self.burst_left else self.small
-        self.burst_left = self.burst
-        return evaluated, self.large
+        else:
+            self.burst_left = self.burst
+        return evaluated, self.top
+
+    def _burst_by(self, level: int) -> tuple[int, int]:
+        """Model ``level`` writes this token and starts its burst."""
+        if isinstance(self.burst, str):
+            self._bursting, self._line_burst = True, self.burst == "line"
+            return level, level
+        self.burst_left = self.burst - 1
+        return level, level if self.burst_left else 0
 
     def see(self, text: str) -> None:
         self._tail = (self._tail + text)[-TEXT_TAIL:]
         if self._line_burst and "\n" in text:
             self._bursting = self._line_burst = False
-            self.active = self.small
+            self.active = 0
         elif (
             self._patterns
             and not self._bursting
@@ -243,7 +299,63 @@ class Gate(Policy):
             and any(pattern.search(self._tail) for pattern in self._patterns)
         ):
             self._bursting = self._line_burst = True
-            self.active = self.large
+            self.active = self.top
+
+
+class Lookahead(Policy):
+    """The small model drafts ``span`` tokens ahead; their mean entropy decides: under ``tau`` they
+    stand, at or above it the large model rewrites the span (the drafted tokens are taken back).
+
+    Unlike the gate, the decision sees the entropy *after* the uncertain token too: a draft whose one
+    unsure token leads on to confident ones stands. The cost: drafted tokens wait unshown until their
+    span is decided, and a rewritten span throws the small model's work away. ``rolling`` is the mean
+    over the current draft. Two models only.
+    """
+
+    def __init__(self, tau: Tau, *, span: int = 4, tau_range: tuple[float, float] | None = None) -> None:
+        if span < 1:
+            raise ValueError(f"span must be at least 1, got {span}")
+        super().__init__(tau=tau, tau_range=tau_range)
+        if self.levels != 2:
+            raise ValueError("lookahead takes two models")
+        self.span = span
+        self._drafted = 0  # tokens in the open draft
+        self._draft_sum = 0.0
+        self._mean = 0.0
+        self._take_back = 0
+        self._rewrite_left = 0
+
+    @property
+    def holding(self) -> bool:  # type: ignore[override]
+        """The newest token may still be taken back."""
+        return self._drafted > 0 or self._take_back > 0
+
+    @property
+    def rolling(self) -> float:
+        return self._mean
+
+    def _step(self, entropy: float, evaluated: int) -> tuple[int, int]:
+        if evaluated == 1:
+            self._rewrite_left -= 1
+            return 1, 1 if self._rewrite_left > 0 else 0
+        self._drafted += 1
+        self._draft_sum += entropy
+        self._mean = self._draft_sum / self._drafted
+        if self._drafted == self.span:
+            self._decide()
+        return 0, self.active
+
+    def _decide(self) -> None:
+        if self._mean >= self._tau_at(0):
+            self._take_back = self._rewrite_left = self._drafted
+            self.active = 1
+        self._drafted, self._draft_sum = 0, 0.0
+
+    def take_back(self, now: bool = False) -> int:
+        if now and self._drafted:
+            self._decide()
+        count, self._take_back = self._take_back, 0
+        return count
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
@@ -255,49 +367,77 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 MODES = ("ead", "small", "large", "spec")
-POLICIES = ("ead", "gate")
-DEFAULT_TAU = {"ead": 0.5, "gate": 1.0}
+POLICIES = ("ead", "gate", "lookahead")
+DEFAULT_TAU = {"ead": 0.5, "gate": 1.0, "lookahead": 1.0}
 
 
 def make_policy(
     mode: str = "ead",
     policy: str = "gate",
     *,
-    tau: float | None = None,
+    tau: Tau | None = None,
+    levels: int = 2,
     window: int | None = None,
     min_run: int = 10,
     burst: Burst = 1,
     switch_point: SwitchPoint = "before",
     patterns: Sequence[str] = (),
     tau_range: tuple[float, float] | None = None,
+    span: int = 4,
 ) -> Policy:
-    """Build a policy for a two-model run from command-line style options (ValueError if invalid).
+    """Build a policy for ``levels`` models from command-line style options (ValueError if invalid).
 
-    ``mode`` small/large pins one model (the baselines); ``mode`` ead switches with ``policy``
-    (``spec`` is not a policy: the engine builds a SpeculativeDecoder for it).
+    ``mode`` small/large pins the smallest or the largest model (the baselines); ``mode`` ead switches
+    with ``policy`` (``spec`` is not a policy: the engine builds a SpeculativeDecoder for it).
+    ``tau``: one threshold per level below the top; a single one is repeated for a cascade.
     ``window`` defaults to 5 for ead (the paper's w) and 1 for gate (the step's own entropy).
+    ``span``: the lookahead draft.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    tau = DEFAULT_TAU[policy] if tau is None else tau
-    if not tau >= 0:  # written so, NaN fails it too
-        raise ValueError(f"tau must be at least 0, got {tau}")
+    if levels < 2:
+        raise ValueError(f"switching takes at least two models, got {levels}")
+    if mode in ("small", "large"):
+        return Fixed(0 if mode == "small" else levels - 1, window=window or 1)
+    taus = _taus(DEFAULT_TAU[policy] if tau is None else tau, levels)
     if window is None:
         window = 5 if policy == "ead" else 1
-    if mode in ("small", "large"):
-        return Fixed(0 if mode == "small" else 1, window=window)
+    if policy != "gate" and (patterns or burst != 1):
+        raise ValueError("--pattern and --burst apply to --policy gate")
     if policy == "ead":
-        if patterns or burst != 1:
-            raise ValueError("--pattern and --burst apply to --policy gate")
-        return EAD(tau, window=window, min_run=min_run, switch_point=switch_point, tau_range=tau_range)
+        return EAD(taus, window=window, min_run=min_run, switch_point=switch_point, tau_range=tau_range)
+    if policy == "lookahead":
+        return Lookahead(taus, span=span, tau_range=tau_range)
     expanded = [p for name in patterns for p in (CODE_PATTERNS if name == "@code" else (name,))]
     return Gate(
-        tau,
+        taus,
         burst=burst,
         window=window,
         switch_point=switch_point,
         patterns=expanded,
         tau_range=tau_range,
     )
+
+
+def parse_tau(text: str) -> float | tuple[float, ...]:
+    """``"1.5"`` -> 1.5; ``"1,2"`` -> (1.0, 2.0), a cascade's thresholds (ValueError unless finite)."""
+    taus = tuple(float(part) for part in text.split(","))
+    if not all(math.isfinite(tau) for tau in taus):
+        raise ValueError(f"thresholds must be finite, got {text!r}")
+    return taus[0] if len(taus) == 1 else taus
+
+
+def format_tau(tau: Tau) -> str:
+    return f"{tau:g}" if isinstance(tau, int | float) else ",".join(f"{t:g}" for t in tau)
+
+
+def _taus(tau: Tau, levels: int) -> tuple[float, ...]:
+    """One threshold per level below the top: a single value serves every level."""
+    taus = (tau,) if isinstance(tau, int | float) else tuple(tau)
+    if len(taus) == 1:
+        return taus * (levels - 1)
+    if len(taus) != levels - 1:
+        raise ValueError(f"{levels} models take {levels - 1} thresholds (or one for all), got {len(taus)}")
+    return taus

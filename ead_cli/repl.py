@@ -19,7 +19,7 @@ from rich.console import Console
 from .chat import ContextFull, Conversation, Turn
 from .engine import GenerationOptions, PolicyOptions
 from .errors import EadError
-from .policies import DEFAULT_TAU
+from .policies import DEFAULT_TAU, format_tau, parse_tau
 from .render import TextRenderer, print_stats, wants_color
 from .runner import Runner
 
@@ -77,7 +77,7 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
     tau = DEFAULT_TAU[policy.policy] if policy.tau is None else policy.tau
     window = "default" if policy.window is None else policy.window
     return (
-        f"settings: mode {policy.mode} · policy {policy.policy} · tau {tau:g} · window {window} · "
+        f"settings: mode {policy.mode} · policy {policy.policy} · tau {format_tau(tau)} · window {window} · "
         f"min-run {policy.min_run} · temp {generation.sampling.temp:g} · max-tokens {generation.max_tokens}"
     )
 
@@ -205,7 +205,11 @@ class Repl:
         self.note(settings_line(conversation.policy, conversation.generation) + " (from the next answer)")
 
     def _tau(self, argument: str) -> None:
-        self._configure(replace(self.conversation.policy, tau=_number(float, "tau", argument)))
+        try:
+            tau = parse_tau(argument)
+        except ValueError:
+            raise EadError(f"/tau takes a number, or one per cascade level, got {argument!r}") from None
+        self._configure(replace(self.conversation.policy, tau=tau))
 
     def _window(self, argument: str) -> None:
         self._configure(replace(self.conversation.policy, window=_number(int, "window", argument)))

@@ -201,6 +201,7 @@ def test_the_default_sweep_and_its_names() -> None:
         "ead tau=0.5",
         "ead tau=1",
         "gate tau=1",
+        "lookahead tau=1",
         "spec",
     ]
     ead = strategies[4].policy
@@ -269,7 +270,8 @@ def test_bad_sweep_values_are_usage_errors(args: tuple, message: str) -> None:
 
 
 def test_unknown_families_are_refused() -> None:
-    with pytest.raises(EadError, match="--strategies: medium is not one of small, large, ead, gate, spec"):
+    expected = "--strategies: medium is not one of small, large, ead, gate, lookahead, spec"
+    with pytest.raises(EadError, match=expected):
         bench.build_strategies("small,medium", bench.Grid())
     with pytest.raises(EadError, match="--strategies: nothing"):
         bench.build_strategies(" , ", bench.Grid())
@@ -540,17 +542,17 @@ def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]
     result = ead("bench", "humaneval", "--ids", "0,1", *models, "--max-tokens", "16", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "pass@1" in result.stdout and "ead tau=0.125" in result.stdout
-    assert "16/16" in result.stderr  # the progress bar: 8 strategies x 2 tasks
+    assert "18/18" in result.stderr  # the progress bar: 9 strategies x 2 tasks
     config, records = bench.read_results(out / "results.jsonl")
     assert config["max_tokens"] == 16 and config["stop"] == ["```"]
     assert config["models"]["small"]["file"] == tiny_pair[0].name
-    assert len(records) == 16
+    assert len(records) == 18
     assert {r["task_id"] for r in records} == {"HumanEval/0", "HumanEval/1"}
     assert all(r["passed"] is False and r["outcome"] == "failed" for r in records)
     assert all(1 <= r["generated"] <= 16 for r in records)
     with open(out / "report.csv", newline="") as handle:
         rows = {row["strategy"]: row for row in csv.DictReader(handle)}
-    assert len(rows) == 8
+    assert len(rows) == 9
     assert all(row["samples"] == "2" and float(row["pass_at_1"]) == 0.0 for row in rows.values())
     assert float(rows["small-only"]["large_share"]) == 0.0 and float(rows["large-only"]["large_share"]) == 1.0
     assert float(rows["large-only"]["wall_rel"]) == 1.0
@@ -562,7 +564,7 @@ def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]
         mine = [r for r in records if r["strategy"] == name]
         assert float(row["wall_s"]) == pytest.approx(sum(r["wall_s"] for r in mine))
         assert int(row["generated"]) == sum(r["generated"] for r in mine)
-    assert (out / "report.md").read_text().count("\n") == 10
+    assert (out / "report.md").read_text().count("\n") == 11
     assert (out / "plot.png").exists() or "matplotlib is not installed" in result.stderr
 
     again = ead("bench", "report", str(out))

@@ -21,6 +21,17 @@ def test_gate_tau_hands_exactly_the_target_share_of_a_replayed_stream() -> None:
     assert calibration.simulated_share(streams, PolicyOptions(policy="gate"), tau) == share
 
 
+def test_lookahead_replay_counts_a_rewritten_span_once_and_decides_the_last_draft() -> None:
+    options = PolicyOptions(policy="lookahead", draft=3)
+    # span 1 (mean 4/3) is rewritten by the large model, span 2 stands, the open draft [5] ends the
+    # stream: it is decided on what it has and rewritten too
+    stream = [2.0, 2.0, 0.0, 0.0, 0.0, 0.0, 5.0]
+    assert calibration.simulated_share([stream], options, 1.0) == pytest.approx(4 / 7)
+    assert calibration.simulated_share([stream], options, 6.0) == 0.0
+    tau, share = calibration.tau_for_share([stream], options, 0.5)
+    assert share == pytest.approx(4 / 7) and tau == pytest.approx(4 / 3, abs=1e-6)  # the edge of span 1
+
+
 def test_ead_replay_counts_hysteresis_and_the_window() -> None:
     stream = [0.0] * 20 + [3.0] * 30 + [0.0] * 50
     options = PolicyOptions(policy="ead")

@@ -237,7 +237,7 @@ def test_an_option_at_its_bound_and_just_past_it(
         ("--min-p", "--min-p must be in [0, 1]", SAMPLED),
         ("--verify", "verify ratio must be in (0, 1]", ()),
         ("--temp", "--temp must be at least 0", ()),
-        ("--tau", "tau must be at least 0", ()),
+        ("--tau", "--tau must be a finite number of bits", ()),
         ("--draft-entropy-stop", "--draft-entropy-stop must be at least 0 bits", SPEC),
     ],
 )

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ead_cli.policies import EAD, AdaptiveTau, Fixed, Gate, Policy, make_policy
+from ead_cli.policies import EAD, AdaptiveTau, Fixed, Gate, Lookahead, Policy, make_policy
 
 
 def drive(policy: Policy, entropies: list[float]) -> tuple[list[int], list[int]]:
@@ -212,6 +212,15 @@ def test_a_policy_with_a_tau_range_reports_and_uses_the_moving_tau() -> None:
         ({"policy": "ead", "patterns": ["def"]}, "--pattern and --burst apply to --policy gate"),
         ({"policy": "ead", "burst": "line"}, "--pattern and --burst apply to --policy gate"),
         ({"tau_range": (1.0, 0.5)}, "tau range must satisfy 0 <= low < high"),
+        ({"tau": (1.0, 2.0)}, "2 models take 1 thresholds \\(or one for all\\), got 2"),
+        ({"tau": (1.0, 2.0, 3.0), "levels": 3}, "3 models take 2 thresholds"),
+        ({"tau": (1.0, float("nan")), "levels": 3}, "tau must be at least 0"),
+        ({"levels": 1}, "switching takes at least two models"),
+        ({"levels": 3, "switch_point": "after"}, "cascade of three or more models gates with switch point"),
+        ({"levels": 3, "tau_range": (0.5, 1.5)}, "adaptive tau range takes two models"),
+        ({"policy": "lookahead", "levels": 3}, "lookahead takes two models"),
+        ({"policy": "lookahead", "span": 0}, "span must be at least 1"),
+        ({"policy": "lookahead", "burst": 2}, "--pattern and --burst apply to --policy gate"),
     ],
 )
 def test_make_policy_rejects_invalid_values(kwargs: dict, message: str) -> None:
@@ -229,3 +238,128 @@ def test_make_policy_defaults() -> None:
     small, large = make_policy(mode="small"), make_policy(mode="large")
     assert isinstance(small, Fixed) and small.active == 0
     assert isinstance(large, Fixed) and large.active == 1
+
+
+def test_make_policy_for_a_cascade_repeats_one_tau_and_pins_the_top_for_large() -> None:
+    gate = make_policy(tau=1.5, levels=3)
+    assert isinstance(gate, Gate) and gate.levels == 3 and gate._taus == (1.5, 1.5)
+    ead = make_policy(policy="ead", tau=(0.5, 1.0), levels=4 - 1)
+    assert isinstance(ead, EAD) and ead._taus == (0.5, 1.0)
+    assert make_policy(mode="large", levels=4).active == 3
+    assert make_policy(mode="small", levels=4).active == 0
+
+
+# ------------------------------------------------------------------------------------------- lookahead
+
+
+def drive_lookahead(policy: Policy, entropies: list[float]) -> tuple[list[int], list[int]]:
+    """Like ``drive``, but a token taken back is rewritten by the large model at the same position:
+    returns (final writer per position, tokens taken back after each step)."""
+    writers: list[int] = []
+    taken: list[int] = []
+    for entropy in entropies:
+        writers.append(policy.observe(entropy))
+        back = policy.take_back()
+        taken.append(back)
+        if back:
+            del writers[-back:]
+    return writers, taken
+
+
+def test_lookahead_keeps_a_confident_draft_and_rewrites_an_uncertain_one() -> None:
+    policy = Lookahead(1.0, span=3)
+    # draft 1: mean 0.2 stands; draft 2: mean 4/3 is taken back, the large model writes 3, then a new draft
+    writers, taken = drive_lookahead(policy, [0.2, 0.3, 0.1, 2.0, 2.0, 0.0, 5.0, 5.0, 5.0, 0.0])
+    assert taken == [0, 0, 0, 0, 0, 3, 0, 0, 0, 0]
+    assert writers == [0, 0, 0, 1, 1, 1, 0]
+    assert policy.active == 0 and policy.holding  # the next draft has one token and is open
+
+
+def test_lookahead_lets_one_unsure_token_stand_when_confident_ones_follow() -> None:
+    """Where the gate would call the large model at 3 bits, the lookahead sees the span's mean."""
+    policy = Lookahead(1.0, span=4)
+    writers, taken = drive_lookahead(policy, [3.0, 0.1, 0.1, 0.1])
+    assert writers == [0, 0, 0, 0] and taken == [0, 0, 0, 0]
+    assert policy.rolling == pytest.approx(0.825)
+    assert not policy.holding
+
+
+def test_lookahead_holds_the_draft_until_it_is_decided() -> None:
+    policy = Lookahead(1.0, span=3)
+    holding = []
+    for entropy in [0.0, 0.0, 0.0, 9.0, 9.0, 9.0]:
+        policy.observe(entropy)
+        holding.append(policy.holding)
+        policy.take_back()
+    # open, open, decided (stands: shown at once); open, open, taken back (held until the decoder asks)
+    assert holding == [True, True, False, True, True, True]
+
+
+def test_lookahead_decides_an_open_draft_early_when_the_answer_ends() -> None:
+    policy = Lookahead(1.0, span=8)
+    policy.observe(3.0)
+    policy.observe(0.5)
+    assert policy.take_back() == 0 and policy.holding
+    assert policy.take_back(now=True) == 2 and policy.active == 1
+    confident = Lookahead(1.0, span=8)
+    confident.observe(0.5)
+    assert confident.take_back(now=True) == 0 and not confident.holding and confident.active == 0
+
+
+def test_other_policies_never_take_back_or_hold() -> None:
+    for policy in (Gate(0.0), EAD(0.0, min_run=0), Fixed(0)):
+        policy.observe(5.0)
+        assert policy.take_back(now=True) == 0 and not policy.holding and not policy.escalating
+
+
+# --------------------------------------------------------------------------------------------- cascade
+
+
+def drive_cascade(policy: Policy, steps: list[list[float]]) -> tuple[list[int], list[list[int]]]:
+    """Each step lists the entropies of the models asked in turn, as the decoder feeds a cascade.
+    Returns (writer per step, models asked per step); fails if a step's list does not match the asks."""
+    writers, asked = [], []
+    for entropies in steps:
+        models = [policy.active]
+        writer = policy.observe(entropies[0])
+        for entropy in entropies[1:]:
+            assert policy.escalating
+            models.append(writer)
+            writer = policy.observe(entropy)
+        assert not policy.escalating
+        writers.append(writer)
+        asked.append(models)
+    return writers, asked
+
+
+def test_gate_cascade_asks_each_level_up_until_one_is_sure() -> None:
+    policy = Gate((1.0, 2.0))
+    writers, asked = drive_cascade(policy, [[0.5], [1.5, 1.0], [1.5, 2.5], [0.2]])
+    # sure small; unsure small, sure mid writes; unsure small and mid, the top writes unasked; sure small
+    assert writers == [0, 1, 2, 0]
+    assert asked == [[0], [0, 1], [0, 1], [0]]
+    assert policy.rolling == pytest.approx(0.2)  # the window holds each step's first entropy only
+
+
+def test_gate_cascade_bursts_stay_with_the_level_that_wrote() -> None:
+    policy = Gate((1.0, 2.0, 3.0), burst=2)
+    writers, asked = drive_cascade(policy, [[1.5, 2.5, 1.0], [9.0], [0.0]])
+    assert writers == [2, 2, 0] and asked == [[0, 1, 2], [2], [0]]
+    adaptive = Gate((1.0, 2.0), burst="adaptive")
+    writers, _ = drive_cascade(adaptive, [[1.5, 0.5], [1.5], [0.9], [0.0]])
+    # the mid model keeps the pen while its entropy stays at or above tau[0] = 1.0 (which called it)
+    assert writers == [1, 1, 1, 0]
+
+
+def test_ead_cascade_climbs_and_descends_one_level_at_a_time() -> None:
+    policy = EAD((0.5, 1.5), window=1, min_run=0, switch_point="before")
+    writers, evaluated = drive(policy, [1.0, 2.0, 2.0, 1.0, 0.2, 0.2])
+    assert evaluated == [0, 1, 2, 2, 1, 0]
+    assert writers == [1, 2, 2, 1, 0, 0]
+
+
+def test_ead_with_one_tau_is_the_two_model_rule() -> None:
+    entropies = [0.1, 0.9, 0.9, 0.9, 0.2, 0.1, 0.1, 0.8, 0.0, 0.0, 0.0, 0.9]
+    one = drive(EAD(0.5, window=2, min_run=2), entropies)
+    listed = drive(EAD((0.5,), window=2, min_run=2), entropies)
+    assert one == listed and 1 in one[0] and 0 in one[0]
