@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
-from ead_cli.policies import CODE_PATTERNS, EAD, Fixed, Gate, Policy
+from ead_cli.policies import CODE_PATTERNS, EAD, Fixed, Gate, Lookahead, Policy
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
@@ -109,6 +110,16 @@ def test_verify_checks_the_small_models_tokens_on_the_demo_pair(runners: list[Ru
     assert len(tokens) == TOKENS and "small" in models
     assert summary.checked >= models.count("small")  # every small token shown was checked first
     assert summary.rolled_back >= summary.rollbacks
+
+
+def test_lookahead_rewrites_uncertain_spans_on_the_demo_pair(runners: list[Runner]) -> None:
+    tokens, models, decoder = generate(runners, Lookahead(0.5, span=4))
+    summary = decoder.summary()
+    assert len(tokens) == TOKENS and 0 < models.count("large") < TOKENS
+    assert summary.rollbacks >= 1 and summary.rolled_back >= summary.rollbacks
+    # every rewritten span is as long as the draft it replaced: large runs come in fours but the last
+    large_runs = [len(list(run)) for model, run in itertools.groupby(models) if model == "large"]
+    assert all(length % 4 == 0 for length in large_runs[:-1]), large_runs
 
 
 NEAR_TIE = 0.05  # logits; batched and one-by-one reads of the same tokens differ by up to ~0.015 here
