@@ -558,8 +558,8 @@ def config_record(
         "bench": bench,
         "models": {
             runner.name: {
-                "file": runner.path.name,
-                "bytes": runner.path.stat().st_size,
+                "file": runner.label,
+                "bytes": runner.file_bytes,
                 "params": runner.n_params,
             }
             for runner in runners

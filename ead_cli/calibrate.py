@@ -191,8 +191,9 @@ def config_file() -> Path:
     return base / "ead-cli" / "calibration.json"
 
 
-def pair_key(small: Path, large: Path) -> str:
-    return f"{small.name} + {large.name}"
+def pair_key(small: str, large: str) -> str:
+    """Models by their labels: file names, or a server's address."""
+    return f"{small} + {large}"
 
 
 def _read(path: Path) -> dict:
@@ -207,7 +208,7 @@ def _read(path: Path) -> dict:
     return data
 
 
-def save(small: Path, large: Path, results: Sequence[Calibration], path: Path | None = None) -> Path:
+def save(small: str, large: str, results: Sequence[Calibration], path: Path | None = None) -> Path:
     """Merge the results into the calibration file (written whole to a temporary name, then renamed)."""
     path = path or config_file()
     data = _read(path)
@@ -229,7 +230,7 @@ def save(small: Path, large: Path, results: Sequence[Calibration], path: Path | 
     return path
 
 
-def saved_tau(small: Path, large: Path, policy: str) -> float | None:
+def saved_tau(small: str, large: str, policy: str) -> float | None:
     """The τ saved for this pair and policy, or None."""
     entry = _read(config_file()).get(pair_key(small, large), {}).get(policy)
     tau = entry.get("tau") if isinstance(entry, dict) else None
@@ -241,5 +242,5 @@ def with_saved_tau(options: PolicyOptions, runners: Sequence[Runner]) -> tuple[P
     True when one was applied."""
     if options.tau is not None or options.mode != "ead" or options.normalize or len(runners) != 2:
         return options, False
-    tau = saved_tau(runners[0].path, runners[1].path, options.policy)
+    tau = saved_tau(runners[0].label, runners[1].label, options.policy)
     return (replace(options, tau=tau), True) if tau is not None else (options, False)

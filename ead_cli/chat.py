@@ -209,7 +209,7 @@ class Conversation:
     def transcript(self) -> dict[str, object]:
         """The conversation as JSON-ready data: every answer token with its model and entropy, figures."""
         return {
-            "models": {runner.name: str(runner.path) for runner in self.runners},
+            "models": {runner.name: runner.location for runner in self.runners},
             "system": self.system,
             "n_ctx": self.n_ctx,
             "conversation_tokens": self.tokens,

@@ -22,6 +22,7 @@ from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
 from .policies import BURST_KINDS, parse_tau
+from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteError
 from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
 from .sampling import SamplingParams
 from .signals import Terminated, terminate_on_sigterm
@@ -61,7 +62,20 @@ class OutputFormat(str, Enum):
 
 
 Small = Annotated[str | None, typer.Option(help="Small model: an alias from models.toml or a .gguf path.")]
-Large = Annotated[str | None, typer.Option(help="Large model: an alias from models.toml or a .gguf path.")]
+Large = Annotated[
+    str | None,
+    typer.Option(
+        help="Large model: an alias from models.toml, a .gguf path, or a llama-server's http://HOST:PORT."
+    ),
+]
+RemoteTopK = Annotated[
+    int, typer.Option(help="A model on a llama-server: top-k probabilities per token (entropy estimate).")
+]
+RemoteTimeout = Annotated[float, typer.Option(help="A model on a llama-server: seconds to wait for a reply.")]
+Fallback = Annotated[
+    str | None,
+    typer.Option(help="'small': if a llama-server is lost mid-answer, the small model writes the rest."),
+]
 Cascade = Annotated[
     str | None,
     typer.Option(
@@ -219,12 +233,14 @@ MODEL_OPTIONS = _OptionGroup(
         ("large", Large, None),
         ("models", Cascade, None),
         ("catalog", ModelsFile, None),
-        ("ctx", Ctx, None),
+        ("n_ctx", Ctx, None),
         ("threads", Threads, None),
         ("n_gpu_layers", GpuLayers, None),
+        ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
+        ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
     ),
-    lambda small, large, models, catalog, ctx, threads, n_gpu_layers: ModelOptions(
-        small, large, catalog, ctx, threads, n_gpu_layers, models=_parse_list(models)
+    lambda models, catalog, **options: ModelOptions(
+        models=_parse_list(models), models_file=catalog, **options
     ),
 )
 
@@ -250,6 +266,7 @@ def _decoding_options(
     min_p: float,
     seed: int,
     max_tokens: int,
+    fallback: str | None,
 ) -> Decoding:
     """The policy and generation options that `generate` and `chat` share, from their parsed values
     (checked for as many models as there are thresholds; ``_for_models`` checks the real count)."""
@@ -271,7 +288,9 @@ def _decoding_options(
         levels=len(taus) + 1 if isinstance(taus, tuple) else 2,
     )
     sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    return policy_options, GenerationOptions(sampling, max_tokens)
+    if fallback not in (None, "small"):
+        raise EadError(f"--fallback takes 'small', got {fallback!r}", exit_code=2)
+    return policy_options, GenerationOptions(sampling, max_tokens, fallback=fallback is not None)
 
 
 DECODING_OPTIONS = _OptionGroup(
@@ -296,6 +315,7 @@ DECODING_OPTIONS = _OptionGroup(
         ("min_p", MinP, 0.05),
         ("seed", Seed, 0),
         ("max_tokens", MaxTokens, 512),
+        ("fallback", Fallback, None),
     ),
     _decoding_options,
 )
@@ -365,11 +385,17 @@ def generate(
             renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout, no_color))
             if renderer.color:
                 stderr.print(
-                    renderer.legend({r.name: r.path.name for r in runners}), markup=False, highlight=False
+                    renderer.legend({r.name: r.label for r in runners}), markup=False, highlight=False
                 )
-        exit_code = _stream(decoder, tokens, renderer)
-        if stats:
-            print_stats(stderr, decoder.summary())
+        try:
+            exit_code = _stream(decoder, tokens, renderer)
+        finally:
+            summary = decoder.summary()
+            if summary.fallback:
+                note = f"{summary.fallback}: the small model wrote the rest"
+                stderr.print(note, style="dim", soft_wrap=True)
+            if stats:
+                print_stats(stderr, summary)
     finally:
         close_all(runners)
     if exit_code:
@@ -392,6 +418,9 @@ def _stream(decoder, tokens: list[int], renderer: TextRenderer | JsonlRenderer) 
     except BrokenPipeError:
         _silence_stdout()
         return 141
+    except RemoteError:  # the server went away: end the partial answer's line, then say why
+        renderer.finish(decoder.summary())
+        raise
     return 0
 
 
@@ -488,7 +517,7 @@ def calibrate(
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
         Console().print(table)
         if save:
-            path = calibration.save(runners[0].path, runners[1].path, results)
+            path = calibration.save(runners[0].label, runners[1].label, results)
             stderr.print(f"saved to {path}", style="dim")
     finally:
         close_all(runners)

@@ -15,8 +15,9 @@ from time import perf_counter
 
 import numpy as np
 
-from .entropy import EntropyMeter, max_entropy_bits
-from .policies import Policy
+from .entropy import max_entropy_bits
+from .policies import Fixed, Policy
+from .remote import RemoteError
 from .runner import Runner, RunnerStats
 from .sampling import Sampler, SamplingParams, probabilities
 from .text import TextStream
@@ -53,6 +54,11 @@ class ModelReport:
     catchup_tokens: int
     catchup_s: float
     flops: float
+    requests: int = 0  # a remote model: HTTP requests, seconds waiting for them, bytes, server compute
+    network_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    server_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,21 @@ class Summary:
     checked: int = 0
     rollbacks: int = 0
     rolled_back: int = 0
+    fallback: str | None = None  # why a remote model was dropped mid-answer (--fallback)
+
+
+def _network(runner: Runner) -> dict[str, float]:
+    """A remote runner's network figures for its report (a local one has none)."""
+    network = getattr(runner, "network", None)
+    if network is None:
+        return {}
+    return {
+        "requests": network.requests,
+        "network_s": network.seconds,
+        "bytes_sent": network.bytes_sent,
+        "bytes_received": network.bytes_received,
+        "server_s": network.server_s,
+    }
 
 
 def check_verify_ratio(ratio: float) -> None:
@@ -124,6 +145,7 @@ class _Generation:
         self._ended: float | None = None
         self._text = TextStream(self.stop)
         self.last_event: TokenEvent | None = None
+        self.fallback_reason: str | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -197,7 +219,7 @@ class _Generation:
         reports = tuple(
             ModelReport(
                 role=role,
-                path=str(runner.path),
+                path=runner.location,
                 params=runner.n_params,
                 written=written,
                 prefill_tokens=runner.stats.prefill.tokens,
@@ -207,6 +229,7 @@ class _Generation:
                 catchup_tokens=runner.stats.catchup.tokens,
                 catchup_s=runner.stats.catchup.seconds,
                 flops=runner.flops(),
+                **_network(runner),
             )
             for role, runner, written in zip(self.roles, self.runners, self._written, strict=True)
         )
@@ -227,6 +250,7 @@ class _Generation:
             checked=self._checked,
             rollbacks=self._rollbacks,
             rolled_back=self._rolled_back,
+            fallback=self.fallback_reason,
         )
 
 
@@ -256,6 +280,7 @@ class Decoder(_Generation):
         normalize: bool = False,
         verify: float | None = None,
         check_every: int = 32,
+        fallback: bool = False,
     ) -> None:
         if verify is not None:
             check_verify_ratio(verify)
@@ -265,67 +290,86 @@ class Decoder(_Generation):
         self.policy = policy
         self.check_every = check_every
         self._entropy_scale = 1.0 / max_entropy_bits(self.runners[0].n_vocab) if normalize else 1.0
-        self._measure = EntropyMeter(self.runners[0].n_vocab)
         self._checker = len(self.runners) - 1 if verify is not None and len(self.runners) > 1 else -1
         self._log_ratio = math.log(verify) if verify is not None else 0.0
         self._held: list[tuple[int, int, float, float, float | None]] = []  # unchecked _announce arguments
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | None = None
+        self.fallback = fallback
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
-        """Generate from the prompt's token ids, yielding one event per token."""
-        policy, scale, measure = self.policy, self._entropy_scale, self._measure
+        """Generate from the prompt's token ids, yielding one event per token.
+
+        A remote model that fails mid-answer ends the run with a RemoteError (finish reason "error"),
+        or, with ``fallback``, leaves the rest of the answer to the smallest model (``fallback_reason``
+        says why; the summary reports it)."""
         tokens = self._begin(prompt)
         prompt_len = len(tokens)
         self._held, self._preview = [], None
         self._sampler = sampler = Sampler(self.sampling)
-        last_writer = -1
+        self.fallback_reason = None
         try:
-            while len(tokens) - prompt_len < self.max_tokens:
-                evaluated = policy.active
-                logits = yield from self._logits(evaluated, last_writer)
-                if logits is not None:
-                    entropy = measure(logits) * scale
-                    writer = policy.observe(entropy)
-                    while policy.escalating:  # a cascade asks the next model up at this same step
-                        evaluated = writer
-                        logits = yield from self._logits(evaluated, last_writer)
-                        entropy = measure(logits) * scale
-                        writer = policy.observe(entropy)
-                    if writer != evaluated:
-                        logits = yield from self._logits(writer, last_writer)
-                if logits is None:  # a rollback: the checker has written the rejected position itself
-                    last_writer = self._checker
-                    if self.finished:
-                        return
-                    continue
-                last_writer = writer
-                token = sampler.sample(self.runners[writer].ctx, logits)
-                self._tell_policy(token, writer)
-                event = (token, writer, entropy, policy.rolling, policy.tau)
-                if not policy.holding and (self._checker < 0 or writer == self._checker):
-                    yield from self._release(len(self._held))  # a decided lookahead draft goes first
-                    if not self.finished:
-                        yield self._emit(*event)
-                else:
-                    must_check = self._hold(*event)
-                    taken_back = policy.take_back(must_check)
-                    if taken_back:
-                        self._truncate(len(self.tokens) - taken_back)
-                        last_writer = -1
-                    elif self._checker < 0:
-                        if not policy.holding:
-                            yield from self._release(len(self._held))
-                    elif must_check and (yield from self._check()):
-                        last_writer = self._checker
-                if self.finished:
+            while True:
+                try:
+                    yield from self._loop(prompt_len)
                     return
-            self._finish = "length"
+                except RemoteError as error:
+                    if not self.fallback or self.fallback_reason is not None:
+                        self._finish = "error"
+                        raise
+                    self.fallback_reason = str(error)
+                    self.policy = Fixed(0)
         finally:
             del tokens[prompt_len + self._generated :]  # held tokens never shown are not the answer
             self._held, self._preview = [], None
             self._end()
             sampler.close()
+
+    def _loop(self, prompt_len: int) -> Iterator[TokenEvent]:
+        """The steps: evaluate, observe, choose the writer, sample, show or hold."""
+        policy, scale, runners, sampler = self.policy, self._entropy_scale, self.runners, self._sampler
+        tokens = self.tokens
+        last_writer = -1
+        while len(tokens) - prompt_len < self.max_tokens:
+            evaluated = policy.active
+            logits = yield from self._logits(evaluated, last_writer)
+            if logits is not None:
+                entropy = runners[evaluated].entropy(logits) * scale
+                writer = policy.observe(entropy)
+                while policy.escalating:  # a cascade asks the next model up at this same step
+                    evaluated = writer
+                    logits = yield from self._logits(evaluated, last_writer)
+                    entropy = runners[evaluated].entropy(logits) * scale
+                    writer = policy.observe(entropy)
+                if writer != evaluated:
+                    logits = yield from self._logits(writer, last_writer)
+            if logits is None:  # a rollback: the checker has written the rejected position itself
+                last_writer = self._checker
+                if self.finished:
+                    return
+                continue
+            last_writer = writer
+            token = sampler.sample(self.runners[writer].ctx, logits)
+            self._tell_policy(token, writer)
+            event = (token, writer, entropy, policy.rolling, policy.tau)
+            if not policy.holding and (self._checker < 0 or writer == self._checker):
+                yield from self._release(len(self._held))  # a decided lookahead draft goes first
+                if not self.finished:
+                    yield self._emit(*event)
+            else:
+                must_check = self._hold(*event)
+                taken_back = policy.take_back(must_check)
+                if taken_back:
+                    self._truncate(len(self.tokens) - taken_back)
+                    last_writer = -1
+                elif self._checker < 0:
+                    if not policy.holding:
+                        yield from self._release(len(self._held))
+                elif must_check and (yield from self._check()):
+                    last_writer = self._checker
+            if self.finished:
+                return
+        self._finish = "length"
 
     def _logits(self, index: int, last_writer: int) -> Generator[TokenEvent, None, np.ndarray | None]:
         """Logits of model ``index`` for the next position; None after a rollback (see ``_check``)."""
@@ -379,7 +423,7 @@ class Decoder(_Generation):
                 yield from self._release(position - first)
                 self._truncate(position)
                 token = self._sampler.sample(checker.ctx, row, index=i)
-                entropy = self._measure(row) * self._entropy_scale
+                entropy = checker.entropy(row) * self._entropy_scale
                 self._tell_policy(token, self._checker)
                 yield self._emit(token, self._checker, entropy, self.policy.rolling, self.policy.tau)
                 return True
@@ -444,7 +488,6 @@ class SpeculativeDecoder(_Generation):
         self.draft = draft
         self.entropy_stop = entropy_stop
         self._rng = np.random.default_rng(sampling.seed)
-        self._entropy = EntropyMeter(runners[0].n_vocab)
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         small, large = self.runners
@@ -480,7 +523,7 @@ class SpeculativeDecoder(_Generation):
         entropies: list[float] = []
         for _ in range(count):
             logits = small.sync(tokens + drafts, prompt_len=prompt_len, own_tail=bool(drafts))
-            entropy = self._entropy(logits)
+            entropy = small.entropy(logits)
             if self.entropy_stop is not None and entropy >= self.entropy_stop and drafts:
                 break
             dist = probabilities(logits, self.sampling)
@@ -501,9 +544,9 @@ class SpeculativeDecoder(_Generation):
             if p[token] >= q[token] or self._rng.random() < p[token] / q[token]:
                 continue
             residual = np.maximum(p - q, 0.0)
-            return i, self._draw(residual / residual.sum()), self._entropy(rows[i])
+            return i, self._draw(residual / residual.sum()), self.runners[1].entropy(rows[i])
         last = rows[len(drafts)]
-        return len(drafts), self._draw(probabilities(last, self.sampling)), self._entropy(last)
+        return len(drafts), self._draw(probabilities(last, self.sampling)), self.runners[1].entropy(last)
 
     def _draw(self, dist: np.ndarray) -> int:
         if self.sampling.temp == 0:

@@ -11,6 +11,7 @@ from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder, check_draft, check_verify_ratio
 from .errors import EadError
 from .policies import Burst, Policy, SwitchPoint, Tau, make_policy
+from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteRunner, is_remote
 from .runner import Runner, check_memory, gpu_offload_available, memory_available
 from .sampling import SamplingParams
 
@@ -34,6 +35,8 @@ class ModelOptions:
     n_gpu_layers: int | None = None
     allow_download: bool = True
     models: tuple[str, ...] = ()
+    remote_top_k: int = DEFAULT_TOP_K  # a model on a llama-server: top-k probabilities per token
+    remote_timeout: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:
@@ -44,6 +47,10 @@ class ModelOptions:
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):
             raise EadError(f"--models takes two or more models, comma-separated, got {self.models}", 2)
+        if not 1 <= self.remote_top_k <= 1000:
+            raise EadError(f"--remote-top-k must be in [1, 1000], got {self.remote_top_k}", exit_code=2)
+        if not self.remote_timeout > 0:
+            raise EadError(f"--remote-timeout must be above 0 seconds, got {self.remote_timeout}", 2)
 
     @property
     def count(self) -> int:
@@ -115,28 +122,49 @@ class GenerationOptions:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
+    fallback: bool = False  # a remote model lost mid-answer: the smallest model writes the rest
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
             raise EadError(f"--max-tokens must be at least 0, got {self.max_tokens}", exit_code=2)
 
 
-def load_runners(options: ModelOptions, progress: Callable[[str], None] | None = None) -> list[Runner]:
+def load_runners(
+    options: ModelOptions, progress: Callable[[str], None] | None = None
+) -> list[Runner | RemoteRunner]:
     """Resolve and load the models (small and large, or a cascade), smallest first, and refuse them
-    unless they all share a tokenizer."""
+    unless they all share a tokenizer. A model given as http://HOST:PORT is a llama-server; the
+    smallest must be local (it tokenizes the prompt and renders the chat template)."""
     catalog = registry.load_catalog(options.models_file)
     refs = options.models or (options.small or catalog.small, options.large or catalog.large)
-    paths = [
-        registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
-        for ref in refs
-    ]
+    if is_remote(refs[0]):
+        raise EadError(
+            "the smallest model must be local: it tokenizes the prompt and renders the chat template", 2
+        )
+    paths = {
+        level: registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
+        for level, ref in enumerate(refs)
+        if not is_remote(ref)
+    }
     if options.n_gpu_layers == 0 or not gpu_offload_available():
-        check_memory(paths, memory_available())  # on a GPU the weights live in its memory instead
-    runners: list[Runner] = []
+        check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
+    runners: list = []
     try:
-        for role, path in zip(role_names(len(paths)), paths, strict=True):
-            runners.append(_load(path, role, options))
-        check_tokenizers([(runner.path.name, runner.model) for runner in runners])
+        for level, role in enumerate(role_names(len(refs))):
+            if level in paths:
+                runners.append(_load(paths[level], role, options))
+                continue
+            runners.append(
+                RemoteRunner(
+                    refs[level],
+                    name=role,
+                    tokenizer=runners[0],
+                    top_k=options.remote_top_k,
+                    timeout_s=options.remote_timeout,
+                )
+            )
+            runners[-1].check_tokenizer(runners[0].label)
+        check_tokenizers([(runner.label, runner.model) for runner in runners if runner.model is not None])
     except BaseException:
         close_all(runners)
         raise
@@ -155,6 +183,13 @@ def build_decoder(
     """A decoder over loaded runners; invalid policy values become a one-line usage error."""
     roles = role_names(len(runners))
     policy_options = replace(policy_options, levels=len(runners))
+    checker_remote = isinstance(runners[-1], RemoteRunner)
+    if checker_remote and (policy_options.verify is not None or policy_options.mode == "spec"):
+        raise EadError(
+            f"{runners[-1].label}: --verify and speculative decoding need logits at every position of a "
+            "batch, which llama-server does not return; use a local model as the largest",
+            exit_code=2,
+        )
     try:
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
@@ -175,6 +210,7 @@ def build_decoder(
             stop=generation.stop,
             normalize=policy_options.normalize,
             verify=policy_options.verify,
+            fallback=generation.fallback,
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None

@@ -103,6 +103,19 @@ def stats_headline(summary: Summary) -> str:
     )
 
 
+def network_line(summary: Summary) -> str | None:
+    """What the remote models cost on the wire, or None when every model is local."""
+    remote = [report for report in summary.models if report.requests]
+    if not remote:
+        return None
+    return " · ".join(
+        f"{report.role} over the network: {report.requests} requests in {_seconds(report.network_s)} "
+        f"(server compute {_seconds(report.server_s)}), {report.bytes_sent / 1e3:,.1f} kB sent, "
+        f"{report.bytes_received / 1e3:,.1f} kB received"
+        for report in remote
+    )
+
+
 def stats_table(summary: Summary) -> Table:
     """Per model: tokens written, and tokens read (and seconds) in each phase, FLOPs."""
     table = Table(box=None, pad_edge=False)
@@ -122,4 +135,7 @@ def stats_table(summary: Summary) -> Table:
 
 def print_stats(console: Console, summary: Summary) -> None:
     console.print(stats_headline(summary), soft_wrap=True)
+    network = network_line(summary)
+    if network:
+        console.print(network, soft_wrap=True)
     console.print(stats_table(summary))

@@ -123,7 +123,7 @@ class Repl:
     def loop(self) -> int:
         """Run until Ctrl-D, /exit or the end of input; the exit status is 1 if anything failed on a pipe."""
         if self.interactive:
-            names = {runner.name: runner.path.name for runner in self.conversation.runners}
+            names = {runner.name: runner.label for runner in self.conversation.runners}
             self.err.write(self.renderer.legend(names) + "\n")
             self.note("/help lists the commands; Ctrl-D leaves")
         while True:

@@ -21,6 +21,7 @@ from typing import Literal
 import llama_cpp
 import numpy as np
 
+from .entropy import EntropyMeter
 from .errors import EadError
 from .registry import shard_paths
 from .signals import Terminated, main_thread_signals, stop_requested
@@ -181,6 +182,13 @@ class Runner:
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
         self.stats = RunnerStats.empty()
+        self.entropy = EntropyMeter(self.n_vocab)  # bits of a row of logits (a remote runner estimates)
+        self.label = self.path.name
+        self.location = str(self.path)
+
+    @property
+    def file_bytes(self) -> int:
+        return self.path.stat().st_size
 
     @property
     def model(self) -> llama_cpp.llama_model_p:

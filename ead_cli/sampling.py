@@ -42,6 +42,8 @@ class Sampler:
 
     def __init__(self, params: SamplingParams) -> None:
         self._greedy = params.temp == 0
+        self._params = params
+        self._rng = np.random.default_rng(params.seed)
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         add = llama_cpp.llama_sampler_chain_add
@@ -55,14 +57,18 @@ class Sampler:
             add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
             add(self._chain, llama_cpp.llama_sampler_init_dist(params.seed))
 
-    def sample(self, ctx: llama_cpp.llama_context_p, logits: np.ndarray, index: int = -1) -> int:
+    def sample(self, ctx: llama_cpp.llama_context_p | None, logits: np.ndarray, index: int = -1) -> int:
         """Choose a token from row ``index`` of ctx's last batch of logits (``logits`` is a view of it).
 
         Greedy takes the argmax of the view: the same token as llama.cpp's greedy sampler (the first
-        maximum), without building its 151,936-entry candidate array every token (~0.5 ms).
+        maximum), without building its 151,936-entry candidate array every token (~0.5 ms). Without a
+        context (a remote model's top-k row) the same chain runs in numpy, on the seeded generator.
         """
         if self._greedy:
             return int(np.argmax(logits))
+        if ctx is None:
+            dist = probabilities(logits, self._params)
+            return int(self._rng.choice(dist.shape[0], p=dist))
         return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
 
     def close(self) -> None:

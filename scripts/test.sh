@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, then pytest (tiny generated models and the real demo pair).
+# The whole test suite: lint, then pytest (tiny generated models, the real demo pair, a real llama-server).
 # Extra arguments go to pytest, e.g. ./scripts/test.sh -m "not real" -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+./scripts/build_llama_server.sh > /dev/null  # the remote-model tests run a real llama-server (cached)
 .venv/bin/ruff check ead_cli tests scripts
 exec .venv/bin/python -m pytest -q "$@"

@@ -58,7 +58,7 @@ def test_prompts_split_into_calibration_and_held_out_halves() -> None:
 
 def test_saved_taus_merge_per_pair_and_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EAD_CONFIG", str(tmp_path / "sub" / "calibration.json"))
-    small, large = Path("/m/a.gguf"), Path("/m/b.gguf")
+    small, large = "a.gguf", "b.gguf"
     gate = calibration.Calibration("gate", 1.25, 0.2, 0.2, 0.21)
     calibration.save(small, large, [gate])
     calibration.save(small, large, [calibration.Calibration("ead", 0.75, 0.2, 0.19, None)])
@@ -73,7 +73,7 @@ def test_a_corrupt_calibration_file_is_a_clear_error(tmp_path: Path, monkeypatch
     path.write_text("{not json")
     monkeypatch.setenv("EAD_CONFIG", str(path))
     with pytest.raises(EadError, match="cannot read the calibration file"):
-        calibration.saved_tau(Path("a.gguf"), Path("b.gguf"), "gate")
+        calibration.saved_tau("a.gguf", "b.gguf", "gate")
 
 
 def test_calibrate_saves_and_generate_uses_the_tau_unless_given(

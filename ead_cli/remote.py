@@ -1,0 +1,358 @@
+"""A model served by llama.cpp's ``llama-server``, behind the interface the decoder uses for a local one.
+
+Token ids go over the wire, never text, so both sides see the same tokens. Each step is one
+``POST /completion`` with every token so far as the prompt, ``n_predict`` 1 and ``n_probs`` k: the
+server's prompt cache keeps the prefix it has already read, so a call computes only the new tokens
+(the catch-up), and the reply carries the top-k probabilities of the next token (the softmax of the
+raw logits, before any sampler). The token is chosen here, from those k, by the run's own sampler.
+
+What llama-server cannot give: logits at every position of a batch, which ``--verify`` and speculative
+decoding need, so a remote model cannot be the checker (``build_decoder`` refuses it in one line).
+
+Entropy from the top k: H_k = -sum p_i log2 p_i over the k, plus the tail's share. The tail holds
+r = 1 - sum p_i, and no tail token is likelier than the k-th, so the tail's entropy is at least
+r log2(1/p_k) (the tail as tokens each as likely as the k-th) and at most r log2((|V| - k) / r) (spread
+evenly over the rest). ``entropy`` returns the lower bound; ``scripts/topk_entropy.py`` measures both
+against the exact entropy on the demo pair.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from .errors import EadError
+from .runner import Phase, PhaseCounter, RunnerStats
+
+DEFAULT_TOP_K = 20
+DEFAULT_TIMEOUT_S = 60.0
+# Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
+# emoji (byte fallback), digits, and the chat template's special tokens.
+PROBES = (
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "def fibonacci(n: int) -> int:\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "    \t\t  \n\n\n   trailing   ",
+    "naïve café, Straße, Ελληνικά, русский, עברית, العربية",
+    "日本語のテキスト、中文文本 한국어 텍스트",
+    "emoji 🤖🧪🚀 and 1234567890 3.14159e-10",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
+)
+
+
+def is_remote(reference: str) -> bool:
+    """Whether a model reference is a server address rather than an alias or a file."""
+    return reference.startswith(("http://", "https://"))
+
+
+class RemoteError(EadError):
+    """The server failed: unreachable, too slow, an HTTP error, or a reply that makes no sense."""
+
+
+class Tokenizer(Protocol):
+    """What a remote runner borrows from a local model with the same vocabulary."""
+
+    n_vocab: int
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]: ...
+
+
+@dataclass
+class NetworkStats:
+    """Requests made, seconds waiting for replies, bytes each way, and the server's own compute time."""
+
+    requests: int = 0
+    seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    server_s: float = 0.0
+
+
+class RemoteRunner:
+    """A llama-server at ``url`` as a runner: ``sync`` returns a logits row that holds the top-k
+    log-probabilities of the next token (-inf elsewhere), ``entropy`` the top-k estimate."""
+
+    ctx = None  # no local llama.cpp context: the sampler draws from the row itself
+    model = None
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str,
+        tokenizer: Tokenizer,
+        top_k: int = DEFAULT_TOP_K,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise EadError(f"{url}: a server address must look like http://HOST:PORT", exit_code=2)
+        if not 1 <= top_k <= 1000:
+            raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
+        if not timeout_s > 0:
+            raise EadError(f"--remote-timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
+        self.url = url.rstrip("/")
+        self.name = name
+        self.label = self.location = self.url
+        self.top_k = top_k
+        self.timeout_s = timeout_s
+        self._tokenizer = tokenizer
+        self._safe_token = tokenizer.tokenize("a", add_special=False)[0]
+        self._host, self._port = parts.hostname, parts.port or 80
+        self._connection: http.client.HTTPConnection | None = None
+        self.network = NetworkStats()
+        self.stats = RunnerStats.empty()
+        self.n_past = 0  # tokens the server holds for us, as far as we know
+        self._wait_until_ready()
+        meta = self._meta()
+        self.n_vocab = int(meta["n_vocab"])
+        self.n_ctx = int(meta["n_ctx"]) - 1  # llama-server refuses a prompt that fills its context
+        self.n_params = int(meta["n_params"])
+        self.n_embd = int(meta["n_embd"])
+        self.vocab_type = int(meta["vocab_type"])
+        self.head_params = self.n_vocab * self.n_embd
+        self.body_params = max(self.n_params - self.head_params, 0)
+        self.n_batch = self.n_ctx
+        self.file_bytes: int | None = None
+        self._row = np.full(tokenizer.n_vocab, -np.inf, dtype=np.float32)
+        self._top_ids = np.zeros(0, dtype=np.int64)
+        self._top_probs = np.zeros(0, dtype=np.float64)
+
+    # ------------------------------------------------------------------------------------- the protocol
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One HTTP exchange; every failure becomes a RemoteError naming the server."""
+        data = json.dumps(body).encode() if body is not None else None
+        began = perf_counter()
+        try:
+            if self._connection is None:
+                self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+            headers = {"Content-Type": "application/json"} if data is not None else {}
+            self._connection.request(method, path, body=data, headers=headers)
+            response = self._connection.getresponse()
+            payload = response.read()
+        except TimeoutError:
+            self._drop_connection()
+            raise RemoteError(f"{self.url} did not answer {path} within {self.timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException) as error:
+            self._drop_connection()
+            reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+            raise RemoteError(f"{self.url} is unreachable ({reason})") from None
+        finally:
+            self.network.requests += 1
+            self.network.seconds += perf_counter() - began
+        self.network.bytes_sent += len(data or b"")
+        self.network.bytes_received += len(payload)
+        try:
+            reply = json.loads(payload) if payload else None
+        except ValueError:
+            reply = None
+            if response.status < 400:
+                raise RemoteError(f"{self.url}{path} sent a reply that is not JSON") from None
+        if response.status >= 400:
+            message = reply.get("error", {}).get("message") if isinstance(reply, dict) else None
+            raise RemoteError(
+                f"{self.url}{path} failed with HTTP {response.status}: {message or 'no message'}"
+            )
+        return reply
+
+    def _drop_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _wait_until_ready(self) -> None:
+        """GET /health until the server has loaded its model (503 while loading), up to the timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                self._request("GET", "/health")
+                return
+            except RemoteError as error:
+                if "HTTP 503" not in str(error) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
+    def _meta(self) -> dict[str, Any]:
+        reply = self._request("GET", "/v1/models")
+        try:
+            meta = reply["data"][0]["meta"]
+            for key in ("n_vocab", "n_ctx", "n_params", "n_embd", "vocab_type"):
+                int(meta[key])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise RemoteError(
+                f"{self.url}/v1/models did not describe the model (is it llama-server?)"
+            ) from None
+        return meta
+
+    def _tokenize(self, text: str) -> list[int]:
+        reply = self._request(
+            "POST", "/tokenize", {"content": text, "add_special": False, "parse_special": True}
+        )
+        try:
+            return [int(token) for token in reply["tokens"]]
+        except (KeyError, TypeError, ValueError):
+            raise RemoteError(f"{self.url}/tokenize sent a malformed reply") from None
+
+    # ----------------------------------------------------------------------------- the runner interface
+
+    def check_tokenizer(self, local_name: str) -> None:
+        """Refuse a server whose tokenizer differs from the local model's: vocabulary size, the
+        tokenization of probe strings (special tokens included), and the end-of-generation token."""
+
+        def refuse(reason: str) -> EadError:
+            return EadError(f"models {local_name!r} and {self.url!r} do not share a tokenizer: {reason}")
+
+        local = self._tokenizer
+        if self.n_vocab != local.n_vocab and abs(self.n_vocab - local.n_vocab) > 0.01 * local.n_vocab:
+            raise refuse(f"{local_name} has {local.n_vocab} tokens but the server's model {self.n_vocab}")
+        for probe in PROBES:
+            theirs, ours = self._tokenize(probe), local.tokenize(probe, add_special=False)
+            if theirs != ours:
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                    min(len(ours), len(theirs)),
+                )
+                raise refuse(f"{probe[:24]!r}... tokenizes differently from token {at} on")
+        theirs_eog, ours_eog = self._end_of_generation(), end_of_generation(local)
+        if theirs_eog != ours_eog:
+            token = min(theirs_eog ^ ours_eog)
+            where = "the server's model" if token in theirs_eog else local_name
+            raise refuse(f"token {token} ends a generation only in {where}")
+
+    def _end_of_generation(self) -> frozenset[int]:
+        """The server's end-of-generation ids: with ignore_eos it bans each with a logit bias, and
+        reports the biases in its generation settings."""
+        reply = self._request(
+            "POST",
+            "/completion",
+            {
+                "prompt": [0],
+                "n_predict": 1,
+                "ignore_eos": True,
+                "cache_prompt": False,
+                "response_fields": ["generation_settings/logit_bias"],
+            },
+        )
+        try:
+            biases = reply["generation_settings/logit_bias"]
+            return frozenset(int(entry["token"]) for entry in biases)
+        except (KeyError, TypeError, ValueError):
+            raise RemoteError(f"{self.url}/completion did not report its end-of-generation tokens") from None
+
+    def sync(self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool) -> np.ndarray:
+        """Send every token so far; return a row with the next token's top-k log-probabilities."""
+        n = len(tokens)
+        if n > self.n_ctx:
+            raise EadError(f"{n} tokens do not fit the server's context of {self.n_ctx} tokens")
+        began = perf_counter()
+        reply = self._request(
+            "POST",
+            "/completion",
+            {
+                "prompt": list(tokens),
+                "n_predict": 1,
+                "n_probs": self.top_k,
+                "cache_prompt": True,
+                # The server's own pick is unused, but it must be a whole character: for a token that
+                # ends inside a UTF-8 sequence llama-server holds the text back, and its probabilities
+                # with it. A logit bias (not reflected in the probabilities) makes it pick "a".
+                "samplers": ["top_k"],
+                "top_k": 1,
+                "logit_bias": [[self._safe_token, 1e4]],
+                "post_sampling_probs": False,
+                "response_fields": ["completion_probabilities", "timings"],
+            },
+        )
+        try:
+            top = reply["completion_probabilities"][0]["top_logprobs"]
+            ids = np.array([int(entry["id"]) for entry in top], dtype=np.int64)
+            logprobs = np.array([float(entry["logprob"]) for entry in top], dtype=np.float64)
+            timings = reply.get("timings", {})
+            computed = int(timings.get("prompt_n", n - self.n_past))
+            server_ms = float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise RemoteError(
+                f"{self.url}/completion sent a malformed reply (no top probabilities)"
+            ) from None
+        if not len(ids) or ids.min() < 0 or ids.max() >= len(self._row) or not np.all(np.isfinite(logprobs)):
+            raise RemoteError(f"{self.url}/completion sent probabilities for tokens that do not exist here")
+        self._count(tokens, prompt_len, own_tail, computed, perf_counter() - began)
+        self.network.server_s += server_ms / 1000
+        self.n_past = n
+        row = self._row
+        row[self._top_ids] = -np.inf
+        row[ids] = logprobs
+        self._top_ids, self._top_probs = ids, np.exp(logprobs)
+        return row
+
+    def _count(
+        self, tokens: Sequence[int], prompt_len: int, own_tail: bool, computed: int, seconds: float
+    ) -> None:
+        """Book the tokens the server computed under the phase a local runner would have used."""
+        start = len(tokens) - computed
+        phase: Phase = (
+            "prefill" if start < prompt_len else "decode" if own_tail and computed == 1 else "catchup"
+        )
+        counter: PhaseCounter = getattr(self.stats, phase)
+        counter.tokens += computed
+        counter.seconds += seconds
+        self.stats.logits_rows += 1
+
+    def entropy(self, row: np.ndarray) -> float:
+        """Top-k estimate, in bits, of the entropy of the distribution ``sync`` returned last (the lower
+        bound: the tail as tokens as likely as the k-th)."""
+        return topk_entropy(self._top_probs, self.n_vocab)[0]
+
+    def truncate(self, n: int) -> None:
+        """Nothing to free here: the server keeps the common prefix of the next prompt by itself."""
+        self.n_past = min(self.n_past, n)
+
+    def align(self, tokens: Sequence[int]) -> int:
+        """A new run: the server keeps what it can of its cache by itself; the network figures restart."""
+        self.n_past = 0
+        self.network = NetworkStats()
+        return 0
+
+    def flops(self) -> float:
+        return 2.0 * (self.body_params * self.stats.tokens_read + self.head_params * self.stats.logits_rows)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._tokenizer.token_bytes(token)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return self._tokenizer.is_end_of_generation(token)
+
+    def close(self) -> None:
+        self._drop_connection()
+
+
+def end_of_generation(tokenizer: Tokenizer) -> frozenset[int]:
+    return frozenset(token for token in range(tokenizer.n_vocab) if tokenizer.is_end_of_generation(token))
+
+
+def topk_entropy(probs: np.ndarray, n_vocab: int) -> tuple[float, float]:
+    """(lower, upper) bounds in bits on the entropy of a distribution over ``n_vocab`` tokens of which
+    only the top ``probs`` (descending) are known. See the module docstring."""
+    probs = np.asarray(probs, dtype=np.float64)
+    known = probs[probs > 0]
+    head = float(-(known * np.log2(known)).sum())
+    tail = max(0.0, 1.0 - float(probs.sum()))
+    rest = n_vocab - len(probs)
+    if tail <= 0 or rest <= 0 or not len(known):
+        return head, head
+    lower = head + tail * math.log2(1.0 / known[-1])
+    upper = head + tail * math.log2(rest / tail)
+    return lower, max(lower, upper)

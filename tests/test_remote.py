@@ -1,0 +1,263 @@
+"""A large model on llama.cpp's own server: real llama-server processes on loopback serving tiny GGUF
+models, and every failure provoked for real (a closed port, a server killed mid-answer, a listener
+that never answers, an HTTP server that answers wrongly)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
+
+from ead_cli.remote import RemoteRunner, topk_entropy
+from ead_cli.runner import Runner
+
+SERVER = (
+    Path(os.environ.get("EAD_CACHE", Path.home() / ".cache" / "ead-cli")) / "llama-server/0.3.36/llama-server"
+)
+pytestmark = pytest.mark.skipif(
+    not SERVER.exists(), reason="no llama-server: ./scripts/build_llama_server.sh builds it (CI does)"
+)
+
+
+SERVER_FLAGS = ("-t", "1", "-np", "1", "--no-webui")
+
+
+@contextmanager
+def llama_server(model: Path, tmp_path: Path, n_ctx: int = 2048) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A llama-server on a free loopback port; yields (process, its address) once it has loaded."""
+    log = tmp_path / f"server-{model.stem}-{time.monotonic_ns()}.log"
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(
+            [
+                str(SERVER),
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "-c",
+                str(n_ctx),
+                *SERVER_FLAGS,
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
+            assert process.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, "llama-server did not start"
+            time.sleep(0.05)
+        yield process, found.group(1).decode()
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def served_large(tiny_large: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with llama_server(tiny_large, tmp_path_factory.mktemp("server")) as (_, url):
+        yield url
+
+
+def models(small: Path, large: str) -> list[str]:
+    return ["--small", str(small), "--large", large, "--threads", "1"]
+
+
+def jsonl_tokens(result: subprocess.CompletedProcess) -> list[dict]:
+    lines = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    return [line for line in lines if line["type"] == "token"]
+
+
+# ---------------------------------------------------------------------------------------- behaviour
+
+
+def test_large_mode_through_the_server_equals_the_local_large_model(tiny_pair, served_large) -> None:
+    args = ["generate", "--mode", "large", "--max-tokens", "40", "--format", "jsonl", "hi there"]
+    local = ead(*args, *models(tiny_pair[0], str(tiny_pair[1])))
+    remote = ead(*args, *models(tiny_pair[0], served_large))
+    assert remote.returncode == 0, remote.stderr
+    assert [t["token"] for t in jsonl_tokens(remote)] == [t["token"] for t in jsonl_tokens(local)]
+    assert len(jsonl_tokens(remote)) == 40
+
+
+def test_a_middle_tau_uses_both_models_and_reports_the_network(tiny_pair, served_large) -> None:
+    base = ["generate", "--max-tokens", "60", "--format", "jsonl", "--stats", "hi there"]
+    small_alone = ead(*base, *models(tiny_pair[0], served_large), "--mode", "small")
+    entropies = sorted(t["entropy"] for t in jsonl_tokens(small_alone))
+    tau = entropies[len(entropies) // 2]
+    result = ead(*base, *models(tiny_pair[0], served_large), "--tau", f"{tau}")
+    assert result.returncode == 0, result.stderr
+    assert {t["model"] for t in jsonl_tokens(result)} == {"small", "large"}
+    summary = json.loads(result.stdout.decode().splitlines()[-1])
+    large = next(report for report in summary["models"] if report["role"] == "large")
+    assert large["path"] == served_large and large["requests"] >= large["written"] > 0
+    assert large["bytes_sent"] > 0 and large["bytes_received"] > 0 and large["network_s"] > 0
+    assert large["prefill_tokens"] + large["catchup_tokens"] + large["decode_tokens"] > 0
+    assert "large over the network:" in result.stderr.decode()
+
+
+def test_the_remote_entropy_is_the_top_k_lower_bound_of_the_exact_one(tiny_pair, served_large) -> None:
+    """The server's top-k probabilities are the softmax of its raw logits: the estimate from them
+    matches the bound computed from the local model's own logits for the same tokens."""
+    local = Runner(tiny_pair[1], name="large", n_ctx=512, n_threads=1)
+    small = Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1)
+    remote = RemoteRunner(served_large, name="large", tokenizer=small, top_k=5)
+    try:
+        tokens = small.tokenize("The quick brown fox", add_special=False)
+        row = local.sync(tokens, prompt_len=len(tokens), own_tail=False).astype(np.float64)
+        probs = np.sort(np.exp(row - row.max()) / np.exp(row - row.max()).sum())[::-1]
+        remote_row = remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
+        assert int(np.argmax(remote_row)) == int(np.argmax(row))
+        assert np.isfinite(remote_row).sum() == 5
+        lower, upper = topk_entropy(probs[:5], local.n_vocab)
+        exact = float(-(probs * np.log2(probs)).sum())
+        assert remote.entropy(remote_row) == pytest.approx(lower, abs=1e-3)
+        assert lower <= exact + 1e-6 and exact <= upper + 1e-6
+    finally:
+        for runner in (local, small, remote):
+            runner.close()
+
+
+def test_verify_and_speculative_decoding_need_a_local_checker(tiny_pair, served_large) -> None:
+    for extra in (["--verify", "0.1"], ["--mode", "spec"]):
+        result = ead("generate", *models(tiny_pair[0], served_large), *extra, "hi")
+        assert_one_line_error(result, 2, "llama-server does not return")
+
+
+def test_a_server_with_another_tokenizer_is_refused(tiny_pair, tiny_other_vocab, tmp_path) -> None:
+    with llama_server(tiny_other_vocab, tmp_path) as (_, url):
+        result = ead("generate", *models(tiny_pair[0], url), "hi")
+    assert_one_line_error(result, 1, "do not share a tokenizer", "tokenizes differently")
+
+
+def test_the_smallest_model_must_be_local(tiny_pair, served_large) -> None:
+    result = ead("generate", "--small", served_large, "--large", str(tiny_pair[1]), "hi")
+    assert_one_line_error(result, 2, "the smallest model must be local")
+
+
+# ----------------------------------------------------------------------------------------- failures
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_server_that_is_down_at_start_is_one_line(tiny_pair) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = ead("generate", *models(tiny_pair[0], url), "hi")
+    assert_one_line_error(result, 1, url, "unreachable")
+
+
+def test_a_server_that_never_answers_times_out(tiny_pair) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        began = time.monotonic()
+        result = ead("generate", *models(tiny_pair[0], url), "--remote-timeout", "1", "hi")
+    assert_one_line_error(result, 1, "did not answer /health within 1 s")
+    assert time.monotonic() - began < 30
+
+
+class _Wrong(BaseHTTPRequestHandler):
+    """Answers like no llama-server would: the test sets what."""
+
+    replies: ClassVar[dict[str, tuple[int, bytes]]] = {}
+
+    def do_GET(self) -> None:
+        status, body = self.replies.get(self.path, (404, b'{"error": {"message": "not found"}}'))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def wrong_server(replies: dict[str, tuple[int, bytes]]) -> Iterator[str]:
+    handler = type("Handler", (_Wrong,), {"replies": replies})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("replies", "fragment"),
+    [
+        ({"/health": (500, b'{"error": {"message": "out of memory"}}')}, "HTTP 500: out of memory"),
+        ({"/health": (200, b"<html>hello</html>")}, "sent a reply that is not JSON"),
+        ({"/health": (200, b"{}"), "/v1/models": (200, b'{"data": []}')}, "did not describe the model"),
+    ],
+)
+def test_http_errors_and_malformed_replies_are_one_line(tiny_pair, replies, fragment) -> None:
+    with wrong_server(replies) as url:
+        result = ead("generate", *models(tiny_pair[0], url), "hi")
+    assert_one_line_error(result, 1, fragment)
+
+
+def run_and_kill_the_server(tiny_pair, tmp_path: Path, *extra: str) -> tuple[int, list[dict], str]:
+    """Start a long answer through a real server, kill the server after a few tokens; return the exit
+    code, the token objects printed and stderr."""
+    with llama_server(tiny_pair[1], tmp_path, n_ctx=4096) as (server, url):
+        args = ["generate", *models(tiny_pair[0], url), "--mode", "large", "--max-tokens", "3000"]
+        process = subprocess.Popen(
+            [str(EAD), *args, "--ctx", "4096", "--format", "jsonl", *extra, "hi"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=interruptible,
+        )
+        assert process.stdout is not None
+        first = [process.stdout.readline() for _ in range(5)]
+        server.send_signal(signal.SIGKILL)
+        rest, err = read_to_the_end(process)
+    lines = [json.loads(line) for line in b"".join(first).splitlines() + rest.splitlines()]
+    return process.returncode, [line for line in lines if line["type"] == "token"], err.decode()
+
+
+def test_a_server_lost_mid_answer_stops_with_what_was_written(tiny_pair, tmp_path) -> None:
+    code, tokens, err = run_and_kill_the_server(tiny_pair, tmp_path)
+    assert code == 1, err
+    assert 5 <= len(tokens) < 3000
+    assert {t["model"] for t in tokens} == {"large"}
+    assert err.startswith("error: http://127.0.0.1:") and "unreachable" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_server_lost_mid_answer_falls_back_to_the_small_model(tiny_pair, tmp_path) -> None:
+    code, tokens, err = run_and_kill_the_server(tiny_pair, tmp_path, "--fallback", "small")
+    assert code == 0, err
+    models_written = [t["model"] for t in tokens]
+    switch = models_written.index("small")
+    assert switch >= 5 and set(models_written[switch:]) == {"small"}
+    assert [t["index"] for t in tokens] == list(range(len(tokens)))
+    assert "unreachable" in err and "the small model wrote the rest" in err
+
+
+def test_fallback_takes_only_small(tiny_pair) -> None:
+    result = ead("generate", "--small", str(tiny_pair[0]), "--fallback", "medium", "hi")
+    assert_one_line_error(result, 2, "--fallback takes 'small'")
