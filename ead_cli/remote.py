@@ -137,12 +137,7 @@ class RemoteRunner:
         data = json.dumps(body).encode() if body is not None else None
         began = perf_counter()
         try:
-            if self._connection is None:
-                self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            self._connection.request(method, path, body=data, headers=headers)
-            response = self._connection.getresponse()
-            payload = response.read()
+            response, payload = self._exchange(method, path, data)
         except TimeoutError:
             self._drop_connection()
             raise RemoteError(f"{self.url} did not answer {path} within {self.timeout_s:g} s") from None
@@ -167,6 +162,24 @@ class RemoteRunner:
                 f"{self.url}{path} failed with HTTP {response.status}: {message or 'no message'}"
             )
         return reply
+
+    def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
+        """Send on the kept-alive connection; if the server had closed it while idle (llama-server does
+        after a few seconds), send once more on a new one. Every request here can safely be repeated."""
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        reused = self._connection is not None
+        while True:
+            if self._connection is None:
+                self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+            try:
+                self._connection.request(method, path, body=data, headers=headers)
+                response = self._connection.getresponse()
+                return response, response.read()
+            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+                self._drop_connection()
+                if not reused:
+                    raise
+                reused = False
 
     def _drop_connection(self) -> None:
         if self._connection is not None:

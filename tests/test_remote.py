@@ -261,3 +261,19 @@ def test_a_server_lost_mid_answer_falls_back_to_the_small_model(tiny_pair, tmp_p
 def test_fallback_takes_only_small(tiny_pair) -> None:
     result = ead("generate", "--small", str(tiny_pair[0]), "--fallback", "medium", "hi")
     assert_one_line_error(result, 2, "--fallback takes 'small'")
+
+
+def test_a_connection_the_server_closed_while_idle_is_reopened(tiny_pair, served_large) -> None:
+    """llama-server drops an idle kept-alive connection after a few seconds (a chat user thinking):
+    the next request goes out again on a new connection instead of failing."""
+    small = Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1)
+    remote = RemoteRunner(served_large, name="large", tokenizer=small)
+    try:
+        tokens = small.tokenize("hello", add_special=False)
+        first = remote.sync(tokens, prompt_len=len(tokens), own_tail=False).copy()
+        time.sleep(7)
+        again = remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
+        assert np.array_equal(np.isfinite(first), np.isfinite(again))
+    finally:
+        remote.close()
+        small.close()
