@@ -13,7 +13,12 @@ from rich.table import Table
 from .decoder import Summary, TokenEvent
 
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
+_MIDDLE = ("\x1b[32m", "green")  # the middle levels of a cascade: mid, mid1, mid2...
 _RESET = "\x1b[0m"
+
+
+def _style(role: str) -> str:
+    return _STYLE.get(role, _MIDDLE if role.startswith("mid") else ("", ""))[0]
 
 
 def wants_color(stream: TextIO, no_color: bool) -> bool:
@@ -57,13 +62,13 @@ class TextRenderer(_Renderer):
         """One line naming the colours, e.g. ``■ small: qwen-0.5b.gguf  ■ large: qwen-1.5b.gguf``."""
         parts = []
         for role, name in names.items():
-            code = _STYLE.get(role, ("", ""))[0] if self.color else ""
+            code = _style(role) if self.color else ""
             parts.append(f"{code}■ {role}{_RESET if code else ''}: {name}")
         return "  ".join(parts)
 
     def _text(self, event: TokenEvent) -> str:
         if self.color and event.text:
-            return f"{_STYLE.get(event.model, ('', ''))[0]}{event.text}{_RESET}"
+            return f"{_style(event.model)}{event.text}{_RESET}"
         return event.text
 
     def finish(self, summary: Summary) -> None:

@@ -200,3 +200,12 @@ def test_cli_lookahead_end_to_end(tiny_pair) -> None:
     assert "rollbacks" in result.stderr.decode()
     bad = ead(*args, "--policy", "lookahead", "--draft", "0", "hi")
     assert_one_line_error(bad, 2, "draft must be in [1, 64]")
+
+
+def test_cli_cascade_colours_the_middle_level_and_names_it_in_the_legend(tiny_pair, tiny_mid) -> None:
+    models = ",".join(str(p) for p in (tiny_pair[0], tiny_mid, tiny_pair[1]))
+    args = ["generate", "--models", models, "--tau", f"0,{HIGH}", "--threads", "1", "--max-tokens", "8", "hi"]
+    result = ead(*args, env={"FORCE_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[32m" in result.stdout.decode() and "\x1b[36m" not in result.stdout.decode()
+    assert "\x1b[32m■ mid\x1b[0m: mid.gguf" in result.stderr.decode()
