@@ -242,9 +242,14 @@ def _xdg_cache_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
 
 
-def _ead_models_dir() -> Path:
+def ead_cache_dir() -> Path:
+    """$EAD_CACHE, else ead-cli in the XDG cache: models, and a llama-server built for the tests."""
     root = os.environ.get("EAD_CACHE")
-    return (Path(root).expanduser() if root else _xdg_cache_home() / "ead-cli") / "models"
+    return Path(root).expanduser() if root else _xdg_cache_home() / "ead-cli"
+
+
+def _ead_models_dir() -> Path:
+    return ead_cache_dir() / "models"
 
 
 def _hub_cache_dir() -> Path:

@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -31,6 +32,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from .errors import EadError
+from .registry import ead_cache_dir
 from .runner import Phase, PhaseCounter, RunnerStats
 
 DEFAULT_TOP_K = 20
@@ -46,6 +48,11 @@ PROBES = (
     "emoji 🤖🧪🚀 and 1234567890 3.14159e-10",
     "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
 )
+
+
+def built_server() -> Path:
+    """Where ``scripts/build_llama_server.sh`` puts the llama-server it builds from the vendored llama.cpp."""
+    return ead_cache_dir() / "llama-server" / "0.3.36" / "llama-server"
 
 
 def is_remote(reference: str) -> bool:

@@ -28,9 +28,10 @@ from ead_cli.engine import (
     load_runners,
 )
 from ead_cli.prompt import encode_prompt
+from ead_cli.remote import built_server
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test."
-SERVER = Path.home() / ".cache" / "ead-cli" / "llama-server" / "0.3.36" / "llama-server"
+SERVER = built_server()
 
 
 def start_server(model: Path, log: Path) -> tuple[subprocess.Popen, str]:

@@ -3,7 +3,7 @@
 # llama-cpp-python sdist vendors (vendor/llama.cpp), so the server matches the
 # llama.cpp that the Python bindings use.
 #
-# Output: ${EAD_CACHE:-$HOME/.cache/ead-cli}/llama-server/<version>/llama-server,
+# Output: ${EAD_CACHE:-${XDG_CACHE_HOME:-~/.cache}/ead-cli}/llama-server/<version>/llama-server,
 # a static build (no libllama/libggml .so next to it; it needs only libc,
 # libstdc++, libgomp and libm from the system). CPU only, tuned for this
 # machine (GGML_NATIVE=ON), without the web UI (only the HTTP API is needed).
@@ -22,7 +22,7 @@
 set -euo pipefail
 
 VERSION=0.3.36
-CACHE_ROOT="${EAD_CACHE:-$HOME/.cache/ead-cli}"
+CACHE_ROOT="${EAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ead-cli}"
 DEST_DIR="$CACHE_ROOT/llama-server/$VERSION"
 BIN="$DEST_DIR/llama-server"
 
