@@ -128,10 +128,8 @@ class RemoteRunner:
         self.n_ctx = int(meta["n_ctx"]) - 1  # llama-server refuses a prompt that fills its context
         self.n_params = int(meta["n_params"])
         self.n_embd = int(meta["n_embd"])
-        self.vocab_type = int(meta["vocab_type"])
         self.head_params = self.n_vocab * self.n_embd
         self.body_params = max(self.n_params - self.head_params, 0)
-        self.n_batch = self.n_ctx
         self.file_bytes: int | None = None
         self._row = np.full(tokenizer.n_vocab, -np.inf, dtype=np.float32)
         self._top_ids = np.zeros(0, dtype=np.int64)
@@ -209,7 +207,7 @@ class RemoteRunner:
         reply = self._request("GET", "/v1/models")
         try:
             meta = reply["data"][0]["meta"]
-            for key in ("n_vocab", "n_ctx", "n_params", "n_embd", "vocab_type"):
+            for key in ("n_vocab", "n_ctx", "n_params", "n_embd"):
                 int(meta[key])
         except (KeyError, IndexError, TypeError, ValueError):
             raise RemoteError(
