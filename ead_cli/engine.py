@@ -11,7 +11,7 @@ from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder, check_draft, check_verify_ratio
 from .errors import EadError
 from .policies import Burst, Policy, SwitchPoint, Tau, make_policy
-from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteRunner, is_remote
+from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteRunner, connect, is_remote
 from .runner import Runner, check_memory, gpu_offload_available, memory_available
 from .sampling import SamplingParams
 
@@ -155,7 +155,7 @@ def load_runners(
                 runners.append(_load(paths[level], role, options))
                 continue
             runners.append(
-                RemoteRunner(
+                connect(
                     refs[level],
                     name=role,
                     tokenizer=runners[0],

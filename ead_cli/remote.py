@@ -36,6 +36,10 @@ from .registry import ead_cache_dir
 from .runner import Phase, PhaseCounter, RunnerStats
 
 DEFAULT_TOP_K = 20
+# The server's own pick is unused, but it must be a whole character: for a token that ends inside a
+# UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
+# reflected in the probabilities) makes it pick "a". 100 is the most OpenAI-compatible servers accept.
+UNUSED_PICK_BIAS = 100
 DEFAULT_TIMEOUT_S = 60.0
 # Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
 # emoji (byte fallback), digits, and the chat template's special tokens.
@@ -196,12 +200,15 @@ class RemoteRunner:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                self._request("GET", "/health")
+                self._request("GET", self._health_path())
                 return
             except RemoteError as error:
                 if "HTTP 503" not in str(error) or time.monotonic() > deadline:
                     raise
             time.sleep(0.2)
+
+    def _health_path(self) -> str:
+        return "/health"
 
     def _meta(self) -> dict[str, Any]:
         reply = self._request("GET", "/v1/models")
@@ -276,35 +283,7 @@ class RemoteRunner:
         if n > self.n_ctx:
             raise EadError(f"{n} tokens do not fit the server's context of {self.n_ctx} tokens")
         began = perf_counter()
-        reply = self._request(
-            "POST",
-            "/completion",
-            {
-                "prompt": list(tokens),
-                "n_predict": 1,
-                "n_probs": self.top_k,
-                "cache_prompt": True,
-                # The server's own pick is unused, but it must be a whole character: for a token that
-                # ends inside a UTF-8 sequence llama-server holds the text back, and its probabilities
-                # with it. A logit bias (not reflected in the probabilities) makes it pick "a".
-                "samplers": ["top_k"],
-                "top_k": 1,
-                "logit_bias": [[self._safe_token, 1e4]],
-                "post_sampling_probs": False,
-                "response_fields": ["completion_probabilities", "timings"],
-            },
-        )
-        try:
-            top = reply["completion_probabilities"][0]["top_logprobs"]
-            ids = np.array([int(entry["id"]) for entry in top], dtype=np.int64)
-            logprobs = np.array([float(entry["logprob"]) for entry in top], dtype=np.float64)
-            timings = reply.get("timings", {})
-            computed = int(timings.get("prompt_n", n - self.n_past))
-            server_ms = float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise RemoteError(
-                f"{self.url}/completion sent a malformed reply (no top probabilities)"
-            ) from None
+        ids, logprobs, computed, server_ms = self._next_token(tokens)
         if not len(ids) or ids.min() < 0 or ids.max() >= len(self._row) or not np.all(np.isfinite(logprobs)):
             raise RemoteError(f"{self.url}/completion sent probabilities for tokens that do not exist here")
         self._count(tokens, prompt_len, own_tail, computed, perf_counter() - began)
@@ -315,6 +294,41 @@ class RemoteRunner:
         row[ids] = logprobs
         self._top_ids, self._top_probs = ids, np.exp(logprobs)
         return row
+
+    def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
+        """One completion call: (top-k ids, their log-probabilities, tokens computed, server ms)."""
+        reply = self._request(
+            "POST",
+            "/completion",
+            {
+                "prompt": list(tokens),
+                "n_predict": 1,
+                "n_probs": self.top_k,
+                "cache_prompt": True,
+                "samplers": ["top_k"],
+                "top_k": 1,
+                "logit_bias": [[self._safe_token, UNUSED_PICK_BIAS]],
+                "post_sampling_probs": False,
+                "response_fields": ["completion_probabilities", "timings"],
+            },
+        )
+        try:
+            ids, logprobs = _top_entries(reply["completion_probabilities"][0]["top_logprobs"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise RemoteError(
+                f"{self.url}/completion sent a malformed reply (no top probabilities)"
+            ) from None
+        return ids, logprobs, *self._timings(reply, len(tokens))
+
+    def _timings(self, reply: dict[str, Any], n: int) -> tuple[int, float]:
+        """Tokens the server computed and its milliseconds, from its ``timings`` where it reports them."""
+        timings = reply.get("timings") if isinstance(reply.get("timings"), dict) else {}
+        try:
+            computed = int(timings.get("prompt_n", n - self.n_past))
+            server_ms = float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))
+        except (TypeError, ValueError):
+            raise RemoteError(f"{self.url} sent malformed timings") from None
+        return computed, server_ms
 
     def _count(
         self, tokens: Sequence[int], prompt_len: int, own_tail: bool, computed: int, seconds: float
@@ -355,6 +369,107 @@ class RemoteRunner:
 
     def close(self) -> None:
         self._drop_connection()
+
+
+def _top_entries(entries: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and log-probabilities from llama-server's ``[{"id", "logprob", ...}, ...]``."""
+    ids = np.array([int(entry["id"]) for entry in entries], dtype=np.int64)
+    return ids, np.array([float(entry["logprob"]) for entry in entries], dtype=np.float64)
+
+
+class OpenAIRunner(RemoteRunner):
+    """An OpenAI-compatible completions endpoint (``http://HOST:PORT/v1``: vLLM, llama-server's own /v1,
+    and others): token ids as the prompt, ``max_tokens`` 1, ``logprobs`` k.
+
+    Differences from llama-server's native API: top log-probabilities come keyed by token text (vLLM
+    sends ``token_id:N`` when asked with ``return_tokens_as_token_ids``; other text is mapped back to
+    an id by the local tokenizer when it is exactly one token, else left in the tail mass); there is no
+    prompt-cache report, so the catch-up counted is what this side sent since the last call; the
+    tokenizer check needs the server's ``/tokenize`` (vLLM and llama-server have one); the server's
+    end-of-generation ids and parameter count are not compared or known unless it reports them.
+    """
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self._base = urlsplit(url).path.rstrip("/")
+        super().__init__(url, **kwargs)
+
+    def _health_path(self) -> str:
+        return f"{self._base}/models"  # no /health in the OpenAI API; listing the models needs one loaded
+
+    def _meta(self) -> dict[str, Any]:
+        reply = self._request("GET", f"{self._base}/models")
+        try:
+            model = reply["data"][0]
+            self._model_id = str(model["id"])
+        except (KeyError, IndexError, TypeError):
+            raise RemoteError(f"{self.url}/models lists no model (is it OpenAI-compatible?)") from None
+        meta = model.get("meta") if isinstance(model.get("meta"), dict) else {}
+        local = self._tokenizer
+        return {
+            "n_vocab": meta.get("n_vocab", local.n_vocab),
+            "n_ctx": meta.get("n_ctx", model.get("max_model_len", 4096)),
+            "n_params": meta.get("n_params", 0),
+            "n_embd": meta.get("n_embd", 0),
+        }
+
+    def _tokenize(self, text: str) -> list[int]:
+        body = {"prompt": text, "content": text, "add_special_tokens": False, "add_special": False}
+        reply = self._request("POST", "/tokenize", body | {"parse_special": True})
+        try:
+            return [int(token) for token in reply["tokens"]]
+        except (KeyError, TypeError, ValueError):
+            raise RemoteError(f"{self.url}: /tokenize sent a malformed reply") from None
+
+    def _end_of_generation(self) -> frozenset[int]:
+        return end_of_generation(self._tokenizer)  # not listed by these servers: taken on trust
+
+    def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
+        reply = self._request(
+            "POST",
+            f"{self._base}/completions",
+            {
+                "model": self._model_id,
+                "prompt": list(tokens),
+                "max_tokens": 1,
+                "logprobs": self.top_k,
+                "temperature": 0,
+                "logit_bias": {str(self._safe_token): UNUSED_PICK_BIAS},
+                "return_tokens_as_token_ids": True,
+            },
+        )
+        try:
+            ids, logprobs = self._parse_logprobs(reply["choices"][0]["logprobs"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise RemoteError(
+                f"{self.url}/completions sent a malformed reply (no log-probabilities)"
+            ) from None
+        return ids, logprobs, *self._timings(reply, len(tokens))
+
+    def _parse_logprobs(self, logprobs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """llama-server's shape (``content[0].top_logprobs`` with ids) or OpenAI's legacy one
+        (``top_logprobs[0]``: token text -> log-probability)."""
+        if "content" in logprobs:
+            return _top_entries(logprobs["content"][0]["top_logprobs"])
+        pairs = []
+        for text, logprob in logprobs["top_logprobs"][0].items():
+            token = self._token_id(text)
+            if token is not None:
+                pairs.append((token, float(logprob)))
+        pairs.sort(key=lambda pair: -pair[1])
+        ids = np.array([token for token, _ in pairs], dtype=np.int64)
+        return ids, np.array([logprob for _, logprob in pairs], dtype=np.float64)
+
+    def _token_id(self, text: str) -> int | None:
+        if text.startswith("token_id:"):
+            return int(text.removeprefix("token_id:"))
+        ids = self._tokenizer.tokenize(text, add_special=False, parse_special=False)
+        return ids[0] if len(ids) == 1 else None
+
+
+def connect(url: str, **kwargs: Any) -> RemoteRunner:
+    """A runner for a server address: ``.../v1`` is an OpenAI-compatible endpoint, else llama-server."""
+    runner = OpenAIRunner if urlsplit(url).path.rstrip("/").endswith("/v1") else RemoteRunner
+    return runner(url, **kwargs)
 
 
 def end_of_generation(tokenizer: Tokenizer) -> frozenset[int]:

@@ -5,7 +5,6 @@ that never answers, an HTTP server that answers wrongly)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -22,12 +21,10 @@ import numpy as np
 import pytest
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 
-from ead_cli.remote import RemoteRunner, topk_entropy
+from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entropy
 from ead_cli.runner import Runner
 
-SERVER = (
-    Path(os.environ.get("EAD_CACHE", Path.home() / ".cache" / "ead-cli")) / "llama-server/0.3.36/llama-server"
-)
+SERVER = built_server()
 pytestmark = pytest.mark.skipif(
     not SERVER.exists(), reason="no llama-server: ./scripts/build_llama_server.sh builds it (CI does)"
 )
@@ -276,4 +273,35 @@ def test_a_connection_the_server_closed_while_idle_is_reopened(tiny_pair, served
         assert np.array_equal(np.isfinite(first), np.isfinite(again))
     finally:
         remote.close()
+        small.close()
+
+
+# ------------------------------------------------------------------------ OpenAI-compatible endpoint
+
+
+def test_the_openai_compatible_endpoint_gives_the_same_greedy_text(tiny_pair, served_large) -> None:
+    """llama-server's own /v1/completions stands in for any OpenAI-compatible server (vLLM and others)."""
+    args = ["generate", "--mode", "large", "--max-tokens", "30", "--format", "jsonl", "hi there"]
+    local = ead(*args, *models(tiny_pair[0], str(tiny_pair[1])))
+    remote = ead(*args, *models(tiny_pair[0], f"{served_large}/v1"))
+    assert remote.returncode == 0, remote.stderr
+    assert [t["token"] for t in jsonl_tokens(remote)] == [t["token"] for t in jsonl_tokens(local)]
+    middle = ead(
+        "generate", *models(tiny_pair[0], f"{served_large}/v1"), "--tau", "4", "--format", "jsonl", "hi"
+    )
+    assert middle.returncode == 0, middle.stderr
+
+
+def test_openai_legacy_log_probabilities_map_back_to_ids(tiny_pair, served_large) -> None:
+    """OpenAI's legacy shape keys the top log-probabilities by token text; vLLM sends ``token_id:N``
+    when asked. Text that is exactly one local token maps to it; anything else stays in the tail."""
+    small = Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1)
+    runner = OpenAIRunner(f"{served_large}/v1", name="large", tokenizer=small)
+    try:
+        [a_token] = small.tokenize("a", add_special=False)
+        legacy = {"top_logprobs": [{"token_id:7": -2.0, "a": -0.5, "not one token at all": -1.0}]}
+        ids, logprobs = runner._parse_logprobs(legacy)
+        assert ids.tolist() == [a_token, 7] and logprobs.tolist() == [-0.5, -2.0]
+    finally:
+        runner.close()
         small.close()
