@@ -10,8 +10,8 @@ from . import registry
 from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder, check_draft, check_verify_ratio
 from .errors import EadError
-from .policies import Burst, Policy, SwitchPoint, Tau, make_policy
-from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteRunner, connect, is_remote
+from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
+from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteRunner, check_remote_settings, connect, is_remote
 from .runner import Runner, check_memory, gpu_offload_available, memory_available
 from .sampling import SamplingParams
 
@@ -47,10 +47,7 @@ class ModelOptions:
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):
             raise EadError(f"--models takes two or more models, comma-separated, got {self.models}", 2)
-        if not 1 <= self.remote_top_k <= 1000:
-            raise EadError(f"--remote-top-k must be in [1, 1000], got {self.remote_top_k}", exit_code=2)
-        if not self.remote_timeout > 0:
-            raise EadError(f"--remote-timeout must be above 0 seconds, got {self.remote_timeout}", 2)
+        check_remote_settings(self.remote_top_k, self.remote_timeout)
 
     @property
     def count(self) -> int:
@@ -91,8 +88,7 @@ class PolicyOptions:
         stop = self.draft_entropy_stop
         if stop is not None and not stop >= 0:
             raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
-        taus = () if self.tau is None else (self.tau,) if isinstance(self.tau, int | float) else self.tau
-        if self.normalize and any(tau > 1 for tau in taus):
+        if self.normalize and self.tau is not None and any(tau > 1 for tau in as_taus(self.tau)):
             raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
         if self.mode != "spec":
             self.make_policy()

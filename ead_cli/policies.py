@@ -101,7 +101,7 @@ class Policy(ABC):
             raise ValueError(f"window must be at least 1, got {window}")
         if switch_point not in SWITCH_POINTS:
             raise ValueError(f"switch point must be 'before' or 'after', got {switch_point!r}")
-        taus = () if tau is None else (tau,) if isinstance(tau, int | float) else tuple(tau)
+        taus = () if tau is None else as_taus(tau)
         if not all(t >= 0 for t in taus):  # written so, NaN fails it too
             raise ValueError(f"tau must be at least 0, got {', '.join(map(str, taus))}")
         if tau is not None and not taus:
@@ -429,13 +429,18 @@ def parse_tau(text: str) -> float | tuple[float, ...]:
     return taus[0] if len(taus) == 1 else taus
 
 
+def as_taus(tau: Tau) -> tuple[float, ...]:
+    """One threshold or several, as a tuple."""
+    return (tau,) if isinstance(tau, int | float) else tuple(tau)
+
+
 def format_tau(tau: Tau) -> str:
-    return f"{tau:g}" if isinstance(tau, int | float) else ",".join(f"{t:g}" for t in tau)
+    return ",".join(f"{t:g}" for t in as_taus(tau))
 
 
 def _taus(tau: Tau, levels: int) -> tuple[float, ...]:
     """One threshold per level below the top: a single value serves every level."""
-    taus = (tau,) if isinstance(tau, int | float) else tuple(tau)
+    taus = as_taus(tau)
     if len(taus) == 1:
         return taus * (levels - 1)
     if len(taus) != levels - 1:

@@ -64,6 +64,15 @@ def is_remote(reference: str) -> bool:
     return reference.startswith(("http://", "https://"))
 
 
+def check_remote_settings(top_k: int, timeout_s: float) -> None:
+    """The one check of --remote-top-k and --remote-timeout: the options (before any model loads) and
+    a runner made directly both use it."""
+    if not 1 <= top_k <= 1000:
+        raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
+    if not timeout_s > 0:
+        raise EadError(f"--remote-timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
+
+
 class RemoteError(EadError):
     """The server failed: unreachable, too slow, an HTTP error, or a reply that makes no sense."""
 
@@ -110,10 +119,7 @@ class RemoteRunner:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise EadError(f"{url}: a server address must look like http://HOST:PORT", exit_code=2)
-        if not 1 <= top_k <= 1000:
-            raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
-        if not timeout_s > 0:
-            raise EadError(f"--remote-timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
+        check_remote_settings(top_k, timeout_s)
         self.url = url.rstrip("/")
         self.name = name
         self.label = self.location = self.url

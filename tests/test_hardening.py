@@ -210,6 +210,9 @@ BOUNDS = [
     # --raw: the templated prompt is 20 tokens (llama.cpp pads a context to 256 tokens today; it need not)
     ("--ctx", "16", "15", "--ctx must be at least 16", ("--raw",)),
     ("--threads", "1", "0", "--threads must be at least 1", ()),
+    ("--remote-top-k", "1", "0", "--remote-top-k must be in [1, 1000]", ()),
+    ("--remote-top-k", "1000", "1001", "--remote-top-k must be in [1, 1000]", ()),
+    ("--remote-timeout", "1e-9", "0", "--remote-timeout must be above 0 seconds", ()),
     ("--draft", "1", "0", "draft must be in [1, 64]", SPEC),
     ("--draft", "64", "65", "draft must be in [1, 64]", SPEC),
     ("--verify", "1", "1.000001", "verify ratio must be in (0, 1]", ()),
