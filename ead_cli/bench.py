@@ -38,9 +38,10 @@ KV caches, so every strategy pays its own prefill. One warm-up prefill per model
 pages the weights in. Samples run task by task (every strategy on a task, then the next task), so an
 interrupted bench leaves comparable partial results.
 
-Results. ``results.jsonl`` starts with a config record (models, max tokens, sampling, prompt format, a
-hash of the task source); a file written with another config is refused. Then one record per sample,
-appended and flushed as it finishes; a rerun skips the (strategy, task) pairs already there::
+Results. ``results.jsonl`` starts with a config record (models, their tokenizer's fingerprint, max
+tokens, sampling, prompt format, a hash of the task source); a file written with another config is
+refused. Then one record per sample, appended and flushed as it finishes; a rerun skips the
+(strategy, task) pairs already there::
 
     {"type": "sample", "strategy": "ead tau=0.5", "params": {PolicyOptions fields}, "task_id": "HumanEval/1",
      "passed": true | false | null, "outcome": "passed" | "failed" | "timeout" | null, "error": str | null,
@@ -49,7 +50,9 @@ appended and flushed as it finishes; a rerun skips the (strategy, task) pairs al
      "checked", "rollbacks", "rolled_back" (--verify),
      "models": {"small": {"written", "prefill_tokens", "prefill_s", "decode_tokens", "decode_s",
                           "catchup_tokens", "catchup_s", "flops"}, "large": {...}},
-     "text": generated text, "code": the program's code (null for prompt lists)}
+     "text": generated text, "code": the program's code (null for prompt lists),
+     "schedule": every llama.cpp feed and rollback of the sample, in order (see schedule.py; null when a
+                 model is remote), which ``ead bench replay`` re-executes on other models}
 
 (the figures are every field of the decoder's Summary and ModelReport, so new ones are recorded too).
 
@@ -86,6 +89,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .compat import tokenizer_record
 from .decoder import Summary
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
@@ -93,6 +97,7 @@ from .policies import BURST_KINDS, SWITCH_POINTS, Burst, SwitchPoint
 from .prompt import check_fits, encode_prompt, render_chat
 from .runner import Runner
 from .sampling import SamplingParams
+from .schedule import ScheduleRecorder, Step
 
 Record = dict[str, Any]
 
@@ -564,6 +569,7 @@ def config_record(
             }
             for runner in runners
         },
+        "tokenizer": tokenizer_record(runners[0]),
         "max_tokens": generation.max_tokens,
         "stop": list(generation.stop),
         "sampling": asdict(generation.sampling),
@@ -664,20 +670,25 @@ def warm_up(runners: Sequence[Runner], prompt: Sequence[int]) -> None:
 
 def generate(
     runners: Sequence[Runner], policy: PolicyOptions, generation: GenerationOptions, prompt: Sequence[int]
-) -> tuple[str, Summary]:
-    """One sample from empty caches, so every strategy pays its own prefill."""
+) -> tuple[str, Summary, list[Step] | None]:
+    """One sample from empty caches, so every strategy pays its own prefill; with its schedule (None
+    when a model is remote)."""
     for runner in runners:
         runner.truncate(0)
     decoder = build_decoder(runners, policy, generation)
-    text = "".join(event.text for event in decoder.run(prompt))
-    return text, decoder.summary()
+    with ScheduleRecorder(runners) as recorder:
+        text = "".join(event.text for event in decoder.run(prompt))
+    return text, decoder.summary(), recorder.steps
 
 
 _MODEL_STATIC = ("role", "path", "params")  # the same in every sample: in the config record
 
 
-def sample_record(strategy: Strategy, task_id: str, summary: Summary, text: str) -> Record:
-    """Every figure of the summary (new Summary/ModelReport fields included), not yet judged."""
+def sample_record(
+    strategy: Strategy, task_id: str, summary: Summary, text: str, schedule: list[Step] | None = None
+) -> Record:
+    """Every figure of the summary (new Summary/ModelReport fields included) and the schedule, not yet
+    judged."""
     figures = {f.name: getattr(summary, f.name) for f in fields(summary) if f.name != "models"}
     figures.setdefault("acceptance_rate", None)
     models = {
@@ -696,6 +707,7 @@ def sample_record(strategy: Strategy, task_id: str, summary: Summary, text: str)
         "models": models,
         "text": text,
         "code": None,
+        "schedule": schedule,
     }
 
 
@@ -709,8 +721,8 @@ def run_plan(
 ) -> Iterator[Record]:
     """Generate (and for HumanEval, check) each planned sample, appending its record as it finishes."""
     for strategy, item in plan:
-        text, summary = generate(runners, strategy.policy, generation, item.prompt)
-        record = sample_record(strategy, item.task_id, summary, text)
+        text, summary, schedule = generate(runners, strategy.policy, generation, item.prompt)
+        record = sample_record(strategy, item.task_id, summary, text, schedule)
         if item.task is not None:
             code = completion_code(item.task, text)
             outcome = check_solution(item.task, code, timeout_s=timeout_s)
@@ -816,7 +828,7 @@ def run_bench(
 # ------------------------------------------------------------------------------------------ aggregate
 
 _WORD = re.compile(r"\w+|[^\w\s]")
-_PHASES = ("prefill", "decode", "catchup")
+PHASES = ("prefill", "decode", "catchup")
 
 
 def agreement(text: str, reference: str) -> float:
@@ -870,7 +882,7 @@ def _model_seconds(records: Sequence[Record]) -> dict[str, float]:
     seconds: dict[str, float] = {}
     for record in records:
         for role, report in record["models"].items():
-            for phase in _PHASES:
+            for phase in PHASES:
                 key = f"{role}_{phase}_s"
                 seconds[key] = seconds.get(key, 0.0) + report[f"{phase}_s"]
     return seconds

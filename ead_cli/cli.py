@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
-from . import bench, registry
+from . import bench, registry, replay, speed
 from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
@@ -688,6 +689,127 @@ def bench_report(
     _show_report(folder, bench.aggregate(records))
 
 
+@bench_app.command("replay")
+@_with_options(MODEL_OPTIONS)
+def bench_replay(
+    results: Annotated[Path, typer.Argument(help="A bench's results.jsonl, or its --out folder.")],
+    model_options: ModelOptions,
+    strategies: Annotated[
+        str | None, typer.Option(help="Strategy names to replay, comma-separated (default: all recorded).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for replay.json (default: beside results).")
+    ] = None,
+) -> None:
+    """Re-execute a bench's recorded schedules on other models of the same tokenizer (e.g. twins):
+    the recorded tokens forced, every batch paid again; wall-clock per strategy against large-only."""
+    path = results / bench.RESULTS_FILE if results.is_dir() else results
+    names = [name.strip() for name in strategies.split(",") if name.strip()] if strategies else None
+    with _progress_bar() as (progress, bar):
+        report = replay.replay_bench(
+            path,
+            model_options,
+            out or path.parent,
+            strategies=names,
+            progress=_progress,
+            on_sample=lambda sample: progress.update(
+                bar, description=f"{sample.strategy} · {sample.task_id}"
+            ),
+        )
+    columns = (
+        ("strategy", "strategy", ""),
+        ("n", "samples", "d"),
+        ("pass@1", "pass_at_1", ".1%"),
+        ("large share", "large_share", ".1%"),
+        ("recorded s", "recorded_wall_s", ",.1f"),
+        ("recorded vs large", "recorded_wall_rel", ".2f"),
+        ("replay s", "wall_s", ",.1f"),
+        ("replay vs large", "wall_rel", ".2f"),
+        ("replay tok/s", "tokens_per_s", ".1f"),
+    )
+    _print_rows(columns, report["strategies"])
+    stderr.print(report["note"], style="dim")
+    stderr.print(f"wrote {(out or path.parent) / replay.REPLAY_FILE}", style="dim", soft_wrap=True)
+
+
+@bench_app.command("speed")
+@_with_options(MODEL_OPTIONS)
+def bench_speed(
+    model_options: ModelOptions,
+    context: Annotated[int, typer.Option(help="Tokens in the cache when rates are measured.")] = 256,
+    check: Annotated[
+        Path | None, typer.Option(help="A replay.json (ead bench replay) to check the cost model against.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write every figure to this file.")
+    ] = None,
+) -> None:
+    """This machine's decode and prefill rates for the pair, the speed each large-model share should
+    give against the large model alone, and the share below which switching pays."""
+    report = speed.speed_report(model_options, context=context, replay_path=check, progress=_progress)
+    sizes = sorted(report.rates[0].tokens_per_s)
+    _print_table(
+        ["model", "params", *(("decode" if size == 1 else f"batch {size}") for size in sizes)],
+        [
+            [
+                rates.model,
+                f"{rates.params / 1e9:.2f}B",
+                *(f"{rates.tokens_per_s[size]:.1f}" for size in sizes),
+            ]
+            for rates in report.rates
+        ],
+    )
+    print(f"tokens per second at {context} tokens of context\n")
+    _print_rows(
+        (
+            ("large share", "share", ".0%"),
+            ("catch-up batch", "catchup_batch", "d"),
+            ("ms/token", "seconds_per_token", ".3f"),
+            ("speed vs large alone", "speedup", ".2f"),
+        ),
+        [{**asdict(row), "seconds_per_token": row.seconds_per_token * 1000} for row in report.expectations],
+    )
+    print(report.verdict)
+    if report.checks is not None:
+        print()
+        _print_rows(
+            (
+                ("strategy", "strategy", ""),
+                ("large share", "large_share", ".1%"),
+                ("measured s", "measured_s", ",.1f"),
+                ("batches priced s", "priced_s", ",.1f"),
+                ("formula s", "formula_s", ",.1f"),
+                ("measured vs large", "measured_rel", ".2f"),
+                ("formula vs large", "formula_rel", ".2f"),
+            ),
+            [asdict(row) for row in report.checks],
+        )
+    if json_out is not None:
+        replay.write_json(json_out, report.as_json())
+
+
+def _print_rows(columns: tuple[tuple[str, str, str], ...], rows: list[dict[str, Any]]) -> None:
+    """Rows of figures as a table: (header, key, format spec) per column; None shows as '-'."""
+
+    def cell(value: Any, spec: str) -> str:
+        return "-" if value is None else value if isinstance(value, str) else format(value, spec)
+
+    _print_table(
+        [header for header, _, _ in columns],
+        [[cell(row[key], spec) for _, key, spec in columns] for row in rows],
+    )
+
+
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[tuple[Any, Any]]:
+    """A spinner line on stderr that a long job updates with what it is doing."""
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), "{task.description}", TimeElapsedColumn())
+    with Progress(*columns, console=stderr, disable=not stderr.is_terminal) as progress:
+        yield progress, progress.add_task("loading", total=None)
+
+
 def _run_bench(job: bench.Bench, model_options: ModelOptions) -> None:
     """Run with a progress bar on stderr (ETA included), then show the table and write the reports."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
@@ -708,10 +830,8 @@ def _run_bench(job: bench.Bench, model_options: ModelOptions) -> None:
     _show_report(job.out, bench.aggregate(records))
 
 
-def _show_report(folder: Path, aggregates: list[bench.Aggregate]) -> None:
-
-    files = bench.write_report(folder, aggregates)
-    headers, rows = bench.report_table(aggregates)
+def _print_table(headers: list[str], rows: list[list[str]]) -> None:
+    """A table on stdout: first column left, figures right."""
     table = Table(box=None, pad_edge=False)
     for i, header in enumerate(headers):
         table.add_column(header, justify="left" if i == 0 else "right")
@@ -721,6 +841,11 @@ def _show_report(folder: Path, aggregates: list[bench.Aggregate]) -> None:
     if not console.is_terminal:  # in a pipe or a file: the whole table, not squeezed into 80 columns
         console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
     console.print(table)
+
+
+def _show_report(folder: Path, aggregates: list[bench.Aggregate]) -> None:
+    files = bench.write_report(folder, aggregates)
+    _print_table(*bench.report_table(aggregates))
     written = [files.csv, files.markdown, *([files.plot] if files.plot else [])]
     stderr.print(f"wrote {', '.join(str(path) for path in written)}", style="dim", soft_wrap=True)
     if files.note:

@@ -9,6 +9,7 @@ end-of-generation flag, via ``map`` so no Python frame runs per id.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import operator
 from collections.abc import Sequence
@@ -94,3 +95,34 @@ def _compare(a: _Vocab, b: _Vocab) -> None:
         raise refuse(
             f"token {token} ({ends.show(token)}) ends a generation in {ends.name} but not in {runs_on.name}"
         )
+
+
+def tokenizer_record(runner: object) -> dict[str, object] | None:
+    """What a recorded token stream needs of the models it is replayed on: the vocabulary size and a
+    fingerprint of its tokenizer (None for a model without a local vocabulary)."""
+    model = getattr(runner, "model", None)
+    if model is None:
+        return None
+    vocab = _Vocab.read("", model)
+    return {"tokens": len(vocab.texts), "sha256": tokenizer_digest(vocab, len(vocab.texts))}
+
+
+def tokenizer_digest(vocab: _Vocab, count: int) -> str:
+    """SHA-256 of the texts of ids below ``count`` (unused padding ids, which may differ, left out)
+    and of the end-of-generation ids below it."""
+    digest = hashlib.sha256(vocab.kind.to_bytes(4, "little"))
+    for token in range(count):
+        text = b"" if vocab.is_unused(token) else vocab.texts[token]
+        digest.update(len(text).to_bytes(4, "little") + text)
+    digest.update(repr(sorted(token for token in vocab.eog if token < count)).encode())
+    return digest.hexdigest()
+
+
+def check_recorded_tokenizer(recorded: dict[str, object], name: str, model: llama_cpp.llama_model_p) -> None:
+    """Refuse a model whose tokenizer differs from the recorded one (in one line, naming the model)."""
+    vocab = _Vocab.read(name, model)
+    count = int(recorded["tokens"])  # type: ignore[call-overload]
+    if len(vocab.texts) < count or abs(len(vocab.texts) - count) > MAX_SIZE_DIFFERENCE * count:
+        raise EadError(f"{name} has {len(vocab.texts)} tokens but the schedules were recorded with {count}")
+    if tokenizer_digest(vocab, count) != recorded["sha256"]:
+        raise EadError(f"{name} does not have the tokenizer the schedules were recorded with")

@@ -12,7 +12,7 @@ import ctypes
 import logging
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -182,6 +182,7 @@ class Runner:
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
         self.stats = RunnerStats.empty()
+        self.on_step: Callable[[list], None] | None = None  # told each feed and rollback (schedules)
         self.entropy = EntropyMeter(self.n_vocab)  # bits of a row of logits (a remote runner estimates)
         self.label = self.path.name
         self.location = str(self.path)
@@ -212,11 +213,11 @@ class Runner:
             self.truncate(n - 1)  # the logits buffer belongs to another position: recompute the last row
         start = self.n_past
         if start < prompt_len:
-            self._feed(tokens, start, min(prompt_len, n), "prefill")
+            self.feed(tokens, start, min(prompt_len, n), "prefill")
             start = self.n_past
         if start < n:
             phase: Phase = "decode" if own_tail and n - start == 1 else "catchup"
-            self._feed(tokens, start, n, phase)
+            self.feed(tokens, start, n, phase)
         return self.logits()
 
     def verify(self, tokens: Sequence[int], *, prompt_len: int, rows: int) -> np.ndarray:
@@ -230,12 +231,16 @@ class Runner:
         first_row = n - rows
         self.truncate(min(self.n_past, first_row))
         if self.n_past < min(prompt_len, first_row):
-            self._feed(tokens, self.n_past, min(prompt_len, first_row), "prefill")
+            self.feed(tokens, self.n_past, min(prompt_len, first_row), "prefill")
         if self.n_past < first_row:
-            self._feed(tokens, self.n_past, first_row, "catchup")
-        self._feed(tokens, first_row, n, "catchup", rows=rows)
+            self.feed(tokens, self.n_past, first_row, "catchup")
+        self.feed(tokens, first_row, n, "catchup", rows=rows)
+        return self.rows(rows)
+
+    def rows(self, count: int) -> np.ndarray:
+        """Zero-copy (count, n_vocab) view of the rows of logits the last batch computed."""
         pointer = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab))
+        return np.ctypeslib.as_array(pointer, shape=(count, self.n_vocab))
 
     def logits(self) -> np.ndarray:
         """Zero-copy view of the last computed row of logits."""
@@ -249,6 +254,8 @@ class Runner:
         can leave cells there that ``n_past`` never counted.
         """
         llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
+        if self.on_step is not None and n < self.n_past:
+            self.on_step(["t", n])
         self.n_past = min(self.n_past, n)
         del self._seen[n:]
 
@@ -265,8 +272,10 @@ class Runner:
         self.truncate(common)
         return common
 
-    def _feed(self, tokens: Sequence[int], start: int, end: int, phase: Phase, rows: int = 1) -> None:
-        """Decode tokens[start:end] in batches, with logits for the last ``rows`` positions."""
+    def feed(self, tokens: Sequence[int], start: int, end: int, phase: Phase, rows: int = 1) -> None:
+        """Decode tokens[start:end] in batches, with logits for the last ``rows`` positions.
+
+        Counted under ``phase``; ``on_step`` (a schedule recorder) is told what was fed."""
         batch = self._batch
         counter: PhaseCounter = getattr(self.stats, phase)
         began = perf_counter()
@@ -290,6 +299,8 @@ class Runner:
         counter.tokens += end - start
         self.stats.logits_rows += min(rows, end - start)
         self._logits_at = end
+        if self.on_step is not None:
+            self.on_step([phase[0], start, list(tokens[start:end]), rows])
 
     def _decode(self, batch: llama_cpp.llama_batch, *, abortable: bool) -> int:
         """llama_decode with signals held for the main thread; a batch stops early on Ctrl-C/SIGTERM,

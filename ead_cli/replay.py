@@ -1,0 +1,275 @@
+"""``ead bench replay``: a bench's recorded schedules re-executed on other models of the same tokenizer.
+
+The question it answers: what would each strategy have cost with another pair (a 14B large model, a
+GPU, a random-weight twin of a model nobody can download here)? Every sample of a results file carries
+its schedule (schedule.py); this re-executes them task by task (every strategy on a task, then the next
+task, so machine noise spreads over all strategies alike) and reports wall-clock per strategy against
+the large-only replay of the same tasks. The tokens are forced, so the quality figures stay those of
+the recorded run; only the costs are new.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .bench import LARGE_ONLY, PHASES, Record, read_results, warm_up
+from .compat import check_recorded_tokenizer
+from .engine import ModelOptions, close_all, load_runners, role_names
+from .errors import EadError
+from .runner import Runner, default_threads
+from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
+
+REPLAY_FILE = "replay.json"
+TWIN_KEY = "ead.twin"
+
+
+@dataclass(frozen=True)
+class ReplayedSample:
+    strategy: str
+    task_id: str
+    wall_s: float
+    recorded_wall_s: float
+    generated: int
+    models: dict[str, dict[str, float]]  # role -> {phase}_tokens / {phase}_s, as in a bench record
+
+
+@dataclass(frozen=True)
+class ReplayedStrategy:
+    """One strategy's replays, with the recorded run's figures beside them."""
+
+    strategy: str
+    samples: int
+    generated: int
+    large_share: float
+    pass_at_1: float | None
+    wall_s: float
+    wall_rel: float | None  # against the large-only replay of the same tasks
+    recorded_wall_s: float
+    recorded_wall_rel: float | None
+    tokens_per_s: float
+    batches: dict[str, dict[str, dict[int, int]]]  # role -> phase -> batch size -> count
+
+
+def select_records(
+    path: Path, strategies: Sequence[str] | None, ids: Sequence[str] | None
+) -> tuple[Record, list[Record]]:
+    """The config and the samples to replay: every sample with a schedule, or the named strategies
+    (each must have one) and tasks."""
+    config, records = read_results(path)
+    if config is None or not records:
+        raise EadError(f"no samples in {path}", exit_code=2)
+    if not config.get("tokenizer"):
+        raise EadError(
+            f"{path} was recorded without a tokenizer fingerprint (by an older ead): run the bench again",
+            exit_code=2,
+        )
+    if ids is not None:
+        records = [record for record in records if record["task_id"] in set(ids)]
+    if strategies is None:
+        chosen = [record for record in records if record.get("schedule") is not None]
+        if not chosen:
+            raise EadError(f"no sample in {path} has a schedule to replay", exit_code=2)
+        return config, chosen
+    known = {record["strategy"] for record in records}
+    for name in strategies:
+        if name not in known:
+            raise EadError(f"--strategies: {name!r} is not in {path} (it has: {', '.join(sorted(known))})", 2)
+    chosen = [record for record in records if record["strategy"] in set(strategies)]
+    for record in chosen:
+        if record.get("schedule") is None:
+            raise EadError(
+                f"{record['strategy']} on {record['task_id']} has no schedule (a remote model, a native "
+                "server strategy, or an older ead recorded it): it cannot be replayed",
+                exit_code=2,
+            )
+    return config, chosen
+
+
+def _by_task(records: Sequence[Record]) -> list[Record]:
+    """Task by task, strategies in order of first appearance (the order a bench runs them in)."""
+    order = {name: i for i, name in enumerate(dict.fromkeys(r["strategy"] for r in records))}
+    tasks = {task: i for i, task in enumerate(dict.fromkeys(r["task_id"] for r in records))}
+    return sorted(records, key=lambda r: (tasks[r["task_id"]], order[r["strategy"]]))
+
+
+def check_models(config: Record, runners: Sequence[Runner]) -> None:
+    """As many models as were recorded, each with the recorded tokenizer."""
+    recorded = len(config["models"])
+    if len(runners) != recorded:
+        raise EadError(f"the schedules were recorded with {recorded} models; {len(runners)} were given", 2)
+    for runner in runners:
+        if runner.model is None:
+            raise EadError(f"{runner.label}: a remote model cannot replay a schedule (no llama.cpp calls)", 2)
+        check_recorded_tokenizer(config["tokenizer"], runner.label, runner.model)
+
+
+def _checked_steps(record: Record, models: int, n_ctx: int) -> list:
+    try:
+        steps = check_schedule(record["schedule"], models)
+    except ScheduleError as error:
+        raise EadError(f"{record['strategy']} on {record['task_id']}: {error}", exit_code=2) from None
+    end = max((step[2] + len(step[3]) for step in steps if step[1] != "t"), default=0)
+    if end > n_ctx:
+        raise EadError(
+            f"{record['strategy']} on {record['task_id']} reaches position {end}, past the context of "
+            f"{n_ctx} tokens: pass --ctx",
+            exit_code=2,
+        )
+    return steps
+
+
+def replay_records(
+    runners: Sequence[Runner],
+    records: Sequence[Record],
+    *,
+    on_sample: Callable[[ReplayedSample], None] | None = None,
+) -> list[ReplayedSample]:
+    """Re-execute each record's schedule; the token counts must come out as recorded."""
+    roles = role_names(len(runners))
+    n_ctx = min(runner.n_ctx for runner in runners)
+    plan = [(record, _checked_steps(record, len(runners), n_ctx)) for record in _by_task(records)]
+    first_prefill = next((step[3] for _, steps in plan for step in steps if step[1] == "p"), None)
+    if first_prefill:
+        warm_up(runners, first_prefill)
+    samples = []
+    for record, steps in plan:
+        wall, stats = replay(runners, steps)
+        models = {
+            role: {
+                key: value
+                for phase in PHASES
+                for key, value in (
+                    (f"{phase}_tokens", getattr(stat, phase).tokens),
+                    (f"{phase}_s", getattr(stat, phase).seconds),
+                )
+            }
+            for role, stat in zip(roles, stats, strict=True)
+        }
+        for role, figures in models.items():
+            for phase in PHASES:
+                recorded = record["models"][role][f"{phase}_tokens"]
+                if figures[f"{phase}_tokens"] != recorded:  # a step the recorder missed
+                    raise EadError(
+                        f"{record['strategy']} on {record['task_id']}: the replay read "
+                        f"{figures[f'{phase}_tokens']} {phase} tokens with the {role} model, the record "
+                        f"says {recorded}: the schedule is incomplete"
+                    )
+        sample = ReplayedSample(
+            record["strategy"], record["task_id"], wall, record["wall_s"], record["generated"], models
+        )
+        samples.append(sample)
+        if on_sample is not None:
+            on_sample(sample)
+    return samples
+
+
+def summarise(
+    records: Sequence[Record], samples: Sequence[ReplayedSample], n_batch: int
+) -> list[ReplayedStrategy]:
+    """Per strategy, in order of first appearance; relative figures need large-only among them."""
+    by_key = {(r["strategy"], r["task_id"]): r for r in records}
+    groups: dict[str, list[ReplayedSample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.strategy, []).append(sample)
+    reference = groups.get(LARGE_ONLY)
+    ref_wall = sum(s.wall_s for s in reference) if reference else None
+    ref_recorded = sum(s.recorded_wall_s for s in reference) if reference else None
+    summary = []
+    for name, group in groups.items():
+        rs = [by_key[(s.strategy, s.task_id)] for s in group]
+        roles = list(rs[0]["models"])
+        counts = [BatchCounts() for _ in roles]
+        for record in rs:
+            for total, part in zip(
+                counts, batch_counts(record["schedule"], len(roles), n_batch), strict=True
+            ):
+                total.merge(part)
+        generated = sum(s.generated for s in group)
+        wall = sum(s.wall_s for s in group)
+        recorded = sum(s.recorded_wall_s for s in group)
+        judged = [float(r["passed"]) for r in rs if r.get("passed") is not None]
+        summary.append(
+            ReplayedStrategy(
+                strategy=name,
+                samples=len(group),
+                generated=generated,
+                large_share=sum(r["large_share"] * r["generated"] for r in rs) / generated
+                if generated
+                else 0.0,
+                pass_at_1=sum(judged) / len(judged) if judged else None,
+                wall_s=wall,
+                wall_rel=wall / ref_wall if ref_wall else None,
+                recorded_wall_s=recorded,
+                recorded_wall_rel=recorded / ref_recorded if ref_recorded else None,
+                tokens_per_s=generated / wall if wall else 0.0,
+                batches={role: count.sizes for role, count in zip(roles, counts, strict=True)},
+            )
+        )
+    return summary
+
+
+def model_record(runner: Runner) -> dict[str, Any]:
+    """A replayed model: its file, size, and whether it is a random-weight twin (timing only)."""
+    return {
+        "file": runner.label,
+        "bytes": runner.file_bytes,
+        "params": runner.n_params,
+        "twin": runner.metadata(TWIN_KEY),
+    }
+
+
+def replay_bench(
+    path: Path,
+    model_options: ModelOptions,
+    out: Path,
+    *,
+    strategies: Sequence[str] | None = None,
+    ids: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_sample: Callable[[ReplayedSample], None] | None = None,
+) -> dict[str, Any]:
+    """Replay a results file's schedules on these models; write and return the report (replay.json)."""
+    config, records = select_records(path, strategies, ids)
+    runners = load_runners(model_options, progress=progress)
+    try:
+        check_models(config, runners)
+        samples = replay_records(runners, records, on_sample=on_sample)
+        roles = role_names(len(runners))
+        models = {role: model_record(runner) for role, runner in zip(roles, runners, strict=True)}
+        threads = model_options.threads or default_threads()
+        n_batch = runners[0].n_batch
+    finally:
+        close_all(runners)
+    twins = [m["file"] for m in models.values() if m["twin"]]
+    report = {
+        "kind": "schedule replay",
+        "note": (
+            f"schedule replays: the tokens of the recorded run forced on these models; {', '.join(twins)} "
+            "random-weight twin(s) with the real shapes: the timings are real, the text is not theirs"
+            if twins
+            else "schedule replays: the tokens of the recorded run forced on these models"
+        ),
+        "source": str(path),
+        "recorded_models": config["models"],
+        "models": models,
+        "threads": threads,
+        "machine": {"system": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count()},
+        "strategies": [asdict(s) for s in summarise(records, samples, n_batch)],
+        "samples": [asdict(s) for s in samples],
+    }
+    write_json(out / REPLAY_FILE, report)
+    return report
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Whole or not at all: a temporary file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)

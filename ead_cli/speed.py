@@ -1,0 +1,271 @@
+"""``ead bench speed``: this machine's decode and prefill rates for a pair, and where switching pays.
+
+Switching writes most tokens with the small model, but the large model must still read every one of
+them (its catch-up, a prefill in batches) before it can judge or write the next. So per token:
+
+    time/token ~ (1 - f) (1/d_small + 1/p_large) + f (1/d_large + 1/p_small)
+
+with f the large model's share, d a model's decode rate and p its prefill rate *at the batch size the
+schedule gives it*: catch-up batches are about 1/f tokens long (the small tokens since the large model
+last read), and a CPU's matrix kernels change speed with the batch size (on a 2-core x86 machine,
+batches under 16 tokens ran at ~1.5x the decode rate, 16 and more at ~2.8x). Against the large model
+alone (1/d_large per token) that gives the speed-up at each share and the share below which switching
+is faster at all; where even f = 0 costs more than the large model's own decode
+(1/d_small + 1/p_large >= 1/d_large), it never is. The rates are measured here, at a realistic context
+length; a replay's batch counts (replay.py) can be priced with them to check the model against a
+measured wall-clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from .engine import ModelOptions, close_all, load_runners
+from .errors import EadError
+from .runner import Runner
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+DECODE_STEPS = 8  # one-token decodes timed for the decode rate
+MIN_TIMED_S = 0.25  # a batch size is timed again until this much time was measured (at most 5 times)
+FILLER = "def mean(values):\n    return sum(values) / len(values)  # any text: speed does not depend on it\n"
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Tokens per second of one model by batch size (1: decode), after ``context`` tokens."""
+
+    model: str
+    params: int
+    context: int
+    tokens_per_s: dict[int, float]
+
+    def seconds(self, size: int) -> float:
+        """Time for one batch of ``size`` tokens: per-token time interpolated in log2(size) between the
+        measured sizes, flat beyond the largest."""
+        sizes = sorted(self.tokens_per_s)
+        per_token = [1.0 / self.tokens_per_s[s] for s in sizes]
+        if size <= sizes[0]:
+            return size * per_token[0]
+        for (low, t_low), (high, t_high) in zip(
+            zip(sizes, per_token, strict=True), zip(sizes[1:], per_token[1:], strict=True), strict=False
+        ):
+            if size <= high:
+                weight = (math.log2(size) - math.log2(low)) / (math.log2(high) - math.log2(low))
+                return size * (t_low + weight * (t_high - t_low))
+        return size * per_token[-1]
+
+    @property
+    def decode(self) -> float:
+        return self.tokens_per_s[1]
+
+    def prefill(self, size: int) -> float:
+        """Tokens per second in batches of ``size``."""
+        return size / self.seconds(size)
+
+
+def check_context(context: int, n_ctx: int) -> None:
+    largest = context + max(BATCH_SIZES, default=1) + DECODE_STEPS
+    if context < 1 or largest > n_ctx:
+        raise ValueError(f"--context must be in [1, {n_ctx - largest + context}], got {context}")
+
+
+def measure(runner: Runner, *, context: int = 256, sizes: Sequence[int] = BATCH_SIZES) -> Rates:
+    """Decode and prefill rates at ``context`` tokens of cache: each batch size is fed after the
+    context and rolled back, once to warm up, then timed until ``MIN_TIMED_S``."""
+    check_context(context, runner.n_ctx)
+    need = context + max(max(sizes), DECODE_STEPS)
+    text = runner.tokenize(FILLER, add_special=False)
+    tokens = (text * (need // len(text) + 1))[:need]
+    runner.truncate(0)
+    runner.feed(tokens, 0, context, "prefill")
+    rates: dict[int, float] = {}
+    for size in sizes:
+        steps = DECODE_STEPS if size == 1 else 1
+        timed, fed = 0.0, 0
+        for attempt in range(6):
+            began = perf_counter()
+            for step in range(steps):
+                runner.feed(tokens, context + step * size, context + (step + 1) * size, "catchup")
+            elapsed = perf_counter() - began
+            runner.truncate(context)
+            if attempt == 0:
+                continue  # warm-up: the first batch of a new shape pays for buffers
+            timed, fed = timed + elapsed, fed + steps * size
+            if timed >= MIN_TIMED_S:
+                break
+        rates[size] = fed / timed
+    runner.truncate(0)
+    return Rates(runner.label, runner.n_params, context, rates)
+
+
+def catchup_batch(share: float, limit: int) -> int:
+    """The large model's catch-up batch at a large share f: the ~1/f tokens since it last read."""
+    return max(1, min(limit, round(1.0 / share))) if share > 0 else limit
+
+
+def seconds_per_token(small: Rates, large: Rates, share: float, limit: int = 512) -> float:
+    """The cost model: (1 - f)(1/d_small + 1/p_large) + f(1/d_large + 1/p_small)."""
+    batch = catchup_batch(share, limit)
+    p_large = large.prefill(batch)
+    return (1 - share) * (1 / small.decode + 1 / p_large) + share * (1 / large.decode + 1 / small.prefill(1))
+
+
+def break_even(small: Rates, large: Rates, limit: int = 512) -> float | None:
+    """The largest share (to 0.1%) at which switching is still faster than the large model alone;
+    None if it never is."""
+    alone = 1 / large.decode
+    faster = [f / 1000 for f in range(0, 1001) if seconds_per_token(small, large, f / 1000, limit) < alone]
+    return max(faster) if faster else None
+
+
+@dataclass(frozen=True)
+class Expectation:
+    share: float
+    catchup_batch: int
+    seconds_per_token: float
+    speedup: float  # against the large model alone
+
+
+def expectations(
+    small: Rates, large: Rates, shares: Sequence[float] = SHARES, limit: int = 512
+) -> list[Expectation]:
+    alone = 1 / large.decode
+    return [
+        Expectation(f, catchup_batch(f, limit), t, alone / t)
+        for f in shares
+        for t in (seconds_per_token(small, large, f, limit),)
+    ]
+
+
+def price_batches(batches: Mapping[str, Mapping[str, Mapping[Any, int]]], rates: Sequence[Rates]) -> float:
+    """Seconds a schedule's batches cost at these rates (roles in order, smallest first)."""
+    total = 0.0
+    for role_rates, phases in zip(rates, batches.values(), strict=True):
+        for sizes in phases.values():
+            total += sum(count * role_rates.seconds(int(size)) for size, count in sizes.items())
+    return total
+
+
+@dataclass(frozen=True)
+class Check:
+    """A replayed strategy: its measured wall-clock against the cost model's two predictions."""
+
+    strategy: str
+    large_share: float
+    generated: int
+    measured_s: float
+    priced_s: float  # its recorded batches at the measured rates
+    formula_s: float  # the cost model at its large share
+    measured_rel: float | None  # against the large-only replay
+    formula_rel: float | None
+
+
+def check_replay(replay: Mapping[str, Any], small: Rates, large: Rates) -> list[Check]:
+    """Predicted against measured for every strategy of a replay report (replay.json)."""
+    rows = replay["strategies"]
+    reference = next((row for row in rows if row["strategy"] == "large-only"), None)
+    checks = []
+    for row in rows:
+        formula = row["generated"] * seconds_per_token(small, large, row["large_share"])
+        checks.append(
+            Check(
+                strategy=row["strategy"],
+                large_share=row["large_share"],
+                generated=row["generated"],
+                measured_s=row["wall_s"],
+                priced_s=price_batches(row["batches"], (small, large)),
+                formula_s=formula,
+                measured_rel=row["wall_rel"],
+                formula_rel=formula / (reference["generated"] / large.decode) if reference else None,
+            )
+        )
+    return checks
+
+
+def verdict(small: Rates, large: Rates) -> str:
+    """One line: where switching pays on this machine, or why it never does."""
+    floor = 1 / small.decode + 1 / large.prefill(512)
+    alone = 1 / large.decode
+    even = break_even(small, large)
+    if even is None:
+        return (
+            f"switching never beats {large.model} alone here: even with no large tokens, the small model's "
+            f"decode plus the large model's catch-up cost {floor * 1000:.1f} ms/token against "
+            f"{alone * 1000:.1f} ms for its own decode (its prefill is only "
+            f"{large.prefill(512) / large.decode:.1f}x its decode rate)"
+        )
+    return (
+        f"switching beats {large.model} alone below a {even:.1%} large share; at 0% it would be "
+        f"{alone / floor:.2f}x faster"
+    )
+
+
+def measure_pair(
+    runners: Sequence[Runner], context: int, progress: Callable[[str], None] | None = None
+) -> list[Rates]:
+    rates = []
+    for runner in runners:
+        if progress is not None:
+            progress(f"measuring {runner.label}…")
+        rates.append(measure(runner, context=context))
+    return rates
+
+
+@dataclass(frozen=True)
+class SpeedReport:
+    rates: list[Rates]
+    expectations: list[Expectation]
+    break_even: float | None
+    verdict: str
+    checks: list[Check] | None  # with a replay report to check the cost model against
+
+    def as_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+
+def speed_report(
+    model_options: ModelOptions,
+    *,
+    context: int = 256,
+    replay_path: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> SpeedReport:
+    """Measure a pair's rates here; the cost model's expectations; with a replay.json, its check."""
+    replay_report = read_replay(replay_path) if replay_path is not None else None
+    runners = load_runners(model_options, progress=progress)
+    try:
+        if len(runners) != 2 or any(runner.model is None for runner in runners):
+            raise EadError("ead bench speed measures a pair of local models: give --small and --large", 2)
+        try:
+            check_context(context, min(runner.n_ctx for runner in runners))
+        except ValueError as error:
+            raise EadError(str(error), exit_code=2) from None
+        small, large = measure_pair(runners, context, progress)
+    finally:
+        close_all(runners)
+    checks = check_replay(replay_report, small, large) if replay_report is not None else None
+    return SpeedReport(
+        [small, large], expectations(small, large), break_even(small, large), verdict(small, large), checks
+    )
+
+
+def read_replay(path: Path) -> dict[str, Any]:
+    """A replay report (replay.json, or the folder holding it), checked for what the model reads."""
+    file = path / "replay.json" if path.is_dir() else path
+    try:
+        report = json.loads(file.read_text(encoding="utf-8"))
+        rows = report["strategies"]
+        for row in rows:
+            float(row["wall_s"]), float(row["large_share"]), int(row["generated"])
+            if len(row["batches"]) != 2:
+                raise ValueError("not a pair")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise EadError(f"{file} is not a replay report of a pair (ead bench replay): {error}", 2) from None
+    return report

@@ -1,0 +1,309 @@
+"""Recorded schedules, their replay on other models, and the cost model of ``ead bench speed``.
+
+Real llama.cpp on the tiny models: every strategy's schedule, re-executed, must leave each model's
+cache exactly as the generation left it and read exactly the recorded tokens per phase.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli import assert_one_line_error, ead
+from tiny_models import MIDDLE_ENTROPY_BITS, write_tiny_model
+
+from ead_cli import bench, replay, schedule, speed
+from ead_cli.engine import GenerationOptions, PolicyOptions, build_decoder
+from ead_cli.errors import EadError
+from ead_cli.prompt import encode_prompt
+from ead_cli.runner import Runner
+from ead_cli.sampling import SamplingParams
+
+PROMPT = "def fibonacci(n):\n    # the n-th Fibonacci number, 日本"
+MIDDLE = MIDDLE_ENTROPY_BITS
+STRATEGIES = {
+    "large": PolicyOptions(mode="large"),
+    "gate": PolicyOptions("ead", "gate", tau=MIDDLE),
+    "gate verify": PolicyOptions("ead", "gate", tau=MIDDLE, verify=0.5),
+    "lookahead": PolicyOptions("ead", "lookahead", tau=MIDDLE, draft=4),
+    "ead": PolicyOptions("ead", "ead", tau=MIDDLE, window=2, min_run=3),
+    "spec": PolicyOptions(mode="spec", draft=4),
+}
+
+
+@pytest.fixture
+def open_runners() -> Iterator:
+    opened: list[Runner] = []
+
+    def open_models(*paths: Path, n_ctx: int = 512, n_batch: int = 512) -> list[Runner]:
+        runners = [
+            Runner(path, name=role, n_ctx=n_ctx, n_threads=1, n_batch=n_batch)
+            for path, role in zip(paths, ("small", "large"), strict=True)
+        ]
+        opened.extend(runners)
+        return runners
+
+    yield open_models
+    for runner in opened:
+        runner.close()
+
+
+def record(
+    runners: list[Runner], policy: PolicyOptions, max_tokens: int = 60
+) -> tuple[list, list[int], list]:
+    """A generation from cold caches: its schedule, its final token list, each model's reads per phase."""
+    for runner in runners:
+        runner.truncate(0)
+    decoder = build_decoder(runners, policy, GenerationOptions(SamplingParams(), max_tokens))
+    with schedule.ScheduleRecorder(runners) as recorder:
+        list(decoder.run(encode_prompt(runners[0], PROMPT)))
+    counts = [(r.stats.prefill.tokens, r.stats.decode.tokens, r.stats.catchup.tokens) for r in runners]
+    return recorder.steps, list(decoder.tokens), counts
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("n_batch", [512, 8])  # 8: feeds longer than a batch run in parts
+def test_a_replay_leaves_every_cache_as_the_generation_did(
+    open_runners, tiny_pair: tuple[Path, Path], name: str, n_batch: int
+) -> None:
+    runners = open_runners(*tiny_pair, n_batch=n_batch)
+    steps, tokens, counts = record(runners, STRATEGIES[name])
+    assert schedule.check_schedule(steps, 2) == steps
+    ends = [runner.n_past for runner in runners]
+    json.loads(json.dumps(steps))  # it travels as JSON in the results file
+
+    fresh = open_runners(*tiny_pair, n_batch=n_batch)
+    _, stats = schedule.replay(fresh, steps)
+    assert [(s.prefill.tokens, s.decode.tokens, s.catchup.tokens) for s in stats] == counts
+    assert [runner.n_past for runner in fresh] == ends
+    for runner in fresh:  # every cached position holds the token the generation left there
+        assert runner.align(tokens) == runner.n_past
+
+
+def test_rollbacks_and_merged_decodes_are_in_the_schedule(open_runners, tiny_pair: tuple[Path, Path]) -> None:
+    runners = open_runners(*tiny_pair)
+    lookahead, _, _ = record(runners, STRATEGIES["lookahead"])
+    assert any(step[1] == "t" for step in lookahead)  # spans taken back
+    large, _, counts = record(runners, STRATEGIES["large"], max_tokens=20)
+    # The prompt (prefill), then 19 one-token decodes merged into one step: 20 tokens, the last unread.
+    assert [step[:2] for step in large] == [[1, "p"], [1, "d"]]
+    assert len(large[1][3]) == 19 == counts[1][1]
+    assert large[1][2] == large[0][2] + len(large[0][3])
+
+
+def test_a_schedule_replays_on_other_models_of_the_tokenizer(
+    open_runners, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Another large model (other weights, sharper outputs) pays every recorded batch."""
+    steps, _, counts = record(open_runners(*tiny_pair), STRATEGIES["gate"])
+    other = write_tiny_model(tmp_path / "other.gguf", seed=9, logit_scale=8.0)
+    _, stats = schedule.replay(open_runners(tiny_pair[0], other), steps)
+    assert [(s.prefill.tokens, s.decode.tokens, s.catchup.tokens) for s in stats] == counts
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ({"a": 1}, "not a list of steps"),
+        ([[0, "x", 0, [1], 1]], "step 0 is malformed"),
+        ([[2, "d", 0, [1], 1]], "step 0 is malformed"),  # model 2 of a pair
+        ([[0, "p", 0, [], 1]], "step 0 is malformed"),
+        ([[0, "c", 0, [1, 2], 3]], "step 0 is malformed"),  # more rows than tokens
+        ([[0, "p", 0, [1], 1], [1, "t", -1]], "step 1 is malformed"),
+    ],
+)
+def test_malformed_schedules_are_refused(steps: object, message: str) -> None:
+    with pytest.raises(schedule.ScheduleError, match=message):
+        schedule.check_schedule(steps, 2)
+
+
+def test_batch_counts_split_long_feeds_and_count_each_decode() -> None:
+    steps = [[1, "p", 0, list(range(20)), 1], [1, "d", 20, [5, 6, 7], 1], [0, "c", 0, list(range(23)), 1]]
+    small, large = schedule.batch_counts(steps, 2, n_batch=8)
+    assert large.sizes == {"prefill": {8: 2, 4: 1}, "decode": {1: 3}}
+    assert small.sizes == {"catchup": {8: 2, 7: 1}}
+
+
+# ----------------------------------------------------------------------------------- the commands
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory, tiny_pair: tuple[Path, Path]) -> Path:
+    """A real bench run through the CLI: two tasks, the strategies issue 12 replays."""
+    out = tmp_path_factory.mktemp("bench")
+    result = ead(
+        "bench", "humaneval", "--ids", "0,1", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
+        "--threads", "1", "--strategies", "large,gate,ead,lookahead,spec", "--gate-tau", str(MIDDLE),
+        "--tau", str(MIDDLE), "--lookahead-tau", str(MIDDLE), "--verify", "none,0.5", "--max-tokens", "24",
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    config, records = bench.read_results(recorded / bench.RESULTS_FILE)
+    assert config["tokenizer"]["tokens"] == 267 and len(config["tokenizer"]["sha256"]) == 64
+    assert all(record["schedule"] for record in records)
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    result = ead("bench", "replay", str(recorded), *pair, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert b"replay vs large" in result.stdout and b"schedule replays" in result.stderr
+    report = json.loads((tmp_path / replay.REPLAY_FILE).read_text())
+    assert report["kind"] == "schedule replay" and report["threads"] == 1
+    assert (
+        report["models"]["large"]["file"] == tiny_pair[1].name and report["models"]["large"]["twin"] is None
+    )
+    names = [row["strategy"] for row in report["strategies"]]
+    assert names == list(dict.fromkeys(r["strategy"] for r in records))
+    assert len(names) == 8  # large-only, spec, and gate, ead and lookahead each without and with verify
+    by_name = {row["strategy"]: row for row in report["strategies"]}
+    assert by_name["large-only"]["wall_rel"] == 1.0
+    for row in report["strategies"]:
+        mine = [r for r in records if r["strategy"] == row["strategy"]]
+        assert row["samples"] == 2 and row["generated"] == sum(r["generated"] for r in mine)
+        assert row["recorded_wall_s"] == pytest.approx(sum(r["wall_s"] for r in mine))
+        decoded = sum(r["models"]["large"]["decode_tokens"] for r in mine)
+        assert sum(row["batches"]["large"].get("decode", {}).values()) == decoded
+    for sample in report["samples"]:
+        original = next(
+            r for r in records if (r["strategy"], r["task_id"]) == (sample["strategy"], sample["task_id"])
+        )
+        for role, figures in sample["models"].items():
+            for phase in bench.PHASES:
+                assert figures[f"{phase}_tokens"] == original["models"][role][f"{phase}_tokens"]
+    order = [(s["task_id"], s["strategy"]) for s in report["samples"]]
+    assert order == sorted(order, key=lambda key: (key[0], names.index(key[1])))  # task by task
+
+
+def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    assert ead("bench", "replay", str(recorded), *pair, "--out", str(tmp_path)).returncode == 0
+    out = tmp_path / "speed.json"
+    result = ead("bench", "speed", *pair, "--context", "64", "--check", str(tmp_path), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert b"speed vs large alone" in result.stdout and b"switching" in result.stdout
+    report = json.loads(out.read_text())
+    small, large = report["rates"]
+    assert [int(size) for size in small["tokens_per_s"]] == list(speed.BATCH_SIZES)
+    assert all(rate > 0 for rates in (small, large) for rate in rates["tokens_per_s"].values())
+    assert [row["share"] for row in report["expectations"]] == list(speed.SHARES)
+    assert [row["catchup_batch"] for row in report["expectations"]] == [50, 20, 10, 5, 3, 2]
+    assert len(report["checks"]) == 8
+    for check in report["checks"]:
+        assert check["priced_s"] > 0 and check["formula_s"] > 0 and check["measured_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategies", "gate tau=9"], "'gate tau=9' is not in"),
+    ],
+)
+def test_bad_replay_requests_are_one_line(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path, args: list[str], message: str
+) -> None:
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    result = ead("bench", "replay", str(recorded), *pair, *args, "--out", str(tmp_path))
+    assert_one_line_error(result, 2, message)
+    assert not (tmp_path / replay.REPLAY_FILE).exists()
+
+
+def test_a_replay_on_another_tokenizer_is_refused(
+    recorded: Path, tiny_pair: tuple[Path, Path], tiny_other_vocab: Path
+) -> None:
+    other = ["--small", str(tiny_other_vocab), "--large", str(tiny_other_vocab)]
+    result = ead("bench", "replay", str(recorded), *other)
+    assert_one_line_error(result, 1, "does not have the tokenizer the schedules were recorded with")
+    same = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[0]), "--strategies", "large-only"]
+    assert ead("bench", "replay", str(recorded), *same).returncode == 0  # any models of the tokenizer
+
+
+def test_a_record_without_a_schedule_or_fingerprint_is_refused(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    lines = (recorded / bench.RESULTS_FILE).read_text().splitlines()
+    sample = json.loads(lines[1]) | {"schedule": None}
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / bench.RESULTS_FILE).write_text("\n".join([lines[0], json.dumps(sample)]) + "\n")
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    result = ead("bench", "replay", str(tmp_path / "remote"), *pair, "--strategies", sample["strategy"])
+    assert_one_line_error(result, 2, "has no schedule", "cannot be replayed")
+    result = ead("bench", "replay", str(tmp_path / "remote"), *pair)
+    assert_one_line_error(result, 2, "no sample", "has a schedule to replay")
+    config = json.loads(lines[0])
+    del config["tokenizer"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / bench.RESULTS_FILE).write_text("\n".join([json.dumps(config), lines[1]]) + "\n")
+    result = ead("bench", "replay", str(tmp_path / "old"), *pair)
+    assert_one_line_error(result, 2, "without a tokenizer fingerprint")
+
+
+def test_a_schedule_past_the_context_is_refused(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--ctx", "64"]
+    result = ead("bench", "replay", str(recorded), *pair, "--out", str(tmp_path))
+    # llama.cpp makes a context of at least 256 tokens
+    assert_one_line_error(result, 2, "reaches position", "past the context of 256 tokens")
+
+
+# --------------------------------------------------------------------------------- the cost model
+
+
+def rates(decode: float, prefill_small: float, prefill_large: float, name: str = "m") -> speed.Rates:
+    """Rates that are ``decode`` for a single token, ``prefill_small`` below 16, ``prefill_large`` above."""
+    table = {
+        size: decode if size == 1 else prefill_small if size < 16 else prefill_large
+        for size in (1, 2, 8, 16, 128)
+    }
+    return speed.Rates(name, 1, 256, table)
+
+
+def test_batch_times_interpolate_between_measured_sizes() -> None:
+    r = speed.Rates("m", 1, 256, {1: 10.0, 4: 40.0})
+    assert r.seconds(1) == pytest.approx(0.1)
+    assert r.seconds(4) == pytest.approx(0.1)
+    assert r.seconds(2) == pytest.approx(
+        2 * (0.1 + 0.025) / 2
+    )  # halfway in log2 between 0.1 and 0.025 s/token
+    assert r.seconds(64) == pytest.approx(64 * 0.025)  # flat beyond the largest
+    assert r.prefill(4) == pytest.approx(40.0)
+
+
+def test_the_cost_model_and_its_break_even() -> None:
+    small = rates(50.0, 75.0, 140.0)
+    large = rates(4.0, 6.0, 12.0)  # a far pair: prefill 3x decode
+    t = speed.seconds_per_token(small, large, 0.05)  # catch-up batches of 20 tokens
+    assert t == pytest.approx(0.95 * (1 / 50 + 1 / 12) + 0.05 * (1 / 4 + 1 / 50))  # one token: decode rate
+    even = speed.break_even(small, large)
+    assert even is not None and 0.6 < even < 0.8
+    assert (
+        speed.seconds_per_token(small, large, even)
+        < 1 / 4
+        < speed.seconds_per_token(small, large, even + 0.002)
+    )
+    assert "beats" in speed.verdict(small, large)
+    near = rates(37.0, 55.0, 105.0)  # the demo pair on this CPU: the large model's catch-up costs too much
+    assert speed.break_even(rates(45.0, 70.0, 250.0), near) is None
+    assert "never" in speed.verdict(rates(45.0, 70.0, 250.0), near)
+
+
+def test_pricing_a_schedules_batches() -> None:
+    small = speed.Rates("s", 1, 256, {1: 100.0})
+    large = speed.Rates("l", 1, 256, {1: 10.0, 16: 40.0})
+    batches = {"small": {"decode": {"1": 50}}, "large": {"prefill": {"16": 2}, "catchup": {1: 3}}}
+    assert speed.price_batches(batches, (small, large)) == pytest.approx(0.5 + 2 * 16 / 40 + 0.3)
+
+
+def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path, Path]) -> None:
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    assert_one_line_error(ead("bench", "speed", *pair, "--context", "0"), 2, "--context must be in")
+    too_long = ead("bench", "speed", *pair, "--ctx", "128", "--context", "200")  # 256 tokens of context
+    assert_one_line_error(too_long, 2, "--context must be in [1, 120]")
+    with pytest.raises(EadError, match="not a replay report"):
+        speed.read_replay(Path(__file__))
