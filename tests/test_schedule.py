@@ -307,3 +307,20 @@ def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path,
     assert_one_line_error(too_long, 2, "--context must be in [1, 120]")
     with pytest.raises(EadError, match="not a replay report"):
         speed.read_replay(Path(__file__))
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", ["gate verify", "spec"])
+def test_the_demo_pair_replays_its_own_schedule_exactly(
+    open_runners, real_pair: tuple[Path, Path], name: str
+) -> None:
+    runners = open_runners(*real_pair, n_ctx=1024)
+    policy = STRATEGIES[name]
+    if policy.mode == "ead":
+        policy = PolicyOptions("ead", "gate", tau=1.0, verify=0.1)
+    steps, tokens, counts = record(runners, policy, max_tokens=48)
+    ends = [runner.n_past for runner in runners]
+    _, stats = schedule.replay(runners, steps)  # from empty caches again
+    assert [(s.prefill.tokens, s.decode.tokens, s.catchup.tokens) for s in stats] == counts
+    assert [runner.n_past for runner in runners] == ends
+    assert all(runner.align(tokens) == runner.n_past for runner in runners)
