@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
-from . import bench, registry
+from . import __version__, bench, registry
 from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
@@ -31,9 +32,11 @@ app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
 )
-models_app = typer.Typer(help="List and fetch the models named in models.toml.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="List, fetch and remove models: the aliases of models.toml, and those ollama and LM Studio keep.",
+    no_args_is_help=True,
+)
 app.add_typer(models_app, name="models")
 stderr = Console(stderr=True, highlight=False)
 
@@ -523,17 +526,60 @@ def calibrate(
         close_all(runners)
 
 
-@models_app.command("list")
-def models_list(catalog_file: ModelsFile = None) -> None:
-    """Show the aliases and which are available locally."""
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"ead {__version__}")
+        raise typer.Exit()
 
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
+    ] = None,
+) -> None:
+    """Entropy-adaptive decoding: a small and a large GGUF model write one answer together."""
+
+
+@models_app.command("list")
+def models_list(
+    catalog_file: ModelsFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array, one object per model.")] = False,
+) -> None:
+    """Show the aliases, which are available locally, and the models ollama and LM Studio keep."""
     catalog = registry.load_catalog(catalog_file)
+    rows = [
+        {
+            "ref": alias,
+            "source": "catalog",
+            "description": spec.description,
+            "params": spec.params,
+            "local": registry.local_status(spec),
+            "path": None,
+        }
+        for alias, spec in catalog.models.items()
+    ]
+    rows += [
+        {
+            "ref": found.ref,
+            "source": found.source,
+            "description": found.problem or f"{found.size / 2**30:.2f} GiB",
+            "params": None,
+            "local": found.source if found.path else None,
+            "path": str(found.path) if found.path else None,
+        }
+        for found in registry.user_models()
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
     table = Table(box=None, pad_edge=False)
     for column in ("alias", "model", "params", "local"):
         table.add_column(column)
-    for alias, spec in catalog.models.items():
-        params = f"{spec.params / 1e9:.1f}B" if spec.params else ""
-        table.add_row(alias, spec.description, params, registry.local_status(spec) or "-")
+    for row in rows:
+        params = f"{row['params'] / 1e9:.1f}B" if row["params"] else ""
+        table.add_row(row["ref"], row["description"], params, row["path"] or row["local"] or "-")
     Console().print(table)
 
 
@@ -545,6 +591,16 @@ def models_pull(
     catalog = registry.load_catalog(catalog_file)
     path = registry.pull(alias, catalog, progress=_progress)
     print(path)
+
+
+@models_app.command("rm")
+def models_rm(
+    alias: Annotated[str, typer.Argument(help="An alias whose copy in the ead cache is to go.")],
+    catalog_file: ModelsFile = None,
+) -> None:
+    """Remove an alias's copy from the ead cache; never a file of yours, ollama's or the hub cache's."""
+    removed = registry.remove_cached(alias, registry.load_catalog(catalog_file))
+    print(f"removed {removed}")
 
 
 bench_app = typer.Typer(
