@@ -387,9 +387,8 @@ def generate(
         else:
             renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout, no_color))
             if renderer.color:
-                stderr.print(
-                    renderer.legend({r.name: r.label for r in runners}), markup=False, highlight=False
-                )
+                # Written as is: rich would count its escape codes as text and wrap the line early.
+                print(renderer.legend({r.name: r.label for r in runners}), file=sys.stderr, flush=True)
         try:
             exit_code = _stream(decoder, tokens, renderer)
         finally:
@@ -535,9 +534,9 @@ def _show_version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool | None,
+        bool,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
-    ] = None,
+    ] = False,
 ) -> None:
     """Entropy-adaptive decoding: a small and a large GGUF model write one answer together."""
 
