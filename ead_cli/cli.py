@@ -575,11 +575,11 @@ def models_list(
         return
     table = Table(box=None, pad_edge=False)
     for column in ("alias", "model", "params", "local"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a path cut short names nothing
     for row in rows:
         params = f"{row['params'] / 1e9:.1f}B" if row["params"] else ""
         table.add_row(row["ref"], row["description"], params, row["path"] or row["local"] or "-")
-    Console().print(table)
+    _print_table(table)
 
 
 @models_app.command("pull")
@@ -772,14 +772,19 @@ def _show_report(folder: Path, aggregates: list[bench.Aggregate]) -> None:
         table.add_column(header, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:  # in a pipe or a file: the whole table, not squeezed into 80 columns
-        console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
-    console.print(table)
+    _print_table(table)
     written = [files.csv, files.markdown, *([files.plot] if files.plot else [])]
     stderr.print(f"wrote {', '.join(str(path) for path in written)}", style="dim", soft_wrap=True)
     if files.note:
         stderr.print(files.note, style="dim")
+
+
+def _print_table(table: Table) -> None:
+    """On a terminal, fitted to its width; in a pipe or a file, whole, not squeezed into 80 columns."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -124,10 +124,12 @@ def load_catalog(user_file: Path | None = None) -> Catalog:
 def resolve(
     ref: str, catalog: Catalog, *, allow_download: bool = True, progress: Progress | None = None
 ) -> Path:
-    """The local GGUF file for ``ref``: a path (checked to be a GGUF file) or an alias (fetched if needed).
+    """The local GGUF file for ``ref``: ``ollama:``/``lmstudio:`` (another tool's file), a path (checked to
+    be a GGUF file) or an alias (fetched if needed).
 
-    Anything with a path separator or a ``.gguf`` suffix is a path, so a typo in a path never turns into
-    a download. With ``allow_download=False`` an alias that is not available locally is an error.
+    The two prefixes come first, as their names may contain slashes. Anything else with a path separator
+    or a ``.gguf`` suffix is a path, so a typo in a path never turns into a download. With
+    ``allow_download=False`` an alias that is not available locally is an error.
     """
     if ref.startswith(OLLAMA_PREFIX):
         return _resolve_ollama(ref.removeprefix(OLLAMA_PREFIX))

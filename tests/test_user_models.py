@@ -112,7 +112,7 @@ def test_unknown_ollama_model_lists_what_exists(
     for ref in ("ollama:nothere", "ollama:tiny:v9"):
         line = refused(env, ref, tiny_large)
         assert f"no ollama model '{ref.removeprefix('ollama:')}' in {ollama_root}" in line
-        assert "(has: ollama:someone/tiny:v2, ollama:tiny:latest)" in line
+        assert "(has: ollama:tiny:latest, ollama:someone/tiny:v2)" in line
 
 
 def test_broken_ollama_blobs_are_one_line(
