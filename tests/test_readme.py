@@ -1,5 +1,6 @@
-"""The README's commands stay honest: each ``ead ...`` line in its code blocks names a real subcommand and
-only options that subcommand's ``--help`` lists (read from the real CLI); its docs/ links are files."""
+"""The README's commands stay honest: each ``ead ...`` line in the code blocks of the README and the docs/
+pages names a real subcommand and only options that subcommand's ``--help`` lists (read from the real
+CLI); the README's docs/ links are files."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHELL_BREAK = {"|", "||", "&&", ";", ">", "<", "2>"}
 
 
-def readme_commands(text: str) -> list[list[str]]:
+def shown_commands(text: str) -> list[list[str]]:
     """Each ``ead`` (or ``python -m ead_cli``) command in the text's code blocks, as argv after the program
     name, up to a pipe or redirection; comments dropped, ``\\`` continuations joined."""
     commands = []
@@ -81,14 +82,21 @@ def problems(argv: list[str]) -> list[str]:
     ]
 
 
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def test_readme_has_commands_to_check() -> None:
-    commands = readme_commands(README.read_text())
+    commands = shown_commands(README.read_text())
     assert len(commands) >= 10
     assert ["--version"] in commands and any(c[:1] == ["generate"] for c in commands)
 
 
-@pytest.mark.parametrize("argv", readme_commands(README.read_text()), ids=" ".join)
-def test_readme_command_parses(argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("page", "argv"),
+    [(page, argv) for page in PAGES for argv in shown_commands(page.read_text())],
+    ids=lambda value: value.name if isinstance(value, Path) else " ".join(value),
+)
+def test_shown_command_parses(page: Path, argv: list[str]) -> None:
     assert problems(argv) == []
 
 
@@ -102,7 +110,7 @@ def test_the_check_catches_what_does_not_exist() -> None:
         "'ead models list' has no option --strategies"
     ]
     assert problems(["bench", "humaneval", "--split=odd", "--tau", "0.5"]) == []
-    assert readme_commands("```bash\n$ ead generate --x 1 | jq . # note\nead chat \\\n  --tau 1\n```\n") == [
+    assert shown_commands("```bash\n$ ead generate --x 1 | jq . # note\nead chat \\\n  --tau 1\n```\n") == [
         ["generate", "--x", "1"],
         ["chat", "--tau", "1"],
     ]
