@@ -524,6 +524,11 @@ class UserModel:
     problem: str = ""
 
 
+def is_user_model(ref: str) -> bool:
+    """Whether ``ref`` names a model another tool keeps (``ollama:`` or ``lmstudio:``)."""
+    return ref.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX))
+
+
 def ollama_models_dir() -> Path:
     """$OLLAMA_MODELS (ollama's own override), else ~/.ollama/models."""
     root = os.environ.get("OLLAMA_MODELS")

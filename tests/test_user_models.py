@@ -97,6 +97,20 @@ def test_ollama_model_generates_what_its_file_does(
     assert generate(env, "ollama:tiny:latest", str(large)) == expected
     assert generate(env, "ollama:someone/tiny:v2", str(large)) == expected
     assert not list(Path(env["EAD_CACHE"]).rglob("*.gguf"))  # used where it lies: nothing copied
+    coloured = ead(
+        "generate",
+        "--small",
+        "ollama:tiny",
+        "--large",
+        str(large),
+        "--threads",
+        "1",
+        "--max-tokens",
+        "2",
+        PROMPT,
+        env={**env, "FORCE_COLOR": "1"},
+    )
+    assert "■ small\x1b[0m: ollama:tiny  " in coloured.stderr.decode()  # the legend names it, not its digest
 
 
 def test_ollama_model_is_tokenizer_checked(
