@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
-from . import bench, registry, replay, speed
+from . import __version__, bench, registry, replay, speed
 from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
@@ -32,9 +33,11 @@ app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
 )
-models_app = typer.Typer(help="List and fetch the models named in models.toml.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="List, fetch and remove models: the aliases of models.toml, and those ollama and LM Studio keep.",
+    no_args_is_help=True,
+)
 app.add_typer(models_app, name="models")
 stderr = Console(stderr=True, highlight=False)
 
@@ -385,9 +388,8 @@ def generate(
         else:
             renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout, no_color))
             if renderer.color:
-                stderr.print(
-                    renderer.legend({r.name: r.label for r in runners}), markup=False, highlight=False
-                )
+                # Written as is: rich would count its escape codes as text and wrap the line early.
+                print(renderer.legend({r.name: r.label for r in runners}), file=sys.stderr, flush=True)
         try:
             exit_code = _stream(decoder, tokens, renderer)
         finally:
@@ -524,18 +526,61 @@ def calibrate(
         close_all(runners)
 
 
-@models_app.command("list")
-def models_list(catalog_file: ModelsFile = None) -> None:
-    """Show the aliases and which are available locally."""
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"ead {__version__}")
+        raise typer.Exit()
 
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
+    ] = False,
+) -> None:
+    """Entropy-adaptive decoding: a small and a large GGUF model write one answer together."""
+
+
+@models_app.command("list")
+def models_list(
+    catalog_file: ModelsFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array, one object per model.")] = False,
+) -> None:
+    """Show the aliases, which are available locally, and the models ollama and LM Studio keep."""
     catalog = registry.load_catalog(catalog_file)
+    rows = [
+        {
+            "ref": alias,
+            "source": "catalog",
+            "description": spec.description,
+            "params": spec.params,
+            "local": registry.local_status(spec),
+            "path": None,
+        }
+        for alias, spec in catalog.models.items()
+    ]
+    rows += [
+        {
+            "ref": found.ref,
+            "source": found.source,
+            "description": found.problem or f"{found.size / 2**30:.2f} GiB",
+            "params": None,
+            "local": found.source if found.path else None,
+            "path": str(found.path) if found.path else None,
+        }
+        for found in registry.user_models()
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
     table = Table(box=None, pad_edge=False)
     for column in ("alias", "model", "params", "local"):
-        table.add_column(column)
-    for alias, spec in catalog.models.items():
-        params = f"{spec.params / 1e9:.1f}B" if spec.params else ""
-        table.add_row(alias, spec.description, params, registry.local_status(spec) or "-")
-    Console().print(table)
+        table.add_column(column, overflow="fold")  # a path cut short names nothing
+    for row in rows:
+        params = f"{row['params'] / 1e9:.1f}B" if row["params"] else ""
+        table.add_row(row["ref"], row["description"], params, row["path"] or row["local"] or "-")
+    _print_table(table)
 
 
 @models_app.command("pull")
@@ -546,6 +591,16 @@ def models_pull(
     catalog = registry.load_catalog(catalog_file)
     path = registry.pull(alias, catalog, progress=_progress)
     print(path)
+
+
+@models_app.command("rm")
+def models_rm(
+    alias: Annotated[str, typer.Argument(help="An alias whose copy in the ead cache is to go.")],
+    catalog_file: ModelsFile = None,
+) -> None:
+    """Remove an alias's copy from the ead cache; never a file of yours, ollama's or the hub cache's."""
+    removed = registry.remove_cached(alias, registry.load_catalog(catalog_file))
+    print(f"removed {removed}")
 
 
 bench_app = typer.Typer(
@@ -748,7 +803,7 @@ def bench_speed(
     give against the large model alone, and the share below which switching pays."""
     report = speed.speed_report(model_options, context=context, replay_path=check, progress=_progress)
     sizes = sorted(report.rates[0].tokens_per_s)
-    _print_table(
+    _print_figures(
         ["model", "params", *(("decode" if size == 1 else f"batch {size}") for size in sizes)],
         [
             [
@@ -794,7 +849,7 @@ def _print_rows(columns: tuple[tuple[str, str, str], ...], rows: list[dict[str, 
     def cell(value: Any, spec: str) -> str:
         return "-" if value is None else value if isinstance(value, str) else format(value, spec)
 
-    _print_table(
+    _print_figures(
         [header for header, _, _ in columns],
         [[cell(row[key], spec) for _, key, spec in columns] for row in rows],
     )
@@ -830,26 +885,31 @@ def _run_bench(job: bench.Bench, model_options: ModelOptions) -> None:
     _show_report(job.out, bench.aggregate(records))
 
 
-def _print_table(headers: list[str], rows: list[list[str]]) -> None:
-    """A table on stdout: first column left, figures right."""
+def _print_figures(headers: list[str], rows: list[list[str]]) -> None:
+    """A table of figures on stdout: first column left, figures right."""
     table = Table(box=None, pad_edge=False)
     for i, header in enumerate(headers):
         table.add_column(header, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:  # in a pipe or a file: the whole table, not squeezed into 80 columns
-        console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
-    console.print(table)
+    _print_table(table)
 
 
 def _show_report(folder: Path, aggregates: list[bench.Aggregate]) -> None:
     files = bench.write_report(folder, aggregates)
-    _print_table(*bench.report_table(aggregates))
+    _print_figures(*bench.report_table(aggregates))
     written = [files.csv, files.markdown, *([files.plot] if files.plot else [])]
     stderr.print(f"wrote {', '.join(str(path) for path in written)}", style="dim", soft_wrap=True)
     if files.note:
         stderr.print(files.note, style="dim")
+
+
+def _print_table(table: Table) -> None:
+    """On a terminal, fitted to its width; in a pipe or a file, whole, not squeezed into 80 columns."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> None:

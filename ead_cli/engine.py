@@ -148,7 +148,7 @@ def load_runners(
     try:
         for level, role in enumerate(role_names(len(refs))):
             if level in paths:
-                runners.append(_load(paths[level], role, options))
+                runners.append(_load(paths[level], role, options, refs[level]))
                 continue
             runners.append(
                 connect(
@@ -167,10 +167,13 @@ def load_runners(
     return runners
 
 
-def _load(path: Path, role: str, options: ModelOptions) -> Runner:
-    return Runner(
+def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
+    runner = Runner(
         path, name=role, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.n_gpu_layers
     )
+    if registry.is_user_model(ref):  # an ollama blob's name is a digest: the reference says what it is
+        runner.label = ref
+    return runner
 
 
 def build_decoder(

@@ -1,0 +1,256 @@
+"""Models a user already has: real ollama and LM Studio folder layouts around tiny GGUF models, used by
+the real CLI; ``ead models list --json`` and ``ead models rm``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_cli import assert_one_line_error, ead
+
+from ead_cli import registry
+
+PROMPT = "hello"
+
+
+def add_ollama_model(
+    root: Path, name: str, tag: str, blob_bytes: bytes, *, namespace: str = "library"
+) -> Path:
+    """Lay a model out as ollama does: the blob named by its SHA-256, a manifest whose model layer names it
+    (beside a template layer, as real manifests have). Returns the blob."""
+    digest = hashlib.sha256(blob_bytes).hexdigest()
+    blob = root / "blobs" / f"sha256-{digest}"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(blob_bytes)
+    template = b"{{ .Prompt }}"
+    (root / "blobs" / f"sha256-{hashlib.sha256(template).hexdigest()}").write_bytes(template)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {
+            "mediaType": "application/vnd.docker.container.image.v1+json",
+            "digest": "sha256:" + "0" * 64,
+        },
+        "layers": [
+            {
+                "mediaType": "application/vnd.ollama.image.model",
+                "digest": f"sha256:{digest}",
+                "size": len(blob_bytes),
+            },
+            {
+                "mediaType": "application/vnd.ollama.image.template",
+                "digest": f"sha256:{hashlib.sha256(template).hexdigest()}",
+                "size": len(template),
+            },
+        ],
+    }
+    path = root / "manifests" / registry._OLLAMA_REGISTRY / namespace / name / tag
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest))
+    return blob
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """Every model folder and cache under tmp_path: never the real ones."""
+    return {
+        "OLLAMA_MODELS": str(tmp_path / "ollama"),
+        "LMSTUDIO_MODELS": str(tmp_path / "lmstudio"),
+        "EAD_CACHE": str(tmp_path / "ead-cache"),
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+@pytest.fixture
+def ollama_root(env: dict[str, str], tiny_small: Path) -> Path:
+    root = Path(env["OLLAMA_MODELS"])
+    add_ollama_model(root, "tiny", "latest", tiny_small.read_bytes())
+    add_ollama_model(root, "tiny", "v2", tiny_small.read_bytes(), namespace="someone")
+    return root
+
+
+def generate(env: dict[str, str], small: str, large: str) -> bytes:
+    options = ["--small", small, "--large", large, "--threads", "1", "--max-tokens", "12"]
+    result = ead("generate", *options, PROMPT, env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout
+
+
+def refused(env: dict[str, str], small: str, large: Path) -> str:
+    """The one error line of ``ead generate --small SMALL --large LARGE``, which must fail with exit 1."""
+    result = ead("generate", "--small", small, "--large", str(large), "--threads", "1", PROMPT, env=env)
+    return assert_one_line_error(result, 1)
+
+
+def test_ollama_model_generates_what_its_file_does(
+    env: dict[str, str], ollama_root: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    small, large = tiny_pair
+    expected = generate(env, str(small), str(large))
+    assert expected.strip()
+    assert generate(env, "ollama:tiny", str(large)) == expected
+    assert generate(env, "ollama:tiny:latest", str(large)) == expected
+    assert generate(env, "ollama:someone/tiny:v2", str(large)) == expected
+    assert not list(Path(env["EAD_CACHE"]).rglob("*.gguf"))  # used where it lies: nothing copied
+    coloured = ead(
+        "generate",
+        "--small",
+        "ollama:tiny",
+        "--large",
+        str(large),
+        "--threads",
+        "1",
+        "--max-tokens",
+        "2",
+        PROMPT,
+        env={**env, "FORCE_COLOR": "1"},
+    )
+    assert "■ small\x1b[0m: ollama:tiny  " in coloured.stderr.decode()  # the legend names it, not its digest
+
+
+def test_ollama_model_is_tokenizer_checked(
+    env: dict[str, str], ollama_root: Path, tiny_other_vocab: Path, tiny_large: Path
+) -> None:
+    add_ollama_model(ollama_root, "other", "latest", tiny_other_vocab.read_bytes())
+    assert "tokenizer" in refused(env, "ollama:other", tiny_large)
+
+
+def test_unknown_ollama_model_lists_what_exists(
+    env: dict[str, str], ollama_root: Path, tiny_large: Path
+) -> None:
+    for ref in ("ollama:nothere", "ollama:tiny:v9"):
+        line = refused(env, ref, tiny_large)
+        assert f"no ollama model '{ref.removeprefix('ollama:')}' in {ollama_root}" in line
+        assert "(has: ollama:tiny:latest, ollama:someone/tiny:v2)" in line
+
+
+def test_broken_ollama_blobs_are_one_line(
+    env: dict[str, str], ollama_root: Path, tiny_small: Path, tiny_large: Path
+) -> None:
+    missing = add_ollama_model(ollama_root, "gone", "latest", tiny_small.read_bytes() + b"x")
+    missing.unlink()
+    line = refused(env, "ollama:gone", tiny_large)
+    assert f"ollama model 'gone': its blob {missing.name} is missing from {missing.parent}" in line
+
+    add_ollama_model(ollama_root, "notgguf", "latest", b"PK\x03\x04 a zip, not a model")
+    line = refused(env, "ollama:notgguf", tiny_large)
+    assert "ollama model 'notgguf': not a GGUF file (bad magic)" in line
+
+    cut = add_ollama_model(ollama_root, "cut", "latest", tiny_small.read_bytes())
+    cut.write_bytes(cut.read_bytes()[:1000])
+    line = refused(env, "ollama:cut", tiny_large)
+    assert f"has 1000 bytes, the manifest says {tiny_small.stat().st_size}" in line
+
+    manifest = ollama_root / "manifests" / registry._OLLAMA_REGISTRY / "library" / "garbled" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("{not json")
+    line = refused(env, "ollama:garbled", tiny_large)
+    assert "has no model layer with a digest" in line
+
+
+def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) -> None:
+    for name in ("a/b/c/d", "../x", "x:", "x//y"):
+        line = refused(env, f"ollama:{name}", tiny_large)
+        assert f"not an ollama model name: '{name}'" in line
+    empty = ead("generate", "--small", "ollama:x", "--large", str(tiny_large), PROMPT, env=env)
+    assert "(it has none)" in assert_one_line_error(empty, 1)
+
+
+@pytest.fixture
+def lmstudio_root(env: dict[str, str], tiny_small: Path) -> Path:
+    root = Path(env["LMSTUDIO_MODELS"])
+    folder = root / "someone" / "Tiny-GGUF"
+    folder.mkdir(parents=True)
+    shutil.copyfile(tiny_small, folder / "tiny-q4.gguf")
+    (folder / "mmproj-tiny.gguf").write_bytes(b"GGUF vision projector, not listed")
+    (root / "other" / "Twin-GGUF").mkdir(parents=True)
+    shutil.copyfile(tiny_small, root / "other" / "Twin-GGUF" / "twin.gguf")
+    shutil.copyfile(tiny_small, root / "other" / "Twin-GGUF" / "TWIN-copy.gguf")
+    return root
+
+
+def test_lmstudio_model_by_path_folder_and_name(
+    env: dict[str, str], lmstudio_root: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    small, large = tiny_pair
+    expected = generate(env, str(small), str(large))
+    for ref in ("someone/Tiny-GGUF/tiny-q4.gguf", "someone/Tiny-GGUF", "tiny-q4", "TINY-Q4.gguf"):
+        assert generate(env, f"lmstudio:{ref}", str(large)) == expected, ref
+
+
+def test_lmstudio_misses_are_one_line(env: dict[str, str], lmstudio_root: Path, tiny_large: Path) -> None:
+    line = refused(env, "lmstudio:nothere", tiny_large)
+    assert f"no LM Studio model 'nothere' in {lmstudio_root}" in line
+    assert "lmstudio:someone/Tiny-GGUF/tiny-q4.gguf" in line
+    assert "mmproj" not in line
+    line = refused(env, "lmstudio:other/Twin-GGUF", tiny_large)
+    assert "'lmstudio:other/Twin-GGUF' matches 2 models" in line
+
+
+def test_models_list_json_shows_them_beside_the_catalog(
+    env: dict[str, str], ollama_root: Path, lmstudio_root: Path
+) -> None:
+    result = ead("models", "list", "--json", env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    rows = {row["ref"]: row for row in json.loads(result.stdout)}
+    catalog = registry.load_catalog()
+    assert set(catalog.models) <= set(rows)
+    assert rows[catalog.small]["source"] == "catalog"
+    tiny = rows["ollama:tiny:latest"]
+    assert tiny["source"] == "ollama"
+    blob = Path(tiny["path"])
+    assert blob.parent == ollama_root / "blobs" and blob.name.startswith("sha256-")
+    assert "ollama:someone/tiny:v2" in rows
+    lm = rows["lmstudio:someone/Tiny-GGUF/tiny-q4.gguf"]
+    assert (lm["source"], lm["path"]) == ("lmstudio", str(lmstudio_root / "someone/Tiny-GGUF/tiny-q4.gguf"))
+    assert not any("mmproj" in ref for ref in rows)
+    table = ead("models", "list", env=env)
+    assert table.returncode == 0
+    assert b"ollama:tiny:latest" in table.stdout and b"lmstudio:other/Twin-GGUF/twin.gguf" in table.stdout
+
+
+def test_models_rm_removes_the_cache_copy_only(
+    env: dict[str, str], tmp_path: Path, tiny_small: Path, ollama_root: Path, lmstudio_root: Path
+) -> None:
+    """An alias assembled from (tiny) offline chunk packages into the ead cache, then removed; user files
+    and ollama blobs are refused and left alone."""
+    data = tiny_small.read_bytes()
+    site = tmp_path / "site"
+    for i, part in enumerate((data[: len(data) // 2], data[len(data) // 2 :]), 1):
+        (site / f"tinychunk_part{i}" / "data").mkdir(parents=True)
+        (site / f"tinychunk_part{i}" / "data" / "part.bin").write_bytes(part)
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(
+        '[defaults]\nsmall = "tiny"\nlarge = "tiny"\n[models.tiny]\nrepo = "nobody/tiny"\n'
+        'pattern = "tiny.gguf"\n[models.tiny.offline]\npackages = ["tinychunk_part1", "tinychunk_part2"]\n'
+        f'version = "1.0"\nfile = "tiny.gguf"\nsha256 = "{hashlib.sha256(data).hexdigest()}"\n'
+    )
+    python_path = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env |= {"PYTHONPATH": os.pathsep.join(python_path), "EAD_MODELS": str(catalog), "HF_HUB_OFFLINE": "1"}
+    pulled = ead("models", "pull", "tiny", env=env)
+    assert pulled.returncode == 0, pulled.stderr.decode()
+    copy = Path(pulled.stdout.decode().strip())
+    assert copy.parent == Path(env["EAD_CACHE"]) / "models" and copy.read_bytes() == data
+
+    removed = ead("models", "rm", "tiny", env=env)
+    assert removed.returncode == 0, removed.stderr.decode()
+    assert removed.stdout.decode().strip() == f"removed {copy}"
+    assert not copy.exists() and not copy.with_name(copy.name + ".sha256").exists()
+    line = assert_one_line_error(ead("models", "rm", "tiny", env=env), 1)
+    assert "model 'tiny' has no copy in the ead cache" in line
+
+    blobs = sorted((ollama_root / "blobs").iterdir())
+    user_files = [tiny_small, *lmstudio_root.rglob("*.gguf"), *blobs]
+    for ref, fragment in (
+        ("ollama:tiny", "is ollama's model, not ead's"),
+        ("lmstudio:tiny-q4", "is a file of yours, not ead's"),
+        (str(tiny_small), "is a file of yours, not ead's"),
+    ):
+        assert fragment in assert_one_line_error(ead("models", "rm", ref, env=env), 1)
+    assert all(path.exists() for path in user_files)
+    assert "unknown model alias 'tinyy'" in assert_one_line_error(ead("models", "rm", "tinyy", env=env), 1)
