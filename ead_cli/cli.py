@@ -191,7 +191,7 @@ def _read_prompt(prompt: str | None) -> str:
 
 
 def _progress(message: str) -> None:
-    stderr.print(message, style="dim")
+    stderr.print(message, style="dim", soft_wrap=True)
 
 
 Decoding = tuple[PolicyOptions, GenerationOptions]

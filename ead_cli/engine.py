@@ -149,6 +149,11 @@ def load_runners(
         for level, role in enumerate(role_names(len(refs))):
             if level in paths:
                 runners.append(_load(paths[level], role, options, refs[level]))
+                if progress is not None and runners[-1].twin_of:
+                    progress(
+                        f"note: {runners[-1].label} is a random-weight twin of {runners[-1].twin_of}: "
+                        "for timing only, its text is noise"
+                    )
                 continue
             runners.append(
                 connect(

@@ -26,7 +26,6 @@ from .runner import Runner, default_threads
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
 REPLAY_FILE = "replay.json"
-TWIN_KEY = "ead.twin"
 
 
 @dataclass(frozen=True)
@@ -220,7 +219,7 @@ def model_record(runner: Runner) -> dict[str, Any]:
         "file": runner.label,
         "bytes": runner.file_bytes,
         "params": runner.n_params,
-        "twin": runner.metadata(TWIN_KEY),
+        "twin": runner.twin_of,
     }
 
 

@@ -27,6 +27,7 @@ from .registry import shard_paths
 from .signals import Terminated, main_thread_signals, stop_requested
 
 Phase = Literal["prefill", "decode", "catchup"]
+TWIN_KEY = "ead.twin"  # metadata of a random-weight twin (scripts/write_twin.py): what it twins
 DEFAULT_CTX = 4096  # tokens, capped at the model's training context
 _QUIET_LEVEL = logging.CRITICAL + 1
 
@@ -367,6 +368,11 @@ class Runner:
             if needed < size:
                 return buffer.value.decode("utf-8", errors="replace")
             size = needed + 1
+
+    @property
+    def twin_of(self) -> str | None:
+        """The model a random-weight twin stands in for (for timing only), or None for a real model."""
+        return self.metadata(TWIN_KEY)
 
     def close(self) -> None:
         """Free the batch, context and model (safe to call twice)."""
