@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""The GPU run: from a bare CUDA machine with no network and the bundle of scripts/pack_gpu_run.sh to
+one JSON file of figures (docs/gpu-run.md). Standard library only: it runs before anything is installed.
+
+Steps, each a few subprocesses with their own time limit, each resumable on its own (``--step``), so a
+machine that allows ten minutes a command runs them one command at a time:
+
+    build     a venv over the system Python (its numpy), the carried wheels, llama-cpp-python compiled
+              from the trimmed sdist (CUDA unless --cpu), ead-cli installed from this checkout
+    twins     random-weight twins of the small and large shapes (scripts/write_twin.py, llama.cpp's
+              own gguf-py from the sdist) with the real pair's tokenizer
+    replay    ead bench replay of the recorded schedules on each twin pair, every layer offloaded
+    speed     ead bench speed for each pair, its cost model checked against the replay
+    overhead  scripts/bench_overhead.py on each twin
+
+Every call writes ``gpu-run.json`` (every step done so far, the device, the versions) to $OUT, or to
+the work folder's out/ when $OUT is unset. ``--python`` skips the build and uses that interpreter's
+installed llama_cpp and ead_cli (the test suite does, so CI compiles once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = ("build", "twins", "replay", "speed", "overhead")
+VERSION = "0.3.36"
+SDIST = f"llama_cpp_python-{VERSION}"
+SCHEDULES = ROOT / "docs/results/humaneval-odd-schedules/results.jsonl"
+STRATEGIES = "large-only,gate tau=1,gate tau=1 verify=0.1,lookahead tau=1,ead tau=0.5,spec"
+GPU_SHAPES = ("qwen2.5-0.5b", "qwen2.5-14b")
+TINY_SHAPES = ("qwen2.5-tiny", "qwen2.5-tiny")  # the real vocabulary, a two-layer body: the CPU test
+STEP_LIMIT_S = 600
+TAIL = 4000  # characters of a command's output kept in the report
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--step", action="append", choices=STEPS, help="run this step only (repeatable)")
+    parser.add_argument("--cpu", action="store_true", help="build without CUDA, offload nothing")
+    parser.add_argument("--tiny", action="store_true", help=f"tiny twins ({TINY_SHAPES[0]}) for a CPU test")
+    parser.add_argument("--bundle", type=Path, default=ROOT / "gpu-run", help="what pack_gpu_run.sh made")
+    parser.add_argument("--work", type=Path, default=ROOT / "gpu-work", help="venv, sources, twins, state")
+    parser.add_argument("--python", type=Path, help="an interpreter with llama_cpp and ead_cli: no build")
+    parser.add_argument("--small", help="the small twin's shape (default: qwen2.5-0.5b)")
+    parser.add_argument("--large", help="the large twins' shapes, comma-separated (default: qwen2.5-14b)")
+    parser.add_argument("--tokenizer", type=Path, help="the twins' tokenizer (default: the bundle's)")
+    parser.add_argument("--schedules", type=Path, default=SCHEDULES, help="a bench's results.jsonl")
+    parser.add_argument("--strategies", default=STRATEGIES, help="the recorded strategies to replay")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: ead's, all cores)")
+    parser.add_argument("--overhead-tokens", type=int, default=128)
+    parser.add_argument("--overhead-runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    small, large = TINY_SHAPES if args.tiny else GPU_SHAPES
+    args.small = args.small or small
+    args.large = [name.strip() for name in (args.large or large).split(",") if name.strip()]
+    args.tokenizer = args.tokenizer or args.bundle / "tokenizer.gguf"
+    args.steps = [step for step in STEPS if step in (args.step or STEPS)]
+    if "build" in args.steps and args.python:
+        parser.error("--python uses an installed llama_cpp: leave out the build step (--step ...)")
+    needs = {"build": args.bundle / f"{SDIST}.tar.gz", "twins": args.tokenizer, "replay": args.schedules}
+    for step, path in needs.items():
+        if step in args.steps and not path.is_file():
+            parser.error(f"{path} is missing (the {step} step needs it): run scripts/pack_gpu_run.sh")
+    return args
+
+
+def run(command: list[str], *, env: dict[str, str] | None = None, log: Path | None = None) -> dict[str, Any]:
+    """Run a command with the step limit; its exit status, seconds and the tail of its output."""
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=ROOT,
+            timeout=STEP_LIMIT_S,
+        )  # fmt: skip
+        rc, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as expired:
+        rc, out, err = (
+            124,
+            _text(expired.stdout),
+            _text(expired.stderr) + f"\ntimed out after {STEP_LIMIT_S} s",
+        )
+    seconds = round(time.perf_counter() - began, 2)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(out + err, encoding="utf-8")
+    print(f"  {seconds:7.1f} s  rc {rc}  {' '.join(command)[:160]}", file=sys.stderr, flush=True)
+    return {"command": command, "rc": rc, "seconds": seconds, "stdout": out[-TAIL:], "stderr": err[-TAIL:]}
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+class Run:
+    """One GPU run's folders and settings; each step returns a dict that lands in the report."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = args.work.resolve()
+        self.venv = self.work / "venv"
+        self.src = self.work / "src" / SDIST
+        self.python = str(args.python or self.venv / "bin" / "python")
+        self.twins = self.work / "twins"
+        self.wheels = args.bundle.resolve() / "wheels"
+
+    def pip(self, *args: str, log: Path | None = None, env: dict[str, str] | None = None) -> dict:
+        return run(
+            [self.python, "-m", "pip", "install", "--no-index", "--find-links", str(self.wheels), *args],
+            log=log, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})},
+        )  # fmt: skip
+
+    def build(self) -> dict[str, Any]:
+        """The venv, the wheels, llama-cpp-python compiled from the carried sources, ead-cli."""
+        sdist = self.args.bundle / f"{SDIST}.tar.gz"
+        commands = []
+        if not Path(self.python).exists():  # pip from the carried wheel: a system Python may lack ensurepip
+            commands.append(run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                                 str(self.venv)]))  # fmt: skip
+            wheel = str(next(self.wheels.glob("pip-*.whl")))
+            commands.append(run([self.python, f"{wheel}/pip", "install", "--no-index", "--quiet", wheel]))
+        commands.append(self.pip("scikit-build-core", "hatchling"))
+        shutil.rmtree(self.src.parent, ignore_errors=True)
+        with tarfile.open(sdist) as archive:
+            archive.extractall(self.src.parent, filter="data")
+        cmake_args = ["-DLLAVA_BUILD=off"]
+        if not self.args.cpu:
+            cmake_args.append("-DGGML_CUDA=on")
+            arch = os.environ.get("CUDA_ARCH") or cuda_arch()
+            if arch:
+                cmake_args.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
+        env = {"CMAKE_ARGS": " ".join(cmake_args), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
+        compile_ = self.pip(
+            "--no-build-isolation", "--no-deps", "--no-cache-dir", "--force-reinstall", "-v", str(self.src),
+            env=env, log=self.work / "logs" / "llama-cpp-python-build.log",
+        )  # fmt: skip
+        compile_["cmake_args"] = env["CMAKE_ARGS"]
+        install = self.pip("--no-build-isolation", str(ROOT)) if compile_["rc"] == 0 else None
+        check = run([self.python, "-m", "pip", "check"])
+        return {
+            "ok": compile_["rc"] == 0 and install is not None and install["rc"] == 0,
+            "compile_seconds": compile_["seconds"],
+            "setup": commands,
+            "compile": compile_,
+            "install_ead_cli": install,
+            "pip_check": check["stdout"].strip(),
+            "versions": self.versions(),
+        }
+
+    def versions(self) -> dict[str, Any]:
+        probe = (
+            "import json, sys, numpy, llama_cpp, ead_cli\n"
+            "print(json.dumps({'python': sys.version.split()[0], 'numpy': numpy.__version__,\n"
+            "  'llama_cpp_python': llama_cpp.__version__, 'ead_cli': ead_cli.__version__,\n"
+            "  'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
+            "  'llama_cpp_system_info': llama_cpp.llama_print_system_info().decode()}))"
+        )
+        result = run([self.python, "-c", probe])
+        return json.loads(result["stdout"]) if result["rc"] == 0 else {"error": result["stderr"]}
+
+    def twin(self, shape: str) -> Path:
+        return self.twins / f"{shape}.gguf"
+
+    def write_twins(self) -> dict[str, Any]:
+        """Each shape once (a rerun keeps a finished twin: write_twin.py renames only complete files)."""
+        env = {"GGUF_PY": str(self.src / "vendor/llama.cpp/gguf-py")} if self.src.is_dir() else {}
+        written = {}
+        for seed, shape in enumerate(dict.fromkeys([self.args.small, *self.args.large])):
+            path = self.twin(shape)
+            if path.exists():
+                written[shape] = {"reused": True, "bytes": path.stat().st_size}
+                continue
+            command = [self.python, str(ROOT / "scripts/write_twin.py"), "--shape", shape, "--tokenizer-from",
+                       str(self.args.tokenizer), "--out", str(path), "--seed", str(seed)]  # fmt: skip
+            self.twins.mkdir(parents=True, exist_ok=True)
+            result = run(command, env=env)
+            written[shape] = {**result, "bytes": path.stat().st_size if path.exists() else None}
+        return {"ok": all(t.get("rc", 0) == 0 for t in written.values()), "twins": written}
+
+    def pairs(self) -> list[tuple[str, Path, Path]]:
+        small = self.twin(self.args.small)
+        return [(f"{self.args.small}+{large}", small, self.twin(large)) for large in self.args.large]
+
+    def model_options(self, small: Path, large: Path) -> list[str]:
+        options = ["--small", str(small), "--large", str(large)]
+        options += ["--n-gpu-layers", "0" if self.args.cpu else "-1"]
+        return options + (["--threads", str(self.args.threads)] if self.args.threads else [])
+
+    def replay(self) -> dict[str, Any]:
+        results = {}
+        for name, small, large in self.pairs():
+            out = self.work / "replay" / name
+            command = [self.python, "-m", "ead_cli", "bench", "replay", str(self.args.schedules),
+                       *self.model_options(small, large), "--strategies", self.args.strategies,
+                       "--out", str(out)]  # fmt: skip
+            results[name] = {**run(command), "report": read_json(out / "replay.json")}
+        return {"ok": all(r["rc"] == 0 for r in results.values()), "pairs": results}
+
+    def speed(self) -> dict[str, Any]:
+        results = {}
+        for name, small, large in self.pairs():
+            out = self.work / "speed" / f"{name}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            replayed = self.work / "replay" / name / "replay.json"
+            check = ["--check", str(replayed)] if replayed.exists() else []
+            command = [self.python, "-m", "ead_cli", "bench", "speed", *self.model_options(small, large),
+                       *check, "--json", str(out)]  # fmt: skip
+            results[name] = {**run(command), "report": read_json(out)}
+        return {"ok": all(r["rc"] == 0 for r in results.values()), "pairs": results}
+
+    def overhead(self) -> dict[str, Any]:
+        """The loop's cost over bare llama-cpp-python on each twin (llama.cpp offloads every layer by
+        default when it has a GPU backend; the CPU test's build has none)."""
+        results = {}
+        for shape in dict.fromkeys([self.args.small, *self.args.large]):
+            command = [
+                self.python,
+                str(ROOT / "scripts/bench_overhead.py"),
+                "--model",
+                str(self.twin(shape)),
+                "--tokens",
+                str(self.args.overhead_tokens),
+                "--runs",
+                str(self.args.overhead_runs),
+            ]
+            command += ["--threads", str(self.args.threads)] if self.args.threads else []
+            result = run(command)
+            result["report"] = json.loads(result["stdout"]) if result["rc"] == 0 else None
+            results[shape] = result
+        return {"ok": all(r["rc"] == 0 for r in results.values()), "models": results}
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def cuda_arch() -> str | None:
+    """The GPU's compute capability as CMake wants it (9.0 -> 90): one architecture compiles fastest."""
+    caps = query_gpu("compute_cap")
+    return caps[0]["compute_cap"].replace(".", "") if caps else None
+
+
+def query_gpu(*fields: str) -> list[dict[str, str]]:
+    """nvidia-smi's answer per GPU, or nothing where there is no nvidia-smi or no GPU."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if done.returncode != 0:
+        return []
+    return [
+        dict(zip(fields, (v.strip() for v in line.split(",")), strict=True))
+        for line in done.stdout.splitlines()
+    ]
+
+
+def tool_version(command: list[str], word: str) -> str | None:
+    """The first line of a tool's version output that has ``word``; None where the tool is missing."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return next((line.strip() for line in done.stdout.splitlines() if word in line), None)
+
+
+def machine() -> dict[str, Any]:
+    gpus = query_gpu("name", "memory.total", "driver_version", "compute_cap")
+    return {
+        "gpus": gpus,
+        "device": gpus[0]["name"] if gpus else None,
+        "system": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "nvcc": tool_version(["nvcc", "--version"], "release"),
+        "cmake": tool_version(["cmake", "--version"], "version"),
+        "ninja": tool_version(["ninja", "--version"], "."),
+    }
+
+
+def report(args: argparse.Namespace, state: Path) -> dict[str, Any]:
+    steps = {step: read_json(state / f"{step}.json") for step in STEPS if (state / f"{step}.json").exists()}
+    return {
+        "kind": "gpu run",
+        "cpu_test": args.cpu,
+        "tiny": args.tiny,
+        "note": (
+            "a CPU test of the GPU run: no GPU, llama.cpp built without CUDA"
+            if args.cpu
+            else "llama.cpp built with CUDA, every layer offloaded"
+        )
+        + "; random-weight twins: the timings are real, the text is noise",
+        "machine": machine(),
+        "bundle": read_json(args.bundle / "MANIFEST.json"),
+        "settings": {
+            "small": args.small,
+            "large": args.large,
+            "schedules": os.path.relpath(args.schedules, ROOT),
+            "strategies": args.strategies.split(","),
+            "threads": args.threads,
+            "overhead_tokens": args.overhead_tokens,
+            "overhead_runs": args.overhead_runs,
+        },
+        "steps": steps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    gpu_run = Run(args)
+    state = gpu_run.work / "steps"
+    state.mkdir(parents=True, exist_ok=True)
+    actions = {"build": gpu_run.build, "twins": gpu_run.write_twins, "replay": gpu_run.replay,
+               "speed": gpu_run.speed, "overhead": gpu_run.overhead}  # fmt: skip
+    failed = []
+    for step in args.steps:
+        print(f"{step}...", file=sys.stderr, flush=True)
+        began = time.perf_counter()
+        result = actions[step]()
+        result["seconds"] = round(time.perf_counter() - began, 2)
+        (state / f"{step}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        if not result["ok"]:
+            failed.append(step)
+            if step in ("build", "twins"):  # the later steps need what these make
+                break
+    out = Path(os.environ.get("OUT") or gpu_run.work / "out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu-run.json").write_text(json.dumps(report(args, state), indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out / 'gpu-run.json'}", file=sys.stderr)
+    if failed:
+        print(f"error: step(s) failed: {', '.join(failed)} (see gpu-run.json)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The GPU run on a bare CUDA machine with no network (docs/gpu-run.md): from the repo root, with
+# gpu-run/ (scripts/pack_gpu_run.sh) carried beside it, every step into one JSON file in $OUT.
+#   scripts/gpu_run.sh                     all steps (build, twins, replay, speed, overhead)
+#   scripts/gpu_run.sh --step build        one step (each fits a ten-minute command; rerun to resume)
+#   scripts/gpu_run.sh --cpu --tiny        the CPU test: no CUDA, tiny twins
+# Python: $PYTHON, else python3.12, else python3 (it needs numpy; the rest comes from gpu-run/wheels).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-$(command -v python3.12 || command -v python3)}
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH  # the toolkit's usual place, often not on PATH
+fi
+exec "$python" scripts/gpu_run.py "$@"

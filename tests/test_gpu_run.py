@@ -1,0 +1,116 @@
+"""The GPU run's steps after the build (scripts/gpu_run.py: twins, replay, speed, overhead, the report)
+on tiny shapes with the llama_cpp this suite runs on, so CI compiles once. The build from the carried
+sdist is checked end to end by the CPU test in docs/gpu-run.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+from test_cli import assert_one_line_error, ead
+from tiny_models import MIDDLE_ENTROPY_BITS
+
+from ead_cli import bench
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+STEPS = ["twins", "replay", "speed", "overhead"]
+
+
+def gpu_run(*args: str, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / "gpu_run.py"), *args],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "OUT": str(out)},
+    )
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory, tiny_pair: tuple[Path, Path]) -> Path:
+    """A real bench of the tiny pair with its schedules: what the GPU run replays."""
+    out = tmp_path_factory.mktemp("bench")
+    result = ead(
+        "bench", "humaneval", "--ids", "0,1", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
+        "--threads", "1", "--strategies", "large,gate,spec", "--gate-tau", str(MIDDLE_ENTROPY_BITS),
+        "--max-tokens", "16", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out / bench.RESULTS_FILE
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_small: Path) -> Path:
+    """What pack_gpu_run.sh carries: the pair's tokenizer alone."""
+    out = tmp_path_factory.mktemp("bundle") / "tokenizer.gguf"
+    command = [sys.executable, str(SCRIPTS / "write_twin.py"), "--tokenizer-only"]
+    result = subprocess.run([*command, "--tokenizer-from", str(tiny_small), "--out", str(out)], timeout=60)
+    assert result.returncode == 0
+    return out
+
+
+def test_the_steps_after_the_build_write_one_report(recorded: Path, tokenizer: Path, tmp_path: Path) -> None:
+    _, records = bench.read_results(recorded)
+    names = list(dict.fromkeys(record["strategy"] for record in records))
+    assert names[0] == "large-only" and len(names) == 3
+    common = [
+        "--python", sys.executable, "--cpu", "--work", str(tmp_path / "work"), "--bundle", str(tmp_path),
+        "--small", "qwen2-tiny", "--large", "qwen2-tiny", "--tokenizer", str(tokenizer),
+        "--schedules", str(recorded), "--strategies", ",".join(names), "--threads", "1",
+        "--overhead-tokens", "8", "--overhead-runs", "1",
+    ]  # fmt: skip
+    first = gpu_run(*common, "--step", "twins", out=tmp_path / "out1")
+    assert first.returncode == 0, first.stderr
+    twin = tmp_path / "work" / "twins" / "qwen2-tiny.gguf"
+    assert bytes(gguf.GGUFReader(twin).fields["ead.twin"].parts[-1]) == b"qwen2-tiny"
+    # a later call resumes: the twin is kept, the report has every step done so far
+    second = gpu_run(
+        *common, "--step", "replay", "--step", "speed", "--step", "overhead", out=tmp_path / "out"
+    )
+    assert second.returncode == 0, second.stderr
+    report = json.loads((tmp_path / "out" / "gpu-run.json").read_text())
+    assert report["kind"] == "gpu run" and report["cpu_test"] is True and report["tiny"] is False
+    assert "CPU test" in report["note"] and "twins" in report["note"]
+    assert isinstance(report["machine"]["gpus"], list) and report["machine"]["cpus"] >= 1
+    assert report["bundle"] is None  # no MANIFEST.json: the tokenizer came from the test
+    assert report["settings"]["strategies"] == names and report["settings"]["large"] == ["qwen2-tiny"]
+    assert list(report["steps"]) == STEPS
+    assert all(step["ok"] and step["seconds"] > 0 for step in report["steps"].values())
+
+    twins = report["steps"]["twins"]["twins"]
+    assert list(twins) == ["qwen2-tiny"] and twins["qwen2-tiny"]["bytes"] == twin.stat().st_size
+
+    (pair,) = report["steps"]["replay"]["pairs"].values()
+    assert pair["rc"] == 0 and "--n-gpu-layers" in pair["command"]
+    replayed = pair["report"]
+    assert replayed["models"]["large"]["twin"] == "qwen2-tiny" and replayed["threads"] == 1
+    assert [row["strategy"] for row in replayed["strategies"]] == names
+    assert replayed["strategies"][0]["wall_rel"] == 1.0
+    for row in replayed["strategies"]:
+        mine = [record for record in records if record["strategy"] == row["strategy"]]
+        assert row["samples"] == 2 and row["generated"] == sum(record["generated"] for record in mine)
+        assert row["wall_s"] > 0
+
+    (priced,) = report["steps"]["speed"]["pairs"].values()
+    assert [len(rates["tokens_per_s"]) for rates in priced["report"]["rates"]] == [8, 8]
+    assert len(priced["report"]["checks"]) == 3  # checked against the replay of the same call set
+
+    overhead = report["steps"]["overhead"]["models"]["qwen2-tiny"]["report"]
+    assert overhead["tokens"] == 8 and overhead["runs"] == 1 and overhead["threads"] == 1
+    assert overhead["ratio"] > 0 and overhead["model"] == "qwen2-tiny.gguf"
+
+
+def test_bad_runs_are_one_line(tmp_path: Path) -> None:
+    result = gpu_run("--python", sys.executable, "--step", "build", out=tmp_path)
+    assert_one_line_error(result, 2, "--python uses an installed llama_cpp")
+    result = gpu_run(
+        "--step", "build", "--bundle", str(tmp_path / "none"), "--work", str(tmp_path), out=tmp_path
+    )
+    assert_one_line_error(result, 2, "llama_cpp_python-0.3.36.tar.gz is missing (the build step needs it)")
+    assert not (tmp_path / "venv").exists()
+    result = gpu_run("--step", "replay", "--schedules", str(tmp_path / "none.jsonl"), out=tmp_path)
+    assert_one_line_error(result, 2, "none.jsonl is missing (the replay step needs it)")
