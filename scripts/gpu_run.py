@@ -24,7 +24,7 @@ import argparse
 import json
 import os
 import platform
-import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -40,7 +40,7 @@ SCHEDULES = ROOT / "docs/results/humaneval-odd-schedules/results.jsonl"
 STRATEGIES = "large-only,gate tau=1,gate tau=1 verify=0.1,lookahead tau=1,ead tau=0.5,spec"
 GPU_SHAPES = ("qwen2.5-0.5b", "qwen2.5-14b")
 TINY_SHAPES = ("qwen2.5-tiny", "qwen2.5-tiny")  # the real vocabulary, a two-layer body: the CPU test
-STEP_LIMIT_S = 600
+LIMIT_S = 540  # per command: under a device's ten minutes, so the call still writes its report
 TAIL = 4000  # characters of a command's output kept in the report
 
 
@@ -65,6 +65,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="CPU threads (default: ead's, all cores)")
     parser.add_argument("--overhead-tokens", type=int, default=128)
     parser.add_argument("--overhead-runs", type=int, default=5)
+    parser.add_argument(
+        "--limit", type=int, default=LIMIT_S, help=f"seconds a command may run (default {LIMIT_S})"
+    )
     args = parser.parse_args(argv)
     small, large = TINY_SHAPES if args.tiny else GPU_SHAPES
     args.small = args.small or small
@@ -80,31 +83,29 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(command: list[str], *, env: dict[str, str] | None = None, log: Path | None = None) -> dict[str, Any]:
-    """Run a command with the step limit; its exit status, seconds and the tail of its output."""
+def run(
+    command: list[str], *, limit: int, env: dict[str, str] | None = None, log: Path | None = None
+) -> dict[str, Any]:
+    """Run a command within the time limit (it and every process it started are killed past it); its
+    exit status, seconds and the tail of its output."""
     began = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=ROOT,
-            timeout=STEP_LIMIT_S,
-        )  # fmt: skip
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as expired:
-        rc, out, err = (
-            124,
-            _text(expired.stdout),
-            _text(expired.stderr) + f"\ntimed out after {STEP_LIMIT_S} s",
-        )
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, **(env or {})}, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            out, err = process.communicate(timeout=limit)
+            rc = process.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # pip's cmake, ninja and compilers too
+            out, err = process.communicate()
+            rc, err = 124, err + f"\ntimed out after {limit} s"
     seconds = round(time.perf_counter() - began, 2)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(out + err, encoding="utf-8")
     print(f"  {seconds:7.1f} s  rc {rc}  {' '.join(command)[:160]}", file=sys.stderr, flush=True)
     return {"command": command, "rc": rc, "seconds": seconds, "stdout": out[-TAIL:], "stderr": err[-TAIL:]}
-
-
-def _text(data: bytes | str | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 class Run:
@@ -119,8 +120,11 @@ class Run:
         self.twins = self.work / "twins"
         self.wheels = args.bundle.resolve() / "wheels"
 
+    def run(self, command: list[str], **options: Any) -> dict[str, Any]:
+        return run(command, limit=self.args.limit, **options)
+
     def pip(self, *args: str, log: Path | None = None, env: dict[str, str] | None = None) -> dict:
-        return run(
+        return self.run(
             [self.python, "-m", "pip", "install", "--no-index", "--find-links", str(self.wheels), *args],
             log=log, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})},
         )  # fmt: skip
@@ -130,14 +134,16 @@ class Run:
         sdist = self.args.bundle / f"{SDIST}.tar.gz"
         commands = []
         if not Path(self.python).exists():  # pip from the carried wheel: a system Python may lack ensurepip
-            commands.append(run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+            commands.append(self.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
                                  str(self.venv)]))  # fmt: skip
             wheel = str(next(self.wheels.glob("pip-*.whl")))
-            commands.append(run([self.python, f"{wheel}/pip", "install", "--no-index", "--quiet", wheel]))
+            commands.append(
+                self.run([self.python, f"{wheel}/pip", "install", "--no-index", "--quiet", wheel])
+            )
         commands.append(self.pip("scikit-build-core", "hatchling"))
-        shutil.rmtree(self.src.parent, ignore_errors=True)
-        with tarfile.open(sdist) as archive:
-            archive.extractall(self.src.parent, filter="data")
+        if not self.src.is_dir():
+            with tarfile.open(sdist) as archive:
+                archive.extractall(self.src.parent, filter="data")
         cmake_args = ["-DLLAVA_BUILD=off"]
         if not self.args.cpu:
             cmake_args.append("-DGGML_CUDA=on")
@@ -145,13 +151,18 @@ class Run:
             if arch:
                 cmake_args.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
         env = {"CMAKE_ARGS": " ".join(cmake_args), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
+        # A build folder that outlives the command: a compile cut off by a time limit resumes on a rerun.
+        build_dir = self.work / ("build-cpu" if self.args.cpu else "build-cuda")
         compile_ = self.pip(
-            "--no-build-isolation", "--no-deps", "--no-cache-dir", "--force-reinstall", "-v", str(self.src),
+            "--no-build-isolation", "--no-deps", "--no-cache-dir", "--force-reinstall", "-v",
+            f"--config-settings=build-dir={build_dir}", str(self.src),
             env=env, log=self.work / "logs" / "llama-cpp-python-build.log",
         )  # fmt: skip
         compile_["cmake_args"] = env["CMAKE_ARGS"]
+        if compile_["rc"] == 124:
+            compile_["resume"] = f"cut off: run the build step again, it resumes in {build_dir}"
         install = self.pip("--no-build-isolation", str(ROOT)) if compile_["rc"] == 0 else None
-        check = run([self.python, "-m", "pip", "check"])
+        check = self.run([self.python, "-m", "pip", "check"])
         return {
             "ok": compile_["rc"] == 0 and install is not None and install["rc"] == 0,
             "compile_seconds": compile_["seconds"],
@@ -170,7 +181,7 @@ class Run:
             "  'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
             "  'llama_cpp_system_info': llama_cpp.llama_print_system_info().decode()}))"
         )
-        result = run([self.python, "-c", probe])
+        result = self.run([self.python, "-c", probe])
         return json.loads(result["stdout"]) if result["rc"] == 0 else {"error": result["stderr"]}
 
     def twin(self, shape: str) -> Path:
@@ -188,7 +199,7 @@ class Run:
             command = [self.python, str(ROOT / "scripts/write_twin.py"), "--shape", shape, "--tokenizer-from",
                        str(self.args.tokenizer), "--out", str(path), "--seed", str(seed)]  # fmt: skip
             self.twins.mkdir(parents=True, exist_ok=True)
-            result = run(command, env=env)
+            result = self.run(command, env=env)
             written[shape] = {**result, "bytes": path.stat().st_size if path.exists() else None}
         return {"ok": all(t.get("rc", 0) == 0 for t in written.values()), "twins": written}
 
@@ -208,7 +219,7 @@ class Run:
             command = [self.python, "-m", "ead_cli", "bench", "replay", str(self.args.schedules),
                        *self.model_options(small, large), "--strategies", self.args.strategies,
                        "--out", str(out)]  # fmt: skip
-            results[name] = {**run(command), "report": read_json(out / "replay.json")}
+            results[name] = {**self.run(command), "report": read_json(out / "replay.json")}
         return {"ok": all(r["rc"] == 0 for r in results.values()), "pairs": results}
 
     def speed(self) -> dict[str, Any]:
@@ -220,7 +231,7 @@ class Run:
             check = ["--check", str(replayed)] if replayed.exists() else []
             command = [self.python, "-m", "ead_cli", "bench", "speed", *self.model_options(small, large),
                        *check, "--json", str(out)]  # fmt: skip
-            results[name] = {**run(command), "report": read_json(out)}
+            results[name] = {**self.run(command), "report": read_json(out)}
         return {"ok": all(r["rc"] == 0 for r in results.values()), "pairs": results}
 
     def overhead(self) -> dict[str, Any]:
@@ -239,7 +250,7 @@ class Run:
                 str(self.args.overhead_runs),
             ]
             command += ["--threads", str(self.args.threads)] if self.args.threads else []
-            result = run(command)
+            result = self.run(command)
             result["report"] = json.loads(result["stdout"]) if result["rc"] == 0 else None
             results[shape] = result
         return {"ok": all(r["rc"] == 0 for r in results.values()), "models": results}
@@ -317,6 +328,7 @@ def report(args: argparse.Namespace, state: Path) -> dict[str, Any]:
             "threads": args.threads,
             "overhead_tokens": args.overhead_tokens,
             "overhead_runs": args.overhead_runs,
+            "limit_s": args.limit,
         },
         "steps": steps,
     }
