@@ -12,8 +12,8 @@ from pathlib import Path
 
 import gguf
 import pytest
-from test_cli import assert_one_line_error, ead
-from tiny_models import MIDDLE_ENTROPY_BITS
+from test_cli import assert_one_line_error
+from test_schedule import recorded  # noqa: F401  (a tiny pair's bench with every schedule)
 
 from ead_cli import bench
 
@@ -31,19 +31,6 @@ def gpu_run(*args: str, out: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory, tiny_pair: tuple[Path, Path]) -> Path:
-    """A real bench of the tiny pair with its schedules: what the GPU run replays."""
-    out = tmp_path_factory.mktemp("bench")
-    result = ead(
-        "bench", "humaneval", "--ids", "0,1", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
-        "--threads", "1", "--strategies", "large,gate,spec", "--gate-tau", str(MIDDLE_ENTROPY_BITS),
-        "--max-tokens", "16", "--out", str(out),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return out / bench.RESULTS_FILE
-
-
-@pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_small: Path) -> Path:
     """What pack_gpu_run.sh carries: the pair's tokenizer alone."""
     out = tmp_path_factory.mktemp("bundle") / "tokenizer.gguf"
@@ -53,14 +40,19 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_small: Path) -> Pat
     return out
 
 
-def test_the_steps_after_the_build_write_one_report(recorded: Path, tokenizer: Path, tmp_path: Path) -> None:
-    _, records = bench.read_results(recorded)
+def test_the_steps_after_the_build_write_one_report(
+    recorded: Path,  # noqa: F811
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    schedules = recorded / bench.RESULTS_FILE
+    _, records = bench.read_results(schedules)
     names = list(dict.fromkeys(record["strategy"] for record in records))
-    assert names[0] == "large-only" and len(names) == 3
+    assert names[0] == "large-only" and len(names) == 8
     common = [
         "--python", sys.executable, "--cpu", "--work", str(tmp_path / "work"), "--bundle", str(tmp_path),
         "--small", "qwen2-tiny", "--large", "qwen2-tiny", "--tokenizer", str(tokenizer),
-        "--schedules", str(recorded), "--strategies", ",".join(names), "--threads", "1",
+        "--schedules", str(schedules), "--strategies", ",".join(names), "--threads", "1",
         "--overhead-tokens", "8", "--overhead-runs", "1",
     ]  # fmt: skip
     first = gpu_run(*common, "--step", "twins", out=tmp_path / "out1")
@@ -97,7 +89,7 @@ def test_the_steps_after_the_build_write_one_report(recorded: Path, tokenizer: P
 
     (priced,) = report["steps"]["speed"]["pairs"].values()
     assert [len(rates["tokens_per_s"]) for rates in priced["report"]["rates"]] == [8, 8]
-    assert len(priced["report"]["checks"]) == 3  # checked against the replay of the same call set
+    assert len(priced["report"]["checks"]) == 8  # checked against the replay of the same call set
 
     overhead = report["steps"]["overhead"]["models"]["qwen2-tiny"]["report"]
     assert overhead["tokens"] == 8 and overhead["runs"] == 1 and overhead["threads"] == 1
