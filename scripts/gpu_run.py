@@ -319,6 +319,7 @@ def report(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         )
         + "; random-weight twins: the timings are real, the text is noise",
         "machine": machine(),
+        "checkout": tool_version(["git", "-C", str(ROOT), "rev-parse", "HEAD"], ""),  # None: no .git
         "bundle": read_json(args.bundle / "MANIFEST.json"),
         "settings": {
             "small": args.small,

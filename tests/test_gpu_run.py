@@ -69,6 +69,7 @@ def test_the_steps_after_the_build_write_one_report(
     assert "CPU test" in report["note"] and "twins" in report["note"]
     assert isinstance(report["machine"]["gpus"], list) and report["machine"]["cpus"] >= 1
     assert report["bundle"] is None  # no MANIFEST.json: the tokenizer came from the test
+    assert len(report["checkout"]) == 40  # this checkout's commit
     assert report["settings"]["strategies"] == names and report["settings"]["large"] == ["qwen2-tiny"]
     assert list(report["steps"]) == STEPS
     assert all(step["ok"] and step["seconds"] > 0 for step in report["steps"].values())
