@@ -134,8 +134,8 @@ class Run:
         sdist = self.args.bundle / f"{SDIST}.tar.gz"
         commands = []
         if not Path(self.python).exists():  # pip from the carried wheel: a system Python may lack ensurepip
-            commands.append(self.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
-                                 str(self.venv)]))  # fmt: skip
+            venv = [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(self.venv)]
+            commands.append(self.run(venv))
             wheel = str(next(self.wheels.glob("pip-*.whl")))
             commands.append(
                 self.run([self.python, f"{wheel}/pip", "install", "--no-index", "--quiet", wheel])
@@ -239,16 +239,9 @@ class Run:
         default when it has a GPU backend; the CPU test's build has none)."""
         results = {}
         for shape in dict.fromkeys([self.args.small, *self.args.large]):
-            command = [
-                self.python,
-                str(ROOT / "scripts/bench_overhead.py"),
-                "--model",
-                str(self.twin(shape)),
-                "--tokens",
-                str(self.args.overhead_tokens),
-                "--runs",
-                str(self.args.overhead_runs),
-            ]
+            script = str(ROOT / "scripts/bench_overhead.py")
+            command = [self.python, script, "--model", str(self.twin(shape)), "--tokens",
+                       str(self.args.overhead_tokens), "--runs", str(self.args.overhead_runs)]  # fmt: skip
             command += ["--threads", str(self.args.threads)] if self.args.threads else []
             result = self.run(command)
             result["report"] = json.loads(result["stdout"]) if result["rc"] == 0 else None
