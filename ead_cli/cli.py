@@ -1044,6 +1044,48 @@ def depth_generate(
         loaded.close()
 
 
+@depth_app.command("eval")
+def depth_eval(
+    model: DepthModelArg,
+    tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
+    ids: Annotated[str, typer.Option(help="HumanEval task numbers (odd ids report).")] = "1,3,5,7,9",
+    max_tokens: MaxTokens = 160,
+    out: Annotated[Path | None, typer.Option("--out", help="Write every figure to this JSON file.")] = None,
+    threads: Threads = None,
+    catalog: ModelsFile = None,
+) -> None:
+    """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
+    loaded = depth.open_model(model, catalog=catalog, threads=threads, profile=True, progress=_progress)
+    try:
+        result = depth.evaluate(
+            loaded, tokens=tokens, humaneval_ids=ids, max_tokens=max_tokens, progress=_progress
+        )
+    finally:
+        loaded.close()
+    columns = (
+        ("operating point", "rule", ""),
+        ("mean depth", "mean_depth_frac", ".0%"),
+        ("FLOPs saved", "flop_reduction", ".1%"),
+        ("perplexity", "perplexity", ".3f"),
+        ("vs full", "ppl_rise", "+.1%"),
+    )
+    for corpus, rows in result["perplexity"].items():
+        stderr.print(f"held-out {corpus}", style="bold")
+        _print_rows(columns, rows)
+    he_columns = (
+        ("strategy", "label", ""),
+        ("pass@1", "pass_at_1", ".0%"),
+        ("FLOP ratio", "flop_ratio", ".2f"),
+        ("ms/token", "ms_per_token", ".1f"),
+    )
+    _print_rows(he_columns, [{"label": label, **row} for label, row in result["humaneval"].items()])
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        stderr.print(f"wrote {out}", style="dim")
+    print(result["verdict"])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure a user can cause ends in one line on stderr and a non-zero exit."""
     command = typer.main.get_command(app)

@@ -883,11 +883,13 @@ def calibrate(
 ) -> Profile:
     """The profile of a model from teacher forcing over the corpus's calibration half (every other text
     from the first; ``ead depth eval`` holds out the other half)."""
-    texts, name = read_corpus(corpus)
     if tokens < WINDOW:
         raise EadError(f"--tokens must be at least {WINDOW}, got {tokens}", 2)
     layers = probe_layers(model.n_layer, probe_every)
-    windows = corpus_windows(model.runner, texts, tokens=tokens, part=0)
+    share = max(WINDOW, tokens // max(len(corpus), 1))  # each corpus its share, its own halves
+    groups = [read_corpus([item])[0] for item in corpus]
+    windows = [w for texts in groups for w in corpus_windows(model.runner, texts, tokens=share, part=0)]
+    name = ",".join(corpus)
     capture = teacher_force(model, windows, layers, progress=progress)
     meta = {
         "model": model.path.name,
@@ -902,16 +904,10 @@ def calibrate(
 # ------------------------------------------------------------------------------------ operating points
 
 
-def replay(
-    capture: Capture,
-    options: DepthOptions,
-    profile: Profile | None,
-    weights: HeadWeights,
-    block_flops: float,
-    n_layer: int,
-) -> dict:
+def replay(capture: Capture, options: DepthOptions, profile: Profile | None, model: DepthModel) -> dict:
     """Run an exit rule over teacher-forced readings (a simulation: exact for the monotone schedule, as
     the generation test checks): perplexity with each token scored at its exit layer, depths, FLOPs."""
+    weights, block_flops, n_layer = model.weights, model.block_flops, model.n_layer
     layers = capture.layers
     index = {layer: i for i, layer in enumerate(layers)}
     decide = capture.estimates.get(options.estimator, capture.entropy)
@@ -928,7 +924,7 @@ def replay(
             limit = options.fixed_depth or n_layer
             computed = [n_layer] * PROMPT_ROWS
         if options.rule == "fixed":
-            depth, read = options.fixed_depth, 1
+            depth, read = options.fixed_depth, int(options.fixed_depth < n_layer)
         else:
             if options.rule == "confidence":
                 tau = dict.fromkeys(layers, options.confidence)
@@ -972,6 +968,7 @@ def replay(
         "flop_ratio": flops / full,
         "flop_reduction": 1.0 - flops / full,
         "backfill_blocks": backfill,
+        "depths": depths.tolist(),
     }
 
 
@@ -991,3 +988,305 @@ def open_model(
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path) if profile else None
     return DepthModel(path, n_threads=threads, n_ctx=n_ctx, profile=saved)
+
+
+# ---------------------------------------------------------------------------------------------- eval
+
+EVAL_MARGINS = (0.0, 0.5, 1.0, 2.0, 4.0)
+EVAL_CONFIDENCE = (0.5, 1.0, 2.0)
+FLOP_FLOOR = 0.15  # the falsification rule: operating points with at least this FLOP reduction
+PPL_RISE = 0.01  # ... where perplexity may rise by at most 1% relative
+WALL_GAIN = 0.10  # not practically relevant if wall-clock improves by less than 10%
+
+
+def operating_points(model: DepthModel, layers: Sequence[int]) -> list[DepthOptions]:
+    """Full depth, EMAD at several margins (and its conditioned, estimated and free variants at 1 bit),
+    fixed truncation at every probe layer, a confidence exit at a few thresholds."""
+    every = layers[0] if len(layers) > 1 else model.n_layer
+    emad = [DepthOptions(margin=m, probe_every=every) for m in EVAL_MARGINS]
+    variants = [
+        DepthOptions(margin=1.0, probe_every=every, condition=c) for c in ("position", "confidence", "both")
+    ] + [DepthOptions(margin=1.0, probe_every=every, estimator=e) for e in ("topk", "lowrank")]
+    free = [DepthOptions(margin=m, probe_every=every, schedule="free") for m in (0.0, 1.0)]
+    fixed = [DepthOptions(fixed_depth=k) for k in layers]
+    confident = [DepthOptions(confidence=h, probe_every=every) for h in EVAL_CONFIDENCE]
+    return [*emad, *variants, *free, *fixed, *confident]
+
+
+def estimator_report(model: DepthModel, capture: Capture, options: DepthOptions, profile: Profile) -> dict:
+    """Per estimator: cost of one probe (seconds, median of repeats), mean absolute error of its entropy
+    against the full one per probe layer, and the share of tokens whose exit depth it changes."""
+    hidden = np.random.default_rng(0).standard_normal((1, model.weights.n_embd)).astype(np.float32) * 3
+    full = replay(capture, replace_options(options, estimator="full"), profile, model)
+    report = {}
+    for name in ESTIMATORS:
+        estimator = model.estimator(replace_options(options, estimator=name))
+        times = []
+        for _ in range(7):
+            estimator.start_token()
+            estimator.read(hidden)  # top-K's first probe is a full readout: time the later ones
+            began = perf_counter()
+            estimator.read(hidden)
+            times.append(perf_counter() - began)
+        entry: dict = {"probe_ms": 1000 * float(np.median(times))}
+        if name != "full":
+            error = np.abs(capture.estimates[name] - capture.entropy).mean(axis=1)
+            entry["mae_bits"] = {str(layer): float(e) for layer, e in zip(capture.layers, error, strict=True)}
+            depths = replay(capture, replace_options(options, estimator=name), profile, model)["depths"]
+            entry["decisions_changed"] = float(np.mean(np.asarray(depths) != np.asarray(full["depths"])))
+        report[name] = entry
+    return report
+
+
+def replace_options(options: DepthOptions, **changes: object) -> DepthOptions:
+    return DepthOptions(**{**asdict(options), **changes})
+
+
+def held_out(
+    model: DepthModel, corpus: str, layers: Sequence[int], tokens: int, *, part: int, **kw
+) -> Capture:
+    windows = corpus_windows(model.runner, read_corpus([corpus])[0], tokens=tokens, part=part)
+    return teacher_force(model, windows, layers, **kw)
+
+
+def _public(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key != "depths"}
+
+
+def plain_greedy_ms(runner: Runner, prompt: Sequence[int], max_tokens: int) -> tuple[list[int], float]:
+    """Full-depth greedy decoding on a runner without any callback: the wall-clock reference."""
+    runner.truncate(0)
+    runner.stats = type(runner.stats).empty()
+    tokens = list(prompt)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        token = int(np.argmax(runner.sync(tokens, prompt_len=len(prompt), own_tail=bool(out))))
+        out.append(token)
+        if runner.is_end_of_generation(token):
+            break
+        tokens.append(token)
+    decode = runner.stats.decode
+    return out, 1000 * decode.seconds / max(decode.tokens, 1)
+
+
+def humaneval_points(
+    model: DepthModel,
+    plain: Runner,
+    strategies: Sequence[DepthOptions],
+    *,
+    ids: str,
+    max_tokens: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """HumanEval pass@1 (``ead bench``'s tasks, prompt and sandbox) and decode ms/token per strategy, the
+    plain full-depth runner (no callback) first on each task: every figure from the same run."""
+    from . import bench
+    from .text import TextStream as Stream
+
+    tasks = bench.select_tasks(bench.load_humaneval(), ids=ids, split="all", limit=None)
+    rows: dict[str, dict] = {
+        "full depth (no callback)": {"passed": [], "ms": [], "tokens": 0, "flop_ratio": []}
+    }
+    rows |= {
+        s.label: {"passed": [], "ms": [], "tokens": 0, "flop_ratio": [], "depth": []} for s in strategies
+    }
+    for task in tasks:
+        prompt = bench.humaneval_prompt(model.runner, task)
+        out, ms = plain_greedy_ms(plain, prompt, max_tokens)
+        text = _detok(model.runner, out, Stream([bench.STOP]))
+        entry = rows["full depth (no callback)"]
+        entry["passed"].append(bench.check_solution(task, bench.completion_code(task, text)).passed)
+        entry["ms"].append(ms)
+        entry["flop_ratio"].append(1.0)
+        entry["tokens"] += len(out)
+        for options in strategies:
+            *events, summary = model.generate(
+                prompt, options, SamplingParams(), max_tokens=max_tokens, stop=(bench.STOP,)
+            )
+            text = "".join(event.text for event in events)
+            entry = rows[options.label]
+            entry["passed"].append(bench.check_solution(task, bench.completion_code(task, text)).passed)
+            entry["ms"].append(summary.ms_per_token)
+            entry["flop_ratio"].append(summary.flop_ratio)
+            entry["depth"].append(summary.mean_depth / model.n_layer)
+            entry["tokens"] += summary.generated
+        if progress is not None:
+            progress(f"{task.task_id} done")
+    return {
+        label: {
+            "tasks": [t.task_id for t in tasks],
+            "pass_at_1": float(np.mean(entry["passed"])),
+            "passed": entry["passed"],
+            "ms_per_token": float(np.mean(entry["ms"])),
+            "flop_ratio": float(np.mean(entry["flop_ratio"])),
+            "tokens": entry["tokens"],
+            **({"mean_depth_frac": float(np.mean(entry["depth"]))} if "depth" in entry else {}),
+        }
+        for label, entry in rows.items()
+    }
+
+
+def _detok(runner: Runner, tokens: Sequence[int], stream: TextStream) -> str:
+    return "".join(stream.push(runner.token_bytes(t)) for t in tokens) + stream.flush()
+
+
+def evaluate(
+    model: DepthModel,
+    *,
+    tokens: int = 512,
+    humaneval_ids: str = "1,3,5,7,9",
+    max_tokens: int = 160,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """The falsification plan on one model: held-out perplexity (code and prose) at every operating point,
+    calibration stability, the estimators, HumanEval pass@1 and wall-clock for a few points, the verdict."""
+    profile = model.profile
+    layers = profile.probes
+    say = progress or (lambda _message: None)
+    say("teacher forcing: held-out code and prose, calibration halves of each")
+    estimators = ("topk", "lowrank")
+    held = {c: held_out(model, c, layers, tokens, part=1, estimators=estimators) for c in ("code", "prose")}
+    calib = {c: held_out(model, c, layers, tokens, part=0) for c in ("code", "prose")}
+    own = {
+        c: build_profile(
+            calib[c].entropy, calib[c].positions, calib[c].top1, probes=layers, meta=_meta(profile)
+        )
+        for c in ("code", "prose")
+    }
+    points = operating_points(model, layers)
+    perplexity: dict[str, list[dict]] = {}
+    for corpus, capture in held.items():
+        base = replay(capture, DepthOptions(fixed_depth=model.n_layer), None, model)["perplexity"]
+        rows = []
+        for options in points:
+            row = _public(replay(capture, options, profile, model))
+            row["ppl_rise"] = row["perplexity"] / base - 1.0
+            rows.append(row)
+        perplexity[corpus] = rows
+    stability = []
+    for source, target in (("code", "prose"), ("prose", "code")):
+        base = replay(held[target], DepthOptions(fixed_depth=model.n_layer), None, model)["perplexity"]
+        for margin in EVAL_MARGINS:
+            options = DepthOptions(margin=margin, probe_every=layers[0])
+            cross = replay(held[target], options, own[source], model)
+            same = replay(held[target], options, own[target], model)
+            stability.append(
+                {
+                    "profile_from": source,
+                    "tested_on": target,
+                    "margin": margin,
+                    "ppl_rise_cross": cross["perplexity"] / base - 1,
+                    "ppl_rise_same": same["perplexity"] / base - 1,
+                    "flop_reduction_cross": cross["flop_reduction"],
+                    "flop_reduction_same": same["flop_reduction"],
+                }
+            )
+    profiles = {"saved": profile.smooth, "code": own["code"].smooth, "prose": own["prose"].smooth}
+    say("estimators: cost per probe, error against the full entropy")
+    estimator_rows = estimator_report(
+        model, held["code"], DepthOptions(margin=1.0, probe_every=layers[0]), profile
+    )
+    chosen = _humaneval_strategies(perplexity["code"], points, model)
+    say(f"HumanEval {humaneval_ids}: " + ", ".join(o.label for o in chosen))
+    plain = Runner(
+        model.path, name="plain", n_ctx=model.runner.n_ctx, n_threads=model.n_threads, n_gpu_layers=0
+    )
+    try:
+        humaneval = humaneval_points(
+            model, plain, chosen, ids=humaneval_ids, max_tokens=max_tokens, progress=say
+        )
+    finally:
+        plain.close()
+    result = {
+        "model": model.path.name,
+        "n_layer": model.n_layer,
+        "probes": list(layers),
+        "tokens_per_corpus": tokens,
+        "profile": {"corpus": profile.corpus, "tokens": profile.tokens},
+        "profiles": profiles,
+        "perplexity": perplexity,
+        "stability": stability,
+        "estimators": estimator_rows,
+        "humaneval": humaneval,
+    }
+    result["verdict"] = verdict(result)
+    return result
+
+
+def _meta(profile: Profile) -> dict:
+    return {
+        "model": profile.model,
+        "digest": profile.digest,
+        "n_layer": profile.n_layer,
+        "corpus": "-",
+        "tokens": 0,
+    }
+
+
+def _humaneval_strategies(
+    rows: list[dict], points: list[DepthOptions], model: DepthModel
+) -> list[DepthOptions]:
+    """EMAD at the margin with the least perplexity rise among those that save >= 15% FLOPs (else the
+    largest margin), the fixed truncation one probe below full depth, the confidence exit at 1 bit."""
+    emad = [
+        (row, o) for row, o in zip(rows, points, strict=True) if o.rule == "emad" and o.label.count("=") == 1
+    ]
+    saving = [(row, o) for row, o in emad if row["flop_reduction"] >= FLOP_FLOOR]
+    best = min(saving, key=lambda pair: pair[0]["ppl_rise"])[1] if saving else emad[-1][1]
+    below = [o for o in points if o.rule == "fixed" and (o.fixed_depth or 0) < model.n_layer]
+    confident = [o for o in points if o.rule == "confidence" and o.confidence == 1.0]
+    return [best, *below[-1:], *confident, DepthOptions(fixed_depth=model.n_layer)]
+
+
+def verdict(result: dict) -> str:
+    """The seed's rule: falsified if any operating point with >= 15% FLOP reduction raises held-out
+    perplexity by > 1% relative (code or prose) or loses pass@1 on two or more tasks full depth passed;
+    not practically relevant if the best real wall-clock gain is under 10%."""
+    name = result["model"]
+    failing = [
+        (corpus, row)
+        for corpus, rows in result["perplexity"].items()
+        for row in rows
+        if row["flop_reduction"] >= FLOP_FLOOR and row["ppl_rise"] > PPL_RISE
+    ]
+    humaneval = result["humaneval"]
+    reference = humaneval["full depth (no callback)"]
+    lost = {
+        label: sum(a and not b for a, b in zip(reference["passed"], row["passed"], strict=True))
+        for label, row in humaneval.items()
+    }
+    failing_he = [
+        label for label, row in humaneval.items() if lost[label] >= 2 and 1 - row["flop_ratio"] >= FLOP_FLOOR
+    ]
+    good = [
+        row
+        for rows in result["perplexity"].values()
+        for row in rows
+        if row["flop_reduction"] >= FLOP_FLOOR and row["ppl_rise"] <= PPL_RISE
+    ]
+    gains = [
+        1 - row["ms_per_token"] / reference["ms_per_token"]
+        for label, row in humaneval.items()
+        if label != "full depth (no callback)"
+    ]
+    best_gain = max(gains) if gains else 0.0
+    parts = []
+    if failing or failing_he:
+        corpus, row = max(failing, key=lambda pair: pair[1]["flop_reduction"]) if failing else (None, None)
+        example = (
+            f"{row['rule']} on {corpus}: {row['flop_reduction']:.0%} fewer FLOPs, perplexity "
+            f"{row['ppl_rise']:+.1%}"
+            if row
+            else f"{failing_he[0]} lost >= 2 HumanEval tasks"
+        )
+        parts.append(
+            f"falsified ({len(failing) + len(failing_he)} operating points break the rule, e.g. {example}; "
+            f"{len(good)} points save >= 15% within 1% perplexity)"
+        )
+    else:
+        parts.append("not falsified")
+    if best_gain < WALL_GAIN:
+        parts.append(f"not practically relevant (best real wall-clock gain {best_gain:+.1%})")
+    else:
+        parts.append(f"wall-clock gain up to {best_gain:+.1%}")
+    return f"{name}: " + "; ".join(parts)
