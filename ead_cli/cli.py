@@ -989,6 +989,8 @@ def depth_generate(
     estimator: Annotated[
         EstimatorName, typer.Option(help="Probe entropy: full softmax, top-K, or a low-rank readout.")
     ] = EstimatorName.full,
+    estimator_k: Annotated[int, typer.Option("--estimator-k", help="topk: candidate tokens per probe.")] = 64,
+    rank: Annotated[int, typer.Option(help="lowrank: rank of the output matrix's factors.")] = 64,
     fixed_depth: Annotated[int | None, typer.Option(help="Baseline: every token at K blocks.")] = None,
     confidence: Annotated[float | None, typer.Option(help="Baseline: exit where H <= H0 bits.")] = None,
     simulate: Annotated[
@@ -1012,7 +1014,8 @@ def depth_generate(
     text = check_prompt_text(_read_prompt(prompt))
     options = depth.DepthOptions(
         margin=margin, probe_every=probe_every, schedule=schedule.value, condition=condition.value,
-        estimator=estimator.value, fixed_depth=fixed_depth, confidence=confidence, simulate=simulate,
+        estimator=estimator.value, top_k=estimator_k, rank=rank, fixed_depth=fixed_depth,
+        confidence=confidence, simulate=simulate,
     )
     sampling = SamplingParams(temp=temp, seed=seed)
     if max_tokens < 1:
@@ -1082,7 +1085,8 @@ def depth_eval(
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        stderr.print(f"wrote {out}", style="dim")
+        why = depth.plot(result, out.with_suffix(".png"))
+        stderr.print(why or f"wrote {out} and {out.with_suffix('.png')}", style="dim", soft_wrap=True)
     print(result["verdict"])
 
 

@@ -1290,3 +1290,30 @@ def verdict(result: dict) -> str:
     else:
         parts.append(f"wall-clock gain up to {best_gain:+.1%}")
     return f"{name}: " + "; ".join(parts)
+
+
+def plot(result: dict, path: Path) -> str | None:
+    """Perplexity (relative to full depth) against FLOPs (relative), per held-out corpus, one point per
+    operating point coloured by family; returns why there is no plot, or None."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return "matplotlib is not installed (pip install 'ead-cli[plot]'): no plot"
+    figure = Figure(figsize=(12, 5), layout="constrained")
+    axes = figure.subplots(1, len(result["perplexity"]), squeeze=False)[0]
+    colours = {"emad": "tab:blue", "fixed": "tab:orange", "confidence": "tab:green", "free": "tab:red"}
+    for ax, (corpus, rows) in zip(axes, result["perplexity"].items(), strict=True):
+        for row in rows:
+            family = "free" if "schedule=free" in row["rule"] else row["rule"].split()[0]
+            x, y = row["flop_ratio"], 1 + row["ppl_rise"]
+            ax.scatter(x, y, color=colours.get(family, "black"))
+            ax.annotate(row["rule"], (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
+        ax.axhline(1 + PPL_RISE, color="grey", linestyle="--", linewidth=0.8)
+        ax.axvline(1 - FLOP_FLOOR, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xlabel("FLOPs relative to full depth")
+        ax.set_ylabel("perplexity relative to full depth")
+        ax.set_title(f"{result['model']}: held-out {corpus}")
+        ax.grid(alpha=0.3)
+    figure.savefig(path, dpi=130)
+    return None

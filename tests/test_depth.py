@@ -202,23 +202,14 @@ def config(tmp_path_factory: pytest.TempPathFactory, deep_model: Path) -> dict[s
     return env
 
 
-def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> None:
-    result = ead(
-        "depth",
-        "generate",
-        str(deep_model),
-        PROMPT,
-        "--probe-every",
-        "2",
-        "--max-tokens",
-        "12",
-        "--format",
-        "jsonl",
-        "--stats",
-        "--threads",
-        "1",
-        env=config,
+def depth_generate(model: Path, *extra: str, env: dict[str, str]):
+    return ead(
+        "depth", "generate", str(model), PROMPT, "--probe-every", "2", "--threads", "1", *extra, env=env
     )
+
+
+def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> None:
+    result = depth_generate(deep_model, "--max-tokens", "12", "--format", "jsonl", "--stats", env=config)
     assert result.returncode == 0, result.stderr.decode()
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
     tokens, summary = records[:-1], records[-1]
@@ -229,19 +220,7 @@ def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> N
 
 
 def test_generate_colours_tokens_with_a_legend(config: dict[str, str], deep_model: Path) -> None:
-    result = ead(
-        "depth",
-        "generate",
-        str(deep_model),
-        PROMPT,
-        "--probe-every",
-        "2",
-        "--max-tokens",
-        "8",
-        "--threads",
-        "1",
-        env={**config, "FORCE_COLOR": "1"},
-    )
+    result = depth_generate(deep_model, "--max-tokens", "8", env={**config, "FORCE_COLOR": "1"})
     assert result.returncode == 0
     assert "exit depth (of 8 blocks)" in result.stderr.decode()
     assert "\x1b[" in result.stdout.decode()
@@ -268,3 +247,38 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     writer.write_tensors_to_file()
     writer.close()
     assert_one_line_error(ead("depth", "calibrate", str(headless), env=missing), 1, "no usable readout")
+
+
+def test_eval_reports_every_operating_point_and_a_verdict(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "eval.json"
+    result = ead(
+        "depth",
+        "eval",
+        str(deep_model),
+        "--tokens",
+        "256",
+        "--ids",
+        "1",
+        "--max-tokens",
+        "6",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        env=config,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    verdict = result.stdout.decode().strip().splitlines()[-1]  # after the tables
+    assert verdict.startswith("deep.gguf: ") and ("falsified" in verdict or "not falsified" in verdict)
+    report = json.loads(out.read_text())
+    assert verdict == report["verdict"]
+    for corpus in ("code", "prose"):
+        rules = [row["rule"] for row in report["perplexity"][corpus]]
+        assert {"emad m=0", "fixed k=8", "confidence h0=1", "emad m=1 schedule=free"} <= set(rules)
+        full = next(row for row in report["perplexity"][corpus] if row["rule"] == "fixed k=8")
+        assert full["ppl_rise"] == 0.0 and full["flop_reduction"] == pytest.approx(0.0)
+    assert set(report["estimators"]) == {"full", "topk", "lowrank"}
+    assert "full depth (no callback)" in report["humaneval"]
+    assert out.with_suffix(".png").exists()
