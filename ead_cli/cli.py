@@ -1082,6 +1082,12 @@ def depth_eval(
         ("ms/token", "ms_per_token", ".1f"),
     )
     _print_rows(he_columns, [{"label": label, **row} for label, row in result["humaneval"].items()])
+    stop_columns = (
+        ("stop after", "stop", ""),
+        ("ms/token", "ms_per_token", ".1f"),
+        ("vs full", "relative", ".2f"),
+    )
+    _print_rows(stop_columns, result["stop_timing"])
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -1188,16 +1188,17 @@ def evaluate(
     )
     chosen = _humaneval_strategies(perplexity["code"], points, model)
     say(f"HumanEval {humaneval_ids}: " + ", ".join(o.label for o in chosen))
-    plain = Runner(
-        model.path, name="plain", n_ctx=model.runner.n_ctx, n_threads=model.n_threads, n_gpu_layers=0
-    )
+    plain = plain_runner(model)
     try:
         humaneval = humaneval_points(
             model, plain, chosen, ids=humaneval_ids, max_tokens=max_tokens, progress=say
         )
     finally:
         plain.close()
+    say("wall-clock of a stop at each probe layer (fixed truncation, one prompt)")
+    stops = stop_timing(model, prompt_of(model), max_tokens=48)
     result = {
+        "stop_timing": stops,
         "model": model.path.name,
         "n_layer": model.n_layer,
         "probes": list(layers),
@@ -1317,3 +1318,40 @@ def plot(result: dict, path: Path) -> str | None:
         ax.grid(alpha=0.3)
     figure.savefig(path, dpi=130)
     return None
+
+
+def plain_runner(model: DepthModel) -> Runner:
+    """The same model file with no callback: the full-depth wall-clock reference."""
+    return Runner(
+        model.path, name="plain", n_ctx=model.runner.n_ctx, n_threads=model.n_threads, n_gpu_layers=0
+    )
+
+
+def prompt_of(model: DepthModel) -> list[int]:
+    from .prompt import encode_prompt
+
+    return encode_prompt(model.runner, "Write a Python function that merges two sorted lists.")
+
+
+def stop_timing(model: DepthModel, prompt: Sequence[int], *, max_tokens: int) -> list[dict]:
+    """Decode ms/token when every token stops at probe layer k (the callback's readout at k included),
+    and with no callback at all, in one run: what the early exit itself saves."""
+    plain = plain_runner(model)
+    try:
+        _, reference = plain_greedy_ms(plain, prompt, max_tokens)
+    finally:
+        plain.close()
+    rows = [{"stop": "full depth (no callback)", "ms_per_token": reference, "relative": 1.0}]
+    for layer in model.profile.probes if model.profile else (model.n_layer,):
+        *_, summary = model.generate(
+            prompt, DepthOptions(fixed_depth=layer), SamplingParams(), max_tokens=max_tokens
+        )
+        rows.append(
+            {
+                "stop": f"l_out-{layer - 1} (block {layer})",
+                "ms_per_token": summary.ms_per_token,
+                "relative": summary.ms_per_token / reference,
+                "callback_ms_per_token": 1000 * summary.probe_s / max(summary.generated, 1),
+            }
+        )
+    return rows
