@@ -1053,15 +1053,32 @@ def depth_eval(
     tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
     ids: Annotated[str, typer.Option(help="HumanEval task numbers (odd ids report).")] = "1,3,5,7,9",
     max_tokens: MaxTokens = 160,
-    out: Annotated[Path | None, typer.Option("--out", help="Write every figure to this JSON file.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write every figure to this JSON file; its quality part is reused when it was made with "
+            "the same profile and --tokens.",
+        ),
+    ] = None,
+    timing: Annotated[
+        bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
+    ] = True,
     threads: Threads = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
+    previous = None
+    if out is not None and out.exists():
+        try:
+            previous = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
     loaded = depth.open_model(model, catalog=catalog, threads=threads, profile=True, progress=_progress)
     try:
         result = depth.evaluate(
-            loaded, tokens=tokens, humaneval_ids=ids, max_tokens=max_tokens, progress=_progress
+            loaded, tokens=tokens, humaneval_ids=ids, max_tokens=max_tokens, timing=timing,
+            previous=previous if isinstance(previous, dict) else None, progress=_progress,
         )
     finally:
         loaded.close()
@@ -1081,13 +1098,13 @@ def depth_eval(
         ("FLOP ratio", "flop_ratio", ".2f"),
         ("ms/token", "ms_per_token", ".1f"),
     )
-    _print_rows(he_columns, [{"label": label, **row} for label, row in result["humaneval"].items()])
+    _print_rows(he_columns, [{"label": label, **row} for label, row in result.get("humaneval", {}).items()])
     stop_columns = (
         ("stop after", "stop", ""),
         ("ms/token", "ms_per_token", ".1f"),
         ("vs full", "relative", ".2f"),
     )
-    _print_rows(stop_columns, result["stop_timing"])
+    _print_rows(stop_columns, result.get("stop_timing", []))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

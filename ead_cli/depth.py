@@ -1014,28 +1014,36 @@ def operating_points(model: DepthModel, layers: Sequence[int]) -> list[DepthOpti
 
 
 def estimator_report(model: DepthModel, capture: Capture, options: DepthOptions, profile: Profile) -> dict:
-    """Per estimator: cost of one probe (seconds, median of repeats), mean absolute error of its entropy
-    against the full one per probe layer, and the share of tokens whose exit depth it changes."""
-    hidden = np.random.default_rng(0).standard_normal((1, model.weights.n_embd)).astype(np.float32) * 3
-    full = replay(capture, replace_options(options, estimator="full"), profile, model)
+    """Per estimator (not full): mean absolute error of its entropy against the full one per probe
+    layer, and the share of tokens whose exit depth it changes."""
+    full = replay(capture, replace_options(options, estimator="full"), profile, model)["depths"]
     report = {}
+    for name in ESTIMATORS[1:]:
+        error = np.abs(capture.estimates[name] - capture.entropy).mean(axis=1)
+        depths = replay(capture, replace_options(options, estimator=name), profile, model)["depths"]
+        report[name] = {
+            "mae_bits": {str(layer): float(e) for layer, e in zip(capture.layers, error, strict=True)},
+            "decisions_changed": float(np.mean(np.asarray(depths) != np.asarray(full))),
+        }
+    return report
+
+
+def estimator_costs(model: DepthModel, options: DepthOptions) -> dict[str, float]:
+    """Milliseconds of one probe per estimator (median of 7; top-K's first probe is a full readout, so
+    a later one is timed), the entropy computation included."""
+    hidden = np.random.default_rng(0).standard_normal((1, model.weights.n_embd)).astype(np.float32) * 3
+    costs = {}
     for name in ESTIMATORS:
         estimator = model.estimator(replace_options(options, estimator=name))
         times = []
         for _ in range(7):
             estimator.start_token()
-            estimator.read(hidden)  # top-K's first probe is a full readout: time the later ones
+            estimator.read(hidden)
             began = perf_counter()
             estimator.read(hidden)
             times.append(perf_counter() - began)
-        entry: dict = {"probe_ms": 1000 * float(np.median(times))}
-        if name != "full":
-            error = np.abs(capture.estimates[name] - capture.entropy).mean(axis=1)
-            entry["mae_bits"] = {str(layer): float(e) for layer, e in zip(capture.layers, error, strict=True)}
-            depths = replay(capture, replace_options(options, estimator=name), profile, model)["depths"]
-            entry["decisions_changed"] = float(np.mean(np.asarray(depths) != np.asarray(full["depths"])))
-        report[name] = entry
-    return report
+        costs[name] = 1000 * float(np.median(times))
+    return costs
 
 
 def replace_options(options: DepthOptions, **changes: object) -> DepthOptions:
@@ -1136,15 +1144,64 @@ def evaluate(
     tokens: int = 512,
     humaneval_ids: str = "1,3,5,7,9",
     max_tokens: int = 160,
+    timing: bool = True,
+    previous: dict | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """The falsification plan on one model: held-out perplexity (code and prose) at every operating point,
-    calibration stability, the estimators, HumanEval pass@1 and wall-clock for a few points, the verdict."""
+    calibration stability and the estimators' errors (the quality part, reused from ``previous`` when
+    that was made with the same profile and token count); then, with ``timing``, the estimators' cost,
+    a stop after each probe layer, HumanEval pass@1 and decode ms/token; the verdict."""
     profile = model.profile
     layers = profile.probes
     say = progress or (lambda _message: None)
+    points = operating_points(model, layers)
+    result = {
+        "model": model.path.name,
+        "n_layer": model.n_layer,
+        "probes": list(layers),
+        "tokens_per_corpus": tokens,
+        "profile": {"corpus": profile.corpus, "tokens": profile.tokens, "smooth": profile.smooth},
+    }
+    quality = ("profiles", "perplexity", "stability", "estimators")
+    if (
+        previous
+        and all(previous.get(k) == v for k, v in result.items())
+        and all(k in previous for k in quality)
+    ):
+        say("quality part: reused from the previous results")
+        result |= {key: previous[key] for key in quality}
+    else:
+        result |= quality_part(model, points, tokens, say)
+    if timing:
+        options = DepthOptions(margin=1.0, probe_every=layers[0])
+        say("estimators: cost per probe")
+        for name, cost in estimator_costs(model, options).items():
+            result["estimators"].setdefault(name, {})["probe_ms"] = cost
+        chosen = _humaneval_strategies(result["perplexity"]["code"], points, model)
+        say(f"HumanEval {humaneval_ids}: " + ", ".join(o.label for o in chosen))
+        plain = plain_runner(model)
+        try:
+            result["humaneval"] = humaneval_points(
+                model, plain, chosen, ids=humaneval_ids, max_tokens=max_tokens, progress=say
+            )
+        finally:
+            plain.close()
+        say("wall-clock of a stop at each probe layer (fixed truncation, one prompt)")
+        result["stop_timing"] = stop_timing(model, prompt_of(model), max_tokens=48)
+    result["verdict"] = verdict(result)
+    return result
+
+
+def quality_part(
+    model: DepthModel, points: list[DepthOptions], tokens: int, say: Callable[[str], None]
+) -> dict:
+    """Teacher-forced captures of held-out code and prose (and of each corpus's calibration half, for
+    the stability check), every operating point replayed on them, the estimators' errors."""
+    profile = model.profile
+    layers = profile.probes
     say("teacher forcing: held-out code and prose, calibration halves of each")
-    estimators = ("topk", "lowrank")
+    estimators = ESTIMATORS[1:]
     held = {c: held_out(model, c, layers, tokens, part=1, estimators=estimators) for c in ("code", "prose")}
     calib = {c: held_out(model, c, layers, tokens, part=0) for c in ("code", "prose")}
     own = {
@@ -1153,7 +1210,6 @@ def evaluate(
         )
         for c in ("code", "prose")
     }
-    points = operating_points(model, layers)
     perplexity: dict[str, list[dict]] = {}
     for corpus, capture in held.items():
         base = replay(capture, DepthOptions(fixed_depth=model.n_layer), None, model)["perplexity"]
@@ -1181,37 +1237,14 @@ def evaluate(
                     "flop_reduction_same": same["flop_reduction"],
                 }
             )
-    profiles = {"saved": profile.smooth, "code": own["code"].smooth, "prose": own["prose"].smooth}
-    say("estimators: cost per probe, error against the full entropy")
-    estimator_rows = estimator_report(
-        model, held["code"], DepthOptions(margin=1.0, probe_every=layers[0]), profile
-    )
-    chosen = _humaneval_strategies(perplexity["code"], points, model)
-    say(f"HumanEval {humaneval_ids}: " + ", ".join(o.label for o in chosen))
-    plain = plain_runner(model)
-    try:
-        humaneval = humaneval_points(
-            model, plain, chosen, ids=humaneval_ids, max_tokens=max_tokens, progress=say
-        )
-    finally:
-        plain.close()
-    say("wall-clock of a stop at each probe layer (fixed truncation, one prompt)")
-    stops = stop_timing(model, prompt_of(model), max_tokens=48)
-    result = {
-        "stop_timing": stops,
-        "model": model.path.name,
-        "n_layer": model.n_layer,
-        "probes": list(layers),
-        "tokens_per_corpus": tokens,
-        "profile": {"corpus": profile.corpus, "tokens": profile.tokens},
-        "profiles": profiles,
+    return {
+        "profiles": {"saved": profile.smooth, "code": own["code"].smooth, "prose": own["prose"].smooth},
         "perplexity": perplexity,
         "stability": stability,
-        "estimators": estimator_rows,
-        "humaneval": humaneval,
+        "estimators": estimator_report(
+            model, held["code"], DepthOptions(margin=1.0, probe_every=layers[0]), profile
+        ),
     }
-    result["verdict"] = verdict(result)
-    return result
 
 
 def _meta(profile: Profile) -> dict:
@@ -1250,8 +1283,8 @@ def verdict(result: dict) -> str:
         for row in rows
         if row["flop_reduction"] >= FLOP_FLOOR and row["ppl_rise"] > PPL_RISE
     ]
-    humaneval = result["humaneval"]
-    reference = humaneval["full depth (no callback)"]
+    humaneval = result.get("humaneval", {})
+    reference = humaneval.get("full depth (no callback)", {"passed": [], "ms_per_token": 0.0})
     lost = {
         label: sum(a and not b for a, b in zip(reference["passed"], row["passed"], strict=True))
         for label, row in humaneval.items()
@@ -1286,7 +1319,9 @@ def verdict(result: dict) -> str:
         )
     else:
         parts.append("not falsified")
-    if best_gain < WALL_GAIN:
+    if not humaneval:
+        parts.append("wall-clock and HumanEval not measured (--no-timing)")
+    elif best_gain < WALL_GAIN:
         parts.append(f"not practically relevant (best real wall-clock gain {best_gain:+.1%})")
     else:
         parts.append(f"wall-clock gain up to {best_gain:+.1%}")

@@ -252,26 +252,18 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
 def test_eval_reports_every_operating_point_and_a_verdict(
     config: dict[str, str], deep_model: Path, tmp_path: Path
 ) -> None:
+    """The quality part alone first (--no-timing), then the timing part, which reuses it from --out."""
     out = tmp_path / "eval.json"
-    result = ead(
-        "depth",
-        "eval",
-        str(deep_model),
-        "--tokens",
-        "256",
-        "--ids",
-        "1",
-        "--max-tokens",
-        "6",
-        "--threads",
-        "1",
-        "--out",
-        str(out),
-        env=config,
-    )
+    args = ("depth", "eval", str(deep_model), "--tokens", "256", "--ids", "1", "--max-tokens", "6")
+    quality = ead(*args, "--threads", "1", "--out", str(out), "--no-timing", env=config)
+    assert quality.returncode == 0, quality.stderr.decode()
+    assert "not measured" in quality.stdout.decode().splitlines()[-1]
+    assert "humaneval" not in json.loads(out.read_text())
+    result = ead(*args, "--threads", "1", "--out", str(out), env=config)
     assert result.returncode == 0, result.stderr.decode()
+    assert "reused" in result.stderr.decode()
     verdict = result.stdout.decode().strip().splitlines()[-1]  # after the tables
-    assert verdict.startswith("deep.gguf: ") and ("falsified" in verdict or "not falsified" in verdict)
+    assert verdict.startswith("deep.gguf: ") and "falsified" in verdict and "not measured" not in verdict
     report = json.loads(out.read_text())
     assert verdict == report["verdict"]
     for corpus in ("code", "prose"):
@@ -279,6 +271,11 @@ def test_eval_reports_every_operating_point_and_a_verdict(
         assert {"emad m=0", "fixed k=8", "confidence h0=1", "emad m=1 schedule=free"} <= set(rules)
         full = next(row for row in report["perplexity"][corpus] if row["rule"] == "fixed k=8")
         assert full["ppl_rise"] == 0.0 and full["flop_reduction"] == pytest.approx(0.0)
-    assert set(report["estimators"]) == {"full", "topk", "lowrank"}
+    assert {name: set(entry) for name, entry in report["estimators"].items()} == {
+        "full": {"probe_ms"},
+        "topk": {"probe_ms", "mae_bits", "decisions_changed"},
+        "lowrank": {"probe_ms", "mae_bits", "decisions_changed"},
+    }
     assert "full depth (no callback)" in report["humaneval"]
+    assert report["stop_timing"][0]["stop"] == "full depth (no callback)"
     assert out.with_suffix(".png").exists()
