@@ -1052,6 +1052,10 @@ def depth_eval(
     model: DepthModelArg,
     tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
     ids: Annotated[str, typer.Option(help="HumanEval task numbers (odd ids report).")] = "1,3,5,7,9",
+    tune_ids: Annotated[
+        str | None,
+        typer.Option(help="HumanEval task numbers to tune the margin on (even ids), before --ids."),
+    ] = None,
     max_tokens: MaxTokens = 160,
     out: Annotated[
         Path | None,
@@ -1077,7 +1081,7 @@ def depth_eval(
     loaded = depth.open_model(model, catalog=catalog, threads=threads, profile=True, progress=_progress)
     try:
         result = depth.evaluate(
-            loaded, tokens=tokens, humaneval_ids=ids, max_tokens=max_tokens, timing=timing,
+            loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,
             previous=previous if isinstance(previous, dict) else None, progress=_progress,
         )
     finally:

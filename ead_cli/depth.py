@@ -1144,6 +1144,7 @@ def evaluate(
     tokens: int = 512,
     humaneval_ids: str = "1,3,5,7,9",
     max_tokens: int = 160,
+    tune_ids: str | None = None,
     timing: bool = True,
     previous: dict | None = None,
     progress: Callable[[str], None] | None = None,
@@ -1151,7 +1152,8 @@ def evaluate(
     """The falsification plan on one model: held-out perplexity (code and prose) at every operating point,
     calibration stability and the estimators' errors (the quality part, reused from ``previous`` when
     that was made with the same profile and token count); then, with ``timing``, the estimators' cost,
-    a stop after each probe layer, HumanEval pass@1 and decode ms/token; the verdict."""
+    the margin tuned on HumanEval ``tune_ids`` (if given), HumanEval pass@1 on ``humaneval_ids`` and
+    decode ms/token, a stop after each probe layer; the verdict."""
     profile = model.profile
     layers = profile.probes
     say = progress or (lambda _message: None)
@@ -1179,9 +1181,16 @@ def evaluate(
         for name, cost in estimator_costs(model, options).items():
             result["estimators"].setdefault(name, {})["probe_ms"] = cost
         chosen = _humaneval_strategies(result["perplexity"]["code"], points, model)
-        say(f"HumanEval {humaneval_ids}: " + ", ".join(o.label for o in chosen))
         plain = plain_runner(model)
         try:
+            if tune_ids:
+                margins = [DepthOptions(margin=m, probe_every=layers[0]) for m in EVAL_MARGINS]
+                say(f"tuning the margin on HumanEval {tune_ids}")
+                result["tuning"] = humaneval_points(
+                    model, plain, margins, ids=tune_ids, max_tokens=max_tokens, progress=say
+                )
+                chosen[0] = tuned_margin(result["tuning"], margins)
+            say(f"HumanEval {humaneval_ids}: " + ", ".join(o.label for o in chosen))
             result["humaneval"] = humaneval_points(
                 model, plain, chosen, ids=humaneval_ids, max_tokens=max_tokens, progress=say
             )
@@ -1245,6 +1254,14 @@ def quality_part(
             model, held["code"], DepthOptions(margin=1.0, probe_every=layers[0]), profile
         ),
     }
+
+
+def tuned_margin(tuning: dict, margins: list[DepthOptions]) -> DepthOptions:
+    """The margin with the best pass@1 among those saving >= 15% FLOPs (ties: fewer FLOPs), else the
+    best pass@1 of all."""
+    rows = [(tuning[o.label], o) for o in margins]
+    saving = [(row, o) for row, o in rows if 1 - row["flop_ratio"] >= FLOP_FLOOR] or rows
+    return max(saving, key=lambda pair: (pair[0]["pass_at_1"], -pair[0]["flop_ratio"]))[1]
 
 
 def _meta(profile: Profile) -> dict:

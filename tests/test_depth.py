@@ -259,7 +259,7 @@ def test_eval_reports_every_operating_point_and_a_verdict(
     assert quality.returncode == 0, quality.stderr.decode()
     assert "not measured" in quality.stdout.decode().splitlines()[-1]
     assert "humaneval" not in json.loads(out.read_text())
-    result = ead(*args, "--threads", "1", "--out", str(out), env=config)
+    result = ead(*args, "--tune-ids", "0", "--threads", "1", "--out", str(out), env=config)
     assert result.returncode == 0, result.stderr.decode()
     assert "reused" in result.stderr.decode()
     verdict = result.stdout.decode().strip().splitlines()[-1]  # after the tables
@@ -277,5 +277,8 @@ def test_eval_reports_every_operating_point_and_a_verdict(
         "lowrank": {"probe_ms", "mae_bits", "decisions_changed"},
     }
     assert "full depth (no callback)" in report["humaneval"]
+    assert {"emad m=0", "emad m=4"} <= set(report["tuning"]) and report["tuning"]["emad m=0"]["tasks"] == [
+        "HumanEval/0"
+    ]
     assert report["stop_timing"][0]["stop"] == "full depth (no callback)"
     assert out.with_suffix(".png").exists()
