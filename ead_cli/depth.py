@@ -365,6 +365,12 @@ class Estimator:
         return estimator_flops(self.name, probes_read, self.head.weights, k=0, rank=0)
 
 
+def extra_readout(estimator: str, probes_read: int) -> bool:
+    """Whether a token that exits below L needs a full readout beyond its probes' own: not where the
+    exit probe read out in full (every full probe, top-K's first)."""
+    return estimator == "lowrank" or (estimator == "topk" and probes_read > 1)
+
+
 def estimator_flops(name: str, probes_read: int, weights: HeadWeights, *, k: int, rank: int) -> float:
     """FLOPs of a token's probe readouts: full rows; top-K: one full row, then K rows each; low-rank:
     r x (V + d) each."""
@@ -687,7 +693,7 @@ class _Generation:
                     flops += model.head_flops
                 else:
                     logits = self.logits
-                    if self.estimator.name != "full":
+                    if extra_readout(self.estimator.name, len(self.readings)):
                         flops += model.head_flops  # the exit layer's own full readout
                 if self.options.schedule == "free":
                     backfill += sum(max(0, depth - done) for done in computed)
@@ -946,7 +952,7 @@ def replay(capture: Capture, options: DepthOptions, profile: Profile | None, mod
         flops += (
             estimator_flops(name, read, weights, k=options.top_k, rank=options.rank) + depth * block_flops
         )
-        if depth == n_layer or name != "full":
+        if depth == n_layer or extra_readout(name, read):
             flops += head_flops
         if options.schedule == "free":
             backfill += sum(max(0, depth - done) for done in computed)
@@ -992,7 +998,7 @@ def open_model(
 
 # ---------------------------------------------------------------------------------------------- eval
 
-EVAL_MARGINS = (0.0, 0.5, 1.0, 2.0, 4.0)
+EVAL_MARGINS = (0.0, 0.5, 1.0, 2.0, 4.0, 6.0)
 EVAL_CONFIDENCE = (0.5, 1.0, 2.0)
 FLOP_FLOOR = 0.15  # the falsification rule: operating points with at least this FLOP reduction
 PPL_RISE = 0.01  # ... where perplexity may rise by at most 1% relative
