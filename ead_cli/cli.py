@@ -1090,12 +1090,12 @@ def depth_eval(
         ("operating point", "rule", ""),
         ("mean depth", "mean_depth_frac", ".0%"),
         ("FLOPs saved", "flop_reduction", ".1%"),
-        ("perplexity", "perplexity", ".3f"),
-        ("vs full", "ppl_rise", "+.1%"),
+        ("perplexity", "perplexity", ".4g"),
+        ("x full depth's", "ppl_ratio", ".4g"),
     )
     for corpus, rows in result["perplexity"].items():
         stderr.print(f"held-out {corpus}", style="bold")
-        _print_rows(columns, rows)
+        _print_rows(columns, [{**row, "ppl_ratio": 1 + row["ppl_rise"]} for row in rows])
     he_columns = (
         ("strategy", "label", ""),
         ("pass@1", "pass_at_1", ".0%"),

@@ -1332,7 +1332,7 @@ def verdict(result: dict) -> str:
         corpus, row = max(failing, key=lambda pair: pair[1]["flop_reduction"]) if failing else (None, None)
         example = (
             f"{row['rule']} on {corpus}: {row['flop_reduction']:.0%} fewer FLOPs, perplexity "
-            f"{row['ppl_rise']:+.1%}"
+            f"x{1 + row['ppl_rise']:.3g}"
             if row
             else f"{failing_he[0]} lost >= 2 HumanEval tasks"
         )
