@@ -1379,10 +1379,15 @@ def plot(result: dict, path: Path) -> str | None:
 
 
 def plain_runner(model: DepthModel) -> Runner:
-    """The same model file with no callback: the full-depth wall-clock reference."""
-    return Runner(
+    """The same model file with no callback: the full-depth wall-clock reference. Both runners read one
+    prefill first, so neither is timed while its mapping of the weights pages in."""
+    from .bench import warm_up
+
+    plain = Runner(
         model.path, name="plain", n_ctx=model.runner.n_ctx, n_threads=model.n_threads, n_gpu_layers=0
     )
+    warm_up([plain, model.runner], prompt_of(model))
+    return plain
 
 
 def prompt_of(model: DepthModel) -> list[int]:
