@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
-from . import __version__, bench, registry, replay, speed
+from . import __version__, bench, depth, registry, replay, speed
 from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
@@ -910,6 +910,211 @@ def _print_table(table: Table) -> None:
     if not console.is_terminal:
         console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
     console.print(table)
+
+
+# -------------------------------------------------------------------------------------------- ead depth
+
+depth_app = typer.Typer(
+    help="Entropy-matched adaptive depth: one model stops each token's pass at the first probe layer whose "
+    "entropy has fallen to its calibrated profile.",
+    no_args_is_help=True,
+)
+app.add_typer(depth_app, name="depth")
+DepthModelArg = Annotated[str, typer.Argument(help="The model: an alias from models.toml or a .gguf path.")]
+ProbeEvery = Annotated[int, typer.Option(help="Probe every this many blocks (the last block always).")]
+
+
+class ScheduleName(str, Enum):
+    monotone = "monotone"
+    free = "free"
+
+
+class ConditionName(str, Enum):
+    none = "none"
+    position = "position"
+    confidence = "confidence"
+    both = "both"
+
+
+class EstimatorName(str, Enum):
+    full = "full"
+    topk = "topk"
+    lowrank = "lowrank"
+
+
+@depth_app.command("calibrate")
+def depth_calibrate(
+    model: DepthModelArg,
+    corpus: Annotated[
+        str, typer.Option(help="Built-in corpora (code, prose) and/or text files, comma-separated.")
+    ] = "code,prose",
+    probe_every: ProbeEvery = 4,
+    tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = depth.CALIBRATION_TOKENS,
+    threads: Threads = None,
+    catalog: ModelsFile = None,
+) -> None:
+    """Teacher-force the corpus and save the model's entropy profile per probe layer."""
+    texts = _parse_list(corpus)
+    loaded = depth.open_model(model, catalog=catalog, threads=threads, progress=_progress)
+    try:
+        profile = depth.calibrate(
+            loaded, texts, probe_every=probe_every, tokens=tokens,
+            progress=lambda done, total: stderr.print(f"window {done}/{total}", style="dim"),
+        )
+        path = depth.save_profile(profile, depth.profile_path(loaded.path))
+    finally:
+        loaded.close()
+    table = Table(box=None, pad_edge=False)
+    for column in ("layer", "mean H (bits)", "profile"):
+        table.add_column(column, justify="right")
+    for layer, raw, smooth in zip(profile.probes, profile.raw, profile.smooth, strict=True):
+        table.add_row(str(layer), f"{raw:.3f}", f"{smooth:.3f}")
+    _print_table(table)
+    stderr.print(f"{profile.tokens} tokens of {profile.corpus} · saved {path}", soft_wrap=True)
+
+
+@depth_app.command("generate")
+def depth_generate(
+    model: DepthModelArg,
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
+    margin: Annotated[float, typer.Option(help="Bits below the profile a probe must reach to exit.")] = 0.0,
+    probe_every: ProbeEvery = 4,
+    schedule: Annotated[
+        ScheduleName, typer.Option(help="monotone (real early exit) or free (depth may rise; simulated).")
+    ] = ScheduleName.monotone,
+    condition: Annotated[
+        ConditionName,
+        typer.Option(help="Profile tables by answer position, first-probe confidence, or both."),
+    ] = ConditionName.none,
+    estimator: Annotated[
+        EstimatorName, typer.Option(help="Probe entropy: full softmax, top-K, or a low-rank readout.")
+    ] = EstimatorName.full,
+    estimator_k: Annotated[int, typer.Option("--estimator-k", help="topk: candidate tokens per probe.")] = 64,
+    rank: Annotated[int, typer.Option(help="lowrank: rank of the output matrix's factors.")] = 64,
+    fixed_depth: Annotated[int | None, typer.Option(help="Baseline: every token at K blocks.")] = None,
+    confidence: Annotated[float | None, typer.Option(help="Baseline: exit where H <= H0 bits.")] = None,
+    simulate: Annotated[
+        bool, typer.Option(help="Run full depth, probes only observed (exactness check).")
+    ] = False,
+    max_tokens: MaxTokens = 256,
+    temp: Temp = 0.0,
+    seed: Seed = 0,
+    stop: Stop = None,
+    raw: Raw = False,
+    output_format: FormatOpt = OutputFormat.text,
+    stats: Stats = False,
+    no_color: NoColor = False,
+    threads: Threads = None,
+    catalog: ModelsFile = None,
+) -> None:
+    """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
+    from .prompt import check_fits, check_prompt_text, encode_prompt
+    from .render import DepthJsonlRenderer, DepthTextRenderer, depth_legend, depth_stats_lines
+
+    text = check_prompt_text(_read_prompt(prompt))
+    options = depth.DepthOptions(
+        margin=margin, probe_every=probe_every, schedule=schedule.value, condition=condition.value,
+        estimator=estimator.value, top_k=estimator_k, rank=rank, fixed_depth=fixed_depth,
+        confidence=confidence, simulate=simulate,
+    )
+    sampling = SamplingParams(temp=temp, seed=seed)
+    if max_tokens < 1:
+        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    loaded = depth.open_model(
+        model, catalog=catalog, threads=threads, profile=options.rule == "emad", progress=_progress
+    )
+    try:
+        tokens = encode_prompt(loaded.runner, text, raw=raw)
+        check_fits(tokens, loaded.runner.n_ctx)
+        layers = loaded.probes(options)
+        if output_format is OutputFormat.jsonl:
+            renderer: DepthTextRenderer | DepthJsonlRenderer = DepthJsonlRenderer(sys.stdout)
+        else:
+            color = wants_color(sys.stdout, no_color)
+            renderer = DepthTextRenderer(sys.stdout, color=color, n_layer=loaded.n_layer)
+            if renderer.color:
+                print(depth_legend(layers, loaded.n_layer, options.label, True), file=sys.stderr, flush=True)
+        events = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
+        for event in events:
+            if isinstance(event, depth.DepthSummary):
+                renderer.finish(event)
+                if stats:
+                    for line in depth_stats_lines(event):
+                        stderr.print(line, soft_wrap=True)
+            else:
+                renderer.event(event)
+    finally:
+        loaded.close()
+
+
+@depth_app.command("eval")
+def depth_eval(
+    model: DepthModelArg,
+    tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
+    ids: Annotated[str, typer.Option(help="HumanEval task numbers (odd ids report).")] = "1,3,5,7,9",
+    tune_ids: Annotated[
+        str | None,
+        typer.Option(help="HumanEval task numbers to tune the margin on (even ids), before --ids."),
+    ] = None,
+    max_tokens: MaxTokens = 160,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write every figure to this JSON file; its quality part is reused when it was made with "
+            "the same profile and --tokens.",
+        ),
+    ] = None,
+    timing: Annotated[
+        bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
+    ] = True,
+    threads: Threads = None,
+    catalog: ModelsFile = None,
+) -> None:
+    """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
+    previous = None
+    if out is not None and out.exists():
+        try:
+            previous = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
+    loaded = depth.open_model(model, catalog=catalog, threads=threads, profile=True, progress=_progress)
+    try:
+        result = depth.evaluate(
+            loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,
+            previous=previous if isinstance(previous, dict) else None, progress=_progress,
+        )
+    finally:
+        loaded.close()
+    columns = (
+        ("operating point", "rule", ""),
+        ("mean depth", "mean_depth_frac", ".0%"),
+        ("FLOPs saved", "flop_reduction", ".1%"),
+        ("perplexity", "perplexity", ".4g"),
+        ("x full depth's", "ppl_ratio", ".4g"),
+    )
+    for corpus, rows in result["perplexity"].items():
+        stderr.print(f"held-out {corpus}", style="bold")
+        _print_rows(columns, [{**row, "ppl_ratio": 1 + row["ppl_rise"]} for row in rows])
+    he_columns = (
+        ("strategy", "label", ""),
+        ("pass@1", "pass_at_1", ".0%"),
+        ("FLOP ratio", "flop_ratio", ".2f"),
+        ("ms/token", "ms_per_token", ".1f"),
+    )
+    _print_rows(he_columns, [{"label": label, **row} for label, row in result.get("humaneval", {}).items()])
+    stop_columns = (
+        ("stop after", "stop", ""),
+        ("ms/token", "ms_per_token", ".1f"),
+        ("vs full", "relative", ".2f"),
+    )
+    _print_rows(stop_columns, result.get("stop_timing", []))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        why = depth.plot(result, out.with_suffix(".png"))
+        stderr.print(why or f"wrote {out} and {out.with_suffix('.png')}", style="dim", soft_wrap=True)
+    print(result["verdict"])
 
 
 def main(argv: list[str] | None = None) -> None:

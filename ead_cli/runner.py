@@ -132,6 +132,7 @@ class Runner:
         n_threads: int | None = None,
         n_gpu_layers: int | None = None,
         n_batch: int = 512,
+        eval_callback: llama_cpp.ggml_backend_sched_eval_callback | None = None,
     ) -> None:
         self.path = Path(path)
         self.name = name
@@ -166,6 +167,8 @@ class Runner:
         threads = n_threads or default_threads()
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
+        if eval_callback is not None:  # shown each graph node (ead depth's probes); kept alive by the caller
+            ctx_params.cb_eval = eval_callback
         with main_thread_signals():
             self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:

@@ -115,11 +115,15 @@ def write_tiny_model(
     n_ctx_train: int = 2048,
     eot_token: str = "<|im_end|>",
     split_max_tensors: int = 0,
+    n_layer: int = N_LAYER,
+    keep_layers: int | None = None,
 ) -> Path:
     """Write a tiny random llama model with a byte-level BPE tokenizer to ``path`` and return its file.
 
     ``eot_token`` names the end-of-turn token in the metadata; another control token than the default
     gives a model whose end-of-generation ids differ while every token text stays the same.
+    ``n_layer`` blocks are drawn; ``keep_layers`` writes only the first of them (the same weights: a
+    truncated copy of the ``n_layer`` model, for ``ead depth``'s fixed-depth check).
     ``split_max_tensors`` > 0 writes a split GGUF as llama.cpp's gguf-split does (21 tensors in all:
     11 gives two shards, ``<stem>-00001-of-00002.gguf`` and ``-00002-``); the first shard is returned.
     """
@@ -133,7 +137,7 @@ def write_tiny_model(
 
     head_dim = N_EMBD // N_HEAD
     tensors = {"token_embd.weight": normal(n_vocab, N_EMBD, std=1.0)}
-    for i in range(N_LAYER):
+    for i in range(n_layer):
         blk = f"blk.{i}"
         tensors |= {
             f"{blk}.attn_norm.weight": np.ones(N_EMBD, np.float32),
@@ -152,12 +156,18 @@ def write_tiny_model(
     gains[np.array(types) != gguf.TokenType.NORMAL] = CONTROL_ROW_GAIN
     output = normal(n_vocab, N_EMBD, std=N_EMBD**-0.5) * gains[:, None] * np.float32(logit_scale)
     tensors |= {"output_norm.weight": np.ones(N_EMBD, np.float32), "output.weight": output}
+    blocks = n_layer if keep_layers is None else keep_layers
+    tensors = {
+        name: data
+        for name, data in tensors.items()
+        if not name.startswith("blk.") or int(name.split(".")[1]) < blocks
+    }
 
     writer = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     writer.add_name(f"tiny-{vocab}-seed{seed}")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
+    writer.add_block_count(blocks)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD_KV)

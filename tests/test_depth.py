@@ -1,0 +1,284 @@
+"""ead depth: the early exit inside llama.cpp's graph, its exactness against the full-depth simulation,
+the readout, the profile, the baselines and the command line, on tiny generated models (8 blocks)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import llama_cpp
+import numpy as np
+import pytest
+from test_cli import assert_one_line_error, ead
+from tiny_models import write_tiny_model
+
+from ead_cli import depth
+from ead_cli.errors import EadError
+from ead_cli.readout import Head, entropy_bits, load_head, read_rows
+from ead_cli.runner import Runner
+from ead_cli.sampling import SamplingParams
+
+N_LAYER = 8
+PROMPT = "hello wörld 日本"
+
+
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("depth") / "deep.gguf", n_layer=N_LAYER)
+
+
+@pytest.fixture(scope="module")
+def model(deep_model: Path) -> Iterator[depth.DepthModel]:
+    loaded = depth.DepthModel(deep_model, n_threads=1, n_ctx=512)
+    loaded.cache = deep_model.parent
+    loaded.profile = depth.calibrate(loaded, ["prose"], probe_every=2, tokens=512)
+    yield loaded
+    loaded.close()
+
+
+def run(model: depth.DepthModel, options: depth.DepthOptions, max_tokens: int = 40):
+    prompt = model.runner.tokenize(PROMPT, add_special=False)
+    *events, summary = model.generate(prompt, options, SamplingParams(), max_tokens=max_tokens)
+    return events, summary
+
+
+def plain_greedy(path: Path, max_tokens: int) -> list[int]:
+    """Greedy decoding on an ordinary runner (no callback): llama.cpp's own full-depth logits."""
+    runner = Runner(path, name="plain", n_ctx=512, n_threads=1)
+    try:
+        tokens = runner.tokenize(PROMPT, add_special=False)
+        out = []
+        for _ in range(max_tokens):
+            token = int(np.argmax(runner.sync(tokens, prompt_len=len(tokens) - len(out), own_tail=bool(out))))
+            out.append(token)
+            tokens.append(token)
+        return out
+    finally:
+        runner.close()
+
+
+def test_the_callback_stops_the_graph_and_decode_keeps_the_cells(deep_model: Path) -> None:
+    """Returning false at block 3 of 8: no later block's output is computed, llama_decode returns 0 and
+    the cache holds every position."""
+    tap = depth.LayerTap()
+    seen: list[int] = []
+    tap.see = lambda layer, tensor: (seen.append(layer), layer != 3)[1]
+    runner = Runner(deep_model, name="m", n_ctx=512, n_threads=1, eval_callback=tap.callback)
+    try:
+        tokens = runner.tokenize(PROMPT, add_special=False)
+        tap.want(range(1, N_LAYER + 1))
+        runner.feed(tokens, 0, len(tokens), "prefill")  # raises unless llama_decode returned 0
+        assert seen == [1, 2, 3]
+        seen.clear()
+        tokens.append(100)
+        runner.feed(tokens, len(tokens) - 1, len(tokens), "decode")
+        assert seen == [1, 2, 3]
+        memory = llama_cpp.llama_get_memory(runner.ctx)
+        assert llama_cpp.llama_memory_seq_pos_max(memory, 0) == len(tokens) - 1
+    finally:
+        runner.close()
+
+
+def test_readout_by_hand_equals_the_callbacks(deep_model: Path) -> None:
+    """RMSNorm and the output matrix in float64 numpy give the callback's logits at a middle block, and
+    at the last block the readout is llama.cpp's own logits (to float rounding: the norm's sum is taken
+    in another order; on the real Q8_0 head the activations' quantisation makes them bit-equal)."""
+    tap = depth.LayerTap()
+    hidden: dict[int, np.ndarray] = {}
+    tap.see = lambda layer, tensor: (hidden.__setitem__(layer, read_rows(tensor)[-1]), True)[1]
+    runner = Runner(deep_model, name="m", n_ctx=512, n_threads=1, eval_callback=tap.callback)
+    try:
+        tokens = runner.tokenize(PROMPT, add_special=False)
+        tap.want([3, N_LAYER])
+        logits = runner.sync(tokens, prompt_len=len(tokens), own_tail=False).copy()
+    finally:
+        runner.close()
+    head = Head(load_head(deep_model), 1)
+    assert np.allclose(head.logits(hidden[N_LAYER])[0], logits, rtol=1e-5, atol=1e-5)
+    reader = gguf.GGUFReader(deep_model)
+    tensors = {t.name: np.asarray(t.data, dtype=np.float64) for t in reader.tensors}
+    h = hidden[3].astype(np.float64)
+    by_hand = tensors["output.weight"] @ (h / np.sqrt(np.mean(h**2) + 1e-6) * tensors["output_norm.weight"])
+    assert np.allclose(head.logits(hidden[3])[0], by_hand, rtol=1e-4, atol=1e-4)
+    assert entropy_bits(by_hand)[0] == pytest.approx(entropy_bits(head.logits(hidden[3]))[0], abs=1e-4)
+
+
+def test_a_margin_that_never_exits_is_full_depth_greedy(model: depth.DepthModel, deep_model: Path) -> None:
+    events, summary = run(model, depth.DepthOptions(margin=1000.0, probe_every=2))
+    assert [e.token for e in events] == plain_greedy(deep_model, len(events))
+    assert set(summary.depths) == {N_LAYER}
+    assert summary.flop_ratio > 1.0  # the probes were paid for and saved nothing
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        depth.DepthOptions(margin=0.0, probe_every=2),
+        depth.DepthOptions(margin=0.0, probe_every=2, condition="both"),
+        depth.DepthOptions(margin=0.0, probe_every=2, estimator="topk", top_k=16),
+        depth.DepthOptions(margin=0.0, probe_every=2, estimator="lowrank", rank=8),
+        depth.DepthOptions(confidence=5.0, probe_every=1),
+    ],
+    ids=lambda options: options.label,
+)
+def test_early_exit_equals_the_full_depth_simulation(
+    model: depth.DepthModel, options: depth.DepthOptions
+) -> None:
+    real_events, real = run(model, options)
+    simulated_events, simulated = run(model, replace(options, simulate=True))
+    assert [e.token for e in real_events] == [e.token for e in simulated_events]
+    assert real.depths == simulated.depths
+    assert [e.probes for e in real_events] == [e.probes for e in simulated_events]
+    assert min(real.depths) < N_LAYER  # it did exit early
+    assert all(b <= a for a, b in itertools.pairwise(real.depths))  # monotone
+    assert real.flops < real.full_flops
+
+
+def test_fixed_depth_equals_a_truncated_copy(tmp_path: Path, model: depth.DepthModel) -> None:
+    copy = write_tiny_model(tmp_path / "four.gguf", n_layer=N_LAYER, keep_layers=4)
+    events, summary = run(model, depth.DepthOptions(fixed_depth=4))
+    assert [e.token for e in events] == plain_greedy(copy, len(events))
+    assert set(summary.depths) == {4}
+
+
+def test_the_free_schedule_rises_and_pays_for_backfill(model: depth.DepthModel) -> None:
+    _, free = run(model, depth.DepthOptions(margin=0.0, probe_every=2, schedule="free"))
+    assert any(b > a for a, b in itertools.pairwise(free.depths))
+    assert free.backfill_blocks > 0
+
+
+def test_isotonic_regression_is_non_increasing() -> None:
+    assert depth.isotonic_nonincreasing([3.0, 5.0, 2.0, 2.5, 1.0], [1] * 5) == [4.0, 4.0, 2.25, 2.25, 1.0]
+    profile = depth.isotonic_nonincreasing(list(np.random.default_rng(0).normal(size=20)), [1] * 20)
+    assert all(b <= a for a, b in itertools.pairwise(profile))
+
+
+def test_profile_is_saved_whole_and_checked(
+    model: depth.DepthModel, tmp_path: Path, deep_model: Path
+) -> None:
+    path = depth.save_profile(model.profile, tmp_path / "p.json")
+    assert depth.load_profile(deep_model, path) == model.profile
+    assert list(tmp_path.iterdir()) == [path]
+    other = write_tiny_model(tmp_path / "other.gguf", n_layer=N_LAYER, seed=5)
+    with pytest.raises(EadError, match="another model file"):
+        depth.load_profile(other, path)
+    path.write_text('{"model": 1}')
+    with pytest.raises(EadError, match="corrupt"):
+        depth.load_profile(deep_model, path)
+
+
+def test_probe_spacing_outside_the_model_is_refused() -> None:
+    with pytest.raises(EadError, match=r"--probe-every must be in \[1, 8\]"):
+        depth.probe_layers(N_LAYER, 9)
+    assert depth.probe_layers(N_LAYER, 3) == (3, 6, 8)
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory, deep_model: Path) -> dict[str, str]:
+    env = {"EAD_CONFIG": str(tmp_path_factory.mktemp("cfg") / "calibration.json")}
+    result = ead(
+        "depth",
+        "calibrate",
+        str(deep_model),
+        "--corpus",
+        "prose",
+        "--tokens",
+        "256",
+        "--probe-every",
+        "2",
+        "--threads",
+        "1",
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert "saved" in result.stderr.decode()
+    return env
+
+
+def depth_generate(model: Path, *extra: str, env: dict[str, str]):
+    return ead(
+        "depth", "generate", str(model), PROMPT, "--probe-every", "2", "--threads", "1", *extra, env=env
+    )
+
+
+def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> None:
+    result = depth_generate(deep_model, "--max-tokens", "12", "--format", "jsonl", "--stats", env=config)
+    assert result.returncode == 0, result.stderr.decode()
+    records = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    tokens, summary = records[:-1], records[-1]
+    assert len(tokens) == 12 and summary["type"] == "summary"
+    assert [t["depth"] for t in tokens] == summary["depths"]
+    assert all(int(layer) <= t["depth"] or int(layer) == N_LAYER for t in tokens for layer in t["probes"])
+    assert "mean depth" in result.stderr.decode() and "depth histogram" in result.stderr.decode()
+
+
+def test_generate_colours_tokens_with_a_legend(config: dict[str, str], deep_model: Path) -> None:
+    result = depth_generate(deep_model, "--max-tokens", "8", env={**config, "FORCE_COLOR": "1"})
+    assert result.returncode == 0
+    assert "exit depth (of 8 blocks)" in result.stderr.decode()
+    assert "\x1b[" in result.stdout.decode()
+
+
+def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:
+    base = ("depth", "generate", str(deep_model), PROMPT, "--threads", "1")
+    assert_one_line_error(ead(*base, "--probe-every", "9", env=config), 2, "--probe-every")
+    assert_one_line_error(ead(*base, "--probe-every", "3", env=config), 2, "calibrate with --probe-every 3")
+    assert_one_line_error(ead(*base, "--margin", "-1", env=config), 2, "--margin")
+    missing = {"EAD_CONFIG": str(tmp_path / "none" / "calibration.json")}
+    assert_one_line_error(ead(*base, env=missing), 1, "no depth profile")
+    empty = tmp_path / "empty.txt"
+    empty.write_text(" \n")
+    calibrate = ("depth", "calibrate", str(deep_model), "--threads", "1")
+    assert_one_line_error(ead(*calibrate, "--corpus", str(empty), env=missing), 2, "empty")
+    assert not (tmp_path / "none").exists()  # nothing half-written
+    headless = tmp_path / "headless.gguf"
+    writer = gguf.GGUFWriter(headless, "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert_one_line_error(ead("depth", "calibrate", str(headless), env=missing), 1, "no usable readout")
+
+
+def test_eval_reports_every_operating_point_and_a_verdict(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """The quality part alone first (--no-timing), then the timing part, which reuses it from --out."""
+    out = tmp_path / "eval.json"
+    args = ("depth", "eval", str(deep_model), "--tokens", "256", "--ids", "1", "--max-tokens", "6")
+    quality = ead(*args, "--threads", "1", "--out", str(out), "--no-timing", env=config)
+    assert quality.returncode == 0, quality.stderr.decode()
+    assert "not measured" in quality.stdout.decode().splitlines()[-1]
+    assert "humaneval" not in json.loads(out.read_text())
+    result = ead(*args, "--tune-ids", "0", "--threads", "1", "--out", str(out), env=config)
+    assert result.returncode == 0, result.stderr.decode()
+    assert "reused" in result.stderr.decode()
+    verdict = result.stdout.decode().strip().splitlines()[-1]  # after the tables
+    assert verdict.startswith("deep.gguf: ") and "falsified" in verdict and "not measured" not in verdict
+    report = json.loads(out.read_text())
+    assert verdict == report["verdict"]
+    for corpus in ("code", "prose"):
+        rules = [row["rule"] for row in report["perplexity"][corpus]]
+        assert {"emad m=0", "fixed k=8", "confidence h0=1", "emad m=1 schedule=free"} <= set(rules)
+        full = next(row for row in report["perplexity"][corpus] if row["rule"] == "fixed k=8")
+        assert full["ppl_rise"] == 0.0 and full["flop_reduction"] == pytest.approx(0.0)
+    assert {name: set(entry) for name, entry in report["estimators"].items()} == {
+        "full": {"probe_ms"},
+        "topk": {"probe_ms", "mae_bits", "decisions_changed"},
+        "lowrank": {"probe_ms", "mae_bits", "decisions_changed"},
+    }
+    assert "full depth (no callback)" in report["humaneval"]
+    assert {"emad m=0", "emad m=4"} <= set(report["tuning"]) and report["tuning"]["emad m=0"]["tasks"] == [
+        "HumanEval/0"
+    ]
+    assert report["stop_timing"][0]["stop"] == "full depth (no callback)"
+    assert out.with_suffix(".png").exists()
