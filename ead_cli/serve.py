@@ -80,6 +80,9 @@ class ServeOptions:
             return False
 
 
+Log = Callable[[str], None]  # one line per request, and one per error: never a traceback
+
+
 # The engine: one generation at a time, requests in FIFO order, messages back to the event loop.
 
 
@@ -147,9 +150,10 @@ class Engine:
     the prefix the caches share.
     """
 
-    def __init__(self, runners: Sequence[Runner], *, queue: int) -> None:
+    def __init__(self, runners: Sequence[Runner], *, queue: int, log: Log) -> None:
         self.runners = tuple(runners)
         self.queue = queue
+        self.log = log
         self._executor = ThreadPoolExecutor(1, "ead-engine", initializer=_hold_signals)
         self._lock = threading.Lock()
         self._pending = 0  # accepted, not yet finished (the running job included)
@@ -174,7 +178,8 @@ class Engine:
     def _run(self, job: Job, ticket: Ticket) -> None:
         began = time.perf_counter()
         try:
-            if ticket.cancelled.is_set():  # its client left while it waited
+            if ticket.cancelled.is_set():
+                self.log("skipped a request whose client went away while it waited")
                 return
             ticket.send(self._generate(job, ticket))
         except Exception as error:  # the thread must live on: whatever failed is this job's answer
@@ -200,6 +205,8 @@ class Engine:
         except EadError as error:
             failure = Failed(str(error))
         summary = decoder.summary()
+        if ticket.cancelled.is_set():
+            self.log(f"stopped after {summary.generated} tokens: the client went away")
         content, answer = answer_content(self.runners[0], decoder.tokens[len(prompt) :], summary)
         self._cached = (prompt + content, job.text + answer)
         return failure or Finished(summary)
@@ -339,9 +346,6 @@ class Defaults:
 
     policy: PolicyOptions
     generation: GenerationOptions
-
-
-Log = Callable[[str], None]  # one line per request, and one per error: never a traceback
 
 
 class _BodyLimit:
@@ -546,7 +550,6 @@ class _Reply:
         finally:
             if not ended:  # the client went away: the engine stops after the token it is on
                 ticket.cancel()
-                self.log(f"POST {self.path}: the client went away mid-stream")
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         """The whole answer at once; a client that leaves while it waits cancels it."""
@@ -557,7 +560,6 @@ class _Reply:
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     ticket.cancel()
-                    self.log(f"POST {self.path}: the client went away")
                     return JSONResponse({}, status_code=499)
                 continue
             if isinstance(message, TokenEvent):
@@ -628,7 +630,7 @@ def serve(
 ) -> None:
     """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
     log = say
-    engine = Engine(runners, queue=options.queue)
+    engine = Engine(runners, queue=options.queue, log=log)
     app = _BodyLimit(create_app(engine, defaults, options, log), MAX_BODY_BYTES, log)
     sock = listen(options)
     host, port = sock.getsockname()[:2]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,14 @@ from test_cli import pair_args
 
 PROMPT = "hello wörld 日本"
 TAU = ["--tau", "3"]  # the tiny pair's entropies cross 3 bits now and then: both models write
+LONG = 16000  # tokens: a generation long enough (seconds, even for the tiny pair) to act while it runs
+CTX = ["--ctx", "16384"]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with Server([*pair_args(tiny_pair), *TAU], log) as running:
+    with Server([*pair_args(tiny_pair), *TAU, *CTX], log) as running:
         yield running
         assert running.stop() == 0, running.log()
     assert "Traceback" not in running.log()
@@ -174,3 +177,196 @@ def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> Non
     assert frames[-1] == "data: [DONE]"
     assert len(frames) == 1500 + 2  # a frame per token, the last with the figures, then [DONE]
     assert json.loads(frames[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"),
+    [
+        (CHAT, b'{"messages": [', 400, "not valid JSON"),
+        (CHAT, b"[1, 2]", 400, "must be a JSON object"),
+        (CHAT, {"messages": "hi"}, 400, "messages"),
+        (CHAT, {"messages": []}, 400, "messages"),
+        (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
+        (CHAT, {"messages": [{"role": "user", "content": "  "}]}, 400, "the prompt is empty"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages.0"),
+        (CHAT, {"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
+        (CHAT, {"messages": HI, "max_tokens": 10**6}, 400, "max_tokens must be at most the context"),
+        (CHAT, {"messages": HI, "max_tokens": "5"}, 400, "max_tokens"),
+        (CHAT, {"messages": HI, "temperature": -1}, 400, "temperature"),
+        (CHAT, {"messages": HI, "top_p": 0}, 400, "top_p"),
+        (CHAT, {"messages": HI, "seed": -3}, 400, "seed"),
+        (CHAT, {"messages": HI, "n": 2}, 400, "n"),
+        (CHAT, {"messages": HI, "ead": {"tau": -1}}, 400, "tau must be at least 0"),
+        (CHAT, {"messages": HI, "ead": {"verify": 2}}, 400, "verify ratio must be in (0, 1]"),
+        (CHAT, {"messages": HI, "ead": {"policy": "coin"}}, 400, "ead.policy"),
+        (CHAT, {"messages": HI, "ead": {"mode": "spec", "verify": 0.5}}, 400, "--verify applies"),
+        (CHAT, {"messages": HI, "ead": {"tau": [1, 2]}}, 400, "thresholds"),
+        (CHAT, {"messages": HI, "ead": {"colour": "red"}}, 400, "ead.colour"),
+        (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "longer than the context"),
+        ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
+        ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+        ("/v1/nothing", {}, 404, "Not Found"),
+    ],
+)
+def test_bad_requests_get_an_error_object_and_one_log_line(
+    server: Server, path: str, body: bytes | dict, status: int, fragment: str
+) -> None:
+    before = server.log().splitlines()
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = httpx.post(f"{server.url}{path}", content=content, timeout=60)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert fragment in error["message"] and "\n" not in error["message"]
+    new = server.log().splitlines()[len(before) :]
+    assert new == [f"error: POST {path} {status}: {error['message']}"]
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200  # and the server keeps serving
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(server: Server) -> None:
+    reply = httpx.post(f"{server.base_url}/completions", content=b"x" * (5 * 2**20), timeout=60)
+    assert reply.status_code == 413
+    assert reply.json()["error"]["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize(
+    ("template", "fragment"),
+    [
+        ("{{ raise_exception('this template takes no users') }}", "this template takes no users"),
+        (None, "has no chat template: use /v1/completions"),
+    ],
+)
+def test_a_chat_template_that_fails_is_a_400_with_its_reason(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, template: str | None, fragment: str
+) -> None:
+    from tiny_models import write_tiny_model
+
+    small = write_tiny_model(tmp_path / "templated.gguf", seed=0, chat_template=template)
+    with Server([*pair_args((small, tiny_pair[1]))], tmp_path / "server.log") as server:
+        reply = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI}, timeout=60)
+        assert reply.status_code == 400
+        assert fragment in reply.json()["error"]["message"]
+        completion = httpx.post(
+            f"{server.base_url}/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60
+        )
+        assert completion.status_code == 200
+        assert server.stop() == 0
+        assert "Traceback" not in server.log()
+
+
+def test_an_api_key_is_required_when_set(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), "--api-key", "s3cret"], tmp_path / "server.log") as server:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            reply = httpx.get(f"{server.base_url}/models", headers=headers)
+            assert reply.status_code == 401
+            assert reply.json()["error"]["code"] == "invalid_api_key"
+        keyed = openai.OpenAI(base_url=server.base_url, api_key="s3cret", max_retries=0)
+        assert keyed.chat.completions.create(model="ead", messages=HI, max_tokens=2).choices
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0).models.list()
+        assert httpx.get(f"{server.url}/health").status_code == 200  # health and the page stay open
+        assert "warning" not in server.log()
+        assert server.stop() == 0
+
+
+def test_a_bind_beyond_loopback_without_a_key_warns(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), "--host", "0.0.0.0"], tmp_path / "server.log") as server:
+        lines = server.log().splitlines()
+        assert lines[0].startswith("warning: listening on 0.0.0.0 without --api-key")
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [(["--port", "70000"], "--port"), (["--queue", "-1"], "--queue"), (["--api-key", " "], "--api-key")],
+)
+def test_bad_serve_options_are_one_line(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:
+    from test_cli import assert_one_line_error, ead
+
+    assert_one_line_error(ead("serve", *pair_args(tiny_pair), *args), 2, fragment)
+
+
+def stream_request(url: str, max_tokens: int) -> tuple[httpx.Client, httpx.Response]:
+    """A streamed chat request whose response is open (headers read), for tests that hold it."""
+    http = httpx.Client(timeout=120)
+    request = http.build_request(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "stream": True},
+    )
+    return http, http.send(request, stream=True)
+
+
+def frames(response: httpx.Response) -> Iterator[dict | str]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+
+
+def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--queue", "1"]
+    with Server(args, tmp_path / "server.log") as server:
+        first_http, first = stream_request(server.url, LONG)
+        received = frames(first)  # kept: a generator closed when dropped would close the response
+        assert next(received)["ead"]["index"] == 0  # generating
+        second_http, second = stream_request(server.url, 5)  # waits: the queue's one place
+        assert second.status_code == 200
+        assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "generating": True, "waiting": 1}
+        refused = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI}, timeout=60)
+        assert refused.status_code == 503
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "queue_full"
+        first.close()  # the client goes away mid-stream
+        first_http.close()
+        answer = list(frames(second))  # served: nothing accepted is dropped
+        assert answer[-1] == "[DONE]" and answer[-2]["usage"]["completion_tokens"] == 5
+        second_http.close()
+        assert server.stop() == 0
+    stopped = [line for line in server.log().splitlines() if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, server.log()
+
+
+def test_a_killed_client_stops_its_generation(server: Server) -> None:
+    before = len(server.log().splitlines())
+    body = json.dumps({"messages": HI, "max_tokens": LONG, "stream": True})
+    curl = subprocess.Popen(
+        ["curl", "-sN", f"{server.base_url}/chat/completions", "-d", body], stdout=subprocess.PIPE
+    )
+    assert curl.stdout is not None and curl.stdout.readline().startswith(b"data: {")
+    curl.kill()
+    curl.wait(timeout=30)
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 3}, timeout=60)
+    assert ok.json()["usage"]["completion_tokens"] == 3
+    new = server.log().splitlines()[before:]
+    stopped = [line for line in new if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_stream_finishes_what_was_accepted_then_exits_0(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, sig: int
+) -> None:
+    with Server([*pair_args(tiny_pair), *TAU, "--ctx", "4096"], tmp_path / "server.log") as server:
+        first_http, first = stream_request(server.url, 4000)
+        received = frames(first)
+        assert next(received)["ead"]["index"] == 0
+        second_http, second = stream_request(server.url, 4)  # accepted, waiting
+        server.process.send_signal(sig)
+        rest = list(received)
+        assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "length"
+        assert rest[-2]["usage"]["completion_tokens"] == 4000 == len(rest) - 1
+        assert list(frames(second))[-2]["usage"]["completion_tokens"] == 4
+        first_http.close()
+        second_http.close()
+        assert server.process.wait(timeout=60) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{server.url}/health")
+    assert server.log().splitlines()[-1] == "ead serve: stopped"
+    assert "Traceback" not in server.log()
