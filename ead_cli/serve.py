@@ -390,7 +390,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         return await api_error(request, ApiError(error.status_code, str(error.detail), kind=kind))
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:
         if options.api_key is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -370,3 +371,31 @@ def test_a_signal_mid_stream_finishes_what_was_accepted_then_exits_0(
             httpx.get(f"{server.url}/health")
     assert server.log().splitlines()[-1] == "ead serve: stopped"
     assert "Traceback" not in server.log()
+
+
+def test_sixteen_streaming_clients_get_right_answers_and_nothing_piles_up(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """scripts/bench_serve.py on the tiny pair: 16 clients x 3 streamed requests, each answer equal token
+    for token to its reference; a queue past its bound answers 503; RSS, descriptors and threads flat;
+    a fifth chat turn reads only its new tokens when the caches hold the fourth."""
+    small, large = tiny_pair
+    args = ["--small", str(small), "--large", str(large), "--clients", "16", "--requests", "3"]
+    args += ["--queue", "16", "--max-tokens", "16", "--hold-tokens", str(LONG), "--repeats", "1"]
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_serve.py"
+    result = subprocess.run(
+        [sys.executable, str(script), *args, "--", *TAU, *CTX], capture_output=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["failures"] == []
+    assert figures["load"]["requests"] == 48 and figures["load"]["wrong_or_incomplete"] == 0
+    assert figures["overflow"]["refused_503"] == 2 and figures["overflow"]["accepted"] == 16
+    assert figures["overflow"]["accepted_completed"] == 16 and figures["overflow"]["retry_after"] == ["1"]
+    server = figures["server"]
+    assert server["fds_end"] <= server["fds_start"] and server["threads_end"] <= server["threads_start"]
+    assert server["rss_growth_mib"] <= 64
+    reuse = figures["reuse"]
+    assert reuse["reuse"]["prompt_tokens"] == reuse["no_reuse"]["prompt_tokens"]
+    assert reuse["reuse"]["read_by_model"]["small"] < reuse["no_reuse"]["read_by_model"]["small"]
+    assert reuse["no_reuse"]["read_by_model"]["small"] >= reuse["reuse"]["prompt_tokens"] - 8
