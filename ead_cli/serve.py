@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
@@ -403,6 +403,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8"))
+
+    @app.get("/favicon.ico")
+    async def icon() -> Response:
+        return Response(status_code=204)  # browsers ask for one; the page has none
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

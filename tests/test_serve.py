@@ -3,18 +3,25 @@ official openai library, Simon Willison's llm CLI, curl, httpx), its answers che
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import html
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import websockets.sync.client
 from serve_process import EAD, Server
 from test_cli import pair_args
 
@@ -399,3 +406,110 @@ def test_sixteen_streaming_clients_get_right_answers_and_nothing_piles_up(
     assert reuse["reuse"]["prompt_tokens"] == reuse["no_reuse"]["prompt_tokens"]
     assert reuse["reuse"]["read_by_model"]["small"] < reuse["no_reuse"]["read_by_model"]["small"]
     assert reuse["no_reuse"]["read_by_model"]["small"] >= reuse["reuse"]["prompt_tokens"] - 8
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SPAN = re.compile(r'<span data-model="([a-z0-9]+)" title="[^"]*">([^<]*)</span>')
+DEVTOOLS = re.compile(rb"DevTools listening on (ws://\S+)")
+
+
+class Browser:
+    """Headless Chromium driven over its DevTools protocol: load a page, wait for something, read the DOM."""
+
+    def __init__(self, profile: Path) -> None:
+        assert CHROMIUM is not None
+        args = ["--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0"]
+        self.process = subprocess.Popen(
+            [CHROMIUM, *args, f"--user-data-dir={profile}", "about:blank"], stderr=subprocess.PIPE
+        )
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            found = DEVTOOLS.search(line)
+            if found:
+                break
+        else:
+            raise RuntimeError("chromium did not open its DevTools port")
+        http_root = found.group(1).decode().replace("ws://", "http://").split("/devtools/")[0]
+        page = next(t for t in httpx.get(f"{http_root}/json/list").json() if t["type"] == "page")
+        self._closing = contextlib.ExitStack()
+        self.socket = self._closing.enter_context(
+            websockets.sync.client.connect(page["webSocketDebuggerUrl"], max_size=2**26)
+        )
+        self._id = 0
+
+    def call(self, method: str, **params: object) -> dict:
+        self._id += 1
+        self.socket.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            reply = json.loads(self.socket.recv(timeout=120))
+            if reply.get("id") == self._id:
+                assert "error" not in reply, reply
+                return reply["result"]
+
+    def evaluate(self, expression: str) -> object:
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 240) -> object:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"the page never had {expression}: {self.evaluate('document.body.outerHTML')}")
+
+    def close(self) -> None:
+        self._closing.close()
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+
+def check_page(server: Server, prompt: str, out: Path) -> list[tuple[str, str]]:
+    """Load /?q=PROMPT in Chromium: once the figures are under the answer, the DOM holds it as one span per
+    token coloured by its model, and the legend; a screenshot goes to ``out``. Returns (model, text) spans."""
+    browser = Browser(out.parent / "chromium-profile")
+    try:
+        size = {"width": 1000, "height": 700, "deviceScaleFactor": 1, "mobile": False}
+        browser.call("Emulation.setDeviceMetricsOverride", **size)
+        browser.call("Page.navigate", url=f"{server.url}/?q={urllib.parse.quote(prompt)}")
+        figures = browser.wait_for("document.querySelector('.figures')?.textContent")
+        assert re.match(r"\d+ tokens \((length|stop)\) · large share", str(figures)), figures
+        dom = str(browser.evaluate("document.documentElement.outerHTML"))
+        colours = browser.evaluate(
+            "[...document.querySelectorAll('.answer span')]"
+            ".map(span => [span.dataset.model, getComputedStyle(span).color])"
+        )
+        out.write_bytes(base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"]))
+    finally:
+        browser.close()
+    print(f"screenshot: {out}")
+    assert "small: " in dom and "large: " in dom  # the legend
+    by_model: dict[str, set[str]] = {}
+    for model, colour in colours:  # type: ignore[union-attr]
+        by_model.setdefault(model, set()).add(colour)
+    assert all(len(found) == 1 for found in by_model.values()), by_model  # one colour per model...
+    assert len({next(iter(found)) for found in by_model.values()}) == len(by_model)  # ...and apart
+    return [(model, html.unescape(text)) for model, text in SPAN.findall(dom)]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_streams_an_answer_coloured_by_model(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", "40"], tmp_path / "server.log") as server:
+        spans = check_page(server, PROMPT, tmp_path / "page.png")
+        http, response = stream_request(server.url, 40)
+        chunks = list(frames(response))[:-2]  # not the figures, nor [DONE]
+        http.close()
+        expected = [(c["ead"]["model"], c["choices"][0]["delta"]["content"]) for c in chunks]
+        assert spans == [(model, text) for model, text in expected if text]  # one span per token with text
+        assert {model for model, _ in spans} == {"small", "large"}
+        assert server.stop() == 0
+    assert "Traceback" not in server.log()
+
+
+@pytest.mark.real
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(real_pair), "--max-tokens", "24"], tmp_path / "server.log") as server:
+        spans = check_page(server, "Write a Python function that reverses a string.", tmp_path / "page.png")
+        assert "".join(text for _, text in spans).strip()
+        assert server.stop() == 0
