@@ -35,25 +35,6 @@ class _Request:
     generation: GenerationOptions
 
 
-def extend_rendered(runner: Runner, tokens: list[int], text: str, rendered: str) -> list[int]:
-    """Tokens for ``rendered``, given ``tokens`` that stand for ``text``: when the rendering extends
-    that text, only the new text is tokenized (so the tokens the models wrote stay as they are, and the
-    caches holding them are kept); otherwise the whole rendering is."""
-    if tokens and rendered.startswith(text):
-        return tokens + runner.tokenize(rendered[len(text) :], add_special=False)
-    return encode_rendered(runner, rendered)
-
-
-def answer_content(runner: Runner, tokens: list[int], summary: Summary) -> tuple[list[int], str]:
-    """An answer's tokens as the next turn's prompt holds them, and their text: an end-of-generation
-    token that ended it is dropped, since the chat template writes its own end of turn (and ``align``
-    then drops that token from a cache)."""
-    content = list(tokens)
-    if content and summary.finish_reason == "stop" and runner.is_end_of_generation(content[-1]):
-        content.pop()
-    return content, b"".join(runner.token_bytes(token) for token in content).decode("utf-8", "replace")
-
-
 class ContextFull(EadError):
     """The conversation leaves no room for the next answer: only a new conversation helps."""
 
@@ -184,7 +165,11 @@ class Conversation:
 
     def _close_turn(self, request: _Request, summary: Summary, events: list[TokenEvent]) -> None:
         """Record the turn; close the answer with the template's end-of-turn text, cut or not."""
-        content, answer = answer_content(self.runners[0], [event.token for event in events], summary)
+        runner = self.runners[0]
+        content = [event.token for event in events]
+        if content and summary.finish_reason == "stop" and runner.is_end_of_generation(content[-1]):
+            content.pop()  # the template writes its own end of turn (align drops this token from a cache)
+        answer = b"".join(runner.token_bytes(token) for token in content).decode("utf-8", errors="replace")
         messages = [*request.messages, {"role": "assistant", "content": answer}]
         closed = self._render(messages, add_generation_prompt=False)
         tokens = self._extend(request.prompt + content, request.rendered + answer, closed)
@@ -214,7 +199,12 @@ class Conversation:
         return rendered
 
     def _extend(self, tokens: list[int], text: str, rendered: str) -> list[int]:
-        return extend_rendered(self.runners[0], tokens, text, rendered)
+        """Tokens for ``rendered``, given ``tokens`` that stand for ``text``: when the rendering extends
+        that text, only the new text is tokenized; otherwise the whole rendering is."""
+        runner = self.runners[0]
+        if tokens and rendered.startswith(text):
+            return tokens + runner.tokenize(rendered[len(text) :], add_special=False)
+        return encode_rendered(runner, rendered)
 
     def transcript(self) -> dict[str, object]:
         """The conversation as JSON-ready data: every answer token with its model and entropy, figures."""

@@ -39,7 +39,6 @@ from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .calibrate import with_saved_tau
-from .chat import answer_content, extend_rendered
 from .decoder import Summary, TokenEvent
 from .engine import GenerationOptions, PolicyOptions, build_decoder
 from .errors import EadError
@@ -88,11 +87,9 @@ Log = Callable[[str], None]  # one line per request, and one per error: never a 
 
 @dataclass(frozen=True)
 class Job:
-    """One generation to run: the prompt's tokens as tokenized alone, the text they stand for, and the
-    options it was asked with (already checked)."""
+    """One generation to run: the prompt's tokens, and the options it was asked with (already checked)."""
 
     prompt: list[int]
-    text: str
     policy: PolicyOptions
     generation: GenerationOptions
 
@@ -144,10 +141,10 @@ def _hold_signals() -> None:
 class Engine:
     """The runners and one thread that generates with them, one job after another, in order.
 
-    ``queue``: jobs that may wait while one runs; ``submit`` refuses more. The prompt of a job is the
-    previous job's tokens (prompt and answer) extended by the new text where the new prompt's text
-    extends theirs, so ``align`` keeps both caches; otherwise its own tokens, of which ``align`` keeps
-    the prefix the caches share.
+    ``queue``: jobs that may wait while one runs; ``submit`` refuses more. Each prompt is tokenized
+    alone, so a request gets the same answer whatever came before it; ``Runner.align`` keeps the prefix
+    it shares with what the caches hold (the previous prompt and answer), which a chat client's next turn
+    shares up to its new message.
     """
 
     def __init__(self, runners: Sequence[Runner], *, queue: int, log: Log) -> None:
@@ -158,7 +155,6 @@ class Engine:
         self._lock = threading.Lock()
         self._pending = 0  # accepted, not yet finished (the running job included)
         self._mean_s = 1.0  # recent seconds per job: the Retry-After estimate
-        self._cached: tuple[list[int], str] = ([], "")  # what the caches hold, and the text it stands for
 
     @property
     def n_ctx(self) -> int:
@@ -190,14 +186,10 @@ class Engine:
                 self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - began)
 
     def _generate(self, job: Job, ticket: Ticket) -> Finished | Failed:
-        tokens, text = self._cached
-        prompt = extend_rendered(self.runners[0], tokens, text, job.text) if tokens else job.prompt
-        if len(prompt) > len(job.prompt):  # a different split of the same text: never a longer prompt
-            prompt = job.prompt
         decoder = build_decoder(self.runners, job.policy, job.generation)
         failure = None
         try:
-            with closing(decoder.run(prompt)) as run:
+            with closing(decoder.run(job.prompt)) as run:  # align keeps what the caches share with it
                 for event in run:
                     ticket.send(event)
                     if ticket.cancelled.is_set():
@@ -207,8 +199,6 @@ class Engine:
         summary = decoder.summary()
         if ticket.cancelled.is_set():
             self.log(f"stopped after {summary.generated} tokens: the client went away")
-        content, answer = answer_content(self.runners[0], decoder.tokens[len(prompt) :], summary)
-        self._cached = (prompt + content, job.text + answer)
         return failure or Finished(summary)
 
     def close(self) -> None:
@@ -445,7 +435,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return await _answer(body, request, text, "text_completion")
 
     async def _answer(body: _Request, request: Request, text: str, kind: str) -> Any:
-        job = Job(encode_rendered(engine.runners[0], text), text, *_settings(body))
+        job = Job(encode_rendered(engine.runners[0], text), *_settings(body))
         try:
             check_fits(job.prompt, engine.n_ctx)
         except EadError as error:

@@ -38,7 +38,7 @@ from time import perf_counter
 
 import httpx
 from serve_process import Server
-from soak import Sample, failures, sample
+from soak import Sample, failures, figures, sample
 
 PROMPTS = (
     "Write a Python function that checks whether a number is prime.",
@@ -275,17 +275,7 @@ def main() -> None:
         "requests_per_client": args.requests,
         "max_tokens": args.max_tokens,
         "load": measured,
-        "server": {
-            "rss_start_mib": round(start.rss_mib, 1),
-            "rss_end_mib": round(end.rss_mib, 1),
-            "rss_growth_mib": round(end.rss_mib - start.rss_mib, 1),
-            "rss_anon_growth_mib": round(end.anon_mib - start.anon_mib, 1),
-            "rss_bound_mib": args.rss_bound_mib,
-            "fds_start": start.fds,
-            "fds_end": end.fds,
-            "threads_start": start.threads,
-            "threads_end": end.threads,
-        },
+        "server": figures(start, end, args.rss_bound_mib),
         "overflow": flood,
         "reuse": chat_reuse,
         "failures": problems,

@@ -98,6 +98,21 @@ def failures(start: Sample, end: Sample, rss_bound_mib: float) -> list[str]:
     return found
 
 
+def figures(start: Sample, end: Sample, rss_bound_mib: float) -> dict[str, float]:
+    """The baseline and the end, side by side, for the JSON report."""
+    return {
+        "rss_start_mib": round(start.rss_mib, 1),
+        "rss_end_mib": round(end.rss_mib, 1),
+        "rss_growth_mib": round(end.rss_mib - start.rss_mib, 1),
+        "rss_anon_growth_mib": round(end.anon_mib - start.anon_mib, 1),
+        "rss_bound_mib": rss_bound_mib,
+        "fds_start": start.fds,
+        "fds_end": end.fds,
+        "threads_start": start.threads,
+        "threads_end": end.threads,
+    }
+
+
 def generate(runners: list[Runner], index: int, max_tokens: int) -> int:
     """Generation ``index`` of the cycle, start to end, as the CLI runs one; returns its token count."""
     sampling = SamplingParams(temp=0.8, seed=index) if index // len(POLICIES) % 2 else SamplingParams()
@@ -154,16 +169,8 @@ def main() -> None:
         "threads_option": args.threads,
         "tokens": tokens,
         "seconds": round(seconds, 2),
-        "rss_start_mib": round(start.rss_mib, 1),
-        "rss_end_mib": round(end.rss_mib, 1),
         "rss_max_mib": round(peak, 1),
-        "rss_growth_mib": round(end.rss_mib - start.rss_mib, 1),
-        "rss_anon_growth_mib": round(end.anon_mib - start.anon_mib, 1),
-        "rss_bound_mib": args.rss_bound_mib,
-        "fds_start": start.fds,
-        "fds_end": end.fds,
-        "threads_start": start.threads,
-        "threads_end": end.threads,
+        **figures(start, end, args.rss_bound_mib),
         "python_threads_start": start.python_threads,
         "python_threads_end": end.python_threads,
         "failures": found,
