@@ -126,8 +126,11 @@ class Ticket:
         self._loop = loop
 
     def send(self, message: TokenEvent | Finished | Failed) -> None:
-        """From the engine thread."""
-        self._loop.call_soon_threadsafe(self.messages.put_nowait, message)
+        """From the engine thread. Once the server's event loop is gone, nobody reads: stop."""
+        try:
+            self._loop.call_soon_threadsafe(self.messages.put_nowait, message)
+        except RuntimeError:  # the loop is closed (a forced stop)
+            self.cancel()
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -155,6 +158,7 @@ class Engine:
         self._lock = threading.Lock()
         self._pending = 0  # accepted, not yet finished (the running job included)
         self._mean_s = 1.0  # recent seconds per job: the Retry-After estimate
+        self._stopped = threading.Event()
 
     @property
     def n_ctx(self) -> int:
@@ -192,18 +196,21 @@ class Engine:
             with closing(decoder.run(job.prompt)) as run:  # align keeps what the caches share with it
                 for event in run:
                     ticket.send(event)
-                    if ticket.cancelled.is_set():
+                    if ticket.cancelled.is_set() or self._stopped.is_set():
                         break
         except EadError as error:
             failure = Failed(str(error))
         summary = decoder.summary()
-        if ticket.cancelled.is_set():
-            self.log(f"stopped after {summary.generated} tokens: the client went away")
+        if self._stopped.is_set() or ticket.cancelled.is_set():
+            why = "the server is stopping" if self._stopped.is_set() else "the client went away"
+            self.log(f"stopped after {summary.generated} tokens: {why}")
         return failure or Finished(summary)
 
     def close(self) -> None:
-        """Wait for the jobs accepted, then stop the thread."""
-        self._executor.shutdown(wait=True)
+        """Stop the thread: after a clean shutdown every job accepted is done; after a forced one (a second
+        Ctrl-C) the running job stops after its token and those waiting are dropped."""
+        self._stopped.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 # Requests: OpenAI's fields (others ignored, as OpenAI clients expect), and ead's own options.
@@ -339,7 +346,7 @@ class Defaults:
 
 
 class _BodyLimit:
-    """Refuse a request body over ``limit`` bytes (413) before it is read whole."""
+    """Refuse a request body over ``limit`` bytes (413) before it is read whole; the app's outermost layer."""
 
     def __init__(self, app: Any, limit: int, log: Log) -> None:
         self.app, self.limit, self.log = app, limit, log
@@ -362,7 +369,10 @@ class _BodyLimit:
                 raise too_large
             return message
 
-        return await self.app(scope, counted, send)
+        try:
+            return await self.app(scope, counted, send)
+        except asyncio.CancelledError:  # a forced stop (a second Ctrl-C) cancels open streams: no traceback
+            return None
 
 
 def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: Log) -> FastAPI:
