@@ -474,6 +474,13 @@ def serve(
     queue: Annotated[
         int, typer.Option(help="Requests that may wait while one generates; past them, 503 and Retry-After.")
     ] = 16,
+    reuse: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the cached prefix a prompt shares with the previous request (--no-reuse: read every "
+            "prompt whole, bit for bit the logits of generate)."
+        ),
+    ] = True,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
@@ -482,7 +489,7 @@ def serve(
     except ImportError as error:
         message = f"ead serve needs the serve extra ({error.name} is missing): pip install 'ead-cli[serve]'"
         raise EadError(message) from None
-    options = serving.ServeOptions(host, port, api_key, queue)
+    options = serving.ServeOptions(host, port, api_key, queue, reuse)
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=_progress)
     try:

@@ -60,6 +60,7 @@ class ServeOptions:
     port: int = 8080
     api_key: str | None = None
     queue: int = 16  # requests that may wait while one generates
+    reuse: bool = True  # keep the cached prefix a prompt shares with the previous request
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -145,15 +146,18 @@ class Engine:
     """The runners and one thread that generates with them, one job after another, in order.
 
     ``queue``: jobs that may wait while one runs; ``submit`` refuses more. Each prompt is tokenized
-    alone, so a request gets the same answer whatever came before it; ``Runner.align`` keeps the prefix
-    it shares with what the caches hold (the previous prompt and answer), which a chat client's next turn
-    shares up to its new message.
+    alone; ``Runner.align`` keeps the prefix it shares with what the caches hold (the previous prompt and
+    answer), which a chat client's next turn shares up to its new message. Logits computed on a cached
+    prefix are not bit-for-bit those of one prefill (llama.cpp's kernels differ by batch size, as
+    llama-server's ``cache_prompt`` warns), so where two tokens nearly tie an answer may differ from a
+    fresh run's; ``reuse=False`` reads every prompt whole, as ``ead generate`` does.
     """
 
-    def __init__(self, runners: Sequence[Runner], *, queue: int, log: Log) -> None:
+    def __init__(self, runners: Sequence[Runner], *, queue: int, log: Log, reuse: bool = True) -> None:
         self.runners = tuple(runners)
         self.queue = queue
         self.log = log
+        self.reuse = reuse
         self._executor = ThreadPoolExecutor(1, "ead-engine", initializer=_hold_signals)
         self._lock = threading.Lock()
         self._pending = 0  # accepted, not yet finished (the running job included)
@@ -190,6 +194,9 @@ class Engine:
                 self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - began)
 
     def _generate(self, job: Job, ticket: Ticket) -> Finished | Failed:
+        if not self.reuse:  # read every prompt whole, as ead generate does: the same logits to the bit
+            for runner in self.runners:
+                runner.truncate(0)
         decoder = build_decoder(self.runners, job.policy, job.generation)
         failure = None
         try:
@@ -633,23 +640,23 @@ def serve(
     say: Callable[[str], None],
 ) -> None:
     """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
-    log = say
-    engine = Engine(runners, queue=options.queue, log=log)
-    app = _BodyLimit(create_app(engine, defaults, options, log), MAX_BODY_BYTES, log)
-    sock = listen(options)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    if not options.loopback and options.api_key is None:
-        say(f"warning: listening on {options.host} without --api-key: anyone who can reach it can use it")
-    say(f"ead serve: http://{shown}:{port}/v1 (model '{MODEL_ID}'), the page at http://{shown}:{port}/")
+    engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse)
+    app = _BodyLimit(create_app(engine, defaults, options, say), MAX_BODY_BYTES, say)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", ws="none")
     server = uvicorn.Server(config)
-    # uvicorn re-raises the signal that stopped it once it is done; the stop it asked for is clean (exit 0).
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # From before the first line on, a signal asks uvicorn to stop (while it runs, its own handlers do; it
+    # re-raises the signal when done, and this handler takes that too): the stop is clean, exit 0.
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with sock:
+        with listen(options) as sock:
+            host, port = sock.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            if not options.loopback and options.api_key is None:
+                warning = "without --api-key: anyone who can reach it can use it"
+                say(f"warning: listening on {options.host} {warning}")
+            say(f"ead serve: http://{shown}:{port}/v1 (model '{MODEL_ID}'), the page at http://{shown}:{port}/")
             server.run(sockets=[sock])
     finally:
         engine.close()
