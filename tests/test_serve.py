@@ -165,6 +165,7 @@ def test_llm_cli_answers_through_the_server(server: Server, tmp_path: Path) -> N
     assert result.stdout.decode().rstrip("\n") == whole["choices"][0]["message"]["content"].rstrip("\n")
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
 def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> None:
     """curl -N gets frames as they are produced: the first while the engine is still generating."""
     body = json.dumps(
@@ -341,6 +342,7 @@ def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine(
     assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, server.log()
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
 def test_a_killed_client_stops_its_generation(server: Server) -> None:
     before = len(server.log().splitlines())
     body = json.dumps({"messages": HI, "max_tokens": LONG, "stream": True})
