@@ -169,7 +169,7 @@ def test_llm_cli_answers_through_the_server(server: Server, tmp_path: Path) -> N
 def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> None:
     """curl -N gets frames as they are produced: the first while the engine is still generating."""
     body = json.dumps(
-        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1500, "stream": True}
+        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4000, "stream": True}
     )
     curl = subprocess.Popen(
         ["curl", "-sN", f"{server.base_url}/chat/completions", "-H", "Content-Type: application/json",
@@ -184,7 +184,7 @@ def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> Non
     assert curl.wait(timeout=60) == 0
     frames = [first.decode().strip(), *(line for line in rest.splitlines() if line.startswith("data: "))]
     assert frames[-1] == "data: [DONE]"
-    assert len(frames) == 1500 + 2  # a frame per token, the last with the figures, then [DONE]
+    assert len(frames) == 4000 + 2  # a frame per token, the last with the figures, then [DONE]
     assert json.loads(frames[-2][6:])["choices"][0]["finish_reason"] == "length"
 
 
