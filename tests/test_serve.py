@@ -107,34 +107,21 @@ def test_request_options_and_the_ead_object(client: openai.OpenAI, tiny_pair: tu
     """seed, temperature, stop and the ead object reach the engine as the same options of generate do."""
     args = ["--max-tokens", "12", "--temp", "0.9", "--seed", "7", "--policy", "ead", "--min-run", "2"]
     expected, _ = generate_jsonl(tiny_pair, *args, PROMPT)
+    messages = [{"role": "user", "content": PROMPT}]
+    sampled = {"messages": messages, "max_tokens": 12, "temperature": 0.9, "seed": 7}
+    ead = {"policy": "ead", "min_run": 2}
     whole = client.chat.completions.create(
-        model="anything",
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=12,
-        temperature=0.9,
-        seed=7,
-        extra_body={"ead": {"policy": "ead", "min_run": 2}, "unknown_field": [1, 2]},
+        model="anything", **sampled, extra_body={"ead": ead, "unknown_field": [1, 2]}
     )
     assert attribution(whole.model_extra["ead"]["tokens"]) == attribution(expected)
     small_only = client.chat.completions.create(
-        model="ead",
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=8,
-        extra_body={"ead": {"mode": "small"}},
+        model="ead", messages=messages, max_tokens=8, extra_body={"ead": {"mode": "small"}}
     )
     assert {token["model"] for token in small_only.model_extra["ead"]["tokens"]} == {"small"}
     text = whole.choices[0].message.content
     stop = text[3:5]
     assert stop.strip()
-    stopped = client.chat.completions.create(
-        model="ead",
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=12,
-        temperature=0.9,
-        seed=7,
-        stop=[stop],
-        extra_body={"ead": {"policy": "ead", "min_run": 2}},
-    )
+    stopped = client.chat.completions.create(model="ead", **sampled, stop=[stop], extra_body={"ead": ead})
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].message.content == text[: text.index(stop)]
 
