@@ -147,10 +147,10 @@ class Engine:
 
     ``queue``: jobs that may wait while one runs; ``submit`` refuses more. Each prompt is tokenized
     alone; ``Runner.align`` keeps the prefix it shares with what the caches hold (the previous prompt and
-    answer), which a chat client's next turn shares up to its new message. Logits computed on a cached
-    prefix are not bit-for-bit those of one prefill (llama.cpp's kernels differ by batch size, as
-    llama-server's ``cache_prompt`` warns), so where two tokens nearly tie an answer may differ from a
-    fresh run's; ``reuse=False`` reads every prompt whole, as ``ead generate`` does.
+    answer), which a chat client's next turn shares up to its new message. Logits are not bit-for-bit the
+    same for another batch split (llama-server's ``cache_prompt`` warns of it too): a prompt the caches
+    hold whole has its last token read again alone, and where two tokens nearly tie, its answer may
+    differ from a fresh run's; ``reuse=False`` reads every prompt whole, as ``ead generate`` does.
     """
 
     def __init__(self, runners: Sequence[Runner], *, queue: int, log: Log, reuse: bool = True) -> None:
@@ -182,7 +182,7 @@ class Engine:
     def _run(self, job: Job, ticket: Ticket) -> None:
         began = time.perf_counter()
         try:
-            if ticket.cancelled.is_set():
+            if ticket.cancelled.is_set() or self._stopped.is_set():
                 self.log("skipped a request whose client went away while it waited")
                 return
             ticket.send(self._generate(job, ticket))
