@@ -183,7 +183,8 @@ class Engine:
         began = time.perf_counter()
         try:
             if ticket.cancelled.is_set() or self._stopped.is_set():
-                self.log("skipped a request whose client went away while it waited")
+                why = "the server is stopping" if self._stopped.is_set() else "its client went away"
+                self.log(f"skipped a waiting request: {why}")
                 return
             ticket.send(self._generate(job, ticket))
         except Exception as error:  # the thread must live on: whatever failed is this job's answer
