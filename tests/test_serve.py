@@ -307,26 +307,31 @@ def frames(response: httpx.Response) -> Iterator[dict | str]:
 def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    args = [*pair_args(tiny_pair), *TAU, *CTX, "--queue", "1"]
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--queue", "2"]
     with Server(args, tmp_path / "server.log") as server:
         first_http, first = stream_request(server.url, LONG)
         received = frames(first)  # kept: a generator closed when dropped would close the response
         assert next(received)["ead"]["index"] == 0  # generating
-        second_http, second = stream_request(server.url, 5)  # waits: the queue's one place
-        assert second.status_code == 200
-        assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "generating": True, "waiting": 1}
+        second_http, second = stream_request(server.url, 2000)  # waits: the queue's first place
+        third_http, third = stream_request(server.url, 5)  # waits: its second place
+        assert second.status_code == third.status_code == 200
+        assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "generating": True, "waiting": 2}
         refused = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI}, timeout=60)
         assert refused.status_code == 503
         assert int(refused.headers["Retry-After"]) >= 1
         assert refused.json()["error"]["code"] == "queue_full"
-        first.close()  # the client goes away mid-stream
+        third.close()  # leaves while it waits: skipped when its turn comes
+        third_http.close()
+        first.close()  # leaves mid-stream: its generation stops
         first_http.close()
         answer = list(frames(second))  # served: nothing accepted is dropped
-        assert answer[-1] == "[DONE]" and answer[-2]["usage"]["completion_tokens"] == 5
+        assert answer[-1] == "[DONE]" and answer[-2]["usage"]["completion_tokens"] == 2000
         second_http.close()
         assert server.stop() == 0
-    stopped = [line for line in server.log().splitlines() if line.startswith("stopped after")]
-    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, server.log()
+    log = server.log().splitlines()
+    stopped = [line for line in log if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, log
+    assert log.count("skipped a waiting request: its client went away") == 1, log
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
