@@ -530,3 +530,16 @@ def test_no_reuse_reads_every_prompt_whole(tiny_pair: tuple[Path, Path], tmp_pat
             assert figures["models"][0]["prefill_tokens"] == figures["prompt_tokens"]
         assert server.stop() == 0
     assert "(0 cached)" in server.log().splitlines()[-2]
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_it_too(server: Server) -> None:
+    """Not streamed: the server looks whether the client is still there while it generates."""
+    before = len(server.log().splitlines())
+    long = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": LONG}
+    with pytest.raises(httpx.ReadTimeout):  # seconds of generation: the client gives up after one
+        httpx.post(f"{server.base_url}/chat/completions", json=long, timeout=1)
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 3}, timeout=60)
+    assert ok.json()["usage"]["completion_tokens"] == 3
+    new = server.log().splitlines()[before:]
+    stopped = [line for line in new if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
