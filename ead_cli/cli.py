@@ -457,6 +457,54 @@ def chat(
         raise typer.Exit(exit_code)
 
 
+@app.command()
+@_with_options(MODEL_OPTIONS)
+@_with_options(DECODING_OPTIONS)
+def serve(
+    model_options: ModelOptions,
+    decoding: Decoding,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (any but loopback: see --api-key).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one, said on stderr).")] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="EAD_API_KEY", help="Every /v1 request must carry Authorization: Bearer KEY."),
+    ] = None,
+    queue: Annotated[
+        int, typer.Option(help="Requests that may wait while one generates; past them, 503 and Retry-After.")
+    ] = 16,
+    reuse: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the cached prefix a prompt shares with the previous request (--no-reuse: read every "
+            "prompt whole, bit for bit the logits of generate)."
+        ),
+    ] = True,
+) -> None:
+    """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+    streamed or not) and a chat page at /. The options of generate are each request's defaults."""
+    try:
+        from . import serve as serving
+    except ImportError as error:
+        message = f"ead serve needs the serve extra ({error.name} is missing): pip install 'ead-cli[serve]'"
+        raise EadError(message) from None
+    options = serving.ServeOptions(host, port, api_key, queue, reuse)
+    policy_options, generation = _for_models(decoding, model_options)
+    runners = load_runners(model_options, progress=_progress)
+    try:
+        _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
+        serving.serve(runners, serving.Defaults(policy_options, generation), options, say=_say)
+    finally:
+        close_all(runners)
+
+
+def _say(line: str) -> None:
+    """A server's line on stderr, at once (its log is read as it is written)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:
     """The decoding options checked against the number of models (before any model loads)."""
     policy_options, generation = decoding

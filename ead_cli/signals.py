@@ -11,6 +11,7 @@ the call returns.
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,8 +29,11 @@ def main_thread_signals() -> Iterator[None]:
 
 
 def stop_requested() -> bool:
-    """Whether a Ctrl-C or SIGTERM waits, held back, for this thread to unblock it."""
-    return bool(signal.sigpending() & _SIGNALS)
+    """Whether a Ctrl-C or SIGTERM waits, held back, for this thread to unblock it. Only the main thread
+    is stopped so: Python raises nothing in another (``ead serve``'s engine thread finishes its answer
+    while the main thread shuts the server down), and there a signal is only pending for the moment
+    before the main thread takes it."""
+    return threading.current_thread() is threading.main_thread() and bool(signal.sigpending() & _SIGNALS)
 
 
 class Terminated(BaseException):

@@ -18,5 +18,5 @@ fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
 .venv/bin/python -m pip install --quiet --upgrade pip >&2
-.venv/bin/python -m pip install --quiet -e ".[demo,test,plot]" >&2
+.venv/bin/python -m pip install --quiet -e ".[demo,test,plot,serve]" >&2
 echo "$want" > "$stamp"

@@ -67,18 +67,19 @@ class Sample:
     python_threads: int
 
 
-def sample() -> Sample:
+def sample(pid: int | str = "self") -> Sample:
+    """This process's figures, or another's (``pid``: its Python threads are not visible, counted 0)."""
     status: dict[str, list[str]] = {}
-    with open("/proc/self/status", encoding="ascii") as lines:
+    with open(f"/proc/{pid}/status", encoding="ascii") as lines:
         for line in lines:
             key, _, value = line.partition(":")
             status[key] = value.split()
     return Sample(
         rss_mib=int(status["VmRSS"][0]) / 1024,  # kB
         anon_mib=int(status["RssAnon"][0]) / 1024,
-        fds=len(os.listdir("/proc/self/fd")),
+        fds=len(os.listdir(f"/proc/{pid}/fd")),
         threads=int(status["Threads"][0]),
-        python_threads=threading.active_count(),
+        python_threads=threading.active_count() if pid == "self" else 0,
     )
 
 
@@ -95,6 +96,21 @@ def failures(start: Sample, end: Sample, rss_bound_mib: float) -> list[str]:
             f"(Python: {start.python_threads} to {end.python_threads})"
         )
     return found
+
+
+def figures(start: Sample, end: Sample, rss_bound_mib: float) -> dict[str, float]:
+    """The baseline and the end, side by side, for the JSON report."""
+    return {
+        "rss_start_mib": round(start.rss_mib, 1),
+        "rss_end_mib": round(end.rss_mib, 1),
+        "rss_growth_mib": round(end.rss_mib - start.rss_mib, 1),
+        "rss_anon_growth_mib": round(end.anon_mib - start.anon_mib, 1),
+        "rss_bound_mib": rss_bound_mib,
+        "fds_start": start.fds,
+        "fds_end": end.fds,
+        "threads_start": start.threads,
+        "threads_end": end.threads,
+    }
 
 
 def generate(runners: list[Runner], index: int, max_tokens: int) -> int:
@@ -153,16 +169,8 @@ def main() -> None:
         "threads_option": args.threads,
         "tokens": tokens,
         "seconds": round(seconds, 2),
-        "rss_start_mib": round(start.rss_mib, 1),
-        "rss_end_mib": round(end.rss_mib, 1),
         "rss_max_mib": round(peak, 1),
-        "rss_growth_mib": round(end.rss_mib - start.rss_mib, 1),
-        "rss_anon_growth_mib": round(end.anon_mib - start.anon_mib, 1),
-        "rss_bound_mib": args.rss_bound_mib,
-        "fds_start": start.fds,
-        "fds_end": end.fds,
-        "threads_start": start.threads,
-        "threads_end": end.threads,
+        **figures(start, end, args.rss_bound_mib),
         "python_threads_start": start.python_threads,
         "python_threads_end": end.python_threads,
         "failures": found,

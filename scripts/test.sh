@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/build_llama_server.sh > /dev/null  # the remote-model tests run a real llama-server (cached)
+./scripts/install_chromium.sh  # the page test of ead serve drives a headless Chromium
 .venv/bin/ruff check ead_cli tests scripts
 exec .venv/bin/python -m pytest -q "$@"

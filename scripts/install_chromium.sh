@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Headless Chromium for the page test of `ead serve` (tests/test_serve.py), from Debian's packages where
+# apt-get can be used; elsewhere the test is skipped and says why. Never fails the test run.
+set -uo pipefail
+command -v chromium > /dev/null && exit 0
+if ! command -v apt-get > /dev/null || [ "$(id -u)" != 0 ]; then
+  echo "note: no chromium, and apt-get is not usable here: the page test of ead serve will be skipped" >&2
+  exit 0
+fi
+echo "installing chromium (Debian's package) for the page test of ead serve..." >&2
+{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } > /dev/null 2>&1 \
+  || echo "note: apt-get could not install chromium: the page test of ead serve will be skipped" >&2
+exit 0

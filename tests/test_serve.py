@@ -1,0 +1,545 @@
+"""`ead serve` for real: a subprocess on a loopback port with the tiny pair, driven by real clients (the
+official openai library, Simon Willison's llm CLI, curl, httpx), its answers checked against generate."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import websockets.sync.client
+from serve_process import EAD, Server
+from test_cli import pair_args
+
+PROMPT = "hello wörld 日本"
+TAU = ["--tau", "3"]  # the tiny pair's entropies cross 3 bits now and then: both models write
+LONG = 16000  # tokens: a generation long enough (seconds, even for the tiny pair) to act while it runs
+CTX = ["--ctx", "16384"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with Server([*pair_args(tiny_pair), *TAU, *CTX], log) as running:
+        yield running
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def generate_jsonl(pair: tuple[Path, Path], *args: str) -> tuple[list[dict], dict]:
+    """`ead generate --format jsonl`: the token objects and the summary."""
+    result = subprocess.run(
+        [EAD, "generate", *pair_args(pair), *TAU, "--format", "jsonl", *args],
+        capture_output=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    objects = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    return objects[:-1], objects[-1]
+
+
+def attribution(tokens: list[dict]) -> list[tuple[int, str]]:
+    return [(token["token"], token["model"]) for token in tokens]
+
+
+def test_chat_streamed_and_whole_equal_generate_token_for_token(
+    client: openai.OpenAI, tiny_pair: tuple[Path, Path]
+) -> None:
+    expected, summary = generate_jsonl(tiny_pair, "--max-tokens", "24", PROMPT)
+    assert {token["model"] for token in expected} == {"small", "large"}
+    messages = [{"role": "user", "content": PROMPT}]
+
+    chunks = list(
+        client.chat.completions.create(
+            model="ead", messages=messages, max_tokens=24, temperature=0, stream=True
+        )
+    )
+    tokens = [chunk.model_extra["ead"] for chunk in chunks[:-1]]
+    assert attribution(tokens) == attribution(expected)
+    assert [token["entropy"] for token in tokens] == pytest.approx([t["entropy"] for t in expected])
+    assert "".join(chunk.choices[0].delta.content for chunk in chunks[:-1]) == "".join(
+        token["text"] for token in expected
+    )
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "length" and last.choices[0].delta.content is None
+    assert last.usage.completion_tokens == 24 and last.usage.prompt_tokens == summary["prompt_tokens"]
+    figures = last.model_extra["ead"]["summary"]
+    assert figures["large_share"] == summary["large_share"] and figures["switches"] == summary["switches"]
+    assert [m["written"] for m in figures["models"]] == [m["written"] for m in summary["models"]]
+
+    whole = client.chat.completions.create(model="ead", messages=messages, max_tokens=24, temperature=0)
+    assert whole.choices[0].message.content == "".join(token["text"] for token in expected)
+    assert whole.choices[0].finish_reason == "length"
+    assert attribution(whole.model_extra["ead"]["tokens"]) == attribution(expected)
+    assert whole.usage.total_tokens == summary["prompt_tokens"] + 24
+
+
+def test_completions_equal_generate_raw(client: openai.OpenAI, tiny_pair: tuple[Path, Path]) -> None:
+    expected, _ = generate_jsonl(tiny_pair, "--max-tokens", "16", "--raw", "def fib(n):")
+    request = {"model": "ead", "prompt": "def fib(n):", "max_tokens": 16, "temperature": 0}
+    streamed = list(client.completions.create(**request, stream=True))
+    assert attribution([chunk.model_extra["ead"] for chunk in streamed[:-1]]) == attribution(expected)
+    whole = client.completions.create(**request)
+    assert whole.choices[0].text == "".join(token["text"] for token in expected)
+    assert whole.choices[0].text == "".join(chunk.choices[0].text for chunk in streamed)
+
+
+def test_request_options_and_the_ead_object(client: openai.OpenAI, tiny_pair: tuple[Path, Path]) -> None:
+    """seed, temperature, stop and the ead object reach the engine as the same options of generate do."""
+    args = ["--max-tokens", "12", "--temp", "0.9", "--seed", "7", "--policy", "ead", "--min-run", "2"]
+    expected, _ = generate_jsonl(tiny_pair, *args, PROMPT)
+    messages = [{"role": "user", "content": PROMPT}]
+    sampled = {"messages": messages, "max_tokens": 12, "temperature": 0.9, "seed": 7}
+    ead = {"policy": "ead", "min_run": 2}
+    whole = client.chat.completions.create(
+        model="anything", **sampled, extra_body={"ead": ead, "unknown_field": [1, 2]}
+    )
+    assert attribution(whole.model_extra["ead"]["tokens"]) == attribution(expected)
+    small_only = client.chat.completions.create(
+        model="ead", messages=messages, max_tokens=8, extra_body={"ead": {"mode": "small"}}
+    )
+    assert {token["model"] for token in small_only.model_extra["ead"]["tokens"]} == {"small"}
+    text = whole.choices[0].message.content
+    stop = text[3:5]
+    assert stop.strip()
+    stopped = client.chat.completions.create(model="ead", **sampled, stop=[stop], extra_body={"ead": ead})
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == text[: text.index(stop)]
+
+
+def test_models_and_health(client: openai.OpenAI, server: Server, tiny_pair: tuple[Path, Path]) -> None:
+    models = client.models.list().data
+    assert [model.id for model in models] == ["ead"]
+    assert models[0].model_extra["ead"]["models"] == {"small": tiny_pair[0].name, "large": tiny_pair[1].name}
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "generating": False, "waiting": 0}
+
+
+def test_llm_cli_answers_through_the_server(server: Server, tmp_path: Path) -> None:
+    """Simon Willison's llm, configured with the server as an OpenAI-compatible model."""
+    llm = shutil.which("llm", path=str(Path(EAD).parent))
+    assert llm is not None, "llm is in the test extra"
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: ead-tiny\n  model_name: ead\n  api_base: {server.base_url}\n"
+    )
+    env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "unused"}
+    args = [llm, "-m", "ead-tiny", "-o", "max_tokens", "10", "-o", "temperature", "0", PROMPT]
+    result = subprocess.run(args, capture_output=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    whole = httpx.post(
+        f"{server.base_url}/chat/completions",
+        json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 10, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert result.stdout.decode().rstrip("\n") == whole["choices"][0]["message"]["content"].rstrip("\n")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> None:
+    """curl -N gets frames as they are produced: the first while the engine is still generating."""
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4000, "stream": True}
+    )
+    curl = subprocess.Popen(
+        ["curl", "-sN", f"{server.base_url}/chat/completions", "-H", "Content-Type: application/json",
+         "-d", body],
+        stdout=subprocess.PIPE,
+    )
+    assert curl.stdout is not None
+    first = curl.stdout.readline()
+    assert first.startswith(b"data: {")
+    assert httpx.get(f"{server.url}/health").json()["generating"] is True  # not all at the end
+    rest = curl.stdout.read().decode()
+    assert curl.wait(timeout=60) == 0
+    frames = [first.decode().strip(), *(line for line in rest.splitlines() if line.startswith("data: "))]
+    assert frames[-1] == "data: [DONE]"
+    assert len(frames) == 4000 + 2  # a frame per token, the last with the figures, then [DONE]
+    assert json.loads(frames[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"),
+    [
+        (CHAT, b'{"messages": [', 400, "not valid JSON"),
+        (CHAT, b"[1, 2]", 400, "must be a JSON object"),
+        (CHAT, {"messages": "hi"}, 400, "messages"),
+        (CHAT, {"messages": []}, 400, "messages"),
+        (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
+        (CHAT, {"messages": [{"role": "user", "content": "  "}]}, 400, "the prompt is empty"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages.0"),
+        (CHAT, {"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
+        (CHAT, {"messages": HI, "max_tokens": 10**6}, 400, "max_tokens must be at most the context"),
+        (CHAT, {"messages": HI, "max_tokens": "5"}, 400, "max_tokens"),
+        (CHAT, {"messages": HI, "temperature": -1}, 400, "temperature"),
+        (CHAT, {"messages": HI, "top_p": 0}, 400, "top_p"),
+        (CHAT, {"messages": HI, "seed": -3}, 400, "seed"),
+        (CHAT, {"messages": HI, "n": 2}, 400, "n"),
+        (CHAT, {"messages": HI, "ead": {"tau": -1}}, 400, "tau must be at least 0"),
+        (CHAT, {"messages": HI, "ead": {"verify": 2}}, 400, "verify ratio must be in (0, 1]"),
+        (CHAT, {"messages": HI, "ead": {"policy": "coin"}}, 400, "ead.policy"),
+        (CHAT, {"messages": HI, "ead": {"mode": "spec", "verify": 0.5}}, 400, "--verify applies"),
+        (CHAT, {"messages": HI, "ead": {"tau": [1, 2]}}, 400, "thresholds"),
+        (CHAT, {"messages": HI, "ead": {"colour": "red"}}, 400, "ead.colour"),
+        (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "longer than the context"),
+        ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
+        ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+        ("/v1/nothing", {}, 404, "Not Found"),
+    ],
+)
+def test_bad_requests_get_an_error_object_and_one_log_line(
+    server: Server, path: str, body: bytes | dict, status: int, fragment: str
+) -> None:
+    before = server.log().splitlines()
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = httpx.post(f"{server.url}{path}", content=content, timeout=60)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert fragment in error["message"] and "\n" not in error["message"]
+    new = server.log().splitlines()[len(before) :]
+    assert new == [f"error: POST {path} {status}: {error['message']}"]
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200  # and the server keeps serving
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(server: Server) -> None:
+    reply = httpx.post(f"{server.base_url}/completions", content=b"x" * (5 * 2**20), timeout=60)
+    assert reply.status_code == 413
+    assert reply.json()["error"]["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize(
+    ("template", "fragment"),
+    [
+        ("{{ raise_exception('this template takes no users') }}", "this template takes no users"),
+        (None, "has no chat template: use /v1/completions"),
+    ],
+)
+def test_a_chat_template_that_fails_is_a_400_with_its_reason(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, template: str | None, fragment: str
+) -> None:
+    from tiny_models import write_tiny_model
+
+    small = write_tiny_model(tmp_path / "templated.gguf", seed=0, chat_template=template)
+    with Server([*pair_args((small, tiny_pair[1]))], tmp_path / "server.log") as server:
+        reply = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI}, timeout=60)
+        assert reply.status_code == 400
+        assert fragment in reply.json()["error"]["message"]
+        completion = httpx.post(
+            f"{server.base_url}/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60
+        )
+        assert completion.status_code == 200
+        assert server.stop() == 0
+        assert "Traceback" not in server.log()
+
+
+def test_an_api_key_is_required_when_set(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), "--api-key", "s3cret"], tmp_path / "server.log") as server:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            reply = httpx.get(f"{server.base_url}/models", headers=headers)
+            assert reply.status_code == 401
+            assert reply.json()["error"]["code"] == "invalid_api_key"
+        keyed = openai.OpenAI(base_url=server.base_url, api_key="s3cret", max_retries=0)
+        assert keyed.chat.completions.create(model="ead", messages=HI, max_tokens=2).choices
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0).models.list()
+        assert httpx.get(f"{server.url}/health").status_code == 200  # health and the page stay open
+        assert "warning" not in server.log()
+        assert server.stop() == 0
+
+
+def test_a_bind_beyond_loopback_without_a_key_warns(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), "--host", "0.0.0.0"], tmp_path / "server.log") as server:
+        lines = server.log().splitlines()
+        assert lines[0].startswith("warning: listening on 0.0.0.0 without --api-key")
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [(["--port", "70000"], "--port"), (["--queue", "-1"], "--queue"), (["--api-key", " "], "--api-key")],
+)
+def test_bad_serve_options_are_one_line(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:
+    from test_cli import assert_one_line_error, ead
+
+    assert_one_line_error(ead("serve", *pair_args(tiny_pair), *args), 2, fragment)
+
+
+def stream_request(url: str, max_tokens: int) -> tuple[httpx.Client, httpx.Response]:
+    """A streamed chat request whose response is open (headers read), for tests that hold it."""
+    http = httpx.Client(timeout=120)
+    request = http.build_request(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "stream": True},
+    )
+    return http, http.send(request, stream=True)
+
+
+def frames(response: httpx.Response) -> Iterator[dict | str]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+
+
+def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--queue", "2"]
+    with Server(args, tmp_path / "server.log") as server:
+        first_http, first = stream_request(server.url, LONG)
+        received = frames(first)  # kept: a generator closed when dropped would close the response
+        assert next(received)["ead"]["index"] == 0  # generating
+        second_http, second = stream_request(server.url, 2000)  # waits: the queue's first place
+        third_http, third = stream_request(server.url, 5)  # waits: its second place
+        assert second.status_code == third.status_code == 200
+        assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "generating": True, "waiting": 2}
+        refused = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI}, timeout=60)
+        assert refused.status_code == 503
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "queue_full"
+        third.close()  # leaves while it waits: skipped when its turn comes
+        third_http.close()
+        first.close()  # leaves mid-stream: its generation stops
+        first_http.close()
+        answer = list(frames(second))  # served: nothing accepted is dropped
+        assert answer[-1] == "[DONE]" and answer[-2]["usage"]["completion_tokens"] == 2000
+        second_http.close()
+        assert server.stop() == 0
+    log = server.log().splitlines()
+    stopped = [line for line in log if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, log
+    assert log.count("skipped a waiting request: its client went away") == 1, log
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_a_killed_client_stops_its_generation(server: Server) -> None:
+    before = len(server.log().splitlines())
+    body = json.dumps({"messages": HI, "max_tokens": LONG, "stream": True})
+    curl = subprocess.Popen(
+        ["curl", "-sN", f"{server.base_url}/chat/completions", "-d", body], stdout=subprocess.PIPE
+    )
+    assert curl.stdout is not None and curl.stdout.readline().startswith(b"data: {")
+    curl.kill()
+    curl.wait(timeout=30)
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 3}, timeout=60)
+    assert ok.json()["usage"]["completion_tokens"] == 3
+    new = server.log().splitlines()[before:]
+    stopped = [line for line in new if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_stream_finishes_what_was_accepted_then_exits_0(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, sig: int
+) -> None:
+    with Server([*pair_args(tiny_pair), *TAU, "--ctx", "4096"], tmp_path / "server.log") as server:
+        first_http, first = stream_request(server.url, 4000)
+        received = frames(first)
+        assert next(received)["ead"]["index"] == 0
+        second_http, second = stream_request(server.url, 4)  # accepted, waiting
+        server.process.send_signal(sig)
+        rest = list(received)
+        assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "length"
+        assert rest[-2]["usage"]["completion_tokens"] == 4000 == len(rest) - 1
+        assert list(frames(second))[-2]["usage"]["completion_tokens"] == 4
+        first_http.close()
+        second_http.close()
+        assert server.process.wait(timeout=60) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{server.url}/health")
+    assert server.log().splitlines()[-1] == "ead serve: stopped"
+    assert "Traceback" not in server.log()
+
+
+def test_sixteen_streaming_clients_get_right_answers_and_nothing_piles_up(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """scripts/bench_serve.py on the tiny pair: 16 clients x 3 streamed requests, each answer equal token
+    for token to its reference; a queue past its bound answers 503; RSS, descriptors and threads flat;
+    a fifth chat turn reads only its new tokens when the caches hold the fourth."""
+    small, large = tiny_pair
+    args = ["--small", str(small), "--large", str(large), "--clients", "16", "--requests", "3"]
+    args += ["--queue", "16", "--max-tokens", "16", "--hold-tokens", str(LONG), "--repeats", "1", "--exact"]
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_serve.py"
+    result = subprocess.run(
+        [sys.executable, str(script), *args, "--", *TAU, *CTX], capture_output=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["failures"] == []
+    assert figures["load"]["requests"] == 48
+    assert figures["load"]["incomplete"] == figures["load"]["differing"] == 0
+    assert figures["overflow"]["refused_503"] == 2 and figures["overflow"]["accepted"] == 16
+    assert figures["overflow"]["accepted_completed"] == 16 and figures["overflow"]["retry_after"] == ["1"]
+    server = figures["server"]
+    assert server["fds_end"] <= server["fds_start"] and server["threads_end"] <= server["threads_start"]
+    assert server["rss_growth_mib"] <= 64
+    reuse = figures["reuse"]
+    assert reuse["reuse"]["prompt_tokens"] == reuse["no_reuse"]["prompt_tokens"]
+    assert reuse["reuse"]["read_by_model"]["small"] < reuse["no_reuse"]["read_by_model"]["small"]
+    assert reuse["no_reuse"]["read_by_model"]["small"] >= reuse["reuse"]["prompt_tokens"] - 8
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SPAN = re.compile(r'<span data-model="([a-z0-9]+)" title="[^"]*">([^<]*)</span>')
+DEVTOOLS = re.compile(rb"DevTools listening on (ws://\S+)")
+
+
+class Browser:
+    """Headless Chromium driven over its DevTools protocol: load a page, wait for something, read the DOM."""
+
+    def __init__(self, profile: Path) -> None:
+        assert CHROMIUM is not None
+        args = ["--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0"]
+        self.process = subprocess.Popen(
+            [CHROMIUM, *args, f"--user-data-dir={profile}", "about:blank"], stderr=subprocess.PIPE
+        )
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            found = DEVTOOLS.search(line)
+            if found:
+                break
+        else:
+            raise RuntimeError("chromium did not open its DevTools port")
+        http_root = found.group(1).decode().replace("ws://", "http://").split("/devtools/")[0]
+        page = next(t for t in httpx.get(f"{http_root}/json/list").json() if t["type"] == "page")
+        self._closing = contextlib.ExitStack()
+        self.socket = self._closing.enter_context(
+            websockets.sync.client.connect(page["webSocketDebuggerUrl"], max_size=2**26)
+        )
+        self._id = 0
+
+    def call(self, method: str, **params: object) -> dict:
+        self._id += 1
+        self.socket.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            reply = json.loads(self.socket.recv(timeout=120))
+            if reply.get("id") == self._id:
+                assert "error" not in reply, reply
+                return reply["result"]
+
+    def evaluate(self, expression: str) -> object:
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 240) -> object:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"the page never had {expression}: {self.evaluate('document.body.outerHTML')}")
+
+    def close(self) -> None:
+        self._closing.close()
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+
+def check_page(server: Server, prompt: str, out: Path) -> list[tuple[str, str]]:
+    """Load /?q=PROMPT in Chromium: once the figures are under the answer, the DOM holds it as one span per
+    token coloured by its model, and the legend; a screenshot goes to ``out``. Returns (model, text) spans."""
+    browser = Browser(out.parent / "chromium-profile")
+    try:
+        size = {"width": 1000, "height": 700, "deviceScaleFactor": 1, "mobile": False}
+        browser.call("Emulation.setDeviceMetricsOverride", **size)
+        browser.call("Page.navigate", url=f"{server.url}/?q={urllib.parse.quote(prompt)}")
+        figures = browser.wait_for("document.querySelector('.figures')?.textContent")
+        assert re.match(r"\d+ tokens \((length|stop)\) · large share", str(figures)), figures
+        dom = str(browser.evaluate("document.documentElement.outerHTML"))
+        colours = browser.evaluate(
+            "[...document.querySelectorAll('.answer span')]"
+            ".map(span => [span.dataset.model, getComputedStyle(span).color])"
+        )
+        out.write_bytes(base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"]))
+    finally:
+        browser.close()
+    print(f"screenshot: {out}")
+    assert "small: " in dom and "large: " in dom  # the legend
+    by_model: dict[str, set[str]] = {}
+    for model, colour in colours:  # type: ignore[union-attr]
+        by_model.setdefault(model, set()).add(colour)
+    assert all(len(found) == 1 for found in by_model.values()), by_model  # one colour per model...
+    assert len({next(iter(found)) for found in by_model.values()}) == len(by_model)  # ...and apart
+    return [(model, html.unescape(text)) for model, text in SPAN.findall(dom)]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_streams_an_answer_coloured_by_model(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", "40"], tmp_path / "server.log") as server:
+        spans = check_page(server, PROMPT, tmp_path / "page.png")
+        http, response = stream_request(server.url, 40)
+        chunks = list(frames(response))[:-2]  # not the figures, nor [DONE]
+        http.close()
+        expected = [(c["ead"]["model"], c["choices"][0]["delta"]["content"]) for c in chunks]
+        assert spans == [(model, text) for model, text in expected if text]  # one span per token with text
+        assert {model for model, _ in spans} == {"small", "large"}
+        assert server.stop() == 0
+    assert "Traceback" not in server.log()
+
+
+@pytest.mark.real
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(real_pair), "--max-tokens", "24"], tmp_path / "server.log") as server:
+        spans = check_page(server, "Write a Python function that reverses a string.", tmp_path / "page.png")
+        assert "".join(text for _, text in spans).strip()
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_right_after_the_first_line_is_a_clean_stop(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, sig: int
+) -> None:
+    """No moment between the first line and serving where a signal kills the server uncleanly."""
+    with Server([*pair_args(tiny_pair)], tmp_path / "server.log") as server:
+        assert server.stop(sig) == 0, server.log()
+    assert server.log().splitlines()[-1] == "ead serve: stopped"
+
+
+def test_no_reuse_reads_every_prompt_whole(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), "--no-reuse"], tmp_path / "server.log") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": PROMPT}]
+        for _ in range(2):
+            reply = client.chat.completions.create(model="ead", messages=messages, max_tokens=4)
+            figures = reply.model_extra["ead"]["summary"]
+            assert figures["models"][0]["prefill_tokens"] == figures["prompt_tokens"]
+        assert server.stop() == 0
+    assert "(0 cached)" in server.log().splitlines()[-2]
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_it_too(server: Server) -> None:
+    """Not streamed: the server looks whether the client is still there while it generates."""
+    before = len(server.log().splitlines())
+    long = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": LONG}
+    with pytest.raises(httpx.ReadTimeout):  # seconds of generation: the client gives up after one
+        httpx.post(f"{server.base_url}/chat/completions", json=long, timeout=1)
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 3}, timeout=60)
+    assert ok.json()["usage"]["completion_tokens"] == 3
+    new = server.log().splitlines()[before:]
+    stopped = [line for line in new if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
