@@ -93,6 +93,7 @@ from .compat import tokenizer_record
 from .decoder import Summary
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
+from .native import NativeOptions, NativePeers, check_ngram_type, check_server_draft, server_binary
 from .policies import BURST_KINDS, SWITCH_POINTS, Burst, SwitchPoint
 from .prompt import check_fits, encode_prompt, render_chat
 from .runner import Runner
@@ -312,15 +313,19 @@ LARGE_ONLY = "large-only"
 
 @dataclass(frozen=True)
 class Strategy:
-    """A named way of decoding: just the policy options ``build_decoder`` takes."""
+    """A named way of decoding: the policy options ``build_decoder`` takes, or a llama-server
+    configuration (native.py) for llama.cpp's own loop."""
 
     name: str
-    policy: PolicyOptions
+    policy: PolicyOptions | NativeOptions
 
 
-def strategy_name(policy: PolicyOptions) -> str:
+def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
     """``small-only``, ``large-only``, or the policy with every option that differs from its default,
-    e.g. ``ead tau=0.5 window=3``; new PolicyOptions fields show up without changes here."""
+    e.g. ``ead tau=0.5 window=3``; new PolicyOptions fields show up without changes here. A server
+    strategy is named by native.py: ``server-spec draft=3``."""
+    if isinstance(policy, NativeOptions):
+        return policy.name
     if policy.mode in ("small", "large"):
         return f"{policy.mode}-only"
     label = policy.policy if policy.mode == "ead" else policy.mode
@@ -359,10 +364,12 @@ class Grid:
     bursts: tuple[Burst, ...] = (1,)
     patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
     tau_range: tuple[float, float] | None = None  # ead and gate: adaptive tau for every strategy
+    server_drafts: tuple[int, ...] = (3,)  # server-spec: llama.cpp's draft lengths (its default: 3)
+    server_ngrams: tuple[str, ...] = ("ngram-mod",)  # server-ngram: --spec-type values
 
 
 # Strategy families by name, in the order they run: a new way of decoding is one more entry here.
-FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
+FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]] = {
     "small": lambda grid: [PolicyOptions(mode="small")],
     "large": lambda grid: [PolicyOptions(mode="large")],
     "ead": lambda grid: [
@@ -403,8 +410,12 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
         PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
         for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
     ],
+    "server-large": lambda grid: [NativeOptions("large")],
+    "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
+    "server-ngram": lambda grid: [NativeOptions("ngram", spec_type=name) for name in grid.server_ngrams],
 }
-ALL_FAMILIES = ",".join(FAMILIES)
+# The default sweep: ead's own loops (the server families need the built llama-server; name them).
+ALL_FAMILIES = ",".join(name for name in FAMILIES if not name.startswith("server-"))
 
 
 def _parse_list(spec: str, option: str, convert: Callable[[str], Any], minimum: float) -> tuple[Any, ...]:
@@ -432,6 +443,8 @@ def parse_grid(
     verify: str | None = None,
     burst: str = "1",
     lookahead_tau: str = "1",
+    server_draft: str = "3",
+    server_ngram: str = "ngram-mod",
 ) -> Grid:
     """The sweep from comma-separated option values; any bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
@@ -454,7 +467,23 @@ def parse_grid(
                 for part in (piece.strip() for piece in burst.split(","))
             )
         ),
+        server_drafts=_parse_server_drafts(server_draft),
+        server_ngrams=_parse_server_ngrams(server_ngram),
     )
+
+
+def _parse_server_drafts(spec: str) -> tuple[int, ...]:
+    drafts = _parse_list(spec, "--server-draft", int, 1)
+    for draft in drafts:
+        check_server_draft(draft)
+    return drafts
+
+
+def _parse_server_ngrams(spec: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in spec.split(",")))
+    for name in names:
+        check_ngram_type(name)
+    return names
 
 
 def _parse_verify(spec: str) -> tuple[float | None, ...]:
@@ -718,11 +747,20 @@ def run_plan(
     results: Results,
     *,
     timeout_s: float = 10.0,
+    peers: NativePeers | None = None,
 ) -> Iterator[Record]:
-    """Generate (and for HumanEval, check) each planned sample, appending its record as it finishes."""
+    """Generate (and for HumanEval, check) each planned sample, appending its record as it finishes.
+    Server strategies run on ``peers``: no schedule (no llama.cpp call of ours to replay), the
+    server's own timings in ``server``."""
     for strategy, item in plan:
-        text, summary, schedule = generate(runners, strategy.policy, generation, item.prompt)
-        record = sample_record(strategy, item.task_id, summary, text, schedule)
+        if isinstance(strategy.policy, NativeOptions):
+            if peers is None:
+                raise EadError(f"{strategy.name} needs the bench's llama-servers")
+            text, summary, server = peers.generate(strategy.policy, item.prompt)
+            record = sample_record(strategy, item.task_id, summary, text) | {"server": server}
+        else:
+            text, summary, schedule = generate(runners, strategy.policy, generation, item.prompt)
+            record = sample_record(strategy, item.task_id, summary, text, schedule)
         if item.task is not None:
             code = completion_code(item.task, text)
             outcome = check_solution(item.task, code, timeout_s=timeout_s)
@@ -809,17 +847,28 @@ def run_bench(
     ``watch`` gets the plan (the samples still to run, task by task) and the iterator that runs them
     (one record per finished sample); it must exhaust the iterator (showing progress as it goes).
     """
+    native = any(isinstance(strategy.policy, NativeOptions) for strategy in bench.strategies)
+    if native:
+        server_binary()  # missing: say so before any model loads
     runners = load_runners(models, progress=progress)
     try:
         for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
-            build_decoder(runners, strategy.policy, bench.generation)
+            if isinstance(strategy.policy, PolicyOptions):
+                build_decoder(runners, strategy.policy, bench.generation)
         items = bench.items_for(runners)
         config = config_record(bench.name, runners, bench.generation, bench.source, bench.prompt_format)
-        with Results(bench.out / RESULTS_FILE, config) as results:
+        servers = NativePeers(runners, bench.generation, threads=models.threads) if native else None
+        with (
+            contextlib.closing(servers) if servers else contextlib.nullcontext(),
+            Results(bench.out / RESULTS_FILE, config) as results,
+        ):
             plan = results.pending(bench.strategies, items)
             if plan:
                 warm_up(runners, plan[0][1].prompt)
-            watch(plan, run_plan(runners, plan, bench.generation, results, timeout_s=bench.timeout_s))
+            samples = run_plan(
+                runners, plan, bench.generation, results, timeout_s=bench.timeout_s, peers=servers
+            )
+            watch(plan, samples)
             return results.selection(bench.strategies, items)
     finally:
         close_all(runners)
@@ -857,6 +906,8 @@ class Aggregate:
     acceptance_rate: float | None
     rollbacks: float
     model_s: dict[str, float]  # "<role>_<phase>_s": seconds, e.g. "large_catchup_s"
+    server_tokens_per_s: float | None = None  # server strategies: generated tokens over the server's own time
+    same_text: int | None = None  # samples whose text is exactly large-only's for the task
 
     def row(self) -> dict[str, Any]:
         """Flat, for the CSV."""
@@ -886,6 +937,13 @@ def _model_seconds(records: Sequence[Record]) -> dict[str, float]:
                 key = f"{role}_{phase}_s"
                 seconds[key] = seconds.get(key, 0.0) + report[f"{phase}_s"]
     return seconds
+
+
+def _server_rate(records: Sequence[Record]) -> float | None:
+    """Tokens per second of generation as llama-server timed it (its prompt processing aside)."""
+    timed = [r["server"] for r in records if r.get("server")]
+    seconds = sum(t["predicted_ms"] for t in timed) / 1000
+    return sum(t["predicted_n"] for t in timed) / seconds if seconds else None
 
 
 def aggregate(records: Sequence[Record]) -> list[Aggregate]:
@@ -923,6 +981,10 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
                 acceptance_rate=_mean(accepted),
                 rollbacks=sum(r.get("rollbacks", 0) for r in rs) / len(rs),
                 model_s=_model_seconds(rs),
+                server_tokens_per_s=_server_rate(rs),
+                same_text=sum(r["text"] == reference[r["task_id"]] for r in rs if r["task_id"] in reference)
+                if reference
+                else None,
             )
         )
     return aggregates
@@ -956,9 +1018,11 @@ COLUMNS = (
     Column("wall s", lambda a: a.wall_s, ",.1f"),
     Column("wall vs large", lambda a: a.wall_rel, ".2f"),
     Column("tok/s", lambda a: a.tokens_per_s, ".1f"),
+    Column("server tok/s", lambda a: a.server_tokens_per_s, ".1f"),
     Column("switches", lambda a: a.switches, ".1f"),
     Column("acceptance", lambda a: a.acceptance_rate, ".1%"),
     Column("rollbacks", lambda a: a.rollbacks or None, ".2f"),
+    Column("same text", lambda a: a.same_text, "d"),
 )
 
 
