@@ -31,7 +31,10 @@ Strategies (``FAMILIES``): small-only, large-only, ``ead`` at each τ (x window 
 ``gate`` at each gate τ (x switch point x burst), ``lookahead`` at each lookahead τ (x span, from the
 draft lengths), ``spec`` (speculative decoding) at each draft length (x draft
 entropy stop). A strategy is a name and the PolicyOptions ``build_decoder`` takes; the name lists the
-options that differ from their defaults, e.g. ``ead tau=0.5 window=3``.
+options that differ from their defaults, e.g. ``ead tau=0.5 window=3``. Named only, never by default:
+``server-large``, ``server-spec`` (per ``--server-draft``) and ``server-ngram`` (per ``--server-ngram``),
+llama.cpp's own loops in the built llama-server (native.py); their samples have no schedule and carry
+the server's timings in ``server``.
 
 Timing. Models load once; every strategy runs over the same runners, and each sample starts with empty
 KV caches, so every strategy pays its own prefill. One warm-up prefill per model before the first sample
@@ -52,7 +55,9 @@ refused. Then one record per sample, appended and flushed as it finishes; a reru
                           "catchup_tokens", "catchup_s", "flops"}, "large": {...}},
      "text": generated text, "code": the program's code (null for prompt lists),
      "schedule": every llama.cpp feed and rollback of the sample, in order (see schedule.py; null when a
-                 model is remote), which ``ead bench replay`` re-executes on other models}
+                 model is remote or for a server strategy), which ``ead bench replay`` re-executes,
+     "server": {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted"}
+               (server strategies only: llama-server's own timings)}
 
 (the figures are every field of the decoder's Summary and ModelReport, so new ones are recorded too).
 
@@ -61,7 +66,9 @@ word characters, single other non-space characters) of a strategy's text and the
 same task (1.0: the same words in the same order; the quality proxy of ``ead bench prompts``); large-model
 share and parameter-weighted cost, weighted by generated tokens; total FLOPs and wall-clock seconds, also
 as a ratio to large-only's totals; tokens per second over all samples; mean switches per sample; mean
-acceptance rate; mean rollbacks per sample; and seconds per model in prefill, decode and catch-up.
+acceptance rate; mean rollbacks per sample; seconds per model in prefill, decode and catch-up; for
+server strategies, tokens per second by the server's own generation time; and how many texts are exactly
+large-only's.
 """
 
 from __future__ import annotations
