@@ -253,7 +253,7 @@ class NativePeers:
             if self.large.is_end_of_generation(int(token)) or stream.stopped:
                 finish = "stop"
                 break
-            if generated >= self.generation.max_tokens or prompt_len + generated >= self.n_ctx:
+            if generated >= self.generation.max_tokens or prompt_len + generated > self.n_ctx:
                 break
         else:
             if reply.get("stop_type") in ("eos", "word"):  # an end-of-generation token it did not return
