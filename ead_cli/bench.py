@@ -31,7 +31,10 @@ Strategies (``FAMILIES``): small-only, large-only, ``ead`` at each τ (x window 
 ``gate`` at each gate τ (x switch point x burst), ``lookahead`` at each lookahead τ (x span, from the
 draft lengths), ``spec`` (speculative decoding) at each draft length (x draft
 entropy stop). A strategy is a name and the PolicyOptions ``build_decoder`` takes; the name lists the
-options that differ from their defaults, e.g. ``ead tau=0.5 window=3``.
+options that differ from their defaults, e.g. ``ead tau=0.5 window=3``. Named only, never by default:
+``server-large``, ``server-spec`` (per ``--server-draft``) and ``server-ngram`` (per ``--server-ngram``),
+llama.cpp's own loops in the built llama-server (native.py); their samples have no schedule and carry
+the server's timings in ``server``.
 
 Timing. Models load once; every strategy runs over the same runners, and each sample starts with empty
 KV caches, so every strategy pays its own prefill. One warm-up prefill per model before the first sample
@@ -52,7 +55,9 @@ refused. Then one record per sample, appended and flushed as it finishes; a reru
                           "catchup_tokens", "catchup_s", "flops"}, "large": {...}},
      "text": generated text, "code": the program's code (null for prompt lists),
      "schedule": every llama.cpp feed and rollback of the sample, in order (see schedule.py; null when a
-                 model is remote), which ``ead bench replay`` re-executes on other models}
+                 model is remote or for a server strategy), which ``ead bench replay`` re-executes,
+     "server": {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted"}
+               (server strategies only: llama-server's own timings)}
 
 (the figures are every field of the decoder's Summary and ModelReport, so new ones are recorded too).
 
@@ -61,7 +66,9 @@ word characters, single other non-space characters) of a strategy's text and the
 same task (1.0: the same words in the same order; the quality proxy of ``ead bench prompts``); large-model
 share and parameter-weighted cost, weighted by generated tokens; total FLOPs and wall-clock seconds, also
 as a ratio to large-only's totals; tokens per second over all samples; mean switches per sample; mean
-acceptance rate; mean rollbacks per sample; and seconds per model in prefill, decode and catch-up.
+acceptance rate; mean rollbacks per sample; seconds per model in prefill, decode and catch-up; for
+server strategies, tokens per second by the server's own generation time; and how many texts are exactly
+large-only's.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ from .compat import tokenizer_record
 from .decoder import Summary
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
+from .native import NativeOptions, NativePeers, check_ngram_type, check_server_draft, server_binary
 from .policies import BURST_KINDS, SWITCH_POINTS, Burst, SwitchPoint
 from .prompt import check_fits, encode_prompt, render_chat
 from .runner import Runner
@@ -312,15 +320,19 @@ LARGE_ONLY = "large-only"
 
 @dataclass(frozen=True)
 class Strategy:
-    """A named way of decoding: just the policy options ``build_decoder`` takes."""
+    """A named way of decoding: the policy options ``build_decoder`` takes, or a llama-server
+    configuration (native.py) for llama.cpp's own loop."""
 
     name: str
-    policy: PolicyOptions
+    policy: PolicyOptions | NativeOptions
 
 
-def strategy_name(policy: PolicyOptions) -> str:
+def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
     """``small-only``, ``large-only``, or the policy with every option that differs from its default,
-    e.g. ``ead tau=0.5 window=3``; new PolicyOptions fields show up without changes here."""
+    e.g. ``ead tau=0.5 window=3``; new PolicyOptions fields show up without changes here. A server
+    strategy is named by native.py: ``server-spec draft=3``."""
+    if isinstance(policy, NativeOptions):
+        return policy.name
     if policy.mode in ("small", "large"):
         return f"{policy.mode}-only"
     label = policy.policy if policy.mode == "ead" else policy.mode
@@ -359,10 +371,12 @@ class Grid:
     bursts: tuple[Burst, ...] = (1,)
     patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
     tau_range: tuple[float, float] | None = None  # ead and gate: adaptive tau for every strategy
+    server_drafts: tuple[int, ...] = (3,)  # server-spec: llama.cpp's draft lengths (its default: 3)
+    server_ngrams: tuple[str, ...] = ("ngram-mod",)  # server-ngram: --spec-type values
 
 
 # Strategy families by name, in the order they run: a new way of decoding is one more entry here.
-FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
+FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]] = {
     "small": lambda grid: [PolicyOptions(mode="small")],
     "large": lambda grid: [PolicyOptions(mode="large")],
     "ead": lambda grid: [
@@ -403,8 +417,12 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions]]] = {
         PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
         for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
     ],
+    "server-large": lambda grid: [NativeOptions("large")],
+    "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
+    "server-ngram": lambda grid: [NativeOptions("ngram", spec_type=name) for name in grid.server_ngrams],
 }
-ALL_FAMILIES = ",".join(FAMILIES)
+# The default sweep: ead's own loops (the server families need the built llama-server; name them).
+ALL_FAMILIES = ",".join(name for name in FAMILIES if not name.startswith("server-"))
 
 
 def _parse_list(spec: str, option: str, convert: Callable[[str], Any], minimum: float) -> tuple[Any, ...]:
@@ -432,6 +450,8 @@ def parse_grid(
     verify: str | None = None,
     burst: str = "1",
     lookahead_tau: str = "1",
+    server_draft: str = "3",
+    server_ngram: str = "ngram-mod",
 ) -> Grid:
     """The sweep from comma-separated option values; any bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
@@ -454,7 +474,23 @@ def parse_grid(
                 for part in (piece.strip() for piece in burst.split(","))
             )
         ),
+        server_drafts=_parse_server_drafts(server_draft),
+        server_ngrams=_parse_server_ngrams(server_ngram),
     )
+
+
+def _parse_server_drafts(spec: str) -> tuple[int, ...]:
+    drafts = _parse_list(spec, "--server-draft", int, 1)
+    for draft in drafts:
+        check_server_draft(draft)
+    return drafts
+
+
+def _parse_server_ngrams(spec: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in spec.split(",")))
+    for name in names:
+        check_ngram_type(name)
+    return names
 
 
 def _parse_verify(spec: str) -> tuple[float | None, ...]:
@@ -718,11 +754,20 @@ def run_plan(
     results: Results,
     *,
     timeout_s: float = 10.0,
+    peers: NativePeers | None = None,
 ) -> Iterator[Record]:
-    """Generate (and for HumanEval, check) each planned sample, appending its record as it finishes."""
+    """Generate (and for HumanEval, check) each planned sample, appending its record as it finishes.
+    Server strategies run on ``peers``: no schedule (no llama.cpp call of ours to replay), the
+    server's own timings in ``server``."""
     for strategy, item in plan:
-        text, summary, schedule = generate(runners, strategy.policy, generation, item.prompt)
-        record = sample_record(strategy, item.task_id, summary, text, schedule)
+        if isinstance(strategy.policy, NativeOptions):
+            if peers is None:
+                raise EadError(f"{strategy.name} needs the bench's llama-servers")
+            text, summary, server = peers.generate(strategy.policy, item.prompt)
+            record = sample_record(strategy, item.task_id, summary, text) | {"server": server}
+        else:
+            text, summary, schedule = generate(runners, strategy.policy, generation, item.prompt)
+            record = sample_record(strategy, item.task_id, summary, text, schedule)
         if item.task is not None:
             code = completion_code(item.task, text)
             outcome = check_solution(item.task, code, timeout_s=timeout_s)
@@ -809,17 +854,28 @@ def run_bench(
     ``watch`` gets the plan (the samples still to run, task by task) and the iterator that runs them
     (one record per finished sample); it must exhaust the iterator (showing progress as it goes).
     """
+    native = any(isinstance(strategy.policy, NativeOptions) for strategy in bench.strategies)
+    if native:
+        server_binary()  # missing: say so before any model loads
     runners = load_runners(models, progress=progress)
     try:
         for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
-            build_decoder(runners, strategy.policy, bench.generation)
+            if isinstance(strategy.policy, PolicyOptions):
+                build_decoder(runners, strategy.policy, bench.generation)
         items = bench.items_for(runners)
         config = config_record(bench.name, runners, bench.generation, bench.source, bench.prompt_format)
-        with Results(bench.out / RESULTS_FILE, config) as results:
+        servers = NativePeers(runners, bench.generation, threads=models.threads) if native else None
+        with (
+            contextlib.closing(servers) if servers else contextlib.nullcontext(),
+            Results(bench.out / RESULTS_FILE, config) as results,
+        ):
             plan = results.pending(bench.strategies, items)
             if plan:
                 warm_up(runners, plan[0][1].prompt)
-            watch(plan, run_plan(runners, plan, bench.generation, results, timeout_s=bench.timeout_s))
+            samples = run_plan(
+                runners, plan, bench.generation, results, timeout_s=bench.timeout_s, peers=servers
+            )
+            watch(plan, samples)
             return results.selection(bench.strategies, items)
     finally:
         close_all(runners)
@@ -857,6 +913,8 @@ class Aggregate:
     acceptance_rate: float | None
     rollbacks: float
     model_s: dict[str, float]  # "<role>_<phase>_s": seconds, e.g. "large_catchup_s"
+    server_tokens_per_s: float | None = None  # server strategies: generated tokens over the server's own time
+    same_text: int | None = None  # samples whose text is exactly large-only's for the task
 
     def row(self) -> dict[str, Any]:
         """Flat, for the CSV."""
@@ -886,6 +944,13 @@ def _model_seconds(records: Sequence[Record]) -> dict[str, float]:
                 key = f"{role}_{phase}_s"
                 seconds[key] = seconds.get(key, 0.0) + report[f"{phase}_s"]
     return seconds
+
+
+def _server_rate(records: Sequence[Record]) -> float | None:
+    """Tokens per second of generation as llama-server timed it (its prompt processing aside)."""
+    timed = [r["server"] for r in records if r.get("server")]
+    seconds = sum(t["predicted_ms"] for t in timed) / 1000
+    return sum(t["predicted_n"] for t in timed) / seconds if seconds else None
 
 
 def aggregate(records: Sequence[Record]) -> list[Aggregate]:
@@ -923,6 +988,10 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
                 acceptance_rate=_mean(accepted),
                 rollbacks=sum(r.get("rollbacks", 0) for r in rs) / len(rs),
                 model_s=_model_seconds(rs),
+                server_tokens_per_s=_server_rate(rs),
+                same_text=sum(r["text"] == reference[r["task_id"]] for r in rs if r["task_id"] in reference)
+                if reference
+                else None,
             )
         )
     return aggregates
@@ -956,9 +1025,11 @@ COLUMNS = (
     Column("wall s", lambda a: a.wall_s, ",.1f"),
     Column("wall vs large", lambda a: a.wall_rel, ".2f"),
     Column("tok/s", lambda a: a.tokens_per_s, ".1f"),
+    Column("server tok/s", lambda a: a.server_tokens_per_s, ".1f"),
     Column("switches", lambda a: a.switches, ".1f"),
     Column("acceptance", lambda a: a.acceptance_rate, ".1%"),
     Column("rollbacks", lambda a: a.rollbacks or None, ".2f"),
+    Column("same text", lambda a: a.same_text, "d"),
 )
 
 

@@ -23,6 +23,7 @@ from . import __version__, bench, depth, registry, replay, speed
 from . import calibrate as calibration
 from .engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, close_all, load_runners
 from .errors import EadError
+from .native import NGRAM_TYPES
 from .policies import BURST_KINDS, parse_tau
 from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteError
 from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
@@ -688,6 +689,16 @@ VerifyList = Annotated[
 BurstList = Annotated[
     str, typer.Option("--burst", help="gate: bursts, comma-separated: counts, 'line', 'adaptive'.")
 ]
+ServerDraftList = Annotated[
+    str, typer.Option("--server-draft", help="server-spec: llama.cpp's draft lengths, comma-separated.")
+]
+ServerNgramList = Annotated[
+    str,
+    typer.Option(
+        "--server-ngram",
+        help=f"server-ngram: llama.cpp's n-gram types, comma-separated: {', '.join(NGRAM_TYPES)}.",
+    ),
+]
 BenchLimit = Annotated[int | None, typer.Option(help="Run at most this many tasks.")]
 BenchOut = Annotated[
     Path | None,
@@ -720,6 +731,8 @@ SWEEP_OPTIONS = _OptionGroup(
         ("draft_stop", DraftStopList, None),
         ("verify", VerifyList, None),
         ("burst", BurstList, "1"),
+        ("server_draft", ServerDraftList, "3"),
+        ("server_ngram", ServerNgramList, "ngram-mod"),
         ("pattern", Pattern, None),
         ("tau_range", TauRange, None),
     ),

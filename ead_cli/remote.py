@@ -147,7 +147,7 @@ class RemoteRunner:
 
     # ------------------------------------------------------------------------------------- the protocol
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One HTTP exchange; every failure becomes a RemoteError naming the server."""
         data = json.dumps(body).encode() if body is not None else None
         began = perf_counter()
@@ -206,7 +206,7 @@ class RemoteRunner:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                self._request("GET", self._health_path())
+                self.request("GET", self._health_path())
                 return
             except RemoteError as error:
                 if "HTTP 503" not in str(error) or time.monotonic() > deadline:
@@ -217,7 +217,7 @@ class RemoteRunner:
         return "/health"
 
     def _meta(self) -> dict[str, Any]:
-        reply = self._request("GET", "/v1/models")
+        reply = self.request("GET", "/v1/models")
         try:
             meta = reply["data"][0]["meta"]
             for key in ("n_vocab", "n_ctx", "n_params", "n_embd"):
@@ -229,7 +229,7 @@ class RemoteRunner:
         return meta
 
     def _tokenize(self, text: str) -> list[int]:
-        reply = self._request(
+        reply = self.request(
             "POST", "/tokenize", {"content": text, "add_special": False, "parse_special": True}
         )
         try:
@@ -266,7 +266,7 @@ class RemoteRunner:
     def _end_of_generation(self) -> frozenset[int]:
         """The server's end-of-generation ids: with ignore_eos it bans each with a logit bias, and
         reports the biases in its generation settings."""
-        reply = self._request(
+        reply = self.request(
             "POST",
             "/completion",
             {
@@ -303,7 +303,7 @@ class RemoteRunner:
 
     def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
         """One completion call: (top-k ids, their log-probabilities, tokens computed, server ms)."""
-        reply = self._request(
+        reply = self.request(
             "POST",
             "/completion",
             {
@@ -403,7 +403,7 @@ class OpenAIRunner(RemoteRunner):
         return f"{self._base}/models"  # no /health in the OpenAI API; listing the models needs one loaded
 
     def _meta(self) -> dict[str, Any]:
-        reply = self._request("GET", f"{self._base}/models")
+        reply = self.request("GET", f"{self._base}/models")
         try:
             model = reply["data"][0]
             self._model_id = str(model["id"])
@@ -420,7 +420,7 @@ class OpenAIRunner(RemoteRunner):
 
     def _tokenize(self, text: str) -> list[int]:
         body = {"prompt": text, "content": text, "add_special_tokens": False, "add_special": False}
-        reply = self._request("POST", "/tokenize", body | {"parse_special": True})
+        reply = self.request("POST", "/tokenize", body | {"parse_special": True})
         try:
             return [int(token) for token in reply["tokens"]]
         except (KeyError, TypeError, ValueError):
@@ -430,7 +430,7 @@ class OpenAIRunner(RemoteRunner):
         return end_of_generation(self._tokenizer)  # not listed by these servers: taken on trust
 
     def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
-        reply = self._request(
+        reply = self.request(
             "POST",
             f"{self._base}/completions",
             {

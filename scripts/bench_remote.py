@@ -10,15 +10,13 @@ large model, one thread like the local runs, and stops it at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import re
 import statistics
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from ead_cli import registry
+from ead_cli import native, registry
 from ead_cli.engine import (
     GenerationOptions,
     ModelOptions,
@@ -28,23 +26,8 @@ from ead_cli.engine import (
     load_runners,
 )
 from ead_cli.prompt import encode_prompt
-from ead_cli.remote import built_server
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test."
-SERVER = built_server()
-
-
-def start_server(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    with open(log, "wb") as handle:
-        command = [str(SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-t", "1"]
-        process = subprocess.Popen(
-            [*command, "-c", "4096", "-np", "1", "--no-webui"], stdout=handle, stderr=handle
-        )
-    while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
-        if process.poll() is not None:
-            raise SystemExit(log.read_text(errors="replace"))
-        time.sleep(0.05)
-    return process, found.group(1).decode()
 
 
 def main() -> None:
@@ -57,7 +40,9 @@ def main() -> None:
     small, large = (
         registry.resolve(a, catalog, allow_download=False) for a in (catalog.small, catalog.large)
     )
-    server, url = start_server(large, Path(tempfile.mkdtemp()) / "server.log")
+    server = contextlib.ExitStack()
+    log = Path(server.enter_context(tempfile.TemporaryDirectory())) / "server.log"
+    url = server.enter_context(native.llama_server(large, ["-c", "4096", "-t", "1"], log)).url
     setups = {
         where: load_runners(ModelOptions(small=str(small), large=target, threads=1, allow_download=False))
         for where, target in (("local", str(large)), ("remote", url))
@@ -90,8 +75,7 @@ def main() -> None:
     finally:
         for runners in setups.values():
             close_all(runners)
-        server.terminate()
-        server.wait()
+        server.close()
     reference = statistics.median(walls["local large alone"])
     result = {
         name: {

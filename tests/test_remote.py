@@ -5,7 +5,6 @@ that never answers, an HTTP server that answers wrongly)."""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 
+from ead_cli import native
 from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entropy
 from ead_cli.runner import Runner
 
@@ -30,40 +30,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-SERVER_FLAGS = ("-t", "1", "-np", "1", "--no-webui")
-
-
 @contextmanager
 def llama_server(model: Path, tmp_path: Path, n_ctx: int = 2048) -> Iterator[tuple[subprocess.Popen, str]]:
-    """A llama-server on a free loopback port; yields (process, its address) once it has loaded."""
+    """A llama-server on a free loopback port (native.llama_server); yields (process, its address)."""
     log = tmp_path / f"server-{model.stem}-{time.monotonic_ns()}.log"
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(
-            [
-                str(SERVER),
-                "-m",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "-c",
-                str(n_ctx),
-                *SERVER_FLAGS,
-            ],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
-            assert process.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, "llama-server did not start"
-            time.sleep(0.05)
-        yield process, found.group(1).decode()
-    finally:
-        process.kill()
-        process.wait()
+    with native.llama_server(model, ["-c", str(n_ctx), "-t", "1"], log) as server:
+        yield server.process, server.url
 
 
 @pytest.fixture(scope="module")

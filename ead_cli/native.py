@@ -1,0 +1,336 @@
+"""llama.cpp's own decoding loops as bench strategies: the ``llama-server`` that
+``scripts/build_llama_server.sh`` builds, driven over loopback.
+
+Three peers, what a llama.cpp user would run instead of ead:
+
+- ``server-large``: the large model alone, llama.cpp's C++ loop (against the Python loop of ``large-only``);
+- ``server-spec draft=N``: llama.cpp's speculative decoding, the small model as its draft model
+  (``--spec-draft-model``, ``--spec-type draft-simple``, ``--spec-draft-n-max N``; llama.cpp's default is 3);
+- ``server-ngram type=T``: draft-free n-gram speculation (``--spec-type T``, e.g. ``ngram-mod``).
+
+Each configuration gets one server, started on a free loopback port (``--port 0``; the address is read
+from its log) the first time a sample needs it and stopped when the bench ends, so startup is never
+in a sample's time. A sample is one ``POST /completion``: the bench's own token ids as the prompt (the
+same ids the Python strategies get), greedy (the top-k sampler alone with k=1), the bench's max tokens
+and stop strings, ``cache_prompt`` off so every sample pays its whole prefill. The text is rebuilt here
+from the token ids the server returns, through the same stop-string and end-of-generation handling as
+the Python loop, so both sides' texts and token counts mean the same.
+
+Figures: wall-clock is what the client waits for the reply; the server's own ``timings`` (prompt and
+generation milliseconds, and for speculation ``draft_n`` and ``draft_n_accepted``) go in the record's
+``server`` field. FLOPs are estimated from those counts (2 x parameters per token each model reads),
+since the server does not report what it computed.
+
+Greedy speculative decoding is lossless in exact arithmetic, but llama.cpp computes a verification batch
+with other kernels than a one-token step, so at near-ties the argmax can differ and the text part from
+one-token greedy decoding; ``agreement`` and ``same text`` in the report show how often.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from .decoder import ModelReport, Summary
+from .engine import GenerationOptions
+from .errors import EadError
+from .remote import RemoteRunner, built_server
+from .runner import Runner, default_threads
+from .text import TextStream
+
+KINDS = ("large", "spec", "ngram")
+# What this build's --spec-type offers without a draft model (``llama-server --help``).
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+DRAFT_TYPE = "draft-simple"  # speculation with a draft model; the server ignores -md without it
+MAX_DRAFT = 64
+START_TIMEOUT_S = 120.0
+REPLY_TIMEOUT_S = 3600.0  # a whole answer in one reply, on a busy machine
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """One llama-server configuration: the kind, and the draft length or n-gram type it takes."""
+
+    kind: str
+    draft: int | None = None  # spec: --spec-draft-n-max
+    spec_type: str | None = None  # ngram: --spec-type
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise EadError(f"unknown server strategy {self.kind!r} (one of {', '.join(KINDS)})", exit_code=2)
+        if (self.draft is not None) != (self.kind == "spec"):
+            raise EadError("a draft length belongs to server-spec alone", exit_code=2)
+        if self.draft is not None:
+            check_server_draft(self.draft)
+        if (self.spec_type is not None) != (self.kind == "ngram"):
+            raise EadError("an n-gram type belongs to server-ngram alone", exit_code=2)
+        if self.spec_type is not None:
+            check_ngram_type(self.spec_type)
+
+    @property
+    def name(self) -> str:
+        """``server-large``, ``server-spec draft=3``, ``server-ngram type=ngram-mod``."""
+        if self.kind == "spec":
+            return f"server-spec draft={self.draft}"
+        if self.kind == "ngram":
+            return f"server-ngram type={self.spec_type}"
+        return "server-large"
+
+    def flags(self, small: Path, threads: int) -> list[str]:
+        """The server's options for this configuration (the large model and the common ones aside)."""
+        if self.kind == "spec":
+            return [
+                "--spec-type", DRAFT_TYPE, "--spec-draft-model", str(small),
+                "--spec-draft-n-max", str(self.draft),
+                "-td", str(threads), "-tbd", str(threads),
+            ]  # fmt: skip
+        if self.kind == "ngram":
+            return ["--spec-type", str(self.spec_type)]
+        return []
+
+
+def check_server_draft(draft: int) -> None:
+    if not 1 <= draft <= MAX_DRAFT:
+        raise EadError(f"--server-draft: {draft} is not in [1, {MAX_DRAFT}]", exit_code=2)
+
+
+def check_ngram_type(name: str) -> None:
+    if name not in NGRAM_TYPES:
+        raise EadError(f"--server-ngram: {name!r} is not one of {', '.join(NGRAM_TYPES)}", exit_code=2)
+
+
+def server_binary() -> Path:
+    """The built llama-server, or a one-line error saying how to build it."""
+    binary = built_server()
+    if not binary.is_file():
+        raise EadError(f"no llama-server at {binary}: ./scripts/build_llama_server.sh builds it")
+    return binary
+
+
+# ------------------------------------------------------------------------------------------ a server
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running llama-server: its process, address and log."""
+
+    process: subprocess.Popen
+    url: str
+    log: Path
+
+
+@contextmanager
+def llama_server(
+    model: Path, args: Sequence[str], log: Path, *, timeout_s: float = START_TIMEOUT_S
+) -> Iterator[Server]:
+    """llama-server on a free loopback port (the OS picks it; the log says which), one slot, no web UI;
+    yields once it listens (it may still be loading: ``GET /health`` says), stops it cleanly after."""
+    binary = server_binary()
+    with open(log, "wb") as handle:
+        command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-np", "1"]
+        process = subprocess.Popen(
+            [*command, "--no-webui", *args], stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
+            if process.poll() is not None:
+                lines = log.read_text(errors="replace").strip().splitlines() or ["no output"]
+                raise EadError(f"llama-server stopped at start: {lines[-1][:200]}")
+            if time.monotonic() > deadline:
+                raise EadError(f"llama-server did not start within {timeout_s:g} s")
+            time.sleep(0.05)
+        yield Server(process, found.group(1).decode(), log)
+    finally:
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM (llama-server shuts down cleanly on it), SIGKILL if it has not within a few seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    process.wait()
+
+
+# ------------------------------------------------------------------------------------------ the peers
+
+
+class NativePeers:
+    """The servers of a bench run, started on first use and stopped together at the end.
+
+    ``runners`` are the bench's own models (smallest first): their files are what the servers load,
+    their tokenizer turns the returned ids into text exactly as the Python loop does.
+    """
+
+    def __init__(
+        self, runners: Sequence[Runner], generation: GenerationOptions, *, threads: int | None = None
+    ) -> None:
+        if generation.sampling.temp != 0:
+            raise EadError("server strategies decode greedily: leave --temp at 0", exit_code=2)
+        for runner in (runners[0], runners[-1]):
+            if not isinstance(runner, Runner):
+                raise EadError(f"server strategies need local model files, not {runner.label}", exit_code=2)
+        server_binary()
+        self.small, self.large = runners[0], runners[-1]
+        self.generation = generation
+        self.threads = threads or default_threads()
+        self.n_ctx = self.large.n_ctx
+        self._stack = ExitStack()
+        self._logs = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ead-native-")))
+        self._clients: dict[NativeOptions, RemoteRunner] = {}
+
+    def client(self, options: NativeOptions, warm_prompt: Sequence[int]) -> RemoteRunner:
+        """The server of a configuration, started (and warmed with one short request) on first use."""
+        if options not in self._clients:
+            args = [
+                "-c", str(self.n_ctx), "-b", str(self.large.n_batch), "-ub", str(self.large.n_batch),
+                "-t", str(self.threads), "-tb", str(self.threads),
+                *options.flags(self.small.path, self.threads),
+            ]  # fmt: skip
+            log = self._logs / f"{options.kind}-{len(self._clients)}.log"
+            server = self._stack.enter_context(llama_server(self.large.path, args, log))
+            client = RemoteRunner(
+                server.url, name=options.name, tokenizer=self.small, timeout_s=REPLY_TIMEOUT_S
+            )
+            self._stack.callback(client.close)
+            self._complete(client, warm_prompt, 1)
+            self._clients[options] = client
+        return self._clients[options]
+
+    def _complete(self, client: RemoteRunner, prompt: Sequence[int], n_predict: int) -> dict[str, Any]:
+        reply = client.request(
+            "POST",
+            "/completion",
+            {
+                "prompt": list(prompt),
+                "n_predict": n_predict,
+                "cache_prompt": False,
+                "samplers": ["top_k"],
+                "top_k": 1,
+                "stop": list(self.generation.stop),
+                "return_tokens": True,
+                "response_fields": ["tokens", "stop_type", "timings"],
+            },
+        )
+        if not isinstance(reply, dict) or not isinstance(reply.get("tokens"), list):
+            raise EadError(f"{client.url}/completion sent no token ids (is it llama-server?)")
+        return reply
+
+    def generate(self, options: NativeOptions, prompt: Sequence[int]) -> tuple[str, Summary, dict[str, Any]]:
+        """One sample: its text, a Summary like the Python loop's, and the server's own timings."""
+        client = self.client(options, prompt)
+        began = perf_counter()
+        reply = self._complete(client, prompt, self.generation.max_tokens)
+        wall = perf_counter() - began
+        text, generated, finish = self._text(reply, len(prompt))
+        timings = reply.get("timings") if isinstance(reply.get("timings"), dict) else {}
+        server = {
+            key: timings.get(key, 0)
+            for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted")
+        }
+        return text, self._summary(options, len(prompt), generated, finish, wall, server), server
+
+    def _text(self, reply: dict[str, Any], prompt_len: int) -> tuple[str, int, str]:
+        """The text, tokens generated and finish reason, by the Python loop's rules: a token that ends
+        the generation or completes a stop string is counted, nothing after it."""
+        stream, pieces, generated, finish = TextStream(self.generation.stop), [], 0, "length"
+        for token in reply["tokens"]:
+            generated += 1
+            pieces.append(stream.push(self.large.token_bytes(int(token))))
+            if self.large.is_end_of_generation(int(token)) or stream.stopped:
+                finish = "stop"
+                break
+            if generated >= self.generation.max_tokens or prompt_len + generated > self.n_ctx:
+                break
+        else:
+            if reply.get("stop_type") in ("eos", "word"):  # an end-of-generation token it did not return
+                finish = "stop"
+        pieces.append(stream.flush())
+        return "".join(pieces), generated, finish
+
+    def _summary(
+        self,
+        options: NativeOptions,
+        prompt_len: int,
+        generated: int,
+        finish: str,
+        wall: float,
+        server: dict[str, Any],
+    ) -> Summary:
+        """The Python loop's figures as far as the server's counts give them. Drafted tokens the large
+        model accepted count as the small model's (as in the Python ``spec``). FLOPs as a Runner counts
+        them, from estimated reads: the large model reads the prompt, each token it keeps but the last,
+        and each draft token it rejects, with a logits row for each after the prompt's last; the
+        drafter reads the prompt and its drafts."""
+        drafted, accepted = int(server["draft_n"]), int(server["draft_n_accepted"])
+        by_small = accepted if options.kind == "spec" else 0
+        large_reads = prompt_len + max(generated - 1, 0) + drafted - accepted
+        reports = [
+            ModelReport(
+                role="large",
+                path=str(self.large.path),
+                params=self.large.n_params,
+                written=generated - by_small,
+                prefill_tokens=int(server["prompt_n"]),
+                prefill_s=float(server["prompt_ms"]) / 1000,
+                decode_tokens=int(server["predicted_n"]),
+                decode_s=float(server["predicted_ms"]) / 1000,
+                catchup_tokens=0,
+                catchup_s=0.0,
+                flops=_flops(self.large, large_reads, large_reads - prompt_len + 1),
+                requests=1,
+                network_s=wall,
+                server_s=(float(server["prompt_ms"]) + float(server["predicted_ms"])) / 1000,
+            )
+        ]
+        if options.kind == "spec":
+            small = self.small
+            reports.insert(
+                0,
+                ModelReport("small", str(small.path), small.n_params, by_small, 0, 0.0, 0, 0.0, 0, 0.0,
+                            flops=_flops(small, prompt_len + drafted, drafted)),
+            )  # fmt: skip
+        weighted = sum(report.written * report.params for report in reports)
+        return Summary(
+            finish_reason=finish,
+            prompt_tokens=prompt_len,
+            generated=generated,
+            switches=0,
+            large_share=reports[-1].written / generated if generated else 0.0,
+            param_cost=weighted / (generated * self.large.n_params) if generated else 0.0,
+            flops=sum(report.flops for report in reports),
+            wall_s=wall,
+            tokens_per_s=generated / wall if wall else 0.0,
+            models=tuple(reports),
+            drafted=drafted,
+            acceptance_rate=accepted / drafted if drafted else None,
+        )
+
+    def close(self) -> None:
+        """Stop every server (and drop their logs)."""
+        self._stack.close()
+
+    def __enter__(self) -> NativePeers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _flops(runner: Runner, reads: int, rows: int) -> float:
+    """Runner.flops for counts the server did not report: 2 x body params per token read, 2 x head
+    params per logits row."""
+    return 2.0 * (runner.body_params * reads + runner.head_params * rows)

@@ -1,0 +1,225 @@
+"""llama.cpp's own loops as bench strategies: real llama-server processes (started by ``ead bench``
+itself) on the tiny GGUF pair, and once on the real demo pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_cli import EAD, assert_one_line_error
+
+from ead_cli import bench, native
+from ead_cli.errors import EadError
+from ead_cli.remote import built_server
+
+pytestmark = pytest.mark.skipif(
+    not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh builds it (CI does)"
+)
+
+SERVER_COLUMNS = ("server tok/s", "acceptance", "same text")
+
+
+def ead(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {key: value for key, value in os.environ.items() if key != "FORCE_COLOR"} | (env or {})
+    return subprocess.run([EAD, *args], capture_output=True, env=full_env, timeout=600)
+
+
+def samples(out: Path) -> dict[tuple[str, str], dict]:
+    _, records = bench.read_results(out / bench.RESULTS_FILE)
+    return {(record["strategy"], record["task_id"]): record for record in records}
+
+
+def report(out: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """report.md as headers and rows by strategy."""
+    lines = (out / "report.md").read_text().splitlines()
+    headers = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(headers, cells, strict=True))
+    return headers, rows
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every server family (two draft lengths, two n-gram types) beside the Python loop, on three prompts."""
+    folder = tmp_path_factory.mktemp("bench")
+    prompts = folder / "prompts.txt"
+    prompts.write_text("hi there\nThe quick brown fox\ndef fibonacci(n):\n")
+    out = folder / "out"
+    result = ead(
+        "bench", "prompts", str(prompts), "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
+        "--threads", "1", "--max-tokens", "48", "--out", str(out),
+        "--strategies", "large,server-large,server-spec,server-ngram",
+        "--server-draft", "2,3", "--server-ngram", "ngram-mod,ngram-simple",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    return out
+
+
+NAMES = (
+    "server-large",
+    "server-spec draft=2",
+    "server-spec draft=3",
+    "server-ngram type=ngram-mod",
+    "server-ngram type=ngram-simple",
+)
+
+
+def test_greedy_server_strategies_write_the_python_loops_large_only_text(tiny_bench: Path) -> None:
+    """The same token ids in, greedy, the same max tokens: llama.cpp's loop writes what ours does.
+    Speculation is lossless for greedy decoding; on these random-weight models no top-2 logits are
+    close enough for the batched verification's rounding to flip an argmax (on the real pair some do:
+    docs/native-peers.md counts them)."""
+    records = samples(tiny_bench)
+    prompts = sorted({task for _, task in records})
+    assert len(prompts) == 3
+    for task in prompts:
+        large = records[("large-only", task)]
+        assert large["generated"] == 48
+        for name in NAMES:
+            record = records[(name, task)]
+            assert record["text"] == large["text"], name
+            assert (record["generated"], record["finish_reason"]) == (large["generated"], "length")
+            assert record["prompt_tokens"] == large["prompt_tokens"]
+
+
+def test_server_samples_carry_the_servers_timings_and_no_schedule(tiny_bench: Path) -> None:
+    records = samples(tiny_bench)
+    for (name, _), record in records.items():
+        if name == "large-only":
+            assert record["schedule"] and "server" not in record
+            continue
+        assert record["schedule"] is None
+        server = record["server"]
+        assert server["prompt_n"] == record["prompt_tokens"]  # cache_prompt off: the whole prompt, each time
+        assert server["predicted_n"] == record["generated"]
+        assert server["prompt_ms"] > 0 and server["predicted_ms"] > 0 and record["wall_s"] > 0
+        assert record["models"]["large"]["server_s"] <= record["wall_s"]
+        if name.startswith("server-spec"):
+            # the small model drafted (--spec-type draft-simple): N tokens a round, at most
+            draft = int(name.rsplit("=", 1)[1])
+            assert 0 < server["draft_n"] <= draft * record["generated"]
+            assert record["drafted"] == server["draft_n"]
+            assert record["acceptance_rate"] == server["draft_n_accepted"] / server["draft_n"]
+            assert record["models"]["small"]["written"] == server["draft_n_accepted"]
+        else:
+            assert "small" not in record["models"]
+
+
+def test_the_report_has_a_row_per_strategy_with_the_servers_columns(tiny_bench: Path) -> None:
+    headers, rows = report(tiny_bench)
+    for column in ("agreement", "wall s", "wall vs large", "tok/s", *SERVER_COLUMNS):
+        assert column in headers
+    assert list(rows) == ["large-only", *NAMES]
+    assert rows["large-only"]["server tok/s"] == "-"
+    for name in NAMES:
+        assert float(rows[name]["server tok/s"]) > 0
+        assert float(rows[name]["wall vs large"]) > 0
+        assert rows[name]["agreement"] == "1.000" and rows[name]["same text"] == "3"
+    for name in ("server-spec draft=2", "server-spec draft=3"):
+        assert rows[name]["acceptance"].endswith("%")
+    csv = (tiny_bench / "report.csv").read_text().splitlines()
+    assert "server_tokens_per_s" in csv[0] and "same_text" in csv[0]
+
+
+def test_a_draft_model_that_is_the_large_model_is_accepted_almost_always(tiny_pair, tmp_path) -> None:
+    """The acceptance the report shows is the server's own: the large model drafting for itself."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The quick brown fox\n")
+    large = str(tiny_pair[1])
+    result = ead(
+        "bench", "prompts", str(prompts), "--small", large, "--large", large, "--threads", "1",
+        "--max-tokens", "40", "--strategies", "large,server-spec", "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    record = samples(tmp_path / "out")[("server-spec draft=3", "prompt/0")]
+    assert record["acceptance_rate"] > 0.9
+    assert record["text"] == samples(tmp_path / "out")[("large-only", "prompt/0")]["text"]
+
+
+def test_replay_skips_server_samples_and_refuses_them_by_name(tiny_pair, tiny_bench: Path, tmp_path) -> None:
+    models = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    result = ead("bench", "replay", str(tiny_bench), *models, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr.decode()
+    replayed = json.loads((tmp_path / "replay.json").read_text())
+    assert [row["strategy"] for row in replayed["strategies"]] == ["large-only"]
+    refused = ead("bench", "replay", str(tiny_bench), *models, "--strategies", "server-large")
+    assert_one_line_error(refused, 2, "server-large on prompt/", "has no schedule")
+
+
+# ----------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--server-draft", "0"], "--server-draft: 0 is below 1"),
+        (["--server-draft", "65"], "--server-draft: 65 is not in [1, 64]"),
+        (["--server-draft", "3,x"], "--server-draft: 'x' is not a valid value"),
+        (["--server-ngram", "ngram-nope"], "--server-ngram: 'ngram-nope' is not one of ngram-simple"),
+        (["--server-ngram", "draft-simple"], "--server-ngram: 'draft-simple' is not one of"),
+        (["--temp", "0.7"], "server strategies decode greedily"),
+    ],
+)
+def test_bad_server_options_are_one_line(tiny_pair, tmp_path, args: list[str], message: str) -> None:
+    models = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    result = ead("bench", "humaneval", "--ids", "1", *models, "--strategies", "server-spec,server-ngram",
+                 *args, "--out", str(tmp_path / "out"))  # fmt: skip
+    assert_one_line_error(result, 2, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_server_binary_is_one_line_before_any_model_loads(tiny_pair, tmp_path) -> None:
+    models = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    result = ead(
+        "bench", "humaneval", "--ids", "1", *models, "--strategies", "large,server-large",
+        "--out", str(tmp_path / "out"), env={"EAD_CACHE": str(tmp_path / "empty")},
+    )  # fmt: skip
+    assert_one_line_error(result, 1, "no llama-server at", "build_llama_server.sh")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_server_that_stops_at_start_is_one_error_with_its_last_log_line(tiny_pair, tmp_path) -> None:
+    with (
+        pytest.raises(EadError, match=r"llama-server stopped at start: .*--no-such-flag"),
+        native.llama_server(tiny_pair[1], ["--no-such-flag"], tmp_path / "log"),
+    ):
+        pass
+
+
+def test_the_ngram_types_are_the_ones_this_build_offers() -> None:
+    """NGRAM_TYPES checks --server-ngram before anything starts: it must match the binary's --help."""
+    help_text = subprocess.run([str(built_server()), "--help"], capture_output=True, text=True).stdout
+    line = next(line for line in help_text.splitlines() if line.startswith("--spec-type"))
+    offered = line.split()[1].split(",")
+    assert set(native.NGRAM_TYPES) == {name for name in offered if name.startswith("ngram-")}
+    assert native.DRAFT_TYPE in offered
+
+
+# ------------------------------------------------------------------------------------- the real pair
+
+
+@pytest.mark.real
+def test_the_real_pair_native_loops_on_one_humaneval_task(real_pair, tmp_path) -> None:
+    """HumanEval/2 on the demo pair: llama.cpp's large-alone loop writes the Python loop's text and stops
+    at the same closing fence; its speculative decoding drafts with the 0.5B and passes."""
+    small, large = real_pair
+    out = tmp_path / "out"
+    result = ead(
+        "bench", "humaneval", "--ids", "2", "--small", str(small), "--large", str(large), "--threads", "1",
+        "--max-tokens", "128", "--strategies", "large,server-large,server-spec", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    records = samples(out)
+    large_only = records[("large-only", "HumanEval/2")]
+    native_large = records[("server-large", "HumanEval/2")]
+    spec = records[("server-spec draft=3", "HumanEval/2")]
+    assert large_only["finish_reason"] == "stop" and large_only["passed"]
+    assert native_large["text"] == large_only["text"]
+    assert (native_large["generated"], native_large["finish_reason"]) == (large_only["generated"], "stop")
+    assert spec["passed"] and spec["server"]["draft_n"] > 0 and spec["acceptance_rate"] > 0.5
+    assert "server tok/s" in result.stdout.decode()
