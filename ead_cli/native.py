@@ -43,7 +43,7 @@ from .decoder import ModelReport, Summary
 from .engine import GenerationOptions
 from .errors import EadError
 from .remote import RemoteRunner, built_server
-from .runner import Runner, default_threads
+from .runner import Runner, default_threads, forward_flops
 from .text import TextStream
 
 KINDS = ("large", "spec", "ngram")
@@ -290,7 +290,7 @@ class NativePeers:
                 decode_s=float(server["predicted_ms"]) / 1000,
                 catchup_tokens=0,
                 catchup_s=0.0,
-                flops=_flops(self.large, large_reads, large_reads - prompt_len + 1),
+                flops=forward_flops(self.large, large_reads, large_reads - prompt_len + 1),
                 requests=1,
                 network_s=wall,
                 server_s=(float(server["prompt_ms"]) + float(server["predicted_ms"])) / 1000,
@@ -301,7 +301,7 @@ class NativePeers:
             reports.insert(
                 0,
                 ModelReport("small", str(small.path), small.n_params, by_small, 0, 0.0, 0, 0.0, 0, 0.0,
-                            flops=_flops(small, prompt_len + drafted, drafted)),
+                            flops=forward_flops(small, prompt_len + drafted, drafted)),
             )  # fmt: skip
         weighted = sum(report.written * report.params for report in reports)
         return Summary(
@@ -328,9 +328,3 @@ class NativePeers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _flops(runner: Runner, reads: int, rows: int) -> float:
-    """Runner.flops for counts the server did not report: 2 x body params per token read, 2 x head
-    params per logits row."""
-    return 2.0 * (runner.body_params * reads + runner.head_params * rows)

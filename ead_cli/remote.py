@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import EadError
 from .registry import ead_cache_dir
-from .runner import Phase, PhaseCounter, RunnerStats
+from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
 
 DEFAULT_TOP_K = 20
 # The server's own pick is unused, but it must be a whole character: for a token that ends inside a
@@ -365,7 +365,7 @@ class RemoteRunner:
         return 0
 
     def flops(self) -> float:
-        return 2.0 * (self.body_params * self.stats.tokens_read + self.head_params * self.stats.logits_rows)
+        return forward_flops(self, self.stats.tokens_read, self.stats.logits_rows)
 
     def token_bytes(self, token: int) -> bytes:
         return self._tokenizer.token_bytes(token)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Literal
+from typing import Literal, Protocol
 
 import llama_cpp
 import numpy as np
@@ -90,6 +90,18 @@ def has_untied_output(path: Path) -> bool:
             if view.find(_OUTPUT_TENSOR, 0, min(len(view), 64 << 20)) >= 0:
                 return True
     return False
+
+
+class ParamSplit(Protocol):
+    """A model's parameters split as the FLOP count needs them (a local or a remote runner)."""
+
+    body_params: int  # every parameter a token read goes through
+    head_params: int  # the output head, run only for a row of logits
+
+
+def forward_flops(model: ParamSplit, tokens_read: int, logits_rows: int) -> float:
+    """Forward FLOPs: 2 x body params per token read, 2 x head params per logits row."""
+    return 2.0 * (model.body_params * tokens_read + model.head_params * logits_rows)
 
 
 @dataclass
@@ -330,8 +342,8 @@ class Runner:
             return True
 
     def flops(self) -> float:
-        """Forward FLOPs so far: 2 x body params per token read, 2 x head params per logits row."""
-        return 2.0 * (self.body_params * self.stats.tokens_read + self.head_params * self.stats.logits_rows)
+        """Forward FLOPs so far."""
+        return forward_flops(self, self.stats.tokens_read, self.stats.logits_rows)
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for (control tokens render as nothing)."""
