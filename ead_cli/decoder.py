@@ -87,6 +87,46 @@ class Summary:
     rolled_back: int = 0
     fallback: str | None = None  # why a remote model was dropped mid-answer (--fallback)
 
+    @classmethod
+    def of(
+        cls,
+        models: Sequence[ModelReport],
+        *,
+        finish_reason: str,
+        prompt_tokens: int,
+        generated: int,
+        wall_s: float,
+        switches: int = 0,
+        drafted: int = 0,
+        accepted: int = 0,
+        checked: int = 0,
+        rollbacks: int = 0,
+        rolled_back: int = 0,
+        fallback: str | None = None,
+    ) -> Summary:
+        """A generation's figures, the derived ones (shares, cost, FLOPs, rates) from the per-model
+        reports, the last of which is the largest model's; ``accepted`` of ``drafted`` the acceptance."""
+        weighted = sum(report.written * report.params for report in models)
+        largest = max(report.params for report in models)
+        return cls(
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            generated=generated,
+            switches=switches,
+            large_share=models[-1].written / generated if generated else 0.0,
+            param_cost=weighted / (generated * largest) if generated else 0.0,
+            flops=sum(report.flops for report in models),
+            wall_s=wall_s,
+            tokens_per_s=generated / wall_s if wall_s else 0.0,
+            models=tuple(models),
+            drafted=drafted,
+            acceptance_rate=accepted / drafted if drafted else None,
+            checked=checked,
+            rollbacks=rollbacks,
+            rolled_back=rolled_back,
+            fallback=fallback,
+        )
+
 
 def _network(runner: Runner) -> dict[str, float]:
     """A remote runner's network figures for its report (a local one has none)."""
@@ -214,8 +254,6 @@ class _Generation:
         """Figures so far; valid after an interrupted run too (finish reason 'interrupted')."""
         end = self._ended if self._ended is not None else perf_counter()
         wall = max(end - self._started, 1e-9) if self._started else 0.0
-        total = self._generated
-        largest = max(runner.n_params for runner in self.runners)
         reports = tuple(
             ModelReport(
                 role=role,
@@ -233,20 +271,15 @@ class _Generation:
             )
             for role, runner, written in zip(self.roles, self.runners, self._written, strict=True)
         )
-        weighted = sum(report.written * report.params for report in reports)
-        return Summary(
+        return Summary.of(
+            reports,
+            generated=self._generated,
+            wall_s=wall,
+            accepted=self._accepted,
             finish_reason=self._finish,
             prompt_tokens=self._prompt_len,
-            generated=total,
             switches=self._switches,
-            large_share=self._written[-1] / total if total else 0.0,
-            param_cost=weighted / (total * largest) if total else 0.0,
-            flops=sum(report.flops for report in reports),
-            wall_s=wall,
-            tokens_per_s=total / wall if wall else 0.0,
-            models=reports,
             drafted=self._drafted,
-            acceptance_rate=self._accepted / self._drafted if self._drafted else None,
             checked=self._checked,
             rollbacks=self._rollbacks,
             rolled_back=self._rolled_back,

@@ -303,20 +303,14 @@ class NativePeers:
                 ModelReport("small", str(small.path), small.n_params, by_small, 0, 0.0, 0, 0.0, 0, 0.0,
                             flops=forward_flops(small, prompt_len + drafted, drafted)),
             )  # fmt: skip
-        weighted = sum(report.written * report.params for report in reports)
-        return Summary(
+        return Summary.of(
+            reports,
             finish_reason=finish,
             prompt_tokens=prompt_len,
             generated=generated,
-            switches=0,
-            large_share=reports[-1].written / generated if generated else 0.0,
-            param_cost=weighted / (generated * self.large.n_params) if generated else 0.0,
-            flops=sum(report.flops for report in reports),
             wall_s=wall,
-            tokens_per_s=generated / wall if wall else 0.0,
-            models=tuple(reports),
             drafted=drafted,
-            acceptance_rate=accepted / drafted if drafted else None,
+            accepted=accepted,
         )
 
     def close(self) -> None:
