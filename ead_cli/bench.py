@@ -866,7 +866,7 @@ def run_bench(
         config = config_record(bench.name, runners, bench.generation, bench.source, bench.prompt_format)
         servers = NativePeers(runners, bench.generation, threads=models.threads) if native else None
         with (
-            contextlib.closing(servers) if servers else contextlib.nullcontext(),
+            servers or contextlib.nullcontext(),
             Results(bench.out / RESULTS_FILE, config) as results,
         ):
             plan = results.pending(bench.strategies, items)
