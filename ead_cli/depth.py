@@ -1200,10 +1200,10 @@ def evaluate(
             result["humaneval"] = humaneval_points(
                 model, plain, chosen, ids=humaneval_ids, max_tokens=max_tokens, progress=say
             )
+            say("wall-clock of a stop at each probe layer (fixed truncation, one prompt)")
+            result["stop_timing"] = stop_timing(model, plain, prompt_of(model), max_tokens=48)
         finally:
             plain.close()
-        say("wall-clock of a stop at each probe layer (fixed truncation, one prompt)")
-        result["stop_timing"] = stop_timing(model, prompt_of(model), max_tokens=48)
     result["verdict"] = verdict(result)
     return result
 
@@ -1396,14 +1396,11 @@ def prompt_of(model: DepthModel) -> list[int]:
     return encode_prompt(model.runner, "Write a Python function that merges two sorted lists.")
 
 
-def stop_timing(model: DepthModel, prompt: Sequence[int], *, max_tokens: int) -> list[dict]:
+def stop_timing(model: DepthModel, plain: Runner, prompt: Sequence[int], *, max_tokens: int) -> list[dict]:
     """Decode ms/token when every token stops at probe layer k (the callback's readout at k included),
-    and with no callback at all, in one run: what the early exit itself saves."""
-    plain = plain_runner(model)
-    try:
-        _, reference = plain_greedy_ms(plain, prompt, max_tokens)
-    finally:
-        plain.close()
+    and with no callback at all (``plain``: the same file, no callback), in one run: what the early
+    exit itself saves."""
+    _, reference = plain_greedy_ms(plain, prompt, max_tokens)
     rows = [{"stop": "full depth (no callback)", "ms_per_token": reference, "relative": 1.0}]
     for layer in model.profile.probes if model.profile else (model.n_layer,):
         *_, summary = model.generate(
