@@ -184,6 +184,10 @@ class Run:
         result = self.run([self.python, "-c", probe])
         return json.loads(result["stdout"]) if result["rc"] == 0 else {"error": result["stderr"]}
 
+    def shapes(self) -> list[str]:
+        """Every twin shape of the run, once each: the small one, then the large ones."""
+        return list(dict.fromkeys([self.args.small, *self.args.large]))
+
     def twin(self, shape: str) -> Path:
         return self.twins / f"{shape}.gguf"
 
@@ -191,7 +195,7 @@ class Run:
         """Each shape once (a rerun keeps a finished twin: write_twin.py renames only complete files)."""
         env = {"GGUF_PY": str(self.src / "vendor/llama.cpp/gguf-py")} if self.src.is_dir() else {}
         written = {}
-        for seed, shape in enumerate(dict.fromkeys([self.args.small, *self.args.large])):
+        for seed, shape in enumerate(self.shapes()):
             path = self.twin(shape)
             if path.exists():
                 written[shape] = {"reused": True, "bytes": path.stat().st_size}
@@ -238,7 +242,7 @@ class Run:
         """The loop's cost over bare llama-cpp-python on each twin (llama.cpp offloads every layer by
         default when it has a GPU backend; the CPU test's build has none)."""
         results = {}
-        for shape in dict.fromkeys([self.args.small, *self.args.large]):
+        for shape in self.shapes():
             script = str(ROOT / "scripts/bench_overhead.py")
             command = [self.python, script, "--model", str(self.twin(shape)), "--tokens",
                        str(self.args.overhead_tokens), "--runs", str(self.args.overhead_runs)]  # fmt: skip
