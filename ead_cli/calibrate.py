@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .decoder import Decoder
-from .engine import PolicyOptions
 from .errors import EadError
+from .options import PolicyOptions
 from .policies import Fixed
 from .prompt import encode_prompt
 from .runner import Runner

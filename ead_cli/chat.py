@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .decoder import Summary, TokenEvent
-from .engine import GenerationOptions, PolicyOptions, build_decoder
+from .engine import build_decoder
 from .errors import EadError
+from .options import GenerationOptions, PolicyOptions
 from .prompt import Message, check_fits, check_prompt_text, encode_rendered, render_chat
 from .runner import Runner
 

@@ -16,6 +16,7 @@ from time import perf_counter
 import numpy as np
 
 from .entropy import max_entropy_bits
+from .options import check_draft, check_verify_ratio
 from .policies import Fixed, Policy
 from .remote import RemoteError
 from .runner import Runner, RunnerStats
@@ -140,16 +141,6 @@ def _network(runner: Runner) -> dict[str, float]:
         "bytes_received": network.bytes_received,
         "server_s": network.server_s,
     }
-
-
-def check_verify_ratio(ratio: float) -> None:
-    if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"verify ratio must be in (0, 1], got {ratio}")
-
-
-def check_draft(draft: int) -> None:
-    if not 1 <= draft <= 64:
-        raise ValueError(f"draft must be in [1, 64], got {draft}")
 
 
 class _Generation:

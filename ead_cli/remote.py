@@ -32,15 +32,14 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from .errors import EadError
+from .options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, check_remote_settings
 from .registry import ead_cache_dir
 from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
 
-DEFAULT_TOP_K = 20
 # The server's own pick is unused, but it must be a whole character: for a token that ends inside a
 # UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
 # reflected in the probabilities) makes it pick "a". 100 is the most OpenAI-compatible servers accept.
 UNUSED_PICK_BIAS = 100
-DEFAULT_TIMEOUT_S = 60.0
 # Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
 # emoji (byte fallback), digits, and the chat template's special tokens.
 PROBES = (
@@ -62,15 +61,6 @@ def built_server() -> Path:
 def is_remote(reference: str) -> bool:
     """Whether a model reference is a server address rather than an alias or a file."""
     return reference.startswith(("http://", "https://"))
-
-
-def check_remote_settings(top_k: int, timeout_s: float) -> None:
-    """The one check of --remote-top-k and --remote-timeout: the options (before any model loads) and
-    a runner made directly both use it."""
-    if not 1 <= top_k <= 1000:
-        raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
-    if not timeout_s > 0:
-        raise EadError(f"--remote-timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
 
 
 class RemoteError(EadError):

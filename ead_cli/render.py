@@ -5,20 +5,20 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
-from .decoder import Summary, TokenEvent
-from .depth import DepthEvent, DepthSummary
+if TYPE_CHECKING:
+    from .decoder import Summary, TokenEvent
 
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
 _MIDDLE = ("\x1b[32m", "green")  # the middle levels of a cascade: mid, mid1, mid2...
-_RESET = "\x1b[0m"
+RESET = "\x1b[0m"
 
 
-def _style(role: str) -> str:
+def model_style(role: str) -> str:
     return _STYLE.get(role, _MIDDLE if role.startswith("mid") else ("", ""))[0]
 
 
@@ -31,7 +31,7 @@ def wants_color(stream: TextIO, no_color: bool) -> bool:
     return stream.isatty()
 
 
-class _Renderer:
+class Renderer:
     """``shown``: the index of the last event handed to the output. It is set between making the text
     and the write call (no signal is handled there), so after a Ctrl-C the caller can tell a token the
     output never got from one it did, and show it: the output then holds every token the summary
@@ -52,7 +52,7 @@ class _Renderer:
         raise NotImplementedError
 
 
-class TextRenderer(_Renderer):
+class TextRenderer(Renderer):
     """Streams token text as it comes, each token in its model's colour when ``color``."""
 
     def __init__(self, out: TextIO, *, color: bool) -> None:
@@ -63,13 +63,13 @@ class TextRenderer(_Renderer):
         """One line naming the colours, e.g. ``■ small: qwen-0.5b.gguf  ■ large: qwen-1.5b.gguf``."""
         parts = []
         for role, name in names.items():
-            code = _style(role) if self.color else ""
-            parts.append(f"{code}■ {role}{_RESET if code else ''}: {name}")
+            code = model_style(role) if self.color else ""
+            parts.append(f"{code}■ {role}{RESET if code else ''}: {name}")
         return "  ".join(parts)
 
     def _text(self, event: TokenEvent) -> str:
         if self.color and event.text:
-            return f"{_style(event.model)}{event.text}{_RESET}"
+            return f"{model_style(event.model)}{event.text}{RESET}"
         return event.text
 
     def finish(self, summary: Summary) -> None:
@@ -77,7 +77,7 @@ class TextRenderer(_Renderer):
         self.out.flush()
 
 
-class JsonlRenderer(_Renderer):
+class JsonlRenderer(Renderer):
     """One JSON object per token, then one summary object; every object has a ``type``."""
 
     def _text(self, event: TokenEvent) -> str:
@@ -145,76 +145,3 @@ def print_stats(console: Console, summary: Summary) -> None:
     if network:
         console.print(network, soft_wrap=True)
     console.print(stats_table(summary))
-
-
-# ------------------------------------------------------------------------------------------ ead depth
-
-# 256-colour codes from shallow (blue) to full depth (bold yellow, as the large model in ead generate).
-_DEPTH_COLORS = (33, 39, 45, 51, 49, 48, 82, 118, 154, 190, 226)
-
-
-def depth_style(depth: int, n_layer: int) -> str:
-    if depth >= n_layer:
-        return _STYLE["large"][0]
-    step = min(len(_DEPTH_COLORS) - 2, depth * (len(_DEPTH_COLORS) - 1) // n_layer)
-    return f"\x1b[38;5;{_DEPTH_COLORS[step]}m"
-
-
-def depth_legend(layers: tuple[int, ...], n_layer: int, label: str, color: bool) -> str:
-    """One line: each probe layer in its colour, e.g. ``exit depth (of 24 blocks): ■ 4 ■ 8 ... ■ 24``."""
-    parts = [
-        f"{depth_style(layer, n_layer) if color else ''}■ {layer}{_RESET if color else ''}"
-        for layer in layers
-    ]
-    return f"{label} · exit depth (of {n_layer} blocks): " + " ".join(parts)
-
-
-class DepthTextRenderer(_Renderer):
-    """Streams ``ead depth generate``'s tokens, each coloured by the depth it exited at."""
-
-    def __init__(self, out: TextIO, *, color: bool, n_layer: int) -> None:
-        super().__init__(out)
-        self.color = color
-        self.n_layer = n_layer
-
-    def _text(self, event: DepthEvent) -> str:  # type: ignore[override]
-        if self.color and event.text:
-            return f"{depth_style(event.depth, self.n_layer)}{event.text}{_RESET}"
-        return event.text
-
-    def finish(self, summary: DepthSummary) -> None:
-        self.out.write("\n")
-        self.out.flush()
-
-
-class DepthJsonlRenderer(_Renderer):
-    """One JSON object per token (its depth and probe entropies), then the summary."""
-
-    def _text(self, event: DepthEvent) -> str:  # type: ignore[override]
-        record = {"type": "token", **asdict(event)}
-        record["probes"] = {str(layer): round(bits, 4) for layer, bits in event.probes}
-        return json.dumps(record, ensure_ascii=False) + "\n"
-
-    def finish(self, summary: DepthSummary) -> None:
-        record = {"type": "summary", **asdict(summary), "flop_ratio": summary.flop_ratio}
-        self.out.write(json.dumps(record) + "\n")
-        self.out.flush()
-
-
-def depth_stats_lines(summary: DepthSummary) -> list[str]:
-    """The --stats block: depth figures, histogram, FLOPs against full depth, wall-clock."""
-    histogram = "  ".join(f"{layer}:{count}" for layer, count in summary.histogram.items())
-    per_token = summary.decode_s / max(summary.generated - 1, 1) * 1000
-    return [
-        f"{summary.generated} tokens ({summary.finish_reason}), prompt {summary.prompt_tokens} · "
-        f"{summary.rule}",
-        f"mean depth {summary.mean_depth:.1f}/{summary.n_layer} "
-        f"({summary.mean_depth / summary.n_layer:.1%}) · "
-        f"p50 {summary.p50:g} · p90 {summary.p90:g}",
-        f"depth histogram: {histogram}",
-        f"FLOPs {summary.flops / 1e9:,.2f} G vs full depth {summary.full_flops / 1e9:,.2f} G "
-        f"({summary.flop_ratio:.1%})"
-        + (f" · backfill {summary.backfill_blocks} blocks" if summary.backfill_blocks else ""),
-        f"wall {summary.wall_s:.2f}s · prefill {summary.prefill_s:.2f}s · decode {per_token:.1f} ms/token "
-        f"(probes {summary.probe_s:.2f}s of it)",
-    ]

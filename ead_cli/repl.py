@@ -17,8 +17,8 @@ from typing import BinaryIO, TextIO, TypeVar
 from rich.console import Console
 
 from .chat import ContextFull, Conversation, Turn
-from .engine import GenerationOptions, PolicyOptions
 from .errors import EadError
+from .options import GenerationOptions, PolicyOptions
 from .policies import DEFAULT_TAU, format_tau, parse_tau
 from .render import TextRenderer, print_stats, wants_color
 from .runner import Runner

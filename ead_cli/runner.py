@@ -406,3 +406,11 @@ class Runner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def warm_up(runners: Sequence[Runner], prompt: Sequence[int]) -> None:
+    """One prefill per model, so the first timed sample is not charged for paging the weights in."""
+    for runner in runners:
+        runner.truncate(0)
+        runner.sync(prompt, prompt_len=len(prompt), own_tail=False)
+        runner.truncate(0)

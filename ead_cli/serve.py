@@ -40,8 +40,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .calibrate import with_saved_tau
 from .decoder import Summary, TokenEvent
-from .engine import GenerationOptions, PolicyOptions, build_decoder
+from .engine import build_decoder
 from .errors import EadError
+from .options import GenerationOptions, PolicyOptions
 from .policies import parse_tau
 from .prompt import check_fits, check_prompt_text, encode_rendered, render_chat
 from .runner import Runner

@@ -16,15 +16,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ead_cli import native, registry
-from ead_cli.engine import (
-    GenerationOptions,
-    ModelOptions,
-    PolicyOptions,
-    build_decoder,
-    close_all,
-    load_runners,
-)
+from ead_cli import registry
+from ead_cli.bench import native
+from ead_cli.engine import build_decoder, close_all, load_runners
+from ead_cli.options import GenerationOptions, ModelOptions, PolicyOptions
 from ead_cli.prompt import encode_prompt
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test."

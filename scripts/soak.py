@@ -31,8 +31,9 @@ import threading
 from dataclasses import dataclass
 from time import perf_counter
 
-from ead_cli.engine import GenerationOptions, ModelOptions, PolicyOptions, build_decoder, load_runners
+from ead_cli.engine import build_decoder, load_runners
 from ead_cli.errors import EadError
+from ead_cli.options import GenerationOptions, ModelOptions, PolicyOptions
 from ead_cli.prompt import check_fits, encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams

@@ -18,29 +18,43 @@ from pathlib import Path
 
 import pytest
 
-from ead_cli import bench
-from ead_cli.engine import ModelOptions, PolicyOptions
+from ead_cli.bench.grid import ALL_FAMILIES, Grid, Strategy, build_strategies, parse_grid
+from ead_cli.bench.report import aggregate, agreement, report_table, write_report
+from ead_cli.bench.results import Record, read_results
+from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
+from ead_cli.bench.sandbox import Outcome, check_solution, run_program
+from ead_cli.bench.tasks import (
+    USER_MESSAGE,
+    Task,
+    completion_code,
+    humaneval_prompt,
+    load_humaneval,
+    load_prompts,
+    parse_ids,
+    select_tasks,
+)
 from ead_cli.errors import EadError
+from ead_cli.options import ModelOptions, PolicyOptions
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
 EAD = str(Path(sys.executable).with_name("ead"))
-ADD = bench.Task(
+ADD = Task(
     "HumanEval/0", "def add(a, b):\n", "add", "def check(candidate):\n    assert candidate(2, 3) == 5\n"
 )
 
 
 @pytest.fixture(scope="module")
-def humaneval() -> list[bench.Task]:
-    return bench.load_humaneval()
+def humaneval() -> list[Task]:
+    return load_humaneval()
 
 
 # ------------------------------------------------------------------------------------ tasks and ids
 
 
 def test_ids_take_numbers_and_inclusive_ranges_sorted_once() -> None:
-    assert bench.parse_ids("5, 1,3-4,3") == [1, 3, 4, 5]
-    assert bench.parse_ids("7-7") == [7]
+    assert parse_ids("5, 1,3-4,3") == [1, 3, 4, 5]
+    assert parse_ids("7-7") == [7]
 
 
 @pytest.mark.parametrize(
@@ -49,19 +63,19 @@ def test_ids_take_numbers_and_inclusive_ranges_sorted_once() -> None:
 )
 def test_bad_ids_are_usage_errors(spec: str, message: str) -> None:
     with pytest.raises(EadError, match=message) as error:
-        bench.parse_ids(spec)
+        parse_ids(spec)
     assert error.value.exit_code == 2
 
 
-def test_splits_go_by_the_task_number(humaneval: list[bench.Task]) -> None:
+def test_splits_go_by_the_task_number(humaneval: list[Task]) -> None:
     assert len(humaneval) == 164
-    even = bench.select_tasks(humaneval, split="even")
-    odd = bench.select_tasks(humaneval, split="odd")
+    even = select_tasks(humaneval, split="even")
+    odd = select_tasks(humaneval, split="odd")
     assert len(even) == len(odd) == 82
     assert {t.number % 2 for t in even} == {0} and {t.number % 2 for t in odd} == {1}
-    chosen = bench.select_tasks(humaneval, ids="0-9", split="odd", limit=3)
+    chosen = select_tasks(humaneval, ids="0-9", split="odd", limit=3)
     assert [t.task_id for t in chosen] == ["HumanEval/1", "HumanEval/3", "HumanEval/5"]
-    assert [t.task_id for t in bench.select_tasks(humaneval, ids="12,2")] == ["HumanEval/2", "HumanEval/12"]
+    assert [t.task_id for t in select_tasks(humaneval, ids="12,2")] == ["HumanEval/2", "HumanEval/12"]
 
 
 @pytest.mark.parametrize(
@@ -73,41 +87,41 @@ def test_splits_go_by_the_task_number(humaneval: list[bench.Task]) -> None:
         ({"limit": 0}, "--limit must be at least 1"),
     ],
 )
-def test_bad_selections_are_usage_errors(humaneval: list[bench.Task], options: dict, message: str) -> None:
+def test_bad_selections_are_usage_errors(humaneval: list[Task], options: dict, message: str) -> None:
     with pytest.raises(EadError, match=message) as error:
-        bench.select_tasks(humaneval, **options)
+        select_tasks(humaneval, **options)
     assert error.value.exit_code == 2
 
 
 def test_prompt_lists_read_text_lines_or_jsonl(tmp_path: Path) -> None:
     text = tmp_path / "p.txt"
     text.write_text("first\n\n  \nsecond {\n")
-    assert bench.load_prompts(text) == ["first", "second {"]
-    assert bench.load_prompts(text, limit=1) == ["first"]
+    assert load_prompts(text) == ["first", "second {"]
+    assert load_prompts(text, limit=1) == ["first"]
     rows = tmp_path / "p.jsonl"
     rows.write_text('{"prompt": "a\\nb"}\n\n{"prompt": "c", "id": 3}\n')
-    assert bench.load_prompts(rows) == ["a\nb", "c"]
+    assert load_prompts(rows) == ["a\nb", "c"]
     rows.write_text('{"prompt": "a"}\n["b"]\n')
     with pytest.raises(EadError, match='line 2: not a JSON object with a "prompt" string'):
-        bench.load_prompts(rows)
+        load_prompts(rows)
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(EadError, match="no prompts in"):
-        bench.load_prompts(tmp_path / "empty.txt")
+        load_prompts(tmp_path / "empty.txt")
 
 
 # ------------------------------------------------------------------------------------ prompt and code
 
 
 def test_the_prompt_is_the_chat_template_with_the_assistant_turn_opened_by_a_fence(
-    tiny_small: Path, humaneval: list[bench.Task]
+    tiny_small: Path, humaneval: list[Task]
 ) -> None:
     task = humaneval[0]
     with Runner(tiny_small, name="small", n_ctx=2048, n_threads=1) as runner:
-        tokens = bench.humaneval_prompt(runner, task)
+        tokens = humaneval_prompt(runner, task)
         text = b"".join(runner.token_bytes(t) for t in tokens).decode()
         special = runner.tokenize("<|im_start|>", add_special=False)
     assert special[0] in tokens  # control tokens are parsed, not spelled out
-    message = bench.USER_MESSAGE.format(prompt=task.prompt.rstrip())
+    message = USER_MESSAGE.format(prompt=task.prompt.rstrip())
     assert "```python\nfrom typing import List\n\n\ndef has_close_elements(" in message
     assert message.endswith('    """\n```')
     # Control tokens render as nothing; everything else is the ChatML turn, then the prefill.
@@ -115,27 +129,27 @@ def test_the_prompt_is_the_chat_template_with_the_assistant_turn_opened_by_a_fen
 
 
 def test_a_body_alone_gets_the_tasks_prompt_in_front() -> None:
-    assert bench.completion_code(ADD, "    return a + b\n") == "def add(a, b):\n    return a + b\n"
+    assert completion_code(ADD, "    return a + b\n") == "def add(a, b):\n    return a + b\n"
     whole = "import math\n\ndef add(a, b):\n    return a + b\n"
-    assert bench.completion_code(ADD, whole) == whole
-    assert bench.completion_code(ADD, "def adder(a, b):\n    return 1\n").startswith("def add(a, b):\n")
+    assert completion_code(ADD, whole) == whole
+    assert completion_code(ADD, "def adder(a, b):\n    return 1\n").startswith("def add(a, b):\n")
 
 
 # ------------------------------------------------------------------------------------------ sandbox
 
 
 def test_a_correct_solution_passes_and_a_wrong_one_fails() -> None:
-    assert bench.check_solution(ADD, "def add(a, b):\n    return a + b\n") == bench.Outcome("passed")
-    wrong = bench.check_solution(ADD, "def add(a, b):\n    return a - b\n")
-    assert wrong == bench.Outcome("failed", "AssertionError")
+    assert check_solution(ADD, "def add(a, b):\n    return a + b\n") == Outcome("passed")
+    wrong = check_solution(ADD, "def add(a, b):\n    return a - b\n")
+    assert wrong == Outcome("failed", "AssertionError")
     assert not wrong.passed
 
 
 def test_an_infinite_loop_is_killed_at_the_time_limit() -> None:
     started = time.perf_counter()
-    outcome = bench.check_solution(ADD, "def add(a, b):\n    while True:\n        pass\n", timeout_s=1)
+    outcome = check_solution(ADD, "def add(a, b):\n    while True:\n        pass\n", timeout_s=1)
     assert time.perf_counter() - started < 3
-    assert outcome == bench.Outcome("timeout", "no result within 1 s")
+    assert outcome == Outcome("timeout", "no result within 1 s")
 
 
 def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
@@ -144,7 +158,7 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
     grandchild = f"import time; time.sleep(1); open({str(marker)!r}, 'w')"
     code = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
     code += "time.sleep(60)\n"
-    bench.run_program(code, timeout_s=0.5)
+    run_program(code, timeout_s=0.5)
     time.sleep(1.5)
     assert not marker.exists()
 
@@ -159,7 +173,7 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
     ],
 )
 def test_crashes_are_failed_samples(code: str, error: str) -> None:
-    outcome = bench.check_solution(ADD, code, timeout_s=5)
+    outcome = check_solution(ADD, code, timeout_s=5)
     assert outcome.status == "failed"
     assert error in outcome.error
 
@@ -174,14 +188,14 @@ def test_crashes_are_failed_samples(code: str, error: str) -> None:
     ],
 )
 def test_exiting_before_the_checks_or_faking_success_is_a_failure(code: str) -> None:
-    outcome = bench.check_solution(ADD, code)
+    outcome = check_solution(ADD, code)
     assert outcome.status == "failed"
     assert not outcome.passed
 
 
 def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
     probe = "import os, sys\nprint(sorted(os.listdir('.')), sys.stdin.read() == '', sorted(os.environ))\n"
-    result = bench.run_program(probe)
+    result = run_program(probe)
     assert result.returncode == 0
     assert (
         result.stdout.strip() == "['program.py', 'stderr', 'stdout'] True ['HOME', 'LANG', 'PATH', 'TMPDIR']"
@@ -192,7 +206,7 @@ def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
 
 
 def test_the_default_sweep_and_its_names() -> None:
-    strategies = bench.build_strategies(bench.ALL_FAMILIES, bench.Grid())
+    strategies = build_strategies(ALL_FAMILIES, Grid())
     assert [s.name for s in strategies] == [
         "small-only",
         "large-only",
@@ -210,8 +224,8 @@ def test_the_default_sweep_and_its_names() -> None:
 
 
 def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
-    grid = bench.parse_grid("0.5,1,0.5", "1,2", "3,5", "4", "before,after", "2,8", "1.5")
-    strategies = bench.build_strategies("ead,gate,spec", grid)
+    grid = parse_grid("0.5,1,0.5", "1,2", "3,5", "4", "before,after", "2,8", "1.5")
+    strategies = build_strategies("ead,gate,spec", grid)
     names = [s.name for s in strategies]
     assert len(names) == 2 * 2 * 2 + 2 * 2 + 2
     assert names[:2] == [
@@ -223,8 +237,8 @@ def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
 
 
 def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
-    grid = bench.parse_grid("1", "1", None, "10", "before", "4", None, "none,0.1", "1,line,adaptive,line")
-    names = [s.name for s in bench.build_strategies("gate", grid)]
+    grid = parse_grid("1", "1", None, "10", "before", "4", None, "none,0.1", "1,line,adaptive,line")
+    names = [s.name for s in build_strategies("gate", grid)]
     assert names == [
         "gate tau=1",
         "gate tau=1 burst=line",
@@ -236,9 +250,9 @@ def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
 
 
 def test_patterns_and_an_adaptive_tau_apply_to_every_strategy_they_fit() -> None:
-    grid = bench.parse_grid("0.5", "1,2", None, "10", "before", "4", None)
+    grid = parse_grid("0.5", "1,2", None, "10", "before", "4", None)
     grid = dataclasses.replace(grid, patterns=("@code", r"def \w+"), tau_range=(0.5, 2.0))
-    names = [s.name for s in bench.build_strategies("small,ead,gate", grid)]
+    names = [s.name for s in build_strategies("small,ead,gate", grid)]
     assert names == [
         "small-only",
         "ead tau=0.5 tau_range=0.5:2",
@@ -265,48 +279,48 @@ def test_patterns_and_an_adaptive_tau_apply_to_every_strategy_they_fit() -> None
 )
 def test_bad_sweep_values_are_usage_errors(args: tuple, message: str) -> None:
     with pytest.raises(EadError, match=message) as error:
-        bench.parse_grid(*args)
+        parse_grid(*args)
     assert error.value.exit_code == 2
 
 
 def test_unknown_families_are_refused() -> None:
     expected = "--strategies: medium is not one of small, large, ead, gate, lookahead, spec"
     with pytest.raises(EadError, match=expected):
-        bench.build_strategies("small,medium", bench.Grid())
+        build_strategies("small,medium", Grid())
     with pytest.raises(EadError, match="--strategies: nothing"):
-        bench.build_strategies(" , ", bench.Grid())
+        build_strategies(" , ", Grid())
 
 
 # ---------------------------------------------------------------------------------- running, resume
 
 
 def run(
-    job: bench.Bench, pair: tuple[Path, Path], plans: list[list[tuple[str, str]]] | None = None
-) -> list[bench.Record]:
+    job: Bench, pair: tuple[Path, Path], plans: list[list[tuple[str, str]]] | None = None
+) -> list[Record]:
     """Run a bench on the tiny pair, noting each plan as (strategy, task id) pairs."""
 
-    def watch(plan: bench.Plan, records: Iterator[bench.Record]) -> None:
+    def watch(plan: Plan, records: Iterator[Record]) -> None:
         if plans is not None:
             plans.append([(s.name, item.task_id) for s, item in plan])
         for _ in records:
             pass
 
     models = ModelOptions(str(pair[0]), str(pair[1]), threads=1)
-    return bench.run_bench(job, models, watch=watch)
+    return run_bench(job, models, watch=watch)
 
 
-def baselines() -> list[bench.Strategy]:
-    return bench.build_strategies("small,large", bench.Grid())
+def baselines() -> list[Strategy]:
+    return build_strategies("small,large", Grid())
 
 
-def humaneval_job(tasks: list[bench.Task], out: Path, max_tokens: int = 8) -> bench.Bench:
-    return bench.humaneval_bench(
+def humaneval_job(tasks: list[Task], out: Path, max_tokens: int = 8) -> Bench:
+    return humaneval_bench(
         tasks, baselines(), sampling=SamplingParams(), max_tokens=max_tokens, out=out
     )
 
 
 def test_an_interrupted_bench_resumes_with_only_what_is_missing(
-    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:
     plans: list[list[tuple[str, str]]] = []
     first = run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, plans)
@@ -327,7 +341,7 @@ def test_an_interrupted_bench_resumes_with_only_what_is_missing(
 
 
 def test_a_sample_record_has_every_figure(
-    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:
     small, large = run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     assert small["strategy"] == "small-only" and small["task_id"] == "HumanEval/0"
@@ -348,7 +362,7 @@ def test_a_sample_record_has_every_figure(
 
 
 def test_a_results_file_of_another_setup_is_refused(
-    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     before = (tmp_path / "results.jsonl").read_bytes()
@@ -360,14 +374,14 @@ def test_a_results_file_of_another_setup_is_refused(
 
 
 def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_model_loads() -> None:
-    grid = bench.parse_grid("1", "1", None, "10", "before", "4,100", None)
+    grid = parse_grid("1", "1", None, "10", "before", "4,100", None)
     with pytest.raises(EadError, match=r"draft must be in \[1, 64\], got 100") as error:
-        bench.build_strategies("small,spec", grid)
+        build_strategies("small,spec", grid)
     assert error.value.exit_code == 2
 
 
 def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
-    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[bench.Task]
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     path = tmp_path / "results.jsonl"
@@ -384,10 +398,10 @@ def test_prompt_lists_measure_agreement_with_the_large_model(
 ) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Say hi\nName a colour\n")
-    strategies = bench.build_strategies("small,large", bench.Grid())
-    job = bench.prompts_bench(
+    strategies = build_strategies("small,large", Grid())
+    job = prompts_bench(
         prompts,
-        bench.load_prompts(prompts),
+        load_prompts(prompts),
         strategies,
         sampling=SamplingParams(),
         max_tokens=12,
@@ -396,11 +410,11 @@ def test_prompt_lists_measure_agreement_with_the_large_model(
     records = run(job, tiny_pair)
     assert [r["task_id"] for r in records] == ["prompt/0"] * 2 + ["prompt/1"] * 2
     assert all(r["passed"] is None and r["code"] is None for r in records)
-    small, large = bench.aggregate(records)
+    small, large = aggregate(records)
     assert large.agreement == 1.0 and large.pass_at_1 is None
     texts = {(r["strategy"], r["task_id"]): r["text"] for r in records}
     expected = [
-        bench.agreement(texts["small-only", t], texts["large-only", t]) for t in ("prompt/0", "prompt/1")
+        agreement(texts["small-only", t], texts["large-only", t]) for t in ("prompt/0", "prompt/1")
     ]
     assert small.agreement == pytest.approx(sum(expected) / 2)
     assert small.agreement < 1.0  # the tiny models were written from different seeds
@@ -456,7 +470,7 @@ RECORDS = [
 
 
 def test_the_aggregate_figures() -> None:
-    large, ead, spec = bench.aggregate(RECORDS)
+    large, ead, spec = aggregate(RECORDS)
     assert (large.strategy, large.samples, large.pass_at_1, large.agreement) == ("large-only", 2, 0.5, 1.0)
     assert (large.flops_rel, large.wall_rel, large.param_cost) == (1.0, 1.0, 1.0)
     assert ead.pass_at_1 == 1.0
@@ -480,9 +494,9 @@ def test_the_aggregate_figures() -> None:
 
 
 def test_without_large_only_there_are_no_relative_figures() -> None:
-    (ead,) = bench.aggregate([r for r in RECORDS if r["strategy"] == "ead"])
+    (ead,) = aggregate([r for r in RECORDS if r["strategy"] == "ead"])
     assert ead.flops_rel is ead.wall_rel is ead.agreement is None
-    headers, rows = bench.report_table([ead])
+    headers, rows = report_table([ead])
     # Columns no strategy has a value for are left out; a missing value in a kept column is "-".
     assert headers == [
         "strategy",
@@ -495,15 +509,15 @@ def test_without_large_only_there_are_no_relative_figures() -> None:
         "tok/s",
         "switches",
     ]
-    headers, rows = bench.report_table(bench.aggregate(RECORDS))
+    headers, rows = report_table(aggregate(RECORDS))
     assert [row[headers.index("FLOPs vs large")] for row in rows] == ["1.00", "0.30", "0.05"]
     assert [row[headers.index("acceptance")] for row in rows] == ["-", "-", "75.0%"]
 
 
 def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    aggregates = bench.aggregate(RECORDS)
-    files = bench.write_report(tmp_path, aggregates)
+    aggregates = aggregate(RECORDS)
+    files = write_report(tmp_path, aggregates)
     with open(files.csv, newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [row["strategy"] for row in rows] == ["large-only", "ead", "spec"]
@@ -522,7 +536,7 @@ def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
 
 def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # what a missing package raises
-    files = bench.write_report(tmp_path, bench.aggregate(RECORDS))
+    files = write_report(tmp_path, aggregate(RECORDS))
     assert files.plot is None and not (tmp_path / "plot.png").exists()
     assert files.note == "matplotlib is not installed (pip install 'ead-cli[plot]'): no plot"
     assert files.csv.exists() and files.markdown.exists()
@@ -543,7 +557,7 @@ def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]
     assert result.returncode == 0, result.stderr
     assert "pass@1" in result.stdout and "ead tau=0.125" in result.stdout
     assert "18/18" in result.stderr  # the progress bar: 9 strategies x 2 tasks
-    config, records = bench.read_results(out / "results.jsonl")
+    config, records = read_results(out / "results.jsonl")
     assert config["max_tokens"] == 16 and config["stop"] == ["```"]
     assert config["models"]["small"]["file"] == tiny_pair[0].name
     assert len(records) == 18

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from test_cli import EAD, assert_one_line_error
 
-from ead_cli import bench, native
+from ead_cli.bench import native
+from ead_cli.bench.results import RESULTS_FILE, read_results
 from ead_cli.errors import EadError
 from ead_cli.remote import built_server
 
@@ -28,7 +29,7 @@ def ead(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def samples(out: Path) -> dict[tuple[str, str], dict]:
-    _, records = bench.read_results(out / bench.RESULTS_FILE)
+    _, records = read_results(out / RESULTS_FILE)
     return {(record["strategy"], record["task_id"]): record for record in records}
 
 

@@ -9,8 +9,8 @@ import pytest
 from test_cli import assert_one_line_error, ead, pair_args
 
 from ead_cli import calibrate as calibration
-from ead_cli.engine import PolicyOptions
 from ead_cli.errors import EadError
+from ead_cli.options import PolicyOptions
 
 
 def test_gate_tau_hands_exactly_the_target_share_of_a_replayed_stream() -> None:

@@ -13,8 +13,8 @@ import pytest
 from tiny_models import NEAR_UNIFORM_SCALE, open_pair, write_tiny_model
 
 from ead_cli.chat import ContextFull, Conversation, Turn
-from ead_cli.engine import GenerationOptions, PolicyOptions
 from ead_cli.errors import EadError
+from ead_cli.options import GenerationOptions, PolicyOptions
 from ead_cli.prompt import encode_prompt, encode_rendered, render_chat
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams

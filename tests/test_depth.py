@@ -16,9 +16,12 @@ import pytest
 from test_cli import assert_one_line_error, ead
 from tiny_models import write_tiny_model
 
-from ead_cli import depth
+from ead_cli.depth.model import DepthModel, DepthOptions
+from ead_cli.depth.probes import LayerTap
+from ead_cli.depth.profile import isotonic_nonincreasing, load_profile, probe_layers, save_profile
+from ead_cli.depth.readout import Head, entropy_bits, load_head, read_rows
+from ead_cli.depth.teacher import calibrate
 from ead_cli.errors import EadError
-from ead_cli.readout import Head, entropy_bits, load_head, read_rows
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
@@ -32,15 +35,15 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model(deep_model: Path) -> Iterator[depth.DepthModel]:
-    loaded = depth.DepthModel(deep_model, n_threads=1, n_ctx=512)
+def model(deep_model: Path) -> Iterator[DepthModel]:
+    loaded = DepthModel(deep_model, n_threads=1, n_ctx=512)
     loaded.cache = deep_model.parent
-    loaded.profile = depth.calibrate(loaded, ["prose"], probe_every=2, tokens=512)
+    loaded.profile = calibrate(loaded, ["prose"], probe_every=2, tokens=512)
     yield loaded
     loaded.close()
 
 
-def run(model: depth.DepthModel, options: depth.DepthOptions, max_tokens: int = 40):
+def run(model: DepthModel, options: DepthOptions, max_tokens: int = 40):
     prompt = model.runner.tokenize(PROMPT, add_special=False)
     *events, summary = model.generate(prompt, options, SamplingParams(), max_tokens=max_tokens)
     return events, summary
@@ -64,7 +67,7 @@ def plain_greedy(path: Path, max_tokens: int) -> list[int]:
 def test_the_callback_stops_the_graph_and_decode_keeps_the_cells(deep_model: Path) -> None:
     """Returning false at block 3 of 8: no later block's output is computed, llama_decode returns 0 and
     the cache holds every position."""
-    tap = depth.LayerTap()
+    tap = LayerTap()
     seen: list[int] = []
     tap.see = lambda layer, tensor: (seen.append(layer), layer != 3)[1]
     runner = Runner(deep_model, name="m", n_ctx=512, n_threads=1, eval_callback=tap.callback)
@@ -87,7 +90,7 @@ def test_readout_by_hand_equals_the_callbacks(deep_model: Path) -> None:
     """RMSNorm and the output matrix in float64 numpy give the callback's logits at a middle block, and
     at the last block the readout is llama.cpp's own logits (to float rounding: the norm's sum is taken
     in another order; on the real Q8_0 head the activations' quantisation makes them bit-equal)."""
-    tap = depth.LayerTap()
+    tap = LayerTap()
     hidden: dict[int, np.ndarray] = {}
     tap.see = lambda layer, tensor: (hidden.__setitem__(layer, read_rows(tensor)[-1]), True)[1]
     runner = Runner(deep_model, name="m", n_ctx=512, n_threads=1, eval_callback=tap.callback)
@@ -107,8 +110,8 @@ def test_readout_by_hand_equals_the_callbacks(deep_model: Path) -> None:
     assert entropy_bits(by_hand)[0] == pytest.approx(entropy_bits(head.logits(hidden[3]))[0], abs=1e-4)
 
 
-def test_a_margin_that_never_exits_is_full_depth_greedy(model: depth.DepthModel, deep_model: Path) -> None:
-    events, summary = run(model, depth.DepthOptions(margin=1000.0, probe_every=2))
+def test_a_margin_that_never_exits_is_full_depth_greedy(model: DepthModel, deep_model: Path) -> None:
+    events, summary = run(model, DepthOptions(margin=1000.0, probe_every=2))
     assert [e.token for e in events] == plain_greedy(deep_model, len(events))
     assert set(summary.depths) == {N_LAYER}
     assert summary.flop_ratio > 1.0  # the probes were paid for and saved nothing
@@ -117,16 +120,16 @@ def test_a_margin_that_never_exits_is_full_depth_greedy(model: depth.DepthModel,
 @pytest.mark.parametrize(
     "options",
     [
-        depth.DepthOptions(margin=0.0, probe_every=2),
-        depth.DepthOptions(margin=0.0, probe_every=2, condition="both"),
-        depth.DepthOptions(margin=0.0, probe_every=2, estimator="topk", top_k=16),
-        depth.DepthOptions(margin=0.0, probe_every=2, estimator="lowrank", rank=8),
-        depth.DepthOptions(confidence=5.0, probe_every=1),
+        DepthOptions(margin=0.0, probe_every=2),
+        DepthOptions(margin=0.0, probe_every=2, condition="both"),
+        DepthOptions(margin=0.0, probe_every=2, estimator="topk", top_k=16),
+        DepthOptions(margin=0.0, probe_every=2, estimator="lowrank", rank=8),
+        DepthOptions(confidence=5.0, probe_every=1),
     ],
     ids=lambda options: options.label,
 )
 def test_early_exit_equals_the_full_depth_simulation(
-    model: depth.DepthModel, options: depth.DepthOptions
+    model: DepthModel, options: DepthOptions
 ) -> None:
     real_events, real = run(model, options)
     simulated_events, simulated = run(model, replace(options, simulate=True))
@@ -138,43 +141,43 @@ def test_early_exit_equals_the_full_depth_simulation(
     assert real.flops < real.full_flops
 
 
-def test_fixed_depth_equals_a_truncated_copy(tmp_path: Path, model: depth.DepthModel) -> None:
+def test_fixed_depth_equals_a_truncated_copy(tmp_path: Path, model: DepthModel) -> None:
     copy = write_tiny_model(tmp_path / "four.gguf", n_layer=N_LAYER, keep_layers=4)
-    events, summary = run(model, depth.DepthOptions(fixed_depth=4))
+    events, summary = run(model, DepthOptions(fixed_depth=4))
     assert [e.token for e in events] == plain_greedy(copy, len(events))
     assert set(summary.depths) == {4}
 
 
-def test_the_free_schedule_rises_and_pays_for_backfill(model: depth.DepthModel) -> None:
-    _, free = run(model, depth.DepthOptions(margin=0.0, probe_every=2, schedule="free"))
+def test_the_free_schedule_rises_and_pays_for_backfill(model: DepthModel) -> None:
+    _, free = run(model, DepthOptions(margin=0.0, probe_every=2, schedule="free"))
     assert any(b > a for a, b in itertools.pairwise(free.depths))
     assert free.backfill_blocks > 0
 
 
 def test_isotonic_regression_is_non_increasing() -> None:
-    assert depth.isotonic_nonincreasing([3.0, 5.0, 2.0, 2.5, 1.0], [1] * 5) == [4.0, 4.0, 2.25, 2.25, 1.0]
-    profile = depth.isotonic_nonincreasing(list(np.random.default_rng(0).normal(size=20)), [1] * 20)
+    assert isotonic_nonincreasing([3.0, 5.0, 2.0, 2.5, 1.0], [1] * 5) == [4.0, 4.0, 2.25, 2.25, 1.0]
+    profile = isotonic_nonincreasing(list(np.random.default_rng(0).normal(size=20)), [1] * 20)
     assert all(b <= a for a, b in itertools.pairwise(profile))
 
 
 def test_profile_is_saved_whole_and_checked(
-    model: depth.DepthModel, tmp_path: Path, deep_model: Path
+    model: DepthModel, tmp_path: Path, deep_model: Path
 ) -> None:
-    path = depth.save_profile(model.profile, tmp_path / "p.json")
-    assert depth.load_profile(deep_model, path) == model.profile
+    path = save_profile(model.profile, tmp_path / "p.json")
+    assert load_profile(deep_model, path) == model.profile
     assert list(tmp_path.iterdir()) == [path]
     other = write_tiny_model(tmp_path / "other.gguf", n_layer=N_LAYER, seed=5)
     with pytest.raises(EadError, match="another model file"):
-        depth.load_profile(other, path)
+        load_profile(other, path)
     path.write_text('{"model": 1}')
     with pytest.raises(EadError, match="corrupt"):
-        depth.load_profile(deep_model, path)
+        load_profile(deep_model, path)
 
 
 def test_probe_spacing_outside_the_model_is_refused() -> None:
     with pytest.raises(EadError, match=r"--probe-every must be in \[1, 8\]"):
-        depth.probe_layers(N_LAYER, 9)
-    assert depth.probe_layers(N_LAYER, 3) == (3, 6, 8)
+        probe_layers(N_LAYER, 9)
+    assert probe_layers(N_LAYER, 3) == (3, 6, 8)
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ead_cli import depth
+from ead_cli.depth.model import DepthModel, DepthOptions
+from ead_cli.depth.readout import read_rows
 from ead_cli.prompt import encode_prompt
-from ead_cli.readout import read_rows
 from ead_cli.sampling import SamplingParams
 
 pytestmark = pytest.mark.real
@@ -20,13 +20,13 @@ PROMPT = "Write a Python function that checks whether a number is prime"
 
 
 @pytest.fixture(scope="module")
-def model(real_pair: tuple[Path, Path]) -> Iterator[depth.DepthModel]:
-    loaded = depth.DepthModel(real_pair[0], n_threads=1, n_ctx=1024)
+def model(real_pair: tuple[Path, Path]) -> Iterator[DepthModel]:
+    loaded = DepthModel(real_pair[0], n_threads=1, n_ctx=1024)
     yield loaded
     loaded.close()
 
 
-def test_the_last_blocks_readout_is_llama_cpps_logits_bit_for_bit(model: depth.DepthModel) -> None:
+def test_the_last_blocks_readout_is_llama_cpps_logits_bit_for_bit(model: DepthModel) -> None:
     hidden: dict[int, np.ndarray] = {}
     model.tap.see = lambda layer, tensor: (hidden.__setitem__(layer, read_rows(tensor)[-1]), True)[1]
     model.tap.want([model.n_layer])
@@ -39,9 +39,9 @@ def test_the_last_blocks_readout_is_llama_cpps_logits_bit_for_bit(model: depth.D
     assert np.array_equal(model.head.logits(hidden[model.n_layer])[0], logits)
 
 
-def test_early_exit_equals_simulation_on_the_real_model(model: depth.DepthModel) -> None:
+def test_early_exit_equals_simulation_on_the_real_model(model: DepthModel) -> None:
     """A confidence exit at 6 bits (no profile needed) leaves full depth within a few tokens."""
-    options = depth.DepthOptions(confidence=6.0, probe_every=4)
+    options = DepthOptions(confidence=6.0, probe_every=4)
     prompt = encode_prompt(model.runner, PROMPT)
     *real_events, real = model.generate(prompt, options, SamplingParams(), max_tokens=12)
     *sim_events, simulated = model.generate(

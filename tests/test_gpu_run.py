@@ -15,7 +15,7 @@ import pytest
 from test_cli import assert_one_line_error
 from test_schedule import recorded  # noqa: F401  (a tiny pair's bench with every schedule)
 
-from ead_cli import bench
+from ead_cli.bench.results import RESULTS_FILE, read_results
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 STEPS = ["twins", "replay", "speed", "overhead"]
@@ -45,8 +45,8 @@ def test_the_steps_after_the_build_write_one_report(
     tokenizer: Path,
     tmp_path: Path,
 ) -> None:
-    schedules = recorded / bench.RESULTS_FILE
-    _, records = bench.read_results(schedules)
+    schedules = recorded / RESULTS_FILE
+    _, records = read_results(schedules)
     names = list(dict.fromkeys(record["strategy"] for record in records))
     assert names[0] == "large-only" and len(names) == 8
     common = [

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 
-from ead_cli import native
+from ead_cli.bench import native
 from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entropy
 from ead_cli.runner import Runner
 

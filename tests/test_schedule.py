@@ -14,9 +14,12 @@ import pytest
 from test_cli import assert_one_line_error, ead
 from tiny_models import MIDDLE_ENTROPY_BITS, write_tiny_model
 
-from ead_cli import bench, replay, schedule, speed
-from ead_cli.engine import GenerationOptions, PolicyOptions, build_decoder
+from ead_cli.bench import replay, schedule, speed
+from ead_cli.bench.report import PHASES
+from ead_cli.bench.results import RESULTS_FILE, read_results
+from ead_cli.engine import build_decoder
 from ead_cli.errors import EadError
+from ead_cli.options import GenerationOptions, PolicyOptions
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
@@ -146,7 +149,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, tiny_pair: tuple[Path, Pa
 def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
     recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    config, records = bench.read_results(recorded / bench.RESULTS_FILE)
+    config, records = read_results(recorded / RESULTS_FILE)
     assert config["tokenizer"]["tokens"] == 267 and len(config["tokenizer"]["sha256"]) == 64
     assert all(record["schedule"] for record in records)
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
@@ -174,7 +177,7 @@ def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
             r for r in records if (r["strategy"], r["task_id"]) == (sample["strategy"], sample["task_id"])
         )
         for role, figures in sample["models"].items():
-            for phase in bench.PHASES:
+            for phase in PHASES:
                 assert figures[f"{phase}_tokens"] == original["models"][role][f"{phase}_tokens"]
     order = [(s["task_id"], s["strategy"]) for s in report["samples"]]
     assert order == sorted(order, key=lambda key: (key[0], names.index(key[1])))  # task by task
@@ -226,10 +229,10 @@ def test_a_replay_on_another_tokenizer_is_refused(
 def test_a_record_without_a_schedule_or_fingerprint_is_refused(
     recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    lines = (recorded / bench.RESULTS_FILE).read_text().splitlines()
+    lines = (recorded / RESULTS_FILE).read_text().splitlines()
     sample = json.loads(lines[1]) | {"schedule": None}
     (tmp_path / "remote").mkdir()
-    (tmp_path / "remote" / bench.RESULTS_FILE).write_text("\n".join([lines[0], json.dumps(sample)]) + "\n")
+    (tmp_path / "remote" / RESULTS_FILE).write_text("\n".join([lines[0], json.dumps(sample)]) + "\n")
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
     result = ead("bench", "replay", str(tmp_path / "remote"), *pair, "--strategies", sample["strategy"])
     assert_one_line_error(result, 2, "has no schedule", "cannot be replayed")
@@ -238,7 +241,7 @@ def test_a_record_without_a_schedule_or_fingerprint_is_refused(
     config = json.loads(lines[0])
     del config["tokenizer"]
     (tmp_path / "old").mkdir()
-    (tmp_path / "old" / bench.RESULTS_FILE).write_text("\n".join([json.dumps(config), lines[1]]) + "\n")
+    (tmp_path / "old" / RESULTS_FILE).write_text("\n".join([json.dumps(config), lines[1]]) + "\n")
     result = ead("bench", "replay", str(tmp_path / "old"), *pair)
     assert_one_line_error(result, 2, "without a tokenizer fingerprint")
 

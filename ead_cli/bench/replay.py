@@ -18,11 +18,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .bench import LARGE_ONLY, PHASES, Record, read_results, warm_up
-from .compat import check_recorded_tokenizer
-from .engine import ModelOptions, close_all, load_runners, role_names
-from .errors import EadError
-from .runner import Runner, default_threads
+from ..compat import check_recorded_tokenizer
+from ..engine import close_all, load_runners, role_names
+from ..errors import EadError
+from ..options import ModelOptions
+from ..runner import Runner, default_threads, warm_up
+from .grid import LARGE_ONLY
+from .report import PHASES
+from .results import Record, read_results
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
 REPLAY_FILE = "replay.json"

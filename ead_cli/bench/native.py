@@ -39,73 +39,17 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from .decoder import ModelReport, Summary
-from .engine import GenerationOptions
-from .errors import EadError
-from .remote import RemoteRunner, built_server
-from .runner import Runner, default_threads, forward_flops
-from .text import TextStream
+from ..decoder import ModelReport, Summary
+from ..errors import EadError
+from ..options import GenerationOptions
+from ..remote import RemoteRunner, built_server
+from ..runner import Runner, default_threads, forward_flops
+from ..text import TextStream
+from .grid import NativeOptions
 
-KINDS = ("large", "spec", "ngram")
-# What this build's --spec-type offers without a draft model (``llama-server --help``).
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-DRAFT_TYPE = "draft-simple"  # speculation with a draft model; the server ignores -md without it
-MAX_DRAFT = 64
 START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 3600.0  # a whole answer in one reply, on a busy machine
 STOP_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class NativeOptions:
-    """One llama-server configuration: the kind, and the draft length or n-gram type it takes."""
-
-    kind: str
-    draft: int | None = None  # spec: --spec-draft-n-max
-    spec_type: str | None = None  # ngram: --spec-type
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise EadError(f"unknown server strategy {self.kind!r} (one of {', '.join(KINDS)})", exit_code=2)
-        if (self.draft is not None) != (self.kind == "spec"):
-            raise EadError("a draft length belongs to server-spec alone", exit_code=2)
-        if self.draft is not None:
-            check_server_draft(self.draft)
-        if (self.spec_type is not None) != (self.kind == "ngram"):
-            raise EadError("an n-gram type belongs to server-ngram alone", exit_code=2)
-        if self.spec_type is not None:
-            check_ngram_type(self.spec_type)
-
-    @property
-    def name(self) -> str:
-        """``server-large``, ``server-spec draft=3``, ``server-ngram type=ngram-mod``."""
-        if self.kind == "spec":
-            return f"server-spec draft={self.draft}"
-        if self.kind == "ngram":
-            return f"server-ngram type={self.spec_type}"
-        return "server-large"
-
-    def flags(self, small: Path, threads: int) -> list[str]:
-        """The server's options for this configuration (the large model and the common ones aside)."""
-        if self.kind == "spec":
-            return [
-                "--spec-type", DRAFT_TYPE, "--spec-draft-model", str(small),
-                "--spec-draft-n-max", str(self.draft),
-                "-td", str(threads), "-tbd", str(threads),
-            ]  # fmt: skip
-        if self.kind == "ngram":
-            return ["--spec-type", str(self.spec_type)]
-        return []
-
-
-def check_server_draft(draft: int) -> None:
-    if not 1 <= draft <= MAX_DRAFT:
-        raise EadError(f"--server-draft: {draft} is not in [1, {MAX_DRAFT}]", exit_code=2)
-
-
-def check_ngram_type(name: str) -> None:
-    if name not in NGRAM_TYPES:
-        raise EadError(f"--server-ngram: {name!r} is not one of {', '.join(NGRAM_TYPES)}", exit_code=2)
 
 
 def server_binary() -> Path:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import Phase, Runner, RunnerStats
+from ..runner import Phase, Runner, RunnerStats
 
 Step = list[Any]
 PHASE_CODES: dict[str, Phase] = {"p": "prefill", "d": "decode", "c": "catchup"}

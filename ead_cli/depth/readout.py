@@ -21,7 +21,7 @@ import gguf
 import llama_cpp
 import numpy as np
 
-from .errors import EadError
+from ..errors import EadError
 
 _LIB = Path(llama_cpp.__file__).parent / "lib"
 

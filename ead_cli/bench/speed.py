@@ -26,9 +26,10 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from .engine import ModelOptions, close_all, load_runners
-from .errors import EadError
-from .runner import Runner
+from ..engine import close_all, load_runners
+from ..errors import EadError
+from ..options import ModelOptions
+from ..runner import Runner
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)

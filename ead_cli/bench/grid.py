@@ -1,0 +1,289 @@
+"""The strategy grid of ``ead bench``: which decoders a bench compares, and their names.
+
+Strategies (``FAMILIES``): small-only, large-only, ``ead`` at each τ (x window x min-run x switch point),
+``gate`` at each gate τ (x switch point x burst), ``lookahead`` at each lookahead τ (x span, from the
+draft lengths), ``spec`` (speculative decoding) at each draft length (x draft
+entropy stop). A strategy is a name and the PolicyOptions ``build_decoder`` takes; the name lists the
+options that differ from their defaults, e.g. ``ead tau=0.5 window=3``. Named only, never by default:
+``server-large``, ``server-spec`` (per ``--server-draft``) and ``server-ngram`` (per ``--server-ngram``),
+llama.cpp's own loops in the built llama-server (native.py); their samples have no schedule and carry
+the server's timings in ``server``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import EadError
+from ..options import PolicyOptions
+from ..policies import BURST_KINDS, SWITCH_POINTS, Burst, SwitchPoint
+
+# llama.cpp's own loops in a llama-server (native.py runs them): the server strategies.
+KINDS = ("large", "spec", "ngram")
+# What this build's --spec-type offers without a draft model (``llama-server --help``).
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+DRAFT_TYPE = "draft-simple"  # speculation with a draft model; the server ignores -md without it
+MAX_DRAFT = 64
+
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """One llama-server configuration: the kind, and the draft length or n-gram type it takes."""
+
+    kind: str
+    draft: int | None = None  # spec: --spec-draft-n-max
+    spec_type: str | None = None  # ngram: --spec-type
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise EadError(f"unknown server strategy {self.kind!r} (one of {', '.join(KINDS)})", exit_code=2)
+        if (self.draft is not None) != (self.kind == "spec"):
+            raise EadError("a draft length belongs to server-spec alone", exit_code=2)
+        if self.draft is not None:
+            check_server_draft(self.draft)
+        if (self.spec_type is not None) != (self.kind == "ngram"):
+            raise EadError("an n-gram type belongs to server-ngram alone", exit_code=2)
+        if self.spec_type is not None:
+            check_ngram_type(self.spec_type)
+
+    @property
+    def name(self) -> str:
+        """``server-large``, ``server-spec draft=3``, ``server-ngram type=ngram-mod``."""
+        if self.kind == "spec":
+            return f"server-spec draft={self.draft}"
+        if self.kind == "ngram":
+            return f"server-ngram type={self.spec_type}"
+        return "server-large"
+
+    def flags(self, small: Path, threads: int) -> list[str]:
+        """The server's options for this configuration (the large model and the common ones aside)."""
+        if self.kind == "spec":
+            return [
+                "--spec-type", DRAFT_TYPE, "--spec-draft-model", str(small),
+                "--spec-draft-n-max", str(self.draft),
+                "-td", str(threads), "-tbd", str(threads),
+            ]  # fmt: skip
+        if self.kind == "ngram":
+            return ["--spec-type", str(self.spec_type)]
+        return []
+
+
+def check_server_draft(draft: int) -> None:
+    if not 1 <= draft <= MAX_DRAFT:
+        raise EadError(f"--server-draft: {draft} is not in [1, {MAX_DRAFT}]", exit_code=2)
+
+
+def check_ngram_type(name: str) -> None:
+    if name not in NGRAM_TYPES:
+        raise EadError(f"--server-ngram: {name!r} is not one of {', '.join(NGRAM_TYPES)}", exit_code=2)
+
+
+LARGE_ONLY = "large-only"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named way of decoding: the policy options ``build_decoder`` takes, or a llama-server
+    configuration (native.py) for llama.cpp's own loop."""
+
+    name: str
+    policy: PolicyOptions | NativeOptions
+
+
+def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
+    """``small-only``, ``large-only``, or the policy with every option that differs from its default,
+    e.g. ``ead tau=0.5 window=3``; new PolicyOptions fields show up without changes here. A server
+    strategy is named by native.py: ``server-spec draft=3``."""
+    if isinstance(policy, NativeOptions):
+        return policy.name
+    if policy.mode in ("small", "large"):
+        return f"{policy.mode}-only"
+    label = policy.policy if policy.mode == "ead" else policy.mode
+    default = PolicyOptions(mode=policy.mode, policy=policy.policy)
+    parts = [label]
+    for field in fields(policy):
+        value = getattr(policy, field.name)
+        if field.name not in ("mode", "policy") and value != getattr(default, field.name):
+            parts.append(f"{field.name}={_label(value)}")
+    return " ".join(parts)
+
+
+def _label(value: Any) -> str:
+    """0.5 -> "0.5"; (0.5, 2.0) -> "0.5:2"; ("@code", "x") -> "@code|x"."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        numbers = all(isinstance(part, int | float) for part in value)
+        return (":" if numbers else "|").join(_label(part) for part in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The values swept; each family takes the ones it uses."""
+
+    taus: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
+    gate_taus: tuple[float, ...] = (1.0,)
+    lookahead_taus: tuple[float, ...] = (1.0,)
+    windows: tuple[int | None, ...] = (None,)  # None: the policy's default
+    min_runs: tuple[int, ...] = (10,)
+    switch_points: tuple[SwitchPoint, ...] = ("before",)
+    drafts: tuple[int, ...] = (4,)
+    draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
+    verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
+    bursts: tuple[Burst, ...] = (1,)
+    patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
+    tau_range: tuple[float, float] | None = None  # ead and gate: adaptive tau for every strategy
+    server_drafts: tuple[int, ...] = (3,)  # server-spec: llama.cpp's draft lengths (its default: 3)
+    server_ngrams: tuple[str, ...] = ("ngram-mod",)  # server-ngram: --spec-type values
+
+
+# Strategy families by name, in the order they run: a new way of decoding is one more entry here.
+FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]] = {
+    "small": lambda grid: [PolicyOptions(mode="small")],
+    "large": lambda grid: [PolicyOptions(mode="large")],
+    "ead": lambda grid: [
+        PolicyOptions(
+            "ead",
+            "ead",
+            tau=tau,
+            window=window,
+            min_run=min_run,
+            switch_point=point,
+            verify=verify,
+            tau_range=grid.tau_range,
+        )
+        for tau, window, min_run, point, verify in itertools.product(
+            grid.taus, grid.windows, grid.min_runs, grid.switch_points, grid.verifies
+        )
+    ],
+    "gate": lambda grid: [
+        PolicyOptions(
+            "ead",
+            "gate",
+            tau=tau,
+            switch_point=point,
+            verify=verify,
+            burst=burst,
+            patterns=grid.patterns,
+            tau_range=grid.tau_range,
+        )
+        for tau, point, verify, burst in itertools.product(
+            grid.gate_taus, grid.switch_points, grid.verifies, grid.bursts
+        )
+    ],
+    "lookahead": lambda grid: [
+        PolicyOptions("ead", "lookahead", tau=tau, draft=span, verify=verify, tau_range=grid.tau_range)
+        for tau, span, verify in itertools.product(grid.lookahead_taus, grid.drafts, grid.verifies)
+    ],
+    "spec": lambda grid: [
+        PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
+        for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
+    ],
+    "server-large": lambda grid: [NativeOptions("large")],
+    "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
+    "server-ngram": lambda grid: [NativeOptions("ngram", spec_type=name) for name in grid.server_ngrams],
+}
+# The default sweep: ead's own loops (the server families need the built llama-server; name them).
+ALL_FAMILIES = ",".join(name for name in FAMILIES if not name.startswith("server-"))
+
+
+def _parse_list(spec: str, option: str, convert: Callable[[str], Any], minimum: float) -> tuple[Any, ...]:
+    values: list[Any] = []
+    for part in spec.split(","):
+        try:
+            value = convert(part.strip())
+        except ValueError:
+            raise EadError(f"{option}: {part.strip()!r} is not a valid value", exit_code=2) from None
+        if not (value >= minimum) or math.isinf(value):
+            raise EadError(f"{option}: {part.strip()} is below {minimum:g} or not finite", exit_code=2)
+        if value not in values:
+            values.append(value)
+    return tuple(values)
+
+
+def parse_grid(
+    tau: str,
+    gate_tau: str,
+    window: str | None,
+    min_run: str,
+    switch_point: str,
+    draft: str,
+    draft_stop: str | None,
+    verify: str | None = None,
+    burst: str = "1",
+    lookahead_tau: str = "1",
+    server_draft: str = "3",
+    server_ngram: str = "ngram-mod",
+) -> Grid:
+    """The sweep from comma-separated option values; any bad value is a one-line usage error."""
+    points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
+    for point in points:
+        if point not in SWITCH_POINTS:
+            raise EadError(f"--switch-point: {point!r} is not one of {', '.join(SWITCH_POINTS)}", exit_code=2)
+    return Grid(
+        taus=_parse_list(tau, "--tau", float, 0),
+        gate_taus=_parse_list(gate_tau, "--gate-tau", float, 0),
+        lookahead_taus=_parse_list(lookahead_tau, "--lookahead-tau", float, 0),
+        windows=(None,) if window is None else _parse_list(window, "--window", int, 1),
+        min_runs=_parse_list(min_run, "--min-run", int, 0),
+        switch_points=points,  # type: ignore[arg-type]
+        drafts=_parse_list(draft, "--draft", int, 1),
+        draft_stops=(None,) if draft_stop is None else _parse_list(draft_stop, "--draft-stop", float, 0),
+        verifies=(None,) if verify is None else _parse_verify(verify),
+        bursts=tuple(
+            dict.fromkeys(
+                part if part in BURST_KINDS else _parse_list(part, "--burst", int, 1)[0]
+                for part in (piece.strip() for piece in burst.split(","))
+            )
+        ),
+        server_drafts=_parse_server_drafts(server_draft),
+        server_ngrams=_parse_server_ngrams(server_ngram),
+    )
+
+
+def _parse_server_drafts(spec: str) -> tuple[int, ...]:
+    drafts = _parse_list(spec, "--server-draft", int, 1)
+    for draft in drafts:
+        check_server_draft(draft)
+    return drafts
+
+
+def _parse_server_ngrams(spec: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in spec.split(",")))
+    for name in names:
+        check_ngram_type(name)
+    return names
+
+
+def _parse_verify(spec: str) -> tuple[float | None, ...]:
+    """Ratios in (0, 1]; "none" stands for no check, to compare with and without in one run."""
+    parts = [part.strip() for part in spec.split(",")]
+    ratios = [part for part in parts if part.lower() != "none"]
+    values = _parse_list(",".join(ratios), "--verify", float, 0) if ratios else ()
+    for value in values:
+        if not 0 < value <= 1:
+            raise EadError(f"--verify: {value:g} is not in (0, 1]", exit_code=2)
+    return ((None,) if len(ratios) < len(parts) else ()) + values
+
+
+def build_strategies(families: str, grid: Grid) -> list[Strategy]:
+    """The strategies of the comma-separated families (in FAMILIES order), each named once."""
+    wanted = [part.strip() for part in families.split(",") if part.strip()]
+    unknown = [name for name in wanted if name not in FAMILIES]
+    if unknown or not wanted:
+        raise EadError(
+            f"--strategies: {unknown[0] if unknown else 'nothing'} is not one of {', '.join(FAMILIES)}",
+            exit_code=2,
+        )
+    strategies: dict[str, Strategy] = {}
+    for family, make in FAMILIES.items():
+        if family in wanted:
+            for policy in make(grid):
+                strategies.setdefault(strategy_name(policy), Strategy(strategy_name(policy), policy))
+    return list(strategies.values())

@@ -1,0 +1,242 @@
+"""The figures of a bench and its report files (table, CSV, markdown, plot).
+
+same task (1.0: the same words in the same order; the quality proxy of ``ead bench prompts``); large-model
+share and parameter-weighted cost, weighted by generated tokens; total FLOPs and wall-clock seconds, also
+as a ratio to large-only's totals; tokens per second over all samples; mean switches per sample; mean
+acceptance rate; mean rollbacks per sample; seconds per model in prefill, decode and catch-up; for
+server strategies, tokens per second by the server's own generation time; and how many texts are exactly
+large-only's.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .grid import LARGE_ONLY
+from .results import Record
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+PHASES = ("prefill", "decode", "catchup")
+
+
+def agreement(text: str, reference: str) -> float:
+    """difflib's ratio between the word sequences of two texts (1.0: the same words in the same order)."""
+    matcher = difflib.SequenceMatcher(None, _WORD.findall(text), _WORD.findall(reference), autojunk=False)
+    return matcher.ratio()
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One strategy's figures over its samples (see the module docstring)."""
+
+    strategy: str
+    samples: int
+    pass_at_1: float | None
+    agreement: float | None
+    large_share: float
+    param_cost: float
+    generated: int
+    flops: float
+    flops_rel: float | None
+    wall_s: float
+    wall_rel: float | None
+    tokens_per_s: float
+    switches: float
+    acceptance_rate: float | None
+    rollbacks: float
+    model_s: dict[str, float]  # "<role>_<phase>_s": seconds, e.g. "large_catchup_s"
+    server_tokens_per_s: float | None = None  # server strategies: generated tokens over the server's own time
+    same_text: int | None = None  # samples whose text is exactly large-only's for the task
+
+    def row(self) -> dict[str, Any]:
+        """Flat, for the CSV."""
+        flat = asdict(self)
+        return flat | flat.pop("model_s")
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(value: float, reference: float | None) -> float | None:
+    return value / reference if reference else None
+
+
+def _token_weighted(records: Sequence[Record], key: str) -> float:
+    """A per-sample share averaged over generated tokens, as if all samples were one long generation."""
+    generated = sum(r["generated"] for r in records)
+    return sum(r[key] * r["generated"] for r in records) / generated if generated else 0.0
+
+
+def _model_seconds(records: Sequence[Record]) -> dict[str, float]:
+    seconds: dict[str, float] = {}
+    for record in records:
+        for role, report in record["models"].items():
+            for phase in PHASES:
+                key = f"{role}_{phase}_s"
+                seconds[key] = seconds.get(key, 0.0) + report[f"{phase}_s"]
+    return seconds
+
+
+def _server_rate(records: Sequence[Record]) -> float | None:
+    """Tokens per second of generation as llama-server timed it (its prompt processing aside)."""
+    timed = [r["server"] for r in records if r.get("server")]
+    seconds = sum(t["predicted_ms"] for t in timed) / 1000
+    return sum(t["predicted_n"] for t in timed) / seconds if seconds else None
+
+
+def aggregate(records: Sequence[Record]) -> list[Aggregate]:
+    """Per strategy, in order of first appearance; relative figures need a large-only strategy."""
+    groups: dict[str, list[Record]] = {}
+    for record in records:
+        groups.setdefault(record["strategy"], []).append(record)
+    large = groups.get(LARGE_ONLY, [])
+    reference = {r["task_id"]: r["text"] for r in large}
+    ref_flops = sum(r["flops"] for r in large) if large else None
+    ref_wall = sum(r["wall_s"] for r in large) if large else None
+    aggregates = []
+    for name, rs in groups.items():
+        generated = sum(r["generated"] for r in rs)
+        flops = sum(r["flops"] for r in rs)
+        wall = sum(r["wall_s"] for r in rs)
+        judged = [float(r["passed"]) for r in rs if r["passed"] is not None]
+        agreeing = [agreement(r["text"], reference[r["task_id"]]) for r in rs if r["task_id"] in reference]
+        accepted = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None]
+        aggregates.append(
+            Aggregate(
+                strategy=name,
+                samples=len(rs),
+                pass_at_1=_mean(judged),
+                agreement=_mean(agreeing),
+                large_share=_token_weighted(rs, "large_share"),
+                param_cost=_token_weighted(rs, "param_cost"),
+                generated=generated,
+                flops=flops,
+                flops_rel=_ratio(flops, ref_flops),
+                wall_s=wall,
+                wall_rel=_ratio(wall, ref_wall),
+                tokens_per_s=generated / wall if wall else 0.0,
+                switches=sum(r["switches"] for r in rs) / len(rs),
+                acceptance_rate=_mean(accepted),
+                rollbacks=sum(r.get("rollbacks", 0) for r in rs) / len(rs),
+                model_s=_model_seconds(rs),
+                server_tokens_per_s=_server_rate(rs),
+                same_text=sum(r["text"] == reference[r["task_id"]] for r in rs if r["task_id"] in reference)
+                if reference
+                else None,
+            )
+        )
+    return aggregates
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    value: Callable[[Aggregate], Any]
+    spec: str  # format spec; strings are shown as they are
+
+    def cell(self, aggregate: Aggregate) -> str:
+        value = self.value(aggregate)
+        if value is None:
+            return "-"
+        return value if isinstance(value, str) else format(value, self.spec)
+
+
+COLUMNS = (
+    Column("strategy", lambda a: a.strategy, ""),
+    Column("n", lambda a: a.samples, "d"),
+    Column("pass@1", lambda a: a.pass_at_1, ".1%"),
+    Column("agreement", lambda a: a.agreement, ".3f"),
+    Column("large share", lambda a: a.large_share, ".1%"),
+    Column("param cost", lambda a: a.param_cost, ".3f"),
+    Column("TFLOP", lambda a: a.flops / 1e12, ",.2f"),
+    Column("FLOPs vs large", lambda a: a.flops_rel, ".2f"),
+    Column("wall s", lambda a: a.wall_s, ",.1f"),
+    Column("wall vs large", lambda a: a.wall_rel, ".2f"),
+    Column("tok/s", lambda a: a.tokens_per_s, ".1f"),
+    Column("server tok/s", lambda a: a.server_tokens_per_s, ".1f"),
+    Column("switches", lambda a: a.switches, ".1f"),
+    Column("acceptance", lambda a: a.acceptance_rate, ".1%"),
+    Column("rollbacks", lambda a: a.rollbacks or None, ".2f"),
+    Column("same text", lambda a: a.same_text, "d"),
+)
+
+
+def report_table(aggregates: Sequence[Aggregate]) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted rows, without the columns no strategy has a value for."""
+    columns = [c for c in COLUMNS if any(c.value(a) is not None for a in aggregates)]
+    return [c.header for c in columns], [[c.cell(a) for c in columns] for a in aggregates]
+
+
+def markdown_table(aggregates: Sequence[Aggregate]) -> str:
+    headers, rows = report_table(aggregates)
+    align = ["---"] + ["---:"] * (len(headers) - 1)
+    lines = [headers, align, *rows]
+    return "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    csv: Path
+    markdown: Path
+    plot: Path | None
+    note: str | None  # why there is no plot
+
+
+def write_report(folder: Path, aggregates: Sequence[Aggregate]) -> ReportFiles:
+    """report.csv (every figure, full precision), report.md (the table) and plot.png (if matplotlib)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path = folder / "report.csv"
+    rows = [a.row() for a in aggregates]
+    header = list(dict.fromkeys(key for row in rows for key in row))
+    with open(csv_path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+    markdown = folder / "report.md"
+    markdown.write_text(markdown_table(aggregates), encoding="utf-8")
+    plot, note = _plot(folder / "plot.png", aggregates)
+    return ReportFiles(csv_path, markdown, plot, note)
+
+
+def _plot(path: Path, aggregates: Sequence[Aggregate]) -> tuple[Path | None, str | None]:
+    """Quality against relative wall-clock and against parameter-weighted cost, one labelled point each."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None, "matplotlib is not installed (pip install 'ead-cli[plot]'): no plot"
+    if any(a.pass_at_1 is not None for a in aggregates):
+        quality, label = (lambda a: a.pass_at_1), "pass@1"
+    elif any(a.agreement is not None for a in aggregates):
+        quality, label = (lambda a: a.agreement), "agreement with large-only"
+    else:
+        return None, "no pass@1 or agreement to plot (run the large-only strategy)"
+    relative = all(a.wall_rel is not None for a in aggregates)
+    panels = (
+        ((lambda a: a.wall_rel), "wall-clock relative to large-only")
+        if relative
+        else ((lambda a: a.wall_s), "wall-clock seconds"),
+        ((lambda a: a.param_cost), "parameter-weighted cost"),
+    )
+    figure = Figure(figsize=(12, 5), layout="constrained")
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, (x, xlabel) in zip(axes, panels, strict=True):
+        for a in aggregates:
+            if quality(a) is None:
+                continue
+            ax.scatter(x(a), quality(a))
+            ax.annotate(a.strategy, (x(a), quality(a)), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(label)
+    figure.savefig(path, dpi=150)
+    return path, None

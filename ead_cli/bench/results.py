@@ -1,0 +1,151 @@
+"""The resumable results file of ``ead bench``.
+
+Results. ``results.jsonl`` starts with a config record (models, their tokenizer's fingerprint, max
+tokens, sampling, prompt format, a hash of the task source); a file written with another config is
+refused. Then one record per sample, appended and flushed as it finishes; a rerun skips the
+(strategy, task) pairs already there::
+
+    {"type": "sample", "strategy": "ead tau=0.5", "params": {PolicyOptions fields}, "task_id": "HumanEval/1",
+     "passed": true | false | null, "outcome": "passed" | "failed" | "timeout" | null, "error": str | null,
+     "finish_reason", "prompt_tokens", "generated", "switches", "large_share", "param_cost", "flops",
+     "wall_s", "tokens_per_s", "drafted", "acceptance_rate": float | null (speculative decoding only),
+     "checked", "rollbacks", "rolled_back" (--verify),
+     "models": {"small": {"written", "prefill_tokens", "prefill_s", "decode_tokens", "decode_s",
+                          "catchup_tokens", "catchup_s", "flops"}, "large": {...}},
+     "text": generated text, "code": the program's code (null for prompt lists),
+     "schedule": every llama.cpp feed and rollback of the sample, in order (see schedule.py; null when a
+                 model is remote or for a server strategy), which ``ead bench replay`` re-executes,
+     "server": {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted"}
+               (server strategies only: llama-server's own timings)}
+
+(the figures are every field of the decoder's Summary and ModelReport, so new ones are recorded too).
+
+Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the word sequences (runs of
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..compat import tokenizer_record
+from ..errors import EadError
+from ..options import GenerationOptions
+from ..runner import Runner
+from .grid import Strategy
+from .tasks import Item
+
+Record = dict[str, Any]
+
+# -------------------------------------------------------------------------------------------- results
+
+RESULTS_FILE = "results.jsonl"
+FORMAT_VERSION = 1
+
+
+def config_record(
+    bench: str, runners: Sequence[Runner], generation: GenerationOptions, source: Path, prompt: dict[str, Any]
+) -> Record:
+    """What must match for samples to share a results file: models, generation, prompt format, tasks."""
+    config = {
+        "type": "config",
+        "format": FORMAT_VERSION,
+        "bench": bench,
+        "models": {
+            runner.name: {
+                "file": runner.label,
+                "bytes": runner.file_bytes,
+                "params": runner.n_params,
+            }
+            for runner in runners
+        },
+        "tokenizer": tokenizer_record(runners[0]),
+        "max_tokens": generation.max_tokens,
+        "stop": list(generation.stop),
+        "sampling": asdict(generation.sampling),
+        "prompt": prompt,
+        "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+    }
+    return json.loads(json.dumps(config))  # as it reads back from the file
+
+
+def read_results(path: Path) -> tuple[Record | None, list[Record]]:
+    """The config record and the sample records of a results file (an unfinished last line is dropped)."""
+    if not path.exists():
+        return None, []
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()  # a write cut short by a kill
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise EadError(f"{path} line {number} is not JSON: move the file away to start over") from None
+    if not records:
+        return None, []
+    if records[0].get("type") != "config":
+        raise EadError(f"{path} does not start with a config record: move the file away to start over")
+    return records[0], [record for record in records[1:] if record.get("type") == "sample"]
+
+
+class Results:
+    """An append-only results file bound to one config; ``done`` holds the (strategy, task) pairs in it."""
+
+    def __init__(self, path: Path, config: Record) -> None:
+        if path.exists():
+            self._drop_unfinished_line(path)
+        stored, self.records = read_results(path)
+        if stored is not None and stored != config:
+            differ = sorted(
+                key for key in config.keys() | stored.keys() if config.get(key) != stored.get(key)
+            )
+            raise EadError(
+                f"{path} holds results of another setup (differs in: {', '.join(differ)}); "
+                f"use another --out or move the file away",
+                exit_code=2,
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.done = {(record["strategy"], record["task_id"]) for record in self.records}
+        self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the whole run
+        if stored is None:
+            self._write(config)
+
+    @staticmethod
+    def _drop_unfinished_line(path: Path) -> None:
+        data = path.read_bytes()
+        if not data.endswith(b"\n"):
+            with open(path, "r+b") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
+
+    def _write(self, record: Record) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def append(self, record: Record) -> None:
+        self._write(record)
+        self.records.append(record)
+        self.done.add((record["strategy"], record["task_id"]))
+
+    def pending(self, strategies: Sequence[Strategy], items: Sequence[Item]) -> list[tuple[Strategy, Item]]:
+        """What is left to run, task by task."""
+        return [(s, item) for item in items for s in strategies if (s.name, item.task_id) not in self.done]
+
+    def selection(self, strategies: Sequence[Strategy], items: Sequence[Item]) -> list[Record]:
+        """The records of these strategies on these items (resumed ones included)."""
+        names, ids = {s.name for s in strategies}, {item.task_id for item in items}
+        return [r for r in self.records if r["strategy"] in names and r["task_id"] in ids]
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> Results:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

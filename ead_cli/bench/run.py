@@ -1,0 +1,217 @@
+"""Running a bench: every strategy on every item, recorded as it goes.
+
+Timing. Models load once; every strategy runs over the same runners, and each sample starts with empty
+KV caches, so every strategy pays its own prefill. One warm-up prefill per model before the first sample
+pages the weights in. Samples run task by task (every strategy on a task, then the next task), so an
+interrupted bench leaves comparable partial results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..decoder import Summary
+from ..engine import build_decoder, close_all, load_runners
+from ..errors import EadError
+from ..options import GenerationOptions, ModelOptions, PolicyOptions
+from ..runner import Runner, warm_up
+from ..sampling import SamplingParams
+from .grid import NativeOptions, Strategy
+from .native import NativePeers, server_binary
+from .results import RESULTS_FILE, Record, Results, config_record
+from .sandbox import check_solution
+from .schedule import ScheduleRecorder, Step
+from .tasks import (
+    PREFILL,
+    STOP,
+    USER_MESSAGE,
+    Item,
+    Task,
+    completion_code,
+    humaneval_items,
+    humaneval_path,
+    prompt_items,
+)
+
+
+def generate(
+    runners: Sequence[Runner], policy: PolicyOptions, generation: GenerationOptions, prompt: Sequence[int]
+) -> tuple[str, Summary, list[Step] | None]:
+    """One sample from empty caches, so every strategy pays its own prefill; with its schedule (None
+    when a model is remote)."""
+    for runner in runners:
+        runner.truncate(0)
+    decoder = build_decoder(runners, policy, generation)
+    with ScheduleRecorder(runners) as recorder:
+        text = "".join(event.text for event in decoder.run(prompt))
+    return text, decoder.summary(), recorder.steps
+
+
+_MODEL_STATIC = ("role", "path", "params")  # the same in every sample: in the config record
+
+
+def sample_record(
+    strategy: Strategy, task_id: str, summary: Summary, text: str, schedule: list[Step] | None = None
+) -> Record:
+    """Every figure of the summary (new Summary/ModelReport fields included) and the schedule, not yet
+    judged."""
+    figures = {f.name: getattr(summary, f.name) for f in fields(summary) if f.name != "models"}
+    figures.setdefault("acceptance_rate", None)
+    models = {
+        report.role: {f.name: getattr(report, f.name) for f in fields(report) if f.name not in _MODEL_STATIC}
+        for report in summary.models
+    }
+    return {
+        "type": "sample",
+        "strategy": strategy.name,
+        "params": json.loads(json.dumps(asdict(strategy.policy))),  # as stored: tuples become lists
+        "task_id": task_id,
+        "passed": None,
+        "outcome": None,
+        "error": None,
+        **figures,
+        "models": models,
+        "text": text,
+        "code": None,
+        "schedule": schedule,
+    }
+
+
+def run_plan(
+    runners: Sequence[Runner],
+    plan: Iterable[tuple[Strategy, Item]],
+    generation: GenerationOptions,
+    results: Results,
+    *,
+    timeout_s: float = 10.0,
+    peers: NativePeers | None = None,
+) -> Iterator[Record]:
+    """Generate (and for HumanEval, check) each planned sample, appending its record as it finishes.
+    Server strategies run on ``peers``: no schedule (no llama.cpp call of ours to replay), the
+    server's own timings in ``server``."""
+    for strategy, item in plan:
+        if isinstance(strategy.policy, NativeOptions):
+            if peers is None:
+                raise EadError(f"{strategy.name} needs the bench's llama-servers")
+            text, summary, server = peers.generate(strategy.policy, item.prompt)
+            record = sample_record(strategy, item.task_id, summary, text) | {"server": server}
+        else:
+            text, summary, schedule = generate(runners, strategy.policy, generation, item.prompt)
+            record = sample_record(strategy, item.task_id, summary, text, schedule)
+        if item.task is not None:
+            code = completion_code(item.task, text)
+            outcome = check_solution(item.task, code, timeout_s=timeout_s)
+            record |= {
+                "passed": outcome.passed,
+                "outcome": outcome.status,
+                "error": outcome.error,
+                "code": code,
+            }
+        results.append(record)
+        yield record
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One bench: strategies, generation options, the items (made once the tokenizer is loaded), the
+    task file (hashed into the config) and the prompt format, and the folder the results go to."""
+
+    name: str
+    strategies: Sequence[Strategy]
+    generation: GenerationOptions
+    items_for: Callable[[Sequence[Runner]], list[Item]]
+    source: Path
+    prompt_format: dict[str, Any]
+    out: Path
+    timeout_s: float = 10.0
+
+
+def humaneval_bench(
+    tasks: Sequence[Task],
+    strategies: Sequence[Strategy],
+    *,
+    sampling: SamplingParams,
+    max_tokens: int,
+    out: Path,
+    timeout_s: float = 10.0,
+) -> Bench:
+    if not timeout_s > 0:
+        raise EadError(f"--timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
+    return Bench(
+        "humaneval",
+        strategies,
+        GenerationOptions(sampling, max_tokens, (STOP,)),
+        partial(humaneval_items, tasks=tasks),
+        humaneval_path(),
+        {"user": USER_MESSAGE, "prefill": PREFILL},
+        out,
+        timeout_s,
+    )
+
+
+def prompts_bench(
+    path: Path,
+    prompts: Sequence[str],
+    strategies: Sequence[Strategy],
+    *,
+    sampling: SamplingParams,
+    max_tokens: int,
+    out: Path,
+) -> Bench:
+    return Bench(
+        "prompts",
+        strategies,
+        GenerationOptions(sampling, max_tokens),
+        partial(prompt_items, prompts=prompts),
+        path,
+        {"chat_template": True},
+        out,
+    )
+
+
+Plan = Sequence[tuple[Strategy, Item]]
+
+
+def run_bench(
+    bench: Bench,
+    models: ModelOptions,
+    *,
+    watch: Callable[[Plan, Iterator[Record]], None],
+    progress: Callable[[str], None] | None = None,
+) -> list[Record]:
+    """Load the models once, run what the results file lacks, return the records of this selection.
+
+    ``watch`` gets the plan (the samples still to run, task by task) and the iterator that runs them
+    (one record per finished sample); it must exhaust the iterator (showing progress as it goes).
+    """
+    native = any(isinstance(strategy.policy, NativeOptions) for strategy in bench.strategies)
+    if native:
+        server_binary()  # missing: say so before any model loads
+    runners = load_runners(models, progress=progress)
+    try:
+        for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
+            if isinstance(strategy.policy, PolicyOptions):
+                build_decoder(runners, strategy.policy, bench.generation)
+        items = bench.items_for(runners)
+        config = config_record(bench.name, runners, bench.generation, bench.source, bench.prompt_format)
+        servers = NativePeers(runners, bench.generation, threads=models.threads) if native else None
+        with (
+            servers or contextlib.nullcontext(),
+            Results(bench.out / RESULTS_FILE, config) as results,
+        ):
+            plan = results.pending(bench.strategies, items)
+            if plan:
+                warm_up(runners, plan[0][1].prompt)
+            samples = run_plan(
+                runners, plan, bench.generation, results, timeout_s=bench.timeout_s, peers=servers
+            )
+            watch(plan, samples)
+            return results.selection(bench.strategies, items)
+    finally:
+        close_all(runners)

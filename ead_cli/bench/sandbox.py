@@ -1,0 +1,129 @@
+"""Running a generated program against its task's tests.
+
+Sandbox. The program ``code + test + check(entry_point) + print(<random sentinel>)`` runs as
+``python -I`` in a fresh temporary directory, with stdin closed, a minimal environment, a wall-clock limit
+(10 s by default; the whole process group is killed at it) and, via ``resource`` limits, 2 GiB of address
+space, CPU seconds, 16 MiB of output files, no core files and no new processes (not enforced for root).
+A sample passes only if the program exits with status 0 *and* printed the sentinel line,
+so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax error is a failed sample.
+This limits accidents; it is not a security boundary against hostile code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import resource
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from ..errors import EadError
+from .tasks import Task
+
+MEMORY_BYTES = 2 << 30
+OUTPUT_BYTES = 16 << 20
+_TAIL_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a sandboxed program ended. ``returncode`` None: killed at the wall-clock limit."""
+
+    returncode: int | None
+    stdout: str  # the last few KiB
+    stderr: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A checked sample: ``error`` says why it failed (the last line of stderr, or how it ended)."""
+
+    status: str  # "passed", "failed" or "timeout"
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+def _apply_limits(limits: Sequence[tuple[int, int]]) -> None:
+    """In the child before exec: lower each limit (never above an existing hard limit)."""
+    for which, value in limits:
+        hard = resource.getrlimit(which)[1]
+        capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (capped, capped))
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.path.getsize(path) - _TAIL_BYTES))
+        return handle.read().decode("utf-8", errors="replace")
+
+
+def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES) -> Execution:
+    """Run Python source in a fresh temporary directory under time and resource limits."""
+    limits = [
+        (resource.RLIMIT_AS, memory_bytes),
+        (resource.RLIMIT_CPU, math.ceil(timeout_s) + 1),
+        (resource.RLIMIT_FSIZE, OUTPUT_BYTES),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    if hasattr(resource, "RLIMIT_NPROC"):
+        limits.append((resource.RLIMIT_NPROC, 0))
+    with tempfile.TemporaryDirectory(prefix="ead-bench-", ignore_cleanup_errors=True) as folder:
+        work = Path(folder)
+        (work / "program.py").write_text(source, encoding="utf-8")
+        env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": folder, "TMPDIR": folder}
+        with open(work / "stdout", "wb") as out, open(work / "stderr", "wb") as err:
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "program.py"],
+                    cwd=folder,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    preexec_fn=partial(_apply_limits, limits),
+                )
+            except OSError as error:
+                raise EadError(f"could not start the sandbox: {error}") from None
+            try:
+                returncode: int | None = process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            finally:  # also ends anything the program left running in its process group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        return Execution(returncode, _tail(work / "stdout"), _tail(work / "stderr"))
+
+
+def check_solution(
+    task: Task, code: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES
+) -> Outcome:
+    """Run the task's tests on the code; pass only if the checks ran to the end (a sentinel after them)."""
+    sentinel = f"ead-bench-passed-{secrets.token_hex(8)}"
+    # The sentinel gets a line of its own even if the code printed text without a newline.
+    program = f"{code}\n\n{task.test}\n\ncheck({task.entry_point})\nprint({chr(10) + sentinel!r})\n"
+    result = run_program(program, timeout_s=timeout_s, memory_bytes=memory_bytes)
+    if result.returncode is None:
+        return Outcome("timeout", f"no result within {timeout_s:g} s")
+    if result.returncode == 0 and sentinel in result.stdout.splitlines():
+        return Outcome("passed")
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    if errors:
+        error = errors[-1].strip()
+    elif result.returncode < 0:
+        error = f"killed by {signal.Signals(-result.returncode).name}"
+    else:
+        error = f"exit status {result.returncode} before the checks finished"
+    return Outcome("failed", error[:300])

@@ -1,0 +1,92 @@
+"""The ``ead`` command line: parse options, hand them to the engine, render its events. Nothing else.
+
+Each command group lives in its own module (``generate``: generate, chat, serve, calibrate; ``models``;
+``bench``; ``depth``), which imports what a command runs only when it runs, so ``ead --help`` and
+``ead --version`` load typer and the option declarations, nothing heavy.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from typer.exceptions import TyperException
+
+from .. import __version__
+from ..errors import EadError
+from ..signals import Terminated, main_thread_signals, terminate_on_sigterm
+from . import generate
+from .bench import bench_app
+from .depth import depth_app
+from .models import models_app
+from .output import silence_stdout
+
+app = typer.Typer(
+    help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+for command in (generate.generate, generate.chat, generate.serve, generate.calibrate):
+    app.command()(command)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"ead {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
+    ] = False,
+) -> None:
+    """Entropy-adaptive decoding: a small and a large GGUF model write one answer together."""
+    # A command runs (--help and --version have exited): numpy's OpenBLAS starts its thread pool at
+    # import, and it must not take a Ctrl-C, so it starts here with the signals held back.
+    with main_thread_signals():
+        import numpy  # noqa: F401
+
+
+app.add_typer(models_app, name="models")
+app.add_typer(bench_app, name="bench")
+app.add_typer(depth_app, name="depth")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every failure a user can cause ends in one line on stderr and a non-zero exit."""
+    command = typer.main.get_command(app)
+    terminate_on_sigterm()
+    try:
+        code = command.main(args=argv, prog_name="ead", standalone_mode=False)
+    except TyperException as error:
+        message = error.format_message()
+        if not message.strip() or "\n" in message:  # no arguments: typer has shown (or this is) the help
+            sys.stderr.write(message.rstrip() + "\n" if message.strip() else "")
+            sys.exit(2)
+        context = getattr(error, "ctx", None)
+        hint = f" (see '{context.command_path} --help')" if context else ""
+        _fail(f"{message}{hint}", error.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        _fail("interrupted", 130)
+    except Terminated:
+        _fail("terminated", 143)
+    except EadError as error:
+        _fail(str(error), error.exit_code)
+    except BrokenPipeError:
+        silence_stdout()
+        sys.exit(141)
+    if code in _STOPPED:  # typer turns a Ctrl-C inside a command into a bare exit code: say what happened
+        _fail(_STOPPED[code], code)
+    sys.exit(code or 0)
+
+
+_STOPPED = {130: "interrupted", 143: "terminated"}
+
+
+def _fail(message: str, code: int) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(code)

@@ -1,0 +1,335 @@
+"""``ead bench``: the sweep options, and the bench, replay and speed commands' tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..bench.grid import ALL_FAMILIES, FAMILIES, NGRAM_TYPES, Strategy, build_strategies, parse_grid
+from ..errors import EadError
+from ..options import ModelOptions
+from .groups import (
+    MODEL_OPTIONS,
+    MaxTokens,
+    OptionGroup,
+    Pattern,
+    Seed,
+    TauRange,
+    Temp,
+    parse_tau_range,
+    with_options,
+)
+from .output import print_figures, print_rows, progress_bar, say_progress, stderr
+
+if TYPE_CHECKING:
+    from ..bench.report import Aggregate
+    from ..bench.results import Record
+    from ..bench.run import Bench, Plan
+
+bench_app = typer.Typer(
+    help="Compare strategies on HumanEval (pass@1) or a prompt list: quality against cost and time.",
+    no_args_is_help=True,
+)
+
+
+Strategies = Annotated[
+    str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(FAMILIES)}.")
+]
+TauList = Annotated[str, typer.Option("--tau", help="ead thresholds in bits, comma-separated.")]
+GateTauList = Annotated[str, typer.Option("--gate-tau", help="gate thresholds in bits, comma-separated.")]
+LookaheadTauList = Annotated[
+    str, typer.Option("--lookahead-tau", help="lookahead thresholds in bits, comma-separated.")
+]
+WindowList = Annotated[
+    str | None, typer.Option("--window", help="ead windows, comma-separated (default: 5).")
+]
+MinRunList = Annotated[str, typer.Option("--min-run", help="ead minimum runs, comma-separated.")]
+SwitchPointList = Annotated[
+    str, typer.Option("--switch-point", help="ead and gate switch points: before, after or both.")
+]
+DraftList = Annotated[
+    str, typer.Option("--draft", help="spec and lookahead: draft lengths, comma-separated.")
+]
+DraftStopList = Annotated[
+    str | None,
+    typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
+]
+VerifyList = Annotated[
+    str | None,
+    typer.Option(
+        "--verify", help="ead and gate: catch-up check ratios, comma-separated; 'none' for no check."
+    ),
+]
+BurstList = Annotated[
+    str, typer.Option("--burst", help="gate: bursts, comma-separated: counts, 'line', 'adaptive'.")
+]
+ServerDraftList = Annotated[
+    str, typer.Option("--server-draft", help="server-spec: llama.cpp's draft lengths, comma-separated.")
+]
+ServerNgramList = Annotated[
+    str,
+    typer.Option(
+        "--server-ngram",
+        help=f"server-ngram: llama.cpp's n-gram types, comma-separated: {', '.join(NGRAM_TYPES)}.",
+    ),
+]
+BenchLimit = Annotated[int | None, typer.Option(help="Run at most this many tasks.")]
+BenchOut = Annotated[
+    Path | None,
+    typer.Option(
+        "--out", help="Folder for results and reports (default: bench-results/humaneval-SPLIT, prompts-FILE)."
+    ),
+]
+
+
+Sweep = list[Strategy]
+
+
+def _sweep(strategies: str, pattern: list[str] | None, tau_range: str | None, **grid: str | None) -> Sweep:
+    swept = parse_grid(**grid)  # type: ignore[arg-type]
+    shared = replace(swept, patterns=tuple(pattern or ()), tau_range=parse_tau_range(tau_range))
+    return build_strategies(strategies, shared)
+
+
+SWEEP_OPTIONS = OptionGroup(
+    "sweep",
+    (
+        ("strategies", Strategies, ALL_FAMILIES),
+        ("tau", TauList, "0.125,0.25,0.5,1"),
+        ("gate_tau", GateTauList, "1"),
+        ("lookahead_tau", LookaheadTauList, "1"),
+        ("window", WindowList, None),
+        ("min_run", MinRunList, "10"),
+        ("switch_point", SwitchPointList, "before"),
+        ("draft", DraftList, "4"),
+        ("draft_stop", DraftStopList, None),
+        ("verify", VerifyList, None),
+        ("burst", BurstList, "1"),
+        ("server_draft", ServerDraftList, "3"),
+        ("server_ngram", ServerNgramList, "ngram-mod"),
+        ("pattern", Pattern, None),
+        ("tau_range", TauRange, None),
+    ),
+    _sweep,
+)
+
+
+@bench_app.command("humaneval")
+@with_options(MODEL_OPTIONS)
+@with_options(SWEEP_OPTIONS)
+def bench_humaneval(
+    model_options: ModelOptions,
+    sweep: Sweep,
+    ids: Annotated[str | None, typer.Option(help="Task numbers, e.g. 1,3,10-20 (default: all).")] = None,
+    split: Annotated[str, typer.Option(help="even (tuning thresholds), odd (reporting) or all.")] = "all",
+    limit: BenchLimit = None,
+    max_tokens: MaxTokens = 512,
+    temp: Temp = 0.0,
+    seed: Seed = 0,
+    timeout: Annotated[float, typer.Option(help="Seconds each solution's tests may run.")] = 10.0,
+    out: BenchOut = None,
+) -> None:
+    """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
+    from ..bench.run import humaneval_bench
+    from ..bench.tasks import load_humaneval, select_tasks
+    from ..sampling import SamplingParams
+
+    tasks = select_tasks(load_humaneval(), ids=ids, split=split, limit=limit)
+    job = humaneval_bench(
+        tasks,
+        sweep,
+        sampling=SamplingParams(temp=temp, seed=seed),
+        max_tokens=max_tokens,
+        out=out or Path("bench-results") / f"humaneval-{split}",
+        timeout_s=timeout,
+    )
+    _run_bench(job, model_options)
+
+
+@bench_app.command("prompts")
+@with_options(MODEL_OPTIONS)
+@with_options(SWEEP_OPTIONS)
+def bench_prompts(
+    file: Annotated[Path, typer.Argument(help='Prompts, one per line, or a .jsonl file of {"prompt": ...}.')],
+    model_options: ModelOptions,
+    sweep: Sweep,
+    limit: BenchLimit = None,
+    max_tokens: MaxTokens = 512,
+    temp: Temp = 0.0,
+    seed: Seed = 0,
+    out: BenchOut = None,
+) -> None:
+    """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
+    from ..bench.run import prompts_bench
+    from ..bench.tasks import load_prompts
+    from ..sampling import SamplingParams
+
+    prompts = load_prompts(file, limit)
+    job = prompts_bench(
+        file,
+        prompts,
+        sweep,
+        sampling=SamplingParams(temp=temp, seed=seed),
+        max_tokens=max_tokens,
+        out=out or Path("bench-results") / f"prompts-{file.stem}",
+    )
+    _run_bench(job, model_options)
+
+
+@bench_app.command("report")
+def bench_report(
+    folder: Annotated[Path, typer.Argument(help="A bench's --out folder.")],
+) -> None:
+    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl."""
+    from ..bench.report import aggregate
+    from ..bench.results import RESULTS_FILE, read_results
+
+    _, records = read_results(folder / RESULTS_FILE)
+    if not records:
+        raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
+    _show_report(folder, aggregate(records))
+
+
+@bench_app.command("replay")
+@with_options(MODEL_OPTIONS)
+def bench_replay(
+    results: Annotated[Path, typer.Argument(help="A bench's results.jsonl, or its --out folder.")],
+    model_options: ModelOptions,
+    strategies: Annotated[
+        str | None, typer.Option(help="Strategy names to replay, comma-separated (default: all recorded).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for replay.json (default: beside results).")
+    ] = None,
+) -> None:
+    """Re-execute a bench's recorded schedules on other models of the same tokenizer (e.g. twins):
+    the recorded tokens forced, every batch paid again; wall-clock per strategy against large-only."""
+    from ..bench.replay import REPLAY_FILE, replay_bench
+    from ..bench.results import RESULTS_FILE
+
+    path = results / RESULTS_FILE if results.is_dir() else results
+    names = [name.strip() for name in strategies.split(",") if name.strip()] if strategies else None
+    with progress_bar() as (progress, bar):
+        report = replay_bench(
+            path,
+            model_options,
+            out or path.parent,
+            strategies=names,
+            progress=say_progress,
+            on_sample=lambda sample: progress.update(
+                bar, description=f"{sample.strategy} · {sample.task_id}"
+            ),
+        )
+    columns = (
+        ("strategy", "strategy", ""),
+        ("n", "samples", "d"),
+        ("pass@1", "pass_at_1", ".1%"),
+        ("large share", "large_share", ".1%"),
+        ("recorded s", "recorded_wall_s", ",.1f"),
+        ("recorded vs large", "recorded_wall_rel", ".2f"),
+        ("replay s", "wall_s", ",.1f"),
+        ("replay vs large", "wall_rel", ".2f"),
+        ("replay tok/s", "tokens_per_s", ".1f"),
+    )
+    print_rows(columns, report["strategies"])
+    stderr.print(report["note"], style="dim")
+    stderr.print(f"wrote {(out or path.parent) / REPLAY_FILE}", style="dim", soft_wrap=True)
+
+
+@bench_app.command("speed")
+@with_options(MODEL_OPTIONS)
+def bench_speed(
+    model_options: ModelOptions,
+    context: Annotated[int, typer.Option(help="Tokens in the cache when rates are measured.")] = 256,
+    check: Annotated[
+        Path | None, typer.Option(help="A replay.json (ead bench replay) to check the cost model against.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write every figure to this file.")
+    ] = None,
+) -> None:
+    """This machine's decode and prefill rates for the pair, the speed each large-model share should
+    give against the large model alone, and the share below which switching pays."""
+    from ..bench.replay import write_json
+    from ..bench.speed import speed_report
+
+    report = speed_report(model_options, context=context, replay_path=check, progress=say_progress)
+    sizes = sorted(report.rates[0].tokens_per_s)
+    print_figures(
+        ["model", "params", *(("decode" if size == 1 else f"batch {size}") for size in sizes)],
+        [
+            [
+                rates.model,
+                f"{rates.params / 1e9:.2f}B",
+                *(f"{rates.tokens_per_s[size]:.1f}" for size in sizes),
+            ]
+            for rates in report.rates
+        ],
+    )
+    print(f"tokens per second at {context} tokens of context\n")
+    print_rows(
+        (
+            ("large share", "share", ".0%"),
+            ("catch-up batch", "catchup_batch", "d"),
+            ("ms/token", "seconds_per_token", ".3f"),
+            ("speed vs large alone", "speedup", ".2f"),
+        ),
+        [{**asdict(row), "seconds_per_token": row.seconds_per_token * 1000} for row in report.expectations],
+    )
+    print(report.verdict)
+    if report.checks is not None:
+        print()
+        print_rows(
+            (
+                ("strategy", "strategy", ""),
+                ("large share", "large_share", ".1%"),
+                ("measured s", "measured_s", ",.1f"),
+                ("batches priced s", "priced_s", ",.1f"),
+                ("formula s", "formula_s", ",.1f"),
+                ("measured vs large", "measured_rel", ".2f"),
+                ("formula vs large", "formula_rel", ".2f"),
+            ),
+            [asdict(row) for row in report.checks],
+        )
+    if json_out is not None:
+        write_json(json_out, report.as_json())
+
+
+def _run_bench(job: Bench, model_options: ModelOptions) -> None:
+    """Run with a progress bar on stderr (ETA included), then show the table and write the reports."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..bench.report import aggregate
+    from ..bench.results import RESULTS_FILE
+    from ..bench.run import run_bench
+
+    def label(plan: Plan, index: int) -> str:
+        return f"{plan[index][0].name} · {plan[index][1].task_id}" if index < len(plan) else "done"
+
+    def watch(plan: Plan, records: Iterator[Record]) -> None:
+        if not plan:
+            stderr.print(f"every sample is already in {job.out / RESULTS_FILE}", style="dim")
+        columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), "ETA", TimeRemainingColumn())
+        with Progress("{task.description}", *columns, console=stderr, disable=not plan) as progress:
+            bar = progress.add_task(label(plan, 0), total=len(plan))
+            for done, _ in enumerate(records, 1):
+                progress.update(bar, completed=done, description=label(plan, done))
+
+    records = run_bench(job, model_options, watch=watch, progress=say_progress)
+    _show_report(job.out, aggregate(records))
+
+
+def _show_report(folder: Path, aggregates: list[Aggregate]) -> None:
+    from ..bench.report import report_table, write_report
+
+    files = write_report(folder, aggregates)
+    print_figures(*report_table(aggregates))
+    written = [files.csv, files.markdown, *([files.plot] if files.plot else [])]
+    stderr.print(f"wrote {', '.join(str(path) for path in written)}", style="dim", soft_wrap=True)
+    if files.note:
+        stderr.print(files.note, style="dim")

@@ -1,0 +1,323 @@
+"""``ead depth``: calibrate, generate and eval, and the rendering of a depth generation.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TextIO
+
+import typer
+from rich.table import Table
+
+from ..depth import CALIBRATION_TOKENS
+from ..errors import EadError
+from ..render import RESET, Renderer, model_style, wants_color
+from .groups import (
+    FormatOpt,
+    MaxTokens,
+    ModelsFile,
+    NoColor,
+    OutputFormat,
+    Raw,
+    Seed,
+    Stats,
+    Stop,
+    Temp,
+    Threads,
+    parse_list,
+    read_prompt,
+)
+from .output import print_rows, print_table, say_progress, stderr
+
+if TYPE_CHECKING:
+    from ..depth.model import DepthEvent, DepthSummary
+
+# -------------------------------------------------------------------------------------------- ead depth
+
+depth_app = typer.Typer(
+    help="Entropy-matched adaptive depth: one model stops each token's pass at the first probe layer whose "
+    "entropy has fallen to its calibrated profile.",
+    no_args_is_help=True,
+)
+
+
+DepthModelArg = Annotated[str, typer.Argument(help="The model: an alias from models.toml or a .gguf path.")]
+ProbeEvery = Annotated[int, typer.Option(help="Probe every this many blocks (the last block always).")]
+
+
+class ScheduleName(str, Enum):
+    monotone = "monotone"
+    free = "free"
+
+
+class ConditionName(str, Enum):
+    none = "none"
+    position = "position"
+    confidence = "confidence"
+    both = "both"
+
+
+class EstimatorName(str, Enum):
+    full = "full"
+    topk = "topk"
+    lowrank = "lowrank"
+
+
+@depth_app.command("calibrate")
+def depth_calibrate(
+    model: DepthModelArg,
+    corpus: Annotated[
+        str, typer.Option(help="Built-in corpora (code, prose) and/or text files, comma-separated.")
+    ] = "code,prose",
+    probe_every: ProbeEvery = 4,
+    tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = CALIBRATION_TOKENS,
+    threads: Threads = None,
+    catalog: ModelsFile = None,
+) -> None:
+    """Teacher-force the corpus and save the model's entropy profile per probe layer."""
+    from ..depth.model import open_model
+    from ..depth.profile import profile_path, save_profile
+    from ..depth.teacher import calibrate
+
+    texts = parse_list(corpus)
+    loaded = open_model(model, catalog=catalog, threads=threads, progress=say_progress)
+    try:
+        profile = calibrate(
+            loaded, texts, probe_every=probe_every, tokens=tokens,
+            progress=lambda done, total: stderr.print(f"window {done}/{total}", style="dim"),
+        )
+        path = save_profile(profile, profile_path(loaded.path))
+    finally:
+        loaded.close()
+    table = Table(box=None, pad_edge=False)
+    for column in ("layer", "mean H (bits)", "profile"):
+        table.add_column(column, justify="right")
+    for layer, raw, smooth in zip(profile.probes, profile.raw, profile.smooth, strict=True):
+        table.add_row(str(layer), f"{raw:.3f}", f"{smooth:.3f}")
+    print_table(table)
+    stderr.print(f"{profile.tokens} tokens of {profile.corpus} · saved {path}", soft_wrap=True)
+
+
+@depth_app.command("generate")
+def depth_generate(
+    model: DepthModelArg,
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
+    margin: Annotated[float, typer.Option(help="Bits below the profile a probe must reach to exit.")] = 0.0,
+    probe_every: ProbeEvery = 4,
+    schedule: Annotated[
+        ScheduleName, typer.Option(help="monotone (real early exit) or free (depth may rise; simulated).")
+    ] = ScheduleName.monotone,
+    condition: Annotated[
+        ConditionName,
+        typer.Option(help="Profile tables by answer position, first-probe confidence, or both."),
+    ] = ConditionName.none,
+    estimator: Annotated[
+        EstimatorName, typer.Option(help="Probe entropy: full softmax, top-K, or a low-rank readout.")
+    ] = EstimatorName.full,
+    estimator_k: Annotated[int, typer.Option("--estimator-k", help="topk: candidate tokens per probe.")] = 64,
+    rank: Annotated[int, typer.Option(help="lowrank: rank of the output matrix's factors.")] = 64,
+    fixed_depth: Annotated[int | None, typer.Option(help="Baseline: every token at K blocks.")] = None,
+    confidence: Annotated[float | None, typer.Option(help="Baseline: exit where H <= H0 bits.")] = None,
+    simulate: Annotated[
+        bool, typer.Option(help="Run full depth, probes only observed (exactness check).")
+    ] = False,
+    max_tokens: MaxTokens = 256,
+    temp: Temp = 0.0,
+    seed: Seed = 0,
+    stop: Stop = None,
+    raw: Raw = False,
+    output_format: FormatOpt = OutputFormat.text,
+    stats: Stats = False,
+    no_color: NoColor = False,
+    threads: Threads = None,
+    catalog: ModelsFile = None,
+) -> None:
+    """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
+    from ..depth.model import DepthOptions, DepthSummary, open_model
+    from ..prompt import check_fits, check_prompt_text, encode_prompt
+    from ..sampling import SamplingParams
+
+    text = check_prompt_text(read_prompt(prompt))
+    options = DepthOptions(
+        margin=margin, probe_every=probe_every, schedule=schedule.value, condition=condition.value,
+        estimator=estimator.value, top_k=estimator_k, rank=rank, fixed_depth=fixed_depth,
+        confidence=confidence, simulate=simulate,
+    )
+    sampling = SamplingParams(temp=temp, seed=seed)
+    if max_tokens < 1:
+        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    loaded = open_model(
+        model, catalog=catalog, threads=threads, profile=options.rule == "emad", progress=say_progress
+    )
+    try:
+        tokens = encode_prompt(loaded.runner, text, raw=raw)
+        check_fits(tokens, loaded.runner.n_ctx)
+        layers = loaded.probes(options)
+        if output_format is OutputFormat.jsonl:
+            renderer: DepthTextRenderer | DepthJsonlRenderer = DepthJsonlRenderer(sys.stdout)
+        else:
+            color = wants_color(sys.stdout, no_color)
+            renderer = DepthTextRenderer(sys.stdout, color=color, n_layer=loaded.n_layer)
+            if renderer.color:
+                print(depth_legend(layers, loaded.n_layer, options.label, True), file=sys.stderr, flush=True)
+        events = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
+        for event in events:
+            if isinstance(event, DepthSummary):
+                renderer.finish(event)
+                if stats:
+                    for line in depth_stats_lines(event):
+                        stderr.print(line, soft_wrap=True)
+            else:
+                renderer.event(event)
+    finally:
+        loaded.close()
+
+
+@depth_app.command("eval")
+def depth_eval(
+    model: DepthModelArg,
+    tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
+    ids: Annotated[str, typer.Option(help="HumanEval task numbers (odd ids report).")] = "1,3,5,7,9",
+    tune_ids: Annotated[
+        str | None,
+        typer.Option(help="HumanEval task numbers to tune the margin on (even ids), before --ids."),
+    ] = None,
+    max_tokens: MaxTokens = 160,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write every figure to this JSON file; its quality part is reused when it was made with "
+            "the same profile and --tokens.",
+        ),
+    ] = None,
+    timing: Annotated[
+        bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
+    ] = True,
+    threads: Threads = None,
+    catalog: ModelsFile = None,
+) -> None:
+    """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
+    from ..depth.evaluate import evaluate, plot
+    from ..depth.model import open_model
+
+    previous = None
+    if out is not None and out.exists():
+        try:
+            previous = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
+    loaded = open_model(model, catalog=catalog, threads=threads, profile=True, progress=say_progress)
+    try:
+        result = evaluate(
+            loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,
+            previous=previous if isinstance(previous, dict) else None, progress=say_progress,
+        )
+    finally:
+        loaded.close()
+    columns = (
+        ("operating point", "rule", ""),
+        ("mean depth", "mean_depth_frac", ".0%"),
+        ("FLOPs saved", "flop_reduction", ".1%"),
+        ("perplexity", "perplexity", ".4g"),
+        ("x full depth's", "ppl_ratio", ".4g"),
+    )
+    for corpus, rows in result["perplexity"].items():
+        stderr.print(f"held-out {corpus}", style="bold")
+        print_rows(columns, [{**row, "ppl_ratio": 1 + row["ppl_rise"]} for row in rows])
+    he_columns = (
+        ("strategy", "label", ""),
+        ("pass@1", "pass_at_1", ".0%"),
+        ("FLOP ratio", "flop_ratio", ".2f"),
+        ("ms/token", "ms_per_token", ".1f"),
+    )
+    print_rows(he_columns, [{"label": label, **row} for label, row in result.get("humaneval", {}).items()])
+    stop_columns = (
+        ("stop after", "stop", ""),
+        ("ms/token", "ms_per_token", ".1f"),
+        ("vs full", "relative", ".2f"),
+    )
+    print_rows(stop_columns, result.get("stop_timing", []))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        why = plot(result, out.with_suffix(".png"))
+        stderr.print(why or f"wrote {out} and {out.with_suffix('.png')}", style="dim", soft_wrap=True)
+    print(result["verdict"])
+
+
+# ------------------------------------------------------------------------------------- rendering
+
+# 256-colour codes from shallow (blue) to full depth (bold yellow, as the large model in ead generate).
+_DEPTH_COLORS = (33, 39, 45, 51, 49, 48, 82, 118, 154, 190, 226)
+
+
+def depth_style(depth: int, n_layer: int) -> str:
+    if depth >= n_layer:
+        return model_style("large")
+    step = min(len(_DEPTH_COLORS) - 2, depth * (len(_DEPTH_COLORS) - 1) // n_layer)
+    return f"\x1b[38;5;{_DEPTH_COLORS[step]}m"
+
+
+def depth_legend(layers: tuple[int, ...], n_layer: int, label: str, color: bool) -> str:
+    """One line: each probe layer in its colour, e.g. ``exit depth (of 24 blocks): ■ 4 ■ 8 ... ■ 24``."""
+    parts = [
+        f"{depth_style(layer, n_layer) if color else ''}■ {layer}{RESET if color else ''}"
+        for layer in layers
+    ]
+    return f"{label} · exit depth (of {n_layer} blocks): " + " ".join(parts)
+
+
+class DepthTextRenderer(Renderer):
+    """Streams ``ead depth generate``'s tokens, each coloured by the depth it exited at."""
+
+    def __init__(self, out: TextIO, *, color: bool, n_layer: int) -> None:
+        super().__init__(out)
+        self.color = color
+        self.n_layer = n_layer
+
+    def _text(self, event: DepthEvent) -> str:  # type: ignore[override]
+        if self.color and event.text:
+            return f"{depth_style(event.depth, self.n_layer)}{event.text}{RESET}"
+        return event.text
+
+    def finish(self, summary: DepthSummary) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+class DepthJsonlRenderer(Renderer):
+    """One JSON object per token (its depth and probe entropies), then the summary."""
+
+    def _text(self, event: DepthEvent) -> str:  # type: ignore[override]
+        record = {"type": "token", **asdict(event)}
+        record["probes"] = {str(layer): round(bits, 4) for layer, bits in event.probes}
+        return json.dumps(record, ensure_ascii=False) + "\n"
+
+    def finish(self, summary: DepthSummary) -> None:
+        record = {"type": "summary", **asdict(summary), "flop_ratio": summary.flop_ratio}
+        self.out.write(json.dumps(record) + "\n")
+        self.out.flush()
+
+
+def depth_stats_lines(summary: DepthSummary) -> list[str]:
+    """The --stats block: depth figures, histogram, FLOPs against full depth, wall-clock."""
+    histogram = "  ".join(f"{layer}:{count}" for layer, count in summary.histogram.items())
+    per_token = summary.decode_s / max(summary.generated - 1, 1) * 1000
+    return [
+        f"{summary.generated} tokens ({summary.finish_reason}), prompt {summary.prompt_tokens} · "
+        f"{summary.rule}",
+        f"mean depth {summary.mean_depth:.1f}/{summary.n_layer} "
+        f"({summary.mean_depth / summary.n_layer:.1%}) · "
+        f"p50 {summary.p50:g} · p90 {summary.p90:g}",
+        f"depth histogram: {histogram}",
+        f"FLOPs {summary.flops / 1e9:,.2f} G vs full depth {summary.full_flops / 1e9:,.2f} G "
+        f"({summary.flop_ratio:.1%})"
+        + (f" · backfill {summary.backfill_blocks} blocks" if summary.backfill_blocks else ""),
+        f"wall {summary.wall_s:.2f}s · prefill {summary.prefill_s:.2f}s · decode {per_token:.1f} ms/token "
+        f"(probes {summary.probe_s:.2f}s of it)",
+    ]

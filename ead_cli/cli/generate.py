@@ -1,0 +1,251 @@
+"""``ead generate``, ``ead chat``, ``ead serve`` and ``ead calibrate``: a pair's answers, and the tau
+that hands a share of them to the large model.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import EadError
+from ..options import ModelOptions, PolicyOptions
+from ..signals import Terminated
+from .groups import (
+    DECODING_OPTIONS,
+    MODEL_OPTIONS,
+    Decoding,
+    FormatOpt,
+    NoColor,
+    OutputFormat,
+    PolicyName,
+    Raw,
+    Stats,
+    Stop,
+    System,
+    read_prompt,
+    with_options,
+)
+from .output import say, say_progress, silence_stdout, stderr
+
+if TYPE_CHECKING:
+    from ..render import JsonlRenderer, TextRenderer
+
+
+@with_options(MODEL_OPTIONS)
+@with_options(DECODING_OPTIONS)
+def generate(
+    model_options: ModelOptions,
+    decoding: Decoding,
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
+    stop: Stop = None,
+    system: System = None,
+    raw: Raw = False,
+    output_format: FormatOpt = OutputFormat.text,
+    stats: Stats = False,
+    no_color: NoColor = False,
+) -> None:
+    """Generate one answer, switching between the small and the large model by entropy."""
+    from ..engine import build_decoder, close_all, load_runners
+    from ..prompt import check_fits, check_prompt_text, encode_prompt
+    from ..render import JsonlRenderer, TextRenderer, print_stats, wants_color
+
+    text = check_prompt_text(read_prompt(prompt))
+    policy_options, generation = _for_models(decoding, model_options)
+    generation = replace(generation, stop=tuple(stop or ()))
+    runners = load_runners(model_options, progress=say_progress)
+    try:
+        policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
+        decoder = build_decoder(runners, policy_options, generation)
+        tokens = encode_prompt(runners[0], text, system=system, raw=raw)
+        check_fits(tokens, decoder.n_ctx)
+        if output_format is OutputFormat.jsonl:
+            renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
+        else:
+            renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout, no_color))
+            if renderer.color:
+                # Written as is: rich would count its escape codes as text and wrap the line early.
+                print(renderer.legend({r.name: r.label for r in runners}), file=sys.stderr, flush=True)
+        try:
+            exit_code = _stream(decoder, tokens, renderer)
+        finally:
+            summary = decoder.summary()
+            if summary.fallback:
+                note = f"{summary.fallback}: the small model wrote the rest"
+                stderr.print(note, style="dim", soft_wrap=True)
+            if stats:
+                print_stats(stderr, summary)
+    finally:
+        close_all(runners)
+    if exit_code:
+        raise typer.Exit(exit_code)
+
+
+def _stream(decoder, tokens: list[int], renderer: TextRenderer | JsonlRenderer) -> int:
+    """Run the decoder into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
+    pipe ends quietly (141)."""
+    from ..remote import RemoteError
+
+    try:
+        for event in decoder.run(tokens):
+            renderer.event(event)
+        renderer.finish(decoder.summary())
+    except (KeyboardInterrupt, Terminated) as interrupt:
+        last = decoder.last_event
+        if last is not None and last.index > renderer.shown:  # counted, but the signal came first
+            renderer.event(last)
+        renderer.finish(decoder.summary())
+        return 143 if isinstance(interrupt, Terminated) else 130
+    except BrokenPipeError:
+        silence_stdout()
+        return 141
+    except RemoteError:  # the server went away: end the partial answer's line, then say why
+        renderer.finish(decoder.summary())
+        raise
+    return 0
+
+
+@with_options(MODEL_OPTIONS)
+@with_options(DECODING_OPTIONS)
+def chat(
+    model_options: ModelOptions,
+    decoding: Decoding,
+    system: System = None,
+    no_color: NoColor = False,
+) -> None:
+    """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
+    each token. /help lists the commands; with stdin not a terminal, each line is one turn."""
+    from ..engine import close_all, load_runners
+    from ..repl import run_chat
+
+    policy_options, generation = _for_models(decoding, model_options)
+    runners = load_runners(model_options, progress=say_progress)
+    try:
+        policy_options = _apply_saved_tau(policy_options, runners, announce=True)
+        exit_code = run_chat(runners, policy_options, generation, system=system, no_color=no_color)
+    finally:
+        close_all(runners)
+    if exit_code:
+        raise typer.Exit(exit_code)
+
+
+@with_options(MODEL_OPTIONS)
+@with_options(DECODING_OPTIONS)
+def serve(
+    model_options: ModelOptions,
+    decoding: Decoding,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (any but loopback: see --api-key).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one, said on stderr).")] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="EAD_API_KEY", help="Every /v1 request must carry Authorization: Bearer KEY."),
+    ] = None,
+    queue: Annotated[
+        int, typer.Option(help="Requests that may wait while one generates; past them, 503 and Retry-After.")
+    ] = 16,
+    reuse: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the cached prefix a prompt shares with the previous request (--no-reuse: read every "
+            "prompt whole, bit for bit the logits of generate)."
+        ),
+    ] = True,
+) -> None:
+    """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+    streamed or not) and a chat page at /. The options of generate are each request's defaults."""
+    from ..engine import close_all, load_runners
+
+    try:
+        from .. import serve as serving
+    except ImportError as error:
+        message = f"ead serve needs the serve extra ({error.name} is missing): pip install 'ead-cli[serve]'"
+        raise EadError(message) from None
+    options = serving.ServeOptions(host, port, api_key, queue, reuse)
+    policy_options, generation = _for_models(decoding, model_options)
+    runners = load_runners(model_options, progress=say_progress)
+    try:
+        _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
+        serving.serve(runners, serving.Defaults(policy_options, generation), options, say=say)
+    finally:
+        close_all(runners)
+
+
+def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:
+    """The decoding options checked against the number of models (before any model loads)."""
+    policy_options, generation = decoding
+    return replace(policy_options, levels=model_options.count), generation
+
+
+def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -> PolicyOptions:
+    from .. import calibrate as calibration
+
+    options, applied = calibration.with_saved_tau(options, runners)
+    if applied and announce:
+        stderr.print(
+            f"tau {options.tau:.3f}: calibrated for this pair ({calibration.config_file()}); --tau overrides",
+            style="dim",
+        )
+    return options
+
+
+@with_options(MODEL_OPTIONS)
+def calibrate(
+    model_options: ModelOptions,
+    target_share: Annotated[
+        float, typer.Option(help="The share of tokens the large model should write, in (0, 1).")
+    ] = 0.1,
+    policy: Annotated[
+        list[PolicyName] | None,
+        typer.Option(help="Policies to calibrate (repeatable; default: gate and ead)."),
+    ] = None,
+    domain: Annotated[str, typer.Option(help="Built-in prompts: code, prose, maths or all.")] = "all",
+    prompts: Annotated[
+        Path | None,
+        typer.Option(help="A prompt file instead (one per line): odd lines calibrate, even lines check."),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 96,
+    check: Annotated[
+        bool, typer.Option(help="Check the prediction with real runs on the held-out prompts.")
+    ] = True,
+    save: Annotated[
+        bool, typer.Option("--save", help="Save the taus for this pair: generate and chat then use them.")
+    ] = False,
+) -> None:
+    """The tau that hands about --target-share of the tokens to the large model, per policy."""
+    from .. import calibrate as calibration
+    from ..bench.tasks import load_prompts
+    from ..engine import close_all, load_runners
+
+    calibration.check_target_share(target_share)
+    if model_options.count != 2:
+        raise EadError("calibrate takes a pair (--small and --large), not a cascade", exit_code=2)
+    if max_tokens < 1:
+        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    file_prompts = load_prompts(prompts, None) if prompts else None
+    split = calibration.split_prompts(domain, file_prompts)
+    names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
+    policies = [PolicyOptions(policy=name) for name in names]
+    runners = load_runners(model_options, progress=say_progress)
+    try:
+        results = calibration.calibrate(
+            runners, policies, target_share, split, max_tokens=max_tokens, check=check, progress=say_progress
+        )
+        table = Table(box=None, pad_edge=False)
+        for column in ("policy", "tau (bits)", "predicted share", "measured share (held out)"):
+            table.add_column(column, justify="left" if column == "policy" else "right")
+        for result in results:
+            measured = "-" if result.measured_share is None else f"{result.measured_share:.1%}"
+            table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
+        Console().print(table)
+        if save:
+            path = calibration.save(runners[0].label, runners[1].label, results)
+            stderr.print(f"saved to {path}", style="dim")
+    finally:
+        close_all(runners)

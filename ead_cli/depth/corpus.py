@@ -1,0 +1,72 @@
+"""Text for teacher forcing: the built-in corpora or the user's files, cut into windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import EadError
+from ..runner import Runner
+from .profile import PROMPT_ROWS, WINDOW
+
+
+def builtin_corpus(name: str) -> list[str]:
+    """Texts every Python install has offline: ``code`` (the standard library's .py sources, sorted) or
+    ``prose`` (the language reference's topics in pydoc_data/topics.py)."""
+    import sysconfig
+
+    if name == "prose":
+        from pydoc_data.topics import topics
+
+        return [topics[key] for key in sorted(topics)]
+    if name == "code":
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        return [path.read_text(encoding="utf-8", errors="replace") for path in sorted(stdlib.glob("*.py"))]
+    raise EadError(f"unknown built-in corpus {name!r}: use 'code', 'prose' or file paths", 2)
+
+
+def read_corpus(spec: Sequence[str]) -> tuple[list[str], str]:
+    """Texts from built-in corpus names and files; a one-line error for a missing or empty one."""
+    texts: list[str] = []
+    for item in spec:
+        if item in ("code", "prose"):
+            texts += builtin_corpus(item)
+            continue
+        path = Path(item)
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as error:
+            raise EadError(f"cannot read corpus file {item}: {error}", 2) from None
+    texts = [text for text in texts if text.strip()]
+    if not texts:
+        raise EadError(f"the corpus {','.join(spec)} is empty", 2)
+    return texts, ",".join(spec)
+
+
+def corpus_windows(
+    runner: Runner, texts: Sequence[str], *, tokens: int, part: int, parts: int = 2
+) -> list[list[int]]:
+    """Windows of WINDOW tokens from every ``parts``-th text, starting at text ``part`` (so part 0 and
+    part 1 are disjoint: calibration and held-out), until ``tokens`` tokens."""
+    windows: list[list[int]] = []
+    budget = tokens
+    for text in texts[part::parts]:
+        ids = runner.tokenize(text, add_special=False, parse_special=False)
+        for start in range(0, len(ids) - WINDOW + 1, WINDOW):
+            if budget <= 0:
+                return windows
+            windows.append(ids[start : start + WINDOW])
+            budget -= WINDOW
+        if budget <= 0:
+            break
+    if not windows:  # short texts: one window of whatever there is
+        ids = [
+            i
+            for text in texts[part::parts]
+            for i in runner.tokenize(text, add_special=False, parse_special=False)
+        ]
+        windows = [ids[:WINDOW]] if len(ids) > PROMPT_ROWS + 1 else []
+    if not windows:
+        raise EadError("the corpus is too short: it needs at least a few dozen tokens", 2)
+    return windows

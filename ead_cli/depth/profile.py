@@ -1,0 +1,197 @@
+"""The depth profile: probe layers, the condition buckets, and the mean entropy per probe layer that a
+token's exit is measured against (made non-increasing by isotonic regression), and where it is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..calibrate import config_file
+from ..errors import EadError
+from .readout import (
+    file_digest,
+)
+
+SCHEDULES = ("monotone", "free")
+CONDITIONS = ("none", "position", "confidence", "both")
+ESTIMATORS = ("full", "topk", "lowrank")
+POSITION_EDGES = (32, 128)  # answer positions [1-32], [33-128], 129+
+CONFIDENCE_EDGES = (0.4, 0.7)  # top-1 probability at the first probe: [0-0.4], [0.4-0.7], [0.7-1]
+WINDOW = 256  # tokens per teacher-forcing pass
+PROMPT_ROWS = 32  # in teacher forcing, the first tokens of a window are its prompt (read at full depth)
+
+
+def probe_layers(n_layer: int, every: int) -> tuple[int, ...]:
+    """Every ``every`` blocks, and always the last (layers count blocks from 1)."""
+    if not 1 <= every <= n_layer:
+        raise EadError(
+            f"--probe-every must be in [1, {n_layer}] for a model of {n_layer} blocks, got {every}", 2
+        )
+    return tuple(sorted({*range(every, n_layer + 1, every), n_layer}))
+
+
+def isotonic_nonincreasing(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The weighted least-squares non-increasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for value, weight in zip(values, weights, strict=True):
+        blocks.append([value, max(weight, 1e-12), 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            mean2, weight2, count2 = blocks.pop()
+            mean1, weight1, count1 = blocks.pop()
+            total = weight1 + weight2
+            blocks.append([(mean1 * weight1 + mean2 * weight2) / total, total, count1 + count2])
+    return [mean for mean, _, count in blocks for _ in range(count)]
+
+
+def position_bucket(position: int) -> int:
+    return sum(position > edge for edge in POSITION_EDGES)
+
+
+def confidence_bucket(top1: float) -> int:
+    return sum(top1 >= edge for edge in CONFIDENCE_EDGES)
+
+
+def bucket(condition: str, position: int, top1: float) -> int:
+    """The row of a conditioning table a token falls in (0 without conditioning)."""
+    if condition == "position":
+        return position_bucket(position)
+    if condition == "confidence":
+        return confidence_bucket(top1)
+    if condition == "both":
+        return 3 * position_bucket(position) + confidence_bucket(top1)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- profile
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Mean entropy per probe layer from teacher forcing, smoothed non-increasing; per condition a table
+    (bucket x probe) of the same, where a bucket had no tokens its row is the unconditioned profile."""
+
+    model: str
+    digest: str
+    n_layer: int
+    probes: tuple[int, ...]
+    raw: tuple[float, ...]
+    tables: dict[str, list[list[float]]]
+    counts: dict[str, list[int]]
+    corpus: str
+    tokens: int
+
+    @property
+    def smooth(self) -> list[float]:
+        return self.tables["none"][0]
+
+    def thresholds(self, condition: str, margin: float, position: int, top1: float) -> dict[int, float]:
+        row = self.tables[condition][bucket(condition, position, top1)]
+        return {layer: value - margin for layer, value in zip(self.probes, row, strict=True)}
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"smooth": self.smooth, "version": 1}
+
+    @classmethod
+    def from_json(cls, data: dict, where: str) -> Profile:
+        try:
+            profile = cls(
+                model=str(data["model"]),
+                digest=str(data["digest"]),
+                n_layer=int(data["n_layer"]),
+                probes=tuple(int(p) for p in data["probes"]),
+                raw=tuple(float(v) for v in data["raw"]),
+                tables={k: [[float(v) for v in row] for row in rows] for k, rows in data["tables"].items()},
+                counts={k: [int(v) for v in rows] for k, rows in data["counts"].items()},
+                corpus=str(data["corpus"]),
+                tokens=int(data["tokens"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise EadError(
+                f"the depth profile {where} is corrupt ({error!r}): run ead depth calibrate again"
+            ) from None
+        if set(profile.tables) != set(CONDITIONS) or any(
+            len(row) != len(profile.probes) for rows in profile.tables.values() for row in rows
+        ):
+            raise EadError(
+                f"the depth profile {where} is corrupt (bad tables): run ead depth calibrate again"
+            )
+        return profile
+
+
+def build_profile(
+    entropies: np.ndarray, positions: np.ndarray, top1: np.ndarray, *, probes: Sequence[int], meta: dict
+) -> Profile:
+    """A profile from teacher-forced entropies (probe x token), answer positions and first-probe top-1."""
+    if entropies.shape[1] == 0:
+        raise EadError("the corpus gave no tokens to calibrate on")
+    raw = entropies.mean(axis=1)
+    tables: dict[str, list[list[float]]] = {}
+    counts: dict[str, list[int]] = {}
+    overall = isotonic_nonincreasing(raw.tolist(), [1.0] * len(raw))
+    for condition in CONDITIONS:
+        size = {"none": 1, "position": 3, "confidence": 3, "both": 9}[condition]
+        rows, sizes = [], []
+        keys = np.array([bucket(condition, int(p), float(c)) for p, c in zip(positions, top1, strict=True)])
+        for index in range(size):
+            chosen = entropies[:, keys == index]
+            sizes.append(int(chosen.shape[1]))
+            rows.append(
+                overall
+                if chosen.shape[1] == 0
+                else isotonic_nonincreasing(chosen.mean(axis=1).tolist(), [1.0] * len(raw))
+            )
+        tables[condition], counts[condition] = rows, sizes
+    return Profile(
+        probes=tuple(probes), raw=tuple(float(v) for v in raw), tables=tables, counts=counts, **meta
+    )
+
+
+def profile_dir() -> Path:
+    """Next to ead's calibration file: $EAD_CONFIG's folder, else $XDG_CONFIG_HOME/ead-cli, + depth/."""
+    return config_file().parent / "depth"
+
+
+def profile_path(model: Path) -> Path:
+    return profile_dir() / f"{model.name}.json"
+
+
+def save_profile(profile: Profile, path: Path) -> Path:
+    """Written whole to a temporary name, then renamed: never half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+    ) as out:
+        json.dump(profile.to_json(), out, indent=1)
+        out.write("\n")
+    os.replace(out.name, path)
+    return path
+
+
+def load_profile(model: Path, path: Path | None = None) -> Profile:
+    """The profile of this model file, or a one-line error (missing, corrupt, made for another file)."""
+    path = path or profile_path(model)
+    if not path.exists():
+        raise EadError(
+            f"no depth profile for {model.name} (looked for {path}): run ead depth calibrate {model.name}"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise EadError(f"cannot read the depth profile {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise EadError(
+            f"the depth profile {path} is corrupt (not a JSON object): run ead depth calibrate again"
+        )
+    profile = Profile.from_json(data, str(path))
+    if profile.digest != file_digest(model):
+        raise EadError(
+            f"the depth profile {path} was made for another model file ({profile.model}): calibrate again"
+        )
+    return profile

@@ -1,0 +1,147 @@
+"""The options a command is given, checked when made: which models and how llama.cpp runs them, and how
+the models take turns. Pure Python (no numpy, no llama.cpp), so the command line can declare and check
+them before anything heavy loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import EadError
+from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
+
+if TYPE_CHECKING:
+    from .sampling import SamplingParams
+
+DEFAULT_TOP_K = 20
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def check_remote_settings(top_k: int, timeout_s: float) -> None:
+    """The one check of --remote-top-k and --remote-timeout: the options (before any model loads) and
+    a runner made directly both use it."""
+    if not 1 <= top_k <= 1000:
+        raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
+    if not timeout_s > 0:
+        raise EadError(f"--remote-timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
+
+
+def check_verify_ratio(ratio: float) -> None:
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"verify ratio must be in (0, 1], got {ratio}")
+
+
+def check_draft(draft: int) -> None:
+    if not 1 <= draft <= 64:
+        raise ValueError(f"draft must be in [1, 64], got {draft}")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which models, and how llama.cpp runs them. ``None`` means the default. ``models``: a cascade of
+    three or more (or two), smallest first, instead of ``small`` and ``large``."""
+
+    small: str | None = None
+    large: str | None = None
+    models_file: Path | None = None
+    n_ctx: int | None = None
+    threads: int | None = None
+    n_gpu_layers: int | None = None
+    allow_download: bool = True
+    models: tuple[str, ...] = ()
+    remote_top_k: int = DEFAULT_TOP_K  # a model on a llama-server: top-k probabilities per token
+    remote_timeout: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.n_ctx is not None and self.n_ctx < 16:
+            raise EadError(f"--ctx must be at least 16, got {self.n_ctx}", exit_code=2)
+        if self.threads is not None and self.threads < 1:
+            raise EadError(f"--threads must be at least 1, got {self.threads}", exit_code=2)
+        if self.models and (self.small or self.large):
+            raise EadError("--models names every model: leave out --small and --large", exit_code=2)
+        if self.models and (len(self.models) < 2 or not all(self.models)):
+            raise EadError(f"--models takes two or more models, comma-separated, got {self.models}", 2)
+        check_remote_settings(self.remote_top_k, self.remote_timeout)
+
+    @property
+    def count(self) -> int:
+        return len(self.models) or 2
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """How models take turns; checked when made (a usage error, before any model loads)."""
+
+    mode: str = "ead"
+    policy: str = "gate"
+    tau: Tau | None = None
+    window: int | None = None
+    min_run: int = 10
+    burst: Burst = 1
+    switch_point: SwitchPoint = "before"
+    normalize: bool = False
+    draft: int = 4
+    draft_entropy_stop: float | None = None
+    verify: float | None = None  # ead mode: the large model checks small tokens on catch-up
+    patterns: tuple[str, ...] = ()
+    tau_range: tuple[float, float] | None = None
+    levels: int = 2  # how many models take turns
+
+    def __post_init__(self) -> None:
+        if self.verify is not None and self.mode != "ead":
+            raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
+        if self.mode == "spec" and self.levels != 2:
+            raise EadError("speculative decoding takes two models: a drafter and a verifier", exit_code=2)
+        try:
+            if self.verify is not None:
+                check_verify_ratio(self.verify)
+            if self.mode == "spec" or self.policy == "lookahead":
+                check_draft(self.draft)
+        except ValueError as error:
+            raise EadError(str(error), exit_code=2) from None
+        stop = self.draft_entropy_stop
+        if stop is not None and not stop >= 0:
+            raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
+        if self.normalize and self.tau is not None and any(tau > 1 for tau in as_taus(self.tau)):
+            raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
+        if self.mode != "spec":
+            self.make_policy()
+
+    def make_policy(self) -> Policy:
+        """A fresh policy state machine (one per generation)."""
+        try:
+            return make_policy(
+                self.mode,
+                self.policy,
+                tau=self.tau,
+                levels=self.levels,
+                window=self.window,
+                min_run=self.min_run,
+                burst=self.burst,
+                switch_point=self.switch_point,
+                patterns=self.patterns,
+                tau_range=self.tau_range,
+                span=self.draft,
+            )
+        except ValueError as error:
+            raise EadError(str(error), exit_code=2) from None
+
+
+def _default_sampling() -> SamplingParams:
+    """Greedy by default; imported here because sampling.py loads llama.cpp, which these options must not."""
+    from .sampling import SamplingParams
+
+    return SamplingParams()
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    sampling: SamplingParams = field(default_factory=_default_sampling)
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    fallback: bool = False  # a remote model lost mid-answer: the smallest model writes the rest
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise EadError(f"--max-tokens must be at least 0, got {self.max_tokens}", exit_code=2)
