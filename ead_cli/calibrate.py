@@ -21,6 +21,7 @@ from pathlib import Path
 from .decoder import Decoder
 from .errors import EadError
 from .options import PolicyOptions
+from .paths import config_file
 from .policies import Fixed
 from .prompt import encode_prompt
 from .runner import Runner
@@ -181,14 +182,6 @@ def calibrate(
 
 
 # ---------------------------------------------------------------------------------------------- storage
-
-
-def config_file() -> Path:
-    """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default)."""
-    if os.environ.get("EAD_CONFIG"):
-        return Path(os.environ["EAD_CONFIG"]).expanduser()
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser()
-    return base / "ead-cli" / "calibration.json"
 
 
 def pair_key(small: str, large: str) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from ead_cli.errors import EadError
+from ead_cli.paths import ead_cache_dir, xdg_cache_home
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -250,16 +251,6 @@ def _not_cached_error(spec: ModelSpec) -> EadError:
     )
 
 
-def _xdg_cache_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
-
-
-def ead_cache_dir() -> Path:
-    """$EAD_CACHE, else ead-cli in the XDG cache: models, and a llama-server built for the tests."""
-    root = os.environ.get("EAD_CACHE")
-    return Path(root).expanduser() if root else _xdg_cache_home() / "ead-cli"
-
-
 def _ead_models_dir() -> Path:
     return ead_cache_dir() / "models"
 
@@ -269,7 +260,7 @@ def _hub_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME")
-    return (Path(home).expanduser() if home else _xdg_cache_home() / "huggingface") / "hub"
+    return (Path(home).expanduser() if home else xdg_cache_home() / "huggingface") / "hub"
 
 
 def _hub_offline() -> bool:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import EadError
 from .options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, check_remote_settings
-from .registry import ead_cache_dir
+from .paths import ead_cache_dir
 from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
 
 # The server's own pick is unused, but it must be a whole character: for a token that ends inside a

@@ -16,9 +16,9 @@ import pytest
 from test_cli import interruptible
 
 from ead_cli.chat import Conversation
+from ead_cli.cli.repl import MORE, PROMPT, read_message
 from ead_cli.engine import close_all, load_runners
 from ead_cli.options import GenerationOptions, ModelOptions, PolicyOptions
-from ead_cli.repl import MORE, PROMPT, read_message
 from ead_cli.runner import Runner
 
 EAD = Path(sys.executable).with_name("ead")

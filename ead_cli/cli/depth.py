@@ -15,7 +15,6 @@ from rich.table import Table
 
 from ..depth import CALIBRATION_TOKENS
 from ..errors import EadError
-from ..render import RESET, Renderer, model_style, wants_color
 from .groups import (
     FormatOpt,
     MaxTokens,
@@ -32,6 +31,7 @@ from .groups import (
     read_prompt,
 )
 from .output import print_rows, print_table, say_progress, stderr
+from .render import RESET, Renderer, model_style, wants_color
 
 if TYPE_CHECKING:
     from ..depth.model import DepthEvent, DepthSummary

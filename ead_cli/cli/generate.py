@@ -34,7 +34,7 @@ from .groups import (
 from .output import say, say_progress, silence_stdout, stderr
 
 if TYPE_CHECKING:
-    from ..render import JsonlRenderer, TextRenderer
+    from .render import JsonlRenderer, TextRenderer
 
 
 @with_options(MODEL_OPTIONS)
@@ -53,7 +53,7 @@ def generate(
     """Generate one answer, switching between the small and the large model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
     from ..prompt import check_fits, check_prompt_text, encode_prompt
-    from ..render import JsonlRenderer, TextRenderer, print_stats, wants_color
+    from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
 
     text = check_prompt_text(read_prompt(prompt))
     policy_options, generation = _for_models(decoding, model_options)
@@ -121,7 +121,7 @@ def chat(
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
     each token. /help lists the commands; with stdin not a terminal, each line is one turn."""
     from ..engine import close_all, load_runners
-    from ..repl import run_chat
+    from .repl import run_chat
 
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)
@@ -185,11 +185,12 @@ def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:
 
 def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -> PolicyOptions:
     from .. import calibrate as calibration
+    from ..paths import config_file
 
     options, applied = calibration.with_saved_tau(options, runners)
     if applied and announce:
         stderr.print(
-            f"tau {options.tau:.3f}: calibrated for this pair ({calibration.config_file()}); --tau overrides",
+            f"tau {options.tau:.3f}: calibrated for this pair ({config_file()}); --tau overrides",
             style="dim",
         )
     return options

@@ -24,7 +24,7 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError
-from ..registry import ead_cache_dir
+from ..paths import ead_cache_dir
 from ..runner import Runner, default_threads
 from ..sampling import Sampler, SamplingParams
 from ..text import TextStream

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..calibrate import config_file
 from ..errors import EadError
+from ..paths import config_file
 from .readout import (
     file_digest,
 )

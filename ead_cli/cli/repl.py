@@ -16,12 +16,12 @@ from typing import BinaryIO, TextIO, TypeVar
 
 from rich.console import Console
 
-from .chat import ContextFull, Conversation, Turn
-from .errors import EadError
-from .options import GenerationOptions, PolicyOptions
-from .policies import DEFAULT_TAU, format_tau, parse_tau
+from ..chat import ContextFull, Conversation, Turn
+from ..errors import EadError
+from ..options import GenerationOptions, PolicyOptions
+from ..policies import DEFAULT_TAU, format_tau, parse_tau
+from ..runner import Runner
 from .render import TextRenderer, print_stats, wants_color
-from .runner import Runner
 
 PROMPT = ">>> "
 MORE = "... "

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from .decoder import Summary, TokenEvent
+    from ..decoder import Summary, TokenEvent
 
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
 _MIDDLE = ("\x1b[32m", "green")  # the middle levels of a cascade: mid, mid1, mid2...
