@@ -12,7 +12,7 @@ from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError
 from .options import GenerationOptions, ModelOptions, PolicyOptions
 from .remote import RemoteRunner, connect, is_remote
-from .runner import Runner, check_memory, gpu_offload_available, memory_available
+from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 
 
 def role_names(count: int) -> tuple[str, ...]:
@@ -38,7 +38,7 @@ def load_runners(
         for level, ref in enumerate(refs)
         if not is_remote(ref)
     }
-    if options.n_gpu_layers == 0 or not gpu_offload_available():
+    if gpu_layers(options.n_gpu_layers) == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
     runners: list = []
     try:

@@ -4,6 +4,7 @@ them before anything heavy loads."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,20 @@ def check_draft(draft: int) -> None:
         raise ValueError(f"draft must be in [1, 64], got {draft}")
 
 
+def default_threads() -> int:
+    """All the cores this process may use: llama.cpp's decode is bound by them on a CPU."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_threads(threads: int | None) -> int:
+    """--threads, the same for every command: None is all cores; below 1 is refused (a usage error)."""
+    if threads is None:
+        return default_threads()
+    if threads < 1:
+        raise EadError(f"--threads must be at least 1, got {threads}", exit_code=2)
+    return threads
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """Which models, and how llama.cpp runs them. ``None`` means the default. ``models``: a cascade of
@@ -56,8 +71,7 @@ class ModelOptions:
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:
             raise EadError(f"--ctx must be at least 16, got {self.n_ctx}", exit_code=2)
-        if self.threads is not None and self.threads < 1:
-            raise EadError(f"--threads must be at least 1, got {self.threads}", exit_code=2)
+        resolve_threads(self.threads)  # refused here, before any model loads
         if self.models and (self.small or self.large):
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):

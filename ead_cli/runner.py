@@ -23,6 +23,7 @@ import numpy as np
 
 from .entropy import EntropyMeter
 from .errors import EadError
+from .options import resolve_threads
 from .registry import shard_paths
 from .signals import Terminated, main_thread_signals, stop_requested
 
@@ -45,14 +46,16 @@ def _init_backend() -> None:
 _init_backend()
 
 
-def default_threads() -> int:
-    """All the cores this process may use: llama.cpp's decode is bound by them on a CPU."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def gpu_offload_available() -> bool:
     """True for CUDA, Metal, Vulkan… builds of llama.cpp."""
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def gpu_layers(n_gpu_layers: int | None) -> int:
+    """--gpu-layers, resolved: None is every layer (-1) on a GPU build of llama.cpp, else none."""
+    if n_gpu_layers is None:
+        return -1 if gpu_offload_available() else 0
+    return n_gpu_layers
 
 
 _OUTPUT_TENSOR = len(b"output.weight").to_bytes(8, "little") + b"output.weight"
@@ -152,8 +155,7 @@ class Runner:
         self._ctx = None
         self._batch = None
         model_params = llama_cpp.llama_model_default_params()
-        if n_gpu_layers is None:
-            n_gpu_layers = -1 if gpu_offload_available() else 0
+        n_gpu_layers = gpu_layers(n_gpu_layers)
         model_params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         with main_thread_signals():
             self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
@@ -176,9 +178,9 @@ class Runner:
         self.n_batch = min(n_batch, n_ctx)
         ctx_params.n_batch = self.n_batch
         ctx_params.n_ubatch = self.n_batch
-        threads = n_threads or default_threads()
-        ctx_params.n_threads = threads
-        ctx_params.n_threads_batch = threads
+        self.n_threads = resolve_threads(n_threads)
+        ctx_params.n_threads = self.n_threads
+        ctx_params.n_threads_batch = self.n_threads
         if eval_callback is not None:  # shown each graph node (ead depth's probes); kept alive by the caller
             ctx_params.cb_eval = eval_callback
         with main_thread_signals():

@@ -25,9 +25,10 @@ import numpy as np
 
 from ead_cli import registry
 from ead_cli.decoder import Decoder
+from ead_cli.options import default_threads
 from ead_cli.policies import Fixed
 from ead_cli.prompt import encode_prompt
-from ead_cli.runner import Runner, default_threads
+from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_cli import EAD, assert_one_line_error
 
-from ead_cli.bench import native
+from ead_cli.bench import grid, native
 from ead_cli.bench.results import RESULTS_FILE, read_results
 from ead_cli.errors import EadError
 from ead_cli.remote import built_server
@@ -197,8 +197,8 @@ def test_the_ngram_types_are_the_ones_this_build_offers() -> None:
     help_text = subprocess.run([str(built_server()), "--help"], capture_output=True, text=True).stdout
     line = next(line for line in help_text.splitlines() if line.startswith("--spec-type"))
     offered = line.split()[1].split(",")
-    assert set(native.NGRAM_TYPES) == {name for name in offered if name.startswith("ngram-")}
-    assert native.DRAFT_TYPE in offered
+    assert set(grid.NGRAM_TYPES) == {name for name in offered if name.startswith("ngram-")}
+    assert grid.DRAFT_TYPE in offered
 
 
 # ------------------------------------------------------------------------------------- the real pair

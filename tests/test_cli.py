@@ -221,6 +221,23 @@ def test_invalid_option_values(tiny_pair: tuple[Path, Path], args: list[str], fr
 
 
 @pytest.mark.parametrize(
+    "command",
+    [
+        ("generate", "--small", "missing.gguf", "--large", "missing.gguf", "hi"),
+        ("chat", "--small", "missing.gguf", "--large", "missing.gguf"),
+        ("bench", "humaneval", "--small", "missing.gguf", "--large", "missing.gguf"),
+        ("bench", "speed", "--small", "missing.gguf", "--large", "missing.gguf"),
+        ("depth", "calibrate", "missing.gguf"),
+        ("depth", "generate", "missing.gguf", "hi"),
+        ("depth", "eval", "missing.gguf"),
+    ],
+)
+def test_every_command_refuses_zero_threads_before_looking_for_a_model(command: tuple[str, ...]) -> None:
+    """One resolution of --threads: the same refusal everywhere, before the model is even looked up."""
+    assert_one_line_error(ead(*command, "--threads", "0"), 2, "--threads must be at least 1, got 0")
+
+
+@pytest.mark.parametrize(
     ("prompt", "fragment"),
     [
         (b"", "the prompt is empty"),

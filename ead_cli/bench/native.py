@@ -43,7 +43,7 @@ from ..decoder import ModelReport, Summary
 from ..errors import EadError
 from ..options import GenerationOptions
 from ..remote import RemoteRunner, built_server
-from ..runner import Runner, default_threads, forward_flops
+from ..runner import Runner, forward_flops
 from ..text import TextStream
 from .grid import NativeOptions
 
@@ -119,9 +119,7 @@ class NativePeers:
     their tokenizer turns the returned ids into text exactly as the Python loop does.
     """
 
-    def __init__(
-        self, runners: Sequence[Runner], generation: GenerationOptions, *, threads: int | None = None
-    ) -> None:
+    def __init__(self, runners: Sequence[Runner], generation: GenerationOptions) -> None:
         if generation.sampling.temp != 0:
             raise EadError("server strategies decode greedily: leave --temp at 0", exit_code=2)
         for runner in (runners[0], runners[-1]):
@@ -130,7 +128,7 @@ class NativePeers:
         server_binary()
         self.small, self.large = runners[0], runners[-1]
         self.generation = generation
-        self.threads = threads or default_threads()
+        self.threads = self.large.n_threads  # as many as ead's own runners use
         self.n_ctx = self.large.n_ctx
         self._stack = ExitStack()
         self._logs = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ead-native-")))

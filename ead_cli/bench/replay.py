@@ -22,7 +22,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError
 from ..options import ModelOptions
-from ..runner import Runner, default_threads, warm_up
+from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES
 from .results import Record, read_results
@@ -244,7 +244,7 @@ def replay_bench(
         samples = replay_records(runners, records, on_sample=on_sample)
         roles = role_names(len(runners))
         models = {role: model_record(runner) for role, runner in zip(roles, runners, strict=True)}
-        threads = model_options.threads or default_threads()
+        threads = runners[0].n_threads
         n_batch = runners[0].n_batch
     finally:
         close_all(runners)

@@ -200,7 +200,7 @@ def run_bench(
                 build_decoder(runners, strategy.policy, bench.generation)
         items = bench.items_for(runners)
         config = config_record(bench.name, runners, bench.generation, bench.source, bench.prompt_format)
-        servers = NativePeers(runners, bench.generation, threads=models.threads) if native else None
+        servers = NativePeers(runners, bench.generation) if native else None
         with (
             servers or contextlib.nullcontext(),
             Results(bench.out / RESULTS_FILE, config) as results,

@@ -24,8 +24,9 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError
+from ..options import resolve_threads
 from ..paths import ead_cache_dir
-from ..runner import Runner, default_threads
+from ..runner import Runner
 from ..sampling import Sampler, SamplingParams
 from ..text import TextStream
 from .probes import Estimator, LayerTap, LowRank, TopK, distribution_figures, extra_readout
@@ -152,17 +153,17 @@ class DepthModel:
         profile: Profile | None = None,
     ) -> None:
         self.path = Path(path)
-        self.n_threads = n_threads or default_threads()
         self.weights = load_head(self.path)
         self.tap = LayerTap()
         self.runner = Runner(
             self.path,
             name="model",
             n_ctx=n_ctx,
-            n_threads=self.n_threads,
+            n_threads=n_threads,
             n_gpu_layers=0,
             eval_callback=self.tap.callback,
         )
+        self.n_threads = self.runner.n_threads
         self.n_layer = self.weights.n_layer
         # A full readout of one row is memory-bound: one thread avoids the barrier waits of a busy machine.
         self.head = Head(self.weights, 1)
@@ -399,6 +400,7 @@ def open_model(
     ``profile`` its saved profile too (a one-line error where there is none)."""
     from .. import registry
 
+    resolve_threads(threads)  # refused before a model is looked up, as in ead generate
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path) if profile else None
     return DepthModel(path, n_threads=threads, n_ctx=n_ctx, profile=saved)
