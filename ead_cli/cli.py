@@ -173,6 +173,15 @@ GpuLayers = Annotated[
     int | None,
     typer.Option("--n-gpu-layers", help="Layers to offload; -1 all (default: all if a GPU backend)."),
 ]
+RepackOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--repack/--no-repack",
+        help="Let llama.cpp repack weights for this CPU (default: on, off where its AMX path would crash; "
+        "env EAD_REPACK=on|off).",
+        show_default=False,
+    ),
+]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
 NoColor = Annotated[bool, typer.Option("--no-color", help="No colours (NO_COLOR does the same).")]
@@ -241,6 +250,7 @@ MODEL_OPTIONS = _OptionGroup(
         ("n_ctx", Ctx, None),
         ("threads", Threads, None),
         ("n_gpu_layers", GpuLayers, None),
+        ("repack", RepackOpt, None),
         ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
     ),
@@ -1012,11 +1022,12 @@ def depth_calibrate(
     probe_every: ProbeEvery = 4,
     tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = depth.CALIBRATION_TOKENS,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
     texts = _parse_list(corpus)
-    loaded = depth.open_model(model, catalog=catalog, threads=threads, progress=_progress)
+    loaded = depth.open_model(model, catalog=catalog, threads=threads, repack=repack, progress=_progress)
     try:
         profile = depth.calibrate(
             loaded, texts, probe_every=probe_every, tokens=tokens,
@@ -1066,6 +1077,7 @@ def depth_generate(
     stats: Stats = False,
     no_color: NoColor = False,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
@@ -1082,7 +1094,12 @@ def depth_generate(
     if max_tokens < 1:
         raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
     loaded = depth.open_model(
-        model, catalog=catalog, threads=threads, profile=options.rule == "emad", progress=_progress
+        model,
+        catalog=catalog,
+        threads=threads,
+        repack=repack,
+        profile=options.rule == "emad",
+        progress=_progress,
     )
     try:
         tokens = encode_prompt(loaded.runner, text, raw=raw)
@@ -1130,6 +1147,7 @@ def depth_eval(
         bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
     ] = True,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
@@ -1139,7 +1157,9 @@ def depth_eval(
             previous = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
-    loaded = depth.open_model(model, catalog=catalog, threads=threads, profile=True, progress=_progress)
+    loaded = depth.open_model(
+        model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=_progress
+    )
     try:
         result = depth.evaluate(
             loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,
