@@ -61,7 +61,13 @@ def crash_message(label: str, signal_number: int, repack: Repack) -> str:
     except ValueError:
         name = f"signal {signal_number}"
     what = f"llama.cpp crashed ({name}) while decoding a few test tokens of {label}"
-    if repack.enabled:
+    if signal_number == signal.SIGILL:
+        cause = (
+            "An illegal instruction means llama.cpp was compiled for another CPU (llama-cpp-python compiles "
+            "for the machine it is built on, and pip reuses a wheel it built elsewhere): reinstall it here "
+            "with `pip install --no-cache-dir --force-reinstall llama-cpp-python==0.3.36`."
+        )
+    elif repack.enabled:
         cause = (
             "The likely cause is llama.cpp's weight repacking for this CPU (on Intel CPUs with AMX its AMX "
             f"buffer crashes on the first matrix product: {AMX_BUG}); ead had it on ({repack.reason}). "

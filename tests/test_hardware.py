@@ -169,8 +169,10 @@ def test_a_child_killed_by_a_signal_becomes_one_paragraph(tiny_small: Path, cach
     assert "https://github.com/ggml-org/llama.cpp/issues" in message and "lscpu" in message
     assert not (cache / "smoke").exists()  # a crash is never remembered as a pass
     off = Repack(False, "--no-repack")
-    with pytest.raises(EadError, match=r"\(SIGILL\).*repacking was already off \(--no-repack\)"):
-        smoke.check_model(tiny_small, repack=off, command=crash_command(signal.SIGILL))
+    with pytest.raises(EadError, match=r"\(SIGBUS\).*repacking was already off \(--no-repack\)"):
+        smoke.check_model(tiny_small, repack=off, command=crash_command(signal.SIGBUS))
+    with pytest.raises(EadError, match=r"\(SIGILL\).*compiled for another CPU.*--force-reinstall"):
+        smoke.check_model(tiny_small, repack=on, command=crash_command(signal.SIGILL))
 
 
 def test_a_child_that_fails_without_crashing_or_is_interrupted_is_left_to_the_real_load(
