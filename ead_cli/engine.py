@@ -10,9 +10,11 @@ from . import registry
 from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError
+from .hardware import repack_choice
 from .options import GenerationOptions, ModelOptions, PolicyOptions
 from .remote import RemoteRunner, connect, is_remote
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
+from .smoke import check_models
 
 
 def role_names(count: int) -> tuple[str, ...]:
@@ -40,6 +42,12 @@ def load_runners(
     }
     if gpu_layers(options.n_gpu_layers) == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
+    repack = repack_choice(options.repack)  # a child decodes each new model file once: a crash is explained
+    if progress is not None and not repack.enabled and repack.automatic:
+        progress(f"note: weight repacking off ({repack.reason}); --repack forces it")
+    check_models(
+        list(paths.values()), repack=repack, n_gpu_layers=options.n_gpu_layers, threads=options.threads
+    )
     runners: list = []
     try:
         for level, role in enumerate(role_names(len(refs))):
@@ -70,7 +78,12 @@ def load_runners(
 
 def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
     runner = Runner(
-        path, name=role, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.n_gpu_layers
+        path,
+        name=role,
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        n_gpu_layers=options.n_gpu_layers,
+        repack=options.repack,
     )
     if registry.is_user_model(ref):  # an ollama blob's name is a digest: the reference says what it is
         runner.label = ref

@@ -67,6 +67,7 @@ class ModelOptions:
     models: tuple[str, ...] = ()
     remote_top_k: int = DEFAULT_TOP_K  # a model on a llama-server: top-k probabilities per token
     remote_timeout: float = DEFAULT_TIMEOUT_S
+    repack: bool | None = None  # weight repacking: None decides by EAD_REPACK, then the CPU (hardware.py)
 
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:

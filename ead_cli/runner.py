@@ -23,6 +23,7 @@ import numpy as np
 
 from .entropy import EntropyMeter
 from .errors import EadError
+from .hardware import Repack, repack_choice
 from .options import resolve_threads
 from .registry import shard_paths
 from .signals import Terminated, main_thread_signals, stop_requested
@@ -102,6 +103,16 @@ class ParamSplit(Protocol):
     head_params: int  # the output head, run only for a row of logits
 
 
+def model_params(n_gpu_layers: int | None, repack: Repack) -> llama_cpp.llama_model_params:
+    """llama.cpp's load parameters: layers to offload (None: all on a GPU build, else none; -1: all) and
+    whether weights may go to its extra CPU buffers (repacking; off where AMX would crash, see hardware)."""
+    params = llama_cpp.llama_model_default_params()
+    n_gpu_layers = gpu_layers(n_gpu_layers)
+    params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+    params.use_extra_bufts = repack.enabled
+    return params
+
+
 def forward_flops(model: ParamSplit, tokens_read: int, logits_rows: int) -> float:
     """Forward FLOPs: 2 x body params per token read, 2 x head params per logits row."""
     return 2.0 * (model.body_params * tokens_read + model.head_params * logits_rows)
@@ -136,6 +147,7 @@ class Runner:
 
     ``n_ctx`` None: 4096 tokens or the model's training context if smaller. ``n_gpu_layers`` None: every
     layer when llama.cpp was built with a GPU backend (CUDA, Metal, Vulkan), else none; -1 means all.
+    ``repack`` None: ``EAD_REPACK``, else on unless llama.cpp's AMX buffer is active (``hardware``).
     """
 
     def __init__(
@@ -148,17 +160,17 @@ class Runner:
         n_gpu_layers: int | None = None,
         n_batch: int = 512,
         eval_callback: llama_cpp.ggml_backend_sched_eval_callback | None = None,
+        repack: bool | None = None,
     ) -> None:
         self.path = Path(path)
         self.name = name
         self._model = None
         self._ctx = None
         self._batch = None
-        model_params = llama_cpp.llama_model_default_params()
-        n_gpu_layers = gpu_layers(n_gpu_layers)
-        model_params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        self.repack = repack_choice(repack)
+        params = model_params(n_gpu_layers, self.repack)
         with main_thread_signals():
-            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise EadError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported GGUF)")
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)

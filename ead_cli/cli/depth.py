@@ -22,6 +22,7 @@ from .groups import (
     NoColor,
     OutputFormat,
     Raw,
+    RepackOpt,
     Seed,
     Stats,
     Stop,
@@ -76,6 +77,7 @@ def depth_calibrate(
     probe_every: ProbeEvery = 4,
     tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = CALIBRATION_TOKENS,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
@@ -84,7 +86,7 @@ def depth_calibrate(
     from ..depth.teacher import calibrate
 
     texts = parse_list(corpus)
-    loaded = open_model(model, catalog=catalog, threads=threads, progress=say_progress)
+    loaded = open_model(model, catalog=catalog, threads=threads, repack=repack, progress=say_progress)
     try:
         profile = calibrate(
             loaded, texts, probe_every=probe_every, tokens=tokens,
@@ -134,6 +136,7 @@ def depth_generate(
     stats: Stats = False,
     no_color: NoColor = False,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
@@ -151,7 +154,12 @@ def depth_generate(
     if max_tokens < 1:
         raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
     loaded = open_model(
-        model, catalog=catalog, threads=threads, profile=options.rule == "emad", progress=say_progress
+        model,
+        catalog=catalog,
+        threads=threads,
+        repack=repack,
+        profile=options.rule == "emad",
+        progress=say_progress,
     )
     try:
         tokens = encode_prompt(loaded.runner, text, raw=raw)
@@ -199,6 +207,7 @@ def depth_eval(
         bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
     ] = True,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
@@ -211,7 +220,9 @@ def depth_eval(
             previous = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
-    loaded = open_model(model, catalog=catalog, threads=threads, profile=True, progress=say_progress)
+    loaded = open_model(
+        model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=say_progress
+    )
     try:
         result = evaluate(
             loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,

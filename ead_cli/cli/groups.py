@@ -150,6 +150,15 @@ GpuLayers = Annotated[
     int | None,
     typer.Option("--n-gpu-layers", help="Layers to offload; -1 all (default: all if a GPU backend)."),
 ]
+RepackOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--repack/--no-repack",
+        help="Let llama.cpp repack weights for this CPU (default: on, off where its AMX path would crash; "
+        "env EAD_REPACK=on|off).",
+        show_default=False,
+    ),
+]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
 NoColor = Annotated[bool, typer.Option("--no-color", help="No colours (NO_COLOR does the same).")]
@@ -201,6 +210,7 @@ MODEL_OPTIONS = OptionGroup(
         ("n_ctx", Ctx, None),
         ("threads", Threads, None),
         ("n_gpu_layers", GpuLayers, None),
+        ("repack", RepackOpt, None),
         ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
     ),

@@ -405,7 +405,12 @@ def plain_runner(model: DepthModel) -> Runner:
     """The same model file with no callback: the full-depth wall-clock reference. Both runners read one
     prefill first, so neither is timed while its mapping of the weights pages in."""
     plain = Runner(
-        model.path, name="plain", n_ctx=model.runner.n_ctx, n_threads=model.n_threads, n_gpu_layers=0
+        model.path,
+        name="plain",
+        n_ctx=model.runner.n_ctx,
+        n_threads=model.n_threads,
+        n_gpu_layers=0,
+        repack=model.runner.repack.enabled,
     )
     warm_up([plain, model.runner], prompt_of(model))
     return plain

@@ -151,6 +151,7 @@ class DepthModel:
         n_threads: int | None = None,
         n_ctx: int | None = 4096,
         profile: Profile | None = None,
+        repack: bool | None = None,
     ) -> None:
         self.path = Path(path)
         self.weights = load_head(self.path)
@@ -162,6 +163,7 @@ class DepthModel:
             n_threads=n_threads,
             n_gpu_layers=0,
             eval_callback=self.tap.callback,
+            repack=repack,
         )
         self.n_threads = self.runner.n_threads
         self.n_layer = self.weights.n_layer
@@ -395,12 +397,16 @@ def open_model(
     n_ctx: int | None = 4096,
     profile: bool = False,
     progress: Callable[[str], None] | None = None,
+    repack: bool | None = None,
 ) -> DepthModel:
     """A model reference as ead generate takes it (alias, path, ollama:…) loaded for ead depth; with
     ``profile`` its saved profile too (a one-line error where there is none)."""
     from .. import registry
+    from ..hardware import repack_choice
+    from ..smoke import check_model
 
     resolve_threads(threads)  # refused before a model is looked up, as in ead generate
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path) if profile else None
-    return DepthModel(path, n_threads=threads, n_ctx=n_ctx, profile=saved)
+    check_model(path, repack=repack_choice(repack), n_gpu_layers=0, threads=threads)
+    return DepthModel(path, n_threads=threads, n_ctx=n_ctx, profile=saved, repack=repack)
