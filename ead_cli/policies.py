@@ -32,7 +32,8 @@ import math
 import re
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 SwitchPoint = Literal["before", "after"]
@@ -367,8 +368,94 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 MODES = ("ead", "small", "large", "spec")
-POLICIES = ("ead", "gate", "lookahead")
-DEFAULT_TAU = {"ead": 0.5, "gate": 1.0, "lookahead": 1.0}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a policy is built from: one threshold per level below the top, and the policy options."""
+
+    taus: tuple[float, ...]
+    window: int
+    min_run: int
+    burst: Burst
+    switch_point: SwitchPoint
+    patterns: tuple[str, ...]
+    tau_range: tuple[float, float] | None
+    span: int
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """A switching policy, declared once: ``--policy NAME``, what it does (the CLI's help), its default
+    threshold and window, the text options it reads (``burst``, ``patterns``: refused for the others) and
+    how it is built. ``register`` adds one; the CLI's choices, make_policy and ead chat read the table."""
+
+    name: str
+    summary: str
+    tau: float
+    window: int
+    build: Callable[[Settings], Policy]
+    text_options: frozenset[str] = frozenset()
+
+
+POLICY_KINDS: dict[str, PolicyKind] = {}
+
+
+def register(kind: PolicyKind) -> PolicyKind:
+    """Make a policy kind known by its name (a new one: a class, and one call of this beside it)."""
+    POLICY_KINDS[kind.name] = kind
+    return kind
+
+
+def defaults_by_policy(field: str) -> str:
+    """A default of every policy kind, in one phrase: ``gate 1, ead 0.5, lookahead 1`` (``tau``), as the
+    CLI's help and docs/switching.md's table say it."""
+    return ", ".join(f"{kind.name} {getattr(kind, field):g}" for kind in POLICY_KINDS.values())
+
+
+def _expanded(patterns: Sequence[str]) -> list[str]:
+    """``@code`` stands for the built-in code patterns."""
+    return [p for name in patterns for p in (CODE_PATTERNS if name == "@code" else (name,))]
+
+
+register(
+    PolicyKind(
+        "gate",
+        "per-token",
+        tau=1.0,
+        window=1,
+        build=lambda s: Gate(
+            s.taus,
+            burst=s.burst,
+            window=s.window,
+            switch_point=s.switch_point,
+            patterns=_expanded(s.patterns),
+            tau_range=s.tau_range,
+        ),
+        text_options=frozenset({"burst", "patterns"}),
+    )
+)
+register(
+    PolicyKind(
+        "ead",
+        "the paper's rolling-window rule",
+        tau=0.5,
+        window=5,
+        build=lambda s: EAD(
+            s.taus, window=s.window, min_run=s.min_run, switch_point=s.switch_point, tau_range=s.tau_range
+        ),
+    )
+)
+register(
+    PolicyKind(
+        "lookahead",
+        "the small model drafts --draft tokens and the large one rewrites them if their mean entropy "
+        "reaches tau",
+        tau=1.0,
+        window=1,
+        build=lambda s: Lookahead(s.taus, span=s.span, tau_range=s.tau_range),
+    )
+)
 
 
 def make_policy(
@@ -388,37 +475,29 @@ def make_policy(
     """Build a policy for ``levels`` models from command-line style options (ValueError if invalid).
 
     ``mode`` small/large pins the smallest or the largest model (the baselines); ``mode`` ead switches
-    with ``policy`` (``spec`` is not a policy: the engine builds a SpeculativeDecoder for it).
-    ``tau``: one threshold per level below the top; a single one is repeated for a cascade.
-    ``window`` defaults to 5 for ead (the paper's w) and 1 for gate (the step's own entropy).
-    ``span``: the lookahead draft.
+    with ``policy``, a name in ``POLICY_KINDS`` (``spec`` is not a policy: the engine builds a
+    SpeculativeDecoder for it). ``tau``: one threshold per level below the top; a single one is repeated
+    for a cascade. ``window`` and ``tau`` default to the policy's own. ``span``: the lookahead draft.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if policy not in POLICY_KINDS:
+        raise ValueError(f"policy must be one of {', '.join(POLICY_KINDS)}, got {policy!r}")
     if levels < 2:
         raise ValueError(f"switching takes at least two models, got {levels}")
     if mode in ("small", "large"):
         return Fixed(0 if mode == "small" else levels - 1, window=window or 1)
-    taus = _taus(DEFAULT_TAU[policy] if tau is None else tau, levels)
-    if window is None:
-        window = 5 if policy == "ead" else 1
-    if policy != "gate" and (patterns or burst != 1):
-        raise ValueError("--pattern and --burst apply to --policy gate")
-    if policy == "ead":
-        return EAD(taus, window=window, min_run=min_run, switch_point=switch_point, tau_range=tau_range)
-    if policy == "lookahead":
-        return Lookahead(taus, span=span, tau_range=tau_range)
-    expanded = [p for name in patterns for p in (CODE_PATTERNS if name == "@code" else (name,))]
-    return Gate(
-        taus,
-        burst=burst,
-        window=window,
-        switch_point=switch_point,
-        patterns=expanded,
-        tau_range=tau_range,
-    )
+    kind = POLICY_KINDS[policy]
+    given = {"patterns"} if patterns else set()
+    if burst != 1:
+        given.add("burst")
+    if given - kind.text_options:
+        takers = [name for name, other in POLICY_KINDS.items() if other.text_options]
+        raise ValueError(f"--pattern and --burst apply to --policy {' and '.join(takers)}")
+    taus = _taus(kind.tau if tau is None else tau, levels)
+    window = kind.window if window is None else window
+    settings = Settings(taus, window, min_run, burst, switch_point, tuple(patterns), tau_range, span)
+    return kind.build(settings)
 
 
 def parse_tau(text: str) -> float | tuple[float, ...]:

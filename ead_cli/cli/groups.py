@@ -17,7 +17,7 @@ import typer
 
 from ..errors import EadError
 from ..options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, GenerationOptions, ModelOptions, PolicyOptions
-from ..policies import BURST_KINDS, parse_tau
+from ..policies import BURST_KINDS, POLICY_KINDS, defaults_by_policy, parse_tau
 
 
 class Mode(str, Enum):
@@ -27,10 +27,7 @@ class Mode(str, Enum):
     spec = "spec"
 
 
-class PolicyName(str, Enum):
-    ead = "ead"
-    gate = "gate"
-    lookahead = "lookahead"
+PolicyName = Enum("PolicyName", {name: name for name in POLICY_KINDS}, type=str)  # type: ignore[misc]
 
 
 class SwitchPointName(str, Enum):
@@ -82,20 +79,18 @@ DraftStop = Annotated[
 ]
 PolicyOpt = Annotated[
     PolicyName,
-    typer.Option(
-        help="gate: per-token; ead: the paper's rolling-window rule; lookahead: the small model drafts "
-        "--draft tokens and the large one rewrites them if their mean entropy reaches tau."
-    ),
+    typer.Option(help="; ".join(f"{kind.name}: {kind.summary}" for kind in POLICY_KINDS.values()) + "."),
 ]
 Tau = Annotated[
     str | None,
     typer.Option(
-        help="Entropy threshold in bits (default: gate and lookahead 1.0, ead 0.5); a cascade takes one "
-        "per level below the top, comma-separated (or one for all).",
+        help=f"Entropy threshold in bits (default: {defaults_by_policy('tau')}); a cascade takes one per "
+        "level below the top, comma-separated (or one for all).",
     ),
 ]
 Window = Annotated[
-    int | None, typer.Option(help="Steps in the rolling entropy mean (default: ead 5, gate 1).")
+    int | None,
+    typer.Option(help=f"Steps in the rolling entropy mean (default: {defaults_by_policy('window')})."),
 ]
 MinRun = Annotated[int, typer.Option(help="ead: steps a model keeps the pen after a switch (d_min).")]
 Burst = Annotated[

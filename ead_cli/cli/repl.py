@@ -19,7 +19,7 @@ from rich.console import Console
 from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError
 from ..options import GenerationOptions, PolicyOptions
-from ..policies import DEFAULT_TAU, format_tau, parse_tau
+from ..policies import POLICY_KINDS, format_tau, parse_tau
 from ..runner import Runner
 from .render import TextRenderer, print_stats, wants_color
 
@@ -74,7 +74,7 @@ def summary_line(turn: Turn) -> str:
 
 def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
     """What the next answer runs with, defaults spelled out: shown on each change and in /stats."""
-    tau = DEFAULT_TAU[policy.policy] if policy.tau is None else policy.tau
+    tau = POLICY_KINDS[policy.policy].tau if policy.tau is None else policy.tau
     window = "default" if policy.window is None else policy.window
     return (
         f"settings: mode {policy.mode} · policy {policy.policy} · tau {format_tau(tau)} · window {window} · "
