@@ -12,7 +12,7 @@ caches keep the prefix that still matches.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from .engine import build_decoder
 from .errors import EadError
 from .options import GenerationOptions, PolicyOptions
 from .prompt import Message, check_fits, check_prompt_text, encode_rendered, render_chat
+from .response import Response
 from .runner import Runner
 
 
@@ -150,19 +151,18 @@ class Conversation:
         check_fits(prompt, self.n_ctx)
         decoder = build_decoder(self.runners, self.policy, self.generation)
         request = _Request(messages, prompt, rendered, self.policy, self.generation)
-        return self._stream(decoder.run(prompt), decoder.summary, request)
+        return self._stream(decoder.generate(prompt), request)
 
-    def _stream(
-        self, run: Iterator[TokenEvent], summary: Callable[[], Summary], request: _Request
-    ) -> Iterator[TokenEvent]:
+    def _stream(self, response: Response[TokenEvent, Summary], request: _Request) -> Iterator[TokenEvent]:
         events: list[TokenEvent] = []
+        stream = iter(response)
         try:
-            with closing(run):
-                for event in run:
+            with closing(stream):  # the loop ends (its rollbacks done) before the turn is recorded
+                for event in stream:
                     events.append(event)
                     yield event
         finally:
-            self._close_turn(request, summary(), events)
+            self._close_turn(request, response.summary(), events)
 
     def _close_turn(self, request: _Request, summary: Summary, events: list[TokenEvent]) -> None:
         """Record the turn; close the answer with the template's end-of-turn text, cut or not."""

@@ -19,6 +19,7 @@ from .entropy import max_entropy_bits
 from .options import check_draft, check_verify_ratio
 from .policies import Fixed, Policy
 from .remote import RemoteError
+from .response import Response
 from .runner import Runner, RunnerStats
 from .sampling import Sampler, SamplingParams, probabilities
 from .text import TextStream
@@ -240,6 +241,10 @@ class _Generation:
 
     def _end(self) -> None:
         self._ended = perf_counter()
+
+    def generate(self, prompt: Sequence[int]) -> Response[TokenEvent, Summary]:
+        """``run`` as a Response: the events, the text, the summary (also after an interrupt)."""
+        return Response(self.run(prompt), self.summary, lambda: self.last_event)
 
     def summary(self) -> Summary:
         """Figures so far; valid after an interrupted run too (finish reason 'interrupted')."""

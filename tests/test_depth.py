@@ -45,8 +45,8 @@ def model(deep_model: Path) -> Iterator[DepthModel]:
 
 def run(model: DepthModel, options: DepthOptions, max_tokens: int = 40):
     prompt = model.runner.tokenize(PROMPT, add_special=False)
-    *events, summary = model.generate(prompt, options, SamplingParams(), max_tokens=max_tokens)
-    return events, summary
+    response = model.generate(prompt, options, SamplingParams(), max_tokens=max_tokens)
+    return list(response), response.summary()
 
 
 def plain_greedy(path: Path, max_tokens: int) -> list[int]:

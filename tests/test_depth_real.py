@@ -43,10 +43,10 @@ def test_early_exit_equals_simulation_on_the_real_model(model: DepthModel) -> No
     """A confidence exit at 6 bits (no profile needed) leaves full depth within a few tokens."""
     options = DepthOptions(confidence=6.0, probe_every=4)
     prompt = encode_prompt(model.runner, PROMPT)
-    *real_events, real = model.generate(prompt, options, SamplingParams(), max_tokens=12)
-    *sim_events, simulated = model.generate(
-        prompt, replace(options, simulate=True), SamplingParams(), max_tokens=12
-    )
+    real_response = model.generate(prompt, options, SamplingParams(), max_tokens=12)
+    real_events, real = list(real_response), real_response.summary()
+    sim_response = model.generate(prompt, replace(options, simulate=True), SamplingParams(), max_tokens=12)
+    sim_events, simulated = list(sim_response), sim_response.summary()
     assert [e.token for e in real_events] == [e.token for e in sim_events]
     assert real.depths == simulated.depths
     assert min(real.depths) < model.n_layer

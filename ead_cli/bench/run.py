@@ -49,8 +49,9 @@ def generate(
         runner.truncate(0)
     decoder = build_decoder(runners, policy, generation)
     with ScheduleRecorder(runners) as recorder:
-        text = "".join(event.text for event in decoder.run(prompt))
-    return text, decoder.summary(), recorder.steps
+        response = decoder.generate(prompt)
+        text = response.text()
+    return text, response.summary(), recorder.steps
 
 
 _MODEL_STATIC = ("role", "path", "params")  # the same in every sample: in the config record

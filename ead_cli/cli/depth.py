@@ -140,7 +140,7 @@ def depth_generate(
     catalog: ModelsFile = None,
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
-    from ..depth.model import DepthOptions, DepthSummary, open_model
+    from ..depth.model import DepthOptions, open_model
     from ..prompt import check_fits, check_prompt_text, encode_prompt
     from ..sampling import SamplingParams
 
@@ -172,15 +172,14 @@ def depth_generate(
             renderer = DepthTextRenderer(sys.stdout, color=color, n_layer=loaded.n_layer)
             if renderer.color:
                 print(depth_legend(layers, loaded.n_layer, options.label, True), file=sys.stderr, flush=True)
-        events = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
-        for event in events:
-            if isinstance(event, DepthSummary):
-                renderer.finish(event)
-                if stats:
-                    for line in depth_stats_lines(event):
-                        stderr.print(line, soft_wrap=True)
-            else:
-                renderer.event(event)
+        response = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
+        for event in response:
+            renderer.event(event)
+        summary = response.summary()
+        renderer.finish(summary)
+        if stats:
+            for line in depth_stats_lines(summary):
+                stderr.print(line, soft_wrap=True)
     finally:
         loaded.close()
 

@@ -34,6 +34,7 @@ from .groups import (
 from .output import say, say_progress, silence_stdout, stderr
 
 if TYPE_CHECKING:
+    from ..response import Response
     from .render import JsonlRenderer, TextRenderer
 
 
@@ -71,10 +72,11 @@ def generate(
             if renderer.color:
                 # Written as is: rich would count its escape codes as text and wrap the line early.
                 print(renderer.legend({r.name: r.label for r in runners}), file=sys.stderr, flush=True)
+        response = decoder.generate(tokens)
         try:
-            exit_code = _stream(decoder, tokens, renderer)
+            exit_code = _stream(response, renderer)
         finally:
-            summary = decoder.summary()
+            summary = response.summary()
             if summary.fallback:
                 note = f"{summary.fallback}: the small model wrote the rest"
                 stderr.print(note, style="dim", soft_wrap=True)
@@ -86,26 +88,26 @@ def generate(
         raise typer.Exit(exit_code)
 
 
-def _stream(decoder, tokens: list[int], renderer: TextRenderer | JsonlRenderer) -> int:
-    """Run the decoder into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
+def _stream(response: Response, renderer: TextRenderer | JsonlRenderer) -> int:
+    """Run the generation into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
     pipe ends quietly (141)."""
     from ..remote import RemoteError
 
     try:
-        for event in decoder.run(tokens):
+        for event in response:
             renderer.event(event)
-        renderer.finish(decoder.summary())
+        renderer.finish(response.summary())
     except (KeyboardInterrupt, Terminated) as interrupt:
-        last = decoder.last_event
+        last = response.last_event
         if last is not None and last.index > renderer.shown:  # counted, but the signal came first
             renderer.event(last)
-        renderer.finish(decoder.summary())
+        renderer.finish(response.summary())
         return 143 if isinstance(interrupt, Terminated) else 130
     except BrokenPipeError:
         silence_stdout()
         return 141
     except RemoteError:  # the server went away: end the partial answer's line, then say why
-        renderer.finish(decoder.summary())
+        renderer.finish(response.summary())
         raise
     return 0
 

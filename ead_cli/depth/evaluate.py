@@ -136,10 +136,10 @@ def humaneval_points(
         entry["flop_ratio"].append(1.0)
         entry["tokens"] += len(out)
         for options in strategies:
-            *events, summary = model.generate(
+            response = model.generate(
                 prompt, options, SamplingParams(), max_tokens=max_tokens, stop=(bench_tasks.STOP,)
             )
-            text = "".join(event.text for event in events)
+            text, summary = response.text(), response.summary()
             entry = rows[options.label]
             code = bench_tasks.completion_code(task, text)
             entry["passed"].append(sandbox.check_solution(task, code).passed)
@@ -429,9 +429,10 @@ def stop_timing(model: DepthModel, plain: Runner, prompt: Sequence[int], *, max_
     _, reference = plain_greedy_ms(plain, prompt, max_tokens)
     rows = [{"stop": "full depth (no callback)", "ms_per_token": reference, "relative": 1.0}]
     for layer in model.profile.probes if model.profile else (model.n_layer,):
-        *_, summary = model.generate(
-            prompt, DepthOptions(fixed_depth=layer), SamplingParams(), max_tokens=max_tokens
-        )
+        fixed = DepthOptions(fixed_depth=layer)
+        response = model.generate(prompt, fixed, SamplingParams(), max_tokens=max_tokens)
+        response.text()
+        summary = response.summary()
         rows.append(
             {
                 "stop": f"l_out-{layer - 1} (block {layer})",

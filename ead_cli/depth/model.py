@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import EadError
 from ..options import resolve_threads
 from ..paths import ead_cache_dir
+from ..response import Response
 from ..runner import Runner
 from ..sampling import Sampler, SamplingParams
 from ..text import TextStream
@@ -215,10 +216,11 @@ class DepthModel:
         *,
         max_tokens: int,
         stop: Sequence[str] = (),
-    ) -> Iterator[DepthEvent | DepthSummary]:
-        """Yield a DepthEvent per token, then the DepthSummary. Real early exit unless ``simulate`` or the
-        free schedule (which only a simulation can run)."""
-        return _Generation(self, options, sampling).run(prompt, max_tokens=max_tokens, stop=stop)
+    ) -> Response[DepthEvent, DepthSummary]:
+        """The answer as a Response: a DepthEvent per token, then its DepthSummary. Real early exit unless
+        ``simulate`` or the free schedule (which only a simulation can run)."""
+        generation = _Generation(self, options, sampling)
+        return Response(generation.run(prompt, max_tokens=max_tokens, stop=stop), generation.summary)
 
 
 class _Generation:
@@ -235,6 +237,13 @@ class _Generation:
         self.real = not options.simulate and options.schedule == "monotone"
         self.limit = options.fixed_depth or self.n_layer
         self.position = 1
+        self.depths: list[int] = []  # the exit depth of each token generated
+        self.flops = 0.0
+        self.backfill = 0  # blocks run again for a deeper token (free schedule)
+        self.finish = "length"
+        self.prompt_tokens = 0
+        self.began = perf_counter()
+        self.wall_s: float | None = None  # set when the loop ends
         self._reset_token()
 
     def _reset_token(self) -> None:
@@ -271,11 +280,10 @@ class _Generation:
     def _wanted(self) -> list[int]:
         return [layer for layer in self.layers if layer <= self.limit and layer < self.n_layer]
 
-    def run(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str]
-    ) -> Iterator[DepthEvent | DepthSummary]:
+    def run(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str]) -> Iterator[DepthEvent]:
         model, runner, tap = self.model, self.model.runner, self.model.tap
-        began = perf_counter()
+        self.began = perf_counter()
+        self.prompt_tokens = len(prompt)
         runner.truncate(0)
         runner.stats = type(runner.stats).empty()
         tap.seconds = 0.0
@@ -283,11 +291,8 @@ class _Generation:
         tokens = list(prompt)
         sampler = Sampler(self.sampling)
         text = TextStream(stop)
-        depths: list[int] = []
+        depths = self.depths
         computed = [self.n_layer] * len(tokens)  # blocks run per position (backfill under the free schedule)
-        backfill = 0
-        flops = 0.0
-        finish = "length"
         try:
             tap.want(self._wanted())
             self.stopping = False  # the prompt is read at full depth
@@ -295,17 +300,17 @@ class _Generation:
             tap.check()
             for index in range(max_tokens):
                 depth = self.exit or self.n_layer
-                flops += self.estimator.flops(len(self.readings)) + depth * model.block_flops
+                self.flops += self.estimator.flops(len(self.readings)) + depth * model.block_flops
                 if self.logits is None:  # full depth: llama.cpp's own head computed this row
                     logits = runner.logits().copy()
                     self.readings.append((self.n_layer, distribution_figures(logits)[0]))
-                    flops += model.head_flops
+                    self.flops += model.head_flops
                 else:
                     logits = self.logits
                     if extra_readout(self.estimator.name, len(self.readings)):
-                        flops += model.head_flops  # the exit layer's own full readout
+                        self.flops += model.head_flops  # the exit layer's own full readout
                 if self.options.schedule == "free":
-                    backfill += sum(max(0, depth - done) for done in computed)
+                    self.backfill += sum(max(0, depth - done) for done in computed)
                     computed = [max(done, depth) for done in computed]
                     computed.append(depth)
                 token = sampler.sample(None, logits)
@@ -317,7 +322,7 @@ class _Generation:
                     piece += text.flush()
                 yield DepthEvent(index, token, piece, depth, tuple(self.readings))
                 if last:
-                    finish = "stop" if end else "length"
+                    self.finish = "stop" if end else "length"
                     break
                 tokens.append(token)
                 if self.options.schedule == "monotone":
@@ -331,21 +336,26 @@ class _Generation:
         finally:
             tap.see = None
             sampler.close()
-        full = len(depths) * (self.n_layer * model.block_flops + model.head_flops)
-        yield summarize(
-            depths,
+            self.wall_s = perf_counter() - self.began
+
+    def summary(self) -> DepthSummary:
+        """The answer's figures: once the last event is out, or after an interrupt (then up to it)."""
+        model, runner = self.model, self.model.runner
+        full = len(self.depths) * (self.n_layer * model.block_flops + model.head_flops)
+        return summarize(
+            self.depths,
             self.n_layer,
             self.layers,
             rule=self.options.label,
-            finish=finish,
-            flops=flops + backfill * model.block_flops,
+            finish=self.finish,
+            flops=self.flops + self.backfill * model.block_flops,
             full_flops=full,
-            backfill=backfill,
-            prompt_tokens=len(prompt),
+            backfill=self.backfill,
+            prompt_tokens=self.prompt_tokens,
             prefill_s=runner.stats.prefill.seconds,
             decode_s=runner.stats.decode.seconds,
-            probe_s=tap.seconds,
-            wall_s=perf_counter() - began,
+            probe_s=model.tap.seconds,
+            wall_s=self.wall_s if self.wall_s is not None else perf_counter() - self.began,
         )
 
 
