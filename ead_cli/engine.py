@@ -15,6 +15,7 @@ from .options import GenerationOptions, ModelOptions, PolicyOptions
 from .remote import RemoteRunner, connect, is_remote
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .smoke import check_models
+from .user_models import is_user_model
 
 
 def role_names(count: int) -> tuple[str, ...]:
@@ -85,7 +86,7 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
         n_gpu_layers=options.n_gpu_layers,
         repack=options.repack,
     )
-    if registry.is_user_model(ref):  # an ollama blob's name is a digest: the reference says what it is
+    if is_user_model(ref):  # an ollama blob's name is a digest: the reference says what it is
         runner.label = ref
     return runner
 

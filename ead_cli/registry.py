@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from ead_cli.errors import EadError
+from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
 from ead_cli.paths import ead_cache_dir, xdg_cache_home
+from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX, resolve_lmstudio, resolve_ollama
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,11 +36,8 @@ else:  # pragma: no cover - exercised only on Python 3.10
 
 Progress = Callable[[str], None]
 
-_GGUF_MAGIC = b"GGUF"
 _BLOCK = 8 << 20  # bytes per read while assembling: large enough to stream at disk speed
 _DEFAULT_HUB_TIMEOUT_S = 5.0
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPO = re.compile(r"[\w.-]+/[\w.-]+")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # Connection-level failures of the HTTP client a huggingface_hub version uses (httpx2, httpx or requests):
@@ -133,11 +132,11 @@ def resolve(
     ``allow_download=False`` an alias that is not available locally is an error.
     """
     if ref.startswith(OLLAMA_PREFIX):
-        return _resolve_ollama(ref.removeprefix(OLLAMA_PREFIX))
+        return resolve_ollama(ref.removeprefix(OLLAMA_PREFIX))
     if ref.startswith(LMSTUDIO_PREFIX):
-        return _resolve_lmstudio(ref.removeprefix(LMSTUDIO_PREFIX))
+        return resolve_lmstudio(ref.removeprefix(LMSTUDIO_PREFIX))
     if _is_path(ref):
-        return _checked_gguf(Path(ref).expanduser())
+        return checked_gguf(Path(ref).expanduser())
     return _fetch(catalog.spec(ref), allow_download=allow_download, progress=progress)
 
 
@@ -162,61 +161,6 @@ def local_status(spec: ModelSpec) -> str | None:
     if spec.offline is not None and not _locate_packages(spec.offline)[1]:
         return "offline packages (not assembled)"
     return None
-
-
-# --- paths -------------------------------------------------------------------------------------------
-
-
-def shard_paths(path: Path) -> list[Path]:
-    """The files of a model: the path itself, or every shard of a split GGUF (name-0000k-of-0000n.gguf),
-    in order, whether or not they exist: llama.cpp loads a split model from its first shard and finds
-    the others beside it by these names."""
-    match = _SHARD.search(path.name)
-    if match is None or not 1 <= int(match[1]) <= int(match[2]):
-        return [path]
-    total = match[2]
-    return [
-        path.with_name(_SHARD.sub(f"-{i:05d}-of-{total}.gguf", path.name)) for i in range(1, int(total) + 1)
-    ]
-
-
-def _checked_gguf(path: Path) -> Path:
-    """The model's first file, made absolute, after checking that every file of it (each shard of a split
-    GGUF) is a readable, non-empty file with the GGUF magic: llama.cpp names none of these problems.
-
-    A file cut short after the header is left to llama.cpp, which fails to load it.
-    """
-    _check_gguf_file(path)
-    shards = shard_paths(path)
-    missing = [str(shard.absolute()) for shard in shards if not shard.exists()]
-    if missing:
-        raise EadError(
-            f"split model {path.name} is missing {len(missing)} of its {len(shards)} shards: "
-            f"{', '.join(missing)}"
-        )
-    for shard in shards:
-        if shard != path:
-            _check_gguf_file(shard)
-    return shards[0].absolute()
-
-
-def _check_gguf_file(path: Path) -> None:
-    """Refuse anything but a readable, non-empty regular file that starts with the GGUF magic."""
-    if not path.exists():
-        raise EadError(f"model file not found: {path}")
-    if path.is_dir():
-        raise EadError(f"model path is a directory, not a GGUF file: {path}")
-    if not path.is_file():
-        raise EadError(f"model path is not a regular file: {path}")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(len(_GGUF_MAGIC))
-    except OSError as err:
-        raise EadError(f"cannot read model file ({err.strerror}): {path}") from None
-    if not magic:
-        raise EadError(f"model file is empty (0 bytes): {path}")
-    if magic != _GGUF_MAGIC:
-        raise EadError(f"not a GGUF file (bad magic): {path}")
 
 
 # --- alias resolution --------------------------------------------------------------------------------
@@ -491,184 +435,6 @@ def _chunk_files(source: OfflineSource, package_dirs: list[Path]) -> list[Path]:
     return chunks
 
 
-# --- models other tools keep: ollama and LM Studio --------------------------------------------------
-
-OLLAMA_PREFIX = "ollama:"
-LMSTUDIO_PREFIX = "lmstudio:"
-_OLLAMA_REGISTRY = "registry.ollama.ai"
-_OLLAMA_NAMESPACE = "library"
-_OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
-_LISTED = 10  # models named in a "not found" message before "and N more"
-
-
-@dataclass(frozen=True)
-class UserModel:
-    """A GGUF file another tool keeps, usable as ``--small``/``--large`` where it lies.
-
-    ``path`` is None and ``problem`` says why when the file cannot be used (a broken ollama manifest).
-    """
-
-    ref: str  # what to pass to ead: ollama:NAME:TAG or lmstudio:PATH
-    source: str  # "ollama" or "lmstudio"
-    path: Path | None
-    size: int = 0
-    problem: str = ""
-
-
-def is_user_model(ref: str) -> bool:
-    """Whether ``ref`` names a model another tool keeps (``ollama:`` or ``lmstudio:``)."""
-    return ref.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX))
-
-
-def ollama_models_dir() -> Path:
-    """$OLLAMA_MODELS (ollama's own override), else ~/.ollama/models."""
-    root = os.environ.get("OLLAMA_MODELS")
-    return Path(root).expanduser() if root else Path.home() / ".ollama" / "models"
-
-
-def lmstudio_models_dirs() -> list[Path]:
-    """$LMSTUDIO_MODELS (ead's: LM Studio has no variable of its own), else the existing ones of
-    ~/.lmstudio/models and, from LM Studio before 0.3, ~/.cache/lm-studio/models."""
-    override = os.environ.get("LMSTUDIO_MODELS")
-    if override:
-        return [Path(override).expanduser()]
-    home = Path.home()
-    return [
-        root
-        for root in (home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models")
-        if root.is_dir()
-    ]
-
-
-def user_models() -> list[UserModel]:
-    """Every model ollama and LM Studio keep here, for ``ead models list``; reads manifests, not blobs."""
-    return _ollama_models(ollama_models_dir()) + _lmstudio_models(lmstudio_models_dirs())
-
-
-def _ollama_name(name: str) -> tuple[tuple[str, str, str], str]:
-    """(registry, namespace, model) and tag of ``NAME[:TAG]``, as ollama fills them in."""
-    head, colon, tag = name.rpartition(":")
-    if not colon or "/" in tag:  # the colon, if any, belongs to a registry's port
-        head, tag = name, "latest"
-    parts = head.split("/")
-    if len(parts) > 3 or any(part in ("", ".", "..") for part in (*parts, tag)):
-        raise EadError(f"not an ollama model name: '{name}' (expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])")
-    defaults = (_OLLAMA_REGISTRY, _OLLAMA_NAMESPACE)[: 3 - len(parts)]
-    registry_, namespace, model = (*defaults, *parts)
-    return (registry_, namespace, model), tag
-
-
-def _ollama_ref(registry_: str, namespace: str, model: str, tag: str) -> str:
-    """The short name ``ollama list`` shows: the default registry and namespace left out."""
-    name = model if namespace == _OLLAMA_NAMESPACE else f"{namespace}/{model}"
-    name = name if registry_ == _OLLAMA_REGISTRY else f"{registry_}/{namespace}/{model}"
-    return f"{OLLAMA_PREFIX}{name}:{tag}"
-
-
-def _resolve_ollama(name: str) -> Path:
-    root = ollama_models_dir()
-    (registry_, namespace, model), tag = _ollama_name(name)
-    manifest = root / "manifests" / registry_ / namespace / model / tag
-    if not manifest.is_file():
-        have = [found.ref for found in _ollama_models(root)]
-        raise EadError(f"no ollama model '{name}' in {root}{_listing(have)}; see 'ollama list'")
-    return _ollama_blob(manifest, root, name)
-
-
-def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
-    """The GGUF blob the manifest's model layer names, checked to be there, whole, and GGUF."""
-    where = f"ollama model '{name}'"
-    try:
-        layers = json.loads(manifest.read_text())["layers"]
-        layer = next(item for item in layers if item.get("mediaType") == _OLLAMA_MODEL_LAYER)
-        digest, size = layer["digest"], layer.get("size")
-    except OSError as err:
-        raise EadError(f"{where}: cannot read its manifest {manifest} ({err.strerror})") from None
-    except (ValueError, TypeError, KeyError, AttributeError, StopIteration):
-        raise EadError(f"{where}: its manifest {manifest} has no model layer with a digest") from None
-    algorithm, _, hex_digest = str(digest).partition(":")
-    if algorithm != "sha256" or not _SHA256.fullmatch(hex_digest):
-        raise EadError(f"{where}: its manifest {manifest} names a malformed digest {digest!r}")
-    blob = root / "blobs" / f"sha256-{hex_digest}"
-    if not blob.exists():
-        raise EadError(f"{where}: its blob {blob.name} is missing from {blob.parent}; 'ollama pull' it again")
-    try:
-        path = _checked_gguf(blob)
-    except EadError as err:
-        raise EadError(f"{where}: {err}") from None
-    if isinstance(size, int) and path.stat().st_size != size:
-        raise EadError(
-            f"{where}: its blob {blob} has {path.stat().st_size} bytes, the manifest says {size}; "
-            "'ollama pull' it again"
-        )
-    return path
-
-
-def _ollama_models(root: Path) -> list[UserModel]:
-    manifests = root / "manifests"
-    found: list[UserModel] = []
-    for manifest in sorted(manifests.glob("*/*/*/*")):
-        if not manifest.is_file():
-            continue
-        ref = _ollama_ref(*manifest.relative_to(manifests).parts)
-        try:
-            blob = _ollama_blob(manifest, root, ref.removeprefix(OLLAMA_PREFIX))
-        except EadError as err:
-            found.append(UserModel(ref, "ollama", None, problem=str(err)))
-        else:
-            found.append(UserModel(ref, "ollama", blob, blob.stat().st_size))
-    return found
-
-
-def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
-    """The .gguf files under LM Studio's folders: a split model by its first shard, no vision projectors
-    (mmproj files, which are not language models)."""
-    found: list[UserModel] = []
-    for root in roots:
-        for path in sorted(root.rglob("*.gguf")):
-            if not path.is_file() or "mmproj" in path.name.lower() or shard_paths(path)[0] != path:
-                continue
-            ref = f"{LMSTUDIO_PREFIX}{path.relative_to(root).as_posix()}"
-            found.append(UserModel(ref, "lmstudio", path.absolute(), path.stat().st_size))
-    return found
-
-
-def _resolve_lmstudio(name: str) -> Path:
-    """A path under an LM Studio models folder (a file, or a folder holding one model), else a file name
-    with or without ``.gguf``, matched case-insensitively."""
-    roots = lmstudio_models_dirs()
-    for root in roots:
-        if (root / name).is_file():
-            return _checked_gguf(root / name)
-    models = _lmstudio_models(roots)
-    wanted = name.lower().rstrip("/")
-    matches = [
-        model
-        for model in models
-        if model.path is not None
-        and (
-            wanted in (model.path.name.lower(), model.path.stem.lower())
-            or model.ref.lower().startswith(f"{LMSTUDIO_PREFIX}{wanted}/")
-        )
-    ]
-    if len(matches) == 1 and matches[0].path is not None:
-        return _checked_gguf(matches[0].path)
-    if matches:
-        raise EadError(
-            f"'{LMSTUDIO_PREFIX}{name}' matches {len(matches)} models{_listing([m.ref for m in matches])}"
-        )
-    where = ", ".join(str(root) for root in roots) or "no LM Studio models folder (set LMSTUDIO_MODELS)"
-    raise EadError(f"no LM Studio model '{name}' in {where}{_listing([m.ref for m in models])}")
-
-
-def _listing(refs: list[str]) -> str:
-    """`` (has: a, b, ...)`` for a one-line message; empty-handed says so."""
-    if not refs:
-        return " (it has none)"
-    more = f", and {len(refs) - _LISTED} more" if len(refs) > _LISTED else ""
-    return f" (has: {', '.join(refs[:_LISTED])}{more})"
-
-
 # --- models.toml -------------------------------------------------------------------------------------
 
 
@@ -789,7 +555,7 @@ def _parse_offline(table: _Table) -> OfflineSource:
     if "/" in file or "\\" in file or not file.endswith(".gguf"):
         table.fail(f"{table.key('file')} must be a bare file name ending in .gguf, not {file!r}")
     sha256 = table.take("sha256", "text").lower()
-    if not _SHA256.fullmatch(sha256):
+    if not SHA256.fullmatch(sha256):
         table.fail(f"{table.key('sha256')} must be 64 hex digits, not {sha256!r}")
     table.finish()
     return OfflineSource(tuple(packages), version, file, sha256)

@@ -23,9 +23,9 @@ import numpy as np
 
 from .entropy import EntropyMeter
 from .errors import EadError
+from .gguf_files import shard_paths
 from .hardware import Repack, repack_choice
 from .options import resolve_threads
-from .registry import shard_paths
 from .signals import Terminated, main_thread_signals, stop_requested
 
 Phase = Literal["prefill", "decode", "catchup"]

@@ -15,13 +15,14 @@ from ead_cli.cli import app
 PACKAGE = Path(ead_cli.__file__).resolve().parent
 ROOT = PACKAGE.parent
 DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-LAYER = re.compile(r"^layer (\d+) +((?:[\w/]+ {1,2})*[\w/]+)", re.M)
+LAYER = re.compile(r"^layer (\d+) +((?:[\w/]+ {1,2})*[\w/]+)((?:\n {9}(?:[\w/]+ {1,2})*[\w/]+)*)", re.M)
 ROOT_MODULES = {"__init__", "__main__"}  # the package's own entry points: above and below everything
 
 
 def drawn_layers(text: str) -> dict[str, int]:
     """Each unit (a top-level module, or a subpackage as ``name/``) of the picture, with its layer."""
-    return {name.rstrip("/"): int(level) for level, names in LAYER.findall(text) for name in names.split()}
+    rows = LAYER.findall(text)
+    return {name.rstrip("/"): int(level) for level, first, more in rows for name in (first + more).split()}
 
 
 def unit_of(module: str) -> str:
@@ -67,7 +68,7 @@ def arrows(layers: dict[str, int]) -> list[tuple[str, str]]:
 
 
 def test_the_picture_names_every_unit_once() -> None:
-    drawn = [name.rstrip("/") for _, names in LAYER.findall(DESIGN) for name in names.split()]
+    drawn = [name.rstrip("/") for _, first, more in LAYER.findall(DESIGN) for name in (first + more).split()]
     units = {unit_of(".".join(p.relative_to(PACKAGE).with_suffix("").parts)) for p in PACKAGE.rglob("*.py")}
     assert sorted(drawn) == sorted(set(drawn)) == sorted(units - ROOT_MODULES)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_cli import assert_one_line_error, ead
 
-from ead_cli import registry
+from ead_cli import registry, user_models
 
 PROMPT = "hello"
 
@@ -48,7 +48,7 @@ def add_ollama_model(
             },
         ],
     }
-    path = root / "manifests" / registry._OLLAMA_REGISTRY / namespace / name / tag
+    path = root / "manifests" / user_models._OLLAMA_REGISTRY / namespace / name / tag
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest))
     return blob
@@ -146,7 +146,7 @@ def test_broken_ollama_blobs_are_one_line(
     line = refused(env, "ollama:cut", tiny_large)
     assert f"has 1000 bytes, the manifest says {tiny_small.stat().st_size}" in line
 
-    manifest = ollama_root / "manifests" / registry._OLLAMA_REGISTRY / "library" / "garbled" / "latest"
+    manifest = ollama_root / "manifests" / user_models._OLLAMA_REGISTRY / "library" / "garbled" / "latest"
     manifest.parent.mkdir(parents=True)
     manifest.write_text("{not json")
     line = refused(env, "ollama:garbled", tiny_large)

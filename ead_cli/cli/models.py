@@ -25,6 +25,7 @@ def models_list(
 ) -> None:
     """Show the aliases, which are available locally, and the models ollama and LM Studio keep."""
     from .. import registry
+    from ..user_models import user_models
 
     catalog = registry.load_catalog(catalog_file)
     rows = [
@@ -47,7 +48,7 @@ def models_list(
             "local": found.source if found.path else None,
             "path": str(found.path) if found.path else None,
         }
-        for found in registry.user_models()
+        for found in user_models()
     ]
     if as_json:
         print(json.dumps(rows, indent=1))

@@ -1,0 +1,64 @@
+"""GGUF files on disk: the shards of a split model, and the check that a path is a readable GGUF."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ead_cli.errors import EadError
+
+GGUF_MAGIC = b"GGUF"
+SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+SHA256 = re.compile(r"[0-9a-f]{64}")  # a hex SHA-256 digest (ollama's blob names, models.toml's pins)
+
+
+def shard_paths(path: Path) -> list[Path]:
+    """The files of a model: the path itself, or every shard of a split GGUF (name-0000k-of-0000n.gguf),
+    in order, whether or not they exist: llama.cpp loads a split model from its first shard and finds
+    the others beside it by these names."""
+    match = SHARD.search(path.name)
+    if match is None or not 1 <= int(match[1]) <= int(match[2]):
+        return [path]
+    total = match[2]
+    return [
+        path.with_name(SHARD.sub(f"-{i:05d}-of-{total}.gguf", path.name)) for i in range(1, int(total) + 1)
+    ]
+
+
+def checked_gguf(path: Path) -> Path:
+    """The model's first file, made absolute, after checking that every file of it (each shard of a split
+    GGUF) is a readable, non-empty file with the GGUF magic: llama.cpp names none of these problems.
+
+    A file cut short after the header is left to llama.cpp, which fails to load it.
+    """
+    _check_gguf_file(path)
+    shards = shard_paths(path)
+    missing = [str(shard.absolute()) for shard in shards if not shard.exists()]
+    if missing:
+        raise EadError(
+            f"split model {path.name} is missing {len(missing)} of its {len(shards)} shards: "
+            f"{', '.join(missing)}"
+        )
+    for shard in shards:
+        if shard != path:
+            _check_gguf_file(shard)
+    return shards[0].absolute()
+
+
+def _check_gguf_file(path: Path) -> None:
+    """Refuse anything but a readable, non-empty regular file that starts with the GGUF magic."""
+    if not path.exists():
+        raise EadError(f"model file not found: {path}")
+    if path.is_dir():
+        raise EadError(f"model path is a directory, not a GGUF file: {path}")
+    if not path.is_file():
+        raise EadError(f"model path is not a regular file: {path}")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(GGUF_MAGIC))
+    except OSError as err:
+        raise EadError(f"cannot read model file ({err.strerror}): {path}") from None
+    if not magic:
+        raise EadError(f"model file is empty (0 bytes): {path}")
+    if magic != GGUF_MAGIC:
+        raise EadError(f"not a GGUF file (bad magic): {path}")

@@ -1,0 +1,189 @@
+"""Models other tools keep, used in place: ollama's blobs (``ollama:NAME[:TAG]``) and LM Studio's
+files (``lmstudio:PUBLISHER/MODEL``), found, listed and resolved to a GGUF path."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ead_cli.errors import EadError
+from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
+
+OLLAMA_PREFIX = "ollama:"
+LMSTUDIO_PREFIX = "lmstudio:"
+_OLLAMA_REGISTRY = "registry.ollama.ai"
+_OLLAMA_NAMESPACE = "library"
+_OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+_LISTED = 10  # models named in a "not found" message before "and N more"
+
+
+@dataclass(frozen=True)
+class UserModel:
+    """A GGUF file another tool keeps, usable as ``--small``/``--large`` where it lies.
+
+    ``path`` is None and ``problem`` says why when the file cannot be used (a broken ollama manifest).
+    """
+
+    ref: str  # what to pass to ead: ollama:NAME:TAG or lmstudio:PATH
+    source: str  # "ollama" or "lmstudio"
+    path: Path | None
+    size: int = 0
+    problem: str = ""
+
+
+def is_user_model(ref: str) -> bool:
+    """Whether ``ref`` names a model another tool keeps (``ollama:`` or ``lmstudio:``)."""
+    return ref.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX))
+
+
+def ollama_models_dir() -> Path:
+    """$OLLAMA_MODELS (ollama's own override), else ~/.ollama/models."""
+    root = os.environ.get("OLLAMA_MODELS")
+    return Path(root).expanduser() if root else Path.home() / ".ollama" / "models"
+
+
+def lmstudio_models_dirs() -> list[Path]:
+    """$LMSTUDIO_MODELS (ead's: LM Studio has no variable of its own), else the existing ones of
+    ~/.lmstudio/models and, from LM Studio before 0.3, ~/.cache/lm-studio/models."""
+    override = os.environ.get("LMSTUDIO_MODELS")
+    if override:
+        return [Path(override).expanduser()]
+    home = Path.home()
+    return [
+        root
+        for root in (home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models")
+        if root.is_dir()
+    ]
+
+
+def user_models() -> list[UserModel]:
+    """Every model ollama and LM Studio keep here, for ``ead models list``; reads manifests, not blobs."""
+    return _ollama_models(ollama_models_dir()) + _lmstudio_models(lmstudio_models_dirs())
+
+
+def _ollama_name(name: str) -> tuple[tuple[str, str, str], str]:
+    """(registry, namespace, model) and tag of ``NAME[:TAG]``, as ollama fills them in."""
+    head, colon, tag = name.rpartition(":")
+    if not colon or "/" in tag:  # the colon, if any, belongs to a registry's port
+        head, tag = name, "latest"
+    parts = head.split("/")
+    if len(parts) > 3 or any(part in ("", ".", "..") for part in (*parts, tag)):
+        raise EadError(f"not an ollama model name: '{name}' (expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])")
+    defaults = (_OLLAMA_REGISTRY, _OLLAMA_NAMESPACE)[: 3 - len(parts)]
+    registry_, namespace, model = (*defaults, *parts)
+    return (registry_, namespace, model), tag
+
+
+def _ollama_ref(registry_: str, namespace: str, model: str, tag: str) -> str:
+    """The short name ``ollama list`` shows: the default registry and namespace left out."""
+    name = model if namespace == _OLLAMA_NAMESPACE else f"{namespace}/{model}"
+    name = name if registry_ == _OLLAMA_REGISTRY else f"{registry_}/{namespace}/{model}"
+    return f"{OLLAMA_PREFIX}{name}:{tag}"
+
+
+def resolve_ollama(name: str) -> Path:
+    root = ollama_models_dir()
+    (registry_, namespace, model), tag = _ollama_name(name)
+    manifest = root / "manifests" / registry_ / namespace / model / tag
+    if not manifest.is_file():
+        have = [found.ref for found in _ollama_models(root)]
+        raise EadError(f"no ollama model '{name}' in {root}{_listing(have)}; see 'ollama list'")
+    return _ollama_blob(manifest, root, name)
+
+
+def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
+    """The GGUF blob the manifest's model layer names, checked to be there, whole, and GGUF."""
+    where = f"ollama model '{name}'"
+    try:
+        layers = json.loads(manifest.read_text())["layers"]
+        layer = next(item for item in layers if item.get("mediaType") == _OLLAMA_MODEL_LAYER)
+        digest, size = layer["digest"], layer.get("size")
+    except OSError as err:
+        raise EadError(f"{where}: cannot read its manifest {manifest} ({err.strerror})") from None
+    except (ValueError, TypeError, KeyError, AttributeError, StopIteration):
+        raise EadError(f"{where}: its manifest {manifest} has no model layer with a digest") from None
+    algorithm, _, hex_digest = str(digest).partition(":")
+    if algorithm != "sha256" or not SHA256.fullmatch(hex_digest):
+        raise EadError(f"{where}: its manifest {manifest} names a malformed digest {digest!r}")
+    blob = root / "blobs" / f"sha256-{hex_digest}"
+    if not blob.exists():
+        raise EadError(f"{where}: its blob {blob.name} is missing from {blob.parent}; 'ollama pull' it again")
+    try:
+        path = checked_gguf(blob)
+    except EadError as err:
+        raise EadError(f"{where}: {err}") from None
+    if isinstance(size, int) and path.stat().st_size != size:
+        raise EadError(
+            f"{where}: its blob {blob} has {path.stat().st_size} bytes, the manifest says {size}; "
+            "'ollama pull' it again"
+        )
+    return path
+
+
+def _ollama_models(root: Path) -> list[UserModel]:
+    manifests = root / "manifests"
+    found: list[UserModel] = []
+    for manifest in sorted(manifests.glob("*/*/*/*")):
+        if not manifest.is_file():
+            continue
+        ref = _ollama_ref(*manifest.relative_to(manifests).parts)
+        try:
+            blob = _ollama_blob(manifest, root, ref.removeprefix(OLLAMA_PREFIX))
+        except EadError as err:
+            found.append(UserModel(ref, "ollama", None, problem=str(err)))
+        else:
+            found.append(UserModel(ref, "ollama", blob, blob.stat().st_size))
+    return found
+
+
+def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
+    """The .gguf files under LM Studio's folders: a split model by its first shard, no vision projectors
+    (mmproj files, which are not language models)."""
+    found: list[UserModel] = []
+    for root in roots:
+        for path in sorted(root.rglob("*.gguf")):
+            if not path.is_file() or "mmproj" in path.name.lower() or shard_paths(path)[0] != path:
+                continue
+            ref = f"{LMSTUDIO_PREFIX}{path.relative_to(root).as_posix()}"
+            found.append(UserModel(ref, "lmstudio", path.absolute(), path.stat().st_size))
+    return found
+
+
+def resolve_lmstudio(name: str) -> Path:
+    """A path under an LM Studio models folder (a file, or a folder holding one model), else a file name
+    with or without ``.gguf``, matched case-insensitively."""
+    roots = lmstudio_models_dirs()
+    for root in roots:
+        if (root / name).is_file():
+            return checked_gguf(root / name)
+    models = _lmstudio_models(roots)
+    wanted = name.lower().rstrip("/")
+    matches = [
+        model
+        for model in models
+        if model.path is not None
+        and (
+            wanted in (model.path.name.lower(), model.path.stem.lower())
+            or model.ref.lower().startswith(f"{LMSTUDIO_PREFIX}{wanted}/")
+        )
+    ]
+    if len(matches) == 1 and matches[0].path is not None:
+        return checked_gguf(matches[0].path)
+    if matches:
+        raise EadError(
+            f"'{LMSTUDIO_PREFIX}{name}' matches {len(matches)} models{_listing([m.ref for m in matches])}"
+        )
+    where = ", ".join(str(root) for root in roots) or "no LM Studio models folder (set LMSTUDIO_MODELS)"
+    raise EadError(f"no LM Studio model '{name}' in {where}{_listing([m.ref for m in models])}")
+
+
+def _listing(refs: list[str]) -> str:
+    """`` (has: a, b, ...)`` for a one-line message; empty-handed says so."""
+    if not refs:
+        return " (it has none)"
+    more = f", and {len(refs) - _LISTED} more" if len(refs) > _LISTED else ""
+    return f" (has: {', '.join(refs[:_LISTED])}{more})"
+
+
