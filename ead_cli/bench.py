@@ -367,6 +367,7 @@ class Grid:
     switch_points: tuple[SwitchPoint, ...] = ("before",)
     drafts: tuple[int, ...] = (4,)
     draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
+    lookups: tuple[int, ...] = (0,)  # spec: prompt-lookup match lengths (0: off)
     verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
     bursts: tuple[Burst, ...] = (1,)
     patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
@@ -414,8 +415,8 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]]
         for tau, span, verify in itertools.product(grid.lookahead_taus, grid.drafts, grid.verifies)
     ],
     "spec": lambda grid: [
-        PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
-        for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
+        PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop, lookup=lookup)
+        for draft, stop, lookup in itertools.product(grid.drafts, grid.draft_stops, grid.lookups)
     ],
     "server-large": lambda grid: [NativeOptions("large")],
     "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
@@ -452,6 +453,7 @@ def parse_grid(
     lookahead_tau: str = "1",
     server_draft: str = "3",
     server_ngram: str = "ngram-mod",
+    lookup: str = "0",
 ) -> Grid:
     """The sweep from comma-separated option values; any bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
@@ -467,6 +469,7 @@ def parse_grid(
         switch_points=points,  # type: ignore[arg-type]
         drafts=_parse_list(draft, "--draft", int, 1),
         draft_stops=(None,) if draft_stop is None else _parse_list(draft_stop, "--draft-stop", float, 0),
+        lookups=_parse_list(lookup, "--lookup", int, 0),
         verifies=(None,) if verify is None else _parse_verify(verify),
         bursts=tuple(
             dict.fromkeys(

@@ -103,6 +103,13 @@ Draft = Annotated[
 DraftStop = Annotated[
     float | None, typer.Option(help="spec: end a draft early at this small-model entropy (bits).")
 ]
+Lookup = Annotated[
+    int,
+    typer.Option(
+        help="spec: first try a free draft of up to 16 tokens copied from earlier in the prompt and answer "
+        "where its last N tokens occurred before (prompt lookup; 0: off)."
+    ),
+]
 PolicyOpt = Annotated[
     PolicyName,
     typer.Option(
@@ -272,6 +279,7 @@ def _decoding_options(
     normalize: bool,
     draft: int,
     draft_entropy_stop: float | None,
+    lookup: int,
     verify: float | None,
     pattern: list[str] | None,
     tau_range: str | None,
@@ -301,6 +309,7 @@ def _decoding_options(
         tuple(pattern or ()),
         _parse_tau_range(tau_range),
         levels=len(taus) + 1 if isinstance(taus, tuple) else 2,
+        lookup=lookup,
     )
     sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     if fallback not in (None, "small"):
@@ -321,6 +330,7 @@ DECODING_OPTIONS = _OptionGroup(
         ("normalize", Normalize, False),
         ("draft", Draft, 4),
         ("draft_entropy_stop", DraftStop, None),
+        ("lookup", Lookup, 0),
         ("verify", Verify, None),
         ("pattern", Pattern, None),
         ("tau_range", TauRange, None),
@@ -690,6 +700,9 @@ DraftStopList = Annotated[
     str | None,
     typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
 ]
+LookupList = Annotated[
+    str, typer.Option("--lookup", help="spec: prompt-lookup match lengths, comma-separated (0: off).")
+]
 VerifyList = Annotated[
     str | None,
     typer.Option(
@@ -739,6 +752,7 @@ SWEEP_OPTIONS = _OptionGroup(
         ("switch_point", SwitchPointList, "before"),
         ("draft", DraftList, "4"),
         ("draft_stop", DraftStopList, None),
+        ("lookup", LookupList, "0"),
         ("verify", VerifyList, None),
         ("burst", BurstList, "1"),
         ("server_draft", ServerDraftList, "3"),

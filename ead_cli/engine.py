@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import registry
 from .compat import check_tokenizers
-from .decoder import Decoder, SpeculativeDecoder, check_draft, check_verify_ratio
+from .decoder import Decoder, SpeculativeDecoder, check_draft, check_lookup, check_verify_ratio
 from .errors import EadError
 from .hardware import repack_choice
 from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
@@ -75,8 +75,11 @@ class PolicyOptions:
     patterns: tuple[str, ...] = ()
     tau_range: tuple[float, float] | None = None
     levels: int = 2  # how many models take turns
+    lookup: int = 0  # spec: free drafts from earlier in the sequence after an N-token match (0: off)
 
     def __post_init__(self) -> None:
+        if self.lookup and self.mode != "spec":
+            raise EadError("--lookup applies to --mode spec (the large model checks every token)", 2)
         if self.verify is not None and self.mode != "ead":
             raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
         if self.mode == "spec" and self.levels != 2:
@@ -86,6 +89,7 @@ class PolicyOptions:
                 check_verify_ratio(self.verify)
             if self.mode == "spec" or self.policy == "lookahead":
                 check_draft(self.draft)
+            check_lookup(self.lookup)
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         stop = self.draft_entropy_stop
@@ -218,6 +222,7 @@ def build_decoder(
                 entropy_stop=policy_options.draft_entropy_stop,
                 max_tokens=generation.max_tokens,
                 stop=generation.stop,
+                lookup=policy_options.lookup,
             )
         return Decoder(
             runners,
