@@ -91,7 +91,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -367,7 +367,7 @@ class Grid:
     switch_points: tuple[SwitchPoint, ...] = ("before",)
     drafts: tuple[int, ...] = (4,)
     draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
-    lookups: tuple[int, ...] = (0,)  # spec: prompt-lookup match lengths (0: off)
+    lookups: tuple[int, ...] = (0,)  # prompt-lookup match lengths for ead's own loops (0: off)
     verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
     bursts: tuple[Burst, ...] = (1,)
     patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
@@ -415,8 +415,8 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]]
         for tau, span, verify in itertools.product(grid.lookahead_taus, grid.drafts, grid.verifies)
     ],
     "spec": lambda grid: [
-        PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop, lookup=lookup)
-        for draft, stop, lookup in itertools.product(grid.drafts, grid.draft_stops, grid.lookups)
+        PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
+        for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
     ],
     "server-large": lambda grid: [NativeOptions("large")],
     "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
@@ -519,8 +519,11 @@ def build_strategies(families: str, grid: Grid) -> list[Strategy]:
     strategies: dict[str, Strategy] = {}
     for family, make in FAMILIES.items():
         if family in wanted:
-            for policy in make(grid):
-                strategies.setdefault(strategy_name(policy), Strategy(strategy_name(policy), policy))
+            for made in make(grid):
+                # Prompt lookup applies to every loop of ead's own: each strategy once per length.
+                own = isinstance(made, PolicyOptions)
+                for policy in [replace(made, lookup=n) for n in grid.lookups] if own else [made]:
+                    strategies.setdefault(strategy_name(policy), Strategy(strategy_name(policy), policy))
     return list(strategies.values())
 
 

@@ -106,8 +106,8 @@ DraftStop = Annotated[
 Lookup = Annotated[
     int,
     typer.Option(
-        help="spec: first try a free draft of up to 16 tokens copied from earlier in the prompt and answer "
-        "where its last N tokens occurred before (prompt lookup; 0: off)."
+        help="Prompt lookup: where the last N tokens occurred before, read the 16 that followed them as a "
+        "guess in the same batch (free steps while the text follows it; spec: a free draft). 0: off."
     ),
 ]
 PolicyOpt = Annotated[
@@ -701,7 +701,7 @@ DraftStopList = Annotated[
     typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
 ]
 LookupList = Annotated[
-    str, typer.Option("--lookup", help="spec: prompt-lookup match lengths, comma-separated (0: off).")
+    str, typer.Option("--lookup", help="Prompt-lookup match lengths, comma-separated (0: off).")
 ]
 VerifyList = Annotated[
     str | None,

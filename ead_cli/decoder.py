@@ -60,6 +60,8 @@ class ModelReport:
     bytes_sent: int = 0
     bytes_received: int = 0
     server_s: float = 0.0
+    guessed: int = 0  # --lookup: tokens read as a guess, and how many the text then followed
+    guessed_kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -281,6 +283,8 @@ class _Generation:
                 decode_s=runner.stats.decode.seconds,
                 catchup_tokens=runner.stats.catchup.tokens,
                 catchup_s=runner.stats.catchup.seconds,
+                guessed=runner.stats.guessed,
+                guessed_kept=runner.stats.guessed_kept,
                 flops=runner.flops(),
                 **_network(runner),
             )
@@ -316,6 +320,12 @@ class Decoder(_Generation):
     they are checked: when the largest model next takes over, when the answer ends, or once
     ``check_every`` of them wait, which bounds both the delay before text appears and the work one
     rejection throws away. Every token shown has been checked. The policy's window is not rewound.
+
+    ``lookup`` (a minimum match length, 0: off): the model evaluated at a step also reads a guess of up to
+    ``lookup_draft`` next tokens copied from earlier in the sequence (``lookup.py``), in the same batch;
+    while the text follows the guess, its next steps take their rows from that batch instead of a decode
+    (``Runner.sync``). Entropy, policy and sampler see every row as in a one-token step, so the text is
+    the same policy's text without lookup, up to batched kernels' rounding at near-ties.
     """
 
     def __init__(
@@ -331,7 +341,11 @@ class Decoder(_Generation):
         verify: float | None = None,
         check_every: int = 32,
         fallback: bool = False,
+        lookup: int = 0,
+        lookup_draft: int = 16,
     ) -> None:
+        check_lookup(lookup)
+        check_draft(lookup_draft)
         if verify is not None:
             check_verify_ratio(verify)
         if check_every < 1:
@@ -346,6 +360,8 @@ class Decoder(_Generation):
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | None = None
         self.fallback = fallback
+        self.lookup = lookup
+        self.lookup_draft = lookup_draft
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         """Generate from the prompt's token ids, yielding one event per token.
@@ -372,6 +388,9 @@ class Decoder(_Generation):
         finally:
             del tokens[prompt_len + self._generated :]  # held tokens never shown are not the answer
             self._held, self._preview = [], None
+            for runner in self.runners:
+                if isinstance(runner, Runner):
+                    runner.drop_guess()
             self._end()
             sampler.close()
 
@@ -428,7 +447,9 @@ class Decoder(_Generation):
             if rolled_back:
                 return None
         runner = self.runners[index]
-        return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index)
+        guess = propose(self.tokens, min_match=self.lookup, limit=self.lookup_draft) if self.lookup else ()
+        own_tail = last_writer == index
+        return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess)
 
     def _tell_policy(self, token: int, writer: int) -> None:
         """Policies that read text (line bursts, patterns) see each written token's text."""

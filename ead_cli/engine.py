@@ -75,11 +75,9 @@ class PolicyOptions:
     patterns: tuple[str, ...] = ()
     tau_range: tuple[float, float] | None = None
     levels: int = 2  # how many models take turns
-    lookup: int = 0  # spec: free drafts from earlier in the sequence after an N-token match (0: off)
+    lookup: int = 0  # guesses copied from earlier in the sequence after an N-token match (0: off)
 
     def __post_init__(self) -> None:
-        if self.lookup and self.mode != "spec":
-            raise EadError("--lookup applies to --mode spec (the large model checks every token)", 2)
         if self.verify is not None and self.mode != "ead":
             raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
         if self.mode == "spec" and self.levels != 2:
@@ -234,6 +232,7 @@ def build_decoder(
             normalize=policy_options.normalize,
             verify=policy_options.verify,
             fallback=generation.fallback,
+            lookup=policy_options.lookup,
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None

@@ -118,6 +118,9 @@ def _draft_parts(summary: Summary) -> list[str]:
         parts.append(f"drafted {summary.drafted} · kept {summary.acceptance_rate:.1%}")
     if summary.looked_up:
         parts.append(f"looked up {summary.looked_up} · kept {summary.lookup_acceptance:.1%}")
+    for report in summary.models:
+        if report.guessed:
+            parts.append(f"{report.role} guessed {report.guessed} · followed {report.guessed_kept}")
     return [" · ".join(parts)] if parts else []
 
 

@@ -3,13 +3,16 @@ them with the large model (the text stays the large model's own; sampled, the to
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_decoder import PROMPT
+from tiny_models import MIDDLE_ENTROPY_BITS
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
 from ead_cli.lookup import propose
-from ead_cli.policies import Fixed
+from ead_cli.policies import EAD, Fixed, Gate
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams, probabilities
@@ -82,3 +85,81 @@ def test_a_sampled_lookup_token_is_kept_with_its_probability_and_the_law_stays_p
         counts[1 if accepted else correction] += 1
     assert abs(kept / 4000 - p[1]) < 0.03
     np.testing.assert_allclose(counts / counts.sum(), p[:4], atol=0.03)
+
+
+POLICIES = {
+    "large": lambda: Fixed(1),
+    "small": lambda: Fixed(0),
+    "gate": lambda: Gate(MIDDLE_ENTROPY_BITS),
+    "ead": lambda: EAD(MIDDLE_ENTROPY_BITS, window=2, min_run=3),
+}
+
+
+def events_of(runners: list[Runner], policy: str, lookup: int, verify: float | None = None) -> tuple:
+    for runner in runners:
+        runner.truncate(0)
+    decoder = Decoder(
+        runners, ("small", "large"), POLICIES[policy](), SamplingParams(), max_tokens=80, lookup=lookup,
+        verify=verify,
+    )  # fmt: skip
+    events = list(decoder.run(encode_prompt(runners[0], PROMPT)))
+    return events, decoder.summary()
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("verify", [None, 0.5])
+def test_guesses_change_no_token_and_no_decision_only_how_rows_are_computed(
+    runners: list[Runner], policy: str, verify: float | None
+) -> None:
+    plain, plain_summary = events_of(runners, policy, 0, verify)
+    guessed, summary = events_of(runners, policy, 1, verify)
+    assert [(e.token, e.model) for e in guessed] == [(e.token, e.model) for e in plain]
+    np.testing.assert_allclose([e.entropy for e in guessed], [e.entropy for e in plain], atol=1e-3)
+    assert summary.switches == plain_summary.switches
+    # Steps served from a confirmed guess are no decode at all: fewer decodes, more read in batches.
+    decodes = sum(report.decode_tokens for report in summary.models)
+    plain_decodes = sum(report.decode_tokens for report in plain_summary.models)
+    assert decodes < plain_decodes
+    assert sum(r.catchup_tokens for r in summary.models) > sum(r.catchup_tokens for r in plain_summary.models)
+
+
+def test_after_guessing_every_cache_holds_exactly_the_answer(
+    runners: list[Runner], tiny_pair: tuple[Path, Path]
+) -> None:
+    events, _ = events_of(runners, "gate", 1, 0.5)
+    tokens = encode_prompt(runners[0], PROMPT) + [event.token for event in events]
+    for runner, path in zip(runners, tiny_pair, strict=True):
+        assert runner.align(tokens) == runner.n_past  # nothing guessed is left past what was read
+        mine = runner.sync(tokens, prompt_len=len(tokens), own_tail=False).copy()
+        with Runner(path, name="fresh", n_ctx=512, n_threads=1) as fresh:
+            expected = fresh.sync(tokens, prompt_len=len(tokens), own_tail=False)
+            np.testing.assert_allclose(mine, expected, rtol=0, atol=0.01)
+
+
+def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one(tiny_small: Path) -> None:
+    with Runner(tiny_small, name="s", n_ctx=256, n_threads=1) as runner, Runner(
+        tiny_small, name="plain", n_ctx=256, n_threads=1
+    ) as plain:
+        prompt = runner.tokenize("hello hello", add_special=True)
+        runner.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)
+        plain.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)
+        guess = [int(t) for t in runner.tokenize(" there friend", add_special=False)]
+        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=guess)  # read with the guess
+        assert runner.n_past == len(prompt) and runner.stats.catchup.tokens == 1 + len(guess)
+        decoded = runner.stats.decode.tokens
+        for count in range(1, len(guess) + 1):  # each confirmed token: the row a decode would give
+            tokens = prompt + guess[:count]
+            row = runner.sync(tokens, prompt_len=len(prompt) - 1, own_tail=True).copy()
+            expected = plain.sync(tokens, prompt_len=len(prompt) - 1, own_tail=True)
+            np.testing.assert_allclose(row, expected, rtol=0, atol=0.01)
+        assert runner.stats.decode.tokens == decoded and runner.n_past == len(prompt) + len(guess)
+        # A guess the text leaves: the cache keeps what agreed and drops the rest before reading on.
+        runner.truncate(len(prompt) - 1)
+        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=guess)
+        assert len(guess) >= 2
+        other = prompt + guess[:1] + [(guess[1] + 1) % runner.n_vocab]  # follows the guess once, then leaves
+        row = runner.sync(other, prompt_len=len(prompt) - 1, own_tail=True).copy()
+        plain.truncate(len(prompt))
+        expected = plain.sync(other, prompt_len=len(prompt) - 1, own_tail=True)
+        np.testing.assert_allclose(row, expected, rtol=0, atol=0.01)
+        assert runner.align(other) == len(other) == runner.n_past
