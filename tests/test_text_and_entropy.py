@@ -4,6 +4,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 import pytest
 from tiny_models import open_pair
@@ -167,3 +168,21 @@ def test_held_back_text_is_flushed_at_the_end() -> None:
     stream = TextStream(["STOP"])
     assert stream.push(b"go ST") == "go "
     assert stream.flush() == "ST"
+
+
+def test_the_kept_logits_view_follows_llama_cpps_row(runners: list[Runner]) -> None:
+    """A batch with several rows of logits moves the last row; the runner's view must move with it."""
+    runner = runners[0]
+    tokens = encode_prompt(runner, "Write a haiku about the sea")
+
+    def fresh() -> np.ndarray:
+        pointer = llama_cpp.llama_get_logits_ith(runner.ctx, -1)
+        return np.ctypeslib.as_array(pointer, shape=(runner.n_vocab,)).copy()
+
+    row = runner.sync(tokens, prompt_len=len(tokens), own_tail=False)
+    assert np.array_equal(row, fresh())
+    rows = runner.verify([*tokens, 5, 6, 7], prompt_len=len(tokens), rows=4)
+    assert np.array_equal(runner.logits(), rows[-1])
+    assert np.array_equal(runner.logits(), fresh())
+    row = runner.sync([*tokens, 5, 6, 7, int(np.argmax(rows[-1]))], prompt_len=len(tokens), own_tail=True)
+    assert np.array_equal(row, fresh())
