@@ -114,6 +114,7 @@ def build_decoder(
                 entropy_stop=policy_options.draft_entropy_stop,
                 max_tokens=generation.max_tokens,
                 stop=generation.stop,
+                lookup=policy_options.lookup,
             )
         return Decoder(
             runners,
@@ -125,6 +126,7 @@ def build_decoder(
             normalize=policy_options.normalize,
             verify=policy_options.verify,
             fallback=generation.fallback,
+            lookup=policy_options.lookup,
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None

@@ -38,6 +38,11 @@ def check_draft(draft: int) -> None:
         raise ValueError(f"draft must be in [1, 64], got {draft}")
 
 
+def check_lookup(lookup: int) -> None:
+    if not 0 <= lookup <= 64:
+        raise ValueError(f"lookup must be in [0, 64] tokens (0: off), got {lookup}")
+
+
 def default_threads() -> int:
     """All the cores this process may use: llama.cpp's decode is bound by them on a CPU."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -102,6 +107,7 @@ class PolicyOptions:
     patterns: tuple[str, ...] = ()
     tau_range: tuple[float, float] | None = None
     levels: int = 2  # how many models take turns
+    lookup: int = 0  # guesses copied from earlier in the sequence after an N-token match (0: off)
 
     def __post_init__(self) -> None:
         if self.verify is not None and self.mode != "ead":
@@ -113,6 +119,7 @@ class PolicyOptions:
                 check_verify_ratio(self.verify)
             if self.mode == "spec" or self.policy == "lookahead":
                 check_draft(self.draft)
+            check_lookup(self.lookup)
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         stop = self.draft_entropy_stop

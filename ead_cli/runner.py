@@ -132,6 +132,8 @@ class RunnerStats:
     decode: PhaseCounter
     catchup: PhaseCounter
     logits_rows: int = 0
+    guessed: int = 0  # lookup guesses read past the text (in catch-up), and how many the text confirmed
+    guessed_kept: int = 0
 
     @classmethod
     def empty(cls) -> RunnerStats:
@@ -211,9 +213,16 @@ class Runner:
         self.n_past = 0
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
+        self._row = -1  # which output row of the last batch ``logits`` reads (-1: the last)
+        # A lookup guess read past n_past in the last batch: its tokens, and how many a sync confirmed.
+        self._guess: list[int] = []
+        self._guess_used = 0
         self.stats = RunnerStats.empty()
         self.on_step: Callable[[list], None] | None = None  # told each feed and rollback (schedules)
         self.entropy = EntropyMeter(self.n_vocab)  # bits of a row of logits (a remote runner estimates)
+        self._logits_view: np.ndarray | None = None  # the last row's numpy view, while llama.cpp keeps it
+        self._logits_address = 0  # where that view points
+        self._pieces: dict[int, bytes] = {}  # token_bytes' answers: the vocabulary never changes
         self.label = self.path.name
         self.location = str(self.path)
 
@@ -229,26 +238,71 @@ class Runner:
     def ctx(self) -> llama_cpp.llama_context_p:
         return self._ctx
 
-    def sync(self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool) -> np.ndarray:
+    def sync(
+        self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool, guess: Sequence[int] = ()
+    ) -> np.ndarray:
         """Read every token this model has not seen; return the logits predicting the next one.
 
         ``prompt_len``: tokens[:prompt_len] are the prompt (counted as prefill). ``own_tail``: the last
         token was written by this model, so a one-token feed is an ordinary decode step.
+        ``guess``: tokens that may come next (a lookup draft); they are read in the same batch, with
+        logits at each, and a later sync whose new tokens confirm them returns those rows without a
+        decode: the same rows a step would have computed (up to batched kernels' rounding). A batch that
+        carries a guess is counted as catch-up, and tokens guessed wrong are dropped from the cache.
         The returned array is a view into llama.cpp's buffer, valid until the next feed.
         """
         n = len(tokens)
         if n > self.n_ctx:
             raise EadError(f"{n} tokens do not fit the context of {self.n_ctx} tokens")
+        if self._guess and self._confirm(tokens):
+            return self.logits()
         if self.n_past == n and self._logits_at != n:
             self.truncate(n - 1)  # the logits buffer belongs to another position: recompute the last row
         start = self.n_past
         if start < prompt_len:
             self.feed(tokens, start, min(prompt_len, n), "prefill")
             start = self.n_past
-        if start < n:
+        guess = list(guess[: max(0, min(self.n_batch - 1, self.n_ctx - n))])
+        if guess and start < n:
+            if n + len(guess) - start > self.n_batch:  # keep the guessed rows in one batch
+                self.feed(tokens, start, n - 1, "catchup")
+                start = n - 1
+            self.feed([*tokens, *guess], start, n + len(guess), "catchup", rows=len(guess) + 1)
+            self.n_past, self._logits_at = n, n  # the guessed tokens are in the cache, not yet confirmed
+            del self._seen[n:]
+            self._guess, self._guess_used, self._row = guess, 0, -len(guess) - 1
+            self.stats.guessed += len(guess)
+        elif start < n:
             phase: Phase = "decode" if own_tail and n - start == 1 else "catchup"
             self.feed(tokens, start, n, phase)
         return self.logits()
+
+    def drop_guess(self) -> None:
+        """Forget an unconfirmed guess (the cache then holds exactly what ``n_past`` counts)."""
+        if self._guess:
+            self.truncate(self.n_past)
+
+    def _confirm(self, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` only add guessed tokens to what was read (then the row is at hand); else
+        the guess is dropped from where it parts from ``tokens`` on."""
+        base = self.n_past
+        if len(tokens) == base:  # the same position again: its row is at hand
+            return self._logits_at == base
+        remaining = self._guess[self._guess_used :]
+        new = tokens[base : base + len(remaining)]
+        agreed = 0
+        while agreed < len(new) and new[agreed] == remaining[agreed]:
+            agreed += 1
+        self.n_past = base + agreed
+        self._seen.extend(new[:agreed])
+        self._guess_used += agreed
+        self.stats.guessed_kept += agreed
+        if agreed == len(tokens) - base and agreed > 0:
+            self._logits_at = len(tokens)
+            self._row += agreed
+            return True
+        self.truncate(self.n_past)  # the rest of the guess is not what came
+        return False
 
     def verify(self, tokens: Sequence[int], *, prompt_len: int, rows: int) -> np.ndarray:
         """Read every unseen token, with logits at each of the last ``rows`` positions (a draft to check).
@@ -273,9 +327,16 @@ class Runner:
         return np.ctypeslib.as_array(pointer, shape=(count, self.n_vocab))
 
     def logits(self) -> np.ndarray:
-        """Zero-copy view of the last computed row of logits."""
-        pointer = llama_cpp.llama_get_logits_ith(self._ctx, -1)
-        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+        """Zero-copy view of the row of logits for the position read last (the last computed row, or a
+        confirmed guess's). The view is made again only when llama.cpp moved the row (a batch with more
+        rows of logits): np.ctypeslib.as_array takes ~1.4 us warm and more on the cache a decode just
+        flushed, every token."""
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, self._row)
+        address = ctypes.addressof(pointer.contents)
+        if address != self._logits_address or self._logits_view is None:
+            self._logits_view = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+            self._logits_address = address
+        return self._logits_view
 
     def truncate(self, n: int) -> None:
         """Forget every position from n on (rollback, chat edits).
@@ -283,9 +344,12 @@ class Runner:
         Always clears the cache from n, also past ``n_past``: a Ctrl-C that lands inside llama_decode
         can leave cells there that ``n_past`` never counted.
         """
+        if self._guess:  # guessed cells past n_past are never kept by a truncation
+            n = min(n, self.n_past)
         llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
-        if self.on_step is not None and n < self.n_past:
+        if self.on_step is not None and (n < self.n_past or self._guess):
             self.on_step(["t", n])
+        self._guess, self._guess_used = [], 0
         self.n_past = min(self.n_past, n)
         del self._seen[n:]
 
@@ -325,6 +389,7 @@ class Runner:
                 raise EadError(f"llama.cpp failed to decode with {self.name} (status {status})")
             self.n_past = chunk_end
             self._seen.extend(tokens[chunk_start:chunk_end])
+        self._row = -1
         counter.seconds += perf_counter() - began
         counter.tokens += end - start
         self.stats.logits_rows += min(rows, end - start)
@@ -361,6 +426,12 @@ class Runner:
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for (control tokens render as nothing)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._token_to_piece(token)
+        return piece
+
+    def _token_to_piece(self, token: int) -> bytes:
         buffer = ctypes.create_string_buffer(64)
         size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
         if size < 0:

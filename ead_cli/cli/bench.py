@@ -59,6 +59,9 @@ DraftStopList = Annotated[
     str | None,
     typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
 ]
+LookupList = Annotated[
+    str, typer.Option("--lookup", help="Prompt-lookup match lengths, comma-separated (0: off).")
+]
 VerifyList = Annotated[
     str | None,
     typer.Option(
@@ -108,6 +111,7 @@ SWEEP_OPTIONS = OptionGroup(
         ("switch_point", SwitchPointList, "before"),
         ("draft", DraftList, "4"),
         ("draft_stop", DraftStopList, None),
+        ("lookup", LookupList, "0"),
         ("verify", VerifyList, None),
         ("burst", BurstList, "1"),
         ("server_draft", ServerDraftList, "3"),

@@ -77,6 +77,13 @@ Draft = Annotated[
 DraftStop = Annotated[
     float | None, typer.Option(help="spec: end a draft early at this small-model entropy (bits).")
 ]
+Lookup = Annotated[
+    int,
+    typer.Option(
+        help="Prompt lookup: where the last N tokens occurred before, read the 16 that followed them as a "
+        "guess in the same batch (free steps while the text follows it; spec: a free draft). 0: off."
+    ),
+]
 PolicyOpt = Annotated[
     PolicyName,
     typer.Option(help="; ".join(f"{kind.name}: {kind.summary}" for kind in POLICY_KINDS.values()) + "."),
@@ -227,6 +234,7 @@ def _decoding_options(
     normalize: bool,
     draft: int,
     draft_entropy_stop: float | None,
+    lookup: int,
     verify: float | None,
     pattern: list[str] | None,
     tau_range: str | None,
@@ -258,6 +266,7 @@ def _decoding_options(
         tuple(pattern or ()),
         parse_tau_range(tau_range),
         levels=len(taus) + 1 if isinstance(taus, tuple) else 2,
+        lookup=lookup,
     )
     sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     if fallback not in (None, "small"):
@@ -278,6 +287,7 @@ DECODING_OPTIONS = OptionGroup(
         ("normalize", Normalize, False),
         ("draft", Draft, 4),
         ("draft_entropy_stop", DraftStop, None),
+        ("lookup", Lookup, 0),
         ("verify", Verify, None),
         ("pattern", Pattern, None),
         ("tau_range", TauRange, None),
