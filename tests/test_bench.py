@@ -550,6 +550,15 @@ def ead(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([EAD, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.parametrize("spelling", ["--draft-entropy-stop", "--draft-stop"])
+def test_the_bench_takes_generates_name_for_the_draft_entropy_stop(spelling: str) -> None:
+    """One name per option across commands: ead generate's --draft-entropy-stop (the older --draft-stop
+    still parses), checked before any model loads."""
+    result = ead("bench", "humaneval", "--strategies", "spec", spelling, "-1")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "error: --draft-entropy-stop: -1 is below 0 or not finite\n"
+
+
 def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
     out = tmp_path / "out"
     models = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]

@@ -215,7 +215,7 @@ def parse_grid(
     min_run: str,
     switch_point: str,
     draft: str,
-    draft_stop: str | None,
+    draft_entropy_stop: str | None,
     verify: str | None = None,
     burst: str = "1",
     lookahead_tau: str = "1",
@@ -236,7 +236,9 @@ def parse_grid(
         min_runs=_parse_list(min_run, "--min-run", int, 0),
         switch_points=points,  # type: ignore[arg-type]
         drafts=_parse_list(draft, "--draft", int, 1),
-        draft_stops=(None,) if draft_stop is None else _parse_list(draft_stop, "--draft-stop", float, 0),
+        draft_stops=(None,)
+        if draft_entropy_stop is None
+        else _parse_list(draft_entropy_stop, "--draft-entropy-stop", float, 0),
         lookups=_parse_list(lookup, "--lookup", int, 0),
         verifies=(None,) if verify is None else _parse_verify(verify),
         bursts=tuple(

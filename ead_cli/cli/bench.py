@@ -57,7 +57,12 @@ DraftList = Annotated[
 ]
 DraftStopList = Annotated[
     str | None,
-    typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
+    typer.Option(
+        "--draft-entropy-stop",
+        "--draft-stop",
+        help="spec: draft entropy stops in bits, comma-separated (default: none); the name ead generate "
+        "uses (--draft-stop is the older spelling).",
+    ),
 ]
 LookupList = Annotated[
     str, typer.Option("--lookup", help="Prompt-lookup match lengths, comma-separated (0: off).")
@@ -110,7 +115,7 @@ SWEEP_OPTIONS = OptionGroup(
         ("min_run", MinRunList, "10"),
         ("switch_point", SwitchPointList, "before"),
         ("draft", DraftList, "4"),
-        ("draft_stop", DraftStopList, None),
+        ("draft_entropy_stop", DraftStopList, None),
         ("lookup", LookupList, "0"),
         ("verify", VerifyList, None),
         ("burst", BurstList, "1"),
