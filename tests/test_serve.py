@@ -111,7 +111,7 @@ def test_request_options_and_the_ead_object(client: openai.OpenAI, tiny_pair: tu
     sampled = {"messages": messages, "max_tokens": 12, "temperature": 0.9, "seed": 7}
     ead = {"policy": "ead", "min_run": 2}
     whole = client.chat.completions.create(
-        model="anything", **sampled, extra_body={"ead": ead, "unknown_field": [1, 2]}
+        model="ead", **sampled, extra_body={"ead": ead, "unknown_field": [1, 2]}
     )
     assert attribution(whole.model_extra["ead"]["tokens"]) == attribution(expected)
     small_only = client.chat.completions.create(
@@ -155,12 +155,17 @@ def test_llm_cli_answers_through_the_server(server: Server, tmp_path: Path) -> N
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
 def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> None:
     """curl -N gets frames as they are produced: the first while the engine is still generating."""
-    body = json.dumps(
-        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4000, "stream": True}
-    )
+    body = json.dumps({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4000, "stream": True})
     curl = subprocess.Popen(
-        ["curl", "-sN", f"{server.base_url}/chat/completions", "-H", "Content-Type: application/json",
-         "-d", body],
+        [
+            "curl",
+            "-sN",
+            f"{server.base_url}/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
         stdout=subprocess.PIPE,
     )
     assert curl.stdout is not None
@@ -177,6 +182,7 @@ def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> Non
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.mark.parametrize(
@@ -188,14 +194,13 @@ HI = [{"role": "user", "content": "hi"}]
         (CHAT, {"messages": []}, 400, "messages"),
         (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
         (CHAT, {"messages": [{"role": "user", "content": "  "}]}, 400, "the prompt is empty"),
-        (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages.0"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "image_url parts"),
         (CHAT, {"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
-        (CHAT, {"messages": HI, "max_tokens": 10**6}, 400, "max_tokens must be at most the context"),
         (CHAT, {"messages": HI, "max_tokens": "5"}, 400, "max_tokens"),
         (CHAT, {"messages": HI, "temperature": -1}, 400, "temperature"),
-        (CHAT, {"messages": HI, "top_p": 0}, 400, "top_p"),
+        (CHAT, {"messages": HI, "top_p": 1.5}, 400, "top_p"),
         (CHAT, {"messages": HI, "seed": -3}, 400, "seed"),
-        (CHAT, {"messages": HI, "n": 2}, 400, "n"),
+        (CHAT, {"messages": HI, "n": 2}, 400, "n: one choice per request"),
         (CHAT, {"messages": HI, "ead": {"tau": -1}}, 400, "tau must be at least 0"),
         (CHAT, {"messages": HI, "ead": {"verify": 2}}, 400, "verify ratio must be in (0, 1]"),
         (CHAT, {"messages": HI, "ead": {"policy": "coin"}}, 400, "ead.policy"),
@@ -213,7 +218,7 @@ def test_bad_requests_get_an_error_object_and_one_log_line(
 ) -> None:
     before = server.log().splitlines()
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    reply = httpx.post(f"{server.url}{path}", content=content, timeout=60)
+    reply = httpx.post(f"{server.url}{path}", content=content, headers=JSON, timeout=60)
     assert reply.status_code == status
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -339,7 +344,16 @@ def test_a_killed_client_stops_its_generation(server: Server) -> None:
     before = len(server.log().splitlines())
     body = json.dumps({"messages": HI, "max_tokens": LONG, "stream": True})
     curl = subprocess.Popen(
-        ["curl", "-sN", f"{server.base_url}/chat/completions", "-d", body], stdout=subprocess.PIPE
+        [
+            "curl",
+            "-sN",
+            f"{server.base_url}/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+        stdout=subprocess.PIPE,
     )
     assert curl.stdout is not None and curl.stdout.readline().startswith(b"data: {")
     curl.kill()

@@ -12,6 +12,7 @@ each turn reads only the new turn's tokens. A client that goes away stops its ge
 from __future__ import annotations
 
 import ipaddress
+import re
 import signal
 import socket
 from collections.abc import Callable, Sequence
@@ -22,8 +23,11 @@ from sse_starlette.sse import AppStatus
 
 from ..errors import EadError
 from ..runner import Runner
-from .app import MAX_BODY_BYTES, MODEL_ID, Defaults, BodyLimit, create_app
+from .app import MAX_BODY_BYTES, MODEL_ID, Defaults, Guard, create_app
 from .engine import Engine
+
+if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
+    raise ImportError("ead serve needs sse-starlette 3.2 or newer", name="sse-starlette>=3.2")
 
 __all__ = ["Defaults", "ServeOptions", "serve"]
 
@@ -37,6 +41,9 @@ class ServeOptions:
     api_key: str | None = None
     queue: int = 16  # requests that may wait while one generates
     reuse: bool = True  # keep the cached prefix a prompt shares with the previous request
+    cors_origins: tuple[str, ...] = ()  # web pages (scheme://host[:port]) that may use the server
+    any_model: bool = False  # answer a request whatever model it names (as llama-server does)
+    shutdown_timeout: float = 30.0  # seconds a stop waits for open requests before it cuts them off
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -45,6 +52,15 @@ class ServeOptions:
             raise EadError(f"--queue must be at least 0, got {self.queue}", exit_code=2)
         if self.api_key is not None and not self.api_key.strip():
             raise EadError("--api-key is empty", exit_code=2)
+        if not 0 < self.shutdown_timeout <= 86400:
+            raise EadError(
+                f"--shutdown-timeout must be in (0, 86400] seconds, got {self.shutdown_timeout}", 2
+            )
+        for origin in self.cors_origins:
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise EadError(
+                    f"--cors-origin takes scheme://host[:port] (or *), got {origin!r}", exit_code=2
+                )
 
     @property
     def loopback(self) -> bool:
@@ -77,10 +93,17 @@ def serve(
 ) -> None:
     """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
     engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse)
-    app = BodyLimit(create_app(engine, defaults, options, say), MAX_BODY_BYTES, say)
+    app = Guard(create_app(engine, defaults, options, say), options, MAX_BODY_BYTES, say)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", ws="none")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        ws="none",
+        timeout_graceful_shutdown=options.shutdown_timeout,  # then open requests are cut off
+    )
     server = uvicorn.Server(config)
     # From before the first line on, a signal asks uvicorn to stop (while it runs, its own handlers do; it
     # re-raises the signal when done, and this handler takes that too): the stop is clean, exit 0.

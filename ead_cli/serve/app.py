@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
+import secrets
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
@@ -24,14 +31,20 @@ from ..engine import GenerationOptions, PolicyOptions, build_decoder
 from ..errors import EadError
 from ..prompt import check_fits, check_prompt_text, encode_rendered, render_chat
 from ..sampling import SamplingParams
-from .engine import Engine, Failed, Job, Log, QueueFull, Ticket
+from .engine import Engine, Failed, Finished, Job, Log, QueueFull, Ticket
 from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse
 
 if TYPE_CHECKING:
     from . import ServeOptions
 
-MODEL_ID = "ead"  # the one model this server lists; a request may name any model (as llama-server does)
+Body = TypeVar("Body", bound=CompletionBase)
+
+MODEL_ID = (
+    "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
+)
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
+PREPARE_THREADS = 2
+SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
 
 
@@ -43,20 +56,24 @@ class Defaults:
     generation: GenerationOptions
 
 
-class BodyLimit:
-    """Refuse a request body over ``limit`` bytes (413) before it is read whole; the app's outermost layer."""
+class Guard:
+    """The app's outermost layer. A loopback server answers only requests that name it in ``Host`` (a
+    DNS-rebinding page names its own domain) and, from a web page, only those whose ``Origin`` is the
+    server itself or a ``--cors-origin``; a body over ``limit`` bytes is refused (413) before it is read
+    whole, chunked or not; whatever fails unforeseen is OpenAI's error object (500) and one log line."""
 
-    def __init__(self, app: Any, limit: int, log: Log) -> None:
-        self.app, self.limit, self.log = app, limit, log
+    def __init__(self, app: Any, options: ServeOptions, limit: int, log: Log) -> None:
+        self.app, self.options, self.limit, self.log = app, options, limit, log
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        too_large = ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            self.log(f"error: {scope['method']} {scope['path']} 413: {too_large.message}")
-            return await too_large.response()(scope, receive, send)
+        where = f"{scope['method']} {scope['path']}"
+        headers = Headers(scope=scope)
+        refusal = self._refusal(headers)
+        if refusal is not None:
+            self.log(f"error: {where} {refusal.status}: {refusal.message}")
+            return await refusal.response()(scope, receive, send)
         seen = 0
 
         async def counted() -> dict:
@@ -64,19 +81,80 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise too_large
+                raise self._too_large()
             return message
 
+        started = False
+
+        async def watched(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            return await self.app(scope, counted, send)
+            return await self.app(scope, counted, watched)
         except asyncio.CancelledError:  # a forced stop (a second Ctrl-C) cancels open streams: no traceback
             return None
+        except SendTimeoutError:
+            self.log(f"error: {where}: the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped")
+        except Exception as error:  # after the app's own handler answered it (below): one line here
+            self.log(f"error: {where} 500: {type(error).__name__}: {' '.join(str(error).split())}")
+            if not started:
+                await _internal_error().response()(scope, receive, send)
+        return None
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
+
+    def _refusal(self, headers: Headers) -> ApiError | None:
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limit:
+            return self._too_large()
+        host = headers.get("host", "")
+        if self.options.loopback and not _names_loopback(host):
+            message = f"Host {host!r} is not a loopback name: this server answers localhost and 127.0.0.1"
+            return ApiError(403, message, code="invalid_host")
+        origin = headers.get("origin")
+        allowed = self.options.cors_origins
+        if origin is None or origin == f"http://{host}" or origin in allowed or "*" in allowed:
+            return None
+        message = (
+            f"pages at {origin} may not use this server: start it with --cors-origin {origin} to allow them"
+        )
+        return ApiError(403, message, code="origin_not_allowed")
+
+
+def _names_loopback(host: str) -> bool:
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _internal_error() -> ApiError:
+    return ApiError(500, "the server failed on this request (its log says why)", kind="server_error")
 
 
 def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: Log) -> FastAPI:
     """The ASGI app over a started engine."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    if options.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(options.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     roles = {runner.name: runner.label for runner in engine.runners}
+    # Parsing, rendering and tokenizing a request (a 4 MiB body takes a while) run here, not on the event
+    # loop; a fixed pool, so the server's threads stay as many under any load.
+    preparing = ThreadPoolExecutor(PREPARE_THREADS, "ead-prepare")
+
+    async def prepared(prepare: Callable[[bytes], tuple[Body, Job]], data: bytes) -> tuple[Body, Job]:
+        return await asyncio.get_running_loop().run_in_executor(preparing, prepare, data)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -87,6 +165,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         return await api_error(request, ApiError(error.status_code, str(error.detail), kind=kind))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        return _internal_error().response()  # Starlette raises it on to the Guard, which logs it
 
     async def authorized(request: Request) -> None:
         if options.api_key is None:
@@ -112,42 +194,63 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models() -> dict[str, Any]:
+        served = {
+            "models": roles,
+            "n_ctx": engine.n_ctx,
+            "policy": asdict(defaults.policy),
+            "any_model_name": options.any_model,  # whether a request naming another model is answered
+        }
         return {
             "object": "list",
-            "data": [
-                {
-                    "id": MODEL_ID,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "ead",
-                    "ead": {"models": roles, "n_ctx": engine.n_ctx, "policy": asdict(defaults.policy)},
-                }
-            ],
+            "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ead", "ead": served}],
         }
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(request: Request) -> Any:
-        body = parse(ChatRequest, await request.body())
-        messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+        data = await _json_body(request)
+        return await _answer(request, *await prepared(_prepare_chat, data), "chat.completion")
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(request: Request) -> Any:
+        data = await _json_body(request)
+        return await _answer(request, *await prepared(_prepare_text, data), "text_completion")
+
+    # On the preparing threads: parse, check, render, tokenize.
+
+    def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
+        body = _accepted(ChatRequest, data)
+        messages = [message.as_template_message(f"messages.{i}") for i, message in enumerate(body.messages)]
         _check(lambda: check_prompt_text("".join(message["content"] for message in messages)))
         rendered = _check(lambda: render_chat(engine.runners[0], messages))
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
-        return await _answer(body, request, rendered, "chat.completion")
+        return body, _job(body, rendered)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(request: Request) -> Any:
-        body = parse(CompletionRequest, await request.body())
-        text = _check(lambda: check_prompt_text(body.text()))
-        return await _answer(body, request, text, "text_completion")
+    def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
+        body = _accepted(CompletionRequest, data)
+        return body, _job(body, _check(lambda: check_prompt_text(body.text())))
 
-    async def _answer(body: CompletionBase, request: Request, text: str, kind: str) -> Any:
-        job = Job(encode_rendered(engine.runners[0], text), *_settings(body))
+    def _accepted(schema: type[Body], data: bytes) -> Body:
+        body = parse(schema, data)
+        body.check_supported()
+        if body.model not in (None, "", MODEL_ID) and not options.any_model:
+            message = (
+                f"the model {body.model!r} is not served here: this server serves {MODEL_ID!r} "
+                "(ead serve --any-model answers any name)"
+            )
+            raise ApiError(404, message, code="model_not_found", param="model")
+        return body
+
+    def _job(body: CompletionBase, text: str) -> Job:
+        prompt = encode_rendered(engine.runners[0], text)
         try:
-            check_fits(job.prompt, engine.n_ctx)
+            check_fits(prompt, engine.n_ctx)
         except EadError as error:
             raise ApiError(400, str(error), code="context_length_exceeded") from None
+        return Job(prompt, *_settings(body))
+
+    async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
         ticket = Ticket(asyncio.get_running_loop())
         try:
             engine.submit(job, ticket)
@@ -159,36 +262,45 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 code="queue_full",
                 headers={"Retry-After": str(full.retry_after)},
             ) from None
-        reply = _Reply(kind, request.url.path, log)
+        reply = _Reply(kind, request.url.path, log, seed=job.generation.sampling.seed)
         if body.stream:
-            return EventSourceResponse(reply.stream(ticket), ping=15)
+            return EventSourceResponse(reply.stream(ticket), ping=15, send_timeout=SEND_TIMEOUT_S)
         return await reply.whole(ticket, request)
 
     def _settings(body: CompletionBase) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
         max_tokens = body.max_completion_tokens or body.max_tokens or defaults.generation.max_tokens
-        if max_tokens > engine.n_ctx:
-            message = f"max_tokens must be at most the context, {engine.n_ctx} tokens"
-            raise ApiError(400, message, code="invalid_value")
         base = defaults.generation.sampling
+        temp = base.temp if body.temperature is None else body.temperature
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             policy = replace(defaults.policy, **ead.policy_changes(), levels=len(engine.runners))
             policy = with_saved_tau(policy, engine.runners)[0]
             sampling = SamplingParams(
-                temp=base.temp if body.temperature is None else body.temperature,
+                temp=0.0 if body.top_p == 0 else temp,  # top_p 0 keeps the likeliest token alone: greedy
                 top_k=base.top_k if ead.top_k is None else ead.top_k,
-                top_p=base.top_p if body.top_p is None else body.top_p,
+                top_p=base.top_p if not body.top_p else body.top_p,
                 min_p=base.min_p if ead.min_p is None else ead.min_p,
-                seed=base.seed if body.seed is None else body.seed,
+                # as OpenAI and llama-server: a fresh draw per request unless the request names its seed
+                seed=body.seed if body.seed is not None and body.seed >= 0 else secrets.randbelow(2**32 - 1),
             )
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-            generation = replace(defaults.generation, sampling=sampling, max_tokens=max_tokens, stop=stop)
+            generation = replace(
+                defaults.generation, sampling=sampling, max_tokens=min(max_tokens, engine.n_ctx), stop=stop
+            )
             build_decoder(engine.runners, policy, generation)  # only to check: a decoder costs nothing
             return policy, generation
 
         return _check(settings)
+
+    async def _json_body(request: Request) -> bytes:
+        """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking."""
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media != "application/json":
+            message = f"the body must be JSON sent as Content-Type: application/json, not {media or 'none'!r}"
+            raise ApiError(415, message, code="unsupported_media_type")
+        return await request.body()
 
     return app
 
@@ -204,8 +316,9 @@ def _check(make: Callable[[], Any]) -> Any:
 class _Reply:
     """One request's answer in OpenAI's shapes, from its ticket's messages."""
 
-    def __init__(self, kind: str, path: str, log: Log) -> None:
+    def __init__(self, kind: str, path: str, log: Log, *, seed: int) -> None:
         self.kind, self.path, self.log = kind, path, log
+        self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.chat = kind == "chat.completion"
@@ -244,7 +357,8 @@ class _Reply:
                     ended = True
                     return
                 self._done(message.summary)
-                extra = {"usage": _usage(message.summary), "ead": {"summary": asdict(message.summary)}}
+                ead = {"summary": asdict(message.summary), "seed": self.seed}
+                extra = {"usage": _usage(message.summary), "ead": ead}
                 yield {"data": self._chunk(None, _finish(message.summary), **extra)}
                 ended = True
                 yield {"data": "[DONE]"}
@@ -257,24 +371,28 @@ class _Reply:
         """The whole answer at once; a client that leaves while it waits cancels it."""
         events: list[TokenEvent] = []
         looked = time.monotonic()
-        while True:
-            try:
-                message = await asyncio.wait_for(ticket.messages.get(), POLL_S)
-            except asyncio.TimeoutError:
-                message = None
-            if time.monotonic() - looked >= POLL_S:  # tokens may come faster than that: look by the clock
-                looked = time.monotonic()
-                if await request.is_disconnected():
-                    ticket.cancel()
-                    return JSONResponse({}, status_code=499)
-            if message is None:
-                continue
-            if isinstance(message, TokenEvent):
-                events.append(message)
-            elif isinstance(message, Failed):
-                raise ApiError(502, message.message, kind="server_error", code="generation_failed")
-            else:
-                break
+        message: TokenEvent | Finished | Failed | None = None
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(ticket.messages.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    message = None
+                if time.monotonic() - looked >= POLL_S:  # tokens may come faster: look by the clock
+                    looked = time.monotonic()
+                    if await request.is_disconnected():
+                        return JSONResponse({}, status_code=499)
+                if message is None:
+                    continue
+                if isinstance(message, TokenEvent):
+                    events.append(message)
+                elif isinstance(message, Failed):
+                    raise ApiError(502, message.message, kind="server_error", code="generation_failed")
+                else:
+                    break
+        finally:
+            if not isinstance(message, Finished):  # the client left, or a stop cut the request off
+                ticket.cancel()
         summary = message.summary
         self._done(summary)
         text = "".join(event.text for event in events)
@@ -284,7 +402,11 @@ class _Reply:
             if self.chat
             else {"text": text, "finish_reason": finish, "logprobs": None}
         )
-        ead = {"tokens": [_token_fields(event) for event in events], "summary": asdict(summary)}
+        ead = {
+            "tokens": [_token_fields(event) for event in events],
+            "summary": asdict(summary),
+            "seed": self.seed,
+        }
         return JSONResponse(self._envelope(self.kind, choice, usage=_usage(summary), ead=ead))
 
     def _done(self, summary: Summary) -> None:

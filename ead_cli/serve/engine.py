@@ -13,14 +13,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 
 from ..decoder import Summary, TokenEvent
 from ..engine import GenerationOptions, PolicyOptions, build_decoder
 from ..errors import EadError
-from ..runner import Runner
+from ..runner import Abandoned, Runner, never_abandoned
 
 Log = Callable[[str], None]  # one line per request, and one per error: never a traceback
 
@@ -58,12 +58,15 @@ class QueueFull(Exception):
 
 class Ticket:
     """A request's end of its job: the messages the engine thread sends (token events, then one
-    ``Finished`` or ``Failed``), and ``cancel`` for when its client goes away."""
+    ``Finished`` or ``Failed``), and ``cancel`` for when its client goes away: a waiting job gives its
+    place in the queue back at once, a running one stops within a token or a prefill's graph node."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.messages: asyncio.Queue[TokenEvent | Finished | Failed] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
+        self._future: Future[None] | None = None  # set by Engine.submit
+        self._withdraw: Callable[[], None] | None = None
 
     def send(self, message: TokenEvent | Finished | Failed) -> None:
         """From the engine thread. Once the server's event loop is gone, nobody reads: stop."""
@@ -74,6 +77,8 @@ class Ticket:
 
     def cancel(self) -> None:
         self.cancelled.set()
+        if self._withdraw is not None:
+            self._withdraw()
 
 
 def _hold_signals() -> None:
@@ -116,14 +121,22 @@ class Engine:
             if self._pending > self.queue:
                 raise QueueFull(max(1, math.ceil(self._mean_s * (self._pending - self.queue))))
             self._pending += 1
-        self._executor.submit(self._run, job, ticket)
+        future = self._executor.submit(self._run, job, ticket)
+        ticket._withdraw = lambda: self._withdraw(future)
+
+    def _withdraw(self, future: Future[None]) -> None:
+        """A job whose client left before its turn: out of the queue now, its place free for another."""
+        with self._lock:
+            if future.cancelled() or not future.cancel():  # already withdrawn, running or done
+                return
+            self._pending -= 1
+        self.log("skipped a waiting request: its client went away")
 
     def _run(self, job: Job, ticket: Ticket) -> None:
         began = time.perf_counter()
         try:
-            if ticket.cancelled.is_set() or self._stopped.is_set():
-                why = "the server is stopping" if self._stopped.is_set() else "its client went away"
-                self.log(f"skipped a waiting request: {why}")
+            if self._stopped.is_set():
+                self.log("skipped a waiting request: the server is stopping")
                 return
             ticket.send(self._generate(job, ticket))
         except Exception as error:  # the thread must live on: whatever failed is this job's answer
@@ -139,14 +152,26 @@ class Engine:
                 runner.truncate(0)
         decoder = build_decoder(self.runners, job.policy, job.generation)
         failure = None
+
+        def abandoned() -> bool:
+            return ticket.cancelled.is_set() or self._stopped.is_set()
+
+        local = [runner for runner in self.runners if isinstance(runner, Runner)]
+        for runner in local:
+            runner.abandoned = abandoned  # a long prefill stops between graph nodes, not at its end
         try:
             with closing(decoder.run(job.prompt)) as run:  # align keeps what the caches share with it
                 for event in run:
                     ticket.send(event)
-                    if ticket.cancelled.is_set() or self._stopped.is_set():
+                    if abandoned():
                         break
+        except Abandoned:
+            pass
         except EadError as error:
             failure = Failed(str(error))
+        finally:
+            for runner in local:
+                runner.abandoned = never_abandoned
         summary = decoder.summary()
         if self._stopped.is_set() or ticket.cancelled.is_set():
             why = "the server is stopping" if self._stopped.is_set() else "the client went away"

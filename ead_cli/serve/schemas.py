@@ -6,31 +6,53 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import EadError
 from ..policies import parse_tau
 
+MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
+MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
+MAX_STOP_CHARS = 512
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+NAMED_PATTERNS = ("@code",)
+
+
+def _named(patterns: list[str]) -> list[str]:
+    for pattern in patterns:
+        if pattern not in NAMED_PATTERNS:
+            raise ValueError(
+                f"over HTTP only named patterns ({', '.join(NAMED_PATTERNS)}) are taken, got {pattern!r}: "
+                "a client's regular expression could run unbounded on every token"
+            )
+    return patterns
+
 
 class EadOptions(BaseModel):
-    """The ``ead`` object of a request: policy options of ``ead generate``, checked by the same rules."""
+    """The ``ead`` object of a request: policy options of ``ead generate``, checked by the same rules.
+    Every number is bounded here, before any reaches a C call; patterns are named ones only (the
+    server's own ``--pattern`` is its operator's: any regular expression)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     mode: Literal["ead", "small", "large", "spec"] | None = None
     policy: Literal["gate", "ead", "lookahead"] | None = None
-    tau: float | list[float] | str | None = None
-    window: int | None = None
-    min_run: int | None = None
-    burst: int | Literal["line", "adaptive"] | None = None
+    tau: (
+        float | Annotated[list[float], Field(max_length=64)] | Annotated[str, Field(max_length=1024)] | None
+    ) = None
+    window: Positive | None = None
+    min_run: Count | None = None
+    burst: Positive | Literal["line", "adaptive"] | None = None
     switch_point: Literal["before", "after"] | None = None
     normalize: bool | None = None
-    draft: int | None = None
+    draft: Positive | None = None
     draft_entropy_stop: float | None = None
     verify: float | None = None
-    pattern: list[str] | None = None
+    pattern: Annotated[list[str], Field(max_length=len(NAMED_PATTERNS)), AfterValidator(_named)] | None = None
     tau_range: tuple[float, float] | None = None
-    top_k: int | None = None
+    top_k: Count | None = None
     min_p: float | None = None
 
     def policy_changes(self) -> dict[str, Any]:
@@ -48,38 +70,90 @@ class EadOptions(BaseModel):
         return given
 
 
-class CompletionBase(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+# Fields of OpenAI's API that would change the answer and that ead serve does not do, with the values
+# that change nothing (what clients send when they mean "off"): any other value is a 400, never silence.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "suffix": (None, ""),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+}
 
-    model: str | None = None
-    stream: bool = False
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+
+class CompletionBase(BaseModel):
+    """What both completion endpoints take. Fields not named here are ignored (clients send ``user``,
+    ``stream_options``, ``metadata``...), except those of ``UNSUPPORTED``."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    model: Annotated[str, Field(max_length=256)] | None = None
+    stream: bool | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None  # clamped to the context, as llama-server does
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: Annotated[int, Field(ge=0, le=2**32 - 2)] | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    top_p: Fraction | None = None
+    stop: (
+        Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+        | Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)]
+        | None
+    ) = None
+    seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None  # -1: a fresh one, as llama-server
+    n: Positive | None = None
     ead: EadOptions | None = None
+
+    def check_supported(self) -> None:
+        """A 400 naming the first field given that ead serve would otherwise ignore."""
+        if (self.n or 1) > 1:
+            raise unsupported("n", "one choice per request (n: 1)")
+        for name, neutral in UNSUPPORTED.items():
+            value = (self.model_extra or {}).get(name)
+            if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in neutral):
+                raise unsupported(name, f"{name} is not supported")
+
+
+def unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message} by ead serve", param=param, code="unsupported_parameter")
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    type: Literal["text"]
-    text: str
+    type: Annotated[str, Field(max_length=64)]
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
 
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+    def text(self, where: str) -> str:
+        """The message's text; a part that is not text (an image, audio, a file) is a 400."""
+        if not isinstance(self.content, list):
+            return self.content or ""
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise unsupported(
+                    f"{where}.content", f"{part.type} parts are not supported (the models read text)"
+                )
+        return "".join(part.text or "" for part in self.content)
+
+    def as_template_message(self, where: str) -> dict[str, str]:
+        """As the chat template takes it: OpenAI's ``developer`` role is the older ``system`` one."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
 
 
 class ChatRequest(CompletionBase):
@@ -103,19 +177,28 @@ class ApiError(Exception):
         *,
         kind: str = "invalid_request_error",
         code: str | None = None,
+        param: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind, self.code, self.headers = status, message, kind, code, headers
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.param, self.headers = param, headers
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        body = {"error": error}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+def _is_field(part: str | int) -> bool:
+    """Whether a part of pydantic's error location names a field or an index (not a union's member)."""
+    return isinstance(part, int) or (
+        part.isidentifier() and part not in {"str", "int", "float", "bool", "list"}
+    )
+
+
 def parse(model: type[BaseModel], data: bytes) -> Any:
-    """A request body (JSON whatever its content type says, as curl -d sends it) into its schema;
-    pydantic's first complaint as one line otherwise."""
+    """A request body into its schema; pydantic's first complaint as one line otherwise."""
     try:
         return model.model_validate_json(data)
     except ValidationError as error:
@@ -123,8 +206,8 @@ def parse(model: type[BaseModel], data: bytes) -> Any:
         if first["type"] == "json_invalid":
             message = f"the body is not valid JSON: {first['ctx']['error']}"
             raise ApiError(400, message, code="invalid_json") from None
-        where = ".".join(str(part) for part in first["loc"])
+        where = ".".join(str(part) for part in first["loc"] if _is_field(part))
         if first["type"] == "model_type" and not where:
             raise ApiError(400, "the body must be a JSON object", code="invalid_json") from None
         message = f"{where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, message, code="invalid_value") from None
+        raise ApiError(400, message, code="invalid_value", param=where or None) from None
