@@ -32,7 +32,14 @@ from ..errors import EadError
 from ..prompt import check_fits, check_prompt_text, encode_rendered, render_chat
 from ..sampling import SamplingParams
 from .engine import Engine, Failed, Finished, Job, Log, QueueFull, Ticket
-from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse
+from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse, unsupported
+from .tools import (
+    ToolCall,
+    ToolCallReader,
+    split_answer,
+    template_message,
+    template_takes_tools,
+)
 
 if TYPE_CHECKING:
     from . import ServeOptions
@@ -219,9 +226,15 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
         body = _accepted(ChatRequest, data)
-        messages = [message.as_template_message(f"messages.{i}") for i, message in enumerate(body.messages)]
+        tools = body.tools_offered()
+        if tools is not None and not template_takes_tools(engine.runners[0]):
+            raise unsupported("tools", f"the chat template of {engine.runners[0].label} has no tool support")
+        messages = [
+            template_message(message.as_template_message(f"messages.{i}"))
+            for i, message in enumerate(body.messages)
+        ]
         _check(lambda: check_prompt_text("".join(message["content"] for message in messages)))
-        rendered = _check(lambda: render_chat(engine.runners[0], messages))
+        rendered = _check(lambda: render_chat(engine.runners[0], messages, tools=tools))
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
@@ -262,7 +275,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 code="queue_full",
                 headers={"Retry-After": str(full.retry_after)},
             ) from None
-        reply = _Reply(kind, request.url.path, log, seed=job.generation.sampling.seed)
+        names = body.tool_names() if isinstance(body, ChatRequest) else None
+        reply = _Reply(kind, request.url.path, log, seed=job.generation.sampling.seed, tools=names)
         if body.stream:
             return EventSourceResponse(reply.stream(ticket), ping=15, send_timeout=SEND_TIMEOUT_S)
         return await reply.whole(ticket, request)
@@ -316,8 +330,11 @@ def _check(make: Callable[[], Any]) -> Any:
 class _Reply:
     """One request's answer in OpenAI's shapes, from its ticket's messages."""
 
-    def __init__(self, kind: str, path: str, log: Log, *, seed: int) -> None:
+    def __init__(
+        self, kind: str, path: str, log: Log, *, seed: int, tools: frozenset[str] | None = None
+    ) -> None:
         self.kind, self.path, self.log = kind, path, log
+        self.tools = tools  # the names of the tools offered: read calls out of the answer
         self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -336,19 +353,48 @@ class _Reply:
     def _chunk(self, text: str | None, finish: str | None, **extra: Any) -> str:
         if self.chat:
             delta = {} if text is None else {"role": "assistant", "content": text}
-            choice = {"delta": delta, "finish_reason": finish, "logprobs": None}
-            return json.dumps(self._envelope("chat.completion.chunk", choice, **extra), ensure_ascii=False)
+            return self._delta(delta, finish, **extra)
         choice = {"text": text or "", "finish_reason": finish, "logprobs": None}
         return json.dumps(self._envelope("text_completion", choice, **extra), ensure_ascii=False)
+
+    def _delta(self, delta: dict[str, Any], finish: str | None, **extra: Any) -> str:
+        choice = {"delta": delta, "finish_reason": finish, "logprobs": None}
+        return json.dumps(self._envelope("chat.completion.chunk", choice, **extra), ensure_ascii=False)
+
+    def _token_chunks(self, event: TokenEvent, reader: ToolCallReader | None) -> list[str]:
+        """A token's chunks: its text; with tools, the text and calls it completes (text that may open a
+        call is held), the first carrying the token's ``ead`` fields, an empty one if it completes none."""
+        fields = _token_fields(event)
+        if reader is None:
+            return [self._chunk(event.text, None, ead=fields)]
+        return self._piece_chunks(reader.push(event.text), reader, fields) or [
+            self._chunk("", None, ead=fields)
+        ]
+
+    def _piece_chunks(
+        self, pieces: list[str | ToolCall], reader: ToolCallReader, fields: dict[str, Any] | None
+    ) -> list[str]:
+        chunks = []
+        for piece in pieces:
+            extra = {"ead": fields} if fields is not None and not chunks else {}
+            if isinstance(piece, ToolCall):
+                index = reader.calls.index(piece)
+                delta = {"role": "assistant", "tool_calls": [piece.as_openai(index)]}
+                chunks.append(self._delta(delta, None, **extra))
+            else:
+                chunks.append(self._chunk(piece, None, **extra))
+        return chunks
 
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str]]:
         """Server-sent events: a chunk per token with its model, the last one with usage and figures."""
         ended = False
+        reader = ToolCallReader(self.tools) if self.tools else None
         try:
             while True:
                 message = await ticket.messages.get()
                 if isinstance(message, TokenEvent):
-                    yield {"data": self._chunk(message.text, None, ead=_token_fields(message))}
+                    for chunk in self._token_chunks(message, reader):
+                        yield {"data": chunk}
                     continue
                 if isinstance(message, Failed):
                     self.log(f"error: POST {self.path}: {message.message}")
@@ -357,9 +403,14 @@ class _Reply:
                     ended = True
                     return
                 self._done(message.summary)
+                finish = _finish(message.summary)
+                if reader is not None:
+                    for chunk in self._piece_chunks(reader.finish(), reader, None):
+                        yield {"data": chunk}
+                    finish = "tool_calls" if reader.calls else finish
                 ead = {"summary": asdict(message.summary), "seed": self.seed}
                 extra = {"usage": _usage(message.summary), "ead": ead}
-                yield {"data": self._chunk(None, _finish(message.summary), **extra)}
+                yield {"data": self._chunk(None, finish, **extra)}
                 ended = True
                 yield {"data": "[DONE]"}
                 return
@@ -397,11 +448,20 @@ class _Reply:
         self._done(summary)
         text = "".join(event.text for event in events)
         finish = _finish(summary)
-        choice = (
-            {"message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
-            if self.chat
-            else {"text": text, "finish_reason": finish, "logprobs": None}
-        )
+        if not self.chat:
+            choice = {"text": text, "finish_reason": finish, "logprobs": None}
+        else:
+            answer: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tools:
+                content, calls = split_answer(text, self.tools)
+                if calls:
+                    answer = {
+                        "role": "assistant",
+                        "content": content or None,
+                        "tool_calls": [call.as_openai() for call in calls],
+                    }
+                    finish = "tool_calls"
+            choice = {"message": answer, "finish_reason": finish, "logprobs": None}
         ead = {
             "tokens": [_token_fields(event) for event in events],
             "summary": asdict(summary),

@@ -79,7 +79,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
-    "tools": (None, []),
+    "tools": (None, []),  # chat completions take them (ChatRequest); text completions do not
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
@@ -134,11 +134,47 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: Annotated[str, Field(max_length=256)]
+    arguments: str
+
+
+class ToolCallMessage(BaseModel):
+    """A call an assistant made in an earlier turn, as the client sends it back."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: Annotated[str, Field(max_length=256)] | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: Annotated[list[ToolCallMessage], Field(max_length=128)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
 
     def text(self, where: str) -> str:
         """The message's text; a part that is not text (an image, audio, a file) is a 400."""
@@ -151,13 +187,43 @@ class ChatMessage(BaseModel):
                 )
         return "".join(part.text or "" for part in self.content)
 
-    def as_template_message(self, where: str) -> dict[str, str]:
-        """As the chat template takes it: OpenAI's ``developer`` role is the older ``system`` one."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
+    def as_template_message(self, where: str) -> dict[str, Any]:
+        """As the chat template takes it: OpenAI's ``developer`` role is the older ``system`` one; an
+        assistant's calls and a tool's answer keep the fields templates read."""
+        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
+        extra = self.model_dump(include={"tool_calls", "tool_call_id", "name"}, exclude_none=True)
+        return {**message, **extra}
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["function"]
+    function: dict[str, Any]
 
 
 class ChatRequest(CompletionBase):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_names(self) -> frozenset[str] | None:
+        """The names of the tools offered, None if none are."""
+        return (
+            None
+            if self.tools_offered() is None
+            else frozenset(tool.function.name for tool in self.tools or ())
+        )
+
+    def tools_offered(self) -> list[dict[str, Any]] | None:
+        """The tools the template is to render: none with ``tool_choice: none``. A choice that forces a
+        call (``required``, a named function) would need a grammar over the markup: refused."""
+        if self.tool_choice is not None and self.tool_choice not in ("none", "auto"):
+            raise unsupported("tool_choice", "only 'auto' and 'none' are supported")
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
 
 class CompletionRequest(CompletionBase):
