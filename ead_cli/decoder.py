@@ -339,7 +339,8 @@ class Decoder(_Generation):
         tokens = self._begin(prompt)
         prompt_len = len(tokens)
         self._held, self._preview = [], None
-        self._sampler = sampler = Sampler(self.sampling)
+        vocab = self.runners[0].vocab if self.sampling.grammar is not None else None  # the smallest is local
+        self._sampler = sampler = Sampler(self.sampling, vocab)
         self.fallback_reason = None
         try:
             while True:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import llama_cpp
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sse_starlette import EventSourceResponse
@@ -30,7 +31,8 @@ from ..decoder import Summary, TokenEvent
 from ..engine import GenerationOptions, PolicyOptions, build_decoder
 from ..errors import EadError
 from ..prompt import check_fits, check_prompt_text, encode_rendered, render_chat
-from ..sampling import SamplingParams
+from ..remote import RemoteRunner
+from ..sampling import SamplingParams, grammar_sampler
 from .engine import Engine, Failed, Finished, Job, Log, QueueFull, Ticket
 from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse, unsupported
 from .tools import (
@@ -287,11 +289,15 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         max_tokens = body.max_completion_tokens or body.max_tokens or defaults.generation.max_tokens
         base = defaults.generation.sampling
         temp = base.temp if body.temperature is None else body.temperature
+        grammar = body.response_format.grammar() if body.response_format is not None else None
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             policy = replace(defaults.policy, **ead.policy_changes(), levels=len(engine.runners))
             policy = with_saved_tau(policy, engine.runners)[0]
+            if grammar is not None:
+                _check_grammar(grammar, policy)
             sampling = SamplingParams(
+                grammar=grammar,
                 temp=0.0 if body.top_p == 0 else temp,  # top_p 0 keeps the likeliest token alone: greedy
                 top_k=base.top_k if ead.top_k is None else ead.top_k,
                 top_p=base.top_p if not body.top_p else body.top_p,
@@ -307,6 +313,17 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return policy, generation
 
         return _check(settings)
+
+    def _check_grammar(grammar: str, policy: PolicyOptions) -> None:
+        """JSON mode: a grammar cannot take a token back, nor reach into a llama-server."""
+        takes_back = policy.mode == "spec" or policy.verify is not None or policy.policy == "lookahead"
+        if takes_back or any(isinstance(runner, RemoteRunner) for runner in engine.runners):
+            message = (
+                "response_format: JSON mode needs every model local and no step that takes tokens back "
+                "(ead.mode spec, ead.verify, ead.policy lookahead)"
+            )
+            raise ApiError(400, message, code="invalid_value", param="response_format")
+        llama_cpp.llama_sampler_free(grammar_sampler(engine.runners[0].vocab, grammar))  # parses, or 400
 
     async def _json_body(request: Request) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking."""

@@ -3,9 +3,11 @@ OpenAI's error object for whatever is wrong with them."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import EadError
@@ -83,13 +85,46 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
 }
+
+
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: Annotated[str, Field(max_length=64)] | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def grammar(self) -> str | None:
+        """The GBNF grammar every token must keep the answer within (None: free text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return JSON_GBNF
+        if self.json_schema is None:
+            raise ApiError(
+                400, "response_format: json_schema needs its json_schema object", param="response_format"
+            )
+        try:
+            return json_schema_to_gbnf(json.dumps(self.json_schema.json_schema))
+        except Exception as error:  # the converter's own complaint about a schema it cannot express
+            message = (
+                f"response_format.json_schema.schema cannot be a grammar: {' '.join(str(error).split())}"
+            )
+            raise ApiError(400, message, code="invalid_value", param="response_format") from None
 
 
 class CompletionBase(BaseModel):
@@ -111,6 +146,7 @@ class CompletionBase(BaseModel):
     ) = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None  # -1: a fresh one, as llama-server
     n: Positive | None = None
+    response_format: ResponseFormat | None = None
     ead: EadOptions | None = None
 
     def check_supported(self) -> None:
