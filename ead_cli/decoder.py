@@ -9,7 +9,7 @@ summaries, so every comparison shares every line of model code.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -329,6 +329,9 @@ class Decoder(_Generation):
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | None = None
         self.fallback = fallback
+        # Told every token the loop samples, with the logits it was drawn from (ead serve's logprobs;
+        # without rollbacks, the order of the tokens shown).
+        self.on_sample: Callable[[int, np.ndarray], None] | None = None
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         """Generate from the prompt's token ids, yielding one event per token.
@@ -384,6 +387,8 @@ class Decoder(_Generation):
                 continue
             last_writer = writer
             token = sampler.sample(self.runners[writer].ctx, logits)
+            if self.on_sample is not None:
+                self.on_sample(token, logits)
             self._tell_policy(token, writer)
             event = (token, writer, entropy, policy.rolling, policy.tau)
             if not policy.holding and (self._checker < 0 or writer == self._checker):

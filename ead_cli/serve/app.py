@@ -33,7 +33,7 @@ from ..errors import EadError
 from ..prompt import check_fits, check_prompt_text, encode_rendered, render_chat
 from ..remote import RemoteRunner
 from ..sampling import SamplingParams, grammar_sampler
-from .engine import Engine, Failed, Finished, Job, Log, QueueFull, Ticket
+from .engine import Engine, Failed, Finished, Job, Log, QueueFull, Ticket, Token
 from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse, unsupported
 from .tools import (
     ToolCall,
@@ -263,7 +263,13 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             check_fits(prompt, engine.n_ctx)
         except EadError as error:
             raise ApiError(400, str(error), code="context_length_exceeded") from None
-        return Job(prompt, *_settings(body))
+        policy, generation = _settings(body)
+        logprobs = body.logprobs_count()
+        if logprobs is not None:
+            _without_rollbacks(
+                policy, "logprobs", "log-probabilities follow the tokens as they are drawn: they need"
+            )
+        return Job(prompt, policy, generation, logprobs)
 
     async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
         ticket = Ticket(asyncio.get_running_loop())
@@ -278,7 +284,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 headers={"Retry-After": str(full.retry_after)},
             ) from None
         names = body.tool_names() if isinstance(body, ChatRequest) else None
-        reply = _Reply(kind, request.url.path, log, seed=job.generation.sampling.seed, tools=names)
+        reply = _Reply(
+            kind,
+            request.url.path,
+            log,
+            seed=job.generation.sampling.seed,
+            piece=engine.runners[0].token_bytes,
+            tools=names,
+        )
         if body.stream:
             return EventSourceResponse(reply.stream(ticket), ping=15, send_timeout=SEND_TIMEOUT_S)
         return await reply.whole(ticket, request)
@@ -316,13 +329,12 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _check_grammar(grammar: str, policy: PolicyOptions) -> None:
         """JSON mode: a grammar cannot take a token back, nor reach into a llama-server."""
-        takes_back = policy.mode == "spec" or policy.verify is not None or policy.policy == "lookahead"
-        if takes_back or any(isinstance(runner, RemoteRunner) for runner in engine.runners):
+        if any(isinstance(runner, RemoteRunner) for runner in engine.runners):
             message = (
-                "response_format: JSON mode needs every model local and no step that takes tokens back "
-                "(ead.mode spec, ead.verify, ead.policy lookahead)"
+                "response_format: JSON mode needs every model local (a grammar cannot reach a llama-server)"
             )
             raise ApiError(400, message, code="invalid_value", param="response_format")
+        _without_rollbacks(policy, "response_format", "JSON mode needs")
         llama_cpp.llama_sampler_free(grammar_sampler(engine.runners[0].vocab, grammar))  # parses, or 400
 
     async def _json_body(request: Request) -> bytes:
@@ -334,6 +346,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return await request.body()
 
     return app
+
+
+def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
+    """A 400 for the policies that take tokens back, which ``what`` cannot go with."""
+    if policy.mode == "spec" or policy.verify is not None or policy.policy == "lookahead":
+        steps = "ead.mode spec, ead.verify, ead.policy lookahead"
+        message = f"{param}: {what} no step that takes tokens back ({steps})"
+        raise ApiError(400, message, code="invalid_value", param=param)
 
 
 def _check(make: Callable[[], Any]) -> Any:
@@ -348,9 +368,18 @@ class _Reply:
     """One request's answer in OpenAI's shapes, from its ticket's messages."""
 
     def __init__(
-        self, kind: str, path: str, log: Log, *, seed: int, tools: frozenset[str] | None = None
+        self,
+        kind: str,
+        path: str,
+        log: Log,
+        *,
+        seed: int,
+        piece: Callable[[int], bytes],
+        tools: frozenset[str] | None = None,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
+        self.piece = piece  # a token id's bytes, for log-probabilities
+        self._offset = 0  # characters of text so far (a text completion's logprobs.text_offset)
         self.tools = tools  # the names of the tools offered: read calls out of the answer
         self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -367,33 +396,34 @@ class _Reply:
             **extra,
         }
 
-    def _chunk(self, text: str | None, finish: str | None, **extra: Any) -> str:
+    def _chunk(self, text: str | None, finish: str | None, logprobs: Any = None, **extra: Any) -> str:
         if self.chat:
             delta = {} if text is None else {"role": "assistant", "content": text}
-            return self._delta(delta, finish, **extra)
-        choice = {"text": text or "", "finish_reason": finish, "logprobs": None}
+            return self._delta(delta, finish, logprobs, **extra)
+        choice = {"text": text or "", "finish_reason": finish, "logprobs": logprobs}
         return json.dumps(self._envelope("text_completion", choice, **extra), ensure_ascii=False)
 
-    def _delta(self, delta: dict[str, Any], finish: str | None, **extra: Any) -> str:
-        choice = {"delta": delta, "finish_reason": finish, "logprobs": None}
+    def _delta(self, delta: dict[str, Any], finish: str | None, logprobs: Any = None, **extra: Any) -> str:
+        choice = {"delta": delta, "finish_reason": finish, "logprobs": logprobs}
         return json.dumps(self._envelope("chat.completion.chunk", choice, **extra), ensure_ascii=False)
 
-    def _token_chunks(self, event: TokenEvent, reader: ToolCallReader | None) -> list[str]:
+    def _token_chunks(self, token: Token, reader: ToolCallReader | None) -> list[str]:
         """A token's chunks: its text; with tools, the text and calls it completes (text that may open a
-        call is held), the first carrying the token's ``ead`` fields, an empty one if it completes none."""
-        fields = _token_fields(event)
+        call is held), the first carrying the token's ``ead`` fields and log-probabilities, an empty one
+        if it completes none."""
+        first = {"ead": _token_fields(token.event), "logprobs": self._logprobs([token])}
         if reader is None:
-            return [self._chunk(event.text, None, ead=fields)]
-        return self._piece_chunks(reader.push(event.text), reader, fields) or [
-            self._chunk("", None, ead=fields)
+            return [self._chunk(token.event.text, None, **first)]
+        return self._piece_chunks(reader.push(token.event.text), reader, first) or [
+            self._chunk("", None, **first)
         ]
 
     def _piece_chunks(
-        self, pieces: list[str | ToolCall], reader: ToolCallReader, fields: dict[str, Any] | None
+        self, pieces: list[str | ToolCall], reader: ToolCallReader, first: dict[str, Any]
     ) -> list[str]:
         chunks = []
         for piece in pieces:
-            extra = {"ead": fields} if fields is not None and not chunks else {}
+            extra = {} if chunks else first
             if isinstance(piece, ToolCall):
                 index = reader.calls.index(piece)
                 delta = {"role": "assistant", "tool_calls": [piece.as_openai(index)]}
@@ -402,6 +432,38 @@ class _Reply:
                 chunks.append(self._chunk(piece, None, **extra))
         return chunks
 
+    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+        """OpenAI's ``logprobs`` of a choice for these tokens (chat's ``content`` list, or a text
+        completion's parallel lists); None if the request did not ask for them."""
+        scored = [(token.event, token.logprobs) for token in tokens if token.logprobs is not None]
+        if not scored:
+            return None
+        if self.chat:
+            content = [
+                {
+                    **self._entry(event.token, scores.logprob),
+                    "top_logprobs": [self._entry(token, logprob) for token, logprob in scores.top],
+                }
+                for event, scores in scored
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for event, _ in scored:
+            offsets.append(self._offset)
+            self._offset += len(event.text)
+        return {
+            "tokens": [self._text(event.token) for event, _ in scored],
+            "token_logprobs": [scores.logprob for _, scores in scored],
+            "top_logprobs": [{self._text(t): lp for t, lp in scores.top} for _, scores in scored],
+            "text_offset": offsets,
+        }
+
+    def _text(self, token: int) -> str:
+        return self.piece(token).decode("utf-8", errors="replace")
+
+    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
+        return {"token": self._text(token), "logprob": logprob, "bytes": list(self.piece(token))}
+
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str]]:
         """Server-sent events: a chunk per token with its model, the last one with usage and figures."""
         ended = False
@@ -409,7 +471,7 @@ class _Reply:
         try:
             while True:
                 message = await ticket.messages.get()
-                if isinstance(message, TokenEvent):
+                if isinstance(message, Token):
                     for chunk in self._token_chunks(message, reader):
                         yield {"data": chunk}
                     continue
@@ -422,7 +484,7 @@ class _Reply:
                 self._done(message.summary)
                 finish = _finish(message.summary)
                 if reader is not None:
-                    for chunk in self._piece_chunks(reader.finish(), reader, None):
+                    for chunk in self._piece_chunks(reader.finish(), reader, {}):
                         yield {"data": chunk}
                     finish = "tool_calls" if reader.calls else finish
                 ead = {"summary": asdict(message.summary), "seed": self.seed}
@@ -437,9 +499,9 @@ class _Reply:
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         """The whole answer at once; a client that leaves while it waits cancels it."""
-        events: list[TokenEvent] = []
+        tokens: list[Token] = []
         looked = time.monotonic()
-        message: TokenEvent | Finished | Failed | None = None
+        message: Token | Finished | Failed | None = None
         try:
             while True:
                 try:
@@ -452,8 +514,8 @@ class _Reply:
                         return JSONResponse({}, status_code=499)
                 if message is None:
                     continue
-                if isinstance(message, TokenEvent):
-                    events.append(message)
+                if isinstance(message, Token):
+                    tokens.append(message)
                 elif isinstance(message, Failed):
                     raise ApiError(502, message.message, kind="server_error", code="generation_failed")
                 else:
@@ -463,10 +525,12 @@ class _Reply:
                 ticket.cancel()
         summary = message.summary
         self._done(summary)
+        events = [token.event for token in tokens]
         text = "".join(event.text for event in events)
         finish = _finish(summary)
+        logprobs = self._logprobs(tokens)
         if not self.chat:
-            choice = {"text": text, "finish_reason": finish, "logprobs": None}
+            choice = {"text": text, "finish_reason": finish, "logprobs": logprobs}
         else:
             answer: dict[str, Any] = {"role": "assistant", "content": text}
             if self.tools:
@@ -478,7 +542,7 @@ class _Reply:
                         "tool_calls": [call.as_openai() for call in calls],
                     }
                     finish = "tool_calls"
-            choice = {"message": answer, "finish_reason": finish, "logprobs": None}
+            choice = {"message": answer, "finish_reason": finish, "logprobs": logprobs}
         ead = {
             "tokens": [_token_fields(event) for event in events],
             "summary": asdict(summary),

@@ -12,12 +12,15 @@ import math
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 
-from ..decoder import Summary, TokenEvent
+import numpy as np
+
+from ..decoder import Decoder, Summary, TokenEvent
 from ..engine import GenerationOptions, PolicyOptions, build_decoder
 from ..errors import EadError
 from ..runner import Abandoned, Runner, never_abandoned
@@ -32,6 +35,35 @@ class Job:
     prompt: list[int]
     policy: PolicyOptions
     generation: GenerationOptions
+    logprobs: int | None = None  # None: none; else the log-probability of each token and its top N
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """A token's log-probability under the model that wrote it, and the likeliest tokens' (best first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def logprobs_of(token: int, logits: np.ndarray, top: int) -> Logprobs:
+    """From the logits the token was drawn from (the model's own distribution, before temperature)."""
+    values = logits.astype(np.float64)
+    peak = values.max()
+    normalizer = peak + math.log(np.exp(values - peak).sum())
+    best = np.argpartition(-values, top)[:top] if 0 < top < len(values) else np.arange(min(top, len(values)))
+    best = best[np.argsort(-values[best], kind="stable")]
+    return Logprobs(
+        float(values[token] - normalizer), tuple((int(i), float(values[i] - normalizer)) for i in best)
+    )
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token: its event, and its log-probabilities if the request asked for them."""
+
+    event: TokenEvent
+    logprobs: Logprobs | None = None
 
 
 @dataclass(frozen=True)
@@ -62,13 +94,13 @@ class Ticket:
     place in the queue back at once, a running one stops within a token or a prefill's graph node."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.messages: asyncio.Queue[TokenEvent | Finished | Failed] = asyncio.Queue()
+        self.messages: asyncio.Queue[Token | Finished | Failed] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
         self._future: Future[None] | None = None  # set by Engine.submit
         self._withdraw: Callable[[], None] | None = None
 
-    def send(self, message: TokenEvent | Finished | Failed) -> None:
+    def send(self, message: Token | Finished | Failed) -> None:
         """From the engine thread. Once the server's event loop is gone, nobody reads: stop."""
         try:
             self._loop.call_soon_threadsafe(self.messages.put_nowait, message)
@@ -156,13 +188,17 @@ class Engine:
         def abandoned() -> bool:
             return ticket.cancelled.is_set() or self._stopped.is_set()
 
+        scores: deque[Logprobs] = deque()  # sampled, not yet sent: one at a time without rollbacks
+        if job.logprobs is not None and isinstance(decoder, Decoder):
+            top = job.logprobs
+            decoder.on_sample = lambda token, logits: scores.append(logprobs_of(token, logits, top))
         local = [runner for runner in self.runners if isinstance(runner, Runner)]
         for runner in local:
             runner.abandoned = abandoned  # a long prefill stops between graph nodes, not at its end
         try:
             with closing(decoder.run(job.prompt)) as run:  # align keeps what the caches share with it
                 for event in run:
-                    ticket.send(event)
+                    ticket.send(Token(event, scores.popleft() if scores else None))
                     if abandoned():
                         break
         except Abandoned:

@@ -16,6 +16,7 @@ from ..policies import parse_tau
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
 MAX_STOP_CHARS = 512
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
@@ -85,8 +86,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
@@ -147,7 +146,18 @@ class CompletionBase(BaseModel):
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None  # -1: a fresh one, as llama-server
     n: Positive | None = None
     response_format: ResponseFormat | None = None
+    logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # chat: bool; text: N
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     ead: EadOptions | None = None
+
+    def logprobs_count(self) -> int | None:
+        """How many alternatives each token's log-probabilities list; None: no log-probabilities.
+        Chat asks with ``logprobs: true`` and ``top_logprobs: N``, text completions with ``logprobs: N``."""
+        if self.logprobs is None or self.logprobs is False:
+            if self.top_logprobs:
+                raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return (self.top_logprobs or 0) if self.logprobs is True else self.logprobs
 
     def check_supported(self) -> None:
         """A 400 naming the first field given that ead serve would otherwise ignore."""
