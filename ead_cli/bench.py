@@ -91,7 +91,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -367,6 +367,7 @@ class Grid:
     switch_points: tuple[SwitchPoint, ...] = ("before",)
     drafts: tuple[int, ...] = (4,)
     draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
+    lookups: tuple[int, ...] = (0,)  # prompt-lookup match lengths for ead's own loops (0: off)
     verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
     bursts: tuple[Burst, ...] = (1,)
     patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
@@ -452,6 +453,7 @@ def parse_grid(
     lookahead_tau: str = "1",
     server_draft: str = "3",
     server_ngram: str = "ngram-mod",
+    lookup: str = "0",
 ) -> Grid:
     """The sweep from comma-separated option values; any bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
@@ -467,6 +469,7 @@ def parse_grid(
         switch_points=points,  # type: ignore[arg-type]
         drafts=_parse_list(draft, "--draft", int, 1),
         draft_stops=(None,) if draft_stop is None else _parse_list(draft_stop, "--draft-stop", float, 0),
+        lookups=_parse_list(lookup, "--lookup", int, 0),
         verifies=(None,) if verify is None else _parse_verify(verify),
         bursts=tuple(
             dict.fromkeys(
@@ -516,8 +519,11 @@ def build_strategies(families: str, grid: Grid) -> list[Strategy]:
     strategies: dict[str, Strategy] = {}
     for family, make in FAMILIES.items():
         if family in wanted:
-            for policy in make(grid):
-                strategies.setdefault(strategy_name(policy), Strategy(strategy_name(policy), policy))
+            for made in make(grid):
+                # Prompt lookup applies to every loop of ead's own: each strategy once per length.
+                own = isinstance(made, PolicyOptions)
+                for policy in [replace(made, lookup=n) for n in grid.lookups] if own else [made]:
+                    strategies.setdefault(strategy_name(policy), Strategy(strategy_name(policy), policy))
     return list(strategies.values())
 
 

@@ -103,6 +103,13 @@ Draft = Annotated[
 DraftStop = Annotated[
     float | None, typer.Option(help="spec: end a draft early at this small-model entropy (bits).")
 ]
+Lookup = Annotated[
+    int,
+    typer.Option(
+        help="Prompt lookup: where the last N tokens occurred before, read the 16 that followed them as a "
+        "guess in the same batch (free steps while the text follows it; spec: a free draft). 0: off."
+    ),
+]
 PolicyOpt = Annotated[
     PolicyName,
     typer.Option(
@@ -173,6 +180,15 @@ GpuLayers = Annotated[
     int | None,
     typer.Option("--n-gpu-layers", help="Layers to offload; -1 all (default: all if a GPU backend)."),
 ]
+RepackOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--repack/--no-repack",
+        help="Let llama.cpp repack weights for this CPU (default: on, off where its AMX path would crash; "
+        "env EAD_REPACK=on|off).",
+        show_default=False,
+    ),
+]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
 NoColor = Annotated[bool, typer.Option("--no-color", help="No colours (NO_COLOR does the same).")]
@@ -241,6 +257,7 @@ MODEL_OPTIONS = _OptionGroup(
         ("n_ctx", Ctx, None),
         ("threads", Threads, None),
         ("n_gpu_layers", GpuLayers, None),
+        ("repack", RepackOpt, None),
         ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
     ),
@@ -262,6 +279,7 @@ def _decoding_options(
     normalize: bool,
     draft: int,
     draft_entropy_stop: float | None,
+    lookup: int,
     verify: float | None,
     pattern: list[str] | None,
     tau_range: str | None,
@@ -291,6 +309,7 @@ def _decoding_options(
         tuple(pattern or ()),
         _parse_tau_range(tau_range),
         levels=len(taus) + 1 if isinstance(taus, tuple) else 2,
+        lookup=lookup,
     )
     sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     if fallback not in (None, "small"):
@@ -311,6 +330,7 @@ DECODING_OPTIONS = _OptionGroup(
         ("normalize", Normalize, False),
         ("draft", Draft, 4),
         ("draft_entropy_stop", DraftStop, None),
+        ("lookup", Lookup, 0),
         ("verify", Verify, None),
         ("pattern", Pattern, None),
         ("tau_range", TauRange, None),
@@ -694,6 +714,9 @@ DraftStopList = Annotated[
     str | None,
     typer.Option("--draft-stop", help="spec: draft entropy stops in bits, comma-separated (default: none)."),
 ]
+LookupList = Annotated[
+    str, typer.Option("--lookup", help="Prompt-lookup match lengths, comma-separated (0: off).")
+]
 VerifyList = Annotated[
     str | None,
     typer.Option(
@@ -743,6 +766,7 @@ SWEEP_OPTIONS = _OptionGroup(
         ("switch_point", SwitchPointList, "before"),
         ("draft", DraftList, "4"),
         ("draft_stop", DraftStopList, None),
+        ("lookup", LookupList, "0"),
         ("verify", VerifyList, None),
         ("burst", BurstList, "1"),
         ("server_draft", ServerDraftList, "3"),
@@ -1026,11 +1050,12 @@ def depth_calibrate(
     probe_every: ProbeEvery = 4,
     tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = depth.CALIBRATION_TOKENS,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
     texts = _parse_list(corpus)
-    loaded = depth.open_model(model, catalog=catalog, threads=threads, progress=_progress)
+    loaded = depth.open_model(model, catalog=catalog, threads=threads, repack=repack, progress=_progress)
     try:
         profile = depth.calibrate(
             loaded, texts, probe_every=probe_every, tokens=tokens,
@@ -1080,6 +1105,7 @@ def depth_generate(
     stats: Stats = False,
     no_color: NoColor = False,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
@@ -1096,7 +1122,12 @@ def depth_generate(
     if max_tokens < 1:
         raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
     loaded = depth.open_model(
-        model, catalog=catalog, threads=threads, profile=options.rule == "emad", progress=_progress
+        model,
+        catalog=catalog,
+        threads=threads,
+        repack=repack,
+        profile=options.rule == "emad",
+        progress=_progress,
     )
     try:
         tokens = encode_prompt(loaded.runner, text, raw=raw)
@@ -1144,6 +1175,7 @@ def depth_eval(
         bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
     ] = True,
     threads: Threads = None,
+    repack: RepackOpt = None,
     catalog: ModelsFile = None,
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
@@ -1153,7 +1185,9 @@ def depth_eval(
             previous = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
-    loaded = depth.open_model(model, catalog=catalog, threads=threads, profile=True, progress=_progress)
+    loaded = depth.open_model(
+        model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=_progress
+    )
     try:
         result = depth.evaluate(
             loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,

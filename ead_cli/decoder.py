@@ -16,6 +16,7 @@ from time import perf_counter
 import numpy as np
 
 from .entropy import max_entropy_bits
+from .lookup import propose
 from .policies import Fixed, Policy
 from .remote import RemoteError
 from .runner import Runner, RunnerStats
@@ -59,6 +60,8 @@ class ModelReport:
     bytes_sent: int = 0
     bytes_received: int = 0
     server_s: float = 0.0
+    guessed: int = 0  # --lookup: tokens read as a guess, and how many the text then followed
+    guessed_kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class Summary:
     rollbacks: int = 0
     rolled_back: int = 0
     fallback: str | None = None  # why a remote model was dropped mid-answer (--fallback)
+    looked_up: int = 0  # lookup drafts (--lookup): tokens proposed, and the share the large model kept
+    lookup_acceptance: float | None = None
 
     @classmethod
     def of(
@@ -103,6 +108,8 @@ class Summary:
         rollbacks: int = 0,
         rolled_back: int = 0,
         fallback: str | None = None,
+        looked_up: int = 0,
+        looked_up_accepted: int = 0,
     ) -> Summary:
         """A generation's figures, the derived ones (shares, cost, FLOPs, rates) from the per-model
         reports, the last of which is the largest model's; ``accepted`` of ``drafted`` the acceptance."""
@@ -125,6 +132,8 @@ class Summary:
             rollbacks=rollbacks,
             rolled_back=rolled_back,
             fallback=fallback,
+            looked_up=looked_up,
+            lookup_acceptance=looked_up_accepted / looked_up if looked_up else None,
         )
 
 
@@ -152,6 +161,11 @@ def check_draft(draft: int) -> None:
         raise ValueError(f"draft must be in [1, 64], got {draft}")
 
 
+def check_lookup(lookup: int) -> None:
+    if not 0 <= lookup <= 64:
+        raise ValueError(f"lookup must be in [0, 64] tokens (0: off), got {lookup}")
+
+
 class _Generation:
     """What both loops share: the token list, stop conditions, counters and the summary."""
 
@@ -176,6 +190,8 @@ class _Generation:
         self._switches = 0
         self._drafted = 0
         self._accepted = 0
+        self._looked_up = 0  # lookup drafts' tokens, and how many the large model accepted
+        self._looked_up_accepted = 0
         self._checked = 0
         self._rollbacks = 0
         self._rolled_back = 0
@@ -197,6 +213,7 @@ class _Generation:
         self._text = TextStream(self.stop)
         self._started, self._ended, self._finish = perf_counter(), None, "interrupted"
         self._generated, self._switches, self._drafted, self._accepted = 0, 0, 0, 0
+        self._looked_up, self._looked_up_accepted = 0, 0
         self._checked, self._rollbacks, self._rolled_back = 0, 0, 0
         self._last_writer = -1
         self._written = [0] * len(self.runners)
@@ -266,6 +283,8 @@ class _Generation:
                 decode_s=runner.stats.decode.seconds,
                 catchup_tokens=runner.stats.catchup.tokens,
                 catchup_s=runner.stats.catchup.seconds,
+                guessed=runner.stats.guessed,
+                guessed_kept=runner.stats.guessed_kept,
                 flops=runner.flops(),
                 **_network(runner),
             )
@@ -280,6 +299,8 @@ class _Generation:
             prompt_tokens=self._prompt_len,
             switches=self._switches,
             drafted=self._drafted,
+            looked_up=self._looked_up,
+            looked_up_accepted=self._looked_up_accepted,
             checked=self._checked,
             rollbacks=self._rollbacks,
             rolled_back=self._rolled_back,
@@ -299,6 +320,12 @@ class Decoder(_Generation):
     they are checked: when the largest model next takes over, when the answer ends, or once
     ``check_every`` of them wait, which bounds both the delay before text appears and the work one
     rejection throws away. Every token shown has been checked. The policy's window is not rewound.
+
+    ``lookup`` (a minimum match length, 0: off): the model evaluated at a step also reads a guess of up to
+    ``lookup_draft`` next tokens copied from earlier in the sequence (``lookup.py``), in the same batch;
+    while the text follows the guess, its next steps take their rows from that batch instead of a decode
+    (``Runner.sync``). Entropy, policy and sampler see every row as in a one-token step, so the text is
+    the same policy's text without lookup, up to batched kernels' rounding at near-ties.
     """
 
     def __init__(
@@ -314,7 +341,11 @@ class Decoder(_Generation):
         verify: float | None = None,
         check_every: int = 32,
         fallback: bool = False,
+        lookup: int = 0,
+        lookup_draft: int = 16,
     ) -> None:
+        check_lookup(lookup)
+        check_draft(lookup_draft)
         if verify is not None:
             check_verify_ratio(verify)
         if check_every < 1:
@@ -329,6 +360,8 @@ class Decoder(_Generation):
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | None = None
         self.fallback = fallback
+        self.lookup = lookup
+        self.lookup_draft = lookup_draft
         # Told every token the loop samples, with the logits it was drawn from (ead serve's logprobs;
         # without rollbacks, the order of the tokens shown).
         self.on_sample: Callable[[int, np.ndarray], None] | None = None
@@ -359,6 +392,9 @@ class Decoder(_Generation):
         finally:
             del tokens[prompt_len + self._generated :]  # held tokens never shown are not the answer
             self._held, self._preview = [], None
+            for runner in self.runners:
+                if isinstance(runner, Runner):
+                    runner.drop_guess()
             self._end()
             sampler.close()
 
@@ -417,7 +453,9 @@ class Decoder(_Generation):
             if rolled_back:
                 return None
         runner = self.runners[index]
-        return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index)
+        guess = propose(self.tokens, min_match=self.lookup, limit=self.lookup_draft) if self.lookup else ()
+        own_tail = last_writer == index
+        return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess)
 
     def _tell_policy(self, token: int, writer: int) -> None:
         """Policies that read text (line bursts, patterns) see each written token's text."""
@@ -502,11 +540,18 @@ class SpeculativeDecoder(_Generation):
     """Speculative decoding with runners (small, large): lossless with respect to the large model.
 
     Each round the small model drafts up to ``draft`` tokens (fewer if its entropy reaches
-    ``entropy_stop`` bits); the large model reads them in one batch with logits at every draft position,
-    keeps the longest prefix it accepts and writes the next token itself; both caches drop the rest.
-    Greedy (temp 0): a draft token stands if it is the large model's argmax, so the text equals the large
-    model's own greedy text. Temperature > 0: the standard rejection rule (accept with probability
+    ``entropy_stop`` bits: the entropy gate chooses the draft length, as AdaEDL does); the large model
+    reads them in one batch with logits at every draft position, keeps the longest prefix it accepts and
+    writes the next token itself; both caches drop the rest. Greedy (temp 0): a draft token stands if it
+    is the large model's argmax, so the text equals the large model's own greedy text (up to the batched
+    kernels' rounding at near-ties). Temperature > 0: the standard rejection rule (accept with probability
     min(1, p/q), else draw from max(0, p - q)), so tokens follow the large model's distribution.
+
+    ``lookup`` (a minimum match length, 0: off): before asking the small model, a round tries a free
+    draft of up to ``lookup_draft`` tokens copied from earlier in the prompt and answer (``lookup.py``);
+    the large model checks it the same way (a proposal with q = 1 on its token), and its accepted tokens
+    count as the large model's, since they are its own choice. The small model then catches up on them
+    in one batch when it next drafts.
     """
 
     def __init__(
@@ -519,13 +564,19 @@ class SpeculativeDecoder(_Generation):
         entropy_stop: float | None = None,
         max_tokens: int = 512,
         stop: Sequence[str] = (),
+        lookup: int = 0,
+        lookup_draft: int = 16,
     ) -> None:
         if len(runners) != 2:
             raise ValueError("speculative decoding takes exactly two models: a drafter and a verifier")
         check_draft(draft)
+        check_lookup(lookup)
+        check_draft(lookup_draft)
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.draft = draft
         self.entropy_stop = entropy_stop
+        self.lookup = lookup
+        self.lookup_draft = lookup_draft
         self._rng = np.random.default_rng(sampling.seed)
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
@@ -534,17 +585,30 @@ class SpeculativeDecoder(_Generation):
         prompt_len = len(tokens)
         try:
             while not self.finished and self._generated < self.max_tokens:
-                room = min(self.draft, self.max_tokens - self._generated - 1, self.n_ctx - len(tokens) - 1)
-                drafts, draft_probs, draft_entropies = self._draft(small, tokens, prompt_len, max(room, 0))
+                room = max(min(self.max_tokens - self._generated - 1, self.n_ctx - len(tokens) - 1), 0)
+                drafts = propose(tokens, min_match=self.lookup, limit=min(self.lookup_draft, room))
+                looked_up = bool(drafts)
+                if looked_up:
+                    draft_probs: list[np.ndarray | None] = [None] * len(drafts)
+                else:
+                    drafts, draft_probs, draft_entropies = self._draft(
+                        small, tokens, prompt_len, min(self.draft, room)
+                    )
                 n = len(tokens)
                 rows = large.verify(tokens + drafts, prompt_len=prompt_len, rows=len(drafts) + 1)
                 accepted, correction, entropy = self._judge(drafts, draft_probs, rows)
                 large.truncate(n + accepted)
                 small.truncate(n + accepted)
-                self._drafted += len(drafts)
-                self._accepted += accepted
+                if looked_up:
+                    self._looked_up += len(drafts)
+                    self._looked_up_accepted += accepted
+                    draft_entropies = [large.entropy(row) for row in rows[:accepted]]
+                else:
+                    self._drafted += len(drafts)
+                    self._accepted += accepted
+                writer = 1 if looked_up else 0
                 for token, token_entropy in zip(drafts[:accepted], draft_entropies, strict=False):
-                    yield self._emit(token, 0, token_entropy, token_entropy)
+                    yield self._emit(token, writer, token_entropy, token_entropy)
                     if self.finished:
                         return
                 yield self._emit(correction, 1, entropy, entropy)
@@ -555,18 +619,22 @@ class SpeculativeDecoder(_Generation):
 
     def _draft(
         self, small: Runner, tokens: list[int], prompt_len: int, count: int
-    ) -> tuple[list[int], list[np.ndarray], list[float]]:
-        """The small model's draft: tokens, the distributions they were drawn from, their entropies."""
+    ) -> tuple[list[int], list[np.ndarray | None], list[float]]:
+        """The small model's draft: tokens, the distributions they were drawn from (None when greedy),
+        their entropies."""
         drafts: list[int] = []
-        dists: list[np.ndarray] = []
+        dists: list[np.ndarray | None] = []
         entropies: list[float] = []
         for _ in range(count):
             logits = small.sync(tokens + drafts, prompt_len=prompt_len, own_tail=bool(drafts))
             entropy = small.entropy(logits)
             if self.entropy_stop is not None and entropy >= self.entropy_stop and drafts:
                 break
-            dist = probabilities(logits, self.sampling)
-            token = self._draw(dist)
+            if self.sampling.temp == 0:  # greedy: no distribution needed (see _judge)
+                dist, token = None, int(np.argmax(logits))
+            else:
+                dist = probabilities(logits, self.sampling)
+                token = self._draw(dist)
             drafts.append(token)
             dists.append(dist)
             entropies.append(entropy)
@@ -575,14 +643,24 @@ class SpeculativeDecoder(_Generation):
         return drafts, dists, entropies
 
     def _judge(
-        self, drafts: list[int], draft_probs: list[np.ndarray], rows: np.ndarray
+        self, drafts: list[int], draft_probs: Sequence[np.ndarray | None], rows: np.ndarray
     ) -> tuple[int, int, float]:
-        """How many draft tokens the large model accepts, the token it writes next, and its entropy there."""
+        """How many draft tokens the large model accepts, the token it writes next, and its entropy there.
+        A draft probability of None is a proposal certain of its token (a lookup draft: q = 1 there)."""
         for i, (token, q) in enumerate(zip(drafts, draft_probs, strict=True)):
+            if self.sampling.temp == 0:  # p and q are one-hot: the token stands if it is the argmax
+                if token == int(np.argmax(rows[i])):
+                    continue
+                return i, int(np.argmax(rows[i])), self.runners[1].entropy(rows[i])
             p = probabilities(rows[i], self.sampling)
-            if p[token] >= q[token] or self._rng.random() < p[token] / q[token]:
+            q_token = 1.0 if q is None else q[token]
+            if p[token] >= q_token or self._rng.random() < p[token] / q_token:
                 continue
-            residual = np.maximum(p - q, 0.0)
+            if q is None:
+                residual = p.copy()
+                residual[token] = 0.0
+            else:
+                residual = np.maximum(p - q, 0.0)
             return i, self._draw(residual / residual.sum()), self.runners[1].entropy(rows[i])
         last = rows[len(drafts)]
         return len(drafts), self._draw(probabilities(last, self.sampling)), self.runners[1].entropy(last)

@@ -544,6 +544,7 @@ class DepthModel:
         n_threads: int | None = None,
         n_ctx: int | None = 4096,
         profile: Profile | None = None,
+        repack: bool | None = None,
     ) -> None:
         self.path = Path(path)
         self.n_threads = n_threads or default_threads()
@@ -556,6 +557,7 @@ class DepthModel:
             n_threads=self.n_threads,
             n_gpu_layers=0,
             eval_callback=self.tap.callback,
+            repack=repack,
         )
         self.n_layer = self.weights.n_layer
         # A full readout of one row is memory-bound: one thread avoids the barrier waits of a busy machine.
@@ -986,14 +988,18 @@ def open_model(
     n_ctx: int | None = 4096,
     profile: bool = False,
     progress: Callable[[str], None] | None = None,
+    repack: bool | None = None,
 ) -> DepthModel:
     """A model reference as ead generate takes it (alias, path, ollama:…) loaded for ead depth; with
     ``profile`` its saved profile too (a one-line error where there is none)."""
     from . import registry
+    from .hardware import repack_choice
+    from .smoke import check_model
 
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path) if profile else None
-    return DepthModel(path, n_threads=threads, n_ctx=n_ctx, profile=saved)
+    check_model(path, repack=repack_choice(repack), n_gpu_layers=0, threads=threads)
+    return DepthModel(path, n_threads=threads, n_ctx=n_ctx, profile=saved, repack=repack)
 
 
 # ---------------------------------------------------------------------------------------------- eval
@@ -1384,7 +1390,12 @@ def plain_runner(model: DepthModel) -> Runner:
     from .bench import warm_up
 
     plain = Runner(
-        model.path, name="plain", n_ctx=model.runner.n_ctx, n_threads=model.n_threads, n_gpu_layers=0
+        model.path,
+        name="plain",
+        n_ctx=model.runner.n_ctx,
+        n_threads=model.n_threads,
+        n_gpu_layers=0,
+        repack=model.runner.repack.enabled,
     )
     warm_up([plain, model.runner], prompt_of(model))
     return plain

@@ -8,12 +8,14 @@ from pathlib import Path
 
 from . import registry
 from .compat import check_tokenizers
-from .decoder import Decoder, SpeculativeDecoder, check_draft, check_verify_ratio
+from .decoder import Decoder, SpeculativeDecoder, check_draft, check_lookup, check_verify_ratio
 from .errors import EadError
+from .hardware import repack_choice
 from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 from .remote import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, RemoteRunner, check_remote_settings, connect, is_remote
 from .runner import Runner, check_memory, gpu_offload_available, memory_available
 from .sampling import SamplingParams
+from .smoke import check_models
 
 
 def role_names(count: int) -> tuple[str, ...]:
@@ -37,6 +39,7 @@ class ModelOptions:
     models: tuple[str, ...] = ()
     remote_top_k: int = DEFAULT_TOP_K  # a model on a llama-server: top-k probabilities per token
     remote_timeout: float = DEFAULT_TIMEOUT_S
+    repack: bool | None = None  # weight repacking: None decides by EAD_REPACK, then the CPU (hardware.py)
 
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:
@@ -72,6 +75,7 @@ class PolicyOptions:
     patterns: tuple[str, ...] = ()
     tau_range: tuple[float, float] | None = None
     levels: int = 2  # how many models take turns
+    lookup: int = 0  # guesses copied from earlier in the sequence after an N-token match (0: off)
 
     def __post_init__(self) -> None:
         if self.verify is not None and self.mode != "ead":
@@ -83,6 +87,7 @@ class PolicyOptions:
                 check_verify_ratio(self.verify)
             if self.mode == "spec" or self.policy == "lookahead":
                 check_draft(self.draft)
+            check_lookup(self.lookup)
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         stop = self.draft_entropy_stop
@@ -144,6 +149,12 @@ def load_runners(
     }
     if options.n_gpu_layers == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
+    repack = repack_choice(options.repack)  # a child decodes each new model file once: a crash is explained
+    if progress is not None and not repack.enabled and repack.automatic:
+        progress(f"note: weight repacking off ({repack.reason}); --repack forces it")
+    check_models(
+        list(paths.values()), repack=repack, n_gpu_layers=options.n_gpu_layers, threads=options.threads
+    )
     runners: list = []
     try:
         for level, role in enumerate(role_names(len(refs))):
@@ -174,7 +185,12 @@ def load_runners(
 
 def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
     runner = Runner(
-        path, name=role, n_ctx=options.n_ctx, n_threads=options.threads, n_gpu_layers=options.n_gpu_layers
+        path,
+        name=role,
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        n_gpu_layers=options.n_gpu_layers,
+        repack=options.repack,
     )
     if registry.is_user_model(ref):  # an ollama blob's name is a digest: the reference says what it is
         runner.label = ref
@@ -204,6 +220,7 @@ def build_decoder(
                 entropy_stop=policy_options.draft_entropy_stop,
                 max_tokens=generation.max_tokens,
                 stop=generation.stop,
+                lookup=policy_options.lookup,
             )
         return Decoder(
             runners,
@@ -215,6 +232,7 @@ def build_decoder(
             normalize=policy_options.normalize,
             verify=policy_options.verify,
             fallback=generation.fallback,
+            lookup=policy_options.lookup,
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None

@@ -42,6 +42,7 @@ from typing import Any
 from .decoder import ModelReport, Summary
 from .engine import GenerationOptions
 from .errors import EadError
+from .hardware import Repack, repack_choice, server_repack_args
 from .remote import RemoteRunner, built_server
 from .runner import Runner, default_threads, forward_flops
 from .text import TextStream
@@ -130,16 +131,21 @@ class Server:
 
 @contextmanager
 def llama_server(
-    model: Path, args: Sequence[str], log: Path, *, timeout_s: float = START_TIMEOUT_S
+    model: Path,
+    args: Sequence[str],
+    log: Path,
+    *,
+    timeout_s: float = START_TIMEOUT_S,
+    repack: Repack | None = None,
 ) -> Iterator[Server]:
     """llama-server on a free loopback port (the OS picks it; the log says which), one slot, no web UI;
-    yields once it listens (it may still be loading: ``GET /health`` says), stops it cleanly after."""
+    yields once it listens (it may still be loading: ``GET /health`` says), stops it cleanly after.
+    ``repack`` None: the same decision as a local load (``--no-repack`` where AMX would crash)."""
     binary = server_binary()
     with open(log, "wb") as handle:
         command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-np", "1"]
-        process = subprocess.Popen(
-            [*command, "--no-webui", *args], stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT
-        )
+        command += ["--no-webui", *server_repack_args(repack or repack_choice()), *args]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout_s
         while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
@@ -201,7 +207,9 @@ class NativePeers:
                 *options.flags(self.small.path, self.threads),
             ]  # fmt: skip
             log = self._logs / f"{options.kind}-{len(self._clients)}.log"
-            server = self._stack.enter_context(llama_server(self.large.path, args, log))
+            server = self._stack.enter_context(
+                llama_server(self.large.path, args, log, repack=self.large.repack)
+            )
             client = RemoteRunner(
                 server.url, name=options.name, tokenizer=self.small, timeout_s=REPLY_TIMEOUT_S
             )

@@ -283,8 +283,11 @@ class RemoteRunner:
         except (KeyError, TypeError, ValueError):
             raise RemoteError(f"{self.url}/completion did not report its end-of-generation tokens") from None
 
-    def sync(self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool) -> np.ndarray:
-        """Send every token so far; return a row with the next token's top-k log-probabilities."""
+    def sync(
+        self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool, guess: Sequence[int] = ()
+    ) -> np.ndarray:
+        """Send every token so far; return a row with the next token's top-k log-probabilities.
+        ``guess`` is ignored: the server returns no rows for guessed tokens."""
         n = len(tokens)
         if n > self.n_ctx:
             raise EadError(f"{n} tokens do not fit the server's context of {self.n_ctx} tokens")

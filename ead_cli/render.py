@@ -106,7 +106,22 @@ def stats_headline(summary: Summary) -> str:
             if summary.checked or summary.rollbacks
             else ""
         )
+        + "".join(f"\n{part}" for part in _draft_parts(summary))
     )
+
+
+def _draft_parts(summary: Summary) -> list[str]:
+    """Speculative decoding's figures: what the small model drafted and the large one kept, and the
+    same for lookup drafts (one line, or none)."""
+    parts = []
+    if summary.drafted:
+        parts.append(f"drafted {summary.drafted} · kept {summary.acceptance_rate:.1%}")
+    if summary.looked_up:
+        parts.append(f"looked up {summary.looked_up} · kept {summary.lookup_acceptance:.1%}")
+    for report in summary.models:
+        if report.guessed:
+            parts.append(f"{report.role} guessed {report.guessed} · followed {report.guessed_kept}")
+    return [" · ".join(parts)] if parts else []
 
 
 def network_line(summary: Summary) -> str | None:

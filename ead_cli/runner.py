@@ -23,6 +23,7 @@ import numpy as np
 
 from .entropy import EntropyMeter
 from .errors import EadError
+from .hardware import Repack, repack_choice
 from .registry import shard_paths
 from .signals import Terminated, main_thread_signals, stop_requested
 
@@ -99,6 +100,17 @@ class ParamSplit(Protocol):
     head_params: int  # the output head, run only for a row of logits
 
 
+def model_params(n_gpu_layers: int | None, repack: Repack) -> llama_cpp.llama_model_params:
+    """llama.cpp's load parameters: layers to offload (None: all on a GPU build, else none; -1: all) and
+    whether weights may go to its extra CPU buffers (repacking; off where AMX would crash, see hardware)."""
+    params = llama_cpp.llama_model_default_params()
+    if n_gpu_layers is None:
+        n_gpu_layers = -1 if gpu_offload_available() else 0
+    params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+    params.use_extra_bufts = repack.enabled
+    return params
+
+
 def forward_flops(model: ParamSplit, tokens_read: int, logits_rows: int) -> float:
     """Forward FLOPs: 2 x body params per token read, 2 x head params per logits row."""
     return 2.0 * (model.body_params * tokens_read + model.head_params * logits_rows)
@@ -126,6 +138,8 @@ class RunnerStats:
     decode: PhaseCounter
     catchup: PhaseCounter
     logits_rows: int = 0
+    guessed: int = 0  # lookup guesses read past the text (in catch-up), and how many the text confirmed
+    guessed_kept: int = 0
 
     @classmethod
     def empty(cls) -> RunnerStats:
@@ -141,6 +155,7 @@ class Runner:
 
     ``n_ctx`` None: 4096 tokens or the model's training context if smaller. ``n_gpu_layers`` None: every
     layer when llama.cpp was built with a GPU backend (CUDA, Metal, Vulkan), else none; -1 means all.
+    ``repack`` None: ``EAD_REPACK``, else on unless llama.cpp's AMX buffer is active (``hardware``).
     """
 
     def __init__(
@@ -153,18 +168,17 @@ class Runner:
         n_gpu_layers: int | None = None,
         n_batch: int = 512,
         eval_callback: llama_cpp.ggml_backend_sched_eval_callback | None = None,
+        repack: bool | None = None,
     ) -> None:
         self.path = Path(path)
         self.name = name
         self._model = None
         self._ctx = None
         self._batch = None
-        model_params = llama_cpp.llama_model_default_params()
-        if n_gpu_layers is None:
-            n_gpu_layers = -1 if gpu_offload_available() else 0
-        model_params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        self.repack = repack_choice(repack)
+        params = model_params(n_gpu_layers, self.repack)
         with main_thread_signals():
-            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise EadError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported GGUF)")
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -208,6 +222,10 @@ class Runner:
         self.n_past = 0
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
+        self._row = -1  # which output row of the last batch ``logits`` reads (-1: the last)
+        # A lookup guess read past n_past in the last batch: its tokens, and how many a sync confirmed.
+        self._guess: list[int] = []
+        self._guess_used = 0
         self.stats = RunnerStats.empty()
         self.on_step: Callable[[list], None] | None = None  # told each feed and rollback (schedules)
         self.entropy = EntropyMeter(self.n_vocab)  # bits of a row of logits (a remote runner estimates)
@@ -226,26 +244,71 @@ class Runner:
     def ctx(self) -> llama_cpp.llama_context_p:
         return self._ctx
 
-    def sync(self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool) -> np.ndarray:
+    def sync(
+        self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool, guess: Sequence[int] = ()
+    ) -> np.ndarray:
         """Read every token this model has not seen; return the logits predicting the next one.
 
         ``prompt_len``: tokens[:prompt_len] are the prompt (counted as prefill). ``own_tail``: the last
         token was written by this model, so a one-token feed is an ordinary decode step.
+        ``guess``: tokens that may come next (a lookup draft); they are read in the same batch, with
+        logits at each, and a later sync whose new tokens confirm them returns those rows without a
+        decode: the same rows a step would have computed (up to batched kernels' rounding). A batch that
+        carries a guess is counted as catch-up, and tokens guessed wrong are dropped from the cache.
         The returned array is a view into llama.cpp's buffer, valid until the next feed.
         """
         n = len(tokens)
         if n > self.n_ctx:
             raise EadError(f"{n} tokens do not fit the context of {self.n_ctx} tokens")
+        if self._guess and self._confirm(tokens):
+            return self.logits()
         if self.n_past == n and self._logits_at != n:
             self.truncate(n - 1)  # the logits buffer belongs to another position: recompute the last row
         start = self.n_past
         if start < prompt_len:
             self.feed(tokens, start, min(prompt_len, n), "prefill")
             start = self.n_past
-        if start < n:
+        guess = list(guess[: max(0, min(self.n_batch - 1, self.n_ctx - n))])
+        if guess and start < n:
+            if n + len(guess) - start > self.n_batch:  # keep the guessed rows in one batch
+                self.feed(tokens, start, n - 1, "catchup")
+                start = n - 1
+            self.feed([*tokens, *guess], start, n + len(guess), "catchup", rows=len(guess) + 1)
+            self.n_past, self._logits_at = n, n  # the guessed tokens are in the cache, not yet confirmed
+            del self._seen[n:]
+            self._guess, self._guess_used, self._row = guess, 0, -len(guess) - 1
+            self.stats.guessed += len(guess)
+        elif start < n:
             phase: Phase = "decode" if own_tail and n - start == 1 else "catchup"
             self.feed(tokens, start, n, phase)
         return self.logits()
+
+    def drop_guess(self) -> None:
+        """Forget an unconfirmed guess (the cache then holds exactly what ``n_past`` counts)."""
+        if self._guess:
+            self.truncate(self.n_past)
+
+    def _confirm(self, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` only add guessed tokens to what was read (then the row is at hand); else
+        the guess is dropped from where it parts from ``tokens`` on."""
+        base = self.n_past
+        if len(tokens) == base:  # the same position again: its row is at hand
+            return self._logits_at == base
+        remaining = self._guess[self._guess_used :]
+        new = tokens[base : base + len(remaining)]
+        agreed = 0
+        while agreed < len(new) and new[agreed] == remaining[agreed]:
+            agreed += 1
+        self.n_past = base + agreed
+        self._seen.extend(new[:agreed])
+        self._guess_used += agreed
+        self.stats.guessed_kept += agreed
+        if agreed == len(tokens) - base and agreed > 0:
+            self._logits_at = len(tokens)
+            self._row += agreed
+            return True
+        self.truncate(self.n_past)  # the rest of the guess is not what came
+        return False
 
     def verify(self, tokens: Sequence[int], *, prompt_len: int, rows: int) -> np.ndarray:
         """Read every unseen token, with logits at each of the last ``rows`` positions (a draft to check).
@@ -270,8 +333,9 @@ class Runner:
         return np.ctypeslib.as_array(pointer, shape=(count, self.n_vocab))
 
     def logits(self) -> np.ndarray:
-        """Zero-copy view of the last computed row of logits."""
-        pointer = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        """Zero-copy view of the row of logits for the position read last (the last computed row, or a
+        confirmed guess's)."""
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, self._row)
         return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
 
     def truncate(self, n: int) -> None:
@@ -280,9 +344,12 @@ class Runner:
         Always clears the cache from n, also past ``n_past``: a Ctrl-C that lands inside llama_decode
         can leave cells there that ``n_past`` never counted.
         """
+        if self._guess:  # guessed cells past n_past are never kept by a truncation
+            n = min(n, self.n_past)
         llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
-        if self.on_step is not None and n < self.n_past:
+        if self.on_step is not None and (n < self.n_past or self._guess):
             self.on_step(["t", n])
+        self._guess, self._guess_used = [], 0
         self.n_past = min(self.n_past, n)
         del self._seen[n:]
 
@@ -322,6 +389,7 @@ class Runner:
                 raise EadError(f"llama.cpp failed to decode with {self.name} (status {status})")
             self.n_past = chunk_end
             self._seen.extend(tokens[chunk_start:chunk_end])
+        self._row = -1
         counter.seconds += perf_counter() - began
         counter.tokens += end - start
         self.stats.logits_rows += min(rows, end - start)

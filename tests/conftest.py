@@ -5,11 +5,30 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import llama_cpp
 import pytest
 from tiny_models import open_pair, write_tiny_model
 
 from ead_cli import registry
+from ead_cli.hardware import repack_choice
 from ead_cli.runner import Runner
+
+
+@pytest.fixture(autouse=True)
+def bare_llama_loads_as_ead_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that compare ead with llama-cpp-python's own ``Llama`` load it with llama.cpp's defaults,
+    which repack weights; where that crashes (an active AMX buffer: ggml-org/llama.cpp#20824), ``Llama``
+    loads as ead does, without repacking."""
+    if repack_choice().enabled:
+        return
+    default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+    def without_repacking() -> llama_cpp.llama_model_params:
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", without_repacking)
 
 
 @pytest.fixture(scope="session")

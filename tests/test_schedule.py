@@ -30,6 +30,9 @@ STRATEGIES = {
     "lookahead": PolicyOptions("ead", "lookahead", tau=MIDDLE, draft=4),
     "ead": PolicyOptions("ead", "ead", tau=MIDDLE, window=2, min_run=3),
     "spec": PolicyOptions(mode="spec", draft=4),
+    "large lookup": PolicyOptions(mode="large", lookup=1),
+    "gate verify lookup": PolicyOptions("ead", "gate", tau=MIDDLE, verify=0.5, lookup=1),
+    "spec lookup": PolicyOptions(mode="spec", draft=4, lookup=2),
 }
 
 

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""How prompt-lookup guesses (``--lookup``) would fare on recorded answers, before spending bench time.
+
+Whether a guess is followed depends only on the token sequence, so it can be counted exactly on the
+sequences a bench recorded (each sample's schedule holds every token a model read). For each policy
+(minimum match, guess length) and each recorded one-model answer, the loop is walked as ``Runner.sync``
+runs it: each read either follows the outstanding guess (a free row) or is a new batch of the read token
+plus a fresh guess (or a one-token decode when lookup finds nothing). Counts are exact; seconds are a
+**model**: the batches priced with the rates of an ``ead bench speed --json`` file (``Rates.seconds``),
+against one decode per token. Tune on even task ids only.
+
+    .venv/bin/python scripts/lookup_sim.py docs/results/humaneval-even-native/results.jsonl \
+        --speed docs/results/where-it-pays/speed-demo-pair.json --split even --out /tmp/sim.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from ead_cli.lookup import DEFAULT_MAX_MATCH, propose
+from ead_cli.speed import Rates
+
+MATCHES = (1, 2, 3, 4, 6, 8, 12, 16)
+LIMITS = (4, 8, 16, 32)
+
+
+def sequences(path: Path, strategy: str, model: int, split: str) -> Iterator[tuple[str, list[int], int]]:
+    """(task id, every token the model read, prompt length) of each sample of one strategy."""
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") != "sample" or record["strategy"] != strategy or not record.get("schedule"):
+            continue
+        number = int(record["task_id"].split("/")[-1])
+        if split != "all" and number % 2 != (0 if split == "even" else 1):
+            continue
+        tokens: list[int] = []
+        for step in record["schedule"]:
+            if step[0] != model:
+                continue
+            if step[1] == "t":
+                del tokens[step[2] :]
+                continue
+            del tokens[step[2] :]
+            tokens.extend(step[3])
+        yield record["task_id"], tokens, record["prompt_tokens"]
+
+
+def walk(tokens: Sequence[int], prompt_len: int, min_match: int, limit: int, rates: Rates) -> dict:
+    """One answer read as the runner reads it with guesses: batches, guessed and followed tokens, seconds."""
+    remaining: list[int] = []
+    guessed = kept = batches = decodes = 0
+    seconds = 0.0
+    for i in range(prompt_len + 1, len(tokens)):  # read tokens[i - 1] to predict tokens[i]
+        if remaining and remaining[0] == tokens[i - 1]:
+            remaining = remaining[1:]
+            kept += 1
+            continue
+        guess = propose(
+            tokens[:i], min_match=min_match, limit=limit, max_match=max(min_match, DEFAULT_MAX_MATCH)
+        )
+        if guess:
+            batches += 1
+            guessed += len(guess)
+            seconds += rates.seconds(len(guess) + 1)
+            remaining = guess
+        else:
+            decodes += 1
+            seconds += rates.seconds(1)
+    plain = max(len(tokens) - prompt_len - 1, 0) * rates.seconds(1)
+    return {"guessed": guessed, "kept": kept, "batches": batches, "decodes": decodes, "seconds": seconds,
+            "plain_seconds": plain}  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, nargs="+")
+    parser.add_argument("--speed", type=Path, required=True, help="an ead bench speed --json file")
+    parser.add_argument("--strategy", default="large-only")
+    parser.add_argument("--model", type=int, default=1, help="schedule index: 0 small, 1 large")
+    parser.add_argument("--split", choices=("even", "odd", "all"), default="even")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    speed = json.loads(args.speed.read_text())["rates"][args.model]
+    rates = Rates(speed["model"], speed["params"], speed["context"],
+                  {int(size): rate for size, rate in speed["tokens_per_s"].items()})  # fmt: skip
+    answers = {task: (tokens, n) for path in args.results for task, tokens, n in
+               sequences(path, args.strategy, args.model, args.split)}  # fmt: skip
+    rows = []
+    for min_match, limit in itertools.product(MATCHES, LIMITS):
+        walks = [walk(tokens, n, min_match, limit, rates) for tokens, n in answers.values()]
+        total = {key: sum(w[key] for w in walks) for key in walks[0]}
+        total.update(min_match=min_match, limit=limit, ratio=total["seconds"] / total["plain_seconds"])
+        rows.append(total)
+    rows.sort(key=lambda row: row["ratio"])
+    report = {"results": [str(path) for path in args.results], "strategy": args.strategy, "split": args.split,
+              "model": speed["model"], "speed": str(args.speed), "tasks": sorted(answers), "policies": rows}  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{len(answers)} answers of {args.strategy} ({args.split} ids), {speed['model']}")
+    print("min_match  limit  guessed   kept  batches  decodes  modelled time vs one decode per token")
+    for row in rows[:12]:
+        print(f"{row['min_match']:9}  {row['limit']:5}  {row['guessed']:7}  {row['kept']:5}  {row['batches']:7}  "
+              f"{row['decodes']:7}  {row['ratio']:.3f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
