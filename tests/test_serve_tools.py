@@ -4,13 +4,16 @@ GGUF's own template (tiny models), and the openai client's full round trip on th
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from serve_process import Server
+from serve_process import EAD, Server
 from test_cli import pair_args
 from test_serve import HI, JSON
 from tiny_models import write_tiny_model
@@ -198,3 +201,31 @@ def test_the_openai_client_round_trip_on_the_real_pair(real_pair: tuple[Path, Pa
         writers = {token["model"] for token in answer.model_extra["ead"]["tokens"]}
         assert writers == {"small", "large"}
         assert server.stop() == 0
+
+
+@pytest.mark.real
+def test_llm_calls_a_python_tool_through_the_server(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Simon Willison's llm as the agent: a Python function as its tool, the call made by the pair,
+    run by llm, its result sent back, the answer stating it (llm streams, so the deltas are read)."""
+    llm = shutil.which("llm", path=str(Path(EAD).parent))
+    assert llm is not None, "llm is in the test extra"
+    with Server([*pair_args(real_pair)], tmp_path / "server.log") as server:
+        (tmp_path / "extra-openai-models.yaml").write_text(
+            f"- model_id: ead-real\n  model_name: ead\n  api_base: {server.base_url}\n"
+            "  supports_tools: true\n"
+        )
+        functions = tmp_path / "tools.py"
+        functions.write_text(
+            'def multiply(a: int, b: int) -> int:\n    "Multiply two integers exactly"\n    return a * b\n'
+        )
+        env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "unused"}
+        args = [llm, "-m", "ead-real", "--functions", str(functions), "--td", "-o", "temperature", "0"]
+        result = subprocess.run(
+            [*args, "-s", SYSTEM, "What is 1234 times 5678?"], capture_output=True, env=env, timeout=600
+        )
+        assert result.returncode == 0, result.stderr
+        debug = result.stderr.decode()  # --td: the tool calls llm ran, and what they returned
+        assert "multiply({'a': 1234, 'b': 5678})" in debug and "7006652" in debug
+        assert "7006652" in result.stdout.decode().replace(",", "")
+        assert server.stop() == 0
+    assert server.log().count("POST /v1/chat/completions 200") == 2
