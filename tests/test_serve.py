@@ -389,13 +389,19 @@ def test_a_signal_mid_stream_finishes_what_was_accepted_then_exits_0(
 
 
 def test_sixteen_streaming_clients_get_right_answers_and_nothing_piles_up(
-    tiny_pair: tuple[Path, Path],
+    tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """scripts/bench_serve.py on the tiny pair: 16 clients x 3 streamed requests, each answer equal token
-    for token to its reference; a queue past its bound answers 503; RSS, descriptors and threads flat;
-    a fifth chat turn reads only its new tokens when the caches hold the fourth."""
-    small, large = tiny_pair
+    """scripts/bench_serve.py on the tiny pair: 16 clients x 3 streamed requests, 4 of the clients agents
+    with tools (the small model's template renders them), each answer equal token for token to its
+    reference; a queue past its bound answers 503; RSS, descriptors and threads flat; a fifth chat turn
+    reads only its new tokens when the caches hold the fourth."""
+    from test_serve_tools import TOOLS_TEMPLATE
+    from tiny_models import write_tiny_model
+
+    small = write_tiny_model(tmp_path / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE)
+    large = tiny_pair[1]
     args = ["--small", str(small), "--large", str(large), "--clients", "16", "--requests", "3"]
+    args += ["--tool-clients", "4"]
     args += ["--queue", "16", "--max-tokens", "16", "--hold-tokens", str(LONG), "--repeats", "1", "--exact"]
     script = Path(__file__).resolve().parent.parent / "scripts" / "bench_serve.py"
     result = subprocess.run(
@@ -404,7 +410,8 @@ def test_sixteen_streaming_clients_get_right_answers_and_nothing_piles_up(
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(result.stdout)
     assert figures["failures"] == []
-    assert figures["load"]["requests"] == 48
+    assert figures["load"]["requests"] == 48 and figures["tool_clients"] == 4
+    assert figures["load"]["agent_requests"] == 12
     assert figures["load"]["incomplete"] == figures["load"]["differing"] == 0
     assert figures["overflow"]["refused_503"] == 2 and figures["overflow"]["accepted"] == 16
     assert figures["overflow"]["accepted_completed"] == 16 and figures["overflow"]["retry_after"] == ["1"]
