@@ -31,13 +31,21 @@ LONG = 16000  # tokens: a generation long enough (seconds, even for the tiny pai
 CTX = ["--ctx", "16384"]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    with Server([*pair_args(tiny_pair), *TAU, *CTX], log) as running:
+@contextlib.contextmanager
+def serving(args: list[str], log: Path) -> Iterator[Server]:
+    """A server shared by a module's tests: stopped cleanly at the end, its log free of tracebacks."""
+    with Server(args, log) as running:
         yield running
         assert running.stop() == 0, running.log()
     assert "Traceback" not in running.log()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(
+        [*pair_args(tiny_pair), *TAU, *CTX], tmp_path_factory.mktemp("serve") / "server.log"
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -152,22 +160,18 @@ def test_llm_cli_answers_through_the_server(server: Server, tmp_path: Path) -> N
     assert result.stdout.decode().rstrip("\n") == whole["choices"][0]["message"]["content"].rstrip("\n")
 
 
+def curl_stream(server: Server, body: str) -> subprocess.Popen[bytes]:
+    """``curl -sN`` posting a JSON body to the chat endpoint, its output a pipe read as it comes."""
+    url = f"{server.base_url}/chat/completions"
+    args = ["curl", "-sN", url, "-H", "Content-Type: application/json", "-d", body]
+    return subprocess.Popen(args, stdout=subprocess.PIPE)
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
 def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> None:
     """curl -N gets frames as they are produced: the first while the engine is still generating."""
     body = json.dumps({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4000, "stream": True})
-    curl = subprocess.Popen(
-        [
-            "curl",
-            "-sN",
-            f"{server.base_url}/chat/completions",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            body,
-        ],
-        stdout=subprocess.PIPE,
-    )
+    curl = curl_stream(server, body)
     assert curl.stdout is not None
     first = curl.stdout.readline()
     assert first.startswith(b"data: {")
@@ -343,18 +347,7 @@ def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine(
 def test_a_killed_client_stops_its_generation(server: Server) -> None:
     before = len(server.log().splitlines())
     body = json.dumps({"messages": HI, "max_tokens": LONG, "stream": True})
-    curl = subprocess.Popen(
-        [
-            "curl",
-            "-sN",
-            f"{server.base_url}/chat/completions",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            body,
-        ],
-        stdout=subprocess.PIPE,
-    )
+    curl = curl_stream(server, body)
     assert curl.stdout is not None and curl.stdout.readline().startswith(b"data: {")
     curl.kill()
     curl.wait(timeout=30)

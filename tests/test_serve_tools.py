@@ -13,9 +13,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from bench_serve import TOOLS
 from serve_process import EAD, Server
 from test_cli import pair_args
-from test_serve import HI, JSON
+from test_serve import HI, JSON, serving
 from tiny_models import write_tiny_model
 
 from ead_cli.serve.tools import ToolCall, ToolCallReader, split_answer
@@ -54,20 +55,6 @@ def test_a_bare_json_answer_is_a_call_only_if_it_names_a_tool_offered() -> None:
     assert len(split_answer(two, NAMES)[1]) == 2
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "multiply",
-            "description": "Multiply two integers exactly",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
 TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
     "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message.role }}\n"
@@ -81,10 +68,8 @@ TOOLS_TEMPLATE = (
 def tools_server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("serve-tools")
     small = write_tiny_model(folder / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE)
-    with Server([*pair_args((small, tiny_pair[1]))], folder / "server.log") as running:
+    with serving([*pair_args((small, tiny_pair[1]))], folder / "server.log") as running:
         yield running
-        assert running.stop() == 0
-    assert "Traceback" not in running.log()
 
 
 def chat(server: Server, **body: object) -> httpx.Response:
