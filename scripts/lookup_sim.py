@@ -96,15 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         total.update(min_match=min_match, limit=limit, ratio=total["seconds"] / total["plain_seconds"])
         rows.append(total)
     rows.sort(key=lambda row: row["ratio"])
-    report = {"results": [str(path) for path in args.results], "strategy": args.strategy, "split": args.split,
-              "model": speed["model"], "speed": str(args.speed), "tasks": sorted(answers), "policies": rows}  # fmt: skip
+    report = {
+        "results": [str(path) for path in args.results], "strategy": args.strategy, "split": args.split,
+        "model": speed["model"], "speed": str(args.speed), "tasks": sorted(answers), "policies": rows,
+    }  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{len(answers)} answers of {args.strategy} ({args.split} ids), {speed['model']}")
     print("min_match  limit  guessed   kept  batches  decodes  modelled time vs one decode per token")
     for row in rows[:12]:
-        print(f"{row['min_match']:9}  {row['limit']:5}  {row['guessed']:7}  {row['kept']:5}  {row['batches']:7}  "
-              f"{row['decodes']:7}  {row['ratio']:.3f}")  # fmt: skip
+        counts = f"{row['guessed']:7}  {row['kept']:5}  {row['batches']:7}  {row['decodes']:7}"
+        print(f"{row['min_match']:9}  {row['limit']:5}  {counts}  {row['ratio']:.3f}")
     return 0
 
 

@@ -30,11 +30,13 @@ PROMPTS = (
     'def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n    """Merge two sorted lists."""',
     "List three differences between TCP and UDP.",
 )
+WITHIN_NATS = (10, 20, 30)
 
 
 def measure(path: Path, ks: list[int], tokens: int, threads: int, tau: float) -> dict:
     runner = Runner(path, name="model", n_ctx=1024, n_threads=threads)
     exact: list[float] = []
+    within: dict[int, list[int]] = {nats: [] for nats in WITHIN_NATS}
     bounds: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
     try:
         for prompt in PROMPTS:
@@ -51,6 +53,8 @@ def measure(path: Path, ks: list[int], tokens: int, threads: int, tau: float) ->
                 probs /= probs.sum()
                 nonzero = probs[probs > 0]
                 exact.append(float(-(nonzero * np.log2(nonzero)).sum()))
+                for nats in WITHIN_NATS:
+                    within[nats].append(int(np.count_nonzero(row > row.max() - nats)))
                 ordered = np.sort(probs)[::-1]
                 for k in ks:
                     bounds[k].append(topk_entropy(ordered[:k], runner.n_vocab))
@@ -59,6 +63,9 @@ def measure(path: Path, ks: list[int], tokens: int, threads: int, tau: float) ->
         runner.close()
     truth = np.array(exact)
     report: dict = {"model": path.name, "steps": len(exact), "mean_entropy_bits": float(truth.mean())}
+    report["logits_within_nats_of_top"] = {
+        str(nats): {"median": float(np.median(counts)), "max": max(counts)} for nats, counts in within.items()
+    }
     for k in ks:
         lower = np.array([b[0] for b in bounds[k]])
         upper = np.array([b[1] for b in bounds[k]])

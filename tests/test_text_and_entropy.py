@@ -1,12 +1,24 @@
 """Entropy from raw logits, and the incremental text stream (UTF-8 across tokens, stop strings)."""
 
 import math
+from collections.abc import Callable
+from pathlib import Path
 
+import llama_cpp
 import numpy as np
 import pytest
+from tiny_models import open_pair
 
+from ead_cli.decoder import Decoder, TokenEvent
 from ead_cli.entropy import EntropyMeter, entropy_bits, max_entropy_bits
+from ead_cli.policies import EAD, Gate, Policy
+from ead_cli.prompt import encode_prompt
+from ead_cli.readout import entropy_bits as float64_entropy_bits
+from ead_cli.runner import Runner
+from ead_cli.sampling import SamplingParams
 from ead_cli.text import TextStream
+
+N_VOCAB = 151936  # Qwen2.5's vocabulary: the rows the loop meters at every token
 
 
 def test_uniform_logits_have_log2_v_bits() -> None:
@@ -37,6 +49,87 @@ def test_a_certain_distribution_has_zero_entropy_even_with_huge_logits() -> None
     logits = np.full(1000, -1e4, dtype=np.float32)
     logits[7] = 1e4
     assert entropy_bits(logits) == pytest.approx(0.0, abs=1e-6)
+
+
+def adversarial_rows() -> dict[str, np.ndarray]:
+    """Rows that break naive formulas: ties at the top, banned (-inf) tokens, ranges far beyond exp's,
+    a spike over a flat floor, subnormal spreads."""
+    rng = np.random.default_rng(7)
+    typical = (rng.standard_normal(N_VOCAB) * 2.5).astype(np.float32)  # the 0.5B's spread
+    rows = {"typical": typical, "uniform": np.zeros(N_VOCAB, dtype=np.float32)}
+    rows["two tied tops"] = np.full(N_VOCAB, -30.0, dtype=np.float32)
+    rows["two tied tops"][[3, N_VOCAB - 1]] = 12.0
+    rows["banned tokens"] = typical.copy()
+    rows["banned tokens"][::3] = -np.inf
+    rows["huge range"] = (rng.standard_normal(N_VOCAB) * 1e30).astype(np.float32)
+    rows["shifted far up"] = typical + np.float32(1e6)
+    rows["spike over a flat floor"] = np.full(N_VOCAB, -1e4, dtype=np.float32)
+    rows["spike over a flat floor"][42] = 1e4
+    rows["subnormal spread"] = (rng.standard_normal(N_VOCAB) * 1e-40).astype(np.float32)
+    return rows
+
+
+@pytest.mark.parametrize("name", list(adversarial_rows()))
+def test_the_meter_matches_float64_on_adversarial_rows(name: str) -> None:
+    row = adversarial_rows()[name]
+    meter = EntropyMeter(N_VOCAB)
+    assert meter(row) == pytest.approx(float(float64_entropy_bits(row)[0]), abs=1e-4)
+    assert meter(row) == meter(row.copy())  # the scratch rows carry nothing from one call to the next
+
+
+def test_infinite_and_nan_logits_have_their_limits() -> None:
+    meter = EntropyMeter(4)
+    inf = np.inf
+    assert meter(np.array([1.0, inf, inf, 0.0], dtype=np.float32)) == 1.0  # two certain tokens: one bit
+    assert meter(np.array([5.0, -inf, -inf, -inf], dtype=np.float32)) == 0.0
+    assert math.isnan(meter(np.array([1.0, np.nan, 0.0, 2.0], dtype=np.float32)))
+    assert math.isnan(meter(np.full(4, -inf, dtype=np.float32)))
+
+
+def test_the_meter_matches_float64_on_the_real_models_rows(real_pair: tuple) -> None:
+    """Every row the 0.5B and the 1.5B predict along a greedy answer: within 1e-4 bits."""
+    worst = 0.0
+    for path in real_pair:
+        with Runner(path, name="model", n_ctx=512, n_threads=1) as runner:
+            tokens = encode_prompt(runner, "Write a Python function that checks whether a number is prime.")
+            prompt_len = len(tokens)
+            for _ in range(24):
+                row = runner.sync(tokens, prompt_len=prompt_len, own_tail=True)
+                worst = max(worst, abs(runner.entropy(row) - float(float64_entropy_bits(row)[0])))
+                tokens.append(int(np.argmax(row)))
+    assert worst < 1e-4
+
+
+def float64_meter(row: np.ndarray) -> float:
+    return float(float64_entropy_bits(row)[0])
+
+
+def answer(paths: tuple[Path, Path], policy: Policy, reference: bool, temp: float) -> list[TokenEvent]:
+    """The tiny pair's events, each runner metering entropy its own way or by the float64 reference."""
+    runners = open_pair(paths)
+    try:
+        if reference:
+            for runner in runners:
+                runner.entropy = float64_meter
+        prompt = encode_prompt(runners[0], "Write a haiku about the sea")
+        sampling = SamplingParams(temp=temp, seed=3)
+        decoder = Decoder(runners, ("small", "large"), policy, sampling, max_tokens=96)
+        return list(decoder.run(prompt))
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+@pytest.mark.parametrize("make_policy", [lambda: Gate(3.0), lambda: EAD(2.5, window=3, min_run=2)])
+def test_the_loop_writes_and_switches_as_with_float64_entropy(
+    tiny_pair: tuple[Path, Path], make_policy: Callable[[], Policy], temp: float
+) -> None:
+    ours = answer(tiny_pair, make_policy(), reference=False, temp=temp)
+    exact = answer(tiny_pair, make_policy(), reference=True, temp=temp)
+    assert [(e.token, e.model, e.text) for e in ours] == [(e.token, e.model, e.text) for e in exact]
+    assert [e.entropy for e in ours] == pytest.approx([e.entropy for e in exact], abs=1e-4)
+    assert {e.model for e in ours} == {"small", "large"}  # the decisions were live both ways
 
 
 def test_a_character_split_over_tokens_is_printed_whole() -> None:
@@ -75,3 +168,21 @@ def test_held_back_text_is_flushed_at_the_end() -> None:
     stream = TextStream(["STOP"])
     assert stream.push(b"go ST") == "go "
     assert stream.flush() == "ST"
+
+
+def test_the_kept_logits_view_follows_llama_cpps_row(runners: list[Runner]) -> None:
+    """A batch with several rows of logits moves the last row; the runner's view must move with it."""
+    runner = runners[0]
+    tokens = encode_prompt(runner, "Write a haiku about the sea")
+
+    def fresh() -> np.ndarray:
+        pointer = llama_cpp.llama_get_logits_ith(runner.ctx, -1)
+        return np.ctypeslib.as_array(pointer, shape=(runner.n_vocab,)).copy()
+
+    row = runner.sync(tokens, prompt_len=len(tokens), own_tail=False)
+    assert np.array_equal(row, fresh())
+    rows = runner.verify([*tokens, 5, 6, 7], prompt_len=len(tokens), rows=4)
+    assert np.array_equal(runner.logits(), rows[-1])
+    assert np.array_equal(runner.logits(), fresh())
+    row = runner.sync([*tokens, 5, 6, 7, int(np.argmax(rows[-1]))], prompt_len=len(tokens), own_tail=True)
+    assert np.array_equal(row, fresh())
