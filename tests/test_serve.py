@@ -288,7 +288,13 @@ def test_a_bind_beyond_loopback_without_a_key_warns(tiny_pair: tuple[Path, Path]
 
 @pytest.mark.parametrize(
     ("args", "fragment"),
-    [(["--port", "70000"], "--port"), (["--queue", "-1"], "--queue"), (["--api-key", " "], "--api-key")],
+    [
+        (["--port", "70000"], "--port"),
+        (["--queue", "-1"], "--queue"),
+        (["--api-key", " "], "--api-key"),
+        (["--cors-origin", "evil.example/path"], "--cors-origin takes scheme://host[:port]"),
+        (["--shutdown-timeout", "0"], "--shutdown-timeout"),
+    ],
 )
 def test_bad_serve_options_are_one_line(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:
     from test_cli import assert_one_line_error, ead
