@@ -12,7 +12,7 @@ the events and summary they yield belong together; apart, each piece would be re
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -356,6 +356,9 @@ class Decoder(_Generation):
         self.fallback = fallback
         self.lookup = lookup
         self.lookup_draft = lookup_draft
+        # Told every token the loop samples, with the logits it was drawn from (ead serve's logprobs;
+        # without rollbacks, the order of the tokens shown).
+        self.on_sample: Callable[[int, np.ndarray], None] | None = None
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         """Generate from the prompt's token ids, yielding one event per token.
@@ -366,7 +369,8 @@ class Decoder(_Generation):
         tokens = self._begin(prompt)
         prompt_len = len(tokens)
         self._held, self._preview = [], None
-        self._sampler = sampler = Sampler(self.sampling)
+        vocab = self.runners[0].vocab if self.sampling.grammar is not None else None  # the smallest is local
+        self._sampler = sampler = Sampler(self.sampling, vocab)
         self.fallback_reason = None
         try:
             while True:
@@ -413,6 +417,8 @@ class Decoder(_Generation):
                 continue
             last_writer = writer
             token = sampler.sample(self.runners[writer].ctx, logits)
+            if self.on_sample is not None:
+                self.on_sample(token, logits)
             self._tell_policy(token, writer)
             event = (token, writer, entropy, policy.rolling, policy.tau)
             if not policy.holding and (self._checker < 0 or writer == self._checker):

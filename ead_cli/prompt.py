@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import jinja2
 import llama_cpp
@@ -12,7 +13,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from .errors import EadError
 from .runner import Runner
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role and content; with tools, an assistant's tool_calls, a tool's tool_call_id
 
 
 def _token_text(runner: Runner, token: int) -> str:
@@ -31,11 +32,18 @@ def check_prompt_text(text: str) -> str:
     return text
 
 
-def render_chat(runner: Runner, messages: list[Message], *, add_generation_prompt: bool = True) -> str | None:
+def render_chat(
+    runner: Runner,
+    messages: list[Message],
+    *,
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> str | None:
     """The conversation as the model's chat template writes it, or None if the GGUF has no template.
 
     ``add_generation_prompt``: end with the opening of an assistant turn (False: the conversation as
-    it stands, e.g. to find the text a new turn adds). llama-cpp-python renders templates with
+    it stands, e.g. to find the text a new turn adds); ``tools``: OpenAI's tool definitions, which a
+    template with tool support writes into the prompt. llama-cpp-python renders templates with
     jinja2's immutable sandbox, so a hostile template cannot reach files or Python internals; any
     failure, and a rendering without text (which would leave nothing to decode), is a one-line error.
     """
@@ -48,7 +56,7 @@ def render_chat(runner: Runner, messages: list[Message], *, add_generation_promp
         formatter = Jinja2ChatFormatter(
             template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
         )
-        rendered = formatter(messages=messages).prompt
+        rendered = formatter(messages=messages, tools=tools).prompt
     except Exception as error:  # the template is a program from the file: whatever it raises is its fault
         raise EadError(
             f"the chat template of {runner.path.name} failed: {_template_failure(error)}"

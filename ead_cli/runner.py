@@ -124,6 +124,14 @@ class PhaseCounter:
     seconds: float = 0.0
 
 
+class Abandoned(Exception):
+    """A batch stopped because ``Runner.abandoned`` said nobody wants its result any more."""
+
+
+def never_abandoned() -> bool:
+    return False
+
+
 @dataclass
 class RunnerStats:
     """What a runner did. FLOPs are 2 x body parameters per token read + 2 x head size per logits row."""
@@ -210,6 +218,9 @@ class Runner:
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)
         self._no_abort_callback = llama_cpp.ggml_abort_callback()
         self._interrupt: BaseException | None = None
+        # Asked with the signals: whether whoever runs this batch no longer wants it (ead serve: its
+        # client left), which stops a long prefill between graph nodes instead of at its end.
+        self.abandoned: Callable[[], bool] = never_abandoned
         self.n_past = 0
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
@@ -414,6 +425,9 @@ class Runner:
         return status
 
     def _abort_requested(self, _data: int | None) -> bool:
+        if self.abandoned():
+            self._interrupt = Abandoned()
+            return True
         try:
             return stop_requested()
         except (KeyboardInterrupt, Terminated) as interrupt:  # its handler ran in here: raise it later

@@ -16,13 +16,16 @@ from .errors import EadError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temp 0 is greedy; otherwise top-k, top-p, min-p, then temperature, then a seeded draw."""
+    """temp 0 is greedy; otherwise top-k, top-p, min-p, then temperature, then a seeded draw.
+    ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
+    model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it."""
 
     temp: float = 0.0
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int = 0
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if not self.temp >= 0:  # written so, NaN fails it too
@@ -38,15 +41,18 @@ class SamplingParams:
 
 
 class Sampler:
-    """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits."""
+    """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits. With a
+    grammar (``vocab`` needed), it comes first in the chain and every token sampled is accepted by it."""
 
-    def __init__(self, params: SamplingParams) -> None:
-        self._greedy = params.temp == 0
+    def __init__(self, params: SamplingParams, vocab: llama_cpp.llama_vocab_p | None = None) -> None:
+        self._greedy = params.temp == 0 and params.grammar is None
         self._params = params
         self._rng = np.random.default_rng(params.seed)
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         add = llama_cpp.llama_sampler_chain_add
+        if params.grammar is not None:
+            add(self._chain, grammar_sampler(vocab, params.grammar))
         if params.temp == 0:
             add(self._chain, llama_cpp.llama_sampler_init_greedy())
         else:
@@ -67,6 +73,8 @@ class Sampler:
         if self._greedy:
             return int(np.argmax(logits))
         if ctx is None:
+            if self._params.grammar is not None:
+                raise EadError("a grammar needs a local model's context: not with a llama-server model")
             dist = probabilities(logits, self._params)
             return int(self._rng.choice(dist.shape[0], p=dist))
         return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
@@ -75,6 +83,14 @@ class Sampler:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+
+
+def grammar_sampler(vocab: llama_cpp.llama_vocab_p | None, grammar: str) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's grammar sampler for a GBNF text; a grammar it cannot parse is a one-line error."""
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root") if vocab else None
+    if not sampler:
+        raise EadError("llama.cpp could not parse the grammar")
+    return sampler
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

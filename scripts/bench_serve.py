@@ -8,8 +8,10 @@ Starts `ead serve` (the models and options given, ``--port 0``) and runs, in ord
 1. references: each prompt once, alone and not streamed (greedy): the answer every later request must get;
 2. a warm-up round (every client once), then the server's RSS, descriptors and threads (scripts/soak.py's
    measures, read from /proc/PID);
-3. load: ``--clients`` threads, each streaming ``--requests`` requests over the prompts; each answer is
-   checked token for token, with its models, against its reference; requests/s and time to first token;
+3. load: ``--clients`` threads, each streaming ``--requests`` requests over the prompts (the first
+   ``--tool-clients`` of them as agents: the same tools offered, an ask and a turn after a tool's result;
+   skipped where the template has no tools); each answer is checked token for token, with its models,
+   against its reference; requests/s and time to first token;
 4. the server's figures again: growth past ``--rss-bound-mib``, or any new descriptor or thread, fails;
 5. overflow: one long stream holds the engine while ``--queue`` + 2 more requests arrive: the queue's
    places are taken and the rest must get 503; the long stream then leaves and the queued ones complete;
@@ -23,8 +25,8 @@ bit-for-bit the same for another batch split); ``-- --no-reuse`` serves every pr
 are only comparable within one run; hold /tmp/ead-bench.lock while it runs.
 
     .venv/bin/python scripts/bench_serve.py [--small qc0.5b] [--large qc1.5b] [--threads 1]
-        [--clients 16] [--requests 3] [--max-tokens 16] [--queue 32] [--repeats 3] [--exact]
-        [-- more serve options]
+        [--clients 16] [--tool-clients 4] [--requests 3] [--max-tokens 16] [--queue 32] [--repeats 3]
+        [--exact] [-- more serve options]
 """
 
 from __future__ import annotations
@@ -59,6 +61,30 @@ TURNS = (  # the user's side of the reuse chat; each answer is the model's own
     "Write one test for it.",
 )
 UNRELATED = "A list of ten colours, one per line:"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "multiply",
+            "description": "Multiply two integers exactly",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'}}
+ASK = [{"role": "user", "content": "What is 6 times 7?"}]
+AGENT_TURNS = {  # an agent's two requests: the ask, and the turn after the tool's result
+    "tool ask": ASK,
+    "tool result": [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -74,13 +100,17 @@ class Answer:
     summary: dict | None
 
 
-def chat(http: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> Answer:
-    """A streamed chat request, read to its end."""
+def chat(
+    http: httpx.Client, url: str, messages: list[dict], max_tokens: int, tools: list[dict] | None = None
+) -> Answer:
+    """A streamed chat request, read to its end (a tool call's delta counts as its JSON text)."""
     began = perf_counter()
     ttft = None
     tokens: list[tuple[int, str]] = []
     text, finish, summary = "", None, None
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    if tools:
+        body["tools"] = tools
     with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             response.read()
@@ -95,9 +125,17 @@ def chat(http: httpx.Client, url: str, messages: list[dict], max_tokens: int) ->
                 continue
             if ttft is None:
                 ttft = perf_counter() - began
-            tokens.append((chunk["ead"]["token"], chunk["ead"]["model"]))
-            text += choice["delta"]["content"]
+            if "ead" in chunk:  # a token's first chunk (with tools, a token may complete several)
+                tokens.append((chunk["ead"]["token"], chunk["ead"]["model"]))
+            text += choice["delta"].get("content") or json.dumps(choice["delta"].get("tool_calls"))
     return Answer(200, tuple(tokens), text, finish, ttft, perf_counter() - began, summary)
+
+
+def ask(http: httpx.Client, url: str, name: str, max_tokens: int) -> Answer:
+    """One of the prompts, or one of the agent's turns with the tools."""
+    if name in AGENT_TURNS:
+        return chat(http, url, AGENT_TURNS[name], max_tokens, TOOLS)
+    return chat(http, url, [{"role": "user", "content": name}], max_tokens)
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -120,18 +158,22 @@ def first_difference(answer: Answer, reference: Answer) -> dict:
     }
 
 
-def load(url: str, clients: int, requests: int, max_tokens: int, references: dict[str, Answer]) -> dict:
-    """``clients`` threads at once, each streaming ``requests`` requests; every answer checked."""
+def load(
+    url: str, clients: int, requests: int, max_tokens: int, references: dict[str, Answer], agents: int
+) -> dict:
+    """``clients`` threads at once, each streaming ``requests`` requests; every answer checked. The
+    first ``agents`` clients send the agent's turns, with the tools."""
     answers: list[tuple[str, Answer]] = []
     lock = threading.Lock()
 
     def client(index: int) -> None:
+        names = list(AGENT_TURNS) if index < agents else list(PROMPTS)
         with httpx.Client(timeout=600) as http:
             for number in range(requests):
-                prompt = PROMPTS[(index + number) % len(PROMPTS)]
-                answer = chat(http, url, [{"role": "user", "content": prompt}], max_tokens)
+                name = names[(index + number) % len(names)]
+                answer = ask(http, url, name, max_tokens)
                 with lock:
-                    answers.append((prompt, answer))
+                    answers.append((name, answer))
 
     began = perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -142,13 +184,14 @@ def load(url: str, clients: int, requests: int, max_tokens: int, references: dic
     seconds = perf_counter() - began
     incomplete = sum(answer.status != 200 or answer.finish is None for _, answer in answers)
     differing = [
-        {"prompt": prompt, **first_difference(answer, references[prompt])}
-        for prompt, answer in answers
-        if answer.finish is not None and answer.tokens != references[prompt].tokens
+        {"prompt": name, **first_difference(answer, references[name])}
+        for name, answer in answers
+        if answer.finish is not None and answer.tokens != references[name].tokens
     ]
     ttfts = [answer.ttft_s for _, answer in answers if answer.ttft_s is not None]
     return {
         "requests": len(answers),
+        "agent_requests": sum(name in AGENT_TURNS for name, _ in answers),
         "expected": clients * requests,
         "incomplete": incomplete,
         "differing": len(differing),  # complete, but not the reference's tokens (see the module's note)
@@ -247,6 +290,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=3, help="requests per client")
+    parser.add_argument("--tool-clients", type=int, default=4, help="clients that are agents with tools")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--queue", type=int, default=32, help="the server's --queue (at least --clients)")
     parser.add_argument("--repeats", type=int, default=3, help="turn-5 measurements with and without reuse")
@@ -259,19 +303,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.queue < args.clients or min(args.clients, args.requests, args.max_tokens, args.repeats) < 1:
         parser.error("--queue must be at least --clients, and counts at least 1")
+    if not 0 <= args.tool_clients <= args.clients:
+        parser.error("--tool-clients must be in [0, --clients]")
     models = [f"--{name}={value}" for name, value in (("small", args.small), ("large", args.large)) if value]
     serve_args = [*models, "--threads", str(args.threads), "--queue", str(args.queue), *args.serve_args]
     with tempfile.TemporaryDirectory() as folder, Server(serve_args, Path(folder) / "server.log") as server:
         url, pid = server.url, server.process.pid
         with httpx.Client(timeout=600) as http:
-            references = {
-                prompt: chat(http, url, [{"role": "user", "content": prompt}], args.max_tokens)
-                for prompt in PROMPTS
-            }
+            references = {name: ask(http, url, name, args.max_tokens) for name in (*PROMPTS, *AGENT_TURNS)}
             info = http.get(f"{url}/v1/models").json()["data"][0]["ead"]
-        load(url, args.clients, 1, args.max_tokens, references)  # warm-up
+        agents = args.tool_clients if references["tool ask"].status == 200 else 0  # 400: no tool template
+        load(url, args.clients, 1, args.max_tokens, references, agents)  # warm-up
         start = sample(pid)
-        measured = load(url, args.clients, args.requests, args.max_tokens, references)
+        measured = load(url, args.clients, args.requests, args.max_tokens, references, agents)
         end = settled(pid, start)
         grew = failures(start, end, args.rss_bound_mib)
         flood = overflow(url, args.queue, min(args.hold_tokens, info["n_ctx"] - 64))
@@ -293,6 +337,7 @@ def main() -> None:
         "n_ctx": info["n_ctx"],
         "serve_args": serve_args,
         "clients": args.clients,
+        "tool_clients": agents,
         "requests_per_client": args.requests,
         "max_tokens": args.max_tokens,
         "load": measured,

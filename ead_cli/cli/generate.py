@@ -159,6 +159,18 @@ def serve(
             "prompt whole, bit for bit the logits of generate)."
         ),
     ] = True,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A web page's origin (scheme://host[:port], or *) that may use the server (repeatable)."
+        ),
+    ] = None,
+    any_model: Annotated[
+        bool, typer.Option(help="Answer requests whatever model they name (default: 404 unless 'ead').")
+    ] = False,
+    shutdown_timeout: Annotated[
+        float, typer.Option(help="Seconds a stop waits for open requests before cutting them off.")
+    ] = 30.0,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
@@ -169,7 +181,9 @@ def serve(
     except ImportError as error:
         message = f"ead serve needs the serve extra ({error.name} is missing): pip install 'ead-cli[serve]'"
         raise EadError(message) from None
-    options = serving.ServeOptions(host, port, api_key, queue, reuse)
+    options = serving.ServeOptions(
+        host, port, api_key, queue, reuse, tuple(cors_origin or ()), any_model, shutdown_timeout
+    )
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)
     try:

@@ -1,0 +1,126 @@
+"""``ead serve``: the loaded models behind an OpenAI-compatible HTTP API, and a page that shows them.
+
+Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``, on
+FastAPI and uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
+over the runners loaded once, on one engine thread (``engine.py``). A request is checked before it queues
+(a bad one never waits): its JSON (``schemas.py``), its ``ead`` options (by the rules of the command
+line's), its prompt against the context (``app.py``). The engine keeps whatever prefix the previous
+request left in both models' caches (``Runner.align``); a chat whose client sends the whole conversation
+each turn reads only the new turn's tokens. A client that goes away stops its generation at the next token.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import uvicorn
+from sse_starlette.sse import AppStatus
+
+from ..errors import EadError
+from ..runner import Runner
+from .app import MAX_BODY_BYTES, MODEL_ID, Defaults, Guard, create_app
+from .engine import Engine
+
+if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
+    raise ImportError("ead serve needs sse-starlette 3.2 or newer", name="sse-starlette>=3.2")
+
+__all__ = ["Defaults", "ServeOptions", "serve"]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where and how to listen; checked when made, before any model loads."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    queue: int = 16  # requests that may wait while one generates
+    reuse: bool = True  # keep the cached prefix a prompt shares with the previous request
+    cors_origins: tuple[str, ...] = ()  # web pages (scheme://host[:port]) that may use the server
+    any_model: bool = False  # answer a request whatever model it names (as llama-server does)
+    shutdown_timeout: float = 30.0  # seconds a stop waits for open requests before it cuts them off
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise EadError(f"--port must be in [0, 65535], got {self.port}", exit_code=2)
+        if self.queue < 0:
+            raise EadError(f"--queue must be at least 0, got {self.queue}", exit_code=2)
+        if self.api_key is not None and not self.api_key.strip():
+            raise EadError("--api-key is empty", exit_code=2)
+        if not 0 < self.shutdown_timeout <= 86400:
+            raise EadError(
+                f"--shutdown-timeout must be in (0, 86400] seconds, got {self.shutdown_timeout}", 2
+            )
+        for origin in self.cors_origins:
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise EadError(
+                    f"--cors-origin takes scheme://host[:port] (or *), got {origin!r}", exit_code=2
+                )
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def listen(options: ServeOptions) -> socket.socket:
+    """The listening socket (port 0: any free one), bound before the first line says where it is."""
+    try:
+        return socket.create_server(
+            (options.host, options.port),
+            family=socket.AF_INET6 if ":" in options.host else socket.AF_INET,
+            reuse_port=False,
+        )
+    except OSError as error:
+        raise EadError(f"cannot listen on {options.host}:{options.port}: {error.strerror or error}") from None
+
+
+def serve(
+    runners: Sequence[Runner],
+    defaults: Defaults,
+    options: ServeOptions,
+    *,
+    say: Callable[[str], None],
+) -> None:
+    """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
+    engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse)
+    app = Guard(create_app(engine, defaults, options, say), options, MAX_BODY_BYTES, say)
+    # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
+    AppStatus.disable_automatic_graceful_drain()
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        ws="none",
+        timeout_graceful_shutdown=options.shutdown_timeout,  # then open requests are cut off
+    )
+    server = uvicorn.Server(config)
+    # From before the first line on, a signal asks uvicorn to stop (while it runs, its own handlers do; it
+    # re-raises the signal when done, and this handler takes that too): the stop is clean, exit 0.
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with listen(options) as sock:
+            host, port = sock.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            if not options.loopback and options.api_key is None:
+                warning = "without --api-key: anyone who can reach it can use it"
+                say(f"warning: listening on {options.host} {warning}")
+            say(
+                f"ead serve: http://{shown}:{port}/v1 (model '{MODEL_ID}'), the page at http://{shown}:{port}/"
+            )
+            server.run(sockets=[sock])
+    finally:
+        engine.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    say("ead serve: stopped")

@@ -1,0 +1,580 @@
+"""The routes of ``ead serve`` and the answers in OpenAI's shapes (whole, or chunk by chunk as
+server-sent events), each token with the ``ead`` fields that say which model wrote it."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import secrets
+import time
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from importlib import resources
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import llama_cpp
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+
+from ..calibrate import with_saved_tau
+from ..decoder import Summary, TokenEvent
+from ..engine import build_decoder
+from ..errors import EadError
+from ..options import GenerationOptions, PolicyOptions
+from ..prompt import check_fits, check_prompt_text, encode_rendered, render_chat
+from ..remote import RemoteRunner
+from ..sampling import SamplingParams, grammar_sampler
+from .engine import Engine, Failed, Finished, Job, Log, QueueFull, Ticket, Token
+from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse, unsupported
+from .tools import (
+    ToolCall,
+    ToolCallReader,
+    split_answer,
+    template_message,
+    template_takes_tools,
+)
+
+if TYPE_CHECKING:
+    from . import ServeOptions
+
+Body = TypeVar("Body", bound=CompletionBase)
+
+MODEL_ID = (
+    "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
+)
+MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
+PREPARE_THREADS = 2
+SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
+POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for what it leaves out: the command line's options (before a saved τ)."""
+
+    policy: PolicyOptions
+    generation: GenerationOptions
+
+
+class Guard:
+    """The app's outermost layer. A loopback server answers only requests that name it in ``Host`` (a
+    DNS-rebinding page names its own domain) and, from a web page, only those whose ``Origin`` is the
+    server itself or a ``--cors-origin``; a body over ``limit`` bytes is refused (413) before it is read
+    whole, chunked or not; whatever fails unforeseen is OpenAI's error object (500) and one log line."""
+
+    def __init__(self, app: Any, options: ServeOptions, limit: int, log: Log) -> None:
+        self.app, self.options, self.limit, self.log = app, options, limit, log
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        where = f"{scope['method']} {scope['path']}"
+        headers = Headers(scope=scope)
+        refusal = self._refusal(headers)
+        if refusal is not None:
+            self.log(f"error: {where} {refusal.status}: {refusal.message}")
+            return await refusal.response()(scope, receive, send)
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise self._too_large()
+            return message
+
+        started = False
+
+        async def watched(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            return await self.app(scope, counted, watched)
+        except asyncio.CancelledError:  # a forced stop (a second Ctrl-C) cancels open streams: no traceback
+            return None
+        except SendTimeoutError:
+            self.log(f"error: {where}: the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped")
+        except Exception as error:  # after the app's own handler answered it (below): one line here
+            self.log(f"error: {where} 500: {type(error).__name__}: {' '.join(str(error).split())}")
+            if not started:
+                await _internal_error().response()(scope, receive, send)
+        return None
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
+
+    def _refusal(self, headers: Headers) -> ApiError | None:
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limit:
+            return self._too_large()
+        host = headers.get("host", "")
+        if self.options.loopback and not _names_loopback(host):
+            message = f"Host {host!r} is not a loopback name: this server answers localhost and 127.0.0.1"
+            return ApiError(403, message, code="invalid_host")
+        origin = headers.get("origin")
+        allowed = self.options.cors_origins
+        if origin is None or origin == f"http://{host}" or origin in allowed or "*" in allowed:
+            return None
+        message = (
+            f"pages at {origin} may not use this server: start it with --cors-origin {origin} to allow them"
+        )
+        return ApiError(403, message, code="origin_not_allowed")
+
+
+def _names_loopback(host: str) -> bool:
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _internal_error() -> ApiError:
+    return ApiError(500, "the server failed on this request (its log says why)", kind="server_error")
+
+
+def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: Log) -> FastAPI:
+    """The ASGI app over a started engine."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    if options.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(options.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    roles = {runner.name: runner.label for runner in engine.runners}
+    # Parsing, rendering and tokenizing a request (a 4 MiB body takes a while) run here, not on the event
+    # loop; a fixed pool, so the server's threads stay as many under any load.
+    preparing = ThreadPoolExecutor(PREPARE_THREADS, "ead-prepare")
+
+    async def prepared(prepare: Callable[[bytes], tuple[Body, Job]], data: bytes) -> tuple[Body, Job]:
+        return await asyncio.get_running_loop().run_in_executor(preparing, prepare, data)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        log(f"error: {request.method} {request.url.path} {error.status}: {error.message}")
+        return error.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return await api_error(request, ApiError(error.status_code, str(error.detail), kind=kind))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        return _internal_error().response()  # Starlette raises it on to the Guard, which logs it
+
+    async def authorized(request: Request) -> None:
+        if options.api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        key = options.api_key.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key):
+            raise ApiError(
+                401, "a valid API key is needed: Authorization: Bearer KEY", code="invalid_api_key"
+            )
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8"))
+
+    @app.get("/favicon.ico")
+    async def icon() -> Response:
+        return Response(status_code=204)  # browsers ask for one; the page has none
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "generating": engine.pending > 0, "waiting": max(engine.pending - 1, 0)}
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models() -> dict[str, Any]:
+        served = {
+            "models": roles,
+            "n_ctx": engine.n_ctx,
+            "policy": asdict(defaults.policy),
+            "any_model_name": options.any_model,  # whether a request naming another model is answered
+        }
+        return {
+            "object": "list",
+            "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ead", "ead": served}],
+        }
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat(request: Request) -> Any:
+        data = await _json_body(request)
+        return await _answer(request, *await prepared(_prepare_chat, data), "chat.completion")
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(request: Request) -> Any:
+        data = await _json_body(request)
+        return await _answer(request, *await prepared(_prepare_text, data), "text_completion")
+
+    # On the preparing threads: parse, check, render, tokenize.
+
+    def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
+        body = _accepted(ChatRequest, data)
+        tools = body.tools_offered()
+        if tools is not None and not template_takes_tools(engine.runners[0]):
+            raise unsupported("tools", f"the chat template of {engine.runners[0].label} has no tool support")
+        messages = [
+            template_message(message.as_template_message(f"messages.{i}"))
+            for i, message in enumerate(body.messages)
+        ]
+        _check(lambda: check_prompt_text("".join(message["content"] for message in messages)))
+        rendered = _check(lambda: render_chat(engine.runners[0], messages, tools=tools))
+        if rendered is None:
+            message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
+            raise ApiError(400, message, code="no_template")
+        return body, _job(body, rendered)
+
+    def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
+        body = _accepted(CompletionRequest, data)
+        return body, _job(body, _check(lambda: check_prompt_text(body.text())))
+
+    def _accepted(schema: type[Body], data: bytes) -> Body:
+        body = parse(schema, data)
+        body.check_supported()
+        if body.model not in (None, "", MODEL_ID) and not options.any_model:
+            message = (
+                f"the model {body.model!r} is not served here: this server serves {MODEL_ID!r} "
+                "(ead serve --any-model answers any name)"
+            )
+            raise ApiError(404, message, code="model_not_found", param="model")
+        return body
+
+    def _job(body: CompletionBase, text: str) -> Job:
+        prompt = encode_rendered(engine.runners[0], text)
+        try:
+            check_fits(prompt, engine.n_ctx)
+        except EadError as error:
+            raise ApiError(400, str(error), code="context_length_exceeded") from None
+        policy, generation = _settings(body)
+        logprobs = body.logprobs_count()
+        if logprobs is not None:
+            _without_rollbacks(
+                policy, "logprobs", "log-probabilities follow the tokens as they are drawn: they need"
+            )
+        return Job(prompt, policy, generation, logprobs)
+
+    async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
+        ticket = Ticket(asyncio.get_running_loop())
+        try:
+            engine.submit(job, ticket)
+        except QueueFull as full:
+            raise ApiError(
+                503,
+                str(full),
+                kind="server_error",
+                code="queue_full",
+                headers={"Retry-After": str(full.retry_after)},
+            ) from None
+        names = body.tool_names() if isinstance(body, ChatRequest) else None
+        reply = _Reply(
+            kind,
+            request.url.path,
+            log,
+            seed=job.generation.sampling.seed,
+            piece=engine.runners[0].token_bytes,
+            tools=names,
+        )
+        if body.stream:
+            return EventSourceResponse(reply.stream(ticket), ping=15, send_timeout=SEND_TIMEOUT_S)
+        return await reply.whole(ticket, request)
+
+    def _settings(body: CompletionBase) -> tuple[PolicyOptions, GenerationOptions]:
+        """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
+        ead = body.ead or EadOptions()
+        max_tokens = body.max_completion_tokens or body.max_tokens or defaults.generation.max_tokens
+        base = defaults.generation.sampling
+        temp = base.temp if body.temperature is None else body.temperature
+        grammar = body.response_format.grammar() if body.response_format is not None else None
+
+        def settings() -> tuple[PolicyOptions, GenerationOptions]:
+            policy = replace(defaults.policy, **ead.policy_changes(), levels=len(engine.runners))
+            policy = with_saved_tau(policy, engine.runners)[0]
+            if grammar is not None:
+                _check_grammar(grammar, policy)
+            sampling = SamplingParams(
+                grammar=grammar,
+                temp=0.0 if body.top_p == 0 else temp,  # top_p 0 keeps the likeliest token alone: greedy
+                top_k=base.top_k if ead.top_k is None else ead.top_k,
+                top_p=base.top_p if not body.top_p else body.top_p,
+                min_p=base.min_p if ead.min_p is None else ead.min_p,
+                # as OpenAI and llama-server: a fresh draw per request unless the request names its seed
+                seed=body.seed if body.seed is not None and body.seed >= 0 else secrets.randbelow(2**32 - 1),
+            )
+            stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+            generation = replace(
+                defaults.generation, sampling=sampling, max_tokens=min(max_tokens, engine.n_ctx), stop=stop
+            )
+            build_decoder(engine.runners, policy, generation)  # only to check: a decoder costs nothing
+            return policy, generation
+
+        return _check(settings)
+
+    def _check_grammar(grammar: str, policy: PolicyOptions) -> None:
+        """JSON mode: a grammar cannot take a token back, nor reach into a llama-server."""
+        if any(isinstance(runner, RemoteRunner) for runner in engine.runners):
+            message = (
+                "response_format: JSON mode needs every model local (a grammar cannot reach a llama-server)"
+            )
+            raise ApiError(400, message, code="invalid_value", param="response_format")
+        _without_rollbacks(policy, "response_format", "JSON mode needs")
+        llama_cpp.llama_sampler_free(grammar_sampler(engine.runners[0].vocab, grammar))  # parses, or 400
+
+    async def _json_body(request: Request) -> bytes:
+        """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking."""
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media != "application/json":
+            message = f"the body must be JSON sent as Content-Type: application/json, not {media or 'none'!r}"
+            raise ApiError(415, message, code="unsupported_media_type")
+        return await request.body()
+
+    return app
+
+
+def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
+    """A 400 for the policies that take tokens back, which ``what`` cannot go with."""
+    if policy.mode == "spec" or policy.verify is not None or policy.policy == "lookahead":
+        steps = "ead.mode spec, ead.verify, ead.policy lookahead"
+        message = f"{param}: {what} no step that takes tokens back ({steps})"
+        raise ApiError(400, message, code="invalid_value", param=param)
+
+
+def _check(make: Callable[[], Any]) -> Any:
+    """``make()``, with the command line's usage errors turned into 400s."""
+    try:
+        return make()
+    except EadError as error:
+        raise ApiError(400, str(error), code="invalid_value") from None
+
+
+class _Reply:
+    """One request's answer in OpenAI's shapes, from its ticket's messages."""
+
+    def __init__(
+        self,
+        kind: str,
+        path: str,
+        log: Log,
+        *,
+        seed: int,
+        piece: Callable[[int], bytes],
+        tools: frozenset[str] | None = None,
+    ) -> None:
+        self.kind, self.path, self.log = kind, path, log
+        self.piece = piece  # a token id's bytes, for log-probabilities
+        self._offset = 0  # characters of text so far (a text completion's logprobs.text_offset)
+        self.tools = tools  # the names of the tools offered: read calls out of the answer
+        self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
+        self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.chat = kind == "chat.completion"
+
+    def _envelope(self, object_kind: str, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": object_kind,
+            "created": self.created,
+            "model": MODEL_ID,
+            "choices": [{"index": 0, **choice}],
+            **extra,
+        }
+
+    def _chunk(self, text: str | None, finish: str | None, logprobs: Any = None, **extra: Any) -> str:
+        if self.chat:
+            delta = {} if text is None else {"role": "assistant", "content": text}
+            return self._delta(delta, finish, logprobs, **extra)
+        choice = {"text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        return json.dumps(self._envelope("text_completion", choice, **extra), ensure_ascii=False)
+
+    def _delta(self, delta: dict[str, Any], finish: str | None, logprobs: Any = None, **extra: Any) -> str:
+        choice = {"delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return json.dumps(self._envelope("chat.completion.chunk", choice, **extra), ensure_ascii=False)
+
+    def _token_chunks(self, token: Token, reader: ToolCallReader | None) -> list[str]:
+        """A token's chunks: its text; with tools, the text and calls it completes (text that may open a
+        call is held), the first carrying the token's ``ead`` fields and log-probabilities, an empty one
+        if it completes none."""
+        first = {"ead": _token_fields(token.event), "logprobs": self._logprobs([token])}
+        if reader is None:
+            return [self._chunk(token.event.text, None, **first)]
+        return self._piece_chunks(reader.push(token.event.text), reader, first) or [
+            self._chunk("", None, **first)
+        ]
+
+    def _piece_chunks(
+        self, pieces: list[str | ToolCall], reader: ToolCallReader, first: dict[str, Any]
+    ) -> list[str]:
+        chunks = []
+        for piece in pieces:
+            extra = {} if chunks else first
+            if isinstance(piece, ToolCall):
+                index = reader.calls.index(piece)
+                delta = {"role": "assistant", "tool_calls": [piece.as_openai(index)]}
+                chunks.append(self._delta(delta, None, **extra))
+            else:
+                chunks.append(self._chunk(piece, None, **extra))
+        return chunks
+
+    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+        """OpenAI's ``logprobs`` of a choice for these tokens (chat's ``content`` list, or a text
+        completion's parallel lists); None if the request did not ask for them."""
+        scored = [(token.event, token.logprobs) for token in tokens if token.logprobs is not None]
+        if not scored:
+            return None
+        if self.chat:
+            content = [
+                {
+                    **self._entry(event.token, scores.logprob),
+                    "top_logprobs": [self._entry(token, logprob) for token, logprob in scores.top],
+                }
+                for event, scores in scored
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for event, _ in scored:
+            offsets.append(self._offset)
+            self._offset += len(event.text)
+        return {
+            "tokens": [self._text(event.token) for event, _ in scored],
+            "token_logprobs": [scores.logprob for _, scores in scored],
+            "top_logprobs": [{self._text(t): lp for t, lp in scores.top} for _, scores in scored],
+            "text_offset": offsets,
+        }
+
+    def _text(self, token: int) -> str:
+        return self.piece(token).decode("utf-8", errors="replace")
+
+    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
+        return {"token": self._text(token), "logprob": logprob, "bytes": list(self.piece(token))}
+
+    async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str]]:
+        """Server-sent events: a chunk per token with its model, the last one with usage and figures."""
+        ended = False
+        reader = ToolCallReader(self.tools) if self.tools else None
+        try:
+            while True:
+                message = await ticket.messages.get()
+                if isinstance(message, Token):
+                    for chunk in self._token_chunks(message, reader):
+                        yield {"data": chunk}
+                    continue
+                if isinstance(message, Failed):
+                    self.log(f"error: POST {self.path}: {message.message}")
+                    body = {"message": message.message, "type": "server_error", "param": None, "code": None}
+                    yield {"data": json.dumps({"error": body})}
+                    ended = True
+                    return
+                self._done(message.summary)
+                finish = _finish(message.summary)
+                if reader is not None:
+                    for chunk in self._piece_chunks(reader.finish(), reader, {}):
+                        yield {"data": chunk}
+                    finish = "tool_calls" if reader.calls else finish
+                ead = {"summary": asdict(message.summary), "seed": self.seed}
+                extra = {"usage": _usage(message.summary), "ead": ead}
+                yield {"data": self._chunk(None, finish, **extra)}
+                ended = True
+                yield {"data": "[DONE]"}
+                return
+        finally:
+            if not ended:  # the client went away: the engine stops after the token it is on
+                ticket.cancel()
+
+    async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
+        """The whole answer at once; a client that leaves while it waits cancels it."""
+        tokens: list[Token] = []
+        looked = time.monotonic()
+        message: Token | Finished | Failed | None = None
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(ticket.messages.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    message = None
+                if time.monotonic() - looked >= POLL_S:  # tokens may come faster: look by the clock
+                    looked = time.monotonic()
+                    if await request.is_disconnected():
+                        return JSONResponse({}, status_code=499)
+                if message is None:
+                    continue
+                if isinstance(message, Token):
+                    tokens.append(message)
+                elif isinstance(message, Failed):
+                    raise ApiError(502, message.message, kind="server_error", code="generation_failed")
+                else:
+                    break
+        finally:
+            if not isinstance(message, Finished):  # the client left, or a stop cut the request off
+                ticket.cancel()
+        summary = message.summary
+        self._done(summary)
+        events = [token.event for token in tokens]
+        text = "".join(event.text for event in events)
+        finish = _finish(summary)
+        logprobs = self._logprobs(tokens)
+        if not self.chat:
+            choice = {"text": text, "finish_reason": finish, "logprobs": logprobs}
+        else:
+            answer: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tools:
+                content, calls = split_answer(text, self.tools)
+                if calls:
+                    answer = {
+                        "role": "assistant",
+                        "content": content or None,
+                        "tool_calls": [call.as_openai() for call in calls],
+                    }
+                    finish = "tool_calls"
+            choice = {"message": answer, "finish_reason": finish, "logprobs": logprobs}
+        ead = {
+            "tokens": [_token_fields(event) for event in events],
+            "summary": asdict(summary),
+            "seed": self.seed,
+        }
+        return JSONResponse(self._envelope(self.kind, choice, usage=_usage(summary), ead=ead))
+
+    def _done(self, summary: Summary) -> None:
+        reused = summary.prompt_tokens - summary.models[0].prefill_tokens
+        self.log(
+            f"POST {self.path} 200: {summary.generated} tokens ({summary.finish_reason}), "
+            f"prompt {summary.prompt_tokens} ({reused} cached), large share {summary.large_share:.1%}, "
+            f"{summary.wall_s:.2f} s"
+        )
+
+
+def _token_fields(event: TokenEvent) -> dict[str, Any]:
+    """What a streamed chunk says of its token beside the text: which model wrote it, at what entropy."""
+    fields = asdict(event)
+    del fields["text"]
+    return fields
+
+
+def _usage(summary: Summary) -> dict[str, int]:
+    return {
+        "prompt_tokens": summary.prompt_tokens,
+        "completion_tokens": summary.generated,
+        "total_tokens": summary.prompt_tokens + summary.generated,
+    }
+
+
+def _finish(summary: Summary) -> str:
+    """OpenAI's finish reasons: 'length' at the token limit or the context's end, else 'stop'."""
+    return "length" if summary.finish_reason == "length" else "stop"

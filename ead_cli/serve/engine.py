@@ -1,0 +1,222 @@
+"""The engine of ``ead serve``: one generation at a time on one thread, requests in FIFO order, each
+token event handed back to the waiting request's asyncio queue.
+
+llama.cpp contexts cannot be shared, so one decoder runs at a time over the runners loaded once; the
+others wait in a queue with a bound, past which a request is refused at once (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..decoder import Decoder, Summary, TokenEvent
+from ..engine import build_decoder
+from ..errors import EadError
+from ..options import GenerationOptions, PolicyOptions
+from ..runner import Abandoned, Runner, never_abandoned
+
+Log = Callable[[str], None]  # one line per request, and one per error: never a traceback
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation to run: the prompt's tokens, and the options it was asked with (already checked)."""
+
+    prompt: list[int]
+    policy: PolicyOptions
+    generation: GenerationOptions
+    logprobs: int | None = None  # None: none; else the log-probability of each token and its top N
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """A token's log-probability under the model that wrote it, and the likeliest tokens' (best first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def logprobs_of(token: int, logits: np.ndarray, top: int) -> Logprobs:
+    """From the logits the token was drawn from (the model's own distribution, before temperature)."""
+    values = logits.astype(np.float64)
+    peak = values.max()
+    normalizer = peak + math.log(np.exp(values - peak).sum())
+    best = np.argpartition(-values, top)[:top] if 0 < top < len(values) else np.arange(min(top, len(values)))
+    best = best[np.argsort(-values[best], kind="stable")]
+    return Logprobs(
+        float(values[token] - normalizer), tuple((int(i), float(values[i] - normalizer)) for i in best)
+    )
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token: its event, and its log-probabilities if the request asked for them."""
+
+    event: TokenEvent
+    logprobs: Logprobs | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The generation ended (by itself, at its limit, or because its client went away)."""
+
+    summary: Summary
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The generation could not go on (a remote model lost, a llama.cpp failure): one line why."""
+
+    message: str
+
+
+class QueueFull(Exception):
+    """Every place in the queue is taken; ``retry_after``: seconds after which one may be free."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"the queue is full: try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Ticket:
+    """A request's end of its job: the messages the engine thread sends (token events, then one
+    ``Finished`` or ``Failed``), and ``cancel`` for when its client goes away: a waiting job gives its
+    place in the queue back at once, a running one stops within a token or a prefill's graph node."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.messages: asyncio.Queue[Token | Finished | Failed] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self._loop = loop
+        self._future: Future[None] | None = None  # set by Engine.submit
+        self._withdraw: Callable[[], None] | None = None
+
+    def send(self, message: Token | Finished | Failed) -> None:
+        """From the engine thread. Once the server's event loop is gone, nobody reads: stop."""
+        try:
+            self._loop.call_soon_threadsafe(self.messages.put_nowait, message)
+        except RuntimeError:  # the loop is closed (a forced stop)
+            self.cancel()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self._withdraw is not None:
+            self._withdraw()
+
+
+def _hold_signals() -> None:
+    """The engine thread leaves SIGINT and SIGTERM to the main thread, where uvicorn handles them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+class Engine:
+    """The runners and one thread that generates with them, one job after another, in order.
+
+    ``queue``: jobs that may wait while one runs; ``submit`` refuses more. Each prompt is tokenized
+    alone; ``Runner.align`` keeps the prefix it shares with what the caches hold (the previous prompt and
+    answer), which a chat client's next turn shares up to its new message. Logits are not bit-for-bit the
+    same for another batch split (llama-server's ``cache_prompt`` warns of it too): a prompt the caches
+    hold whole has its last token read again alone, and where two tokens nearly tie, its answer may
+    differ from a fresh run's; ``reuse=False`` reads every prompt whole, as ``ead generate`` does.
+    """
+
+    def __init__(self, runners: Sequence[Runner], *, queue: int, log: Log, reuse: bool = True) -> None:
+        self.runners = tuple(runners)
+        self.queue = queue
+        self.log = log
+        self.reuse = reuse
+        self._executor = ThreadPoolExecutor(1, "ead-engine", initializer=_hold_signals)
+        self._lock = threading.Lock()
+        self._pending = 0  # accepted, not yet finished (the running job included)
+        self._mean_s = 1.0  # recent seconds per job: the Retry-After estimate
+        self._stopped = threading.Event()
+
+    @property
+    def n_ctx(self) -> int:
+        return min(runner.n_ctx for runner in self.runners)
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def submit(self, job: Job, ticket: Ticket) -> None:
+        with self._lock:
+            if self._pending > self.queue:
+                raise QueueFull(max(1, math.ceil(self._mean_s * (self._pending - self.queue))))
+            self._pending += 1
+        future = self._executor.submit(self._run, job, ticket)
+        ticket._withdraw = lambda: self._withdraw(future)
+
+    def _withdraw(self, future: Future[None]) -> None:
+        """A job whose client left before its turn: out of the queue now, its place free for another."""
+        with self._lock:
+            if future.cancelled() or not future.cancel():  # already withdrawn, running or done
+                return
+            self._pending -= 1
+        self.log("skipped a waiting request: its client went away")
+
+    def _run(self, job: Job, ticket: Ticket) -> None:
+        began = time.perf_counter()
+        try:
+            if self._stopped.is_set():
+                self.log("skipped a waiting request: the server is stopping")
+                return
+            ticket.send(self._generate(job, ticket))
+        except Exception as error:  # the thread must live on: whatever failed is this job's answer
+            ticket.send(Failed(str(error) or type(error).__name__))
+        finally:
+            with self._lock:
+                self._pending -= 1
+                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - began)
+
+    def _generate(self, job: Job, ticket: Ticket) -> Finished | Failed:
+        if not self.reuse:  # read every prompt whole, as ead generate does: the same logits to the bit
+            for runner in self.runners:
+                runner.truncate(0)
+        decoder = build_decoder(self.runners, job.policy, job.generation)
+        failure = None
+
+        def abandoned() -> bool:
+            return ticket.cancelled.is_set() or self._stopped.is_set()
+
+        scores: deque[Logprobs] = deque()  # sampled, not yet sent: one at a time without rollbacks
+        if job.logprobs is not None and isinstance(decoder, Decoder):
+            top = job.logprobs
+            decoder.on_sample = lambda token, logits: scores.append(logprobs_of(token, logits, top))
+        local = [runner for runner in self.runners if isinstance(runner, Runner)]
+        for runner in local:
+            runner.abandoned = abandoned  # a long prefill stops between graph nodes, not at its end
+        try:
+            with closing(decoder.run(job.prompt)) as run:  # align keeps what the caches share with it
+                for event in run:
+                    ticket.send(Token(event, scores.popleft() if scores else None))
+                    if abandoned():
+                        break
+        except Abandoned:
+            pass
+        except EadError as error:
+            failure = Failed(str(error))
+        finally:
+            for runner in local:
+                runner.abandoned = never_abandoned
+        summary = decoder.summary()
+        if self._stopped.is_set() or ticket.cancelled.is_set():
+            why = "the server is stopping" if self._stopped.is_set() else "the client went away"
+            self.log(f"stopped after {summary.generated} tokens: {why}")
+        return failure or Finished(summary)
+
+    def close(self) -> None:
+        """Stop the thread: after a clean shutdown every job accepted is done; after a forced one (a second
+        Ctrl-C) the running job stops after its token and those waiting are dropped."""
+        self._stopped.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,325 @@
+"""The request bodies of ``ead serve``: OpenAI's fields and ead's own options, as pydantic models, and
+OpenAI's error object for whatever is wrong with them."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi.responses import JSONResponse
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import EadError
+from ..policies import parse_tau
+
+MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
+MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
+MAX_STOP_CHARS = 512
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+NAMED_PATTERNS = ("@code",)
+
+
+def _named(patterns: list[str]) -> list[str]:
+    for pattern in patterns:
+        if pattern not in NAMED_PATTERNS:
+            raise ValueError(
+                f"over HTTP only named patterns ({', '.join(NAMED_PATTERNS)}) are taken, got {pattern!r}: "
+                "a client's regular expression could run unbounded on every token"
+            )
+    return patterns
+
+
+class EadOptions(BaseModel):
+    """The ``ead`` object of a request: policy options of ``ead generate``, checked by the same rules.
+    Every number is bounded here, before any reaches a C call; patterns are named ones only (the
+    server's own ``--pattern`` is its operator's: any regular expression)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    mode: Literal["ead", "small", "large", "spec"] | None = None
+    policy: Literal["gate", "ead", "lookahead"] | None = None
+    tau: (
+        float | Annotated[list[float], Field(max_length=64)] | Annotated[str, Field(max_length=1024)] | None
+    ) = None
+    window: Positive | None = None
+    min_run: Count | None = None
+    burst: Positive | Literal["line", "adaptive"] | None = None
+    switch_point: Literal["before", "after"] | None = None
+    normalize: bool | None = None
+    draft: Positive | None = None
+    draft_entropy_stop: float | None = None
+    verify: float | None = None
+    pattern: Annotated[list[str], Field(max_length=len(NAMED_PATTERNS)), AfterValidator(_named)] | None = None
+    tau_range: tuple[float, float] | None = None
+    top_k: Count | None = None
+    min_p: float | None = None
+
+    def policy_changes(self) -> dict[str, Any]:
+        """The fields given, as PolicyOptions takes them."""
+        given = self.model_dump(exclude_none=True, exclude={"top_k", "min_p"})
+        if isinstance(given.get("tau"), str):
+            try:
+                given["tau"] = parse_tau(given["tau"])
+            except ValueError:
+                raise EadError(f"ead.tau must be a number of bits or a list, got {self.tau!r}") from None
+        elif isinstance(given.get("tau"), list):
+            given["tau"] = tuple(given["tau"])
+        if "pattern" in given:
+            given["patterns"] = tuple(given.pop("pattern"))
+        return given
+
+
+# Fields of OpenAI's API that would change the answer and that ead serve does not do, with the values
+# that change nothing (what clients send when they mean "off"): any other value is a 400, never silence.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "suffix": (None, ""),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "tools": (None, []),  # chat completions take them (ChatRequest); text completions do not
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+}
+
+
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: Annotated[str, Field(max_length=64)] | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def grammar(self) -> str | None:
+        """The GBNF grammar every token must keep the answer within (None: free text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return JSON_GBNF
+        if self.json_schema is None:
+            raise ApiError(
+                400, "response_format: json_schema needs its json_schema object", param="response_format"
+            )
+        try:
+            return json_schema_to_gbnf(json.dumps(self.json_schema.json_schema))
+        except Exception as error:  # the converter's own complaint about a schema it cannot express
+            message = (
+                f"response_format.json_schema.schema cannot be a grammar: {' '.join(str(error).split())}"
+            )
+            raise ApiError(400, message, code="invalid_value", param="response_format") from None
+
+
+class CompletionBase(BaseModel):
+    """What both completion endpoints take. Fields not named here are ignored (clients send ``user``,
+    ``stream_options``, ``metadata``...), except those of ``UNSUPPORTED``."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    model: Annotated[str, Field(max_length=256)] | None = None
+    stream: bool | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None  # clamped to the context, as llama-server does
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Fraction | None = None
+    stop: (
+        Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+        | Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)]
+        | None
+    ) = None
+    seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None  # -1: a fresh one, as llama-server
+    n: Positive | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # chat: bool; text: N
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    ead: EadOptions | None = None
+
+    def logprobs_count(self) -> int | None:
+        """How many alternatives each token's log-probabilities list; None: no log-probabilities.
+        Chat asks with ``logprobs: true`` and ``top_logprobs: N``, text completions with ``logprobs: N``."""
+        if self.logprobs is None or self.logprobs is False:
+            if self.top_logprobs:
+                raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return (self.top_logprobs or 0) if self.logprobs is True else self.logprobs
+
+    def check_supported(self) -> None:
+        """A 400 naming the first field given that ead serve would otherwise ignore."""
+        if (self.n or 1) > 1:
+            raise unsupported("n", "one choice per request (n: 1)")
+        for name, neutral in UNSUPPORTED.items():
+            value = (self.model_extra or {}).get(name)
+            if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in neutral):
+                raise unsupported(name, f"{name} is not supported")
+
+
+def unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message} by ead serve", param=param, code="unsupported_parameter")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Annotated[str, Field(max_length=64)]
+    text: str | None = None
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: Annotated[str, Field(max_length=256)]
+    arguments: str
+
+
+class ToolCallMessage(BaseModel):
+    """A call an assistant made in an earlier turn, as the client sends it back."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: Annotated[str, Field(max_length=256)] | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: Annotated[list[ToolCallMessage], Field(max_length=128)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
+
+    def text(self, where: str) -> str:
+        """The message's text; a part that is not text (an image, audio, a file) is a 400."""
+        if not isinstance(self.content, list):
+            return self.content or ""
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise unsupported(
+                    f"{where}.content", f"{part.type} parts are not supported (the models read text)"
+                )
+        return "".join(part.text or "" for part in self.content)
+
+    def as_template_message(self, where: str) -> dict[str, Any]:
+        """As the chat template takes it: OpenAI's ``developer`` role is the older ``system`` one; an
+        assistant's calls and a tool's answer keep the fields templates read."""
+        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
+        extra = self.model_dump(include={"tool_calls", "tool_call_id", "name"}, exclude_none=True)
+        return {**message, **extra}
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["function"]
+    function: dict[str, Any]
+
+
+class ChatRequest(CompletionBase):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_names(self) -> frozenset[str] | None:
+        """The names of the tools offered, None if none are."""
+        return (
+            None
+            if self.tools_offered() is None
+            else frozenset(tool.function.name for tool in self.tools or ())
+        )
+
+    def tools_offered(self) -> list[dict[str, Any]] | None:
+        """The tools the template is to render: none with ``tool_choice: none``. A choice that forces a
+        call (``required``, a named function) would need a grammar over the markup: refused."""
+        if self.tool_choice is not None and self.tool_choice not in ("none", "auto"):
+            raise unsupported("tool_choice", "only 'auto' and 'none' are supported")
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+
+class CompletionRequest(CompletionBase):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class ApiError(Exception):
+    """An HTTP error with OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.param, self.headers = param, headers
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        body = {"error": error}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _is_field(part: str | int) -> bool:
+    """Whether a part of pydantic's error location names a field or an index (not a union's member)."""
+    return isinstance(part, int) or (
+        part.isidentifier() and part not in {"str", "int", "float", "bool", "list"}
+    )
+
+
+def parse(model: type[BaseModel], data: bytes) -> Any:
+    """A request body into its schema; pydantic's first complaint as one line otherwise."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        if first["type"] == "json_invalid":
+            message = f"the body is not valid JSON: {first['ctx']['error']}"
+            raise ApiError(400, message, code="invalid_json") from None
+        where = ".".join(str(part) for part in first["loc"] if _is_field(part))
+        if first["type"] == "model_type" and not where:
+            raise ApiError(400, "the body must be a JSON object", code="invalid_json") from None
+        message = f"{where}: {first['msg']}" if where else first["msg"]
+        raise ApiError(400, message, code="invalid_value", param=where or None) from None

@@ -1,0 +1,83 @@
+"""`logprobs` / `top_logprobs` through `ead serve`: each token's log-probability under the model that wrote
+it, from the logits it was drawn from, in OpenAI's chat and text-completion shapes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import CTX, HI, JSON, PROMPT, TAU, serving
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(
+        [*pair_args(tiny_pair), *TAU, *CTX, "--no-reuse"],
+        tmp_path_factory.mktemp("serve-logprobs") / "server.log",
+    ) as running:
+        yield running
+
+
+MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+def test_chat_logprobs_whole_and_streamed(server: Server) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {"model": "ead", "messages": MESSAGES, "max_tokens": 16, "temperature": 0, "logprobs": True}
+    whole = client.chat.completions.create(**request, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    tokens = whole.model_extra["ead"]["tokens"]
+    assert len(content) == len(tokens) == 16
+    assert {token["model"] for token in tokens} == {"small", "large"}  # both models' logits are read
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        values = [top.logprob for top in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and sum(math.exp(v) for v in values) <= 1 + 1e-6
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy: the likeliest
+        assert bytes(entry.bytes).decode("utf-8", errors="replace") == entry.token
+
+    streamed = list(client.chat.completions.create(**request, top_logprobs=3, stream=True))
+    streamed_content = [
+        e for chunk in streamed if chunk.choices[0].logprobs for e in chunk.choices[0].logprobs.content
+    ]
+    assert [e.bytes for e in streamed_content] == [e.bytes for e in content]
+    assert [e.logprob for e in streamed_content] == pytest.approx([e.logprob for e in content], abs=1e-4)
+
+    without_top = client.chat.completions.create(**request)
+    assert all(entry.top_logprobs == [] for entry in without_top.choices[0].logprobs.content)
+    plain = client.chat.completions.create(**{**request, "logprobs": False})
+    assert plain.choices[0].logprobs is None
+
+
+def test_text_completion_logprobs(server: Server) -> None:
+    body = {"prompt": "def fib(n):", "max_tokens": 8, "temperature": 0.7, "seed": 3, "logprobs": 2}
+    reply = httpx.post(f"{server.base_url}/completions", json=body, headers=JSON, timeout=60).json()
+    logprobs = reply["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 8
+    assert logprobs["text_offset"] == sorted(logprobs["text_offset"]) and logprobs["text_offset"][0] == 0
+    # keyed by text, as OpenAI's format is: the tiny vocabulary's byte tokens may share one (U+FFFD)
+    assert all(1 <= len(top) <= 2 and max(top.values()) <= 0 for top in logprobs["top_logprobs"])
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"])
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"logprobs": True, "ead": {"verify": 0.5}}, "takes tokens back"),
+        ({"logprobs": True, "ead": {"mode": "spec"}}, "takes tokens back"),
+        ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ],
+)
+def test_logprobs_that_cannot_be_given_are_a_400(server: Server, body: dict, fragment: str) -> None:
+    reply = httpx.post(
+        f"{server.base_url}/chat/completions", json={"messages": HI, **body}, headers=JSON, timeout=60
+    )
+    assert reply.status_code == 400
+    assert fragment in reply.json()["error"]["message"]

@@ -1,0 +1,309 @@
+"""`ead serve` against what a hostile page, a careless client or a stalled one can do (issue 23's review):
+each test drives a real server subprocess over real sockets."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import CTX, HI, JSON, LONG, PROMPT, TAU, frames, serving, stream_request
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(
+        [*pair_args(tiny_pair), *TAU, *CTX], tmp_path_factory.mktemp("serve-safety") / "server.log"
+    ) as running:
+        yield running
+
+
+def post(server: Server, path: str, body: dict, **kwargs: object) -> httpx.Response:
+    headers = {**JSON, **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+    return httpx.post(f"{server.url}{path}", json=body, headers=headers, timeout=60, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"ead": {"pattern": ["(a+)+$"]}}, "only named patterns (@code)"),
+        ({"ead": {"pattern": ["(x|x)*y" * 20]}}, "only named patterns (@code)"),
+        ({"ead": {"window": 10**30}}, "ead.window"),
+        ({"ead": {"min_run": 10**30}}, "ead.min_run"),
+        ({"ead": {"burst": 10**30}}, "ead.burst"),
+        ({"ead": {"draft": 10**30, "mode": "spec"}}, "ead.draft"),
+        ({"ead": {"top_k": 10**30}}, "ead.top_k"),
+        ({"seed": 10**30}, "seed"),
+        ({"n": 10**30}, "n"),
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": "y" * 513}, "stop"),
+        ({"temperature": 10**30}, "temperature"),
+    ],
+)
+def test_hostile_patterns_and_huge_numbers_are_a_400_in_bounded_time(
+    server: Server, body: dict, fragment: str
+) -> None:
+    began = time.monotonic()
+    reply = post(server, CHAT, {"messages": HI, "max_tokens": 8, **body})
+    assert time.monotonic() - began < 10  # generous: bounded, not a frozen server
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert fragment in error["message"] and error["type"] == "invalid_request_error"
+    assert httpx.get(f"{server.url}/health", timeout=5).json()["status"] == "ok"
+
+
+def test_the_servers_own_pattern_stays_any_regular_expression(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The operator's --pattern is trusted; only a client's is limited to named ones."""
+    args = [*pair_args(tiny_pair), "--pattern", r"\w\w", "--min-run", "1"]
+    with Server(args, tmp_path / "server.log") as server:
+        reply = post(server, CHAT, {"messages": HI, "max_tokens": 6})
+        assert reply.status_code == 200
+        named = post(server, CHAT, {"messages": HI, "max_tokens": 6, "ead": {"pattern": ["@code"]}})
+        assert named.status_code == 200
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"suffix": "}"}, "suffix"),
+        ({"echo": True}, "echo"),
+        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+    ],
+)
+def test_fields_that_would_change_the_answer_are_refused_not_ignored(
+    server: Server, body: dict, param: str
+) -> None:
+    for path, request in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "hi"})):
+        reply = post(server, path, {**request, **body})
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["code"] == "unsupported_parameter" and error["param"] == param
+        assert error["message"].startswith(f"{param}: ")
+
+
+def test_parts_that_are_not_text_are_refused_by_name(server: Server) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    reply = post(server, CHAT, {"messages": [{"role": "user", "content": [image]}]})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == "messages.0.content"
+    assert "image_url parts are not supported" in error["message"]
+
+
+def test_valid_values_once_refused_are_taken(server: Server) -> None:
+    """stream and n null, seed -1 (a fresh one), top_p 0 (the likeliest token: greedy), a developer
+    message (OpenAI's newer name for system), the neutral values of unsupported fields, and a max_tokens
+    past the context (clamped, as llama-server and ollama do)."""
+    developer = [{"role": "developer", "content": "Be brief."}, *HI]
+    neutral = {"echo": False, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "tools": []}
+    body = {"messages": developer, "max_tokens": 6, "stream": None, "n": None, "seed": -1, **neutral}
+    reply = post(server, CHAT, body)
+    assert reply.status_code == 200, reply.text
+    greedy = post(server, CHAT, {"messages": HI, "max_tokens": 6, "temperature": 0})
+    top_p_zero = post(server, CHAT, {"messages": HI, "max_tokens": 6, "temperature": 1.5, "top_p": 0})
+    assert top_p_zero.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+
+
+def test_max_tokens_past_the_context_is_clamped(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), "--ctx", "64"], tmp_path / "server.log") as server:
+        reply = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 10**30})
+        assert reply.status_code == 200, reply.text
+        usage = reply.json()["usage"]
+        assert usage["completion_tokens"] > 0 and usage["total_tokens"] <= 64  # the context's end at most
+        assert server.stop() == 0
+
+
+def test_a_page_elsewhere_cannot_drive_a_loopback_server(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A text/plain POST (no preflight) is refused, a foreign Origin is refused, a DNS-rebinding Host is
+    refused; the server's own page and a --cors-origin page are served."""
+    allowed = "http://app.example:3000"
+    with Server([*pair_args(tiny_pair), "--cors-origin", allowed], tmp_path / "server.log") as server:
+        body = {"messages": HI, "max_tokens": 2}
+        plain = httpx.post(
+            f"{server.url}{CHAT}",
+            content=b'{"messages": [{"role": "user", "content": "hi"}]}',
+            headers={"Content-Type": "text/plain", "Origin": "http://evil.example"},
+            timeout=60,
+        )
+        assert plain.status_code == 403 and plain.json()["error"]["code"] == "origin_not_allowed"
+        plain_same_origin = httpx.post(
+            f"{server.url}{CHAT}", content=b"{}", headers={"Content-Type": "text/plain"}, timeout=60
+        )
+        assert plain_same_origin.status_code == 415
+        assert plain_same_origin.json()["error"]["code"] == "unsupported_media_type"
+        foreign = post(server, CHAT, body, headers={"Origin": "http://evil.example"})
+        assert foreign.status_code == 403
+        assert "--cors-origin http://evil.example" in foreign.json()["error"]["message"]
+        port = server.url.rsplit(":", 1)[1]
+        rebound = httpx.get(f"{server.url}/v1/models", headers={"Host": f"evil.example:{port}"})
+        assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "invalid_host"
+        assert httpx.get(f"{server.url}/", headers={"Host": f"evil.example:{port}"}).status_code == 403
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            same = post(server, CHAT, body, headers={"Host": host, "Origin": f"http://{host}"})
+            assert same.status_code == 200  # the page the server serves itself
+        preflight = httpx.options(
+            f"{server.url}{CHAT}",
+            headers={
+                "Origin": allowed,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type",
+            },
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == allowed
+        cors = post(server, CHAT, body, headers={"Origin": allowed})
+        assert cors.status_code == 200 and cors.headers["access-control-allow-origin"] == allowed
+        assert server.stop() == 0
+    assert "Traceback" not in server.log()
+
+
+def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 1.0}
+    first, second = (post(server, CHAT, body).json() for _ in range(2))
+    assert first["ead"]["seed"] != second["ead"]["seed"]
+    assert first["choices"][0]["message"] != second["choices"][0]["message"]
+    again = post(server, CHAT, {**body, "seed": first["ead"]["seed"]}).json()  # the seed it was drawn with
+    assert again["choices"][0]["message"] == first["choices"][0]["message"]
+
+
+def test_an_unknown_model_name_is_a_404_unless_any_model(
+    server: Server, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="gpt-4o", messages=HI, max_tokens=2)
+    assert refused.value.code == "model_not_found" and "serves 'ead'" in refused.value.message
+    assert client.models.list().data[0].model_extra["ead"]["any_model_name"] is False
+    with Server([*pair_args(tiny_pair), "--any-model"], tmp_path / "server.log") as anything:
+        client = openai.OpenAI(base_url=anything.base_url, api_key="unused", max_retries=0)
+        assert client.chat.completions.create(model="gpt-4o", messages=HI, max_tokens=2).choices
+        assert client.models.list().data[0].model_extra["ead"]["any_model_name"] is True
+        assert anything.stop() == 0
+
+
+def test_the_api_key_can_come_from_the_environment(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Not on the command line, where ps shows it."""
+    with Server(pair_args(tiny_pair), tmp_path / "server.log", env={"EAD_API_KEY": "s3cret"}) as server:
+        assert httpx.get(f"{server.base_url}/models").status_code == 401
+        keyed = httpx.get(f"{server.base_url}/models", headers={"Authorization": "Bearer s3cret"})
+        assert keyed.status_code == 200
+        assert "s3cret" not in " ".join(server.process.args)  # type: ignore[arg-type]
+        assert server.stop() == 0
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(server: Server) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(5 * 16):
+            yield b"x" * 2**16
+        yield b'"}'
+
+    reply = httpx.post(f"{server.base_url}/completions", content=chunks(), headers=JSON, timeout=60)
+    assert reply.status_code == 413
+    assert reply.json()["error"]["code"] == "body_too_large"
+
+
+def wait_until(condition: object, timeout: float) -> float:
+    """Seconds until ``condition()`` holds; fails after ``timeout``."""
+    began = time.monotonic()
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() - began < timeout, "timed out"
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
+def generating(server: Server) -> bool:
+    return httpx.get(f"{server.url}/health", timeout=5).json()["generating"]
+
+
+def test_a_client_that_leaves_during_a_long_prefill_frees_the_engine_within_a_second(server: Server) -> None:
+    prompt = "word " * 3000  # 15,000 tokens of the tiny vocabulary: seconds of prefill
+    http = httpx.Client(timeout=120)
+    request = http.build_request(
+        "POST", f"{server.base_url}/completions", json={"prompt": prompt, "max_tokens": 4, "stream": True}
+    )
+    response = http.send(request, stream=True)
+    wait_until(lambda: generating(server), 30)
+    time.sleep(0.3)  # well into the prefill
+    assert generating(server)
+    response.close()
+    http.close()
+    assert wait_until(lambda: not generating(server), 10) < 1.0
+    ok = post(server, CHAT, {"messages": HI, "max_tokens": 3})
+    assert ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_waiting_request_that_leaves_frees_its_place(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), *TAU, *CTX, "--queue", "1"], tmp_path / "server.log") as server:
+        first_http, first = stream_request(server.url, LONG)
+        received = frames(first)
+        assert next(received)["ead"]["index"] == 0  # generating
+        second_http, second = stream_request(server.url, 4)  # waits: the queue's one place
+        assert post(server, CHAT, {"messages": HI}).status_code == 503  # full
+        second.close()
+        second_http.close()
+        wait_until(lambda: httpx.get(f"{server.url}/health").json()["waiting"] == 0, 5)
+        third_http, third = stream_request(server.url, 4)  # takes the place the second gave back
+        assert third.status_code == 200
+        first.close()
+        first_http.close()
+        assert list(frames(third))[-2]["usage"]["completion_tokens"] == 4
+        third_http.close()
+        assert server.stop() == 0
+    assert server.log().count("skipped a waiting request: its client went away") == 1
+
+
+def test_health_answers_at_once_while_a_4_mib_body_is_tokenized(server: Server) -> None:
+    body = {"prompt": "word " * (4 * 2**20 // 5 - 10), "max_tokens": 1}
+    result: dict[str, httpx.Response] = {}
+    thread = threading.Thread(target=lambda: result.update(reply=post(server, "/v1/completions", body)))
+    thread.start()
+    latencies = []
+    while thread.is_alive():
+        began = time.monotonic()
+        assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+        latencies.append(time.monotonic() - began)
+        time.sleep(0.01)
+    thread.join()
+    assert result["reply"].status_code == 400
+    assert result["reply"].json()["error"]["code"] == "context_length_exceeded"
+    assert len(latencies) >= 3, latencies  # the tokenization took a while: health was asked meanwhile
+    assert sorted(latencies)[len(latencies) // 2] < 0.1, latencies
+
+
+def test_a_stalled_reader_does_not_hold_the_stop_past_its_timeout(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--shutdown-timeout", "2"]
+    with Server(args, tmp_path / "server.log") as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        body = f'{{"prompt": "hi", "max_tokens": {LONG}, "stream": true}}'.encode()
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        stalled.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)  # then reads nothing
+        wait_until(lambda: generating(server), 30)
+        began = time.monotonic()
+        server.process.terminate()
+        assert server.process.wait(timeout=60) == 0
+        assert time.monotonic() - began < 2 + 10  # the timeout, and generous room for a busy machine
+        stalled.close()
+    assert server.log().splitlines()[-1] == "ead serve: stopped"
+    assert "Traceback" not in server.log()

@@ -1,0 +1,216 @@
+"""Tool calling through `ead serve`: the reader of the model's tool-call markup, the tools rendered by the
+GGUF's own template (tiny models), and the openai client's full round trip on the real demo pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from bench_serve import TOOLS
+from serve_process import EAD, Server
+from test_cli import pair_args
+from test_serve import HI, JSON, serving
+from tiny_models import write_tiny_model
+
+from ead_cli.serve.tools import ToolCall, ToolCallReader, split_answer
+
+NAMES = frozenset({"get_weather", "multiply"})
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+def read(pieces: list[str]) -> list[str | ToolCall]:
+    reader = ToolCallReader(NAMES)
+    out = [piece for text in pieces for piece in reader.push(text)]
+    return [*out, *reader.finish()]
+
+
+def test_a_tagged_call_split_across_tokens_is_one_call_and_the_text_around_it_stays() -> None:
+    text = f"Let me look.\n<tool_call>\n{CALL}\n</tool_call>\nDone."
+    pieces = read([text[i : i + 3] for i in range(0, len(text), 3)])
+    calls = [piece for piece in pieces if isinstance(piece, ToolCall)]
+    assert calls == [ToolCall("get_weather", '{"city": "Paris"}')]
+    shown = "".join(piece for piece in pieces if isinstance(piece, str))
+    assert shown == "Let me look.\n\nDone."
+    assert "<tool" not in shown
+
+
+def test_text_that_only_looks_like_the_markup_is_shown_as_written() -> None:
+    assert "".join(map(str, read(["a <tool", "box> b <", "tool_c"]))) == "a <toolbox> b <tool_c"
+    bad = "<tool_call>{not json}</tool_call>"
+    assert read(["x ", bad]) == ["x ", bad]  # never a call the model did not make
+
+
+def test_a_bare_json_answer_is_a_call_only_if_it_names_a_tool_offered() -> None:
+    assert split_answer(f"  {CALL}\n", NAMES) == ("", [ToolCall("get_weather", '{"city": "Paris"}')])
+    data = '{"name": "Ada", "age": 36}'  # JSON the user asked for, not a call
+    assert split_answer(data, NAMES) == (data, [])
+    two = f"<tool_call>{CALL}</tool_call><tool_call>{CALL}</tool_call>"
+    assert len(split_answer(two, NAMES)[1]) == 2
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
+    "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>{{ call.function | tojson }}"
+    "</tool_call>{% endfor %}{% else %}{{ message.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tools_server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("serve-tools")
+    small = write_tiny_model(folder / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE)
+    with serving([*pair_args((small, tiny_pair[1]))], folder / "server.log") as running:
+        yield running
+
+
+def chat(server: Server, **body: object) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+
+
+def test_tools_and_earlier_calls_are_rendered_by_the_template(tools_server: Server) -> None:
+    """The tools reach the prompt (it grows by their JSON), an assistant's earlier call and the tool's
+    answer are taken, with tool_choice 'none' the tools are left out."""
+    plain = chat(tools_server, messages=HI, max_tokens=2).json()
+    offered = chat(tools_server, messages=HI, tools=TOOLS, max_tokens=2).json()
+    declined = chat(tools_server, messages=HI, tools=TOOLS, tool_choice="none", max_tokens=2).json()
+    tools_tokens = len(json.dumps(TOOLS[0]).encode())  # the tiny vocabulary: a token per byte at most
+    assert offered["usage"]["prompt_tokens"] - plain["usage"]["prompt_tokens"] >= tools_tokens // 4
+    assert declined["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'},
+    }
+    turn = [*HI, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    turn.append({"role": "tool", "tool_call_id": "call_1", "content": "42"})
+    answered = chat(tools_server, messages=turn, tools=TOOLS, max_tokens=2)
+    assert answered.status_code == 200, answered.text
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice", "only 'auto' and 'none'"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "multiply"}}},
+            "tool_choice",
+            "",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools.0.function.name", ""),
+    ],
+)
+def test_tool_requests_that_cannot_be_honoured_are_a_400(
+    tools_server: Server, body: dict, param: str, fragment: str
+) -> None:
+    reply = chat(tools_server, messages=HI, **body)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == param and fragment in error["message"]
+
+
+def test_a_template_without_tools_refuses_them_by_name(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server(pair_args(tiny_pair), tmp_path / "server.log") as server:
+        reply = chat(server, messages=HI, tools=TOOLS)
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["code"] == "unsupported_parameter" and error["param"] == "tools"
+        assert "has no tool support" in error["message"]
+        completion = httpx.post(
+            f"{server.base_url}/completions", json={"prompt": "hi", "tools": TOOLS}, headers=JSON, timeout=60
+        )
+        assert completion.status_code == 400 and completion.json()["error"]["param"] == "tools"
+        assert server.stop() == 0
+
+
+SYSTEM = (
+    "Call a tool when you need one. "
+    "Once a tool's result is in, answer the user in one sentence that states it."
+)
+QUESTION = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 1234 times 5678?"}]
+
+
+def multiply(arguments: str) -> str:
+    values = json.loads(arguments)
+    return str(values["a"] * values["b"])
+
+
+@pytest.mark.real
+def test_the_openai_client_round_trip_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Ask, get a call (streamed as deltas and whole, the same), run the tool, send its result, get the
+    answer that states it; both models write along the way."""
+    with Server([*pair_args(real_pair)], tmp_path / "server.log") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
+        asked = client.chat.completions.create(
+            model="ead", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=60
+        )
+        assert asked.choices[0].finish_reason == "tool_calls"
+        (call,) = asked.choices[0].message.tool_calls
+        assert call.function.name == "multiply" and json.loads(call.function.arguments) == {
+            "a": 1234,
+            "b": 5678,
+        }
+
+        chunks = list(
+            client.chat.completions.create(
+                model="ead", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=60, stream=True
+            )
+        )
+        deltas = [d for chunk in chunks for d in (chunk.choices[0].delta.tool_calls or [])]
+        assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
+            (0, "multiply", call.function.arguments)
+        ]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        tokens = [chunk.model_extra["ead"] for chunk in chunks if "model" in chunk.model_extra.get("ead", {})]
+        assert len(tokens) == chunks[-1].usage.completion_tokens  # every token still attributed, once
+
+        result = multiply(call.function.arguments)
+        turn = [
+            *QUESTION,
+            asked.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": result},
+        ]
+        answer = client.chat.completions.create(
+            model="ead", messages=turn, tools=TOOLS, temperature=0, max_tokens=60
+        )
+        assert answer.choices[0].finish_reason == "stop"
+        assert "7006652" in answer.choices[0].message.content.replace(",", "")
+        writers = {token["model"] for token in answer.model_extra["ead"]["tokens"]}
+        assert writers == {"small", "large"}
+        assert server.stop() == 0
+
+
+@pytest.mark.real
+def test_llm_calls_a_python_tool_through_the_server(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Simon Willison's llm as the agent: a Python function as its tool, the call made by the pair,
+    run by llm, its result sent back, the answer stating it (llm streams, so the deltas are read)."""
+    llm = shutil.which("llm", path=str(Path(EAD).parent))
+    assert llm is not None, "llm is in the test extra"
+    with Server([*pair_args(real_pair)], tmp_path / "server.log") as server:
+        (tmp_path / "extra-openai-models.yaml").write_text(
+            f"- model_id: ead-real\n  model_name: ead\n  api_base: {server.base_url}\n"
+            "  supports_tools: true\n"
+        )
+        functions = tmp_path / "tools.py"
+        functions.write_text(
+            'def multiply(a: int, b: int) -> int:\n    "Multiply two integers exactly"\n    return a * b\n'
+        )
+        env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "unused"}
+        args = [llm, "-m", "ead-real", "--functions", str(functions), "--td", "-o", "temperature", "0"]
+        result = subprocess.run(
+            [*args, "-s", SYSTEM, "What is 1234 times 5678?"], capture_output=True, env=env, timeout=600
+        )
+        assert result.returncode == 0, result.stderr
+        debug = result.stderr.decode()  # --td: the tool calls llm ran, and what they returned
+        assert "multiply({'a': 1234, 'b': 5678})" in debug and "7006652" in debug
+        assert "7006652" in result.stdout.decode().replace(",", "")
+        assert server.stop() == 0
+    assert server.log().count("POST /v1/chat/completions 200") == 2
