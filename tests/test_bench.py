@@ -264,9 +264,9 @@ def test_patterns_and_an_adaptive_tau_apply_to_every_strategy_they_fit() -> None
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("0.5,x", "1", None, "10", "before", "4", None), "--tau: 'x' is not a valid value"),
-        (("-1", "1", None, "10", "before", "4", None), "--tau: -1 is below 0"),
-        (("nan", "1", None, "10", "before", "4", None), "--tau: nan is below 0 or not finite"),
+        (("0.5,x", "1", None, "10", "before", "4", None), "--ead-tau: 'x' is not a valid value"),
+        (("-1", "1", None, "10", "before", "4", None), "--ead-tau: -1 is below 0"),
+        (("nan", "1", None, "10", "before", "4", None), "--ead-tau: nan is below 0 or not finite"),
         (("1", "1", "0", "10", "before", "4", None), "--window: 0 is below 1"),
         (("1", "1", None, "2.5", "before", "4", None), "--min-run: '2.5' is not a valid value"),
         (("1", "1", None, "10", "during", "4", None), "--switch-point: 'during' is not one of before, after"),
@@ -550,6 +550,14 @@ def ead(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([EAD, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.parametrize("spelling", ["--ead-tau", "--tau"])
+def test_the_bench_names_each_policys_threshold_by_the_policy(spelling: str) -> None:
+    """--ead-tau beside --gate-tau and --lookahead-tau (the older --tau still parses)."""
+    result = ead("bench", "humaneval", "--strategies", "ead", spelling, "-1")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "error: --ead-tau: -1 is below 0 or not finite\n"
+
+
 @pytest.mark.parametrize("spelling", ["--draft-entropy-stop", "--draft-stop"])
 def test_the_bench_takes_generates_name_for_the_draft_entropy_stop(spelling: str) -> None:
     """One name per option across commands: ead generate's --draft-entropy-stop (the older --draft-stop
@@ -600,7 +608,7 @@ def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]
     [
         (["--split", "three"], "--split must be one of even, odd, all"),
         (["--ids", "1,3", "--split", "even"], "no tasks selected"),
-        (["--tau", "0.5,,1"], "--tau: '' is not a valid value"),
+        (["--tau", "0.5,,1"], "--ead-tau: '' is not a valid value"),
         (["--strategies", "ead,fast"], "--strategies: fast is not one of"),
         (["--timeout", "0"], "--timeout must be above 0 seconds"),
         (["--max-tokens", "-1"], "--max-tokens must be at least 0"),

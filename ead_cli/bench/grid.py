@@ -229,7 +229,7 @@ def parse_grid(
         if point not in SWITCH_POINTS:
             raise EadError(f"--switch-point: {point!r} is not one of {', '.join(SWITCH_POINTS)}", exit_code=2)
     return Grid(
-        taus=_parse_list(tau, "--tau", float, 0),
+        taus=_parse_list(tau, "--ead-tau", float, 0),
         gate_taus=_parse_list(gate_tau, "--gate-tau", float, 0),
         lookahead_taus=_parse_list(lookahead_tau, "--lookahead-tau", float, 0),
         windows=(None,) if window is None else _parse_list(window, "--window", int, 1),

@@ -40,7 +40,15 @@ bench_app = typer.Typer(
 Strategies = Annotated[
     str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(FAMILIES)}.")
 ]
-TauList = Annotated[str, typer.Option("--tau", help="ead thresholds in bits, comma-separated.")]
+TauList = Annotated[
+    str,
+    typer.Option(
+        "--ead-tau",
+        "--tau",
+        help="ead thresholds in bits, comma-separated (named per policy, as --gate-tau and --lookahead-tau; "
+        "--tau is the older spelling).",
+    ),
+]
 GateTauList = Annotated[str, typer.Option("--gate-tau", help="gate thresholds in bits, comma-separated.")]
 LookaheadTauList = Annotated[
     str, typer.Option("--lookahead-tau", help="lookahead thresholds in bits, comma-separated.")
