@@ -134,8 +134,7 @@ class Run:
         sdist = self.args.bundle / f"{SDIST}.tar.gz"
         commands = []
         if not Path(self.python).exists():  # pip from the carried wheel: a system Python may lack ensurepip
-            venv = [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(self.venv)]
-            commands.append(self.run(venv))
+            commands.append(make_venv(sys.executable, self.venv, limit=self.args.limit))
             wheel = str(next(self.wheels.glob("pip-*.whl")))
             commands.append(
                 self.run([self.python, f"{wheel}/pip", "install", "--no-index", "--quiet", wheel])
@@ -251,6 +250,40 @@ class Run:
             result["report"] = json.loads(result["stdout"]) if result["rc"] == 0 else None
             results[shape] = result
         return {"ok": all(r["rc"] == 0 for r in results.values()), "models": results}
+
+
+PARENT_PTH = "_gpu_run_parent.pth"
+SITE_DIRS = (
+    "import json, sys, sysconfig\n"
+    "paths = sysconfig.get_paths()\n"
+    "print(json.dumps({'nested': sys.prefix != sys.base_prefix,\n"
+    "  'site': list(dict.fromkeys([paths['purelib'], paths['platlib']]))}))"
+)
+
+
+def make_venv(python: str, venv: Path, *, limit: int) -> dict[str, Any]:
+    """A venv over ``python`` that sees every package ``python`` sees.
+
+    ``--system-site-packages`` reaches only the base interpreter's site-packages: where ``python`` is
+    itself a venv (a device's python3 may be), the packages installed in it, numpy among them, would be
+    missing. So a .pth file in the new venv adds that venv's site-packages through ``site.addsitedir``,
+    which also runs the .pth files there (editable installs, a venv nested once more), after the new
+    venv's own packages, so what pip installs in the new venv comes first."""
+    made = run([python, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], limit=limit)
+    if made["rc"] != 0:
+        return made
+    parent, own = (site_dirs(interpreter) for interpreter in (python, str(venv / "bin" / "python")))
+    made["parent_venv_site"] = parent["site"] if parent["nested"] else None
+    if parent["nested"]:
+        lines = [f"import site; site.addsitedir({path!r})\n" for path in parent["site"]]
+        (Path(own["site"][0]) / PARENT_PTH).write_text("".join(lines), encoding="utf-8")
+    return made
+
+
+def site_dirs(python: str) -> dict[str, Any]:
+    """Whether ``python`` runs in a venv, and where its packages are installed."""
+    done = subprocess.run([python, "-c", SITE_DIRS], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
 
 
 def read_json(path: Path) -> Any:

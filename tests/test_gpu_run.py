@@ -11,13 +11,16 @@ import sys
 from pathlib import Path
 
 import gguf
+import gpu_run as gpu_run_script
 import pytest
+import tomllib
 from test_cli import assert_one_line_error
 from test_schedule import recorded  # noqa: F401  (a tiny pair's bench with every schedule)
 
 from ead_cli import bench
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
 STEPS = ["twins", "replay", "speed", "overhead"]
 
 
@@ -107,3 +110,29 @@ def test_bad_runs_are_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "venv").exists()
     result = gpu_run("--step", "replay", "--schedules", str(tmp_path / "none.jsonl"), out=tmp_path)
     assert_one_line_error(result, 2, "none.jsonl is missing (the replay step needs it)")
+
+
+def test_the_runs_venv_sees_the_packages_of_a_python_that_is_itself_a_venv(tmp_path: Path) -> None:
+    """A device's python3 may be a venv: ``venv --system-site-packages`` over it reaches only the base
+    interpreter's packages, so numpy went missing and ead-cli's requirements did not resolve. Here: a
+    venv over this suite's Python, the run's venv over *its* python, as the build step makes it."""
+    parent, venv = tmp_path / "parent", tmp_path / "venv"
+    assert gpu_run_script.make_venv(sys.executable, parent, limit=120)["rc"] == 0
+    made = gpu_run_script.make_venv(str(parent / "bin" / "python"), venv, limit=120)
+    parent_site = gpu_run_script.site_dirs(str(parent / "bin" / "python"))["site"]
+    assert made["rc"] == 0 and made["parent_venv_site"] == parent_site
+    python = str(venv / "bin" / "python")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PIP_FIND_LINKS")}
+    env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
+    probe = "import json, sys, numpy, llama_cpp, ead_cli; print(json.dumps([sys.prefix, ead_cli.__file__]))"
+    imported = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    prefix, ead_file = json.loads(imported.stdout)
+    assert prefix == str(venv) and not ead_file.startswith(str(tmp_path))  # the parent's, not a copy
+    # ead-cli's requirements resolve from what the run's venv sees, with no index (pip: the parent's)
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        requirements = tomllib.load(handle)["project"]["dependencies"]
+    command = [python, "-m", "pip", "install", "--dry-run", "--no-index", *requirements]
+    resolved = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr
+    assert "Would install" not in resolved.stdout and "numpy" in resolved.stdout
