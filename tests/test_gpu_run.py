@@ -73,7 +73,7 @@ def test_the_steps_after_the_build_write_one_report(
     assert all(killed["steps"][step]["ok"] and "finished" not in killed["steps"][step] for step in STEPS[:3])
     assert killed["steps"]["replay"]["pairs"]["qwen2-tiny+qwen2-tiny"]["report"]["strategies"]
     assert killed["steps"]["speed"]["pairs"]["qwen2-tiny+qwen2-tiny"]["report"]["rates"]
-    assert killed["steps"]["overhead"] == {"ok": False, "finished": False, "commands": []}
+    assert killed["steps"]["overhead"]["ok"] is False and killed["steps"]["overhead"]["finished"] is False
     # a call that resumes the killed step: the report has every step done so far
     second = gpu_run(*common, "--step", "overhead", out=tmp_path / "out")
     assert second.returncode == 0, second.stderr
@@ -111,7 +111,8 @@ def test_the_steps_after_the_build_write_one_report(
 
     # every command that loads a model got the repack decision made here, by ead's own rule
     choice = repack_choice()
-    decided = {"enabled": choice.enabled, "word": choice.word, "reason": choice.reason, "automatic": True}
+    decided = {"enabled": choice.enabled, "word": choice.word, "reason": choice.reason}
+    decided["automatic"] = choice.automatic
     loads = [*report["steps"]["replay"]["pairs"].values(), *report["steps"]["speed"]["pairs"].values()]
     loads += report["steps"]["overhead"]["models"].values()
     assert all(report["steps"][step]["repack"] == decided for step in STEPS[1:])
