@@ -75,6 +75,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--limit", type=int, default=LIMIT_S, help=f"seconds this call may run (default {LIMIT_S})"
     )
     args = parser.parse_args(argv)
+    if args.limit < 1:
+        parser.error("--limit must be at least 1 second")
     small, large = TINY_SHAPES if args.tiny else GPU_SHAPES
     args.small = args.small or small
     args.large = [name.strip() for name in (args.large or large).split(",") if name.strip()]
