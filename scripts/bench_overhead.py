@@ -135,6 +135,7 @@ def main() -> None:
         "tokens": args.tokens,
         "runs": args.runs,
         "threads": args.threads,
+        "repack": runner.repack.word,  # llama.cpp's weight repacking, as ead decided it (EAD_REPACK, the CPU)
         "cpu": cpu_name(),
         **{f"{name}_tok_s": [round(x, 2) for x in wall[name]] for name in LOOPS},
         **{f"{name}_median_tok_s": round(wall_median[name], 2) for name in LOOPS},

@@ -14,13 +14,17 @@ machine that allows ten minutes a command runs them one command at a time:
     overhead  scripts/bench_overhead.py on each twin
 
 Every call writes ``gpu-run.json`` (every step done so far, the device, the versions) to $OUT, or to
-the work folder's out/ when $OUT is unset. ``--python`` skips the build and uses that interpreter's
+the work folder's out/ when $OUT is unset, anew after every command, so a call killed from outside still
+leaves every figure before it. ``--limit`` bounds the whole call: each command is killed at its deadline.
+Every command that loads a model gets ead's weight-repacking decision for this machine as EAD_REPACK
+(off where llama.cpp's AMX path would crash). ``--python`` skips the build and uses that interpreter's
 installed llama_cpp and ead_cli (the test suite does, so CI compiles once).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,8 +45,9 @@ SCHEDULES = ROOT / "docs/results/humaneval-odd-schedules/results.jsonl"
 STRATEGIES = "large-only,gate tau=1,gate tau=1 verify=0.1,lookahead tau=1,ead tau=0.5,spec"
 GPU_SHAPES = ("qwen2.5-0.5b", "qwen2.5-14b")
 TINY_SHAPES = ("qwen2.5-tiny", "qwen2.5-tiny")  # the real vocabulary, a two-layer body: the CPU test
-LIMIT_S = 540  # per command: under a device's ten minutes, so the call still writes its report
+LIMIT_S = 540  # per call: under a device's ten minutes, so the call still writes its report
 TAIL = 4000  # characters of a command's output kept in the report
+Figures = Path | Callable[[dict[str, Any]], Any]  # a command's JSON file, or how to read its result
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -66,9 +72,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overhead-tokens", type=int, default=128)
     parser.add_argument("--overhead-runs", type=int, default=5)
     parser.add_argument(
-        "--limit", type=int, default=LIMIT_S, help=f"seconds a command may run (default {LIMIT_S})"
+        "--limit", type=int, default=LIMIT_S, help=f"seconds this call may run (default {LIMIT_S})"
     )
     args = parser.parse_args(argv)
+    if args.limit < 1:
+        parser.error("--limit must be at least 1 second")
     small, large = TINY_SHAPES if args.tiny else GPU_SHAPES
     args.small = args.small or small
     args.large = [name.strip() for name in (args.large or large).split(",") if name.strip()]
@@ -87,7 +95,15 @@ def run(
     command: list[str], *, limit: int, env: dict[str, str] | None = None, log: Path | None = None
 ) -> dict[str, Any]:
     """Run a command within the time limit (it and every process it started are killed past it); its
-    exit status, seconds and the tail of its output."""
+    exit status, seconds and the tail of its output. No time left: not started, as if timed out."""
+    if limit <= 0:
+        return {
+            "command": command,
+            "rc": 124,
+            "seconds": 0.0,
+            "stdout": "",
+            "stderr": "not started: no time left",
+        }
     began = time.perf_counter()
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -105,23 +121,92 @@ def run(
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(out + err, encoding="utf-8")
     print(f"  {seconds:7.1f} s  rc {rc}  {' '.join(command)[:160]}", file=sys.stderr, flush=True)
-    return {"command": command, "rc": rc, "seconds": seconds, "stdout": out[-TAIL:], "stderr": err[-TAIL:]}
+    result = {"command": command, "rc": rc, "seconds": seconds, "stdout": out[-TAIL:], "stderr": err[-TAIL:]}
+    return {**result, "env": env} if env else result
 
 
 class Run:
-    """One GPU run's folders and settings; each step returns a dict that lands in the report."""
+    """One GPU run's folders, settings and report; each step returns a dict that lands in the report."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.deadline = time.monotonic() + args.limit
         self.work = args.work.resolve()
         self.venv = self.work / "venv"
         self.src = self.work / "src" / SDIST
         self.python = str(args.python or self.venv / "bin" / "python")
         self.twins = self.work / "twins"
         self.wheels = args.bundle.resolve() / "wheels"
+        self.state = self.work / "steps"
+        self.out = Path(os.environ.get("OUT") or self.work / "out")
+        self.about = about(args)  # asked once: nvidia-smi, nvcc, cmake and git do not change during a call
+        self.running: dict[str, Any] | None = None  # the step under way: its name and commands so far
 
-    def run(self, command: list[str], **options: Any) -> dict[str, Any]:
-        return run(command, limit=self.args.limit, **options)
+    def left(self) -> int:
+        """Seconds left until this call's deadline (``--limit``)."""
+        return int(self.deadline - time.monotonic())
+
+    def run(self, command: list[str], *, figures: Figures | None = None, **options: Any) -> dict[str, Any]:
+        """A command within what is left of the call's time, recorded at once with what it measured
+        (``figures``: the JSON file it writes, or how to read them from its result) as its report."""
+        result = run(command, limit=self.left(), **options)
+        if isinstance(figures, Path):
+            result["report"] = read_json(figures)
+        elif figures is not None:
+            result["report"] = figures(result)
+        return self.record(result)
+
+    def record(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A finished command into the running step, and the report written anew."""
+        if self.running is not None:
+            self.running["commands"].append(result)
+        self.write_report()
+        return result
+
+    def write_report(self) -> Path:
+        """gpu-run.json: every finished step, and the one under way with its commands so far."""
+        steps = {step: read_json(self.state / f"{step}.json") for step in STEPS}
+        if self.running is not None:
+            steps[self.running["step"]] = {
+                "ok": False, "finished": False, "commands": self.running["commands"],
+            }  # fmt: skip
+        report = {**self.about, "steps": {step: done for step, done in steps.items() if done is not None}}
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / "gpu-run.json"
+        partial = path.with_suffix(".json.part")  # renamed whole: a kill mid-write leaves the last report
+        partial.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        partial.replace(path)
+        return path
+
+    def step(self, name: str, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run one step, its report written before it starts, after each command and when it ends."""
+        self.running = {"step": name, "commands": []}
+        self.write_report()
+        began = time.perf_counter()
+        result = action()
+        result["seconds"] = round(time.perf_counter() - began, 2)
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.state / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        self.running = None
+        self.write_report()
+        return result
+
+    @functools.cached_property
+    def repack(self) -> dict[str, Any]:
+        """ead's weight-repacking decision on this machine (hardware.repack_choice: EAD_REPACK if set,
+        else off where llama.cpp's AMX buffer is active), asked once a call in the run's own Python."""
+        asked = self.run([self.python, "-c", REPACK_PROBE])
+        if asked["rc"] == 0:
+            return json.loads(asked["stdout"])
+        return {
+            "enabled": False,
+            "word": "off",
+            "reason": "ead could not decide here: off, which never crashes",
+        }
+
+    def model_env(self) -> dict[str, str]:
+        """The environment of a command that loads a model: every load takes the same repack decision."""
+        return {"EAD_REPACK": self.repack["word"]}
 
     def pip(self, *args: str, log: Path | None = None, env: dict[str, str] | None = None) -> dict:
         return self.run(
@@ -134,8 +219,7 @@ class Run:
         sdist = self.args.bundle / f"{SDIST}.tar.gz"
         commands = []
         if not Path(self.python).exists():  # pip from the carried wheel: a system Python may lack ensurepip
-            venv = [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(self.venv)]
-            commands.append(self.run(venv))
+            commands.append(self.record(make_venv(sys.executable, self.venv, limit=self.left())))
             wheel = str(next(self.wheels.glob("pip-*.whl")))
             commands.append(
                 self.run([self.python, f"{wheel}/pip", "install", "--no-index", "--quiet", wheel])
@@ -162,15 +246,17 @@ class Run:
         if compile_["rc"] == 124:
             compile_["resume"] = f"cut off: run the build step again, it resumes in {build_dir}"
         install = self.pip("--no-build-isolation", str(ROOT)) if compile_["rc"] == 0 else None
+        ok = compile_["rc"] == 0 and install is not None and install["rc"] == 0
         check = self.run([self.python, "-m", "pip", "check"])
         return {
-            "ok": compile_["rc"] == 0 and install is not None and install["rc"] == 0,
+            "ok": ok,
             "compile_seconds": compile_["seconds"],
             "setup": commands,
             "compile": compile_,
             "install_ead_cli": install,
             "pip_check": check["stdout"].strip(),
             "versions": self.versions(),
+            "repack": self.repack if ok else None,
         }
 
     def versions(self) -> dict[str, Any]:
@@ -223,8 +309,8 @@ class Run:
             command = [self.python, "-m", "ead_cli", "bench", "replay", str(self.args.schedules),
                        *self.model_options(small, large), "--strategies", self.args.strategies,
                        "--out", str(out)]  # fmt: skip
-            results[name] = {**self.run(command), "report": read_json(out / "replay.json")}
-        return {"ok": all(r["rc"] == 0 for r in results.values()), "pairs": results}
+            results[name] = self.run(command, env=self.model_env(), figures=out / "replay.json")
+        return {"ok": all(r["rc"] == 0 for r in results.values()), "repack": self.repack, "pairs": results}
 
     def speed(self) -> dict[str, Any]:
         results = {}
@@ -235,8 +321,8 @@ class Run:
             check = ["--check", str(replayed)] if replayed.exists() else []
             command = [self.python, "-m", "ead_cli", "bench", "speed", *self.model_options(small, large),
                        *check, "--json", str(out)]  # fmt: skip
-            results[name] = {**self.run(command), "report": read_json(out)}
-        return {"ok": all(r["rc"] == 0 for r in results.values()), "pairs": results}
+            results[name] = self.run(command, env=self.model_env(), figures=out)
+        return {"ok": all(r["rc"] == 0 for r in results.values()), "repack": self.repack, "pairs": results}
 
     def overhead(self) -> dict[str, Any]:
         """The loop's cost over bare llama-cpp-python on each twin (llama.cpp offloads every layer by
@@ -247,14 +333,56 @@ class Run:
             command = [self.python, script, "--model", str(self.twin(shape)), "--tokens",
                        str(self.args.overhead_tokens), "--runs", str(self.args.overhead_runs)]  # fmt: skip
             command += ["--threads", str(self.args.threads)] if self.args.threads else []
-            result = self.run(command)
-            result["report"] = json.loads(result["stdout"]) if result["rc"] == 0 else None
-            results[shape] = result
-        return {"ok": all(r["rc"] == 0 for r in results.values()), "models": results}
+            results[shape] = self.run(command, env=self.model_env(), figures=printed_json)
+        return {"ok": all(r["rc"] == 0 for r in results.values()), "repack": self.repack, "models": results}
+
+
+REPACK_PROBE = (
+    "import json\nfrom ead_cli.hardware import repack_choice\nchoice = repack_choice()\n"
+    "print(json.dumps({'enabled': choice.enabled, 'word': choice.word, 'reason': choice.reason,\n"
+    "  'automatic': choice.automatic}))"
+)
+PARENT_PTH = "_gpu_run_parent.pth"
+SITE_DIRS = (
+    "import json, sys, sysconfig\n"
+    "paths = sysconfig.get_paths()\n"
+    "print(json.dumps({'nested': sys.prefix != sys.base_prefix,\n"
+    "  'site': list(dict.fromkeys([paths['purelib'], paths['platlib']]))}))"
+)
+
+
+def make_venv(python: str, venv: Path, *, limit: int) -> dict[str, Any]:
+    """A venv over ``python`` that sees every package ``python`` sees.
+
+    ``--system-site-packages`` reaches only the base interpreter's site-packages: where ``python`` is
+    itself a venv (a device's python3 may be), the packages installed in it, numpy among them, would be
+    missing. So a .pth file in the new venv adds that venv's site-packages through ``site.addsitedir``,
+    which also runs the .pth files there (editable installs, a venv nested once more), after the new
+    venv's own packages, so what pip installs in the new venv comes first."""
+    made = run([python, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], limit=limit)
+    if made["rc"] != 0:
+        return made
+    parent, own = (site_dirs(interpreter) for interpreter in (python, str(venv / "bin" / "python")))
+    made["parent_venv_site"] = parent["site"] if parent["nested"] else None
+    if parent["nested"]:
+        lines = [f"import site; site.addsitedir({path!r})\n" for path in parent["site"]]
+        (Path(own["site"][0]) / PARENT_PTH).write_text("".join(lines), encoding="utf-8")
+    return made
+
+
+def site_dirs(python: str) -> dict[str, Any]:
+    """Whether ``python`` runs in a venv, and where its packages are installed."""
+    done = subprocess.run([python, "-c", SITE_DIRS], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
 
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def printed_json(result: dict[str, Any]) -> Any:
+    """What a command that prints one JSON object printed, where it succeeded."""
+    return json.loads(result["stdout"]) if result["rc"] == 0 else None
 
 
 def cuda_arch() -> str | None:
@@ -303,8 +431,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def report(args: argparse.Namespace, state: Path) -> dict[str, Any]:
-    steps = {step: read_json(state / f"{step}.json") for step in STEPS if (state / f"{step}.json").exists()}
+def about(args: argparse.Namespace) -> dict[str, Any]:
+    """The report's head: what ran, where, with which settings."""
     return {
         "kind": "gpu run",
         "cpu_test": args.cpu,
@@ -328,32 +456,25 @@ def report(args: argparse.Namespace, state: Path) -> dict[str, Any]:
             "overhead_runs": args.overhead_runs,
             "limit_s": args.limit,
         },
-        "steps": steps,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     gpu_run = Run(args)
-    state = gpu_run.work / "steps"
-    state.mkdir(parents=True, exist_ok=True)
     actions = {"build": gpu_run.build, "twins": gpu_run.write_twins, "replay": gpu_run.replay,
                "speed": gpu_run.speed, "overhead": gpu_run.overhead}  # fmt: skip
     failed = []
     for step in args.steps:
+        if gpu_run.left() <= 0:
+            failed.append(f"{step} (not started: --limit {args.limit} s ran out)")
+            continue
         print(f"{step}...", file=sys.stderr, flush=True)
-        began = time.perf_counter()
-        result = actions[step]()
-        result["seconds"] = round(time.perf_counter() - began, 2)
-        (state / f"{step}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        if not result["ok"]:
+        if not gpu_run.step(step, actions[step])["ok"]:
             failed.append(step)
             if step in ("build", "twins"):  # the later steps need what these make
                 break
-    out = Path(os.environ.get("OUT") or gpu_run.work / "out")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu-run.json").write_text(json.dumps(report(args, state), indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {out / 'gpu-run.json'}", file=sys.stderr)
+    print(f"wrote {gpu_run.write_report()}", file=sys.stderr)
     if failed:
         print(f"error: step(s) failed: {', '.join(failed)} (see gpu-run.json)", file=sys.stderr)
         return 1

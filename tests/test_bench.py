@@ -236,6 +236,15 @@ def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
     assert names[-1] == "spec draft=8 draft_entropy_stop=1.5"
 
 
+def test_lookup_lengths_multiply_every_loop_of_eads_own_and_name_each_variant() -> None:
+    grid = parse_grid("0.5", "1", None, "10", "before", "4", None, lookup="0,6")
+    names = [s.name for s in build_strategies("large,gate,spec,server-large", grid)]
+    assert names == [
+        "large-only", "large-only lookup=6", "gate tau=1", "gate tau=1 lookup=6", "spec", "spec lookup=6",
+        "server-large",
+    ]  # fmt: skip
+
+
 def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
     grid = parse_grid("1", "1", None, "10", "before", "4", None, "none,0.1", "1,line,adaptive,line")
     names = [s.name for s in build_strategies("gate", grid)]

@@ -6,18 +6,24 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from importlib import metadata
 from pathlib import Path
 
 import gguf
+import gpu_run as gpu_run_script
 import pytest
 from test_cli import assert_one_line_error
 from test_schedule import recorded  # noqa: F401  (a tiny pair's bench with every schedule)
 
 from ead_cli.bench.results import RESULTS_FILE, read_results
+from ead_cli.hardware import repack_choice
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
 STEPS = ["twins", "replay", "speed", "overhead"]
 
 
@@ -59,10 +65,17 @@ def test_the_steps_after_the_build_write_one_report(
     assert first.returncode == 0, first.stderr
     twin = tmp_path / "work" / "twins" / "qwen2-tiny.gguf"
     assert bytes(gguf.GGUFReader(twin).fields["ead.twin"].parts[-1]) == b"qwen2-tiny"
-    # a later call resumes: the twin is kept, the report has every step done so far
-    second = gpu_run(
-        *common, "--step", "replay", "--step", "speed", "--step", "overhead", out=tmp_path / "out"
-    )
+    # a later call, killed from outside (as a device kills a command past its time) in its last step:
+    # its report, written after every command, still has every figure before the kill
+    later = ["--step", "replay", "--step", "speed", "--step", "overhead"]
+    killed = kill_in_step("overhead", *common, *later, out=tmp_path / "out")
+    assert list(killed["steps"]) == STEPS
+    assert all(killed["steps"][step]["ok"] and "finished" not in killed["steps"][step] for step in STEPS[:3])
+    assert killed["steps"]["replay"]["pairs"]["qwen2-tiny+qwen2-tiny"]["report"]["strategies"]
+    assert killed["steps"]["speed"]["pairs"]["qwen2-tiny+qwen2-tiny"]["report"]["rates"]
+    assert killed["steps"]["overhead"]["ok"] is False and killed["steps"]["overhead"]["finished"] is False
+    # a call that resumes the killed step: the report has every step done so far
+    second = gpu_run(*common, "--step", "overhead", out=tmp_path / "out")
     assert second.returncode == 0, second.stderr
     report = json.loads((tmp_path / "out" / "gpu-run.json").read_text())
     assert report["kind"] == "gpu run" and report["cpu_test"] is True and report["tiny"] is False
@@ -96,6 +109,36 @@ def test_the_steps_after_the_build_write_one_report(
     assert overhead["tokens"] == 8 and overhead["runs"] == 1 and overhead["threads"] == 1
     assert overhead["ratio"] > 0 and overhead["model"] == "qwen2-tiny.gguf"
 
+    # every command that loads a model got the repack decision made here, by ead's own rule
+    choice = repack_choice()
+    decided = {"enabled": choice.enabled, "word": choice.word, "reason": choice.reason}
+    decided["automatic"] = choice.automatic
+    loads = [*report["steps"]["replay"]["pairs"].values(), *report["steps"]["speed"]["pairs"].values()]
+    loads += report["steps"]["overhead"]["models"].values()
+    assert all(report["steps"][step]["repack"] == decided for step in STEPS[1:])
+    assert [load["env"] for load in loads] == [{"EAD_REPACK": choice.word}] * 3
+    assert overhead["repack"] == choice.word  # what bench_overhead's runner loaded with
+
+
+def kill_in_step(step: str, *args: str, out: Path) -> dict:
+    """Run gpu_run.py, SIGKILL it and the command it runs once its report shows ``step`` under way (no
+    chance to write anything more); the report it left."""
+    report_file = out / "gpu-run.json"
+    command = [sys.executable, str(SCRIPTS / "gpu_run.py"), *args]
+    with subprocess.Popen(command, env={**os.environ, "OUT": str(out)}, stderr=subprocess.PIPE) as process:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and process.poll() is None:
+            report = json.loads(report_file.read_text()) if report_file.exists() else {"steps": {}}
+            if report["steps"].get(step, {}).get("finished") is False:
+                break
+            time.sleep(0.02)
+        assert process.poll() is None, f"gpu_run.py ended before {step}: {process.stderr.read()}"
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        process.kill()
+        for child in children:  # each command runs in its own session: its process group
+            os.killpg(int(child), signal.SIGKILL)
+    return json.loads(report_file.read_text())
+
 
 def test_bad_runs_are_one_line(tmp_path: Path) -> None:
     result = gpu_run("--python", sys.executable, "--step", "build", out=tmp_path)
@@ -107,3 +150,53 @@ def test_bad_runs_are_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "venv").exists()
     result = gpu_run("--step", "replay", "--schedules", str(tmp_path / "none.jsonl"), out=tmp_path)
     assert_one_line_error(result, 2, "none.jsonl is missing (the replay step needs it)")
+
+
+def test_the_runs_venv_sees_the_packages_of_a_python_that_is_itself_a_venv(tmp_path: Path) -> None:
+    """A device's python3 may be a venv: ``venv --system-site-packages`` over it reaches only the base
+    interpreter's packages, so numpy went missing and ead-cli's requirements did not resolve. Here: a
+    venv over this suite's Python, the run's venv over *its* python, as the build step makes it."""
+    parent, venv = tmp_path / "parent", tmp_path / "venv"
+    assert gpu_run_script.make_venv(sys.executable, parent, limit=120)["rc"] == 0
+    made = gpu_run_script.make_venv(str(parent / "bin" / "python"), venv, limit=120)
+    parent_site = gpu_run_script.site_dirs(str(parent / "bin" / "python"))["site"]
+    assert made["rc"] == 0 and made["parent_venv_site"] == parent_site
+    python = str(venv / "bin" / "python")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PIP_FIND_LINKS")}
+    env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
+    probe = "import json, sys, numpy, llama_cpp, ead_cli; print(json.dumps([sys.prefix, ead_cli.__file__]))"
+    imported = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    prefix, ead_file = json.loads(imported.stdout)
+    assert prefix == str(venv) and not ead_file.startswith(str(tmp_path))  # the parent's, not a copy
+    # ead-cli's requirements resolve from what the run's venv sees, with no index (pip: the parent's)
+    requirements = [r for r in metadata.requires("ead-cli") or [] if "extra ==" not in r]
+    command = [python, "-m", "pip", "install", "--dry-run", "--no-index", *requirements]
+    resolved = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr
+    assert "Would install" not in resolved.stdout and "numpy" in resolved.stdout
+
+
+def test_the_limit_bounds_the_whole_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--limit`` is the call's, not each command's (a device kills the whole call at ten minutes): a
+    command under way at the call's deadline is killed there, one after it does not start, and the
+    report says so (a bounded-time check: a generous margin)."""
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    args = gpu_run_script.parse(
+        ["--python", sys.executable, "--work", str(tmp_path), "--limit", "2", "--step", "speed"]
+    )
+    call = gpu_run_script.Run(args)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    began = time.monotonic()
+    done = call.step("replay", lambda: {"ok": False, "commands": [call.run(sleeper) for _ in range(2)]})
+    assert time.monotonic() - began < 2 + 30 and call.left() <= 0
+    killed, never = done["commands"]
+    assert killed["rc"] == 124 and "timed out after" in killed["stderr"] and killed["seconds"] < 2 + 30
+    assert never["rc"] == 124 and never["stderr"] == "not started: no time left" and never["seconds"] == 0
+    report = json.loads((tmp_path / "out" / "gpu-run.json").read_text())
+    assert report["steps"]["replay"]["commands"] == [killed, never]
+    assert report["settings"]["limit_s"] == 2
+    result = gpu_run(
+        "--python", sys.executable, "--work", str(tmp_path), "--limit", "0", "--step", "speed", out=tmp_path
+    )
+    assert_one_line_error(result, 2, "--limit must be at least 1 second")

@@ -101,9 +101,9 @@ def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
     strategy is named by native.py: ``server-spec draft=3``."""
     if isinstance(policy, NativeOptions):
         return policy.name
-    if policy.mode in ("small", "large"):
-        return f"{policy.mode}-only"
     label = policy.policy if policy.mode == "ead" else policy.mode
+    if policy.mode in ("small", "large"):
+        label = f"{policy.mode}-only"
     default = PolicyOptions(mode=policy.mode, policy=policy.policy)
     parts = [label]
     for field in fields(policy):
