@@ -15,7 +15,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,12 +195,12 @@ class Engine:
         local = [runner for runner in self.runners if isinstance(runner, Runner)]
         for runner in local:
             runner.abandoned = abandoned  # a long prefill stops between graph nodes, not at its end
+        response = decoder.generate(job.prompt)  # align keeps what the caches share with it
         try:
-            with closing(decoder.run(job.prompt)) as run:  # align keeps what the caches share with it
-                for event in run:
-                    ticket.send(Token(event, scores.popleft() if scores else None))
-                    if abandoned():
-                        break
+            for event in response:
+                ticket.send(Token(event, scores.popleft() if scores else None))
+                if abandoned():
+                    break
         except Abandoned:
             pass
         except EadError as error:
@@ -209,7 +208,7 @@ class Engine:
         finally:
             for runner in local:
                 runner.abandoned = never_abandoned
-        summary = decoder.summary()
+        summary = response.summary()
         if self._stopped.is_set() or ticket.cancelled.is_set():
             why = "the server is stopping" if self._stopped.is_set() else "the client went away"
             self.log(f"stopped after {summary.generated} tokens: {why}")

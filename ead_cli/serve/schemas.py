@@ -11,7 +11,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import EadError
-from ..policies import parse_tau
+from ..policies import POLICY_KINDS, parse_tau
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
@@ -41,7 +41,7 @@ class EadOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     mode: Literal["ead", "small", "large", "spec"] | None = None
-    policy: Literal["gate", "ead", "lookahead"] | None = None
+    policy: Literal[tuple(POLICY_KINDS)] | None = None  # type: ignore[valid-type]  # the policy table's names
     tau: (
         float | Annotated[list[float], Field(max_length=64)] | Annotated[str, Field(max_length=1024)] | None
     ) = None
@@ -52,6 +52,7 @@ class EadOptions(BaseModel):
     normalize: bool | None = None
     draft: Positive | None = None
     draft_entropy_stop: float | None = None
+    lookup: Annotated[int, Field(ge=0, le=64)] | None = None
     verify: float | None = None
     pattern: Annotated[list[str], Field(max_length=len(NAMED_PATTERNS)), AfterValidator(_named)] | None = None
     tau_range: tuple[float, float] | None = None
