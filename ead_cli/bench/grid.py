@@ -5,7 +5,8 @@ Strategies (``FAMILIES``): small-only, large-only, ``ead`` at each τ (x window 
 draft lengths), ``spec`` (speculative decoding) at each draft length (x draft
 entropy stop). A strategy is a name and the PolicyOptions ``build_decoder`` takes; the name lists the
 options that differ from their defaults, e.g. ``ead tau=0.5 window=3``. Named only, never by default:
-``server-large``, ``server-spec`` (per ``--server-draft``) and ``server-ngram`` (per ``--server-ngram``),
+``server-large``, ``server-spec`` (per ``--server-draft``), ``server-ngram`` (per ``--server-ngram``) and
+``server-stack`` (llama.cpp's draft model and n-gram type together: each draft length x each type),
 llama.cpp's own loops in the built llama-server (native.py); their samples have no schedule and carry
 the server's timings in ``server``.
 """
@@ -37,7 +38,7 @@ class NativeOptions:
 
     kind: str
     draft: int | None = None  # spec: --spec-draft-n-max
-    spec_type: str | None = None  # ngram: --spec-type
+    spec_type: str | None = None  # ngram: --spec-type; spec: an n-gram type stacked on the draft model
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -46,25 +47,28 @@ class NativeOptions:
             raise EadError("a draft length belongs to server-spec alone", exit_code=2)
         if self.draft is not None:
             check_server_draft(self.draft)
-        if (self.spec_type is not None) != (self.kind == "ngram"):
-            raise EadError("an n-gram type belongs to server-ngram alone", exit_code=2)
+        if (self.spec_type is None) == (self.kind == "ngram") and self.kind != "spec":
+            raise EadError("an n-gram type belongs to server-ngram and server-stack alone", exit_code=2)
         if self.spec_type is not None:
             check_ngram_type(self.spec_type)
 
     @property
     def name(self) -> str:
-        """``server-large``, ``server-spec draft=3``, ``server-ngram type=ngram-mod``."""
+        """``server-large``, ``server-spec draft=3``, ``server-ngram type=ngram-mod``, and the stack of
+        both, ``server-spec draft=3 type=ngram-mod``."""
         if self.kind == "spec":
-            return f"server-spec draft={self.draft}"
+            return f"server-spec draft={self.draft}" + (f" type={self.spec_type}" if self.spec_type else "")
         if self.kind == "ngram":
             return f"server-ngram type={self.spec_type}"
         return "server-large"
 
     def flags(self, small: Path, threads: int) -> list[str]:
-        """The server's options for this configuration (the large model and the common ones aside)."""
+        """The server's options for this configuration (the large model and the common ones aside).
+        A stack gives ``--spec-type`` both kinds: llama.cpp then drafts with whichever proposes."""
         if self.kind == "spec":
+            types = DRAFT_TYPE + (f",{self.spec_type}" if self.spec_type else "")
             return [
-                "--spec-type", DRAFT_TYPE, "--spec-draft-model", str(small),
+                "--spec-type", types, "--spec-draft-model", str(small),
                 "--spec-draft-n-max", str(self.draft),
                 "-td", str(threads), "-tbd", str(threads),
             ]  # fmt: skip
@@ -189,6 +193,10 @@ FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]]
     "server-large": lambda grid: [NativeOptions("large")],
     "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
     "server-ngram": lambda grid: [NativeOptions("ngram", spec_type=name) for name in grid.server_ngrams],
+    "server-stack": lambda grid: [
+        NativeOptions("spec", draft=draft, spec_type=name)
+        for draft, name in itertools.product(grid.server_drafts, grid.server_ngrams)
+    ],
 }
 # The default sweep: ead's own loops (the server families need the built llama-server; name them).
 ALL_FAMILIES = ",".join(name for name in FAMILIES if not name.startswith("server-"))
