@@ -69,8 +69,8 @@ NAMES = (
     "server-ngram type=ngram-mod",
     "server-ngram type=ngram-simple",
     "server-spec draft=2 type=ngram-mod",  # server-stack: llama.cpp's draft model and n-gram type together
-    "server-spec draft=3 type=ngram-mod",
     "server-spec draft=2 type=ngram-simple",
+    "server-spec draft=3 type=ngram-mod",
     "server-spec draft=3 type=ngram-simple",
 )
 
