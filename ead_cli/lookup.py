@@ -22,12 +22,13 @@ def propose(
     tokens: Sequence[int], *, min_match: int, limit: int, max_match: int = DEFAULT_MAX_MATCH
 ) -> list[int]:
     """Up to ``limit`` tokens that followed the latest earlier occurrence of the longest suffix of
-    ``tokens`` (between ``min_match`` and ``max_match`` tokens long) that occurred before; [] if none."""
+    ``tokens`` (between ``min_match`` and ``max_match`` tokens long, ``max_match`` raised to ``min_match``
+    where it is smaller) that occurred before; [] if none."""
     if min_match < 1 or limit < 1:
         return []
     history = np.asarray(tokens, dtype=np.int64)
     size = history.shape[0]
-    for match in range(min(max_match, size - 1), min_match - 1, -1):
+    for match in range(min(max(max_match, min_match), size - 1), min_match - 1, -1):
         suffix = history[size - match :]
         # Windows starting at 0 .. size - match - 1: every occurrence that ends before the suffix itself.
         windows = sliding_window_view(history[: size - 1], match)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ead_cli.bench.speed import Rates
-from ead_cli.lookup import DEFAULT_MAX_MATCH, propose
+from ead_cli.lookup import propose
 
 MATCHES = (1, 2, 3, 4, 6, 8, 12, 16)
 LIMITS = (4, 8, 16, 32)
@@ -59,9 +59,7 @@ def walk(tokens: Sequence[int], prompt_len: int, min_match: int, limit: int, rat
             remaining = remaining[1:]
             kept += 1
             continue
-        guess = propose(
-            tokens[:i], min_match=min_match, limit=limit, max_match=max(min_match, DEFAULT_MAX_MATCH)
-        )
+        guess = propose(tokens[:i], min_match=min_match, limit=limit)
         if guess:
             batches += 1
             guessed += len(guess)

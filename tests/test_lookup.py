@@ -33,6 +33,12 @@ def test_longer_matches_win_over_more_recent_shorter_ones() -> None:
     assert propose(sequence, min_match=2, limit=1, max_match=2) == [9]
 
 
+def test_a_minimum_match_longer_than_the_default_maximum_still_proposes() -> None:
+    sequence = [*range(12), 99, *range(12)]  # a 12-token run seen before, then 99
+    assert propose(sequence, min_match=12, limit=1) == [99]
+    assert propose(sequence, min_match=13, limit=1) == []
+
+
 def test_no_proposal_without_a_long_enough_earlier_match() -> None:
     assert propose([1, 2, 3, 4, 5], min_match=1, limit=4) == []
     assert propose([1, 2, 9, 1, 2], min_match=3, limit=4) == []  # "1 2" occurred, but 3 tokens are asked
