@@ -447,9 +447,13 @@ class Decoder(_Generation):
             if rolled_back:
                 return None
         runner = self.runners[index]
-        guess = propose(self.tokens, min_match=self.lookup, limit=self.lookup_draft) if self.lookup else ()
         own_tail = last_writer == index
+        guess = self._guess if self.lookup else None
         return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess)
+
+    def _guess(self) -> list[int]:
+        """A lookup guess for what follows the tokens so far."""
+        return propose(self.tokens, min_match=self.lookup, limit=self.lookup_draft)
 
     def _tell_policy(self, token: int, writer: int) -> None:
         """Policies that read text (line bursts, patterns) see each written token's text."""
@@ -643,9 +647,10 @@ class SpeculativeDecoder(_Generation):
         A draft probability of None is a proposal certain of its token (a lookup draft: q = 1 there)."""
         for i, (token, q) in enumerate(zip(drafts, draft_probs, strict=True)):
             if self.sampling.temp == 0:  # p and q are one-hot: the token stands if it is the argmax
-                if token == int(np.argmax(rows[i])):
+                best = int(np.argmax(rows[i]))
+                if token == best:
                     continue
-                return i, int(np.argmax(rows[i])), self.runners[1].entropy(rows[i])
+                return i, best, self.runners[1].entropy(rows[i])
             p = probabilities(rows[i], self.sampling)
             q_token = 1.0 if q is None else q[token]
             if p[token] >= q_token or self._rng.random() < p[token] / q_token:

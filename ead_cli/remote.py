@@ -22,7 +22,7 @@ import http.client
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -274,7 +274,12 @@ class RemoteRunner:
             raise RemoteError(f"{self.url}/completion did not report its end-of-generation tokens") from None
 
     def sync(
-        self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool, guess: Sequence[int] = ()
+        self,
+        tokens: Sequence[int],
+        *,
+        prompt_len: int,
+        own_tail: bool,
+        guess: Callable[[], Sequence[int]] | None = None,
     ) -> np.ndarray:
         """Send every token so far; return a row with the next token's top-k log-probabilities.
         ``guess`` is ignored: the server returns no rows for guessed tokens."""

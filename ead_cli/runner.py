@@ -250,16 +250,23 @@ class Runner:
         return self._ctx
 
     def sync(
-        self, tokens: Sequence[int], *, prompt_len: int, own_tail: bool, guess: Sequence[int] = ()
+        self,
+        tokens: Sequence[int],
+        *,
+        prompt_len: int,
+        own_tail: bool,
+        guess: Callable[[], Sequence[int]] | None = None,
     ) -> np.ndarray:
         """Read every token this model has not seen; return the logits predicting the next one.
 
         ``prompt_len``: tokens[:prompt_len] are the prompt (counted as prefill). ``own_tail``: the last
         token was written by this model, so a one-token feed is an ordinary decode step.
-        ``guess``: tokens that may come next (a lookup draft); they are read in the same batch, with
-        logits at each, and a later sync whose new tokens confirm them returns those rows without a
-        decode: the same rows a step would have computed (up to batched kernels' rounding). A batch that
-        carries a guess is counted as catch-up, and tokens guessed wrong are dropped from the cache.
+        ``guess``: asked for tokens that may come next (a lookup draft) only when this call reads new
+        tokens after the prompt, since finding one costs a pass over the sequence; they are read in the
+        same batch, with logits at each, and a later sync whose new tokens confirm them returns those
+        rows without a decode: the same rows a step would have computed (up to batched kernels'
+        rounding). A batch that carries a guess is counted as catch-up, and tokens guessed wrong are
+        dropped from the cache.
         The returned array is a view into llama.cpp's buffer, valid until the next feed.
         """
         n = len(tokens)
@@ -273,16 +280,17 @@ class Runner:
         if start < prompt_len:
             self.feed(tokens, start, min(prompt_len, n), "prefill")
             start = self.n_past
-        guess = list(guess[: max(0, min(self.n_batch - 1, self.n_ctx - n))])
-        if guess and start < n:
-            if n + len(guess) - start > self.n_batch:  # keep the guessed rows in one batch
+        room = max(0, min(self.n_batch - 1, self.n_ctx - n))
+        guessed = list(guess()[:room]) if guess is not None and start < n else []
+        if guessed:
+            if n + len(guessed) - start > self.n_batch:  # keep the guessed rows in one batch
                 self.feed(tokens, start, n - 1, "catchup")
                 start = n - 1
-            self.feed([*tokens, *guess], start, n + len(guess), "catchup", rows=len(guess) + 1)
+            self.feed([*tokens, *guessed], start, n + len(guessed), "catchup", rows=len(guessed) + 1)
             self.n_past, self._logits_at = n, n  # the guessed tokens are in the cache, not yet confirmed
             del self._seen[n:]
-            self._guess, self._guess_used, self._row = guess, 0, -len(guess) - 1
-            self.stats.guessed += len(guess)
+            self._guess, self._guess_used, self._row = guessed, 0, -len(guessed) - 1
+            self.stats.guessed += len(guessed)
         elif start < n:
             phase: Phase = "decode" if own_tail and n - start == 1 else "catchup"
             self.feed(tokens, start, n, phase)

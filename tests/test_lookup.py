@@ -150,7 +150,7 @@ def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one
         runner.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)
         plain.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)
         guess = [int(t) for t in runner.tokenize(" there friend", add_special=False)]
-        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=guess)  # read with the guess
+        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=lambda: guess)  # with the guess
         assert runner.n_past == len(prompt) and runner.stats.catchup.tokens == 1 + len(guess)
         decoded = runner.stats.decode.tokens
         for count in range(1, len(guess) + 1):  # each confirmed token: the row a decode would give
@@ -161,7 +161,7 @@ def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one
         assert runner.stats.decode.tokens == decoded and runner.n_past == len(prompt) + len(guess)
         # A guess the text leaves: the cache keeps what agreed and drops the rest before reading on.
         runner.truncate(len(prompt) - 1)
-        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=guess)
+        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=lambda: guess)
         assert len(guess) >= 2
         other = prompt + guess[:1] + [(guess[1] + 1) % runner.n_vocab]  # follows the guess once, then leaves
         row = runner.sync(other, prompt_len=len(prompt) - 1, own_tail=True).copy()
