@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,13 +46,23 @@ class Repack:
         return "on" if self.enabled else "off"
 
 
-def cpu_flags(cpuinfo: str) -> frozenset[str]:
-    """The feature flags of the first processor in /proc/cpuinfo's text (x86 'flags', Arm 'Features')."""
+def _first_field(cpuinfo: str, *keys: str) -> str | None:
+    """The value of the first line of /proc/cpuinfo's text whose key is one of ``keys``."""
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The feature flags of the first processor in /proc/cpuinfo's text (x86 'flags', Arm 'Features')."""
+    return frozenset((_first_field(cpuinfo, "flags", "Features") or "").split())
+
+
+def cpu_model_name(cpuinfo: str) -> str | None:
+    """The first processor's model name in /proc/cpuinfo's text (None where it has none: Arm's)."""
+    return _first_field(cpuinfo, "model name")
 
 
 def cpu_has_amx(flags: frozenset[str]) -> bool:
@@ -140,12 +151,21 @@ def _read_cpuinfo() -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def this_cpu() -> tuple[str, frozenset[str]]:
+    """This machine's CPU model name (else its architecture) and flags, read from /proc/cpuinfo once per
+    process: for results, messages and the smoke decode's key."""
+    cpuinfo = _read_cpuinfo()
+    name = cpu_model_name(cpuinfo) or platform.processor() or platform.machine() or "unknown CPU"
+    return name, cpu_flags(cpuinfo)
+
+
+@functools.lru_cache(maxsize=1)
 def _machine() -> tuple[tuple[str, ...] | None, frozenset[str], str]:
     """What decides the default, asked once per process: llama.cpp's buffer types, CPU flags, features."""
     import llama_cpp
 
     system_info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
-    return extra_buffer_types(), cpu_flags(_read_cpuinfo()), system_info
+    return extra_buffer_types(), this_cpu()[1], system_info
 
 
 def repack_choice(requested: bool | None = None) -> Repack:
@@ -161,12 +181,3 @@ def repack_choice(requested: bool | None = None) -> Repack:
 def server_repack_args(choice: Repack) -> list[str]:
     """llama-server's flag for the same decision (it repacks by default)."""
     return [] if choice.enabled else ["--no-repack"]
-
-
-def cpu_name() -> str:
-    """The CPU's model name, for results and messages ('unknown CPU' where /proc/cpuinfo has none)."""
-    for line in _read_cpuinfo().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return "unknown CPU"

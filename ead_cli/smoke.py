@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import EadError
-from .hardware import AMX_BUG, REPACK_ENV, Repack, cpu_flags, cpu_name, repack_choice
+from .hardware import AMX_BUG, REPACK_ENV, Repack, repack_choice, this_cpu
 
 SMOKE_TIMEOUT_S = 300.0  # a child this slow has not crashed: the real load goes on and reports what it finds
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT})
@@ -37,7 +37,7 @@ def marker_path(path: Path, repack: Repack, n_gpu_layers: int | None) -> Path:
     from .paths import ead_cache_dir
 
     stat = path.stat()
-    cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    cpu, flags = this_cpu()
     key = "|".join(
         (
             str(path.resolve()),
@@ -45,8 +45,8 @@ def marker_path(path: Path, repack: Repack, n_gpu_layers: int | None) -> Path:
             str(stat.st_mtime_ns),
             version("llama-cpp-python"),
             __version__,
-            cpu_name(),
-            " ".join(sorted(cpu_flags(cpuinfo))),
+            cpu,
+            " ".join(sorted(flags)),
             repack.word,
             str(n_gpu_layers),
         )
@@ -80,7 +80,7 @@ def crash_message(label: str, signal_number: int, repack: Repack) -> str:
         )
     return (
         f"{what}, so ead stopped before loading it in this process. {cause} Please report it at "
-        f"{REPORT_AT} with the output of `lscpu` and `ead --version` (CPU: {cpu_name()})."
+        f"{REPORT_AT} with the output of `lscpu` and `ead --version` (CPU: {this_cpu()[0]})."
     )
 
 

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from time import perf_counter, process_time
 
 import llama_cpp
@@ -36,6 +34,7 @@ import numpy as np
 
 from ead_cli import registry
 from ead_cli.decoder import Decoder
+from ead_cli.hardware import this_cpu
 from ead_cli.options import default_threads
 from ead_cli.policies import Fixed
 from ead_cli.prompt import encode_prompt
@@ -91,16 +90,6 @@ def ead_loop_without_entropy(runner: Runner, prompt: list[int], count: int) -> t
         runner.entropy = meter
 
 
-def cpu_name() -> str:
-    """The CPU's model name, as /proc/cpuinfo gives it (the architecture elsewhere)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qc0.5b", help="alias or .gguf path")
@@ -136,7 +125,7 @@ def main() -> None:
         "runs": args.runs,
         "threads": args.threads,
         "repack": runner.repack.word,  # llama.cpp's weight repacking, as ead decided it (EAD_REPACK, the CPU)
-        "cpu": cpu_name(),
+        "cpu": this_cpu()[0],
         **{f"{name}_tok_s": [round(x, 2) for x in wall[name]] for name in LOOPS},
         **{f"{name}_median_tok_s": round(wall_median[name], 2) for name in LOOPS},
         **{f"{name}_cpu_tok_s": [round(x, 2) for x in cpu[name]] for name in LOOPS},

@@ -48,6 +48,9 @@ def test_cpu_flags_are_read_from_the_first_processor_on_x86_and_arm() -> None:
     assert not hardware.cpu_has_amx(cpu_flags(EPYC))
     assert "sve" in cpu_flags(GRAVITON) and not hardware.cpu_has_amx(cpu_flags(GRAVITON))
     assert cpu_flags("") == frozenset()
+    assert hardware.cpu_model_name(SAPPHIRE_RAPIDS) == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+    assert hardware.cpu_model_name(EPYC) == "AMD EPYC"
+    assert hardware.cpu_model_name(GRAVITON) is None  # Arm's /proc/cpuinfo names no model
     assert not hardware.cpu_has_amx(frozenset({"amx_bf16"}))  # no tiles of int8: not llama.cpp's kernels
 
 
