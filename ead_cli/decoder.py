@@ -21,6 +21,7 @@ import numpy as np
 from .entropy import max_entropy_bits
 from .lookup import propose
 from .options import check_draft, check_lookup, check_verify_ratio
+from .pacer import DraftPacer
 from .policies import Fixed, Policy
 from .remote import RemoteError
 from .response import Response
@@ -315,8 +316,8 @@ class Decoder(_Generation):
     ``check_every`` of them wait, which bounds both the delay before text appears and the work one
     rejection throws away. Every token shown has been checked. The policy's window is not rewound.
 
-    ``lookup`` (a minimum match length, 0: off): the model evaluated at a step also reads a guess of up to
-    ``lookup_draft`` next tokens copied from earlier in the sequence (``lookup.py``), in the same batch;
+    ``lookup`` (a minimum match length, 0: off): the model evaluated at a step also reads a guess of 16
+    to 64 next tokens (``lookup.GuessLength``) copied from earlier in the sequence, in the same batch;
     while the text follows the guess, its next steps take their rows from that batch instead of a decode
     (``Runner.sync``). Entropy, policy and sampler see every row as in a one-token step, so the text is
     the same policy's text without lookup, up to batched kernels' rounding at near-ties.
@@ -336,10 +337,8 @@ class Decoder(_Generation):
         check_every: int = 32,
         fallback: bool = False,
         lookup: int = 0,
-        lookup_draft: int = 16,
     ) -> None:
         check_lookup(lookup)
-        check_draft(lookup_draft)
         if verify is not None:
             check_verify_ratio(verify)
         if check_every < 1:
@@ -355,7 +354,6 @@ class Decoder(_Generation):
         self._sampler: Sampler | None = None
         self.fallback = fallback
         self.lookup = lookup
-        self.lookup_draft = lookup_draft
         # Told every token the loop samples, with the logits it was drawn from (ead serve's logprobs;
         # without rollbacks, the order of the tokens shown).
         self.on_sample: Callable[[int, np.ndarray], None] | None = None
@@ -451,9 +449,9 @@ class Decoder(_Generation):
         guess = self._guess if self.lookup else None
         return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess)
 
-    def _guess(self) -> list[int]:
-        """A lookup guess for what follows the tokens so far."""
-        return propose(self.tokens, min_match=self.lookup, limit=self.lookup_draft)
+    def _guess(self, limit: int) -> list[int]:
+        """A lookup guess of up to ``limit`` tokens for what follows the tokens so far."""
+        return propose(self.tokens, min_match=self.lookup, limit=limit)
 
     def _tell_policy(self, token: int, writer: int) -> None:
         """Policies that read text (line bursts, patterns) see each written token's text."""
@@ -546,10 +544,14 @@ class SpeculativeDecoder(_Generation):
     min(1, p/q), else draw from max(0, p - q)), so tokens follow the large model's distribution.
 
     ``lookup`` (a minimum match length, 0: off): before asking the small model, a round tries a free
-    draft of up to ``lookup_draft`` tokens copied from earlier in the prompt and answer (``lookup.py``);
+    draft of 16 to 64 tokens (``lookup.GuessLength``) copied from earlier in the prompt and answer;
     the large model checks it the same way (a proposal with q = 1 on its token), and its accepted tokens
     count as the large model's, since they are its own choice. The small model then catches up on them
     in one batch when it next drafts.
+
+    ``pacer`` (``pacer.DraftPacer``): the small model drafts only while its rounds write tokens faster than
+    the large model alone (measured as they run); otherwise a round is one step of the large model, with
+    lookup guesses still checked. The text stays the large model's either way.
     """
 
     def __init__(
@@ -563,18 +565,17 @@ class SpeculativeDecoder(_Generation):
         max_tokens: int = 512,
         stop: Sequence[str] = (),
         lookup: int = 0,
-        lookup_draft: int = 16,
+        pacer: DraftPacer | None = None,
     ) -> None:
         if len(runners) != 2:
             raise ValueError("speculative decoding takes exactly two models: a drafter and a verifier")
         check_draft(draft)
         check_lookup(lookup)
-        check_draft(lookup_draft)
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.draft = draft
         self.entropy_stop = entropy_stop
         self.lookup = lookup
-        self.lookup_draft = lookup_draft
+        self.pacer = pacer
         self._rng = np.random.default_rng(sampling.seed)
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
@@ -584,20 +585,30 @@ class SpeculativeDecoder(_Generation):
         try:
             while not self.finished and self._generated < self.max_tokens:
                 room = max(min(self.max_tokens - self._generated - 1, self.n_ctx - len(tokens) - 1), 0)
-                drafts = propose(tokens, min_match=self.lookup, limit=min(self.lookup_draft, room))
+                limit = min(large.guess_length.limit, room)
+                drafts = propose(tokens, min_match=self.lookup, limit=limit)
                 looked_up = bool(drafts)
+                drafting = not looked_up and (self.pacer is None or self.pacer.should_draft())
+                started, catchup_s = perf_counter(), 0.0
+                draft_entropies: list[float] = []
                 if looked_up:
                     draft_probs: list[np.ndarray | None] = [None] * len(drafts)
-                else:
-                    drafts, draft_probs, draft_entropies = self._draft(
+                elif drafting:
+                    drafts, draft_probs, draft_entropies, catchup_s = self._draft(
                         small, tokens, prompt_len, min(self.draft, room)
                     )
+                else:
+                    draft_probs = []
                 n = len(tokens)
                 rows = large.verify(tokens + drafts, prompt_len=prompt_len, rows=len(drafts) + 1)
                 accepted, correction, entropy = self._judge(drafts, draft_probs, rows)
                 large.truncate(n + accepted)
                 small.truncate(n + accepted)
+                if self.pacer is not None and not looked_up:
+                    spent = perf_counter() - started - catchup_s
+                    self.pacer.record("draft" if drafting else "plain", accepted + 1, spent)
                 if looked_up:
+                    large.guess_length.ended(accepted, len(drafts))
                     self._looked_up += len(drafts)
                     self._looked_up_accepted += accepted
                     draft_entropies = [large.entropy(row) for row in rows[:accepted]]
@@ -617,14 +628,20 @@ class SpeculativeDecoder(_Generation):
 
     def _draft(
         self, small: Runner, tokens: list[int], prompt_len: int, count: int
-    ) -> tuple[list[int], list[np.ndarray | None], list[float]]:
+    ) -> tuple[list[int], list[np.ndarray | None], list[float], float]:
         """The small model's draft: tokens, the distributions they were drawn from (None when greedy),
-        their entropies."""
+        their entropies, and the seconds spent catching up on more than one token first (a pacer does
+        not charge a draft for the tokens written while it was not drafting)."""
         drafts: list[int] = []
         dists: list[np.ndarray | None] = []
         entropies: list[float] = []
+        catchup_s = 0.0
+        behind = len(tokens) - small.n_past
         for _ in range(count):
+            started = perf_counter()
             logits = small.sync(tokens + drafts, prompt_len=prompt_len, own_tail=bool(drafts))
+            if not drafts and behind > 1:
+                catchup_s = perf_counter() - started
             entropy = small.entropy(logits)
             if self.entropy_stop is not None and entropy >= self.entropy_stop and drafts:
                 break
@@ -638,7 +655,7 @@ class SpeculativeDecoder(_Generation):
             entropies.append(entropy)
             if small.is_end_of_generation(token):
                 break
-        return drafts, dists, entropies
+        return drafts, dists, entropies, catchup_s
 
     def _judge(
         self, drafts: list[int], draft_probs: Sequence[np.ndarray | None], rows: np.ndarray
