@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ead_cli.bench.grid import ALL_FAMILIES, Grid, Strategy, build_strategies, parse_grid
-from ead_cli.bench.report import aggregate, agreement, report_table, write_report
+from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
 from ead_cli.bench.results import Record, read_results
 from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
 from ead_cli.bench.sandbox import Outcome, check_solution, run_program
@@ -541,6 +541,25 @@ def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
     assert markdown[3].startswith("| ead | 2 | 100.0% | 0.875 | 37.5% | 0.583 |")
     assert files.plot == tmp_path / "plot.png" and files.note is None
     assert files.plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_repeats_give_each_strategy_its_median_ratio_with_the_range_fastest_first() -> None:
+    def scaled(factor: float) -> list[dict]:
+        """A repeat in which ead took ``factor`` times as long and spec did not run."""
+        return [
+            r | {"wall_s": r["wall_s"] * factor} if r["strategy"] == "ead" else r
+            for r in RECORDS
+            if r["strategy"] != "spec"
+        ]
+
+    table = repeats_table([aggregate(RECORDS), aggregate(scaled(2.0)), aggregate(scaled(1.25))])
+    assert table.splitlines() == [
+        "| strategy | wall vs large-only, median (range) | runs | passed | same text |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        "| spec | 0.25 (0.25-0.25) | 1 | 0 | 2 |",
+        "| ead | 0.62 (0.50-1.00) | 3 | 2/2/2 | 1/1/1 |",  # ratios 0.5, 1.0 and 0.625
+        "| large-only | 1.00 (1.00-1.00) | 3 | 1/1/1 | 2/2/2 |",
+    ]
 
 
 def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:

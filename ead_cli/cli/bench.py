@@ -200,16 +200,32 @@ def bench_prompts(
 
 @bench_app.command("report")
 def bench_report(
-    folder: Annotated[Path, typer.Argument(help="A bench's --out folder.")],
+    folders: Annotated[
+        list[Path], typer.Argument(help="A bench's --out folder; several: repeats of one bench, compared.")
+    ],
 ) -> None:
-    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl."""
-    from ..bench.report import aggregate
+    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl; given repeats of
+    a bench, also the median of each strategy's wall-clock ratio over them, with the range
+    (median-of-N.md in the first folder)."""
+    from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, read_results
 
-    _, records = read_results(folder / RESULTS_FILE)
-    if not records:
-        raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
-    _show_report(folder, aggregate(records))
+    runs = []
+    for folder in folders:
+        _, records = read_results(folder / RESULTS_FILE)
+        if not records:
+            raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
+        runs.append(aggregate(records))
+    if len(runs) == 1:
+        _show_report(folders[0], runs[0])
+        return
+    for folder, run in zip(folders, runs, strict=True):
+        write_report(folder, run)
+    table = repeats_table(runs)
+    path = folders[0] / f"median-of-{len(runs)}.md"
+    path.write_text("".join(f"{folder / RESULTS_FILE}\n" for folder in folders) + table, encoding="utf-8")
+    typer.echo(table, nl=False)
+    stderr.print(f"wrote {path} and each folder's report", style="dim", soft_wrap=True)
 
 
 @bench_app.command("replay")
