@@ -316,8 +316,8 @@ class Decoder(_Generation):
     ``check_every`` of them wait, which bounds both the delay before text appears and the work one
     rejection throws away. Every token shown has been checked. The policy's window is not rewound.
 
-    ``lookup`` (a minimum match length, 0: off): the model evaluated at a step also reads a guess of 16
-    to 64 next tokens (``lookup.GuessLength``) copied from earlier in the sequence, in the same batch;
+    ``lookup`` (a minimum match length, 0: off): the model evaluated at a step also reads a guess of up to
+    ``lookup_draft`` next tokens copied from earlier in the sequence (``lookup.py``), in the same batch;
     while the text follows the guess, its next steps take their rows from that batch instead of a decode
     (``Runner.sync``). Entropy, policy and sampler see every row as in a one-token step, so the text is
     the same policy's text without lookup, up to batched kernels' rounding at near-ties.
@@ -337,8 +337,10 @@ class Decoder(_Generation):
         check_every: int = 32,
         fallback: bool = False,
         lookup: int = 0,
+        lookup_draft: int = 16,
     ) -> None:
         check_lookup(lookup)
+        check_draft(lookup_draft)
         if verify is not None:
             check_verify_ratio(verify)
         if check_every < 1:
@@ -354,6 +356,7 @@ class Decoder(_Generation):
         self._sampler: Sampler | None = None
         self.fallback = fallback
         self.lookup = lookup
+        self.lookup_draft = lookup_draft
         # Told every token the loop samples, with the logits it was drawn from (ead serve's logprobs;
         # without rollbacks, the order of the tokens shown).
         self.on_sample: Callable[[int, np.ndarray], None] | None = None
@@ -449,9 +452,9 @@ class Decoder(_Generation):
         guess = self._guess if self.lookup else None
         return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess)
 
-    def _guess(self, limit: int) -> list[int]:
-        """A lookup guess of up to ``limit`` tokens for what follows the tokens so far."""
-        return propose(self.tokens, min_match=self.lookup, limit=limit)
+    def _guess(self) -> list[int]:
+        """A lookup guess for what follows the tokens so far."""
+        return propose(self.tokens, min_match=self.lookup, limit=self.lookup_draft)
 
     def _tell_policy(self, token: int, writer: int) -> None:
         """Policies that read text (line bursts, patterns) see each written token's text."""
@@ -544,7 +547,7 @@ class SpeculativeDecoder(_Generation):
     min(1, p/q), else draw from max(0, p - q)), so tokens follow the large model's distribution.
 
     ``lookup`` (a minimum match length, 0: off): before asking the small model, a round tries a free
-    draft of 16 to 64 tokens (``lookup.GuessLength``) copied from earlier in the prompt and answer;
+    draft of up to ``lookup_draft`` tokens copied from earlier in the prompt and answer (``lookup.py``);
     the large model checks it the same way (a proposal with q = 1 on its token), and its accepted tokens
     count as the large model's, since they are its own choice. The small model then catches up on them
     in one batch when it next drafts.
@@ -565,16 +568,19 @@ class SpeculativeDecoder(_Generation):
         max_tokens: int = 512,
         stop: Sequence[str] = (),
         lookup: int = 0,
+        lookup_draft: int = 16,
         pacer: DraftPacer | None = None,
     ) -> None:
         if len(runners) != 2:
             raise ValueError("speculative decoding takes exactly two models: a drafter and a verifier")
         check_draft(draft)
         check_lookup(lookup)
+        check_draft(lookup_draft)
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.draft = draft
         self.entropy_stop = entropy_stop
         self.lookup = lookup
+        self.lookup_draft = lookup_draft
         self.pacer = pacer
         self._rng = np.random.default_rng(sampling.seed)
 
@@ -585,8 +591,7 @@ class SpeculativeDecoder(_Generation):
         try:
             while not self.finished and self._generated < self.max_tokens:
                 room = max(min(self.max_tokens - self._generated - 1, self.n_ctx - len(tokens) - 1), 0)
-                limit = min(large.guess_length.limit, room)
-                drafts = propose(tokens, min_match=self.lookup, limit=limit)
+                drafts = propose(tokens, min_match=self.lookup, limit=min(self.lookup_draft, room))
                 looked_up = bool(drafts)
                 drafting = not looked_up and (self.pacer is None or self.pacer.should_draft())
                 started, catchup_s = perf_counter(), 0.0
@@ -608,7 +613,6 @@ class SpeculativeDecoder(_Generation):
                     spent = perf_counter() - started - catchup_s
                     self.pacer.record("draft" if drafting else "plain", accepted + 1, spent)
                 if looked_up:
-                    large.guess_length.ended(accepted, len(drafts))
                     self._looked_up += len(drafts)
                     self._looked_up_accepted += accepted
                     draft_entropies = [large.entropy(row) for row in rows[:accepted]]

@@ -11,29 +11,11 @@ wider batch and never changes the text.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 DEFAULT_MAX_MATCH = 8  # longer suffixes first: the longer the match, the likelier the continuation
-FIRST_GUESS = 16  # tokens a guess may copy at first, and again after a guess the text left
-LONGEST_GUESS = 64  # the most after guesses the text followed to their ends (llama.cpp's ngram-mod: 64)
-
-
-@dataclass
-class GuessLength:
-    """How many tokens the next guess may copy. An answer that copies a block (the prompt's signature and
-    docstring, a repeated test line) follows one guess after another to its end, and a longer guess then
-    reads the block in fewer, wider batches (llama.cpp's ngram-mod drafts 48-64 tokens); so the length
-    doubles after each guess followed to its end, up to ``LONGEST_GUESS``, and falls back to
-    ``FIRST_GUESS`` after one the text left, so that a long wrong guess is rare."""
-
-    limit: int = FIRST_GUESS
-
-    def ended(self, kept: int, guessed: int) -> None:
-        """A guess of ``guessed`` tokens ended after the text followed ``kept`` of them."""
-        self.limit = min(self.limit * 2, LONGEST_GUESS) if kept == guessed else FIRST_GUESS
 
 
 def propose(

@@ -279,7 +279,7 @@ class RemoteRunner:
         *,
         prompt_len: int,
         own_tail: bool,
-        guess: Callable[[int], Sequence[int]] | None = None,
+        guess: Callable[[], Sequence[int]] | None = None,
     ) -> np.ndarray:
         """Send every token so far; return a row with the next token's top-k log-probabilities.
         ``guess`` is ignored: the server returns no rows for guessed tokens."""

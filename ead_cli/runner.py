@@ -25,7 +25,6 @@ from .entropy import EntropyMeter
 from .errors import EadError
 from .gguf_files import shard_paths
 from .hardware import Repack, repack_choice
-from .lookup import GuessLength
 from .options import resolve_threads
 from .signals import Terminated, main_thread_signals, stop_requested
 
@@ -229,7 +228,6 @@ class Runner:
         # A lookup guess read past n_past in the last batch: its tokens, and how many a sync confirmed.
         self._guess: list[int] = []
         self._guess_used = 0
-        self.guess_length = GuessLength()  # grows while guesses are followed to their ends
         self.stats = RunnerStats.empty()
         self.on_step: Callable[[list], None] | None = None  # told each feed and rollback (schedules)
         self.entropy = EntropyMeter(self.n_vocab)  # bits of a row of logits (a remote runner estimates)
@@ -257,15 +255,14 @@ class Runner:
         *,
         prompt_len: int,
         own_tail: bool,
-        guess: Callable[[int], Sequence[int]] | None = None,
+        guess: Callable[[], Sequence[int]] | None = None,
     ) -> np.ndarray:
         """Read every token this model has not seen; return the logits predicting the next one.
 
         ``prompt_len``: tokens[:prompt_len] are the prompt (counted as prefill). ``own_tail``: the last
         token was written by this model, so a one-token feed is an ordinary decode step.
-        ``guess``: asked for up to N tokens that may come next (a lookup draft; N from ``guess_length``)
-        only when this call reads new tokens after the prompt, since finding one costs a pass over the
-        sequence; they are read in the
+        ``guess``: asked for tokens that may come next (a lookup draft) only when this call reads new
+        tokens after the prompt, since finding one costs a pass over the sequence; they are read in the
         same batch, with logits at each, and a later sync whose new tokens confirm them returns those
         rows without a decode: the same rows a step would have computed (up to batched kernels'
         rounding). A batch that carries a guess is counted as catch-up, and tokens guessed wrong are
@@ -284,8 +281,7 @@ class Runner:
             self.feed(tokens, start, min(prompt_len, n), "prefill")
             start = self.n_past
         room = max(0, min(self.n_batch - 1, self.n_ctx - n))
-        limit = min(room, self.guess_length.limit)
-        guessed = list(guess(limit)[:limit]) if guess is not None and start < n and limit else []
+        guessed = list(guess()[:room]) if guess is not None and start < n else []
         if guessed:
             if n + len(guessed) - start > self.n_batch:  # keep the guessed rows in one batch
                 self.feed(tokens, start, n - 1, "catchup")
@@ -320,8 +316,6 @@ class Runner:
         self._seen.extend(new[:agreed])
         self._guess_used += agreed
         self.stats.guessed_kept += agreed
-        if agreed < len(new) or (agreed and self._guess_used == len(self._guess)):  # the guess ended here
-            self.guess_length.ended(self._guess_used, len(self._guess))
         if agreed == len(tokens) - base and agreed > 0:
             self._logits_at = len(tokens)
             self._row += agreed

@@ -11,7 +11,7 @@ from test_decoder import PROMPT
 from tiny_models import MIDDLE_ENTROPY_BITS
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
-from ead_cli.lookup import FIRST_GUESS, LONGEST_GUESS, GuessLength, propose
+from ead_cli.lookup import propose
 from ead_cli.policies import EAD, Fixed, Gate
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
@@ -50,17 +50,6 @@ def test_no_proposal_without_a_long_enough_earlier_match() -> None:
 
 def test_a_run_of_one_token_proposes_its_continuation() -> None:
     assert propose([4, 4, 4, 4], min_match=2, limit=3) == [4]  # "4 4 4" at 0 is followed by one 4
-
-
-def test_the_guess_length_doubles_while_guesses_are_followed_to_their_ends() -> None:
-    length = GuessLength()
-    limits = [length.limit]
-    for _ in range(3):
-        length.ended(length.limit, length.limit)
-        limits.append(length.limit)
-    assert limits == [FIRST_GUESS, 2 * FIRST_GUESS, LONGEST_GUESS, LONGEST_GUESS]
-    length.ended(3, LONGEST_GUESS)  # a guess the text left after 3 tokens
-    assert length.limit == FIRST_GUESS
 
 
 def run(decoder: Decoder | SpeculativeDecoder, runners: list[Runner]) -> list[int]:
@@ -161,8 +150,7 @@ def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one
         runner.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)
         plain.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)
         guess = [int(t) for t in runner.tokenize(" there friend", add_special=False)]
-        with_guess = {"prompt_len": len(prompt) - 1, "own_tail": True, "guess": lambda limit: guess[:limit]}
-        runner.sync(prompt, **with_guess)
+        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=lambda: guess)  # with the guess
         assert runner.n_past == len(prompt) and runner.stats.catchup.tokens == 1 + len(guess)
         decoded = runner.stats.decode.tokens
         for count in range(1, len(guess) + 1):  # each confirmed token: the row a decode would give
@@ -171,10 +159,9 @@ def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one
             expected = plain.sync(tokens, prompt_len=len(prompt) - 1, own_tail=True)
             np.testing.assert_allclose(row, expected, rtol=0, atol=0.01)
         assert runner.stats.decode.tokens == decoded and runner.n_past == len(prompt) + len(guess)
-        assert runner.guess_length.limit == 2 * FIRST_GUESS  # followed to its end: the next may be longer
         # A guess the text leaves: the cache keeps what agreed and drops the rest before reading on.
         runner.truncate(len(prompt) - 1)
-        runner.sync(prompt, **with_guess)
+        runner.sync(prompt, prompt_len=len(prompt) - 1, own_tail=True, guess=lambda: guess)
         assert len(guess) >= 2
         other = prompt + guess[:1] + [(guess[1] + 1) % runner.n_vocab]  # follows the guess once, then leaves
         row = runner.sync(other, prompt_len=len(prompt) - 1, own_tail=True).copy()
@@ -182,4 +169,3 @@ def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one
         expected = plain.sync(other, prompt_len=len(prompt) - 1, own_tail=True)
         np.testing.assert_allclose(row, expected, rtol=0, atol=0.01)
         assert runner.align(other) == len(other) == runner.n_past
-        assert runner.guess_length.limit == FIRST_GUESS  # left after one token: back to the first length
