@@ -21,7 +21,6 @@ import numpy as np
 from .entropy import max_entropy_bits
 from .lookup import propose
 from .options import check_draft, check_lookup, check_verify_ratio
-from .pacer import DraftPacer
 from .policies import Fixed, Policy
 from .remote import RemoteError
 from .response import Response
@@ -551,10 +550,6 @@ class SpeculativeDecoder(_Generation):
     the large model checks it the same way (a proposal with q = 1 on its token), and its accepted tokens
     count as the large model's, since they are its own choice. The small model then catches up on them
     in one batch when it next drafts.
-
-    ``pacer`` (``pacer.DraftPacer``): the small model drafts only while its rounds write tokens faster than
-    the large model alone (measured as they run); otherwise a round is one step of the large model, with
-    lookup guesses still checked. The text stays the large model's either way.
     """
 
     def __init__(
@@ -569,7 +564,6 @@ class SpeculativeDecoder(_Generation):
         stop: Sequence[str] = (),
         lookup: int = 0,
         lookup_draft: int = 16,
-        pacer: DraftPacer | None = None,
     ) -> None:
         if len(runners) != 2:
             raise ValueError("speculative decoding takes exactly two models: a drafter and a verifier")
@@ -581,7 +575,6 @@ class SpeculativeDecoder(_Generation):
         self.entropy_stop = entropy_stop
         self.lookup = lookup
         self.lookup_draft = lookup_draft
-        self.pacer = pacer
         self._rng = np.random.default_rng(sampling.seed)
 
     def run(self, prompt: Sequence[int]) -> Iterator[TokenEvent]:
@@ -593,25 +586,17 @@ class SpeculativeDecoder(_Generation):
                 room = max(min(self.max_tokens - self._generated - 1, self.n_ctx - len(tokens) - 1), 0)
                 drafts = propose(tokens, min_match=self.lookup, limit=min(self.lookup_draft, room))
                 looked_up = bool(drafts)
-                drafting = not looked_up and (self.pacer is None or self.pacer.should_draft())
-                started, catchup_s = perf_counter(), 0.0
-                draft_entropies: list[float] = []
                 if looked_up:
                     draft_probs: list[np.ndarray | None] = [None] * len(drafts)
-                elif drafting:
-                    drafts, draft_probs, draft_entropies, catchup_s = self._draft(
+                else:
+                    drafts, draft_probs, draft_entropies = self._draft(
                         small, tokens, prompt_len, min(self.draft, room)
                     )
-                else:
-                    draft_probs = []
                 n = len(tokens)
                 rows = large.verify(tokens + drafts, prompt_len=prompt_len, rows=len(drafts) + 1)
                 accepted, correction, entropy = self._judge(drafts, draft_probs, rows)
                 large.truncate(n + accepted)
                 small.truncate(n + accepted)
-                if self.pacer is not None and not looked_up:
-                    spent = perf_counter() - started - catchup_s
-                    self.pacer.record("draft" if drafting else "plain", accepted + 1, spent)
                 if looked_up:
                     self._looked_up += len(drafts)
                     self._looked_up_accepted += accepted
@@ -632,20 +617,14 @@ class SpeculativeDecoder(_Generation):
 
     def _draft(
         self, small: Runner, tokens: list[int], prompt_len: int, count: int
-    ) -> tuple[list[int], list[np.ndarray | None], list[float], float]:
+    ) -> tuple[list[int], list[np.ndarray | None], list[float]]:
         """The small model's draft: tokens, the distributions they were drawn from (None when greedy),
-        their entropies, and the seconds spent catching up on more than one token first (a pacer does
-        not charge a draft for the tokens written while it was not drafting)."""
+        their entropies."""
         drafts: list[int] = []
         dists: list[np.ndarray | None] = []
         entropies: list[float] = []
-        catchup_s = 0.0
-        behind = len(tokens) - small.n_past
         for _ in range(count):
-            started = perf_counter()
             logits = small.sync(tokens + drafts, prompt_len=prompt_len, own_tail=bool(drafts))
-            if not drafts and behind > 1:
-                catchup_s = perf_counter() - started
             entropy = small.entropy(logits)
             if self.entropy_stop is not None and entropy >= self.entropy_stop and drafts:
                 break
@@ -659,7 +638,7 @@ class SpeculativeDecoder(_Generation):
             entropies.append(entropy)
             if small.is_end_of_generation(token):
                 break
-        return drafts, dists, entropies, catchup_s
+        return drafts, dists, entropies
 
     def _judge(
         self, drafts: list[int], draft_probs: Sequence[np.ndarray | None], rows: np.ndarray
