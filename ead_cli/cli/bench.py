@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..bench.grid import ALL_FAMILIES, FAMILIES, NGRAM_TYPES, Strategy, build_strategies, parse_grid
+from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
 from ..errors import EadError
 from ..options import ModelOptions
+from ..policies import POLICY_KINDS, PolicyKind
 from .groups import (
     MODEL_OPTIONS,
     MaxTokens,
@@ -38,21 +39,23 @@ bench_app = typer.Typer(
 
 
 Strategies = Annotated[
-    str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(FAMILIES)}.")
+    str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(families())}.")
 ]
-TauList = Annotated[
-    str,
-    typer.Option(
-        "--ead-tau",
-        "--tau",
-        help="ead thresholds in bits, comma-separated (named per policy, as --gate-tau and --lookahead-tau; "
-        "--tau is the older spelling).",
-    ),
-]
-GateTauList = Annotated[str, typer.Option("--gate-tau", help="gate thresholds in bits, comma-separated.")]
-LookaheadTauList = Annotated[
-    str, typer.Option("--lookahead-tau", help="lookahead thresholds in bits, comma-separated.")
-]
+OLDER_TAU_SPELLING = {"ead": "--tau"}  # before each policy's thresholds had their own option
+
+
+def _tau_option(kind: PolicyKind) -> tuple[str, Any, str]:
+    """``--NAME-tau``: one policy's thresholds, a parameter of the sweep for each registered policy."""
+    older = OLDER_TAU_SPELLING.get(kind.name)
+    note = f" ({older} is the older spelling)" if older else ""
+    spellings = [f"--{kind.name}-tau", *([older] if older else [])]
+    option = typer.Option(*spellings, help=f"{kind.name} thresholds in bits, comma-separated{note}.")
+    default = ",".join(f"{tau:g}" for tau in kind.swept_taus)
+    return f"{_identifier(kind.name)}_tau", Annotated[str, option], default
+
+
+def _identifier(name: str) -> str:
+    return name.replace("-", "_")
 WindowList = Annotated[
     str | None, typer.Option("--window", help="ead windows, comma-separated (default: 5).")
 ]
@@ -107,7 +110,8 @@ Sweep = list[Strategy]
 
 
 def _sweep(strategies: str, pattern: list[str] | None, tau_range: str | None, **grid: str | None) -> Sweep:
-    swept = parse_grid(**grid)  # type: ignore[arg-type]
+    taus = {name: grid.pop(f"{_identifier(name)}_tau") for name in POLICY_KINDS}
+    swept = parse_grid(taus, **grid)  # type: ignore[arg-type]
     shared = replace(swept, patterns=tuple(pattern or ()), tau_range=parse_tau_range(tau_range))
     return build_strategies(strategies, shared)
 
@@ -115,10 +119,8 @@ def _sweep(strategies: str, pattern: list[str] | None, tau_range: str | None, **
 SWEEP_OPTIONS = OptionGroup(
     "sweep",
     (
-        ("strategies", Strategies, ALL_FAMILIES),
-        ("tau", TauList, "0.125,0.25,0.5,1"),
-        ("gate_tau", GateTauList, "1"),
-        ("lookahead_tau", LookaheadTauList, "1"),
+        ("strategies", Strategies, all_families()),
+        *(_tau_option(kind) for kind in POLICY_KINDS.values()),
         ("window", WindowList, None),
         ("min_run", MinRunList, "10"),
         ("switch_point", SwitchPointList, "before"),
