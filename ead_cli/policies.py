@@ -387,8 +387,11 @@ class Settings:
 @dataclass(frozen=True)
 class PolicyKind:
     """A switching policy, declared once: ``--policy NAME``, what it does (the CLI's help), its default
-    threshold and window, the text options it reads (``burst``, ``patterns``: refused for the others) and
-    how it is built. ``register`` adds one; the CLI's choices, make_policy and ead chat read the table."""
+    threshold and window, the text options it reads (``burst``, ``patterns``: refused for the others),
+    how it is built, and how ``ead bench`` sweeps it: the options it multiplies (PolicyOptions fields,
+    besides its thresholds, ``--NAME-tau``) and its thresholds by default (empty: ``tau`` alone).
+    ``register`` adds one; the CLI's choices, make_policy, ead chat and the bench's families read the
+    table."""
 
     name: str
     summary: str
@@ -396,6 +399,13 @@ class PolicyKind:
     window: int
     build: Callable[[Settings], Policy]
     text_options: frozenset[str] = frozenset()
+    sweeps: tuple[str, ...] = ()
+    bench_taus: tuple[float, ...] = ()
+
+    @property
+    def swept_taus(self) -> tuple[float, ...]:
+        """The thresholds ``ead bench`` tries unless told."""
+        return self.bench_taus or (self.tau,)
 
 
 POLICY_KINDS: dict[str, PolicyKind] = {}
@@ -433,6 +443,7 @@ register(
             tau_range=s.tau_range,
         ),
         text_options=frozenset({"burst", "patterns"}),
+        sweeps=("switch_point", "verify", "burst"),
     )
 )
 register(
@@ -444,6 +455,8 @@ register(
         build=lambda s: EAD(
             s.taus, window=s.window, min_run=s.min_run, switch_point=s.switch_point, tau_range=s.tau_range
         ),
+        sweeps=("window", "min_run", "switch_point", "verify"),
+        bench_taus=(0.125, 0.25, 0.5, 1.0),
     )
 )
 register(
@@ -454,6 +467,7 @@ register(
         tau=1.0,
         window=1,
         build=lambda s: Lookahead(s.taus, span=s.span, tau_range=s.tau_range),
+        sweeps=("draft", "verify"),
     )
 )
 

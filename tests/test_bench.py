@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ead_cli.bench.grid import ALL_FAMILIES, Grid, Strategy, build_strategies, parse_grid
-from ead_cli.bench.report import aggregate, agreement, report_table, write_report
+from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
+from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
 from ead_cli.bench.results import Record, read_results
 from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
 from ead_cli.bench.sandbox import Outcome, check_solution, run_program
@@ -205,30 +205,35 @@ def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
 # --------------------------------------------------------------------------------------- strategies
 
 
+def sweep(ead_tau: str, gate_tau: str, *options: str | None, **named: str) -> Grid:
+    """parse_grid with the ead and gate thresholds first, as the tests below give them."""
+    return parse_grid({"ead": ead_tau, "gate": gate_tau}, *options, **named)  # type: ignore[arg-type]
+
+
 def test_the_default_sweep_and_its_names() -> None:
-    strategies = build_strategies(ALL_FAMILIES, Grid())
+    strategies = build_strategies(all_families(), Grid())
     assert [s.name for s in strategies] == [
         "small-only",
         "large-only",
+        "gate tau=1",
         "ead tau=0.125",
         "ead tau=0.25",
         "ead tau=0.5",
         "ead tau=1",
-        "gate tau=1",
         "lookahead tau=1",
         "spec",
     ]
-    ead = strategies[4].policy
+    ead = strategies[5].policy
     assert (ead.mode, ead.policy, ead.tau, ead.window, ead.min_run) == ("ead", "ead", 0.5, None, 10)
     assert strategies[-1].policy == PolicyOptions(mode="spec")
 
 
 def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
-    grid = parse_grid("0.5,1,0.5", "1,2", "3,5", "4", "before,after", "2,8", "1.5")
+    grid = sweep("0.5,1,0.5", "1,2", "3,5", "4", "before,after", "2,8", "1.5")
     strategies = build_strategies("ead,gate,spec", grid)
     names = [s.name for s in strategies]
     assert len(names) == 2 * 2 * 2 + 2 * 2 + 2
-    assert names[:2] == [
+    assert [name for name in names if name.startswith("ead ")][:2] == [
         "ead tau=0.5 window=3 min_run=4",
         "ead tau=0.5 window=3 min_run=4 switch_point=after",
     ]
@@ -237,7 +242,7 @@ def test_ablations_are_the_cartesian_product_with_the_ead_taus() -> None:
 
 
 def test_lookup_lengths_multiply_every_loop_of_eads_own_and_name_each_variant() -> None:
-    grid = parse_grid("0.5", "1", None, "10", "before", "4", None, lookup="0,6")
+    grid = sweep("0.5", "1", None, "10", "before", "4", None, lookup="0,6")
     names = [s.name for s in build_strategies("large,gate,spec,server-large", grid)]
     assert names == [
         "large-only", "large-only lookup=6", "gate tau=1", "gate tau=1 lookup=6", "spec", "spec lookup=6",
@@ -246,7 +251,7 @@ def test_lookup_lengths_multiply_every_loop_of_eads_own_and_name_each_variant() 
 
 
 def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
-    grid = parse_grid("1", "1", None, "10", "before", "4", None, "none,0.1", "1,line,adaptive,line")
+    grid = sweep("1", "1", None, "10", "before", "4", None, "none,0.1", "1,line,adaptive,line")
     names = [s.name for s in build_strategies("gate", grid)]
     assert names == [
         "gate tau=1",
@@ -259,14 +264,14 @@ def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
 
 
 def test_patterns_and_an_adaptive_tau_apply_to_every_strategy_they_fit() -> None:
-    grid = parse_grid("0.5", "1,2", None, "10", "before", "4", None)
+    grid = sweep("0.5", "1,2", None, "10", "before", "4", None)
     grid = dataclasses.replace(grid, patterns=("@code", r"def \w+"), tau_range=(0.5, 2.0))
     names = [s.name for s in build_strategies("small,ead,gate", grid)]
     assert names == [
         "small-only",
-        "ead tau=0.5 tau_range=0.5:2",
         "gate tau=1 patterns=@code|def \\w+ tau_range=0.5:2",
         "gate tau=2 patterns=@code|def \\w+ tau_range=0.5:2",
+        "ead tau=0.5 tau_range=0.5:2",
     ]
 
 
@@ -288,12 +293,12 @@ def test_patterns_and_an_adaptive_tau_apply_to_every_strategy_they_fit() -> None
 )
 def test_bad_sweep_values_are_usage_errors(args: tuple, message: str) -> None:
     with pytest.raises(EadError, match=message) as error:
-        parse_grid(*args)
+        sweep(*args)
     assert error.value.exit_code == 2
 
 
 def test_unknown_families_are_refused() -> None:
-    expected = "--strategies: medium is not one of small, large, ead, gate, lookahead, spec"
+    expected = "--strategies: medium is not one of small, large, gate, ead, lookahead, spec"
     with pytest.raises(EadError, match=expected):
         build_strategies("small,medium", Grid())
     with pytest.raises(EadError, match="--strategies: nothing"):
@@ -383,7 +388,7 @@ def test_a_results_file_of_another_setup_is_refused(
 
 
 def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_model_loads() -> None:
-    grid = parse_grid("1", "1", None, "10", "before", "4,100", None)
+    grid = sweep("1", "1", None, "10", "before", "4,100", None)
     with pytest.raises(EadError, match=r"draft must be in \[1, 64\], got 100") as error:
         build_strategies("small,spec", grid)
     assert error.value.exit_code == 2
@@ -541,6 +546,25 @@ def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
     assert markdown[3].startswith("| ead | 2 | 100.0% | 0.875 | 37.5% | 0.583 |")
     assert files.plot == tmp_path / "plot.png" and files.note is None
     assert files.plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_repeats_give_each_strategy_its_median_ratio_with_the_range_fastest_first() -> None:
+    def scaled(factor: float) -> list[dict]:
+        """A repeat in which ead took ``factor`` times as long and spec did not run."""
+        return [
+            r | {"wall_s": r["wall_s"] * factor} if r["strategy"] == "ead" else r
+            for r in RECORDS
+            if r["strategy"] != "spec"
+        ]
+
+    table = repeats_table([aggregate(RECORDS), aggregate(scaled(2.0)), aggregate(scaled(1.25))])
+    assert table.splitlines() == [
+        "| strategy | wall vs large-only, median (range) | runs | passed | same text |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        "| spec | 0.25 (0.25-0.25) | 1 | 0 | 2 |",
+        "| ead | 0.62 (0.50-1.00) | 3 | 2/2/2 | 1/1/1 |",  # ratios 0.5, 1.0 and 0.625
+        "| large-only | 1.00 (1.00-1.00) | 3 | 1/1/1 | 2/2/2 |",
+    ]
 
 
 def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:

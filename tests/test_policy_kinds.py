@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import ead_cli
-from ead_cli.bench.grid import strategy_name
+from ead_cli.bench.grid import Grid, all_families, build_strategies, families, parse_grid, strategy_name
 from ead_cli.engine import build_decoder
 from ead_cli.errors import EadError
 from ead_cli.options import GenerationOptions, PolicyOptions
@@ -42,7 +42,7 @@ def every_third() -> Iterator[PolicyKind]:
     """The example registered for one test (the window option stands in for n)."""
     kind = register(
         PolicyKind("every-nth", "the large model writes every n-th token", tau=0.0, window=3,
-                   build=lambda s: EveryNth(s.taus, every=s.window))
+                   build=lambda s: EveryNth(s.taus, every=s.window), sweeps=("window",))
     )  # fmt: skip
     yield kind
     del POLICY_KINDS[kind.name]
@@ -62,6 +62,24 @@ def test_a_registered_policy_decodes(every_third: PolicyKind, runners: list[Runn
     models = [event.model for event in decoder.run(encode_prompt(runners[0], "Count to ten."))]
     assert len(models) == 9
     assert [i for i, model in enumerate(models, 1) if model == "large"] == [3, 6, 9]
+
+
+def test_a_registered_policy_is_a_bench_family_swept_over_its_thresholds_and_options(
+    every_third: PolicyKind,
+) -> None:
+    assert list(families())[2:6] == ["gate", "ead", "lookahead", "every-nth"]  # after the lone models
+    assert "every-nth" in all_families().split(",")
+    default = [s.name for s in build_strategies("every-nth", Grid())]
+    assert default == ["every-nth tau=0"]  # its own tau, its own window
+    grid = parse_grid({"every-nth": "0,0.5"}, "3,4", "10", "before", "4", None)
+    strategies = build_strategies("every-nth", grid)
+    assert [s.name for s in strategies] == [
+        "every-nth tau=0 window=3",
+        "every-nth tau=0 window=4",
+        "every-nth tau=0.5 window=3",
+        "every-nth tau=0.5 window=4",
+    ]
+    assert {type(s.policy.make_policy()) for s in strategies} == {EveryNth}
 
 
 def test_an_unknown_policy_is_refused_with_the_known_ones() -> None:

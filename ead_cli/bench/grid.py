@@ -1,28 +1,29 @@
 """The strategy grid of ``ead bench``: which decoders a bench compares, and their names.
 
-Strategies (``FAMILIES``): small-only, large-only, ``ead`` at each τ (x window x min-run x switch point),
-``gate`` at each gate τ (x switch point x burst), ``lookahead`` at each lookahead τ (x span, from the
-draft lengths), ``spec`` (speculative decoding) at each draft length (x draft
-entropy stop). A strategy is a name and the PolicyOptions ``build_decoder`` takes; the name lists the
-options that differ from their defaults, e.g. ``ead tau=0.5 window=3``. Named only, never by default:
-``server-large``, ``server-spec`` (per ``--server-draft``), ``server-ngram`` (per ``--server-ngram``) and
-``server-stack`` (llama.cpp's draft model and n-gram type together: each draft length x each type),
-llama.cpp's own loops in the built llama-server (native.py); their samples have no schedule and carry
-the server's timings in ``server``.
+Strategies (``families()``): small-only, large-only, one family per switching policy of the policy table
+(``policies.POLICY_KINDS``: each at its ``--NAME-tau`` thresholds, times the options its ``sweeps`` name:
+``gate`` x switch point x verify x burst, ``ead`` x window x min-run x switch point x verify,
+``lookahead`` x span (the draft lengths) x verify), and ``spec`` (speculative decoding) at each draft
+length (x draft entropy stop). A strategy is a name and the PolicyOptions ``build_decoder`` takes; the
+name lists the options that differ from their defaults, e.g. ``ead tau=0.5 window=3``. Named only,
+never by default: ``server-large``, ``server-spec`` (per ``--server-draft``), ``server-ngram`` (per
+``--server-ngram``) and ``server-stack`` (llama.cpp's draft model and n-gram type together: each draft
+length x each type), llama.cpp's own loops in the built llama-server (native.py); their samples have
+no schedule and carry the server's timings in ``server``.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import EadError
 from ..options import PolicyOptions
-from ..policies import BURST_KINDS, SWITCH_POINTS, Burst, SwitchPoint
+from ..policies import BURST_KINDS, POLICY_KINDS, SWITCH_POINTS, Burst, PolicyKind, SwitchPoint
 
 # llama.cpp's own loops in a llama-server (native.py runs them): the server strategies.
 KINDS = ("large", "spec", "ngram")
@@ -110,10 +111,10 @@ def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
         label = f"{policy.mode}-only"
     default = PolicyOptions(mode=policy.mode, policy=policy.policy)
     parts = [label]
-    for field in fields(policy):
-        value = getattr(policy, field.name)
-        if field.name not in ("mode", "policy") and value != getattr(default, field.name):
-            parts.append(f"{field.name}={_label(value)}")
+    for option in fields(policy):
+        value = getattr(policy, option.name)
+        if option.name not in ("mode", "policy") and value != getattr(default, option.name):
+            parts.append(f"{option.name}={_label(value)}")
     return " ".join(parts)
 
 
@@ -131,9 +132,7 @@ def _label(value: Any) -> str:
 class Grid:
     """The values swept; each family takes the ones it uses."""
 
-    taus: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
-    gate_taus: tuple[float, ...] = (1.0,)
-    lookahead_taus: tuple[float, ...] = (1.0,)
+    taus: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # per policy; else its swept_taus
     windows: tuple[int | None, ...] = (None,)  # None: the policy's default
     min_runs: tuple[int, ...] = (10,)
     switch_points: tuple[SwitchPoint, ...] = ("before",)
@@ -147,59 +146,66 @@ class Grid:
     server_drafts: tuple[int, ...] = (3,)  # server-spec: llama.cpp's draft lengths (its default: 3)
     server_ngrams: tuple[str, ...] = ("ngram-mod",)  # server-ngram: --spec-type values
 
+    def values(self, option: str) -> tuple[Any, ...]:
+        """The values swept for a PolicyOptions field a policy names in its ``sweeps``."""
+        return getattr(self, SWEPT[option])
 
-# Strategy families by name, in the order they run: a new way of decoding is one more entry here.
-FAMILIES: dict[str, Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]] = {
-    "small": lambda grid: [PolicyOptions(mode="small")],
-    "large": lambda grid: [PolicyOptions(mode="large")],
-    "ead": lambda grid: [
-        PolicyOptions(
-            "ead",
-            "ead",
-            tau=tau,
-            window=window,
-            min_run=min_run,
-            switch_point=point,
-            verify=verify,
-            tau_range=grid.tau_range,
-        )
-        for tau, window, min_run, point, verify in itertools.product(
-            grid.taus, grid.windows, grid.min_runs, grid.switch_points, grid.verifies
-        )
-    ],
-    "gate": lambda grid: [
-        PolicyOptions(
-            "ead",
-            "gate",
-            tau=tau,
-            switch_point=point,
-            verify=verify,
-            burst=burst,
-            patterns=grid.patterns,
-            tau_range=grid.tau_range,
-        )
-        for tau, point, verify, burst in itertools.product(
-            grid.gate_taus, grid.switch_points, grid.verifies, grid.bursts
-        )
-    ],
-    "lookahead": lambda grid: [
-        PolicyOptions("ead", "lookahead", tau=tau, draft=span, verify=verify, tau_range=grid.tau_range)
-        for tau, span, verify in itertools.product(grid.lookahead_taus, grid.drafts, grid.verifies)
-    ],
-    "spec": lambda grid: [
-        PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
-        for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
-    ],
-    "server-large": lambda grid: [NativeOptions("large")],
-    "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
-    "server-ngram": lambda grid: [NativeOptions("ngram", spec_type=name) for name in grid.server_ngrams],
-    "server-stack": lambda grid: [
-        NativeOptions("spec", draft=draft, spec_type=name)
-        for draft, name in itertools.product(grid.server_drafts, grid.server_ngrams)
-    ],
+
+# A PolicyOptions field a policy may sweep, and the Grid's values for it.
+SWEPT = {
+    "window": "windows",
+    "min_run": "min_runs",
+    "switch_point": "switch_points",
+    "draft": "drafts",
+    "verify": "verifies",
+    "burst": "bursts",
 }
-# The default sweep: ead's own loops (the server families need the built llama-server; name them).
-ALL_FAMILIES = ",".join(name for name in FAMILIES if not name.startswith("server-"))
+
+Family = Callable[[Grid], list[PolicyOptions] | list[NativeOptions]]
+
+
+def _policy_family(kind: PolicyKind) -> Family:
+    """A policy at each of its thresholds times every option it sweeps; patterns for the policies that
+    read text, the adaptive tau range for all."""
+
+    def strategies(grid: Grid) -> list[PolicyOptions]:
+        shared: dict[str, Any] = {"tau_range": grid.tau_range}
+        if "patterns" in kind.text_options:
+            shared["patterns"] = grid.patterns
+        axes = [grid.values(option) for option in kind.sweeps]
+        return [
+            PolicyOptions("ead", kind.name, tau=tau, **dict(zip(kind.sweeps, values, strict=True)), **shared)
+            for tau in grid.taus.get(kind.name) or kind.swept_taus
+            for values in itertools.product(*axes)
+        ]
+
+    return strategies
+
+
+def families() -> dict[str, Family]:
+    """Strategy families by name, in the order they run: the lone models, each policy of the table (so a
+    registered policy is swept without an edit here), speculative decoding, and llama.cpp's loops."""
+    return {
+        "small": lambda grid: [PolicyOptions(mode="small")],
+        "large": lambda grid: [PolicyOptions(mode="large")],
+        **{name: _policy_family(kind) for name, kind in POLICY_KINDS.items()},
+        "spec": lambda grid: [
+            PolicyOptions(mode="spec", draft=draft, draft_entropy_stop=stop)
+            for draft, stop in itertools.product(grid.drafts, grid.draft_stops)
+        ],
+        "server-large": lambda grid: [NativeOptions("large")],
+        "server-spec": lambda grid: [NativeOptions("spec", draft=draft) for draft in grid.server_drafts],
+        "server-ngram": lambda grid: [NativeOptions("ngram", spec_type=name) for name in grid.server_ngrams],
+        "server-stack": lambda grid: [
+            NativeOptions("spec", draft=draft, spec_type=name)
+            for draft, name in itertools.product(grid.server_drafts, grid.server_ngrams)
+        ],
+    }
+
+
+def all_families() -> str:
+    """The default sweep: ead's own loops (the server families need the built llama-server; name them)."""
+    return ",".join(name for name in families() if not name.startswith("server-"))
 
 
 def _parse_list(spec: str, option: str, convert: Callable[[str], Any], minimum: float) -> tuple[Any, ...]:
@@ -217,8 +223,7 @@ def _parse_list(spec: str, option: str, convert: Callable[[str], Any], minimum: 
 
 
 def parse_grid(
-    tau: str,
-    gate_tau: str,
+    taus: Mapping[str, str],
     window: str | None,
     min_run: str,
     switch_point: str,
@@ -226,20 +231,18 @@ def parse_grid(
     draft_entropy_stop: str | None,
     verify: str | None = None,
     burst: str = "1",
-    lookahead_tau: str = "1",
     server_draft: str = "3",
     server_ngram: str = "ngram-mod",
     lookup: str = "0",
 ) -> Grid:
-    """The sweep from comma-separated option values; any bad value is a one-line usage error."""
+    """The sweep from comma-separated option values (``taus``: per policy name, its ``--NAME-tau``); any
+    bad value is a one-line usage error."""
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
     for point in points:
         if point not in SWITCH_POINTS:
             raise EadError(f"--switch-point: {point!r} is not one of {', '.join(SWITCH_POINTS)}", exit_code=2)
     return Grid(
-        taus=_parse_list(tau, "--ead-tau", float, 0),
-        gate_taus=_parse_list(gate_tau, "--gate-tau", float, 0),
-        lookahead_taus=_parse_list(lookahead_tau, "--lookahead-tau", float, 0),
+        taus={name: _parse_list(spec, f"--{name}-tau", float, 0) for name, spec in taus.items()},
         windows=(None,) if window is None else _parse_list(window, "--window", int, 1),
         min_runs=_parse_list(min_run, "--min-run", int, 0),
         switch_points=points,  # type: ignore[arg-type]
@@ -285,17 +288,18 @@ def _parse_verify(spec: str) -> tuple[float | None, ...]:
     return ((None,) if len(ratios) < len(parts) else ()) + values
 
 
-def build_strategies(families: str, grid: Grid) -> list[Strategy]:
-    """The strategies of the comma-separated families (in FAMILIES order), each named once."""
-    wanted = [part.strip() for part in families.split(",") if part.strip()]
-    unknown = [name for name in wanted if name not in FAMILIES]
+def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
+    """The strategies of the comma-separated families (in ``families()`` order), each named once."""
+    known = families()
+    wanted = [part.strip() for part in wanted_families.split(",") if part.strip()]
+    unknown = [name for name in wanted if name not in known]
     if unknown or not wanted:
         raise EadError(
-            f"--strategies: {unknown[0] if unknown else 'nothing'} is not one of {', '.join(FAMILIES)}",
+            f"--strategies: {unknown[0] if unknown else 'nothing'} is not one of {', '.join(known)}",
             exit_code=2,
         )
     strategies: dict[str, Strategy] = {}
-    for family, make in FAMILIES.items():
+    for family, make in known.items():
         if family in wanted:
             for made in make(grid):
                 # Prompt lookup applies to every loop of ead's own: each strategy once per length.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import difflib
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -178,10 +179,37 @@ def report_table(aggregates: Sequence[Aggregate]) -> tuple[list[str], list[list[
 
 
 def markdown_table(aggregates: Sequence[Aggregate]) -> str:
-    headers, rows = report_table(aggregates)
+    return _markdown(*report_table(aggregates))
+
+
+def _markdown(headers: list[str], rows: list[list[str]]) -> str:
+    """A markdown table, the first column left-aligned and the figures right-aligned."""
     align = ["---"] + ["---:"] * (len(headers) - 1)
-    lines = [headers, align, *rows]
-    return "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
+    return "".join("| " + " | ".join(cells) + " |\n" for cells in (headers, align, *rows))
+
+
+def _by_run(values: Sequence[int | float | None], spec: str) -> str:
+    return "/".join("-" if value is None else format(value, spec) for value in values)
+
+
+def repeats_table(runs: Sequence[Sequence[Aggregate]]) -> str:
+    """Markdown over repeated runs of a bench: per strategy, the median of its wall-clock ratios to the
+    same run's large-only with their range (a ratio is taken within one run, where the machine's load
+    is shared), in how many runs it ran, and per run its passes and its texts equal to large-only's.
+    Fastest median first."""
+    names = list(dict.fromkeys(a.strategy for run in runs for a in run))
+    rows = []
+    for name in names:
+        found = [a for run in runs for a in run if a.strategy == name]
+        ratios = sorted(a.wall_rel for a in found if a.wall_rel is not None)
+        median = statistics.median(ratios) if ratios else None
+        spread = f"{median:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})" if ratios else "-"
+        passed = [None if a.pass_at_1 is None else round(a.pass_at_1 * a.samples) for a in found]
+        same = _by_run([a.same_text for a in found], "d")
+        rows.append((median, [name, spread, str(len(found)), _by_run(passed, "d"), same]))
+    rows.sort(key=lambda row: float("inf") if row[0] is None else row[0])
+    headers = ["strategy", "wall vs large-only, median (range)", "runs", "passed", "same text"]
+    return _markdown(headers, [cells for _, cells in rows])
 
 
 @dataclass(frozen=True)

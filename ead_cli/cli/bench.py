@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..bench.grid import ALL_FAMILIES, FAMILIES, NGRAM_TYPES, Strategy, build_strategies, parse_grid
+from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
 from ..errors import EadError
 from ..options import ModelOptions
+from ..policies import POLICY_KINDS, PolicyKind
 from .groups import (
     MODEL_OPTIONS,
     MaxTokens,
@@ -38,21 +39,23 @@ bench_app = typer.Typer(
 
 
 Strategies = Annotated[
-    str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(FAMILIES)}.")
+    str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(families())}.")
 ]
-TauList = Annotated[
-    str,
-    typer.Option(
-        "--ead-tau",
-        "--tau",
-        help="ead thresholds in bits, comma-separated (named per policy, as --gate-tau and --lookahead-tau; "
-        "--tau is the older spelling).",
-    ),
-]
-GateTauList = Annotated[str, typer.Option("--gate-tau", help="gate thresholds in bits, comma-separated.")]
-LookaheadTauList = Annotated[
-    str, typer.Option("--lookahead-tau", help="lookahead thresholds in bits, comma-separated.")
-]
+OLDER_TAU_SPELLING = {"ead": "--tau"}  # before each policy's thresholds had their own option
+
+
+def _tau_option(kind: PolicyKind) -> tuple[str, Any, str]:
+    """``--NAME-tau``: one policy's thresholds, a parameter of the sweep for each registered policy."""
+    older = OLDER_TAU_SPELLING.get(kind.name)
+    note = f" ({older} is the older spelling)" if older else ""
+    spellings = [f"--{kind.name}-tau", *([older] if older else [])]
+    option = typer.Option(*spellings, help=f"{kind.name} thresholds in bits, comma-separated{note}.")
+    default = ",".join(f"{tau:g}" for tau in kind.swept_taus)
+    return f"{_identifier(kind.name)}_tau", Annotated[str, option], default
+
+
+def _identifier(name: str) -> str:
+    return name.replace("-", "_")
 WindowList = Annotated[
     str | None, typer.Option("--window", help="ead windows, comma-separated (default: 5).")
 ]
@@ -107,7 +110,8 @@ Sweep = list[Strategy]
 
 
 def _sweep(strategies: str, pattern: list[str] | None, tau_range: str | None, **grid: str | None) -> Sweep:
-    swept = parse_grid(**grid)  # type: ignore[arg-type]
+    taus = {name: grid.pop(f"{_identifier(name)}_tau") for name in POLICY_KINDS}
+    swept = parse_grid(taus, **grid)  # type: ignore[arg-type]
     shared = replace(swept, patterns=tuple(pattern or ()), tau_range=parse_tau_range(tau_range))
     return build_strategies(strategies, shared)
 
@@ -115,10 +119,8 @@ def _sweep(strategies: str, pattern: list[str] | None, tau_range: str | None, **
 SWEEP_OPTIONS = OptionGroup(
     "sweep",
     (
-        ("strategies", Strategies, ALL_FAMILIES),
-        ("tau", TauList, "0.125,0.25,0.5,1"),
-        ("gate_tau", GateTauList, "1"),
-        ("lookahead_tau", LookaheadTauList, "1"),
+        ("strategies", Strategies, all_families()),
+        *(_tau_option(kind) for kind in POLICY_KINDS.values()),
         ("window", WindowList, None),
         ("min_run", MinRunList, "10"),
         ("switch_point", SwitchPointList, "before"),
@@ -200,16 +202,32 @@ def bench_prompts(
 
 @bench_app.command("report")
 def bench_report(
-    folder: Annotated[Path, typer.Argument(help="A bench's --out folder.")],
+    folders: Annotated[
+        list[Path], typer.Argument(help="A bench's --out folder; several: repeats of one bench, compared.")
+    ],
 ) -> None:
-    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl."""
-    from ..bench.report import aggregate
+    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl; given repeats of
+    a bench, also the median of each strategy's wall-clock ratio over them, with the range
+    (median-of-N.md in the first folder)."""
+    from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, read_results
 
-    _, records = read_results(folder / RESULTS_FILE)
-    if not records:
-        raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
-    _show_report(folder, aggregate(records))
+    runs = []
+    for folder in folders:
+        _, records = read_results(folder / RESULTS_FILE)
+        if not records:
+            raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
+        runs.append(aggregate(records))
+    if len(runs) == 1:
+        _show_report(folders[0], runs[0])
+        return
+    for folder, run in zip(folders, runs, strict=True):
+        write_report(folder, run)
+    table = repeats_table(runs)
+    path = folders[0] / f"median-of-{len(runs)}.md"
+    path.write_text("".join(f"{folder / RESULTS_FILE}\n" for folder in folders) + table, encoding="utf-8")
+    typer.echo(table, nl=False)
+    stderr.print(f"wrote {path} and each folder's report", style="dim", soft_wrap=True)
 
 
 @bench_app.command("replay")
