@@ -199,6 +199,10 @@ def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path
     assert all(rate > 0 for rates in (small, large) for rate in rates["tokens_per_s"].values())
     assert [row["share"] for row in report["expectations"]] == list(speed.SHARES)
     assert [row["catchup_batch"] for row in report["expectations"]] == [50, 20, 10, 5, 3, 2]
+    for model in (small, large):  # what is still out of order is what the rates say
+        timed = {int(size): rate for size, rate in model["tokens_per_s"].items()}
+        assert model["out_of_order"] == speed.falls(timed)
+    assert all(row["answer_speedup"] > 0 for row in report["expectations"])
     assert len(report["checks"]) == 8
     for check in report["checks"]:
         assert check["priced_s"] > 0 and check["formula_s"] > 0 and check["measured_s"] > 0
@@ -279,6 +283,24 @@ def test_batch_times_interpolate_between_measured_sizes() -> None:
     )  # halfway in log2 between 0.1 and 0.025 s/token
     assert r.seconds(64) == pytest.approx(64 * 0.025)  # flat beyond the largest
     assert r.prefill(4) == pytest.approx(40.0)
+
+
+def test_sizes_slower_per_token_than_a_smaller_one_are_out_of_order() -> None:
+    assert speed.falls({1: 10.0, 2: 20.0, 4: 40.0, 8: 39.0}) == []  # within 5% of the best before
+    assert speed.falls({1: 10.0, 2: 20.0, 4: 40.0, 8: 30.0, 16: 37.0, 32: 80.0}) == [8, 16]
+    assert speed.falls({1: 10.0}) == []
+
+
+def test_a_whole_answer_pays_its_prompt_in_each_model_that_reads_it() -> None:
+    small = rates(50.0, 75.0, 140.0)
+    large = rates(4.0, 6.0, 12.0)
+    alone = speed.answer_seconds(small, large, None, prompt=128, answer=100)
+    assert alone == pytest.approx(128 / 12 + 100 / 4)
+    pair = speed.answer_seconds(small, large, 0.05, prompt=128, answer=100)
+    assert pair == pytest.approx(128 / 12 + 128 / 140 + 100 * speed.seconds_per_token(small, large, 0.05))
+    # The small model's read of the prompt makes a short answer gain less than the per-token figure says.
+    (row,) = speed.expectations(small, large, shares=(0.05,))
+    assert 1 < row.answer_speedup < row.speedup
 
 
 def test_the_cost_model_and_its_break_even() -> None:

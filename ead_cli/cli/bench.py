@@ -291,7 +291,7 @@ def bench_speed(
     """This machine's decode and prefill rates for the pair, the speed each large-model share should
     give against the large model alone, and the share below which switching pays."""
     from ..bench.replay import write_json
-    from ..bench.speed import speed_report
+    from ..bench.speed import ANSWER_TOKENS, PROMPT_TOKENS, speed_report
 
     report = speed_report(model_options, context=context, replay_path=check, progress=say_progress)
     sizes = sorted(report.rates[0].tokens_per_s)
@@ -306,13 +306,19 @@ def bench_speed(
             for rates in report.rates
         ],
     )
-    print(f"tokens per second at {context} tokens of context\n")
+    print(f"tokens per second at {context} tokens of context")
+    for rates in report.rates:
+        if rates.out_of_order:
+            sizes = ", ".join(str(size) for size in rates.out_of_order)
+            print(f"{rates.model}: batches of {sizes} stayed slower per token than smaller ones, timed again")
+    print()
     print_rows(
         (
             ("large share", "share", ".0%"),
             ("catch-up batch", "catchup_batch", "d"),
             ("ms/token", "seconds_per_token", ".3f"),
             ("speed vs large alone", "speedup", ".2f"),
+            (f"answer (prompt {PROMPT_TOKENS}, {ANSWER_TOKENS} tokens)", "answer_speedup", ".2f"),
         ),
         [{**asdict(row), "seconds_per_token": row.seconds_per_token * 1000} for row in report.expectations],
     )
