@@ -5,11 +5,12 @@ them before anything heavy loads."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EadError
+from .option_table import OPTIONS, SWITCHING, resolve_mode
 from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 
 if TYPE_CHECKING:
@@ -91,9 +92,14 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class PolicyOptions:
-    """How models take turns; checked when made (a usage error, before any model loads)."""
+    """How models take turns; checked when made (a usage error, before any model loads).
 
-    mode: str = "ead"
+    ``mode`` None: not given, resolved here by ``option_table.resolve_mode`` from the switching options
+    given (``given``: their names, as the command line, a request or a chat command gave them, besides any
+    that differ from their defaults) and the number of models; it stays resolved, not given
+    (``mode_given``), so a copy with other options (``changed``, ``replace``) resolves it again."""
+
+    mode: str | None = None  # type: ignore[assignment]  # a str once made
     policy: str = "gate"
     tau: Tau | None = None
     window: int | None = None
@@ -108,8 +114,15 @@ class PolicyOptions:
     tau_range: tuple[float, float] | None = None
     levels: int = 2  # how many models take turns
     lookup: int = 0  # guesses copied from earlier in the sequence after an N-token match (0: off)
+    given: tuple[str, ...] = ()  # the options given by name (option_table names), even at their defaults
+    mode_given: bool | None = None  # None: whether ``mode`` is not None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "given", tuple(sorted(set(self.given))))
+        if self.mode_given is None:
+            object.__setattr__(self, "mode_given", self.mode is not None)
+        if not self.mode_given:
+            object.__setattr__(self, "mode", resolve_mode(None, self.switching_given(), self.levels))
         if self.verify is not None and self.mode != "ead":
             raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
         if self.mode == "spec" and self.levels != 2:
@@ -130,6 +143,20 @@ class PolicyOptions:
         if self.mode != "spec":
             self.make_policy()
 
+    def switching_given(self) -> set[str]:
+        """The switching options given: named in ``given``, or away from their defaults."""
+        moved = {
+            f.name for f in fields(self) if f.name in _SWITCHING_FIELDS and getattr(self, f.name) != f.default
+        }
+        return {_FIELD_NAMES.get(name, name) for name in moved} | (set(self.given) & SWITCHING)
+
+    def changed(self, **changes: object) -> PolicyOptions:
+        """These options given (a chat command, a request's ``ead`` object) over this run's: a mode among
+        them is given; otherwise the mode is resolved again with them."""
+        names = tuple(_FIELD_NAMES.get(name, name) for name in changes if name != "levels")
+        mode_given = True if changes.get("mode") is not None else self.mode_given
+        return replace(self, **changes, given=self.given + names, mode_given=mode_given)  # type: ignore[arg-type]
+
     def make_policy(self) -> Policy:
         """A fresh policy state machine (one per generation)."""
         try:
@@ -148,6 +175,10 @@ class PolicyOptions:
             )
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
+
+
+_FIELD_NAMES = {option.attribute: option.name for option in OPTIONS.values()}  # patterns -> pattern
+_SWITCHING_FIELDS = {OPTIONS[name].attribute for name in SWITCHING}
 
 
 def _default_sampling() -> SamplingParams:

@@ -229,7 +229,7 @@ def test_a_server_lost_mid_answer_falls_back_to_the_small_model(tiny_pair, tmp_p
 
 def test_fallback_takes_only_small(tiny_pair) -> None:
     result = ead("generate", "--small", str(tiny_pair[0]), "--fallback", "medium", "hi")
-    assert_one_line_error(result, 2, "--fallback takes 'small'")
+    assert_one_line_error(result, 2, "--fallback must be 'small'")
 
 
 def test_a_connection_the_server_closed_while_idle_is_reopened(tiny_pair, served_large) -> None:

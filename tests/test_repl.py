@@ -153,7 +153,9 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     assert "hello" in second.splitlines()[0] and SUMMARY.search(second)
 
     assert reply(child, "/frobnicate") == ["error: unknown command /frobnicate (/help lists the commands)"]
-    assert reply(child, "/tau abc") == ["error: /tau takes a number, or one per cascade level, got 'abc'"]
+    assert reply(child, "/tau abc") == [
+        "error: /tau takes a finite number of bits, or one per cascade level, got 'abc'"
+    ]
     assert reply(child, "/window 0") == ["error: window must be at least 1, got 0"]
     assert reply(child, "/temp -1") == ["error: --temp must be at least 0, got -1.0"]
 
@@ -275,4 +277,7 @@ def test_piped_stdin_gives_one_plain_answer_per_line(tiny_pair: tuple[Path, Path
     )
     assert failed.returncode == 1
     assert failed.stdout == b""
-    assert failed.stderr.decode() == "error: /tau takes a number, or one per cascade level, got 'x'\n"
+    assert (
+        failed.stderr.decode()
+        == "error: /tau takes a finite number of bits, or one per cascade level, got 'x'\n"
+    )

@@ -134,6 +134,27 @@ def test_request_options_and_the_ead_object(client: openai.OpenAI, tiny_pair: tu
     assert stopped.choices[0].message.content == text[: text.index(stop)]
 
 
+def test_a_request_resolves_the_mode_as_generate_does(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A server started with no mode and no switching option: a request without them runs the default
+    mode, one whose ``ead`` object gives a switching field runs the pair (as generate with that option);
+    a server given --mode keeps it whatever the request's other fields."""
+    from ead_cli.option_table import DEFAULT_MODE
+
+    def writers(running: Server, ead: dict | None) -> set[str]:
+        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 12, "temperature": 0}
+        reply = httpx.post(f"{running.base_url}/chat/completions", json={**body, "ead": ead}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return {token["model"] for token in reply.json()["ead"]["tokens"]}
+
+    with serving(pair_args(tiny_pair), tmp_path / "bare.log") as bare:
+        assert writers(bare, None) == ({"large"} if DEFAULT_MODE == "large" else {"small", "large"})
+        assert writers(bare, {"tau": 3}) == {"small", "large"}
+        assert writers(bare, {"min_run": 10}) == writers(bare, {"mode": "ead"})  # a field at its default
+        assert writers(bare, {"mode": "small", "tau": 3}) == {"small"}
+    with serving([*pair_args(tiny_pair), "--mode", "small"], tmp_path / "small.log") as small:
+        assert writers(small, {"tau": 3}) == {"small"}
+
+
 def test_models_and_health(client: openai.OpenAI, server: Server, tiny_pair: tuple[Path, Path]) -> None:
     models = client.models.list().data
     assert [model.id for model in models] == ["ead"]

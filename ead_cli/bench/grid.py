@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EadError
+from ..option_table import OPTIONS
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, POLICY_KINDS, SWITCH_POINTS, Burst, PolicyKind, SwitchPoint
 
@@ -100,6 +101,9 @@ class Strategy:
     policy: PolicyOptions | NativeOptions
 
 
+NOT_NAMED = ("mode", "policy", "given", "mode_given")  # the label says the first two; the rest is bookkeeping
+
+
 def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
     """``small-only``, ``large-only``, or the policy with every option that differs from its default,
     e.g. ``ead tau=0.5 window=3``; new PolicyOptions fields show up without changes here. A server
@@ -113,7 +117,7 @@ def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
     parts = [label]
     for option in fields(policy):
         value = getattr(policy, option.name)
-        if option.name not in ("mode", "policy") and value != getattr(default, option.name):
+        if option.name not in NOT_NAMED and value != getattr(default, option.name):
             parts.append(f"{option.name}={_label(value)}")
     return " ".join(parts)
 
@@ -243,14 +247,14 @@ def parse_grid(
             raise EadError(f"--switch-point: {point!r} is not one of {', '.join(SWITCH_POINTS)}", exit_code=2)
     return Grid(
         taus={name: _parse_list(spec, f"--{name}-tau", float, 0) for name, spec in taus.items()},
-        windows=(None,) if window is None else _parse_list(window, "--window", int, 1),
-        min_runs=_parse_list(min_run, "--min-run", int, 0),
+        windows=(None,) if window is None else _swept(window, "window"),
+        min_runs=_swept(min_run, "min_run"),
         switch_points=points,  # type: ignore[arg-type]
-        drafts=_parse_list(draft, "--draft", int, 1),
+        drafts=_swept(draft, "draft"),
         draft_stops=(None,)
         if draft_entropy_stop is None
-        else _parse_list(draft_entropy_stop, "--draft-entropy-stop", float, 0),
-        lookups=_parse_list(lookup, "--lookup", int, 0),
+        else _swept(draft_entropy_stop, "draft_entropy_stop"),
+        lookups=_swept(lookup, "lookup"),
         verifies=(None,) if verify is None else _parse_verify(verify),
         bursts=tuple(
             dict.fromkeys(
@@ -261,6 +265,12 @@ def parse_grid(
         server_drafts=_parse_server_drafts(server_draft),
         server_ngrams=_parse_server_ngrams(server_ngram),
     )
+
+
+def _swept(spec: str, name: str) -> tuple[Any, ...]:
+    """A swept option's values, held to the option table's lower bound."""
+    option = OPTIONS[name]
+    return _parse_list(spec, option.flag, option.kind, option.minimum or 0)
 
 
 def _parse_server_drafts(spec: str) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ import typer
 
 from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
 from ..errors import EadError
+from ..option_table import BENCH, OPTIONS, DecodingOption, on
 from ..options import ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
 from .groups import (
@@ -22,7 +23,6 @@ from .groups import (
     Seed,
     TauRange,
     Temp,
-    parse_tau_range,
     with_options,
 )
 from .output import print_figures, print_rows, progress_bar, say_progress, stderr
@@ -56,37 +56,16 @@ def _tau_option(kind: PolicyKind) -> tuple[str, Any, str]:
 
 def _identifier(name: str) -> str:
     return name.replace("-", "_")
-WindowList = Annotated[
-    str | None, typer.Option("--window", help="ead windows, comma-separated (default: 5).")
-]
-MinRunList = Annotated[str, typer.Option("--min-run", help="ead minimum runs, comma-separated.")]
-SwitchPointList = Annotated[
-    str, typer.Option("--switch-point", help="ead and gate switch points: before, after or both.")
-]
-DraftList = Annotated[
-    str, typer.Option("--draft", help="spec and lookahead: draft lengths, comma-separated.")
-]
-DraftStopList = Annotated[
-    str | None,
-    typer.Option(
-        "--draft-entropy-stop",
-        "--draft-stop",
-        help="spec: draft entropy stops in bits, comma-separated (default: none); the name ead generate "
-        "uses (--draft-stop is the older spelling).",
-    ),
-]
-LookupList = Annotated[
-    str, typer.Option("--lookup", help="Prompt-lookup match lengths, comma-separated (0: off).")
-]
-VerifyList = Annotated[
-    str | None,
-    typer.Option(
-        "--verify", help="ead and gate: catch-up check ratios, comma-separated; 'none' for no check."
-    ),
-]
-BurstList = Annotated[
-    str, typer.Option("--burst", help="gate: bursts, comma-separated: counts, 'line', 'adaptive'.")
-]
+
+
+def _sweep_option(option: DecodingOption) -> tuple[str, Any, str | None]:
+    """A decoding option the bench sweeps (``option_table``'s BENCH surface): its values, comma-separated,
+    under its one spelling (and any older one)."""
+    declared = typer.Option(option.flag, *option.older, help=option.sweep)
+    default = option.bench_list
+    return option.name, Annotated[str if default is not None else str | None, declared], default
+
+
 ServerDraftList = Annotated[
     str, typer.Option("--server-draft", help="server-spec: llama.cpp's draft lengths, comma-separated.")
 ]
@@ -112,7 +91,8 @@ Sweep = list[Strategy]
 def _sweep(strategies: str, pattern: list[str] | None, tau_range: str | None, **grid: str | None) -> Sweep:
     taus = {name: grid.pop(f"{_identifier(name)}_tau") for name in POLICY_KINDS}
     swept = parse_grid(taus, **grid)  # type: ignore[arg-type]
-    shared = replace(swept, patterns=tuple(pattern or ()), tau_range=parse_tau_range(tau_range))
+    tau_range_value = None if tau_range is None else OPTIONS["tau_range"].read(tau_range)
+    shared = replace(swept, patterns=tuple(pattern or ()), tau_range=tau_range_value)
     return build_strategies(strategies, shared)
 
 
@@ -121,14 +101,7 @@ SWEEP_OPTIONS = OptionGroup(
     (
         ("strategies", Strategies, all_families()),
         *(_tau_option(kind) for kind in POLICY_KINDS.values()),
-        ("window", WindowList, None),
-        ("min_run", MinRunList, "10"),
-        ("switch_point", SwitchPointList, "before"),
-        ("draft", DraftList, "4"),
-        ("draft_entropy_stop", DraftStopList, None),
-        ("lookup", LookupList, "0"),
-        ("verify", VerifyList, None),
-        ("burst", BurstList, "1"),
+        *(_sweep_option(option) for option in on(BENCH)),
         ("server_draft", ServerDraftList, "3"),
         ("server_ngram", ServerNgramList, "ngram-mod"),
         ("pattern", Pattern, None),

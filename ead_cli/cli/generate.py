@@ -54,7 +54,7 @@ def generate(
     """Generate one answer, switching between the small and the large model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
     from ..prompt import check_fits, check_prompt_text, encode_prompt
-    from .render import JsonlRenderer, TextRenderer, print_stats, wants_color
+    from .render import JsonlRenderer, TextRenderer, mode_line, print_stats, wants_color
 
     text = check_prompt_text(read_prompt(prompt))
     policy_options, generation = _for_models(decoding, model_options)
@@ -71,7 +71,8 @@ def generate(
             renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout, no_color))
             if renderer.color:
                 # Written as is: rich would count its escape codes as text and wrap the line early.
-                print(renderer.legend({r.name: r.label for r in runners}), file=sys.stderr, flush=True)
+                legend = renderer.legend({r.name: r.label for r in runners})
+                print(f"{legend}  · {mode_line(policy_options)}", file=sys.stderr, flush=True)
         response = decoder.generate(tokens)
         try:
             exit_code = _stream(response, renderer)
@@ -81,6 +82,7 @@ def generate(
                 note = f"{summary.fallback}: the small model wrote the rest"
                 stderr.print(note, style="dim", soft_wrap=True)
             if stats:
+                stderr.print(mode_line(policy_options), soft_wrap=True)
                 print_stats(stderr, summary)
     finally:
         close_all(runners)
@@ -248,7 +250,7 @@ def calibrate(
     file_prompts = load_prompts(prompts, None) if prompts else None
     split = calibration.split_prompts(domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
-    policies = [PolicyOptions(policy=name) for name in names]
+    policies = [PolicyOptions(mode="ead", policy=name) for name in names]
     runners = load_runners(model_options, progress=say_progress)
     try:
         results = calibration.calibrate(

@@ -16,27 +16,16 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import EadError
+from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, on
 from ..options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, GenerationOptions, ModelOptions, PolicyOptions
-from ..policies import BURST_KINDS, POLICY_KINDS, defaults_by_policy, parse_tau
 
-# Prompt lookup's minimum match for generate, chat and serve: HumanEval's 82 odd ids, gate tau=1 took 0.91
-# of its wall-clock without lookup at the same pass@1 (docs/switching.md, "Prompt lookup").
-DEFAULT_LOOKUP = 6
-
-
-class Mode(str, Enum):
-    ead = "ead"
-    small = "small"
-    large = "large"
-    spec = "spec"
-
-
-PolicyName = Enum("PolicyName", {name: name for name in POLICY_KINDS}, type=str)  # type: ignore[misc]
-
-
-class SwitchPointName(str, Enum):
-    before = "before"
-    after = "after"
+# The options with choices (mode, policy, switch point) as the enums typer offers them.
+CHOICES: dict[str, Any] = {
+    option.name: Enum(option.name, {choice: choice for choice in option.choices}, type=str)  # type: ignore[misc]
+    for option in DECODING
+    if option.choices
+}
+PolicyName = CHOICES["policy"]
 
 
 class OutputFormat(str, Enum):
@@ -55,10 +44,6 @@ RemoteTopK = Annotated[
     int, typer.Option(help="A model on a llama-server: top-k probabilities per token (entropy estimate).")
 ]
 RemoteTimeout = Annotated[float, typer.Option(help="A model on a llama-server: seconds to wait for a reply.")]
-Fallback = Annotated[
-    str | None,
-    typer.Option(help="'small': if a llama-server is lost mid-answer, the small model writes the rest."),
-]
 Cascade = Annotated[
     str | None,
     typer.Option(
@@ -71,81 +56,6 @@ ModelsFile = Annotated[
     Path | None,
     typer.Option("--catalog", envvar="EAD_MODELS", help="A TOML file of extra or overriding aliases."),
 ]
-ModeOpt = Annotated[
-    Mode,
-    typer.Option(help="ead switches by entropy; small/large use one alone; spec is speculative decoding."),
-]
-Draft = Annotated[
-    int, typer.Option(help="spec: tokens the small model drafts per round; lookahead: the span it drafts.")
-]
-DraftStop = Annotated[
-    float | None, typer.Option(help="spec: end a draft early at this small-model entropy (bits).")
-]
-Lookup = Annotated[
-    int,
-    typer.Option(
-        help="Prompt lookup: where the last N tokens occurred before, read the 16 that followed them as a "
-        "guess in the same batch (free steps while the text follows it; spec: a free draft). 0: off; on by "
-        "default, as it keeps the text up to batched rounding and saves time in every mode."
-    ),
-]
-PolicyOpt = Annotated[
-    PolicyName,
-    typer.Option(help="; ".join(f"{kind.name}: {kind.summary}" for kind in POLICY_KINDS.values()) + "."),
-]
-Tau = Annotated[
-    str | None,
-    typer.Option(
-        help=f"Entropy threshold in bits (default: {defaults_by_policy('tau')}); a cascade takes one per "
-        "level below the top, comma-separated (or one for all).",
-    ),
-]
-Window = Annotated[
-    int | None,
-    typer.Option(help=f"Steps in the rolling entropy mean (default: {defaults_by_policy('window')})."),
-]
-MinRun = Annotated[int, typer.Option(help="ead: steps a model keeps the pen after a switch (d_min).")]
-Burst = Annotated[
-    str,
-    typer.Option(
-        help="gate: tokens the large model writes per trigger; 'line': to the end of the line; "
-        "'adaptive': while its own entropy stays at or above tau."
-    ),
-]
-Pattern = Annotated[
-    list[str] | None,
-    typer.Option(
-        help="gate: a regular expression; where the text so far ends in a match, the large model writes "
-        "the rest of the line (repeatable; '@code' adds built-in ones for code).",
-    ),
-]
-TauRange = Annotated[
-    str | None,
-    typer.Option(
-        help="LOW:HIGH makes tau adaptive: it falls after runs of uncertain steps and rises after "
-        "confident ones, within the range."
-    ),
-]
-SwitchPointOpt = Annotated[
-    SwitchPointName, typer.Option(help="before: the new model writes the token that triggered the switch.")
-]
-Verify = Annotated[
-    float | None,
-    typer.Option(
-        help="The large model checks the small one's tokens on catch-up and rewrites from the first whose "
-        "probability is below RATIO x its top one (0 < RATIO <= 1).",
-        metavar="RATIO",
-    ),
-]
-Normalize = Annotated[
-    bool, typer.Option("--normalize", help="Entropy as a fraction of log2|V| (tau in [0, 1]).")
-]
-Temp = Annotated[float, typer.Option(help="Temperature; 0 is greedy.")]
-TopK = Annotated[int, typer.Option(help="Top-k (0 disables).")]
-TopP = Annotated[float, typer.Option(help="Top-p nucleus.")]
-MinP = Annotated[float, typer.Option(help="Min-p.")]
-Seed = Annotated[int, typer.Option(help="Sampling seed (same seed, same text).")]
-MaxTokens = Annotated[int, typer.Option(help="Stop after this many generated tokens.")]
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repeatable); it is not printed.")]
 System = Annotated[str | None, typer.Option(help="System message for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
@@ -227,117 +137,76 @@ MODEL_OPTIONS = OptionGroup(
 )
 
 
-def _decoding_options(
-    *,
-    mode: Mode,
-    policy: PolicyName,
-    tau: str | None,
-    window: int | None,
-    min_run: int,
-    burst: str,
-    switch_point: SwitchPointName,
-    normalize: bool,
-    draft: int,
-    draft_entropy_stop: float | None,
-    lookup: int,
-    verify: float | None,
-    pattern: list[str] | None,
-    tau_range: str | None,
-    temp: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    seed: int,
-    max_tokens: int,
-    fallback: str | None,
-) -> Decoding:
-    """The policy and generation options that `generate` and `chat` share, from their parsed values
-    (checked for as many models as there are thresholds; ``_for_models`` checks the real count)."""
+def decoding_option(option: DecodingOption, *, given_only: bool = True) -> tuple[str, Any, Any]:
+    """An option of the table as a command's parameter: (name, Annotated type, default). With
+    ``given_only`` a switching option (and the mode) defaults to None, "not given", its default said in
+    the help, so the decision of ``option_table.resolve_mode`` sees what was given."""
+    base: Any = CHOICES.get(option.name) or (str if option.parse else option.kind)
+    if option.repeatable:
+        base = list[base]
+    if option.kind is bool:
+        default: Any = option.default
+    elif given_only or option.default is None:
+        default = None
+    else:
+        default = CHOICES[option.name](option.default) if option.name in CHOICES else option.default
+    shown = option.shown_default if default is None and option.shown_default is not None else None
+    declared = typer.Option(
+        option.flag,
+        *option.older,
+        help=option.help,
+        metavar=option.metavar,
+        show_default=shown if shown is not None else default is not None,
+    )
+    annotation = base | None if default is None else base
+    return option.name, Annotated[annotation, declared], default
+
+
+def _value(option: DecodingOption, value: Any) -> Any:
+    """A parsed command-line value as the options take it; None (not given) is the table's default."""
+    if value is None or value == []:
+        return tuple(option.default or ()) if option.repeatable else option.default
+    if isinstance(value, Enum):
+        return value.value
+    if option.repeatable:
+        return tuple(value)
+    return option.read(value) if option.parse and isinstance(value, str) else value
+
+
+def _decoding_options(**values: Any) -> Decoding:
+    """The policy and generation options that `generate`, `chat` and `serve` share, from their parsed
+    values (checked for as many models as there are thresholds; ``_for_models`` checks the real count);
+    the options given are named, for the mode's resolution."""
     from ..sampling import SamplingParams
 
-    taus = _parse_tau(tau)
-    policy_options = PolicyOptions(
-        mode.value,
-        policy.value,
-        taus,
-        window,
-        min_run,
-        _parse_burst(burst),
-        switch_point.value,
-        normalize,
-        draft,
-        draft_entropy_stop,
-        verify,
-        tuple(pattern or ()),
-        parse_tau_range(tau_range),
-        levels=len(taus) + 1 if isinstance(taus, tuple) else 2,
-        lookup=lookup,
+    given = tuple(
+        name for name, value in values.items() if value is not None and value is not False and value != []
     )
-    sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    if fallback not in (None, "small"):
-        raise EadError(f"--fallback takes 'small', got {fallback!r}", exit_code=2)
-    return policy_options, GenerationOptions(sampling, max_tokens, fallback=fallback is not None)
+    targets: dict[str, dict[str, Any]] = {"policy": {}, "sampling": {}, "generation": {}}
+    for name, value in values.items():
+        option = OPTIONS[name]
+        targets[option.target][option.attribute] = _value(option, value)
+    policy = targets["policy"]
+    levels = len(policy["tau"]) + 1 if isinstance(policy["tau"], tuple) else 2
+    policy_options = PolicyOptions(**policy, levels=levels, given=given)
+    generation = targets["generation"]
+    fallback = bool(generation.pop("fallback"))
+    return policy_options, GenerationOptions(
+        SamplingParams(**targets["sampling"]), **generation, fallback=fallback
+    )
 
 
 DECODING_OPTIONS = OptionGroup(
-    "decoding",
-    (
-        ("mode", ModeOpt, Mode.ead),
-        ("policy", PolicyOpt, PolicyName.gate),
-        ("tau", Tau, None),
-        ("window", Window, None),
-        ("min_run", MinRun, 10),
-        ("burst", Burst, "1"),
-        ("switch_point", SwitchPointOpt, SwitchPointName.before),
-        ("normalize", Normalize, False),
-        ("draft", Draft, 4),
-        ("draft_entropy_stop", DraftStop, None),
-        ("lookup", Lookup, DEFAULT_LOOKUP),
-        ("verify", Verify, None),
-        ("pattern", Pattern, None),
-        ("tau_range", TauRange, None),
-        ("temp", Temp, 0.0),
-        ("top_k", TopK, 40),
-        ("top_p", TopP, 0.95),
-        ("min_p", MinP, 0.05),
-        ("seed", Seed, 0),
-        ("max_tokens", MaxTokens, 512),
-        ("fallback", Fallback, None),
-    ),
-    _decoding_options,
+    "decoding", tuple(decoding_option(option) for option in on(CLI)), _decoding_options
 )
-
-
-def _parse_burst(text: str) -> int | str:
-    if text in BURST_KINDS:
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise EadError(f"--burst must be a count, 'line' or 'adaptive', got {text!r}", exit_code=2) from None
+Temp, Seed, MaxTokens, Pattern, TauRange = (
+    decoding_option(OPTIONS[name], given_only=False)[1]
+    for name in ("temp", "seed", "max_tokens", "pattern", "tau_range")
+)
 
 
 def parse_list(text: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",")) if text is not None else ()
-
-
-def _parse_tau(text: str | None) -> float | tuple[float, ...] | None:
-    """One threshold, or one per cascade level (comma-separated)."""
-    try:
-        return None if text is None else parse_tau(text)
-    except ValueError:
-        message = f"--tau must be a finite number of bits, or one per cascade level, got {text!r}"
-        raise EadError(message, exit_code=2) from None
-
-
-def parse_tau_range(text: str | None) -> tuple[float, float] | None:
-    if text is None:
-        return None
-    try:
-        low, high = (float(part) for part in text.split(":"))
-    except ValueError:
-        raise EadError(f"--tau-range must be LOW:HIGH in bits, got {text!r}", exit_code=2) from None
-    return low, high
 
 
 def read_prompt(prompt: str | None) -> str:

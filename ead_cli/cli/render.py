@@ -12,6 +12,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from ..decoder import Summary, TokenEvent
+    from ..options import PolicyOptions
 
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
 _MIDDLE = ("\x1b[32m", "green")  # the middle levels of a cascade: mid, mid1, mid2...
@@ -152,6 +153,15 @@ def stats_table(summary: Summary) -> Table:
             f"{report.flops / 1e9:,.1f}",
         )
     return table
+
+
+def mode_line(policy: PolicyOptions) -> str:
+    """Which mode runs, and why: given, asked for by a switching option, or the default."""
+    if policy.mode_given:
+        return f"mode {policy.mode}"
+    if policy.mode == "ead" and (policy.switching_given() or policy.levels > 2):
+        return "mode ead (a switching option or a cascade turns the pair on)"
+    return f"mode {policy.mode} (the default; --mode ead or any switching option turns the pair on)"
 
 
 def print_stats(console: Console, summary: Summary) -> None:

@@ -7,19 +7,19 @@ pipeline. Answers go to stdout; everything else (summaries, command replies, err
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO, TextIO, TypeVar
+from typing import BinaryIO, TextIO
 
 from rich.console import Console
 
 from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError
+from ..option_table import CHAT, DecodingOption, on
 from ..options import GenerationOptions, PolicyOptions
-from ..policies import POLICY_KINDS, format_tau, parse_tau
+from ..policies import POLICY_KINDS, format_tau
 from ..runner import Runner
 from .render import TextRenderer, print_stats, wants_color
 
@@ -28,7 +28,6 @@ MORE = "... "
 FENCE = '"""'
 RESET_HINT = "/reset starts a new conversation"
 ReadLine = Callable[[str], str]
-Number = TypeVar("Number", int, float)
 
 
 def read_message(read_line: ReadLine) -> str:
@@ -50,16 +49,9 @@ def read_message(read_line: ReadLine) -> str:
     return "\n".join([*lines, line])
 
 
-def _number(kind: type[Number], command: str, text: str) -> Number:
-    """A finite number from a command's argument, or a one-line error."""
-    try:
-        value = kind(text)
-    except ValueError:
-        what = "a whole number" if kind is int else "a number"
-        raise EadError(f"/{command} takes {what}, got {text!r}") from None
-    if not math.isfinite(value):
-        raise EadError(f"/{command} takes a finite number, got {text!r}")
-    return value
+def _usage(option: DecodingOption) -> str:
+    """A command's argument in /help: its metavar, else NAME, N or X."""
+    return option.metavar or ("NAME" if option.choices else "N" if option.kind is int else "X")
 
 
 def summary_line(turn: Turn) -> str:
@@ -108,11 +100,10 @@ class Repl:
         # name: (handler, argument, what it does); /exit has no handler, it ends the loop
         self.commands: dict[str, tuple[Callable[[str], None] | None, str, str]] = {
             "help": (self._help, "", "this list"),
-            "tau": (self._tau, "X", "entropy threshold (bits; a fraction of log2|V| with --normalize)"),
-            "window": (self._window, "N", "steps in the rolling entropy mean"),
-            "min-run": (self._min_run, "N", "ead: steps a model keeps the pen after a switch"),
-            "temp": (self._temp, "X", "temperature; 0 is greedy"),
-            "max-tokens": (self._max_tokens, "N", "stop each answer after N tokens"),
+            **{
+                option.command[1:]: (self._setter(option), _usage(option), option.short or option.help)
+                for option in on(CHAT)
+            },
             "system": (self._system, "TEXT", "system message (nothing: none); the next answer re-reads all"),
             "stats": (self._stats, "", "the last answer's and the session's figures"),
             "reset": (self._reset, "", "start a new conversation"),
@@ -204,27 +195,22 @@ class Repl:
         conversation.configure(policy or conversation.policy, generation or conversation.generation)
         self.note(settings_line(conversation.policy, conversation.generation) + " (from the next answer)")
 
-    def _tau(self, argument: str) -> None:
-        try:
-            tau = parse_tau(argument)
-        except ValueError:
-            raise EadError(f"/tau takes a number, or one per cascade level, got {argument!r}") from None
-        self._configure(replace(self.conversation.policy, tau=tau))
+    def _setter(self, option: DecodingOption) -> Callable[[str], None]:
+        """The command of a decoding option (the option table's CHAT surface): its value, read by the
+        table, for the next answers; a policy option set so counts as given (``PolicyOptions.changed``)."""
 
-    def _window(self, argument: str) -> None:
-        self._configure(replace(self.conversation.policy, window=_number(int, "window", argument)))
+        def set_option(argument: str) -> None:
+            value = option.read(argument, option.command)
+            policy, generation = self.conversation.policy, self.conversation.generation
+            if option.target == "policy":
+                self._configure(policy.changed(**{option.attribute: value}))
+            elif option.target == "sampling":
+                sampling = replace(generation.sampling, **{option.attribute: value})
+                self._configure(generation=replace(generation, sampling=sampling))
+            else:
+                self._configure(generation=replace(generation, **{option.attribute: value}))
 
-    def _min_run(self, argument: str) -> None:
-        self._configure(replace(self.conversation.policy, min_run=_number(int, "min-run", argument)))
-
-    def _temp(self, argument: str) -> None:
-        generation = self.conversation.generation
-        sampling = replace(generation.sampling, temp=_number(float, "temp", argument))
-        self._configure(generation=replace(generation, sampling=sampling))
-
-    def _max_tokens(self, argument: str) -> None:
-        generation = self.conversation.generation
-        self._configure(generation=replace(generation, max_tokens=_number(int, "max-tokens", argument)))
+        return set_option
 
     def _system(self, argument: str) -> None:
         self.conversation.system = argument or None

@@ -306,7 +306,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         grammar = body.response_format.grammar() if body.response_format is not None else None
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
-            policy = replace(defaults.policy, **ead.policy_changes(), levels=len(engine.runners))
+            # the request's options given over the command line's: one of them may turn the pair on
+            policy = defaults.policy.changed(**ead.policy_changes(), levels=len(engine.runners))
             policy = with_saved_tau(policy, engine.runners)[0]
             if grammar is not None:
                 _check_grammar(grammar, policy)

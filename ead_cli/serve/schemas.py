@@ -8,10 +8,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..errors import EadError
-from ..policies import POLICY_KINDS, parse_tau
+from ..option_table import SERVE, DecodingOption, on
+from ..policies import BURST_KINDS, parse_tau
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
@@ -33,45 +34,57 @@ def _named(patterns: list[str]) -> list[str]:
     return patterns
 
 
-class EadOptions(BaseModel):
-    """The ``ead`` object of a request: policy options of ``ead generate``, checked by the same rules.
-    Every number is bounded here, before any reaches a C call; patterns are named ones only (the
-    server's own ``--pattern`` is its operator's: any regular expression)."""
+# A request's own types for the options whose command-line text is parsed (named patterns only: a
+# client's regular expression could run unbounded on every token).
+HTTP_TYPES: dict[str, Any] = {
+    "tau": float | Annotated[list[float], Field(max_length=64)] | Annotated[str, Field(max_length=1024)],
+    "burst": Positive | Literal[BURST_KINDS],  # type: ignore[valid-type]
+    "pattern": Annotated[list[str], Field(max_length=len(NAMED_PATTERNS)), AfterValidator(_named)],
+    "tau_range": tuple[float, float],
+}
 
+
+def _http_type(option: DecodingOption) -> Any:
+    """A request field of the option table: its choices, or its type with the table's bounds (an integer
+    also held under MAX_COUNT, before it reaches a C call). Numbers' other checks are the options' own,
+    so a bad value is the command line's message, as a 400."""
+    if option.name in HTTP_TYPES:
+        return HTTP_TYPES[option.name]
+    if option.choices:
+        return Literal[option.choices]  # type: ignore[valid-type]
+    if option.kind is int:
+        high = MAX_COUNT if option.maximum is None else min(option.maximum, MAX_COUNT)
+        return Annotated[int, Field(ge=option.minimum, le=high)]
+    return option.kind
+
+
+class _EadBase(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    mode: Literal["ead", "small", "large", "spec"] | None = None
-    policy: Literal[tuple(POLICY_KINDS)] | None = None  # type: ignore[valid-type]  # the policy table's names
-    tau: (
-        float | Annotated[list[float], Field(max_length=64)] | Annotated[str, Field(max_length=1024)] | None
-    ) = None
-    window: Positive | None = None
-    min_run: Count | None = None
-    burst: Positive | Literal["line", "adaptive"] | None = None
-    switch_point: Literal["before", "after"] | None = None
-    normalize: bool | None = None
-    draft: Positive | None = None
-    draft_entropy_stop: float | None = None
-    lookup: Annotated[int, Field(ge=0, le=64)] | None = None
-    verify: float | None = None
-    pattern: Annotated[list[str], Field(max_length=len(NAMED_PATTERNS)), AfterValidator(_named)] | None = None
-    tau_range: tuple[float, float] | None = None
-    top_k: Count | None = None
-    min_p: float | None = None
-
     def policy_changes(self) -> dict[str, Any]:
-        """The fields given, as PolicyOptions takes them."""
-        given = self.model_dump(exclude_none=True, exclude={"top_k", "min_p"})
+        """The policy options given, as PolicyOptions takes them (sampling ones aside)."""
+        given = self.model_dump(exclude_none=True, exclude=_SAMPLING)
         if isinstance(given.get("tau"), str):
             try:
                 given["tau"] = parse_tau(given["tau"])
             except ValueError:
-                raise EadError(f"ead.tau must be a number of bits or a list, got {self.tau!r}") from None
+                raise EadError(f"ead.tau must be a number of bits or a list, got {given['tau']!r}") from None
         elif isinstance(given.get("tau"), list):
             given["tau"] = tuple(given["tau"])
         if "pattern" in given:
             given["patterns"] = tuple(given.pop("pattern"))
         return given
+
+
+_SAMPLING = {option.name for option in on(SERVE) if option.target != "policy"}
+# The ``ead`` object of a request: the option table's SERVE options, checked by the command line's rules.
+# Every number is bounded before any reaches a C call; patterns are named ones only (the server's own
+# ``--pattern`` is its operator's: any regular expression).
+EadOptions = create_model(
+    "EadOptions",
+    __base__=_EadBase,
+    **{option.name: (_http_type(option) | None, None) for option in on(SERVE)},
+)
 
 
 # Fields of OpenAI's API that would change the answer and that ead serve does not do, with the values

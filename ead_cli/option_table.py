@@ -1,0 +1,351 @@
+"""Every decoding option, declared once: its spelling, Python type, default, bounds, help, the surfaces it
+appears on, and whether giving it asks for the pair. Pure Python (no typer, no pydantic): the command
+line's decoding group (``cli/groups.py``), serve's ``ead`` request object (``serve/schemas.py``), the
+bench's swept lists (``cli/bench.py``), chat's slash commands (``cli/repl.py``) and docs/switching.md's
+table (a test) are made from ``DECODING``. A new option is one entry here and its use in the policy or
+decoder.
+
+The mode when none is given is ``resolve_mode``'s, the one place it is decided: a switching option given
+(on the command line, in a request's ``ead`` object, by a chat command) or a cascade asks for ``ead``;
+otherwise ``DEFAULT_MODE``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import EadError
+from .policies import BURST_KINDS, MODES, POLICY_KINDS, SWITCH_POINTS, defaults_by_policy, parse_tau
+
+# The mode of a run that names none and gives no switching option (docs/switching.md, "The default mode").
+DEFAULT_MODE = "ead"
+# Prompt lookup's minimum match for generate, chat and serve: HumanEval's 82 odd ids, gate tau=1 took 0.91
+# of its wall-clock without lookup at the same pass@1 (docs/switching.md, "Prompt lookup").
+DEFAULT_LOOKUP = 6
+
+CLI = "cli"  # ead generate, chat and serve's command line
+SERVE = "serve"  # a field of a request's ``ead`` object
+BENCH = "bench"  # ead bench sweeps it: a comma-separated list
+CHAT = "chat"  # a slash command of ead chat
+
+
+@dataclass(frozen=True)
+class DecodingOption:
+    """One option. ``name``: the parameter (``--min-run`` is ``min_run``); ``target``: where its value
+    goes (``policy``: a PolicyOptions field, ``sampling``: SamplingParams, ``generation``:
+    GenerationOptions), under ``field`` if not its name; ``default``: the value when not given (None: the
+    policy's own, or off); ``minimum``/``maximum``: bounds every surface holds it to (a request's
+    integers also to serve's MAX_COUNT); ``switching``: giving it asks for the pair (``resolve_mode``);
+    ``parse``: its value from text (the command line's strings, chat, the bench's lists), raising
+    ValueError, said as ``what``; ``older``: spellings that still parse; ``sweep``: the bench's help
+    for its list, ``bench_default`` the list when not given if not ``default``."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    short: str = ""  # chat's /help line (default: help)
+    target: str = "policy"
+    field: str | None = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    surfaces: frozenset[str] = frozenset({CLI})
+    switching: bool = False
+    parse: Callable[[str], Any] | None = None
+    what: str = ""
+    older: tuple[str, ...] = ()
+    repeatable: bool = False
+    metavar: str | None = None
+    sweep: str = ""
+    bench_default: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def command(self) -> str:
+        """Its chat command: ``/min-run``."""
+        return "/" + self.name.replace("_", "-")
+
+    @property
+    def attribute(self) -> str:
+        return self.field or self.name
+
+    @property
+    def shown_default(self) -> str | None:
+        """The default as help and docs say it; None where there is none to say."""
+        if self.default is None or self.kind is bool:
+            return None
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
+    @property
+    def bench_list(self) -> str | None:
+        """The bench's list when the option is not given."""
+        return self.bench_default if self.bench_default is not None else self.shown_default
+
+    def read(self, text: str, where: str | None = None) -> Any:
+        """The value of ``text`` (``where``: the spelling it came by, ``--tau`` or ``/tau``), or a
+        one-line usage error that names it."""
+        where = where or self.flag
+        try:
+            return self._parse(text.strip())
+        except ValueError:
+            verb = "takes" if where.startswith("/") else "must be"
+            raise EadError(f"{where} {verb} {self.what or self._what()}, got {text!r}", exit_code=2) from None
+
+    def _parse(self, text: str) -> Any:
+        if self.parse is not None:
+            return self.parse(text)
+        if self.choices:
+            if text not in self.choices:
+                raise ValueError(text)
+            return text
+        if self.kind is bool:
+            if text.lower() not in ("on", "off", "true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("on", "true", "1")
+        value = self.kind(text)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(text)
+        return value
+
+    def _what(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.kind is bool:
+            return "on or off"
+        return {int: "a whole number", float: "a finite number"}.get(self.kind, "a value")
+
+
+def parse_burst(text: str) -> int | str:
+    return text if text in BURST_KINDS else int(text)
+
+
+def parse_tau_range(text: str) -> tuple[float, float]:
+    low, high = (float(part) for part in text.split(":"))
+    return low, high
+
+
+def parse_fallback(text: str) -> bool:
+    if text != "small":
+        raise ValueError(text)
+    return True
+
+
+DECODING: tuple[DecodingOption, ...] = (
+    DecodingOption(
+        "mode",
+        str,
+        None,
+        "ead switches by entropy; small/large use one alone; spec is speculative decoding (default: "
+        f"{DEFAULT_MODE}; ead whenever a switching option is given).",
+        short="ead, small, large or spec",
+        choices=MODES,
+        surfaces=frozenset({CLI, SERVE, CHAT}),
+    ),
+    DecodingOption(
+        "policy",
+        str,
+        "gate",
+        "; ".join(f"{kind.name}: {kind.summary}" for kind in POLICY_KINDS.values()) + ".",
+        short="the switching policy: " + ", ".join(POLICY_KINDS),
+        choices=tuple(POLICY_KINDS),
+        surfaces=frozenset({CLI, SERVE, CHAT}),
+        switching=True,
+    ),
+    DecodingOption(
+        "tau",
+        str,
+        None,
+        f"Entropy threshold in bits (default: {defaults_by_policy('tau')}); a cascade takes one per level "
+        "below the top, comma-separated (or one for all).",
+        short="entropy threshold (bits; a fraction of log2|V| with --normalize)",
+        surfaces=frozenset({CLI, SERVE, CHAT}),  # the bench's thresholds are per policy: --NAME-tau
+        switching=True,
+        parse=parse_tau,
+        what="a finite number of bits, or one per cascade level",
+        metavar="X",
+    ),
+    DecodingOption(
+        "window",
+        int,
+        None,
+        f"Steps in the rolling entropy mean (default: {defaults_by_policy('window')}).",
+        short="steps in the rolling entropy mean",
+        minimum=1,
+        surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
+        switching=True,
+        metavar="N",
+        sweep="ead windows, comma-separated (default: 5).",
+    ),
+    DecodingOption(
+        "min_run",
+        int,
+        10,
+        "ead: steps a model keeps the pen after a switch (d_min).",
+        short="ead: steps a model keeps the pen after a switch",
+        minimum=0,
+        surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
+        switching=True,
+        metavar="N",
+        sweep="ead minimum runs, comma-separated.",
+    ),
+    DecodingOption(
+        "burst",
+        str,
+        1,
+        "gate: tokens the large model writes per trigger; 'line': to the end of the line; 'adaptive': "
+        "while its own entropy stays at or above tau.",
+        surfaces=frozenset({CLI, SERVE, BENCH}),
+        switching=True,
+        parse=parse_burst,
+        what="a count, 'line' or 'adaptive'",
+        sweep="gate: bursts, comma-separated: counts, 'line', 'adaptive'.",
+    ),
+    DecodingOption(
+        "switch_point",
+        str,
+        "before",
+        "before: the new model writes the token that triggered the switch.",
+        choices=SWITCH_POINTS,
+        surfaces=frozenset({CLI, SERVE, BENCH}),
+        switching=True,
+        sweep="ead and gate switch points: before, after or both.",
+    ),
+    DecodingOption(
+        "normalize",
+        bool,
+        False,
+        "Entropy as a fraction of log2|V| (tau in [0, 1]).",
+        surfaces=frozenset({CLI, SERVE}),
+        switching=True,
+    ),
+    DecodingOption(
+        "draft",
+        int,
+        4,
+        "spec: tokens the small model drafts per round; lookahead: the span it drafts.",
+        minimum=1,
+        surfaces=frozenset({CLI, SERVE, BENCH}),
+        sweep="spec and lookahead: draft lengths, comma-separated.",
+    ),
+    DecodingOption(
+        "draft_entropy_stop",
+        float,
+        None,
+        "spec: end a draft early at this small-model entropy (bits).",
+        minimum=0,
+        surfaces=frozenset({CLI, SERVE, BENCH}),
+        older=("--draft-stop",),
+        sweep="spec: draft entropy stops in bits, comma-separated (default: none); the name ead generate "
+        "uses (--draft-stop is the older spelling).",
+    ),
+    DecodingOption(
+        "lookup",
+        int,
+        DEFAULT_LOOKUP,
+        "Prompt lookup: where the last N tokens occurred before, read the 16 that followed them as a guess "
+        "in the same batch (free steps while the text follows it; spec: a free draft). 0: off; on by "
+        "default, as it keeps the text up to batched rounding and saves time in every mode.",
+        short="prompt lookup's match length (0: off)",
+        minimum=0,
+        maximum=64,
+        surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
+        metavar="N",
+        sweep="Prompt-lookup match lengths, comma-separated (0: off).",
+        bench_default="0",  # the bench's strategy names stay comparable with earlier runs
+    ),
+    DecodingOption(
+        "verify",
+        float,
+        None,
+        "The large model checks the small one's tokens on catch-up and rewrites from the first whose "
+        "probability is below RATIO x its top one (0 < RATIO <= 1).",
+        surfaces=frozenset({CLI, SERVE, BENCH}),
+        switching=True,
+        metavar="RATIO",
+        sweep="ead and gate: catch-up check ratios, comma-separated; 'none' for no check.",
+    ),
+    DecodingOption(
+        "pattern",
+        str,
+        None,
+        "gate: a regular expression; where the text so far ends in a match, the large model writes the "
+        "rest of the line (repeatable; '@code' adds built-in ones for code).",
+        field="patterns",
+        surfaces=frozenset({CLI, SERVE}),
+        switching=True,
+        repeatable=True,
+    ),
+    DecodingOption(
+        "tau_range",
+        str,
+        None,
+        "LOW:HIGH makes tau adaptive: it falls after runs of uncertain steps and rises after confident "
+        "ones, within the range.",
+        surfaces=frozenset({CLI, SERVE}),
+        switching=True,
+        parse=parse_tau_range,
+        what="LOW:HIGH in bits",
+    ),
+    DecodingOption(
+        "temp", float, 0.0, "Temperature; 0 is greedy.", target="sampling", surfaces=frozenset({CLI, CHAT})
+    ),
+    DecodingOption(
+        "top_k",
+        int,
+        40,
+        "Top-k (0 disables).",
+        target="sampling",
+        minimum=0,
+        surfaces=frozenset({CLI, SERVE}),
+    ),
+    DecodingOption("top_p", float, 0.95, "Top-p nucleus.", target="sampling"),
+    DecodingOption("min_p", float, 0.05, "Min-p.", target="sampling", surfaces=frozenset({CLI, SERVE})),
+    DecodingOption("seed", int, 0, "Sampling seed (same seed, same text).", target="sampling"),
+    DecodingOption(
+        "max_tokens",
+        int,
+        512,
+        "Stop after this many generated tokens.",
+        short="stop each answer after N tokens",
+        target="generation",
+        surfaces=frozenset({CLI, CHAT}),
+        metavar="N",
+    ),
+    DecodingOption(
+        "fallback",
+        str,
+        None,
+        "'small': if a llama-server is lost mid-answer, the small model writes the rest.",
+        target="generation",
+        parse=parse_fallback,
+        what="'small'",
+    ),
+)
+
+OPTIONS: dict[str, DecodingOption] = {option.name: option for option in DECODING}
+SWITCHING = frozenset(option.name for option in DECODING if option.switching)
+
+
+def on(surface: str) -> tuple[DecodingOption, ...]:
+    """The options a surface offers, in the table's order."""
+    return tuple(option for option in DECODING if surface in option.surfaces)
+
+
+def resolve_mode(mode: str | None, given: Iterable[str], levels: int = 2) -> str:
+    """The mode of a run: ``mode`` if given; ``ead`` if any switching option was given (by name:
+    ``tau``, ``patterns``...) or three or more models take turns; else ``DEFAULT_MODE``."""
+    if mode is not None:
+        return mode
+    names = {OPTIONS[name].name if name in OPTIONS else _by_field(name) for name in given}
+    return "ead" if names & SWITCHING or levels > 2 else DEFAULT_MODE
+
+
+def _by_field(field: str) -> str:
+    return next((option.name for option in DECODING if option.attribute == field), field)
