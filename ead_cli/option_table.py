@@ -21,7 +21,7 @@ from .errors import EadError
 from .policies import BURST_KINDS, MODES, POLICY_KINDS, SWITCH_POINTS, defaults_by_policy, parse_tau
 
 # The mode of a run that names none and gives no switching option (docs/switching.md, "The default mode").
-DEFAULT_MODE = "ead"
+DEFAULT_MODE = "large"
 # Prompt lookup's minimum match for generate, chat and serve: HumanEval's 82 odd ids, gate tau=1 took 0.91
 # of its wall-clock without lookup at the same pass@1 (docs/switching.md, "Prompt lookup").
 DEFAULT_LOOKUP = 6

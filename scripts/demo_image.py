@@ -1,8 +1,9 @@
 """Render a real coloured answer of the demo pair as the README's picture (docs/images/demo.svg).
 
-Runs ``ead generate --stats`` on the default pair, as ./scripts/demo.sh does, on a pseudo-terminal of the
-picture's width, and turns what that terminal got (the legend, the answer coloured by model, the stats)
-into an SVG with rich's own exporter, so the picture is what a terminal shows, not a mock-up:
+Runs ``ead generate --mode ead --stats`` on the default pair, as ./scripts/demo.sh does, on a
+pseudo-terminal of the picture's width, and turns what that terminal got (the legend, the answer coloured
+by model, the stats) into an SVG with rich's own exporter, so the picture is what a terminal shows, not a
+mock-up:
 
     .venv/bin/python scripts/demo_image.py [--out docs/images/demo.svg] [-- extra ead generate options]
 """
@@ -33,7 +34,8 @@ def main() -> None:
     parser.add_argument("options", nargs="*", help="extra options for ead generate (after --)")
     args = parser.parse_args()
     ead = Path(sys.executable).with_name("ead")
-    output, code = _on_terminal([str(ead), "generate", "--stats", *args.options, PROMPT], args.width)
+    command = [str(ead), "generate", "--mode", "ead", "--stats", *args.options, PROMPT]
+    output, code = _on_terminal(command, args.width)
     if code != 0:
         sys.exit(f"ead generate failed: {output.strip()}")
     console = Console(record=True, width=args.width, force_terminal=True, file=open(os.devnull, "w"))  # noqa: SIM115

@@ -48,7 +48,7 @@ PROMPTS = (
 # Five prompts and six policies: coprime, so every pairing comes round within thirty generations (the
 # default warm-up), each policy greedy in one round of six and sampled in the next.
 POLICIES = (
-    PolicyOptions(),
+    PolicyOptions(mode="ead"),  # the default policy, switching
     PolicyOptions(policy="ead", window=3, min_run=2),
     PolicyOptions(verify=0.1),
     PolicyOptions(mode="spec", draft=4),

@@ -98,7 +98,8 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
         assert run.returncode == 0, run.stderr
         return {json.loads(line)["tau"] for line in run.stdout.decode().splitlines()[:-1]}
 
-    assert taus() == {entry["gate"]["tau"]}
+    assert taus() == {None}  # the default mode, the large model alone: no threshold
+    assert taus("--mode", "ead") == {entry["gate"]["tau"]}  # the pair switching: the saved one
     assert taus("--policy", "ead") == {entry["ead"]["tau"]}
     assert taus("--tau", "2") == {2.0}
 

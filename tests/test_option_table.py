@@ -166,6 +166,7 @@ def test_generate_resolves_the_mode_from_the_options_given(tiny_pair: tuple[Path
     bare, stats = writers(*pair)
     assert bare == ({"large"} if DEFAULT_MODE == "large" else {"small", "large"})
     assert f"mode {DEFAULT_MODE} (the default" in stats
+    assert "mode ead (a switching option" in writers(*pair, "--tau", "1")[1]
     switching, stats = writers(*pair, "--tau", "3")
     assert switching == {"small", "large"} and "mode ead (a switching option" in stats
     assert writers(*pair, "--min-run", "10")[0] == writers(*pair, "--mode", "ead")[0]  # at its default

@@ -568,7 +568,8 @@ def test_no_reuse_reads_every_prompt_whole(tiny_pair: tuple[Path, Path], tmp_pat
         for _ in range(2):
             reply = client.chat.completions.create(model="ead", messages=messages, max_tokens=4)
             figures = reply.model_extra["ead"]["summary"]
-            assert figures["models"][0]["prefill_tokens"] == figures["prompt_tokens"]
+            # the model that writes (the large one alone, the default mode) reads the whole prompt each time
+            assert max(m["prefill_tokens"] for m in figures["models"]) == figures["prompt_tokens"]
         assert server.stop() == 0
     assert "(0 cached)" in server.log().splitlines()[-2]
 

@@ -147,7 +147,7 @@ def multiply(arguments: str) -> str:
 def test_the_openai_client_round_trip_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """Ask, get a call (streamed as deltas and whole, the same), run the tool, send its result, get the
     answer that states it; both models write along the way."""
-    with Server([*pair_args(real_pair)], tmp_path / "server.log") as server:
+    with Server([*pair_args(real_pair), "--mode", "ead"], tmp_path / "server.log") as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
         asked = client.chat.completions.create(
             model="ead", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=60
@@ -194,7 +194,7 @@ def test_llm_calls_a_python_tool_through_the_server(real_pair: tuple[Path, Path]
     run by llm, its result sent back, the answer stating it (llm streams, so the deltas are read)."""
     llm = shutil.which("llm", path=str(Path(EAD).parent))
     assert llm is not None, "llm is in the test extra"
-    with Server([*pair_args(real_pair)], tmp_path / "server.log") as server:
+    with Server([*pair_args(real_pair), "--mode", "ead"], tmp_path / "server.log") as server:
         (tmp_path / "extra-openai-models.yaml").write_text(
             f"- model_id: ead-real\n  model_name: ead\n  api_base: {server.base_url}\n"
             "  supports_tools: true\n"

@@ -51,7 +51,9 @@ def generate(
     stats: Stats = False,
     no_color: NoColor = False,
 ) -> None:
-    """Generate one answer, switching between the small and the large model by entropy."""
+    """Generate one answer: by default the large model alone (the fastest way to its quality here);
+    --mode ead or any switching option (--tau, --policy...) switches between the small and the large
+    model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
     from ..prompt import check_fits, check_prompt_text, encode_prompt
     from .render import JsonlRenderer, TextRenderer, mode_line, print_stats, wants_color
@@ -234,7 +236,11 @@ def calibrate(
         bool, typer.Option(help="Check the prediction with real runs on the held-out prompts.")
     ] = True,
     save: Annotated[
-        bool, typer.Option("--save", help="Save the taus for this pair: generate and chat then use them.")
+        bool,
+        typer.Option(
+            "--save",
+            help="Save the taus for this pair: generate, chat and serve use them when the pair switches.",
+        ),
     ] = False,
 ) -> None:
     """The tau that hands about --target-share of the tokens to the large model, per policy."""

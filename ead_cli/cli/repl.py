@@ -21,7 +21,7 @@ from ..option_table import CHAT, DecodingOption, on
 from ..options import GenerationOptions, PolicyOptions
 from ..policies import POLICY_KINDS, format_tau
 from ..runner import Runner
-from .render import TextRenderer, print_stats, wants_color
+from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
 MORE = "... "
@@ -115,7 +115,7 @@ class Repl:
         """Run until Ctrl-D, /exit or the end of input; the exit status is 1 if anything failed on a pipe."""
         if self.interactive:
             names = {runner.name: runner.label for runner in self.conversation.runners}
-            self.err.write(self.renderer.legend(names) + "\n")
+            self.err.write(f"{self.renderer.legend(names)}  · {mode_line(self.conversation.policy)}\n")
             self.note("/help lists the commands; Ctrl-D leaves")
         while True:
             try:

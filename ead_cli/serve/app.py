@@ -553,7 +553,8 @@ class _Reply:
         return JSONResponse(self._envelope(self.kind, choice, usage=_usage(summary), ead=ead))
 
     def _done(self, summary: Summary) -> None:
-        reused = summary.prompt_tokens - summary.models[0].prefill_tokens
+        # the prompt tokens a cache kept: of the model that read the most (one alone may leave another idle)
+        reused = summary.prompt_tokens - max(model.prefill_tokens for model in summary.models)
         self.log(
             f"POST {self.path} 200: {summary.generated} tokens ({summary.finish_reason}), "
             f"prompt {summary.prompt_tokens} ({reused} cached), large share {summary.large_share:.1%}, "
