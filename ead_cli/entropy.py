@@ -23,9 +23,11 @@ class EntropyMeter:
         self._shifted = np.empty(n_vocab, dtype=np.float32)
         self._exp = np.empty(n_vocab, dtype=np.float32)
 
-    def __call__(self, logits: np.ndarray) -> float:
+    def __call__(self, logits: np.ndarray, top: float | None = None) -> float:
+        """The entropy; ``top``, where the caller has it (a greedy step's argmax), is ``logits.max()``."""
         shifted, exp = self._shifted, self._exp
-        top = logits.max()
+        if top is None:
+            top = logits.max()
         if math.isfinite(top):
             with np.errstate(over="ignore", invalid="ignore"):  # a shift past -3.4e38 is -inf: 0 * -inf
                 np.subtract(logits, top, out=shifted)
@@ -52,6 +54,20 @@ def _entropy_in_float64(logits: np.ndarray) -> float:
     weights = np.exp(z)
     total = weights.sum()
     return (math.log(total) - float(np.dot(weights, z)) / total) / _LN2
+
+
+def entropy_floor_bits(top: float, bottom: float, n_vocab: int) -> float:
+    """A lower bound (bits) on the entropy of softmax over ``n_vocab`` logits, all in [bottom, top].
+
+    The top token's probability is at most 1 / (1 + (n - 1) e^(bottom - top)) (every other token has
+    at least e^(bottom - top) of its weight), and the entropy is at least the min-entropy -log2 p_max.
+    Tight for rows whose logits spread over a few nats (a random-weight twin's: within ~3 bits of
+    log2 n), 0 for a real model's (spread over 30-50 nats). A NaN logit bounds nothing: 0.
+    """
+    spread = float(top) - float(bottom)
+    if not spread >= 0:  # NaN, or an inverted range
+        return 0.0
+    return math.log2(1.0 + (n_vocab - 1) * math.exp(-spread)) if spread < 700 else 0.0
 
 
 def entropy_bits(logits: np.ndarray) -> float:
