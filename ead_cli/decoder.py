@@ -18,7 +18,7 @@ from time import perf_counter
 
 import numpy as np
 
-from .entropy import EntropyMeter, entropy_floor_bits, max_entropy_bits
+from .entropy import EntropyMeter, max_entropy_bits
 from .lookup import propose
 from .options import check_draft, check_lookup, check_verify_ratio
 from .policies import Fixed, Policy
@@ -327,8 +327,10 @@ class Decoder(_Generation):
 
     ``entropy``: ``"exact"`` measures every step's entropy (each event shows it); ``"needed"`` measures
     it only where the policy's decision needs the value (``Policy.settled``): a single model's loop
-    never, a gate (window 1) not where a cheap bound (``entropy_floor_bits``: one pass for the row's
-    minimum) already puts it on one side of every tau. The tokens and every decision are the same;
+    never, a gate (window 1) not where cheap bounds already put it on one side of every tau
+    (``EntropyMeter.settle``: the exact sums over the logits within 20 nats of the top, as a real
+    model's rows have a few thousand of, or the row's minimum for a near-uniform row). The tokens and
+    every decision are the same (the bounds are widened by the exact pass's own float32 tolerance);
     events show NaN for the entropy and the rolling mean of a step not measured.
     """
 
@@ -466,14 +468,13 @@ class Decoder(_Generation):
             entropy = meter(logits) * scale
             return policy.observe(entropy), entropy, policy.rolling
         top = logits[best] if best >= 0 else None
-        if self._needed_only:
-            high = max_entropy_bits(logits.shape[0]) * scale
-            if policy.settled(0.0, high):  # the value is never read: not even a bound is needed
+        if self._needed_only and policy.may_settle:
+            if policy.settled(0.0, max_entropy_bits(logits.shape[0]) * scale):  # never read: no bound needed
                 return policy.observe(0.0), math.nan, math.nan
             if top is None:
                 top = logits.max()
-            low = entropy_floor_bits(top, logits.min(), logits.shape[0]) * scale
-            if policy.settled(low, high):
+            low = meter.settle(logits, top, policy.settled, scale)
+            if low is not None:
                 return policy.observe(low), math.nan, math.nan
         entropy = meter(logits, top) * scale
         return policy.observe(entropy), entropy, policy.rolling

@@ -148,6 +148,11 @@ class Policy(ABC):
             self._adaptive.update(entropy)
         return writer
 
+    @property
+    def may_settle(self) -> bool:
+        """Whether ``settled`` can ever answer True (else the decoder does not look for bounds)."""
+        return False
+
     def settled(self, low: float, high: float) -> bool:
         """Whether ``observe`` would pick the same writer and next model, and leave the policy in the
         same state for its later steps, for every entropy in [low, high]: then the decoder may observe
@@ -182,6 +187,10 @@ class Fixed(Policy):
 
     def __init__(self, model: int = 0, *, window: int = 1) -> None:
         super().__init__(window=window, start=model)
+
+    @property
+    def may_settle(self) -> bool:
+        return True
 
     def settled(self, low: float, high: float) -> bool:
         return True  # the entropy is never read
@@ -298,6 +307,10 @@ class Gate(Policy):
         else:
             self.burst_left = self.burst
         return evaluated, self.top
+
+    @property
+    def may_settle(self) -> bool:
+        return self._window.maxlen == 1
 
     def settled(self, low: float, high: float) -> bool:
         return self._thresholds_settled(low, high)  # every read of the entropy compares it with a tau

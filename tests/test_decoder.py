@@ -265,8 +265,9 @@ def test_entropy_measured_only_where_needed_writes_and_switches_alike(
     request: pytest.FixtureRequest, rows: str, name: str, temp: float
 ) -> None:
     """``entropy="needed"``: the same tokens, models and text as measuring every step; the steps it
-    measured show the very same entropy, the others NaN. On the middle pair (rows over ~10 nats) the
-    floor settles nothing and the gates switch both ways; on the narrow pair it settles some steps."""
+    measured show the very same entropy, the others NaN. On the middle pair (the gates switch both ways)
+    the head bounds settle the steps (a 267-token row is all head: exact in float64), on the narrow
+    pair (above tau at every step) the head bounds or the floor."""
     runners = request.getfixturevalue("runners" if rows == "middle" else "narrow_pair")
     tau = 3.0 if rows == "middle" else 2.5
     sampling = SamplingParams(temp=temp, seed=5)
@@ -284,11 +285,11 @@ def test_entropy_measured_only_where_needed_writes_and_switches_alike(
     skipped = len(needed) - len(measured)
     if name.startswith("fixed"):
         assert skipped == len(needed)
-    elif name == "ead" or rows == "middle":
-        assert skipped == 0  # a rolling mean over three steps reads every value; the floor is 0 here
-        assert name == "ead" or {e.model for e in needed} == {"small", "large"}
+    elif name == "ead":
+        assert skipped == 0  # a rolling mean over three steps reads every value
     else:
-        assert 0 < skipped < len(needed)
+        assert skipped > len(needed) // 2
+        assert rows == "narrow" or {e.model for e in needed} == {"small", "large"}
 
 
 def test_an_unknown_entropy_mode_is_refused(runners: list[Runner]) -> None:
