@@ -64,7 +64,7 @@ def needed_step(meter: EntropyMeter, policy: Policy, row: np.ndarray) -> None:
     """What ``entropy="needed"`` computes for a row: the bounds, then the exact pass if they do not
     settle the step."""
     top = row[int(row.argmax())]
-    if meter.settle(row, top, policy.settled) is None:
+    if not policy.may_settle or meter.settle(row, top, policy.settled) is None:
         meter(row, top)
 
 
