@@ -416,7 +416,10 @@ class Decoder(_Generation):
         last_writer = -1
         while len(tokens) - prompt_len < self.max_tokens:
             evaluated = policy.active
-            logits = yield from self._logits(evaluated, last_writer)
+            if evaluated == self._checker and self._held:
+                logits = yield from self._logits(evaluated, last_writer)
+            else:  # the common step, without a generator
+                logits = self._sync(evaluated, last_writer)
             if logits is not None:
                 best = int(logits.argmax()) if greedy else -1  # the greedy token; the max for the entropy
                 writer, entropy, rolling = self._observe(evaluated, logits, best)
@@ -440,7 +443,8 @@ class Decoder(_Generation):
             self._tell_policy(token, writer)
             event = (token, writer, entropy, rolling, policy.tau)
             if not policy.holding and (self._checker < 0 or writer == self._checker):
-                yield from self._release(len(self._held))  # a decided lookahead draft goes first
+                if self._held:  # a decided lookahead draft goes first
+                    yield from self._release(len(self._held))
                 if not self.finished:
                     yield self._emit(*event)
             else:
@@ -485,10 +489,14 @@ class Decoder(_Generation):
             rolled_back = yield from self._check()
             if rolled_back:
                 return None
-        runner = self.runners[index]
-        own_tail = last_writer == index
+        return self._sync(index, last_writer)
+
+    def _sync(self, index: int, last_writer: int) -> np.ndarray:
+        """Logits of model ``index`` for the next position, when no check is due."""
         guess = self._guess if self.lookup else None
-        return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess)
+        return self.runners[index].sync(
+            self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index, guess=guess
+        )
 
     def _guess(self) -> list[int]:
         """A lookup guess for what follows the tokens so far."""

@@ -213,6 +213,11 @@ class Runner:
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        batch = self._batch  # its arrays, fetched once (each attribute read makes a new ctypes pointer)
+        self._batch_arrays = (batch.token, batch.pos, batch.logits)
+        for i in range(self.n_batch):  # every token of every batch is in sequence 0 alone
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
         # Asked between graph nodes of a batch, so a Ctrl-C stops a long prefill or catch-up at once
         # rather than after it; set only for batches (a Python call per node would slow decode).
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)
@@ -397,14 +402,10 @@ class Runner:
             chunk_end = min(end, chunk_start + self.n_batch)
             count = chunk_end - chunk_start
             batch.n_tokens = count
-            ids, positions, seq_counts, seq_ids, wants = (
-                batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
-            )
+            ids, positions, wants = self._batch_arrays
             for i in range(count):
                 ids[i] = tokens[chunk_start + i]
                 positions[i] = chunk_start + i
-                seq_counts[i] = 1
-                seq_ids[i][0] = 0
                 wants[i] = chunk_start + i >= end - rows
             status = self._decode(batch, abortable=count > 1)
             if status != 0:
