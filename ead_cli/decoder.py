@@ -34,7 +34,8 @@ class TokenEvent:
     """One generated token. ``entropy`` is what the policy observed at this step (bits, or a fraction
     of log2|V| with normalisation); ``rolling`` is the policy's rolling mean after it; ``tau`` the
     policy's threshold after it (it moves with an adaptive range; None without a policy); ``text`` is
-    the text this token releases (whole characters; stop-string candidates are held back)."""
+    the text this token releases (whole characters; stop-string candidates are held back). With
+    ``Decoder(entropy="needed")`` a step whose decision did not need the entropy shows NaN for both."""
 
     index: int
     token: int
