@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,3 +296,23 @@ def test_entropy_measured_only_where_needed_writes_and_switches_alike(
 def test_an_unknown_entropy_mode_is_refused(runners: list[Runner]) -> None:
     with pytest.raises(ValueError, match="entropy must be one of exact, needed"):
         Decoder(runners, ("small", "large"), Fixed(0), SamplingParams(), entropy="bounded")
+
+
+def test_llama_cpps_greedy_sampler_picks_the_argmax_the_loop_takes_ties_included() -> None:
+    """A greedy step takes the row's argmax (the first maximum) in place of llama.cpp's greedy sampler:
+    the same token on rows with ties at the top, spread anywhere in the row."""
+    rng = np.random.default_rng(2)
+    greedy = llama_cpp.llama_sampler_init_greedy()
+    try:
+        for case in range(200):
+            row = rng.standard_normal(4096).astype(np.float32)
+            if case % 2:  # a tie at the top, between two to five tokens
+                row[rng.choice(4096, int(rng.integers(2, 6)), replace=False)] = row.max() + 1.0
+            data = (llama_cpp.llama_token_data * row.shape[0])(
+                *(llama_cpp.llama_token_data(i, float(x), 0.0) for i, x in enumerate(row))
+            )
+            candidates = llama_cpp.llama_token_data_array(data, row.shape[0], -1, False)
+            llama_cpp.llama_sampler_apply(greedy, ctypes.byref(candidates))
+            assert data[candidates.selected].id == int(row.argmax())
+    finally:
+        llama_cpp.llama_sampler_free(greedy)
