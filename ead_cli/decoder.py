@@ -18,7 +18,7 @@ from time import perf_counter
 
 import numpy as np
 
-from .entropy import max_entropy_bits
+from .entropy import EntropyMeter, max_entropy_bits
 from .lookup import propose
 from .options import check_draft, check_lookup, check_verify_ratio
 from .policies import Fixed, Policy
@@ -34,7 +34,8 @@ class TokenEvent:
     """One generated token. ``entropy`` is what the policy observed at this step (bits, or a fraction
     of log2|V| with normalisation); ``rolling`` is the policy's rolling mean after it; ``tau`` the
     policy's threshold after it (it moves with an adaptive range; None without a policy); ``text`` is
-    the text this token releases (whole characters; stop-string candidates are held back)."""
+    the text this token releases (whole characters; stop-string candidates are held back). With
+    ``Decoder(entropy="needed")`` a step whose decision did not need the entropy shows NaN for both."""
 
     index: int
     token: int
@@ -174,6 +175,7 @@ class _Generation:
         self.max_tokens = max_tokens
         self.stop = tuple(stop)
         self.tokens: list[int] = []
+        self._n_ctx = min(runner.n_ctx for runner in self.runners)  # asked every token
         self._written = [0] * len(self.runners)
         self._prompt_len = 0
         self._generated = 0
@@ -195,7 +197,7 @@ class _Generation:
 
     @property
     def n_ctx(self) -> int:
-        return min(runner.n_ctx for runner in self.runners)
+        return self._n_ctx
 
     def _begin(self, prompt: Sequence[int]) -> list[int]:
         self.tokens = list(prompt)
@@ -302,6 +304,9 @@ class _Generation:
         )
 
 
+ENTROPY_MODES = ("exact", "needed")
+
+
 class Decoder(_Generation):
     """Entropy-adaptive decoding: at each step the policy's active model is evaluated, its entropy
     observed, and the policy names the model that writes the token. Runners are ordered from the
@@ -320,6 +325,14 @@ class Decoder(_Generation):
     while the text follows the guess, its next steps take their rows from that batch instead of a decode
     (``Runner.sync``). Entropy, policy and sampler see every row as in a one-token step, so the text is
     the same policy's text without lookup, up to batched kernels' rounding at near-ties.
+
+    ``entropy``: ``"exact"`` measures every step's entropy (each event shows it); ``"needed"`` measures
+    it only where the policy's decision needs the value (``Policy.settled``): a single model's loop
+    never, a gate (window 1) not where cheap bounds already put it on one side of every tau
+    (``EntropyMeter.settle``: the exact sums over the logits within 20 nats of the top, as a real
+    model's rows have a few thousand of, or the row's minimum for a near-uniform row). The tokens and
+    every decision are the same (the bounds are widened by the exact pass's own float32 tolerance);
+    events show NaN for the entropy and the rolling mean of a step not measured.
     """
 
     def __init__(
@@ -337,9 +350,12 @@ class Decoder(_Generation):
         fallback: bool = False,
         lookup: int = 0,
         lookup_draft: int = 16,
+        entropy: str = "exact",
     ) -> None:
         check_lookup(lookup)
         check_draft(lookup_draft)
+        if entropy not in ENTROPY_MODES:
+            raise ValueError(f"entropy must be one of {', '.join(ENTROPY_MODES)}, got {entropy!r}")
         if verify is not None:
             check_verify_ratio(verify)
         if check_every < 1:
@@ -347,6 +363,7 @@ class Decoder(_Generation):
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.policy = policy
         self.check_every = check_every
+        self._needed_only = entropy == "needed"
         self._entropy_scale = 1.0 / max_entropy_bits(self.runners[0].n_vocab) if normalize else 1.0
         self._checker = len(self.runners) - 1 if verify is not None and len(self.runners) > 1 else -1
         self._log_ratio = math.log(verify) if verify is not None else 0.0
@@ -394,35 +411,41 @@ class Decoder(_Generation):
 
     def _loop(self, prompt_len: int) -> Iterator[TokenEvent]:
         """The steps: evaluate, observe, choose the writer, sample, show or hold."""
-        policy, scale, runners, sampler = self.policy, self._entropy_scale, self.runners, self._sampler
+        policy, runners, sampler = self.policy, self.runners, self._sampler
+        greedy = sampler.greedy
         tokens = self.tokens
         last_writer = -1
         while len(tokens) - prompt_len < self.max_tokens:
             evaluated = policy.active
-            logits = yield from self._logits(evaluated, last_writer)
+            if evaluated == self._checker and self._held:
+                logits = yield from self._logits(evaluated, last_writer)
+            else:  # the common step, without a generator
+                logits = self._sync(evaluated, last_writer)
             if logits is not None:
-                entropy = runners[evaluated].entropy(logits) * scale
-                writer = policy.observe(entropy)
+                best = int(logits.argmax()) if greedy else -1  # the greedy token; the max for the entropy
+                writer, entropy, rolling = self._observe(evaluated, logits, best)
                 while policy.escalating:  # a cascade asks the next model up at this same step
                     evaluated = writer
                     logits = yield from self._logits(evaluated, last_writer)
-                    entropy = runners[evaluated].entropy(logits) * scale
-                    writer = policy.observe(entropy)
+                    best = int(logits.argmax()) if greedy else -1
+                    writer, entropy, rolling = self._observe(evaluated, logits, best)
                 if writer != evaluated:
                     logits = yield from self._logits(writer, last_writer)
+                    best = -1
             if logits is None:  # a rollback: the checker has written the rejected position itself
                 last_writer = self._checker
                 if self.finished:
                     return
                 continue
             last_writer = writer
-            token = sampler.sample(self.runners[writer].ctx, logits)
+            token = best if best >= 0 else sampler.sample(runners[writer].ctx, logits)
             if self.on_sample is not None:
                 self.on_sample(token, logits)
             self._tell_policy(token, writer)
-            event = (token, writer, entropy, policy.rolling, policy.tau)
+            event = (token, writer, entropy, rolling, policy.tau)
             if not policy.holding and (self._checker < 0 or writer == self._checker):
-                yield from self._release(len(self._held))  # a decided lookahead draft goes first
+                if self._held:  # a decided lookahead draft goes first
+                    yield from self._release(len(self._held))
                 if not self.finished:
                     yield self._emit(*event)
             else:
@@ -440,16 +463,41 @@ class Decoder(_Generation):
                 return
         self._finish = "length"
 
+    def _observe(self, index: int, logits: np.ndarray, best: int) -> tuple[int, float, float]:
+        """Model ``index``'s entropy at this row, told to the policy: (the writer, the entropy and the
+        rolling mean the event shows). ``best``: the row's argmax, or -1 (then the meter finds the max).
+        In ``"needed"`` mode a step the policy settles without the value is not measured (NaN)."""
+        policy, runner, scale = self.policy, self.runners[index], self._entropy_scale
+        meter = runner.entropy
+        if not isinstance(meter, EntropyMeter):  # a remote model's estimate (or a test's stand-in)
+            entropy = meter(logits) * scale
+            return policy.observe(entropy), entropy, policy.rolling
+        top = logits[best] if best >= 0 else None
+        if self._needed_only and policy.may_settle:
+            if policy.settled(0.0, max_entropy_bits(logits.shape[0]) * scale):  # never read: no bound needed
+                return policy.observe(0.0), math.nan, math.nan
+            if top is None:
+                top = logits.max()
+            low = meter.settle(logits, top, policy.settled, scale)
+            if low is not None:
+                return policy.observe(low), math.nan, math.nan
+        entropy = meter(logits, top) * scale
+        return policy.observe(entropy), entropy, policy.rolling
+
     def _logits(self, index: int, last_writer: int) -> Generator[TokenEvent, None, np.ndarray | None]:
         """Logits of model ``index`` for the next position; None after a rollback (see ``_check``)."""
         if index == self._checker and self._held:
             rolled_back = yield from self._check()
             if rolled_back:
                 return None
-        runner = self.runners[index]
-        own_tail = last_writer == index
+        return self._sync(index, last_writer)
+
+    def _sync(self, index: int, last_writer: int) -> np.ndarray:
+        """Logits of model ``index`` for the next position, when no check is due."""
         guess = self._guess if self.lookup else None
-        return runner.sync(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess)
+        return self.runners[index].sync(
+            self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index, guess=guess
+        )
 
     def _guess(self) -> list[int]:
         """A lookup guess for what follows the tokens so far."""

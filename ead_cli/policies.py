@@ -148,6 +148,27 @@ class Policy(ABC):
             self._adaptive.update(entropy)
         return writer
 
+    @property
+    def may_settle(self) -> bool:
+        """Whether ``settled`` can ever answer True (else the decoder does not look for bounds)."""
+        return False
+
+    def settled(self, low: float, high: float) -> bool:
+        """Whether ``observe`` would pick the same writer and next model, and leave the policy in the
+        same state for its later steps, for every entropy in [low, high]: then the decoder may observe
+        any value of the range without measuring the entropy (``Decoder(entropy="needed")``). A policy
+        that reads the value itself (a rolling mean over several steps) answers False, the default."""
+        return False
+
+    def _thresholds_settled(self, low: float, high: float) -> bool:
+        """Whether every comparison of this step's entropy with a threshold in force (``entropy >= tau``)
+        comes out the same across [low, high], with a window of one step (the rolling mean is the
+        entropy itself) and no chained cascade step pending."""
+        if self._window.maxlen != 1 or self.escalating:
+            return False
+        taus = (self._adaptive.value,) if self._adaptive else self._taus
+        return all(low >= tau or high < tau for tau in taus)
+
     def see(self, text: str) -> None:
         """The text of the token just written (called only when ``wants_text``)."""
         raise NotImplementedError(f"{type(self).__name__} sets wants_text without reading the text")
@@ -166,6 +187,13 @@ class Fixed(Policy):
 
     def __init__(self, model: int = 0, *, window: int = 1) -> None:
         super().__init__(window=window, start=model)
+
+    @property
+    def may_settle(self) -> bool:
+        return True
+
+    def settled(self, low: float, high: float) -> bool:
+        return True  # the entropy is never read
 
     def _step(self, entropy: float, evaluated: int) -> tuple[int, int]:
         return evaluated, evaluated
@@ -279,6 +307,13 @@ class Gate(Policy):
         else:
             self.burst_left = self.burst
         return evaluated, self.top
+
+    @property
+    def may_settle(self) -> bool:
+        return self._window.maxlen == 1
+
+    def settled(self, low: float, high: float) -> bool:
+        return self._thresholds_settled(low, high)  # every read of the entropy compares it with a tau
 
     def _burst_by(self, level: int) -> tuple[int, int]:
         """Model ``level`` writes this token and starts its burst."""

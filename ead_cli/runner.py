@@ -26,7 +26,7 @@ from .errors import EadError
 from .gguf_files import shard_paths
 from .hardware import Repack, repack_choice
 from .options import resolve_threads
-from .signals import Terminated, main_thread_signals, stop_requested
+from .signals import Terminated, block_signals, main_thread_signals, restore_signals, stop_requested
 
 Phase = Literal["prefill", "decode", "catchup"]
 TWIN_KEY = "ead.twin"  # metadata of a random-weight twin (scripts/write_twin.py): what it twins
@@ -213,6 +213,11 @@ class Runner:
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        batch = self._batch  # its arrays, fetched once (each attribute read makes a new ctypes pointer)
+        self._batch_arrays = (batch.token, batch.pos, batch.logits)
+        for i in range(self.n_batch):  # every token of every batch is in sequence 0 alone
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
         # Asked between graph nodes of a batch, so a Ctrl-C stops a long prefill or catch-up at once
         # rather than after it; set only for batches (a Python call per node would slow decode).
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)
@@ -234,6 +239,7 @@ class Runner:
         self._logits_view: np.ndarray | None = None  # the last row's numpy view, while llama.cpp keeps it
         self._logits_address = 0  # where that view points
         self._pieces: dict[int, bytes] = {}  # token_bytes' answers: the vocabulary never changes
+        self._ends: dict[int, bool] = {}  # is_end_of_generation's answers
         self.label = self.path.name
         self.location = str(self.path)
 
@@ -396,12 +402,11 @@ class Runner:
             chunk_end = min(end, chunk_start + self.n_batch)
             count = chunk_end - chunk_start
             batch.n_tokens = count
+            ids, positions, wants = self._batch_arrays
             for i in range(count):
-                batch.token[i] = tokens[chunk_start + i]
-                batch.pos[i] = chunk_start + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = chunk_start + i >= end - rows
+                ids[i] = tokens[chunk_start + i]
+                positions[i] = chunk_start + i
+                wants[i] = chunk_start + i >= end - rows
             status = self._decode(batch, abortable=count > 1)
             if status != 0:
                 self.truncate(chunk_start)
@@ -421,10 +426,11 @@ class Runner:
         which is then raised here (cells it wrote are cleared by the next ``truncate``/``align``)."""
         if abortable:
             llama_cpp.llama_set_abort_callback(self._ctx, self._abort_callback, None)
+        previous = block_signals()  # main_thread_signals, without its ~4 us a token
         try:
-            with main_thread_signals():
-                status = llama_cpp.llama_decode(self._ctx, batch)
+            status = llama_cpp.llama_decode(self._ctx, batch)
         finally:
+            restore_signals(previous)
             if abortable:
                 llama_cpp.llama_set_abort_callback(self._ctx, self._no_abort_callback, None)
         if self._interrupt is not None:
@@ -477,7 +483,10 @@ class Runner:
         return list(buffer[:count])
 
     def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        ends = self._ends.get(token)  # asked every token: a dict beats a ctypes call (~1 us)
+        if ends is None:
+            ends = self._ends[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return ends
 
     def metadata(self, key: str) -> str | None:
         """A string value from the GGUF metadata (e.g. tokenizer.chat_template), or None."""

@@ -63,6 +63,11 @@ class Sampler:
             add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
             add(self._chain, llama_cpp.llama_sampler_init_dist(params.seed))
 
+    @property
+    def greedy(self) -> bool:
+        """Whether ``sample`` takes the row's argmax (temp 0, no grammar)."""
+        return self._greedy
+
     def sample(self, ctx: llama_cpp.llama_context_p | None, logits: np.ndarray, index: int = -1) -> int:
         """Choose a token from row ``index`` of ctx's last batch of logits (``logits`` is a view of it).
 

@@ -10,12 +10,15 @@ the call returns.
 
 from __future__ import annotations
 
+import _signal
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_pthread_sigmask = _signal.pthread_sigmask
+_SIG_BLOCK, _SIG_SETMASK = _signal.SIG_BLOCK, _signal.SIG_SETMASK
 
 
 @contextmanager
@@ -26,6 +29,18 @@ def main_thread_signals() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def block_signals() -> set[int]:
+    """``main_thread_signals`` as two plain calls, for the per-token path: block SIGINT and SIGTERM in
+    this thread and return the previous mask for ``restore_signals``. ``_signal``'s own call skips
+    ``signal``'s conversion of each mask to enums (~1 us a token, against ~5 us with the context manager)."""
+    return _pthread_sigmask(_SIG_BLOCK, _SIGNALS)
+
+
+def restore_signals(previous: set[int]) -> None:
+    """Put back the mask ``block_signals`` returned."""
+    _pthread_sigmask(_SIG_SETMASK, previous)
 
 
 def stop_requested() -> bool:

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
+from functools import partial
 from time import perf_counter, process_time
 
 import llama_cpp
@@ -36,13 +38,13 @@ from ead_cli import registry
 from ead_cli.decoder import Decoder
 from ead_cli.hardware import this_cpu
 from ead_cli.options import default_threads
-from ead_cli.policies import Fixed
+from ead_cli.policies import Fixed, Gate, Policy
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
-LOOPS = ("bare", "ead", "ead_without_entropy")
+LOOPS = ("bare", "ead", "ead_needed", "ead_without_entropy", "gate", "gate_needed")
 
 
 def bare_loop(runner: Runner, prompt: list[int], count: int) -> tuple[float, float]:
@@ -65,11 +67,15 @@ def bare_loop(runner: Runner, prompt: list[int], count: int) -> tuple[float, flo
     return elapsed
 
 
-def ead_loop(runner: Runner, prompt: list[int], count: int) -> tuple[float, float]:
+def ead_loop(
+    runner: Runner, prompt: list[int], count: int, *, entropy: str = "exact", gate: bool = False
+) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens through the Decoder with a policy that never
-    switches."""
+    switches, or with the gate on this context named twice (``gate``)."""
     runner.truncate(0)
-    decoder = Decoder([runner], ("small",), Fixed(0), SamplingParams(), max_tokens=count + 1)
+    runners, roles = ([runner, runner], ("small", "large")) if gate else ([runner], ("small",))
+    policy: Policy = Gate(1.0) if gate else Fixed(0)
+    decoder = Decoder(runners, roles, policy, SamplingParams(), max_tokens=count + 1, entropy=entropy)
     events = decoder.run(prompt)
     next(events)  # the prompt's prefill and the first token, as the bare loop's prompt decode
     began, began_cpu = perf_counter(), process_time()
@@ -101,8 +107,20 @@ def main() -> None:
     runner = Runner(path, name="small", n_ctx=1024, n_threads=args.threads)
     prompt = encode_prompt(runner, PROMPT)
     loops: dict[str, Callable[[Runner, list[int], int], tuple[float, float]]] = dict(
-        zip(LOOPS, (bare_loop, ead_loop, ead_loop_without_entropy), strict=True)
+        zip(
+            LOOPS,
+            (
+                bare_loop,
+                ead_loop,
+                partial(ead_loop, entropy="needed"),
+                ead_loop_without_entropy,
+                partial(ead_loop, gate=True),
+                partial(ead_loop, gate=True, entropy="needed"),
+            ),
+            strict=True,
+        )
     )
+    load_before = os.getloadavg()
     for loop in loops.values():  # warm all: page in the weights, allocate buffers
         loop(runner, prompt, 16)
     wall: dict[str, list[float]] = {name: [] for name in LOOPS}  # tokens per second, run by run
@@ -126,12 +144,17 @@ def main() -> None:
         "threads": args.threads,
         "repack": runner.repack.word,  # llama.cpp's weight repacking, as ead decided it (EAD_REPACK, the CPU)
         "cpu": this_cpu()[0],
+        "cpus_allowed": sorted(os.sched_getaffinity(0)),  # taskset -c 1: [1]
+        "load_avg_before": [round(x, 2) for x in load_before],  # 1, 5, 15 minutes (os.getloadavg)
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         **{f"{name}_tok_s": [round(x, 2) for x in wall[name]] for name in LOOPS},
         **{f"{name}_median_tok_s": round(wall_median[name], 2) for name in LOOPS},
         **{f"{name}_cpu_tok_s": [round(x, 2) for x in cpu[name]] for name in LOOPS},
         **{f"{name}_cpu_median_tok_s": round(cpu_median[name], 2) for name in LOOPS},
         "ratio": round(wall_median["ead"] / wall_median["bare"], 4),
         "cpu_ratio": round(cpu_median["ead"] / cpu_median["bare"], 4),
+        **{f"{name}_ratio": round(wall_median[name] / wall_median["bare"], 4) for name in LOOPS[2:]},
+        **{f"{name}_cpu_ratio": round(cpu_median[name] / cpu_median["bare"], 4) for name in LOOPS[2:]},
         "overhead_us": extra_us(wall_median, "ead", "bare"),
         "cpu_overhead_us": extra_us(cpu_median, "ead", "bare"),
         "cpu_entropy_us": extra_us(cpu_median, "ead", "ead_without_entropy"),

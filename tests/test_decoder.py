@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 import pytest
-from tiny_models import open_pair
+from tiny_models import open_pair, write_tiny_model
 
 from ead_cli.decoder import Decoder, TokenEvent
 from ead_cli.errors import EadError
@@ -230,3 +233,86 @@ def test_a_policy_that_wants_text_sees_each_written_token_in_order(runners: list
     assert {e.model for e in events} == {"small", "large"}
     expected = [runners[0].token_bytes(e.token).decode("utf-8", "replace") for e in events]
     assert policy.seen == expected
+
+
+NEEDED_POLICIES = {
+    "fixed small": lambda tau: Fixed(0),
+    "fixed large": lambda tau: Fixed(1),
+    "gate": lambda tau: Gate(tau),
+    "gate after, burst 2": lambda tau: Gate(tau, burst=2, switch_point="after"),
+    "gate adaptive tau": lambda tau: Gate(tau, tau_range=(tau - 0.5, tau + 0.5)),
+    "ead": lambda tau: EAD(tau, window=3, min_run=2),
+}
+
+
+@pytest.fixture(scope="module")
+def narrow_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Runner]]:
+    """A tiny pair whose rows spread over a few nats (logit scale 0.5: ~7.8 of 8.06 bits), where the
+    entropy floor lies 1.4-3.3 bits: a gate at 2.5 bits is settled by it at some steps, not at others."""
+    folder = tmp_path_factory.mktemp("narrow")
+    paths = (folder / "small.gguf", folder / "large.gguf")
+    for seed, path in enumerate(paths):
+        write_tiny_model(path, seed=seed, logit_scale=0.5)
+    pair = open_pair(paths)
+    yield pair
+    for runner in pair:
+        runner.close()
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+@pytest.mark.parametrize("name", list(NEEDED_POLICIES))
+@pytest.mark.parametrize("rows", ["middle", "narrow"])
+def test_entropy_measured_only_where_needed_writes_and_switches_alike(
+    request: pytest.FixtureRequest, rows: str, name: str, temp: float
+) -> None:
+    """``entropy="needed"``: the same tokens, models and text as measuring every step; the steps it
+    measured show the very same entropy, the others NaN. On the middle pair (the gates switch both ways)
+    the head bounds settle the steps (a 267-token row is all head: exact in float64), on the narrow
+    pair (above tau at every step) the head bounds or the floor."""
+    runners = request.getfixturevalue("runners" if rows == "middle" else "narrow_pair")
+    tau = 3.0 if rows == "middle" else 2.5
+    sampling = SamplingParams(temp=temp, seed=5)
+    results = []
+    for mode in ("exact", "needed"):
+        for runner in runners:
+            runner.truncate(0)
+        policy = NEEDED_POLICIES[name](tau)
+        results.append(generate(runners, policy, max_tokens=120, sampling=sampling, entropy=mode)[2])
+    exact, needed = results
+    seen = [(e.token, e.model, e.text, e.tau) for e in needed]
+    assert seen == [(e.token, e.model, e.text, e.tau) for e in exact]
+    measured = [(n, e) for n, e in zip(needed, exact, strict=True) if not math.isnan(n.entropy)]
+    assert all(n.entropy == e.entropy and n.rolling == e.rolling for n, e in measured)
+    skipped = len(needed) - len(measured)
+    if name.startswith("fixed"):
+        assert skipped == len(needed)
+    elif name == "ead":
+        assert skipped == 0  # a rolling mean over three steps reads every value
+    else:
+        assert skipped > len(needed) // 2
+        assert rows == "narrow" or {e.model for e in needed} == {"small", "large"}
+
+
+def test_an_unknown_entropy_mode_is_refused(runners: list[Runner]) -> None:
+    with pytest.raises(ValueError, match="entropy must be one of exact, needed"):
+        Decoder(runners, ("small", "large"), Fixed(0), SamplingParams(), entropy="bounded")
+
+
+def test_llama_cpps_greedy_sampler_picks_the_argmax_the_loop_takes_ties_included() -> None:
+    """A greedy step takes the row's argmax (the first maximum) in place of llama.cpp's greedy sampler:
+    the same token on rows with ties at the top, spread anywhere in the row."""
+    rng = np.random.default_rng(2)
+    greedy = llama_cpp.llama_sampler_init_greedy()
+    try:
+        for case in range(200):
+            row = rng.standard_normal(4096).astype(np.float32)
+            if case % 2:  # a tie at the top, between two to five tokens
+                row[rng.choice(4096, int(rng.integers(2, 6)), replace=False)] = row.max() + 1.0
+            data = (llama_cpp.llama_token_data * row.shape[0])(
+                *(llama_cpp.llama_token_data(i, float(x), 0.0) for i, x in enumerate(row))
+            )
+            candidates = llama_cpp.llama_token_data_array(data, row.shape[0], -1, False)
+            llama_cpp.llama_sampler_apply(greedy, ctypes.byref(candidates))
+            assert data[candidates.selected].id == int(row.argmax())
+    finally:
+        llama_cpp.llama_sampler_free(greedy)

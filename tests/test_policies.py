@@ -1,5 +1,7 @@
 """Policies are pure state machines: every rule and edge case on hand-written entropy sequences."""
 
+import random
+
 import pytest
 
 from ead_cli.policies import EAD, AdaptiveTau, Fixed, Gate, Lookahead, Policy, make_policy
@@ -363,3 +365,51 @@ def test_ead_with_one_tau_is_the_two_model_rule() -> None:
     one = drive(EAD(0.5, window=2, min_run=2), entropies)
     listed = drive(EAD((0.5,), window=2, min_run=2), entropies)
     assert one == listed and 1 in one[0] and 0 in one[0]
+
+
+SETTLING = {
+    "fixed": lambda: Fixed(0),
+    "gate": lambda: Gate(1.0),
+    "gate after, burst 3": lambda: Gate(1.0, burst=3, switch_point="after"),
+    "gate adaptive burst": lambda: Gate(1.0, burst="adaptive"),
+    "gate line burst": lambda: Gate(1.0, burst="line"),
+    "gate adaptive tau": lambda: Gate(1.0, tau_range=(0.5, 2.0)),
+    "gate cascade": lambda: Gate([1.0, 2.0]),
+    "gate window 3": lambda: Gate(1.0, window=3),
+    "ead": lambda: EAD(1.0, window=3, min_run=2),
+}
+
+
+@pytest.mark.parametrize("name", list(SETTLING))
+def test_a_settled_step_decides_alike_for_any_entropy_in_its_range(name: str) -> None:
+    """Where ``settled(low, high)`` says so, a policy fed ``low`` or ``high`` for a step whose entropy lies
+    in [low, high] picks the same models at that step and at every later one as one fed the entropy."""
+    rng = random.Random(name)
+    exact, lows, highs = SETTLING[name](), SETTLING[name](), SETTLING[name]()
+    settled_steps = 0
+    for step in range(3000):
+        entropy = rng.choice((0.0, 0.5, 0.99, 1.0, 1.01, 1.5, 2.0, 2.5, 4.0)) * rng.uniform(0.9, 1.1)
+        low, high = max(0.0, entropy - rng.uniform(0, 1.5)), entropy + rng.uniform(0, 1.5)
+        assert exact.active == lows.active == highs.active
+        if lows.settled(low, high):
+            assert highs.settled(low, high)
+            settled_steps += 1
+            picks = {exact.observe(entropy), lows.observe(low), highs.observe(high)}
+        else:
+            picks = {exact.observe(entropy), lows.observe(entropy), highs.observe(entropy)}
+        assert len(picks) == 1, f"step {step}"
+        assert exact.escalating == lows.escalating == highs.escalating
+        while exact.escalating:  # a cascade's chained step: never settled, measured
+            assert not lows.settled(0.0, 100.0)
+            chained = rng.uniform(0.0, 3.0)
+            assert len({exact.observe(chained), lows.observe(chained), highs.observe(chained)}) == 1
+        if exact.wants_text:
+            text = "\n" if step % 5 == 0 else "x"
+            for policy in (exact, lows, highs):
+                policy.see(text)
+    if name in ("gate window 3", "ead"):
+        assert settled_steps == 0  # a rolling mean over several steps reads the value itself
+        assert not exact.may_settle
+    else:
+        assert settled_steps > 300
+        assert exact.may_settle

@@ -11,7 +11,7 @@ from tiny_models import open_pair
 
 from ead_cli.decoder import Decoder, TokenEvent
 from ead_cli.depth.readout import entropy_bits as float64_entropy_bits
-from ead_cli.entropy import EntropyMeter, entropy_bits, max_entropy_bits
+from ead_cli.entropy import HEAD_LIMIT, EntropyMeter, entropy_bits, entropy_floor_bits, max_entropy_bits
 from ead_cli.policies import EAD, Gate, Policy
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
@@ -98,6 +98,81 @@ def test_the_meter_matches_float64_on_the_real_models_rows(real_pair: tuple) -> 
                 worst = max(worst, abs(runner.entropy(row) - float(float64_entropy_bits(row)[0])))
                 tokens.append(int(np.argmax(row)))
     assert worst < 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(adversarial_rows()))
+def test_a_max_handed_over_gives_the_same_entropy_to_the_bit(name: str) -> None:
+    row = adversarial_rows()[name]
+    meter = EntropyMeter(row.shape[0])
+    alone = meter(row)
+    assert meter(row, row[int(row.argmax())]) == alone  # the decoder hands a greedy step's argmax over
+
+
+@pytest.mark.parametrize("name", sorted(adversarial_rows()))
+def test_the_entropy_floor_never_exceeds_the_entropy(name: str) -> None:
+    row = adversarial_rows()[name]
+    floor = entropy_floor_bits(row.max(), row.min(), row.shape[0])
+    assert 0.0 <= floor <= max_entropy_bits(row.shape[0])
+    exact = float64_meter(row)
+    assert math.isnan(exact) or floor <= exact + 1e-9
+
+
+def peaked_rows() -> dict[str, np.ndarray]:
+    """Rows shaped like a real model's: a few logits near the top, thousands within 20 nats, the rest far."""
+    rng = np.random.default_rng(11)
+    rows = {}
+    for name, spread, spikes, lift in (
+        ("sure", 2.5, 1, 30.0),
+        ("two-way", 2.5, 2, 27.0),
+        ("0.5B-like", 2.5, 20, 25.0),  # ~3,000 logits within 20 nats of the top, as the 0.5B's median row
+        ("unsure", 2.5, 40, 14.0),  # most of the row within 20 nats: no head bounds, the exact pass
+    ):
+        row = (rng.standard_normal(N_VOCAB) * spread).astype(np.float32)
+        row[rng.choice(N_VOCAB, spikes, replace=False)] = lift - rng.exponential(1.0, spikes)
+        rows[name] = row
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(peaked_rows()) + sorted(adversarial_rows()))
+def test_head_bounds_hold_the_entropy(name: str) -> None:
+    row = {**peaked_rows(), **adversarial_rows()}[name]
+    bounds = EntropyMeter(N_VOCAB).head_bounds(row, row.max())
+    exact = float64_meter(row)
+    if bounds is None:  # too many logits near the top (or a top that is not finite): the exact pass
+        assert name == "unsure" or name in adversarial_rows()
+        return
+    low, high = bounds
+    assert low - 1e-9 <= exact <= high + 1e-9
+    if name in peaked_rows():
+        assert np.count_nonzero(row > row.max() - 20) <= HEAD_LIMIT
+        assert high - low < 0.05  # tight enough to settle all but near-ties
+
+
+@pytest.mark.parametrize("name", sorted(peaked_rows()) + sorted(adversarial_rows()))
+def test_settle_offers_only_ranges_that_hold_the_meters_own_value(name: str) -> None:
+    """The ranges ``settle`` asks about hold the exact pass's float32 value (widened by its tolerance),
+    so a decision settled on them is the decision that value would give."""
+    row = {**peaked_rows(), **adversarial_rows()}[name]
+    meter = EntropyMeter(N_VOCAB)
+    own = meter(row)
+    offered: list[tuple[float, float]] = []
+    assert meter.settle(row, row.max(), lambda low, high: bool(offered.append((low, high)))) is None
+    assert offered  # the floor at least, on every row with a finite top
+    assert all(low <= own <= high for low, high in offered)
+    low, high = offered[-1]
+    assert meter.settle(row, row.max(), lambda a, b: (a, b) == (low, high)) == low
+
+
+def test_the_entropy_floor_is_tight_on_a_narrow_row_and_empty_on_a_wide_one() -> None:
+    rng = np.random.default_rng(3)
+    assert entropy_floor_bits(0.0, 0.0, N_VOCAB) == pytest.approx(math.log2(N_VOCAB))
+    for spread in (0.05, 0.5, 2.0, 8.0, 40.0):  # a random twin's rows are narrow, a real model's wide
+        row = (rng.uniform(-spread, 0.0, N_VOCAB)).astype(np.float32)
+        floor, exact = entropy_floor_bits(row.max(), row.min(), N_VOCAB), float64_meter(row)
+        assert floor <= exact + 1e-9
+        assert exact - floor <= spread / math.log(2) + 1e-6  # log2 n - spread / ln 2 <= floor
+    assert entropy_floor_bits(0.0, -math.inf, N_VOCAB) == 0.0
+    assert entropy_floor_bits(math.nan, 0.0, N_VOCAB) == 0.0
 
 
 def float64_meter(row: np.ndarray) -> float:
