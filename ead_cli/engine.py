@@ -92,9 +92,15 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
 
 
 def build_decoder(
-    runners: Sequence[Runner], policy_options: PolicyOptions, generation: GenerationOptions
+    runners: Sequence[Runner],
+    policy_options: PolicyOptions,
+    generation: GenerationOptions,
+    *,
+    entropy: str = "exact",
 ) -> Decoder | SpeculativeDecoder:
-    """A decoder over loaded runners; invalid policy values become a one-line usage error."""
+    """A decoder over loaded runners; invalid policy values become a one-line usage error. ``entropy``
+    "needed": where nothing shows each token's entropy (plain text, the bench), only the steps whose
+    decision needs its value measure it (``Decoder``); the tokens and decisions are the same."""
     roles = role_names(len(runners))
     policy_options = replace(policy_options, levels=len(runners))
     checker_remote = isinstance(runners[-1], RemoteRunner)
@@ -127,6 +133,7 @@ def build_decoder(
             verify=policy_options.verify,
             fallback=generation.fallback,
             lookup=policy_options.lookup,
+            entropy=entropy,
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None

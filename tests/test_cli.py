@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -82,6 +84,24 @@ def test_jsonl_has_one_object_per_token_and_a_summary(tiny_pair: tuple[Path, Pat
     large = sum(t["model"] == "large" for t in tokens)
     assert summary["large_share"] == pytest.approx(large / 20)
     assert [m["role"] for m in summary["models"]] == ["small", "large"]
+
+
+def test_plain_text_skips_unneeded_entropies_with_the_same_answer(tiny_pair: tuple[Path, Path]) -> None:
+    """Plain text measures only the entropies a decision needs (Decoder(entropy="needed")), JSON lines
+    every one: the same tokens and the same switches, and every entropy JSON lines shows is a number."""
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "40", "--stats", "hi"]
+    jsonl = ead(*args, "--format", "jsonl")
+    plain = ead(*args, "--format", "text")
+    assert jsonl.returncode == 0 and plain.returncode == 0, (jsonl.stderr, plain.stderr)
+    objects = [json.loads(line) for line in jsonl.stdout.decode().splitlines()]
+    tokens, summary = objects[:-1], objects[-1]
+    assert all(isinstance(t["entropy"], float) and math.isfinite(t["entropy"]) for t in tokens)
+    large = sum(t["model"] == "large" for t in tokens)
+    assert 0 < large < len(tokens)  # the threshold decided something on both sides
+    assert plain.stdout.decode() == "".join(t["text"] for t in tokens) + "\n"  # the line ended
+    share = re.search(r"large\s.*?(\d+\.\d)%", plain.stderr.decode())
+    assert share is not None, plain.stderr.decode()
+    assert float(share.group(1)) == pytest.approx(100 * summary["large_share"], abs=0.06)
 
 
 def test_piped_output_is_plain_text_and_colour_is_opt_in(tiny_pair: tuple[Path, Path]) -> None:

@@ -47,7 +47,7 @@ def generate(
     when a model is remote)."""
     for runner in runners:
         runner.truncate(0)
-    decoder = build_decoder(runners, policy, generation)
+    decoder = build_decoder(runners, policy, generation, entropy="needed")  # a record keeps no entropies
     with ScheduleRecorder(runners) as recorder:
         response = decoder.generate(prompt)
         text = response.text()
