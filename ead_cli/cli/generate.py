@@ -64,7 +64,7 @@ def generate(
     runners = load_runners(model_options, progress=say_progress)
     try:
         policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
-        # Plain text shows no entropies: a step whose decision does not need one skips it (JSON lines show them).
+        # Plain text shows no entropies: a step whose decision needs none skips it (JSON lines show them).
         entropy = "exact" if output_format is OutputFormat.jsonl else "needed"
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
         tokens = encode_prompt(runners[0], text, system=system, raw=raw)
