@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, TextIO
 from rich.console import Console
 from rich.table import Table
 
+from ..option_table import DEFAULT_MODE
+
 if TYPE_CHECKING:
     from ..decoder import Summary, TokenEvent
     from ..options import PolicyOptions
@@ -159,8 +161,8 @@ def mode_line(policy: PolicyOptions) -> str:
     """Which mode runs, and why: given, asked for by a switching option, or the default."""
     if policy.mode_given:
         return f"mode {policy.mode}"
-    if policy.mode == "ead" and (policy.switching_given() or policy.levels > 2):
-        return "mode ead (a switching option or a cascade turns the pair on)"
+    if policy.mode != DEFAULT_MODE:  # not given, not the default: resolve_mode's switching rule chose it
+        return f"mode {policy.mode} (a switching option or a cascade turns the pair on)"
     return f"mode {policy.mode} (the default; --mode ead or any switching option turns the pair on)"
 
 
