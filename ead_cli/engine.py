@@ -25,17 +25,29 @@ def role_names(count: int) -> tuple[str, ...]:
 
 
 def load_runners(
-    options: ModelOptions, progress: Callable[[str], None] | None = None
+    options: ModelOptions,
+    progress: Callable[[str], None] | None = None,
+    *,
+    large_only: bool = False,
 ) -> list[Runner | RemoteRunner]:
     """Resolve and load the models (small and large, or a cascade), smallest first, and refuse them
     unless they all share a tokenizer. A model given as http://HOST:PORT is a llama-server; the
-    smallest must be local (it tokenizes the prompt and renders the chat template)."""
+    smallest must be local (it tokenizes the prompt and renders the chat template).
+
+    ``large_only`` (the large model alone for a whole run, as ``ead generate``'s default mode): only the
+    largest loads, the others' memory and load time spared; a remote largest still needs the smallest (it
+    tokenizes), so there all load. ``--mode small`` loads both: its costs are stated against the large."""
     catalog = registry.load_catalog(options.models_file)
     refs = options.models or (options.small or catalog.small, options.large or catalog.large)
     if is_remote(refs[0]):
         raise EadError(
             "the smallest model must be local: it tokenizes the prompt and renders the chat template", 2
         )
+    roles = role_names(len(refs))
+    if large_only and not is_remote(refs[-1]):
+        for ref in refs[:-1]:
+            registry.check(ref, catalog)  # a typo in a model not loaded is still an error
+        refs, roles = refs[-1:], roles[-1:]
     paths = {
         level: registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
         for level, ref in enumerate(refs)
@@ -51,7 +63,7 @@ def load_runners(
     )
     runners: list = []
     try:
-        for level, role in enumerate(role_names(len(refs))):
+        for level, role in enumerate(roles):
             if level in paths:
                 runners.append(_load(paths[level], role, options, refs[level]))
                 if progress is not None and runners[-1].twin_of:
@@ -101,7 +113,7 @@ def build_decoder(
     """A decoder over loaded runners; invalid policy values become a one-line usage error. ``entropy``
     "needed": where nothing shows each token's entropy (plain text, the bench), only the steps whose
     decision needs its value measure it (``Decoder``); the tokens and decisions are the same."""
-    roles = role_names(len(runners))
+    roles = [runner.name for runner in runners]
     policy_options = replace(policy_options, levels=len(runners))
     checker_remote = isinstance(runners[-1], RemoteRunner)
     if checker_remote and (policy_options.verify is not None or policy_options.mode == "spec"):

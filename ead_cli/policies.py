@@ -532,10 +532,10 @@ def make_policy(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if policy not in POLICY_KINDS:
         raise ValueError(f"policy must be one of {', '.join(POLICY_KINDS)}, got {policy!r}")
+    if mode in ("small", "large") and levels >= 1:  # one model at work: loaded alone, or beside others
+        return Fixed(0 if mode == "small" else levels - 1, window=window or 1)
     if levels < 2:
         raise ValueError(f"switching takes at least two models, got {levels}")
-    if mode in ("small", "large"):
-        return Fixed(0 if mode == "small" else levels - 1, window=window or 1)
     kind = POLICY_KINDS[policy]
     given = {"patterns"} if patterns else set()
     if burst != 1:

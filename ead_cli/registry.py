@@ -140,6 +140,15 @@ def resolve(
     return _fetch(catalog.spec(ref), allow_download=allow_download, progress=progress)
 
 
+def check(ref: str, catalog: Catalog) -> None:
+    """Refuse what ``resolve`` would refuse of ``ref`` (an unknown alias, a missing or non-GGUF file),
+    without fetching or assembling an alias's file: for a model named but not loaded this run."""
+    if ref.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX)) or _is_path(ref):
+        resolve(ref, catalog, allow_download=False)
+    else:
+        catalog.spec(ref)
+
+
 def _is_path(ref: str) -> bool:
     return ref.lower().endswith(".gguf") or any(sep in ref for sep in (os.sep, os.altsep) if sep)
 

@@ -181,9 +181,10 @@ def test_bad_model_files(
     if content is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
-    assert_one_line_error(
-        ead("generate", "--small", str(path), "--large", str(tiny_large), "hi"), 1, fragment
-    )
+    small = ("--small", str(path), "--large", str(tiny_large))
+    assert_one_line_error(ead("generate", *small, "--mode", "ead", "hi"), 1, fragment)
+    large = ("--small", str(tiny_large), "--large", str(path))
+    assert_one_line_error(ead("generate", *large, "hi"), 1, fragment)  # the default mode loads it alone
 
 
 def test_a_truncated_model_is_refused(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
@@ -191,15 +192,34 @@ def test_a_truncated_model_is_refused(tmp_path: Path, tiny_pair: tuple[Path, Pat
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) // 2])
     assert_one_line_error(
-        ead("generate", "--small", str(cut), "--large", str(tiny_pair[1]), "hi"),
+        ead("generate", "--small", str(cut), "--large", str(tiny_pair[1]), "--mode", "ead", "hi"),
         1,
         "could not load",
         "cut.gguf",
     )
 
 
+def test_the_default_mode_loads_the_large_model_alone(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    """The large model writes every token of the default mode, so the small one is never loaded: a small
+    file that would fail to load does not matter there (a name that cannot resolve still does)."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_pair[0].read_bytes()[:4096])
+    stats = ("--stats", "--max-tokens", "6", "hi")
+
+    def model_rows(result: subprocess.CompletedProcess) -> list[list[str]]:
+        assert result.returncode == 0, result.stderr
+        table = result.stderr.decode().split("model  written", 1)[1].splitlines()[1:]
+        return [row.split()[:2] for row in table if row.strip()]
+
+    assert model_rows(ead("generate", *pair_args((cut, tiny_pair[1])), *stats)) == [["large", "6"]]
+    missing = ead("generate", *pair_args((tmp_path / "gone.gguf", tiny_pair[1])), "hi")
+    assert_one_line_error(missing, 1, "model file not found")
+    both = model_rows(ead("generate", *pair_args(tiny_pair), "--mode", "ead", *stats))
+    assert [row[0] for row in both] == ["small", "large"]
+
+
 def test_mismatched_tokenizers_are_refused(tiny_small: Path, tiny_other_vocab: Path) -> None:
-    result = ead("generate", *pair_args((tiny_small, tiny_other_vocab)), "hi")
+    result = ead("generate", *pair_args((tiny_small, tiny_other_vocab)), "--mode", "ead", "hi")
     assert_one_line_error(result, 1, "do not share a tokenizer", "token 258", "'er'", "'re'")
 
 

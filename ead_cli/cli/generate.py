@@ -61,7 +61,9 @@ def generate(
     text = check_prompt_text(read_prompt(prompt))
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=tuple(stop or ()))
-    runners = load_runners(model_options, progress=say_progress)
+    # The large model alone for the whole answer (the default mode): the small one never loads.
+    large_only = policy_options.mode == "large"
+    runners = load_runners(model_options, progress=say_progress, large_only=large_only)
     try:
         policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
         # Plain text shows no entropies: a step whose decision needs none skips it (JSON lines show them).
@@ -132,7 +134,7 @@ def chat(
     from .repl import run_chat
 
     policy_options, generation = _for_models(decoding, model_options)
-    runners = load_runners(model_options, progress=say_progress)
+    runners = load_runners(model_options, progress=say_progress)  # both: a command may switch the pair on
     try:
         policy_options = _apply_saved_tau(policy_options, runners, announce=True)
         exit_code = run_chat(runners, policy_options, generation, system=system, no_color=no_color)
