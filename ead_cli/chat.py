@@ -17,6 +17,7 @@ from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .calibrate import with_saved_tau
 from .decoder import Summary, TokenEvent
 from .engine import build_decoder
 from .errors import EadError
@@ -124,9 +125,16 @@ class Conversation:
         return len(self.tokens) >= self.n_ctx
 
     def configure(self, policy: PolicyOptions, generation: GenerationOptions) -> None:
-        """Settings for the next answers; values the engine refuses raise EadError and change nothing."""
-        build_decoder(self.runners, policy, generation)  # only to validate: a decoder costs nothing
+        """Settings for the next answers; values the engine refuses raise EadError and change nothing.
+        ``policy`` is kept as asked: ``ead calibrate --save``'s τ applies to each answer that runs the
+        pair with no τ given (``effective_policy``), whatever mode or policy a command chose since."""
+        build_decoder(self.runners, with_saved_tau(policy, self.runners)[0], generation)  # only to validate
         self.policy, self.generation = policy, generation
+
+    @property
+    def effective_policy(self) -> PolicyOptions:
+        """The settings the next answer runs with: the asked ones, the pair's saved τ where it applies."""
+        return with_saved_tau(self.policy, self.runners)[0]
 
     def reset(self) -> None:
         """Start a new conversation (same system message and settings). The caches keep what matches."""
@@ -149,8 +157,9 @@ class Conversation:
                 f"the context holds {self.n_ctx}"
             )
         check_fits(prompt, self.n_ctx)
-        decoder = build_decoder(self.runners, self.policy, self.generation)
-        request = _Request(messages, prompt, rendered, self.policy, self.generation)
+        policy = self.effective_policy
+        decoder = build_decoder(self.runners, policy, self.generation)
+        request = _Request(messages, prompt, rendered, policy, self.generation)
         return self._stream(decoder.generate(prompt), request)
 
     def _stream(self, response: Response[TokenEvent, Summary], request: _Request) -> Iterator[TokenEvent]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,26 @@ def test_calibrate_refuses_bad_settings_before_loading(
     tiny_pair: tuple[Path, Path], args: list[str], fragment: str
 ) -> None:
     assert_one_line_error(ead("calibrate", *pair_args(tiny_pair), *args), 2, fragment)
+
+
+def test_chat_applies_the_saved_tau_to_whatever_policy_a_command_turns_on(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bare chat starts in the large-alone mode; a command that turns the pair on gets the pair's
+    calibrated τ for its policy, as ead generate and ead serve do, and a τ given wins."""
+    config = tmp_path / "calibration.json"
+    monkeypatch.setenv("EAD_CONFIG", str(config))
+    small, large = tiny_pair[0].name, tiny_pair[1].name
+    for policy, tau in (("gate", 1.25), ("ead", 0.75)):
+        calibration.save(small, large, [calibration.Calibration(policy, tau, 0.2, 0.2, None)])
+    commands = "/stats\n/window 1\n/policy ead\n/tau 2\n/policy gate\n"
+    result = ead("chat", *pair_args(tiny_pair), stdin=commands, env={"EAD_CONFIG": str(config)})
+    assert result.returncode == 0, result.stderr
+    settings = re.findall(r"settings: mode (\w+) · policy (\w+) · tau ([\d.]+)", result.stderr.decode())
+    assert settings == [
+        ("large", "gate", "1"),  # the large model alone: no threshold at work (the policy's own is shown)
+        ("ead", "gate", "1.25"),
+        ("ead", "ead", "0.75"),
+        ("ead", "ead", "2"),
+        ("ead", "gate", "2"),
+    ]

@@ -136,7 +136,7 @@ def chat(
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)  # both: a command may switch the pair on
     try:
-        policy_options = _apply_saved_tau(policy_options, runners, announce=True)
+        _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
         exit_code = run_chat(runners, policy_options, generation, system=system, no_color=no_color)
     finally:
         close_all(runners)

@@ -193,7 +193,8 @@ class Repl:
     ) -> None:
         conversation = self.conversation
         conversation.configure(policy or conversation.policy, generation or conversation.generation)
-        self.note(settings_line(conversation.policy, conversation.generation) + " (from the next answer)")
+        settings = settings_line(conversation.effective_policy, conversation.generation)
+        self.note(settings + " (from the next answer)")
 
     def _setter(self, option: DecodingOption) -> Callable[[str], None]:
         """The command of a decoding option (the option table's CHAT surface): its value, read by the
@@ -232,7 +233,7 @@ class Repl:
         )
         self.console.print(
             f"context: {len(conversation.tokens)} of {conversation.n_ctx} tokens · "
-            + settings_line(conversation.policy, conversation.generation),
+            + settings_line(conversation.effective_policy, conversation.generation),
             markup=False,
         )
 
