@@ -12,7 +12,7 @@ caches keep the prefix that still matches.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -89,7 +89,9 @@ class Conversation:
     """Messages, token list and settings of a chat over loaded runners (smallest first).
 
     Each answer gets a fresh decoder over the same runners, so settings changed with ``configure``
-    (or a new ``system`` message) apply from the next answer on.
+    (or a new ``system`` message) apply from the next answer on. ``load_pair``: the conversation began
+    with the large model alone (the default mode); the first settings that turn the pair on call it for
+    every runner, the large one among them, and the others read the conversation when they first answer.
     """
 
     def __init__(
@@ -99,11 +101,14 @@ class Conversation:
         generation: GenerationOptions,
         *,
         system: str | None = None,
+        load_pair: Callable[[], Sequence[Runner]] | None = None,
     ) -> None:
         self.runners = tuple(runners)
-        if not self.runners[0].metadata("tokenizer.chat_template"):
+        self._load_pair = load_pair
+        self._text_model = self.runners[0]  # renders and tokenizes the whole conversation, whoever joins
+        if not self._text_model.metadata("tokenizer.chat_template"):
             raise EadError(
-                f"{self.runners[0].path.name} has no chat template, which ead chat needs "
+                f"{self._text_model.path.name} has no chat template, which ead chat needs "
                 "(ead generate --raw works without one)",
                 exit_code=2,
             )
@@ -128,6 +133,8 @@ class Conversation:
         """Settings for the next answers; values the engine refuses raise EadError and change nothing.
         ``policy`` is kept as asked: ``ead calibrate --save``'s τ applies to each answer that runs the
         pair with no τ given (``effective_policy``), whatever mode or policy a command chose since."""
+        if policy.mode != "large" and len(self.runners) == 1 and self._load_pair is not None:
+            self.runners, self._load_pair = tuple(self._load_pair()), None
         build_decoder(self.runners, with_saved_tau(policy, self.runners)[0], generation)  # only to validate
         self.policy, self.generation = policy, generation
 
@@ -175,7 +182,7 @@ class Conversation:
 
     def _close_turn(self, request: _Request, summary: Summary, events: list[TokenEvent]) -> None:
         """Record the turn; close the answer with the template's end-of-turn text, cut or not."""
-        runner = self.runners[0]
+        runner = self._text_model
         content = [event.token for event in events]
         if content and summary.finish_reason == "stop" and runner.is_end_of_generation(content[-1]):
             content.pop()  # the template writes its own end of turn (align drops this token from a cache)
@@ -203,7 +210,7 @@ class Conversation:
     def _render(self, messages: list[Message], *, add_generation_prompt: bool) -> str:
         system: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
         rendered = render_chat(
-            self.runners[0], system + messages, add_generation_prompt=add_generation_prompt
+            self._text_model, system + messages, add_generation_prompt=add_generation_prompt
         )
         assert rendered is not None  # the template's presence is checked in __init__
         return rendered
@@ -211,7 +218,7 @@ class Conversation:
     def _extend(self, tokens: list[int], text: str, rendered: str) -> list[int]:
         """Tokens for ``rendered``, given ``tokens`` that stand for ``text``: when the rendering extends
         that text, only the new text is tokenized; otherwise the whole rendering is."""
-        runner = self.runners[0]
+        runner = self._text_model
         if tokens and rendered.startswith(text):
             return tokens + runner.tokenize(rendered[len(text) :], add_special=False)
         return encode_rendered(runner, rendered)

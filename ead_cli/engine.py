@@ -29,6 +29,7 @@ def load_runners(
     progress: Callable[[str], None] | None = None,
     *,
     large_only: bool = False,
+    reuse: Runner | None = None,
 ) -> list[Runner | RemoteRunner]:
     """Resolve and load the models (small and large, or a cascade), smallest first, and refuse them
     unless they all share a tokenizer. A model given as http://HOST:PORT is a llama-server; the
@@ -36,7 +37,8 @@ def load_runners(
 
     ``large_only`` (the large model alone for a whole run, as ``ead generate``'s default mode): only the
     largest loads, the others' memory and load time spared; a remote largest still needs the smallest (it
-    tokenizes), so there all load. ``--mode small`` loads both: its costs are stated against the large."""
+    tokenizes), so there all load. ``--mode small`` loads both: its costs are stated against the large.
+    ``reuse``: the largest, loaded before (by a ``large_only`` call), taken as is: the others join it."""
     catalog = registry.load_catalog(options.models_file)
     refs = options.models or (options.small or catalog.small, options.large or catalog.large)
     if is_remote(refs[0]):
@@ -51,7 +53,7 @@ def load_runners(
     paths = {
         level: registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
         for level, ref in enumerate(refs)
-        if not is_remote(ref)
+        if not is_remote(ref) and not (reuse is not None and level == len(refs) - 1)
     }
     if gpu_layers(options.n_gpu_layers) == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
@@ -64,6 +66,9 @@ def load_runners(
     runners: list = []
     try:
         for level, role in enumerate(roles):
+            if reuse is not None and level == len(refs) - 1:
+                runners.append(reuse)
+                continue
             if level in paths:
                 runners.append(_load(paths[level], role, options, refs[level]))
                 if progress is not None and runners[-1].twin_of:
@@ -84,7 +89,7 @@ def load_runners(
             runners[-1].check_tokenizer(runners[0].label)
         check_tokenizers([(runner.label, runner.model) for runner in runners if runner.model is not None])
     except BaseException:
-        close_all(runners)
+        close_all([runner for runner in runners if runner is not reuse])
         raise
     return runners
 

@@ -244,3 +244,36 @@ def test_the_transcript_has_every_token_with_its_model_and_entropy(
     assert saved["session"]["generated"] == 20
     with pytest.raises(EadError, match="cannot write"):
         conversation.save(tmp_path / "missing" / "chat.json")
+
+
+def test_the_default_mode_chats_with_the_large_model_alone_until_a_command_turns_the_pair_on(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """ead chat in the default mode loads the large model alone; /mode ead loads the small one, which
+    reads the conversation so far and writes from the next answer. A small file that cannot load is
+    a one-line error at that command, and the chat goes on with the large model."""
+    from test_cli import ead, pair_args
+
+    saved = tmp_path / "chat.json"
+    commands = f"hello\n/mode ead\nhello again\n/save {saved}\n"
+    result = ead("chat", *pair_args(tiny_pair), "--temp", "0", "--max-tokens", "12", stdin=commands)
+    assert result.returncode == 0, result.stderr
+    assert "loading the small model" in result.stderr.decode()
+    transcript = json.loads(saved.read_text())
+    assert list(transcript["models"]) == ["small", "large"]
+    first, second = transcript["turns"]
+    assert {token["model"] for token in first["tokens"]} == {"large"}
+    first_models = {model["role"]: model for model in first["summary"]["models"]}
+    second_models = {model["role"]: model for model in second["summary"]["models"]}
+    assert list(first_models) == ["large"] and list(second_models) == ["small", "large"]
+    assert second["policy"]["mode"] == "ead"
+    # The small model reads the whole conversation on joining; the large one only the new turn.
+    read_before = first_models["large"]["prefill_tokens"] + len(first["tokens"])
+    assert second_models["small"]["prefill_tokens"] > read_before > second_models["large"]["prefill_tokens"]
+
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_pair[0].read_bytes()[:4096])
+    broken = ead("chat", *pair_args((cut, tiny_pair[1])), "--max-tokens", "4", stdin="hi\n/mode ead\nhi\n")
+    errors = [line for line in broken.stderr.decode().splitlines() if line.startswith("error:")]
+    assert broken.returncode == 1 and len(errors) == 1 and "could not load" in errors[0]
+    assert broken.stdout.decode().count("\n") >= 2  # both answers, by the large model

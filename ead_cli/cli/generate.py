@@ -134,12 +134,23 @@ def chat(
     from .repl import run_chat
 
     policy_options, generation = _for_models(decoding, model_options)
-    runners = load_runners(model_options, progress=say_progress)  # both: a command may switch the pair on
+    # The default mode starts with the large model alone; a command that turns the pair on loads the rest.
+    runners = load_runners(model_options, progress=say_progress, large_only=policy_options.mode == "large")
+    loaded = list(runners)
+
+    def load_pair() -> list:
+        say_progress("loading the small model: the pair switches from the next answer")
+        loaded[:] = load_runners(model_options, progress=say_progress, reuse=runners[-1])
+        return loaded
+
     try:
         _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
-        exit_code = run_chat(runners, policy_options, generation, system=system, no_color=no_color)
+        lazy = load_pair if len(runners) == 1 else None
+        exit_code = run_chat(
+            runners, policy_options, generation, system=system, no_color=no_color, load_pair=lazy
+        )
     finally:
-        close_all(runners)
+        close_all(loaded)
     if exit_code:
         raise typer.Exit(exit_code)
 

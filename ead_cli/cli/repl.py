@@ -288,9 +288,11 @@ def run_chat(
     *,
     system: str | None = None,
     no_color: bool = False,
+    load_pair: Callable[[], Sequence[Runner]] | None = None,
 ) -> int:
-    """Hold a conversation on this process's terminal, or over its pipes; returns the exit status."""
-    conversation = Conversation(runners, policy, generation, system=system)
+    """Hold a conversation on this process's terminal, or over its pipes; returns the exit status.
+    ``load_pair``: only the large model is loaded; this loads the pair when a command turns it on."""
+    conversation = Conversation(runners, policy, generation, system=system, load_pair=load_pair)
     interactive = sys.stdin.isatty()
     read_line = _line_editor() if interactive else _pipe_reader(sys.stdin.buffer)
     color = interactive and wants_color(sys.stdout, no_color)
