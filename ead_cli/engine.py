@@ -138,6 +138,7 @@ def build_decoder(
                 max_tokens=generation.max_tokens,
                 stop=generation.stop,
                 lookup=policy_options.lookup,
+                lookup_draft=policy_options.lookup_draft,
             )
         return Decoder(
             runners,
@@ -150,6 +151,7 @@ def build_decoder(
             verify=policy_options.verify,
             fallback=generation.fallback,
             lookup=policy_options.lookup,
+            lookup_draft=policy_options.lookup_draft,
             entropy=entropy,
         )
     except ValueError as error:

@@ -22,9 +22,11 @@ from .policies import BURST_KINDS, MODES, POLICY_KINDS, SWITCH_POINTS, defaults_
 
 # The mode of a run that names none and gives no switching option (docs/switching.md, "The default mode").
 DEFAULT_MODE = "large"
-# Prompt lookup's minimum match for generate, chat and serve: HumanEval's 82 odd ids, gate tau=1 took 0.91
-# of its wall-clock without lookup at the same pass@1 (docs/switching.md, "Prompt lookup").
-DEFAULT_LOOKUP = 6
+# Prompt lookup's minimum match and guess length for generate, chat and serve: tuned on the 1.5B's greedy
+# answers to HumanEval's 82 even ids, priced with this CPU's batch rates at one and two threads
+# (scripts/lookup_sim.py; docs/switching.md, "Prompt lookup").
+DEFAULT_LOOKUP = 12
+DEFAULT_LOOKUP_DRAFT = 32
 
 CLI = "cli"  # ead generate, chat and serve's command line
 SERVE = "serve"  # a field of a request's ``ead`` object
@@ -249,9 +251,9 @@ DECODING: tuple[DecodingOption, ...] = (
         "lookup",
         int,
         DEFAULT_LOOKUP,
-        "Prompt lookup: where the last N tokens occurred before, read the 16 that followed them as a guess "
-        "in the same batch (free steps while the text follows it; spec: a free draft). 0: off; on by "
-        "default, as it keeps the text up to batched rounding and saves time in every mode.",
+        "Prompt lookup: where the last N tokens occurred before, read the tokens that followed them as a "
+        "guess in the same batch (free steps while the text follows it; spec: a free draft). 0: off; on "
+        "by default, as it keeps the text up to batched rounding and saves time in every mode.",
         short="prompt lookup's match length (0: off)",
         minimum=0,
         maximum=64,
@@ -259,6 +261,20 @@ DECODING: tuple[DecodingOption, ...] = (
         metavar="N",
         sweep="Prompt-lookup match lengths, comma-separated (0: off).",
         bench_default="0",  # the bench's strategy names stay comparable with earlier runs
+    ),
+    DecodingOption(
+        "lookup_draft",
+        int,
+        DEFAULT_LOOKUP_DRAFT,
+        "Prompt lookup: the most tokens a guess holds (a longer one costs a wider batch where the text "
+        "leaves it).",
+        short="prompt lookup's guess length",
+        minimum=1,
+        maximum=64,
+        surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
+        metavar="N",
+        sweep="Prompt-lookup guess lengths, comma-separated (with each --lookup above 0).",
+        bench_default="16",  # the length of every earlier run's guesses: their names stay comparable
     ),
     DecodingOption(
         "verify",

@@ -114,6 +114,7 @@ class PolicyOptions:
     tau_range: tuple[float, float] | None = None
     levels: int = 2  # how many models take turns
     lookup: int = 0  # guesses copied from earlier in the sequence after an N-token match (0: off)
+    lookup_draft: int = 16  # the most tokens such a guess holds (the bench's names keep 16 unnamed)
     given: tuple[str, ...] = ()  # the options given by name (option_table names), even at their defaults
     mode_given: bool | None = None  # None: whether ``mode`` is not None
 
@@ -133,6 +134,7 @@ class PolicyOptions:
             if self.mode == "spec" or self.policy == "lookahead":
                 check_draft(self.draft)
             check_lookup(self.lookup)
+            check_draft(self.lookup_draft)
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         stop = self.draft_entropy_stop

@@ -7,7 +7,9 @@ sequences a bench recorded (each sample's schedule holds every token a model rea
 runs it: each read either follows the outstanding guess (a free row) or is a new batch of the read token
 plus a fresh guess (or a one-token decode when lookup finds nothing). Counts are exact; seconds are a
 **model**: the batches priced with the rates of an ``ead bench speed --json`` file (``Rates.seconds``),
-against one decode per token. Tune on even task ids only.
+against one decode per token. Tune on even task ids only. Beside them, llama.cpp's ngram-mod drafter,
+emulated (``NgramMod``) over the same answers in bench order with one table for all, as llama-server keeps
+it across requests, and priced alike: the peer's drafts, counted where its server was never run.
 
     .venv/bin/python scripts/lookup_sim.py docs/results/humaneval-even-native/results.jsonl \
         --speed docs/results/where-it-pays/speed-demo-pair.json --split even --out /tmp/sim.json
@@ -26,6 +28,8 @@ from ead_cli.lookup import propose
 
 MATCHES = (1, 2, 3, 4, 6, 8, 12, 16)
 LIMITS = (4, 8, 16, 32)
+# llama-server's ngram-mod defaults here: --spec-ngram-mod-n-match 24, -n-min 48, -n-max 64.
+NGRAM_MOD = {"n_match": 24, "n_min": 48, "n_max": 64}
 
 
 def sequences(path: Path, strategy: str, model: int, split: str) -> Iterator[tuple[str, list[int], int]]:
@@ -73,6 +77,90 @@ def walk(tokens: Sequence[int], prompt_len: int, min_match: int, limit: int, rat
             "plain_seconds": plain}  # fmt: skip
 
 
+class NgramMod:
+    """llama.cpp's ngram-mod drafter (common/speculative.cpp, common/ngram-mod.cpp), as llama-server runs it
+    across a bench's requests: each ``n_match``-token window of the text read maps to the token that
+    followed it last (a table kept from request to request); a draft chains lookups from the last
+    ``n_match`` tokens and counts only at ``n_min`` tokens or more, up to ``n_max``; three drafts in a row
+    with under half accepted empty the table. (llama.cpp hashes windows into 4M slots; a dict has no
+    collisions.)"""
+
+    def __init__(self, n_match: int, n_min: int, n_max: int) -> None:
+        self.n_match, self.n_min, self.n_max = n_match, n_min, n_max
+        self.table: dict[tuple[int, ...], int] = {}
+        self.low_streak = 0
+
+    def add(self, tokens: Sequence[int], start: int) -> int:
+        """Add the windows from ``start`` that have a following token; return where the next add starts."""
+        end = len(tokens) - self.n_match
+        for i in range(max(start, 0), end):
+            self.table[tuple(tokens[i : i + self.n_match])] = tokens[i + self.n_match]
+        return max(end, start)
+
+    def draft(self, tokens: Sequence[int]) -> list[int]:
+        key = list(tokens[-self.n_match :])
+        drafted: list[int] = []
+        while len(drafted) < self.n_max:
+            found = self.table.get(tuple(key[-self.n_match :]))
+            if found is None:
+                break
+            drafted.append(found)
+            key.append(found)
+        return drafted if len(drafted) >= self.n_min else []
+
+    def accepted(self, kept: int, drafted: int) -> None:
+        self.low_streak = self.low_streak + 1 if kept < drafted / 2 else 0
+        if self.low_streak >= 3:
+            self.table.clear()
+            self.low_streak = 0
+
+
+def walk_ngram_mod(
+    answers: Sequence[tuple[list[int], int]],
+    rates: Rates,
+    drafter: NgramMod,
+    *,
+    lookup: tuple[int, int] | None = None,
+    one_table: bool = True,
+) -> dict:
+    """The answers in bench order through one drafter (as one llama-server serves a bench's tasks):
+    counted and priced as ``walk`` prices prompt lookup. ``lookup`` (min match, limit): where the drafter
+    has no draft, a prompt-lookup guess (the two stacked); ``one_table`` False: emptied for each answer."""
+    guessed = kept = batches = decodes = 0
+    seconds = plain = 0.0
+    for tokens, prompt_len in answers:
+        if not one_table:
+            drafter.table.clear()
+        added = drafter.add(tokens[:prompt_len], 0)
+        remaining: list[int] = []
+        drafted = followed = 0
+        for i in range(prompt_len + 1, len(tokens)):
+            if remaining and remaining[0] == tokens[i - 1]:
+                remaining = remaining[1:]
+                kept += 1
+                followed += 1
+                continue
+            if drafted:
+                drafter.accepted(followed, drafted)
+            if i - drafter.n_match > added + 32:  # llama.cpp adds new windows in chunks of 32
+                added = drafter.add(tokens[:i], added)
+            remaining = drafter.draft(tokens[:i])
+            drafted, followed = len(remaining), 0
+            if not remaining and lookup is not None:
+                remaining = propose(tokens[:i], min_match=lookup[0], limit=lookup[1])
+            if remaining:
+                batches += 1
+                guessed += len(remaining)
+                seconds += rates.seconds(len(remaining) + 1)
+            else:
+                decodes += 1
+                seconds += rates.seconds(1)
+        drafter.add(tokens, added)
+        plain += max(len(tokens) - prompt_len - 1, 0) * rates.seconds(1)
+    return {"guessed": guessed, "kept": kept, "batches": batches, "decodes": decodes, "seconds": seconds,
+            "plain_seconds": plain, "ratio": seconds / plain}  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, nargs="+")
@@ -94,9 +182,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         total.update(min_match=min_match, limit=limit, ratio=total["seconds"] / total["plain_seconds"])
         rows.append(total)
     rows.sort(key=lambda row: row["ratio"])
+    in_order = sorted(answers.items(), key=lambda item: int(item[0].rsplit("/", 1)[-1]))  # as a bench runs
+    ordered = [answer for _, answer in in_order]
+    peer = {**walk_ngram_mod(ordered, rates, NgramMod(**NGRAM_MOD)), **NGRAM_MOD}
+    best = (rows[0]["min_match"], rows[0]["limit"])
+    stacked = {  # ngram-mod's long drafts first, the best lookup where it has none
+        f"ngram-mod then lookup {best[0]}/{best[1]}, {table}": walk_ngram_mod(
+            ordered, rates, NgramMod(**NGRAM_MOD), lookup=best, one_table=table == "one table"
+        )
+        for table in ("one table", "a table per answer")
+    }
     report = {
         "results": [str(path) for path in args.results], "strategy": args.strategy, "split": args.split,
         "model": speed["model"], "speed": str(args.speed), "tasks": sorted(answers), "policies": rows,
+        "llama_cpp_ngram_mod": peer, "stacked": stacked,
     }  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
@@ -105,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in rows[:12]:
         counts = f"{row['guessed']:7}  {row['kept']:5}  {row['batches']:7}  {row['decodes']:7}"
         print(f"{row['min_match']:9}  {row['limit']:5}  {counts}  {row['ratio']:.3f}")
+    peers = {"llama.cpp ngram-mod (emulated: match 24, drafts 48-64, one table)": peer, **stacked}
+    for name, row in peers.items():
+        counts = f"{row['guessed']:7}  {row['kept']:5}  {row['batches']:7}  {row['decodes']:7}"
+        print(f"{name}: {counts}  {row['ratio']:.3f}")
     return 0
 
 

@@ -248,6 +248,10 @@ def test_lookup_lengths_multiply_every_loop_of_eads_own_and_name_each_variant() 
         "large-only", "large-only lookup=6", "gate tau=1", "gate tau=1 lookup=6", "spec", "spec lookup=6",
         "server-large",
     ]  # fmt: skip
+    longer = sweep("0.5", "1", None, "10", "before", "4", None, lookup="0,12", lookup_draft="16,32")
+    names = [s.name for s in build_strategies("large", longer)]
+    assert names == ["large-only", "large-only lookup=12", "large-only lookup=12 lookup_draft=32"]
+    assert [s.policy.lookup_draft for s in build_strategies("large", longer)] == [16, 16, 32]
 
 
 def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:

@@ -56,6 +56,38 @@ def run(decoder: Decoder | SpeculativeDecoder, runners: list[Runner]) -> list[in
     return [event.token for event in decoder.run(encode_prompt(runners[0], PROMPT))]
 
 
+def test_the_ngram_mod_emulation_chains_long_drafts_and_forgets_after_three_poor_ones() -> None:
+    """scripts/lookup_sim.py's stand-in for llama.cpp's ngram-mod: windows of n tokens map to the token
+    that followed them last, a draft chains them and counts only from n_min tokens, and three drafts in
+    a row with under half kept empty the table (common/speculative.cpp)."""
+    from lookup_sim import NgramMod, walk_ngram_mod
+
+    drafter = NgramMod(n_match=2, n_min=3, n_max=4)
+    text = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert drafter.add(text, 0) == 6 and drafter.table[(1, 2)] == 3
+    assert drafter.draft(text) == [3, 4, 5, 6]  # chained window by window, cut at n_max
+    assert drafter.draft([9, 7, 8]) == []  # (7, 8) never followed by anything
+    short = NgramMod(n_match=2, n_min=3, n_max=4)
+    short.add([1, 2, 3, 4], 0)
+    assert short.draft([1, 2]) == []  # 3, 4, then (3, 4) unknown: two tokens, under n_min
+    for _ in range(2):
+        drafter.accepted(1, 4)
+    assert drafter.table
+    drafter.accepted(1, 4)
+    assert drafter.table == {}
+
+    class PerToken:  # one second per token, whatever the batch: a draft saves nothing, counts are exact
+        def seconds(self, size: int) -> float:
+            return float(size)
+
+    repeated = [7, 8, 9, 10, 11, 12, 13]
+    answer = ([*repeated, *repeated], 7)  # the prompt, then the same seven tokens as the answer
+    walked = walk_ngram_mod([answer], PerToken(), NgramMod(n_match=2, n_min=2, n_max=8))  # type: ignore[arg-type]
+    # One decode (the pair 13, 7 is new), then the prompt's chain 9-13 as one draft; four of it are read
+    # before the answer ends.
+    assert (walked["decodes"], walked["batches"], walked["guessed"], walked["kept"]) == (1, 1, 5, 4)
+
+
 @pytest.mark.parametrize("lookup", [1, 2])
 def test_greedy_lookup_keeps_the_large_models_text(runners: list[Runner], lookup: int) -> None:
     large_only = run(Decoder(runners, ("small", "large"), Fixed(1), SamplingParams(), max_tokens=80), runners)
@@ -71,6 +103,24 @@ def test_greedy_lookup_keeps_the_large_models_text(runners: list[Runner], lookup
     assert small.written == round((summary.acceptance_rate or 0.0) * summary.drafted)
     assert large.written == 80 - small.written
     assert all(np.isfinite(event.entropy) for event in events)
+
+
+def test_a_guess_holds_at_most_lookup_draft_tokens_and_its_length_changes_no_token(
+    runners: list[Runner],
+) -> None:
+    from ead_cli.bench.schedule import ScheduleRecorder
+
+    def guesses(draft: int) -> tuple[list[int], list[int]]:
+        decoder = Decoder(runners, ("small", "large"), Fixed(1), SamplingParams(), max_tokens=80, lookup=1,
+                          lookup_draft=draft)  # fmt: skip
+        with ScheduleRecorder(runners) as recorder:
+            tokens = run(decoder, runners)
+        return tokens, [len(step[3]) - 1 for step in recorder.steps if step[1] == "c" and step[4] > 1]
+
+    short_tokens, short = guesses(2)
+    long_tokens, long = guesses(8)
+    assert short_tokens == long_tokens
+    assert short and max(short) == 2 and max(long) == 8
 
 
 def test_a_sampled_lookup_token_is_kept_with_its_probability_and_the_law_stays_p(runners: list[Runner]):

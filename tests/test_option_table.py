@@ -51,7 +51,8 @@ def test_the_decoding_group_is_the_tables_cli_options(command: str) -> None:
 
 def test_the_bench_sweeps_every_option_a_policy_multiplies_under_its_one_spelling() -> None:
     swept = {name for kind in POLICY_KINDS.values() for name in kind.sweeps}
-    assert swept <= {option.name for option in on(BENCH)} <= set(SWEPT) | {"draft_entropy_stop", "lookup"}
+    lookup = {"lookup", "lookup_draft"}
+    assert swept <= {option.name for option in on(BENCH)} <= set(SWEPT) | {"draft_entropy_stop", *lookup}
     options = command_options("bench", "humaneval")
     for option in on(BENCH):
         assert options[option.name] == [option.flag, *option.older]

@@ -143,6 +143,7 @@ class Grid:
     drafts: tuple[int, ...] = (4,)
     draft_stops: tuple[float | None, ...] = (None,)  # None: drafts run to full length
     lookups: tuple[int, ...] = (0,)  # prompt-lookup match lengths for ead's own loops (0: off)
+    lookup_drafts: tuple[int, ...] = (16,)  # their guess lengths, with each match length above 0
     verifies: tuple[float | None, ...] = (None,)  # None: no check on catch-up
     bursts: tuple[Burst, ...] = (1,)
     patterns: tuple[str, ...] = ()  # gate: every strategy gets them all
@@ -238,6 +239,7 @@ def parse_grid(
     server_draft: str = "3",
     server_ngram: str = "ngram-mod",
     lookup: str = "0",
+    lookup_draft: str = "16",
 ) -> Grid:
     """The sweep from comma-separated option values (``taus``: per policy name, its ``--NAME-tau``); any
     bad value is a one-line usage error."""
@@ -255,6 +257,7 @@ def parse_grid(
         if draft_entropy_stop is None
         else _swept(draft_entropy_stop, "draft_entropy_stop"),
         lookups=_swept(lookup, "lookup"),
+        lookup_drafts=_swept(lookup_draft, "lookup_draft"),
         verifies=(None,) if verify is None else _parse_verify(verify),
         bursts=tuple(
             dict.fromkeys(
@@ -312,8 +315,17 @@ def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
     for family, make in known.items():
         if family in wanted:
             for made in make(grid):
-                # Prompt lookup applies to every loop of ead's own: each strategy once per length.
-                own = isinstance(made, PolicyOptions)
-                for policy in [replace(made, lookup=n) for n in grid.lookups] if own else [made]:
+                # Prompt lookup applies to every loop of ead's own: each strategy once per match length
+                # and guess length (lookup off: once).
+                variants = (
+                    [
+                        replace(made, lookup=n, lookup_draft=d)
+                        for n in grid.lookups
+                        for d in (grid.lookup_drafts if n else (made.lookup_draft,))
+                    ]
+                    if isinstance(made, PolicyOptions)
+                    else [made]
+                )
+                for policy in variants:
                     strategies.setdefault(strategy_name(policy), Strategy(strategy_name(policy), policy))
     return list(strategies.values())
