@@ -50,8 +50,8 @@ def test_a_hostile_chat_template_is_one_line_error(
         write_tiny_model(tmp_path / f"{role}.gguf", seed=seed, chat_template=template)
         for seed, role in enumerate(("small", "large"))
     )
-    result = ead("generate", *pair_args(pair), "--max-tokens", "2", "hi")
-    line = assert_one_line_error(result, 1, "the chat template of small.gguf", *fragments)
+    result = ead("generate", *pair_args(pair), "--max-tokens", "2", "hi")  # the large model renders alone
+    line = assert_one_line_error(result, 1, "the chat template of large.gguf", *fragments)
     assert "uid=" not in line  # the shell command never ran
 
 
@@ -125,7 +125,8 @@ def test_paths_with_spaces_and_non_ascii_names(tmp_path: Path, tiny_pair: tuple[
     small, large = folder / "small 模型.gguf", folder / "große Datei (1).gguf"
     shutil.copyfile(tiny_pair[0], small)
     shutil.copyfile(tiny_pair[1], large)
-    result = ead("generate", *pair_args((small, large)), "--max-tokens", "6", "--format", "jsonl", "hi")
+    options = ("--mode", "ead", "--max-tokens", "6", "--format", "jsonl", "hi")  # both models load
+    result = ead("generate", *pair_args((small, large)), *options)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.decode().splitlines()[-1])
     assert summary["generated"] == 6
@@ -139,6 +140,8 @@ def test_a_home_path_without_the_gguf_suffix(tmp_path: Path, tiny_pair: tuple[Pa
     result = ead(
         "generate",
         *pair_args((Path("~/my models/small model"), tiny_pair[1])),
+        "--mode",
+        "ead",
         "--max-tokens",
         "3",
         "--format",

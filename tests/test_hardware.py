@@ -207,7 +207,7 @@ def test_generate_explains_a_llama_cpp_crash_in_one_paragraph(tiny_pair, tmp_pat
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), "EAD_REPACK": "on"}
     env["EAD_CACHE"] = str(tmp_path / "cache")
     result = ead("generate", *pair_args(tiny_pair), "--max-tokens", "2", "hello", env=env)
-    line = assert_one_line_error(result, 1, "llama.cpp crashed (SIGSEGV)", "small.gguf", "--no-repack")
+    line = assert_one_line_error(result, 1, "llama.cpp crashed (SIGSEGV)", "large.gguf", "--no-repack")
     assert "ead had it on (EAD_REPACK=on)" in line
 
 

@@ -75,15 +75,17 @@ def ollama_root(env: dict[str, str], tiny_small: Path) -> Path:
 
 
 def generate(env: dict[str, str], small: str, large: str) -> bytes:
-    options = ["--small", small, "--large", large, "--threads", "1", "--max-tokens", "12"]
+    options = ["--small", small, "--large", large, "--mode", "ead", "--threads", "1", "--max-tokens", "12"]
     result = ead("generate", *options, PROMPT, env=env)
     assert result.returncode == 0, result.stderr.decode()
     return result.stdout
 
 
 def refused(env: dict[str, str], small: str, large: Path) -> str:
-    """The one error line of ``ead generate --small SMALL --large LARGE``, which must fail with exit 1."""
-    result = ead("generate", "--small", small, "--large", str(large), "--threads", "1", PROMPT, env=env)
+    """The one error line of ``ead generate --small SMALL --large LARGE`` with the pair switching (so
+    both load), which must fail with exit 1."""
+    options = ["--small", small, "--large", str(large), "--mode", "ead", "--threads", "1"]
+    result = ead("generate", *options, PROMPT, env=env)
     return assert_one_line_error(result, 1)
 
 
@@ -103,6 +105,8 @@ def test_ollama_model_generates_what_its_file_does(
         "ollama:tiny",
         "--large",
         str(large),
+        "--mode",
+        "ead",
         "--threads",
         "1",
         "--max-tokens",
