@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ead_cli.bench.speed import Rates
@@ -53,28 +53,36 @@ def sequences(path: Path, strategy: str, model: int, split: str) -> Iterator[tup
         yield record["task_id"], tokens, record["prompt_tokens"]
 
 
-def walk(tokens: Sequence[int], prompt_len: int, min_match: int, limit: int, rates: Rates) -> dict:
-    """One answer read as the runner reads it with guesses: batches, guessed and followed tokens, seconds."""
+def walk(
+    tokens: Sequence[int], prompt_len: int, guess: Callable[[list[int], int], list[int]], rates: Rates
+) -> dict:
+    """One answer read as the runner reads it with guesses: batches, guessed and followed tokens, seconds.
+    ``guess(tokens so far, how many of the previous guess the text followed)`` gives the next guess."""
     remaining: list[int] = []
-    guessed = kept = batches = decodes = 0
+    guessed = kept = batches = decodes = followed = 0
     seconds = 0.0
     for i in range(prompt_len + 1, len(tokens)):  # read tokens[i - 1] to predict tokens[i]
         if remaining and remaining[0] == tokens[i - 1]:
             remaining = remaining[1:]
             kept += 1
+            followed += 1
             continue
-        guess = propose(tokens[:i], min_match=min_match, limit=limit)
-        if guess:
+        remaining, followed = guess(list(tokens[:i]), followed), 0
+        if remaining:
             batches += 1
-            guessed += len(guess)
-            seconds += rates.seconds(len(guess) + 1)
-            remaining = guess
+            guessed += len(remaining)
+            seconds += rates.seconds(len(remaining) + 1)
         else:
             decodes += 1
             seconds += rates.seconds(1)
     plain = max(len(tokens) - prompt_len - 1, 0) * rates.seconds(1)
     return {"guessed": guessed, "kept": kept, "batches": batches, "decodes": decodes, "seconds": seconds,
             "plain_seconds": plain}  # fmt: skip
+
+
+def lookup_guess(min_match: int, limit: int) -> Callable[[list[int], int], list[int]]:
+    """Prompt lookup as ``walk`` asks for guesses (it keeps no state)."""
+    return lambda tokens, _followed: propose(tokens, min_match=min_match, limit=limit)
 
 
 class NgramMod:
@@ -89,6 +97,8 @@ class NgramMod:
         self.n_match, self.n_min, self.n_max = n_match, n_min, n_max
         self.table: dict[tuple[int, ...], int] = {}
         self.low_streak = 0
+        self._added = 0  # where the next windows of the request at hand start
+        self._drafted = 0  # the last draft's length (0: the last guess was none of this drafter's)
 
     def add(self, tokens: Sequence[int], start: int) -> int:
         """Add the windows from ``start`` that have a following token; return where the next add starts."""
@@ -114,6 +124,26 @@ class NgramMod:
             self.table.clear()
             self.low_streak = 0
 
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A new request: its prompt's windows join the table (llama.cpp's ``begin``)."""
+        self._added = self.add(prompt, 0)
+        self._drafted = 0
+
+    def guess(self, tokens: list[int], followed: int) -> list[int]:
+        """``walk``'s guess: the last draft's acceptance told, new windows added in chunks of 32 (as
+        llama.cpp adds them), then a draft."""
+        if self._drafted:
+            self.accepted(followed, self._drafted)
+        if len(tokens) - self.n_match > self._added + 32:
+            self._added = self.add(tokens, self._added)
+        drafted = self.draft(tokens)
+        self._drafted = len(drafted)
+        return drafted
+
+    def end(self, tokens: Sequence[int]) -> None:
+        """The request's answer: its remaining windows join the table."""
+        self.add(tokens, self._added)
+
 
 def walk_ngram_mod(
     answers: Sequence[tuple[list[int], int]],
@@ -123,42 +153,24 @@ def walk_ngram_mod(
     lookup: tuple[int, int] | None = None,
     one_table: bool = True,
 ) -> dict:
-    """The answers in bench order through one drafter (as one llama-server serves a bench's tasks):
-    counted and priced as ``walk`` prices prompt lookup. ``lookup`` (min match, limit): where the drafter
-    has no draft, a prompt-lookup guess (the two stacked); ``one_table`` False: emptied for each answer."""
-    guessed = kept = batches = decodes = 0
-    seconds = plain = 0.0
+    """The answers in bench order through one drafter (as one llama-server serves a bench's tasks),
+    each walked as ``walk`` walks prompt lookup. ``lookup`` (min match, limit): where the drafter has no
+    draft, a prompt-lookup guess (the two stacked); ``one_table`` False: emptied for each answer."""
+    fallback = lookup_guess(*lookup) if lookup is not None else None
+
+    def guess(tokens: list[int], followed: int) -> list[int]:
+        drafted = drafter.guess(tokens, followed)
+        return drafted or (fallback(tokens, followed) if fallback is not None else [])
+
+    walks = []
     for tokens, prompt_len in answers:
         if not one_table:
             drafter.table.clear()
-        added = drafter.add(tokens[:prompt_len], 0)
-        remaining: list[int] = []
-        drafted = followed = 0
-        for i in range(prompt_len + 1, len(tokens)):
-            if remaining and remaining[0] == tokens[i - 1]:
-                remaining = remaining[1:]
-                kept += 1
-                followed += 1
-                continue
-            if drafted:
-                drafter.accepted(followed, drafted)
-            if i - drafter.n_match > added + 32:  # llama.cpp adds new windows in chunks of 32
-                added = drafter.add(tokens[:i], added)
-            remaining = drafter.draft(tokens[:i])
-            drafted, followed = len(remaining), 0
-            if not remaining and lookup is not None:
-                remaining = propose(tokens[:i], min_match=lookup[0], limit=lookup[1])
-            if remaining:
-                batches += 1
-                guessed += len(remaining)
-                seconds += rates.seconds(len(remaining) + 1)
-            else:
-                decodes += 1
-                seconds += rates.seconds(1)
-        drafter.add(tokens, added)
-        plain += max(len(tokens) - prompt_len - 1, 0) * rates.seconds(1)
-    return {"guessed": guessed, "kept": kept, "batches": batches, "decodes": decodes, "seconds": seconds,
-            "plain_seconds": plain, "ratio": seconds / plain}  # fmt: skip
+        drafter.begin(tokens[:prompt_len])
+        walks.append(walk(tokens, prompt_len, guess, rates))
+        drafter.end(tokens)
+    total = {key: sum(w[key] for w in walks) for key in walks[0]}
+    return {**total, "ratio": total["seconds"] / total["plain_seconds"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                sequences(path, args.strategy, args.model, args.split)}  # fmt: skip
     rows = []
     for min_match, limit in itertools.product(MATCHES, LIMITS):
-        walks = [walk(tokens, n, min_match, limit, rates) for tokens, n in answers.values()]
+        walks = [walk(tokens, n, lookup_guess(min_match, limit), rates) for tokens, n in answers.values()]
         total = {key: sum(w[key] for w in walks) for key in walks[0]}
         total.update(min_match=min_match, limit=limit, ratio=total["seconds"] / total["plain_seconds"])
         rows.append(total)
