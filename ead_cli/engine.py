@@ -50,10 +50,11 @@ def load_runners(
         for ref in refs[:-1]:
             registry.check(ref, catalog)  # a typo in a model not loaded is still an error
         refs, roles = refs[-1:], roles[-1:]
+    reused = len(refs) - 1 if reuse is not None else -1  # the level ``reuse`` fills
     paths = {
         level: registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
         for level, ref in enumerate(refs)
-        if not is_remote(ref) and not (reuse is not None and level == len(refs) - 1)
+        if not is_remote(ref) and level != reused
     }
     if gpu_layers(options.n_gpu_layers) == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
@@ -66,7 +67,7 @@ def load_runners(
     runners: list = []
     try:
         for level, role in enumerate(roles):
-            if reuse is not None and level == len(refs) - 1:
+            if level == reused:
                 runners.append(reuse)
                 continue
             if level in paths:
