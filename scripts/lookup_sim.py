@@ -27,7 +27,7 @@ from ead_cli.bench.speed import Rates
 from ead_cli.lookup import propose
 
 MATCHES = (1, 2, 3, 4, 6, 8, 12, 16)
-LIMITS = (4, 8, 16, 32)
+LIMITS = (4, 8, 15, 16, 31, 32, 47, 63)  # 15, 31, 47, 63: the read token and the guess fill 16k rows
 # llama-server's ngram-mod defaults here: --spec-ngram-mod-n-match 24, -n-min 48, -n-max 64.
 NGRAM_MOD = {"n_match": 24, "n_min": 48, "n_max": 64}
 
@@ -176,13 +176,15 @@ def walk_ngram_mod(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, nargs="+")
-    parser.add_argument("--speed", type=Path, required=True, help="an ead bench speed --json file")
+    parser.add_argument("--speed", type=Path, required=True,
+                        help="an ead bench speed --json file, or scripts/batch_curve.py's")  # fmt: skip
     parser.add_argument("--strategy", default="large-only")
     parser.add_argument("--model", type=int, default=1, help="schedule index: 0 small, 1 large")
     parser.add_argument("--split", choices=("even", "odd", "all"), default="even")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    speed = json.loads(args.speed.read_text())["rates"][args.model]
+    measured = json.loads(args.speed.read_text())["rates"]
+    speed = measured[args.model] if len(measured) > 1 else measured[0]  # scripts/batch_curve.py: one model
     rates = Rates(speed["model"], speed["params"], speed["context"],
                   {int(size): rate for size, rate in speed["tokens_per_s"].items()})  # fmt: skip
     answers = {task: (tokens, n) for path in args.results for task, tokens, n in
