@@ -80,6 +80,12 @@ def walk(
             "plain_seconds": plain}  # fmt: skip
 
 
+def summed(walks: Sequence[dict]) -> dict:
+    """``walk``'s counts and seconds over many answers, and the modelled time against plain decoding."""
+    total = {key: sum(w[key] for w in walks) for key in walks[0]}
+    return {**total, "ratio": total["seconds"] / total["plain_seconds"]}
+
+
 def lookup_guess(min_match: int, limit: int) -> Callable[[list[int], int], list[int]]:
     """Prompt lookup as ``walk`` asks for guesses (it keeps no state)."""
     return lambda tokens, _followed: propose(tokens, min_match=min_match, limit=limit)
@@ -169,8 +175,7 @@ def walk_ngram_mod(
         drafter.begin(tokens[:prompt_len])
         walks.append(walk(tokens, prompt_len, guess, rates))
         drafter.end(tokens)
-    total = {key: sum(w[key] for w in walks) for key in walks[0]}
-    return {**total, "ratio": total["seconds"] / total["plain_seconds"]}
+    return summed(walks)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,9 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for min_match, limit in itertools.product(MATCHES, LIMITS):
         walks = [walk(tokens, n, lookup_guess(min_match, limit), rates) for tokens, n in answers.values()]
-        total = {key: sum(w[key] for w in walks) for key in walks[0]}
-        total.update(min_match=min_match, limit=limit, ratio=total["seconds"] / total["plain_seconds"])
-        rows.append(total)
+        rows.append({**summed(walks), "min_match": min_match, "limit": limit})
     rows.sort(key=lambda row: row["ratio"])
     in_order = sorted(answers.items(), key=lambda item: int(item[0].rsplit("/", 1)[-1]))  # as a bench runs
     ordered = [answer for _, answer in in_order]
