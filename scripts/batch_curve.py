@@ -5,9 +5,10 @@
 llama.cpp's CPU kernels do not cost a linear amount between them: on the 2-core AMD EPYC a batch of 16
 rows takes less time than one of 15, and one of 33 10% longer than one of 32. Each size is fed after
 ``--context`` tokens and rolled back, with logits at the last row only (a catch-up) and at every row (a
-lookup guess being checked), three timings in each of three rounds, the fastest kept. The JSON has the
-rates with logits at every row in ``ead bench speed --json``'s shape, so ``scripts/lookup_sim.py --speed``
-prices guesses with them, and the seconds of both kinds.
+lookup guess being checked), timed as ``ead bench speed`` times a size (``batch_rate``: a warm-up batch,
+then batches until a quarter second was timed) in each of ``--rounds`` rounds, the fastest kept. The
+JSON has the rates with logits at every row in ``ead bench speed --json``'s shape, so
+``scripts/lookup_sim.py --speed`` prices guesses with them, and the seconds of both kinds.
 
     taskset -c 0 .venv/bin/python scripts/batch_curve.py --model qc1.5b --threads 1 --out curve.json
 """
@@ -17,25 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from time import perf_counter
 
 from ead_cli import registry
-from ead_cli.bench.speed import FILLER
+from ead_cli.bench.speed import FILLER, batch_rate
 from ead_cli.hardware import this_cpu
 from ead_cli.runner import Runner
 
 SIZES = (*range(1, 41), 44, 48, 56, 64)
-
-
-def fastest(runner: Runner, tokens: list[int], context: int, size: int, rows: int) -> float:
-    """The fastest of three timed batches of ``size`` tokens after ``context`` (one warm-up first)."""
-    times = []
-    for _ in range(4):
-        began = perf_counter()
-        runner.feed(tokens, context, context + size, "catchup", rows=rows)
-        times.append(perf_counter() - began)
-        runner.truncate(context)
-    return min(times[1:])
 
 
 def main() -> None:
@@ -57,8 +46,8 @@ def main() -> None:
     for _ in range(args.rounds):  # rounds go through every size, so a busy spell hits all sizes alike
         for kind, best in seconds.items():
             for size in SIZES:
-                took = fastest(runner, tokens, args.context, size, size if kind == "every_row" else 1)
-                best[size] = min(best.get(size, took), took)
+                rate = batch_rate(runner, tokens, args.context, size, size if kind == "every_row" else 1)
+                best[size] = min(best.get(size, size / rate), size / rate)
     result = {
         "rates": [{
             "model": path.name, "params": runner.n_params, "context": args.context,

@@ -285,6 +285,21 @@ def test_batch_times_interpolate_between_measured_sizes() -> None:
     assert r.prefill(4) == pytest.approx(40.0)
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_batch_rate_asks_for_the_rows_it_is_told_and_rolls_back(
+    open_runners, tiny_pair: tuple[Path, Path], rows: int
+) -> None:
+    _, runner = open_runners(*tiny_pair)
+    tokens = runner.tokenize(speed.FILLER * 8, add_special=False)
+    runner.feed(tokens, 0, 32, "prefill")
+    before = runner.stats.logits_rows
+    assert speed.batch_rate(runner, tokens, 32, 8, rows=rows) > 0
+    assert runner.n_past == 32  # every batch rolled back to the context
+    batches = runner.stats.catchup.tokens // 8
+    assert batches >= 2  # a warm-up and at least one timed batch
+    assert runner.stats.logits_rows - before == batches * rows  # logits at the last row, or every row
+
+
 def test_sizes_slower_per_token_than_a_smaller_one_are_out_of_order() -> None:
     assert speed.falls({1: 10.0, 2: 20.0, 4: 40.0, 8: 39.0}) == []  # within 5% of the best before
     assert speed.falls({1: 10.0, 2: 20.0, 4: 40.0, 8: 30.0, 16: 37.0, 32: 80.0}) == [8, 16]

@@ -99,22 +99,23 @@ def measure(runner: Runner, *, context: int = 256, sizes: Sequence[int] = BATCH_
     tokens = (text * (need // len(text) + 1))[:need]
     runner.truncate(0)
     runner.feed(tokens, 0, context, "prefill")
-    rates = {size: max(_rate(runner, tokens, context, size) for _ in range(ROUNDS)) for size in sizes}
+    rates = {size: max(batch_rate(runner, tokens, context, size) for _ in range(ROUNDS)) for size in sizes}
     for _ in range(EXTRA_ROUNDS):
         for size in falls(rates):
-            rates[size] = max(rates[size], _rate(runner, tokens, context, size))
+            rates[size] = max(rates[size], batch_rate(runner, tokens, context, size))
     runner.truncate(0)
     return Rates(runner.label, runner.n_params, context, rates, tuple(falls(rates)))
 
 
-def _rate(runner: Runner, tokens: Sequence[int], context: int, size: int) -> float:
-    """Tokens per second of batches of ``size`` after ``context`` tokens (a warm-up batch first)."""
+def batch_rate(runner: Runner, tokens: Sequence[int], context: int, size: int, rows: int = 1) -> float:
+    """Tokens per second of batches of ``size`` after ``context`` tokens (a warm-up batch first), with
+    logits at the last ``rows`` rows: one for a catch-up, every row for a lookup guess being checked."""
     steps = DECODE_STEPS if size == 1 else 1
     timed, fed = 0.0, 0
     for attempt in range(6):
         began = perf_counter()
         for step in range(steps):
-            runner.feed(tokens, context + step * size, context + (step + 1) * size, "catchup")
+            runner.feed(tokens, context + step * size, context + (step + 1) * size, "catchup", rows=rows)
         elapsed = perf_counter() - began
         runner.truncate(context)
         if attempt == 0:
