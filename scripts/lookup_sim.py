@@ -91,6 +91,17 @@ def lookup_guess(min_match: int, limit: int) -> Callable[[list[int], int], list[
     return lambda tokens, _followed: propose(tokens, min_match=min_match, limit=limit)
 
 
+def trimmed_guess(min_match: int, limit: int, rows: int = 16) -> Callable[[list[int], int], list[int]]:
+    """Prompt lookup with each guess of ``rows - 1`` tokens or more cut so that the read token and the
+    guess fill a multiple of ``rows`` rows: the cheap sizes of ``scripts/batch_curve.py``'s sawtooth."""
+
+    def guess(tokens: list[int], _followed: int) -> list[int]:
+        found = propose(tokens, min_match=min_match, limit=limit)
+        return found[: (len(found) + 1) // rows * rows - 1] if len(found) >= rows - 1 else found
+
+    return guess
+
+
 class NgramMod:
     """llama.cpp's ngram-mod drafter (common/speculative.cpp, common/ngram-mod.cpp), as llama-server runs it
     across a bench's requests: each ``n_match``-token window of the text read maps to the token that
@@ -209,10 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for table in ("one table", "a table per answer")
     }
+    trimmed = {  # does cutting every guess to a cheap batch gain more than capping it there?
+        f"lookup {best[0]}/{limit}, guesses cut to batches of 16k rows": summed(
+            [walk(tokens, n, trimmed_guess(best[0], limit), rates) for tokens, n in answers.values()]
+        )
+        for limit in (32, 63)
+    }
     report = {
         "results": [str(path) for path in args.results], "strategy": args.strategy, "split": args.split,
         "model": speed["model"], "speed": str(args.speed), "tasks": sorted(answers), "policies": rows,
-        "llama_cpp_ngram_mod": peer, "stacked": stacked,
+        "llama_cpp_ngram_mod": peer, "stacked": stacked, "trimmed": trimmed,
     }  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
@@ -221,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in rows[:12]:
         counts = f"{row['guessed']:7}  {row['kept']:5}  {row['batches']:7}  {row['decodes']:7}"
         print(f"{row['min_match']:9}  {row['limit']:5}  {counts}  {row['ratio']:.3f}")
-    peers = {"llama.cpp ngram-mod (emulated: match 24, drafts 48-64, one table)": peer, **stacked}
+    peers = {"llama.cpp ngram-mod (emulated: match 24, drafts 48-64, one table)": peer, **stacked, **trimmed}
     for name, row in peers.items():
         counts = f"{row['guessed']:7}  {row['kept']:5}  {row['batches']:7}  {row['decodes']:7}"
         print(f"{name}: {counts}  {row['ratio']:.3f}")

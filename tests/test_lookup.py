@@ -88,6 +88,18 @@ def test_the_ngram_mod_emulation_chains_long_drafts_and_forgets_after_three_poor
     assert (walked["decodes"], walked["batches"], walked["guessed"], walked["kept"]) == (1, 1, 5, 4)
 
 
+@pytest.mark.parametrize(("found", "kept"), [(10, 10), (14, 14), (15, 15), (20, 15), (31, 31), (40, 31)])
+def test_a_trimmed_guess_fills_a_multiple_of_16_rows_with_the_read_token(found: int, kept: int) -> None:
+    """scripts/lookup_sim.py's trimmed guesses: a guess of 15 tokens or more is cut to 16k - 1 tokens,
+    a shorter one kept whole; what is kept is the start of the plain guess."""
+    from lookup_sim import trimmed_guess
+
+    tokens = [7, 8, *range(100, 98 + found), 7, 8]  # the guess after "7 8": all that followed it
+    plain = propose(tokens, min_match=2, limit=64)
+    assert len(plain) == found
+    assert trimmed_guess(2, 64)(tokens, 0) == plain[:kept]
+
+
 @pytest.mark.parametrize("lookup", [1, 2])
 def test_greedy_lookup_keeps_the_large_models_text(runners: list[Runner], lookup: int) -> None:
     large_only = run(Decoder(runners, ("small", "large"), Fixed(1), SamplingParams(), max_tokens=80), runners)
