@@ -24,9 +24,10 @@ from .policies import BURST_KINDS, MODES, POLICY_KINDS, SWITCH_POINTS, defaults_
 DEFAULT_MODE = "large"
 # Prompt lookup's minimum match and guess length for generate, chat and serve: tuned on the 1.5B's greedy
 # answers to HumanEval's 82 even ids, priced with this CPU's batch rates at one and two threads
-# (scripts/lookup_sim.py; docs/switching.md, "Prompt lookup").
+# (scripts/lookup_sim.py; docs/switching.md, "Prompt lookup"); 31, so that the read token and a whole
+# guess fill 32 rows, a cheap batch on CPUs whose kernels work in tiles of 16 ("Guesses that fill a batch").
 DEFAULT_LOOKUP = 12
-DEFAULT_LOOKUP_DRAFT = 32
+DEFAULT_LOOKUP_DRAFT = 31
 
 CLI = "cli"  # ead generate, chat and serve's command line
 SERVE = "serve"  # a field of a request's ``ead`` object
