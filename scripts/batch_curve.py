@@ -20,7 +20,7 @@ import json
 import os
 
 from ead_cli import registry
-from ead_cli.bench.speed import FILLER, batch_rate
+from ead_cli.bench.speed import batch_rate, filler_tokens
 from ead_cli.hardware import this_cpu
 from ead_cli.runner import Runner
 
@@ -37,9 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     path = registry.resolve(args.model, registry.load_catalog(), allow_download=False)
     runner = Runner(path, name="large", n_ctx=args.context + max(SIZES) + 64, n_threads=args.threads)
-    text = runner.tokenize(FILLER, add_special=False)
-    need = args.context + max(SIZES)
-    tokens = (text * (need // len(text) + 1))[:need]
+    tokens = filler_tokens(runner, args.context + max(SIZES))
     runner.feed(tokens, 0, args.context, "prefill")
     load_before = os.getloadavg()
     seconds: dict[str, dict[int, float]] = {"last_row": {}, "every_row": {}}

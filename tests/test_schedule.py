@@ -290,7 +290,7 @@ def test_a_batch_rate_asks_for_the_rows_it_is_told_and_rolls_back(
     open_runners, tiny_pair: tuple[Path, Path], rows: int
 ) -> None:
     _, runner = open_runners(*tiny_pair)
-    tokens = runner.tokenize(speed.FILLER * 8, add_special=False)
+    tokens = speed.filler_tokens(runner, 48)
     runner.feed(tokens, 0, 32, "prefill")
     before = runner.stats.logits_rows
     assert speed.batch_rate(runner, tokens, 32, 8, rows=rows) > 0

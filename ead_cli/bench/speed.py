@@ -94,9 +94,7 @@ def measure(runner: Runner, *, context: int = 256, sizes: Sequence[int] = BATCH_
     context and rolled back, once to warm up, then timed until ``MIN_TIMED_S``, in ``ROUNDS`` rounds;
     sizes out of order are timed again (up to ``EXTRA_ROUNDS``); each keeps its fastest rate."""
     check_context(context, runner.n_ctx)
-    need = context + max(max(sizes), DECODE_STEPS)
-    text = runner.tokenize(FILLER, add_special=False)
-    tokens = (text * (need // len(text) + 1))[:need]
+    tokens = filler_tokens(runner, context + max(max(sizes), DECODE_STEPS))
     runner.truncate(0)
     runner.feed(tokens, 0, context, "prefill")
     rates = {size: max(batch_rate(runner, tokens, context, size) for _ in range(ROUNDS)) for size in sizes}
@@ -105,6 +103,12 @@ def measure(runner: Runner, *, context: int = 256, sizes: Sequence[int] = BATCH_
             rates[size] = max(rates[size], batch_rate(runner, tokens, context, size))
     runner.truncate(0)
     return Rates(runner.label, runner.n_params, context, rates, tuple(falls(rates)))
+
+
+def filler_tokens(runner: Runner, count: int) -> list[int]:
+    """``count`` tokens of ``FILLER`` repeated, to time batches with."""
+    text = runner.tokenize(FILLER, add_special=False)
+    return (text * (count // len(text) + 1))[:count]
 
 
 def batch_rate(runner: Runner, tokens: Sequence[int], context: int, size: int, rows: int = 1) -> float:
