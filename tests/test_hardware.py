@@ -153,7 +153,10 @@ def test_the_llama_servers_ead_starts_take_the_same_decision(tiny_small: Path, t
 
 
 def crash_command(signal_number: int) -> list[str]:
-    return [sys.executable, "-c", f"import os; os.kill(os.getpid(), {signal_number})"]
+    """A child that dies by the signal at once: not through Python's own SIGINT handler (a
+    KeyboardInterrupt raised later, or not at all where the disposition inherited is to ignore it)."""
+    kill = f"signal.signal({signal_number}, signal.SIG_DFL); os.kill(os.getpid(), {signal_number})"
+    return [sys.executable, "-c", f"import os, signal; {kill}"]
 
 
 @pytest.fixture
