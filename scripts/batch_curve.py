@@ -44,8 +44,9 @@ def main() -> None:
     for _ in range(args.rounds):  # rounds go through every size, so a busy spell hits all sizes alike
         for kind, best in seconds.items():
             for size in SIZES:
-                rate = batch_rate(runner, tokens, args.context, size, size if kind == "every_row" else 1)
-                best[size] = min(best.get(size, size / rate), size / rate)
+                rows = size if kind == "every_row" else 1
+                took = size / batch_rate(runner, tokens, args.context, size, rows)
+                best[size] = min(best.get(size, took), took)
     result = {
         "rates": [{
             "model": path.name, "params": runner.n_params, "context": args.context,

@@ -86,6 +86,13 @@ def summed(walks: Sequence[dict]) -> dict:
     return {**total, "ratio": total["seconds"] / total["plain_seconds"]}
 
 
+def walk_all(
+    answers: Sequence[tuple[list[int], int]], guess: Callable[[list[int], int], list[int]], rates: Rates
+) -> dict:
+    """``walk`` over every (tokens, prompt length) answer with one guesser, ``summed``."""
+    return summed([walk(tokens, prompt_len, guess, rates) for tokens, prompt_len in answers])
+
+
 def lookup_guess(min_match: int, limit: int) -> Callable[[list[int], int], list[int]]:
     """Prompt lookup as ``walk`` asks for guesses (it keeps no state)."""
     return lambda tokens, _followed: propose(tokens, min_match=min_match, limit=limit)
@@ -207,8 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                sequences(path, args.strategy, args.model, args.split)}  # fmt: skip
     rows = []
     for min_match, limit in itertools.product(MATCHES, LIMITS):
-        walks = [walk(tokens, n, lookup_guess(min_match, limit), rates) for tokens, n in answers.values()]
-        rows.append({**summed(walks), "min_match": min_match, "limit": limit})
+        walked = walk_all(list(answers.values()), lookup_guess(min_match, limit), rates)
+        rows.append({**walked, "min_match": min_match, "limit": limit})
     rows.sort(key=lambda row: row["ratio"])
     in_order = sorted(answers.items(), key=lambda item: int(item[0].rsplit("/", 1)[-1]))  # as a bench runs
     ordered = [answer for _, answer in in_order]
@@ -221,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for table in ("one table", "a table per answer")
     }
     trimmed = {  # does cutting every guess to a cheap batch gain more than capping it there?
-        f"lookup {best[0]}/{limit}, guesses cut to batches of 16k rows": summed(
-            [walk(tokens, n, trimmed_guess(best[0], limit), rates) for tokens, n in answers.values()]
+        f"lookup {best[0]}/{limit}, guesses cut to batches of 16k rows": walk_all(
+            list(answers.values()), trimmed_guess(best[0], limit), rates
         )
         for limit in (32, 63)
     }
