@@ -186,6 +186,41 @@ def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
     assert order == sorted(order, key=lambda key: (key[0], names.index(key[1])))  # task by task
 
 
+def test_bench_report_gives_the_median_of_repeated_replays(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Repeats of a replay are compared like repeats of a bench: each strategy's median wall-clock
+    ratio over them with its range, and the recorded run's passes (no text column: the text is forced)."""
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    _, records = read_results(recorded / RESULTS_FILE)
+    gate = next(name for name in (r["strategy"] for r in records) if name.startswith("gate "))
+    chosen = ["--strategies", f"large-only,spec,{gate}"]
+    folders = [tmp_path / "run1", tmp_path / "run2", tmp_path / "run3"]
+    for folder in folders:
+        assert ead("bench", "replay", str(recorded), *pair, *chosen, "--out", str(folder)).returncode == 0
+    result = ead("bench", "report", *map(str, folders))
+    assert result.returncode == 0, result.stderr
+    runs = [json.loads((folder / replay.REPLAY_FILE).read_text())["strategies"] for folder in folders]
+    lines = result.stdout.decode().splitlines()
+    assert lines[:2] == [
+        "| strategy | wall vs large-only, median (range) | runs | passed |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    assert len(lines) == 5
+    for name in ("spec", gate):
+        ratios = sorted(row["wall_rel"] for run in runs for row in run if row["strategy"] == name)
+        assert f"| {name} | {ratios[1]:.2f} ({ratios[0]:.2f}-{ratios[2]:.2f}) | 3 | 0/0/0 |" in lines
+    assert "| large-only | 1.00 (1.00-1.00) | 3 | 0/0/0 |" in lines
+    written = folders[0] / "median-of-3.md"
+    sources = "".join(f"{folder / replay.REPLAY_FILE}\n" for folder in folders)
+    assert written.read_text() == sources + result.stdout.decode()
+    assert not (folders[1] / "report.md").exists()  # a replay has no per-run report to rewrite
+    mixed = ead("bench", "report", str(folders[0]), str(recorded))
+    assert_one_line_error(mixed, 2, "give repeats of one kind")
+    (folders[2] / replay.REPLAY_FILE).write_text("{}")
+    assert_one_line_error(ead("bench", "report", *map(str, folders)), 2, "is not a replay report")
+
+
 def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
     assert ead("bench", "replay", str(recorded), *pair, "--out", str(tmp_path)).returncode == 0

@@ -269,6 +269,19 @@ def replay_bench(
     return report
 
 
+def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
+    """A replay report (replay.json, or the folder holding it) and its strategies' figures."""
+    file = path / REPLAY_FILE if path.is_dir() else path
+    try:
+        report = json.loads(file.read_text(encoding="utf-8"))
+        strategies = [ReplayedStrategy(**row) for row in report["strategies"]]
+        for row in strategies:
+            float(row.wall_s), float(row.large_share), int(row.generated), dict(row.batches)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise EadError(f"{file} is not a replay report (ead bench replay): {error}", 2) from None
+    return report, strategies
+
+
 def write_json(path: Path, data: Any) -> None:
     """Whole or not at all: a temporary file renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)

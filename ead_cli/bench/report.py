@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .grid import LARGE_ONLY
 from .results import Record
@@ -192,11 +192,21 @@ def _by_run(values: Sequence[int | float | None], spec: str) -> str:
     return "/".join("-" if value is None else format(value, spec) for value in values)
 
 
-def repeats_table(runs: Sequence[Sequence[Aggregate]]) -> str:
-    """Markdown over repeated runs of a bench: per strategy, the median of its wall-clock ratios to the
-    same run's large-only with their range (a ratio is taken within one run, where the machine's load
-    is shared), in how many runs it ran, and per run its passes and its texts equal to large-only's.
-    Fastest median first."""
+class RunFigures(Protocol):
+    """What a repeat contributes per strategy: a bench's Aggregate or a replay's ReplayedStrategy."""
+
+    strategy: str
+    samples: int
+    pass_at_1: float | None
+    wall_rel: float | None
+
+
+def repeats_table(runs: Sequence[Sequence[RunFigures]]) -> str:
+    """Markdown over repeated runs of a bench or of a replay: per strategy, the median of its wall-clock
+    ratios to the same run's large-only with their range (a ratio is taken within one run, where the
+    machine's load is shared), in how many runs it ran, and per run its passes (a replay's: the recorded
+    run's) and, for a bench, its texts equal to large-only's. Fastest median first."""
+    texts = all(isinstance(a, Aggregate) for run in runs for a in run)
     names = list(dict.fromkeys(a.strategy for run in runs for a in run))
     rows = []
     for name in names:
@@ -205,11 +215,13 @@ def repeats_table(runs: Sequence[Sequence[Aggregate]]) -> str:
         median = statistics.median(ratios) if ratios else None
         spread = f"{median:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})" if ratios else "-"
         passed = [None if a.pass_at_1 is None else round(a.pass_at_1 * a.samples) for a in found]
-        same = _by_run([a.same_text for a in found], "d")
-        rows.append((median, [name, spread, str(len(found)), _by_run(passed, "d"), same]))
+        cells = [name, spread, str(len(found)), _by_run(passed, "d")]
+        if texts:
+            cells.append(_by_run([a.same_text for a in found if isinstance(a, Aggregate)], "d"))
+        rows.append((median, cells))
     rows.sort(key=lambda row: float("inf") if row[0] is None else row[0])
-    headers = ["strategy", "wall vs large-only, median (range)", "runs", "passed", "same text"]
-    return _markdown(headers, [cells for _, cells in rows])
+    headers = ["strategy", "wall vs large-only, median (range)", "runs", "passed"]
+    return _markdown(headers + ["same text"] * texts, [cells for _, cells in rows])
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from ..engine import close_all, load_runners
 from ..errors import EadError
 from ..options import ModelOptions
 from ..runner import Runner
+from .replay import read_report
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -307,15 +308,8 @@ def speed_report(
 
 
 def read_replay(path: Path) -> dict[str, Any]:
-    """A replay report (replay.json, or the folder holding it), checked for what the model reads."""
-    file = path / "replay.json" if path.is_dir() else path
-    try:
-        report = json.loads(file.read_text(encoding="utf-8"))
-        rows = report["strategies"]
-        for row in rows:
-            float(row["wall_s"]), float(row["large_share"]), int(row["generated"])
-            if len(row["batches"]) != 2:
-                raise ValueError("not a pair")
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise EadError(f"{file} is not a replay report of a pair (ead bench replay): {error}", 2) from None
+    """A replay report (replay.json, or the folder holding it) of a pair: what the cost model prices."""
+    report, strategies = read_report(path)
+    if any(len(row.batches) != 2 for row in strategies):
+        raise EadError(f"{path} is a replay of {len(strategies[0].batches)} models, not of a pair", 2)
     return report

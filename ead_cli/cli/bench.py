@@ -176,31 +176,44 @@ def bench_prompts(
 @bench_app.command("report")
 def bench_report(
     folders: Annotated[
-        list[Path], typer.Argument(help="A bench's --out folder; several: repeats of one bench, compared.")
+        list[Path],
+        typer.Argument(
+            help="A bench's or a replay's --out folder; several: repeats of one bench or replay, compared."
+        ),
     ],
 ) -> None:
     """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl; given repeats of
-    a bench, also the median of each strategy's wall-clock ratio over them, with the range
-    (median-of-N.md in the first folder)."""
+    a bench (or of a replay: folders with a replay.json), also the median of each strategy's
+    wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
+    from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, read_results
 
-    runs = []
-    for folder in folders:
-        _, records = read_results(folder / RESULTS_FILE)
-        if not records:
-            raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
-        runs.append(aggregate(records))
-    if len(runs) == 1:
-        _show_report(folders[0], runs[0])
-        return
-    for folder, run in zip(folders, runs, strict=True):
-        write_report(folder, run)
+    replays = [(f / REPLAY_FILE).is_file() and not (f / RESULTS_FILE).exists() for f in folders]
+    if any(replays) and not all(replays):
+        raise EadError("give repeats of one kind: bench folders (results.jsonl) or replay folders", 2)
+    source = REPLAY_FILE if all(replays) else RESULTS_FILE
+    if all(replays):
+        runs = [read_report(folder)[1] for folder in folders]
+    else:
+        runs = []
+        for folder in folders:
+            _, records = read_results(folder / RESULTS_FILE)
+            if not records:
+                raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
+            runs.append(aggregate(records))
+        if len(runs) == 1:
+            _show_report(folders[0], runs[0])
+            return
+        for folder, run in zip(folders, runs, strict=True):
+            write_report(folder, run)
     table = repeats_table(runs)
-    path = folders[0] / f"median-of-{len(runs)}.md"
-    path.write_text("".join(f"{folder / RESULTS_FILE}\n" for folder in folders) + table, encoding="utf-8")
     typer.echo(table, nl=False)
-    stderr.print(f"wrote {path} and each folder's report", style="dim", soft_wrap=True)
+    if len(runs) > 1:
+        path = folders[0] / f"median-of-{len(runs)}.md"
+        path.write_text("".join(f"{folder / source}\n" for folder in folders) + table, encoding="utf-8")
+        also = "" if all(replays) else " and each folder's report"
+        stderr.print(f"wrote {path}{also}", style="dim", soft_wrap=True)
 
 
 @bench_app.command("replay")
