@@ -189,11 +189,12 @@ def bench_report(
     from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, read_results
 
-    replays = [(f / REPLAY_FILE).is_file() and not (f / RESULTS_FILE).exists() for f in folders]
-    if any(replays) and not all(replays):
+    kinds = {(f / REPLAY_FILE).is_file() and not (f / RESULTS_FILE).exists() for f in folders}
+    if len(kinds) > 1:
         raise EadError("give repeats of one kind: bench folders (results.jsonl) or replay folders", 2)
-    source = REPLAY_FILE if all(replays) else RESULTS_FILE
-    if all(replays):
+    replays = kinds.pop()
+    source = REPLAY_FILE if replays else RESULTS_FILE
+    if replays:
         runs = [read_report(folder)[1] for folder in folders]
     else:
         runs = []
@@ -212,7 +213,7 @@ def bench_report(
     if len(runs) > 1:
         path = folders[0] / f"median-of-{len(runs)}.md"
         path.write_text("".join(f"{folder / source}\n" for folder in folders) + table, encoding="utf-8")
-        also = "" if all(replays) else " and each folder's report"
+        also = "" if replays else " and each folder's report"
         stderr.print(f"wrote {path}{also}", style="dim", soft_wrap=True)
 
 
