@@ -248,7 +248,7 @@ NEEDED_POLICIES = {
 @pytest.fixture(scope="module")
 def narrow_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Runner]]:
     """A tiny pair whose rows spread over a few nats (logit scale 0.5: ~7.8 of 8.06 bits), where the
-    entropy floor lies 1.4-3.3 bits: a gate at 2.5 bits is settled by it at some steps, not at others."""
+    entropy floor lies 3.3-6.2 bits: a gate at 5 bits is settled by it at some steps, not at others."""
     folder = tmp_path_factory.mktemp("narrow")
     paths = (folder / "small.gguf", folder / "large.gguf")
     for seed, path in enumerate(paths):
@@ -270,7 +270,7 @@ def test_entropy_measured_only_where_needed_writes_and_switches_alike(
     the head bounds settle the steps (a 267-token row is all head: exact in float64), on the narrow
     pair (above tau at every step) the head bounds or the floor."""
     runners = request.getfixturevalue("runners" if rows == "middle" else "narrow_pair")
-    tau = 3.0 if rows == "middle" else 2.5
+    tau = 3.0 if rows == "middle" else 5.0
     sampling = SamplingParams(temp=temp, seed=5)
     results = []
     for mode in ("exact", "needed"):

@@ -11,7 +11,14 @@ from tiny_models import open_pair
 
 from ead_cli.decoder import Decoder, TokenEvent
 from ead_cli.depth.readout import entropy_bits as float64_entropy_bits
-from ead_cli.entropy import HEAD_LIMIT, EntropyMeter, entropy_bits, entropy_floor_bits, max_entropy_bits
+from ead_cli.entropy import (
+    FLOOR_SAMPLE,
+    HEAD_LIMIT,
+    EntropyMeter,
+    entropy_bits,
+    entropy_floor_bits,
+    max_entropy_bits,
+)
 from ead_cli.policies import EAD, Gate, Policy
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
@@ -108,15 +115,6 @@ def test_a_max_handed_over_gives_the_same_entropy_to_the_bit(name: str) -> None:
     assert meter(row, row[int(row.argmax())]) == alone  # the decoder hands a greedy step's argmax over
 
 
-@pytest.mark.parametrize("name", sorted(adversarial_rows()))
-def test_the_entropy_floor_never_exceeds_the_entropy(name: str) -> None:
-    row = adversarial_rows()[name]
-    floor = entropy_floor_bits(row.max(), row.min(), row.shape[0])
-    assert 0.0 <= floor <= max_entropy_bits(row.shape[0])
-    exact = float64_meter(row)
-    assert math.isnan(exact) or floor <= exact + 1e-9
-
-
 def peaked_rows() -> dict[str, np.ndarray]:
     """Rows shaped like a real model's: a few logits near the top, thousands within 20 nats, the rest far."""
     rng = np.random.default_rng(11)
@@ -131,6 +129,17 @@ def peaked_rows() -> dict[str, np.ndarray]:
         row[rng.choice(N_VOCAB, spikes, replace=False)] = lift - rng.exponential(1.0, spikes)
         rows[name] = row
     return rows
+
+
+@pytest.mark.parametrize("name", sorted(adversarial_rows()) + sorted(peaked_rows()))
+def test_the_entropy_floor_never_exceeds_the_entropy(name: str) -> None:
+    row = {**peaked_rows(), **adversarial_rows()}[name]
+    floor = entropy_floor_bits(row, row.max())
+    assert 0.0 <= floor <= max_entropy_bits(row.shape[0])
+    exact = float64_meter(row)
+    assert math.isnan(exact) or floor <= exact + 1e-9
+    if name in peaked_rows() or name in ("typical", "banned tokens", "huge range", "spike over a flat floor"):
+        assert floor == 0.0  # a real model's spread (or a -inf logit in the sample): no floor
 
 
 @pytest.mark.parametrize("name", sorted(peaked_rows()) + sorted(adversarial_rows()))
@@ -164,15 +173,27 @@ def test_settle_offers_only_ranges_that_hold_the_meters_own_value(name: str) -> 
 
 
 def test_the_entropy_floor_is_tight_on_a_narrow_row_and_empty_on_a_wide_one() -> None:
+    """It reads the row's first FLOOR_SAMPLE logits: at most log2 of that, and within the sample's
+    spread of it (its mean lies no further under the top)."""
     rng = np.random.default_rng(3)
-    assert entropy_floor_bits(0.0, 0.0, N_VOCAB) == pytest.approx(math.log2(N_VOCAB))
+    uniform = np.zeros(N_VOCAB, dtype=np.float32)
+    assert entropy_floor_bits(uniform, 0.0) == pytest.approx(math.log2(FLOOR_SAMPLE))
+    assert entropy_floor_bits(uniform[:300], 0.0) == pytest.approx(math.log2(300))  # a short row: all of it
     for spread in (0.05, 0.5, 2.0, 8.0, 40.0):  # a random twin's rows are narrow, a real model's wide
         row = (rng.uniform(-spread, 0.0, N_VOCAB)).astype(np.float32)
-        floor, exact = entropy_floor_bits(row.max(), row.min(), N_VOCAB), float64_meter(row)
+        floor, exact = entropy_floor_bits(row, row.max()), float64_meter(row)
         assert floor <= exact + 1e-9
-        assert exact - floor <= spread / math.log(2) + 1e-6  # log2 n - spread / ln 2 <= floor
-    assert entropy_floor_bits(0.0, -math.inf, N_VOCAB) == 0.0
-    assert entropy_floor_bits(math.nan, 0.0, N_VOCAB) == 0.0
+        assert floor >= min(max(math.log2(FLOOR_SAMPLE) - spread / math.log(2), 0.0), 12.0) - 1e-6
+        assert floor <= max(math.log2(FLOOR_SAMPLE) - spread / 2 / math.log(2) + 0.1, 0.0)  # mean: mid-spread
+    twin_like = (rng.standard_normal(N_VOCAB) * 0.3).astype(np.float32)  # a twin's rows: ~17.2 bits
+    assert 9.0 < entropy_floor_bits(twin_like, twin_like.max()) < float64_meter(twin_like)
+    banned = uniform.copy()
+    banned[7] = -math.inf
+    assert entropy_floor_bits(banned, 0.0) == 0.0
+    outside = uniform.copy()
+    outside[FLOOR_SAMPLE + 7] = -math.inf  # past the sample: not read
+    assert entropy_floor_bits(outside, 0.0) == entropy_floor_bits(uniform, 0.0) <= float64_meter(outside)
+    assert entropy_floor_bits(uniform, math.nan) == 0.0
 
 
 def float64_meter(row: np.ndarray) -> float:
