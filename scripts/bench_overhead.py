@@ -13,7 +13,14 @@ so machine noise hits all alike. Each run is timed by the wall clock and by the 
 median EAD loop throughput over the median bare loop throughput, by the wall clock (goal: >= 0.97),
 ``cpu_ratio`` the same by CPU time, ``overhead_us`` the EAD loop's extra microseconds per token.
 
+The gate loops (``gate``, ``gate_needed``) name the one context twice: one decode a token, the large
+model's sync finds the row at hand. With ``--pair`` a second context of the same model is the large
+model, as in a real pair, where each model decodes every token: ``gate_pair_needed`` (the gate, its
+entropy measured where needed) against ``bare_pair`` (both contexts decode every token, the argmax of
+both rows: the least reading a switching loop does), ``gate_pair_needed_ratio``.
+
     .venv/bin/python scripts/bench_overhead.py [--model qc0.5b] [--tokens 128] [--runs 5] [--threads N]
+        [--pair]
 
 A model with Qwen's real vocabulary that decodes at over 1,000 tokens a second on one CPU core:
 
@@ -27,7 +34,7 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from time import perf_counter, process_time
 
@@ -47,33 +54,46 @@ PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a
 LOOPS = ("bare", "ead", "ead_needed", "ead_without_entropy", "gate", "gate_needed")
 
 
-def bare_loop(runner: Runner, prompt: list[int], count: int) -> tuple[float, float]:
-    """Seconds (wall, CPU) to decode ``count`` tokens: llama_decode one token at a time, argmax."""
+def prefilled(runner: Runner, prompt: list[int]) -> np.ndarray:
+    """The runner's context emptied and fed the prompt by llama_decode; a view of the last row's logits."""
     runner.truncate(0)
-    ctx, n_vocab = runner.ctx, runner.n_vocab
     prompt_array = (llama_cpp.llama_token * len(prompt))(*prompt)
-    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(prompt_array, len(prompt))) != 0:
+    if llama_cpp.llama_decode(runner.ctx, llama_cpp.llama_batch_get_one(prompt_array, len(prompt))) != 0:
         raise SystemExit("llama_decode failed on the prompt")
-    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(runner.ctx, -1), shape=(runner.n_vocab,))
+
+
+def bare_loop(runners: Sequence[Runner], prompt: list[int], count: int) -> tuple[float, float]:
+    """Seconds (wall, CPU) to decode ``count`` tokens: llama_decode one token at a time on every
+    context, the argmax of every row; the last context's argmax is the token."""
+    rows = [prefilled(runner, prompt) for runner in runners]
     token = (llama_cpp.llama_token * 1)()
     batch = llama_cpp.llama_batch_get_one(token, 1)
     began, began_cpu = perf_counter(), process_time()
     for _ in range(count):
-        token[0] = int(np.argmax(logits))
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            raise SystemExit("llama_decode failed")
+        for row in rows:
+            token[0] = int(np.argmax(row))
+        for runner in runners:
+            if llama_cpp.llama_decode(runner.ctx, batch) != 0:
+                raise SystemExit("llama_decode failed")
     elapsed = perf_counter() - began, process_time() - began_cpu
-    runner.truncate(0)  # the runner's own cursor did not see these tokens
+    for runner in runners:
+        runner.truncate(0)  # the runner's own cursor did not see these tokens
     return elapsed
 
 
 def ead_loop(
-    runner: Runner, prompt: list[int], count: int, *, entropy: str = "exact", gate: bool = False
+    runners: Sequence[Runner], prompt: list[int], count: int, *, entropy: str = "exact", gate: bool = False
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens through the Decoder with a policy that never
-    switches, or with the gate on this context named twice (``gate``)."""
-    runner.truncate(0)
-    runners, roles = ([runner, runner], ("small", "large")) if gate else ([runner], ("small",))
+    switches on the first context, or with the gate (``gate``) on the two contexts given, or on the
+    one context named twice (then the large model's sync finds the row at hand: one decode a token)."""
+    for runner in runners:
+        runner.truncate(0)
+    if gate:
+        runners, roles = [runners[0], runners[-1]], ("small", "large")
+    else:
+        runners, roles = [runners[0]], ("small",)
     policy: Policy = Gate(1.0) if gate else Fixed(0)
     decoder = Decoder(runners, roles, policy, SamplingParams(), max_tokens=count + 1, entropy=entropy)
     events = decoder.run(prompt)
@@ -86,12 +106,13 @@ def ead_loop(
     return elapsed
 
 
-def ead_loop_without_entropy(runner: Runner, prompt: list[int], count: int) -> tuple[float, float]:
+def ead_loop_without_entropy(runners: Sequence[Runner], prompt: list[int], count: int) -> tuple[float, float]:
     """The EAD loop with a constant for the entropy: what the loop costs besides the entropy pass."""
+    runner = runners[0]
     meter = runner.entropy
     runner.entropy = lambda _row: 0.0
     try:
-        return ead_loop(runner, prompt, count)
+        return ead_loop([runner], prompt, count)
     finally:
         runner.entropy = meter
 
@@ -102,32 +123,39 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=default_threads())
+    parser.add_argument("--pair", action="store_true", help="also the gate on two contexts of the model")
     args = parser.parse_args()
     path = registry.resolve(args.model, registry.load_catalog(), allow_download=False)
     runner = Runner(path, name="small", n_ctx=1024, n_threads=args.threads)
+    pair = [runner, Runner(path, name="large", n_ctx=1024, n_threads=args.threads)] if args.pair else []
     prompt = encode_prompt(runner, PROMPT)
-    loops: dict[str, Callable[[Runner, list[int], int], tuple[float, float]]] = dict(
+    one = [runner]
+    loops: dict[str, Callable[[list[int], int], tuple[float, float]]] = dict(
         zip(
             LOOPS,
             (
-                bare_loop,
-                ead_loop,
-                partial(ead_loop, entropy="needed"),
-                ead_loop_without_entropy,
-                partial(ead_loop, gate=True),
-                partial(ead_loop, gate=True, entropy="needed"),
+                partial(bare_loop, one),
+                partial(ead_loop, one),
+                partial(ead_loop, one, entropy="needed"),
+                partial(ead_loop_without_entropy, one),
+                partial(ead_loop, one, gate=True),
+                partial(ead_loop, one, gate=True, entropy="needed"),
             ),
             strict=True,
         )
     )
+    if pair:
+        loops["bare_pair"] = partial(bare_loop, pair)
+        loops["gate_pair_needed"] = partial(ead_loop, pair, gate=True, entropy="needed")
+    names = list(loops)
     load_before = os.getloadavg()
     for loop in loops.values():  # warm all: page in the weights, allocate buffers
-        loop(runner, prompt, 16)
-    wall: dict[str, list[float]] = {name: [] for name in LOOPS}  # tokens per second, run by run
-    cpu: dict[str, list[float]] = {name: [] for name in LOOPS}
+        loop(prompt, 16)
+    wall: dict[str, list[float]] = {name: [] for name in names}  # tokens per second, run by run
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.runs):
         for name, loop in loops.items():
-            wall_s, cpu_s = loop(runner, prompt, args.tokens)
+            wall_s, cpu_s = loop(prompt, args.tokens)
             wall[name].append(args.tokens / wall_s)
             cpu[name].append(args.tokens / cpu_s)
     wall_median = {name: statistics.median(rates) for name, rates in wall.items()}
@@ -147,10 +175,10 @@ def main() -> None:
         "cpus_allowed": sorted(os.sched_getaffinity(0)),  # taskset -c 1: [1]
         "load_avg_before": [round(x, 2) for x in load_before],  # 1, 5, 15 minutes (os.getloadavg)
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-        **{f"{name}_tok_s": [round(x, 2) for x in wall[name]] for name in LOOPS},
-        **{f"{name}_median_tok_s": round(wall_median[name], 2) for name in LOOPS},
-        **{f"{name}_cpu_tok_s": [round(x, 2) for x in cpu[name]] for name in LOOPS},
-        **{f"{name}_cpu_median_tok_s": round(cpu_median[name], 2) for name in LOOPS},
+        **{f"{name}_tok_s": [round(x, 2) for x in wall[name]] for name in names},
+        **{f"{name}_median_tok_s": round(wall_median[name], 2) for name in names},
+        **{f"{name}_cpu_tok_s": [round(x, 2) for x in cpu[name]] for name in names},
+        **{f"{name}_cpu_median_tok_s": round(cpu_median[name], 2) for name in names},
         "ratio": round(wall_median["ead"] / wall_median["bare"], 4),
         "cpu_ratio": round(cpu_median["ead"] / cpu_median["bare"], 4),
         **{f"{name}_ratio": round(wall_median[name] / wall_median["bare"], 4) for name in LOOPS[2:]},
@@ -159,6 +187,10 @@ def main() -> None:
         "cpu_overhead_us": extra_us(cpu_median, "ead", "bare"),
         "cpu_entropy_us": extra_us(cpu_median, "ead", "ead_without_entropy"),
     }
+    if pair:  # a pair's loop against the bare pair loop (each token: two decodes, two argmaxes)
+        for key, rates in (("ratio", wall_median), ("cpu_ratio", cpu_median)):
+            result[f"gate_pair_needed_{key}"] = round(rates["gate_pair_needed"] / rates["bare_pair"], 4)
+        result["gate_pair_needed_overhead_us"] = extra_us(wall_median, "gate_pair_needed", "bare_pair")
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

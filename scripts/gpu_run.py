@@ -325,12 +325,13 @@ class Run:
         return {"ok": all(r["rc"] == 0 for r in results.values()), "repack": self.repack, "pairs": results}
 
     def overhead(self) -> dict[str, Any]:
-        """The loop's cost over bare llama-cpp-python on each twin (llama.cpp offloads every layer by
-        default when it has a GPU backend; the CPU test's build has none)."""
+        """The loop's cost over bare llama-cpp-python on each twin, one model's and the gate's on two
+        contexts of it (llama.cpp offloads every layer by default when it has a GPU backend; the CPU
+        test's build has none)."""
         results = {}
         for shape in self.shapes():
             script = str(ROOT / "scripts/bench_overhead.py")
-            command = [self.python, script, "--model", str(self.twin(shape)), "--tokens",
+            command = [self.python, script, "--model", str(self.twin(shape)), "--pair", "--tokens",
                        str(self.args.overhead_tokens), "--runs", str(self.args.overhead_runs)]  # fmt: skip
             command += ["--threads", str(self.args.threads)] if self.args.threads else []
             results[shape] = self.run(command, env=self.model_env(), figures=printed_json)

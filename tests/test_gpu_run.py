@@ -108,6 +108,7 @@ def test_the_steps_after_the_build_write_one_report(
     overhead = report["steps"]["overhead"]["models"]["qwen2-tiny"]["report"]
     assert overhead["tokens"] == 8 and overhead["runs"] == 1 and overhead["threads"] == 1
     assert overhead["ratio"] > 0 and overhead["model"] == "qwen2-tiny.gguf"
+    assert overhead["gate_pair_needed_ratio"] > 0  # the gate on two contexts, against the bare pair loop
 
     # every command that loads a model got the repack decision made here, by ead's own rule
     choice = repack_choice()

@@ -4,6 +4,8 @@ llama.cpp loads and runs them. Timing equivalence with the real model is measure
 
 from __future__ import annotations
 
+import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +82,29 @@ def test_llama_cpp_runs_a_twin_and_ead_says_what_it_is(twin: Path, tiny_small: P
     assert notes == [
         "note: tiny-twin.gguf is a random-weight twin of qwen2-tiny: for timing only, its text is noise"
     ]
+
+
+def test_the_overhead_bench_prices_the_gate_on_two_contexts_against_a_bare_pair(twin: Path) -> None:
+    """``bench_overhead.py --pair``: the gate on two contexts of a model beside the bare pair loop, the
+    ratio of their medians; without it, no pair loops (the GPU run's overhead step reads the rest)."""
+    command = [sys.executable, str(SCRIPTS / "bench_overhead.py"), "--model", str(twin), "--tokens", "8"]
+    command += ["--runs", "3", "--threads", "1"]
+    reports = []
+    for extra in (["--pair"], []):
+        result = subprocess.run([*command, *extra], capture_output=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        reports.append(json.loads(result.stdout))
+    paired, alone = reports
+    for loop in ("bare_pair", "gate_pair_needed"):
+        assert len(paired[f"{loop}_tok_s"]) == 3 and min(paired[f"{loop}_tok_s"]) > 0
+        assert paired[f"{loop}_median_tok_s"] == pytest.approx(
+            statistics.median(paired[f"{loop}_tok_s"]), abs=0.01
+        )
+        assert f"{loop}_tok_s" not in alone
+    ratio = paired["gate_pair_needed_median_tok_s"] / paired["bare_pair_median_tok_s"]
+    assert paired["gate_pair_needed_ratio"] == pytest.approx(ratio, rel=1e-3)
+    assert paired["gate_needed_ratio"] > 0 and alone["gate_needed_ratio"] > 0
+    assert "gate_pair_needed_ratio" not in alone
 
 
 def test_a_twin_like_a_file_copies_every_tensors_shape_and_type(tmp_path: Path, tiny_large: Path) -> None:
