@@ -106,9 +106,8 @@ def ead_loop(
     return elapsed
 
 
-def ead_loop_without_entropy(runners: Sequence[Runner], prompt: list[int], count: int) -> tuple[float, float]:
+def ead_loop_without_entropy(runner: Runner, prompt: list[int], count: int) -> tuple[float, float]:
     """The EAD loop with a constant for the entropy: what the loop costs besides the entropy pass."""
-    runner = runners[0]
     meter = runner.entropy
     runner.entropy = lambda _row: 0.0
     try:
@@ -137,7 +136,7 @@ def main() -> None:
                 partial(bare_loop, one),
                 partial(ead_loop, one),
                 partial(ead_loop, one, entropy="needed"),
-                partial(ead_loop_without_entropy, one),
+                partial(ead_loop_without_entropy, runner),
                 partial(ead_loop, one, gate=True),
                 partial(ead_loop, one, gate=True, entropy="needed"),
             ),
