@@ -417,10 +417,12 @@ class Decoder(_Generation):
         last_writer = -1
         while len(tokens) - prompt_len < self.max_tokens:
             evaluated = policy.active
-            if evaluated == self._checker and self._held:
-                logits = yield from self._logits(evaluated, last_writer)
-            else:  # the common step, without a generator
-                logits = self._sync(evaluated, last_writer)
+            # A generator only where a check is due: the common step syncs with a plain call.
+            logits = (
+                (yield from self._logits(evaluated, last_writer))
+                if self._check_due(evaluated)
+                else self._sync(evaluated, last_writer)
+            )
             if logits is not None:
                 best = int(logits.argmax()) if greedy else -1  # the greedy token; the max for the entropy
                 writer, entropy, rolling = self._observe(evaluated, logits, best)
@@ -430,8 +432,12 @@ class Decoder(_Generation):
                     best = int(logits.argmax()) if greedy else -1
                     writer, entropy, rolling = self._observe(evaluated, logits, best)
                 if writer != evaluated:
-                    logits = yield from self._logits(writer, last_writer)
-                    best = -1
+                    logits = (
+                        (yield from self._logits(writer, last_writer))
+                        if self._check_due(writer)
+                        else self._sync(writer, last_writer)
+                    )
+                    best = int(logits.argmax()) if greedy and logits is not None else -1
             if logits is None:  # a rollback: the checker has written the rejected position itself
                 last_writer = self._checker
                 if self.finished:
@@ -486,11 +492,15 @@ class Decoder(_Generation):
 
     def _logits(self, index: int, last_writer: int) -> Generator[TokenEvent, None, np.ndarray | None]:
         """Logits of model ``index`` for the next position; None after a rollback (see ``_check``)."""
-        if index == self._checker and self._held:
+        if self._check_due(index):
             rolled_back = yield from self._check()
             if rolled_back:
                 return None
         return self._sync(index, last_writer)
+
+    def _check_due(self, index: int) -> bool:
+        """Whether model ``index`` must check held tokens before it reads on (then ``_logits``)."""
+        return index == self._checker and bool(self._held)
 
     def _sync(self, index: int, last_writer: int) -> np.ndarray:
         """Logits of model ``index`` for the next position, when no check is due."""

@@ -166,8 +166,10 @@ class Policy(ABC):
         entropy itself) and no chained cascade step pending."""
         if self._window.maxlen != 1 or self.escalating:
             return False
-        taus = (self._adaptive.value,) if self._adaptive else self._taus
-        return all(low >= tau or high < tau for tau in taus)
+        for tau in (self._adaptive.value,) if self._adaptive else self._taus:  # a loop: asked twice a token
+            if not (low >= tau or high < tau):  # so written, a NaN bound settles nothing
+                return False
+        return True
 
     def see(self, text: str) -> None:
         """The text of the token just written (called only when ``wants_text``)."""

@@ -286,8 +286,9 @@ class Runner:
         if start < prompt_len:
             self.feed(tokens, start, min(prompt_len, n), "prefill")
             start = self.n_past
-        room = max(0, min(self.n_batch - 1, self.n_ctx - n))
-        guessed = list(guess()[:room]) if guess is not None and start < n else []
+        guessed = []
+        if guess is not None and start < n:  # as many as the batch and the context have room for
+            guessed = list(guess()[: max(0, min(self.n_batch - 1, self.n_ctx - n))])
         if guessed:
             if n + len(guessed) - start > self.n_batch:  # keep the guessed rows in one batch
                 self.feed(tokens, start, n - 1, "catchup")
