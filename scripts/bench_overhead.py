@@ -19,8 +19,14 @@ model, as in a real pair, where each model decodes every token: ``gate_pair_need
 entropy measured where needed) against ``bare_pair`` (both contexts decode every token, the argmax of
 both rows: the least reading a switching loop does), ``gate_pair_needed_ratio``.
 
+``--no-decode`` times every loop with llama_decode a no-op after the prompt (the rows stay as the prompt
+left them; ``decodes_skipped`` counts the calls): each loop's own Python and numpy work alone, with the
+CPU's caches warm. A decode on the CPU sweeps the weights through them, so the loop's work after it runs
+cold (slower); on a GPU the weights stay on the device. Then ``*_overhead_us`` is what matters, the
+ratios only compare loops without their decodes.
+
     .venv/bin/python scripts/bench_overhead.py [--model qc0.5b] [--tokens 128] [--runs 5] [--threads N]
-        [--pair]
+        [--pair] [--no-decode]
 
 A model with Qwen's real vocabulary that decodes at over 1,000 tokens a second on one CPU core:
 
@@ -34,7 +40,8 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from time import perf_counter, process_time
 
@@ -52,6 +59,26 @@ from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 LOOPS = ("bare", "ead", "ead_needed", "ead_without_entropy", "gate", "gate_needed")
+SKIPPED = [0]  # llama_decode calls that --no-decode's no-op took
+
+
+@contextmanager
+def decoding(real: bool) -> Iterator[None]:
+    """llama_decode as it is, or (``real`` False: --no-decode) a no-op counted in ``SKIPPED``."""
+    if real:
+        yield
+        return
+    llama_decode = llama_cpp.llama_decode
+
+    def skipped(_ctx: llama_cpp.llama_context_p, _batch: llama_cpp.llama_batch) -> int:
+        SKIPPED[0] += 1
+        return 0
+
+    llama_cpp.llama_decode = skipped
+    try:
+        yield
+    finally:
+        llama_cpp.llama_decode = llama_decode
 
 
 def prefilled(runner: Runner, prompt: list[int]) -> np.ndarray:
@@ -63,31 +90,41 @@ def prefilled(runner: Runner, prompt: list[int]) -> np.ndarray:
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(runner.ctx, -1), shape=(runner.n_vocab,))
 
 
-def bare_loop(runners: Sequence[Runner], prompt: list[int], count: int) -> tuple[float, float]:
+def bare_loop(
+    runners: Sequence[Runner], prompt: list[int], count: int, *, decode: bool = True
+) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens: llama_decode one token at a time on every
-    context, the argmax of every row; the last context's argmax is the token."""
+    context, the argmax of every row; the last context's argmax is the token. ``decode``: see decoding."""
     rows = [prefilled(runner, prompt) for runner in runners]
     token = (llama_cpp.llama_token * 1)()
     batch = llama_cpp.llama_batch_get_one(token, 1)
-    began, began_cpu = perf_counter(), process_time()
-    for _ in range(count):
-        for row in rows:
-            token[0] = int(np.argmax(row))
-        for runner in runners:
-            if llama_cpp.llama_decode(runner.ctx, batch) != 0:
-                raise SystemExit("llama_decode failed")
-    elapsed = perf_counter() - began, process_time() - began_cpu
+    with decoding(decode):
+        began, began_cpu = perf_counter(), process_time()
+        for _ in range(count):
+            for row in rows:
+                token[0] = int(np.argmax(row))
+            for runner in runners:
+                if llama_cpp.llama_decode(runner.ctx, batch) != 0:
+                    raise SystemExit("llama_decode failed")
+        elapsed = perf_counter() - began, process_time() - began_cpu
     for runner in runners:
         runner.truncate(0)  # the runner's own cursor did not see these tokens
     return elapsed
 
 
 def ead_loop(
-    runners: Sequence[Runner], prompt: list[int], count: int, *, entropy: str = "exact", gate: bool = False
+    runners: Sequence[Runner],
+    prompt: list[int],
+    count: int,
+    *,
+    entropy: str = "exact",
+    gate: bool = False,
+    decode: bool = True,
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens through the Decoder with a policy that never
     switches on the first context, or with the gate (``gate``) on the two contexts given, or on the
-    one context named twice (then the large model's sync finds the row at hand: one decode a token)."""
+    one context named twice (then the large model's sync finds the row at hand: one decode a token).
+    ``decode``: see decoding."""
     for runner in runners:
         runner.truncate(0)
     if gate:
@@ -98,20 +135,23 @@ def ead_loop(
     decoder = Decoder(runners, roles, policy, SamplingParams(), max_tokens=count + 1, entropy=entropy)
     events = decoder.run(prompt)
     next(events)  # the prompt's prefill and the first token, as the bare loop's prompt decode
-    began, began_cpu = perf_counter(), process_time()
-    produced = sum(1 for _ in events)
-    elapsed = perf_counter() - began, process_time() - began_cpu
+    with decoding(decode):
+        began, began_cpu = perf_counter(), process_time()
+        produced = sum(1 for _ in events)
+        elapsed = perf_counter() - began, process_time() - began_cpu
     if produced != count:
         raise SystemExit(f"the model stopped after {produced} tokens; use a prompt that runs longer")
     return elapsed
 
 
-def ead_loop_without_entropy(runner: Runner, prompt: list[int], count: int) -> tuple[float, float]:
+def ead_loop_without_entropy(
+    runner: Runner, prompt: list[int], count: int, *, decode: bool = True
+) -> tuple[float, float]:
     """The EAD loop with a constant for the entropy: what the loop costs besides the entropy pass."""
     meter = runner.entropy
     runner.entropy = lambda _row: 0.0
     try:
-        return ead_loop([runner], prompt, count)
+        return ead_loop([runner], prompt, count, decode=decode)
     finally:
         runner.entropy = meter
 
@@ -123,29 +163,30 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--pair", action="store_true", help="also the gate on two contexts of the model")
+    parser.add_argument("--no-decode", action="store_true", help="llama_decode a no-op: the loops' own work")
     args = parser.parse_args()
     path = registry.resolve(args.model, registry.load_catalog(), allow_download=False)
     runner = Runner(path, name="small", n_ctx=1024, n_threads=args.threads)
     pair = [runner, Runner(path, name="large", n_ctx=1024, n_threads=args.threads)] if args.pair else []
     prompt = encode_prompt(runner, PROMPT)
-    one = [runner]
+    one, decode = [runner], not args.no_decode
     loops: dict[str, Callable[[list[int], int], tuple[float, float]]] = dict(
         zip(
             LOOPS,
             (
-                partial(bare_loop, one),
-                partial(ead_loop, one),
-                partial(ead_loop, one, entropy="needed"),
-                partial(ead_loop_without_entropy, runner),
-                partial(ead_loop, one, gate=True),
-                partial(ead_loop, one, gate=True, entropy="needed"),
+                partial(bare_loop, one, decode=decode),
+                partial(ead_loop, one, decode=decode),
+                partial(ead_loop, one, entropy="needed", decode=decode),
+                partial(ead_loop_without_entropy, runner, decode=decode),
+                partial(ead_loop, one, gate=True, decode=decode),
+                partial(ead_loop, one, gate=True, entropy="needed", decode=decode),
             ),
             strict=True,
         )
     )
     if pair:
-        loops["bare_pair"] = partial(bare_loop, pair)
-        loops["gate_pair_needed"] = partial(ead_loop, pair, gate=True, entropy="needed")
+        loops["bare_pair"] = partial(bare_loop, pair, decode=decode)
+        loops["gate_pair_needed"] = partial(ead_loop, pair, gate=True, entropy="needed", decode=decode)
     names = list(loops)
     load_before = os.getloadavg()
     for loop in loops.values():  # warm all: page in the weights, allocate buffers
@@ -169,6 +210,8 @@ def main() -> None:
         "tokens": args.tokens,
         "runs": args.runs,
         "threads": args.threads,
+        "no_decode": args.no_decode,
+        "decodes_skipped": SKIPPED[0],
         "repack": runner.repack.word,  # llama.cpp's weight repacking, as ead decided it (EAD_REPACK, the CPU)
         "cpu": this_cpu()[0],
         "cpus_allowed": sorted(os.sched_getaffinity(0)),  # taskset -c 1: [1]
@@ -183,6 +226,7 @@ def main() -> None:
         **{f"{name}_ratio": round(wall_median[name] / wall_median["bare"], 4) for name in LOOPS[2:]},
         **{f"{name}_cpu_ratio": round(cpu_median[name] / cpu_median["bare"], 4) for name in LOOPS[2:]},
         "overhead_us": extra_us(wall_median, "ead", "bare"),
+        **{f"{name}_overhead_us": extra_us(wall_median, name, "bare") for name in LOOPS[2:]},
         "cpu_overhead_us": extra_us(cpu_median, "ead", "bare"),
         "cpu_entropy_us": extra_us(cpu_median, "ead", "ead_without_entropy"),
     }

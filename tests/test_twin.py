@@ -86,15 +86,16 @@ def test_llama_cpp_runs_a_twin_and_ead_says_what_it_is(twin: Path, tiny_small: P
 
 def test_the_overhead_bench_prices_the_gate_on_two_contexts_against_a_bare_pair(twin: Path) -> None:
     """``bench_overhead.py --pair``: the gate on two contexts of a model beside the bare pair loop, the
-    ratio of their medians; without it, no pair loops (the GPU run's overhead step reads the rest)."""
+    ratio of their medians; without it, no pair loops (the GPU run's overhead step reads the rest). With
+    ``--no-decode`` a no-op stands in for every timed llama_decode, and the overheads follow the medians."""
     command = [sys.executable, str(SCRIPTS / "bench_overhead.py"), "--model", str(twin), "--tokens", "8"]
     command += ["--runs", "3", "--threads", "1"]
     reports = []
-    for extra in (["--pair"], []):
+    for extra in (["--pair"], [], ["--pair", "--no-decode"]):
         result = subprocess.run([*command, *extra], capture_output=True, timeout=300)
         assert result.returncode == 0, result.stderr
         reports.append(json.loads(result.stdout))
-    paired, alone = reports
+    paired, alone, undecoded = reports
     for loop in ("bare_pair", "gate_pair_needed"):
         assert len(paired[f"{loop}_tok_s"]) == 3 and min(paired[f"{loop}_tok_s"]) > 0
         assert paired[f"{loop}_median_tok_s"] == pytest.approx(
@@ -105,6 +106,13 @@ def test_the_overhead_bench_prices_the_gate_on_two_contexts_against_a_bare_pair(
     assert paired["gate_pair_needed_ratio"] == pytest.approx(ratio, rel=1e-3)
     assert paired["gate_needed_ratio"] > 0 and alone["gate_needed_ratio"] > 0
     assert "gate_pair_needed_ratio" not in alone
+    # --no-decode: the no-op took every decode after the prompts, warm-up (16 tokens) and 3 runs of 8:
+    # one a token in each one-context loop (six), two in each pair loop (two)
+    assert (paired["no_decode"], paired["decodes_skipped"]) == (False, 0)
+    assert undecoded["no_decode"] and undecoded["decodes_skipped"] == (16 + 3 * 8) * (6 + 2 * 2)
+    for loop, base in (("gate_needed", "bare"), ("gate_pair_needed", "bare_pair")):
+        extra = 1e6 / undecoded[f"{loop}_median_tok_s"] - 1e6 / undecoded[f"{base}_median_tok_s"]
+        assert undecoded[f"{loop}_overhead_us"] == pytest.approx(extra, abs=0.2)
 
 
 def test_a_twin_like_a_file_copies_every_tensors_shape_and_type(tmp_path: Path, tiny_large: Path) -> None:
