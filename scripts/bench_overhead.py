@@ -23,10 +23,11 @@ both rows: the least reading a switching loop does), ``gate_pair_needed_ratio``.
 left them; ``decodes_skipped`` counts the calls): each loop's own Python and numpy work alone, with the
 CPU's caches warm. A decode on the CPU sweeps the weights through them, so the loop's work after it runs
 cold (slower); on a GPU the weights stay on the device. Then ``*_overhead_us`` is what matters, the
-ratios only compare loops without their decodes.
+ratios only compare loops without their decodes. ``--time-decodes`` times each llama_decode call
+(``*_decode_us``: a token's median microseconds inside them; ``*_outside_us``: the rest of its time).
 
     .venv/bin/python scripts/bench_overhead.py [--model qc0.5b] [--tokens 128] [--runs 5] [--threads N]
-        [--pair] [--no-decode]
+        [--pair] [--no-decode | --time-decodes]
 
 A model with Qwen's real vocabulary that decodes at over 1,000 tokens a second on one CPU core:
 
@@ -59,22 +60,30 @@ from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 LOOPS = ("bare", "ead", "ead_needed", "ead_without_entropy", "gate", "gate_needed")
-SKIPPED = [0]  # llama_decode calls that --no-decode's no-op took
+DECODE_MODES = ("real", "timed", "none")
+DECODES = {"skipped": 0, "seconds": 0.0}  # --no-decode's no-op calls; --time-decodes' seconds inside
 
 
 @contextmanager
-def decoding(real: bool) -> Iterator[None]:
-    """llama_decode as it is, or (``real`` False: --no-decode) a no-op counted in ``SKIPPED``."""
-    if real:
+def decoding(mode: str) -> Iterator[None]:
+    """llama_decode in a loop's timed part: as it is ("real"), each call timed into DECODES["seconds"]
+    ("timed"), or a no-op counted in DECODES["skipped"] ("none")."""
+    if mode == "real":
         yield
         return
     llama_decode = llama_cpp.llama_decode
 
     def skipped(_ctx: llama_cpp.llama_context_p, _batch: llama_cpp.llama_batch) -> int:
-        SKIPPED[0] += 1
+        DECODES["skipped"] += 1
         return 0
 
-    llama_cpp.llama_decode = skipped
+    def timed(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
+        began = perf_counter()
+        status = llama_decode(ctx, batch)
+        DECODES["seconds"] += perf_counter() - began
+        return status
+
+    llama_cpp.llama_decode = timed if mode == "timed" else skipped
     try:
         yield
     finally:
@@ -91,10 +100,10 @@ def prefilled(runner: Runner, prompt: list[int]) -> np.ndarray:
 
 
 def bare_loop(
-    runners: Sequence[Runner], prompt: list[int], count: int, *, decode: bool = True
+    runners: Sequence[Runner], prompt: list[int], count: int, *, decode: str = "real"
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens: llama_decode one token at a time on every
-    context, the argmax of every row; the last context's argmax is the token. ``decode``: see decoding."""
+    context, the argmax of every row; the last context's argmax is the token. ``decode``: a decoding mode."""
     rows = [prefilled(runner, prompt) for runner in runners]
     token = (llama_cpp.llama_token * 1)()
     batch = llama_cpp.llama_batch_get_one(token, 1)
@@ -119,12 +128,12 @@ def ead_loop(
     *,
     entropy: str = "exact",
     gate: bool = False,
-    decode: bool = True,
+    decode: str = "real",
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens through the Decoder with a policy that never
     switches on the first context, or with the gate (``gate``) on the two contexts given, or on the
     one context named twice (then the large model's sync finds the row at hand: one decode a token).
-    ``decode``: see decoding."""
+    ``decode``: a decoding mode."""
     for runner in runners:
         runner.truncate(0)
     if gate:
@@ -145,7 +154,7 @@ def ead_loop(
 
 
 def ead_loop_without_entropy(
-    runner: Runner, prompt: list[int], count: int, *, decode: bool = True
+    runner: Runner, prompt: list[int], count: int, *, decode: str = "real"
 ) -> tuple[float, float]:
     """The EAD loop with a constant for the entropy: what the loop costs besides the entropy pass."""
     meter = runner.entropy
@@ -163,13 +172,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--pair", action="store_true", help="also the gate on two contexts of the model")
-    parser.add_argument("--no-decode", action="store_true", help="llama_decode a no-op: the loops' own work")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--no-decode", action="store_true", help="llama_decode a no-op: the loops' own work")
+    modes.add_argument("--time-decodes", action="store_true", help="time each llama_decode call")
     args = parser.parse_args()
     path = registry.resolve(args.model, registry.load_catalog(), allow_download=False)
     runner = Runner(path, name="small", n_ctx=1024, n_threads=args.threads)
     pair = [runner, Runner(path, name="large", n_ctx=1024, n_threads=args.threads)] if args.pair else []
     prompt = encode_prompt(runner, PROMPT)
-    one, decode = [runner], not args.no_decode
+    one, decode = [runner], "none" if args.no_decode else "timed" if args.time_decodes else "real"
     loops: dict[str, Callable[[list[int], int], tuple[float, float]]] = dict(
         zip(
             LOOPS,
@@ -193,11 +204,14 @@ def main() -> None:
         loop(prompt, 16)
     wall: dict[str, list[float]] = {name: [] for name in names}  # tokens per second, run by run
     cpu: dict[str, list[float]] = {name: [] for name in names}
+    inside: dict[str, list[float]] = {name: [] for name in names}  # --time-decodes: us a token inside
     for _ in range(args.runs):
         for name, loop in loops.items():
+            decoding_s = DECODES["seconds"]
             wall_s, cpu_s = loop(prompt, args.tokens)
             wall[name].append(args.tokens / wall_s)
             cpu[name].append(args.tokens / cpu_s)
+            inside[name].append((DECODES["seconds"] - decoding_s) / args.tokens * 1e6)
     wall_median = {name: statistics.median(rates) for name, rates in wall.items()}
     cpu_median = {name: statistics.median(rates) for name, rates in cpu.items()}
 
@@ -211,7 +225,8 @@ def main() -> None:
         "runs": args.runs,
         "threads": args.threads,
         "no_decode": args.no_decode,
-        "decodes_skipped": SKIPPED[0],
+        "time_decodes": args.time_decodes,
+        "decodes_skipped": DECODES["skipped"],
         "repack": runner.repack.word,  # llama.cpp's weight repacking, as ead decided it (EAD_REPACK, the CPU)
         "cpu": this_cpu()[0],
         "cpus_allowed": sorted(os.sched_getaffinity(0)),  # taskset -c 1: [1]
@@ -230,6 +245,11 @@ def main() -> None:
         "cpu_overhead_us": extra_us(cpu_median, "ead", "bare"),
         "cpu_entropy_us": extra_us(cpu_median, "ead", "ead_without_entropy"),
     }
+    if args.time_decodes:  # a token's median us inside llama_decode, and outside it (the run's rest)
+        for name in names:
+            outside = [1e6 / rate - us for rate, us in zip(wall[name], inside[name], strict=True)]
+            result[f"{name}_decode_us"] = round(statistics.median(inside[name]), 1)
+            result[f"{name}_outside_us"] = round(statistics.median(outside), 1)
     if pair:  # a pair's loop against the bare pair loop (each token: two decodes, two argmaxes)
         for key, rates in (("ratio", wall_median), ("cpu_ratio", cpu_median)):
             result[f"gate_pair_needed_{key}"] = round(rates["gate_pair_needed"] / rates["bare_pair"], 4)

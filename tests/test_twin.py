@@ -20,6 +20,7 @@ from ead_cli.runner import Runner
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import write_twin  # noqa: E402
+from bench_overhead import LOOPS  # noqa: E402
 
 
 def write(*args: str) -> subprocess.CompletedProcess:
@@ -87,15 +88,16 @@ def test_llama_cpp_runs_a_twin_and_ead_says_what_it_is(twin: Path, tiny_small: P
 def test_the_overhead_bench_prices_the_gate_on_two_contexts_against_a_bare_pair(twin: Path) -> None:
     """``bench_overhead.py --pair``: the gate on two contexts of a model beside the bare pair loop, the
     ratio of their medians; without it, no pair loops (the GPU run's overhead step reads the rest). With
-    ``--no-decode`` a no-op stands in for every timed llama_decode, and the overheads follow the medians."""
+    ``--no-decode`` a no-op stands in for every timed llama_decode, and the overheads follow the medians;
+    with ``--time-decodes`` a token's time splits into llama_decode's and the rest."""
     command = [sys.executable, str(SCRIPTS / "bench_overhead.py"), "--model", str(twin), "--tokens", "8"]
     command += ["--runs", "3", "--threads", "1"]
     reports = []
-    for extra in (["--pair"], [], ["--pair", "--no-decode"]):
+    for extra in (["--pair"], [], ["--pair", "--no-decode"], ["--time-decodes"]):
         result = subprocess.run([*command, *extra], capture_output=True, timeout=300)
         assert result.returncode == 0, result.stderr
         reports.append(json.loads(result.stdout))
-    paired, alone, undecoded = reports
+    paired, alone, undecoded, timed = reports
     for loop in ("bare_pair", "gate_pair_needed"):
         assert len(paired[f"{loop}_tok_s"]) == 3 and min(paired[f"{loop}_tok_s"]) > 0
         assert paired[f"{loop}_median_tok_s"] == pytest.approx(
@@ -113,6 +115,11 @@ def test_the_overhead_bench_prices_the_gate_on_two_contexts_against_a_bare_pair(
     for loop, base in (("gate_needed", "bare"), ("gate_pair_needed", "bare_pair")):
         extra = 1e6 / undecoded[f"{loop}_median_tok_s"] - 1e6 / undecoded[f"{base}_median_tok_s"]
         assert undecoded[f"{loop}_overhead_us"] == pytest.approx(extra, abs=0.2)
+    # --time-decodes: each loop's token split into the time inside llama_decode calls and the rest
+    assert timed["time_decodes"] and not paired["time_decodes"] and "bare_decode_us" not in paired
+    for loop in LOOPS:
+        assert timed[f"{loop}_decode_us"] > 0 and timed[f"{loop}_outside_us"] > 0
+        assert timed[f"{loop}_decode_us"] < 1e6 / min(timed[f"{loop}_tok_s"])
 
 
 def test_a_twin_like_a_file_copies_every_tensors_shape_and_type(tmp_path: Path, tiny_large: Path) -> None:
