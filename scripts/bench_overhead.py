@@ -4,8 +4,10 @@
 Both loops decode the same prompt greedily for the same number of tokens on the same llama.cpp
 context (same model, threads, batch and attention settings), so the ratio is the cost of the loop
 alone: entropy, policy, sampling, detokenising and events. The bare loop is the least Python a
-greedy decode can have: llama_decode on a one-token batch, argmax over a numpy view of the logits
-made once (llama.cpp keeps the row in place for one-token batches). A third loop, the EAD loop with
+greedy decode can have: llama_decode on a one-token batch, llama_synchronize (a GPU backend's decode
+returns before the device is done, and the EAD loop's read of the row waits for it; on the CPU it
+returns at once), argmax over a numpy view of the logits made once (llama.cpp keeps the row in place
+for one-token batches). A third loop, the EAD loop with
 its entropy pass replaced by a constant (the policy never switches, so nothing else changes), splits
 the overhead into the entropy pass and the rest. Runs alternate (bare, ead, ead without entropy, ...)
 so machine noise hits all alike. Each run is timed by the wall clock and by the process's CPU time
@@ -24,7 +26,9 @@ left them; ``decodes_skipped`` counts the calls): each loop's own Python and num
 CPU's caches warm. A decode on the CPU sweeps the weights through them, so the loop's work after it runs
 cold (slower); on a GPU the weights stay on the device. Then ``*_overhead_us`` is what matters, the
 ratios only compare loops without their decodes. ``--time-decodes`` times each llama_decode call
-(``*_decode_us``: a token's median microseconds inside them; ``*_outside_us``: the rest of its time).
+(``*_decode_us``: a token's median microseconds inside them; ``*_outside_us``: the rest of its time). On
+a GPU backend the decode returns before the device is done and the wait falls in the next read of the
+row: there the split says what the CPU did, not where the time went.
 
     .venv/bin/python scripts/bench_overhead.py [--model qc0.5b] [--tokens 128] [--runs 5] [--threads N]
         [--pair] [--no-decode | --time-decodes]
@@ -103,14 +107,16 @@ def bare_loop(
     runners: Sequence[Runner], prompt: list[int], count: int, *, decode: str = "real"
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens: llama_decode one token at a time on every
-    context, the argmax of every row; the last context's argmax is the token. ``decode``: a decoding mode."""
+    context, the argmax of every row once its decode is done; the last context's argmax is the token.
+    ``decode``: a decoding mode."""
     rows = [prefilled(runner, prompt) for runner in runners]
     token = (llama_cpp.llama_token * 1)()
     batch = llama_cpp.llama_batch_get_one(token, 1)
     with decoding(decode):
         began, began_cpu = perf_counter(), process_time()
         for _ in range(count):
-            for row in rows:
+            for runner, row in zip(runners, rows, strict=True):
+                llama_cpp.llama_synchronize(runner.ctx)
                 token[0] = int(np.argmax(row))
             for runner in runners:
                 if llama_cpp.llama_decode(runner.ctx, batch) != 0:
