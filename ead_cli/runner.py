@@ -226,6 +226,9 @@ class Runner:
         # Asked with the signals: whether whoever runs this batch no longer wants it (ead serve: its
         # client left), which stops a long prefill between graph nodes instead of at its end.
         self.abandoned: Callable[[], bool] = never_abandoned
+        # A GPU build's llama_decode returns before the device is done (the wait comes with the next read
+        # of the logits): feed waits there, so each phase's seconds hold its own batches' compute.
+        self._waits_for_device = gpu_offload_available()
         self.n_past = 0
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
@@ -415,6 +418,8 @@ class Runner:
             self.n_past = chunk_end
             self._seen.extend(tokens[chunk_start:chunk_end])
         self._row = -1
+        if self._waits_for_device:
+            llama_cpp.llama_synchronize(self._ctx)
         counter.seconds += perf_counter() - began
         counter.tokens += end - start
         self.stats.logits_rows += min(rows, end - start)
