@@ -7,13 +7,13 @@ alone: entropy, policy, sampling, detokenising and events. The bare loop is the 
 greedy decode can have: llama_decode on a one-token batch, llama_synchronize (a GPU backend's decode
 returns before the device is done, and the EAD loop's read of the row waits for it; on the CPU it
 returns at once), argmax over a numpy view of the logits made once (llama.cpp keeps the row in place
-for one-token batches). A third loop, the EAD loop with
-its entropy pass replaced by a constant (the policy never switches, so nothing else changes), splits
-the overhead into the entropy pass and the rest. Runs alternate (bare, ead, ead without entropy, ...)
-so machine noise hits all alike. Each run is timed by the wall clock and by the process's CPU time
-(which a shared machine's descheduling does not inflate). Prints one JSON object; ``ratio`` is the
-median EAD loop throughput over the median bare loop throughput, by the wall clock (goal: >= 0.97),
-``cpu_ratio`` the same by CPU time, ``overhead_us`` the EAD loop's extra microseconds per token.
+for one-token batches). A third loop, the EAD loop with its entropy pass replaced by a constant (the
+policy never switches, so nothing else changes), splits the overhead into the entropy pass and the rest.
+Runs alternate (bare, ead, ead without entropy, ...) so machine noise hits all alike. Each run is timed
+by the wall clock and by the process's CPU time (which a shared machine's descheduling does not inflate).
+Prints one JSON object; ``ratio`` is the median EAD loop throughput over the median bare loop
+throughput, by the wall clock (goal: >= 0.97), ``cpu_ratio`` the same by CPU time, ``overhead_us`` the
+EAD loop's extra microseconds per token.
 
 The gate loops (``gate``, ``gate_needed``) name the one context twice: one decode a token, the large
 model's sync finds the row at hand. With ``--pair`` a second context of the same model is the large
@@ -64,7 +64,6 @@ from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 LOOPS = ("bare", "ead", "ead_needed", "ead_without_entropy", "gate", "gate_needed")
-DECODE_MODES = ("real", "timed", "none")
 DECODES = {"skipped": 0, "seconds": 0.0}  # --no-decode's no-op calls; --time-decodes' seconds inside
 
 
