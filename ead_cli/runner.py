@@ -289,7 +289,7 @@ class Runner:
         if start < prompt_len:
             self.feed(tokens, start, min(prompt_len, n), "prefill")
             start = self.n_past
-        guessed = []
+        guessed: list[int] = []
         if guess is not None and start < n:  # as many as the batch and the context have room for
             guessed = list(guess()[: max(0, min(self.n_batch - 1, self.n_ctx - n))])
         if guessed:
