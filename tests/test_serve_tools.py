@@ -67,8 +67,9 @@ TOOLS_TEMPLATE = (
 @pytest.fixture(scope="module")
 def tools_server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("serve-tools")
-    small = write_tiny_model(folder / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE)
-    with serving([*pair_args((small, tiny_pair[1]))], folder / "server.log") as running:
+    small = write_tiny_model(folder / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE, n_ctx_train=4096)
+    args = [*pair_args((small, tiny_pair[1])), "--ctx", "4096"]  # room for deeply nested arguments
+    with serving(args, folder / "server.log") as running:
         yield running
 
 
@@ -94,6 +95,22 @@ def test_tools_and_earlier_calls_are_rendered_by_the_template(tools_server: Serv
     turn.append({"role": "tool", "tool_call_id": "call_1", "content": "42"})
     answered = chat(tools_server, messages=turn, tools=TOOLS, max_tokens=2)
     assert answered.status_code == 200, answered.text
+
+
+def test_json_nested_past_the_parsers_recursion_limit_stays_text(tools_server: Server) -> None:
+    """Arguments nested deeper than Python's JSON parser can recurse are no call in an answer, and the
+    text the client sent in a request (as for arguments that are not JSON at all): never a 500."""
+    deep = "[" * 1100 + "]" * 1100
+    block = f'<tool_call>{{"name": "multiply", "arguments": {deep}}}</tool_call>'
+    assert split_answer(block, NAMES) == (block, [])
+    unclosed = '{"name": "multiply", "arguments": ' + "[" * 1100
+    assert split_answer(unclosed, NAMES) == (unclosed, [])
+    call = {"id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": deep}}
+    turn = [*HI, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    turn.append({"role": "tool", "tool_call_id": "call_1", "content": "42"})
+    answered = chat(tools_server, messages=turn, tools=TOOLS, max_tokens=2)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["usage"]["prompt_tokens"] > len(deep) // 4  # the text reached the prompt
 
 
 @pytest.mark.parametrize(

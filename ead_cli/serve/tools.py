@@ -49,7 +49,7 @@ def _read_call(body: str, names: frozenset[str] | None = None) -> ToolCall | Non
     a call only if it names a tool offered: otherwise it is text, e.g. JSON the user asked for)."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's recursion limit: not a call either
         return None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
         return None
@@ -139,7 +139,8 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
     rendered = []
     for call in calls:
         function = dict(call["function"])
-        with contextlib.suppress(ValueError):  # not JSON: the template gets the text the client sent
+        # Not JSON, or nested past Python's recursion limit: the template gets the text the client sent.
+        with contextlib.suppress(ValueError, RecursionError):
             function["arguments"] = json.loads(function["arguments"])
         rendered.append({**call, "function": function})
     return {**message, "tool_calls": rendered}
