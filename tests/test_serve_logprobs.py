@@ -81,3 +81,49 @@ def test_logprobs_that_cannot_be_given_are_a_400(server: Server, body: dict, fra
     )
     assert reply.status_code == 400
     assert fragment in reply.json()["error"]["message"]
+
+
+def stop_inside(text: str) -> tuple[str, int]:
+    """Two characters of ``text`` past its start, found there first, as a stop string: (it, where)."""
+    for where in range(4, len(text) - 2):
+        stop = text[where : where + 2]
+        if "\ufffd" not in stop and text.find(stop) == where:
+            return stop, where
+    raise AssertionError(f"no stop string to cut {text!r} at")
+
+
+def test_logprobs_cover_the_text_shown_when_a_stop_string_cuts_it(server: Server) -> None:
+    """The stop string's tokens are never shown, so they get no log-probabilities (as in llama-server);
+    the tokens given cover the text exactly, in the whole answer and the stream alike, and a text
+    completion's ``text_offset`` says where each token's text starts although text near a possible stop
+    string was held back while it streamed."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {"model": "ead", "messages": MESSAGES, "max_tokens": 24, "temperature": 0, "logprobs": True}
+    free = client.chat.completions.create(**request).choices[0].message.content
+    stop, where = stop_inside(free)
+    cut = client.chat.completions.create(**request, stop=[stop]).choices[0]
+    assert cut.message.content == free[:where] and cut.finish_reason == "stop"
+    entries = cut.logprobs.content
+
+    def joined(entries: list) -> str:
+        return b"".join(bytes(entry.bytes) for entry in entries).decode("utf-8", errors="replace")
+
+    assert joined(entries).startswith(cut.message.content)
+    assert len(joined(entries[:-1])) < len(cut.message.content)  # the last token given is shown, in part
+    streamed = list(client.chat.completions.create(**request, stop=[stop], stream=True))
+    scored = [chunk.choices[0].logprobs for chunk in streamed if chunk.choices and chunk.choices[0].logprobs]
+    in_stream = [entry for logprobs in scored for entry in logprobs.content]
+    assert [e.bytes for e in in_stream] == [e.bytes for e in entries]
+
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 0}
+    free_text = httpx.post(f"{server.base_url}/completions", json=body, headers=JSON, timeout=60).json()
+    stop, where = stop_inside(free_text["choices"][0]["text"])
+    reply = httpx.post(
+        f"{server.base_url}/completions", json={**body, "stop": [stop]}, headers=JSON, timeout=60
+    ).json()["choices"][0]
+    text, logprobs = reply["text"], reply["logprobs"]
+    assert text == free_text["choices"][0]["text"][:where]
+    offsets, tokens = logprobs["text_offset"], logprobs["tokens"]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] < len(text)
+    whole = [(offset, token) for offset, token in zip(offsets, tokens, strict=True) if "\ufffd" not in token]
+    assert whole and all(text[offset:].startswith(token) for offset, token in whole)

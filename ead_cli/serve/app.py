@@ -4,6 +4,7 @@ server-sent events), each token with the ``ead`` fields that say which model wro
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hmac
 import ipaddress
 import json
@@ -34,7 +35,7 @@ from ..options import GenerationOptions, PolicyOptions
 from ..prompt import check_fits, check_prompt_text, encode_rendered, render_chat
 from ..remote import RemoteRunner
 from ..sampling import SamplingParams, grammar_sampler
-from .engine import Engine, Failed, Finished, Job, Log, QueueFull, Ticket, Token
+from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
 from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse, unsupported
 from .tools import (
     ToolCall,
@@ -366,6 +367,49 @@ def _check(make: Callable[[], Any]) -> Any:
         raise ApiError(400, str(error), code="invalid_value") from None
 
 
+Scored = tuple[TokenEvent, Logprobs, int]  # a token's event, its log-probabilities, where its text starts
+
+
+class _ScoredText:
+    """A request's scored tokens matched to the text it is shown. A token's log-probabilities go out once
+    the text is released past its end (text held back as a possible stop string, or half a character,
+    waits), with where its text starts in the answer (characters); tokens that wrote only a stop string,
+    which the answer never shows, are left out, as llama-server leaves them out."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self.piece = piece
+        self.asked = False  # whether the request asked for log-probabilities (its tokens carry them)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # as TextStream decodes
+        self._written = 0  # characters of the tokens' own text so far
+        self._shown = 0  # characters of the answer released so far
+        self._waiting: list[tuple[TokenEvent, Logprobs, int, int]] = []
+
+    def add(self, token: Token) -> list[Scored]:
+        """The scored tokens this token's released text completes."""
+        start = self._written
+        self._written += len(self._decoder.decode(self.piece(token.event.token)))
+        self._shown += len(token.event.text)
+        if token.logprobs is not None:
+            self.asked = True
+            self._waiting.append((token.event, token.logprobs, start, self._written))
+        return self._release(lambda start, end: end <= self._shown)
+
+    def finish(self) -> list[Scored]:
+        """At the answer's end: the tokens still waiting whose text is at least partly shown (the rest
+        wrote the stop string)."""
+        released = self._release(lambda start, end: start < self._shown)
+        self._waiting = []
+        return released
+
+    def _release(self, shown: Callable[[int, int], bool]) -> list[Scored]:
+        """The waiting tokens, in order, for which ``shown(start, end)`` of their text holds."""
+        count = 0
+        while count < len(self._waiting) and shown(*self._waiting[count][2:]):
+            count += 1
+        released, self._waiting = self._waiting[:count], self._waiting[count:]
+        return [(event, scores, start) for event, scores, start, _ in released]
+
+
 class _Reply:
     """One request's answer in OpenAI's shapes, from its ticket's messages."""
 
@@ -381,7 +425,7 @@ class _Reply:
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
         self.piece = piece  # a token id's bytes, for log-probabilities
-        self._offset = 0  # characters of text so far (a text completion's logprobs.text_offset)
+        self._scored = _ScoredText(piece)
         self.tools = tools  # the names of the tools offered: read calls out of the answer
         self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -413,7 +457,7 @@ class _Reply:
         """A token's chunks: its text; with tools, the text and calls it completes (text that may open a
         call is held), the first carrying the token's ``ead`` fields and log-probabilities, an empty one
         if it completes none."""
-        first = {"ead": _token_fields(token.event), "logprobs": self._logprobs([token])}
+        first = {"ead": _token_fields(token.event), "logprobs": self._logprobs(self._scored.add(token))}
         if reader is None:
             return [self._chunk(token.event.text, None, **first)]
         return self._piece_chunks(reader.push(token.event.text), reader, first) or [
@@ -434,11 +478,10 @@ class _Reply:
                 chunks.append(self._chunk(piece, None, **extra))
         return chunks
 
-    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
-        """OpenAI's ``logprobs`` of a choice for these tokens (chat's ``content`` list, or a text
+    def _logprobs(self, scored: list[Scored]) -> dict[str, Any] | None:
+        """OpenAI's ``logprobs`` of a choice for these scored tokens (chat's ``content`` list, or a text
         completion's parallel lists); None if the request did not ask for them."""
-        scored = [(token.event, token.logprobs) for token in tokens if token.logprobs is not None]
-        if not scored:
+        if not self._scored.asked:
             return None
         if self.chat:
             content = [
@@ -446,18 +489,14 @@ class _Reply:
                     **self._entry(event.token, scores.logprob),
                     "top_logprobs": [self._entry(token, logprob) for token, logprob in scores.top],
                 }
-                for event, scores in scored
+                for event, scores, _ in scored
             ]
             return {"content": content, "refusal": None}
-        offsets = []
-        for event, _ in scored:
-            offsets.append(self._offset)
-            self._offset += len(event.text)
         return {
-            "tokens": [self._text(event.token) for event, _ in scored],
-            "token_logprobs": [scores.logprob for _, scores in scored],
-            "top_logprobs": [{self._text(t): lp for t, lp in scores.top} for _, scores in scored],
-            "text_offset": offsets,
+            "tokens": [self._text(event.token) for event, _, _ in scored],
+            "token_logprobs": [scores.logprob for _, scores, _ in scored],
+            "top_logprobs": [{self._text(t): lp for t, lp in scores.top} for _, scores, _ in scored],
+            "text_offset": [start for _, _, start in scored],
         }
 
     def _text(self, token: int) -> str:
@@ -491,7 +530,7 @@ class _Reply:
                     finish = "tool_calls" if reader.calls else finish
                 ead = {"summary": asdict(message.summary), "seed": self.seed}
                 extra = {"usage": _usage(message.summary), "ead": ead}
-                yield {"data": self._chunk(None, finish, **extra)}
+                yield {"data": self._chunk(None, finish, self._logprobs(self._scored.finish()), **extra)}
                 ended = True
                 yield {"data": "[DONE]"}
                 return
@@ -530,7 +569,8 @@ class _Reply:
         events = [token.event for token in tokens]
         text = "".join(event.text for event in events)
         finish = _finish(summary)
-        logprobs = self._logprobs(tokens)
+        scored = [entry for token in tokens for entry in self._scored.add(token)]
+        logprobs = self._logprobs([*scored, *self._scored.finish()])
         if not self.chat:
             choice = {"text": text, "finish_reason": finish, "logprobs": logprobs}
         else:
