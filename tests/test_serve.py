@@ -159,6 +159,10 @@ def test_models_and_health(client: openai.OpenAI, server: Server, tiny_pair: tup
     models = client.models.list().data
     assert [model.id for model in models] == ["ead"]
     assert models[0].model_extra["ead"]["models"] == {"small": tiny_pair[0].name, "large": tiny_pair[1].name}
+    assert client.models.retrieve("ead") == models[0]  # openai's models.retrieve: GET /v1/models/ead
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.models.retrieve("gpt-4o")
+    assert unknown.value.code == "model_not_found" and "serves 'ead'" in unknown.value.message
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "generating": False, "waiting": 0}
 
 
@@ -254,6 +258,13 @@ def test_bad_requests_get_an_error_object_and_one_log_line(
     assert ok.status_code == 200  # and the server keeps serving
 
 
+def test_a_wrong_method_is_a_405_that_names_the_allowed_one(server: Server) -> None:
+    for method, path, allowed in (("GET", CHAT, "POST"), ("POST", "/health", "GET")):
+        reply = httpx.request(method, f"{server.url}{path}", timeout=60)
+        assert reply.status_code == 405 and reply.headers["allow"] == allowed  # HTTP requires Allow
+        assert reply.json()["error"]["message"] == "Method Not Allowed"
+
+
 def test_an_oversized_body_is_refused_before_it_is_read(server: Server) -> None:
     reply = httpx.post(f"{server.base_url}/completions", content=b"x" * (5 * 2**20), timeout=60)
     assert reply.status_code == 413
@@ -313,6 +324,8 @@ def test_a_bind_beyond_loopback_without_a_key_warns(tiny_pair: tuple[Path, Path]
         (["--port", "70000"], "--port"),
         (["--queue", "-1"], "--queue"),
         (["--api-key", " "], "--api-key"),
+        (["--api-key", "sékret"], "--api-key must be printable ASCII"),
+        (["--api-key", "s3cret "], "--api-key starts or ends with a space"),
         (["--cors-origin", "evil.example/path"], "--cors-origin takes scheme://host[:port]"),
         (["--shutdown-timeout", "0"], "--shutdown-timeout"),
     ],

@@ -52,6 +52,10 @@ class ServeOptions:
             raise EadError(f"--queue must be at least 0, got {self.queue}", exit_code=2)
         if self.api_key is not None and not self.api_key.strip():
             raise EadError("--api-key is empty", exit_code=2)
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
+            raise EadError("--api-key must be printable ASCII: an HTTP header carries it", exit_code=2)
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise EadError("--api-key starts or ends with a space, which clients do not send", exit_code=2)
         if not 0 < self.shutdown_timeout <= 86400:
             raise EadError(
                 f"--shutdown-timeout must be in (0, 86400] seconds, got {self.shutdown_timeout}", 2

@@ -175,7 +175,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return await api_error(request, ApiError(error.status_code, str(error.detail), kind=kind))
+        headers = dict(error.headers) if error.headers else None  # a 405's Allow
+        failure = ApiError(error.status_code, str(error.detail), kind=kind, headers=headers)
+        return await api_error(request, failure)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:
@@ -203,18 +205,25 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     async def health() -> dict[str, Any]:
         return {"status": "ok", "generating": engine.pending > 0, "waiting": max(engine.pending - 1, 0)}
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
-    async def models() -> dict[str, Any]:
+    def served_model() -> dict[str, Any]:
         served = {
             "models": roles,
             "n_ctx": engine.n_ctx,
             "policy": asdict(defaults.policy),
             "any_model_name": options.any_model,  # whether a request naming another model is answered
         }
-        return {
-            "object": "list",
-            "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ead", "ead": served}],
-        }
+        return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ead", "ead": served}
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [served_model()]}
+
+    @app.get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
+    async def model(name: str) -> dict[str, Any]:
+        if name != MODEL_ID:  # even with --any-model: the list names one model, and so does this
+            message = f"the model {name!r} is not served here: this server serves {MODEL_ID!r}"
+            raise ApiError(404, message, code="model_not_found")
+        return served_model()
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(request: Request) -> Any:
