@@ -444,7 +444,10 @@ class Decoder(_Generation):
                     return
                 continue
             last_writer = writer
-            token = best if best >= 0 else sampler.sample(runners[writer].ctx, logits)
+            if best < 0:  # llama.cpp's sampler reads the row it is told: a confirmed guess's, not the last
+                token = sampler.sample(runners[writer].ctx, logits, runners[writer].logits_row)
+            else:
+                token = best
             if self.on_sample is not None:
                 self.on_sample(token, logits)
             self._tell_policy(token, writer)

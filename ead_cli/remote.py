@@ -95,6 +95,7 @@ class RemoteRunner:
     log-probabilities of the next token (-inf elsewhere), ``entropy`` the top-k estimate."""
 
     ctx = None  # no local llama.cpp context: the sampler draws from the row itself
+    logits_row = -1  # the one row it keeps
     model = None
 
     def __init__(

@@ -367,6 +367,11 @@ class Runner:
             self._logits_address = address
         return self._logits_view
 
+    @property
+    def logits_row(self) -> int:
+        """Which output row of the last batch ``logits`` reads (-1: the last), as llama.cpp indexes them."""
+        return self._row
+
     def truncate(self, n: int) -> None:
         """Forget every position from n on (rollback, chat edits).
 

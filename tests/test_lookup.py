@@ -155,6 +155,7 @@ def test_a_sampled_lookup_token_is_kept_with_its_probability_and_the_law_stays_p
     np.testing.assert_allclose(counts / counts.sum(), p[:4], atol=0.03)
 
 
+GREEDY = SamplingParams()
 POLICIES = {
     "large": lambda: Fixed(1),
     "small": lambda: Fixed(0),
@@ -163,13 +164,18 @@ POLICIES = {
 }
 
 
-def events_of(runners: list[Runner], policy: str, lookup: int, verify: float | None = None) -> tuple:
+def events_of(
+    runners: list[Runner],
+    policy: str,
+    lookup: int,
+    verify: float | None = None,
+    sampling: SamplingParams = GREEDY,
+) -> tuple:
     for runner in runners:
         runner.truncate(0)
     decoder = Decoder(
-        runners, ("small", "large"), POLICIES[policy](), SamplingParams(), max_tokens=80, lookup=lookup,
-        verify=verify,
-    )  # fmt: skip
+        runners, ("small", "large"), POLICIES[policy](), sampling, max_tokens=80, lookup=lookup, verify=verify
+    )
     events = list(decoder.run(encode_prompt(runners[0], PROMPT)))
     return events, decoder.summary()
 
@@ -189,6 +195,19 @@ def test_guesses_change_no_token_and_no_decision_only_how_rows_are_computed(
     plain_decodes = sum(report.decode_tokens for report in plain_summary.models)
     assert decodes < plain_decodes
     assert sum(r.catchup_tokens for r in summary.models) > sum(r.catchup_tokens for r in plain_summary.models)
+
+
+@pytest.mark.parametrize("policy", ["large", "gate"])
+def test_sampled_tokens_are_drawn_from_the_confirmed_guess_row_not_the_batchs_last(
+    runners: list[Runner], policy: str
+) -> None:
+    """llama.cpp's sampler reads the row it is told: the confirmed guess's, as entropy and policy do (the
+    batch's last row predicts a position further on). The same seed draws the same text with lookup."""
+    sampling = SamplingParams(temp=0.7, seed=11)
+    plain, plain_summary = events_of(runners, policy, 0, sampling=sampling)
+    guessed, summary = events_of(runners, policy, 1, sampling=sampling)
+    assert [(e.token, e.model) for e in guessed] == [(e.token, e.model) for e in plain]
+    assert sum(r.decode_tokens for r in summary.models) < sum(r.decode_tokens for r in plain_summary.models)
 
 
 def test_after_guessing_every_cache_holds_exactly_the_answer(
