@@ -289,6 +289,26 @@ def test_health_answers_at_once_while_a_4_mib_body_is_tokenized(server: Server) 
     assert sorted(latencies)[len(latencies) // 2] < 0.1, latencies
 
 
+def test_special_tokens_past_the_context_are_refused_before_they_are_tokenized(server: Server) -> None:
+    """llama.cpp's tokenizer takes time quadratic in a text's special tokens (minutes for the ~400,000 of
+    a 4 MiB body, with both preparing threads busy and every other request waiting): a prompt holding
+    more than the context has room for is refused by counting them, in a text prompt and in a chat whose
+    messages' markers add up; one that fits is read and counted alike."""
+    n_ctx = int(CTX[1])
+    for path, body in (
+        ("/v1/completions", {"prompt": "<|im_end|>" * n_ctx}),
+        (CHAT, {"messages": HI * (n_ctx // 2)}),  # <|im_start|> and <|im_end|> each
+    ):
+        reply = post(server, path, {**body, "max_tokens": 1})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert f"{n_ctx} or more special tokens" in error["message"]
+    fits = post(server, "/v1/completions", {"prompt": "<|im_end|>" * (n_ctx - 2), "max_tokens": 1})
+    assert fits.status_code == 200, fits.text
+    assert fits.json()["usage"]["prompt_tokens"] == n_ctx - 2
+
+
 def test_a_stalled_reader_does_not_hold_the_stop_past_its_timeout(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -32,7 +32,14 @@ from ..decoder import Summary, TokenEvent
 from ..engine import build_decoder
 from ..errors import EadError
 from ..options import GenerationOptions, PolicyOptions
-from ..prompt import check_fits, check_prompt_text, encode_rendered, render_chat
+from ..prompt import (
+    check_fits,
+    check_prompt_text,
+    check_special_tokens_fit,
+    encode_rendered,
+    render_chat,
+    special_token_pattern,
+)
 from ..remote import RemoteRunner
 from ..sampling import SamplingParams, grammar_sampler
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
@@ -163,6 +170,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     # Parsing, rendering and tokenizing a request (a 4 MiB body takes a while) run here, not on the event
     # loop; a fixed pool, so the server's threads stay as many under any load.
     preparing = ThreadPoolExecutor(PREPARE_THREADS, "ead-prepare")
+    specials = special_token_pattern(engine.runners[0])  # the prompts are tokenized by the smallest model
 
     async def prepared(prepare: Callable[[bytes], tuple[Body, Job]], data: bytes) -> tuple[Body, Job]:
         return await asyncio.get_running_loop().run_in_executor(preparing, prepare, data)
@@ -269,8 +277,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return body
 
     def _job(body: CompletionBase, text: str) -> Job:
-        prompt = encode_rendered(engine.runners[0], text)
         try:
+            check_special_tokens_fit(text, specials, engine.n_ctx)
+            prompt = encode_rendered(engine.runners[0], text)
             check_fits(prompt, engine.n_ctx)
         except EadError as error:
             raise ApiError(400, str(error), code="context_length_exceeded") from None
