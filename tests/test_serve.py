@@ -239,6 +239,10 @@ JSON = {"Content-Type": "application/json"}
         (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "longer than the context"),
         ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
         ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+        (CHAT, {"messages": HI, "stop": ["a"] * 17}, 400, "stop: List should have at most 16 items"),
+        (CHAT, {"messages": HI, "stop": [1]}, 400, "stop.0: Input should be a valid string"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs: Input should be less than or"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "a text part needs its"),
         ("/v1/nothing", {}, 404, "Not Found"),
     ],
 )

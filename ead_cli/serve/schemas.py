@@ -241,7 +241,9 @@ class ChatMessage(BaseModel):
         if not isinstance(self.content, list):
             return self.content or ""
         for part in self.content:
-            if part.type != "text" or part.text is None:
+            if part.type == "text" and part.text is None:
+                raise ApiError(400, f"{where}.content: a text part needs its text", param=f"{where}.content")
+            if part.type != "text":
                 raise unsupported(
                     f"{where}.content", f"{part.type} parts are not supported (the models read text)"
                 )
@@ -323,12 +325,23 @@ def _is_field(part: str | int) -> bool:
     )
 
 
+def _most_telling(errors: list[Any]) -> Any:
+    """Of pydantic's complaints about the first field it names, the one that says most: a field of several
+    types (``stop``: a string or a list) gets one per type, the first of them "should be a valid string"
+    for a list that has too many items; so a complaint about the value goes before one about its type,
+    and a deeper one (an item of the list) before its field's."""
+    field = errors[0]["loc"][:1]
+    own = [error for error in errors if error["loc"][:1] == field]
+    about_values = [error for error in own if not error["type"].endswith("_type")]
+    return max(about_values or own, key=lambda error: len(error["loc"]))
+
+
 def parse(model: type[BaseModel], data: bytes) -> Any:
     """A request body into its schema; pydantic's first complaint as one line otherwise."""
     try:
         return model.model_validate_json(data)
     except ValidationError as error:
-        first = error.errors()[0]
+        first = _most_telling(error.errors())
         if first["type"] == "json_invalid":
             message = f"the body is not valid JSON: {first['ctx']['error']}"
             raise ApiError(400, message, code="invalid_json") from None
