@@ -329,3 +329,40 @@ def test_a_stalled_reader_does_not_hold_the_stop_past_its_timeout(
         stalled.close()
     assert server.log().splitlines()[-1] == "ead serve: stopped"
     assert "Traceback" not in server.log()
+
+
+def test_a_stop_past_its_timeout_cuts_requests_off_with_a_503_that_says_so(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--shutdown-timeout runs out: the stream still being written ends with an error event, the request
+    still waiting gets OpenAI's error object (503, not uvicorn's plain-text 500 after its "ASGI callable
+    returned without starting response"), and the log blames the stop, not clients that never left."""
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--shutdown-timeout", "1"]
+    with Server(args, tmp_path / "server.log") as server:
+        first_http, first = stream_request(server.url, LONG)
+        received = frames(first)
+        assert next(received)["ead"]["index"] == 0
+        waiting: dict[str, httpx.Response] = {}
+        body = {"messages": HI, "max_tokens": 4}
+        thread = threading.Thread(
+            target=lambda: waiting.update(
+                reply=httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+            )
+        )
+        thread.start()
+        wait_until(lambda: httpx.get(f"{server.url}/health").json()["waiting"] == 1, 30)
+        server.process.terminate()
+        rest = list(received)
+        assert rest[-1]["error"]["message"] == "the server is stopping: this request was cut off"
+        thread.join(timeout=60)
+        assert waiting["reply"].status_code == 503
+        assert (
+            waiting["reply"].json()["error"]["message"] == "the server is stopping: this request was cut off"
+        )
+        first_http.close()
+        assert server.process.wait(timeout=60) == 0
+    log = server.log()
+    assert "went away" not in log and "ASGI callable" not in log and "Traceback" not in log, log
+    assert "Cancel 2 running task(s), timeout graceful shutdown exceeded" in log  # uvicorn's own word on it
+    assert "skipped a waiting request: the server is stopping" in log, log
+    assert log.count("error: POST /v1/chat/completions 503: the server is stopping") == 2, log

@@ -88,6 +88,18 @@ def listen(options: ServeOptions) -> socket.socket:
         raise EadError(f"cannot listen on {options.host}:{options.port}: {error.strerror or error}") from None
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the engine when a stop begins: what the stop cuts off later says so."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        self.engine.stopping.set()
+        super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+
 def serve(
     runners: Sequence[Runner],
     defaults: Defaults,
@@ -97,7 +109,8 @@ def serve(
 ) -> None:
     """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
     engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse)
-    app = Guard(create_app(engine, defaults, options, say), options, MAX_BODY_BYTES, say)
+    api = create_app(engine, defaults, options, say)
+    app = Guard(api, options, MAX_BODY_BYTES, say, stopping=engine.stopping.is_set)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()
     config = uvicorn.Config(
@@ -108,7 +121,7 @@ def serve(
         ws="none",
         timeout_graceful_shutdown=options.shutdown_timeout,  # then open requests are cut off
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, engine)
     # From before the first line on, a signal asks uvicorn to stop (while it runs, its own handlers do; it
     # re-raises the signal when done, and this handler takes that too): the stop is clean, exit 0.
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -62,6 +62,7 @@ MODEL_ID = (
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
 PREPARE_THREADS = 2
+SSE = "text/event-stream"  # a streamed answer's content type
 SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
 
@@ -80,8 +81,11 @@ class Guard:
     server itself or a ``--cors-origin``; a body over ``limit`` bytes is refused (413) before it is read
     whole, chunked or not; whatever fails unforeseen is OpenAI's error object (500) and one log line."""
 
-    def __init__(self, app: Any, options: ServeOptions, limit: int, log: Log) -> None:
+    def __init__(
+        self, app: Any, options: ServeOptions, limit: int, log: Log, stopping: Callable[[], bool]
+    ) -> None:
         self.app, self.options, self.limit, self.log = app, options, limit, log
+        self.stopping = stopping  # whether a stop has begun: a cancelled request was cut off by it
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -102,16 +106,27 @@ class Guard:
                 raise self._too_large()
             return message
 
-        started = False
+        started, streaming = False, False
 
         async def watched(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, streaming
+            if message["type"] == "http.response.start":
+                started = True
+                streaming = Headers(raw=message["headers"]).get("content-type", "").startswith(SSE)
             await send(message)
 
         try:
             return await self.app(scope, counted, watched)
-        except asyncio.CancelledError:  # a forced stop (a second Ctrl-C) cancels open streams: no traceback
+        except asyncio.CancelledError:  # a stream's client left, or a forced stop (its timeout, a second
+            if not self.stopping():  # Ctrl-C) cancels what is open
+                return None
+            cut = ApiError(503, "the server is stopping: this request was cut off", kind="server_error")
+            self.log(f"error: {where} {cut.status}: {cut.message}")
+            if not started:
+                await cut.response()(scope, receive, send)
+            elif streaming:  # an error event ends the stream, as a failure mid-answer does
+                event = f"data: {json.dumps({'error': cut.body()})}\r\n\r\n".encode()
+                await send({"type": "http.response.body", "body": event, "more_body": False})
             return None
         except SendTimeoutError:
             self.log(f"error: {where}: the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped")
@@ -536,8 +551,8 @@ class _Reply:
                     continue
                 if isinstance(message, Failed):
                     self.log(f"error: POST {self.path}: {message.message}")
-                    body = {"message": message.message, "type": "server_error", "param": None, "code": None}
-                    yield {"data": json.dumps({"error": body})}
+                    failure = ApiError(502, message.message, kind="server_error")
+                    yield {"data": json.dumps({"error": failure.body()})}
                     ended = True
                     return
                 self._done(message.summary)

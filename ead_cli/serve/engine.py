@@ -139,6 +139,8 @@ class Engine:
         self._pending = 0  # accepted, not yet finished (the running job included)
         self._mean_s = 1.0  # recent seconds per job: the Retry-After estimate
         self._stopped = threading.Event()
+        # Set when a stop begins (the first signal): a job cut off from then on was cut off by the stop.
+        self.stopping = threading.Event()
 
     @property
     def n_ctx(self) -> int:
@@ -162,7 +164,7 @@ class Engine:
             if future.cancelled() or not future.cancel():  # already withdrawn, running or done
                 return
             self._pending -= 1
-        self.log("skipped a waiting request: its client went away")
+        self.log(f"skipped a waiting request: {self._why_cut_off('its client')}")
 
     def _run(self, job: Job, ticket: Ticket) -> None:
         began = time.perf_counter()
@@ -210,9 +212,12 @@ class Engine:
                 runner.abandoned = never_abandoned
         summary = response.summary()
         if self._stopped.is_set() or ticket.cancelled.is_set():
-            why = "the server is stopping" if self._stopped.is_set() else "the client went away"
-            self.log(f"stopped after {summary.generated} tokens: {why}")
+            self.log(f"stopped after {summary.generated} tokens: {self._why_cut_off()}")
         return failure or Finished(summary)
+
+    def _why_cut_off(self, client: str = "the client") -> str:
+        stopping = self.stopping.is_set() or self._stopped.is_set()
+        return "the server is stopping" if stopping else f"{client} went away"
 
     def close(self) -> None:
         """Stop the thread: after a clean shutdown every job accepted is done; after a forced one (a second

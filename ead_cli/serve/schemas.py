@@ -312,10 +312,12 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.code = status, message, kind, code
         self.param, self.headers = param, headers
 
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error object (the value of the response's ``error``)."""
+        return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+
     def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        body = {"error": error}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
 
 
 def _is_field(part: str | int) -> bool:
