@@ -151,6 +151,18 @@ def test_a_closed_pipe_ends_quietly(tiny_pair: tuple[Path, Path]) -> None:
     assert result.stderr == b""
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("output_format", ["text", "jsonl"])
+def test_a_full_disk_is_one_line(tiny_pair: tuple[Path, Path], output_format: str) -> None:
+    """Every write to /dev/full fails with ENOSPC, as on a full disk: one line, not a traceback, and not
+    Python's own complaint when the text still buffered fails again at exit."""
+    args = [EAD, "generate", *pair_args(tiny_pair), "--max-tokens", "8", "--format", output_format, "hi"]
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, timeout=120)
+    assert result.stderr.decode() == "error: cannot write the answer: No space left on device\n"
+    assert result.returncode == 1
+
+
 def test_typer_runner_generates(tiny_pair: tuple[Path, Path]) -> None:
     result = CliRunner().invoke(
         app, ["generate", *pair_args(tiny_pair), "--max-tokens", "5", "--format", "jsonl", "x"]

@@ -98,7 +98,7 @@ def generate(
 
 def _stream(response: Response, renderer: TextRenderer | JsonlRenderer) -> int:
     """Run the generation into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
-    pipe ends quietly (141)."""
+    pipe ends quietly (141); an output that refuses the text (a full disk) is one line."""
     from ..remote import RemoteError
 
     try:
@@ -114,6 +114,9 @@ def _stream(response: Response, renderer: TextRenderer | JsonlRenderer) -> int:
     except BrokenPipeError:
         silence_stdout()
         return 141
+    except OSError as error:  # the text still buffered would fail again at exit: it goes to /dev/null
+        silence_stdout()
+        raise EadError(f"cannot write the answer: {error.strerror}") from None
     except RemoteError:  # the server went away: end the partial answer's line, then say why
         renderer.finish(response.summary())
         raise
