@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -161,6 +162,28 @@ def test_a_full_disk_is_one_line(tiny_pair: tuple[Path, Path], output_format: st
         result = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, timeout=120)
     assert result.stderr.decode() == "error: cannot write the answer: No space left on device\n"
     assert result.returncode == 1
+
+
+def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
+    """A stream the shell closed is None in Python: a prompt given as an argument needs no stdin; where a
+    command needs the stream, one line before any model loads."""
+
+    def closed(command: str, *args: str, redirect: str) -> subprocess.CompletedProcess:
+        line = shlex.join([EAD, command, *pair_args(tiny_pair), "--max-tokens", "4", *args])
+        return subprocess.run(["bash", "-c", f"{line} {redirect}"], capture_output=True, timeout=120)
+
+    answer = ead("generate", *pair_args(tiny_pair), "--max-tokens", "4", "hi")
+    without_stdin = closed("generate", "hi", redirect="<&-")
+    assert (without_stdin.returncode, without_stdin.stdout) == (0, answer.stdout)
+    for command, args, redirect, code, fragment in [
+        ("generate", (), "<&-", 2, "no prompt: stdin is closed"),
+        ("generate", ("-",), "<&-", 2, "no prompt: stdin is closed"),
+        ("generate", ("hi",), ">&-", 1, "cannot write the answer: stdout is closed"),
+        ("generate", ("--format", "jsonl", "hi"), ">&-", 1, "cannot write the answer: stdout is closed"),
+        ("chat", (), "<&-", 2, "ead chat reads its turns from stdin, which is closed"),
+        ("chat", (), ">&- < /dev/null", 1, "cannot write the conversation: stdout is closed"),
+    ]:
+        assert_one_line_error(closed(command, *args, redirect=redirect), code, fragment)
 
 
 def test_typer_runner_generates(tiny_pair: tuple[Path, Path]) -> None:

@@ -31,7 +31,7 @@ from .groups import (
     read_prompt,
     with_options,
 )
-from .output import say, say_progress, silence_stdout, stderr
+from .output import check_stdout, say, say_progress, silence_stdout, stderr
 
 if TYPE_CHECKING:
     from ..response import Response
@@ -59,6 +59,7 @@ def generate(
     from .render import JsonlRenderer, TextRenderer, mode_line, print_stats, wants_color
 
     text = check_prompt_text(read_prompt(prompt))
+    check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=tuple(stop or ()))
     # The large model alone for the whole answer (the default mode): the small one never loads.
@@ -136,6 +137,9 @@ def chat(
     from ..engine import close_all, load_runners
     from .repl import run_chat
 
+    if sys.stdin is None:  # the shell closed it (<&-)
+        raise EadError("ead chat reads its turns from stdin, which is closed", exit_code=2)
+    check_stdout("the conversation")
     policy_options, generation = _for_models(decoding, model_options)
     # The default mode starts with the large model alone; a command that turns the pair on loads the rest.
     runners = load_runners(model_options, progress=say_progress, large_only=policy_options.mode == "large")
