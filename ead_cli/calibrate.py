@@ -201,8 +201,22 @@ def _read(path: Path) -> dict:
     return data
 
 
+def check_saving(path: Path | None = None) -> Path:
+    """Where ``save`` will write, tried before a calibration runs (minutes of work that a file it cannot
+    read or a folder it cannot write would throw away): the file read, its folder made and written to."""
+    path = path or config_file()
+    _read(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as error:
+        raise _cannot_save(path, error) from None
+    return path
+
+
 def save(small: str, large: str, results: Sequence[Calibration], path: Path | None = None) -> Path:
-    """Merge the results into the calibration file (written whole to a temporary name, then renamed)."""
+    """Merge the results into the calibration file (written whole to a temporary name, then renamed: a
+    failed write leaves the old file as it was, and no temporary)."""
     path = path or config_file()
     data = _read(path)
     entry = data.setdefault(pair_key(small, large), {})
@@ -213,14 +227,32 @@ def save(small: str, large: str, results: Sequence[Calibration], path: Path | No
             "predicted_share": result.predicted_share,
             "measured_share": result.measured_share,
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-    ) as out:
-        json.dump(data, out, indent=2)
-        out.write("\n")
-    os.replace(out.name, path)
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+        ) as out:
+            temporary = Path(out.name)
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        raise _cannot_save(path, error) from None
     return path
+
+
+def _cannot_save(path: Path, error: OSError) -> EadError:
+    """One line naming what is in the way: mkdir's "File exists" is a file where a folder should be."""
+    if isinstance(error, FileExistsError):
+        reason = f"{error.filename} is not a folder"
+    elif error.filename and error.filename != str(path):
+        reason = f"{error.strerror} ({error.filename})"
+    else:
+        reason = str(error.strerror)
+    return EadError(f"cannot save the calibration to {path}: {reason}")
 
 
 def saved_tau(small: str, large: str, policy: str) -> float | None:

@@ -120,6 +120,29 @@ def test_calibrate_refuses_bad_settings_before_loading(
     assert_one_line_error(ead("calibrate", *pair_args(tiny_pair), *args), 2, fragment)
 
 
+def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A calibration whose result could not be saved never starts: one line, and no table on stdout."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text("{not json")
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "4", "--no-check", "--save"]
+    for config, fragment in [
+        (
+            blocker / "calibration.json",
+            f"cannot save the calibration to {blocker}/calibration.json: {blocker} is not a folder",
+        ),
+        (blocker / "sub" / "calibration.json", f"Not a directory ({blocker}/sub)"),
+        (garbled, f"cannot read the calibration file {garbled}"),
+    ]:
+        result = ead(*args, env={"EAD_CONFIG": str(config)})
+        assert_one_line_error(result, 1, fragment)
+    assert garbled.read_text() == "{not json"  # left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json"]
+
+
 def test_chat_applies_the_saved_tau_to_whatever_policy_a_command_turns_on(
     tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -279,6 +279,7 @@ def calibrate(
     split = calibration.split_prompts(domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
     policies = [PolicyOptions(mode="ead", policy=name) for name in names]
+    saving = calibration.check_saving() if save else None
     runners = load_runners(model_options, progress=say_progress)
     try:
         results = calibration.calibrate(
@@ -291,8 +292,8 @@ def calibrate(
             measured = "-" if result.measured_share is None else f"{result.measured_share:.1%}"
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
         Console().print(table)
-        if save:
-            path = calibration.save(runners[0].label, runners[1].label, results)
+        if saving is not None:
+            path = calibration.save(runners[0].label, runners[1].label, results, saving)
             stderr.print(f"saved to {path}", style="dim")
     finally:
         close_all(runners)
