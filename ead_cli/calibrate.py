@@ -12,6 +12,7 @@ the pair's file names and the policy; ``ead generate`` and ``ead chat`` use them
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -189,7 +190,9 @@ def pair_key(small: str, large: str) -> str:
     return f"{small} + {large}"
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, dict[str, dict]]:
+    """The saved pairs, each an object of policies, each an object (what ``save`` writes); none without
+    a file. Any other shape is one line naming the file, not a failure of the code that reads it."""
     if not path.exists():
         return {}
     try:
@@ -198,6 +201,10 @@ def _read(path: Path) -> dict:
         raise EadError(f"cannot read the calibration file {path}: {error}") from None
     if not isinstance(data, dict):
         raise EadError(f"the calibration file {path} is not a JSON object")
+    for pair, policies in data.items():
+        if not isinstance(policies, dict) or not all(isinstance(entry, dict) for entry in policies.values()):
+            shape = "is not an object of policies, each an object"
+            raise EadError(f"the calibration file {path}: {pair!r} {shape}")
     return data
 
 
@@ -256,10 +263,20 @@ def _cannot_save(path: Path, error: OSError) -> EadError:
 
 
 def saved_tau(small: str, large: str, policy: str) -> float | None:
-    """The τ saved for this pair and policy, or None."""
-    entry = _read(config_file()).get(pair_key(small, large), {}).get(policy)
-    tau = entry.get("tau") if isinstance(entry, dict) else None
-    return float(tau) if isinstance(tau, int | float) else None
+    """The τ saved for this pair and policy, or None; checked as --tau is (a finite number of bits, at
+    least 0), the file named, since an edited file can hold anything."""
+    path = config_file()
+    pair = pair_key(small, large)
+    entry = _read(path).get(pair, {}).get(policy)
+    if entry is None:
+        return None
+    tau = entry.get("tau")
+    if isinstance(tau, bool) or not isinstance(tau, int | float) or not 0 <= tau < math.inf:
+        raise EadError(
+            f"the calibration file {path} holds {policy} tau {json.dumps(tau)} for {pair}: "
+            "a tau is a finite number of bits, at least 0"
+        )
+    return float(tau)
 
 
 def with_saved_tau(options: PolicyOptions, runners: Sequence[Runner]) -> tuple[PolicyOptions, bool]:
