@@ -328,8 +328,24 @@ def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragm
 @pytest.mark.parametrize("size", [10_000, 1_000_000])  # 10 KB, and the 1 MB a pasted log can be
 def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path], size: int) -> None:
     result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "-", stdin="word " * (size // 5))
-    line = assert_one_line_error(result, 2, "longer than the context of 256 tokens")
+    line = assert_one_line_error(result, 2, "too many for the context of 256 tokens: it takes at most 255")
     assert int(line.split("the prompt is ")[1].split(" tokens")[0]) > 256
+
+
+def test_a_prompt_that_fills_the_context_is_refused(tiny_pair: tuple[Path, Path]) -> None:
+    """Each 'z' is one token of the tiny vocabulary: 256 fill a 256-token context and leave no room for the
+    answer (the message does not call them longer than it); 255 leave one slot, and two tokens come out
+    (the last one never needs a slot)."""
+    args = ["generate", *pair_args(tiny_pair), "--ctx", "256", "--raw", "--max-tokens", "5"]
+    assert_one_line_error(
+        ead(*args, "z" * 256),
+        2,
+        "the prompt is 256 tokens, too many for the context of 256 tokens: it takes at most 255, to leave "
+        "room for the answer (raise --ctx or shorten the prompt)",
+    )
+    fits = ead(*args, "--format", "jsonl", "z" * 255)
+    summary = json.loads(fits.stdout.decode().splitlines()[-1])
+    assert (fits.returncode, summary["prompt_tokens"], summary["generated"]) == (0, 255, 2)
 
 
 def test_a_full_context_finishes_with_length(tiny_pair: tuple[Path, Path]) -> None:
