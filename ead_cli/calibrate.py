@@ -12,6 +12,7 @@ the pair's file names and the policy; ``ead generate`` and ``ead chat`` use them
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -189,7 +190,9 @@ def pair_key(small: str, large: str) -> str:
     return f"{small} + {large}"
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, dict[str, dict]]:
+    """The saved pairs, each an object of policies, each an object (what ``save`` writes); none without
+    a file. Any other shape is one line naming the file, not a failure of the code that reads it."""
     if not path.exists():
         return {}
     try:
@@ -198,11 +201,29 @@ def _read(path: Path) -> dict:
         raise EadError(f"cannot read the calibration file {path}: {error}") from None
     if not isinstance(data, dict):
         raise EadError(f"the calibration file {path} is not a JSON object")
+    for pair, policies in data.items():
+        if not isinstance(policies, dict) or not all(isinstance(entry, dict) for entry in policies.values()):
+            shape = "is not an object of policies, each an object"
+            raise EadError(f"the calibration file {path}: {pair!r} {shape}")
     return data
 
 
+def check_saving(path: Path | None = None) -> Path:
+    """Where ``save`` will write, tried before a calibration runs (minutes of work that a file it cannot
+    read or a folder it cannot write would throw away): the file read, its folder made and written to."""
+    path = path or config_file()
+    _read(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as error:
+        raise _cannot_save(path, error) from None
+    return path
+
+
 def save(small: str, large: str, results: Sequence[Calibration], path: Path | None = None) -> Path:
-    """Merge the results into the calibration file (written whole to a temporary name, then renamed)."""
+    """Merge the results into the calibration file (written whole to a temporary name, then renamed: a
+    failed write leaves the old file as it was, and no temporary)."""
     path = path or config_file()
     data = _read(path)
     entry = data.setdefault(pair_key(small, large), {})
@@ -213,21 +234,49 @@ def save(small: str, large: str, results: Sequence[Calibration], path: Path | No
             "predicted_share": result.predicted_share,
             "measured_share": result.measured_share,
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-    ) as out:
-        json.dump(data, out, indent=2)
-        out.write("\n")
-    os.replace(out.name, path)
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+        ) as out:
+            temporary = Path(out.name)
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        raise _cannot_save(path, error) from None
     return path
 
 
+def _cannot_save(path: Path, error: OSError) -> EadError:
+    """One line naming what is in the way: mkdir's "File exists" is a file where a folder should be."""
+    if isinstance(error, FileExistsError):
+        reason = f"{error.filename} is not a folder"
+    elif error.filename and error.filename != str(path):
+        reason = f"{error.strerror} ({error.filename})"
+    else:
+        reason = str(error.strerror)
+    return EadError(f"cannot save the calibration to {path}: {reason}")
+
+
 def saved_tau(small: str, large: str, policy: str) -> float | None:
-    """The τ saved for this pair and policy, or None."""
-    entry = _read(config_file()).get(pair_key(small, large), {}).get(policy)
-    tau = entry.get("tau") if isinstance(entry, dict) else None
-    return float(tau) if isinstance(tau, int | float) else None
+    """The τ saved for this pair and policy, or None; checked as --tau is (a finite number of bits, at
+    least 0), the file named, since an edited file can hold anything."""
+    path = config_file()
+    pair = pair_key(small, large)
+    entry = _read(path).get(pair, {}).get(policy)
+    if entry is None:
+        return None
+    tau = entry.get("tau")
+    if isinstance(tau, bool) or not isinstance(tau, int | float) or not 0 <= tau < math.inf:
+        raise EadError(
+            f"the calibration file {path} holds {policy} tau {json.dumps(tau)} for {pair}: "
+            "a tau is a finite number of bits, at least 0"
+        )
+    return float(tau)
 
 
 def with_saved_tau(options: PolicyOptions, runners: Sequence[Runner]) -> tuple[PolicyOptions, bool]:

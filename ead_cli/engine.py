@@ -12,7 +12,7 @@ from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError
 from .hardware import repack_choice
 from .options import GenerationOptions, ModelOptions, PolicyOptions
-from .remote import RemoteRunner, connect, is_remote
+from .remote import RemoteRunner, connect, is_remote, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .smoke import check_models
 from .user_models import is_user_model
@@ -45,6 +45,8 @@ def load_runners(
         raise EadError(
             "the smallest model must be local: it tokenizes the prompt and renders the chat template", 2
         )
+    for ref in filter(is_remote, refs):
+        server_address(ref)  # a malformed one is a usage error before any model loads
     roles = role_names(len(refs))
     if large_only and not is_remote(refs[-1]):
         for ref in refs[:-1]:

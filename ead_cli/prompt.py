@@ -137,7 +137,7 @@ def check_fits(prompt: list[int], n_ctx: int) -> None:
     """A prompt must leave room for at least one generated token."""
     if len(prompt) >= n_ctx:
         raise EadError(
-            f"the prompt is {len(prompt)} tokens, longer than the context of {n_ctx} tokens "
-            f"(raise --ctx or shorten the prompt)",
+            f"the prompt is {len(prompt)} tokens, too many for the context of {n_ctx} tokens: it takes at "
+            f"most {n_ctx - 1}, to leave room for the answer (raise --ctx or shorten the prompt)",
             exit_code=2,
         )

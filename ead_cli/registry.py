@@ -519,6 +519,8 @@ def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]
         raise EadError(f"cannot read models file {path}: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise EadError(f"models file {path} is not valid TOML: {' '.join(str(err).split())}") from None
+    except UnicodeDecodeError as err:  # TOML is UTF-8 text
+        raise EadError(f"models file {path} is not valid TOML: not UTF-8 text (byte {err.start})") from None
     top = _Table(data, "", path)
     defaults_table = _Table(top.take("defaults", "table", required=False) or {}, "defaults", path)
     defaults = {role: defaults_table.take(role, "text", required=False) for role in ("small", "large")}

@@ -63,6 +63,20 @@ def is_remote(reference: str) -> bool:
     return reference.startswith(("http://", "https://"))
 
 
+def server_address(url: str) -> tuple[str, int, str]:
+    """A server address's host, port and path; one that does not read as http://HOST:PORT is a usage
+    error, an unclosed IPv6 bracket or a bad port too (urlsplit checks the port only when asked for it)."""
+    bad = EadError(f"{url}: a server address must look like http://HOST:PORT", exit_code=2)
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 80
+    except ValueError:
+        raise bad from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise bad
+    return parts.hostname, port, parts.path
+
+
 class RemoteError(EadError):
     """The server failed: unreachable, too slow, an HTTP error, or a reply that makes no sense."""
 
@@ -107,9 +121,7 @@ class RemoteRunner:
         top_k: int = DEFAULT_TOP_K,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise EadError(f"{url}: a server address must look like http://HOST:PORT", exit_code=2)
+        self._host, self._port, _ = server_address(url)
         check_remote_settings(top_k, timeout_s)
         self.url = url.rstrip("/")
         self.name = name
@@ -118,7 +130,6 @@ class RemoteRunner:
         self.timeout_s = timeout_s
         self._tokenizer = tokenizer
         self._safe_token = tokenizer.tokenize("a", add_special=False)[0]
-        self._host, self._port = parts.hostname, parts.port or 80
         self._connection: http.client.HTTPConnection | None = None
         self.network = NetworkStats()
         self.stats = RunnerStats.empty()
@@ -395,7 +406,7 @@ class OpenAIRunner(RemoteRunner):
     """
 
     def __init__(self, url: str, **kwargs: Any) -> None:
-        self._base = urlsplit(url).path.rstrip("/")
+        self._base = server_address(url)[2].rstrip("/")
         super().__init__(url, **kwargs)
 
     def _health_path(self) -> str:
@@ -473,7 +484,7 @@ class OpenAIRunner(RemoteRunner):
 
 def connect(url: str, **kwargs: Any) -> RemoteRunner:
     """A runner for a server address: ``.../v1`` is an OpenAI-compatible endpoint, else llama-server."""
-    runner = OpenAIRunner if urlsplit(url).path.rstrip("/").endswith("/v1") else RemoteRunner
+    runner = OpenAIRunner if server_address(url)[2].rstrip("/").endswith("/v1") else RemoteRunner
     return runner(url, **kwargs)
 
 

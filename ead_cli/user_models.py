@@ -97,12 +97,15 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
     """The GGUF blob the manifest's model layer names, checked to be there, whole, and GGUF."""
     where = f"ollama model '{name}'"
     try:
-        layers = json.loads(manifest.read_text())["layers"]
-        layer = next(item for item in layers if item.get("mediaType") == _OLLAMA_MODEL_LAYER)
-        digest, size = layer["digest"], layer.get("size")
+        data = json.loads(manifest.read_bytes())
     except OSError as err:
         raise EadError(f"{where}: cannot read its manifest {manifest} ({err.strerror})") from None
-    except (ValueError, TypeError, KeyError, AttributeError, StopIteration):
+    except ValueError:  # not JSON, or bytes no JSON encoding reads
+        raise EadError(f"{where}: its manifest {manifest} is not JSON") from None
+    try:
+        layer = next(item for item in data["layers"] if item.get("mediaType") == _OLLAMA_MODEL_LAYER)
+        digest, size = layer["digest"], layer.get("size")
+    except (TypeError, KeyError, AttributeError, StopIteration):
         raise EadError(f"{where}: its manifest {manifest} has no model layer with a digest") from None
     algorithm, _, hex_digest = str(digest).partition(":")
     if algorithm != "sha256" or not SHA256.fullmatch(hex_digest):

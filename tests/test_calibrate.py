@@ -120,6 +120,58 @@ def test_calibrate_refuses_bad_settings_before_loading(
     assert_one_line_error(ead("calibrate", *pair_args(tiny_pair), *args), 2, fragment)
 
 
+def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A calibration whose result could not be saved never starts: one line, and no table on stdout."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text("{not json")
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "4", "--no-check", "--save"]
+    for config, fragment in [
+        (
+            blocker / "calibration.json",
+            f"cannot save the calibration to {blocker}/calibration.json: {blocker} is not a folder",
+        ),
+        (blocker / "sub" / "calibration.json", f"Not a directory ({blocker}/sub)"),
+        (garbled, f"cannot read the calibration file {garbled}"),
+    ]:
+        result = ead(*args, env={"EAD_CONFIG": str(config)})
+        assert_one_line_error(result, 1, fragment)
+    assert garbled.read_text() == "{not json"  # left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ("[1]", "is not an object of policies, each an object"),
+        ('{"gate": 3}', "is not an object of policies, each an object"),
+        ('{"gate": {"tau": Infinity}}', "holds gate tau Infinity for"),
+        ('{"gate": {"tau": NaN}}', "holds gate tau NaN for"),
+        ('{"gate": {"tau": -5}}', "holds gate tau -5 for"),
+        ('{"gate": {"tau": "1"}}', 'holds gate tau "1" for'),
+        ('{"gate": {}}', "holds gate tau null for"),
+    ],
+)
+def test_a_saved_tau_is_checked_as_tau_is(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, entry: str, fragment: str
+) -> None:
+    """A hand-edited calibration file: the wrong shape, or a τ --tau would refuse, is one line naming the
+    file, for generate and for calibrate --save (before it loads anything)."""
+    config = tmp_path / "calibration.json"
+    config.write_text(f'{{"{tiny_pair[0].name} + {tiny_pair[1].name}": {entry}}}')
+    env = {"EAD_CONFIG": str(config)}
+    generate = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "--max-tokens", "2", "hi", env=env)
+    line = assert_one_line_error(generate, 1, f"the calibration file {config}", fragment)
+    if "tau" in fragment:
+        assert line.endswith("a tau is a finite number of bits, at least 0")
+    else:
+        calibrate = ead("calibrate", *pair_args(tiny_pair), "--max-tokens", "4", "--save", env=env)
+        assert_one_line_error(calibrate, 1, f"the calibration file {config}", fragment)
+
+
 def test_chat_applies_the_saved_tau_to_whatever_policy_a_command_turns_on(
     tiny_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -151,6 +152,40 @@ def test_a_closed_pipe_ends_quietly(tiny_pair: tuple[Path, Path]) -> None:
     assert result.stderr == b""
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("output_format", ["text", "jsonl"])
+def test_a_full_disk_is_one_line(tiny_pair: tuple[Path, Path], output_format: str) -> None:
+    """Every write to /dev/full fails with ENOSPC, as on a full disk: one line, not a traceback, and not
+    Python's own complaint when the text still buffered fails again at exit."""
+    args = [EAD, "generate", *pair_args(tiny_pair), "--max-tokens", "8", "--format", output_format, "hi"]
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, timeout=120)
+    assert result.stderr.decode() == "error: cannot write the answer: No space left on device\n"
+    assert result.returncode == 1
+
+
+def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
+    """A stream the shell closed is None in Python: a prompt given as an argument needs no stdin; where a
+    command needs the stream, one line before any model loads."""
+
+    def closed(command: str, *args: str, redirect: str) -> subprocess.CompletedProcess:
+        line = shlex.join([EAD, command, *pair_args(tiny_pair), "--max-tokens", "4", *args])
+        return subprocess.run(["bash", "-c", f"{line} {redirect}"], capture_output=True, timeout=120)
+
+    answer = ead("generate", *pair_args(tiny_pair), "--max-tokens", "4", "hi")
+    without_stdin = closed("generate", "hi", redirect="<&-")
+    assert (without_stdin.returncode, without_stdin.stdout) == (0, answer.stdout)
+    for command, args, redirect, code, fragment in [
+        ("generate", (), "<&-", 2, "no prompt: stdin is closed"),
+        ("generate", ("-",), "<&-", 2, "no prompt: stdin is closed"),
+        ("generate", ("hi",), ">&-", 1, "cannot write the answer: stdout is closed"),
+        ("generate", ("--format", "jsonl", "hi"), ">&-", 1, "cannot write the answer: stdout is closed"),
+        ("chat", (), "<&-", 2, "ead chat reads its turns from stdin, which is closed"),
+        ("chat", (), ">&- < /dev/null", 1, "cannot write the conversation: stdout is closed"),
+    ]:
+        assert_one_line_error(closed(command, *args, redirect=redirect), code, fragment)
+
+
 def test_typer_runner_generates(tiny_pair: tuple[Path, Path]) -> None:
     result = CliRunner().invoke(
         app, ["generate", *pair_args(tiny_pair), "--max-tokens", "5", "--format", "jsonl", "x"]
@@ -293,8 +328,24 @@ def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragm
 @pytest.mark.parametrize("size", [10_000, 1_000_000])  # 10 KB, and the 1 MB a pasted log can be
 def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path], size: int) -> None:
     result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "-", stdin="word " * (size // 5))
-    line = assert_one_line_error(result, 2, "longer than the context of 256 tokens")
+    line = assert_one_line_error(result, 2, "too many for the context of 256 tokens: it takes at most 255")
     assert int(line.split("the prompt is ")[1].split(" tokens")[0]) > 256
+
+
+def test_a_prompt_that_fills_the_context_is_refused(tiny_pair: tuple[Path, Path]) -> None:
+    """Each 'z' is one token of the tiny vocabulary: 256 fill a 256-token context and leave no room for the
+    answer (the message does not call them longer than it); 255 leave one slot, and two tokens come out
+    (the last one never needs a slot)."""
+    args = ["generate", *pair_args(tiny_pair), "--ctx", "256", "--raw", "--max-tokens", "5"]
+    assert_one_line_error(
+        ead(*args, "z" * 256),
+        2,
+        "the prompt is 256 tokens, too many for the context of 256 tokens: it takes at most 255, to leave "
+        "room for the answer (raise --ctx or shorten the prompt)",
+    )
+    fits = ead(*args, "--format", "jsonl", "z" * 255)
+    summary = json.loads(fits.stdout.decode().splitlines()[-1])
+    assert (fits.returncode, summary["prompt_tokens"], summary["generated"]) == (0, 255, 2)
 
 
 def test_a_full_context_finishes_with_length(tiny_pair: tuple[Path, Path]) -> None:

@@ -157,7 +157,7 @@ def test_a_full_context_ends_with_length(tiny_pair: tuple[Path, Path]) -> None:
 
 def test_a_prompt_longer_than_the_context_is_refused(runners: list[Runner]) -> None:
     prompt = encode_prompt(runners[0], "word " * 600)
-    with pytest.raises(EadError, match=r"the prompt is \d+ tokens, longer than the context of 512 tokens"):
+    with pytest.raises(EadError, match=r"the prompt is \d+ tokens, too many for the context of 512 tokens"):
         check_fits(prompt, 512)
 
 

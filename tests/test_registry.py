@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_cli import assert_one_line_error, ead
 
 import ead_cli
 from ead_cli.errors import EadError
@@ -216,6 +217,17 @@ def test_bad_user_file_is_a_one_line_error_naming_the_file(tmp_path: Path, text:
     assert message.startswith(f"models file {models_file}")
     assert problem in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("data", "byte"), [(b"\xff\xfe", 0), (b"# ok\nx = '\xe9'\n", 10)])
+def test_a_user_file_that_is_not_utf8_is_one_line(tmp_path: Path, data: bytes, byte: int) -> None:
+    """TOML is UTF-8 text: other bytes are a bad file like a syntax error, for every command."""
+    models_file = tmp_path / "models.toml"
+    models_file.write_bytes(data)
+    expected = f"models file {models_file} is not valid TOML: not UTF-8 text (byte {byte})"
+    for command in (("models", "list"), ("generate", "--max-tokens", "1", "hi")):
+        line = assert_one_line_error(ead(*command, "--catalog", str(models_file)), 1)
+        assert line == f"error: {expected}"
 
 
 def test_missing_user_file(tmp_path: Path) -> None:

@@ -135,6 +135,18 @@ def test_a_server_that_is_down_at_start_is_one_line(tiny_pair) -> None:
     assert_one_line_error(result, 1, url, "unreachable")
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["http://", "https://127.0.0.1:8080", "http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:x/v1"],
+)
+def test_a_malformed_server_address_is_a_usage_error_before_loading(tiny_pair, url: str) -> None:
+    """Whatever urlsplit makes of it (an unclosed IPv6 bracket, a port out of range or not a number): one
+    line and exit 2, before the small model loads (here it is a file that is not there)."""
+    message = f"error: {url}: a server address must look like http://HOST:PORT"
+    assert assert_one_line_error(ead("generate", *models(tiny_pair[0], url), "hi"), 2) == message
+    assert assert_one_line_error(ead("generate", *models(Path("absent.gguf"), url), "hi"), 2) == message
+
+
 def test_a_server_that_never_answers_times_out(tiny_pair) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

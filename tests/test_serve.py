@@ -236,7 +236,7 @@ JSON = {"Content-Type": "application/json"}
         (CHAT, {"messages": HI, "ead": {"mode": "spec", "verify": 0.5}}, 400, "--verify applies"),
         (CHAT, {"messages": HI, "ead": {"tau": [1, 2]}}, 400, "thresholds"),
         (CHAT, {"messages": HI, "ead": {"colour": "red"}}, 400, "ead.colour"),
-        (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "longer than the context"),
+        (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "too many for the context"),
         ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
         ("/v1/completions", {"prompt": 5}, 400, "prompt"),
         (CHAT, {"messages": HI, "stop": ["a"] * 17}, 400, "stop: List should have at most 16 items"),

@@ -154,7 +154,12 @@ def test_broken_ollama_blobs_are_one_line(
     manifest.parent.mkdir(parents=True)
     manifest.write_text("{not json")
     line = refused(env, "ollama:garbled", tiny_large)
-    assert "has no model layer with a digest" in line
+    assert line.endswith(f"ollama model 'garbled': its manifest {manifest} is not JSON")
+    manifest.write_bytes(b"\xff\xfe\xff")  # no JSON encoding reads these bytes
+    assert refused(env, "ollama:garbled", tiny_large) == line
+    manifest.write_text('{"layers": [{"mediaType": "application/vnd.ollama.image.template"}]}')
+    line = refused(env, "ollama:garbled", tiny_large)
+    assert line.endswith(f"ollama model 'garbled': its manifest {manifest} has no model layer with a digest")
 
 
 def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) -> None:

@@ -31,7 +31,7 @@ from .groups import (
     parse_list,
     read_prompt,
 )
-from .output import print_rows, print_table, say_progress, stderr
+from .output import check_stdout, print_rows, print_table, say_progress, stderr
 from .render import RESET, Renderer, model_style, wants_color
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ def depth_generate(
     from ..sampling import SamplingParams
 
     text = check_prompt_text(read_prompt(prompt))
+    check_stdout("the answer")
     options = DepthOptions(
         margin=margin, probe_every=probe_every, schedule=schedule.value, condition=condition.value,
         estimator=estimator.value, top_k=estimator_k, rank=rank, fixed_depth=fixed_depth,

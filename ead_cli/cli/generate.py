@@ -31,7 +31,7 @@ from .groups import (
     read_prompt,
     with_options,
 )
-from .output import say, say_progress, silence_stdout, stderr
+from .output import check_stdout, say, say_progress, silence_stdout, stderr
 
 if TYPE_CHECKING:
     from ..response import Response
@@ -59,6 +59,7 @@ def generate(
     from .render import JsonlRenderer, TextRenderer, mode_line, print_stats, wants_color
 
     text = check_prompt_text(read_prompt(prompt))
+    check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=tuple(stop or ()))
     # The large model alone for the whole answer (the default mode): the small one never loads.
@@ -98,7 +99,7 @@ def generate(
 
 def _stream(response: Response, renderer: TextRenderer | JsonlRenderer) -> int:
     """Run the generation into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
-    pipe ends quietly (141)."""
+    pipe ends quietly (141); an output that refuses the text (a full disk) is one line."""
     from ..remote import RemoteError
 
     try:
@@ -114,6 +115,9 @@ def _stream(response: Response, renderer: TextRenderer | JsonlRenderer) -> int:
     except BrokenPipeError:
         silence_stdout()
         return 141
+    except OSError as error:  # the text still buffered would fail again at exit: it goes to /dev/null
+        silence_stdout()
+        raise EadError(f"cannot write the answer: {error.strerror}") from None
     except RemoteError:  # the server went away: end the partial answer's line, then say why
         renderer.finish(response.summary())
         raise
@@ -133,6 +137,9 @@ def chat(
     from ..engine import close_all, load_runners
     from .repl import run_chat
 
+    if sys.stdin is None:  # the shell closed it (<&-)
+        raise EadError("ead chat reads its turns from stdin, which is closed", exit_code=2)
+    check_stdout("the conversation")
     policy_options, generation = _for_models(decoding, model_options)
     # The default mode starts with the large model alone; a command that turns the pair on loads the rest.
     runners = load_runners(model_options, progress=say_progress, large_only=policy_options.mode == "large")
@@ -272,6 +279,7 @@ def calibrate(
     split = calibration.split_prompts(domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
     policies = [PolicyOptions(mode="ead", policy=name) for name in names]
+    saving = calibration.check_saving() if save else None
     runners = load_runners(model_options, progress=say_progress)
     try:
         results = calibration.calibrate(
@@ -284,8 +292,8 @@ def calibrate(
             measured = "-" if result.measured_share is None else f"{result.measured_share:.1%}"
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
         Console().print(table)
-        if save:
-            path = calibration.save(runners[0].label, runners[1].label, results)
+        if saving is not None:
+            path = calibration.save(runners[0].label, runners[1].label, results, saving)
             stderr.print(f"saved to {path}", style="dim")
     finally:
         close_all(runners)

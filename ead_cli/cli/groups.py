@@ -213,6 +213,8 @@ def read_prompt(prompt: str | None) -> str:
     """The prompt argument, or stdin when it is '-' or absent and stdin is not a terminal."""
     if prompt is not None and prompt != "-":
         return prompt
+    if sys.stdin is None:  # the shell closed it (<&-)
+        raise EadError("no prompt: stdin is closed; pass the prompt as an argument", exit_code=2)
     if prompt is None and sys.stdin.isatty():
         raise EadError("no prompt: pass it as an argument, or '-' to read it from stdin", exit_code=2)
     data = sys.stdin.buffer.read()

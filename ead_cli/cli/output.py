@@ -12,6 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import EadError
+
 stderr = Console(stderr=True, highlight=False)
 
 
@@ -63,6 +65,13 @@ def print_table(table: Table) -> None:
     if not console.is_terminal:
         console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
     console.print(table)
+
+
+def check_stdout(what: str) -> None:
+    """Before any model loads: a stdout the shell closed (``>&-``, and Python's sys.stdout is None) has
+    nowhere to put ``what``."""
+    if sys.stdout is None:
+        raise EadError(f"cannot write {what}: stdout is closed")
 
 
 def silence_stdout() -> None:
