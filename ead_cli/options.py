@@ -97,7 +97,9 @@ class PolicyOptions:
     ``mode`` None: not given, resolved here by ``option_table.resolve_mode`` from the switching options
     given (``given``: their names, as the command line, a request or a chat command gave them, besides any
     that differ from their defaults) and the number of models; it stays resolved, not given
-    (``mode_given``), so a copy with other options (``changed``, ``replace``) resolves it again."""
+    (``mode_given``), so a copy with other options (``changed``, ``replace``) resolves it again. Every
+    value is checked whatever the mode, and a given mode other than ead leaves the switching ones unused:
+    one command line serves every mode, and a chat's ``/mode large`` keeps ``/tau`` for ``/mode ead``."""
 
     mode: str | None = None  # type: ignore[assignment]  # a str once made
     policy: str = "gate"
@@ -131,8 +133,7 @@ class PolicyOptions:
         try:
             if self.verify is not None:
                 check_verify_ratio(self.verify)
-            if self.mode == "spec" or self.policy == "lookahead":
-                check_draft(self.draft)
+            check_draft(self.draft)
             check_lookup(self.lookup)
             check_draft(self.lookup_draft)
         except ValueError as error:
@@ -142,8 +143,7 @@ class PolicyOptions:
             raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
         if self.normalize and self.tau is not None and any(tau > 1 for tau in as_taus(self.tau)):
             raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
-        if self.mode != "spec":
-            self.make_policy()
+        self.make_policy()  # every switching value checked, in any mode
 
     def switching_given(self) -> set[str]:
         """The switching options given: named in ``given``, or away from their defaults."""
