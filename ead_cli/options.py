@@ -126,8 +126,6 @@ class PolicyOptions:
             object.__setattr__(self, "mode_given", self.mode is not None)
         if not self.mode_given:
             object.__setattr__(self, "mode", resolve_mode(None, self.switching_given(), self.levels))
-        if self.verify is not None and self.mode != "ead":
-            raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
         if self.mode == "spec" and self.levels != 2:
             raise EadError("speculative decoding takes two models: a drafter and a verifier", exit_code=2)
         try:
