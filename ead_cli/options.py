@@ -79,6 +79,13 @@ class ModelOptions:
         if self.n_ctx is not None and self.n_ctx < 16:
             raise EadError(f"--ctx must be at least 16, got {self.n_ctx}", exit_code=2)
         resolve_threads(self.threads)  # refused here, before any model loads
+        layers = self.n_gpu_layers
+        if layers is not None and layers < -1:  # any negative would offload every layer: only -1 says so
+            raise EadError(f"--n-gpu-layers must be -1 (every layer) or at least 0, got {layers}", 2)
+        for flag, name in (("--small", self.small), ("--large", self.large)):
+            if name is not None and not name.strip():  # else the default model would answer in its place
+                what = "an alias, a .gguf path or a server"
+                raise EadError(f"{flag} must name a model ({what}), got {name!r}", exit_code=2)
         if self.models and (self.small or self.large):
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):
