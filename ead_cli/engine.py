@@ -123,8 +123,9 @@ def build_decoder(
     decision needs its value measure it (``Decoder``); the tokens and decisions are the same."""
     roles = [runner.name for runner in runners]
     policy_options = replace(policy_options, levels=len(runners))
+    verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
     checker_remote = isinstance(runners[-1], RemoteRunner)
-    if checker_remote and (policy_options.verify is not None or policy_options.mode == "spec"):
+    if checker_remote and (verify is not None or policy_options.mode == "spec"):
         raise EadError(
             f"{runners[-1].label}: --verify and speculative decoding need logits at every position of a "
             "batch, which llama-server does not return; use a local model as the largest",
@@ -151,7 +152,7 @@ def build_decoder(
             max_tokens=generation.max_tokens,
             stop=generation.stop,
             normalize=policy_options.normalize,
-            verify=policy_options.verify,
+            verify=verify,
             fallback=generation.fallback,
             lookup=policy_options.lookup,
             lookup_draft=policy_options.lookup_draft,

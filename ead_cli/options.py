@@ -79,6 +79,13 @@ class ModelOptions:
         if self.n_ctx is not None and self.n_ctx < 16:
             raise EadError(f"--ctx must be at least 16, got {self.n_ctx}", exit_code=2)
         resolve_threads(self.threads)  # refused here, before any model loads
+        layers = self.n_gpu_layers
+        if layers is not None and layers < -1:  # any negative would offload every layer: only -1 says so
+            raise EadError(f"--n-gpu-layers must be -1 (every layer) or at least 0, got {layers}", 2)
+        for flag, name in (("--small", self.small), ("--large", self.large)):
+            if name is not None and not name.strip():  # else the default model would answer in its place
+                what = "an alias, a .gguf path or a server"
+                raise EadError(f"{flag} must name a model ({what}), got {name!r}", exit_code=2)
         if self.models and (self.small or self.large):
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):
@@ -97,7 +104,9 @@ class PolicyOptions:
     ``mode`` None: not given, resolved here by ``option_table.resolve_mode`` from the switching options
     given (``given``: their names, as the command line, a request or a chat command gave them, besides any
     that differ from their defaults) and the number of models; it stays resolved, not given
-    (``mode_given``), so a copy with other options (``changed``, ``replace``) resolves it again."""
+    (``mode_given``), so a copy with other options (``changed``, ``replace``) resolves it again. Every
+    value is checked whatever the mode, and a given mode other than ead leaves the switching ones unused:
+    one command line serves every mode, and a chat's ``/mode large`` keeps ``/tau`` for ``/mode ead``."""
 
     mode: str | None = None  # type: ignore[assignment]  # a str once made
     policy: str = "gate"
@@ -124,15 +133,12 @@ class PolicyOptions:
             object.__setattr__(self, "mode_given", self.mode is not None)
         if not self.mode_given:
             object.__setattr__(self, "mode", resolve_mode(None, self.switching_given(), self.levels))
-        if self.verify is not None and self.mode != "ead":
-            raise EadError("--verify applies to --mode ead (two models switching)", exit_code=2)
         if self.mode == "spec" and self.levels != 2:
             raise EadError("speculative decoding takes two models: a drafter and a verifier", exit_code=2)
         try:
             if self.verify is not None:
                 check_verify_ratio(self.verify)
-            if self.mode == "spec" or self.policy == "lookahead":
-                check_draft(self.draft)
+            check_draft(self.draft)
             check_lookup(self.lookup)
             check_draft(self.lookup_draft)
         except ValueError as error:
@@ -142,8 +148,7 @@ class PolicyOptions:
             raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
         if self.normalize and self.tau is not None and any(tau > 1 for tau in as_taus(self.tau)):
             raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
-        if self.mode != "spec":
-            self.make_policy()
+        self.make_policy()  # every switching value checked, in any mode
 
     def switching_given(self) -> set[str]:
         """The switching options given: named in ``given``, or away from their defaults."""

@@ -54,6 +54,43 @@ CODE_PATTERNS = (
 )
 
 
+def check_taus(taus: Sequence[float], tau_range: tuple[float, float] | None = None) -> None:
+    """Thresholds of at least 0 bits, at least one, and one alone within an adaptive range."""
+    if not all(t >= 0 for t in taus):  # written so, NaN fails it too
+        raise ValueError(f"tau must be at least 0, got {', '.join(map(str, taus))}")
+    if not taus:
+        raise ValueError("tau needs at least one threshold")
+    if tau_range and len(taus) != 1:
+        raise ValueError("an adaptive tau range takes two models (one threshold)")
+    if tau_range and not 0 <= tau_range[0] < tau_range[1]:
+        raise ValueError(f"tau range must satisfy 0 <= low < high, got {tau_range[0]}:{tau_range[1]}")
+
+
+def check_window(window: int) -> None:
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+
+
+def check_switch_point(switch_point: str) -> None:
+    if switch_point not in SWITCH_POINTS:
+        raise ValueError(f"switch point must be 'before' or 'after', got {switch_point!r}")
+
+
+def check_min_run(min_run: int) -> None:
+    if min_run < 0:
+        raise ValueError(f"min-run must be at least 0, got {min_run}")
+
+
+def check_burst(burst: Burst) -> None:
+    if burst not in BURST_KINDS and not (isinstance(burst, int) and burst >= 1):
+        raise ValueError(f"burst must be a count of at least 1, 'line' or 'adaptive', got {burst!r}")
+
+
+def check_span(span: int) -> None:
+    if span < 1:
+        raise ValueError(f"span must be at least 1, got {span}")
+
+
 class AdaptiveTau:
     """A threshold that falls after a run of uncertain steps and rises after a run of confident ones.
 
@@ -63,8 +100,6 @@ class AdaptiveTau:
     """
 
     def __init__(self, tau: float, low: float, high: float) -> None:
-        if not 0 <= low < high:
-            raise ValueError(f"tau range must satisfy 0 <= low < high, got {low}:{high}")
         self.low, self.high = low, high
         self.value = min(max(tau, low), high)
         self._step = (high - low) / ADAPT_STEPS
@@ -98,17 +133,11 @@ class Policy(ABC):
         tau: Tau | None = None,
         tau_range: tuple[float, float] | None = None,
     ) -> None:
-        if window < 1:
-            raise ValueError(f"window must be at least 1, got {window}")
-        if switch_point not in SWITCH_POINTS:
-            raise ValueError(f"switch point must be 'before' or 'after', got {switch_point!r}")
+        check_window(window)
+        check_switch_point(switch_point)
         taus = () if tau is None else as_taus(tau)
-        if not all(t >= 0 for t in taus):  # written so, NaN fails it too
-            raise ValueError(f"tau must be at least 0, got {', '.join(map(str, taus))}")
-        if tau is not None and not taus:
-            raise ValueError("tau needs at least one threshold")
-        if tau_range and len(taus) != 1:
-            raise ValueError("an adaptive tau range takes two models (one threshold)")
+        if tau is not None:
+            check_taus(taus, tau_range)
         self.switch_point: SwitchPoint = switch_point
         self.active = start
         self.levels = len(taus) + 1  # the models, from 0 (smallest) to levels - 1
@@ -223,8 +252,7 @@ class EAD(Policy):
         switch_point: SwitchPoint = "after",
         tau_range: tuple[float, float] | None = None,
     ) -> None:
-        if min_run < 0:
-            raise ValueError(f"min-run must be at least 0, got {min_run}")
+        check_min_run(min_run)
         super().__init__(window=window, switch_point=switch_point, tau=tau, tau_range=tau_range)
         self.min_run = min_run
         self.since_switch = 0
@@ -271,8 +299,7 @@ class Gate(Policy):
         patterns: Sequence[str] = (),
         tau_range: tuple[float, float] | None = None,
     ) -> None:
-        if burst not in BURST_KINDS and not (isinstance(burst, int) and burst >= 1):
-            raise ValueError(f"burst must be a count of at least 1, 'line' or 'adaptive', got {burst!r}")
+        check_burst(burst)
         super().__init__(window=window, switch_point=switch_point, tau=tau, tau_range=tau_range)
         if self.levels > 2 and switch_point == "after":
             raise ValueError("a cascade of three or more models gates with switch point 'before'")
@@ -351,8 +378,7 @@ class Lookahead(Policy):
     """
 
     def __init__(self, tau: Tau, *, span: int = 4, tau_range: tuple[float, float] | None = None) -> None:
-        if span < 1:
-            raise ValueError(f"span must be at least 1, got {span}")
+        check_span(span)
         super().__init__(tau=tau, tau_range=tau_range)
         if self.levels != 2:
             raise ValueError("lookahead takes two models")
@@ -419,6 +445,18 @@ class Settings:
     patterns: tuple[str, ...]
     tau_range: tuple[float, float] | None
     span: int
+
+    def __post_init__(self) -> None:
+        """Each value in its range whatever the mode and policy: one that is invalid is refused even where
+        it would go unused (``--mode large --min-run -5``), before any model loads."""
+        check_taus(self.taus, self.tau_range)
+        check_window(self.window)
+        check_min_run(self.min_run)
+        check_burst(self.burst)
+        check_switch_point(self.switch_point)
+        check_span(self.span)
+        for pattern in _expanded(self.patterns):
+            _compile(pattern)
 
 
 @dataclass(frozen=True)
@@ -526,28 +564,31 @@ def make_policy(
     """Build a policy for ``levels`` models from command-line style options (ValueError if invalid).
 
     ``mode`` small/large pins the smallest or the largest model (the baselines); ``mode`` ead switches
-    with ``policy``, a name in ``POLICY_KINDS`` (``spec`` is not a policy: the engine builds a
-    SpeculativeDecoder for it). ``tau``: one threshold per level below the top; a single one is repeated
-    for a cascade. ``window`` and ``tau`` default to the policy's own. ``span``: the lookahead draft.
+    with ``policy``, a name in ``POLICY_KINDS``; ``spec`` pins the largest, whose tokens it keeps (the
+    engine builds a SpeculativeDecoder instead: this checks its options). ``tau``: one threshold per level
+    below the top; a single one is repeated for a cascade. ``window`` and ``tau`` default to the policy's
+    own. ``span``: the lookahead draft. Every value is checked whatever the mode (``Settings``); the
+    switching ones are then unused outside ``ead``, so one command line serves every mode.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if policy not in POLICY_KINDS:
         raise ValueError(f"policy must be one of {', '.join(POLICY_KINDS)}, got {policy!r}")
-    if mode in ("small", "large") and levels >= 1:  # one model at work: loaded alone, or beside others
+    kind = POLICY_KINDS[policy]
+    taus = as_taus(kind.tau if tau is None else tau)
+    taus = _taus(taus, levels) if levels >= 2 else taus  # a model loaded alone: its run checked the count
+    policy_window = kind.window if window is None else window
+    settings = Settings(taus, policy_window, min_run, burst, switch_point, tuple(patterns), tau_range, span)
+    if mode != "ead" and levels >= 1:  # one model at work: loaded alone, or beside others
         return Fixed(0 if mode == "small" else levels - 1, window=window or 1)
     if levels < 2:
         raise ValueError(f"switching takes at least two models, got {levels}")
-    kind = POLICY_KINDS[policy]
     given = {"patterns"} if patterns else set()
     if burst != 1:
         given.add("burst")
     if given - kind.text_options:
         takers = [name for name, other in POLICY_KINDS.items() if other.text_options]
         raise ValueError(f"--pattern and --burst apply to --policy {' and '.join(takers)}")
-    taus = _taus(kind.tau if tau is None else tau, levels)
-    window = kind.window if window is None else window
-    settings = Settings(taus, window, min_run, burst, switch_point, tuple(patterns), tau_range, span)
     return kind.build(settings)
 
 

@@ -289,10 +289,26 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--mode", "fast"], "Invalid value for '--mode'"),
         (["--switch-point", "during"], "Invalid value for '--switch-point'"),
         (["--format", "xml"], "Invalid value for '--format'"),
+        # a value out of its range is refused in a mode that would leave it unused, too
+        (["--mode", "large", "--tau", "-1"], "tau must be at least 0, got -1"),
+        (["--mode", "large", "--tau", "1,2,3"], "2 models take 1 thresholds (or one for all), got 3"),
+        (["--mode", "large", "--window", "0"], "window must be at least 1, got 0"),
+        (["--mode", "large", "--burst", "0"], "burst must be a count of at least 1"),
+        (["--mode", "small", "--min-run", "-5"], "min-run must be at least 0, got -5"),
+        (["--mode", "small", "--tau-range", "2:1"], "tau range must satisfy 0 <= low < high"),
+        (["--mode", "small", "--pattern", "(x"], "is not a valid regular expression"),
+        (["--mode", "ead", "--policy", "gate", "--min-run", "-7"], "min-run must be at least 0, got -7"),
+        (["--mode", "spec", "--tau", "-1"], "tau must be at least 0, got -1"),
+        (["--draft", "-3"], "draft must be in [1, 64], got -3"),
+        (["--n-gpu-layers", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
+        (["--large", ""], "--large must name a model"),
+        (["--small", " "], "--small must name a model"),
     ],
 )
-def test_invalid_option_values(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:
-    assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2, fragment)
+def test_invalid_option_values(tmp_path: Path, args: list[str], fragment: str) -> None:
+    """Refused before any model is looked for: the models named do not exist."""
+    absent = (tmp_path / "small.gguf", tmp_path / "large.gguf")
+    assert_one_line_error(ead("generate", *pair_args(absent), *args, "hi"), 2, fragment)
 
 
 @pytest.mark.parametrize(

@@ -173,6 +173,8 @@ def test_generate_resolves_the_mode_from_the_options_given(tiny_pair: tuple[Path
     assert writers(*pair, "--min-run", "10")[0] == writers(*pair, "--mode", "ead")[0]  # at its default
     given, stats = writers(*pair, "--mode", "small", "--tau", "3")
     assert given == {"small"} and "mode small\n" in stats
+    # a given mode leaves every switching option unused (each still checked)
+    assert writers(*pair, "--mode", "large", "--policy", "lookahead", "--verify", "1")[0] == {"large"}
 
 
 def test_chat_commands_resolve_the_mode(tiny_pair: tuple[Path, Path]) -> None:

@@ -223,6 +223,12 @@ def test_a_policy_with_a_tau_range_reports_and_uses_the_moving_tau() -> None:
         ({"policy": "lookahead", "levels": 3}, "lookahead takes two models"),
         ({"policy": "lookahead", "span": 0}, "span must be at least 1"),
         ({"policy": "lookahead", "burst": 2}, "--pattern and --burst apply to --policy gate"),
+        ({"policy": "gate", "min_run": -1}, "min-run must be at least 0"),  # checked though unused
+        ({"mode": "large", "tau": -0.1}, "tau must be at least 0"),
+        ({"mode": "small", "window": 0}, "window must be at least 1"),
+        ({"mode": "large", "tau": (1.0, 2.0)}, "2 models take 1 thresholds"),
+        ({"mode": "spec", "burst": 0}, "burst must be a count of at least 1"),
+        ({"mode": "spec", "span": 0}, "span must be at least 1"),
     ],
 )
 def test_make_policy_rejects_invalid_values(kwargs: dict, message: str) -> None:

@@ -83,6 +83,15 @@ def test_logprobs_that_cannot_be_given_are_a_400(server: Server, body: dict, fra
     assert fragment in reply.json()["error"]["message"]
 
 
+def test_a_mode_alone_leaves_the_steps_that_take_tokens_back_unused(server: Server) -> None:
+    """A request's mode small leaves its switching fields unused: nothing takes a token back."""
+    ead = {"mode": "small", "verify": 0.5, "policy": "lookahead"}
+    body = {"messages": HI, "max_tokens": 4, "temperature": 0, "logprobs": True, "ead": ead}
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["choices"][0]["logprobs"]["content"]) == 4
+
+
 def stop_inside(text: str) -> tuple[str, int]:
     """Two characters of ``text`` past its start, found there first, as a stop string: (it, where)."""
     for where in range(4, len(text) - 2):

@@ -386,7 +386,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
 def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
     """A 400 for the policies that take tokens back, which ``what`` cannot go with."""
-    if policy.mode == "spec" or policy.verify is not None or policy.policy == "lookahead":
+    switching = policy.mode == "ead"  # a given other mode leaves --verify and --policy unused
+    if policy.mode == "spec" or (switching and (policy.verify is not None or policy.policy == "lookahead")):
         steps = "ead.mode spec, ead.verify, ead.policy lookahead"
         message = f"{param}: {what} no step that takes tokens back ({steps})"
         raise ApiError(400, message, code="invalid_value", param=param)
