@@ -164,6 +164,16 @@ def test_a_full_disk_is_one_line(tiny_pair: tuple[Path, Path], output_format: st
     assert result.returncode == 1
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("args", [["--version"], ["models", "list", "--json"], ["generate", "--help"]])
+def test_any_commands_output_to_a_full_disk_is_one_line(args: list[str]) -> None:
+    """Commands that print without a model (rich tables, typer's help, the version) fail alike."""
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([EAD, *args], stdout=full, stderr=subprocess.PIPE, timeout=120)
+    assert result.stderr.decode() == "error: cannot write the output: No space left on device\n"
+    assert result.returncode == 1
+
+
 def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
     """A stream the shell closed is None in Python: a prompt given as an argument needs no stdin; where a
     command needs the stream, one line before any model loads."""

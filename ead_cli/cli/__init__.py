@@ -7,6 +7,7 @@ Each command group lives in its own module (``generate``: generate, chat, serve,
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Annotated
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     terminate_on_sigterm()
     try:
         code = command.main(args=argv, prog_name="ead", standalone_mode=False)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # what is still buffered fails here, where it can be said in one line
     except TyperException as error:
         message = error.format_message()
         if not message.strip() or "\n" in message:  # no arguments: typer has shown (or this is) the help
@@ -79,12 +82,18 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         silence_stdout()
         sys.exit(141)
+    except OSError as error:  # an output that refuses the text (a full disk): any command's, in one line
+        if error.errno not in _REFUSED_OUTPUT:
+            raise
+        silence_stdout()
+        _fail(f"cannot write the output: {error.strerror}", 1)
     if code in _STOPPED:  # typer turns a Ctrl-C inside a command into a bare exit code: say what happened
         _fail(_STOPPED[code], code)
     sys.exit(code or 0)
 
 
 _STOPPED = {130: "interrupted", 143: "terminated"}
+_REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors: no read raises them
 
 
 def _fail(message: str, code: int) -> None:
