@@ -117,9 +117,17 @@ def tau_for_share(
     streams: Sequence[Sequence[float]], options: PolicyOptions, target: float
 ) -> tuple[float, float]:
     """The τ whose simulated share is closest to ``target`` (bisection: the share falls as τ rises);
-    returns (τ, its simulated share)."""
+    returns (τ, its simulated share). Answers too short for the policy to switch at all (the paper's
+    rule waits ``min_run`` tokens) leave every τ at share 0: no τ is found, rather than a τ of 0 that
+    longer answers would hand wholly to the large model."""
     low, high = 0.0, max((max(s) for s in streams if s), default=0.0) + 1e-6
     share_low, share_high = simulated_share(streams, options, low), simulated_share(streams, options, high)
+    if share_low == 0.0:
+        tokens = sum(len(stream) for stream in streams)
+        raise EadError(
+            f"the {options.policy} policy hands the large model no token of these {tokens} at any tau: "
+            "calibrate on longer answers (--max-tokens) or more prompts"
+        )
     for _ in range(BISECTIONS):
         middle = (low + high) / 2
         share = simulated_share(streams, options, middle)

@@ -43,6 +43,15 @@ def test_ead_replay_counts_hysteresis_and_the_window() -> None:
     assert sum(policy.observe(h) for h in stream) / len(stream) == pytest.approx(share)
 
 
+def test_answers_too_short_to_switch_find_no_tau() -> None:
+    """The paper's rule waits min_run (10) tokens before a switch: over 4-token answers every τ hands
+    the large model nothing, and a τ of 0 would hand it everything once answers are longer."""
+    streams = [[5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]]
+    with pytest.raises(EadError, match="the ead policy hands the large model no token of these 8 at any tau"):
+        calibration.tau_for_share(streams, PolicyOptions(policy="ead"), 0.1)
+    assert calibration.tau_for_share(streams, PolicyOptions(policy="gate"), 0.5)[1] == 0.5  # gate switches
+
+
 def test_prompts_split_into_calibration_and_held_out_halves() -> None:
     calibrate, held_out = calibration.split_prompts("code")
     assert calibrate == list(calibration.PROMPTS["code"][:2]) and held_out == list(
