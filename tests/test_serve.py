@@ -233,7 +233,7 @@ JSON = {"Content-Type": "application/json"}
         (CHAT, {"messages": HI, "ead": {"tau": -1}}, 400, "tau must be at least 0"),
         (CHAT, {"messages": HI, "ead": {"verify": 2}}, 400, "verify ratio must be in (0, 1]"),
         (CHAT, {"messages": HI, "ead": {"policy": "coin"}}, 400, "ead.policy"),
-        (CHAT, {"messages": HI, "ead": {"mode": "spec", "verify": 0.5}}, 400, "--verify applies"),
+        (CHAT, {"messages": HI, "ead": {"mode": "spec", "verify": 2}}, 400, "verify ratio must be in (0, 1]"),
         (CHAT, {"messages": HI, "ead": {"tau": [1, 2]}}, 400, "thresholds"),
         (CHAT, {"messages": HI, "ead": {"colour": "red"}}, 400, "ead.colour"),
         (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "too many for the context"),
