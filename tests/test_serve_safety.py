@@ -209,6 +209,19 @@ def test_the_api_key_can_come_from_the_environment(tiny_pair: tuple[Path, Path],
         assert server.stop() == 0
 
 
+def test_a_client_that_leaves_while_sending_its_body_is_one_log_line(server: Server) -> None:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    before = len(server.log().splitlines())
+    with socket.create_connection((host, int(port))) as leaving:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        leaving.sendall(f"{head}Content-Length: 1000\r\n\r\n{{\"prompt\": ".encode())  # then leaves
+    wait_until(lambda: len(server.log().splitlines()) > before, 30)
+    assert server.log().splitlines()[before:] == [
+        "error: POST /v1/completions: the client went away while sending its body"
+    ]
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200
+
+
 def test_a_chunked_body_over_the_limit_is_a_413(server: Server) -> None:
     def chunks() -> Iterator[bytes]:
         yield b'{"prompt": "'

@@ -26,6 +26,7 @@ from sse_starlette.sse import SendTimeoutError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
@@ -128,6 +129,8 @@ class Guard:
                 event = f"data: {json.dumps({'error': cut.body()})}\r\n\r\n".encode()
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             return None
+        except ClientDisconnect:  # it left while sending its body: nobody to answer
+            self.log(f"error: {where}: the client went away while sending its body")
         except SendTimeoutError:
             self.log(f"error: {where}: the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped")
         except Exception as error:  # after the app's own handler answered it (below): one line here
@@ -216,7 +219,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 401, "a valid API key is needed: Authorization: Bearer KEY", code="invalid_api_key"
             )
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)  # HEAD: monitors, curl -I
     async def page() -> HTMLResponse:
         return HTMLResponse(resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8"))
 
@@ -224,7 +227,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     async def icon() -> Response:
         return Response(status_code=204)  # browsers ask for one; the page has none
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
         return {"status": "ok", "generating": engine.pending > 0, "waiting": max(engine.pending - 1, 0)}
 
