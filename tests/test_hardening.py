@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -269,3 +271,27 @@ def test_a_whitespace_argument_is_an_empty_prompt(tiny_pair: tuple[Path, Path], 
 def test_a_nul_byte_anywhere_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes) -> None:
     """A NUL cannot reach the argument (the OS ends argv strings there), so stdin is the only way in."""
     assert_one_line_error(ead("generate", *pair_args(tiny_pair), "-", stdin=prompt), 2, "NUL byte")
+
+
+def blocked_signals(thread: threading.Thread) -> set[int]:
+    """The signals a thread holds back, from Linux's /proc (SigBlk: a hex mask, bit n - 1 for signal n)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_a_progress_bars_refresh_thread_takes_no_ctrl_c() -> None:
+    """The kernel gives a Ctrl-C to any thread that does not hold it back, and Python then runs the
+    handler at the main thread's next bytecode: inside llama.cpp's abort callback a bench's batch would
+    drop it (ctypes ignores the exception) and run on. rich's refresh thread holds it back."""
+    from ead_cli.cli.output import live_progress
+
+    before = set(threading.enumerate())
+    with live_progress("{task.description}", disable=False) as progress:
+        progress.add_task("working", total=None)
+        started = [thread for thread in threading.enumerate() if thread not in before]
+        assert started, "rich started no refresh thread"
+        for thread in started:
+            assert {signal.SIGINT, signal.SIGTERM} <= blocked_signals(thread)
+    assert signal.SIGINT not in blocked_signals(threading.main_thread())

@@ -25,7 +25,7 @@ from .groups import (
     Temp,
     with_options,
 )
-from .output import print_figures, print_rows, progress_bar, say_progress, stderr
+from .output import live_progress, print_figures, print_rows, progress_bar, say_progress, stderr
 
 if TYPE_CHECKING:
     from ..bench.report import Aggregate
@@ -330,7 +330,7 @@ def bench_speed(
 
 def _run_bench(job: Bench, model_options: ModelOptions) -> None:
     """Run with a progress bar on stderr (ETA included), then show the table and write the reports."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..bench.report import aggregate
     from ..bench.results import RESULTS_FILE
@@ -343,7 +343,7 @@ def _run_bench(job: Bench, model_options: ModelOptions) -> None:
         if not plan:
             stderr.print(f"every sample is already in {job.out / RESULTS_FILE}", style="dim")
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), "ETA", TimeRemainingColumn())
-        with Progress("{task.description}", *columns, console=stderr, disable=not plan) as progress:
+        with live_progress("{task.description}", *columns, disable=not plan) as progress:
             bar = progress.add_task(label(plan, 0), total=len(plan))
             for done, _ in enumerate(records, 1):
                 progress.update(bar, completed=done, description=label(plan, done))

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import EadError
+from ..signals import main_thread_signals
 
 stderr = Console(stderr=True, highlight=False)
 
@@ -40,12 +41,29 @@ def print_rows(columns: tuple[tuple[str, str, str], ...], rows: list[dict[str, A
 
 
 @contextlib.contextmanager
+def live_progress(*columns: Any, disable: bool) -> Iterator[Any]:
+    """rich's Progress on stderr, its refresh thread started with SIGINT and SIGTERM held back (signals.py).
+    A Ctrl-C the kernel gave that thread would be run by Python at the main thread's next bytecode,
+    wherever that is: in llama.cpp's abort callback during a batch, ctypes drops the KeyboardInterrupt
+    ("Exception ignored") and the run goes on."""
+    from rich.progress import Progress
+
+    progress = Progress(*columns, console=stderr, disable=disable)
+    with main_thread_signals():
+        progress.start()
+    try:
+        yield progress
+    finally:
+        progress.stop()
+
+
+@contextlib.contextmanager
 def progress_bar() -> Iterator[tuple[Any, Any]]:
     """A spinner line on stderr that a long job updates with what it is doing."""
-    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+    from rich.progress import SpinnerColumn, TimeElapsedColumn
 
     columns = (SpinnerColumn(), "{task.description}", TimeElapsedColumn())
-    with Progress(*columns, console=stderr, disable=not stderr.is_terminal) as progress:
+    with live_progress(*columns, disable=not stderr.is_terminal) as progress:
         yield progress, progress.add_task("loading", total=None)
 
 
