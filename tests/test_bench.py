@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -389,6 +390,42 @@ def test_a_results_file_of_another_setup_is_refused(
     with pytest.raises(EadError, match=r"differs in: models"):
         run(humaneval_job(humaneval[:1], tmp_path), (tiny_pair[0], tiny_pair[0]))
     assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
+def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_loads(
+    tmp_path: Path, humaneval: list[Task]
+) -> None:
+    """Checked as the bench is made, before ``run_bench`` loads a model: one line each, exit 2."""
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "replayed").mkdir()
+    (tmp_path / "replayed" / "replay.json").write_text("{}")
+    for out, max_tokens, message in (
+        (tmp_path / "a-file", 8, "is a file: results go to a folder"),
+        (tmp_path / "a-file" / "below", 8, "cannot write to"),
+        (tmp_path / "replayed", 8, "holds a replay (replay.json): use another --out"),
+        (tmp_path / "fine", 0, "--max-tokens must be at least 1, got 0"),
+    ):
+        with pytest.raises(EadError, match=re.escape(message)) as error:
+            humaneval_job(humaneval[:1], out, max_tokens=max_tokens)
+        assert error.value.exit_code == 2
+    assert not (tmp_path / "replayed" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--json", "."], "is a folder: the figures go to a file"),
+        (["--json", "/proc/ead/figures.json"], "cannot write to /proc/ead"),
+    ],
+)
+def test_bench_speeds_json_path_is_checked_before_the_measurement(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [EAD, "bench", "speed", "--small", "missing-small.gguf", "--large", "missing-large.gguf", *args],
+        capture_output=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stderr.decode().startswith("error: ")
+    assert message in result.stderr.decode() and "Traceback" not in result.stderr.decode()
 
 
 def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_model_loads() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -71,6 +72,22 @@ def config_record(
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
     }
     return json.loads(json.dumps(config))  # as it reads back from the file
+
+
+def check_out(path: Path, *, folder: bool) -> None:
+    """Before any model loads: where a bench, a replay or ``bench speed --json`` will write can be written.
+    A file where its folder should be (or a folder where its file should be), or a folder that cannot be
+    made or written to, is one line, not a traceback once the run is done."""
+    if folder and path.exists() and not path.is_dir():
+        raise EadError(f"{path} is a file: results go to a folder", exit_code=2)
+    if not folder and path.is_dir():
+        raise EadError(f"{path} is a folder: the figures go to a file", exit_code=2)
+    target = path if folder else path.parent
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=target).close()
+    except OSError as error:
+        raise EadError(f"cannot write to {target}: {error.strerror}", exit_code=2) from None
 
 
 def read_results(path: Path) -> tuple[Record | None, list[Record]]:

@@ -24,7 +24,8 @@ from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
 from .native import NativePeers, server_binary
-from .results import RESULTS_FILE, Record, Results, config_record
+from .replay import REPLAY_FILE
+from .results import RESULTS_FILE, Record, Results, check_out, config_record
 from .sandbox import check_solution
 from .schedule import ScheduleRecorder, Step
 from .tasks import (
@@ -131,6 +132,14 @@ class Bench:
     prompt_format: dict[str, Any]
     out: Path
     timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        """Refused before any model loads: answers of no tokens, or an --out that cannot take results."""
+        if self.generation.max_tokens < 1:
+            raise EadError(f"--max-tokens must be at least 1, got {self.generation.max_tokens}", exit_code=2)
+        if (self.out / REPLAY_FILE).exists():  # beside it, results.jsonl would make the replay unreportable
+            raise EadError(f"{self.out} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
+        check_out(self.out, folder=True)
 
 
 def humaneval_bench(

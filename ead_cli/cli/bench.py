@@ -232,9 +232,10 @@ def bench_replay(
     """Re-execute a bench's recorded schedules on other models of the same tokenizer (e.g. twins):
     the recorded tokens forced, every batch paid again; wall-clock per strategy against large-only."""
     from ..bench.replay import REPLAY_FILE, replay_bench
-    from ..bench.results import RESULTS_FILE
+    from ..bench.results import RESULTS_FILE, check_out
 
     path = results / RESULTS_FILE if results.is_dir() else results
+    check_out(out or path.parent, folder=True)
     names = [name.strip() for name in strategies.split(",") if name.strip()] if strategies else None
     with progress_bar() as (progress, bar):
         report = replay_bench(
@@ -278,8 +279,11 @@ def bench_speed(
     """This machine's decode and prefill rates for the pair, the speed each large-model share should
     give against the large model alone, and the share below which switching pays."""
     from ..bench.replay import write_json
+    from ..bench.results import check_out
     from ..bench.speed import ANSWER_TOKENS, PROMPT_TOKENS, speed_report
 
+    if json_out is not None:
+        check_out(json_out, folder=False)
     report = speed_report(model_options, context=context, replay_path=check, progress=say_progress)
     sizes = sorted(report.rates[0].tokens_per_s)
     print_figures(
