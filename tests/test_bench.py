@@ -675,6 +675,34 @@ def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]
     again = ead("bench", "report", str(out))
     assert again.returncode == 0, again.stderr
     assert again.stdout == result.stdout
+    assert_repeats_are_checked(out, tmp_path)
+
+
+def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
+    """``bench report`` takes true repeats only (one setup, each strategy on the same tasks, distinct
+    folders), and a damaged results file is one line naming it."""
+    lines = (out / "results.jsonl").read_text().splitlines()
+    config = json.loads(lines[0])
+
+    def variant(name: str, kept: list[str]) -> str:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("".join(f"{line}\n" for line in kept))
+        return str(tmp_path / name)
+
+    repeat = variant("repeat", lines)
+    assert ead("bench", "report", str(out), repeat).returncode == 0
+    for folders, message in (
+        ([str(out), str(out)], "a folder is given twice"),
+        ([str(out), variant("longer", [json.dumps({**config, "max_tokens": 32}), *lines[1:]])],
+         "is not a repeat of"),
+        ([str(out), variant("fewer", lines[:-1])], "on other tasks than"),
+        ([variant("damaged", [*lines, '{"type": "sample", "strategy": "x"}'])],
+         "holds a sample record ead cannot read (KeyError"),
+        ([variant("listed", [*lines, "[1, 2]"])], f"line {len(lines) + 1} is not a record"),
+    ):  # fmt: skip
+        refused = ead("bench", "report", *folders)
+        assert refused.returncode != 0 and refused.stderr.startswith("error: "), refused.stderr
+        assert message in refused.stderr and "Traceback" not in refused.stderr
 
 
 @pytest.mark.parametrize(

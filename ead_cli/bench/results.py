@@ -74,6 +74,36 @@ def config_record(
     return json.loads(json.dumps(config))  # as it reads back from the file
 
 
+def differing(one: Record, other: Record) -> str:
+    """The keys two records disagree on, in order."""
+    return ", ".join(sorted(key for key in one.keys() | other.keys() if one.get(key) != other.get(key)))
+
+
+def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> None:
+    """Repeats of one bench: distinct files of one setup (config record), each strategy on the same tasks
+    in every run that has it; else their medians would mix benches."""
+    if len({path.resolve() for path, _, _ in runs}) < len(runs):
+        raise EadError("a folder is given twice: repeats are distinct runs", exit_code=2)
+    first_path, first_config, first_records = runs[0]
+    first_tasks = _tasks_by_strategy(first_records)
+    for path, config, records in runs[1:]:
+        if config != first_config:
+            detail = differing(first_config or {}, config or {})
+            raise EadError(f"{path} is not a repeat of {first_path} (differs in: {detail})", exit_code=2)
+        for strategy, tasks in _tasks_by_strategy(records).items():
+            if first_tasks.get(strategy, tasks) != tasks:
+                raise EadError(
+                    f"{path} ran {strategy} on other tasks than {first_path}: not a repeat", exit_code=2
+                )
+
+
+def _tasks_by_strategy(records: list[Record]) -> dict[str, set[str]]:
+    tasks: dict[str, set[str]] = {}
+    for record in records:
+        tasks.setdefault(record["strategy"], set()).add(record["task_id"])
+    return tasks
+
+
 def check_out(path: Path, *, folder: bool) -> None:
     """Before any model loads: where a bench, a replay or ``bench speed --json`` will write can be written.
     A file where its folder should be (or a folder where its file should be), or a folder that cannot be
@@ -94,7 +124,10 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     """The config record and the sample records of a results file (an unfinished last line is dropped)."""
     if not path.exists():
         return None, []
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise EadError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
     lines = text.splitlines()
     if lines and not text.endswith("\n"):
         lines.pop()  # a write cut short by a kill
@@ -104,6 +137,8 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             raise EadError(f"{path} line {number} is not JSON: move the file away to start over") from None
+        if not isinstance(records[-1], dict):
+            raise EadError(f"{path} line {number} is not a record (a JSON object)")
     if not records:
         return None, []
     if records[0].get("type") != "config":
@@ -119,11 +154,8 @@ class Results:
             self._drop_unfinished_line(path)
         stored, self.records = read_results(path)
         if stored is not None and stored != config:
-            differ = sorted(
-                key for key in config.keys() | stored.keys() if config.get(key) != stored.get(key)
-            )
             raise EadError(
-                f"{path} holds results of another setup (differs in: {', '.join(differ)}); "
+                f"{path} holds results of another setup (differs in: {differing(config, stored)}); "
                 f"use another --out or move the file away",
                 exit_code=2,
             )

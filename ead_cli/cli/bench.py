@@ -187,7 +187,7 @@ def bench_report(
     wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.report import aggregate, repeats_table, write_report
-    from ..bench.results import RESULTS_FILE, read_results
+    from ..bench.results import RESULTS_FILE, check_repeats, read_results
 
     kinds = {(f / REPLAY_FILE).is_file() and not (f / RESULTS_FILE).exists() for f in folders}
     if len(kinds) > 1:
@@ -197,12 +197,17 @@ def bench_report(
     if replays:
         runs = [read_report(folder)[1] for folder in folders]
     else:
+        read = [(folder / RESULTS_FILE, *read_results(folder / RESULTS_FILE)) for folder in folders]
         runs = []
-        for folder in folders:
-            _, records = read_results(folder / RESULTS_FILE)
+        for path, _, records in read:
             if not records:
-                raise EadError(f"no samples in {folder / RESULTS_FILE}", exit_code=2)
-            runs.append(aggregate(records))
+                raise EadError(f"no samples in {path}", exit_code=2)
+            try:
+                runs.append(aggregate(records))
+            except (KeyError, TypeError, ValueError) as error:  # an edited or damaged sample record
+                what = f"a sample record ead cannot read ({type(error).__name__}: {error})"
+                raise EadError(f"{path} holds {what}", exit_code=2) from None
+        check_repeats(read)
         if len(runs) == 1:
             _show_report(folders[0], runs[0])
             return
