@@ -250,6 +250,11 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     writer.write_tensors_to_file()
     writer.close()
     assert_one_line_error(ead("depth", "calibrate", str(headless), env=missing), 1, "no usable readout")
+    # depth eval's own values, before the model loads (a missing file would be the error otherwise)
+    evaluate = ("depth", "eval", str(tmp_path / "no-such.gguf"), "--no-timing")
+    assert_one_line_error(ead(*evaluate, "--tokens", "0", env=missing), 2, "--tokens must be at least 1")
+    assert_one_line_error(ead(*evaluate, "--ids", "1-", env=missing), 2, "--ids: '1-' is not a number")
+    assert_one_line_error(ead(*evaluate, "--tune-ids", "0,999", env=missing), 2, "--tune-ids: no task 999")
 
 
 def test_eval_reports_every_operating_point_and_a_verdict(

@@ -69,37 +69,42 @@ def load_humaneval() -> list[Task]:
     return [Task(row["task_id"], row["prompt"], row["entry_point"], row["test"]) for row in rows]
 
 
-def parse_ids(spec: str) -> list[int]:
-    """Task numbers from ``"1,3,5"`` and inclusive ranges ``"10-20"``; sorted, without repeats."""
+def parse_ids(spec: str, option: str = "--ids") -> list[int]:
+    """Task numbers from ``"1,3,5"`` and inclusive ranges ``"10-20"``; sorted, without repeats. ``option``:
+    the option that gave them, named in errors."""
     numbers: set[int] = set()
     for part in spec.split(","):
         match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if match is None:
-            raise EadError(f"--ids: {part.strip()!r} is not a number or a range like 10-20", exit_code=2)
+            raise EadError(f"{option}: {part.strip()!r} is not a number or a range like 10-20", exit_code=2)
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
-            raise EadError(f"--ids: the range {part.strip()} runs backwards", exit_code=2)
+            raise EadError(f"{option}: the range {part.strip()} runs backwards", exit_code=2)
         numbers.update(range(first, last + 1))
     return sorted(numbers)
 
 
 def select_tasks(
-    tasks: Sequence[Task], *, ids: str | None = None, split: str = "all", limit: int | None = None
+    tasks: Sequence[Task],
+    *,
+    ids: str | None = None,
+    split: str = "all",
+    limit: int | None = None,
+    option: str = "--ids",
 ) -> list[Task]:
-    """The tasks named by ``--ids`` (all if None), of the ``--split``, at most ``limit`` of them."""
+    """The tasks named by ``ids`` (all if None; given as ``option``), of the split, at most ``limit``."""
     if split not in SPLITS:
         raise EadError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}", exit_code=2)
     _check_limit(limit)
     by_number = {task.number: task for task in tasks}
     chosen = list(by_number.values())
     if ids is not None:
-        numbers = parse_ids(ids)
+        numbers = parse_ids(ids, option)
         missing = [n for n in numbers if n not in by_number]
         if missing:
-            raise EadError(
-                f"--ids: no task {missing[0]} (the tasks are {min(by_number)}-{max(by_number)})", exit_code=2
-            )
+            known = f"the tasks are {min(by_number)}-{max(by_number)}"
+            raise EadError(f"{option}: no task {missing[0]} ({known})", exit_code=2)
         chosen = [by_number[n] for n in numbers]
     if split != "all":
         chosen = [task for task in chosen if task.number % 2 == (split == "odd")]

@@ -211,9 +211,15 @@ def depth_eval(
     catalog: ModelsFile = None,
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
+    from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
 
+    if tokens < 1:
+        raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
+    for option, task_ids in (("--ids", ids), ("--tune-ids", tune_ids)):  # now, not after teacher forcing
+        if task_ids is not None:
+            select_tasks(load_humaneval(), ids=task_ids, option=option)
     previous = None
     if out is not None and out.exists():
         try:
