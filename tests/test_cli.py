@@ -289,6 +289,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--threads", "0"], "--threads must be at least 1"),
         (["--tau", "-0.5"], "tau must be at least 0"),
         (["--window", "0"], "window must be at least 1"),
+        (["--window", "99999999999999999999999"], "window must be at most 1048576 steps"),
         (["--policy", "ead", "--min-run", "-1"], "min-run must be at least 0"),
         (["--burst", "0"], "burst must be a count of at least 1"),
         (["--burst", "often"], "--burst must be a count, 'line' or 'adaptive'"),

@@ -281,3 +281,20 @@ def test_piped_stdin_gives_one_plain_answer_per_line(tiny_pair: tuple[Path, Path
         failed.stderr.decode()
         == "error: /tau takes a finite number of bits, or one per cascade level, got 'x'\n"
     )
+
+
+def pipe(pair: tuple[Path, Path], text: bytes, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    """ead chat with ``text`` on its stdin."""
+    args = [str(EAD), *chat_args(pair, "--max-tokens", "4", *extra)]
+    return subprocess.run(args, input=text, capture_output=True, timeout=60, check=False)
+
+
+def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, Path]) -> None:
+    result = pipe(tiny_pair, b"/policy ead\n/window 9223372036854775808\n/stats\n")
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines()
+    assert "Traceback" not in result.stderr.decode()
+    assert lines[1] == (
+        "error: window must be at most 1048576 steps (more than any context holds), got 9223372036854775808"
+    )
+    assert any(line.startswith("context: ") and "window default" in line for line in lines)  # /stats ran
