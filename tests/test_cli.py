@@ -352,6 +352,20 @@ def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragm
     assert_one_line_error(ead("generate", *pair_args(tiny_pair), "-", stdin=prompt), 2, fragment)
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["caf\udce9"],
+            "the prompt is not valid UTF-8 (byte 3)",
+        ),  # an argument's byte 0xe9, as Python keeps it
+        (["--system", "be \udcffrief", "hi"], "the system message is not valid UTF-8 (byte 3)"),
+    ],
+)
+def test_arguments_that_are_not_utf8(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args), 2, fragment)
+
+
 @pytest.mark.parametrize("size", [10_000, 1_000_000])  # 10 KB, and the 1 MB a pasted log can be
 def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path], size: int) -> None:
     result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "-", stdin="word " * (size // 5))

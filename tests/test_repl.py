@@ -36,8 +36,8 @@ def chat_args(pair: tuple[Path, Path], *extra: str) -> list[str]:
 def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
     children: list[pexpect.spawn] = []
 
-    def start(*extra: str) -> pexpect.spawn:
-        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    def start(*extra: str, env: dict[str, str] | None = None) -> pexpect.spawn:
+        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | (env or {})
         env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
         child = pexpect.spawn(
             str(EAD),
@@ -298,3 +298,31 @@ def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, P
         "error: window must be at most 1048576 steps (more than any context holds), got 9223372036854775808"
     )
     assert any(line.startswith("context: ") and "window default" in line for line in lines)  # /stats ran
+
+
+def type_bytes(child: pexpect.spawn, keys: bytes) -> str:
+    """Type raw bytes (not UTF-8 text) and Enter; return the last line shown before the next prompt."""
+    wait_ready(child)
+    os.write(child.child_fd, keys + b"\r")
+    child.expect_exact(PROMPT)
+    return plain(child.before).splitlines()[-1]
+
+
+# C.UTF-8 keeps undecodable bytes as surrogates; a locale such as en_US.UTF-8 decodes strictly
+@pytest.mark.parametrize("env", [{}, {"PYTHONIOENCODING": "utf-8:strict"}])
+def test_bytes_that_are_not_utf8_are_one_line_and_the_chat_goes_on(spawn, env: dict[str, str]) -> None:
+    child = spawn("--max-tokens", "4", env=env)
+    assert type_bytes(child, b"hi \xff\xfe there") == "error: the prompt is not valid UTF-8 (byte 3)"
+    assert (
+        type_bytes(child, b"/system be \xffrief") == "error: the system message is not valid UTF-8 (byte 3)"
+    )
+    assert SUMMARY.search(plain(send(child, "hello")))  # the system message is still none: it answers
+    assert leave(child) == 0
+
+
+def test_a_pipes_line_that_is_not_utf8_is_skipped_as_a_bad_one(tiny_pair: tuple[Path, Path]) -> None:
+    result = pipe(tiny_pair, b"hi\n\xff\nhi again\n/stats\n")
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert "error: the prompt is not valid UTF-8 (byte 0)\n" in stderr and "Traceback" not in stderr
+    assert "session: 2 answers · 8 tokens" in stderr  # the lines after it ran

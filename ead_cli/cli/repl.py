@@ -7,6 +7,7 @@ pipeline. Answers go to stdout; everything else (summaries, command replies, err
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -266,18 +267,20 @@ def _pipe_reader(stream: BinaryIO) -> ReadLine:
         data = stream.readline()
         if not data:
             raise EOFError
-        try:
-            return data.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as error:
-            raise EadError(f"stdin is not valid UTF-8 (byte {error.start} of a line)", exit_code=2) from None
+        # bytes that are not UTF-8 are kept as a terminal's are, so the line is refused as a bad one
+        return data.decode("utf-8", "surrogateescape").rstrip("\r\n")
 
     return read_line
 
 
 def _line_editor() -> ReadLine:
-    """input() with GNU readline loaded: line editing and up-arrow history."""
+    """input() with GNU readline loaded: line editing and up-arrow history. Bytes typed that are not
+    UTF-8 are kept as a pipe's are (lone surrogates the conversation refuses in one line): a locale's
+    strict decoding would raise in input() and end the session."""
     with contextlib.suppress(ImportError):  # a Python built without it: input() still reads lines
         import readline  # noqa: F401  (importing it is what gives input() editing and history)
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="surrogateescape")
     return input
 
 
