@@ -264,3 +264,5 @@ class Conversation:
             path.write_text(data + "\n", encoding="utf-8")
         except OSError as error:
             raise EadError(f"cannot write {path}: {error.strerror or error}") from None
+        except ValueError as error:  # a name no file can have: a NUL byte in it
+            raise EadError(f"cannot write {str(path)!r}: {error}") from None

@@ -326,3 +326,15 @@ def test_a_pipes_line_that_is_not_utf8_is_skipped_as_a_bad_one(tiny_pair: tuple[
     stderr = result.stderr.decode()
     assert "error: the prompt is not valid UTF-8 (byte 0)\n" in stderr and "Traceback" not in stderr
     assert "session: 2 answers · 8 tokens" in stderr  # the lines after it ran
+
+
+def test_a_file_name_that_cannot_be_is_one_line(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    result = pipe(
+        tiny_pair, b"/save ~nouser-ead/x.json\n/save a\x00b.json\n/save " + bytes(tmp_path) + b"/t.json\n"
+    )
+    assert result.returncode == 1
+    assert result.stderr.decode().splitlines() == [
+        "error: cannot write ~nouser-ead/x.json: ~nouser-ead is no user's home",
+        "error: cannot write 'a\\x00b.json': embedded null byte",
+        f"saved 0 turns to {tmp_path}/t.json",  # the chat went on
+    ]

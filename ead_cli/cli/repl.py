@@ -245,7 +245,10 @@ class Repl:
     def _save(self, argument: str) -> None:
         if not argument:
             raise EadError("/save takes a file name")
-        path = Path(argument).expanduser()
+        try:
+            path = Path(argument).expanduser()
+        except RuntimeError:  # ~name of no user on this system
+            raise EadError(f"cannot write {argument}: {argument.split('/')[0]} is no user's home") from None
         self.conversation.save(path)
         self.note(f"saved {len(self.conversation.turns)} turns to {path}")
 
