@@ -18,6 +18,7 @@ from test_cli import interruptible
 from ead_cli.chat import Conversation
 from ead_cli.cli.repl import MORE, PROMPT, read_message
 from ead_cli.engine import close_all, load_runners
+from ead_cli.errors import EadError
 from ead_cli.options import GenerationOptions, ModelOptions, PolicyOptions
 from ead_cli.runner import Runner
 
@@ -129,15 +130,25 @@ def test_read_message_joins_continued_lines_and_quoted_blocks() -> None:
         return read_line, prompts
 
     read_line, prompts = reader("hello there")
-    assert read_message(read_line) == "hello there" and prompts == [PROMPT]
+    assert read_message(read_line) == ("hello there", False) and prompts == [PROMPT]
     read_line, prompts = reader("one \\", "two\\", "three", "next")
-    assert read_message(read_line) == "one \ntwo\nthree" and prompts == [PROMPT, MORE, MORE]
+    assert read_message(read_line) == ("one \ntwo\nthree", False) and prompts == [PROMPT, MORE, MORE]
     read_line, prompts = reader('"""', "a \\", "", "  b", '"""', "next")
-    assert read_message(read_line) == "a \\\n\n  b" and prompts == [PROMPT, MORE, MORE, MORE, MORE]
-    assert read_message(reader('"""first', 'last"""')[0]) == "first\nlast"
-    assert read_message(reader('"""inline"""')[0]) == "inline"
+    assert read_message(read_line) == ("a \\\n\n  b", False) and prompts == [PROMPT, MORE, MORE, MORE, MORE]
+    assert read_message(reader('"""first', 'last"""')[0]) == ("first\nlast", False)
+    assert read_message(reader('"""inline"""')[0]) == ("inline", False)
+    # a line starting with / is a command; a block never is; // sends a message starting with /
+    assert read_message(reader(" /tau 2 ")[0]) == ("/tau 2", True)
+    assert read_message(reader("/system be \\", "brief")[0]) == ("/system be \nbrief", True)
+    assert read_message(reader('"""', "/reset", '"""')[0]) == ("/reset", False)
+    assert read_message(reader("//* add */")[0]) == ("/* add */", False)
     with pytest.raises(EOFError):
+        read_message(reader()[0])
+    # the input's end inside a message is an error: the message is not sent
+    with pytest.raises(EadError, match='the input ended inside a """ block: that message is not sent'):
         read_message(reader('"""', "never closed")[0])
+    with pytest.raises(EadError, match=r"the input ended inside a line ending in \\: that message is not"):
+        read_message(reader("never \\")[0])
 
 
 def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> None:
@@ -338,3 +349,26 @@ def test_a_file_name_that_cannot_be_is_one_line(tiny_pair: tuple[Path, Path], tm
         "error: cannot write 'a\\x00b.json': embedded null byte",
         f"saved 0 turns to {tmp_path}/t.json",  # the chat went on
     ]
+
+
+def test_a_block_is_a_message_and_the_input_never_ends_a_message_silently(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    path = tmp_path / "chat.json"
+    lines = ['"""', "/* add */", "int add(int a, int b);", '"""', '"""', "/reset", '"""', "//tau 2"]
+    lines += ["/tau\t2", f"/save {path}", '"""', "never closed"]
+    result = pipe(tiny_pair, "\n".join(lines).encode() + b"\n")
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert [int(n) for n in SUMMARY.findall(stderr)] == [4, 4, 4]  # three answers, no unknown command
+    assert "settings: mode ead · policy gate · tau 2 ·" in stderr  # /tau<TAB>2 set it
+    assert stderr.endswith('error: the input ended inside a """ block: that message is not sent\n')
+    users = [turn["user"] for turn in json.loads(path.read_text(encoding="utf-8"))["turns"]]
+    assert users == ["/* add */\nint add(int a, int b);", "/reset", "/tau 2"]
+
+    continued = pipe(tiny_pair, b"hi \\\n")
+    assert continued.returncode == 1 and continued.stdout == b""
+    assert (
+        continued.stderr.decode()
+        == "error: the input ended inside a line ending in \\: that message is not sent\n"
+    )

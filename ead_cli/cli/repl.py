@@ -1,7 +1,8 @@
 """``ead chat`` at a terminal: line editing, slash commands, answers streamed in each model's colour.
 
-With stdin not a terminal it reads one user turn per line and prints plain answers, so it works in a
-pipeline. Answers go to stdout; everything else (summaries, command replies, errors) to stderr.
+With stdin not a terminal it reads the same input (lines, continued lines, blocks) and prints plain
+answers, so it works in a pipeline. Answers go to stdout; everything else (summaries, command replies,
+errors) to stderr.
 """
 
 from __future__ import annotations
@@ -27,27 +28,41 @@ from .render import TextRenderer, mode_line, print_stats, wants_color
 PROMPT = ">>> "
 MORE = "... "
 FENCE = '"""'
+ESCAPE = "//"  # a line's start that sends the rest, from its /, as a message
 RESET_HINT = "/reset starts a new conversation"
 ReadLine = Callable[[str], str]
 
 
-def read_message(read_line: ReadLine) -> str:
-    """One user message: a line; a line ending in a backslash goes on on the next; a block between
-    lines that start and end with \"\"\" is one message. ``read_line`` raises EOFError at the end."""
+def read_message(read_line: ReadLine) -> tuple[str, bool]:
+    """One user message and whether it is a command: a line; a line ending in a backslash goes on on the
+    next; a block between lines that start and end with \"\"\" is one message, never a command (pasted
+    code may start with /). A line starting with / is a command, with // a message starting with /.
+    ``read_line`` raises EOFError at the end; an end inside a message is an EadError (it is not sent)."""
     line = read_line(PROMPT)
     if line.lstrip().startswith(FENCE):
         line = line.lstrip()[len(FENCE) :]
         lines = []
         while not line.rstrip().endswith(FENCE):
             lines.append(line)
-            line = read_line(MORE)
+            line = _more(read_line, f"a {FENCE} block")
         lines.append(line.rstrip()[: -len(FENCE)])
-        return "\n".join(lines).strip("\n")
+        return "\n".join(lines).strip(), False
     lines = []
     while line.endswith("\\"):
         lines.append(line[:-1])
-        line = read_line(MORE)
-    return "\n".join([*lines, line])
+        line = _more(read_line, "a line ending in \\")
+    text = "\n".join([*lines, line]).strip()
+    if text.startswith(ESCAPE):
+        return text[1:], False
+    return text, text.startswith("/")
+
+
+def _more(read_line: ReadLine, inside: str) -> str:
+    """The next line of a message begun; the input's end there is one line of error, not a silent drop."""
+    try:
+        return read_line(MORE)
+    except EOFError:
+        raise EadError(f"the input ended inside {inside}: that message is not sent") from None
 
 
 def _usage(option: DecodingOption) -> str:
@@ -130,6 +145,8 @@ class Repl:
                 if self.interactive:
                     self.err.write("\n")
                 break
+            except EadError as error:  # the input ended inside a message
+                self.error(str(error))
         return 1 if self.failed else 0
 
     def note(self, message: str) -> None:
@@ -142,16 +159,16 @@ class Repl:
 
     def _step(self) -> bool:
         """Read and handle one message or command; False to leave."""
-        text = read_message(self.read_line).strip()
+        text, command = read_message(self.read_line)
         if not text:
             return True
-        if text.startswith("/"):
+        if command:
             return self._command(text)
         self._answer(text)
         return True
 
     def _command(self, line: str) -> bool:
-        name, _, argument = line[1:].partition(" ")
+        name, argument = (*line[1:].split(maxsplit=1), "", "")[:2]  # any whitespace after the name
         if name not in self.commands:
             self.error(f"unknown command /{name} (/help lists the commands)")
             return True
@@ -257,7 +274,7 @@ class Repl:
             self.console.print(f"/{name} {usage}".ljust(17) + description, markup=False)
         self.console.print(
             'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
-            "message.\n"
+            "message, never a command; // at a line's start sends the rest, from its /, as a message.\n"
             "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or clears the line.",
             markup=False,
         )
