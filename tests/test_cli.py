@@ -311,6 +311,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--mode", "ead", "--policy", "gate", "--min-run", "-7"], "min-run must be at least 0, got -7"),
         (["--mode", "spec", "--tau", "-1"], "tau must be at least 0, got -1"),
         (["--draft", "-3"], "draft must be in [1, 64], got -3"),
+        (["--lookup-draft", "0"], "lookup-draft must be in [1, 64], got 0"),
         (["--n-gpu-layers", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
         (["--large", ""], "--large must name a model"),
         (["--small", " "], "--small must name a model"),

@@ -167,8 +167,11 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     assert reply(child, "/tau abc") == [
         "error: /tau takes a finite number of bits, or one per cascade level, got 'abc'"
     ]
-    assert reply(child, "/window 0") == ["error: window must be at least 1, got 0"]
-    assert reply(child, "/temp -1") == ["error: --temp must be at least 0, got -1.0"]
+    # each bad value's message names the command typed
+    assert reply(child, "/window 0") == ["error: /window must be at least 1, got 0"]
+    assert reply(child, "/temp -1") == ["error: /temp must be at least 0, got -1.0"]
+    assert reply(child, "/lookup-draft 0") == ["error: /lookup-draft must be in [1, 64], got 0"]
+    assert reply(child, "/max-tokens -3") == ["error: /max-tokens must be at least 0, got -3"]
 
     stats = "\n".join(reply(child, "/stats"))
     assert "tau 2.5 · window default" in stats and "temp 0 ·" in stats  # the bad values changed nothing
@@ -306,7 +309,7 @@ def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, P
     lines = result.stderr.decode().splitlines()
     assert "Traceback" not in result.stderr.decode()
     assert lines[1] == (
-        "error: window must be at most 1048576 steps (more than any context holds), got 9223372036854775808"
+        "error: /window must be at most 1048576 steps (more than any context holds), got 9223372036854775808"
     )
     assert any(line.startswith("context: ") and "window default" in line for line in lines)  # /stats ran
 

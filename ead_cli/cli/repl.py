@@ -70,6 +70,15 @@ def _usage(option: DecodingOption) -> str:
     return option.metavar or ("NAME" if option.choices else "N" if option.kind is int else "X")
 
 
+def _as_command(message: str, option: DecodingOption) -> str:
+    """A value's check, declared once, names the option as the command line spells it (``--temp``,
+    ``window``); in chat the message names the command typed instead (``/temp``, ``/window``)."""
+    for spelling in (option.flag, option.flag[2:]):
+        if message.startswith(spelling + " "):
+            return option.command + message[len(spelling) :]
+    return message
+
+
 def summary_line(turn: Turn) -> str:
     """The one line after each answer: tokens, large-model share, speed, and why it was cut."""
     summary = turn.summary
@@ -221,13 +230,16 @@ class Repl:
         def set_option(argument: str) -> None:
             value = option.read(argument, option.command)
             policy, generation = self.conversation.policy, self.conversation.generation
-            if option.target == "policy":
-                self._configure(policy.changed(**{option.attribute: value}))
-            elif option.target == "sampling":
-                sampling = replace(generation.sampling, **{option.attribute: value})
-                self._configure(generation=replace(generation, sampling=sampling))
-            else:
-                self._configure(generation=replace(generation, **{option.attribute: value}))
+            try:
+                if option.target == "policy":
+                    self._configure(policy.changed(**{option.attribute: value}))
+                elif option.target == "sampling":
+                    sampling = replace(generation.sampling, **{option.attribute: value})
+                    self._configure(generation=replace(generation, sampling=sampling))
+                else:
+                    self._configure(generation=replace(generation, **{option.attribute: value}))
+            except EadError as error:
+                raise EadError(_as_command(str(error), option), error.exit_code) from None
 
         return set_option
 
