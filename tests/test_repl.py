@@ -37,12 +37,16 @@ def chat_args(pair: tuple[Path, Path], *extra: str) -> list[str]:
 def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
     children: list[pexpect.spawn] = []
 
-    def start(*extra: str, env: dict[str, str] | None = None) -> pexpect.spawn:
+    def start(*extra: str, env: dict[str, str] | None = None, stdout: Path | None = None) -> pexpect.spawn:
+        """The chat at a terminal; with ``stdout``, its stdout redirected to that file."""
         env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | (env or {})
         env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
+        command, args = str(EAD), chat_args(tiny_pair, *extra)
+        if stdout is not None:
+            command, args = "/bin/sh", ["-c", 'exec "$@" > "$0"', str(stdout), command, *args]
         child = pexpect.spawn(
-            str(EAD),
-            chat_args(tiny_pair, *extra),
+            command,
+            args,
             env=env,
             encoding="utf-8",
             codec_errors="replace",
@@ -375,3 +379,17 @@ def test_a_block_is_a_message_and_the_input_never_ends_a_message_silently(
         continued.stderr.decode()
         == "error: the input ended inside a line ending in \\: that message is not sent\n"
     )
+
+
+def test_with_stdout_redirected_the_prompt_and_line_editing_stay_on_the_terminal(
+    spawn, tmp_path: Path
+) -> None:
+    out = tmp_path / "answers.txt"
+    child = spawn("--max-tokens", "4", stdout=out)  # the prompt reached the terminal
+    first = plain(send(child, "hello"))
+    second = plain(send(child, UP + UP))  # readline's history recalls "hello"
+    assert "hello" in second.splitlines()[0] and SUMMARY.search(first) and SUMMARY.search(second)
+    assert leave(child) == 0
+    answers = out.read_text(encoding="utf-8", errors="replace")
+    assert PROMPT.strip() not in answers and "hello" not in answers and "tokens · large share" not in answers
+    assert len(answers.splitlines()) == 2  # the two answers, each closed by a line end

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -313,7 +314,21 @@ def _line_editor() -> ReadLine:
         import readline  # noqa: F401  (importing it is what gives input() editing and history)
     if isinstance(sys.stdin, io.TextIOWrapper):
         sys.stdin.reconfigure(errors="surrogateescape")
-    return input
+    return input if sys.stdout.isatty() else _input_beside_stdout
+
+
+def _input_beside_stdout(prompt: str) -> str:
+    """input() with stdout redirected (``ead chat > answers.txt``): readline edits lines only while file
+    descriptor 1 is a terminal, and writes its prompt and echo there; so while a line is read, fd 1 is
+    stderr's (the terminal, or where stderr goes) and the answers alone reach stdout's file."""
+    sys.stdout.flush()
+    stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return input(prompt)
+    finally:
+        os.dup2(stdout, 1)
+        os.close(stdout)
 
 
 def run_chat(
