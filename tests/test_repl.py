@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -393,3 +394,16 @@ def test_with_stdout_redirected_the_prompt_and_line_editing_stay_on_the_terminal
     answers = out.read_text(encoding="utf-8", errors="replace")
     assert PROMPT.strip() not in answers and "hello" not in answers and "tokens · large share" not in answers
     assert len(answers.splitlines()) == 2  # the two answers, each closed by a line end
+
+
+def test_sigterm_mid_answer_ends_the_answers_line_before_saying_so(spawn) -> None:
+    child = spawn("--ctx", "32768", "--max-tokens", "100000")  # an answer that runs for a minute
+    type_line(child, "hello")
+    child.expect(r"\x1b\[(36|1;33)m")  # the answer is streaming
+    child.kill(signal.SIGTERM)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 143
+    *_, summary, last = plain(child.before).splitlines()
+    assert SUMMARY.match(summary) and summary.endswith("cut (interrupted)")
+    assert last == "error: terminated"  # on its own line, not glued to the answer's last token

@@ -24,6 +24,7 @@ from ..option_table import CHAT, DecodingOption, on
 from ..options import GenerationOptions, PolicyOptions
 from ..policies import POLICY_KINDS, format_tau
 from ..runner import Runner
+from ..signals import Terminated
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
@@ -201,17 +202,21 @@ class Repl:
         except EadError as error:
             self.error(str(error))
             return
+        stop: BaseException | None = None  # ends the session once the cut answer's line is closed
         try:
             for event in stream:
                 self.renderer.event(event)
-        except KeyboardInterrupt:
-            if not self.interactive:
-                raise
+        except KeyboardInterrupt as interrupt:
+            stop = None if self.interactive else interrupt
+        except Terminated as terminated:
+            stop = terminated
         finally:
             stream.close()
         turn = conversation.turns[-1]
         self.renderer.finish(turn.summary)
         self.note(summary_line(turn))
+        if stop is not None:
+            raise stop
         if conversation.full:
             used = f"{len(conversation.tokens)} of {conversation.n_ctx} tokens"
             self.note(f"the context is full ({used}): {RESET_HINT}")
