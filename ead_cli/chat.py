@@ -22,7 +22,7 @@ from .decoder import Summary, TokenEvent
 from .engine import build_decoder
 from .errors import EadError
 from .options import GenerationOptions, PolicyOptions
-from .prompt import Message, check_fits, check_prompt_text, encode_rendered, render_chat
+from .prompt import Message, check_fits, check_prompt_text, check_utf8, encode_rendered, render_chat
 from .response import Response
 from .runner import Runner
 
@@ -113,12 +113,24 @@ class Conversation:
                 exit_code=2,
             )
         self.configure(policy, generation)
-        self.system = system or None
+        self.system = system
         self.totals = Totals()
         self.messages: list[Message] = []
         self.turns: list[Turn] = []
         self.tokens: list[int] = []
         self._text = ""  # the template's text that ``tokens`` stand for
+
+    @property
+    def system(self) -> str | None:
+        return self._system
+
+    @system.setter
+    def system(self, text: str | None) -> None:
+        """The system message for the next answers (empty: none); refused, changing nothing, if its text
+        cannot be tokenized."""
+        if text:
+            check_utf8(text, "the system message")
+        self._system = text or None
 
     @property
     def n_ctx(self) -> int:
@@ -252,3 +264,5 @@ class Conversation:
             path.write_text(data + "\n", encoding="utf-8")
         except OSError as error:
             raise EadError(f"cannot write {path}: {error.strerror or error}") from None
+        except ValueError as error:  # a name no file can have: a NUL byte in it
+            raise EadError(f"cannot write {str(path)!r}: {error}") from None

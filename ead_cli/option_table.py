@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import EadError
-from .policies import BURST_KINDS, MODES, POLICY_KINDS, SWITCH_POINTS, defaults_by_policy, parse_tau
+from .policies import (
+    BURST_KINDS,
+    MAX_WINDOW,
+    MODES,
+    POLICY_KINDS,
+    SWITCH_POINTS,
+    defaults_by_policy,
+    parse_tau,
+)
 
 # The mode of a run that names none and gives no switching option (docs/switching.md, "The default mode").
 DEFAULT_MODE = "large"
@@ -181,6 +189,7 @@ DECODING: tuple[DecodingOption, ...] = (
         f"Steps in the rolling entropy mean (default: {defaults_by_policy('window')}).",
         short="steps in the rolling entropy mean",
         minimum=1,
+        maximum=MAX_WINDOW,
         surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
         switching=True,
         metavar="N",

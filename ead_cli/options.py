@@ -34,9 +34,10 @@ def check_verify_ratio(ratio: float) -> None:
         raise ValueError(f"verify ratio must be in (0, 1], got {ratio}")
 
 
-def check_draft(draft: int) -> None:
+def check_draft(draft: int, name: str = "draft") -> None:
+    """A guess's length, ``name`` the option's (--draft, or --lookup-draft for a prompt lookup's)."""
     if not 1 <= draft <= 64:
-        raise ValueError(f"draft must be in [1, 64], got {draft}")
+        raise ValueError(f"{name} must be in [1, 64], got {draft}")
 
 
 def check_lookup(lookup: int) -> None:
@@ -140,7 +141,7 @@ class PolicyOptions:
                 check_verify_ratio(self.verify)
             check_draft(self.draft)
             check_lookup(self.lookup)
-            check_draft(self.lookup_draft)
+            check_draft(self.lookup_draft, "lookup-draft")
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         stop = self.draft_entropy_stop

@@ -43,6 +43,9 @@ BURST_KINDS = ("line", "adaptive")
 ADAPT_RUN = 4  # consecutive steps on one side of tau that move an adaptive tau
 ADAPT_STEPS = 8  # an adaptive tau crosses its range in this many moves
 TEXT_TAIL = 256  # characters of generated text that patterns are matched against
+# The longest rolling window: far past any context's length (a longer one means no more), far below the
+# C bound of the window's deque, which a huge one would overflow in a traceback.
+MAX_WINDOW = 2**20
 Tau = float | Sequence[float]  # one threshold per level below the top: a cascade of n models has n - 1
 
 # Built-in patterns for code (``--pattern @code``): the large model writes the rest of the line after
@@ -69,6 +72,10 @@ def check_taus(taus: Sequence[float], tau_range: tuple[float, float] | None = No
 def check_window(window: int) -> None:
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
+    if window > MAX_WINDOW:
+        raise ValueError(
+            f"window must be at most {MAX_WINDOW} steps (more than any context holds), got {window}"
+        )
 
 
 def check_switch_point(switch_point: str) -> None:

@@ -30,7 +30,18 @@ def check_prompt_text(text: str) -> str:
         raise EadError("the prompt is empty", exit_code=2)
     if "\x00" in text:
         raise EadError("the prompt contains a NUL byte", exit_code=2)
+    check_utf8(text, "the prompt")
     return text
+
+
+def check_utf8(text: str, what: str) -> None:
+    """Refuse text that held bytes which are not UTF-8: Python keeps those of a terminal line, an argument
+    or a pipe as lone surrogates, which the tokenizer cannot encode (a traceback where it meets them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        byte = len(text[: error.start].encode("utf-8"))
+        raise EadError(f"{what} is not valid UTF-8 (byte {byte})", exit_code=2) from None
 
 
 def render_chat(
@@ -79,6 +90,8 @@ def _template_failure(error: Exception) -> str:
 def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
     """Prompt token ids: the chat template unless ``raw`` (or the model has none), BOS as the vocab wants."""
     check_prompt_text(text)
+    if system:
+        check_utf8(system, "the system message")
     messages: list[Message] = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
     ]

@@ -289,6 +289,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--threads", "0"], "--threads must be at least 1"),
         (["--tau", "-0.5"], "tau must be at least 0"),
         (["--window", "0"], "window must be at least 1"),
+        (["--window", "99999999999999999999999"], "window must be at most 1048576 steps"),
         (["--policy", "ead", "--min-run", "-1"], "min-run must be at least 0"),
         (["--burst", "0"], "burst must be a count of at least 1"),
         (["--burst", "often"], "--burst must be a count, 'line' or 'adaptive'"),
@@ -310,6 +311,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--mode", "ead", "--policy", "gate", "--min-run", "-7"], "min-run must be at least 0, got -7"),
         (["--mode", "spec", "--tau", "-1"], "tau must be at least 0, got -1"),
         (["--draft", "-3"], "draft must be in [1, 64], got -3"),
+        (["--lookup-draft", "0"], "lookup-draft must be in [1, 64], got 0"),
         (["--n-gpu-layers", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
         (["--large", ""], "--large must name a model"),
         (["--small", " "], "--small must name a model"),
@@ -349,6 +351,20 @@ def test_every_command_refuses_zero_threads_before_looking_for_a_model(command: 
 )
 def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragment: str) -> None:
     assert_one_line_error(ead("generate", *pair_args(tiny_pair), "-", stdin=prompt), 2, fragment)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["caf\udce9"],
+            "the prompt is not valid UTF-8 (byte 3)",
+        ),  # an argument's byte 0xe9, as Python keeps it
+        (["--system", "be \udcffrief", "hi"], "the system message is not valid UTF-8 (byte 3)"),
+    ],
+)
+def test_arguments_that_are_not_utf8(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args), 2, fragment)
 
 
 @pytest.mark.parametrize("size", [10_000, 1_000_000])  # 10 KB, and the 1 MB a pasted log can be

@@ -206,6 +206,7 @@ def test_a_policy_with_a_tau_range_reports_and_uses_the_moving_tau() -> None:
         ({"policy": "magic"}, "policy must be one of"),
         ({"tau": -0.1}, "tau must be at least 0"),
         ({"window": 0}, "window must be at least 1"),
+        ({"window": 2**63}, "window must be at most 1048576 steps"),  # a C bound, not an OverflowError
         ({"policy": "ead", "min_run": -1}, "min-run must be at least 0"),
         ({"burst": 0}, "burst must be a count of at least 1"),
         ({"switch_point": "during"}, "switch point must be"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from test_cli import interruptible
 from ead_cli.chat import Conversation
 from ead_cli.cli.repl import MORE, PROMPT, read_message
 from ead_cli.engine import close_all, load_runners
+from ead_cli.errors import EadError
 from ead_cli.options import GenerationOptions, ModelOptions, PolicyOptions
 from ead_cli.runner import Runner
 
@@ -36,12 +38,16 @@ def chat_args(pair: tuple[Path, Path], *extra: str) -> list[str]:
 def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
     children: list[pexpect.spawn] = []
 
-    def start(*extra: str) -> pexpect.spawn:
-        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    def start(*extra: str, env: dict[str, str] | None = None, stdout: Path | None = None) -> pexpect.spawn:
+        """The chat at a terminal; with ``stdout``, its stdout redirected to that file."""
+        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | (env or {})
         env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
+        command, args = str(EAD), chat_args(tiny_pair, *extra)
+        if stdout is not None:
+            command, args = "/bin/sh", ["-c", 'exec "$@" > "$0"', str(stdout), command, *args]
         child = pexpect.spawn(
-            str(EAD),
-            chat_args(tiny_pair, *extra),
+            command,
+            args,
             env=env,
             encoding="utf-8",
             codec_errors="replace",
@@ -129,15 +135,25 @@ def test_read_message_joins_continued_lines_and_quoted_blocks() -> None:
         return read_line, prompts
 
     read_line, prompts = reader("hello there")
-    assert read_message(read_line) == "hello there" and prompts == [PROMPT]
+    assert read_message(read_line) == ("hello there", False) and prompts == [PROMPT]
     read_line, prompts = reader("one \\", "two\\", "three", "next")
-    assert read_message(read_line) == "one \ntwo\nthree" and prompts == [PROMPT, MORE, MORE]
+    assert read_message(read_line) == ("one \ntwo\nthree", False) and prompts == [PROMPT, MORE, MORE]
     read_line, prompts = reader('"""', "a \\", "", "  b", '"""', "next")
-    assert read_message(read_line) == "a \\\n\n  b" and prompts == [PROMPT, MORE, MORE, MORE, MORE]
-    assert read_message(reader('"""first', 'last"""')[0]) == "first\nlast"
-    assert read_message(reader('"""inline"""')[0]) == "inline"
+    assert read_message(read_line) == ("a \\\n\n  b", False) and prompts == [PROMPT, MORE, MORE, MORE, MORE]
+    assert read_message(reader('"""first', 'last"""')[0]) == ("first\nlast", False)
+    assert read_message(reader('"""inline"""')[0]) == ("inline", False)
+    # a line starting with / is a command; a block never is; // sends a message starting with /
+    assert read_message(reader(" /tau 2 ")[0]) == ("/tau 2", True)
+    assert read_message(reader("/system be \\", "brief")[0]) == ("/system be \nbrief", True)
+    assert read_message(reader('"""', "/reset", '"""')[0]) == ("/reset", False)
+    assert read_message(reader("//* add */")[0]) == ("/* add */", False)
     with pytest.raises(EOFError):
+        read_message(reader()[0])
+    # the input's end inside a message is an error: the message is not sent
+    with pytest.raises(EadError, match='the input ended inside a """ block: that message is not sent'):
         read_message(reader('"""', "never closed")[0])
+    with pytest.raises(EadError, match=r"the input ended inside a line ending in \\: that message is not"):
+        read_message(reader("never \\")[0])
 
 
 def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> None:
@@ -156,8 +172,11 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     assert reply(child, "/tau abc") == [
         "error: /tau takes a finite number of bits, or one per cascade level, got 'abc'"
     ]
-    assert reply(child, "/window 0") == ["error: window must be at least 1, got 0"]
-    assert reply(child, "/temp -1") == ["error: --temp must be at least 0, got -1.0"]
+    # each bad value's message names the command typed
+    assert reply(child, "/window 0") == ["error: /window must be at least 1, got 0"]
+    assert reply(child, "/temp -1") == ["error: /temp must be at least 0, got -1.0"]
+    assert reply(child, "/lookup-draft 0") == ["error: /lookup-draft must be in [1, 64], got 0"]
+    assert reply(child, "/max-tokens -3") == ["error: /max-tokens must be at least 0, got -3"]
 
     stats = "\n".join(reply(child, "/stats"))
     assert "tau 2.5 · window default" in stats and "temp 0 ·" in stats  # the bad values changed nothing
@@ -281,3 +300,110 @@ def test_piped_stdin_gives_one_plain_answer_per_line(tiny_pair: tuple[Path, Path
         failed.stderr.decode()
         == "error: /tau takes a finite number of bits, or one per cascade level, got 'x'\n"
     )
+
+
+def pipe(pair: tuple[Path, Path], text: bytes, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    """ead chat with ``text`` on its stdin."""
+    args = [str(EAD), *chat_args(pair, "--max-tokens", "4", *extra)]
+    return subprocess.run(args, input=text, capture_output=True, timeout=60, check=False)
+
+
+def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, Path]) -> None:
+    result = pipe(tiny_pair, b"/policy ead\n/window 9223372036854775808\n/stats\n")
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines()
+    assert "Traceback" not in result.stderr.decode()
+    assert lines[1] == (
+        "error: /window must be at most 1048576 steps (more than any context holds), got 9223372036854775808"
+    )
+    assert any(line.startswith("context: ") and "window default" in line for line in lines)  # /stats ran
+
+
+def type_bytes(child: pexpect.spawn, keys: bytes) -> str:
+    """Type raw bytes (not UTF-8 text) and Enter; return the last line shown before the next prompt."""
+    wait_ready(child)
+    os.write(child.child_fd, keys + b"\r")
+    child.expect_exact(PROMPT)
+    return plain(child.before).splitlines()[-1]
+
+
+# C.UTF-8 keeps undecodable bytes as surrogates; a locale such as en_US.UTF-8 decodes strictly
+@pytest.mark.parametrize("env", [{}, {"PYTHONIOENCODING": "utf-8:strict"}])
+def test_bytes_that_are_not_utf8_are_one_line_and_the_chat_goes_on(spawn, env: dict[str, str]) -> None:
+    child = spawn("--max-tokens", "4", env=env)
+    assert type_bytes(child, b"hi \xff\xfe there") == "error: the prompt is not valid UTF-8 (byte 3)"
+    assert (
+        type_bytes(child, b"/system be \xffrief") == "error: the system message is not valid UTF-8 (byte 3)"
+    )
+    assert SUMMARY.search(plain(send(child, "hello")))  # the system message is still none: it answers
+    assert leave(child) == 0
+
+
+def test_a_pipes_line_that_is_not_utf8_is_skipped_as_a_bad_one(tiny_pair: tuple[Path, Path]) -> None:
+    result = pipe(tiny_pair, b"hi\n\xff\nhi again\n/stats\n")
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert "error: the prompt is not valid UTF-8 (byte 0)\n" in stderr and "Traceback" not in stderr
+    assert "session: 2 answers · 8 tokens" in stderr  # the lines after it ran
+
+
+def test_a_file_name_that_cannot_be_is_one_line(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    result = pipe(
+        tiny_pair, b"/save ~nouser-ead/x.json\n/save a\x00b.json\n/save " + bytes(tmp_path) + b"/t.json\n"
+    )
+    assert result.returncode == 1
+    assert result.stderr.decode().splitlines() == [
+        "error: cannot write ~nouser-ead/x.json: ~nouser-ead is no user's home",
+        "error: cannot write 'a\\x00b.json': embedded null byte",
+        f"saved 0 turns to {tmp_path}/t.json",  # the chat went on
+    ]
+
+
+def test_a_block_is_a_message_and_the_input_never_ends_a_message_silently(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    path = tmp_path / "chat.json"
+    lines = ['"""', "/* add */", "int add(int a, int b);", '"""', '"""', "/reset", '"""', "//tau 2"]
+    lines += ["/tau\t2", f"/save {path}", '"""', "never closed"]
+    result = pipe(tiny_pair, "\n".join(lines).encode() + b"\n")
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert [int(n) for n in SUMMARY.findall(stderr)] == [4, 4, 4]  # three answers, no unknown command
+    assert "settings: mode ead · policy gate · tau 2 ·" in stderr  # /tau<TAB>2 set it
+    assert stderr.endswith('error: the input ended inside a """ block: that message is not sent\n')
+    users = [turn["user"] for turn in json.loads(path.read_text(encoding="utf-8"))["turns"]]
+    assert users == ["/* add */\nint add(int a, int b);", "/reset", "/tau 2"]
+
+    continued = pipe(tiny_pair, b"hi \\\n")
+    assert continued.returncode == 1 and continued.stdout == b""
+    assert (
+        continued.stderr.decode()
+        == "error: the input ended inside a line ending in \\: that message is not sent\n"
+    )
+
+
+def test_with_stdout_redirected_the_prompt_and_line_editing_stay_on_the_terminal(
+    spawn, tmp_path: Path
+) -> None:
+    out = tmp_path / "answers.txt"
+    child = spawn("--max-tokens", "4", stdout=out)  # the prompt reached the terminal
+    first = plain(send(child, "hello"))
+    second = plain(send(child, UP + UP))  # readline's history recalls "hello"
+    assert "hello" in second.splitlines()[0] and SUMMARY.search(first) and SUMMARY.search(second)
+    assert leave(child) == 0
+    answers = out.read_text(encoding="utf-8", errors="replace")
+    assert PROMPT.strip() not in answers and "hello" not in answers and "tokens · large share" not in answers
+    assert len(answers.splitlines()) == 2  # the two answers, each closed by a line end
+
+
+def test_sigterm_mid_answer_ends_the_answers_line_before_saying_so(spawn) -> None:
+    child = spawn("--ctx", "32768", "--max-tokens", "100000")  # an answer that runs for a minute
+    type_line(child, "hello")
+    child.expect(r"\x1b\[(36|1;33)m")  # the answer is streaming
+    child.kill(signal.SIGTERM)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 143
+    *_, summary, last = plain(child.before).splitlines()
+    assert SUMMARY.match(summary) and summary.endswith("cut (interrupted)")
+    assert last == "error: terminated"  # on its own line, not glued to the answer's last token

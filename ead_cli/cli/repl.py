@@ -1,12 +1,15 @@
 """``ead chat`` at a terminal: line editing, slash commands, answers streamed in each model's colour.
 
-With stdin not a terminal it reads one user turn per line and prints plain answers, so it works in a
-pipeline. Answers go to stdout; everything else (summaries, command replies, errors) to stderr.
+With stdin not a terminal it reads the same input (lines, continued lines, blocks) and prints plain
+answers, so it works in a pipeline. Answers go to stdout; everything else (summaries, command replies,
+errors) to stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -21,37 +24,61 @@ from ..option_table import CHAT, DecodingOption, on
 from ..options import GenerationOptions, PolicyOptions
 from ..policies import POLICY_KINDS, format_tau
 from ..runner import Runner
+from ..signals import Terminated
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
 MORE = "... "
 FENCE = '"""'
+ESCAPE = "//"  # a line's start that sends the rest, from its /, as a message
 RESET_HINT = "/reset starts a new conversation"
 ReadLine = Callable[[str], str]
 
 
-def read_message(read_line: ReadLine) -> str:
-    """One user message: a line; a line ending in a backslash goes on on the next; a block between
-    lines that start and end with \"\"\" is one message. ``read_line`` raises EOFError at the end."""
+def read_message(read_line: ReadLine) -> tuple[str, bool]:
+    """One user message and whether it is a command: a line; a line ending in a backslash goes on on the
+    next; a block between lines that start and end with \"\"\" is one message, never a command (pasted
+    code may start with /). A line starting with / is a command, with // a message starting with /.
+    ``read_line`` raises EOFError at the end; an end inside a message is an EadError (it is not sent)."""
     line = read_line(PROMPT)
     if line.lstrip().startswith(FENCE):
         line = line.lstrip()[len(FENCE) :]
         lines = []
         while not line.rstrip().endswith(FENCE):
             lines.append(line)
-            line = read_line(MORE)
+            line = _more(read_line, f"a {FENCE} block")
         lines.append(line.rstrip()[: -len(FENCE)])
-        return "\n".join(lines).strip("\n")
+        return "\n".join(lines).strip(), False
     lines = []
     while line.endswith("\\"):
         lines.append(line[:-1])
-        line = read_line(MORE)
-    return "\n".join([*lines, line])
+        line = _more(read_line, "a line ending in \\")
+    text = "\n".join([*lines, line]).strip()
+    if text.startswith(ESCAPE):
+        return text[1:], False
+    return text, text.startswith("/")
+
+
+def _more(read_line: ReadLine, inside: str) -> str:
+    """The next line of a message begun; the input's end there is one line of error, not a silent drop."""
+    try:
+        return read_line(MORE)
+    except EOFError:
+        raise EadError(f"the input ended inside {inside}: that message is not sent") from None
 
 
 def _usage(option: DecodingOption) -> str:
     """A command's argument in /help: its metavar, else NAME, N or X."""
     return option.metavar or ("NAME" if option.choices else "N" if option.kind is int else "X")
+
+
+def _as_command(message: str, option: DecodingOption) -> str:
+    """A value's check, declared once, names the option as the command line spells it (``--temp``,
+    ``window``); in chat the message names the command typed instead (``/temp``, ``/window``)."""
+    for spelling in (option.flag, option.flag[2:]):
+        if message.startswith(spelling + " "):
+            return option.command + message[len(spelling) :]
+    return message
 
 
 def summary_line(turn: Turn) -> str:
@@ -129,6 +156,8 @@ class Repl:
                 if self.interactive:
                     self.err.write("\n")
                 break
+            except EadError as error:  # the input ended inside a message
+                self.error(str(error))
         return 1 if self.failed else 0
 
     def note(self, message: str) -> None:
@@ -141,16 +170,16 @@ class Repl:
 
     def _step(self) -> bool:
         """Read and handle one message or command; False to leave."""
-        text = read_message(self.read_line).strip()
+        text, command = read_message(self.read_line)
         if not text:
             return True
-        if text.startswith("/"):
+        if command:
             return self._command(text)
         self._answer(text)
         return True
 
     def _command(self, line: str) -> bool:
-        name, _, argument = line[1:].partition(" ")
+        name, argument = (*line[1:].split(maxsplit=1), "", "")[:2]  # any whitespace after the name
         if name not in self.commands:
             self.error(f"unknown command /{name} (/help lists the commands)")
             return True
@@ -173,17 +202,21 @@ class Repl:
         except EadError as error:
             self.error(str(error))
             return
+        stop: BaseException | None = None  # ends the session once the cut answer's line is closed
         try:
             for event in stream:
                 self.renderer.event(event)
-        except KeyboardInterrupt:
-            if not self.interactive:
-                raise
+        except KeyboardInterrupt as interrupt:
+            stop = None if self.interactive else interrupt
+        except Terminated as terminated:
+            stop = terminated
         finally:
             stream.close()
         turn = conversation.turns[-1]
         self.renderer.finish(turn.summary)
         self.note(summary_line(turn))
+        if stop is not None:
+            raise stop
         if conversation.full:
             used = f"{len(conversation.tokens)} of {conversation.n_ctx} tokens"
             self.note(f"the context is full ({used}): {RESET_HINT}")
@@ -203,13 +236,16 @@ class Repl:
         def set_option(argument: str) -> None:
             value = option.read(argument, option.command)
             policy, generation = self.conversation.policy, self.conversation.generation
-            if option.target == "policy":
-                self._configure(policy.changed(**{option.attribute: value}))
-            elif option.target == "sampling":
-                sampling = replace(generation.sampling, **{option.attribute: value})
-                self._configure(generation=replace(generation, sampling=sampling))
-            else:
-                self._configure(generation=replace(generation, **{option.attribute: value}))
+            try:
+                if option.target == "policy":
+                    self._configure(policy.changed(**{option.attribute: value}))
+                elif option.target == "sampling":
+                    sampling = replace(generation.sampling, **{option.attribute: value})
+                    self._configure(generation=replace(generation, sampling=sampling))
+                else:
+                    self._configure(generation=replace(generation, **{option.attribute: value}))
+            except EadError as error:
+                raise EadError(_as_command(str(error), option), error.exit_code) from None
 
         return set_option
 
@@ -244,7 +280,10 @@ class Repl:
     def _save(self, argument: str) -> None:
         if not argument:
             raise EadError("/save takes a file name")
-        path = Path(argument).expanduser()
+        try:
+            path = Path(argument).expanduser()
+        except RuntimeError:  # ~name of no user on this system
+            raise EadError(f"cannot write {argument}: {argument.split('/')[0]} is no user's home") from None
         self.conversation.save(path)
         self.note(f"saved {len(self.conversation.turns)} turns to {path}")
 
@@ -253,7 +292,7 @@ class Repl:
             self.console.print(f"/{name} {usage}".ljust(17) + description, markup=False)
         self.console.print(
             'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
-            "message.\n"
+            "message, never a command; // at a line's start sends the rest, from its /, as a message.\n"
             "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or clears the line.",
             markup=False,
         )
@@ -266,19 +305,35 @@ def _pipe_reader(stream: BinaryIO) -> ReadLine:
         data = stream.readline()
         if not data:
             raise EOFError
-        try:
-            return data.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as error:
-            raise EadError(f"stdin is not valid UTF-8 (byte {error.start} of a line)", exit_code=2) from None
+        # bytes that are not UTF-8 are kept as a terminal's are, so the line is refused as a bad one
+        return data.decode("utf-8", "surrogateescape").rstrip("\r\n")
 
     return read_line
 
 
 def _line_editor() -> ReadLine:
-    """input() with GNU readline loaded: line editing and up-arrow history."""
+    """input() with GNU readline loaded: line editing and up-arrow history. Bytes typed that are not
+    UTF-8 are kept as a pipe's are (lone surrogates the conversation refuses in one line): a locale's
+    strict decoding would raise in input() and end the session."""
     with contextlib.suppress(ImportError):  # a Python built without it: input() still reads lines
         import readline  # noqa: F401  (importing it is what gives input() editing and history)
-    return input
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="surrogateescape")
+    return input if sys.stdout.isatty() else _input_beside_stdout
+
+
+def _input_beside_stdout(prompt: str) -> str:
+    """input() with stdout redirected (``ead chat > answers.txt``): readline edits lines only while file
+    descriptor 1 is a terminal, and writes its prompt and echo there; so while a line is read, fd 1 is
+    stderr's (the terminal, or where stderr goes) and the answers alone reach stdout's file."""
+    sys.stdout.flush()
+    stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return input(prompt)
+    finally:
+        os.dup2(stdout, 1)
+        os.close(stdout)
 
 
 def run_chat(
