@@ -25,6 +25,7 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import tempfile
@@ -107,17 +108,23 @@ def _tasks_by_strategy(records: list[Record]) -> dict[str, set[str]]:
 def check_out(path: Path, *, folder: bool) -> None:
     """Before any model loads: where a bench, a replay or ``bench speed --json`` will write can be written.
     A file where its folder should be (or a folder where its file should be), or a folder that cannot be
-    made or written to, is one line, not a traceback once the run is done."""
+    made or written to, is one line, not a traceback once the run is done. Tried, then left as it was:
+    a bench refused later makes no folder."""
     if folder and path.exists() and not path.is_dir():
         raise EadError(f"{path} is a file: results go to a folder", exit_code=2)
     if not folder and path.is_dir():
         raise EadError(f"{path} is a folder: the figures go to a file", exit_code=2)
     target = path if folder else path.parent
+    made = [part for part in (target, *target.parents) if not part.exists()]  # the deepest first
     try:
         target.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=target).close()
     except OSError as error:
         raise EadError(f"cannot write to {target}: {error.strerror}", exit_code=2) from None
+    finally:
+        for part in made:
+            with contextlib.suppress(OSError):
+                part.rmdir()
 
 
 def read_results(path: Path) -> tuple[Record | None, list[Record]]:
