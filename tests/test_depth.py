@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -169,9 +170,16 @@ def test_profile_is_saved_whole_and_checked(
     other = write_tiny_model(tmp_path / "other.gguf", n_layer=N_LAYER, seed=5)
     with pytest.raises(EadError, match="another model file"):
         load_profile(other, path)
+    saved = json.loads(path.read_text())
+    saved["tables"]["none"][0][0] = float("nan")  # an edit JSON lets through as NaN
+    path.write_text(json.dumps(saved))
+    with pytest.raises(EadError, match=r"corrupt \(bad tables\)"):
+        load_profile(deep_model, path)
     path.write_text('{"model": 1}')
     with pytest.raises(EadError, match="corrupt"):
         load_profile(deep_model, path)
+    with pytest.raises(EadError, match=f"run ead depth calibrate {re.escape(str(other))}$"):
+        load_profile(other, tmp_path / "none.json")  # the hint names the file to pass, not its bare name
 
 
 def test_probe_spacing_outside_the_model_is_refused() -> None:

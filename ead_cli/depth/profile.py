@@ -5,6 +5,7 @@ token's exit is measured against (made non-increasing by isotonic regression), a
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -116,8 +117,11 @@ class Profile:
             raise EadError(
                 f"the depth profile {where} is corrupt ({error!r}): run ead depth calibrate again"
             ) from None
-        if set(profile.tables) != set(CONDITIONS) or any(
-            len(row) != len(profile.probes) for rows in profile.tables.values() for row in rows
+        rows = [row for table in profile.tables.values() for row in table]
+        if (
+            set(profile.tables) != set(CONDITIONS)
+            or any(len(row) != len(profile.probes) for row in rows)
+            or not all(math.isfinite(value) for row in [*rows, profile.raw] for value in row)  # NaN: edited
         ):
             raise EadError(
                 f"the depth profile {where} is corrupt (bad tables): run ead depth calibrate again"
@@ -179,7 +183,7 @@ def load_profile(model: Path, path: Path | None = None) -> Profile:
     path = path or profile_path(model)
     if not path.exists():
         raise EadError(
-            f"no depth profile for {model.name} (looked for {path}): run ead depth calibrate {model.name}"
+            f"no depth profile for {model.name} (looked for {path}): run ead depth calibrate {model}"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
