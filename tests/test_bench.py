@@ -699,6 +699,8 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
         ([variant("damaged", [*lines, '{"type": "sample", "strategy": "x"}'])],
          "holds a sample record ead cannot read (KeyError"),
         ([variant("listed", [*lines, "[1, 2]"])], f"line {len(lines) + 1} is not a record"),
+        ([str(tmp_path / "no-such")], "no-such is not a folder"),
+        ([str(out / "results.jsonl")], "results.jsonl is not a folder"),
     ):  # fmt: skip
         refused = ead("bench", "report", *folders)
         assert refused.returncode != 0 and refused.stderr.startswith("error: "), refused.stderr

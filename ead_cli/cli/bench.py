@@ -189,6 +189,9 @@ def bench_report(
     from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, check_repeats, read_results
 
+    for folder in folders:
+        if not folder.is_dir():
+            raise EadError(f"{folder} is not a folder: give a bench's or a replay's --out", exit_code=2)
     kinds = {(f / REPLAY_FILE).is_file() and not (f / RESULTS_FILE).exists() for f in folders}
     if len(kinds) > 1:
         raise EadError("give repeats of one kind: bench folders (results.jsonl) or replay folders", 2)
