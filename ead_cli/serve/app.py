@@ -422,13 +422,16 @@ class _ScoredText:
         self._waiting: list[tuple[TokenEvent, Logprobs, int, int]] = []
 
     def add(self, token: Token) -> list[Scored]:
-        """The scored tokens this token's released text completes."""
+        """The scored tokens this token's released text completes. A request's tokens all carry
+        log-probabilities or none do (a step that takes tokens back is refused with them): without, no
+        text is followed."""
+        if token.logprobs is None:
+            return []
+        self.asked = True
         start = self._written
         self._written += len(self._decoder.decode(self.piece(token.event.token)))
         self._shown += len(token.event.text)
-        if token.logprobs is not None:
-            self.asked = True
-            self._waiting.append((token.event, token.logprobs, start, self._written))
+        self._waiting.append((token.event, token.logprobs, start, self._written))
         return self._release(lambda start, end: end <= self._shown)
 
     def finish(self) -> list[Scored]:
