@@ -70,8 +70,10 @@ class DepthOptions:
             raise EadError("--fixed-depth and --confidence are two baselines: give one", 2)
         if self.confidence is not None and not self.confidence >= 0:
             raise EadError(f"--confidence must be at least 0 bits, got {self.confidence}", 2)
-        if self.top_k < 1 or self.rank < 1:
-            raise EadError("--top-k and --rank must be at least 1", 2)
+        counts = ((self.probe_every, "--probe-every"), (self.top_k, "--estimator-k"), (self.rank, "--rank"))
+        for value, option in counts:
+            if value < 1:  # known without the model (--probe-every's upper bound is its block count)
+                raise EadError(f"{option} must be at least 1, got {value}", 2)
 
     @property
     def rule(self) -> str:
