@@ -154,3 +154,27 @@ def test_a_schema_whose_grammar_would_not_fit_is_a_400_and_the_server_lives(
         server, messages=HI, max_tokens=3, temperature=0, response_format=schema_format(at_the_bound)
     )
     assert answer["choices"][0]["message"]["content"].startswith('"')
+
+
+def test_a_schema_no_answer_can_meet_is_a_400_and_the_server_lives(server: Server) -> None:
+    """After the opening quote, the empty class [b-a] leaves the grammar no token: llama.cpp took one it
+    had ruled out, and its grammar's exception aborted the server."""
+    body = {"max_tokens": 8, "response_format": schema_format({"pattern": "^[b-a]$"})}
+    for temperature in (0, 0.8):
+        reply = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={**body, "messages": HI, "temperature": temperature},
+            headers=JSON,
+            timeout=60,
+        )
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "response_format" and "allows no token" in error["message"]
+    with httpx.stream(
+        "POST", f"{server.base_url}/completions", json={**body, "prompt": "x", "stream": True}, headers=JSON
+    ) as streamed:
+        events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[-1])["error"]["param"] == "response_format"
+    assert "[DONE]" not in events
+    assert server.log().count("allows no token") == 3
+    assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"
