@@ -6,6 +6,8 @@ seed gives the same text run to run.
 
 from __future__ import annotations
 
+import ctypes
+import math
 from dataclasses import dataclass
 
 import llama_cpp
@@ -38,6 +40,15 @@ class SamplingParams:
             raise EadError(f"--min-p must be in [0, 1], got {self.min_p}", exit_code=2)
         if not 0 <= self.seed < 2**32 - 1:
             raise EadError(f"--seed must be in [0, 4294967294], got {self.seed}", exit_code=2)
+
+
+class GrammarDeadEnd(EadError):
+    """The grammar allows no token where the text must go on: no text can meet it (a JSON schema whose
+    pattern has an empty class, ``[b-a]``)."""
+
+
+# llama.cpp's llama_token_data, as numpy lays it out: the candidates a chain with a grammar draws from
+CANDIDATE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 class Sampler:
@@ -82,7 +93,26 @@ class Sampler:
                 raise EadError("a grammar needs a local model's context: not with a llama-server model")
             dist = probabilities(logits, self._params)
             return int(self._rng.choice(dist.shape[0], p=dist))
+        if self._params.grammar is not None:
+            return self._within_grammar(logits)
         return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
+
+    def _within_grammar(self, logits: np.ndarray) -> int:
+        """llama_sampler_sample's steps (the chain applied to every token, the choice accepted), with a
+        look between them: where the grammar leaves no token, llama.cpp would accept one it ruled out,
+        and its grammar's exception, thrown through the C API, aborts the process."""
+        candidates = np.empty(len(logits), CANDIDATE)
+        candidates["id"] = np.arange(len(logits))
+        candidates["logit"] = logits
+        candidates["p"] = 0.0
+        data = candidates.ctypes.data_as(llama_cpp.llama_token_data_p)
+        array = llama_cpp.llama_token_data_array(data=data, size=len(logits), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        chosen = array.data[array.selected]  # the samplers may have moved the data
+        if not math.isfinite(chosen.logit):
+            raise GrammarDeadEnd("the grammar allows no token here: no answer can meet it")
+        llama_cpp.llama_sampler_accept(self._chain, chosen.id)
+        return chosen.id
 
     def close(self) -> None:
         if self._chain is not None:

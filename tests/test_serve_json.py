@@ -111,3 +111,70 @@ def test_json_schema_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Pa
         assert set(person) == {"name", "age"} and isinstance(person["age"], int)
         assert {token["model"] for token in reply.model_extra["ead"]["tokens"]} <= {"small", "large"}
         assert server.stop() == 0
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "fragment"),
+    [
+        # llama.cpp's grammar parser recursed once per nested optional copy and overflowed its stack:
+        # each of these had killed the server
+        ({"type": "string", "maxLength": 30000}, "repeats an item 30000 times"),
+        ({"type": "string", "pattern": "^a{0,30000}$"}, "repeats an item 30000 times"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": -30000, "maxItems": 5}, "30000 times"),
+        # a 20 MB grammar: the item's rule is named after the long key, and spelled out 1000 times
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "k" * 20000: {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
+                },
+            },
+            "its grammar, which spells each copy out, would be over",
+        ),
+    ],
+)
+def test_a_schema_whose_grammar_would_not_fit_is_a_400_and_the_server_lives(
+    server: Server, schema: dict, fragment: str
+) -> None:
+    reply = httpx.post(
+        f"{server.base_url}/chat/completions",
+        json={"messages": HI, "max_tokens": 2, "response_format": schema_format(schema)},
+        headers=JSON,
+        timeout=60,
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "response_format"
+    assert fragment in reply.json()["error"]["message"]
+    at_the_bound = {"type": "string", "minLength": 1, "maxLength": 1000}
+    answer = chat(
+        server, messages=HI, max_tokens=3, temperature=0, response_format=schema_format(at_the_bound)
+    )
+    assert answer["choices"][0]["message"]["content"].startswith('"')
+
+
+def test_a_schema_no_answer_can_meet_is_a_400_and_the_server_lives(server: Server) -> None:
+    """After the opening quote, the empty class [b-a] leaves the grammar no token: llama.cpp took one it
+    had ruled out, and its grammar's exception aborted the server."""
+    body = {"max_tokens": 8, "response_format": schema_format({"pattern": "^[b-a]$"})}
+    for temperature in (0, 0.8):
+        reply = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={**body, "messages": HI, "temperature": temperature},
+            headers=JSON,
+            timeout=60,
+        )
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "response_format" and "allows no token" in error["message"]
+    with httpx.stream(
+        "POST", f"{server.base_url}/completions", json={**body, "prompt": "x", "stream": True}, headers=JSON
+    ) as streamed:
+        events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[-1])["error"]["param"] == "response_format"
+    assert "[DONE]" not in events
+    assert server.log().count("allows no token") == 3
+    assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"

@@ -558,8 +558,7 @@ class _Reply:
                     continue
                 if isinstance(message, Failed):
                     self.log(f"error: POST {self.path}: {message.message}")
-                    failure = ApiError(502, message.message, kind="server_error")
-                    yield {"data": json.dumps({"error": failure.body()})}
+                    yield {"data": json.dumps({"error": _failure(message).body()})}
                     ended = True
                     return
                 self._done(message.summary)
@@ -598,7 +597,7 @@ class _Reply:
                 if isinstance(message, Token):
                     tokens.append(message)
                 elif isinstance(message, Failed):
-                    raise ApiError(502, message.message, kind="server_error", code="generation_failed")
+                    raise _failure(message)
                 else:
                     break
         finally:
@@ -640,6 +639,13 @@ class _Reply:
             f"prompt {summary.prompt_tokens} ({reused} cached), large share {summary.large_share:.1%}, "
             f"{summary.wall_s:.2f} s"
         )
+
+
+def _failure(failed: Failed) -> ApiError:
+    """A generation that could not go on: the request's fault (a 400 naming its field), or the server's."""
+    if failed.param is not None:
+        return ApiError(400, failed.message, code="invalid_value", param=failed.param)
+    return ApiError(502, failed.message, kind="server_error", code="generation_failed")
 
 
 def _token_fields(event: TokenEvent) -> dict[str, Any]:

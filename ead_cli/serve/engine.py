@@ -24,6 +24,7 @@ from ..engine import build_decoder
 from ..errors import EadError
 from ..options import GenerationOptions, PolicyOptions
 from ..runner import Abandoned, Runner, never_abandoned
+from ..sampling import GrammarDeadEnd
 
 Log = Callable[[str], None]  # one line per request, and one per error: never a traceback
 
@@ -75,9 +76,11 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    """The generation could not go on (a remote model lost, a llama.cpp failure): one line why."""
+    """The generation could not go on (a remote model lost, a llama.cpp failure): one line why.
+    ``param``: the request's field at fault (a schema no answer can meet), where the request is."""
 
     message: str
+    param: str | None = None
 
 
 class QueueFull(Exception):
@@ -205,6 +208,8 @@ class Engine:
                     break
         except Abandoned:
             pass
+        except GrammarDeadEnd as error:
+            failure = Failed(f"response_format: {error}", param="response_format")
         except EadError as error:
             failure = Failed(str(error))
         finally:

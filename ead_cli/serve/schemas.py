@@ -4,6 +4,8 @@ OpenAI's error object for whatever is wrong with them."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -115,6 +117,58 @@ class JsonSchema(BaseModel):
     strict: bool | None = None
 
 
+# llama-cpp-python's converter spells out a schema's repetitions in the grammar: minLength 5 is five
+# copies of a character's rule, maxLength 5 five optional ones nested in each other.
+REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems")
+QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")  # a pattern's {m}, {m,}, {m,n}
+MAX_REPEAT = 1000  # llama.cpp's grammar parser refuses a longer optional run (maxLength 1100), and one
+# of ~20,000 overflows its stack: the process dies
+MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size: each copy is at most a rule's name
+
+
+def _repetitions(node: Any) -> Iterator[int]:
+    """How many copies of an item each repetition of a schema (at any depth) spells out. A negative
+    count counts as its size: a negative minItems lengthens the nested run up to maxItems."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _repetitions(item)
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key in REPEAT_KEYS and type(value) is int:
+            yield abs(value)
+        elif key == "pattern" and isinstance(value, str):
+            yield from (max(_quantity(digits) for digits in bounds) for bounds in QUANTIFIER.findall(value))
+        else:
+            yield from _repetitions(value)
+
+
+def _quantity(digits: str) -> int:
+    """A pattern quantifier's number (none: 0); past nine digits, any number over the bounds will do
+    (int() refuses more than 4300)."""
+    return int(digits or 0) if len(digits) < 10 else 10**9
+
+
+def _check_repetitions(schema: dict[str, Any], text: str) -> None:
+    """A 400 for a schema whose grammar would be too large for llama.cpp (a run past MAX_REPEAT, or more
+    than MAX_GRAMMAR_CHARS of copies), before the converter writes it: maxLength 30000 had killed the
+    server in llama.cpp's parser, minLength 10**9 asked for a 5 GB grammar."""
+    counts = list(_repetitions(schema))
+    where = "response_format.json_schema.schema"
+    if counts and max(counts) > MAX_REPEAT:
+        message = (
+            f"{where} repeats an item {max(counts)} times (minLength, maxLength, minItems, maxItems or a "
+            f"pattern's {{m,n}}): at most {MAX_REPEAT} are taken, as the grammar spells each copy out"
+        )
+        raise ApiError(400, message, code="invalid_value", param="response_format")
+    if sum(counts) * len(text) > MAX_GRAMMAR_CHARS:
+        message = (
+            f"{where} has {sum(counts)} repetitions in {len(text)} characters: its grammar, which spells "
+            f"each copy out, would be over {MAX_GRAMMAR_CHARS} characters"
+        )
+        raise ApiError(400, message, code="invalid_value", param="response_format")
+
+
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -131,8 +185,10 @@ class ResponseFormat(BaseModel):
             raise ApiError(
                 400, "response_format: json_schema needs its json_schema object", param="response_format"
             )
+        text = json.dumps(self.json_schema.json_schema)
+        _check_repetitions(self.json_schema.json_schema, text)
         try:
-            return json_schema_to_gbnf(json.dumps(self.json_schema.json_schema))
+            return json_schema_to_gbnf(text)
         except Exception as error:  # the converter's own complaint about a schema it cannot express
             message = (
                 f"response_format.json_schema.schema cannot be a grammar: {' '.join(str(error).split())}"
