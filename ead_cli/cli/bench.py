@@ -187,7 +187,7 @@ def bench_report(
     wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.report import aggregate, repeats_table, write_report
-    from ..bench.results import RESULTS_FILE, check_repeats, read_results
+    from ..bench.results import RESULTS_FILE, check_repeats, read_results, unreadable_record
 
     for folder in folders:
         if not folder.is_dir():
@@ -208,8 +208,7 @@ def bench_report(
             try:
                 runs.append(aggregate(records))
             except (KeyError, TypeError, ValueError) as error:  # an edited or damaged sample record
-                what = f"a sample record ead cannot read ({type(error).__name__}: {error})"
-                raise EadError(f"{path} holds {what}", exit_code=2) from None
+                raise unreadable_record(path, error) from None
         check_repeats(read)
         if len(runs) == 1:
             _show_report(folders[0], runs[0])
