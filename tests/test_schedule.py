@@ -288,6 +288,21 @@ def test_a_record_without_a_schedule_or_fingerprint_is_refused(
     assert_one_line_error(result, 2, "without a tokenizer fingerprint")
 
 
+def test_a_replay_of_no_results_file_says_so(tmp_path: Path) -> None:
+    """A mistyped path, or a folder without results.jsonl, is named as missing: it had been reported as
+    holding no samples."""
+    missing = ["--small", str(tmp_path / "none.gguf"), "--large", str(tmp_path / "none.gguf")]
+    for given, named in (
+        (tmp_path / "typo.jsonl", tmp_path / "typo.jsonl"),
+        (tmp_path, tmp_path / RESULTS_FILE),
+    ):
+        result = ead("bench", "replay", str(given), *missing)
+        line = assert_one_line_error(result, 2, "give a bench's results.jsonl or its --out folder")
+        assert line.startswith(f"error: {named} does not exist:")
+    (tmp_path / RESULTS_FILE).write_text("")
+    assert_one_line_error(ead("bench", "replay", str(tmp_path), *missing), 2, "no samples in")
+
+
 @pytest.mark.parametrize(
     ("damage", "error"),
     [

@@ -63,6 +63,8 @@ def select_records(
 ) -> tuple[Record, list[Record]]:
     """The config and the samples to replay: every sample with a schedule, or the named strategies
     (each must have one) and tasks; each read whole here, before any model loads."""
+    if not path.exists():
+        raise EadError(f"{path} does not exist: give a bench's results.jsonl or its --out folder", 2)
     config, records = read_results(path)
     if config is None or not records:
         raise EadError(f"no samples in {path}", exit_code=2)
