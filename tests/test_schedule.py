@@ -247,6 +247,8 @@ def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path
     ("args", "message"),
     [
         (["--strategies", "gate tau=9"], "'gate tau=9' is not in"),
+        (["--strategies", ","], "--strategies: ',' names no strategy"),
+        (["--strategies", ""], "--strategies: '' names no strategy"),
     ],
 )
 def test_bad_replay_requests_are_one_line(

@@ -243,7 +243,9 @@ def bench_replay(
 
     path = results / RESULTS_FILE if results.is_dir() else results
     check_out(out or path.parent, folder=True)
-    names = [name.strip() for name in strategies.split(",") if name.strip()] if strategies else None
+    names = None if strategies is None else [name.strip() for name in strategies.split(",") if name.strip()]
+    if names == []:  # not all of them: that is the option left out
+        raise EadError(f"--strategies: {strategies!r} names no strategy", exit_code=2)
     with progress_bar() as (progress, bar):
         report = replay_bench(
             path,
