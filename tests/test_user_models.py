@@ -263,3 +263,20 @@ def test_models_rm_removes_the_cache_copy_only(
         assert fragment in assert_one_line_error(ead("models", "rm", ref, env=env), 1)
     assert all(path.exists() for path in user_files)
     assert "unknown model alias 'tinyy'" in assert_one_line_error(ead("models", "rm", "tinyy", env=env), 1)
+
+
+def test_models_pull_of_a_model_that_is_no_alias_says_what_it_is(
+    env: dict[str, str], tiny_small: Path
+) -> None:
+    """ollama's models and files are used where they lie: pull names them so, where it had called each an
+    unknown alias (and pointed at 'ead models list')."""
+    for ref, fragment in (
+        ("ollama:qwen2.5-coder:0.5b", "is ollama's model, not ead's: ead pulls only the aliases"),
+        ("lmstudio:tiny-q4", "is a file of yours, not ead's: ead pulls only the aliases of models.toml"),
+        (str(tiny_small), "is a file of yours, not ead's"),
+        ("./missing.gguf", "is a file of yours, not ead's"),
+    ):
+        line = assert_one_line_error(ead("models", "pull", ref, env=env), 1, f"'{ref}' {fragment}")
+        assert "unknown model alias" not in line
+    line = assert_one_line_error(ead("models", "pull", "ollama:qwen2.5-coder:0.5b", env=env), 1)
+    assert line.endswith("(ollama pull qwen2.5-coder:0.5b fetches it)")
