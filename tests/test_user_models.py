@@ -201,6 +201,32 @@ def test_lmstudio_misses_are_one_line(env: dict[str, str], lmstudio_root: Path, 
     assert "'lmstudio:other/Twin-GGUF' matches 2 models" in line
 
 
+def test_models_list_says_what_is_wrong_with_a_broken_lmstudio_file(
+    env: dict[str, str], lmstudio_root: Path, tiny_small: Path, tiny_large: Path
+) -> None:
+    """An empty file and a split model missing a shard are listed with their problem, as a broken ollama
+    blob is (they had been listed as usable, 0.00 GiB), and naming one says the same; a model at the
+    folder's top is found by its name."""
+    folder = lmstudio_root / "someone" / "Broken-GGUF"
+    folder.mkdir()
+    (folder / "empty.gguf").touch()
+    shutil.copyfile(tiny_small, folder / "split-00001-of-00002.gguf")
+    shutil.copyfile(tiny_small, lmstudio_root / "top.gguf")
+    result = ead("models", "list", "--json", env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    rows = {row["ref"]: row for row in json.loads(result.stdout) if row["source"] == "lmstudio"}
+    empty = rows["lmstudio:someone/Broken-GGUF/empty.gguf"]
+    assert (empty["local"], empty["path"]) == (None, None)
+    assert empty["description"] == f"model file is empty (0 bytes): {folder / 'empty.gguf'}"
+    split = rows["lmstudio:someone/Broken-GGUF/split-00001-of-00002.gguf"]
+    assert (split["local"], split["path"]) == (None, None)
+    assert split["description"].startswith("split model split-00001-of-00002.gguf is missing 1 of its 2")
+    assert rows["lmstudio:someone/Tiny-GGUF/tiny-q4.gguf"]["local"] == "lmstudio"
+    assert refused(env, "lmstudio:EMPTY", tiny_large) == f"error: {empty['description']}"
+    assert refused(env, "lmstudio:split-00001-of-00002", tiny_large) == f"error: {split['description']}"
+    assert generate(env, "lmstudio:top", str(tiny_large)) == generate(env, str(tiny_small), str(tiny_large))
+
+
 def test_models_list_json_shows_them_beside_the_catalog(
     env: dict[str, str], ollama_root: Path, lmstudio_root: Path
 ) -> None:
