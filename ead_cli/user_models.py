@@ -155,7 +155,8 @@ def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
             except EadError as err:
                 found.append(UserModel(ref, "lmstudio", None, problem=str(err)))
             else:
-                found.append(UserModel(ref, "lmstudio", checked, checked.stat().st_size))
+                size = sum(shard.stat().st_size for shard in shard_paths(checked))  # all of a split model
+                found.append(UserModel(ref, "lmstudio", checked, size))
     return found
 
 

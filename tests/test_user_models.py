@@ -227,6 +227,16 @@ def test_models_list_says_what_is_wrong_with_a_broken_lmstudio_file(
     assert generate(env, "lmstudio:top", str(tiny_large)) == generate(env, str(tiny_small), str(tiny_large))
 
 
+def test_a_split_lmstudio_model_is_listed_once_with_the_size_of_all_its_shards(tmp_path: Path) -> None:
+    folder = tmp_path / "someone" / "Big-GGUF"
+    folder.mkdir(parents=True)
+    for index, size in ((1, 1000), (2, 3000), (3, 500)):
+        (folder / f"big-0000{index}-of-00003.gguf").write_bytes(b"GGUF" + bytes(size - 4))
+    (listed,) = user_models._lmstudio_models([tmp_path])
+    assert listed.ref == "lmstudio:someone/Big-GGUF/big-00001-of-00003.gguf"
+    assert (listed.path, listed.size) == (folder / "big-00001-of-00003.gguf", 4500)
+
+
 def test_models_list_json_shows_them_beside_the_catalog(
     env: dict[str, str], ollama_root: Path, lmstudio_root: Path
 ) -> None:
