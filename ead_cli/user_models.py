@@ -146,7 +146,7 @@ def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
     (mmproj files, which are not language models); each checked as a model file, as ollama's blobs are."""
     found: list[UserModel] = []
     for root in roots:
-        for path in sorted(root.rglob("*.gguf")):
+        for path in _gguf_files(root):
             if not path.is_file() or "mmproj" in path.name.lower() or shard_paths(path)[0] != path:
                 continue
             ref = f"{LMSTUDIO_PREFIX}{path.relative_to(root).as_posix()}"
@@ -158,6 +158,21 @@ def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
                 size = sum(shard.stat().st_size for shard in shard_paths(checked))  # all of a split model
                 found.append(UserModel(ref, "lmstudio", checked, size))
     return found
+
+
+def _gguf_files(root: Path) -> list[Path]:
+    """The .gguf files under ``root``, sorted, through linked folders too (models moved to another disk
+    and linked back, which rglob does not enter), each real folder once, so a link loop ends."""
+    seen: set[tuple[int, int]] = set()
+    found: list[Path] = []
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        stat = os.stat(folder)
+        if (stat.st_dev, stat.st_ino) in seen:
+            subfolders.clear()
+            continue
+        seen.add((stat.st_dev, stat.st_ino))
+        found += [Path(folder, name) for name in files if name.endswith(".gguf")]
+    return sorted(found)
 
 
 def resolve_lmstudio(name: str) -> Path:

@@ -237,6 +237,25 @@ def test_a_split_lmstudio_model_is_listed_once_with_the_size_of_all_its_shards(t
     assert (listed.path, listed.size) == (folder / "big-00001-of-00003.gguf", 4500)
 
 
+def test_lmstudio_models_in_a_linked_folder_are_found_and_a_link_loop_ends(
+    tmp_path: Path, tiny_small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publisher's folder moved to another disk and linked back is listed and found by name (rglob had
+    not entered it); a link to a folder above is walked once."""
+    root, elsewhere = tmp_path / "lmstudio", tmp_path / "other-disk" / "Tiny-GGUF"
+    elsewhere.mkdir(parents=True)
+    shutil.copyfile(tiny_small, elsewhere / "tiny-q4.gguf")
+    (root / "someone").mkdir(parents=True)
+    (root / "someone" / "Tiny-GGUF").symlink_to(elsewhere, target_is_directory=True)
+    (root / "someone" / "loop").symlink_to(root, target_is_directory=True)
+    monkeypatch.setenv("LMSTUDIO_MODELS", str(root))
+    (listed,) = user_models._lmstudio_models([root])
+    assert listed.ref == "lmstudio:someone/Tiny-GGUF/tiny-q4.gguf"
+    assert listed.path == root / "someone" / "Tiny-GGUF" / "tiny-q4.gguf"
+    for name in ("tiny-q4", "someone/Tiny-GGUF"):
+        assert user_models.resolve_lmstudio(name) == listed.path
+
+
 def test_models_list_json_shows_them_beside_the_catalog(
     env: dict[str, str], ollama_root: Path, lmstudio_root: Path
 ) -> None:
