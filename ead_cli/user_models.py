@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
@@ -143,15 +143,36 @@ def _ollama_models(root: Path) -> list[UserModel]:
 
 def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
     """The .gguf files under LM Studio's folders: a split model by its first shard, no vision projectors
-    (mmproj files, which are not language models)."""
+    (mmproj files, which are not language models); each checked as a model file, as ollama's blobs are."""
     found: list[UserModel] = []
     for root in roots:
-        for path in sorted(root.rglob("*.gguf")):
+        for path in _gguf_files(root):
             if not path.is_file() or "mmproj" in path.name.lower() or shard_paths(path)[0] != path:
                 continue
             ref = f"{LMSTUDIO_PREFIX}{path.relative_to(root).as_posix()}"
-            found.append(UserModel(ref, "lmstudio", path.absolute(), path.stat().st_size))
+            try:
+                checked = checked_gguf(path)
+            except EadError as err:
+                found.append(UserModel(ref, "lmstudio", None, problem=str(err)))
+            else:
+                size = sum(shard.stat().st_size for shard in shard_paths(checked))  # all of a split model
+                found.append(UserModel(ref, "lmstudio", checked, size))
     return found
+
+
+def _gguf_files(root: Path) -> list[Path]:
+    """The .gguf files under ``root``, sorted, through linked folders too (models moved to another disk
+    and linked back, which rglob does not enter), each real folder once, so a link loop ends."""
+    seen: set[tuple[int, int]] = set()
+    found: list[Path] = []
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        stat = os.stat(folder)
+        if (stat.st_dev, stat.st_ino) in seen:
+            subfolders.clear()
+            continue
+        seen.add((stat.st_dev, stat.st_ino))
+        found += [Path(folder, name) for name in files if name.endswith(".gguf")]
+    return sorted(found)
 
 
 def resolve_lmstudio(name: str) -> Path:
@@ -166,14 +187,13 @@ def resolve_lmstudio(name: str) -> Path:
     matches = [
         model
         for model in models
-        if model.path is not None
-        and (
-            wanted in (model.path.name.lower(), model.path.stem.lower())
-            or model.ref.lower().startswith(f"{LMSTUDIO_PREFIX}{wanted}/")
-        )
+        if wanted in (_file_name(model), _file_name(model).removesuffix(".gguf"))
+        or model.ref.lower().startswith(f"{LMSTUDIO_PREFIX}{wanted}/")
     ]
-    if len(matches) == 1 and matches[0].path is not None:
-        return checked_gguf(matches[0].path)
+    if len(matches) == 1:
+        if matches[0].path is None:
+            raise EadError(matches[0].problem)
+        return matches[0].path
     if matches:
         raise EadError(
             f"'{LMSTUDIO_PREFIX}{name}' matches {len(matches)} models{_listing([m.ref for m in matches])}"
@@ -182,11 +202,14 @@ def resolve_lmstudio(name: str) -> Path:
     raise EadError(f"no LM Studio model '{name}' in {where}{_listing([m.ref for m in models])}")
 
 
+def _file_name(model: UserModel) -> str:
+    """The lower-cased name of an LM Studio model's file, read from its ref (a broken file has no path)."""
+    return PurePosixPath(model.ref.removeprefix(LMSTUDIO_PREFIX)).name.lower()
+
+
 def _listing(refs: list[str]) -> str:
     """`` (has: a, b, ...)`` for a one-line message; empty-handed says so."""
     if not refs:
         return " (it has none)"
     more = f", and {len(refs) - _LISTED} more" if len(refs) > _LISTED else ""
     return f" (has: {', '.join(refs[:_LISTED])}{more})"
-
-

@@ -7,7 +7,7 @@ cache exactly as the generation left it and read exactly the recorded tokens per
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -247,6 +247,8 @@ def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path
     ("args", "message"),
     [
         (["--strategies", "gate tau=9"], "'gate tau=9' is not in"),
+        (["--strategies", ","], "--strategies: ',' names no strategy"),
+        (["--strategies", ""], "--strategies: '' names no strategy"),
     ],
 )
 def test_bad_replay_requests_are_one_line(
@@ -286,6 +288,47 @@ def test_a_record_without_a_schedule_or_fingerprint_is_refused(
     (tmp_path / "old" / RESULTS_FILE).write_text("\n".join([json.dumps(config), lines[1]]) + "\n")
     result = ead("bench", "replay", str(tmp_path / "old"), *pair)
     assert_one_line_error(result, 2, "without a tokenizer fingerprint")
+
+
+def test_a_replay_of_no_results_file_says_so(tmp_path: Path) -> None:
+    """A mistyped path, or a folder without results.jsonl, is named as missing: it had been reported as
+    holding no samples."""
+    missing = ["--small", str(tmp_path / "none.gguf"), "--large", str(tmp_path / "none.gguf")]
+    for given, named in (
+        (tmp_path / "typo.jsonl", tmp_path / "typo.jsonl"),
+        (tmp_path, tmp_path / RESULTS_FILE),
+    ):
+        result = ead("bench", "replay", str(given), *missing)
+        line = assert_one_line_error(result, 2, "give a bench's results.jsonl or its --out folder")
+        assert line.startswith(f"error: {named} does not exist:")
+    (tmp_path / RESULTS_FILE).write_text("")
+    assert_one_line_error(ead("bench", "replay", str(tmp_path), *missing), 2, "no samples in")
+
+
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        (lambda sample: sample.pop("strategy"), "KeyError: 'strategy'"),
+        (lambda sample: sample.pop("models"), "KeyError: 'models'"),
+        (lambda sample: sample["models"].pop("small"), "KeyError: 'small'"),
+        (lambda sample: sample.update(wall_s="fast"), "ValueError: could not convert string to float"),
+    ],
+    ids=["no strategy", "no models", "no small model", "a wall time in words"],
+)
+def test_a_damaged_sample_record_is_one_line_before_any_model_loads(
+    recorded: Path, tmp_path: Path, damage: Callable[[dict], object], error: str
+) -> None:
+    """An edited results file: one line naming it, exit 2, where the first read of the missing figure had
+    been a traceback (for the figures, after both models had loaded); the models given do not exist."""
+    lines = (recorded / RESULTS_FILE).read_text().splitlines()
+    sample = json.loads(lines[1])
+    damage(sample)
+    (tmp_path / RESULTS_FILE).write_text("\n".join([lines[0], json.dumps(sample), *lines[2:]]) + "\n")
+    missing = ["--small", str(tmp_path / "none.gguf"), "--large", str(tmp_path / "none.gguf")]
+    result = ead("bench", "replay", str(tmp_path), *missing)
+    line = assert_one_line_error(result, 2, "holds a sample record ead cannot read", error)
+    assert line.startswith(f"error: {tmp_path / RESULTS_FILE} holds")
+    assert not (tmp_path / replay.REPLAY_FILE).exists()
 
 
 def test_a_schedule_past_the_context_is_refused(

@@ -201,6 +201,61 @@ def test_lmstudio_misses_are_one_line(env: dict[str, str], lmstudio_root: Path, 
     assert "'lmstudio:other/Twin-GGUF' matches 2 models" in line
 
 
+def test_models_list_says_what_is_wrong_with_a_broken_lmstudio_file(
+    env: dict[str, str], lmstudio_root: Path, tiny_small: Path, tiny_large: Path
+) -> None:
+    """An empty file and a split model missing a shard are listed with their problem, as a broken ollama
+    blob is (they had been listed as usable, 0.00 GiB), and naming one says the same; a model at the
+    folder's top is found by its name."""
+    folder = lmstudio_root / "someone" / "Broken-GGUF"
+    folder.mkdir()
+    (folder / "empty.gguf").touch()
+    shutil.copyfile(tiny_small, folder / "split-00001-of-00002.gguf")
+    shutil.copyfile(tiny_small, lmstudio_root / "top.gguf")
+    result = ead("models", "list", "--json", env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    rows = {row["ref"]: row for row in json.loads(result.stdout) if row["source"] == "lmstudio"}
+    empty = rows["lmstudio:someone/Broken-GGUF/empty.gguf"]
+    assert (empty["local"], empty["path"]) == (None, None)
+    assert empty["description"] == f"model file is empty (0 bytes): {folder / 'empty.gguf'}"
+    split = rows["lmstudio:someone/Broken-GGUF/split-00001-of-00002.gguf"]
+    assert (split["local"], split["path"]) == (None, None)
+    assert split["description"].startswith("split model split-00001-of-00002.gguf is missing 1 of its 2")
+    assert rows["lmstudio:someone/Tiny-GGUF/tiny-q4.gguf"]["local"] == "lmstudio"
+    assert refused(env, "lmstudio:EMPTY", tiny_large) == f"error: {empty['description']}"
+    assert refused(env, "lmstudio:split-00001-of-00002", tiny_large) == f"error: {split['description']}"
+    assert generate(env, "lmstudio:top", str(tiny_large)) == generate(env, str(tiny_small), str(tiny_large))
+
+
+def test_a_split_lmstudio_model_is_listed_once_with_the_size_of_all_its_shards(tmp_path: Path) -> None:
+    folder = tmp_path / "someone" / "Big-GGUF"
+    folder.mkdir(parents=True)
+    for index, size in ((1, 1000), (2, 3000), (3, 500)):
+        (folder / f"big-0000{index}-of-00003.gguf").write_bytes(b"GGUF" + bytes(size - 4))
+    (listed,) = user_models._lmstudio_models([tmp_path])
+    assert listed.ref == "lmstudio:someone/Big-GGUF/big-00001-of-00003.gguf"
+    assert (listed.path, listed.size) == (folder / "big-00001-of-00003.gguf", 4500)
+
+
+def test_lmstudio_models_in_a_linked_folder_are_found_and_a_link_loop_ends(
+    tmp_path: Path, tiny_small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publisher's folder moved to another disk and linked back is listed and found by name (rglob had
+    not entered it); a link to a folder above is walked once."""
+    root, elsewhere = tmp_path / "lmstudio", tmp_path / "other-disk" / "Tiny-GGUF"
+    elsewhere.mkdir(parents=True)
+    shutil.copyfile(tiny_small, elsewhere / "tiny-q4.gguf")
+    (root / "someone").mkdir(parents=True)
+    (root / "someone" / "Tiny-GGUF").symlink_to(elsewhere, target_is_directory=True)
+    (root / "someone" / "loop").symlink_to(root, target_is_directory=True)
+    monkeypatch.setenv("LMSTUDIO_MODELS", str(root))
+    (listed,) = user_models._lmstudio_models([root])
+    assert listed.ref == "lmstudio:someone/Tiny-GGUF/tiny-q4.gguf"
+    assert listed.path == root / "someone" / "Tiny-GGUF" / "tiny-q4.gguf"
+    for name in ("tiny-q4", "someone/Tiny-GGUF"):
+        assert user_models.resolve_lmstudio(name) == listed.path
+
+
 def test_models_list_json_shows_them_beside_the_catalog(
     env: dict[str, str], ollama_root: Path, lmstudio_root: Path
 ) -> None:
@@ -263,3 +318,20 @@ def test_models_rm_removes_the_cache_copy_only(
         assert fragment in assert_one_line_error(ead("models", "rm", ref, env=env), 1)
     assert all(path.exists() for path in user_files)
     assert "unknown model alias 'tinyy'" in assert_one_line_error(ead("models", "rm", "tinyy", env=env), 1)
+
+
+def test_models_pull_of_a_model_that_is_no_alias_says_what_it_is(
+    env: dict[str, str], tiny_small: Path
+) -> None:
+    """ollama's models and files are used where they lie: pull names them so, where it had called each an
+    unknown alias (and pointed at 'ead models list')."""
+    for ref, fragment in (
+        ("ollama:qwen2.5-coder:0.5b", "is ollama's model, not ead's: ead pulls only the aliases"),
+        ("lmstudio:tiny-q4", "is a file of yours, not ead's: ead pulls only the aliases of models.toml"),
+        (str(tiny_small), "is a file of yours, not ead's"),
+        ("./missing.gguf", "is a file of yours, not ead's"),
+    ):
+        line = assert_one_line_error(ead("models", "pull", ref, env=env), 1, f"'{ref}' {fragment}")
+        assert "unknown model alias" not in line
+    line = assert_one_line_error(ead("models", "pull", "ollama:qwen2.5-coder:0.5b", env=env), 1)
+    assert line.endswith("(ollama pull qwen2.5-coder:0.5b fetches it)")

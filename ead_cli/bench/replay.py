@@ -25,7 +25,7 @@ from ..options import ModelOptions
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES
-from .results import Record, read_results
+from .results import Record, read_results, unreadable_record
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
 REPLAY_FILE = "replay.json"
@@ -62,7 +62,9 @@ def select_records(
     path: Path, strategies: Sequence[str] | None, ids: Sequence[str] | None
 ) -> tuple[Record, list[Record]]:
     """The config and the samples to replay: every sample with a schedule, or the named strategies
-    (each must have one) and tasks."""
+    (each must have one) and tasks; each read whole here, before any model loads."""
+    if not path.exists():
+        raise EadError(f"{path} does not exist: give a bench's results.jsonl or its --out folder", 2)
     config, records = read_results(path)
     if config is None or not records:
         raise EadError(f"no samples in {path}", exit_code=2)
@@ -71,26 +73,53 @@ def select_records(
             f"{path} was recorded without a tokenizer fingerprint (by an older ead): run the bench again",
             exit_code=2,
         )
+    _check_readable(path, records, _read_names)
     if ids is not None:
         records = [record for record in records if record["task_id"] in set(ids)]
     if strategies is None:
         chosen = [record for record in records if record.get("schedule") is not None]
         if not chosen:
             raise EadError(f"no sample in {path} has a schedule to replay", exit_code=2)
-        return config, chosen
-    known = {record["strategy"] for record in records}
-    for name in strategies:
-        if name not in known:
-            raise EadError(f"--strategies: {name!r} is not in {path} (it has: {', '.join(sorted(known))})", 2)
-    chosen = [record for record in records if record["strategy"] in set(strategies)]
-    for record in chosen:
-        if record.get("schedule") is None:
-            raise EadError(
-                f"{record['strategy']} on {record['task_id']} has no schedule (a remote model, a native "
-                "server strategy, or an older ead recorded it): it cannot be replayed",
-                exit_code=2,
-            )
+    else:
+        known = {record["strategy"] for record in records}
+        for name in strategies:
+            if name not in known:
+                raise EadError(
+                    f"--strategies: {name!r} is not in {path} (it has: {', '.join(sorted(known))})", 2
+                )
+        chosen = [record for record in records if record["strategy"] in set(strategies)]
+        for record in chosen:
+            if record.get("schedule") is None:
+                raise EadError(
+                    f"{record['strategy']} on {record['task_id']} has no schedule (a remote model, a native "
+                    "server strategy, or an older ead recorded it): it cannot be replayed",
+                    exit_code=2,
+                )
+    _check_readable(path, chosen, lambda record: _read_figures(record, list(config["models"])))
     return config, chosen
+
+
+def _read_names(record: Record) -> None:
+    """What selecting a sample reads of it."""
+    str(record["strategy"]), str(record["task_id"])
+
+
+def _read_figures(record: Record, roles: Sequence[str]) -> None:
+    """What replaying a sample reads of it, besides its schedule (checked step by step later)."""
+    float(record["wall_s"]), float(record["large_share"]), int(record["generated"])
+    for role in roles:
+        for phase in PHASES:
+            int(record["models"][role][f"{phase}_tokens"])
+
+
+def _check_readable(path: Path, records: Sequence[Record], read: Callable[[Record], None]) -> None:
+    """Read what a replay will read of each record, so an edited or damaged one is one line before any
+    model loads, not a traceback after."""
+    for record in records:
+        try:
+            read(record)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise unreadable_record(path, error) from None
 
 
 def _by_task(records: Sequence[Record]) -> list[Record]:

@@ -127,6 +127,12 @@ def check_out(path: Path, *, folder: bool) -> None:
                 part.rmdir()
 
 
+def unreadable_record(path: Path, error: Exception) -> EadError:
+    """A sample record edited or damaged past reading (a key missing, a figure of the wrong type): one
+    line naming its file, where the traceback of the first read of it would have been."""
+    return EadError(f"{path} holds a sample record ead cannot read ({type(error).__name__}: {error})", 2)
+
+
 def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     """The config record and the sample records of a results file (an unfinished last line is dropped)."""
     if not path.exists():

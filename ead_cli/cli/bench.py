@@ -187,7 +187,7 @@ def bench_report(
     wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.report import aggregate, repeats_table, write_report
-    from ..bench.results import RESULTS_FILE, check_repeats, read_results
+    from ..bench.results import RESULTS_FILE, check_repeats, read_results, unreadable_record
 
     for folder in folders:
         if not folder.is_dir():
@@ -208,8 +208,7 @@ def bench_report(
             try:
                 runs.append(aggregate(records))
             except (KeyError, TypeError, ValueError) as error:  # an edited or damaged sample record
-                what = f"a sample record ead cannot read ({type(error).__name__}: {error})"
-                raise EadError(f"{path} holds {what}", exit_code=2) from None
+                raise unreadable_record(path, error) from None
         check_repeats(read)
         if len(runs) == 1:
             _show_report(folders[0], runs[0])
@@ -244,7 +243,9 @@ def bench_replay(
 
     path = results / RESULTS_FILE if results.is_dir() else results
     check_out(out or path.parent, folder=True)
-    names = [name.strip() for name in strategies.split(",") if name.strip()] if strategies else None
+    names = None if strategies is None else [name.strip() for name in strategies.split(",") if name.strip()]
+    if names == []:  # not all of them: that is the option left out
+        raise EadError(f"--strategies: {strategies!r} names no strategy", exit_code=2)
     with progress_bar() as (progress, bar):
         report = replay_bench(
             path,
