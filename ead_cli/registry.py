@@ -175,10 +175,7 @@ def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does
 
 
 def local_status(spec: ModelSpec) -> str | None:
-    """Where the alias is available right now without a download, for ``ead models list``; cheap.
-
-    ``catalog`` is not needed (``spec`` says it all); it is kept only for the call shape ``cli.py`` uses.
-    """
+    """Where the alias is available right now without a download, for ``ead models list``; cheap."""
     if _hub_cached(spec) is not None:
         return "hub cache"
     if _ead_cached(spec) is not None:
@@ -548,6 +545,11 @@ def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]
 def _parse_spec(alias: str, table: _Table) -> ModelSpec:
     if not alias or any(c.isspace() or c in "/\\" for c in alias) or alias.lower().endswith(".gguf"):
         table.fail(f"alias {alias!r} must be non-empty, without spaces or slashes, and not end in .gguf")
+    if alias.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX)):  # resolve reads those as other tools' models
+        table.fail(
+            f"alias {alias!r} cannot start with {OLLAMA_PREFIX} or {LMSTUDIO_PREFIX}: they name "
+            "the models of ollama and LM Studio"
+        )
     repo = table.take("repo", "text")
     if not _REPO.fullmatch(repo):
         table.fail(f'{table.key("repo")} must look like "owner/name", not {repo!r}')

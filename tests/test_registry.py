@@ -207,6 +207,11 @@ pattern = "mine-*.gguf"
         ),
         ("[model.x]\nrepo = 'a/b'\n", ": unknown key model (known here: defaults, models)"),
         ("[defaults]\nsmall = 'nope'\n", ": default small model 'nope' is not an alias"),
+        (  # --small ollama:mine would be ollama's model: the alias could never be reached
+            "[models.'ollama:mine']\nrepo = 'a/b'\npattern = 'x.gguf'\n",
+            "alias 'ollama:mine' cannot start with ollama: or lmstudio:",
+        ),
+        ("[models.'lmstudio:x']\nrepo = 'a/b'\npattern = 'x.gguf'\n", "alias 'lmstudio:x' cannot start"),
     ],
 )
 def test_bad_user_file_is_a_one_line_error_naming_the_file(tmp_path: Path, text: str, problem: str) -> None:
