@@ -95,6 +95,102 @@ def test_fields_that_would_change_the_answer_are_refused_not_ignored(
         assert error["message"].startswith(f"{param}: ")
 
 
+# llama-server's fields that would change the answer, each with a value that does and one meaning "off"
+LLAMA_SERVER_REFUSED = [
+    ("n_predict", 8, -1),
+    ("n_cmpl", 2, 1),
+    ("n_indent", 4, 0),
+    ("t_max_predict_ms", 50, 0),
+    ("ignore_eos", True, False),
+    ("repeat_penalty", 1.1, 1.0),
+    ("typical_p", 0.5, 1),
+    ("mirostat", 2, 0),
+    ("dynatemp_range", 0.5, 0),
+    ("dry_multiplier", 0.8, 0),
+    ("xtc_probability", 0.5, 0),
+    ("top_n_sigma", 1.0, -1),
+    ("min_keep", 5, 0),
+    ("samplers", ["temperature", "top_k"], ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]),
+    ("grammar", 'root ::= "a"', ""),
+    ("json_schema", {}, None),
+    ("lora", [{"id": 0, "scale": 0.5}], []),
+]
+
+
+# llama-server's fields that do not change the answer: its cache and slot ones, and those that only tune a
+# sampler that is off
+LLAMA_SERVER_HARMLESS = {
+    "cache_prompt": False,
+    "id_slot": 0,
+    "timings_per_token": True,
+    "n_keep": -1,
+    "n_probs": 0,
+    "mirostat_tau": 3.0,
+    "dry_base": 2.0,
+    "xtc_threshold": 0.2,
+    "repeat_last_n": 32,
+}
+
+
+@pytest.mark.parametrize(("param", "value", "off"), LLAMA_SERVER_REFUSED)
+def test_llama_servers_fields_are_refused_by_name_unless_off(
+    server: Server, param: str, value: object, off: object
+) -> None:
+    """A llama.cpp client's extra_body (repeat_penalty, mirostat, grammar...) had been ignored silently;
+    its off value is answered, beside the fields that change nothing."""
+    for path, request in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "hi"})):
+        reply = post(server, path, {**request, "max_tokens": 2, param: value})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "unsupported_parameter" and error["param"] == param
+        assert error["message"] == f"{param}: {param} is not supported by ead serve"
+        answered = post(server, path, {**request, "max_tokens": 2, param: off, **LLAMA_SERVER_HARMLESS})
+        assert answered.status_code == 200, answered.text
+
+
+def sampled_text(server: Server, **fields: object) -> str:
+    """A chat answer drawn at a high temperature with a fixed seed, with ``fields`` in the request."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16, "seed": 3, **fields}
+    reply = post(server, CHAT, {"temperature": 1.5, **body})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["message"]["content"]
+
+
+def test_llama_servers_top_k_and_min_p_are_the_ead_ones(server: Server) -> None:
+    """Top-level top_k and min_p (llama-server's spelling, a llama.cpp client's extra_body) had been ignored:
+    the answer was drawn from top-k 40, min-p 0.05."""
+    greedy = sampled_text(server, temperature=0)
+    assert sampled_text(server) != greedy  # the temperature draws another answer
+    assert sampled_text(server, top_k=1) == sampled_text(server, ead={"top_k": 1}) == greedy
+    assert sampled_text(server, min_p=1) == sampled_text(server, ead={"min_p": 1}) == greedy
+    assert sampled_text(server, top_k=1, ead={"top_k": 1}) == greedy  # the same value in both
+
+
+def as_top_level(error: dict) -> dict:
+    """The error object about ``ead.FIELD`` as it reads about ``FIELD``."""
+    return {key: text.removeprefix("ead.") if isinstance(text, str) else text for key, text in error.items()}
+
+
+@pytest.mark.parametrize(("field", "bad"), [("top_k", -1), ("top_k", 10**30), ("top_k", 1.5), ("min_p", 2)])
+def test_a_bad_top_level_top_k_or_min_p_is_the_ead_ones_400(server: Server, field: str, bad: object) -> None:
+    top = post(server, CHAT, {"messages": HI, field: bad})
+    inner = post(server, CHAT, {"messages": HI, "ead": {field: bad}})
+    assert top.status_code == inner.status_code == 400, top.text
+    assert top.json()["error"] == as_top_level(inner.json()["error"])
+
+
+@pytest.mark.parametrize(("field", "top", "inner"), [("top_k", 1, 2), ("min_p", 0.5, 0.1)])
+def test_top_level_and_ead_values_that_differ_are_a_400(
+    server: Server, field: str, top: object, inner: object
+) -> None:
+    for path, request in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "hi"})):
+        reply = post(server, path, {**request, field: top, "ead": {field: inner}})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (error["param"], error["code"]) == (field, "invalid_value")
+        assert error["message"].startswith(f"{field} {top!r} and ead.{field} {inner!r} differ")
+
+
 def test_parts_that_are_not_text_are_refused_by_name(server: Server) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     reply = post(server, CHAT, {"messages": [{"role": "user", "content": [image]}]})

@@ -341,6 +341,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         base = defaults.generation.sampling
         temp = base.temp if body.temperature is None else body.temperature
         grammar = body.response_format.grammar() if body.response_format is not None else None
+        top_k, min_p = body.sampling_value("top_k"), body.sampling_value("min_p")
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             # the request's options given over the command line's: one of them may turn the pair on
@@ -351,9 +352,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             sampling = SamplingParams(
                 grammar=grammar,
                 temp=0.0 if body.top_p == 0 else temp,  # top_p 0 keeps the likeliest token alone: greedy
-                top_k=base.top_k if ead.top_k is None else ead.top_k,
+                top_k=base.top_k if top_k is None else top_k,
                 top_p=base.top_p if not body.top_p else body.top_p,
-                min_p=base.min_p if ead.min_p is None else ead.min_p,
+                min_p=base.min_p if min_p is None else min_p,
                 # as OpenAI and llama-server: a fresh draw per request unless the request names its seed
                 seed=body.seed if body.seed is not None and body.seed >= 0 else secrets.randbelow(2**32 - 1),
             )

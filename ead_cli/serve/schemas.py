@@ -13,7 +13,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..errors import EadError
-from ..option_table import SERVE, DecodingOption, on
+from ..option_table import OPTIONS, SERVE, DecodingOption, on
 from ..policies import BURST_KINDS, parse_tau
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
@@ -89,8 +89,27 @@ EadOptions = create_model(
 )
 
 
-# Fields of OpenAI's API that would change the answer and that ead serve does not do, with the values
-# that change nothing (what clients send when they mean "off"): any other value is a 400, never silence.
+# Sampling fields llama-server takes at a request's top level that ead's ``ead`` object takes too: one
+# type for both spellings, so the same bounds and the same 400s (CompletionBase.sampling_value).
+TopK = _http_type(OPTIONS["top_k"])
+MinP = _http_type(OPTIONS["min_p"])
+
+# The sampler orders that are ead's chain: its own, and llama-server's defaults (the list its /completion
+# docs give, its --samplers and --sampler-seq), which run top-k, top-p, min-p, then temperature, as ead
+# does, once the samplers ead does not run are off (UNSUPPORTED refuses them otherwise).
+EAD_SAMPLER_ORDERS = (
+    ["top_k", "top_p", "min_p", "temperature"],
+    ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    "edskypmxt",
+)
+
+# Fields of OpenAI's API, and of llama-server's (its /completion options, which its OpenAI endpoints take
+# too), that would change the answer and that ead serve does not do, with the values that change nothing
+# (what clients send when they mean "off"): any other value is a 400, never silence. llama-server's fields
+# that only tune one of these (mirostat_tau and _eta, dry_base, xtc_threshold, dynatemp_exponent,
+# repeat_last_n), or that do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token,
+# n_keep: ead never shifts the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "echo": (None, False),
@@ -105,6 +124,23 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
+    "n_predict": (None, -1),  # llama-server's max_tokens; -1: no limit
+    "n_cmpl": (None, 1),
+    "n_indent": (None, 0),
+    "t_max_predict_ms": (None, 0),
+    "ignore_eos": (None, False),
+    "repeat_penalty": (None, 1),
+    "typical_p": (None, 1),
+    "mirostat": (None, 0),
+    "dynatemp_range": (None, 0),
+    "dry_multiplier": (None, 0),
+    "xtc_probability": (None, 0),
+    "top_n_sigma": (None, -1),
+    "min_keep": (None, 0, 1),  # ead's chain keeps one token at least, as llama.cpp's does with 0
+    "samplers": (None, *EAD_SAMPLER_ORDERS),
+    "grammar": (None, ""),
+    "json_schema": (None,),  # {} is any JSON, not off; response_format takes a schema
+    "lora": (None, []),
 }
 
 
@@ -218,7 +254,19 @@ class CompletionBase(BaseModel):
     response_format: ResponseFormat | None = None
     logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # chat: bool; text: N
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_k: TopK | None = None  # llama-server's spelling of ead.top_k
+    min_p: MinP | None = None
     ead: EadOptions | None = None
+
+    def sampling_value(self, name: str) -> Any:
+        """``top_k`` or ``min_p``, given at the top level (llama-server's spelling) or in ``ead``; None if
+        neither. Two different values are a 400: neither is guessed to win."""
+        top = getattr(self, name)
+        inner = None if self.ead is None else getattr(self.ead, name)
+        if top is not None and inner is not None and top != inner:
+            message = f"{name} {top!r} and ead.{name} {inner!r} differ: give one, or the same value in both"
+            raise ApiError(400, message, code="invalid_value", param=name)
+        return inner if top is None else top
 
     def logprobs_count(self) -> int | None:
         """How many alternatives each token's log-probabilities list; None: no log-probabilities.
