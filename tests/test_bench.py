@@ -198,9 +198,23 @@ def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
     probe = "import os, sys\nprint(sorted(os.listdir('.')), sys.stdin.read() == '', sorted(os.environ))\n"
     result = run_program(probe)
     assert result.returncode == 0
-    assert (
-        result.stdout.strip() == "['program.py', 'stderr', 'stdout'] True ['HOME', 'LANG', 'PATH', 'TMPDIR']"
-    )
+    assert result.stdout.strip() == "['program.py'] True ['HOME', 'LANG', 'PATH', 'TMPDIR']"
+
+
+@pytest.mark.parametrize(
+    "cleanup",
+    [
+        "for name in os.listdir('.'):\n    os.remove(name)\n",
+        "folder = os.getcwd()\nos.chdir('/')\nshutil.rmtree(folder)\n",
+    ],
+)
+def test_a_program_that_deletes_its_folders_files_is_still_judged(cleanup: str) -> None:
+    """Its output is caught outside the folder: deleting everything there (or the folder) had taken the
+    captured output away and crashed the bench with FileNotFoundError."""
+    solution = f"import os, shutil\n{cleanup}def add(a, b):\n    return a + b\n"
+    assert check_solution(ADD, solution) == Outcome("passed")
+    failing = f"import os, shutil\n{cleanup}def add(a, b):\n    return a - b\n"
+    assert check_solution(ADD, failing) == Outcome("failed", "AssertionError")
 
 
 # --------------------------------------------------------------------------------------- strategies

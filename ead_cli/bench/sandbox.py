@@ -1,9 +1,11 @@
 """Running a generated program against its task's tests.
 
 Sandbox. The program ``code + test + check(entry_point) + print(<random sentinel>)`` runs as
-``python -I`` in a fresh temporary directory, with stdin closed, a minimal environment, a wall-clock limit
-(10 s by default; the whole process group is killed at it) and, via ``resource`` limits, 2 GiB of address
-space, CPU seconds, 16 MiB of output files, no core files and no new processes (not enforced for root).
+``python -I`` in a fresh temporary directory that holds only ``program.py`` (its output goes to unnamed
+files elsewhere, so a program that deletes files or its folder cannot take it away), with stdin closed,
+a minimal environment, a wall-clock limit (10 s by default; the whole process group is killed at it) and,
+via ``resource`` limits, 2 GiB of address space, CPU seconds, 16 MiB of output files, no core files and
+no new processes (not enforced for root).
 A sample passes only if the program exits with status 0 *and* printed the sentinel line,
 so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax error is a failed sample.
 This limits accidents; it is not a security boundary against hostile code.
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import EadError
 from .tasks import Task
@@ -62,10 +65,9 @@ def _apply_limits(limits: Sequence[tuple[int, int]]) -> None:
         resource.setrlimit(which, (capped, capped))
 
 
-def _tail(path: Path) -> str:
-    with open(path, "rb") as handle:
-        handle.seek(max(0, os.path.getsize(path) - _TAIL_BYTES))
-        return handle.read().decode("utf-8", errors="replace")
+def _tail(handle: BinaryIO) -> str:
+    handle.seek(max(0, os.fstat(handle.fileno()).st_size - _TAIL_BYTES))
+    return handle.read().decode("utf-8", errors="replace")
 
 
 def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES) -> Execution:
@@ -82,7 +84,7 @@ def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEM
         work = Path(folder)
         (work / "program.py").write_text(source, encoding="utf-8")
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": folder, "TMPDIR": folder}
-        with open(work / "stdout", "wb") as out, open(work / "stderr", "wb") as err:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
                 process = subprocess.Popen(
                     [sys.executable, "-I", "program.py"],
@@ -104,7 +106,7 @@ def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEM
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-        return Execution(returncode, _tail(work / "stdout"), _tail(work / "stderr"))
+            return Execution(returncode, _tail(out), _tail(err))
 
 
 def check_solution(
