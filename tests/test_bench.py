@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -164,6 +165,9 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+REAL_TIME = signal.SIGRTMIN + 2  # no name in signal.Signals
+
+
 @pytest.mark.parametrize(
     ("code", "error"),
     [
@@ -171,6 +175,8 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
         ("def add(a, b:\n    return a + b\n", "SyntaxError"),
         ("def add(a, b):\n    return add(a, b)\n", "RecursionError"),
         ("print('x' * 10**6)\n" * 20, "File too large"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed by SIGKILL"),
+        (f"import os\nos.kill(os.getpid(), {REAL_TIME})\n", f"killed by signal {REAL_TIME}"),
     ],
 )
 def test_crashes_are_failed_samples(code: str, error: str) -> None:

@@ -70,6 +70,14 @@ def _tail(handle: BinaryIO) -> str:
     return handle.read().decode("utf-8", errors="replace")
 
 
+def _signal_name(number: int) -> str:
+    """SIGKILL, SIGXCPU...; a real-time signal has no name in ``signal.Signals``, so its number."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES) -> Execution:
     """Run Python source in a fresh temporary directory under time and resource limits."""
     limits = [
@@ -125,7 +133,7 @@ def check_solution(
     if errors:
         error = errors[-1].strip()
     elif result.returncode < 0:
-        error = f"killed by {signal.Signals(-result.returncode).name}"
+        error = f"killed by {_signal_name(-result.returncode)}"
     else:
         error = f"exit status {result.returncode} before the checks finished"
     return Outcome("failed", error[:300])
