@@ -200,6 +200,22 @@ def test_exiting_before_the_checks_or_faking_success_is_a_failure(code: str) -> 
     assert not outcome.passed
 
 
+@pytest.mark.parametrize(
+    "after_the_checks",
+    [
+        "import atexit\natexit.register(lambda: print('y' * 5000))\n",
+        "import threading\nthreading.Timer(0.2, print, ['z\\n' * 3000]).start()\n",  # a thread, later
+    ],
+)
+def test_output_after_the_sentinel_does_not_hide_it(after_the_checks: str) -> None:
+    """The checks ran to the end and the program exited 0: it passes however much it prints afterwards (the
+    sentinel had been looked for in the last 4 KiB only, and the sample failed, 'before the checks')."""
+    solution = f"{after_the_checks}def add(a, b):\n    return a + b\n"
+    assert check_solution(ADD, solution) == Outcome("passed")
+    wrong = f"{after_the_checks}def add(a, b):\n    return a - b\n"
+    assert check_solution(ADD, wrong) == Outcome("failed", "AssertionError")
+
+
 def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
     probe = "import os, sys\nprint(sorted(os.listdir('.')), sys.stdin.read() == '', sorted(os.environ))\n"
     result = run_program(probe)
