@@ -564,6 +564,41 @@ def test_the_page_streams_an_answer_coloured_by_model(tiny_pair: tuple[Path, Pat
     assert "Traceback" not in server.log()
 
 
+def open_page(server: Server, profile: Path) -> Browser:
+    """The page in Chromium, its legend loaded: ready for a person to type."""
+    browser = Browser(profile)
+    browser.call("Page.navigate", url=f"{server.url}/")
+    browser.wait_for("document.getElementById('legend').textContent.includes('small: ')")
+    return browser
+
+
+# A person types into the box and presses Enter; the state right after (the submit handler has run up to its
+# first wait): whether the earlier answer was still streaming, the turns on the page, what is left in the box.
+PRESS_ENTER = """((text) => {
+  const figures = document.querySelector('.figures');
+  const streaming = figures !== null && !figures.textContent;
+  const box = document.getElementById('prompt');
+  box.value = text;
+  box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true}));
+  return [streaming, document.querySelectorAll('.turn').length, box.value];
+})"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_sends_one_question_at_a_time(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Enter while an answer streams had sent a second request, its conversation lacking the first answer."""
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", str(LONG)], tmp_path / "server.log") as server:
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:
+            assert browser.evaluate(f"{PRESS_ENTER}('first')") == [False, 1, ""]
+            browser.wait_for("document.querySelectorAll('.answer span').length > 3")
+            assert browser.evaluate(f"{PRESS_ENTER}('second')") == [True, 1, "second"]
+            assert browser.evaluate("messages") == [{"role": "user", "content": "first"}]
+        finally:
+            browser.close()  # the client leaves: the long answer stops
+        assert server.stop() == 0
+
+
 @pytest.mark.real
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_the_page_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
