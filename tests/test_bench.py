@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -164,6 +165,9 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+REAL_TIME = signal.SIGRTMIN + 2  # no name in signal.Signals
+
+
 @pytest.mark.parametrize(
     ("code", "error"),
     [
@@ -171,6 +175,8 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
         ("def add(a, b:\n    return a + b\n", "SyntaxError"),
         ("def add(a, b):\n    return add(a, b)\n", "RecursionError"),
         ("print('x' * 10**6)\n" * 20, "File too large"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed by SIGKILL"),
+        (f"import os\nos.kill(os.getpid(), {REAL_TIME})\n", f"killed by signal {REAL_TIME}"),
     ],
 )
 def test_crashes_are_failed_samples(code: str, error: str) -> None:
@@ -194,13 +200,43 @@ def test_exiting_before_the_checks_or_faking_success_is_a_failure(code: str) -> 
     assert not outcome.passed
 
 
+@pytest.mark.parametrize(
+    "after_the_checks",
+    [
+        "import atexit\natexit.register(lambda: print('y' * 5000))\n",
+        "import threading\nthreading.Timer(0.2, print, ['z\\n' * 3000]).start()\n",  # a thread, later
+    ],
+)
+def test_output_after_the_sentinel_does_not_hide_it(after_the_checks: str) -> None:
+    """The checks ran to the end and the program exited 0: it passes however much it prints afterwards (the
+    sentinel had been looked for in the last 4 KiB only, and the sample failed, 'before the checks')."""
+    solution = f"{after_the_checks}def add(a, b):\n    return a + b\n"
+    assert check_solution(ADD, solution) == Outcome("passed")
+    wrong = f"{after_the_checks}def add(a, b):\n    return a - b\n"
+    assert check_solution(ADD, wrong) == Outcome("failed", "AssertionError")
+
+
 def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
     probe = "import os, sys\nprint(sorted(os.listdir('.')), sys.stdin.read() == '', sorted(os.environ))\n"
     result = run_program(probe)
     assert result.returncode == 0
-    assert (
-        result.stdout.strip() == "['program.py', 'stderr', 'stdout'] True ['HOME', 'LANG', 'PATH', 'TMPDIR']"
-    )
+    assert result.stdout.strip() == "['program.py'] True ['HOME', 'LANG', 'PATH', 'TMPDIR']"
+
+
+@pytest.mark.parametrize(
+    "cleanup",
+    [
+        "for name in os.listdir('.'):\n    os.remove(name)\n",
+        "folder = os.getcwd()\nos.chdir('/')\nshutil.rmtree(folder)\n",
+    ],
+)
+def test_a_program_that_deletes_its_folders_files_is_still_judged(cleanup: str) -> None:
+    """Its output is caught outside the folder: deleting everything there (or the folder) had taken the
+    captured output away and crashed the bench with FileNotFoundError."""
+    solution = f"import os, shutil\n{cleanup}def add(a, b):\n    return a + b\n"
+    assert check_solution(ADD, solution) == Outcome("passed")
+    failing = f"import os, shutil\n{cleanup}def add(a, b):\n    return a - b\n"
+    assert check_solution(ADD, failing) == Outcome("failed", "AssertionError")
 
 
 # --------------------------------------------------------------------------------------- strategies

@@ -564,6 +564,77 @@ def test_the_page_streams_an_answer_coloured_by_model(tiny_pair: tuple[Path, Pat
     assert "Traceback" not in server.log()
 
 
+def open_page(server: Server, profile: Path) -> Browser:
+    """The page in Chromium, its legend loaded: ready for a person to type."""
+    browser = Browser(profile)
+    browser.call("Page.navigate", url=f"{server.url}/")
+    browser.wait_for("document.getElementById('legend').textContent.includes('small: ')")
+    return browser
+
+
+# A person types into the box and presses Enter; the state right after (the submit handler has run up to its
+# first wait): whether the earlier answer was still streaming, the turns on the page, what is left in the box.
+PRESS_ENTER = """((text) => {
+  const figures = document.querySelector('.figures');
+  const streaming = figures !== null && !figures.textContent;
+  const box = document.getElementById('prompt');
+  box.value = text;
+  box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true}));
+  return [streaming, document.querySelectorAll('.turn').length, box.value];
+})"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_sends_one_question_at_a_time(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Enter while an answer streams had sent a second request, its conversation lacking the first answer."""
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", str(LONG)], tmp_path / "server.log") as server:
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:
+            assert browser.evaluate(f"{PRESS_ENTER}('first')") == [False, 1, ""]
+            browser.wait_for("document.querySelectorAll('.answer span').length > 3")
+            assert browser.evaluate(f"{PRESS_ENTER}('second')") == [True, 1, "second"]
+            assert browser.evaluate("messages") == [{"role": "user", "content": "first"}]
+        finally:
+            browser.close()  # the client leaves: the long answer stops
+        assert server.stop() == 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_says_when_the_server_is_lost(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A server killed mid-answer, then none at all, then one back on the port: each is said under its turn,
+    and the next question is asked with the conversation as the page showed it. (The page had said nothing:
+    the unhandled network error left an empty line under the answer and a question without its answer.)"""
+    last_notes = "[...document.querySelectorAll('.figures')].at(-1)"
+    lost = Server([*pair_args(tiny_pair), *TAU, "--max-tokens", str(LONG)], tmp_path / "lost.log")
+    port = lost.url.rsplit(":", 1)[1]
+    browser = open_page(lost, tmp_path / "chromium-profile")
+    try:
+        with lost:
+            browser.evaluate(f"{PRESS_ENTER}('first')")
+            browser.wait_for("document.querySelectorAll('.answer span').length > 3")
+            lost.process.kill()
+        notes = browser.wait_for(f"{last_notes}.classList.contains('error') && {last_notes}.textContent")
+        assert str(notes).startswith("the answer broke off: the connection to the server was lost (")
+        shown = browser.evaluate("document.querySelector('.answer').textContent")
+        assert browser.evaluate(f"{PRESS_ENTER}('nobody there')") == [False, 2, ""]
+        notes = browser.wait_for(f"{last_notes}.classList.contains('error') && {last_notes}.textContent")
+        assert str(notes).startswith("no answer from the server (")
+        args = [*pair_args(tiny_pair), *TAU, "--max-tokens", "4", "--port", port]
+        with Server(args, tmp_path / "back.log") as back:
+            assert browser.evaluate(f"{PRESS_ENTER}('second')") == [False, 3, ""]
+            browser.wait_for(f"{last_notes}.textContent.startsWith('4 tokens')")
+            asked = browser.evaluate("messages")
+            assert back.stop() == 0
+    finally:
+        browser.close()
+    assert [m["role"] for m in asked] == ["user", "assistant", "user", "assistant"]  # type: ignore[union-attr]
+    assert asked[:3] == [  # type: ignore[index]
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": shown},
+        {"role": "user", "content": "second"},
+    ]
+
+
 @pytest.mark.real
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_the_page_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:

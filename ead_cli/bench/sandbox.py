@@ -1,11 +1,14 @@
 """Running a generated program against its task's tests.
 
 Sandbox. The program ``code + test + check(entry_point) + print(<random sentinel>)`` runs as
-``python -I`` in a fresh temporary directory, with stdin closed, a minimal environment, a wall-clock limit
-(10 s by default; the whole process group is killed at it) and, via ``resource`` limits, 2 GiB of address
-space, CPU seconds, 16 MiB of output files, no core files and no new processes (not enforced for root).
-A sample passes only if the program exits with status 0 *and* printed the sentinel line,
-so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax error is a failed sample.
+``python -I`` in a fresh temporary directory that holds only ``program.py`` (its output goes to unnamed
+files elsewhere, so a program that deletes files or its folder cannot take it away), with stdin closed,
+a minimal environment, a wall-clock limit (10 s by default; the whole process group is killed at it) and,
+via ``resource`` limits, 2 GiB of address space, CPU seconds, 16 MiB of output files, no core files and
+no new processes (not enforced for root).
+A sample passes only if the program exits with status 0 *and* printed the sentinel line (however much
+output follows it), so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax error is
+a failed sample.
 This limits accidents; it is not a security boundary against hostile code.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import os
 import resource
 import secrets
@@ -24,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import EadError
 from .tasks import Task
@@ -40,6 +45,7 @@ class Execution:
     returncode: int | None
     stdout: str  # the last few KiB
     stderr: str
+    printed_mark: bool = False  # run_program's ``mark`` was a line of stdout, however much output followed
 
 
 @dataclass(frozen=True)
@@ -62,14 +68,33 @@ def _apply_limits(limits: Sequence[tuple[int, int]]) -> None:
         resource.setrlimit(which, (capped, capped))
 
 
-def _tail(path: Path) -> str:
-    with open(path, "rb") as handle:
-        handle.seek(max(0, os.path.getsize(path) - _TAIL_BYTES))
-        return handle.read().decode("utf-8", errors="replace")
+def _has_line(handle: BinaryIO, line: str) -> bool:
+    """Whether the output holds ``line`` as a line of its own, searched in the whole file (mapped, not read
+    into memory): an atexit handler or a leftover child may print more than the tail after it."""
+    if os.fstat(handle.fileno()).st_size == 0:  # an empty file cannot be mapped
+        return False
+    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as output:
+        return output.find(f"\n{line}\n".encode()) >= 0
 
 
-def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES) -> Execution:
-    """Run Python source in a fresh temporary directory under time and resource limits."""
+def _tail(handle: BinaryIO) -> str:
+    handle.seek(max(0, os.fstat(handle.fileno()).st_size - _TAIL_BYTES))
+    return handle.read().decode("utf-8", errors="replace")
+
+
+def _signal_name(number: int) -> str:
+    """SIGKILL, SIGXCPU...; a real-time signal has no name in ``signal.Signals``, so its number."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def run_program(
+    source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES, mark: str | None = None
+) -> Execution:
+    """Run Python source in a fresh temporary directory under time and resource limits; with ``mark``,
+    say whether the program printed it as a line of its own (after a newline)."""
     limits = [
         (resource.RLIMIT_AS, memory_bytes),
         (resource.RLIMIT_CPU, math.ceil(timeout_s) + 1),
@@ -82,7 +107,7 @@ def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEM
         work = Path(folder)
         (work / "program.py").write_text(source, encoding="utf-8")
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": folder, "TMPDIR": folder}
-        with open(work / "stdout", "wb") as out, open(work / "stderr", "wb") as err:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
                 process = subprocess.Popen(
                     [sys.executable, "-I", "program.py"],
@@ -104,7 +129,8 @@ def run_program(source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEM
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-        return Execution(returncode, _tail(work / "stdout"), _tail(work / "stderr"))
+            printed_mark = mark is not None and _has_line(out, mark)
+            return Execution(returncode, _tail(out), _tail(err), printed_mark)
 
 
 def check_solution(
@@ -114,16 +140,16 @@ def check_solution(
     sentinel = f"ead-bench-passed-{secrets.token_hex(8)}"
     # The sentinel gets a line of its own even if the code printed text without a newline.
     program = f"{code}\n\n{task.test}\n\ncheck({task.entry_point})\nprint({chr(10) + sentinel!r})\n"
-    result = run_program(program, timeout_s=timeout_s, memory_bytes=memory_bytes)
+    result = run_program(program, timeout_s=timeout_s, memory_bytes=memory_bytes, mark=sentinel)
     if result.returncode is None:
         return Outcome("timeout", f"no result within {timeout_s:g} s")
-    if result.returncode == 0 and sentinel in result.stdout.splitlines():
+    if result.returncode == 0 and result.printed_mark:
         return Outcome("passed")
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     if errors:
         error = errors[-1].strip()
     elif result.returncode < 0:
-        error = f"killed by {signal.Signals(-result.returncode).name}"
+        error = f"killed by {_signal_name(-result.returncode)}"
     else:
         error = f"exit status {result.returncode} before the checks finished"
     return Outcome("failed", error[:300])
