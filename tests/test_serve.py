@@ -25,6 +25,9 @@ import websockets.sync.client
 from serve_process import EAD, Server
 from test_cli import pair_args
 
+from ead_cli.prompt import encode_rendered
+from ead_cli.runner import Runner
+
 PROMPT = "hello wörld 日本"
 TAU = ["--tau", "3"]  # the tiny pair's entropies cross 3 bits now and then: both models write
 LONG = 16000  # tokens: a generation long enough (seconds, even for the tiny pair) to act while it runs
@@ -109,6 +112,28 @@ def test_completions_equal_generate_raw(client: openai.OpenAI, tiny_pair: tuple[
     whole = client.completions.create(**request)
     assert whole.choices[0].text == "".join(token["text"] for token in expected)
     assert whole.choices[0].text == "".join(chunk.choices[0].text for chunk in streamed)
+
+
+def test_completions_take_the_prompt_as_token_ids(
+    client: openai.OpenAI, server: Server, tiny_pair: tuple[Path, Path]
+) -> None:
+    """As llama-server and OpenAI: a prompt of token ids is read as it is, the same answer as its text's."""
+    with Runner(tiny_pair[0], name="small", n_ctx=64) as runner:
+        ids, n_vocab = encode_rendered(runner, "def fib(n):"), runner.n_vocab
+    request = {"model": "ead", "max_tokens": 12, "temperature": 0}
+    expected = client.completions.create(prompt="def fib(n):", **request)
+    for prompt in (ids, [ids]):
+        given = client.completions.create(prompt=prompt, **request)
+        assert given.choices[0].text == expected.choices[0].text
+        assert given.usage.prompt_tokens == expected.usage.prompt_tokens == len(ids)
+    other = client.completions.create(prompt=ids[:-1], **request)  # read as given: one id fewer
+    assert other.usage.prompt_tokens == len(ids) - 1
+    unknown = {"prompt": [1, n_vocab]}
+    reply = httpx.post(f"{server.url}/v1/completions", json=unknown, headers=JSON, timeout=60)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["message"] == f"prompt: token id {n_vocab} is not in the vocabulary (ids 0-{n_vocab - 1})"
+    assert error["param"] == "prompt"
 
 
 def test_request_options_and_the_ead_object(client: openai.OpenAI, tiny_pair: tuple[Path, Path]) -> None:
@@ -239,6 +264,10 @@ JSON = {"Content-Type": "application/json"}
         (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "too many for the context"),
         ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
         ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [-1]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": []}, 400, "prompt"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [[1], [2]]}, 400, "prompt"),
         (CHAT, {"messages": HI, "stop": ["a"] * 17}, 400, "stop: List should have at most 16 items"),
         (CHAT, {"messages": HI, "stop": [1]}, 400, "stop.0: Input should be a valid string"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs: Input should be less than or"),

@@ -281,7 +281,19 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
         body = _accepted(CompletionRequest, data)
-        return body, _job(body, _check(lambda: check_prompt_text(body.text())))
+        text = body.text()
+        if text is None:
+            return body, _job(body, _known_tokens(body.token_ids()))
+        return body, _job(body, _check(lambda: check_prompt_text(text)))
+
+    def _known_tokens(ids: list[int]) -> list[int]:
+        """A prompt given as token ids, read as they are (no BOS added), each in the models' vocabulary."""
+        n_vocab = engine.runners[0].n_vocab
+        unknown = next((token for token in ids if token >= n_vocab), None)
+        if unknown is not None:
+            message = f"prompt: token id {unknown} is not in the vocabulary (ids 0-{n_vocab - 1})"
+            raise ApiError(400, message, code="invalid_value", param="prompt")
+        return ids
 
     def _accepted(schema: type[Body], data: bytes) -> Body:
         body = parse(schema, data)
@@ -294,10 +306,12 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(404, message, code="model_not_found", param="model")
         return body
 
-    def _job(body: CompletionBase, text: str) -> Job:
+    def _job(body: CompletionBase, given: str | list[int]) -> Job:
+        """The request's work: its prompt (rendered text, or token ids as given) and options, checked."""
         try:
-            check_special_tokens_fit(text, specials, engine.n_ctx)
-            prompt = encode_rendered(engine.runners[0], text)
+            if isinstance(given, str):
+                check_special_tokens_fit(given, specials, engine.n_ctx)
+            prompt = encode_rendered(engine.runners[0], given) if isinstance(given, str) else given
             check_fits(prompt, engine.n_ctx)
         except EadError as error:
             raise ApiError(400, str(error), code="context_length_exceeded") from None

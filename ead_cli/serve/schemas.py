@@ -392,11 +392,29 @@ class ChatRequest(CompletionBase):
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
 
-class CompletionRequest(CompletionBase):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
 
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+class CompletionRequest(CompletionBase):
+    """A text completion's prompt: a string, or token ids as llama-server and OpenAI take them (one prompt
+    either way, in a list of one or alone: a list of several is a batch, which ead serve does not do)."""
+
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+    )
+
+    def text(self) -> str | None:
+        """The prompt's text; None where it is token ids."""
+        prompt = self.prompt[0] if isinstance(self.prompt, list) and len(self.prompt) == 1 else self.prompt
+        return prompt if isinstance(prompt, str) else None
+
+    def token_ids(self) -> list[int]:
+        """The prompt's token ids, where it is given as such (``text()`` is None)."""
+        prompt = self.prompt
+        return prompt[0] if isinstance(prompt[0], list) else prompt  # type: ignore[return-value]
 
 
 class ApiError(Exception):
