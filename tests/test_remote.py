@@ -251,6 +251,31 @@ def test_a_server_lost_mid_answer_falls_back_to_the_small_model(tiny_pair, tmp_p
     assert "unreachable" in err and "the small model wrote the rest" in err
 
 
+def test_a_server_lost_mid_answer_in_chat_closes_the_answer_before_saying_why(tiny_pair, tmp_path) -> None:
+    """As generate does: the cut answer's line is ended and its summary said, then the error (it had
+    been glued to the last token, with no summary)."""
+    with llama_server(tiny_pair[1], tmp_path, n_ctx=4096) as (server, url):
+        args = ["--mode", "large", "--max-tokens", "3000", "--ctx", "4096"]
+        process = subprocess.Popen(
+            [EAD, "chat", *models(tiny_pair[0], url), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=interruptible,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(b"hi\n")
+        process.stdin.close()
+        first = process.stdout.read(5)
+        server.send_signal(signal.SIGKILL)
+        rest, err = read_to_the_end(process)
+    assert process.returncode == 1, err
+    answer, lines = first + rest, err.decode().splitlines()
+    assert len(answer) > 5 and answer.endswith(b"\n"), answer
+    assert SUMMARY.match(lines[-2]) and lines[-2].endswith("cut (error)"), err
+    assert lines[-1].startswith("error: http://127.0.0.1:") and "unreachable" in lines[-1], err
+
+
 def test_fallback_takes_only_small(tiny_pair) -> None:
     result = ead("generate", "--small", str(tiny_pair[0]), "--fallback", "medium", "hi")
     assert_one_line_error(result, 2, "--fallback must be 'small'")
