@@ -152,6 +152,24 @@ def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json"]
 
 
+def test_a_prompt_too_long_for_the_context_is_named_before_any_answer_runs(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A held-out line too long for the context had failed only after the calibration answers ran,
+    as '600 tokens do not fit the context of 256 tokens', naming no prompt; unchecked, it is not read."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Write a function.\n" + "x" * 600 + "\n")
+    args = ["calibrate", *pair_args(tiny_pair), "--prompts", str(prompts), "--ctx", "256", "--policy", "gate"]
+    error = assert_one_line_error(ead(*args), 2)
+    assert re.fullmatch(
+        r"error: held-out prompt 1 \('x{30}\.\.\.'\): the prompt is \d+ tokens, too many for the context "
+        r"of 256 tokens: it takes at most 255, to leave room for the answer \(raise --ctx or shorten the "
+        r"prompt\)",
+        error,
+    ), error
+    assert ead(*args, "--no-check").returncode == 0
+
+
 @pytest.mark.parametrize(
     ("entry", "fragment"),
     [
