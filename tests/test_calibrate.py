@@ -89,14 +89,16 @@ def test_a_corrupt_calibration_file_is_a_clear_error(tmp_path: Path, monkeypatch
 def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    env = {"EAD_CONFIG": str(tmp_path / "calibration.json")}
+    config = tmp_path / "a-folder-whose-name-takes-the-notes-past-eighty-columns" / "calibration.json"
+    env = {"EAD_CONFIG": str(config)}
     result = ead(
         "calibrate", *pair_args(tiny_pair), "--target-share", "0.3", "--max-tokens", "40", "--save", env=env
     )
     assert result.returncode == 0, result.stderr
     table = result.stdout.decode()
     assert "gate" in table and "ead" in table and "measured share" in table
-    saved = json.loads((tmp_path / "calibration.json").read_text())
+    assert f"saved to {config}" in result.stderr.decode().splitlines()  # one line, however long
+    saved = json.loads(config.read_text())
     entry = saved[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
     assert entry["gate"]["predicted_share"] == pytest.approx(0.3, abs=0.05)
     assert 0 < entry["gate"]["measured_share"] < 1
@@ -112,6 +114,9 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     assert taus("--mode", "ead") == {entry["gate"]["tau"]}  # the pair switching: the saved one
     assert taus("--policy", "ead") == {entry["ead"]["tau"]}
     assert taus("--tau", "2") == {2.0}
+    said = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "--stats", "x", env=env)
+    note = f"tau {entry['gate']['tau']:.3f}: calibrated for this pair ({config}); --tau overrides"
+    assert note in said.stderr.decode().splitlines()
 
 
 @pytest.mark.parametrize(
