@@ -24,7 +24,7 @@ from .errors import EadError
 from .options import PolicyOptions
 from .paths import config_file
 from .policies import Fixed
-from .prompt import encode_prompt
+from .prompt import check_fits, encode_prompt
 from .runner import Runner
 from .sampling import SamplingParams
 
@@ -79,14 +79,28 @@ def split_prompts(domain: str, file_prompts: Sequence[str] | None = None) -> tup
     return calibrate, held_out
 
 
-def _encode_each(runner: Runner, prompts: Sequence[str]) -> list[list[int]]:
-    return [encode_prompt(runner, prompt) for prompt in prompts]
+def _encode_each(runners: Sequence[Runner], prompts: Sequence[str], kind: str) -> list[list[int]]:
+    """Each prompt's token ids, each checked to leave the context room for an answer: a prompt too long
+    is one line naming it before any answer runs, not after minutes of calibration."""
+    n_ctx = min(runner.n_ctx for runner in runners)
+    encoded = []
+    for number, prompt in enumerate(prompts, 1):
+        tokens = encode_prompt(runners[0], prompt)
+        try:
+            check_fits(tokens, n_ctx)
+        except EadError as error:
+            excerpt = prompt if len(prompt) <= 30 else f"{prompt[:30]}..."
+            raise EadError(f"{kind} prompt {number} ({excerpt!r}): {error}", error.exit_code) from None
+        encoded.append(tokens)
+    return encoded
 
 
-def small_entropies(runners: Sequence[Runner], prompts: Sequence[str], max_tokens: int) -> list[list[float]]:
-    """The small model's entropy at each step of its own greedy answer to each prompt."""
+def small_entropies(
+    runners: Sequence[Runner], prompts: Sequence[list[int]], max_tokens: int
+) -> list[list[float]]:
+    """The small model's entropy at each step of its own greedy answer to each prompt (token ids)."""
     streams = []
-    for prompt in _encode_each(runners[0], prompts):
+    for prompt in prompts:
         decoder = Decoder(runners, ("small", "large"), Fixed(0), SamplingParams(), max_tokens=max_tokens)
         streams.append([event.entropy for event in decoder.run(prompt)])
     return streams
@@ -141,11 +155,11 @@ def tau_for_share(
 
 
 def measured_share(
-    runners: Sequence[Runner], options: PolicyOptions, prompts: Sequence[str], max_tokens: int
+    runners: Sequence[Runner], options: PolicyOptions, prompts: Sequence[list[int]], max_tokens: int
 ) -> float:
-    """The large model's share over real runs (both models) at the options' τ."""
+    """The large model's share over real runs (both models) at the options' τ, on prompts' token ids."""
     large = total = 0
-    for prompt in _encode_each(runners[0], prompts):
+    for prompt in prompts:
         for runner in runners:
             runner.truncate(0)
         decoder = Decoder(
@@ -174,7 +188,8 @@ def calibrate(
 ) -> list[Calibration]:
     """Calibrate each policy on the first prompt list; check on the second with real runs."""
     check_target_share(target)
-    calibration_prompts, held_out = prompts
+    calibration_prompts = _encode_each(runners, prompts[0], "calibration")
+    held_out = _encode_each(runners, prompts[1], "held-out") if check else []
     if progress:
         progress(f"the small model answers {len(calibration_prompts)} calibration prompts")
     streams = small_entropies(runners, calibration_prompts, max_tokens)

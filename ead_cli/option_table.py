@@ -263,7 +263,8 @@ DECODING: tuple[DecodingOption, ...] = (
         DEFAULT_LOOKUP,
         "Prompt lookup: where the last N tokens occurred before, read the tokens that followed them as a "
         "guess in the same batch (free steps while the text follows it; spec: a free draft). 0: off; on "
-        "by default, as it keeps the text up to batched rounding and saves time in every mode.",
+        "by default, as it keeps the text up to batched rounding (sampled spec: its distribution, not its "
+        "draws) and saves time in every mode.",
         short="prompt lookup's match length (0: off)",
         minimum=0,
         maximum=64,

@@ -90,7 +90,9 @@ class ModelOptions:
         if self.models and (self.small or self.large):
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):
-            raise EadError(f"--models takes two or more models, comma-separated, got {self.models}", 2)
+            given = ",".join(self.models)
+            message = f"--models takes two or more models, comma-separated, none empty, got {given!r}"
+            raise EadError(message, exit_code=2)
         check_remote_settings(self.remote_top_k, self.remote_timeout)
 
     @property

@@ -197,6 +197,9 @@ class RemoteRunner:
                 if not reused:
                     raise
                 reused = False
+            except BaseException:  # Ctrl-C while waiting: the reply left unread would block the next request
+                self._drop_connection()
+                raise
 
     def _drop_connection(self) -> None:
         if self._connection is not None:

@@ -89,14 +89,16 @@ def test_a_corrupt_calibration_file_is_a_clear_error(tmp_path: Path, monkeypatch
 def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    env = {"EAD_CONFIG": str(tmp_path / "calibration.json")}
+    config = tmp_path / "a-folder-whose-name-takes-the-notes-past-eighty-columns" / "calibration.json"
+    env = {"EAD_CONFIG": str(config)}
     result = ead(
         "calibrate", *pair_args(tiny_pair), "--target-share", "0.3", "--max-tokens", "40", "--save", env=env
     )
     assert result.returncode == 0, result.stderr
     table = result.stdout.decode()
     assert "gate" in table and "ead" in table and "measured share" in table
-    saved = json.loads((tmp_path / "calibration.json").read_text())
+    assert f"saved to {config}" in result.stderr.decode().splitlines()  # one line, however long
+    saved = json.loads(config.read_text())
     entry = saved[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
     assert entry["gate"]["predicted_share"] == pytest.approx(0.3, abs=0.05)
     assert 0 < entry["gate"]["measured_share"] < 1
@@ -112,6 +114,9 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     assert taus("--mode", "ead") == {entry["gate"]["tau"]}  # the pair switching: the saved one
     assert taus("--policy", "ead") == {entry["ead"]["tau"]}
     assert taus("--tau", "2") == {2.0}
+    said = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "--stats", "x", env=env)
+    note = f"tau {entry['gate']['tau']:.3f}: calibrated for this pair ({config}); --tau overrides"
+    assert note in said.stderr.decode().splitlines()
 
 
 @pytest.mark.parametrize(
@@ -150,6 +155,24 @@ def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
         assert_one_line_error(result, 1, fragment)
     assert garbled.read_text() == "{not json"  # left as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json"]
+
+
+def test_a_prompt_too_long_for_the_context_is_named_before_any_answer_runs(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A held-out line too long for the context had failed only after the calibration answers ran,
+    as '600 tokens do not fit the context of 256 tokens', naming no prompt; unchecked, it is not read."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Write a function.\n" + "x" * 600 + "\n")
+    args = ["calibrate", *pair_args(tiny_pair), "--prompts", str(prompts), "--ctx", "256", "--policy", "gate"]
+    error = assert_one_line_error(ead(*args), 2)
+    assert re.fullmatch(
+        r"error: held-out prompt 1 \('x{30}\.\.\.'\): the prompt is \d+ tokens, too many for the context "
+        r"of 256 tokens: it takes at most 255, to leave room for the answer \(raise --ctx or shorten the "
+        r"prompt\)",
+        error,
+    ), error
+    assert ead(*args, "--no-check").returncode == 0
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,15 @@ def test_cli_cascade_usage_errors_come_before_any_model_loads(tiny_pair, tiny_mi
     assert_one_line_error(result, 2, *fragments)
 
 
+@pytest.mark.parametrize("models", ["a.gguf", "a.gguf,", "a.gguf,,b.gguf", " , "])
+def test_cli_models_with_one_name_or_an_empty_one_are_refused_as_typed(models: str) -> None:
+    """The message had shown Python's tuple, ('a.gguf', '', 'b.gguf'), and called two models too few."""
+    given = ",".join(name.strip() for name in models.split(","))
+    result = ead("generate", "--models", models, "hi")
+    error = assert_one_line_error(result, 2)
+    assert error == f"error: --models takes two or more models, comma-separated, none empty, got {given!r}"
+
+
 def test_cli_cascade_refuses_a_model_with_another_tokenizer(tiny_pair, tiny_other_vocab) -> None:
     models = ",".join(str(p) for p in (tiny_pair[0], tiny_pair[1], tiny_other_vocab))
     result = ead("generate", "--models", models, "--threads", "1", "hi")

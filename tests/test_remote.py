@@ -4,7 +4,10 @@ that never answers, an HTTP server that answers wrongly)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,10 +18,13 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 import numpy as np
+import pexpect
 import pytest
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
+from test_repl import PROMPT, SUMMARY, plain, send, type_line
 
 from ead_cli.bench import native
 from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entropy
@@ -176,7 +182,13 @@ class _Wrong(BaseHTTPRequestHandler):
 
 @contextmanager
 def wrong_server(replies: dict[str, tuple[int, bytes]]) -> Iterator[str]:
-    handler = type("Handler", (_Wrong,), {"replies": replies})
+    with http_server(type("Handler", (_Wrong,), {"replies": replies})) as url:
+        yield url
+
+
+@contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A Python HTTP server on a free loopback port, in a thread; yields its address."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -239,6 +251,31 @@ def test_a_server_lost_mid_answer_falls_back_to_the_small_model(tiny_pair, tmp_p
     assert "unreachable" in err and "the small model wrote the rest" in err
 
 
+def test_a_server_lost_mid_answer_in_chat_closes_the_answer_before_saying_why(tiny_pair, tmp_path) -> None:
+    """As generate does: the cut answer's line is ended and its summary said, then the error (it had
+    been glued to the last token, with no summary)."""
+    with llama_server(tiny_pair[1], tmp_path, n_ctx=4096) as (server, url):
+        args = ["--mode", "large", "--max-tokens", "3000", "--ctx", "4096"]
+        process = subprocess.Popen(
+            [EAD, "chat", *models(tiny_pair[0], url), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=interruptible,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(b"hi\n")
+        process.stdin.close()
+        first = process.stdout.read(5)
+        server.send_signal(signal.SIGKILL)
+        rest, err = read_to_the_end(process)
+    assert process.returncode == 1, err
+    answer, lines = first + rest, err.decode().splitlines()
+    assert len(answer) > 5 and answer.endswith(b"\n"), answer
+    assert SUMMARY.match(lines[-2]) and lines[-2].endswith("cut (error)"), err
+    assert lines[-1].startswith("error: http://127.0.0.1:") and "unreachable" in lines[-1], err
+
+
 def test_fallback_takes_only_small(tiny_pair) -> None:
     result = ead("generate", "--small", str(tiny_pair[0]), "--fallback", "medium", "hi")
     assert_one_line_error(result, 2, "--fallback must be 'small'")
@@ -258,6 +295,88 @@ def test_a_connection_the_server_closed_while_idle_is_reopened(tiny_pair, served
     finally:
         remote.close()
         small.close()
+
+
+class _Slow(BaseHTTPRequestHandler):
+    """Passes each request on to a real llama-server and its reply back, but holds the reply to the
+    ``hold_at``-th completion until ``release`` (a server that answers slowly); ``held`` says it holds."""
+
+    protocol_version = "HTTP/1.1"  # kept-alive connections, as llama-server's
+    upstream: ClassVar[tuple[str, int]]
+    hold_at: ClassVar[int]
+    completions: ClassVar[list[bytes]]
+    held: ClassVar[threading.Event]
+    release: ClassVar[threading.Event]
+
+    def do_GET(self) -> None:
+        self._forward(None)
+
+    def do_POST(self) -> None:
+        self._forward(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def _forward(self, body: bytes | None) -> None:
+        upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
+        upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
+        reply = upstream.getresponse()
+        payload = reply.read()
+        upstream.close()
+        if self.path == "/completion":
+            self.completions.append(payload)
+            if len(self.completions) == self.hold_at:
+                self.held.set()
+                self.release.wait(30)
+                self.close_connection = True  # the client may have left: no next request on this one
+        with contextlib.suppress(OSError):  # the client may have gone meanwhile
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_ctrl_c_while_a_slow_server_answers_lets_the_chat_ask_again(tiny_pair, served_large) -> None:
+    """Ctrl-C while a reply is awaited stops that answer; the kept-alive connection it was sent on is
+    dropped, so the next answer goes out on a new one (it had failed: 'unreachable (Request-sent)')."""
+    parts = urlsplit(served_large)
+    handler = type(
+        "Handler",
+        (_Slow,),
+        {
+            "upstream": (parts.hostname, parts.port),
+            "hold_at": 4,  # the tokenizer check's, then the third token's
+            "completions": [],
+            "held": threading.Event(),
+            "release": threading.Event(),
+        },
+    )
+    with http_server(handler) as url:
+        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+        child = pexpect.spawn(
+            EAD,
+            ["chat", *models(tiny_pair[0], url), "--mode", "large", "--max-tokens", "20"],
+            env=env | {"TERM": "xterm", "LANG": "C.UTF-8"},
+            encoding="utf-8",
+            codec_errors="replace",
+            timeout=30,
+            preexec_fn=interruptible,
+        )
+        try:
+            child.expect_exact(PROMPT)
+            type_line(child, "hi")
+            assert handler.held.wait(30)
+            child.sendcontrol("c")
+            child.expect_exact(PROMPT)
+            assert "cut (interrupted)" in plain(child.before)
+            handler.release.set()
+            answer = plain(send(child, "hi again"))
+            assert "error" not in answer and SUMMARY.search(answer), answer
+            assert len(handler.completions) > 4
+        finally:
+            handler.release.set()
+            child.close(force=True)
 
 
 # ------------------------------------------------------------------------ OpenAI-compatible endpoint

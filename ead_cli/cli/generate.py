@@ -231,10 +231,7 @@ def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -
 
     options, applied = calibration.with_saved_tau(options, runners)
     if applied and announce:
-        stderr.print(
-            f"tau {options.tau:.3f}: calibrated for this pair ({config_file()}); --tau overrides",
-            style="dim",
-        )
+        say_progress(f"tau {options.tau:.3f}: calibrated for this pair ({config_file()}); --tau overrides")
     return options
 
 
@@ -294,6 +291,6 @@ def calibrate(
         Console().print(table)
         if saving is not None:
             path = calibration.save(runners[0].label, runners[1].label, results, saving)
-            stderr.print(f"saved to {path}", style="dim")
+            say_progress(f"saved to {path}")
     finally:
         close_all(runners)

@@ -23,6 +23,7 @@ from ..errors import EadError
 from ..option_table import CHAT, DecodingOption, on
 from ..options import GenerationOptions, PolicyOptions
 from ..policies import POLICY_KINDS, format_tau
+from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import Terminated
 from .render import TextRenderer, mode_line, print_stats, wants_color
@@ -203,6 +204,7 @@ class Repl:
             self.error(str(error))
             return
         stop: BaseException | None = None  # ends the session once the cut answer's line is closed
+        lost: RemoteError | None = None  # said once the cut answer's line is closed
         try:
             for event in stream:
                 self.renderer.event(event)
@@ -210,11 +212,15 @@ class Repl:
             stop = None if self.interactive else interrupt
         except Terminated as terminated:
             stop = terminated
+        except RemoteError as error:  # the server went away mid-answer
+            lost = error
         finally:
             stream.close()
         turn = conversation.turns[-1]
         self.renderer.finish(turn.summary)
         self.note(summary_line(turn))
+        if lost is not None:
+            self.error(str(lost))
         if stop is not None:
             raise stop
         if conversation.full:
