@@ -47,8 +47,12 @@ def stop_requested() -> bool:
     """Whether a Ctrl-C or SIGTERM waits, held back, for this thread to unblock it. Only the main thread
     is stopped so: Python raises nothing in another (``ead serve``'s engine thread finishes its answer
     while the main thread shuts the server down), and there a signal is only pending for the moment
-    before the main thread takes it."""
-    return threading.current_thread() is threading.main_thread() and bool(signal.sigpending() & _SIGNALS)
+    before the main thread takes it. A signal the process ignores (a shell starts a script's background
+    job with SIGINT ignored) is pending only while held back and dropped when let through: no stop."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    pending = signal.sigpending() & _SIGNALS
+    return bool(pending) and any(signal.getsignal(number) is not signal.SIG_IGN for number in pending)
 
 
 class Terminated(BaseException):

@@ -295,3 +295,23 @@ def test_a_progress_bars_refresh_thread_takes_no_ctrl_c() -> None:
         for thread in started:
             assert {signal.SIGINT, signal.SIGTERM} <= blocked_signals(thread)
     assert signal.SIGINT not in blocked_signals(threading.main_thread())
+
+
+def test_a_signal_the_process_ignores_stops_no_batch() -> None:
+    """A shell starts a script's background job with SIGINT ignored, and a Ctrl-C at the terminal still
+    reaches it: held back during a batch it is pending, but it must not abort the batch (that answer had
+    ended in 'llama.cpp failed to decode (status 2)', exit 1), as letting it through drops it."""
+    from ead_cli.signals import block_signals, restore_signals, stop_requested
+
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = block_signals()
+    try:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # the one thread ead leaves it
+        assert signal.SIGINT in signal.sigpending()
+        assert not stop_requested()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as a terminal gives it
+        assert stop_requested()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops the pending one
+    finally:
+        restore_signals(previous)
+        signal.signal(signal.SIGINT, handler)

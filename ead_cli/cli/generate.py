@@ -133,7 +133,8 @@ def chat(
     no_color: NoColor = False,
 ) -> None:
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
-    each token. /help lists the commands; with stdin not a terminal, each line is one turn."""
+    each token. /help lists the commands; a pipe or a file is read as typed at a terminal (commands,
+    continued lines and blocks alike)."""
     from ..engine import close_all, load_runners
     from .repl import run_chat
 
