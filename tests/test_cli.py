@@ -14,13 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+import pexpect
 import pytest
 from typer.testing import CliRunner
 
 from ead_cli.cli import app
+from ead_cli.cli.render import spell_controls
 
 EAD = str(Path(sys.executable).with_name("ead"))
 ANSI = "\x1b["
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")  # the colours ead writes
 
 
 def ead(
@@ -121,6 +124,32 @@ def test_piped_output_is_plain_text_and_colour_is_opt_in(tiny_pair: tuple[Path, 
     assert no_color.stdout == plain.stdout
     flag = ead(*args, "--no-color", env={"FORCE_COLOR": "1"})
     assert flag.stdout == plain.stdout
+
+
+def at_a_terminal(*args: str, env: dict[str, str] | None = None) -> bytes:
+    """What ``ead`` writes to stdout when it is a real terminal (a pty; stderr to /dev/null), with the
+    terminal's own CR LF for each newline read back as LF."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | (env or {})
+    child = pexpect.spawn("/bin/sh", ["-c", 'exec "$@" 2>/dev/null', "sh", EAD, *args], env=env, timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    return child.before.replace(b"\r\n", b"\n")
+
+
+def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair: tuple[Path, Path]) -> None:
+    """A model's text cannot drive the terminal: its control characters (here a backspace, which would
+    rub out the character before it, and ^A ^D ^E) show as less shows them; a pipe gets them as written."""
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "200", "tell me"]
+    piped = ead(*args).stdout.decode()
+    assert {"\x08", "\x01", "\x04", "\x05"} <= set(piped)
+    spelled = piped.replace("\x08", "^H").replace("\x01", "^A").replace("\x04", "^D").replace("\x05", "^E")
+    assert at_a_terminal(*args, "--no-color").decode() == spelled
+    coloured = ANSI_CODES.sub("", at_a_terminal(*args, env={"TERM": "xterm"}).decode())
+    assert coloured == spelled
+    assert spell_controls("\x1b]52;c;ZWNobyBoaQ==\x07\x1b[2J\r\x7f\x9b\tok\n") == (
+        "^[]52;c;ZWNobyBoaQ==^G^[[2J^M^?<U+009B>\tok\n"
+    )
 
 
 def test_prompt_from_stdin_equals_the_argument(tiny_pair: tuple[Path, Path]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, TextIO
 
@@ -19,6 +20,23 @@ if TYPE_CHECKING:
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
 _MIDDLE = ("\x1b[32m", "green")  # the middle levels of a cascade: mid, mid1, mid2...
 RESET = "\x1b[0m"
+# What a terminal would act on rather than show: C0 controls but tab and newline, DEL, and C1 controls
+# (some terminals read U+009B as ESC [, a CSI).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def spell_controls(text: str) -> str:
+    """A model's text made harmless to a terminal, as less shows it: ESC as ^[, a carriage return as ^M,
+    DEL as ^?, a C1 control as <U+009B>. Written raw, an answer could move the cursor, clear the screen,
+    retitle the window or set the clipboard (OSC 52)."""
+    return _CONTROL.sub(_spelled, text)
+
+
+def _spelled(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return "^" + chr(code + 0x40)
+    return "^?" if code == 0x7F else f"<U+{code:04X}>"
 
 
 def model_style(role: str) -> str:
@@ -43,6 +61,12 @@ class Renderer:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.shown = -1
+        self.terminal = out.isatty()
+
+    def visible(self, text: str) -> str:
+        """A token's text as the output may get it: at a terminal its control characters spelled out; in
+        a pipe or a file, as written."""
+        return spell_controls(text) if self.terminal else text
 
     def event(self, event: TokenEvent) -> None:
         text = self._text(event)
@@ -71,9 +95,10 @@ class TextRenderer(Renderer):
         return "  ".join(parts)
 
     def _text(self, event: TokenEvent) -> str:
-        if self.color and event.text:
-            return f"{model_style(event.model)}{event.text}{RESET}"
-        return event.text
+        text = self.visible(event.text)
+        if self.color and text:
+            return f"{model_style(event.model)}{text}{RESET}"
+        return text
 
     def finish(self, summary: Summary) -> None:
         self.out.write("\n")
