@@ -152,6 +152,14 @@ def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair
     )
 
 
+def test_a_dumb_terminal_gets_no_colour_unless_forced(tiny_pair: tuple[Path, Path]) -> None:
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "30", "hi"]
+    plain = spell_controls(ead(*args).stdout.decode())
+    assert at_a_terminal(*args, env={"TERM": "dumb"}).decode() == plain
+    forced = at_a_terminal(*args, env={"TERM": "dumb", "FORCE_COLOR": "1"}).decode()
+    assert ANSI in forced and ANSI_CODES.sub("", forced) == plain
+
+
 def test_prompt_from_stdin_equals_the_argument(tiny_pair: tuple[Path, Path]) -> None:
     base = ["generate", *pair_args(tiny_pair), "--max-tokens", "10"]
     argument = ead(*base, "tell me")

@@ -44,12 +44,14 @@ def model_style(role: str) -> str:
 
 
 def wants_color(stream: TextIO, no_color: bool) -> bool:
-    """Colour on a terminal unless --no-color or NO_COLOR (https://no-color.org); FORCE_COLOR forces it."""
+    """Colour on a terminal unless --no-color or NO_COLOR (https://no-color.org); FORCE_COLOR forces it.
+    A terminal that says it is dumb (TERM=dumb) may show escape codes as text: no colour there, as rich
+    gives the figures of --stats none."""
     if no_color or os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return stream.isatty()
+    return stream.isatty() and os.environ.get("TERM") != "dumb"
 
 
 class Renderer:
