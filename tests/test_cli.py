@@ -126,12 +126,14 @@ def test_piped_output_is_plain_text_and_colour_is_opt_in(tiny_pair: tuple[Path, 
     assert flag.stdout == plain.stdout
 
 
-def at_a_terminal(*args: str, env: dict[str, str] | None = None) -> bytes:
-    """What ``ead`` writes to stdout when it is a real terminal (a pty; stderr to /dev/null), with the
-    terminal's own CR LF for each newline read back as LF."""
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | (env or {})
-    child = pexpect.spawn("/bin/sh", ["-c", 'exec "$@" 2>/dev/null', "sh", EAD, *args], env=env, timeout=60)
-    child.expect(pexpect.EOF)
+def at_a_terminal(*args: str, env: dict[str, str] | None = None, columns: int = 80, stream: int = 1) -> bytes:
+    """What ``ead`` writes to a real terminal (a pty ``columns`` wide) on ``stream``, stdout (1) or
+    stderr (2), the other going to /dev/null; the terminal's own CR LF for each newline read back as LF."""
+    unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
+    env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
+    script = f'exec "$@" {3 - stream}>/dev/null'
+    child = pexpect.spawn("/bin/sh", ["-c", script, "sh", EAD, *args], env=env, dimensions=(24, columns))
+    child.expect(pexpect.EOF, timeout=60)
     child.close()
     assert child.exitstatus == 0, child.before
     return child.before.replace(b"\r\n", b"\n")
@@ -158,6 +160,25 @@ def test_a_dumb_terminal_gets_no_colour_unless_forced(tiny_pair: tuple[Path, Pat
     assert at_a_terminal(*args, env={"TERM": "dumb"}).decode() == plain
     forced = at_a_terminal(*args, env={"TERM": "dumb", "FORCE_COLOR": "1"}).decode()
     assert ANSI in forced and ANSI_CODES.sub("", forced) == plain
+
+
+def test_stats_fit_a_narrow_terminal_without_cutting_a_figure(tiny_pair: tuple[Path, Path]) -> None:
+    """At 40 columns the table's columns cannot fit (rich had cut them to 'writ…' and '0.1…'): each model's
+    figures are a line of named figures instead, and every line is wrapped at spaces, not mid-word."""
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "30", "--stats", "hi"]
+    narrow = ANSI_CODES.sub("", at_a_terminal(*args, columns=40, stream=2).decode())
+    lines = narrow.splitlines()
+    assert "…" not in narrow and max(map(len, lines)) <= 40, narrow
+    joined = " ".join(line.rstrip() for line in lines)  # a word broken across two lines: two words here
+    assert "mode ead (a switching option or a cascade turns the pair on) 30 tokens (length)" in joined
+    figures = r"[\d.]+% · switches \d+ param cost [\d.]+ · [\d.]+ GFLOP · [\d.]+s wall · [\d.]+ tok/s"
+    assert re.search(rf"30 tokens \(length\), prompt \d+ · large share {figures} ", joined), narrow
+    for role in ("small", "large"):
+        phases = " · ".join(rf"{phase} \d+ in [\d.]+s" for phase in ("prefill", "decode", "catch-up"))
+        assert re.search(rf"{role}: written \d+ · {phases} · GFLOP [\d.]+", joined), narrow
+    wide = ANSI_CODES.sub("", at_a_terminal(*args, columns=200, stream=2).decode())
+    assert re.search(r"^model +written +prefill +decode +catch-up +GFLOP$", wide, re.MULTILINE), wide
+    assert "small: written" not in wide
 
 
 def test_prompt_from_stdin_equals_the_argument(tiny_pair: tuple[Path, Path]) -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 from ..option_table import DEFAULT_MODE
 
 if TYPE_CHECKING:
-    from ..decoder import Summary, TokenEvent
+    from ..decoder import ModelReport, Summary, TokenEvent
     from ..options import PolicyOptions
 
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
@@ -167,21 +167,39 @@ def network_line(summary: Summary) -> str | None:
     )
 
 
+_MODEL_COLUMNS = ("written", "prefill", "decode", "catch-up", "GFLOP")
+
+
+def _model_figures(report: ModelReport) -> tuple[str, ...]:
+    """One model's figures, in the order of ``_MODEL_COLUMNS``."""
+    return (
+        str(report.written),
+        f"{report.prefill_tokens} in {_seconds(report.prefill_s)}",
+        f"{report.decode_tokens} in {_seconds(report.decode_s)}",
+        f"{report.catchup_tokens} in {_seconds(report.catchup_s)}",
+        f"{report.flops / 1e9:,.1f}",
+    )
+
+
 def stats_table(summary: Summary) -> Table:
     """Per model: tokens written, and tokens read (and seconds) in each phase, FLOPs."""
     table = Table(box=None, pad_edge=False)
-    for column in ("model", "written", "prefill", "decode", "catch-up", "GFLOP"):
-        table.add_column(column, justify="left" if column == "model" else "right")
+    table.add_column("model")
+    for column in _MODEL_COLUMNS:
+        table.add_column(column, justify="right")
     for report in summary.models:
-        table.add_row(
-            report.role,
-            str(report.written),
-            f"{report.prefill_tokens} in {_seconds(report.prefill_s)}",
-            f"{report.decode_tokens} in {_seconds(report.decode_s)}",
-            f"{report.catchup_tokens} in {_seconds(report.catchup_s)}",
-            f"{report.flops / 1e9:,.1f}",
-        )
+        table.add_row(report.role, *_model_figures(report))
     return table
+
+
+def stats_lines(summary: Summary) -> list[str]:
+    """The table's rows as lines, each figure named: for a terminal too narrow for its columns, where
+    rich would cut headers and figures short (``writ…``, ``0.1…``)."""
+    lines = []
+    for report in summary.models:
+        named = zip(_MODEL_COLUMNS, _model_figures(report), strict=True)
+        lines.append(f"{report.role}: " + " · ".join(f"{column} {figure}" for column, figure in named))
+    return lines
 
 
 def mode_line(policy: PolicyOptions) -> str:
@@ -193,9 +211,21 @@ def mode_line(policy: PolicyOptions) -> str:
     return f"mode {policy.mode} (the default; --mode ead or any switching option turns the pair on)"
 
 
+def print_lines(console: Console, text: str) -> None:
+    """Lines of figures: on a terminal wrapped at spaces to its width (it would break them mid-word), in
+    a pipe or a file each line whole."""
+    console.print(text, soft_wrap=not console.is_terminal)
+
+
 def print_stats(console: Console, summary: Summary) -> None:
-    console.print(stats_headline(summary), soft_wrap=True)
+    print_lines(console, stats_headline(summary))
     network = network_line(summary)
     if network:
-        console.print(network, soft_wrap=True)
-    console.print(stats_table(summary))
+        print_lines(console, network)
+    table = stats_table(summary)
+    unbounded = console.options.update_width(10_000)  # measured whole, not clamped to the console
+    if console.measure(table, options=unbounded).minimum <= console.width:
+        console.print(table)
+    else:
+        for line in stats_lines(summary):
+            print_lines(console, line)
