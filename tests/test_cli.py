@@ -360,7 +360,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--format", "xml"], "Invalid value for '--format'"),
         # a value out of its range is refused in a mode that would leave it unused, too
         (["--mode", "large", "--tau", "-1"], "tau must be at least 0, got -1"),
-        (["--mode", "large", "--tau", "1,2,3"], "2 models take 1 thresholds (or one for all), got 3"),
+        (["--mode", "large", "--tau", "1,2,3"], "2 models take one threshold, got 3"),
         (["--mode", "large", "--window", "0"], "window must be at least 1, got 0"),
         (["--mode", "large", "--burst", "0"], "burst must be a count of at least 1"),
         (["--mode", "small", "--min-run", "-5"], "min-run must be at least 0, got -5"),
