@@ -622,5 +622,6 @@ def _taus(tau: Tau, levels: int) -> tuple[float, ...]:
     if len(taus) == 1:
         return taus * (levels - 1)
     if len(taus) != levels - 1:
-        raise ValueError(f"{levels} models take {levels - 1} thresholds (or one for all), got {len(taus)}")
+        wanted = "one threshold" if levels == 2 else f"{levels - 1} thresholds (or one for all)"
+        raise ValueError(f"{levels} models take {wanted}, got {len(taus)}")
     return taus

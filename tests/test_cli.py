@@ -14,13 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+import pexpect
 import pytest
 from typer.testing import CliRunner
 
 from ead_cli.cli import app
+from ead_cli.cli.render import spell_controls
 
 EAD = str(Path(sys.executable).with_name("ead"))
 ANSI = "\x1b["
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")  # the colours ead writes
 
 
 def ead(
@@ -121,6 +124,61 @@ def test_piped_output_is_plain_text_and_colour_is_opt_in(tiny_pair: tuple[Path, 
     assert no_color.stdout == plain.stdout
     flag = ead(*args, "--no-color", env={"FORCE_COLOR": "1"})
     assert flag.stdout == plain.stdout
+
+
+def at_a_terminal(*args: str, env: dict[str, str] | None = None, columns: int = 80, stream: int = 1) -> bytes:
+    """What ``ead`` writes to a real terminal (a pty ``columns`` wide) on ``stream``, stdout (1) or
+    stderr (2), the other going to /dev/null; the terminal's own CR LF for each newline read back as LF."""
+    unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
+    env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
+    script = f'exec "$@" {3 - stream}>/dev/null'
+    child = pexpect.spawn("/bin/sh", ["-c", script, "sh", EAD, *args], env=env, dimensions=(24, columns))
+    child.expect(pexpect.EOF, timeout=60)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    return child.before.replace(b"\r\n", b"\n")
+
+
+def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair: tuple[Path, Path]) -> None:
+    """A model's text cannot drive the terminal: its control characters (here a backspace, which would
+    rub out the character before it, and ^A ^D ^E) show as less shows them; a pipe gets them as written."""
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "200", "tell me"]
+    piped = ead(*args).stdout.decode()
+    assert {"\x08", "\x01", "\x04", "\x05"} <= set(piped)
+    spelled = piped.replace("\x08", "^H").replace("\x01", "^A").replace("\x04", "^D").replace("\x05", "^E")
+    assert at_a_terminal(*args, "--no-color").decode() == spelled
+    coloured = ANSI_CODES.sub("", at_a_terminal(*args, env={"TERM": "xterm"}).decode())
+    assert coloured == spelled
+    assert spell_controls("\x1b]52;c;ZWNobyBoaQ==\x07\x1b[2J\r\x7f\x9b\tok\n") == (
+        "^[]52;c;ZWNobyBoaQ==^G^[[2J^M^?<U+009B>\tok\n"
+    )
+
+
+def test_a_dumb_terminal_gets_no_colour_unless_forced(tiny_pair: tuple[Path, Path]) -> None:
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "30", "hi"]
+    plain = spell_controls(ead(*args).stdout.decode())
+    assert at_a_terminal(*args, env={"TERM": "dumb"}).decode() == plain
+    forced = at_a_terminal(*args, env={"TERM": "dumb", "FORCE_COLOR": "1"}).decode()
+    assert ANSI in forced and ANSI_CODES.sub("", forced) == plain
+
+
+def test_stats_fit_a_narrow_terminal_without_cutting_a_figure(tiny_pair: tuple[Path, Path]) -> None:
+    """At 40 columns the table's columns cannot fit (rich had cut them to 'writ…' and '0.1…'): each model's
+    figures are a line of named figures instead, and every line is wrapped at spaces, not mid-word."""
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "30", "--stats", "hi"]
+    narrow = ANSI_CODES.sub("", at_a_terminal(*args, columns=40, stream=2).decode())
+    lines = narrow.splitlines()
+    assert "…" not in narrow and max(map(len, lines)) <= 40, narrow
+    joined = " ".join(line.rstrip() for line in lines)  # a word broken across two lines: two words here
+    assert "mode ead (a switching option or a cascade turns the pair on) 30 tokens (length)" in joined
+    figures = r"[\d.]+% · switches \d+ param cost [\d.]+ · [\d.]+ GFLOP · [\d.]+s wall · [\d.]+ tok/s"
+    assert re.search(rf"30 tokens \(length\), prompt \d+ · large share {figures} ", joined), narrow
+    for role in ("small", "large"):
+        phases = " · ".join(rf"{phase} \d+ in [\d.]+s" for phase in ("prefill", "decode", "catch-up"))
+        assert re.search(rf"{role}: written \d+ · {phases} · GFLOP [\d.]+", joined), narrow
+    wide = ANSI_CODES.sub("", at_a_terminal(*args, columns=200, stream=2).decode())
+    assert re.search(r"^model +written +prefill +decode +catch-up +GFLOP$", wide, re.MULTILINE), wide
+    assert "small: written" not in wide
 
 
 def test_prompt_from_stdin_equals_the_argument(tiny_pair: tuple[Path, Path]) -> None:
@@ -302,7 +360,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--format", "xml"], "Invalid value for '--format'"),
         # a value out of its range is refused in a mode that would leave it unused, too
         (["--mode", "large", "--tau", "-1"], "tau must be at least 0, got -1"),
-        (["--mode", "large", "--tau", "1,2,3"], "2 models take 1 thresholds (or one for all), got 3"),
+        (["--mode", "large", "--tau", "1,2,3"], "2 models take one threshold, got 3"),
         (["--mode", "large", "--window", "0"], "window must be at least 1, got 0"),
         (["--mode", "large", "--burst", "0"], "burst must be a count of at least 1"),
         (["--mode", "small", "--min-run", "-5"], "min-run must be at least 0, got -5"),

@@ -215,7 +215,7 @@ def test_a_policy_with_a_tau_range_reports_and_uses_the_moving_tau() -> None:
         ({"policy": "ead", "patterns": ["def"]}, "--pattern and --burst apply to --policy gate"),
         ({"policy": "ead", "burst": "line"}, "--pattern and --burst apply to --policy gate"),
         ({"tau_range": (1.0, 0.5)}, "tau range must satisfy 0 <= low < high"),
-        ({"tau": (1.0, 2.0)}, "2 models take 1 thresholds \\(or one for all\\), got 2"),
+        ({"tau": (1.0, 2.0)}, "2 models take one threshold, got 2"),
         ({"tau": (1.0, 2.0, 3.0), "levels": 3}, "3 models take 2 thresholds"),
         ({"tau": (1.0, float("nan")), "levels": 3}, "tau must be at least 0"),
         ({"levels": 1}, "switching takes at least two models"),
@@ -227,7 +227,7 @@ def test_a_policy_with_a_tau_range_reports_and_uses_the_moving_tau() -> None:
         ({"policy": "gate", "min_run": -1}, "min-run must be at least 0"),  # checked though unused
         ({"mode": "large", "tau": -0.1}, "tau must be at least 0"),
         ({"mode": "small", "window": 0}, "window must be at least 1"),
-        ({"mode": "large", "tau": (1.0, 2.0)}, "2 models take 1 thresholds"),
+        ({"mode": "large", "tau": (1.0, 2.0)}, "2 models take one threshold, got 2"),
         ({"mode": "spec", "burst": 0}, "burst must be a count of at least 1"),
         ({"mode": "spec", "span": 0}, "span must be at least 1"),
     ],

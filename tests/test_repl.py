@@ -38,9 +38,12 @@ def chat_args(pair: tuple[Path, Path], *extra: str) -> list[str]:
 def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
     children: list[pexpect.spawn] = []
 
-    def start(*extra: str, env: dict[str, str] | None = None, stdout: Path | None = None) -> pexpect.spawn:
-        """The chat at a terminal; with ``stdout``, its stdout redirected to that file."""
-        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | (env or {})
+    def start(
+        *extra: str, env: dict[str, str] | None = None, stdout: Path | None = None, columns: int = 250
+    ) -> pexpect.spawn:
+        """The chat at a terminal ``columns`` wide; with ``stdout``, its stdout redirected to that file."""
+        unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
+        env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
         env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
         command, args = str(EAD), chat_args(tiny_pair, *extra)
         if stdout is not None:
@@ -52,7 +55,7 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
             encoding="utf-8",
             codec_errors="replace",
             timeout=30,
-            dimensions=(40, 250),
+            dimensions=(40, columns),
             preexec_fn=interruptible,
         )
         children.append(child)
@@ -204,6 +207,21 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     models = turns[1]["summary"]["models"]
     assert prefill == [model["prefill_tokens"] for model in models]
     assert all(0 < n < turns[1]["summary"]["prompt_tokens"] - start for n in prefill)
+
+
+def test_stats_at_a_narrow_terminal_wrap_at_spaces_and_cut_no_figure(spawn) -> None:
+    """/stats at 40 columns: the session and settings lines wrapped between words (the terminal had broken
+    them mid-word, 'window d' / 'efault'), each model's figures a line of named ones, nothing cut short."""
+    child = spawn("--max-tokens", "8", columns=40)
+    send(child, "hello")
+    lines = [line.rstrip() for line in reply(child, "/stats")]
+    assert max(map(len, lines)) <= 40 and "…" not in "".join(lines), lines
+    joined = " ".join(lines)
+    assert "session: 1 answers · 8 tokens · large share" in joined
+    settings = "mode ead · policy gate · tau 3 · window default · min-run 10 · temp 0 · max-tokens 8"
+    assert settings in joined
+    assert re.search(r"small: written \d+ · prefill \d+ in [\d.]+s · decode", joined), lines
+    assert leave(child) == 0
 
 
 def test_ctrl_c_stops_the_answer_only_and_clears_a_line_at_the_prompt(

@@ -298,9 +298,10 @@ class DepthTextRenderer(Renderer):
         self.n_layer = n_layer
 
     def _text(self, event: DepthEvent) -> str:  # type: ignore[override]
-        if self.color and event.text:
-            return f"{depth_style(event.depth, self.n_layer)}{event.text}{RESET}"
-        return event.text
+        text = self.visible(event.text)
+        if self.color and text:
+            return f"{depth_style(event.depth, self.n_layer)}{text}{RESET}"
+        return text
 
     def finish(self, summary: DepthSummary) -> None:
         self.out.write("\n")

@@ -56,7 +56,7 @@ def generate(
     model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
     from ..prompt import check_fits, check_prompt_text, encode_prompt
-    from .render import JsonlRenderer, TextRenderer, mode_line, print_stats, wants_color
+    from .render import JsonlRenderer, TextRenderer, mode_line, print_lines, print_stats, wants_color
 
     text = check_prompt_text(read_prompt(prompt))
     check_stdout("the answer")
@@ -89,7 +89,7 @@ def generate(
                 note = f"{summary.fallback}: the small model wrote the rest"
                 stderr.print(note, style="dim", soft_wrap=True)
             if stats:
-                stderr.print(mode_line(policy_options), soft_wrap=True)
+                print_lines(stderr, mode_line(policy_options))
                 print_stats(stderr, summary)
     finally:
         close_all(runners)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, TextIO
 
@@ -13,12 +14,29 @@ from rich.table import Table
 from ..option_table import DEFAULT_MODE
 
 if TYPE_CHECKING:
-    from ..decoder import Summary, TokenEvent
+    from ..decoder import ModelReport, Summary, TokenEvent
     from ..options import PolicyOptions
 
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
 _MIDDLE = ("\x1b[32m", "green")  # the middle levels of a cascade: mid, mid1, mid2...
 RESET = "\x1b[0m"
+# What a terminal would act on rather than show: C0 controls but tab and newline, DEL, and C1 controls
+# (some terminals read U+009B as ESC [, a CSI).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def spell_controls(text: str) -> str:
+    """A model's text made harmless to a terminal, as less shows it: ESC as ^[, a carriage return as ^M,
+    DEL as ^?, a C1 control as <U+009B>. Written raw, an answer could move the cursor, clear the screen,
+    retitle the window or set the clipboard (OSC 52)."""
+    return _CONTROL.sub(_spelled, text)
+
+
+def _spelled(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return "^" + chr(code + 0x40)
+    return "^?" if code == 0x7F else f"<U+{code:04X}>"
 
 
 def model_style(role: str) -> str:
@@ -26,12 +44,14 @@ def model_style(role: str) -> str:
 
 
 def wants_color(stream: TextIO, no_color: bool) -> bool:
-    """Colour on a terminal unless --no-color or NO_COLOR (https://no-color.org); FORCE_COLOR forces it."""
+    """Colour on a terminal unless --no-color or NO_COLOR (https://no-color.org); FORCE_COLOR forces it.
+    A terminal that says it is dumb (TERM=dumb) may show escape codes as text: no colour there, as rich
+    gives the figures of --stats none."""
     if no_color or os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return stream.isatty()
+    return stream.isatty() and os.environ.get("TERM") != "dumb"
 
 
 class Renderer:
@@ -43,6 +63,12 @@ class Renderer:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.shown = -1
+        self.terminal = out.isatty()
+
+    def visible(self, text: str) -> str:
+        """A token's text as the output may get it: at a terminal its control characters spelled out; in
+        a pipe or a file, as written."""
+        return spell_controls(text) if self.terminal else text
 
     def event(self, event: TokenEvent) -> None:
         text = self._text(event)
@@ -71,9 +97,10 @@ class TextRenderer(Renderer):
         return "  ".join(parts)
 
     def _text(self, event: TokenEvent) -> str:
-        if self.color and event.text:
-            return f"{model_style(event.model)}{event.text}{RESET}"
-        return event.text
+        text = self.visible(event.text)
+        if self.color and text:
+            return f"{model_style(event.model)}{text}{RESET}"
+        return text
 
     def finish(self, summary: Summary) -> None:
         self.out.write("\n")
@@ -140,21 +167,39 @@ def network_line(summary: Summary) -> str | None:
     )
 
 
+_MODEL_COLUMNS = ("written", "prefill", "decode", "catch-up", "GFLOP")
+
+
+def _model_figures(report: ModelReport) -> tuple[str, ...]:
+    """One model's figures, in the order of ``_MODEL_COLUMNS``."""
+    return (
+        str(report.written),
+        f"{report.prefill_tokens} in {_seconds(report.prefill_s)}",
+        f"{report.decode_tokens} in {_seconds(report.decode_s)}",
+        f"{report.catchup_tokens} in {_seconds(report.catchup_s)}",
+        f"{report.flops / 1e9:,.1f}",
+    )
+
+
 def stats_table(summary: Summary) -> Table:
     """Per model: tokens written, and tokens read (and seconds) in each phase, FLOPs."""
     table = Table(box=None, pad_edge=False)
-    for column in ("model", "written", "prefill", "decode", "catch-up", "GFLOP"):
-        table.add_column(column, justify="left" if column == "model" else "right")
+    table.add_column("model")
+    for column in _MODEL_COLUMNS:
+        table.add_column(column, justify="right")
     for report in summary.models:
-        table.add_row(
-            report.role,
-            str(report.written),
-            f"{report.prefill_tokens} in {_seconds(report.prefill_s)}",
-            f"{report.decode_tokens} in {_seconds(report.decode_s)}",
-            f"{report.catchup_tokens} in {_seconds(report.catchup_s)}",
-            f"{report.flops / 1e9:,.1f}",
-        )
+        table.add_row(report.role, *_model_figures(report))
     return table
+
+
+def stats_lines(summary: Summary) -> list[str]:
+    """The table's rows as lines, each figure named: for a terminal too narrow for its columns, where
+    rich would cut headers and figures short (``writ…``, ``0.1…``)."""
+    lines = []
+    for report in summary.models:
+        named = zip(_MODEL_COLUMNS, _model_figures(report), strict=True)
+        lines.append(f"{report.role}: " + " · ".join(f"{column} {figure}" for column, figure in named))
+    return lines
 
 
 def mode_line(policy: PolicyOptions) -> str:
@@ -166,9 +211,21 @@ def mode_line(policy: PolicyOptions) -> str:
     return f"mode {policy.mode} (the default; --mode ead or any switching option turns the pair on)"
 
 
+def print_lines(console: Console, text: str) -> None:
+    """Lines of figures: on a terminal wrapped at spaces to its width (it would break them mid-word), in
+    a pipe or a file each line whole."""
+    console.print(text, soft_wrap=not console.is_terminal)
+
+
 def print_stats(console: Console, summary: Summary) -> None:
-    console.print(stats_headline(summary), soft_wrap=True)
+    print_lines(console, stats_headline(summary))
     network = network_line(summary)
     if network:
-        console.print(network, soft_wrap=True)
-    console.print(stats_table(summary))
+        print_lines(console, network)
+    table = stats_table(summary)
+    unbounded = console.options.update_width(10_000)  # measured whole, not clamped to the console
+    if console.measure(table, options=unbounded).minimum <= console.width:
+        console.print(table)
+    else:
+        for line in stats_lines(summary):
+            print_lines(console, line)

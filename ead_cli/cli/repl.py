@@ -120,9 +120,8 @@ class Repl:
         self.read_line = read_line
         self.err = err
         self.renderer = TextRenderer(out, color=color)
-        self.console = Console(
-            file=err, highlight=False, soft_wrap=True, color_system="auto" if color else None
-        )
+        self.console = Console(file=err, highlight=False, color_system="auto" if color else None)
+        self.console.soft_wrap = not self.console.is_terminal  # a terminal's lines wrap at spaces
         self.interactive = interactive
         self.failed = False
         # name: (handler, argument, what it does); /exit has no handler, it ends the loop
