@@ -217,7 +217,7 @@ def test_stats_at_a_narrow_terminal_wrap_at_spaces_and_cut_no_figure(spawn) -> N
     lines = [line.rstrip() for line in reply(child, "/stats")]
     assert max(map(len, lines)) <= 40 and "…" not in "".join(lines), lines
     joined = " ".join(lines)
-    assert "session: 1 answers · 8 tokens · large share" in joined
+    assert "session: 1 answer · 8 tokens · large share" in joined
     settings = "mode ead · policy gate · tau 3 · window default · min-run 10 · temp 0 · max-tokens 8"
     assert settings in joined
     assert re.search(r"small: written \d+ · prefill \d+ in [\d.]+s · decode", joined), lines

@@ -266,8 +266,9 @@ class Repl:
         else:
             self.note("no answer yet in this conversation")
         totals = conversation.totals
+        answers = f"{totals.answers} answer{'' if totals.answers == 1 else 's'}"
         self.console.print(
-            f"session: {totals.answers} answers · {totals.generated} tokens · large share "
+            f"session: {answers} · {totals.generated} tokens · large share "
             f"{totals.large_share:.1%} · {totals.switches} switches · {totals.flops / 1e9:,.1f} GFLOP · "
             f"{totals.wall_s:.2f}s",
             markup=False,
