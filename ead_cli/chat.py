@@ -162,7 +162,8 @@ class Conversation:
     def ask(self, text: str) -> Iterator[TokenEvent]:
         """Start the answer to a user message; return its stream of token events.
 
-        Raises at once, changing nothing, if the message is empty or leaves no room for an answer.
+        Raises at once, changing nothing, if the message is empty or leaves no room for an answer:
+        ContextFull where only the conversation so far is in the way, so a new one would take it.
         Once iterated, however the stream ends (finished, closed early as on Ctrl-C, or raising), the
         turn is in ``turns`` and its answer, closed with the template's end of turn, in ``tokens``.
         """
@@ -171,6 +172,8 @@ class Conversation:
         rendered = self._render(messages, add_generation_prompt=True)
         prompt = self._extend(self.tokens, self._text, rendered)
         if len(prompt) >= self.n_ctx and self.turns:
+            alone = encode_rendered(self._text_model, self._render(messages[-1:], add_generation_prompt=True))
+            check_fits(alone, self.n_ctx)  # too long for any conversation: a new one would not help
             raise ContextFull(
                 f"the context is full: the conversation with this message is {len(prompt)} tokens, "
                 f"the context holds {self.n_ctx}"

@@ -192,8 +192,17 @@ def test_a_full_context_refuses_the_next_turn_until_a_reset(tiny_pair: tuple[Pat
         with pytest.raises(ContextFull, match=r"the context is full: .* \d+ tokens, the context holds 256"):
             conversation.ask("more")
         assert (conversation.tokens, len(conversation.turns)) == before
+        # A message too long for any conversation is told so, not sent to /reset, which would not help.
+        too_long = "word " * 300
+        with pytest.raises(EadError, match=r"^the prompt is \d+ tokens, too many for the context") as full:
+            conversation.ask(too_long)
+        assert not isinstance(full.value, ContextFull)
+        assert (conversation.tokens, len(conversation.turns)) == before
         conversation.reset()
         assert not conversation.full and conversation.turns == []
+        with pytest.raises(EadError) as fresh:
+            conversation.ask(too_long)
+        assert str(fresh.value) == str(full.value)
         again = answer(conversation, "hello")
         assert again.summary.generated > 0
         assert conversation.totals.answers == 2
