@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -363,6 +364,22 @@ def test_a_pipes_line_that_is_not_utf8_is_skipped_as_a_bad_one(tiny_pair: tuple[
     stderr = result.stderr.decode()
     assert "error: the prompt is not valid UTF-8 (byte 0)\n" in stderr and "Traceback" not in stderr
     assert "session: 2 answers · 8 tokens" in stderr  # the lines after it ran
+
+
+def test_a_closed_pipe_ends_the_chat_quietly(tiny_pair: tuple[Path, Path]) -> None:
+    """``ead chat | head``: once the answers' reader is gone the chat ends as generate does, 141, no word."""
+    chat = shlex.join([str(EAD), *chat_args(tiny_pair, "--max-tokens", "200")])
+    turns = "".join(f"hello {n}\n" for n in range(40)).encode()
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {chat} | head -c 10 > /dev/null"],
+        input=turns,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 141
+    stderr = result.stderr.decode()
+    assert "error" not in stderr and "Traceback" not in stderr
 
 
 def test_a_file_name_that_cannot_be_is_one_line(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import Terminated
+from .output import silence_stdout
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
@@ -351,11 +352,16 @@ def run_chat(
     no_color: bool = False,
     load_pair: Callable[[], Sequence[Runner]] | None = None,
 ) -> int:
-    """Hold a conversation on this process's terminal, or over its pipes; returns the exit status.
+    """Hold a conversation on this process's terminal, or over its pipes; returns the exit status, 141
+    where the answers' reader went away (``| head``), as generate ends then.
     ``load_pair``: only the large model is loaded; this loads the pair when a command turns it on."""
     conversation = Conversation(runners, policy, generation, system=system, load_pair=load_pair)
     interactive = sys.stdin.isatty()
     read_line = _line_editor() if interactive else _pipe_reader(sys.stdin.buffer)
     color = interactive and wants_color(sys.stdout, no_color)
     repl = Repl(conversation, read_line, out=sys.stdout, err=sys.stderr, color=color, interactive=interactive)
-    return repl.loop()
+    try:
+        return repl.loop()
+    except BrokenPipeError:
+        silence_stdout()
+        return 141
