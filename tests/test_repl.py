@@ -417,6 +417,19 @@ def test_a_block_is_a_message_and_the_input_never_ends_a_message_silently(
     )
 
 
+def test_ctrl_d_inside_a_message_at_a_terminal_is_one_line_of_its_own(spawn) -> None:
+    child = spawn("--max-tokens", "4")
+    for first_line, inside in (('"""', 'a """ block'), ("hi \\", "a line ending in \\")):
+        type_line(child, first_line)
+        child.expect_exact(MORE)
+        child.sendeof()
+        child.expect_exact(PROMPT)
+        # after the ... prompt that Ctrl-D left, a line end: the error is not glued to the prompt
+        assert plain(child.before) == f"\nerror: the input ended inside {inside}: that message is not sent\n"
+    assert SUMMARY.search(plain(send(child, "hello")))  # the chat goes on
+    assert leave(child) == 0
+
+
 def test_with_stdout_redirected_the_prompt_and_line_editing_stay_on_the_terminal(
     spawn, tmp_path: Path
 ) -> None:

@@ -158,6 +158,8 @@ class Repl:
                     self.err.write("\n")
                 break
             except EadError as error:  # the input ended inside a message
+                if self.interactive:
+                    self.err.write("\n")  # Ctrl-D left the cursor after the ... prompt
                 self.error(str(error))
         return 1 if self.failed else 0
 
