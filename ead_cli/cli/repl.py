@@ -83,6 +83,11 @@ def _as_command(message: str, option: DecodingOption) -> str:
     return message
 
 
+def counted(number: int, noun: str) -> str:
+    """'1 answer', '2 answers': a reply's count reads as a sentence."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def summary_line(turn: Turn) -> str:
     """The one line after each answer: tokens, large-model share, speed, and why it was cut."""
     summary = turn.summary
@@ -269,9 +274,8 @@ class Repl:
         else:
             self.note("no answer yet in this conversation")
         totals = conversation.totals
-        answers = f"{totals.answers} answer{'' if totals.answers == 1 else 's'}"
         self.console.print(
-            f"session: {answers} · {totals.generated} tokens · large share "
+            f"session: {counted(totals.answers, 'answer')} · {totals.generated} tokens · large share "
             f"{totals.large_share:.1%} · {totals.switches} switches · {totals.flops / 1e9:,.1f} GFLOP · "
             f"{totals.wall_s:.2f}s",
             markup=False,
@@ -294,7 +298,7 @@ class Repl:
         except RuntimeError:  # ~name of no user on this system
             raise EadError(f"cannot write {argument}: {argument.split('/')[0]} is no user's home") from None
         self.conversation.save(path)
-        self.note(f"saved {len(self.conversation.turns)} turns to {path}")
+        self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {path}")
 
     def _help(self, argument: str) -> None:
         for name, (_, usage, description) in self.commands.items():
