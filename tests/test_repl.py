@@ -219,8 +219,8 @@ def test_stats_at_a_narrow_terminal_wrap_at_spaces_and_cut_no_figure(spawn) -> N
     assert max(map(len, lines)) <= 40 and "…" not in "".join(lines), lines
     joined = " ".join(lines)
     assert "session: 1 answer · 8 tokens · large share" in joined
-    settings = "mode ead · policy gate · tau 3 · window default · min-run 10 · temp 0 · max-tokens 8"
-    assert settings in joined
+    settings = "mode ead · policy gate · tau 3 · window default · min-run 10 · lookup 12 · lookup-draft 31 · "
+    assert settings + "temp 0 · max-tokens 8" in joined
     assert re.search(r"small: written \d+ · prefill \d+ in [\d.]+s · decode", joined), lines
     assert leave(child) == 0
 
@@ -241,6 +241,8 @@ def test_ctrl_c_stops_the_answer_only_and_clears_a_line_at_the_prompt(
     child.expect_exact(PROMPT)
 
     assert reply(child, "/max-tokens 5")[0].endswith("max-tokens 5 (from the next answer)")
+    assert " · lookup 0 · lookup-draft 31 · " in reply(child, "/lookup 0")[0]  # each command's value shown
+    assert " · lookup 0 · lookup-draft 8 · " in reply(child, "/lookup-draft 8")[0]
     type_line(child, "first line \\")
     child.expect_exact(MORE)
     continued = plain(send(child, "second line"))

@@ -104,7 +104,8 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
     window = "default" if policy.window is None else policy.window
     return (
         f"settings: mode {policy.mode} · policy {policy.policy} · tau {format_tau(tau)} · window {window} · "
-        f"min-run {policy.min_run} · temp {generation.sampling.temp:g} · max-tokens {generation.max_tokens}"
+        f"min-run {policy.min_run} · lookup {policy.lookup} · lookup-draft {policy.lookup_draft} · "
+        f"temp {generation.sampling.temp:g} · max-tokens {generation.max_tokens}"
     )
 
 
