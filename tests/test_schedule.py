@@ -421,6 +421,33 @@ def test_pricing_a_schedules_batches() -> None:
     assert speed.price_batches(batches, (small, large)) == pytest.approx(0.5 + 2 * 16 / 40 + 0.3)
 
 
+def test_the_formula_prices_large_only_as_the_large_model_alone() -> None:
+    small = rates(50.0, 75.0, 140.0)
+    large = rates(4.0, 6.0, 12.0)
+    large_only = {
+        "strategy": "large-only",
+        "large_share": 1.0,
+        "generated": 100,
+        "wall_s": 30.0,
+        "wall_rel": 1.0,
+        "batches": {"small": {}, "large": {"prefill": {"128": 1}, "decode": {"1": 99}}},
+    }
+    gate = {
+        "strategy": "gate tau=1",
+        "large_share": 0.05,
+        "generated": 100,
+        "wall_s": 15.0,
+        "wall_rel": 0.5,
+        "batches": {"small": {"prefill": {"128": 1}, "decode": {"1": 94}}, "large": {"catchup": {"16": 6}}},
+    }
+    reference, switching = speed.check_replay({"strategies": [large_only, gate]}, small, large)
+    # The small model took no part: no read of every large token (at 1/50 s each) is charged to it.
+    assert reference.formula_s == pytest.approx(100 / 4)
+    assert reference.formula_rel == pytest.approx(1.0)
+    assert switching.formula_s == pytest.approx(100 * speed.seconds_per_token(small, large, 0.05))
+    assert switching.formula_rel == pytest.approx(switching.formula_s / (100 / 4))
+
+
 def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path, Path]) -> None:
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
     assert_one_line_error(ead("bench", "speed", *pair, "--context", "0"), 2, "--context must be in")
