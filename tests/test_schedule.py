@@ -186,6 +186,29 @@ def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
     assert order == sorted(order, key=lambda key: (key[0], names.index(key[1])))  # task by task
 
 
+def test_a_replay_is_set_against_large_only_on_the_same_tasks() -> None:
+    """A results file cut short mid-task: large-only ran t/1, the gate did not; its ratios are over t/0."""
+    figures = {"prefill_tokens": 0, "decode_tokens": 0, "catchup_tokens": 0}
+    runs = [("large-only", "t/0", 10.0, 8.0), ("large-only", "t/1", 30.0, 24.0), ("gate", "t/0", 5.0, 6.0)]
+    records = [
+        {
+            "strategy": strategy,
+            "task_id": task,
+            "generated": 10,
+            "large_share": 0.5,
+            "passed": True,
+            "schedule": [],
+            "models": {"small": figures, "large": figures},
+        }
+        for strategy, task, _, _ in runs
+    ]
+    samples = [replay.ReplayedSample(s, t, wall, recorded, 10, {}) for s, t, wall, recorded in runs]
+    large_only, gate = replay.summarise(records, samples, n_batch=512)
+    assert (large_only.wall_rel, large_only.recorded_wall_rel) == (1.0, 1.0)
+    assert gate.wall_s == 5.0 and gate.wall_rel == pytest.approx(5.0 / 10.0)  # not 5 s against 40 s
+    assert gate.recorded_wall_rel == pytest.approx(6.0 / 8.0)
+
+
 def test_bench_report_gives_the_median_of_repeated_replays(
     recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
