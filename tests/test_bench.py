@@ -584,6 +584,14 @@ def test_the_aggregate_figures() -> None:
     }
 
 
+def test_a_bench_cut_short_is_set_against_large_only_on_the_same_tasks() -> None:
+    """Cut short mid-task, large-only has run t/1 and ead has not: ead's ratios are over t/0 alone."""
+    cut = [r for r in RECORDS if (r["strategy"], r["task_id"]) != ("ead", "t/1")]
+    _, ead, _ = aggregate(cut)
+    assert (ead.wall_s, ead.wall_rel) == (1.0, pytest.approx(1.0 / 2.0))  # not 1 s against 8 s
+    assert (ead.flops, ead.flops_rel) == (80.0, pytest.approx(80.0 / 100.0))
+
+
 def test_without_large_only_there_are_no_relative_figures() -> None:
     (ead,) = aggregate([r for r in RECORDS if r["strategy"] == "ead"])
     assert ead.flops_rel is ead.wall_rel is ead.agreement is None

@@ -186,6 +186,29 @@ def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
     assert order == sorted(order, key=lambda key: (key[0], names.index(key[1])))  # task by task
 
 
+def test_a_replay_is_set_against_large_only_on_the_same_tasks() -> None:
+    """A results file cut short mid-task: large-only ran t/1, the gate did not; its ratios are over t/0."""
+    figures = {"prefill_tokens": 0, "decode_tokens": 0, "catchup_tokens": 0}
+    runs = [("large-only", "t/0", 10.0, 8.0), ("large-only", "t/1", 30.0, 24.0), ("gate", "t/0", 5.0, 6.0)]
+    records = [
+        {
+            "strategy": strategy,
+            "task_id": task,
+            "generated": 10,
+            "large_share": 0.5,
+            "passed": True,
+            "schedule": [],
+            "models": {"small": figures, "large": figures},
+        }
+        for strategy, task, _, _ in runs
+    ]
+    samples = [replay.ReplayedSample(s, t, wall, recorded, 10, {}) for s, t, wall, recorded in runs]
+    large_only, gate = replay.summarise(records, samples, n_batch=512)
+    assert (large_only.wall_rel, large_only.recorded_wall_rel) == (1.0, 1.0)
+    assert gate.wall_s == 5.0 and gate.wall_rel == pytest.approx(5.0 / 10.0)  # not 5 s against 40 s
+    assert gate.recorded_wall_rel == pytest.approx(6.0 / 8.0)
+
+
 def test_bench_report_gives_the_median_of_repeated_replays(
     recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -419,6 +442,33 @@ def test_pricing_a_schedules_batches() -> None:
     large = speed.Rates("l", 1, 256, {1: 10.0, 16: 40.0})
     batches = {"small": {"decode": {"1": 50}}, "large": {"prefill": {"16": 2}, "catchup": {1: 3}}}
     assert speed.price_batches(batches, (small, large)) == pytest.approx(0.5 + 2 * 16 / 40 + 0.3)
+
+
+def test_the_formula_prices_large_only_as_the_large_model_alone() -> None:
+    small = rates(50.0, 75.0, 140.0)
+    large = rates(4.0, 6.0, 12.0)
+    large_only = {
+        "strategy": "large-only",
+        "large_share": 1.0,
+        "generated": 100,
+        "wall_s": 30.0,
+        "wall_rel": 1.0,
+        "batches": {"small": {}, "large": {"prefill": {"128": 1}, "decode": {"1": 99}}},
+    }
+    gate = {
+        "strategy": "gate tau=1",
+        "large_share": 0.05,
+        "generated": 100,
+        "wall_s": 15.0,
+        "wall_rel": 0.5,
+        "batches": {"small": {"prefill": {"128": 1}, "decode": {"1": 94}}, "large": {"catchup": {"16": 6}}},
+    }
+    reference, switching = speed.check_replay({"strategies": [large_only, gate]}, small, large)
+    # The small model took no part: no read of every large token (at 1/50 s each) is charged to it.
+    assert reference.formula_s == pytest.approx(100 / 4)
+    assert reference.formula_rel == pytest.approx(1.0)
+    assert switching.formula_s == pytest.approx(100 * speed.seconds_per_token(small, large, 0.05))
+    assert switching.formula_rel == pytest.approx(switching.formula_s / (100 / 4))
 
 
 def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path, Path]) -> None:

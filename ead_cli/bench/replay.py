@@ -24,7 +24,7 @@ from ..errors import EadError
 from ..options import ModelOptions
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
-from .report import PHASES
+from .report import PHASES, paired_ratio
 from .results import Record, read_results, unreadable_record
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
@@ -208,9 +208,9 @@ def summarise(
     groups: dict[str, list[ReplayedSample]] = {}
     for sample in samples:
         groups.setdefault(sample.strategy, []).append(sample)
-    reference = groups.get(LARGE_ONLY)
-    ref_wall = sum(s.wall_s for s in reference) if reference else None
-    ref_recorded = sum(s.recorded_wall_s for s in reference) if reference else None
+    reference = groups.get(LARGE_ONLY, [])
+    ref_wall = {s.task_id: s.wall_s for s in reference}
+    ref_recorded = {s.task_id: s.recorded_wall_s for s in reference}
     summary = []
     for name, group in groups.items():
         rs = [by_key[(s.strategy, s.task_id)] for s in group]
@@ -235,9 +235,9 @@ def summarise(
                 else 0.0,
                 pass_at_1=sum(judged) / len(judged) if judged else None,
                 wall_s=wall,
-                wall_rel=wall / ref_wall if ref_wall else None,
+                wall_rel=paired_ratio({s.task_id: s.wall_s for s in group}, ref_wall),
                 recorded_wall_s=recorded,
-                recorded_wall_rel=recorded / ref_recorded if ref_recorded else None,
+                recorded_wall_rel=paired_ratio({s.task_id: s.recorded_wall_s for s in group}, ref_recorded),
                 tokens_per_s=generated / wall if wall else 0.0,
                 batches={role: count.sizes for role, count in zip(roles, counts, strict=True)},
             )

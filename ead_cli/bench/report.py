@@ -1,11 +1,11 @@
 """The figures of a bench and its report files (table, CSV, markdown, plot).
 
-same task (1.0: the same words in the same order; the quality proxy of ``ead bench prompts``); large-model
-share and parameter-weighted cost, weighted by generated tokens; total FLOPs and wall-clock seconds, also
-as a ratio to large-only's totals; tokens per second over all samples; mean switches per sample; mean
-acceptance rate; mean rollbacks per sample; seconds per model in prefill, decode and catch-up; for
-server strategies, tokens per second by the server's own generation time; and how many texts are exactly
-large-only's.
+Per strategy: pass@1; agreement with large-only's answer to the same task (1.0: the same words in the
+same order; the quality proxy of ``ead bench prompts``); large-model share and parameter-weighted cost,
+weighted by generated tokens; total FLOPs and wall-clock seconds, also as a ratio to large-only's totals
+on the same tasks; tokens per second over all samples; mean switches per sample; mean acceptance rate;
+mean rollbacks per sample; seconds per model in prefill, decode and catch-up; for server strategies,
+tokens per second by the server's own generation time; and how many texts are exactly large-only's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import csv
 import difflib
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -69,6 +69,13 @@ def _ratio(value: float, reference: float | None) -> float | None:
     return value / reference if reference else None
 
 
+def paired_ratio(by_task: Mapping[str, float], reference: Mapping[str, float]) -> float | None:
+    """A strategy's total over large-only's on the tasks both ran: a bench or replay cut short holds one
+    strategy on a task the other has not reached, and totals over different tasks are no ratio."""
+    shared = [task for task in by_task if task in reference]
+    return _ratio(sum(by_task[task] for task in shared), sum(reference[task] for task in shared))
+
+
 def _token_weighted(records: Sequence[Record], key: str) -> float:
     """A per-sample share averaged over generated tokens, as if all samples were one long generation."""
     generated = sum(r["generated"] for r in records)
@@ -99,8 +106,8 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
         groups.setdefault(record["strategy"], []).append(record)
     large = groups.get(LARGE_ONLY, [])
     reference = {r["task_id"]: r["text"] for r in large}
-    ref_flops = sum(r["flops"] for r in large) if large else None
-    ref_wall = sum(r["wall_s"] for r in large) if large else None
+    ref_flops = {r["task_id"]: r["flops"] for r in large}
+    ref_wall = {r["task_id"]: r["wall_s"] for r in large}
     aggregates = []
     for name, rs in groups.items():
         generated = sum(r["generated"] for r in rs)
@@ -119,9 +126,9 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
                 param_cost=_token_weighted(rs, "param_cost"),
                 generated=generated,
                 flops=flops,
-                flops_rel=_ratio(flops, ref_flops),
+                flops_rel=paired_ratio({r["task_id"]: r["flops"] for r in rs}, ref_flops),
                 wall_s=wall,
-                wall_rel=_ratio(wall, ref_wall),
+                wall_rel=paired_ratio({r["task_id"]: r["wall_s"] for r in rs}, ref_wall),
                 tokens_per_s=generated / wall if wall else 0.0,
                 switches=sum(r["switches"] for r in rs) / len(rs),
                 acceptance_rate=_mean(accepted),

@@ -218,13 +218,23 @@ class Check:
     formula_rel: float | None
 
 
+def formula_seconds(row: Mapping[str, Any], small: Rates, large: Rates) -> float:
+    """The cost model's price of a replayed strategy. One whose small model read nothing (large-only,
+    with or without lookup) is the large model alone, decoding every token, as ``expectations`` prices
+    it: the formula at a share of 1 would charge the small model a read of every token it never made."""
+    small_batches = next(iter(row["batches"].values()))
+    if not any(small_batches.values()):
+        return row["generated"] / large.decode
+    return row["generated"] * seconds_per_token(small, large, row["large_share"])
+
+
 def check_replay(replay: Mapping[str, Any], small: Rates, large: Rates) -> list[Check]:
     """Predicted against measured for every strategy of a replay report (replay.json)."""
     rows = replay["strategies"]
     reference = next((row for row in rows if row["strategy"] == "large-only"), None)
     checks = []
     for row in rows:
-        formula = row["generated"] * seconds_per_token(small, large, row["large_share"])
+        formula = formula_seconds(row, small, large)
         checks.append(
             Check(
                 strategy=row["strategy"],
@@ -234,7 +244,7 @@ def check_replay(replay: Mapping[str, Any], small: Rates, large: Rates) -> list[
                 priced_s=price_batches(row["batches"], (small, large)),
                 formula_s=formula,
                 measured_rel=row["wall_rel"],
-                formula_rel=formula / (reference["generated"] / large.decode) if reference else None,
+                formula_rel=formula / formula_seconds(reference, small, large) if reference else None,
             )
         )
     return checks
