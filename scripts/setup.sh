@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-  echo "error: ead-cli needs Python 3.10 or newer ($python is $("$python" --version 2>&1))" >&2
+if ! version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2]); sys.exit(sys.version_info < (3, 10))' 2>/dev/null); then
+  [ -n "$version" ] && found="is Python $version" || found="does not run here"
+  echo "error: ead-cli needs Python 3.10 or newer, and $python $found: set PYTHON to one" >&2
   exit 1
 fi
 stamp=.venv/.ead-installed
