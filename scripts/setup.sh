@@ -14,7 +14,9 @@ fi
 stamp=.venv/.ead-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  # Made anew where it has no pip: venv's own failure without ensurepip (Debian's python3-venv missing)
+  # leaves one so, as does a pip upgrade stopped between removing the old pip and installing the new.
+  .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >&2
   .venv/bin/python -m pip install --quiet -e ".[demo,test,plot,serve]" >&2

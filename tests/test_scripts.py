@@ -1,9 +1,12 @@
-"""The README's set-up scripts as a new user meets them, run for real: scripts/setup.sh's refusals."""
+"""The README's set-up scripts as a new user meets them, run for real: scripts/setup.sh's refusals and its
+recovery from a half-made .venv (in a stand-in tree, so no test rebuilds the real one)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from test_cli import assert_one_line_error
@@ -32,3 +35,30 @@ def test_setup_refuses_an_old_or_missing_python_in_one_line(tmp_path: Path) -> N
     old = executable(tmp_path / "python3.9", f"#!/bin/sh\n{answer}\nexit 1\n")
     result = run([str(SCRIPTS / "setup.sh")], PYTHON=str(old))
     assert_one_line_error(result, 1, "needs Python 3.10 or newer", f"{old} is Python 3.9", "set PYTHON")
+
+
+def stand_in_tree(root: Path) -> Path:
+    """setup.sh beside a package of no dependencies whose smoke module only says it ran."""
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy2(SCRIPTS / "setup.sh", root / "scripts" / "setup.sh")
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "ead-cli-stand-in"\nversion = "0"\n'
+        '[tool.setuptools]\npackages = ["ead_cli"]\n'
+    )
+    (root / "ead_cli").mkdir()
+    (root / "ead_cli" / "__init__.py").write_text("")
+    (root / "ead_cli" / "smoke.py").write_text("print('smoke stand-in ran')\n")
+    return root / "scripts" / "setup.sh"
+
+
+def test_setup_remakes_a_venv_left_without_pip(tmp_path: Path) -> None:
+    """What `python3 -m venv` leaves where ensurepip is missing (Debian without python3-venv), and what a
+    stopped pip upgrade leaves: a python without pip. Running set-up again must mend it, not fail forever
+    with 'No module named pip'."""
+    setup = stand_in_tree(tmp_path / "tree")
+    venv = tmp_path / "tree" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    result = run([str(setup)], PYTHON=sys.executable)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert b"smoke stand-in ran" in result.stdout  # installed, then the smoke module ran
