@@ -1,14 +1,17 @@
 """The README's set-up scripts as a new user meets them, run for real: scripts/setup.sh's refusals and its
-recovery from a half-made .venv (in a stand-in tree, so no test rebuilds the real one)."""
+recovery from a half-made .venv (in a stand-in tree, so no test rebuilds the real one), and where
+build_llama_server.sh finds its cache."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_cli import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,3 +65,18 @@ def test_setup_remakes_a_venv_left_without_pip(tmp_path: Path) -> None:
     result = run([str(setup)], PYTHON=sys.executable)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert b"smoke stand-in ran" in result.stdout  # installed, then the smoke module ran
+
+
+def test_build_llama_server_finds_its_cache_with_home_unset() -> None:
+    """As ead does (Path.home() reads the passwd entry): the script had stopped at 'HOME: unbound
+    variable', so test.sh failed before any test. Only where the binary is built, so nothing builds."""
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    built = sorted((home / ".cache" / "ead-cli" / "llama-server").glob("*/llama-server"))
+    if not built:
+        pytest.skip("no llama-server built in the passwd home's cache")
+    env = {k: v for k, v in os.environ.items() if k not in {"HOME", "EAD_CACHE", "XDG_CACHE_HOME"}}
+    result = subprocess.run(
+        [str(SCRIPTS / "build_llama_server.sh")], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert Path(result.stdout.strip()) in built
