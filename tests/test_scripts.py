@@ -1,6 +1,6 @@
 """The README's set-up scripts as a new user meets them, run for real: scripts/setup.sh's refusals and its
 recovery from a half-made .venv (in a stand-in tree, so no test rebuilds the real one), and where
-build_llama_server.sh finds its cache."""
+build_llama_server.sh finds its cache, what install_chromium.sh takes for an installed Chromium."""
 
 from __future__ import annotations
 
@@ -80,3 +80,17 @@ def test_build_llama_server_finds_its_cache_with_home_unset() -> None:
     )
     assert (result.returncode, result.stderr) == (0, "")
     assert Path(result.stdout.strip()) in built
+
+
+def test_install_chromium_takes_chromium_browser_as_installed(tmp_path: Path) -> None:
+    """Ubuntu's name, which the page test accepts: the script had asked apt-get for Debian's chromium on
+    every test run (as root; elsewhere it said the page test would be skipped, which it was not)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "chromium-browser", "#!/bin/sh\n")
+    executable(bin_dir / "apt-get", f"#!/bin/sh\ntouch {tmp_path / 'apt-get-ran'}\nexit 1\n")
+    (bin_dir / "id").symlink_to(shutil.which("id"))
+    bash = shutil.which("bash")
+    result = run([bash, str(SCRIPTS / "install_chromium.sh")], PATH=str(bin_dir))
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert not (tmp_path / "apt-get-ran").exists()
