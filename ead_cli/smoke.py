@@ -4,7 +4,8 @@ Before a model file is first used on this machine, a child process loads it as e
 few tokens (one batch, then one single-token step: both kernels a generation runs). A child killed by a
 signal (SIGSEGV, SIGILL, ...) becomes one paragraph: what crashed, the likely cause, the option that avoids
 it, where to report. A child that passes leaves a marker keyed by the file, llama-cpp-python's and ead's
-versions, the CPU, the repack decision and GPU offload, so later runs pay nothing (a stat and a hash).
+versions, the CPU, the repack decision and GPU offload, so later runs pay nothing (a stat and a hash);
+where the cache cannot be written, the check passes unremembered.
 Anything else (a slow child, an unreadable file) is left to the real load, which reports it as usual.
 
 ``python -m ead_cli.smoke`` checks the default pair (``scripts/setup.sh`` ends with it); ``--child`` is
@@ -14,6 +15,7 @@ the child's own entry point.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import signal
 import subprocess
@@ -113,8 +115,9 @@ def check_model(
     if result.returncode < 0 and -result.returncode in CRASH_SIGNALS:
         raise EadError(crash_message(label or path.name, -result.returncode, repack))
     if result.returncode == 0:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(f"{path}\n")
+        with contextlib.suppress(OSError):  # a cache that cannot be written: the check runs again next time
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"{path}\n")
     return True
 
 

@@ -22,7 +22,8 @@
 set -euo pipefail
 
 VERSION=0.3.36
-CACHE_ROOT="${EAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ead-cli}"
+home=~  # $HOME, or where HOME is unset the passwd entry's home, as Python's Path.home() and so ead's
+CACHE_ROOT="${EAD_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/ead-cli}"
 DEST_DIR="$CACHE_ROOT/llama-server/$VERSION"
 BIN="$DEST_DIR/llama-server"
 

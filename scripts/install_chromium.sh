@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Headless Chromium for the page test of `ead serve` (tests/test_serve.py), from Debian's packages where
 # apt-get can be used; elsewhere the test is skipped and says why. Never fails the test run.
-set -uo pipefail
-command -v chromium > /dev/null && exit 0
+set -euo pipefail
+if command -v chromium > /dev/null || command -v chromium-browser > /dev/null; then
+  exit 0  # either name, as the page test looks for both (Ubuntu's is chromium-browser)
+fi
 if ! command -v apt-get > /dev/null || [ "$(id -u)" != 0 ]; then
   echo "note: no chromium, and apt-get is not usable here: the page test of ead serve will be skipped" >&2
   exit 0

@@ -6,14 +6,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-  echo "error: ead-cli needs Python 3.10 or newer ($python is $("$python" --version 2>&1))" >&2
+if ! version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2]); sys.exit(sys.version_info < (3, 10))' 2>/dev/null); then
+  [ -n "$version" ] && found="is Python $version" || found="does not run here"
+  echo "error: ead-cli needs Python 3.10 or newer, and $python $found: set PYTHON to one" >&2
   exit 1
 fi
 stamp=.venv/.ead-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  # Made anew where it has no pip: venv's own failure without ensurepip (Debian's python3-venv missing)
+  # leaves one so, as does a pip upgrade stopped between removing the old pip and installing the new.
+  .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >&2
   .venv/bin/python -m pip install --quiet -e ".[demo,test,plot,serve]" >&2

@@ -199,6 +199,16 @@ def test_a_real_child_decodes_once_then_the_marker_answers(tiny_small: Path, cac
     assert len(list((cache / "smoke").iterdir())) == 2
 
 
+def test_a_cache_that_cannot_be_written_leaves_the_pass_unremembered(tiny_small: Path, cache: Path) -> None:
+    """A file where the smoke folder goes (as a read-only ~/.cache would) had ended a passed check in a
+    FileExistsError traceback, in setup.sh and in every command's first load."""
+    cache.mkdir()
+    (cache / "smoke").write_text("")
+    on = Repack(True, "t")
+    assert smoke.check_model(tiny_small, repack=on, threads=1) is True
+    assert smoke.check_model(tiny_small, repack=on, threads=1) is True  # checked again: nowhere to remember
+
+
 def test_generate_explains_a_llama_cpp_crash_in_one_paragraph(tiny_pair, tmp_path: Path) -> None:
     """A real crash, simulated for real: the smoke child (and only it) kills itself with SIGSEGV on
     start, through a sitecustomize on its path, as llama.cpp's AMX kernel would on its first product."""

@@ -163,17 +163,27 @@ def test_the_cli_streams_jsonl_on_the_default_pair() -> None:
     assert summary["finish_reason"] == "length"
 
 
-def test_the_demo_script_answers_its_own_question() -> None:
-    """The README's first command, as a user runs it (options only: the script supplies the prompt)."""
-    demo = Path(__file__).resolve().parent.parent / "scripts" / "demo.sh"
-    result = subprocess.run(
-        [str(demo), "--max-tokens", "6", "--threads", "1", "--format", "jsonl"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def demo(*args: str) -> tuple[dict, str]:
+    """The README's first command, as a user runs it: the summary object and stderr."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "demo.sh"
+    result = subprocess.run([str(script), *args], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = [json.loads(line) for line in result.stdout.splitlines()]
-    assert lines[-1]["type"] == "summary" and lines[-1]["generated"] == 6
-    assert lines[-1]["prompt_tokens"] > 20  # the default question, in the chat template
-    assert "6 tokens (length)" in result.stderr  # --stats, on stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["type"] == "summary"
+    return summary, result.stderr
+
+
+def test_the_demo_script_answers_its_own_question() -> None:
+    """Options only: the script supplies the prompt."""
+    summary, stderr = demo("--max-tokens", "6", "--threads", "1", "--format", "jsonl")
+    assert summary["generated"] == 6
+    assert summary["prompt_tokens"] > 20  # the default question, in the chat template
+    assert "6 tokens (length)" in stderr  # --stats, on stderr
+
+
+def test_the_demo_script_takes_a_prompt_after_double_dash() -> None:
+    """A prompt that starts with - goes after --, as ead generate's does; the script had put its own
+    question before the --, so ead saw two prompts ('Got unexpected extra argument(s)')."""
+    summary, _ = demo("--max-tokens", "2", "--threads", "1", "--format", "jsonl", "--", "-v or -q?")
+    assert summary["generated"] == 2
+    assert summary["prompt_tokens"] < 40  # this short prompt, not the default question
