@@ -4,6 +4,7 @@ the mode decided in one place when none is given."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -78,7 +79,7 @@ def test_chats_commands_are_the_tables_chat_options() -> None:
 
     repl = Repl.__new__(Repl)
     Repl.__init__(
-        repl, conversation=None, read_line=input, out=None, err=None, color=False, interactive=False
+        repl, conversation=None, read_line=input, out=io.StringIO(), err=None, color=False, interactive=False
     )  # type: ignore[arg-type]
     commands = [name for name in repl.commands if f"/{name}" in {o.command for o in DECODING}]
     assert commands == [option.command[1:] for option in on(CHAT)]

@@ -259,7 +259,7 @@ JSON = {"Content-Type": "application/json"}
         (CHAT, {"messages": HI, "ead": {"verify": 2}}, 400, "verify ratio must be in (0, 1]"),
         (CHAT, {"messages": HI, "ead": {"policy": "coin"}}, 400, "ead.policy"),
         (CHAT, {"messages": HI, "ead": {"mode": "spec", "verify": 2}}, 400, "verify ratio must be in (0, 1]"),
-        (CHAT, {"messages": HI, "ead": {"tau": [1, 2]}}, 400, "thresholds"),
+        (CHAT, {"messages": HI, "ead": {"tau": [1, 2]}}, 400, "2 models take one threshold, got 2"),
         (CHAT, {"messages": HI, "ead": {"colour": "red"}}, 400, "ead.colour"),
         (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "too many for the context"),
         ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
