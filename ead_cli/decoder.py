@@ -644,7 +644,10 @@ class SpeculativeDecoder(_Generation):
         prompt_len = len(tokens)
         try:
             while not self.finished and self._generated < self.max_tokens:
-                room = max(min(self.max_tokens - self._generated - 1, self.n_ctx - len(tokens) - 1), 0)
+                # Drafted tokens and the next token's row: one batch of the large model checks them all.
+                room = max(
+                    min(self.max_tokens - self._generated, self.n_ctx - len(tokens), large.n_batch) - 1, 0
+                )
                 drafts = propose(tokens, min_match=self.lookup, limit=min(self.lookup_draft, room))
                 looked_up = bool(drafts)
                 if looked_up:

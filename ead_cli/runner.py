@@ -336,8 +336,11 @@ class Runner:
     def verify(self, tokens: Sequence[int], *, prompt_len: int, rows: int) -> np.ndarray:
         """Read every unseen token, with logits at each of the last ``rows`` positions (a draft to check).
 
-        Returns a (rows, n_vocab) view: row i predicts position len(tokens) - rows + i + 1.
+        Returns a (rows, n_vocab) view: row i predicts position len(tokens) - rows + i + 1. The rows come
+        from one llama.cpp batch (each batch overwrites the last one's logits), so at most ``n_batch``.
         """
+        if rows > self.n_batch:
+            raise ValueError(f"{rows} rows of logits do not fit one batch of {self.n_batch} tokens")
         n = len(tokens)
         if n > self.n_ctx:
             raise EadError(f"{n} tokens do not fit the context of {self.n_ctx} tokens")

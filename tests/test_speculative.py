@@ -78,3 +78,37 @@ def test_probabilities_follow_the_sampler_chain_order() -> None:
     # temperature 0.5 sharpens what top-k 2 kept: p ∝ q^2.
     kept = probabilities(logits, SamplingParams(temp=0.5, top_k=2, top_p=1.0, min_p=0.0))
     np.testing.assert_allclose(kept, [0.25 / 0.34, 0.09 / 0.34, 0.0, 0.0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(("draft", "lookup"), [(16, 0), (1, 1)])
+def test_a_draft_longer_than_a_batch_is_cut_to_what_one_batch_checks(
+    tiny_pair: tuple[Path, Path], draft: int, lookup: int
+) -> None:
+    """Batches of 8 tokens (--ctx 16 makes them 16): the large model's rows for a draft come from one
+    llama.cpp batch, as each batch overwrites the last one's logits; a draft of 16 tokens (or a lookup
+    guess of up to 64) had been judged by rows of other positions."""
+    runners = [
+        Runner(path, name=role, n_ctx=256, n_threads=1, n_batch=8)
+        for path, role in zip(tiny_pair, ("small", "large"), strict=True)
+    ]
+    try:
+        large_only = run(
+            Decoder(runners, ("small", "large"), Fixed(1), SamplingParams(), max_tokens=80), runners
+        )
+        spec = SpeculativeDecoder(
+            runners,
+            ("small", "large"),
+            SamplingParams(),
+            draft=draft,
+            max_tokens=80,
+            lookup=lookup,
+            lookup_draft=64,
+        )
+        assert run(spec, runners) == large_only
+        summary = spec.summary()
+        assert (summary.looked_up if lookup else summary.drafted) > 0
+        with pytest.raises(ValueError, match="9 rows of logits do not fit one batch of 8 tokens"):
+            runners[1].verify(list(range(20)), prompt_len=10, rows=9)
+    finally:
+        for runner in runners:
+            runner.close()
