@@ -44,17 +44,17 @@ def model(deep_model: Path) -> Iterator[DepthModel]:
     loaded.close()
 
 
-def run(model: DepthModel, options: DepthOptions, max_tokens: int = 40):
-    prompt = model.runner.tokenize(PROMPT, add_special=False)
+def run(model: DepthModel, options: DepthOptions, max_tokens: int = 40, prompt_text: str = PROMPT):
+    prompt = model.runner.tokenize(prompt_text, add_special=False)
     response = model.generate(prompt, options, SamplingParams(), max_tokens=max_tokens)
     return list(response), response.summary()
 
 
-def plain_greedy(path: Path, max_tokens: int) -> list[int]:
+def plain_greedy(path: Path, max_tokens: int, prompt_text: str = PROMPT, n_ctx: int = 512) -> list[int]:
     """Greedy decoding on an ordinary runner (no callback): llama.cpp's own full-depth logits."""
-    runner = Runner(path, name="plain", n_ctx=512, n_threads=1)
+    runner = Runner(path, name="plain", n_ctx=n_ctx, n_threads=1)
     try:
-        tokens = runner.tokenize(PROMPT, add_special=False)
+        tokens = runner.tokenize(prompt_text, add_special=False)
         out = []
         for _ in range(max_tokens):
             token = int(np.argmax(runner.sync(tokens, prompt_len=len(tokens) - len(out), own_tail=bool(out))))
@@ -147,6 +147,20 @@ def test_fixed_depth_equals_a_truncated_copy(tmp_path: Path, model: DepthModel) 
     events, summary = run(model, DepthOptions(fixed_depth=4))
     assert [e.token for e in events] == plain_greedy(copy, len(events))
     assert set(summary.depths) == {4}
+
+
+def test_a_prompt_longer_than_a_batch_is_probed_at_its_last_token(tmp_path: Path, deep_model: Path) -> None:
+    """The prompt is decoded 512 tokens at a time: the first token's probes read the last batch's last
+    row (they had read the first batch's, so its token came from the middle of the prompt)."""
+    copy = write_tiny_model(tmp_path / "four.gguf", n_layer=N_LAYER, keep_layers=4)
+    loaded = DepthModel(deep_model, n_threads=1, n_ctx=2048)
+    try:
+        prompt_text = " ".join(f"line {i}: {PROMPT}" for i in range(60))
+        assert len(loaded.runner.tokenize(prompt_text, add_special=False)) > 2 * loaded.runner.n_batch
+        events, _ = run(loaded, DepthOptions(fixed_depth=4), max_tokens=6, prompt_text=prompt_text)
+    finally:
+        loaded.close()
+    assert [e.token for e in events] == plain_greedy(copy, len(events), prompt_text, n_ctx=2048)
 
 
 def test_the_free_schedule_rises_and_pays_for_backfill(model: DepthModel) -> None:

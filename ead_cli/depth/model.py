@@ -282,6 +282,18 @@ class _Generation:
     def _wanted(self) -> list[int]:
         return [layer for layer in self.layers if layer <= self.limit and layer < self.n_layer]
 
+    def _prefill(self, tokens: Sequence[int]) -> None:
+        """Read the prompt at full depth, probing only its last batch: the first token's probes read the
+        prompt's last row, which the earlier batches of a prompt longer than a batch do not hold."""
+        runner, tap = self.model.runner, self.model.tap
+        last_batch = (len(tokens) - 1) // runner.n_batch * runner.n_batch
+        self.stopping = False
+        tap.want(())
+        runner.feed(tokens, 0, last_batch, "prefill", rows=0)
+        tap.want(self._wanted())
+        runner.feed(tokens, last_batch, len(tokens), "prefill")
+        tap.check()
+
     def run(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str]) -> Iterator[DepthEvent]:
         model, runner, tap = self.model, self.model.runner, self.model.tap
         self.began = perf_counter()
@@ -296,10 +308,7 @@ class _Generation:
         depths = self.depths
         computed = [self.n_layer] * len(tokens)  # blocks run per position (backfill under the free schedule)
         try:
-            tap.want(self._wanted())
-            self.stopping = False  # the prompt is read at full depth
-            runner.feed(tokens, 0, len(tokens), "prefill")
-            tap.check()
+            self._prefill(tokens)
             for index in range(max_tokens):
                 depth = self.exit or self.n_layer
                 self.flops += self.estimator.flops(len(self.readings)) + depth * model.block_flops
