@@ -163,6 +163,21 @@ def test_a_prompt_longer_than_a_batch_is_probed_at_its_last_token(tmp_path: Path
     assert [e.token for e in events] == plain_greedy(copy, len(events), prompt_text, n_ctx=2048)
 
 
+def test_a_split_model_reads_out_through_its_last_shards_head(tmp_path: Path, model: DepthModel) -> None:
+    """A split GGUF keeps output.weight in its last shard: it had been 'no usable readout'."""
+    first = write_tiny_model(tmp_path / "split.gguf", n_layer=N_LAYER, split_max_tensors=40)
+    assert first.name == "split-00001-of-00002.gguf"
+    split = DepthModel(first, n_threads=1, n_ctx=512)
+    try:
+        options = DepthOptions(confidence=5.0, probe_every=1)
+        events, _ = run(split, options)
+    finally:
+        split.close()
+    whole, _ = run(model, options)
+    assert [(e.token, e.depth, e.probes) for e in events] == [(e.token, e.depth, e.probes) for e in whole]
+    assert min(e.depth for e in events) < N_LAYER
+
+
 def test_the_free_schedule_rises_and_pays_for_backfill(model: DepthModel) -> None:
     _, free = run(model, DepthOptions(margin=0.0, probe_every=2, schedule="free"))
     assert any(b > a for a, b in itertools.pairwise(free.depths))
