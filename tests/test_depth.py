@@ -178,6 +178,13 @@ def test_a_split_model_reads_out_through_its_last_shards_head(tmp_path: Path, mo
     assert min(e.depth for e in events) < N_LAYER
 
 
+def test_a_rank_above_the_embedding_width_is_the_full_rank(model: DepthModel) -> None:
+    """The 64-wide model's output matrix has rank 64: --rank 100 had been a numpy broadcast traceback."""
+    wide, _ = run(model, DepthOptions(probe_every=2, estimator="lowrank", rank=100))
+    full_rank, _ = run(model, DepthOptions(probe_every=2, estimator="lowrank", rank=64))
+    assert [(e.token, e.depth, e.probes) for e in wide] == [(e.token, e.depth, e.probes) for e in full_rank]
+
+
 def test_the_free_schedule_rises_and_pays_for_backfill(model: DepthModel) -> None:
     _, free = run(model, DepthOptions(margin=0.0, probe_every=2, schedule="free"))
     assert any(b > a for a, b in itertools.pairwise(free.depths))
