@@ -211,6 +211,11 @@ def test_profile_is_saved_whole_and_checked(
     path.write_text(json.dumps(saved))
     with pytest.raises(EadError, match=r"corrupt \(bad tables\)"):
         load_profile(deep_model, path)
+    saved["tables"]["none"][0][0] = 1.0
+    del saved["tables"]["position"][1:]  # an edit that left one of its three buckets
+    path.write_text(json.dumps(saved))
+    with pytest.raises(EadError, match=r"corrupt \(bad tables\)"):  # it had been an IndexError at token 33
+        load_profile(deep_model, path)
     path.write_text('{"model": 1}')
     with pytest.raises(EadError, match="corrupt"):
         load_profile(deep_model, path)
