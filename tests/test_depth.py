@@ -21,7 +21,7 @@ from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
 from ead_cli.depth.profile import isotonic_nonincreasing, load_profile, probe_layers, save_profile
 from ead_cli.depth.readout import Head, entropy_bits, load_head, read_rows
-from ead_cli.depth.teacher import calibrate
+from ead_cli.depth.teacher import calibrate, calibration_corpus
 from ead_cli.errors import EadError
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
@@ -39,7 +39,8 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def model(deep_model: Path) -> Iterator[DepthModel]:
     loaded = DepthModel(deep_model, n_threads=1, n_ctx=512)
     loaded.cache = deep_model.parent
-    loaded.profile = calibrate(loaded, ["prose"], probe_every=2, tokens=512)
+    corpus = calibration_corpus(["prose"], probe_every=2, tokens=512)
+    loaded.profile = calibrate(loaded, corpus, probe_every=2, tokens=512)
     yield loaded
     loaded.close()
 
@@ -290,8 +291,15 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
         assert_one_line_error(ead(*base, option, "0", env=missing), 2, f"{option} must be at least 1, got 0")
     empty = tmp_path / "empty.txt"
     empty.write_text(" \n")
-    calibrate = ("depth", "calibrate", str(deep_model), "--threads", "1")
-    assert_one_line_error(ead(*calibrate, "--corpus", str(empty), env=missing), 2, "empty")
+    # calibrate's values, before the model loads (the missing model file would be the error otherwise)
+    calibrate = ("depth", "calibrate", str(tmp_path / "no-such.gguf"), "--threads", "1")
+    for option, value, message in (
+        ("--corpus", str(empty), f"the corpus {empty} is empty"),
+        ("--corpus", "poetry", "cannot read corpus file poetry"),
+        ("--tokens", "255", "--tokens must be at least 256, got 255"),
+        ("--probe-every", "0", "--probe-every must be at least 1, got 0"),
+    ):
+        assert_one_line_error(ead(*calibrate, option, value, env=missing), 2, message)
     assert not (tmp_path / "none").exists()  # nothing half-written
     headless = tmp_path / "headless.gguf"
     writer = gguf.GGUFWriter(headless, "llama")

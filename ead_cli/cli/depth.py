@@ -83,9 +83,9 @@ def depth_calibrate(
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
     from ..depth.model import open_model
     from ..depth.profile import profile_path, save_profile
-    from ..depth.teacher import calibrate
+    from ..depth.teacher import calibrate, calibration_corpus
 
-    texts = parse_list(corpus)
+    texts = calibration_corpus(parse_list(corpus), probe_every=probe_every, tokens=tokens)
     loaded = open_model(model, catalog=catalog, threads=threads, repack=repack, progress=say_progress)
     try:
         profile = calibrate(
