@@ -301,6 +301,16 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     ):
         assert_one_line_error(ead(*calibrate, option, value, env=missing), 2, message)
     assert not (tmp_path / "none").exists()  # nothing half-written
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "depth").write_text("")  # a file where the profiles' folder goes
+    in_the_way = {"EAD_CONFIG": str(blocked / "calibration.json")}
+    # one line: said before the teacher forcing (no "window 1/1"), not in a traceback after it
+    assert_one_line_error(
+        ead("depth", "calibrate", str(deep_model), "--corpus", "prose", "--threads", "1", env=in_the_way),
+        1,
+        f"cannot save the depth profile to {blocked}/depth/deep.gguf.json: {blocked}/depth is not a folder",
+    )
     headless = tmp_path / "headless.gguf"
     writer = gguf.GGUFWriter(headless, "llama")
     writer.add_block_count(1)

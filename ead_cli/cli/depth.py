@@ -84,15 +84,18 @@ def depth_calibrate(
     from ..depth.model import open_model
     from ..depth.profile import profile_path, save_profile
     from ..depth.teacher import calibrate, calibration_corpus
+    from ..paths import check_can_save
 
     texts = calibration_corpus(parse_list(corpus), probe_every=probe_every, tokens=tokens)
     loaded = open_model(model, catalog=catalog, threads=threads, repack=repack, progress=say_progress)
     try:
+        path = profile_path(loaded.path)
+        check_can_save(path, "the depth profile")  # before the teacher forcing it would throw away
         profile = calibrate(
             loaded, texts, probe_every=probe_every, tokens=tokens,
             progress=lambda done, total: stderr.print(f"window {done}/{total}", style="dim"),
         )
-        path = save_profile(profile, profile_path(loaded.path))
+        save_profile(profile, path)
     finally:
         loaded.close()
     table = Table(box=None, pad_edge=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EadError
-from ..paths import config_file
+from ..paths import cannot_save, config_file
 from .readout import (
     file_digest,
 )
@@ -168,14 +168,21 @@ def profile_path(model: Path) -> Path:
 
 
 def save_profile(profile: Profile, path: Path) -> Path:
-    """Written whole to a temporary name, then renamed: never half a profile."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-    ) as out:
-        json.dump(profile.to_json(), out, indent=1)
-        out.write("\n")
-    os.replace(out.name, path)
+    """Written whole to a temporary name, then renamed: never half a profile, nor a temporary left."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+        ) as out:
+            temporary = Path(out.name)
+            json.dump(profile.to_json(), out, indent=1)
+            out.write("\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        raise cannot_save(path, "the depth profile", error) from None
     return path
 
 
