@@ -287,7 +287,7 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     missing = {"EAD_CONFIG": str(tmp_path / "none" / "calibration.json")}
     assert_one_line_error(ead(*base, env=missing), 1, "no depth profile")
     # Values wrong whatever the model are refused before the profile is looked for, by the name typed.
-    for option in ("--probe-every", "--estimator-k", "--rank"):
+    for option in ("--probe-every", "--estimator-k", "--rank", "--fixed-depth"):
         assert_one_line_error(ead(*base, option, "0", env=missing), 2, f"{option} must be at least 1, got 0")
     empty = tmp_path / "empty.txt"
     empty.write_text(" \n")

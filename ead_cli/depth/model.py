@@ -71,8 +71,10 @@ class DepthOptions:
         if self.confidence is not None and not self.confidence >= 0:
             raise EadError(f"--confidence must be at least 0 bits, got {self.confidence}", 2)
         counts = ((self.probe_every, "--probe-every"), (self.top_k, "--estimator-k"), (self.rank, "--rank"))
+        if self.fixed_depth is not None:
+            counts += ((self.fixed_depth, "--fixed-depth"),)
         for value, option in counts:
-            if value < 1:  # known without the model (--probe-every's upper bound is its block count)
+            if value < 1:  # known without the model (the upper bounds of the first and last are its blocks)
                 raise EadError(f"{option} must be at least 1, got {value}", 2)
 
     @property
