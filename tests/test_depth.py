@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +16,7 @@ import gguf
 import llama_cpp
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ead
+from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 from tiny_models import write_tiny_model
 
 from ead_cli.depth.model import DepthModel, DepthOptions
@@ -277,6 +279,30 @@ def test_generate_colours_tokens_with_a_legend(config: dict[str, str], deep_mode
     assert result.returncode == 0
     assert "exit depth (of 8 blocks)" in result.stderr.decode()
     assert "\x1b[" in result.stdout.decode()
+
+
+def test_ctrl_c_keeps_the_partial_answer_its_summary_and_stats(deep_model: Path) -> None:
+    """As ead generate: the answer so far, its jsonl summary and --stats, then 'interrupted' and exit 130;
+    it had stopped with neither (in text, the answer's last line unended before 'error: interrupted')."""
+    args = ["depth", "generate", str(deep_model), "--fixed-depth", "4", "--max-tokens", "4000"]
+    process = subprocess.Popen(
+        [EAD, *args, "--threads", "1", "--format", "jsonl", "--stats", PROMPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()  # streaming has begun
+    process.send_signal(signal.SIGINT)
+    rest, err = read_to_the_end(process)
+    assert process.returncode == 130, err.decode()
+    lines = (first + rest).decode().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["type"] == "summary" and summary["finish_reason"] == "interrupted"
+    assert 1 <= summary["generated"] == len(lines) - 1 < 4000
+    errors = err.decode().splitlines()
+    assert f"{summary['generated']} tokens (interrupted)" in errors[0] and "Traceback" not in err.decode()
+    assert errors[-1] == "error: interrupted"
 
 
 def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from .groups import (
     read_prompt,
 )
 from .output import check_stdout, print_rows, print_table, say_progress, stderr
-from .render import RESET, Renderer, model_style, wants_color
+from .render import RESET, Renderer, model_style, stream_answer, wants_color
 
 if TYPE_CHECKING:
     from ..depth.model import DepthEvent, DepthSummary
@@ -177,15 +177,16 @@ def depth_generate(
             if renderer.color:
                 print(depth_legend(layers, loaded.n_layer, options.label, True), file=sys.stderr, flush=True)
         response = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
-        for event in response:
-            renderer.event(event)
-        summary = response.summary()
-        renderer.finish(summary)
-        if stats:
-            for line in depth_stats_lines(summary):
-                stderr.print(line, soft_wrap=True)
+        try:
+            exit_code = stream_answer(response, renderer)
+        finally:
+            if stats:
+                for line in depth_stats_lines(response.summary()):
+                    stderr.print(line, soft_wrap=True)
     finally:
         loaded.close()
+    if exit_code:
+        raise typer.Exit(exit_code)
 
 
 @depth_app.command("eval")

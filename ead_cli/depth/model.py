@@ -244,7 +244,7 @@ class _Generation:
         self.depths: list[int] = []  # the exit depth of each token generated
         self.flops = 0.0
         self.backfill = 0  # blocks run again for a deeper token (free schedule)
-        self.finish = "length"
+        self.finish = "interrupted"  # until the last token is out
         self.prompt_tokens = 0
         self.began = perf_counter()
         self.wall_s: float | None = None  # set when the loop ends
