@@ -351,6 +351,10 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(ead(*evaluate, "--tokens", "0", env=missing), 2, "--tokens must be at least 1")
     assert_one_line_error(ead(*evaluate, "--ids", "1-", env=missing), 2, "--ids: '1-' is not a number")
     assert_one_line_error(ead(*evaluate, "--tune-ids", "0,999", env=missing), 2, "--tune-ids: no task 999")
+    out = blocked / "depth" / "eval.json"  # it had been a FileExistsError traceback after the whole eval
+    assert_one_line_error(
+        ead(*evaluate, "--out", str(out), env=missing), 1, f"cannot save the evaluation to {out}: "
+    )
 
 
 def test_eval_reports_every_operating_point_and_a_verdict(

@@ -218,6 +218,7 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
+    from ..paths import check_can_save
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
@@ -230,6 +231,8 @@ def depth_eval(
             previous = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
+    if out is not None:
+        check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval
     loaded = open_model(
         model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=say_progress
     )
