@@ -274,6 +274,18 @@ def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> N
     assert "mean depth" in result.stderr.decode() and "depth histogram" in result.stderr.decode()
 
 
+def test_generate_takes_the_context_size_its_error_names(config: dict[str, str], deep_model: Path) -> None:
+    """A prompt too long says 'raise --ctx': depth generate had no such option (its context was 4096)."""
+    args = ("depth", "generate", str(deep_model), "z" * 300, "--raw", "--probe-every", "2", "--threads", "1")
+    too_long = ead(*args, "--ctx", "256", env=config)  # llama.cpp rounds a context up to 256 tokens
+    assert_one_line_error(too_long, 2, "the prompt is 300 tokens, too many for the context of 256", "--ctx")
+    result = ead(*args, "--ctx", "320", "--format", "jsonl", env=config)
+    assert result.returncode == 0, result.stderr.decode()
+    summary = json.loads(result.stdout.decode().splitlines()[-1])
+    assert summary["finish_reason"] == "length"
+    assert (summary["prompt_tokens"], summary["generated"]) == (300, 212)  # 320 is rounded up to 512
+
+
 def test_generate_colours_tokens_with_a_legend(config: dict[str, str], deep_model: Path) -> None:
     result = depth_generate(deep_model, "--max-tokens", "8", env={**config, "FORCE_COLOR": "1"})
     assert result.returncode == 0
@@ -315,6 +327,7 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     # Values wrong whatever the model are refused before the profile is looked for, by the name typed.
     for option in ("--probe-every", "--estimator-k", "--rank", "--fixed-depth"):
         assert_one_line_error(ead(*base, option, "0", env=missing), 2, f"{option} must be at least 1, got 0")
+    assert_one_line_error(ead(*base, "--ctx", "8", env=missing), 2, "--ctx must be at least 16, got 8")
     empty = tmp_path / "empty.txt"
     empty.write_text(" \n")
     # calibrate's values, before the model loads (the missing model file would be the error otherwise)

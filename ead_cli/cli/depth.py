@@ -16,6 +16,7 @@ from rich.table import Table
 from ..depth import CALIBRATION_TOKENS
 from ..errors import EadError
 from .groups import (
+    Ctx,
     FormatOpt,
     MaxTokens,
     ModelsFile,
@@ -138,6 +139,7 @@ def depth_generate(
     output_format: FormatOpt = OutputFormat.text,
     stats: Stats = False,
     no_color: NoColor = False,
+    ctx: Ctx = None,
     threads: Threads = None,
     repack: RepackOpt = None,
     catalog: ModelsFile = None,
@@ -161,6 +163,7 @@ def depth_generate(
         model,
         catalog=catalog,
         threads=threads,
+        n_ctx=ctx,
         repack=repack,
         profile=options.rule == "emad",
         progress=say_progress,

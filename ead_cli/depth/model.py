@@ -24,7 +24,7 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError
-from ..options import resolve_threads
+from ..options import check_ctx, resolve_threads
 from ..paths import ead_cache_dir
 from ..response import Response
 from ..runner import Runner
@@ -429,6 +429,7 @@ def open_model(
     from ..smoke import check_model
 
     resolve_threads(threads)  # refused before a model is looked up, as in ead generate
+    check_ctx(n_ctx)
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path) if profile else None
     check_model(path, repack=repack_choice(repack), n_gpu_layers=0, threads=threads)
