@@ -59,6 +59,12 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
+def check_max_tokens(max_tokens: int) -> None:
+    """--max-tokens of a command whose answers are measured: at least one token each."""
+    if max_tokens < 1:
+        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+
+
 def check_ctx(n_ctx: int | None) -> None:
     """--ctx, the same for every command that takes it: None is the default; below 16 is refused."""
     if n_ctx is not None and n_ctx < 16:

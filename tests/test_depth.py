@@ -362,6 +362,8 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     # depth eval's own values, before the model loads (a missing file would be the error otherwise)
     evaluate = ("depth", "eval", str(tmp_path / "no-such.gguf"), "--no-timing")
     assert_one_line_error(ead(*evaluate, "--tokens", "0", env=missing), 2, "--tokens must be at least 1")
+    no_tokens = ead(*evaluate, "--max-tokens", "0", env=missing)  # a ZeroDivisionError after the quality part
+    assert_one_line_error(no_tokens, 2, "--max-tokens must be at least 1, got 0")
     assert_one_line_error(ead(*evaluate, "--ids", "1-", env=missing), 2, "--ids: '1-' is not a number")
     assert_one_line_error(ead(*evaluate, "--tune-ids", "0,999", env=missing), 2, "--tune-ids: no task 999")
     out = blocked / "depth" / "eval.json"  # it had been a FileExistsError traceback after the whole eval

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..depth import CALIBRATION_TOKENS
 from ..errors import EadError
+from ..options import check_max_tokens
 from .groups import (
     Ctx,
     FormatOpt,
@@ -157,8 +158,7 @@ def depth_generate(
         confidence=confidence, simulate=simulate,
     )
     sampling = SamplingParams(temp=temp, seed=seed)
-    if max_tokens < 1:
-        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    check_max_tokens(max_tokens)
     loaded = open_model(
         model,
         catalog=catalog,
@@ -225,6 +225,7 @@ def depth_eval(
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
+    check_max_tokens(max_tokens)  # now, not in a ZeroDivisionError after the quality part
     for option, task_ids in (("--ids", ids), ("--tune-ids", tune_ids)):  # now, not after teacher forcing
         if task_ids is not None:
             select_tasks(load_humaneval(), ids=task_ids, option=option)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import EadError
-from ..options import ModelOptions, PolicyOptions
+from ..options import ModelOptions, PolicyOptions, check_max_tokens
 from .groups import (
     DECODING_OPTIONS,
     MODEL_OPTIONS,
@@ -250,8 +250,7 @@ def calibrate(
     calibration.check_target_share(target_share)
     if model_options.count != 2:
         raise EadError("calibrate takes a pair (--small and --large), not a cascade", exit_code=2)
-    if max_tokens < 1:
-        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    check_max_tokens(max_tokens)
     file_prompts = load_prompts(prompts, None) if prompts else None
     split = calibration.split_prompts(domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
