@@ -22,7 +22,7 @@ from pathlib import Path
 from .decoder import Decoder
 from .errors import EadError
 from .options import PolicyOptions
-from .paths import config_file
+from .paths import cannot_save, check_can_save, config_file
 from .policies import Fixed
 from .prompt import check_fits, encode_prompt
 from .runner import Runner
@@ -236,11 +236,7 @@ def check_saving(path: Path | None = None) -> Path:
     read or a folder it cannot write would throw away): the file read, its folder made and written to."""
     path = path or config_file()
     _read(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path.parent).close()
-    except OSError as error:
-        raise _cannot_save(path, error) from None
+    check_can_save(path, "the calibration")
     return path
 
 
@@ -270,19 +266,8 @@ def save(small: str, large: str, results: Sequence[Calibration], path: Path | No
     except OSError as error:
         if temporary is not None:
             temporary.unlink(missing_ok=True)
-        raise _cannot_save(path, error) from None
+        raise cannot_save(path, "the calibration", error) from None
     return path
-
-
-def _cannot_save(path: Path, error: OSError) -> EadError:
-    """One line naming what is in the way: mkdir's "File exists" is a file where a folder should be."""
-    if isinstance(error, FileExistsError):
-        reason = f"{error.filename} is not a folder"
-    elif error.filename and error.filename != str(path):
-        reason = f"{error.strerror} ({error.filename})"
-    else:
-        reason = str(error.strerror)
-    return EadError(f"cannot save the calibration to {path}: {reason}")
 
 
 def saved_tau(small: str, large: str, policy: str) -> float | None:

@@ -59,6 +59,18 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
+def check_max_tokens(max_tokens: int) -> None:
+    """--max-tokens of a command whose answers are measured: at least one token each."""
+    if max_tokens < 1:
+        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+
+
+def check_ctx(n_ctx: int | None) -> None:
+    """--ctx, the same for every command that takes it: None is the default; below 16 is refused."""
+    if n_ctx is not None and n_ctx < 16:
+        raise EadError(f"--ctx must be at least 16, got {n_ctx}", exit_code=2)
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """Which models, and how llama.cpp runs them. ``None`` means the default. ``models``: a cascade of
@@ -77,8 +89,7 @@ class ModelOptions:
     repack: bool | None = None  # weight repacking: None decides by EAD_REPACK, then the CPU (hardware.py)
 
     def __post_init__(self) -> None:
-        if self.n_ctx is not None and self.n_ctx < 16:
-            raise EadError(f"--ctx must be at least 16, got {self.n_ctx}", exit_code=2)
+        check_ctx(self.n_ctx)
         resolve_threads(self.threads)  # refused here, before any model loads
         layers = self.n_gpu_layers
         if layers is not None and layers < -1:  # any negative would offload every layer: only -1 says so

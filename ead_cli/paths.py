@@ -1,10 +1,14 @@
 """Where ead keeps things: its config (calibrated taus, depth profiles) and its cache (models, a built
-llama-server, depth's low-rank factors). One place, so no module imports another just for a path."""
+llama-server, depth's low-rank factors), and whether it can save there. One place, so no module imports
+another just for a path."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+
+from .errors import EadError
 
 
 def config_file() -> Path:
@@ -23,3 +27,24 @@ def ead_cache_dir() -> Path:
     """$EAD_CACHE, else ead-cli in the XDG cache: models, and a llama-server built for the tests."""
     root = os.environ.get("EAD_CACHE")
     return Path(root).expanduser() if root else xdg_cache_home() / "ead-cli"
+
+
+def check_can_save(path: Path, what: str) -> None:
+    """Make the folder ``path`` goes in and write a scratch file there: tried before minutes of work (a
+    calibration) that a file in the folder's way or a folder it cannot write would throw away."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as error:
+        raise cannot_save(path, what, error) from None
+
+
+def cannot_save(path: Path, what: str, error: OSError) -> EadError:
+    """One line naming what is in the way: mkdir's "File exists" is a file where a folder should be."""
+    if isinstance(error, FileExistsError):
+        reason = f"{error.filename} is not a folder"
+    elif error.filename and error.filename != str(path):
+        reason = f"{error.strerror} ({error.filename})"
+    else:
+        reason = str(error.strerror)
+    return EadError(f"cannot save {what} to {path}: {reason}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,14 +16,14 @@ import gguf
 import llama_cpp
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ead
+from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 from tiny_models import write_tiny_model
 
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
 from ead_cli.depth.profile import isotonic_nonincreasing, load_profile, probe_layers, save_profile
 from ead_cli.depth.readout import Head, entropy_bits, load_head, read_rows
-from ead_cli.depth.teacher import calibrate
+from ead_cli.depth.teacher import calibrate, calibration_corpus
 from ead_cli.errors import EadError
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
@@ -39,22 +41,23 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def model(deep_model: Path) -> Iterator[DepthModel]:
     loaded = DepthModel(deep_model, n_threads=1, n_ctx=512)
     loaded.cache = deep_model.parent
-    loaded.profile = calibrate(loaded, ["prose"], probe_every=2, tokens=512)
+    corpus = calibration_corpus(["prose"], probe_every=2, tokens=512)
+    loaded.profile = calibrate(loaded, corpus, probe_every=2, tokens=512)
     yield loaded
     loaded.close()
 
 
-def run(model: DepthModel, options: DepthOptions, max_tokens: int = 40):
-    prompt = model.runner.tokenize(PROMPT, add_special=False)
+def run(model: DepthModel, options: DepthOptions, max_tokens: int = 40, prompt_text: str = PROMPT):
+    prompt = model.runner.tokenize(prompt_text, add_special=False)
     response = model.generate(prompt, options, SamplingParams(), max_tokens=max_tokens)
     return list(response), response.summary()
 
 
-def plain_greedy(path: Path, max_tokens: int) -> list[int]:
+def plain_greedy(path: Path, max_tokens: int, prompt_text: str = PROMPT, n_ctx: int = 512) -> list[int]:
     """Greedy decoding on an ordinary runner (no callback): llama.cpp's own full-depth logits."""
-    runner = Runner(path, name="plain", n_ctx=512, n_threads=1)
+    runner = Runner(path, name="plain", n_ctx=n_ctx, n_threads=1)
     try:
-        tokens = runner.tokenize(PROMPT, add_special=False)
+        tokens = runner.tokenize(prompt_text, add_special=False)
         out = []
         for _ in range(max_tokens):
             token = int(np.argmax(runner.sync(tokens, prompt_len=len(tokens) - len(out), own_tail=bool(out))))
@@ -149,6 +152,42 @@ def test_fixed_depth_equals_a_truncated_copy(tmp_path: Path, model: DepthModel) 
     assert set(summary.depths) == {4}
 
 
+def test_a_prompt_longer_than_a_batch_is_probed_at_its_last_token(tmp_path: Path, deep_model: Path) -> None:
+    """The prompt is decoded 512 tokens at a time: the first token's probes read the last batch's last
+    row (they had read the first batch's, so its token came from the middle of the prompt)."""
+    copy = write_tiny_model(tmp_path / "four.gguf", n_layer=N_LAYER, keep_layers=4)
+    loaded = DepthModel(deep_model, n_threads=1, n_ctx=2048)
+    try:
+        prompt_text = " ".join(f"line {i}: {PROMPT}" for i in range(60))
+        assert len(loaded.runner.tokenize(prompt_text, add_special=False)) > 2 * loaded.runner.n_batch
+        events, _ = run(loaded, DepthOptions(fixed_depth=4), max_tokens=6, prompt_text=prompt_text)
+    finally:
+        loaded.close()
+    assert [e.token for e in events] == plain_greedy(copy, len(events), prompt_text, n_ctx=2048)
+
+
+def test_a_split_model_reads_out_through_its_last_shards_head(tmp_path: Path, model: DepthModel) -> None:
+    """A split GGUF keeps output.weight in its last shard: it had been 'no usable readout'."""
+    first = write_tiny_model(tmp_path / "split.gguf", n_layer=N_LAYER, split_max_tensors=40)
+    assert first.name == "split-00001-of-00002.gguf"
+    split = DepthModel(first, n_threads=1, n_ctx=512)
+    try:
+        options = DepthOptions(confidence=5.0, probe_every=1)
+        events, _ = run(split, options)
+    finally:
+        split.close()
+    whole, _ = run(model, options)
+    assert [(e.token, e.depth, e.probes) for e in events] == [(e.token, e.depth, e.probes) for e in whole]
+    assert min(e.depth for e in events) < N_LAYER
+
+
+def test_a_rank_above_the_embedding_width_is_the_full_rank(model: DepthModel) -> None:
+    """The 64-wide model's output matrix has rank 64: --rank 100 had been a numpy broadcast traceback."""
+    wide, _ = run(model, DepthOptions(probe_every=2, estimator="lowrank", rank=100))
+    full_rank, _ = run(model, DepthOptions(probe_every=2, estimator="lowrank", rank=64))
+    assert [(e.token, e.depth, e.probes) for e in wide] == [(e.token, e.depth, e.probes) for e in full_rank]
+
+
 def test_the_free_schedule_rises_and_pays_for_backfill(model: DepthModel) -> None:
     _, free = run(model, DepthOptions(margin=0.0, probe_every=2, schedule="free"))
     assert any(b > a for a, b in itertools.pairwise(free.depths))
@@ -174,6 +213,11 @@ def test_profile_is_saved_whole_and_checked(
     saved["tables"]["none"][0][0] = float("nan")  # an edit JSON lets through as NaN
     path.write_text(json.dumps(saved))
     with pytest.raises(EadError, match=r"corrupt \(bad tables\)"):
+        load_profile(deep_model, path)
+    saved["tables"]["none"][0][0] = 1.0
+    del saved["tables"]["position"][1:]  # an edit that left one of its three buckets
+    path.write_text(json.dumps(saved))
+    with pytest.raises(EadError, match=r"corrupt \(bad tables\)"):  # it had been an IndexError at token 33
         load_profile(deep_model, path)
     path.write_text('{"model": 1}')
     with pytest.raises(EadError, match="corrupt"):
@@ -230,11 +274,47 @@ def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> N
     assert "mean depth" in result.stderr.decode() and "depth histogram" in result.stderr.decode()
 
 
+def test_generate_takes_the_context_size_its_error_names(config: dict[str, str], deep_model: Path) -> None:
+    """A prompt too long says 'raise --ctx': depth generate had no such option (its context was 4096)."""
+    args = ("depth", "generate", str(deep_model), "z" * 300, "--raw", "--probe-every", "2", "--threads", "1")
+    too_long = ead(*args, "--ctx", "256", env=config)  # llama.cpp rounds a context up to 256 tokens
+    assert_one_line_error(too_long, 2, "the prompt is 300 tokens, too many for the context of 256", "--ctx")
+    result = ead(*args, "--ctx", "320", "--format", "jsonl", env=config)
+    assert result.returncode == 0, result.stderr.decode()
+    summary = json.loads(result.stdout.decode().splitlines()[-1])
+    assert summary["finish_reason"] == "length"
+    assert (summary["prompt_tokens"], summary["generated"]) == (300, 212)  # 320 is rounded up to 512
+
+
 def test_generate_colours_tokens_with_a_legend(config: dict[str, str], deep_model: Path) -> None:
     result = depth_generate(deep_model, "--max-tokens", "8", env={**config, "FORCE_COLOR": "1"})
     assert result.returncode == 0
     assert "exit depth (of 8 blocks)" in result.stderr.decode()
     assert "\x1b[" in result.stdout.decode()
+
+
+def test_ctrl_c_keeps_the_partial_answer_its_summary_and_stats(deep_model: Path) -> None:
+    """As ead generate: the answer so far, its jsonl summary and --stats, then 'interrupted' and exit 130;
+    it had stopped with neither (in text, the answer's last line unended before 'error: interrupted')."""
+    args = ["depth", "generate", str(deep_model), "--fixed-depth", "4", "--max-tokens", "4000"]
+    process = subprocess.Popen(
+        [EAD, *args, "--threads", "1", "--format", "jsonl", "--stats", PROMPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()  # streaming has begun
+    process.send_signal(signal.SIGINT)
+    rest, err = read_to_the_end(process)
+    assert process.returncode == 130, err.decode()
+    lines = (first + rest).decode().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["type"] == "summary" and summary["finish_reason"] == "interrupted"
+    assert 1 <= summary["generated"] == len(lines) - 1 < 4000
+    errors = err.decode().splitlines()
+    assert f"{summary['generated']} tokens (interrupted)" in errors[0] and "Traceback" not in err.decode()
+    assert errors[-1] == "error: interrupted"
 
 
 def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:
@@ -245,13 +325,31 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     missing = {"EAD_CONFIG": str(tmp_path / "none" / "calibration.json")}
     assert_one_line_error(ead(*base, env=missing), 1, "no depth profile")
     # Values wrong whatever the model are refused before the profile is looked for, by the name typed.
-    for option in ("--probe-every", "--estimator-k", "--rank"):
+    for option in ("--probe-every", "--estimator-k", "--rank", "--fixed-depth"):
         assert_one_line_error(ead(*base, option, "0", env=missing), 2, f"{option} must be at least 1, got 0")
+    assert_one_line_error(ead(*base, "--ctx", "8", env=missing), 2, "--ctx must be at least 16, got 8")
     empty = tmp_path / "empty.txt"
     empty.write_text(" \n")
-    calibrate = ("depth", "calibrate", str(deep_model), "--threads", "1")
-    assert_one_line_error(ead(*calibrate, "--corpus", str(empty), env=missing), 2, "empty")
+    # calibrate's values, before the model loads (the missing model file would be the error otherwise)
+    calibrate = ("depth", "calibrate", str(tmp_path / "no-such.gguf"), "--threads", "1")
+    for option, value, message in (
+        ("--corpus", str(empty), f"the corpus {empty} is empty"),
+        ("--corpus", "poetry", "cannot read corpus file poetry"),
+        ("--tokens", "255", "--tokens must be at least 256, got 255"),
+        ("--probe-every", "0", "--probe-every must be at least 1, got 0"),
+    ):
+        assert_one_line_error(ead(*calibrate, option, value, env=missing), 2, message)
     assert not (tmp_path / "none").exists()  # nothing half-written
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "depth").write_text("")  # a file where the profiles' folder goes
+    in_the_way = {"EAD_CONFIG": str(blocked / "calibration.json")}
+    # one line: said before the teacher forcing (no "window 1/1"), not in a traceback after it
+    assert_one_line_error(
+        ead("depth", "calibrate", str(deep_model), "--corpus", "prose", "--threads", "1", env=in_the_way),
+        1,
+        f"cannot save the depth profile to {blocked}/depth/deep.gguf.json: {blocked}/depth is not a folder",
+    )
     headless = tmp_path / "headless.gguf"
     writer = gguf.GGUFWriter(headless, "llama")
     writer.add_block_count(1)
@@ -264,8 +362,14 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     # depth eval's own values, before the model loads (a missing file would be the error otherwise)
     evaluate = ("depth", "eval", str(tmp_path / "no-such.gguf"), "--no-timing")
     assert_one_line_error(ead(*evaluate, "--tokens", "0", env=missing), 2, "--tokens must be at least 1")
+    no_tokens = ead(*evaluate, "--max-tokens", "0", env=missing)  # a ZeroDivisionError after the quality part
+    assert_one_line_error(no_tokens, 2, "--max-tokens must be at least 1, got 0")
     assert_one_line_error(ead(*evaluate, "--ids", "1-", env=missing), 2, "--ids: '1-' is not a number")
     assert_one_line_error(ead(*evaluate, "--tune-ids", "0,999", env=missing), 2, "--tune-ids: no task 999")
+    out = blocked / "depth" / "eval.json"  # it had been a FileExistsError traceback after the whole eval
+    assert_one_line_error(
+        ead(*evaluate, "--out", str(out), env=missing), 1, f"cannot save the evaluation to {out}: "
+    )
 
 
 def test_eval_reports_every_operating_point_and_a_verdict(

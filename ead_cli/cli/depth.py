@@ -15,7 +15,9 @@ from rich.table import Table
 
 from ..depth import CALIBRATION_TOKENS
 from ..errors import EadError
+from ..options import check_max_tokens
 from .groups import (
+    Ctx,
     FormatOpt,
     MaxTokens,
     ModelsFile,
@@ -32,7 +34,7 @@ from .groups import (
     read_prompt,
 )
 from .output import check_stdout, print_rows, print_table, say_progress, stderr
-from .render import RESET, Renderer, model_style, wants_color
+from .render import RESET, Renderer, model_style, stream_answer, wants_color
 
 if TYPE_CHECKING:
     from ..depth.model import DepthEvent, DepthSummary
@@ -83,16 +85,19 @@ def depth_calibrate(
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
     from ..depth.model import open_model
     from ..depth.profile import profile_path, save_profile
-    from ..depth.teacher import calibrate
+    from ..depth.teacher import calibrate, calibration_corpus
+    from ..paths import check_can_save
 
-    texts = parse_list(corpus)
+    texts = calibration_corpus(parse_list(corpus), probe_every=probe_every, tokens=tokens)
     loaded = open_model(model, catalog=catalog, threads=threads, repack=repack, progress=say_progress)
     try:
+        path = profile_path(loaded.path)
+        check_can_save(path, "the depth profile")  # before the teacher forcing it would throw away
         profile = calibrate(
             loaded, texts, probe_every=probe_every, tokens=tokens,
             progress=lambda done, total: stderr.print(f"window {done}/{total}", style="dim"),
         )
-        path = save_profile(profile, profile_path(loaded.path))
+        save_profile(profile, path)
     finally:
         loaded.close()
     table = Table(box=None, pad_edge=False)
@@ -135,6 +140,7 @@ def depth_generate(
     output_format: FormatOpt = OutputFormat.text,
     stats: Stats = False,
     no_color: NoColor = False,
+    ctx: Ctx = None,
     threads: Threads = None,
     repack: RepackOpt = None,
     catalog: ModelsFile = None,
@@ -152,12 +158,12 @@ def depth_generate(
         confidence=confidence, simulate=simulate,
     )
     sampling = SamplingParams(temp=temp, seed=seed)
-    if max_tokens < 1:
-        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    check_max_tokens(max_tokens)
     loaded = open_model(
         model,
         catalog=catalog,
         threads=threads,
+        n_ctx=ctx,
         repack=repack,
         profile=options.rule == "emad",
         progress=say_progress,
@@ -174,15 +180,16 @@ def depth_generate(
             if renderer.color:
                 print(depth_legend(layers, loaded.n_layer, options.label, True), file=sys.stderr, flush=True)
         response = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
-        for event in response:
-            renderer.event(event)
-        summary = response.summary()
-        renderer.finish(summary)
-        if stats:
-            for line in depth_stats_lines(summary):
-                stderr.print(line, soft_wrap=True)
+        try:
+            exit_code = stream_answer(response, renderer)
+        finally:
+            if stats:
+                for line in depth_stats_lines(response.summary()):
+                    stderr.print(line, soft_wrap=True)
     finally:
         loaded.close()
+    if exit_code:
+        raise typer.Exit(exit_code)
 
 
 @depth_app.command("eval")
@@ -214,9 +221,11 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
+    from ..paths import check_can_save
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
+    check_max_tokens(max_tokens)  # now, not in a ZeroDivisionError after the quality part
     for option, task_ids in (("--ids", ids), ("--tune-ids", tune_ids)):  # now, not after teacher forcing
         if task_ids is not None:
             select_tasks(load_humaneval(), ids=task_ids, option=option)
@@ -226,6 +235,8 @@ def depth_eval(
             previous = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
+    if out is not None:
+        check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval
     loaded = open_model(
         model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=say_progress
     )

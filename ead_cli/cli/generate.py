@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import EadError
-from ..options import ModelOptions, PolicyOptions
-from ..signals import Terminated
+from ..options import ModelOptions, PolicyOptions, check_max_tokens
 from .groups import (
     DECODING_OPTIONS,
     MODEL_OPTIONS,
@@ -31,10 +30,9 @@ from .groups import (
     read_prompt,
     with_options,
 )
-from .output import check_stdout, say, say_progress, silence_stdout, stderr
+from .output import check_stdout, say, say_progress, stderr
 
 if TYPE_CHECKING:
-    from ..response import Response
     from .render import JsonlRenderer, TextRenderer
 
 
@@ -56,7 +54,15 @@ def generate(
     model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
     from ..prompt import check_fits, check_prompt_text, encode_prompt
-    from .render import JsonlRenderer, TextRenderer, mode_line, print_lines, print_stats, wants_color
+    from .render import (
+        JsonlRenderer,
+        TextRenderer,
+        mode_line,
+        print_lines,
+        print_stats,
+        stream_answer,
+        wants_color,
+    )
 
     text = check_prompt_text(read_prompt(prompt))
     check_stdout("the answer")
@@ -82,7 +88,7 @@ def generate(
                 print(f"{legend}  · {mode_line(policy_options)}", file=sys.stderr, flush=True)
         response = decoder.generate(tokens)
         try:
-            exit_code = _stream(response, renderer)
+            exit_code = stream_answer(response, renderer)
         finally:
             summary = response.summary()
             if summary.fallback:
@@ -95,33 +101,6 @@ def generate(
         close_all(runners)
     if exit_code:
         raise typer.Exit(exit_code)
-
-
-def _stream(response: Response, renderer: TextRenderer | JsonlRenderer) -> int:
-    """Run the generation into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
-    pipe ends quietly (141); an output that refuses the text (a full disk) is one line."""
-    from ..remote import RemoteError
-
-    try:
-        for event in response:
-            renderer.event(event)
-        renderer.finish(response.summary())
-    except (KeyboardInterrupt, Terminated) as interrupt:
-        last = response.last_event
-        if last is not None and last.index > renderer.shown:  # counted, but the signal came first
-            renderer.event(last)
-        renderer.finish(response.summary())
-        return 143 if isinstance(interrupt, Terminated) else 130
-    except BrokenPipeError:
-        silence_stdout()
-        return 141
-    except OSError as error:  # the text still buffered would fail again at exit: it goes to /dev/null
-        silence_stdout()
-        raise EadError(f"cannot write the answer: {error.strerror}") from None
-    except RemoteError:  # the server went away: end the partial answer's line, then say why
-        renderer.finish(response.summary())
-        raise
-    return 0
 
 
 @with_options(MODEL_OPTIONS)
@@ -271,8 +250,7 @@ def calibrate(
     calibration.check_target_share(target_share)
     if model_options.count != 2:
         raise EadError("calibrate takes a pair (--small and --large), not a cascade", exit_code=2)
-    if max_tokens < 1:
-        raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
+    check_max_tokens(max_tokens)
     file_prompts = load_prompts(prompts, None) if prompts else None
     split = calibration.split_prompts(domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))

@@ -6,16 +6,20 @@ import json
 import os
 import re
 from dataclasses import asdict
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import EadError
 from ..option_table import DEFAULT_MODE
+from ..signals import Terminated
+from .output import silence_stdout
 
 if TYPE_CHECKING:
     from ..decoder import ModelReport, Summary, TokenEvent
     from ..options import PolicyOptions
+    from ..response import Response
 
 _STYLE = {"small": ("\x1b[36m", "cyan"), "large": ("\x1b[1;33m", "bold yellow")}
 _MIDDLE = ("\x1b[32m", "green")  # the middle levels of a cascade: mid, mid1, mid2...
@@ -79,6 +83,37 @@ class Renderer:
 
     def _text(self, event: TokenEvent) -> str:
         raise NotImplementedError
+
+    def finish(self, summary: Any) -> None:
+        """The answer is over (or cut short): end its line, or write the summary record."""
+        raise NotImplementedError
+
+
+def stream_answer(response: Response, renderer: Renderer) -> int:
+    """Run the generation into the renderer. Ctrl-C (130) and SIGTERM (143) keep what was printed; a closed
+    pipe ends quietly (141); an output that refuses the text (a full disk) is one line."""
+    from ..remote import RemoteError
+
+    try:
+        for event in response:
+            renderer.event(event)
+        renderer.finish(response.summary())
+    except (KeyboardInterrupt, Terminated) as interrupt:
+        last = response.last_event
+        if last is not None and last.index > renderer.shown:  # counted, but the signal came first
+            renderer.event(last)
+        renderer.finish(response.summary())
+        return 143 if isinstance(interrupt, Terminated) else 130
+    except BrokenPipeError:
+        silence_stdout()
+        return 141
+    except OSError as error:  # the text still buffered would fail again at exit: it goes to /dev/null
+        silence_stdout()
+        raise EadError(f"cannot write the answer: {error.strerror}") from None
+    except RemoteError:  # the server went away: end the partial answer's line, then say why
+        renderer.finish(response.summary())
+        raise
+    return 0
 
 
 class TextRenderer(Renderer):

@@ -24,7 +24,7 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError
-from ..options import resolve_threads
+from ..options import check_ctx, resolve_threads
 from ..paths import ead_cache_dir
 from ..response import Response
 from ..runner import Runner
@@ -71,8 +71,10 @@ class DepthOptions:
         if self.confidence is not None and not self.confidence >= 0:
             raise EadError(f"--confidence must be at least 0 bits, got {self.confidence}", 2)
         counts = ((self.probe_every, "--probe-every"), (self.top_k, "--estimator-k"), (self.rank, "--rank"))
+        if self.fixed_depth is not None:
+            counts += ((self.fixed_depth, "--fixed-depth"),)
         for value, option in counts:
-            if value < 1:  # known without the model (--probe-every's upper bound is its block count)
+            if value < 1:  # known without the model (the upper bounds of the first and last are its blocks)
                 raise EadError(f"{option} must be at least 1, got {value}", 2)
 
     @property
@@ -242,7 +244,7 @@ class _Generation:
         self.depths: list[int] = []  # the exit depth of each token generated
         self.flops = 0.0
         self.backfill = 0  # blocks run again for a deeper token (free schedule)
-        self.finish = "length"
+        self.finish = "interrupted"  # until the last token is out
         self.prompt_tokens = 0
         self.began = perf_counter()
         self.wall_s: float | None = None  # set when the loop ends
@@ -282,6 +284,18 @@ class _Generation:
     def _wanted(self) -> list[int]:
         return [layer for layer in self.layers if layer <= self.limit and layer < self.n_layer]
 
+    def _prefill(self, tokens: Sequence[int]) -> None:
+        """Read the prompt at full depth, probing only its last batch: the first token's probes read the
+        prompt's last row, which the earlier batches of a prompt longer than a batch do not hold."""
+        runner, tap = self.model.runner, self.model.tap
+        last_batch = (len(tokens) - 1) // runner.n_batch * runner.n_batch
+        self.stopping = False
+        tap.want(())
+        runner.feed(tokens, 0, last_batch, "prefill", rows=0)
+        tap.want(self._wanted())
+        runner.feed(tokens, last_batch, len(tokens), "prefill")
+        tap.check()
+
     def run(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str]) -> Iterator[DepthEvent]:
         model, runner, tap = self.model, self.model.runner, self.model.tap
         self.began = perf_counter()
@@ -296,10 +310,7 @@ class _Generation:
         depths = self.depths
         computed = [self.n_layer] * len(tokens)  # blocks run per position (backfill under the free schedule)
         try:
-            tap.want(self._wanted())
-            self.stopping = False  # the prompt is read at full depth
-            runner.feed(tokens, 0, len(tokens), "prefill")
-            tap.check()
+            self._prefill(tokens)
             for index in range(max_tokens):
                 depth = self.exit or self.n_layer
                 self.flops += self.estimator.flops(len(self.readings)) + depth * model.block_flops
@@ -418,6 +429,7 @@ def open_model(
     from ..smoke import check_model
 
     resolve_threads(threads)  # refused before a model is looked up, as in ead generate
+    check_ctx(n_ctx)
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path) if profile else None
     check_model(path, repack=repack_choice(repack), n_gpu_layers=0, threads=threads)

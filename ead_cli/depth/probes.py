@@ -143,14 +143,15 @@ class TopK(Estimator):
 
 
 class LowRank(Estimator):
-    """logits ~ A (B x): rank r of the output matrix (A: n_vocab x r, B: r x n_embd), cached per model."""
+    """logits ~ A (B x): rank r of the output matrix (A: n_vocab x r, B: r x n_embd), cached per model.
+    The matrix has rank n_embd at most: a larger r is n_embd, as top-K's K is n_vocab at most."""
 
     name = "lowrank"
 
     def __init__(self, head: Head, rank: int, cache: Path) -> None:
         super().__init__(head)
-        self.rank = rank
-        self.a, self.b = low_rank_factors(head, rank, cache)
+        self.rank = min(rank, head.weights.n_embd)
+        self.a, self.b = low_rank_factors(head, self.rank, cache)
 
     def read(self, hidden: np.ndarray) -> Reading:
         logits = self.a @ (self.b @ self.head.normed(hidden)[0])

@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EadError
-from ..paths import config_file
+from ..paths import cannot_save, config_file
 from .readout import (
     file_digest,
 )
 
 SCHEDULES = ("monotone", "free")
-CONDITIONS = ("none", "position", "confidence", "both")
+TABLE_ROWS = {"none": 1, "position": 3, "confidence": 3, "both": 9}  # buckets of each condition's table
+CONDITIONS = tuple(TABLE_ROWS)
 ESTIMATORS = ("full", "topk", "lowrank")
 POSITION_EDGES = (32, 128)  # answer positions [1-32], [33-128], 129+
 CONFIDENCE_EDGES = (0.4, 0.7)  # top-1 probability at the first probe: [0-0.4], [0.4-0.7], [0.7-1]
@@ -120,6 +121,7 @@ class Profile:
         rows = [row for table in profile.tables.values() for row in table]
         if (
             set(profile.tables) != set(CONDITIONS)
+            or any(len(profile.tables[condition]) != size for condition, size in TABLE_ROWS.items())
             or any(len(row) != len(profile.probes) for row in rows)
             or not all(math.isfinite(value) for row in [*rows, profile.raw] for value in row)  # NaN: edited
         ):
@@ -139,8 +141,7 @@ def build_profile(
     tables: dict[str, list[list[float]]] = {}
     counts: dict[str, list[int]] = {}
     overall = isotonic_nonincreasing(raw.tolist(), [1.0] * len(raw))
-    for condition in CONDITIONS:
-        size = {"none": 1, "position": 3, "confidence": 3, "both": 9}[condition]
+    for condition, size in TABLE_ROWS.items():
         rows, sizes = [], []
         keys = np.array([bucket(condition, int(p), float(c)) for p, c in zip(positions, top1, strict=True)])
         for index in range(size):
@@ -167,14 +168,21 @@ def profile_path(model: Path) -> Path:
 
 
 def save_profile(profile: Profile, path: Path) -> Path:
-    """Written whole to a temporary name, then renamed: never half a profile."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-    ) as out:
-        json.dump(profile.to_json(), out, indent=1)
-        out.write("\n")
-    os.replace(out.name, path)
+    """Written whole to a temporary name, then renamed: never half a profile, nor a temporary left."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+        ) as out:
+            temporary = Path(out.name)
+            json.dump(profile.to_json(), out, indent=1)
+            out.write("\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        raise cannot_save(path, "the depth profile", error) from None
     return path
 
 

@@ -22,6 +22,7 @@ import llama_cpp
 import numpy as np
 
 from ..errors import EadError
+from ..gguf_files import shard_paths
 
 _LIB = Path(llama_cpp.__file__).parent / "lib"
 
@@ -105,14 +106,18 @@ class HeadWeights:
 
 
 def load_head(path: Path) -> HeadWeights:
-    """The output norm and matrix of a GGUF (memory-mapped), or a one-line error if it has none."""
-    try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError) as error:
-        raise EadError(f"{path}: not a readable GGUF ({error})") from None
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
-    arch = str(reader.fields["general.architecture"].contents())
-    fields = reader.fields
+    """The output norm and matrix of a GGUF (memory-mapped), or a one-line error if it has none. A split
+    GGUF's tensors are spread over its shards (the head is usually in the last one), its metadata is in
+    the first."""
+    readers = []
+    for shard in shard_paths(path):
+        try:
+            readers.append(gguf.GGUFReader(shard))
+        except (OSError, ValueError) as error:
+            raise EadError(f"{shard}: not a readable GGUF ({error})") from None
+    tensors = {tensor.name: tensor for reader in readers for tensor in reader.tensors}
+    fields = readers[0].fields
+    arch = str(fields["general.architecture"].contents())
     norm = tensors.get("output_norm.weight")
     matrix = tensors.get("output.weight") or tensors.get("token_embd.weight")
     eps_field = fields.get(f"{arch}.attention.layer_norm_rms_epsilon")

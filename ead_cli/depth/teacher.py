@@ -4,7 +4,7 @@ profile is built (``calibrate``) and operating points are replayed without gener
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,22 +116,30 @@ def teacher_force(
     )
 
 
+def calibration_corpus(corpus: Sequence[str], *, probe_every: int, tokens: int) -> dict[str, list[str]]:
+    """The texts of each corpus named, after the checks that need no model: made before one loads."""
+    if tokens < WINDOW:
+        raise EadError(f"--tokens must be at least {WINDOW}, got {tokens}", 2)
+    if probe_every < 1:  # its upper bound is the model's block count
+        raise EadError(f"--probe-every must be at least 1, got {probe_every}", 2)
+    return {name: read_corpus([name])[0] for name in corpus}
+
+
 def calibrate(
     model: DepthModel,
-    corpus: Sequence[str],
+    corpus: Mapping[str, Sequence[str]],
     *,
     probe_every: int = 4,
     tokens: int = CALIBRATION_TOKENS,
     progress: Callable[[int, int], None] | None = None,
 ) -> Profile:
-    """The profile of a model from teacher forcing over the corpus's calibration half (every other text
-    from the first; ``ead depth eval`` holds out the other half)."""
-    if tokens < WINDOW:
-        raise EadError(f"--tokens must be at least {WINDOW}, got {tokens}", 2)
+    """The profile of a model from teacher forcing over each corpus's calibration half (every other text
+    from the first; ``ead depth eval`` holds out the other half). ``corpus``: ``calibration_corpus``'s."""
     layers = probe_layers(model.n_layer, probe_every)
     share = max(WINDOW, tokens // max(len(corpus), 1))  # each corpus its share, its own halves
-    groups = [read_corpus([item])[0] for item in corpus]
-    windows = [w for texts in groups for w in corpus_windows(model.runner, texts, tokens=share, part=0)]
+    windows = [
+        w for texts in corpus.values() for w in corpus_windows(model.runner, texts, tokens=share, part=0)
+    ]
     name = ",".join(corpus)
     capture = teacher_force(model, windows, layers, progress=progress)
     meta = {
