@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 from .decoder import Decoder
 from .errors import EadError
 from .options import PolicyOptions
-from .paths import cannot_save, check_can_save, config_file
+from .paths import check_can_save, config_file, save_json
 from .policies import Fixed
 from .prompt import check_fits, encode_prompt
 from .runner import Runner
@@ -253,21 +251,7 @@ def save(small: str, large: str, results: Sequence[Calibration], path: Path | No
             "predicted_share": result.predicted_share,
             "measured_share": result.measured_share,
         }
-    temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-        ) as out:
-            temporary = Path(out.name)
-            json.dump(data, out, indent=2)
-            out.write("\n")
-        os.replace(temporary, path)
-    except OSError as error:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
-        raise cannot_save(path, "the calibration", error) from None
-    return path
+    return save_json(path, data, "the calibration", indent=2)
 
 
 def saved_tau(small: str, large: str, policy: str) -> float | None:

@@ -4,9 +4,11 @@ another just for a path."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .errors import EadError
 
@@ -48,3 +50,23 @@ def cannot_save(path: Path, what: str, error: OSError) -> EadError:
     else:
         reason = str(error.strerror)
     return EadError(f"cannot save {what} to {path}: {reason}")
+
+
+def save_json(path: Path, data: Any, what: str, *, indent: int) -> Path:
+    """``data`` written whole to a temporary name beside ``path``, then renamed over it: a failed write
+    leaves the old file as it was and no temporary, and is one line naming ``what`` could not be saved."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+        ) as out:
+            temporary = Path(out.name)
+            json.dump(data, out, indent=indent)
+            out.write("\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        raise cannot_save(path, what, error) from None
+    return path

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EadError
-from ..paths import cannot_save, config_file
+from ..paths import config_file, save_json
 from .readout import (
     file_digest,
 )
@@ -169,21 +167,7 @@ def profile_path(model: Path) -> Path:
 
 def save_profile(profile: Profile, path: Path) -> Path:
     """Written whole to a temporary name, then renamed: never half a profile, nor a temporary left."""
-    temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-        ) as out:
-            temporary = Path(out.name)
-            json.dump(profile.to_json(), out, indent=1)
-            out.write("\n")
-        os.replace(temporary, path)
-    except OSError as error:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
-        raise cannot_save(path, "the depth profile", error) from None
-    return path
+    return save_json(path, profile.to_json(), "the depth profile", indent=1)
 
 
 def load_profile(model: Path, path: Path | None = None) -> Profile:
