@@ -19,7 +19,7 @@ from typing import Any
 from ..decoder import Summary
 from ..engine import build_decoder, close_all, load_runners
 from ..errors import EadError
-from ..options import GenerationOptions, ModelOptions, PolicyOptions
+from ..options import GenerationOptions, ModelOptions, PolicyOptions, check_max_tokens
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
@@ -135,8 +135,7 @@ class Bench:
 
     def __post_init__(self) -> None:
         """Refused before any model loads: answers of no tokens, or an --out that cannot take results."""
-        if self.generation.max_tokens < 1:
-            raise EadError(f"--max-tokens must be at least 1, got {self.generation.max_tokens}", exit_code=2)
+        check_max_tokens(self.generation.max_tokens)
         if (self.out / REPLAY_FILE).exists():  # beside it, results.jsonl would make the replay unreportable
             raise EadError(f"{self.out} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
         check_out(self.out, folder=True)
