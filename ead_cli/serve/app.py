@@ -309,9 +309,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _job(body: CompletionBase, given: str | list[int]) -> Job:
         """The request's work: its prompt (rendered text, or token ids as given) and options, checked."""
         try:
+            prompt = given
             if isinstance(given, str):
                 check_special_tokens_fit(given, specials, engine.n_ctx)
-            prompt = encode_rendered(engine.runners[0], given) if isinstance(given, str) else given
+                prompt = encode_rendered(engine.runners[0], given)
             check_fits(prompt, engine.n_ctx)
         except EadError as error:
             raise ApiError(400, str(error), code="context_length_exceeded") from None
