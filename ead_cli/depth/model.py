@@ -31,7 +31,7 @@ from ..runner import Runner
 from ..sampling import Sampler, SamplingParams
 from ..text import TextStream
 from .probes import Estimator, LayerTap, LowRank, TopK, distribution_figures, extra_readout
-from .profile import CONDITIONS, ESTIMATORS, SCHEDULES, Profile, load_profile, probe_layers
+from .profile import CONDITIONS, ESTIMATORS, SCHEDULES, Profile, check_counts, load_profile, probe_layers
 from .readout import (
     Head,
     file_digest,
@@ -73,9 +73,7 @@ class DepthOptions:
         counts = ((self.probe_every, "--probe-every"), (self.top_k, "--estimator-k"), (self.rank, "--rank"))
         if self.fixed_depth is not None:
             counts += ((self.fixed_depth, "--fixed-depth"),)
-        for value, option in counts:
-            if value < 1:  # known without the model (the upper bounds of the first and last are its blocks)
-                raise EadError(f"{option} must be at least 1, got {value}", 2)
+        check_counts(*counts)
 
     @property
     def rule(self) -> str:

@@ -28,6 +28,14 @@ WINDOW = 256  # tokens per teacher-forcing pass
 PROMPT_ROWS = 32  # in teacher forcing, the first tokens of a window are its prompt (read at full depth)
 
 
+def check_counts(*counts: tuple[int, str]) -> None:
+    """Counts of at least one (value, option), refused before a model loads: their upper bounds, where
+    they have one (--probe-every's, --fixed-depth's), are the model's block count."""
+    for value, option in counts:
+        if value < 1:
+            raise EadError(f"{option} must be at least 1, got {value}", 2)
+
+
 def probe_layers(n_layer: int, every: int) -> tuple[int, ...]:
     """Every ``every`` blocks, and always the last (layers count blocks from 1)."""
     if not 1 <= every <= n_layer:

@@ -14,7 +14,7 @@ from . import CALIBRATION_TOKENS
 from .corpus import corpus_windows, read_corpus
 from .model import DepthModel, DepthOptions
 from .probes import estimator_flops, extra_readout
-from .profile import PROMPT_ROWS, WINDOW, Profile, build_profile, probe_layers
+from .profile import PROMPT_ROWS, WINDOW, Profile, build_profile, check_counts, probe_layers
 from .readout import (
     Head,
     entropy_bits,
@@ -120,8 +120,7 @@ def calibration_corpus(corpus: Sequence[str], *, probe_every: int, tokens: int) 
     """The texts of each corpus named, after the checks that need no model: made before one loads."""
     if tokens < WINDOW:
         raise EadError(f"--tokens must be at least {WINDOW}, got {tokens}", 2)
-    if probe_every < 1:  # its upper bound is the model's block count
-        raise EadError(f"--probe-every must be at least 1, got {probe_every}", 2)
+    check_counts((probe_every, "--probe-every"))
     return {name: read_corpus([name])[0] for name in corpus}
 
 
