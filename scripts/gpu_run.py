@@ -6,7 +6,8 @@ Steps, each a few subprocesses with their own time limit, each resumable on its 
 machine that allows ten minutes a command runs them one command at a time:
 
     build     a venv over the system Python (its numpy), the carried wheels, llama-cpp-python compiled
-              from the trimmed sdist (CUDA unless --cpu), ead-cli installed from this checkout
+              from the trimmed sdist (CUDA unless --cpu), or the bundle's prebuilt wheel where it loads
+              and offloads (pack_gpu_run.sh --wheel: no compile on the device), ead-cli from this checkout
     twins     random-weight twins of the small and large shapes (scripts/write_twin.py, llama.cpp's
               own gguf-py from the sdist) with the real pair's tokenizer
     replay    ead bench replay of the recorded schedules on each twin pair, every layer offloaded
@@ -29,6 +30,7 @@ import json
 import os
 import platform
 import signal
+import site
 import subprocess
 import sys
 import tarfile
@@ -139,7 +141,13 @@ class Run:
         self.wheels = args.bundle.resolve() / "wheels"
         self.state = self.work / "steps"
         self.out = Path(os.environ.get("OUT") or self.work / "out")
-        self.about = about(args)  # asked once: nvidia-smi, nvcc, cmake and git do not change during a call
+        libraries = [] if args.cpu else cuda_library_dirs()
+        if libraries:  # every command's loader finds CUDA's runtime and cuBLAS (a prebuilt wheel needs them)
+            os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [*libraries, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+            )
+        # asked once: nvidia-smi, nvcc, cmake and git do not change during a call
+        self.about = {**about(args), "cuda_library_dirs": libraries}
         self.running: dict[str, Any] | None = None  # the step under way: its name and commands so far
 
     def left(self) -> int:
@@ -225,9 +233,40 @@ class Run:
                 self.run([self.python, f"{wheel}/pip", "install", "--no-index", "--quiet", wheel])
             )
         commands.append(self.pip("scikit-build-core", "hatchling"))
-        if not self.src.is_dir():
+        if not self.src.is_dir():  # also the twins' gguf-py
             with tarfile.open(sdist) as archive:
                 archive.extractall(self.src.parent, filter="data")
+        prebuilt = self.install_prebuilt()
+        if prebuilt is not None and prebuilt["ok"]:
+            built = prebuilt
+        else:
+            built = {**self.compile(), "prebuilt": prebuilt}
+        check = self.run([self.python, "-m", "pip", "check"])
+        return {**built, "setup": commands, "pip_check": check["stdout"].strip()}
+
+    def install_prebuilt(self) -> dict[str, Any] | None:
+        """The bundle's prebuilt llama-cpp-python wheel and ead-cli, kept where llama.cpp loads and (unless
+        --cpu) offloads to the GPU; None where the bundle has no such wheel."""
+        wheels = sorted((self.args.bundle / "prebuilt").glob(f"{SDIST}-*.whl"))
+        if not wheels:
+            return None
+        install = self.pip("--no-deps", "--force-reinstall", str(wheels[0]))
+        ead = self.pip("--no-build-isolation", str(ROOT)) if install["rc"] == 0 else None
+        versions = self.versions() if ead is not None and ead["rc"] == 0 else {}
+        offloads = versions.get("gpu_offload") is True or self.args.cpu
+        ok = "error" not in versions and bool(versions) and offloads
+        return {
+            "ok": ok,
+            "wheel": wheels[0].name,
+            "install": install,
+            "install_ead_cli": ead,
+            "versions": versions,
+            "why_not": None if ok else "the wheel did not install, load or offload: compiled instead",
+            "repack": self.repack if ok else None,
+        }
+
+    def compile(self) -> dict[str, Any]:
+        """llama-cpp-python compiled from the carried sources (CUDA unless --cpu), then ead-cli."""
         cmake_args = ["-DLLAVA_BUILD=off"]
         if not self.args.cpu:
             cmake_args.append("-DGGML_CUDA=on")
@@ -247,14 +286,11 @@ class Run:
             compile_["resume"] = f"cut off: run the build step again, it resumes in {build_dir}"
         install = self.pip("--no-build-isolation", str(ROOT)) if compile_["rc"] == 0 else None
         ok = compile_["rc"] == 0 and install is not None and install["rc"] == 0
-        check = self.run([self.python, "-m", "pip", "check"])
         return {
             "ok": ok,
             "compile_seconds": compile_["seconds"],
-            "setup": commands,
             "compile": compile_,
             "install_ead_cli": install,
-            "pip_check": check["stdout"].strip(),
             "versions": self.versions(),
             "repack": self.repack if ok else None,
         }
@@ -384,6 +420,19 @@ def read_json(path: Path) -> Any:
 def printed_json(result: dict[str, Any]) -> Any:
     """What a command that prints one JSON object printed, where it succeeded."""
     return json.loads(result["stdout"]) if result["rc"] == 0 else None
+
+
+def cuda_library_dirs() -> list[str]:
+    """Folders with CUDA's runtime or cuBLAS where the loader may not look: the nvidia-* wheels of this
+    Python (a device's PyTorch brings them) and the toolkit's own lib64."""
+    roots = [Path(path) for path in (*site.getsitepackages(), site.getusersitepackages())]
+    wheels = [lib for root in roots for lib in sorted(root.glob("nvidia/*/lib"))]
+    candidates = [*wheels, Path("/usr/local/cuda/lib64")]
+    return [
+        str(folder)
+        for folder in dict.fromkeys(candidates)
+        if any(folder.glob("libcublas.so*")) or any(folder.glob("libcudart.so*"))
+    ]
 
 
 def cuda_arch() -> str | None:

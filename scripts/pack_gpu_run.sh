@@ -8,21 +8,32 @@
 #                                   Python (the CPU test), from the local package index; pip itself
 #                                   (a system Python may lack ensurepip)
 #   tokenizer.gguf                  the real demo pair's tokenizer only (write_twin.py --tokenizer-only)
+#   prebuilt/                       with --wheel: a llama-cpp-python wheel built elsewhere (CUDA), which
+#                                   the build step installs instead of compiling where it loads
 #   MANIFEST.json                   the commit packed, every file's size, the total
-# Usage: scripts/pack_gpu_run.sh [--small ALIAS_OR_GGUF]   (default: qc0.5b, the demo pair's small model)
+# Usage: scripts/pack_gpu_run.sh [--small ALIAS_OR_GGUF] [--wheel LLAMA_CPP_PYTHON_WHEEL]
+#   (--small's default: qc0.5b, the demo pair's small model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 small=qc0.5b
-if [ "${1:-}" = "--small" ] && [ -n "${2:-}" ]; then
-  small=$2
-elif [ $# -gt 0 ]; then
-  echo "error: usage: scripts/pack_gpu_run.sh [--small ALIAS_OR_GGUF]" >&2
+wheel=
+usage="usage: scripts/pack_gpu_run.sh [--small ALIAS_OR_GGUF] [--wheel LLAMA_CPP_PYTHON_WHEEL]"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --small) [ -n "${2:-}" ] || { echo "error: $usage" >&2; exit 2; }; small=$2; shift 2 ;;
+    --wheel) [ -f "${2:-}" ] || { echo "error: --wheel needs a wheel file ($usage)" >&2; exit 2; }
+      wheel=$2; shift 2 ;;
+    *) echo "error: $usage" >&2; exit 2 ;;
+  esac
+done
+version=0.3.36
+if [ -n "$wheel" ] && [[ "$(basename "$wheel")" != llama_cpp_python-$version-*.whl ]]; then
+  echo "error: --wheel $wheel is not a llama_cpp_python-$version wheel" >&2
   exit 2
 fi
 py=.venv/bin/python
 [ -x "$py" ] || { echo "error: no .venv: run ./scripts/setup.sh first" >&2; exit 1; }
 bundle=gpu-run
-version=0.3.36
 limit=$((64 << 20))
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -65,6 +76,39 @@ for pyver in 3.12 "$here"; do
     -r "$tmp/requirements.txt" -d "$bundle/wheels"
 done
 rm -f "$bundle"/wheels/numpy-*.whl  # the machine has numpy (pip takes it from the system site-packages)
+
+if [ -n "$wheel" ]; then
+  echo "the prebuilt wheel, one copy of each library..." >&2
+  mkdir -p "$bundle/prebuilt"
+  # scikit-build-core writes each shared library under every name (.so, .so.0, .so.0.x.y), in
+  # llama_cpp/lib and again at the wheel's root: the loader needs the sonames (.so.0) and Python the .so
+  # of the libraries it opens, so the rest is left out (a CUDA build's libggml-cuda is tens of MiB).
+  "$py" - "$wheel" "$bundle/prebuilt/$(basename "$wheel")" <<'EOF'
+import re
+import sys
+import zipfile
+
+source, target = sys.argv[1], sys.argv[2]
+opened_by_python = {f"llama_cpp/lib/lib{name}.so" for name in ("llama", "ggml", "mtmd", "llava")}
+
+
+def kept(name: str) -> bool:
+    if not name.startswith(("llama_cpp/", "llama_cpp_python-")):
+        return False  # the wheel root's lib/, include/, bin/: nothing imports them
+    if name.startswith("llama_cpp/lib/"):
+        return name in opened_by_python or re.fullmatch(r"llama_cpp/lib/lib[\w.-]+?\.so\.0", name) is not None
+    return True
+
+
+with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as new:
+    for info in old.infolist():
+        if info.filename.endswith(".dist-info/RECORD"):
+            lines = old.read(info).decode().splitlines()
+            new.writestr(info, "".join(f"{line}\n" for line in lines if kept(line.rsplit(",", 2)[0])))
+        elif kept(info.filename):
+            new.writestr(info, old.read(info))
+EOF
+fi
 
 echo "the tokenizer of $small..." >&2
 model=$("$py" -c 'import sys; from ead_cli import registry

@@ -201,3 +201,39 @@ def test_the_limit_bounds_the_whole_call(tmp_path: Path, monkeypatch: pytest.Mon
         "--python", sys.executable, "--work", str(tmp_path), "--limit", "0", "--step", "speed", out=tmp_path
     )
     assert_one_line_error(result, 2, "--limit must be at least 1 second")
+
+
+def test_a_prebuilt_wheel_that_does_not_install_falls_back_to_the_compile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pack_gpu_run.sh --wheel carries a llama-cpp-python built elsewhere (no compile on the device); one
+    that does not install, load or offload there is reported and left for the carried sources."""
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    bundle = tmp_path / "bundle"
+    common = ["--python", sys.executable, "--work", str(tmp_path), "--bundle", str(bundle), "--step", "speed"]
+    assert gpu_run_script.Run(gpu_run_script.parse(common)).install_prebuilt() is None  # none carried
+    (bundle / "prebuilt").mkdir(parents=True)
+    (bundle / "prebuilt" / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"not a zip")
+    (bundle / "wheels").mkdir()
+    tried = gpu_run_script.Run(gpu_run_script.parse(common)).install_prebuilt()
+    assert tried is not None and tried["ok"] is False and tried["install"]["rc"] != 0
+    assert tried["wheel"] == "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    assert tried["install_ead_cli"] is None and tried["repack"] is None
+    assert tried["why_not"] == "the wheel did not install, load or offload: compiled instead"
+
+
+def test_the_loader_finds_cuda_in_the_nvidia_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wheel built elsewhere links libcublas.so.13; a device's PyTorch keeps it in nvidia-* wheels,
+    where the loader does not look: those folders (and only those with CUDA's libraries) are named."""
+    site_packages = tmp_path / "site-packages"
+    for folder, library in [("cu13", "libcublas.so.13"), ("cudnn", "libcudnn.so.9"), ("runtime", "")]:
+        (site_packages / "nvidia" / folder / "lib").mkdir(parents=True)
+        if library:
+            (site_packages / "nvidia" / folder / "lib" / library).write_bytes(b"")
+    monkeypatch.setattr(gpu_run_script.site, "getsitepackages", lambda: [str(site_packages)])
+    monkeypatch.setattr(gpu_run_script.site, "getusersitepackages", lambda: str(tmp_path / "none"))
+    found = gpu_run_script.cuda_library_dirs()
+    assert found[0] == str(site_packages / "nvidia" / "cu13" / "lib")
+    assert found[1:] == (
+        ["/usr/local/cuda/lib64"] if list(Path("/usr/local/cuda/lib64").glob("libcu*")) else []
+    )
