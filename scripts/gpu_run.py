@@ -12,7 +12,7 @@ machine that allows ten minutes a command runs them one command at a time:
               own gguf-py from the sdist) with the real pair's tokenizer
     replay    ead bench replay of the recorded schedules on each twin pair, every layer offloaded
     speed     ead bench speed for each pair, its cost model checked against the replay
-    overhead  scripts/bench_overhead.py on each twin
+    overhead  scripts/bench_overhead.py on the tiny twin and the small one (where the loop's cost shows)
 
 Every call writes ``gpu-run.json`` (every step done so far, the device, the versions) to $OUT, or to
 the work folder's out/ when $OUT is unset, anew after every command, so a call killed from outside still
@@ -307,8 +307,13 @@ class Run:
         return json.loads(result["stdout"]) if result["rc"] == 0 else {"error": result["stderr"]}
 
     def shapes(self) -> list[str]:
-        """Every twin shape of the run, once each: the small one, then the large ones."""
-        return list(dict.fromkeys([self.args.small, *self.args.large]))
+        """Every twin shape of the run, once each: the small one, the large ones, the tiny one."""
+        return list(dict.fromkeys([self.args.small, *self.args.large, *self.overhead_shapes()]))
+
+    def overhead_shapes(self) -> list[str]:
+        """The loop's overhead is measured where it shows: on a GPU the tiny twin (the real vocabulary at
+        thousands of tokens a second) and the small one; a large twin's decode hides it."""
+        return [self.args.small] if self.args.cpu else list(dict.fromkeys([TINY_SHAPES[0], self.args.small]))
 
     def twin(self, shape: str) -> Path:
         return self.twins / f"{shape}.gguf"
@@ -365,7 +370,7 @@ class Run:
         contexts of it (llama.cpp offloads every layer by default when it has a GPU backend; the CPU
         test's build has none)."""
         results = {}
-        for shape in self.shapes():
+        for shape in self.overhead_shapes():
             script = str(ROOT / "scripts/bench_overhead.py")
             command = [self.python, script, "--model", str(self.twin(shape)), "--pair", "--tokens",
                        str(self.args.overhead_tokens), "--runs", str(self.args.overhead_runs)]  # fmt: skip
