@@ -71,6 +71,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--schedules", type=Path, default=SCHEDULES, help="a bench's results.jsonl")
     parser.add_argument("--strategies", default=STRATEGIES, help="the recorded strategies to replay")
     parser.add_argument("--threads", type=int, help="CPU threads (default: ead's, all cores)")
+    parser.add_argument("--replays", type=int, default=1, help="each pair's replay this many times")
     parser.add_argument("--overhead-tokens", type=int, default=128)
     parser.add_argument("--overhead-runs", type=int, default=5)
     parser.add_argument(
@@ -79,6 +80,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.limit < 1:
         parser.error("--limit must be at least 1 second")
+    if args.replays < 1:
+        parser.error("--replays must be at least 1")
     small, large = TINY_SHAPES if args.tiny else GPU_SHAPES
     args.small = args.small or small
     args.large = [name.strip() for name in (args.large or large).split(",") if name.strip()]
@@ -344,14 +347,33 @@ class Run:
         return options + (["--threads", str(self.args.threads)] if self.args.threads else [])
 
     def replay(self) -> dict[str, Any]:
-        results = {}
-        for name, small, large in self.pairs():
-            out = self.work / "replay" / name
-            command = [self.python, "-m", "ead_cli", "bench", "replay", str(self.args.schedules),
-                       *self.model_options(small, large), "--strategies", self.args.strategies,
-                       "--out", str(out)]  # fmt: skip
-            results[name] = self.run(command, env=self.model_env(), figures=out / "replay.json")
-        return {"ok": all(r["rc"] == 0 for r in results.values()), "repack": self.repack, "pairs": results}
+        """Each pair's replay, ``--replays`` times interleaved (pairs: the first; repeats: the others),
+        and with repeats the median of each strategy's ratio over them (ead bench report's median-of-N.md)."""
+        results: dict[str, Any] = {}
+        repeats: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in self.pairs()}
+        for run in range(1, self.args.replays + 1):
+            for name, small, large in self.pairs():
+                out = self.replay_folder(name, run)
+                command = [self.python, "-m", "ead_cli", "bench", "replay", str(self.args.schedules),
+                           *self.model_options(small, large), "--strategies", self.args.strategies,
+                           "--out", str(out)]  # fmt: skip
+                done = self.run(command, env=self.model_env(), figures=out / "replay.json")
+                if run == 1:
+                    results[name] = done
+                else:
+                    repeats[name].append(done)
+        ok = all(r["rc"] == 0 for r in [*results.values(), *(r for runs in repeats.values() for r in runs)])
+        medians = {}
+        for name in repeats if self.args.replays > 1 else []:
+            folders = [str(self.replay_folder(name, run)) for run in range(1, self.args.replays + 1)]
+            table = self.replay_folder(name, 1) / f"median-of-{self.args.replays}.md"
+            command = [self.python, "-m", "ead_cli", "bench", "report", *folders]
+            medians[name] = self.run(command, figures=lambda _, table=table: read_text(table))
+            ok = ok and medians[name]["rc"] == 0
+        return {"ok": ok, "repack": self.repack, "pairs": results, "repeats": repeats, "medians": medians}
+
+    def replay_folder(self, name: str, run: int) -> Path:
+        return self.work / "replay" / (name if run == 1 else f"{name}-run{run}")
 
     def speed(self) -> dict[str, Any]:
         results = {}
@@ -416,6 +438,10 @@ def site_dirs(python: str) -> dict[str, Any]:
     """Whether ``python`` runs in a venv, and where its packages are installed."""
     done = subprocess.run([python, "-c", SITE_DIRS], capture_output=True, text=True, timeout=60, check=True)
     return json.loads(done.stdout)
+
+
+def read_text(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.exists() else None
 
 
 def read_json(path: Path) -> Any:
@@ -507,6 +533,7 @@ def about(args: argparse.Namespace) -> dict[str, Any]:
             "schedules": os.path.relpath(args.schedules, ROOT),
             "strategies": args.strategies.split(","),
             "threads": args.threads,
+            "replays": args.replays,
             "overhead_tokens": args.overhead_tokens,
             "overhead_runs": args.overhead_runs,
             "limit_s": args.limit,

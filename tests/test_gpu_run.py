@@ -59,7 +59,7 @@ def test_the_steps_after_the_build_write_one_report(
         "--python", sys.executable, "--cpu", "--work", str(tmp_path / "work"), "--bundle", str(tmp_path),
         "--small", "qwen2-tiny", "--large", "qwen2-tiny", "--tokenizer", str(tokenizer),
         "--schedules", str(schedules), "--strategies", ",".join(names), "--threads", "1",
-        "--overhead-tokens", "8", "--overhead-runs", "1",
+        "--overhead-tokens", "8", "--overhead-runs", "1", "--replays", "2",
     ]  # fmt: skip
     first = gpu_run(*common, "--step", "twins", out=tmp_path / "out1")
     assert first.returncode == 0, first.stderr
@@ -101,6 +101,13 @@ def test_the_steps_after_the_build_write_one_report(
         assert row["samples"] == 2 and row["generated"] == sum(record["generated"] for record in mine)
         assert row["wall_s"] > 0
 
+    (repeated,) = report["steps"]["replay"]["repeats"]["qwen2-tiny+qwen2-tiny"]  # --replays 2
+    assert repeated["rc"] == 0 and repeated["command"][-1].endswith("qwen2-tiny+qwen2-tiny-run2")
+    assert [row["strategy"] for row in repeated["report"]["strategies"]] == names
+    median = report["steps"]["replay"]["medians"]["qwen2-tiny+qwen2-tiny"]
+    assert median["rc"] == 0 and median["command"][-2:] == [pair["command"][-1], repeated["command"][-1]]
+    assert "median" in median["report"] and all(name in median["report"] for name in names)
+
     (priced,) = report["steps"]["speed"]["pairs"].values()
     assert [len(rates["tokens_per_s"]) for rates in priced["report"]["rates"]] == [8, 8]
     assert len(priced["report"]["checks"]) == 8  # checked against the replay of the same call set
@@ -115,9 +122,9 @@ def test_the_steps_after_the_build_write_one_report(
     decided = {"enabled": choice.enabled, "word": choice.word, "reason": choice.reason}
     decided["automatic"] = choice.automatic
     loads = [*report["steps"]["replay"]["pairs"].values(), *report["steps"]["speed"]["pairs"].values()]
-    loads += report["steps"]["overhead"]["models"].values()
+    loads += [repeated, *report["steps"]["overhead"]["models"].values()]
     assert all(report["steps"][step]["repack"] == decided for step in STEPS[1:])
-    assert [load["env"] for load in loads] == [{"EAD_REPACK": choice.word}] * 3
+    assert [load["env"] for load in loads] == [{"EAD_REPACK": choice.word}] * 4
     assert overhead["repack"] == choice.word  # what bench_overhead's runner loaded with
 
 
