@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A CUDA build of llama-cpp-python 0.3.36 made on a machine with CUDA's compiler but no GPU, for the GPU
 # run (docs/gpu-run.md): pack_gpu_run.sh --wheel carries it, so the device spends none of its short lease
-# compiling (on 2 cores here: ~40 min; the sources, one GPU architecture).
-#   scripts/build_cuda_wheel.sh [ARCH]     ARCH: CMake's CUDA architecture (default 90: H100, H200)
+# compiling (on this 2-core machine ~17 min).
+#   scripts/build_cuda_wheel.sh [ARCH]     ARCH: CMake's CUDA architecture (default 90: H100, H200);
+#                                          machine code for it alone, no PTX (PTX would double the size)
 # Writes dist-cuda/llama_cpp_python-0.3.36-*.whl (ignored). Needs nvcc (CUDA 13) and CMake; cuBLAS, which
 # the toolkit here may lack, comes from the package index (nvidia-cublas). The driver's libcuda is not
 # needed: the build leaves out llama.cpp's virtual-memory pool (GGML_CUDA_NO_VMM), the one part that links
@@ -30,12 +31,12 @@ for library in cublas cublasLt; do
 done
 
 flags="-I$cublas/include"
-export CMAKE_ARGS="-DLLAVA_BUILD=off -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$arch -DGGML_CUDA_NO_VMM=on \
+export CMAKE_ARGS="-DLLAVA_BUILD=off -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$arch-real -DGGML_CUDA_NO_VMM=on \
 -DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on -DGGML_BMI2=on \
 -DCUDA_cublas_LIBRARY=$cublas/lib/libcublas.so -DCUDA_cublasLt_LIBRARY=$cublas/lib/libcublasLt.so \
 -DCMAKE_CUDA_FLAGS=$flags -DCMAKE_CXX_FLAGS=$flags -DCMAKE_C_FLAGS=$flags"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-echo "compiling (CUDA architecture $arch; the log: $work/build.log)..." >&2
+echo "compiling (CUDA architecture $arch-real; the log: $work/build.log)..." >&2
 began=$SECONDS
 "$py" -m pip wheel --no-deps -v -w dist-cuda --config-settings=build-dir="$work/build" \
   "$work/llama_cpp_python-$version" >"$work/build.log" 2>&1 \
