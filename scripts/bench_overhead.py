@@ -19,7 +19,10 @@ The gate loops (``gate``, ``gate_needed``) name the one context twice: one decod
 model's sync finds the row at hand. With ``--pair`` a second context of the same model is the large
 model, as in a real pair, where each model decodes every token: ``gate_pair_needed`` (the gate, its
 entropy measured where needed) against ``bare_pair`` (both contexts decode every token, the argmax of
-both rows: the least reading a switching loop does), ``gate_pair_needed_ratio``.
+both rows: the least reading a switching loop does), ``gate_pair_needed_ratio``; and against
+``bare_pair_serial``, the same with each decode waited for before the next is launched, as a switching
+loop must (on a GPU the plain pair loop has both contexts' decodes in flight at once; on a CPU the two
+are the same), ``gate_pair_needed_serial_ratio``.
 
 ``--no-decode`` times every loop with llama_decode a no-op after the prompt (the rows stay as the prompt
 left them; ``decodes_skipped`` counts the calls): each loop's own Python and numpy work alone, with the
@@ -103,11 +106,13 @@ def prefilled(runner: Runner, prompt: list[int]) -> np.ndarray:
 
 
 def bare_loop(
-    runners: Sequence[Runner], prompt: list[int], count: int, *, decode: str = "real"
+    runners: Sequence[Runner], prompt: list[int], count: int, *, serial: bool = False, decode: str = "real"
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens: llama_decode one token at a time on every
     context, the argmax of every row once its decode is done; the last context's argmax is the token.
-    ``decode``: a decoding mode."""
+    ``serial``: each context's decode is waited for before the next one's is launched, the order of a
+    switching loop (the large model's input follows the small one's row); otherwise, on a GPU, both are
+    launched before either is waited for. ``decode``: a decoding mode."""
     rows = [prefilled(runner, prompt) for runner in runners]
     token = (llama_cpp.llama_token * 1)()
     batch = llama_cpp.llama_batch_get_one(token, 1)
@@ -120,6 +125,8 @@ def bare_loop(
             for runner in runners:
                 if llama_cpp.llama_decode(runner.ctx, batch) != 0:
                     raise SystemExit("llama_decode failed")
+                if serial:
+                    llama_cpp.llama_synchronize(runner.ctx)
         elapsed = perf_counter() - began, process_time() - began_cpu
     for runner in runners:
         runner.truncate(0)  # the runner's own cursor did not see these tokens
@@ -202,6 +209,7 @@ def main() -> None:
     )
     if pair:
         loops["bare_pair"] = partial(bare_loop, pair, decode=decode)
+        loops["bare_pair_serial"] = partial(bare_loop, pair, serial=True, decode=decode)
         loops["gate_pair_needed"] = partial(ead_loop, pair, gate=True, entropy="needed", decode=decode)
     names = list(loops)
     load_before = os.getloadavg()
@@ -259,6 +267,10 @@ def main() -> None:
         for key, rates in (("ratio", wall_median), ("cpu_ratio", cpu_median)):
             result[f"gate_pair_needed_{key}"] = round(rates["gate_pair_needed"] / rates["bare_pair"], 4)
         result["gate_pair_needed_overhead_us"] = extra_us(wall_median, "gate_pair_needed", "bare_pair")
+        # against the bare pair loop in a switching loop's order (the same as bare_pair on a CPU)
+        result["gate_pair_needed_serial_ratio"] = round(
+            wall_median["gate_pair_needed"] / wall_median["bare_pair_serial"], 4
+        )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 
