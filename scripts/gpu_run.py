@@ -349,28 +349,29 @@ class Run:
     def replay(self) -> dict[str, Any]:
         """Each pair's replay, ``--replays`` times interleaved (pairs: the first; repeats: the others),
         and with repeats the median of each strategy's ratio over them (ead bench report's median-of-N.md)."""
-        results: dict[str, Any] = {}
-        repeats: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in self.pairs()}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in self.pairs()}
         for run in range(1, self.args.replays + 1):
             for name, small, large in self.pairs():
                 out = self.replay_folder(name, run)
                 command = [self.python, "-m", "ead_cli", "bench", "replay", str(self.args.schedules),
                            *self.model_options(small, large), "--strategies", self.args.strategies,
                            "--out", str(out)]  # fmt: skip
-                done = self.run(command, env=self.model_env(), figures=out / "replay.json")
-                if run == 1:
-                    results[name] = done
-                else:
-                    repeats[name].append(done)
-        ok = all(r["rc"] == 0 for r in [*results.values(), *(r for runs in repeats.values() for r in runs)])
+                runs[name].append(self.run(command, env=self.model_env(), figures=out / "replay.json"))
+        ok = all(done["rc"] == 0 for pair_runs in runs.values() for done in pair_runs)
         medians = {}
-        for name in repeats if self.args.replays > 1 else []:
+        for name in runs if self.args.replays > 1 else []:
             folders = [str(self.replay_folder(name, run)) for run in range(1, self.args.replays + 1)]
             table = self.replay_folder(name, 1) / f"median-of-{self.args.replays}.md"
             command = [self.python, "-m", "ead_cli", "bench", "report", *folders]
             medians[name] = self.run(command, figures=lambda _, table=table: read_text(table))
             ok = ok and medians[name]["rc"] == 0
-        return {"ok": ok, "repack": self.repack, "pairs": results, "repeats": repeats, "medians": medians}
+        return {
+            "ok": ok,
+            "repack": self.repack,
+            "pairs": {name: pair_runs[0] for name, pair_runs in runs.items()},
+            "repeats": {name: pair_runs[1:] for name, pair_runs in runs.items()},
+            "medians": medians,
+        }
 
     def replay_folder(self, name: str, run: int) -> Path:
         return self.work / "replay" / (name if run == 1 else f"{name}-run{run}")
