@@ -208,13 +208,16 @@ def test_the_limit_bounds_the_whole_call(tmp_path: Path, monkeypatch: pytest.Mon
         "--python", sys.executable, "--work", str(tmp_path), "--limit", "0", "--step", "speed", out=tmp_path
     )
     assert_one_line_error(result, 2, "--limit must be at least 1 second")
+    result = gpu_run("--python", sys.executable, "--replays", "0", "--step", "replay", out=tmp_path)
+    assert_one_line_error(result, 2, "--replays must be at least 1")
 
 
-def test_a_prebuilt_wheel_that_does_not_install_falls_back_to_the_compile(
+def test_a_prebuilt_wheel_that_does_not_install_is_reported_and_not_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """pack_gpu_run.sh --wheel carries a llama-cpp-python built elsewhere (no compile on the device); one
-    that does not install, load or offload there is reported and left for the carried sources."""
+    that does not install, load or offload there is reported as not ok, which leaves the build step to
+    compile the carried sources (that compile is the CPU test's, docs/gpu-run.md)."""
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     bundle = tmp_path / "bundle"
     common = ["--python", sys.executable, "--work", str(tmp_path), "--bundle", str(bundle), "--step", "speed"]
