@@ -144,13 +144,9 @@ class Run:
         self.wheels = args.bundle.resolve() / "wheels"
         self.state = self.work / "steps"
         self.out = Path(os.environ.get("OUT") or self.work / "out")
-        libraries = [] if args.cpu else cuda_library_dirs()
-        if libraries:  # every command's loader finds CUDA's runtime and cuBLAS (a prebuilt wheel needs them)
-            os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
-                [*libraries, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
-            )
+        self.libraries = [] if args.cpu else cuda_library_dirs()
         # asked once: nvidia-smi, nvcc, cmake and git do not change during a call
-        self.about = {**about(args), "cuda_library_dirs": libraries}
+        self.about = {**about(args), "cuda_library_dirs": self.libraries}
         self.running: dict[str, Any] | None = None  # the step under way: its name and commands so far
 
     def left(self) -> int:
@@ -159,8 +155,13 @@ class Run:
 
     def run(self, command: list[str], *, figures: Figures | None = None, **options: Any) -> dict[str, Any]:
         """A command within what is left of the call's time, recorded at once with what it measured
-        (``figures``: the JSON file it writes, or how to read them from its result) as its report."""
-        result = run(command, limit=self.left(), **options)
+        (``figures``: the JSON file it writes, or how to read them from its result) as its report.
+        Its loader finds CUDA's runtime and cuBLAS in ``libraries`` (a prebuilt wheel needs them)."""
+        env = options.pop("env", None)
+        if self.libraries:
+            found = [*self.libraries, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+            env = {"LD_LIBRARY_PATH": os.pathsep.join(found), **(env or {})}
+        result = run(command, limit=self.left(), env=env, **options)
         if isinstance(figures, Path):
             result["report"] = read_json(figures)
         elif figures is not None:

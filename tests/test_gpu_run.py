@@ -234,7 +234,8 @@ def test_a_prebuilt_wheel_that_does_not_install_is_reported_and_not_kept(
 
 def test_the_loader_finds_cuda_in_the_nvidia_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A wheel built elsewhere links libcublas.so.13; a device's PyTorch keeps it in nvidia-* wheels,
-    where the loader does not look: those folders (and only those with CUDA's libraries) are named."""
+    where the loader does not look: those folders (and only those with CUDA's libraries) are named, and
+    put first on the loader's path of every command the run starts."""
     site_packages = tmp_path / "site-packages"
     for folder, library in [("cu13", "libcublas.so.13"), ("cudnn", "libcudnn.so.9"), ("runtime", "")]:
         (site_packages / "nvidia" / folder / "lib").mkdir(parents=True)
@@ -244,6 +245,15 @@ def test_the_loader_finds_cuda_in_the_nvidia_wheels(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(gpu_run_script.site, "getusersitepackages", lambda: str(tmp_path / "none"))
     found = gpu_run_script.cuda_library_dirs()
     assert found[0] == str(site_packages / "nvidia" / "cu13" / "lib")
-    assert found[1:] == (
-        ["/usr/local/cuda/lib64"] if list(Path("/usr/local/cuda/lib64").glob("libcu*")) else []
-    )
+    toolkit = Path("/usr/local/cuda/lib64")  # named where this machine has a toolkit with its runtime
+    assert found[1:] == ([str(toolkit)] if list(toolkit.glob("libcudart.so*")) else [])
+    # the run's commands get them first on the loader's path; this process's environment is left alone
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/before")
+    common = ["--python", sys.executable, "--work", str(tmp_path), "--step", "speed"]
+    call = gpu_run_script.Run(gpu_run_script.parse(common))
+    shown = call.run([sys.executable, "-c", "import os; print(os.environ['LD_LIBRARY_PATH'])"])
+    assert shown["rc"] == 0 and shown["stdout"].split() == [os.pathsep.join([*found, "/before"])]
+    assert call.about["cuda_library_dirs"] == found and os.environ["LD_LIBRARY_PATH"] == "/before"
+    cpu = gpu_run_script.Run(gpu_run_script.parse([*common, "--cpu"]))
+    assert cpu.libraries == [] and "env" not in cpu.run([sys.executable, "-c", "pass"])
