@@ -456,7 +456,9 @@ class Decoder(_Generation):
                 if self._held:  # a decided lookahead draft goes first
                     yield from self._release(len(self._held))
                 if not self.finished:
-                    yield self._emit(*event)
+                    shown = self._emit(*event)
+                    self._read_ahead(writer)
+                    yield shown
             else:
                 must_check = self._hold(*event)
                 taken_back = policy.take_back(must_check)
@@ -511,6 +513,20 @@ class Decoder(_Generation):
         return self.runners[index].sync(
             self.tokens, prompt_len=self._prompt_len, own_tail=last_writer == index, guess=guess
         )
+
+    def _read_ahead(self, writer: int) -> None:
+        """Launch the next step's read before this token's event is handed out, where the runner
+        ``reads_ahead`` (a GPU, whose decode returns before the device is done): the event's consumers
+        and the loop's own work then run while the device decodes. The next step's sync finds the
+        tokens read and waits for the device there."""
+        index = self.policy.active
+        runner = self.runners[index]
+        ahead = isinstance(runner, Runner) and runner.reads_ahead
+        if self.finished or not ahead or self._check_due(index):
+            return
+        guess = self._guess if self.lookup else None
+        own_tail = index == writer
+        runner.read(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess, wait=False)
 
     def _guess(self) -> list[int]:
         """A lookup guess for what follows the tokens so far."""

@@ -229,6 +229,11 @@ class Runner:
         # A GPU build's llama_decode returns before the device is done (the wait comes with the next read
         # of the logits): feed waits there, so each phase's seconds hold its own batches' compute.
         self._waits_for_device = gpu_offload_available()
+        self._launched: PhaseCounter | None = None  # the phase of a batch launched without that wait
+        # Whether the decoder launches the next step's read before it hands out a token's event, so the
+        # event's consumers and the loop's own work overlap the device's decode (Decoder._read_ahead).
+        # A CPU decode returns when it is done: there reading ahead would only delay each event.
+        self.reads_ahead = self._waits_for_device
         self.n_past = 0
         self._seen: list[int] = []  # the tokens in the KV cache, to keep the common prefix on a new run
         self._logits_at = -1  # n_past when the logits buffer was last filled
@@ -266,7 +271,21 @@ class Runner:
         own_tail: bool,
         guess: Callable[[], Sequence[int]] | None = None,
     ) -> np.ndarray:
-        """Read every token this model has not seen; return the logits predicting the next one.
+        """Read every token this model has not seen (``read``); return the logits predicting the next one.
+        The returned array is a view into llama.cpp's buffer, valid until the next feed."""
+        self.read(tokens, prompt_len=prompt_len, own_tail=own_tail, guess=guess)
+        return self.logits()
+
+    def read(
+        self,
+        tokens: Sequence[int],
+        *,
+        prompt_len: int,
+        own_tail: bool,
+        guess: Callable[[], Sequence[int]] | None = None,
+        wait: bool = True,
+    ) -> None:
+        """Read every token this model has not seen, so that ``logits`` predicts the next one.
 
         ``prompt_len``: tokens[:prompt_len] are the prompt (counted as prefill). ``own_tail``: the last
         token was written by this model, so a one-token feed is an ordinary decode step.
@@ -275,14 +294,14 @@ class Runner:
         same batch, with logits at each, and a later sync whose new tokens confirm them returns those
         rows without a decode: the same rows a step would have computed (up to batched kernels'
         rounding). A batch that carries a guess is counted as catch-up, and tokens guessed wrong are
-        dropped from the cache.
-        The returned array is a view into llama.cpp's buffer, valid until the next feed.
+        dropped from the cache. ``wait=False``: on a GPU, return once the batches are launched; the
+        wait for the device comes with the next ``logits`` (``reads_ahead``).
         """
         n = len(tokens)
         if n > self.n_ctx:
             raise EadError(f"{n} tokens do not fit the context of {self.n_ctx} tokens")
         if self._guess and self._confirm(tokens):
-            return self.logits()
+            return
         if self.n_past == n and self._logits_at != n:
             self.truncate(n - 1)  # the logits buffer belongs to another position: recompute the last row
         start = self.n_past
@@ -296,15 +315,16 @@ class Runner:
             if n + len(guessed) - start > self.n_batch:  # keep the guessed rows in one batch
                 self.feed(tokens, start, n - 1, "catchup")
                 start = n - 1
-            self.feed([*tokens, *guessed], start, n + len(guessed), "catchup", rows=len(guessed) + 1)
+            self.feed(
+                [*tokens, *guessed], start, n + len(guessed), "catchup", rows=len(guessed) + 1, wait=wait
+            )
             self.n_past, self._logits_at = n, n  # the guessed tokens are in the cache, not yet confirmed
             del self._seen[n:]
             self._guess, self._guess_used, self._row = guessed, 0, -len(guessed) - 1
             self.stats.guessed += len(guessed)
         elif start < n:
             phase: Phase = "decode" if own_tail and n - start == 1 else "catchup"
-            self.feed(tokens, start, n, phase)
-        return self.logits()
+            self.feed(tokens, start, n, phase, wait=wait)
 
     def drop_guess(self) -> None:
         """Forget an unconfirmed guess (the cache then holds exactly what ``n_past`` counts)."""
@@ -355,6 +375,7 @@ class Runner:
 
     def rows(self, count: int) -> np.ndarray:
         """Zero-copy (count, n_vocab) view of the rows of logits the last batch computed."""
+        self._wait_for_device()
         pointer = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(count, self.n_vocab))
 
@@ -363,6 +384,7 @@ class Runner:
         confirmed guess's). The view is made again only when llama.cpp moved the row (a batch with more
         rows of logits): np.ctypeslib.as_array takes ~1.4 us warm and more on the cache a decode just
         flushed, every token."""
+        self._wait_for_device()
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, self._row)
         address = ctypes.addressof(pointer.contents)
         if address != self._logits_address or self._logits_view is None:
@@ -381,6 +403,7 @@ class Runner:
         Always clears the cache from n, also past ``n_past``: a Ctrl-C that lands inside llama_decode
         can leave cells there that ``n_past`` never counted.
         """
+        self._wait_for_device()
         if self._guess:  # guessed cells past n_past are never kept by a truncation
             n = min(n, self.n_past)
         llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
@@ -403,10 +426,14 @@ class Runner:
         self.truncate(common)
         return common
 
-    def feed(self, tokens: Sequence[int], start: int, end: int, phase: Phase, rows: int = 1) -> None:
+    def feed(
+        self, tokens: Sequence[int], start: int, end: int, phase: Phase, rows: int = 1, *, wait: bool = True
+    ) -> None:
         """Decode tokens[start:end] in batches, with logits for the last ``rows`` positions.
 
-        Counted under ``phase``; ``on_step`` (a schedule recorder) is told what was fed."""
+        Counted under ``phase``; ``on_step`` (a schedule recorder) is told what was fed. ``wait=False``:
+        the wait for the last batch (a GPU's) is left to the next read of the logits, which counts it here."""
+        self._wait_for_device()
         batch = self._batch
         counter: PhaseCounter = getattr(self.stats, phase)
         began = perf_counter()
@@ -426,7 +453,9 @@ class Runner:
             self.n_past = chunk_end
             self._seen.extend(tokens[chunk_start:chunk_end])
         self._row = -1
-        if self._waits_for_device:
+        if not wait:
+            self._launched = counter
+        elif self._waits_for_device:
             llama_cpp.llama_synchronize(self._ctx)
         counter.seconds += perf_counter() - began
         counter.tokens += end - start
@@ -434,6 +463,15 @@ class Runner:
         self._logits_at = end
         if self.on_step is not None:
             self.on_step([phase[0], start, list(tokens[start:end]), rows])
+
+    def _wait_for_device(self) -> None:
+        """Wait for a batch ``feed`` launched without waiting, and count the wait in its phase."""
+        counter = self._launched
+        if counter is not None:
+            self._launched = None
+            began = perf_counter()
+            llama_cpp.llama_synchronize(self._ctx)
+            counter.seconds += perf_counter() - began
 
     def _decode(self, batch: llama_cpp.llama_batch, *, abortable: bool) -> int:
         """llama_decode with signals held for the main thread; a batch stops early on Ctrl-C/SIGTERM,
@@ -521,6 +559,8 @@ class Runner:
 
     def close(self) -> None:
         """Free the batch, context and model (safe to call twice)."""
+        if self._ctx:
+            self._wait_for_device()
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

@@ -24,6 +24,11 @@ both rows: the least reading a switching loop does), ``gate_pair_needed_ratio``;
 loop must (on a GPU the plain pair loop has both contexts' decodes in flight at once; on a CPU the two
 are the same), ``gate_pair_needed_serial_ratio``.
 
+On a GPU the decoder launches the next step's decode before it hands out a token's event
+(``Runner.reads_ahead``), so the loop's work after a token overlaps the device's decode; the loops named
+``*_in_turn`` (``ead_needed_in_turn``, ``gate_pair_needed_in_turn``) turn that off, for the same run's
+comparison. On a CPU, where a decode returns when it is done, reading ahead is off in every loop.
+
 ``--no-decode`` times every loop with llama_decode a no-op after the prompt (the rows stay as the prompt
 left them; ``decodes_skipped`` counts the calls): each loop's own Python and numpy work alone, with the
 CPU's caches warm. A decode on the CPU sweeps the weights through them, so the loop's work after it runs
@@ -66,7 +71,7 @@ from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
-LOOPS = ("bare", "ead", "ead_needed", "ead_without_entropy", "gate", "gate_needed")
+LOOPS = ("bare", "ead", "ead_needed", "ead_needed_in_turn", "ead_without_entropy", "gate", "gate_needed")
 DECODES = {"skipped": 0, "seconds": 0.0}  # --no-decode's no-op calls; --time-decodes' seconds inside
 
 
@@ -141,13 +146,18 @@ def ead_loop(
     entropy: str = "exact",
     gate: bool = False,
     decode: str = "real",
+    in_turn: bool = False,
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens through the Decoder with a policy that never
     switches on the first context, or with the gate (``gate``) on the two contexts given, or on the
     one context named twice (then the large model's sync finds the row at hand: one decode a token).
-    ``decode``: a decoding mode."""
+    ``decode``: a decoding mode. ``in_turn``: with ``Runner.reads_ahead`` off (on a GPU it is on: the
+    next step's decode is launched before a token's event is handed out), each event handed out before
+    the next decode is launched."""
+    given, ahead = list(runners), [runner.reads_ahead for runner in runners]
     for runner in runners:
         runner.truncate(0)
+        runner.reads_ahead = runner.reads_ahead and not in_turn
     if gate:
         runners, roles = [runners[0], runners[-1]], ("small", "large")
     else:
@@ -160,6 +170,8 @@ def ead_loop(
         began, began_cpu = perf_counter(), process_time()
         produced = sum(1 for _ in events)
         elapsed = perf_counter() - began, process_time() - began_cpu
+    for runner, reads_ahead in zip(given, ahead, strict=True):
+        runner.reads_ahead = reads_ahead
     if produced != count:
         raise SystemExit(f"the model stopped after {produced} tokens; use a prompt that runs longer")
     return elapsed
@@ -200,6 +212,7 @@ def main() -> None:
                 partial(bare_loop, one, decode=decode),
                 partial(ead_loop, one, decode=decode),
                 partial(ead_loop, one, entropy="needed", decode=decode),
+                partial(ead_loop, one, entropy="needed", decode=decode, in_turn=True),
                 partial(ead_loop_without_entropy, runner, decode=decode),
                 partial(ead_loop, one, gate=True, decode=decode),
                 partial(ead_loop, one, gate=True, entropy="needed", decode=decode),
@@ -211,6 +224,9 @@ def main() -> None:
         loops["bare_pair"] = partial(bare_loop, pair, decode=decode)
         loops["bare_pair_serial"] = partial(bare_loop, pair, serial=True, decode=decode)
         loops["gate_pair_needed"] = partial(ead_loop, pair, gate=True, entropy="needed", decode=decode)
+        loops["gate_pair_needed_in_turn"] = partial(
+            ead_loop, pair, gate=True, entropy="needed", decode=decode, in_turn=True
+        )
     names = list(loops)
     load_before = os.getloadavg()
     for loop in loops.values():  # warm all: page in the weights, allocate buffers
@@ -268,9 +284,8 @@ def main() -> None:
             result[f"gate_pair_needed_{key}"] = round(rates["gate_pair_needed"] / rates["bare_pair"], 4)
         result["gate_pair_needed_overhead_us"] = extra_us(wall_median, "gate_pair_needed", "bare_pair")
         # against the bare pair loop in a switching loop's order (the same as bare_pair on a CPU)
-        result["gate_pair_needed_serial_ratio"] = round(
-            wall_median["gate_pair_needed"] / wall_median["bare_pair_serial"], 4
-        )
+        for loop in ("gate_pair_needed", "gate_pair_needed_in_turn"):
+            result[f"{loop}_serial_ratio"] = round(wall_median[loop] / wall_median["bare_pair_serial"], 4)
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

@@ -316,3 +316,47 @@ def test_llama_cpps_greedy_sampler_picks_the_argmax_the_loop_takes_ties_included
             assert data[candidates.selected].id == int(row.argmax())
     finally:
         llama_cpp.llama_sampler_free(greedy)
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+@pytest.mark.parametrize("lookup", [0, 1])
+@pytest.mark.parametrize("name", ["gate", "ead", "fixed large"])
+def test_reading_ahead_changes_no_token_no_decision_and_no_count(
+    runners: list[Runner], name: str, lookup: int, temp: float
+) -> None:
+    """``Runner.reads_ahead`` (on by default where llama.cpp offloads to a GPU; forced here on the CPU):
+    the next step's read is launched before a token's event is handed out. Each event then arrives with
+    its token already read by the model that evaluates the next step, and nothing else changes: tokens,
+    writers, entropies, text and every model's counts."""
+    sampling = SamplingParams(temp=temp, seed=5)
+    prompt = encode_prompt(runners[0], PROMPT)
+    results = []
+    for ahead in (False, True):
+        read_when_shown = []
+        for runner in runners:
+            runner.truncate(0)
+            runner.reads_ahead = ahead
+        policy = NEEDED_POLICIES[name](3.0)
+        decoder = Decoder(runners, ("small", "large"), policy, sampling, max_tokens=80, lookup=lookup)
+        events = []
+        for event in decoder.run(prompt):
+            events.append(event)
+            read_when_shown.append(runners[policy.active].n_past)
+        summary = decoder.summary()
+        counts = [
+            (m.written, m.prefill_tokens, m.decode_tokens, m.catchup_tokens, m.guessed, m.guessed_kept)
+            for m in summary.models
+        ]
+        results.append((events, counts, [runner.n_past for runner in runners], read_when_shown))
+    for runner in runners:
+        runner.reads_ahead = False
+    (plain, plain_counts, plain_past, plain_read), (ahead, counts, past, read) = results
+    assert [(e.token, e.model, e.text, e.entropy, e.rolling) for e in ahead] == [
+        (e.token, e.model, e.text, e.entropy, e.rolling) for e in plain
+    ]
+    assert counts == plain_counts and past == plain_past
+    positions = [len(prompt) + index + 1 for index in range(len(ahead))]
+    # Every event but the last came with its token read by the next step's model (a confirmed lookup
+    # guess had it read earlier still); without reading ahead, the next step reads it after the event.
+    assert all(n >= p for n, p in zip(read[:-1], positions, strict=False))
+    assert sum(n < p for n, p in zip(plain_read[:-1], positions, strict=False)) > len(plain) // 2

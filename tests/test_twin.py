@@ -98,7 +98,7 @@ def test_the_overhead_bench_prices_the_gate_on_two_contexts_against_a_bare_pair(
         assert result.returncode == 0, result.stderr
         reports.append(json.loads(result.stdout))
     paired, alone, undecoded, timed = reports
-    for loop in ("bare_pair", "bare_pair_serial", "gate_pair_needed"):
+    for loop in ("bare_pair", "bare_pair_serial", "gate_pair_needed", "gate_pair_needed_in_turn"):
         assert len(paired[f"{loop}_tok_s"]) == 3 and min(paired[f"{loop}_tok_s"]) > 0
         assert paired[f"{loop}_median_tok_s"] == pytest.approx(
             statistics.median(paired[f"{loop}_tok_s"]), abs=0.01
@@ -108,12 +108,14 @@ def test_the_overhead_bench_prices_the_gate_on_two_contexts_against_a_bare_pair(
     assert paired["gate_pair_needed_ratio"] == pytest.approx(ratio, rel=1e-3)
     serial = paired["gate_pair_needed_median_tok_s"] / paired["bare_pair_serial_median_tok_s"]
     assert paired["gate_pair_needed_serial_ratio"] == pytest.approx(serial, rel=1e-3)
+    in_turn = paired["gate_pair_needed_in_turn_median_tok_s"] / paired["bare_pair_serial_median_tok_s"]
+    assert paired["gate_pair_needed_in_turn_serial_ratio"] == pytest.approx(in_turn, rel=1e-3)
     assert paired["gate_needed_ratio"] > 0 and alone["gate_needed_ratio"] > 0
     assert "gate_pair_needed_ratio" not in alone
     # --no-decode: the no-op took every decode after the prompts, warm-up (16 tokens) and 3 runs of 8:
-    # one a token in each one-context loop (six), two in each pair loop (three)
+    # one a token in each one-context loop (seven), two in each pair loop (four)
     assert (paired["no_decode"], paired["decodes_skipped"]) == (False, 0)
-    assert undecoded["no_decode"] and undecoded["decodes_skipped"] == (16 + 3 * 8) * (6 + 3 * 2)
+    assert undecoded["no_decode"] and undecoded["decodes_skipped"] == (16 + 3 * 8) * (7 + 4 * 2)
     for loop, base in (("gate_needed", "bare"), ("gate_pair_needed", "bare_pair")):
         extra = 1e6 / undecoded[f"{loop}_median_tok_s"] - 1e6 / undecoded[f"{base}_median_tok_s"]
         assert undecoded[f"{loop}_overhead_us"] == pytest.approx(extra, abs=0.2)
