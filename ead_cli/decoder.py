@@ -252,6 +252,16 @@ class _Generation:
         self.last_event = event
         return event
 
+    def _may_end(self, token: int, writer: int) -> bool:
+        """Whether the next generated token ``token`` may end the answer: ``_announce`` decides."""
+        count = self._generated + 1
+        return (
+            bool(self.stop)
+            or count >= self.max_tokens
+            or self._prompt_len + count > self.n_ctx
+            or self.runners[writer].is_end_of_generation(token)
+        )
+
     @property
     def finished(self) -> bool:
         return self._finish != "interrupted"
@@ -456,8 +466,15 @@ class Decoder(_Generation):
                 if self._held:  # a decided lookahead draft goes first
                     yield from self._release(len(self._held))
                 if not self.finished:
-                    shown = self._emit(*event)
-                    self._read_ahead(writer)
+                    tokens.append(token)
+                    # The next read goes first where the token cannot end the answer; else the text
+                    # says whether it does (an end token, a stop string, the length) before it goes.
+                    ahead = not self._may_end(token, writer)
+                    if ahead:
+                        self._read_ahead(writer)
+                    shown = self._announce(*event)
+                    if not ahead:
+                        self._read_ahead(writer)
                     yield shown
             else:
                 must_check = self._hold(*event)

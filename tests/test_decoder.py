@@ -318,16 +318,18 @@ def test_llama_cpps_greedy_sampler_picks_the_argmax_the_loop_takes_ties_included
         llama_cpp.llama_sampler_free(greedy)
 
 
+@pytest.mark.parametrize("stop", [(), ("a stop string never written",)])
 @pytest.mark.parametrize("temp", [0.0, 0.8])
 @pytest.mark.parametrize("lookup", [0, 1])
 @pytest.mark.parametrize("name", ["gate", "ead", "fixed large"])
 def test_reading_ahead_changes_no_token_no_decision_and_no_count(
-    runners: list[Runner], name: str, lookup: int, temp: float
+    runners: list[Runner], name: str, lookup: int, temp: float, stop: tuple[str, ...]
 ) -> None:
     """``Runner.reads_ahead`` (on by default where llama.cpp offloads to a GPU; forced here on the CPU):
-    the next step's read is launched before a token's event is handed out. Each event then arrives with
-    its token already read by the model that evaluates the next step, and nothing else changes: tokens,
-    writers, entropies, text and every model's counts."""
+    the next step's read is launched before a token's event is handed out (before its text is decoded
+    too, unless a stop string may end the answer there). Each event then arrives with its token already
+    read by the model that evaluates the next step, and nothing else changes: tokens, writers,
+    entropies, text and every model's counts."""
     sampling = SamplingParams(temp=temp, seed=5)
     prompt = encode_prompt(runners[0], PROMPT)
     results = []
@@ -337,7 +339,9 @@ def test_reading_ahead_changes_no_token_no_decision_and_no_count(
             runner.truncate(0)
             runner.reads_ahead = ahead
         policy = NEEDED_POLICIES[name](3.0)
-        decoder = Decoder(runners, ("small", "large"), policy, sampling, max_tokens=80, lookup=lookup)
+        decoder = Decoder(
+            runners, ("small", "large"), policy, sampling, max_tokens=80, lookup=lookup, stop=stop
+        )
         events = []
         for event in decoder.run(prompt):
             events.append(event)
