@@ -100,7 +100,8 @@ def run(
     command: list[str], *, limit: int, env: dict[str, str] | None = None, log: Path | None = None
 ) -> dict[str, Any]:
     """Run a command within the time limit (it and every process it started are killed past it); its
-    exit status, seconds and the tail of its output. No time left: not started, as if timed out."""
+    exit status, seconds and its output (``Run.record`` keeps the tail). No time left: not started, as
+    if timed out."""
     if limit <= 0:
         return {
             "command": command,
@@ -126,7 +127,7 @@ def run(
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(out + err, encoding="utf-8")
     print(f"  {seconds:7.1f} s  rc {rc}  {' '.join(command)[:160]}", file=sys.stderr, flush=True)
-    result = {"command": command, "rc": rc, "seconds": seconds, "stdout": out[-TAIL:], "stderr": err[-TAIL:]}
+    result = {"command": command, "rc": rc, "seconds": seconds, "stdout": out, "stderr": err[-TAIL:]}
     return {**result, "env": env} if env else result
 
 
@@ -165,11 +166,12 @@ class Run:
         if isinstance(figures, Path):
             result["report"] = read_json(figures)
         elif figures is not None:
-            result["report"] = figures(result)
+            result["report"] = figures(result)  # from the whole output: the report keeps its tail
         return self.record(result)
 
     def record(self, result: dict[str, Any]) -> dict[str, Any]:
-        """A finished command into the running step, and the report written anew."""
+        """A finished command into the running step (the tail of its output), and the report written anew."""
+        result["stdout"] = result["stdout"][-TAIL:]
         if self.running is not None:
             self.running["commands"].append(result)
         self.write_report()
@@ -451,8 +453,14 @@ def read_json(path: Path) -> Any:
 
 
 def printed_json(result: dict[str, Any]) -> Any:
-    """What a command that prints one JSON object printed, where it succeeded."""
-    return json.loads(result["stdout"]) if result["rc"] == 0 else None
+    """What a command that prints one JSON object printed, where it succeeded; else None, or what was
+    wrong with its output."""
+    if result["rc"] != 0:
+        return None
+    try:
+        return json.loads(result["stdout"])
+    except json.JSONDecodeError as error:
+        return {"error": f"its output is not one JSON object: {error}"}
 
 
 def cuda_library_dirs() -> list[str]:

@@ -212,6 +212,34 @@ def test_the_limit_bounds_the_whole_call(tmp_path: Path, monkeypatch: pytest.Mon
     assert_one_line_error(result, 2, "--replays must be at least 1")
 
 
+def test_a_printed_report_is_read_from_the_whole_output_and_a_bad_one_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_overhead.py's JSON outgrows the output tail the report keeps (384 tokens x 11 runs did on
+    the H200): it is parsed from the whole output; output that is not one JSON object is recorded as
+    such, and the call goes on."""
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    args = gpu_run_script.parse(["--python", sys.executable, "--work", str(tmp_path), "--step", "overhead"])
+    call = gpu_run_script.Run(args)
+    rates = list(range(2000))
+    big = [sys.executable, "-c", f"import json; print(json.dumps({{'rates': {rates}}}))"]
+    twice = [sys.executable, "-c", "print('{}'); print('{}')"]
+    done = call.step(
+        "overhead",
+        lambda: {
+            "ok": True,
+            "commands": [call.run(c, figures=gpu_run_script.printed_json) for c in (big, twice)],
+        },
+    )
+    read, bad = done["commands"]
+    assert read["report"] == {"rates": rates} and len(read["stdout"]) == gpu_run_script.TAIL
+    assert bad["report"] == {
+        "error": "its output is not one JSON object: Extra data: line 2 column 1 (char 3)"
+    }
+    report = json.loads((tmp_path / "out" / "gpu-run.json").read_text())
+    assert report["steps"]["overhead"]["commands"][0]["report"]["rates"] == rates
+
+
 def test_a_prebuilt_wheel_that_does_not_install_is_reported_and_not_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
