@@ -5,7 +5,7 @@ few tokens (one batch, then one single-token step: both kernels a generation run
 signal (SIGSEGV, SIGILL, ...) becomes one paragraph: what crashed, the likely cause, the option that avoids
 it, where to report. A child that passes leaves a marker keyed by the file, llama-cpp-python's and ead's
 versions, the CPU, the repack decision and GPU offload, so later runs pay nothing (a stat and a hash);
-where the cache cannot be written, the check passes unremembered.
+where the cache cannot be written, the check passes unremembered. Markers of deleted files are dropped.
 Anything else (a slow child, an unreadable file) is left to the real load, which reports it as usual.
 
 ``python -m ead_cli.smoke`` checks the default pair (``scripts/setup.sh`` ends with it); ``--child`` is
@@ -117,8 +117,19 @@ def check_model(
     if result.returncode == 0:
         with contextlib.suppress(OSError):  # a cache that cannot be written: the check runs again next time
             marker.parent.mkdir(parents=True, exist_ok=True)
+            forget_deleted_models(marker.parent)
             marker.write_text(f"{path}\n")
     return True
+
+
+def forget_deleted_models(folder: Path) -> None:
+    """Delete the markers of model files that no longer exist (each marker holds its file's path), as a
+    new one is written: files that come and go (a test's, a twin rewritten) do not pile up markers."""
+    for marker in folder.iterdir():
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            lines = marker.read_text(encoding="utf-8").splitlines()
+            if lines and not Path(lines[0]).exists():
+                marker.unlink()
 
 
 def check_models(

@@ -5,6 +5,7 @@ turns a crash in a child process into one paragraph. Runs on whatever CPU CI has
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,6 +198,25 @@ def test_a_real_child_decodes_once_then_the_marker_answers(tiny_small: Path, cac
     assert smoke.check_model(tiny_small, repack=on, threads=1) is False  # remembered: no child
     assert smoke.check_model(tiny_small, repack=Repack(False, "t"), threads=1) is True  # another setting
     assert len(list((cache / "smoke").iterdir())) == 2
+
+
+def test_a_new_marker_drops_the_markers_of_deleted_model_files(
+    tiny_small: Path, tiny_large: Path, cache: Path, tmp_path: Path
+) -> None:
+    """Each test session's tiny models had left a marker in the real cache (741 of them here): a marker
+    whose file is gone goes when the next one is written; a live file's marker stays."""
+    on = Repack(True, "t")
+    gone = tmp_path / "gone.gguf"
+    shutil.copy(tiny_small, gone)
+    assert smoke.check_model(gone, repack=on, threads=1) is True
+    assert smoke.check_model(tiny_small, repack=on, threads=1) is True
+    gone.unlink()
+    (cache / "smoke" / "unreadable").write_bytes(b"\xff\xfe")  # not a marker ead wrote: left alone
+    assert smoke.check_model(tiny_large, repack=on, threads=1) is True
+    kept = sorted(marker.read_text() for marker in (cache / "smoke").iterdir() if marker.name != "unreadable")
+    assert kept == sorted(f"{path}\n" for path in (tiny_small, tiny_large))
+    assert (cache / "smoke" / "unreadable").exists()
+    assert smoke.check_model(tiny_small, repack=on, threads=1) is False  # still remembered
 
 
 def test_a_cache_that_cannot_be_written_leaves_the_pass_unremembered(tiny_small: Path, cache: Path) -> None:
