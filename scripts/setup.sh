@@ -13,7 +13,8 @@ if ! version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2]); 
   exit 1
 fi
 stamp=.venv/.ead-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# Hashed by Python: sha256sum is GNU's (macOS has none).
+want=$("$python" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
 # A CMAKE_ARGS other than the one llama-cpp-python was built with (a GPU build asked for after a CPU
 # set-up) builds it again: pip would keep the installed one, and its wheel cache keys a built wheel by the
 # sdist alone, so a CPU wheel from any earlier set-up would come back. No CMAKE_ARGS keeps what was built.

@@ -4,6 +4,7 @@ build_llama_server.sh finds its cache, what install_chromium.sh takes for an ins
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
@@ -58,13 +59,20 @@ def stand_in_tree(root: Path) -> Path:
 def test_setup_remakes_a_venv_left_without_pip(tmp_path: Path) -> None:
     """What `python3 -m venv` leaves where ensurepip is missing (Debian without python3-venv), and what a
     stopped pip upgrade leaves: a python without pip. Running set-up again must mend it, not fail forever
-    with 'No module named pip'."""
+    with 'No module named pip'. Here on a PATH whose sha256sum is missing, as on macOS: set-up had
+    stopped at its first line of work."""
     setup = stand_in_tree(tmp_path / "tree")
     venv = tmp_path / "tree" / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    result = run([str(setup)], PYTHON=sys.executable)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "sha256sum", "#!/bin/sh\necho 'sha256sum: command not found' >&2\nexit 127\n")
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    result = run([str(setup)], PYTHON=sys.executable, PATH=path)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert b"smoke stand-in ran" in result.stdout  # installed, then the smoke module ran
+    stamp = (venv / ".ead-installed").read_text().strip()
+    assert stamp == hashlib.sha256((tmp_path / "tree" / "pyproject.toml").read_bytes()).hexdigest()
 
 
 def test_build_llama_server_finds_its_cache_with_home_unset() -> None:
