@@ -16,7 +16,7 @@ import gguf
 import llama_cpp
 import numpy as np
 import pytest
-from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
+from test_cli import EAD, assert_one_line_error, at_a_terminal, ead, interruptible, read_to_the_end
 from tiny_models import write_tiny_model
 
 from ead_cli.depth.model import DepthModel, DepthOptions
@@ -272,6 +272,20 @@ def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> N
     assert [t["depth"] for t in tokens] == summary["depths"]
     assert all(int(layer) <= t["depth"] or int(layer) == N_LAYER for t in tokens for layer in t["probes"])
     assert "mean depth" in result.stderr.decode() and "depth histogram" in result.stderr.decode()
+
+
+def test_stats_at_a_narrow_terminal_are_wrapped_at_spaces(config: dict[str, str], deep_model: Path) -> None:
+    """As ead generate's: at a terminal 40 columns wide each line of figures wraps between words (it had
+    been left to the terminal, which broke it mid-word); in a pipe each stays one line."""
+    args = ("depth", "generate", str(deep_model), PROMPT, "--probe-every", "2", "--threads", "1")
+    args += ("--max-tokens", "12", "--stats", "--no-color")
+    narrow = at_a_terminal(*args, env=config, columns=40, stream=2).decode()
+    lines = narrow.splitlines()
+    assert max(map(len, lines)) <= 40 and len(lines) > 5, narrow
+    piped = ead(*args, env=config).stderr.decode().splitlines()
+    assert [line for line in piped if line.startswith("12 tokens (length)")]
+    words = " ".join(line.rstrip() for line in lines).split()  # a word broken across lines: two words here
+    assert words == " ".join(piped).split()
 
 
 def test_generate_takes_the_context_size_its_error_names(config: dict[str, str], deep_model: Path) -> None:

@@ -34,7 +34,7 @@ from .groups import (
     read_prompt,
 )
 from .output import check_stdout, print_rows, print_table, say_progress, stderr
-from .render import RESET, Renderer, model_style, stream_answer, wants_color
+from .render import RESET, Renderer, model_style, print_lines, stream_answer, wants_color
 
 if TYPE_CHECKING:
     from ..depth.model import DepthEvent, DepthSummary
@@ -185,7 +185,7 @@ def depth_generate(
         finally:
             if stats:
                 for line in depth_stats_lines(response.summary()):
-                    stderr.print(line, soft_wrap=True)
+                    print_lines(stderr, line)
     finally:
         loaded.close()
     if exit_code:
