@@ -370,7 +370,7 @@ class Runner:
             self.feed(tokens, self.n_past, min(prompt_len, first_row), "prefill")
         if self.n_past < first_row:
             self.feed(tokens, self.n_past, first_row, "catchup")
-        self.feed(tokens, first_row, n, "catchup", rows=rows)
+        self.feed(tokens, first_row, n, "catchup", rows=rows, prompt_len=prompt_len)
         return self.rows(rows)
 
     def rows(self, count: int) -> np.ndarray:
@@ -427,12 +427,22 @@ class Runner:
         return common
 
     def feed(
-        self, tokens: Sequence[int], start: int, end: int, phase: Phase, rows: int = 1, *, wait: bool = True
+        self,
+        tokens: Sequence[int],
+        start: int,
+        end: int,
+        phase: Phase,
+        rows: int = 1,
+        *,
+        wait: bool = True,
+        prompt_len: int = 0,
     ) -> None:
         """Decode tokens[start:end] in batches, with logits for the last ``rows`` positions.
 
-        Counted under ``phase``; ``on_step`` (a schedule recorder) is told what was fed. ``wait=False``:
-        the wait for the last batch (a GPU's) is left to the next read of the logits, which counts it here."""
+        Counted under ``phase``, but tokens before ``prompt_len`` as prefill, with their share of the
+        seconds (a draft checked from the prompt's end reads its last tokens in the draft's batch, for
+        their rows). ``on_step`` (a schedule recorder) is told what was fed. ``wait=False``: the wait for
+        the last batch (a GPU's) is left to the next read of the logits, which counts it here."""
         self._wait_for_device()
         batch = self._batch
         counter: PhaseCounter = getattr(self.stats, phase)
@@ -457,8 +467,15 @@ class Runner:
             self._launched = counter
         elif self._waits_for_device:
             llama_cpp.llama_synchronize(self._ctx)
-        counter.seconds += perf_counter() - began
-        counter.tokens += end - start
+        seconds = perf_counter() - began
+        in_prompt = 0 if phase == "prefill" else max(0, min(end, prompt_len) - start)
+        if in_prompt:
+            share = seconds * in_prompt / (end - start)
+            self.stats.prefill.seconds += share
+            self.stats.prefill.tokens += in_prompt
+            seconds -= share
+        counter.seconds += seconds
+        counter.tokens += end - start - in_prompt
         self.stats.logits_rows += min(rows, end - start)
         self._logits_at = end
         if self.on_step is not None:

@@ -186,6 +186,33 @@ def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
     assert order == sorted(order, key=lambda key: (key[0], names.index(key[1])))  # task by task
 
 
+def test_a_replay_checks_that_the_schedule_reads_what_the_record_counted(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Speculative decoding's first check reads the prompt's last token in the draft's batch: live and
+    replayed, it counts as prefill. A record from before that (the token as catch-up) still replays;
+    a schedule missing a step is refused in one line."""
+    config, records = read_results(recorded / RESULTS_FILE)
+    spec = next(r for r in records if r["strategy"].startswith("spec"))
+    large = spec["models"]["large"]
+    assert large["prefill_tokens"] == spec["prompt_tokens"]  # a check from the prompt's end, as prefill
+    older = json.loads(json.dumps(spec))
+    older["models"]["large"]["prefill_tokens"] -= 1
+    older["models"]["large"]["catchup_tokens"] += 1
+    missing = json.loads(json.dumps(spec))
+    missing["schedule"] = [step for step in spec["schedule"] if not (step[0] == 1 and step[1] == "c")][:-1]
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    for name, record in (("older", older), ("missing", missing)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / RESULTS_FILE).write_text(json.dumps(config) + "\n" + json.dumps(record) + "\n")
+    result = ead("bench", "replay", str(tmp_path / "older"), *pair, "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    sample = json.loads((tmp_path / "out" / replay.REPLAY_FILE).read_text())["samples"][0]
+    assert sample["models"]["large"]["prefill_tokens"] == spec["prompt_tokens"]
+    result = ead("bench", "replay", str(tmp_path / "missing"), *pair)
+    assert_one_line_error(result, 1, "the replay read", "prefill and catchup tokens with the large model")
+
+
 def test_a_replay_is_set_against_large_only_on_the_same_tasks() -> None:
     """A results file cut short mid-task: large-only ran t/1, the gate did not; its ratios are over t/0."""
     figures = {"prefill_tokens": 0, "decode_tokens": 0, "catchup_tokens": 0}

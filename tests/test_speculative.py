@@ -22,6 +22,8 @@ def run(decoder: Decoder | SpeculativeDecoder, runners: list[Runner]) -> list[in
 @pytest.mark.parametrize("draft", [1, 3, 8])
 def test_greedy_speculative_text_is_the_large_models_own(runners: list[Runner], draft: int) -> None:
     large_only = run(Decoder(runners, ("small", "large"), Fixed(1), SamplingParams(), max_tokens=60), runners)
+    for runner in runners:
+        runner.truncate(0)  # read from scratch: the prefill counts below are the whole prompt's
     spec = SpeculativeDecoder(runners, ("small", "large"), SamplingParams(), draft=draft, max_tokens=60)
     assert run(spec, runners) == large_only
     summary = spec.summary()
@@ -30,6 +32,8 @@ def test_greedy_speculative_text_is_the_large_models_own(runners: list[Runner], 
     assert summary.acceptance_rate is not None and 0.0 <= summary.acceptance_rate <= 1.0
     small, large = summary.models
     assert small.written + large.written == 60
+    prompt = len(encode_prompt(runners[0], PROMPT))  # the large model's first read checks a draft too
+    assert small.prefill_tokens == large.prefill_tokens == summary.prompt_tokens == prompt
     # The large model writes one token per verification round; the small model the accepted drafts.
     assert small.written == round(summary.acceptance_rate * summary.drafted)
 

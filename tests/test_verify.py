@@ -63,6 +63,21 @@ def test_ratio_one_keeps_only_the_large_models_own_choices(fresh_pair, n_batch: 
     assert sum(report.written for report in summary.models) == summary.generated == len(checked)
 
 
+@pytest.mark.parametrize("n_batch", [512, 8])
+def test_the_prompt_read_in_a_checked_batch_counts_as_prefill(fresh_pair, n_batch: int) -> None:
+    """The large model's first read checks the small one's first tokens, from the prompt's last token
+    (its row predicts the first answer token): that token had been counted as catch-up. Every prompt
+    token is prefill, every answer token it read catch-up, and the batch's seconds are shared by both."""
+    decoder, _ = run(fresh_pair(n_batch=n_batch), Fixed(0), NEVER, max_tokens=40)
+    summary = decoder.summary()
+    small, large = summary.models
+    assert summary.checked == 40 and large.written == 0
+    assert small.prefill_tokens == large.prefill_tokens == summary.prompt_tokens > 0
+    # two checks (32 held, then the last 8): the second reads the first's last token again, for its row
+    assert large.catchup_tokens == 40 + 1 and large.decode_tokens == 0
+    assert large.prefill_s > 0 and large.catchup_s > 0
+
+
 def test_a_small_model_that_agrees_with_the_large_one_keeps_every_token(tiny_small: Path) -> None:
     """The same weights on both sides: every small token is the large model's choice and stands
     (0.99 leaves room for the ~0.004 logit noise between batched and one-by-one reads)."""

@@ -183,13 +183,16 @@ def replay_records(
             for role, stat in zip(roles, stats, strict=True)
         }
         for role, figures in models.items():
-            for phase in PHASES:
-                recorded = record["models"][role][f"{phase}_tokens"]
-                if figures[f"{phase}_tokens"] != recorded:  # a step the recorder missed
+            # Prefill and catch-up together: records made before a draft's batch counted the prompt's
+            # last token as prefill (2026-11-26) have that token as catch-up.
+            for phases in (("prefill", "catchup"), ("decode",)):
+                read = sum(figures[f"{phase}_tokens"] for phase in phases)
+                recorded = sum(record["models"][role][f"{phase}_tokens"] for phase in phases)
+                if read != recorded:  # a step the recorder missed
                     raise EadError(
-                        f"{record['strategy']} on {record['task_id']}: the replay read "
-                        f"{figures[f'{phase}_tokens']} {phase} tokens with the {role} model, the record "
-                        f"says {recorded}: the schedule is incomplete"
+                        f"{record['strategy']} on {record['task_id']}: the replay read {read} "
+                        f"{' and '.join(phases)} tokens with the {role} model, the record says "
+                        f"{recorded}: the schedule is incomplete"
                     )
         sample = ReplayedSample(
             record["strategy"], record["task_id"], wall, record["wall_s"], record["generated"], models

@@ -148,6 +148,9 @@ def replay(runners: Sequence[Runner], steps: Sequence[Step]) -> tuple[float, lis
         runner.truncate(0)
         runner.stats = RunnerStats.empty()
     sequences: list[list[int]] = [[] for _ in runners]
+    # Where the prompt ends: the model evaluated first reads all of it as prefill. A catch-up step that
+    # starts inside it (a draft checked from the prompt's last token) counts that part as prefill, as live.
+    prompt_len = max((step[2] + len(step[3]) for step in steps if step[1] == "p"), default=0)
     began = perf_counter()
     for step in steps:
         runner, tokens = runners[step[0]], sequences[step[0]]
@@ -163,7 +166,7 @@ def replay(runners: Sequence[Runner], steps: Sequence[Step]) -> tuple[float, lis
                 runner.feed(tokens, position, position + 1, "decode")
                 _read_row(runner)
             continue
-        runner.feed(tokens, start, start + len(fed), PHASE_CODES[code], rows=rows)
+        runner.feed(tokens, start, start + len(fed), PHASE_CODES[code], rows=rows, prompt_len=prompt_len)
         if rows == 1:
             _read_row(runner)
         else:
