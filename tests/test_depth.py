@@ -285,7 +285,9 @@ def test_stats_at_a_narrow_terminal_are_wrapped_at_spaces(config: dict[str, str]
     piped = ead(*args, env=config).stderr.decode().splitlines()
     assert [line for line in piped if line.startswith("12 tokens (length)")]
     words = " ".join(line.rstrip() for line in lines).split()  # a word broken across lines: two words here
-    assert words == " ".join(piped).split()
+    timeless = re.compile(r"\d[\d.,]*")  # the timings differ between the two runs
+    piped_words = " ".join(piped).split()
+    assert [timeless.sub("#", word) for word in words] == [timeless.sub("#", word) for word in piped_words]
 
 
 def test_generate_takes_the_context_size_its_error_names(config: dict[str, str], deep_model: Path) -> None:
