@@ -271,6 +271,24 @@ def test_a_page_elsewhere_cannot_drive_a_loopback_server(
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.parametrize("host", ["[::1", "[zz]", "a]"])
+def test_a_malformed_host_is_a_403_not_a_500(server: Server, host: str) -> None:
+    """A Host that is no URL authority (an unclosed or bogus IPv6 bracket) names no loopback address:
+    refused as any other foreign Host, one log line, never a traceback."""
+    before = server.log().splitlines()
+    for path in ("/health", "/v1/models"):
+        reply = httpx.get(f"{server.url}{path}", headers={"Host": host}, timeout=60)
+        assert reply.status_code == 403, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_host"
+        assert error["message"] == (
+            f"Host {host!r} is not a loopback name: this server answers localhost and 127.0.0.1"
+        )
+    new = server.log().splitlines()[len(before) :]
+    assert new == [f"error: GET {path} 403: {error['message']}" for path in ("/health", "/v1/models")]
+    assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200  # still serving
+
+
 def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 1.0}
     first, second = (post(server, CHAT, body).json() for _ in range(2))

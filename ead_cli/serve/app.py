@@ -161,7 +161,11 @@ class Guard:
 
 
 def _names_loopback(host: str) -> bool:
-    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    """Whether ``Host`` names this machine; one that is no URL authority at all ("[::1") names nothing."""
+    try:
+        name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    except ValueError:  # a bracket left open, or around what is no IPv6 address
+        return False
     if name == "localhost" or name.endswith(".localhost"):
         return True
     try:
