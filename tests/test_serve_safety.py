@@ -289,6 +289,21 @@ def test_a_malformed_host_is_a_403_not_a_500(server: Server, host: str) -> None:
     assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200  # still serving
 
 
+def test_a_part_type_is_shown_on_one_line(server: Server) -> None:
+    """A content part's type is the client's text: a newline in it must not split the error in two, nor
+    write a second line into the server's log that reads as another request's."""
+    forged = "image\nPOST /v1/chat/completions 200: 5 tokens (stop)"
+    before = server.log().splitlines()
+    reply = post(server, CHAT, {"messages": [{"role": "user", "content": [{"type": forged}]}]})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == "messages.0.content"
+    assert error["message"] == (
+        f"messages.0.content: {forged!r} parts are not supported (the models read text) by ead serve"
+    )
+    assert server.log().splitlines()[len(before) :] == [f"error: POST {CHAT} 400: {error['message']}"]
+
+
 def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 1.0}
     first, second = (post(server, CHAT, body).json() for _ in range(2))

@@ -348,9 +348,10 @@ class ChatMessage(BaseModel):
             if part.type == "text" and part.text is None:
                 raise ApiError(400, f"{where}.content: a text part needs its text", param=f"{where}.content")
             if part.type != "text":
-                raise unsupported(
-                    f"{where}.content", f"{part.type} parts are not supported (the models read text)"
-                )
+                # the client's text: quoted unless a plain name, so a newline in it cannot split the line
+                kind = part.type if part.type.isidentifier() else repr(part.type)
+                message = f"{kind} parts are not supported (the models read text)"
+                raise unsupported(f"{where}.content", message)
         return "".join(part.text or "" for part in self.content)
 
     def as_template_message(self, where: str) -> dict[str, Any]:
