@@ -304,6 +304,27 @@ def test_a_part_type_is_shown_on_one_line(server: Server) -> None:
     assert server.log().splitlines()[len(before) :] == [f"error: POST {CHAT} 400: {error['message']}"]
 
 
+def test_a_path_cannot_write_control_characters_into_the_log(server: Server) -> None:
+    """The path (and an Origin) is logged with each refusal, before any key is asked for: its control
+    characters (an escape sequence that clears the operator's terminal, a backspace) are written escaped."""
+    before = server.log().splitlines()
+    port = server.url.rsplit(":", 1)[1]
+    missing = httpx.get(f"{server.url}/v1/x%1b[2Jy%08", timeout=60)
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == "Not Found"
+    foreign = httpx.get(f"{server.url}/v1/%1b]0;owned%07", headers={"Host": f"evil.example:{port}"})
+    assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "invalid_host"
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=60) as raw:  # httpx sends no ESC
+        raw.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://x\x1b[2J\r\n\r\n")
+        assert raw.recv(100).startswith(b"HTTP/1.1 403 ")
+    new = server.log().splitlines()[len(before) :]
+    origin = "pages at http://x\\x1b[2J may not use this server"
+    assert new == [
+        "error: GET /v1/x\\x1b[2Jy\\x08 404: Not Found",
+        f"error: GET /v1/\\x1b]0;owned\\x07 403: {foreign.json()['error']['message']}",
+        f"error: GET /health 403: {origin}: start it with --cors-origin http://x\\x1b[2J to allow them",
+    ]
+
+
 def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 1.0}
     first, second = (post(server, CHAT, body).json() for _ in range(2))

@@ -91,11 +91,11 @@ class Guard:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        where = f"{scope['method']} {scope['path']}"
+        where = f"{scope['method']} {_loggable(scope['path'])}"
         headers = Headers(scope=scope)
         refusal = self._refusal(headers)
         if refusal is not None:
-            self.log(f"error: {where} {refusal.status}: {refusal.message}")
+            self.log(f"error: {where} {refusal.status}: {_loggable(refusal.message)}")  # Origin, Host
             return await refusal.response()(scope, receive, send)
         seen = 0
 
@@ -174,6 +174,12 @@ def _names_loopback(host: str) -> bool:
         return False
 
 
+def _loggable(text: str) -> str:
+    """A client's text (a path, a header in a refusal) as a log line shows it: control characters
+    escaped (an escape sequence would drive the operator's terminal, a backspace rewrite the line)."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def _internal_error() -> ApiError:
     return ApiError(500, "the server failed on this request (its log says why)", kind="server_error")
 
@@ -199,7 +205,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        log(f"error: {request.method} {request.url.path} {error.status}: {error.message}")
+        path, message = _loggable(request.url.path), _loggable(error.message)
+        log(f"error: {request.method} {path} {error.status}: {message}")
         return error.response()
 
     @app.exception_handler(StarletteHTTPException)
