@@ -273,6 +273,7 @@ JSON = {"Content-Type": "application/json"}
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs: Input should be less than or"),
         (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "a text part needs its"),
         ("/v1/nothing", {}, 404, "Not Found"),
+        (f"{CHAT}/", {"messages": HI}, 404, "Not Found"),  # had been a bare 307 to the path without it
     ],
 )
 def test_bad_requests_get_an_error_object_and_one_log_line(

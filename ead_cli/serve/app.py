@@ -186,7 +186,9 @@ def _internal_error() -> ApiError:
 
 def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: Log) -> FastAPI:
     """The ASGI app over a started engine."""
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    # No redirect from a path with a trailing slash: a bare 307, no error object, no log line (and a
+    # client that follows it with a GET gets a 405); llama-server answers such a path with a 404 too.
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     if options.cors_origins:
         app.add_middleware(
             CORSMiddleware,
