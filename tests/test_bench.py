@@ -768,3 +768,21 @@ def test_bad_bench_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_a_range_of_ids_past_the_last_task_is_refused_without_counting_it_out() -> None:
+    """A typo's end (an extra digit, twenty of them) is named as the first task missing; every number of
+    the range had been put in a set first, which took all memory until the kernel killed the bench."""
+
+    def three_gibibytes_at_most() -> None:  # a regression ends in a MemoryError, not the machine's memory
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (3 * 2**30, 3 * 2**30))
+
+    result = subprocess.run(
+        [EAD, "bench", "humaneval", "--small", "missing.gguf", "--large", "missing.gguf",
+         "--ids", "160-99999999999999999999"],
+        capture_output=True, text=True, timeout=120, preexec_fn=three_gibibytes_at_most,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: --ids: no task 164 (the tasks are 0-163)\n"

@@ -69,9 +69,10 @@ def load_humaneval() -> list[Task]:
     return [Task(row["task_id"], row["prompt"], row["entry_point"], row["test"]) for row in rows]
 
 
-def parse_ids(spec: str, option: str = "--ids") -> list[int]:
+def parse_ids(spec: str, option: str = "--ids", highest: int | None = None) -> list[int]:
     """Task numbers from ``"1,3,5"`` and inclusive ranges ``"10-20"``; sorted, without repeats. ``option``:
-    the option that gave them, named in errors."""
+    the option that gave them, named in errors. ``highest``: the last task; a range past it stops one
+    number beyond, the first missing (its end may be a typo of twenty digits, too many to hold)."""
     numbers: set[int] = set()
     for part in spec.split(","):
         match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
@@ -81,6 +82,8 @@ def parse_ids(spec: str, option: str = "--ids") -> list[int]:
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
             raise EadError(f"{option}: the range {part.strip()} runs backwards", exit_code=2)
+        if highest is not None:
+            last = min(last, max(first, highest + 1))
         numbers.update(range(first, last + 1))
     return sorted(numbers)
 
@@ -100,7 +103,7 @@ def select_tasks(
     by_number = {task.number: task for task in tasks}
     chosen = list(by_number.values())
     if ids is not None:
-        numbers = parse_ids(ids, option)
+        numbers = parse_ids(ids, option, highest=max(by_number, default=None))
         missing = [n for n in numbers if n not in by_number]
         if missing:
             known = f"the tasks are {min(by_number)}-{max(by_number)}"
