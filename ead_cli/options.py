@@ -50,12 +50,20 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+# llama.cpp's GGML_MAX_N_THREADS: past the threads a process may start, its thread pool segfaults, and
+# past 2**31 the count wraps in its 32-bit field
+MAX_THREADS = 512
+
+
 def resolve_threads(threads: int | None) -> int:
-    """--threads, the same for every command: None is all cores; below 1 is refused (a usage error)."""
+    """--threads, the same for every command: None is all cores; below 1 or above MAX_THREADS is refused
+    (a usage error)."""
     if threads is None:
         return default_threads()
     if threads < 1:
         raise EadError(f"--threads must be at least 1, got {threads}", exit_code=2)
+    if threads > MAX_THREADS:
+        raise EadError(f"--threads must be at most {MAX_THREADS} (llama.cpp's most), got {threads}", 2)
     return threads
 
 

@@ -345,6 +345,9 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--max-tokens", "-1"], "--max-tokens must be at least 0"),
         (["--ctx", "8"], "--ctx must be at least 16"),
         (["--threads", "0"], "--threads must be at least 1"),
+        # past the threads a process may start (ulimit -u), llama.cpp segfaulted; past 2**31, it wrapped
+        (["--threads", "100000"], "--threads must be at most 512 (llama.cpp's most), got 100000"),
+        (["--threads", "3000000000"], "--threads must be at most 512 (llama.cpp's most), got 3000000000"),
         (["--tau", "-0.5"], "tau must be at least 0"),
         (["--window", "0"], "window must be at least 1"),
         (["--window", "99999999999999999999999"], "window must be at most 1048576 steps"),

@@ -215,6 +215,7 @@ BOUNDS = [
     # --raw: the templated prompt is 20 tokens (llama.cpp pads a context to 256 tokens today; it need not)
     ("--ctx", "16", "15", "--ctx must be at least 16", ("--raw",)),
     ("--threads", "1", "0", "--threads must be at least 1", ()),
+    ("--threads", "512", "513", "--threads must be at most 512", ()),  # llama.cpp's GGML_MAX_N_THREADS
     ("--remote-top-k", "1", "0", "--remote-top-k must be in [1, 1000]", ()),
     ("--remote-top-k", "1000", "1001", "--remote-top-k must be in [1, 1000]", ()),
     ("--remote-timeout", "1e-9", "0", "--remote-timeout must be above 0 seconds", ()),
