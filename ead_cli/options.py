@@ -73,10 +73,21 @@ def check_max_tokens(max_tokens: int) -> None:
         raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
 
 
+# The most llama.cpp's 32-bit fields hold (a context's positions, offloaded layers, top-k): a larger value
+# wraps around to another, silently (2**32 + 16 is a context of 16)
+MAX_INT32 = 2**31 - 1
+
+
+def check_int32(value: int | None, flag: str) -> None:
+    if value is not None and value > MAX_INT32:
+        raise EadError(f"{flag} must be at most {MAX_INT32} (llama.cpp's 32 bits), got {value}", exit_code=2)
+
+
 def check_ctx(n_ctx: int | None) -> None:
     """--ctx, the same for every command that takes it: None is the default; below 16 is refused."""
     if n_ctx is not None and n_ctx < 16:
         raise EadError(f"--ctx must be at least 16, got {n_ctx}", exit_code=2)
+    check_int32(n_ctx, "--ctx")
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ class ModelOptions:
         layers = self.n_gpu_layers
         if layers is not None and layers < -1:  # any negative would offload every layer: only -1 says so
             raise EadError(f"--n-gpu-layers must be -1 (every layer) or at least 0, got {layers}", 2)
+        check_int32(layers, "--n-gpu-layers")
         for flag, name in (("--small", self.small), ("--large", self.large)):
             if name is not None and not name.strip():  # else the default model would answer in its place
                 what = "an alias, a .gguf path or a server"

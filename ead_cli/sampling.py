@@ -14,6 +14,7 @@ import llama_cpp
 import numpy as np
 
 from .errors import EadError
+from .options import check_int32
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class SamplingParams:
             raise EadError(f"--temp must be at least 0, got {self.temp}", exit_code=2)
         if self.top_k < 0:
             raise EadError(f"--top-k must be at least 0 (0 disables it), got {self.top_k}", exit_code=2)
+        check_int32(self.top_k, "--top-k")
         if not 0.0 < self.top_p <= 1.0:
             raise EadError(f"--top-p must be in (0, 1], got {self.top_p}", exit_code=2)
         if not 0.0 <= self.min_p <= 1.0:

@@ -374,6 +374,11 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--draft", "-3"], "draft must be in [1, 64], got -3"),
         (["--lookup-draft", "0"], "lookup-draft must be in [1, 64], got 0"),
         (["--n-gpu-layers", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
+        # past llama.cpp's 32-bit fields a value wrapped: 2**32 + 16 was a context of 16 (an abort in
+        # llama.cpp), 2**32 layers none offloaded, top-k 2**32 + 2 top-k 2
+        (["--ctx", "4294967312"], "--ctx must be at most 2147483647 (llama.cpp's 32 bits), got 4294967312"),
+        (["--n-gpu-layers", "4294967296"], "--n-gpu-layers must be at most 2147483647 (llama.cpp's 32 bits)"),
+        (["--top-k", "4294967298"], "--top-k must be at most 2147483647 (llama.cpp's 32 bits), got 42949"),
         (["--large", ""], "--large must name a model"),
         (["--small", " "], "--small must name a model"),
     ],

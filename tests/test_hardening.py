@@ -202,6 +202,7 @@ BOUNDS = [
     ("--max-tokens", "0", "-1", "--max-tokens must be at least 0", ()),
     ("--temp", "0", "-1e-09", "--temp must be at least 0", ()),
     ("--top-k", "0", "-1", "--top-k must be at least 0", SAMPLED),
+    ("--top-k", "2147483647", "2147483648", "--top-k must be at most 2147483647", SAMPLED),
     ("--top-p", "1", "1.000001", "--top-p must be in (0, 1]", SAMPLED),
     ("--top-p", "1e-09", "0", "--top-p must be in (0, 1]", SAMPLED),
     ("--min-p", "0", "-1e-09", "--min-p must be in [0, 1]", SAMPLED),
@@ -216,6 +217,7 @@ BOUNDS = [
     ("--ctx", "16", "15", "--ctx must be at least 16", ("--raw",)),
     ("--threads", "1", "0", "--threads must be at least 1", ()),
     ("--threads", "512", "513", "--threads must be at most 512", ()),  # llama.cpp's GGML_MAX_N_THREADS
+    ("--n-gpu-layers", "2147483647", "2147483648", "--n-gpu-layers must be at most 2147483647", ()),
     ("--remote-top-k", "1", "0", "--remote-top-k must be in [1, 1000]", ()),
     ("--remote-top-k", "1000", "1001", "--remote-top-k must be in [1, 1000]", ()),
     ("--remote-timeout", "1e-9", "0", "--remote-timeout must be above 0 seconds", ()),
