@@ -12,8 +12,9 @@ caches keep the prefix that still matches.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -261,11 +262,24 @@ class Conversation:
         }
 
     def save(self, path: Path) -> None:
-        """Write the transcript as JSON; a path that cannot be written is a one-line error."""
-        data = json.dumps(self.transcript(), ensure_ascii=False, indent=1)
+        """Write the transcript as JSON, whole or not at all: to a file beside ``path``'s (a link's
+        target's), renamed over it, so a disk that fills midway leaves an earlier transcript as it was; a
+        device or a pipe is written in place, never replaced. A path that cannot be written is a one-line
+        error."""
+        data = json.dumps(self.transcript(), ensure_ascii=False, indent=1) + "\n"
+        partial: Path | None = None
         try:
-            path.write_text(data + "\n", encoding="utf-8")
+            target = Path(os.path.realpath(path))  # a link loop stays itself, and fails as a file would
+            partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+            if target.exists() and not target.is_file() and not target.is_dir():
+                target.write_text(data, encoding="utf-8")
+            else:
+                partial.write_text(data, encoding="utf-8")
+                os.replace(partial, target)
         except OSError as error:
+            if partial is not None:
+                with suppress(OSError):
+                    partial.unlink(missing_ok=True)
             raise EadError(f"cannot write {path}: {error.strerror or error}") from None
         except ValueError as error:  # a name no file can have: a NUL byte in it
             raise EadError(f"cannot write {str(path)!r}: {error}") from None

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pexpect
@@ -40,9 +41,14 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
     children: list[pexpect.spawn] = []
 
     def start(
-        *extra: str, env: dict[str, str] | None = None, stdout: Path | None = None, columns: int = 250
+        *extra: str,
+        env: dict[str, str] | None = None,
+        stdout: Path | None = None,
+        columns: int = 250,
+        preexec_fn: Callable[[], None] = interruptible,
     ) -> pexpect.spawn:
-        """The chat at a terminal ``columns`` wide; with ``stdout``, its stdout redirected to that file."""
+        """The chat at a terminal ``columns`` wide; with ``stdout``, its stdout redirected to that file;
+        ``preexec_fn`` run in the child before it starts."""
         unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
         env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
         env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
@@ -57,7 +63,7 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
             codec_errors="replace",
             timeout=30,
             dimensions=(40, columns),
-            preexec_fn=interruptible,
+            preexec_fn=preexec_fn,
         )
         children.append(child)
         child.expect_exact(PROMPT)
@@ -397,6 +403,26 @@ def test_a_file_name_that_cannot_be_is_one_line_and_a_save_counts_its_turns(
         f"saved 0 turns to {tmp_path}/t.json",  # the chat went on
     ]
     assert SUMMARY.match(lines[3]) and lines[4:] == [f"saved 1 turn to {tmp_path}/one.json"]
+
+
+def test_a_save_cut_short_by_a_full_disk_leaves_the_earlier_file_whole(spawn, tmp_path: Path) -> None:
+    """/save writes the transcript whole or not at all: where the disk fills midway (here the file size
+    limit of ulimit -f), an earlier transcript of that name stays as it was and nothing is left beside it.
+    It had been truncated, then half-written."""
+    earlier = tmp_path / "talk.json"
+    earlier.write_text('{"turns": []}\n')
+
+    def small_files_only() -> None:  # a transcript of one answer is some 2.5 KB
+        interruptible()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    child = spawn("--max-tokens", "3", preexec_fn=small_files_only)
+    assert SUMMARY.search(plain(send(child, "hello")))
+    for path in (earlier, tmp_path / "new.json"):
+        assert reply(child, f"/save {path}") == [f"error: cannot write {path}: File too large"]
+    assert leave(child) == 0
+    assert earlier.read_text() == '{"turns": []}\n'
+    assert list(tmp_path.iterdir()) == [earlier]
 
 
 def test_a_block_is_a_message_and_the_input_never_ends_a_message_silently(
