@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import EadError
+from .errors import EadError, check_int32
 from .option_table import OPTIONS, SWITCHING, resolve_mode
 from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 
@@ -71,16 +71,6 @@ def check_max_tokens(max_tokens: int) -> None:
     """--max-tokens of a command whose answers are measured: at least one token each."""
     if max_tokens < 1:
         raise EadError(f"--max-tokens must be at least 1, got {max_tokens}", exit_code=2)
-
-
-# The most llama.cpp's 32-bit fields hold (a context's positions, offloaded layers, top-k): a larger value
-# wraps around to another, silently (2**32 + 16 is a context of 16)
-MAX_INT32 = 2**31 - 1
-
-
-def check_int32(value: int | None, flag: str) -> None:
-    if value is not None and value > MAX_INT32:
-        raise EadError(f"{flag} must be at most {MAX_INT32} (llama.cpp's 32 bits), got {value}", exit_code=2)
 
 
 def check_ctx(n_ctx: int | None) -> None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
-from .errors import EadError
-from .options import check_int32
+from .errors import EadError, check_int32
 
 
 @dataclass(frozen=True)
