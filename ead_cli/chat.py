@@ -12,9 +12,8 @@ caches keep the prefix that still matches.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing, suppress
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from .decoder import Summary, TokenEvent
 from .engine import build_decoder
 from .errors import EadError
 from .options import GenerationOptions, PolicyOptions
+from .paths import write_whole
 from .prompt import Message, check_fits, check_prompt_text, check_utf8, encode_rendered, render_chat
 from .response import Response
 from .runner import Runner
@@ -262,24 +262,11 @@ class Conversation:
         }
 
     def save(self, path: Path) -> None:
-        """Write the transcript as JSON, whole or not at all: to a file beside ``path``'s (a link's
-        target's), renamed over it, so a disk that fills midway leaves an earlier transcript as it was; a
-        device or a pipe is written in place, never replaced. A path that cannot be written is a one-line
-        error."""
-        data = json.dumps(self.transcript(), ensure_ascii=False, indent=1) + "\n"
-        partial: Path | None = None
+        """Write the transcript as JSON, whole or not at all (``write_whole``: a disk that fills midway
+        leaves an earlier transcript as it was). A path that cannot be written is a one-line error."""
         try:
-            target = Path(os.path.realpath(path))  # a link loop stays itself, and fails as a file would
-            partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-            if target.exists() and not target.is_file() and not target.is_dir():
-                target.write_text(data, encoding="utf-8")
-            else:
-                partial.write_text(data, encoding="utf-8")
-                os.replace(partial, target)
+            write_whole(path, json.dumps(self.transcript(), ensure_ascii=False, indent=1) + "\n")
         except OSError as error:
-            if partial is not None:
-                with suppress(OSError):
-                    partial.unlink(missing_ok=True)
             raise EadError(f"cannot write {path}: {error.strerror or error}") from None
         except ValueError as error:  # a name no file can have: a NUL byte in it
             raise EadError(f"cannot write {str(path)!r}: {error}") from None

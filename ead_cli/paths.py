@@ -53,20 +53,29 @@ def cannot_save(path: Path, what: str, error: OSError) -> EadError:
 
 
 def save_json(path: Path, data: Any, what: str, *, indent: int) -> Path:
-    """``data`` written whole to a temporary name beside ``path``, then renamed over it: a failed write
-    leaves the old file as it was and no temporary, and is one line naming ``what`` could not be saved."""
-    temporary = None
+    """``data`` written whole (``write_whole``), its folder made first; a failed write is one line naming
+    ``what`` could not be saved."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-        ) as out:
-            temporary = Path(out.name)
-            json.dump(data, out, indent=indent)
-            out.write("\n")
-        os.replace(temporary, path)
+        write_whole(path, json.dumps(data, indent=indent) + "\n")
     except OSError as error:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
         raise cannot_save(path, what, error) from None
     return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` written whole or not at all: to a new file beside ``path`` (beside a link's target, so the
+    link stays), renamed over it, so a failed write (a full disk) leaves the old file as it was and no
+    temporary. A device or a pipe (``/dev/null``, ``/dev/stdout``) is written in place, never replaced.
+    Raises what the writes raise (OSError; ValueError for a name with a NUL byte)."""
+    target = Path(os.path.realpath(path))  # a link loop stays itself, and fails as a file would
+    if target.exists() and not target.is_file() and not target.is_dir():
+        target.write_text(text, encoding="utf-8")
+        return
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,9 @@ from pathlib import Path
 import pytest
 from test_cli import assert_one_line_error, ead, pair_args
 from tiny_models import write_tiny_model
+
+from ead_cli import paths
+from ead_cli.errors import EadError
 
 # --- chat templates: a program read from the model file --------------------------------------------
 
@@ -318,3 +322,22 @@ def test_a_signal_the_process_ignores_stops_no_batch() -> None:
     finally:
         restore_signals(previous)
         signal.signal(signal.SIGINT, handler)
+
+
+def test_every_json_ead_writes_is_whole_through_links_and_in_place_on_devices(tmp_path: Path) -> None:
+    """``paths.write_whole``, under every file ead writes (calibration, profiles, replay and speed reports,
+    depth's evaluation, chat transcripts): a link is written through and stays a link; a device is
+    written in place (the speed report's rename would have put a file where /dev/null was, as root); a
+    write that fails leaves the old file and no temporary beside it."""
+    target = tmp_path / "real.json"
+    target.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    paths.write_whole(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    paths.save_json(Path(os.devnull), {"a": 1}, "the figures", indent=1)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(EadError, match=r"^cannot save the figures to .*folder\.json: "):
+        paths.save_json(tmp_path / "folder.json", {"a": 1}, "the figures", indent=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.json", "link.json", "real.json"]

@@ -22,6 +22,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError
 from ..options import ModelOptions
+from ..paths import save_json
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES, paired_ratio
@@ -297,7 +298,7 @@ def replay_bench(
         "strategies": [asdict(s) for s in summarise(records, samples, n_batch)],
         "samples": [asdict(s) for s in samples],
     }
-    write_json(out / REPLAY_FILE, report)
+    save_json(out / REPLAY_FILE, report, "the replay report", indent=1)
     return report
 
 
@@ -314,9 +315,3 @@ def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
     return report, strategies
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Whole or not at all: a temporary file renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(partial, path)

@@ -287,9 +287,9 @@ def bench_speed(
 ) -> None:
     """This machine's decode and prefill rates for the pair, the speed each large-model share should
     give against the large model alone, and the share below which switching pays."""
-    from ..bench.replay import write_json
     from ..bench.results import check_out
     from ..bench.speed import ANSWER_TOKENS, PROMPT_TOKENS, speed_report
+    from ..paths import save_json
 
     if json_out is not None:
         check_out(json_out, folder=False)
@@ -338,7 +338,7 @@ def bench_speed(
             [asdict(row) for row in report.checks],
         )
     if json_out is not None:
-        write_json(json_out, report.as_json())
+        save_json(json_out, report.as_json(), "the speed figures", indent=1)
 
 
 def _run_bench(job: Bench, model_options: ModelOptions) -> None:

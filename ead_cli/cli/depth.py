@@ -221,7 +221,7 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
-    from ..paths import check_can_save
+    from ..paths import check_can_save, save_json
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
@@ -271,8 +271,7 @@ def depth_eval(
     )
     print_rows(stop_columns, result.get("stop_timing", []))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        save_json(out, result, "the evaluation", indent=1)
         why = plot(result, out.with_suffix(".png"))
         stderr.print(why or f"wrote {out} and {out.with_suffix('.png')}", style="dim", soft_wrap=True)
     print(result["verdict"])
