@@ -53,11 +53,16 @@ def cannot_save(path: Path, what: str, error: OSError) -> EadError:
 
 
 def save_json(path: Path, data: Any, what: str, *, indent: int) -> Path:
-    """``data`` written whole (``write_whole``), its folder made first; a failed write is one line naming
+    """``data`` as JSON, saved as ``save_text`` saves."""
+    return save_text(path, json.dumps(data, indent=indent) + "\n", what)
+
+
+def save_text(path: Path, text: str, what: str) -> Path:
+    """``text`` written whole (``write_whole``), its folder made first; a failed write is one line naming
     ``what`` could not be saved."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(path, json.dumps(data, indent=indent) + "\n")
+        write_whole(path, text)
     except OSError as error:
         raise cannot_save(path, what, error) from None
     return path
@@ -76,6 +81,8 @@ def write_whole(path: Path, text: str) -> None:
     try:
         temporary.write_text(text, encoding="utf-8")
         os.replace(temporary, target)
-    except BaseException:
+    except BaseException as error:
         temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename == str(temporary):  # gone: name the file asked for
+            error.filename, error.filename2 = str(path), None
         raise

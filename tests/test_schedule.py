@@ -7,6 +7,7 @@ cache exactly as the generation left it and read exactly the recorded tokens per
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -211,6 +212,19 @@ def test_a_replay_checks_that_the_schedule_reads_what_the_record_counted(
     assert sample["models"]["large"]["prefill_tokens"] == spec["prompt_tokens"]
     result = ead("bench", "replay", str(tmp_path / "missing"), *pair)
     assert_one_line_error(result, 1, "the replay read", "prefill and catchup tokens with the large model")
+
+
+def test_a_report_that_cannot_be_saved_is_one_line(recorded: Path, tmp_path: Path) -> None:
+    """``ead bench report`` where report.md is a folder: it had ended in an IsADirectoryError traceback.
+    Now one line naming the file asked for (not the temporary it was written to), and nothing beside it."""
+    shutil.copy(recorded / RESULTS_FILE, tmp_path / RESULTS_FILE)
+    (tmp_path / "report.md").mkdir()
+    result = ead("bench", "report", str(tmp_path))
+    assert_one_line_error(result, 1, f"cannot save the report to {tmp_path / 'report.md'}: Is a directory")
+    assert not [path for path in tmp_path.iterdir() if path.name.endswith(".tmp")]
+    (tmp_path / "report.md").rmdir()
+    assert ead("bench", "report", str(tmp_path)).returncode == 0
+    assert (tmp_path / "report.md").read_text().startswith("| strategy")
 
 
 def test_a_replay_is_set_against_large_only_on_the_same_tasks() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..paths import save_text
 from .grid import LARGE_ONLY
 from .results import Record
 
@@ -241,16 +243,13 @@ class ReportFiles:
 
 def write_report(folder: Path, aggregates: Sequence[Aggregate]) -> ReportFiles:
     """report.csv (every figure, full precision), report.md (the table) and plot.png (if matplotlib)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    csv_path = folder / "report.csv"
     rows = [a.row() for a in aggregates]
-    header = list(dict.fromkeys(key for row in rows for key in row))
-    with open(csv_path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
-    markdown = folder / "report.md"
-    markdown.write_text(markdown_table(aggregates), encoding="utf-8")
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+    writer.writeheader()
+    writer.writerows(rows)
+    csv_path = save_text(folder / "report.csv", table.getvalue(), "the report")
+    markdown = save_text(folder / "report.md", markdown_table(aggregates), "the report")
     plot, note = _plot(folder / "plot.png", aggregates)
     return ReportFiles(csv_path, markdown, plot, note)
 

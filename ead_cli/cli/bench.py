@@ -188,6 +188,7 @@ def bench_report(
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, check_repeats, read_results, unreadable_record
+    from ..paths import save_text
 
     for folder in folders:
         if not folder.is_dir():
@@ -219,7 +220,7 @@ def bench_report(
     typer.echo(table, nl=False)
     if len(runs) > 1:
         path = folders[0] / f"median-of-{len(runs)}.md"
-        path.write_text("".join(f"{folder / source}\n" for folder in folders) + table, encoding="utf-8")
+        save_text(path, "".join(f"{folder / source}\n" for folder in folders) + table, "the median table")
         also = "" if replays else " and each folder's report"
         stderr.print(f"wrote {path}{also}", style="dim", soft_wrap=True)
 
