@@ -65,8 +65,10 @@ def check_taus(taus: Sequence[float], tau_range: tuple[float, float] | None = No
         raise ValueError("tau needs at least one threshold")
     if tau_range and len(taus) != 1:
         raise ValueError("an adaptive tau range takes two models (one threshold)")
-    if tau_range and not 0 <= tau_range[0] < tau_range[1]:
-        raise ValueError(f"tau range must satisfy 0 <= low < high, got {tau_range[0]}:{tau_range[1]}")
+    if tau_range and not 0 <= tau_range[0] < tau_range[1] < math.inf:  # as a tau, a bound is finite
+        raise ValueError(
+            f"tau range must satisfy 0 <= low < high, both finite, got {tau_range[0]}:{tau_range[1]}"
+        )
 
 
 def check_window(window: int) -> None:

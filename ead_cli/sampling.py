@@ -30,8 +30,8 @@ class SamplingParams:
     grammar: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.temp >= 0:  # written so, NaN fails it too
-            raise EadError(f"--temp must be at least 0, got {self.temp}", exit_code=2)
+        if not 0 <= self.temp < math.inf:  # written so, NaN fails it too
+            raise EadError(f"--temp must be at least 0 and finite, got {self.temp}", exit_code=2)
         if self.top_k < 0:
             raise EadError(f"--top-k must be at least 0 (0 disables it), got {self.top_k}", exit_code=2)
         check_int32(self.top_k, "--top-k")

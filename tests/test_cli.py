@@ -336,6 +336,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
     ("args", "fragment"),
     [
         (["--temp", "-1"], "--temp must be at least 0"),
+        (["--temp", "inf"], "--temp must be at least 0 and finite, got inf"),  # had sampled uniformly
         (["--temp", "warm"], "Invalid value for '--temp'"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
@@ -357,6 +358,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--pattern", "(x"], "is not a valid regular expression"),
         (["--tau-range", "1"], "--tau-range must be LOW:HIGH"),
         (["--tau-range", "2:1"], "tau range must satisfy 0 <= low < high"),
+        (["--tau-range", "0:inf"], "both finite, got 0.0:inf"),  # --tau inf is refused too
         (["--mode", "spec", "--draft", "0"], "draft must be in [1, 64]"),
         (["--mode", "fast"], "Invalid value for '--mode'"),
         (["--switch-point", "during"], "Invalid value for '--switch-point'"),

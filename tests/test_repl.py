@@ -184,7 +184,7 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     ]
     # each bad value's message names the command typed
     assert reply(child, "/window 0") == ["error: /window must be at least 1, got 0"]
-    assert reply(child, "/temp -1") == ["error: /temp must be at least 0, got -1.0"]
+    assert reply(child, "/temp -1") == ["error: /temp must be at least 0 and finite, got -1.0"]
     assert reply(child, "/lookup-draft 0") == ["error: /lookup-draft must be in [1, 64], got 0"]
     assert reply(child, "/max-tokens -3") == ["error: /max-tokens must be at least 0, got -3"]
 
