@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,10 @@ def save_text(path: Path, text: str, what: str) -> Path:
 
 def write_whole(path: Path, text: str) -> None:
     """``text`` written whole or not at all: to a new file beside ``path`` (beside a link's target, so the
-    link stays), renamed over it, so a failed write (a full disk) leaves the old file as it was and no
-    temporary. A device or a pipe (``/dev/null``, ``/dev/stdout``) is written in place, never replaced.
-    Raises what the writes raise (OSError; ValueError for a name with a NUL byte)."""
+    link stays), with an existing file's permissions, renamed over it, so a failed write (a full disk)
+    leaves the old file as it was and no temporary. A device or a pipe (``/dev/null``, ``/dev/stdout``)
+    is written in place, never replaced. Raises what the writes raise (OSError; ValueError for a name
+    with a NUL byte)."""
     target = Path(os.path.realpath(path))  # a link loop stays itself, and fails as a file would
     if target.exists() and not target.is_file() and not target.is_dir():
         target.write_text(text, encoding="utf-8")
@@ -80,6 +82,8 @@ def write_whole(path: Path, text: str) -> None:
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         temporary.write_text(text, encoding="utf-8")
+        if target.is_file():  # the file keeps its permissions (a private transcript stays private)
+            os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
         os.replace(temporary, target)
     except BaseException as error:
         temporary.unlink(missing_ok=True)

@@ -326,15 +326,18 @@ def test_a_signal_the_process_ignores_stops_no_batch() -> None:
 
 def test_every_json_ead_writes_is_whole_through_links_and_in_place_on_devices(tmp_path: Path) -> None:
     """``paths.write_whole``, under every file ead writes (calibration, profiles, replay and speed reports,
-    depth's evaluation, chat transcripts): a link is written through and stays a link; a device is
+    depth's evaluation, chat transcripts): a link is written through and stays a link, the file keeps its
+    permissions; a device is
     written in place (the speed report's rename would have put a file where /dev/null was, as root); a
     write that fails leaves the old file and no temporary beside it."""
     target = tmp_path / "real.json"
     target.write_text("old\n")
     link = tmp_path / "link.json"
     link.symlink_to(target)
+    target.chmod(0o600)
     paths.write_whole(link, "new\n")
     assert link.is_symlink() and target.read_text() == "new\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600  # a private file stays private
     paths.save_json(Path(os.devnull), {"a": 1}, "the figures", indent=1)
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
     (tmp_path / "folder.json").mkdir()
