@@ -209,9 +209,9 @@ class Run:
     def repack(self) -> dict[str, Any]:
         """ead's weight-repacking decision on this machine (hardware.repack_choice: EAD_REPACK if set,
         else off where llama.cpp's AMX buffer is active), asked once a call in the run's own Python."""
-        asked = self.run([self.python, "-c", REPACK_PROBE])
-        if asked["rc"] == 0:
-            return json.loads(asked["stdout"])
+        decided = self.run([self.python, "-c", REPACK_PROBE], figures=printed_json)["report"]
+        if decided is not None and "error" not in decided:
+            return decided
         return {
             "enabled": False,
             "word": "off",
@@ -309,8 +309,8 @@ class Run:
             "  'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload()),\n"
             "  'llama_cpp_system_info': llama_cpp.llama_print_system_info().decode()}))"
         )
-        result = self.run([self.python, "-c", probe])
-        return json.loads(result["stdout"]) if result["rc"] == 0 else {"error": result["stderr"]}
+        result = self.run([self.python, "-c", probe], figures=printed_json)
+        return result["report"] if result["report"] is not None else {"error": result["stderr"]}
 
     def shapes(self) -> list[str]:
         """Every twin shape of the run, once each: the small one, the large ones, the tiny one."""
