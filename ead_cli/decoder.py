@@ -380,6 +380,8 @@ class Decoder(_Generation):
         self._held: list[tuple[int, int, float, float, float | None]] = []  # unchecked _announce arguments
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | None = None
+        self._reads_ahead = False  # a runner launches reads ahead (a GPU): see _observe
+        self._unmeasured: tuple[EntropyMeter, float] | None = None  # an exact pass left for after a launch
         self.fallback = fallback
         self.lookup = lookup
         self.lookup_draft = lookup_draft
@@ -398,6 +400,7 @@ class Decoder(_Generation):
         self._held, self._preview = [], None
         vocab = self.runners[0].vocab if self.sampling.grammar is not None else None  # the smallest is local
         self._sampler = sampler = Sampler(self.sampling, vocab)
+        self._reads_ahead = any(map(self._reads_ahead_at, range(len(self.runners))))
         self.fallback_reason = None
         try:
             while True:
@@ -413,6 +416,7 @@ class Decoder(_Generation):
         finally:
             del tokens[prompt_len + self._generated :]  # held tokens never shown are not the answer
             self._held, self._preview = [], None
+            self._measured(math.nan, math.nan)  # the policy's window holds no stand-in after a run
             for runner in self.runners:
                 if isinstance(runner, Runner):
                     runner.drop_guess()
@@ -461,7 +465,7 @@ class Decoder(_Generation):
             if self.on_sample is not None:
                 self.on_sample(token, logits)
             self._tell_policy(token, writer)
-            event = (token, writer, entropy, rolling, policy.tau)
+            tau = policy.tau
             if not policy.holding and (self._checker < 0 or writer == self._checker):
                 if self._held:  # a decided lookahead draft goes first
                     yield from self._release(len(self._held))
@@ -472,12 +476,12 @@ class Decoder(_Generation):
                     ahead = not self._may_end(token, writer)
                     if ahead:
                         self._read_ahead(writer)
-                    shown = self._announce(*event)
+                    shown = self._announce(token, writer, *self._measured(entropy, rolling), tau)
                     if not ahead:
                         self._read_ahead(writer)
                     yield shown
             else:
-                must_check = self._hold(*event)
+                must_check = self._hold(token, writer, *self._measured(entropy, rolling), tau)
                 taken_back = policy.take_back(must_check)
                 if taken_back:
                     self._truncate(len(self.tokens) - taken_back)
@@ -509,8 +513,32 @@ class Decoder(_Generation):
             low = meter.settle(logits, top, policy.settled, scale)
             if low is not None:
                 return policy.observe(low), math.nan, math.nan
+        elif (
+            self._reads_ahead
+            and policy.may_settle
+            and policy.settled(0.0, max_entropy_bits(logits.shape[0]) * scale)
+            and meter.shift(logits, top)
+        ):
+            # Shown, never read (a single model's loop): the pass's first step copied the row, which the
+            # next decode overwrites; the rest runs once that decode is launched (``_measured``).
+            writer = policy.observe(0.0)  # a stand-in, amended then
+            self._unmeasured = meter, scale
+            if writer == index and not policy.escalating and self._reads_ahead_at(policy.active):
+                return writer, math.nan, math.nan
+            return (writer, *self._measured(math.nan, math.nan))
         entropy = meter(logits, top) * scale
         return policy.observe(entropy), entropy, policy.rolling
+
+    def _measured(self, entropy: float, rolling: float) -> tuple[float, float]:
+        """The step's entropy and rolling mean: as given, or from the exact pass ``_observe`` left until
+        the next read was launched (the policy's stand-in amended)."""
+        if self._unmeasured is None:
+            return entropy, rolling
+        meter, scale = self._unmeasured
+        self._unmeasured = None
+        entropy = meter.shifted_entropy() * scale
+        self.policy.amend(entropy)
+        return entropy, self.policy.rolling
 
     def _logits(self, index: int, last_writer: int) -> Generator[TokenEvent, None, np.ndarray | None]:
         """Logits of model ``index`` for the next position; None after a rollback (see ``_check``)."""
@@ -537,13 +565,16 @@ class Decoder(_Generation):
         and the loop's own work then run while the device decodes. The next step's sync finds the
         tokens read and waits for the device there."""
         index = self.policy.active
-        runner = self.runners[index]
-        ahead = isinstance(runner, Runner) and runner.reads_ahead
-        if self.finished or not ahead or self._check_due(index):
+        if self.finished or not self._reads_ahead_at(index) or self._check_due(index):
             return
         guess = self._guess if self.lookup else None
         own_tail = index == writer
+        runner = self.runners[index]
         runner.read(self.tokens, prompt_len=self._prompt_len, own_tail=own_tail, guess=guess, wait=False)
+
+    def _reads_ahead_at(self, index: int) -> bool:
+        runner = self.runners[index]
+        return isinstance(runner, Runner) and runner.reads_ahead
 
     def _guess(self) -> list[int]:
         """A lookup guess for what follows the tokens so far."""

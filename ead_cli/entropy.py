@@ -86,18 +86,30 @@ class EntropyMeter:
 
     def __call__(self, logits: np.ndarray, top: float | None = None) -> float:
         """The entropy; ``top``, where the caller has it (a greedy step's argmax), is ``logits.max()``."""
-        shifted, exp = self._shifted, self._exp
+        return self.shifted_entropy() if self.shift(logits, top) else _entropy_in_float64(logits)
+
+    def shift(self, logits: np.ndarray, top: float | None = None) -> bool:
+        """The exact pass's first step, logits - top into the meter's scratch row: a copy, so the rest
+        (``shifted_entropy``) may run after whatever overwrites ``logits`` (a GPU's next decode). False
+        where the top is not finite (then only ``__call__``'s float64 path knows the entropy)."""
         if top is None:
             top = logits.max()
-        if math.isfinite(top):
-            with np.errstate(over="ignore", invalid="ignore"):  # a shift past -3.4e38 is -inf: 0 * -inf
-                np.subtract(logits, top, out=shifted)
-                np.exp(shifted, out=exp)
-                weighted = float(np.dot(exp, shifted))
-            total = float(np.add.reduce(exp))
-            if math.isfinite(weighted):
-                return (math.log(total) - weighted / total) / _LN2
-        return _entropy_in_float64(logits)
+        if not math.isfinite(top):
+            return False
+        with np.errstate(over="ignore", invalid="ignore"):  # a shift past -3.4e38 is -inf
+            np.subtract(logits, top, out=self._shifted)
+        return True
+
+    def shifted_entropy(self) -> float:
+        """The entropy of the row ``shift`` copied last."""
+        shifted, exp = self._shifted, self._exp
+        with np.errstate(over="ignore", invalid="ignore"):  # 0 * -inf
+            np.exp(shifted, out=exp)
+            weighted = float(np.dot(exp, shifted))
+        total = float(np.add.reduce(exp))
+        if math.isfinite(weighted):
+            return (math.log(total) - weighted / total) / _LN2
+        return _entropy_in_float64(shifted)  # -inf logits: the shift moved every finite one alike
 
 
 def _entropy_in_float64(logits: np.ndarray) -> float:

@@ -186,6 +186,13 @@ class Policy(ABC):
             self._adaptive.update(entropy)
         return writer
 
+    def amend(self, entropy: float) -> None:
+        """Put the measured entropy in place of the stand-in observed last, where ``settled`` held for
+        every value (its decisions stay; the rolling mean shown becomes the measured one)."""
+        window = self._window
+        self._window_sum += entropy - window[-1]
+        window[-1] = entropy
+
     @property
     def may_settle(self) -> bool:
         """Whether ``settled`` can ever answer True (else the decoder does not look for bounds)."""

@@ -26,8 +26,10 @@ are the same), ``gate_pair_needed_serial_ratio``.
 
 On a GPU the decoder launches the next step's decode before it hands out a token's event
 (``Runner.reads_ahead``), so the loop's work after a token overlaps the device's decode; the loops named
-``*_in_turn`` (``ead_needed_in_turn``, ``gate_pair_needed_in_turn``) turn that off, for the same run's
-comparison. On a CPU, where a decode returns when it is done, reading ahead is off in every loop.
+``*_in_turn`` (``ead_in_turn``, ``ead_needed_in_turn``, ``gate_pair_needed_in_turn``) turn that off, for
+the same run's comparison. ``ead`` measures every token's exact entropy, as ``ead serve`` and ``ead chat``
+do; reading ahead, the decoder finishes that pass (on its copy of the row) after the next decode is
+launched. On a CPU, where a decode returns when it is done, reading ahead is off in every loop.
 
 ``--no-decode`` times every loop with llama_decode a no-op after the prompt (the rows stay as the prompt
 left them; ``decodes_skipped`` counts the calls): each loop's own Python and numpy work alone, with the
@@ -71,7 +73,10 @@ from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
-LOOPS = ("bare", "ead", "ead_needed", "ead_needed_in_turn", "ead_without_entropy", "gate", "gate_needed")
+LOOPS = (
+    "bare", "ead", "ead_in_turn", "ead_needed", "ead_needed_in_turn", "ead_without_entropy", "gate",
+    "gate_needed",
+)  # fmt: skip
 DECODES = {"skipped": 0, "seconds": 0.0}  # --no-decode's no-op calls; --time-decodes' seconds inside
 
 
@@ -211,6 +216,7 @@ def main() -> None:
             (
                 partial(bare_loop, one, decode=decode),
                 partial(ead_loop, one, decode=decode),
+                partial(ead_loop, one, decode=decode, in_turn=True),
                 partial(ead_loop, one, entropy="needed", decode=decode),
                 partial(ead_loop, one, entropy="needed", decode=decode, in_turn=True),
                 partial(ead_loop_without_entropy, runner, decode=decode),

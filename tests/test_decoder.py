@@ -13,6 +13,7 @@ import pytest
 from tiny_models import open_pair, write_tiny_model
 
 from ead_cli.decoder import Decoder, TokenEvent
+from ead_cli.entropy import EntropyMeter
 from ead_cli.errors import EadError
 from ead_cli.policies import EAD, Fixed, Gate, Policy
 from ead_cli.prompt import check_fits, encode_prompt
@@ -296,6 +297,55 @@ def test_entropy_measured_only_where_needed_writes_and_switches_alike(
 def test_an_unknown_entropy_mode_is_refused(runners: list[Runner]) -> None:
     with pytest.raises(ValueError, match="entropy must be one of exact, needed"):
         Decoder(runners, ("small", "large"), Fixed(0), SamplingParams(), entropy="bounded")
+
+
+class _LaunchWatchingMeter(EntropyMeter):
+    """The runner's own meter, noting where its model had read to when each exact pass finished."""
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__(runner.n_vocab)
+        self.runner = runner
+        self.read_when_measured: list[int] = []
+
+    def shifted_entropy(self) -> float:
+        self.read_when_measured.append(self.runner.n_past)
+        return super().shifted_entropy()
+
+
+@pytest.mark.parametrize("window", [1, 4])
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_reading_ahead_a_shown_entropy_is_measured_behind_the_next_launch(
+    runners: list[Runner], temp: float, window: int
+) -> None:
+    """A single model's loop shows each step's entropy (``entropy="exact"``: ead serve, ead chat) but
+    never reads it. Reading ahead, the exact pass copies the row (the next decode overwrites it: the test
+    above fails without the copy) and finishes after that decode is launched: each token's entropy is
+    measured with the token already read, the same entropies and rolling means as measuring first."""
+    large = runners[1]
+    prompt = encode_prompt(large, PROMPT)
+    meter = large.entropy
+    results = []
+    try:
+        for ahead in (False, True):
+            large.truncate(0)
+            large.reads_ahead = ahead
+            large.entropy = watching = _LaunchWatchingMeter(large)
+            decoder = Decoder(
+                runners,
+                ("small", "large"),
+                Fixed(1, window=window),
+                SamplingParams(temp=temp, seed=5),
+                max_tokens=40,
+            )
+            events = list(decoder.run(prompt))
+            results.append(([(e.token, e.entropy, e.rolling) for e in events], watching.read_when_measured))
+    finally:
+        large.entropy, large.reads_ahead = meter, False
+    (plain, plain_read), (ahead, ahead_read) = results
+    assert ahead == plain and all(math.isfinite(entropy) for _, entropy, _ in ahead)
+    positions = [len(prompt) + index for index in range(len(plain))]  # read before the token is
+    assert plain_read == positions
+    assert ahead_read[:-1] == [position + 1 for position in positions[:-1]]
 
 
 def test_llama_cpps_greedy_sampler_picks_the_argmax_the_loop_takes_ties_included() -> None:
