@@ -486,3 +486,22 @@ def test_sigterm_mid_answer_ends_the_answers_line_before_saying_so(spawn) -> Non
     *_, summary, last = plain(child.before).splitlines()
     assert SUMMARY.match(summary) and summary.endswith("cut (interrupted)")
     assert last == "error: terminated"  # on its own line, not glued to the answer's last token
+
+
+def test_a_command_that_takes_no_argument_refuses_words_and_does_nothing(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """/stats x, /help me, /reset now, /exit please had run as if the words were not there (/reset
+    dropped the conversation, /exit left): each is one line naming the command, and the chat goes on."""
+    result = pipe(tiny_pair, b"hi\n/stats x\n/help me\n/reset now\n/exit please\n/stats\n")
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines()
+    assert SUMMARY.match(lines[0])
+    assert lines[1:5] == [
+        "error: /stats takes no argument, got 'x'",
+        "error: /help takes no argument, got 'me'",
+        "error: /reset takes no argument, got 'now'",
+        "error: /exit takes no argument, got 'please'",
+    ]
+    assert lines[5] == "last answer:"  # the last /stats ran: the chat went on, the conversation kept
+    assert any(line.startswith("session: 1 answer · 4 tokens · ") for line in lines)

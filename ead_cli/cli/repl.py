@@ -192,7 +192,10 @@ class Repl:
         if name not in self.commands:
             self.error(f"unknown command /{name} (/help lists the commands)")
             return True
-        handler = self.commands[name][0]
+        handler, usage, _ = self.commands[name]
+        if argument and not usage:  # refused, not dropped: /reset now must not pass for /reset
+            self.error(f"/{name} takes no argument, got {argument!r}")
+            return True
         if handler is None:
             return False
         try:
