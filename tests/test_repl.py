@@ -505,3 +505,27 @@ def test_a_command_that_takes_no_argument_refuses_words_and_does_nothing(
     ]
     assert lines[5] == "last answer:"  # the last /stats ran: the chat went on, the conversation kept
     assert any(line.startswith("session: 1 answer · 4 tokens · ") for line in lines)
+
+
+def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """/save chat.json now had written a file named 'chat.json now': two words are refused, a name with
+    spaces is quoted (or its spaces escaped), and a quote left open or an empty name is one line."""
+    lines = [
+        "hi",
+        f"/save {tmp_path}/chat.json now",
+        f"/save {tmp_path}/it's.json",
+        f'/save "{tmp_path}/my chat.json"',
+        f"/save {tmp_path}/our\\ chat.json",
+        '/save ""',
+    ]
+    result = pipe(tiny_pair, "\n".join(lines).encode() + b"\n")
+    assert result.returncode == 1
+    assert result.stderr.decode().splitlines()[1:] == [
+        f"error: /save takes one file name (quote one with spaces), got '{tmp_path}/chat.json now'",
+        "error: /save takes one file name, quoted as in a shell: no closing quotation in "
+        f"\"{tmp_path}/it's.json\"",
+        f"saved 1 turn to {tmp_path}/my chat.json",
+        f"saved 1 turn to {tmp_path}/our chat.json",
+        "error: /save takes a file name",
+    ]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["my chat.json", "our chat.json"]

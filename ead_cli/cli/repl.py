@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -295,12 +296,22 @@ class Repl:
         self.note("new conversation")
 
     def _save(self, argument: str) -> None:
-        if not argument:
+        """One file name, split as a shell splits it: '/save chat.json now' must not write 'chat.json now'."""
+        try:
+            names = shlex.split(argument)
+        except ValueError as error:  # a quote left open, a backslash at the end
+            message = str(error)[:1].lower() + str(error)[1:]
+            quoting = f"quoted as in a shell: {message} in {argument!r}"
+            raise EadError(f"/save takes one file name, {quoting}") from None
+        if len(names) > 1:
+            raise EadError(f"/save takes one file name (quote one with spaces), got {argument!r}")
+        name = "".join(names)
+        if not name:  # nothing, or "" (which would name the current folder)
             raise EadError("/save takes a file name")
         try:
-            path = Path(argument).expanduser()
+            path = Path(name).expanduser()
         except RuntimeError:  # ~name of no user on this system
-            raise EadError(f"cannot write {argument}: {argument.split('/')[0]} is no user's home") from None
+            raise EadError(f"cannot write {name}: {name.split('/')[0]} is no user's home") from None
         self.conversation.save(path)
         self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {path}")
 
