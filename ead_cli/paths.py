@@ -4,6 +4,7 @@ another just for a path."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -76,6 +77,8 @@ def write_whole(path: Path, text: str) -> None:
     is written in place, never replaced. Raises what the writes raise (OSError; ValueError for a name
     with a NUL byte)."""
     target = Path(os.path.realpath(path))  # a link loop stays itself, and fails as a file would
+    if target.is_dir():  # said before a temporary is written beside it ("/" has no side to write on)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if target.exists() and not target.is_file() and not target.is_dir():
         target.write_text(text, encoding="utf-8")
         return

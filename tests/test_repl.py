@@ -393,16 +393,17 @@ def test_a_closed_pipe_ends_the_chat_quietly(tiny_pair: tuple[Path, Path]) -> No
 def test_a_file_name_that_cannot_be_is_one_line_and_a_save_counts_its_turns(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    saves = b"/save ~nouser-ead/x.json\n/save a\x00b.json\n/save " + bytes(tmp_path) + b"/t.json\n"
+    saves = b"/save ~nouser-ead/x.json\n/save a\x00b.json\n/save /\n/save " + bytes(tmp_path) + b"/t.json\n"
     result = pipe(tiny_pair, saves + b"hi\n/save " + bytes(tmp_path) + b"/one.json\n")
     assert result.returncode == 1
     lines = result.stderr.decode().splitlines()
-    assert lines[:3] == [
+    assert lines[:4] == [
         "error: cannot write ~nouser-ead/x.json: ~nouser-ead is no user's home",
         "error: cannot write 'a\\x00b.json': embedded null byte",
+        "error: cannot write /: Is a directory",  # had been "PosixPath('/') has an empty name"
         f"saved 0 turns to {tmp_path}/t.json",  # the chat went on
     ]
-    assert SUMMARY.match(lines[3]) and lines[4:] == [f"saved 1 turn to {tmp_path}/one.json"]
+    assert SUMMARY.match(lines[4]) and lines[5:] == [f"saved 1 turn to {tmp_path}/one.json"]
 
 
 def test_a_save_cut_short_by_a_full_disk_leaves_the_earlier_file_whole(spawn, tmp_path: Path) -> None:
