@@ -23,7 +23,7 @@ from .engine import build_decoder
 from .errors import EadError
 from .options import GenerationOptions, PolicyOptions
 from .paths import write_whole
-from .prompt import Message, check_fits, check_prompt_text, check_utf8, encode_rendered, render_chat
+from .prompt import Message, check_fits, check_prompt_text, check_text, encode_rendered, render_chat
 from .response import Response
 from .runner import Runner
 
@@ -127,10 +127,10 @@ class Conversation:
 
     @system.setter
     def system(self, text: str | None) -> None:
-        """The system message for the next answers (empty: none); refused, changing nothing, if its text
-        cannot be tokenized."""
+        """The system message for the next answers (empty: none); refused, changing nothing, for what a
+        prompt is refused for (a NUL byte, bytes that are not UTF-8)."""
         if text:
-            check_utf8(text, "the system message")
+            check_text(text, "the system message")
         self._system = text or None
 
     @property

@@ -28,15 +28,16 @@ def check_prompt_text(text: str) -> str:
     """Refuse prompts nothing sensible can come of."""
     if not text.strip():
         raise EadError("the prompt is empty", exit_code=2)
-    if "\x00" in text:
-        raise EadError("the prompt contains a NUL byte", exit_code=2)
-    check_utf8(text, "the prompt")
+    check_text(text, "the prompt")
     return text
 
 
-def check_utf8(text: str, what: str) -> None:
-    """Refuse text that held bytes which are not UTF-8: Python keeps those of a terminal line, an argument
-    or a pipe as lone surrogates, which the tokenizer cannot encode (a traceback where it meets them)."""
+def check_text(text: str, what: str) -> None:
+    """Refuse text for a model (a prompt, a system message) with a NUL byte, or that held bytes which are
+    not UTF-8: Python keeps those of a terminal line, an argument or a pipe as lone surrogates, which the
+    tokenizer cannot encode (a traceback where it meets them)."""
+    if "\x00" in text:
+        raise EadError(f"{what} contains a NUL byte", exit_code=2)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
@@ -91,7 +92,7 @@ def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: 
     """Prompt token ids: the chat template unless ``raw`` (or the model has none), BOS as the vocab wants."""
     check_prompt_text(text)
     if system:
-        check_utf8(system, "the system message")
+        check_text(system, "the system message")
     messages: list[Message] = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
     ]

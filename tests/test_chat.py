@@ -223,6 +223,19 @@ def test_bad_settings_are_refused_and_change_nothing(runners: list[Runner]) -> N
     assert len(conversation.turns) == 1
 
 
+def test_a_system_message_is_refused_for_what_a_prompt_is_refused_for(runners: list[Runner]) -> None:
+    """A NUL byte, which a prompt is refused for (as serve refuses it in a system message), had passed in
+    /system: it is refused the same way, and the system message stays as it was."""
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=4), system=SYSTEM)
+    for text, message in (
+        ("be\x00brief", "the system message contains a NUL byte"),
+        ("be \udcffrief", r"the system message is not valid UTF-8 \(byte 3\)"),
+    ):
+        with pytest.raises(EadError, match=f"^{message}$"):
+            conversation.system = text
+        assert conversation.system == SYSTEM
+
+
 def test_a_model_without_a_chat_template_is_refused(tmp_path: Path, tiny_large: Path) -> None:
     bare = write_tiny_model(tmp_path / "bare.gguf", chat_template=None)
     runners = open_pair((bare, tiny_large))
