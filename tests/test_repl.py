@@ -530,3 +530,18 @@ def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Pa
         "error: /save takes a file name",
     ]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["my chat.json", "our chat.json"]
+
+
+def test_sigterm_at_the_prompt_says_so_on_a_line_of_its_own(spawn) -> None:
+    """SIGTERM while a line is read (at >>> with words typed, at ... inside a block): the error had been
+    glued to the prompt's line (">>> typederror: terminated")."""
+    for keys, shown in (("typed", "typed"), ('"""\r', MORE)):
+        child = spawn("--max-tokens", "4")
+        wait_ready(child)
+        child.send(keys)
+        child.expect_exact(shown)
+        child.kill(signal.SIGTERM)
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 143
+        assert plain(child.before) == "\nerror: terminated\n"

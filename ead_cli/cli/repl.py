@@ -180,7 +180,12 @@ class Repl:
 
     def _step(self) -> bool:
         """Read and handle one message or command; False to leave."""
-        text, command = read_message(self.read_line)
+        try:
+            text, command = read_message(self.read_line)
+        except Terminated:
+            if self.interactive:
+                self.err.write("\n")  # the cursor is on the prompt's line, after what was typed
+            raise
         if not text:
             return True
         if command:
