@@ -152,6 +152,9 @@ def test_read_message_joins_continued_lines_and_quoted_blocks() -> None:
     assert read_message(read_line) == ("a \\\n\n  b", False) and prompts == [PROMPT, MORE, MORE, MORE, MORE]
     assert read_message(reader('"""first', 'last"""')[0]) == ("first\nlast", False)
     assert read_message(reader('"""inline"""')[0]) == ("inline", False)
+    # a block is kept as pasted: its first line's indentation too (blank lines and spaces at its ends go)
+    indented = reader('""" ', " ", "    def f():", "        return 1", "", '"""')[0]
+    assert read_message(indented) == ("    def f():\n        return 1", False)
     # a line starting with / is a command; a block never is; // sends a message starting with /
     assert read_message(reader(" /tau 2 ")[0]) == ("/tau 2", True)
     assert read_message(reader("/system be \\", "brief")[0]) == ("/system be \nbrief", True)

@@ -40,18 +40,21 @@ ReadLine = Callable[[str], str]
 
 def read_message(read_line: ReadLine) -> tuple[str, bool]:
     """One user message and whether it is a command: a line; a line ending in a backslash goes on on the
-    next; a block between lines that start and end with \"\"\" is one message, never a command (pasted
-    code may start with /). A line starting with / is a command, with // a message starting with /.
-    ``read_line`` raises EOFError at the end; an end inside a message is an EadError (it is not sent)."""
+    next; a block between lines that start and end with \"\"\" is one message as pasted (its indentation
+    kept), never a command (pasted code may start with /). A line starting with / is a command, with //
+    a message starting with /. ``read_line`` raises EOFError at the end; an end inside a message is an
+    EadError (it is not sent)."""
     line = read_line(PROMPT)
     if line.lstrip().startswith(FENCE):
-        line = line.lstrip()[len(FENCE) :]
+        line = line.lstrip()[len(FENCE) :].lstrip()
         lines = []
         while not line.rstrip().endswith(FENCE):
             lines.append(line)
             line = _more(read_line, f"a {FENCE} block")
         lines.append(line.rstrip()[: -len(FENCE)])
-        return "\n".join(lines).strip(), False
+        while lines and not lines[0].strip():  # blank lines go, not the indentation of pasted code
+            del lines[0]
+        return "\n".join(lines).rstrip(), False
     lines = []
     while line.endswith("\\"):
         lines.append(line[:-1])
