@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from .paths import write_whole
 from .prompt import Message, check_fits, check_prompt_text, check_text, encode_rendered, render_chat
 from .response import Response
 from .runner import Runner
+from .signals import main_thread_signals
 
 
 @dataclass(frozen=True)
@@ -189,12 +189,16 @@ class Conversation:
         events: list[TokenEvent] = []
         stream = iter(response)
         try:
-            with closing(stream):  # the loop ends (its rollbacks done) before the turn is recorded
-                for event in stream:
-                    events.append(event)
-                    yield event
+            for event in stream:
+                events.append(event)
+                yield event
         finally:
-            self._close_turn(request, response.summary(), events)
+            # a second Ctrl-C (or SIGTERM) waits, to be raised once the turn is recorded
+            with main_thread_signals():
+                try:
+                    stream.close()  # the loop ends (its rollbacks done) before the turn is recorded
+                finally:
+                    self._close_turn(request, response.summary(), events)
 
     def _close_turn(self, request: _Request, summary: Summary, events: list[TokenEvent]) -> None:
         """Record the turn; close the answer with the template's end-of-turn text, cut or not."""

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
+import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 
 import numpy as np
 import pytest
@@ -134,6 +138,32 @@ def test_a_stream_closed_early_is_kept_cut_and_closed_like_the_template(runners:
     assert following.summary.generated == 100
     assert conversation.tokens[: len(closed)] == closed
     assert following.summary.prompt_tokens > len(closed)
+
+
+def test_a_second_ctrl_c_while_a_cut_answer_is_closed_still_records_it(runners: list[Runner]) -> None:
+    """A second Ctrl-C that lands while the first one's answer is being closed (here sent the moment the
+    turn starts being recorded) had stopped the recording: no turn, and the REPL died of an IndexError
+    reading it. It now waits until the turn is recorded, then stops as a Ctrl-C does."""
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=100))
+    stream = conversation.ask("hello")
+    events = list(itertools.islice(stream, 5))
+    record = Conversation._close_turn.__code__
+
+    def second_ctrl_c(frame: FrameType, event: str, _: object) -> None:
+        if event == "call" and frame.f_code is record:
+            sys.setprofile(None)
+            # to the main thread: ead's other threads block it
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    sys.setprofile(second_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stream.close()  # the first Ctrl-C, in the REPL
+    finally:
+        sys.setprofile(None)
+    [turn] = conversation.turns
+    assert turn.cut and [e.token for e in turn.events] == [e.token for e in events]
+    assert conversation.messages[-1] == {"role": "assistant", "content": turn.answer}
 
 
 def test_an_end_of_generation_token_gives_way_to_the_templates_end_of_turn(tmp_path: Path) -> None:
