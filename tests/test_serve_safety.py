@@ -3,6 +3,7 @@ each test drives a real server subprocess over real sockets."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -382,6 +383,53 @@ def test_a_chunked_body_over_the_limit_is_a_413(server: Server) -> None:
     reply = httpx.post(f"{server.base_url}/completions", content=chunks(), headers=JSON, timeout=60)
     assert reply.status_code == 413
     assert reply.json()["error"]["code"] == "body_too_large"
+
+
+def exchange(server: Server, data: bytes) -> tuple[list[bytes], bytes]:
+    """``data`` sent as it is on a socket of its own: the answer's head (its lines) and its body, read
+    until the server closes the connection."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=60) as raw:
+        raw.sendall(data.replace(b"HOST", f"{host}:{port}".encode()))
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n"), body
+
+
+POST_JSON = b"POST /v1/chat/completions HTTP/1.1\r\nHost: HOST\r\nContent-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (POST_JSON + b"Content-Length: abc\r\n\r\n{}", "bad Content-Length"),
+        (
+            POST_JSON + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+            "conflicting Content-Length headers",
+        ),
+        (b"GARBAGE\r\n\r\n", "illegal request line: bytearray(b'GARBAGE')"),
+        (
+            b"GET /health HTTP/1.1\r\nHost: HOST\r\nno colon\r\n\r\n",
+            "illegal header line: bytearray(b'no colon')",
+        ),
+    ],
+)
+def test_a_request_that_is_not_http_gets_openais_error_object(
+    server: Server, data: bytes, reason: str
+) -> None:
+    """uvicorn had answered it with its own plain text ("Invalid HTTP request received."), which an OpenAI
+    client cannot read, and logged a bare WARNING that did not say what was wrong."""
+    before = server.log().splitlines()
+    head, body = exchange(server, data)
+    assert head[0] == b"HTTP/1.1 400 Bad Request"
+    assert b"content-type: application/json" in head and b"connection: close" in head
+    message = f"the request is not valid HTTP: {reason}"
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_http"}
+    assert json.loads(body) == {"error": error}
+    assert server.log().splitlines()[len(before) :] == [f"error: 400: {message}"]
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
 def wait_until(condition: object, timeout: float) -> float:

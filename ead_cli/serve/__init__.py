@@ -12,6 +12,7 @@ each turn reads only the new turn's tokens. A client that goes away stops its ge
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import signal
 import socket
@@ -23,7 +24,7 @@ from sse_starlette.sse import AppStatus
 
 from ..errors import EadError
 from ..runner import Runner
-from .app import MAX_BODY_BYTES, MODEL_ID, Defaults, Guard, create_app
+from .app import MAX_BODY_BYTES, MODEL_ID, Defaults, Guard, create_app, http_protocol
 from .engine import Engine
 
 if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
@@ -100,6 +101,11 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
 
+def _not_the_plain_400(record: logging.LogRecord) -> bool:
+    """uvicorn's warning before its plain-text 400, which the JSON one replaces with a line that says why."""
+    return record.getMessage() != "Invalid HTTP request received."
+
+
 def serve(
     runners: Sequence[Runner],
     defaults: Defaults,
@@ -115,12 +121,14 @@ def serve(
     AppStatus.disable_automatic_graceful_drain()
     config = uvicorn.Config(
         app,
+        http=http_protocol(say),  # h11 wherever httptools is installed too: its 400s are ours
         log_level="warning",
         access_log=False,
         lifespan="off",
         ws="none",
         timeout_graceful_shutdown=options.shutdown_timeout,  # then open requests are cut off
     )
+    logging.getLogger("uvicorn.error").addFilter(_not_the_plain_400)  # http_protocol logs its own line
     server = _Server(config, engine)
     # From before the first line on, a signal asks uvicorn to stop (while it runs, its own handlers do; it
     # re-raises the signal when done, and this handler takes that too): the stop is clean, exit 0.

@@ -9,6 +9,7 @@ import hmac
 import ipaddress
 import json
 import secrets
+import sys
 import time
 import urllib.parse
 import uuid
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import h11
 import llama_cpp
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -27,6 +29,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
@@ -158,6 +161,27 @@ class Guard:
             f"pages at {origin} may not use this server: start it with --cors-origin {origin} to allow them"
         )
         return ApiError(403, message, code="origin_not_allowed")
+
+
+def http_protocol(log: Log) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, except that a request it cannot parse (a Content-Length of "abc", a bad
+    request line or header) is answered as every other 400 is, with OpenAI's error object and one log
+    line, not uvicorn's plain text (which an OpenAI client cannot read)."""
+
+    class Protocol(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
+            reason = "" if failure is None else f": {_loggable(str(failure))}"
+            error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
+            log(f"error: 400: {error.message}")
+            answer = error.response()
+            headers = [*answer.raw_headers, (b"connection", b"close")]
+            response = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+            for event in (response, h11.Data(data=answer.body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return Protocol
 
 
 def _names_loopback(host: str) -> bool:
