@@ -432,6 +432,45 @@ def test_a_request_that_is_not_http_gets_openais_error_object(
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
+CHUNKED = b"Host: HOST\r\nTransfer-Encoding: chunked\r\n\r\n"
+BROKEN_CHUNK = "the request is not valid HTTP: illegal chunk header: bytearray(b'zz\\r\\n')"
+
+
+def test_a_body_that_breaks_after_its_answer_is_one_log_line_not_a_traceback(server: Server) -> None:
+    """A chunked body refused unread (415), then broken: uvicorn's 400 could not follow the answer sent,
+    and its failure was a traceback in the log; the connection is closed and the log says why."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    before = server.log().splitlines()
+    with socket.create_connection((host, int(port)), timeout=60) as raw:
+        head = b"POST /v1/completions HTTP/1.1\r\nContent-Type: text/plain\r\n"
+        raw.sendall(head + CHUNKED.replace(b"HOST", f"{host}:{port}".encode()))
+        answer = b""
+        while b"unsupported_media_type" not in answer:
+            answer += raw.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 415 ")
+        raw.sendall(b"zz\r\n")
+        assert raw.recv(65536) == b""  # closed, nothing more written
+    refused = "the body must be JSON sent as Content-Type: application/json, not 'text/plain'"
+    assert server.log().splitlines()[len(before) :] == [
+        f"error: POST /v1/completions 415: {refused}",
+        f"error: {BROKEN_CHUNK}: the connection is closed",
+    ]
+
+
+def test_a_broken_body_the_app_would_answer_unread_gets_only_the_400(server: Server) -> None:
+    """A path that answers without reading the body (a 404) behind a broken chunk: the app's answer,
+    after uvicorn's 400, had been refused by h11, and logged as a 500 beside uvicorn's own ERROR line."""
+    before = server.log().splitlines()
+    head, body = exchange(server, b"GET /v1/nothing HTTP/1.1\r\n" + CHUNKED + b"zz\r\n")
+    assert head[0] == b"HTTP/1.1 400 Bad Request"
+    assert json.loads(body)["error"]["message"] == BROKEN_CHUNK
+    assert server.log().splitlines()[len(before) :] == [
+        f"error: 400: {BROKEN_CHUNK}",
+        "error: GET /v1/nothing 404: Not Found",
+    ]
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200
+
+
 def wait_until(condition: object, timeout: float) -> float:
     """Seconds until ``condition()`` holds; fails after ``timeout``."""
     began = time.monotonic()

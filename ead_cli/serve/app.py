@@ -173,12 +173,17 @@ def http_protocol(log: Log) -> type[H11Protocol]:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
             reason = "" if failure is None else f": {_loggable(str(failure))}"
             error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
-            log(f"error: 400: {error.message}")
-            answer = error.response()
-            headers = [*answer.raw_headers, (b"connection", b"close")]
-            response = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
-            for event in (response, h11.Data(data=answer.body), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+            if self.cycle is not None:  # its app answers nobody now (h11 would refuse the answer: a 500)
+                self.cycle.disconnected = True
+            if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # a body refused unread, then
+                log(f"error: {error.message}: the connection is closed")  # broken: its answer went out
+            else:
+                log(f"error: 400: {error.message}")
+                answer = error.response()
+                headers = [*answer.raw_headers, (b"connection", b"close")]
+                response = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+                for event in (response, h11.Data(data=answer.body), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event))
             self.transport.close()
 
     return Protocol
