@@ -192,6 +192,32 @@ def test_top_level_and_ead_values_that_differ_are_a_400(
         assert error["message"].startswith(f"{field} {top!r} and ead.{field} {inner!r} differ")
 
 
+ORDERED = "0 <= low < high, both finite"
+
+
+@pytest.mark.parametrize(
+    ("ead", "param", "message"),
+    [
+        ({"tau": -1}, "ead.tau", "tau must be at least 0, got -1.0"),
+        ({"tau": "abc"}, "ead.tau", "ead.tau must be a number of bits or a list, got 'abc'"),
+        ({"window": 8, "tau": [1, 2, 3]}, "ead.tau", "2 models take one threshold, got 3"),
+        ({"tau_range": [2, 1]}, "ead.tau_range", f"tau range must satisfy {ORDERED}, got 2.0:1.0"),
+        ({"mode": "spec", "draft": 100}, "ead.draft", "draft must be in [1, 64], got 100"),
+        ({"verify": 5}, "ead.verify", "verify ratio must be in (0, 1], got 5.0"),
+        ({"pattern": ["@code"], "policy": "ead"}, "ead", "--pattern and --burst apply to --policy gate"),
+    ],
+)
+def test_a_bad_ead_option_names_its_field(server: Server, ead: dict, param: str, message: str) -> None:
+    """The command line's checks of the ``ead`` options, which check them as a whole, had answered with
+    ``param`` null; it is the field that alone gets the complaint, or ``ead`` where only fields together
+    do (a pattern with the ead policy)."""
+    for path, request in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "hi"})):
+        reply = post(server, path, {**request, "max_tokens": 2, "ead": ead})
+        assert reply.status_code == 400, reply.text
+        error = {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_value"}
+        assert reply.json() == {"error": error}
+
+
 def test_parts_that_are_not_text_are_refused_by_name(server: Server) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     reply = post(server, CHAT, {"messages": [{"role": "user", "content": [image]}]})

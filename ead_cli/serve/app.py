@@ -402,7 +402,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             # the request's options given over the command line's: one of them may turn the pair on
-            policy = defaults.policy.changed(**ead.policy_changes(), levels=len(engine.runners))
+            policy = ead.policy_options(defaults.policy, levels=len(engine.runners))
             policy = with_saved_tau(policy, engine.runners)[0]
             if grammar is not None:
                 _check_grammar(grammar, policy)

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from ..errors import EadError
 from ..option_table import OPTIONS, SERVE, DecodingOption, on
+from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
@@ -76,6 +77,31 @@ class _EadBase(BaseModel):
         if "pattern" in given:
             given["patterns"] = tuple(given.pop("pattern"))
         return given
+
+    def policy_options(self, base: PolicyOptions, levels: int) -> PolicyOptions:
+        """These options over ``base`` (the command line's), checked by its rules. A 400 names the field
+        at fault, as the client spelled it: the one that alone over ``base`` gets the same complaint (the
+        rules check the options as a whole), or ``ead`` where only fields together do."""
+        changed = self._changed(base, levels)
+        if isinstance(changed, PolicyOptions):
+            return changed
+        given = self.model_dump(exclude_none=True, exclude=_SAMPLING)
+        at_fault = next(
+            (
+                f"ead.{name}"
+                for name, value in given.items()
+                if type(self).model_construct(**{name: value})._changed(base, levels) == changed
+            ),
+            "ead",
+        )
+        raise ApiError(400, changed, code="invalid_value", param=at_fault)
+
+    def _changed(self, base: PolicyOptions, levels: int) -> PolicyOptions | str:
+        """These options over ``base``, or the command line's complaint about them."""
+        try:
+            return base.changed(**self.policy_changes(), levels=levels)
+        except EadError as error:
+            return str(error)
 
 
 _SAMPLING = {option.name for option in on(SERVE) if option.target != "policy"}
