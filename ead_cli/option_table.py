@@ -333,7 +333,16 @@ DECODING: tuple[DecodingOption, ...] = (
         surfaces=frozenset({CLI, SERVE}),
     ),
     DecodingOption("top_p", float, 0.95, "Top-p nucleus.", target="sampling"),
-    DecodingOption("min_p", float, 0.05, "Min-p.", target="sampling", surfaces=frozenset({CLI, SERVE})),
+    DecodingOption(
+        "min_p",
+        float,
+        0.05,
+        "Min-p.",
+        target="sampling",
+        minimum=0,
+        maximum=1,
+        surfaces=frozenset({CLI, SERVE}),
+    ),
     DecodingOption("seed", int, 0, "Sampling seed (same seed, same text).", target="sampling"),
     DecodingOption(
         "max_tokens",

@@ -172,12 +172,16 @@ def as_top_level(error: dict) -> dict:
     return {key: text.removeprefix("ead.") if isinstance(text, str) else text for key, text in error.items()}
 
 
-@pytest.mark.parametrize(("field", "bad"), [("top_k", -1), ("top_k", 10**30), ("top_k", 1.5), ("min_p", 2)])
+@pytest.mark.parametrize(
+    ("field", "bad"), [("top_k", -1), ("top_k", 10**30), ("top_k", 1.5), ("min_p", 2), ("min_p", -0.5)]
+)
 def test_a_bad_top_level_top_k_or_min_p_is_the_ead_ones_400(server: Server, field: str, bad: object) -> None:
+    """min_p past [0, 1] had been the command line's "--min-p must be in [0, 1]", param null."""
     top = post(server, CHAT, {"messages": HI, field: bad})
     inner = post(server, CHAT, {"messages": HI, "ead": {field: bad}})
     assert top.status_code == inner.status_code == 400, top.text
     assert top.json()["error"] == as_top_level(inner.json()["error"])
+    assert (top.json()["error"]["param"], inner.json()["error"]["param"]) == (field, f"ead.{field}")
 
 
 @pytest.mark.parametrize(("field", "top", "inner"), [("top_k", 1, 2), ("min_p", 0.5, 0.1)])

@@ -49,8 +49,8 @@ HTTP_TYPES: dict[str, Any] = {
 
 def _http_type(option: DecodingOption) -> Any:
     """A request field of the option table: its choices, or its type with the table's bounds (an integer
-    also held under MAX_COUNT, before it reaches a C call). Numbers' other checks are the options' own,
-    so a bad value is the command line's message, as a 400."""
+    also held under MAX_COUNT, before it reaches a C call), so a value past them is a 400 that names its
+    field. Numbers' other checks are the options' own, so a bad value is the command line's message."""
     if option.name in HTTP_TYPES:
         return HTTP_TYPES[option.name]
     if option.choices:
@@ -58,6 +58,8 @@ def _http_type(option: DecodingOption) -> Any:
     if option.kind is int:
         high = MAX_COUNT if option.maximum is None else min(option.maximum, MAX_COUNT)
         return Annotated[int, Field(ge=option.minimum, le=high)]
+    if option.kind is float:
+        return Annotated[float, Field(ge=option.minimum, le=option.maximum)]
     return option.kind
 
 
