@@ -311,22 +311,23 @@ def test_an_oversized_body_is_refused_before_it_is_read(server: Server) -> None:
 
 
 @pytest.mark.parametrize(
-    ("template", "fragment"),
+    ("template", "fragment", "param"),
     [
-        ("{{ raise_exception('this template takes no users') }}", "this template takes no users"),
-        (None, "has no chat template: use /v1/completions"),
+        ("{{ raise_exception('this template takes no users') }}", "this template takes no users", "messages"),
+        (None, "has no chat template: use /v1/completions", None),
     ],
 )
 def test_a_chat_template_that_fails_is_a_400_with_its_reason(
-    tiny_pair: tuple[Path, Path], tmp_path: Path, template: str | None, fragment: str
+    tiny_pair: tuple[Path, Path], tmp_path: Path, template: str | None, fragment: str, param: str | None
 ) -> None:
+    """A template's failure on the messages names them (it had answered with ``param`` null)."""
     from tiny_models import write_tiny_model
 
     small = write_tiny_model(tmp_path / "templated.gguf", seed=0, chat_template=template)
     with Server([*pair_args((small, tiny_pair[1]))], tmp_path / "server.log") as server:
         reply = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI}, timeout=60)
         assert reply.status_code == 400
-        assert fragment in reply.json()["error"]["message"]
+        assert fragment in reply.json()["error"]["message"] and reply.json()["error"]["param"] == param
         completion = httpx.post(
             f"{server.base_url}/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60
         )

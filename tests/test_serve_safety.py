@@ -18,6 +18,7 @@ from test_cli import pair_args
 from test_serve import CTX, HI, JSON, LONG, PROMPT, TAU, frames, serving, stream_request
 
 CHAT = "/v1/chat/completions"
+LENGTH = "context_length_exceeded"
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +221,29 @@ def test_a_bad_ead_option_names_its_field(server: Server, ead: dict, param: str,
         assert reply.status_code == 400, reply.text
         error = {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_value"}
         assert reply.json() == {"error": error}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "code", "fragment"),
+    [
+        (CHAT, {"messages": [{"role": "user", "content": " "}]}, "messages", "invalid_value", "is empty"),
+        (CHAT, {"messages": [{"role": "user", "content": "a\0b"}]}, "messages", "invalid_value", "a NUL"),
+        ("/v1/completions", {"prompt": ""}, "prompt", "invalid_value", "the prompt is empty"),
+        ("/v1/completions", {"prompt": ["a\0b"]}, "prompt", "invalid_value", "the prompt contains a NUL"),
+        (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, "messages", LENGTH, "too many"),
+        ("/v1/completions", {"prompt": "word " * 20000}, "prompt", LENGTH, "too many for the context"),
+        ("/v1/completions", {"prompt": "<|im_end|>" * 20000}, "prompt", LENGTH, "special tokens"),
+    ],
+)
+def test_a_bad_prompt_names_its_field(
+    server: Server, path: str, body: dict, param: str, code: str, fragment: str
+) -> None:
+    """The prompt's checks (empty, a NUL byte, past the context) had answered with ``param`` null; they
+    name ``messages`` or ``prompt``, as OpenAI's context_length_exceeded names ``messages``."""
+    reply = post(server, path, {**body, "max_tokens": 2})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["param"], error["code"]) == (param, code) and fragment in error["message"]
 
 
 def test_parts_that_are_not_text_are_refused_by_name(server: Server) -> None:

@@ -314,8 +314,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             template_message(message.as_template_message(f"messages.{i}"))
             for i, message in enumerate(body.messages)
         ]
-        _check(lambda: check_prompt_text("".join(message["content"] for message in messages)))
-        rendered = _check(lambda: render_chat(engine.runners[0], messages, tools=tools))
+        _check(lambda: check_prompt_text("".join(message["content"] for message in messages)), "messages")
+        rendered = _check(lambda: render_chat(engine.runners[0], messages, tools=tools), "messages")
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
@@ -326,7 +326,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         text = body.text()
         if text is None:
             return body, _job(body, _known_tokens(body.token_ids()))
-        return body, _job(body, _check(lambda: check_prompt_text(text)))
+        return body, _job(body, _check(lambda: check_prompt_text(text), "prompt"))
 
     def _known_tokens(ids: list[int]) -> list[int]:
         """A prompt given as token ids, read as they are (no BOS added), each in the models' vocabulary."""
@@ -357,7 +357,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 prompt = encode_rendered(engine.runners[0], given)
             check_fits(prompt, engine.n_ctx)
         except EadError as error:
-            raise ApiError(400, str(error), code="context_length_exceeded") from None
+            field = "messages" if isinstance(body, ChatRequest) else "prompt"
+            raise ApiError(400, str(error), code="context_length_exceeded", param=field) from None
         policy, generation = _settings(body)
         logprobs = body.logprobs_count()
         if logprobs is not None:
@@ -454,12 +455,12 @@ def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
         raise ApiError(400, message, code="invalid_value", param=param)
 
 
-def _check(make: Callable[[], Any]) -> Any:
-    """``make()``, with the command line's usage errors turned into 400s."""
+def _check(make: Callable[[], Any], param: str | None = None) -> Any:
+    """``make()``, with the command line's usage errors turned into 400s about ``param``."""
     try:
         return make()
     except EadError as error:
-        raise ApiError(400, str(error), code="invalid_value") from None
+        raise ApiError(400, str(error), code="invalid_value", param=param) from None
 
 
 Scored = tuple[TokenEvent, Logprobs, int]  # a token's event, its log-probabilities, where its text starts
