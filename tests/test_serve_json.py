@@ -156,6 +156,17 @@ def test_a_schema_whose_grammar_would_not_fit_is_a_400_and_the_server_lives(
     assert answer["choices"][0]["message"]["content"].startswith('"')
 
 
+def test_a_schema_whose_grammar_llama_cpp_cannot_parse_names_response_format(server: Server) -> None:
+    """The converter copies a pattern's unknown escape (``\\x``) into the grammar, which llama.cpp's parser
+    refuses: the 400 had ``param`` null."""
+    body = {"messages": HI, "max_tokens": 2, "response_format": schema_format({"pattern": "^\\x$"})}
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["param"], error["message"]) == ("response_format", "llama.cpp could not parse the grammar")
+    assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"
+
+
 def test_a_schema_no_answer_can_meet_is_a_400_and_the_server_lives(server: Server) -> None:
     """After the opening quote, the empty class [b-a] leaves the grammar no token: llama.cpp took one it
     had ruled out, and its grammar's exception aborted the server."""

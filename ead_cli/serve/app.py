@@ -433,7 +433,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             raise ApiError(400, message, code="invalid_value", param="response_format")
         _without_rollbacks(policy, "response_format", "JSON mode needs")
-        llama_cpp.llama_sampler_free(grammar_sampler(engine.runners[0].vocab, grammar))  # parses, or 400
+        sampler = _check(lambda: grammar_sampler(engine.runners[0].vocab, grammar), "response_format")
+        llama_cpp.llama_sampler_free(sampler)  # it parses
 
     async def _json_body(request: Request) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking."""
