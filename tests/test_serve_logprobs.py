@@ -83,6 +83,35 @@ def test_logprobs_that_cannot_be_given_are_a_400(server: Server, body: dict, fra
     assert fragment in reply.json()["error"]["message"]
 
 
+BOOLEAN = "Input should be a valid boolean"
+INTEGER = "Input should be a valid integer"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"logprobs": 1}, "logprobs", f"logprobs: {BOOLEAN}"),
+        ({"logprobs": 0}, "logprobs", f"logprobs: {BOOLEAN}"),
+        ({"logprobs": "true"}, "logprobs", f"logprobs: {BOOLEAN}"),
+        ({"logprobs": True, "top_logprobs": True}, "top_logprobs", f"top_logprobs: {INTEGER}"),
+        ({"logprobs": True, "top_logprobs": 2.5}, "top_logprobs", f"top_logprobs: {INTEGER}"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs", "top_logprobs: Input should be greater"),
+    ],
+)
+def test_chat_logprobs_is_a_boolean_and_top_logprobs_a_count(
+    server: Server, body: dict, param: str, message: str
+) -> None:
+    """Chat's logprobs is OpenAI's boolean: an integer (text completions' count) had been taken as the
+    count of alternatives."""
+    reply = httpx.post(
+        f"{server.base_url}/chat/completions", json={"messages": HI, **body}, headers=JSON, timeout=60
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert error["message"].startswith(message)
+
+
 def test_a_mode_alone_leaves_the_steps_that_take_tokens_back_unused(server: Server) -> None:
     """A request's mode small leaves its switching fields unused: nothing takes a token back."""
     ead = {"mode": "small", "verify": 0.5, "policy": "lookahead"}

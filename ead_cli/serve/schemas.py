@@ -280,7 +280,7 @@ class CompletionBase(BaseModel):
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None  # -1: a fresh one, as llama-server
     n: Positive | None = None
     response_format: ResponseFormat | None = None
-    logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # chat: bool; text: N
+    logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # text: N (chat's own)
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     top_k: TopK | None = None  # llama-server's spelling of ead.top_k
     min_p: MinP | None = None
@@ -399,6 +399,9 @@ class NamedToolChoice(BaseModel):
 
 class ChatRequest(CompletionBase):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    # OpenAI's chat takes a boolean (the count is top_logprobs'): an integer, text completions' count, is a
+    # 400, not a guess at what it meant (llama-server ignores one)
+    logprobs: bool | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
