@@ -380,6 +380,35 @@ def test_a_path_cannot_write_control_characters_into_the_log(server: Server) -> 
     ]
 
 
+ORIGIN = b"Host: HOST\r\nOrigin: http://x\x1b[2J\r\n"
+ESCAPED = "http://x\\x1b[2J"  # the Origin as an error shows it
+REFUSED = f"pages at {ESCAPED} may not use this server: start it with --cors-origin {ESCAPED} to allow them"
+
+
+def test_client_text_in_an_error_is_one_printable_line_in_the_answer_and_the_log(server: Server) -> None:
+    """Only the log had escaped control characters: the answer carried an Origin's escape sequence, and the
+    schema converter's complaint the pattern's, raw (a client printing the error drove its terminal)."""
+    before = server.log().splitlines()
+    head, body = exchange(server, b"GET /health HTTP/1.1\r\n" + ORIGIN + b"Connection: close\r\n\r\n")
+    assert head[0] == b"HTTP/1.1 403 Forbidden"
+    origin = json.loads(body)["error"]["message"]
+    assert origin == REFUSED
+    schema = {"name": "x", "schema": {"type": "string", "pattern": "^\\p{L}\n\x1b[2J$"}}
+    response_format = {"type": "json_schema", "json_schema": schema}
+    reply = post(server, CHAT, {"messages": HI, "response_format": response_format})
+    converter = reply.json()["error"]["message"]
+    assert converter.endswith("Invalid quantifier {L} in /\\p{L} \\x1b[2J/")  # the newline a space
+    reply = post(server, CHAT, {"messages": HI, "model": "gpt\nPOST /v1/chat/completions 200: 5 tokens"})
+    named = reply.json()["error"]["message"]
+    assert named.startswith("the model 'gpt\\nPOST /v1/chat/completions 200: 5 tokens' is not served here")
+    assert all(message.isprintable() for message in (origin, converter, named))
+    assert server.log().splitlines()[len(before) :] == [
+        f"error: GET /health 403: {origin}",
+        f"error: POST {CHAT} 400: {converter}",
+        f"error: POST {CHAT} 404: {named}",
+    ]
+
+
 def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 1.0}
     first, second = (post(server, CHAT, body).json() for _ in range(2))

@@ -47,7 +47,16 @@ from ..prompt import (
 from ..remote import RemoteRunner
 from ..sampling import SamplingParams, grammar_sampler
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
-from .schemas import ApiError, ChatRequest, CompletionBase, CompletionRequest, EadOptions, parse, unsupported
+from .schemas import (
+    ApiError,
+    ChatRequest,
+    CompletionBase,
+    CompletionRequest,
+    EadOptions,
+    loggable,
+    parse,
+    unsupported,
+)
 from .tools import (
     ToolCall,
     ToolCallReader,
@@ -94,11 +103,11 @@ class Guard:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        where = f"{scope['method']} {_loggable(scope['path'])}"
+        where = f"{scope['method']} {loggable(scope['path'])}"
         headers = Headers(scope=scope)
         refusal = self._refusal(headers)
         if refusal is not None:
-            self.log(f"error: {where} {refusal.status}: {_loggable(refusal.message)}")  # Origin, Host
+            self.log(f"error: {where} {refusal.status}: {refusal.message}")  # Origin, Host
             return await refusal.response()(scope, receive, send)
         seen = 0
 
@@ -171,7 +180,7 @@ def http_protocol(log: Log) -> type[H11Protocol]:
     class Protocol(H11Protocol):
         def send_400_response(self, msg: str) -> None:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
-            reason = "" if failure is None else f": {_loggable(str(failure))}"
+            reason = "" if failure is None else f": {failure}"
             error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
             if self.cycle is not None:  # its app answers nobody now (h11 would refuse the answer: a 500)
                 self.cycle.disconnected = True
@@ -203,12 +212,6 @@ def _names_loopback(host: str) -> bool:
         return False
 
 
-def _loggable(text: str) -> str:
-    """A client's text (a path, a header in a refusal) as a log line shows it: control characters
-    escaped (an escape sequence would drive the operator's terminal, a backspace rewrite the line)."""
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
-
-
 def _internal_error() -> ApiError:
     return ApiError(500, "the server failed on this request (its log says why)", kind="server_error")
 
@@ -236,8 +239,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        path, message = _loggable(request.url.path), _loggable(error.message)
-        log(f"error: {request.method} {path} {error.status}: {message}")
+        log(f"error: {request.method} {loggable(request.url.path)} {error.status}: {error.message}")
         return error.response()
 
     @app.exception_handler(StarletteHTTPException)
@@ -617,8 +619,9 @@ class _Reply:
                         yield {"data": chunk}
                     continue
                 if isinstance(message, Failed):
-                    self.log(f"error: POST {self.path}: {message.message}")
-                    yield {"data": json.dumps({"error": _failure(message).body()})}
+                    failure = _failure(message)
+                    self.log(f"error: POST {self.path}: {failure.message}")
+                    yield {"data": json.dumps({"error": failure.body()})}
                     ended = True
                     return
                 self._done(message.summary)

@@ -449,8 +449,15 @@ class CompletionRequest(CompletionBase):
         return prompt[0] if isinstance(prompt[0], list) else prompt  # type: ignore[return-value]
 
 
+def loggable(text: str) -> str:
+    """A client's text (a path, a header, a value in an error) as a log line or an error shows it: control
+    characters escaped (an escape sequence would drive a terminal, a newline or backspace forge a line)."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 class ApiError(Exception):
-    """An HTTP error with OpenAI's error object."""
+    """An HTTP error with OpenAI's error object; its message one printable line, whatever client text it
+    holds (an Origin, a schema converter's complaint that quotes the pattern), in the answer and the log."""
 
     def __init__(
         self,
@@ -462,6 +469,7 @@ class ApiError(Exception):
         param: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        message = loggable(message)
         super().__init__(message)
         self.status, self.message, self.kind, self.code = status, message, kind, code
         self.param, self.headers = param, headers
