@@ -4,6 +4,7 @@ models share, so whichever model writes a token, the answer stays valid JSON (of
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, TAU, serving
+
+from ead_cli.serve.patterns import portable_pattern, portable_patterns
 
 PERSON = {
     "type": "object",
@@ -189,3 +192,59 @@ def test_a_schema_no_answer_can_meet_is_a_400_and_the_server_lives(server: Serve
     assert "[DONE]" not in events
     assert server.log().count("allows no token") == 3
     assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"
+
+
+PATTERNS = [
+    r"^\d{3}-\d{4}$",
+    r"^[\w.-]+@[\w-]+\.[a-z]{2,3}$",
+    r"^\(\d{3}\) \d{3}-\d{4}$",
+    r"^\D\W\S\s$",
+    r"^[^\s,]+\+?$",
+    r"^[A-Z]{2}\/\d+\$$",
+    r"^a\.b\x41\u00e9\t\\$",
+]
+PROBES = [
+    "555-1234", "555-12345", "a5-1234", "me.x@my-host.org", "me@host.com", "me@host.comm", "@h.io",
+    "(555) 123-4567", "(555)123-4567", "x!a ", "x! \t", "1!a ", "x!  ", "abc+", "ab,c", "a b", "",
+    "NY/12$", "NY/12", "ny/12$", "a.bAé\t\\", "aXbAé\t\\", "a.bAe\t\\",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_patterns_escapes_are_respelled_for_the_grammar_meaning_the_same(pattern: str) -> None:
+    """llama.cpp's grammar knows no \\d, \\w, \\s or escaped marks (llama-cpp-python's converter copies
+    them, so ^\\d+$ was a 400): they become classes and codes that match exactly the same strings."""
+    spelled = portable_pattern(pattern)
+    assert not re.search(r"\\[dDwWsS./()+$]", spelled.replace("\\\\", ""))  # an escaped backslash aside
+    assert [bool(re.fullmatch(spelled, probe)) for probe in PROBES] == [
+        bool(re.fullmatch(pattern, probe, re.ASCII)) for probe in PROBES  # ECMA's classes are ASCII
+    ]
+    assert any(re.fullmatch(pattern, probe) for probe in PROBES)
+    # a "pattern" inside a value (const, enum) is data, not a pattern
+    schema = {
+        "type": "object",
+        "properties": {"p": {"pattern": pattern}, "c": {"const": {"pattern": pattern}}},
+    }
+    assert portable_patterns(schema)["properties"] == {
+        "p": {"pattern": spelled},
+        "c": {"const": {"pattern": pattern}},
+    }
+
+
+def test_a_pattern_with_class_escapes_holds_the_answer(server: Server) -> None:
+    """``^\\d{3}-\\d{4}$``, a 400 before, now holds every finished answer of the tiny models' noise."""
+    finished = 0
+    for seed in range(4):
+        reply = chat(
+            server,
+            messages=HI,
+            max_tokens=40,
+            temperature=0.8,
+            seed=seed,
+            response_format=schema_format({"type": "string", "pattern": PATTERNS[0]}),
+        )
+        choice = reply["choices"][0]
+        if choice["finish_reason"] == "stop":
+            finished += 1
+            assert re.fullmatch(PATTERNS[0], json.loads(choice["message"]["content"])), choice
+    assert finished

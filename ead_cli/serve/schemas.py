@@ -16,6 +16,7 @@ from ..errors import EadError
 from ..option_table import OPTIONS, SERVE, DecodingOption, on
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
+from .patterns import portable_patterns
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
@@ -249,8 +250,9 @@ class ResponseFormat(BaseModel):
             raise ApiError(
                 400, "response_format: json_schema needs its json_schema object", param="response_format"
             )
-        text = json.dumps(self.json_schema.json_schema)
-        _check_repetitions(self.json_schema.json_schema, text)
+        schema = portable_patterns(self.json_schema.json_schema)
+        text = json.dumps(schema)
+        _check_repetitions(schema, text)
         try:
             return json_schema_to_gbnf(text)
         except Exception as error:  # the converter's own complaint about a schema it cannot express
