@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 
 import llama_cpp
@@ -121,12 +125,36 @@ class Sampler:
             self._chain = None
 
 
+# Held by whatever writes lines to stderr where a grammar may be parsed meanwhile (ead serve's log), while
+# grammar_sampler has the process's stderr in a file.
+STDERR_LOCK = threading.Lock()
+PARSE_ERROR = "error parsing grammar: "  # llama.cpp's words before its reason
+REASON_CHARS = 120
+
+
 def grammar_sampler(vocab: llama_cpp.llama_vocab_p | None, grammar: str) -> llama_cpp.llama_sampler_p:
-    """llama.cpp's grammar sampler for a GBNF text; a grammar it cannot parse is a one-line error."""
-    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root") if vocab else None
-    if not sampler:
-        raise EadError("llama.cpp could not parse the grammar")
-    return sampler
+    """llama.cpp's grammar sampler for a GBNF text; a grammar it cannot parse is a one-line error, with
+    llama.cpp's reason. Its parser prints such a grammar whole to the process's stderr (a C fprintf:
+    a client's schema in ead serve's log, newlines and all), so stderr goes to a file for the call."""
+    if not vocab:
+        raise EadError("llama.cpp could not parse the grammar: no model's vocabulary")
+    with STDERR_LOCK, tempfile.TemporaryFile() as caught:
+        sys.stderr.flush()
+        kept = os.dup(2)
+        try:
+            os.dup2(caught.fileno(), 2)
+            sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        finally:
+            os.dup2(kept, 2)
+            os.close(kept)
+        if sampler:
+            return sampler
+        caught.seek(0)
+        printed = caught.read().decode("utf-8", "replace")
+    reason = printed.partition(PARSE_ERROR)[2].partition("\n")[0]
+    if len(reason) > REASON_CHARS:
+        reason = reason[:REASON_CHARS] + "..."
+    raise EadError(f"llama.cpp could not parse the grammar{': ' if reason else ''}{reason}")
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

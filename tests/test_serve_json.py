@@ -160,13 +160,23 @@ def test_a_schema_whose_grammar_would_not_fit_is_a_400_and_the_server_lives(
 
 
 def test_a_schema_whose_grammar_llama_cpp_cannot_parse_names_response_format(server: Server) -> None:
-    """The converter copies a pattern's unknown escape (``\\x``) into the grammar, which llama.cpp's parser
-    refuses: the 400 had ``param`` null."""
-    body = {"messages": HI, "max_tokens": 2, "response_format": schema_format({"pattern": "^\\x$"})}
-    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert (error["param"], error["message"]) == ("response_format", "llama.cpp could not parse the grammar")
+    """The converter copies a pattern's unknown escape (``\\x``, ``\\b``) into the grammar, which llama.cpp's
+    parser refuses: the 400 had ``param`` null, and llama.cpp printed the whole grammar to the server's
+    stderr, a client's newline starting a line of the log. The 400 names llama.cpp's reason instead, and
+    the log has the request's one line."""
+    for pattern, reason in (
+        ("^\\x$", 'expecting 2 hex chars at " "\\"" space'),
+        ("^\\b\nFORGED$", "unknown escape at \\b"),
+    ):
+        before = server.log()
+        body = {"messages": HI, "max_tokens": 2, "response_format": schema_format({"pattern": pattern})}
+        reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "response_format"
+        assert error["message"] == f"llama.cpp could not parse the grammar: {reason}"
+        [line] = server.log()[len(before) :].splitlines()
+        assert line.startswith("error: POST /v1/chat/completions 400: llama.cpp could not parse the grammar")
     assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"
 
 
@@ -217,7 +227,8 @@ def test_a_patterns_escapes_are_respelled_for_the_grammar_meaning_the_same(patte
     spelled = portable_pattern(pattern)
     assert not re.search(r"\\[dDwWsS./()+$]", spelled.replace("\\\\", ""))  # an escaped backslash aside
     assert [bool(re.fullmatch(spelled, probe)) for probe in PROBES] == [
-        bool(re.fullmatch(pattern, probe, re.ASCII)) for probe in PROBES  # ECMA's classes are ASCII
+        bool(re.fullmatch(pattern, probe, re.ASCII))
+        for probe in PROBES  # ECMA's classes are ASCII
     ]
     assert any(re.fullmatch(pattern, probe) for probe in PROBES)
     # a "pattern" inside a value (const, enum) is data, not a pattern
