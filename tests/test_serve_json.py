@@ -95,7 +95,9 @@ def test_json_mode_that_cannot_hold_is_a_400(server: Server, body: dict, fragmen
         f"{server.base_url}/chat/completions", json={"messages": HI, **body}, headers=JSON, timeout=60
     )
     assert reply.status_code == 400, reply.text
-    assert fragment in reply.json()["error"]["message"]
+    error = reply.json()["error"]
+    assert fragment in error["message"]
+    assert error["code"] == "invalid_value" and error["param"] is not None, error
 
 
 @pytest.mark.real

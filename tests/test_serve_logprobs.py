@@ -80,7 +80,9 @@ def test_logprobs_that_cannot_be_given_are_a_400(server: Server, body: dict, fra
         f"{server.base_url}/chat/completions", json={"messages": HI, **body}, headers=JSON, timeout=60
     )
     assert reply.status_code == 400
-    assert fragment in reply.json()["error"]["message"]
+    error = reply.json()["error"]
+    assert fragment in error["message"]
+    assert error["code"] == "invalid_value" and error["param"] is not None, error
 
 
 BOOLEAN = "Input should be a valid boolean"

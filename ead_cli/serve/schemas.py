@@ -247,9 +247,8 @@ class ResponseFormat(BaseModel):
         if self.type == "json_object":
             return JSON_GBNF
         if self.json_schema is None:
-            raise ApiError(
-                400, "response_format: json_schema needs its json_schema object", param="response_format"
-            )
+            message = "response_format: json_schema needs its json_schema object"
+            raise ApiError(400, message, code="invalid_value", param="response_format")
         schema = portable_patterns(self.json_schema.json_schema)
         text = json.dumps(schema)
         _check_repetitions(schema, text)
@@ -303,7 +302,8 @@ class CompletionBase(BaseModel):
         Chat asks with ``logprobs: true`` and ``top_logprobs: N``, text completions with ``logprobs: N``."""
         if self.logprobs is None or self.logprobs is False:
             if self.top_logprobs:
-                raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+                message = "top_logprobs needs logprobs: true"
+                raise ApiError(400, message, code="invalid_value", param="top_logprobs")
             return None
         return (self.top_logprobs or 0) if self.logprobs is True else self.logprobs
 
@@ -376,7 +376,8 @@ class ChatMessage(BaseModel):
             return self.content or ""
         for part in self.content:
             if part.type == "text" and part.text is None:
-                raise ApiError(400, f"{where}.content: a text part needs its text", param=f"{where}.content")
+                message = f"{where}.content: a text part needs its text"
+                raise ApiError(400, message, code="invalid_value", param=f"{where}.content")
             if part.type != "text":
                 # the client's text: quoted unless a plain name, so a newline in it cannot split the line
                 kind = part.type if part.type.isidentifier() else repr(part.type)
