@@ -321,7 +321,13 @@ DECODING: tuple[DecodingOption, ...] = (
         what="LOW:HIGH in bits",
     ),
     DecodingOption(
-        "temp", float, 0.0, "Temperature; 0 is greedy.", target="sampling", surfaces=frozenset({CLI, CHAT})
+        "temp",
+        float,
+        0.0,
+        "Temperature; 0 is greedy.",
+        target="sampling",
+        short="sampling temperature (0: greedy)",
+        surfaces=frozenset({CLI, CHAT}),
     ),
     DecodingOption(
         "top_k",

@@ -548,3 +548,16 @@ def test_sigterm_at_the_prompt_says_so_on_a_line_of_its_own(spawn) -> None:
         child.close()
         assert child.exitstatus == 143
         assert plain(child.before) == "\nerror: terminated\n"
+
+
+def test_help_lists_every_command_on_one_line_in_the_same_style(tiny_pair: tuple[Path, Path]) -> None:
+    """One line per command, its usage and a lowercase phrase without a full stop (/temp's had been the
+    command line's sentence, 'Temperature; 0 is greedy.')."""
+    result = pipe(tiny_pair, b"/help\n")
+    lines = (result.stdout + result.stderr).decode().splitlines()
+    commands = [line for line in lines if line.startswith("/")]
+    assert [line.split()[0] for line in commands][:3] == ["/help", "/mode", "/policy"]
+    assert "/temp X" in " ".join(commands) and len(commands) == len(set(commands)) >= 15
+    for line in commands:
+        description = line[17:]
+        assert description[:1].islower() and not description.endswith("."), line
