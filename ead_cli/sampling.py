@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
-import sys
-import tempfile
-import threading
 from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
 
+from . import shared_stderr
 from .errors import EadError, check_int32
 
 
@@ -125,9 +122,6 @@ class Sampler:
             self._chain = None
 
 
-# Held by whatever writes lines to stderr where a grammar may be parsed meanwhile (ead serve's log), while
-# grammar_sampler has the process's stderr in a file.
-STDERR_LOCK = threading.Lock()
 PARSE_ERROR = "error parsing grammar: "  # llama.cpp's words before its reason
 REASON_CHARS = 120
 
@@ -138,15 +132,8 @@ def grammar_sampler(vocab: llama_cpp.llama_vocab_p | None, grammar: str) -> llam
     a client's schema in ead serve's log, newlines and all), so stderr goes to a file for the call."""
     if not vocab:
         raise EadError("llama.cpp could not parse the grammar: no model's vocabulary")
-    with STDERR_LOCK, tempfile.TemporaryFile() as caught:
-        sys.stderr.flush()
-        kept = os.dup(2)
-        try:
-            os.dup2(caught.fileno(), 2)
-            sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-        finally:
-            os.dup2(kept, 2)
-            os.close(kept)
+    with shared_stderr.captured() as caught:
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if sampler:
             return sampler
         caught.seek(0)

@@ -9,6 +9,8 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -344,3 +346,14 @@ def test_every_json_ead_writes_is_whole_through_links_and_in_place_on_devices(tm
     with pytest.raises(EadError, match=r"^cannot save the figures to .*folder\.json: "):
         paths.save_json(tmp_path / "folder.json", {"a": 1}, "the figures", indent=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.json", "link.json", "real.json"]
+
+
+def test_the_command_line_starts_numpys_thread_pool_only_with_signals_held() -> None:
+    """numpy's OpenBLAS starts its threads at import; the command line imports it in its callback, with
+    SIGINT and SIGTERM held, so no pool thread takes a Ctrl-C. A module imported with the command line
+    that imported numpy itself (ead serve's log once took a lock from sampling.py) started the pool
+    unmasked: a Ctrl-C during a long prefill was then dropped in llama.cpp's abort callback."""
+    code = "import sys, ead_cli.cli; print(sorted(m for m in ('numpy', 'llama_cpp') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

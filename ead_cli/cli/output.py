@@ -12,8 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .. import shared_stderr
 from ..errors import EadError
-from ..sampling import STDERR_LOCK
 from ..signals import main_thread_signals
 
 stderr = Console(stderr=True, highlight=False)
@@ -24,11 +24,8 @@ def say_progress(message: str) -> None:
 
 
 def say(line: str) -> None:
-    """A server's line on stderr, at once (its log is read as it is written); not while a grammar's
-    parse has stderr in a file (``sampling.STDERR_LOCK``)."""
-    with STDERR_LOCK:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+    """A server's line on stderr, at once (its log is read as it is written)."""
+    shared_stderr.write_line(line)
 
 
 def print_rows(columns: tuple[tuple[str, str, str], ...], rows: list[dict[str, Any]]) -> None:
