@@ -10,27 +10,48 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from .errors import EadError
 
 
+def expand_home(path: str, where: str) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` made that home folder. Where there is none (``~name`` of
+    no user here; ``~`` with HOME unset and no passwd entry) pathlib raises RuntimeError: one line
+    instead, after ``where`` (what the path is)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        head = path.split("/", 1)[0]
+        reason = "HOME is not set and this user has no home" if head == "~" else f"{head} is no user's home"
+        raise EadError(f"{where}: {reason}") from None
+
+
+@overload
+def env_path(name: str) -> Path | None: ...
+@overload
+def env_path(name: str, default: str) -> Path: ...
+def env_path(name: str, default: str | None = None) -> Path | None:
+    """The folder or file $``name`` names, else ``default``, with ``~`` expanded; None if neither."""
+    value = os.environ.get(name) or default
+    if value is None:
+        return None
+    return expand_home(value, f"{name}={value}" if os.environ.get(name) else f"{value} (the default {name})")
+
+
 def config_file() -> Path:
     """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default)."""
-    if os.environ.get("EAD_CONFIG"):
-        return Path(os.environ["EAD_CONFIG"]).expanduser()
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser()
-    return base / "ead-cli" / "calibration.json"
+    given = env_path("EAD_CONFIG")
+    return given or env_path("XDG_CONFIG_HOME", "~/.config") / "ead-cli" / "calibration.json"
 
 
 def xdg_cache_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return env_path("XDG_CACHE_HOME", "~/.cache")
 
 
 def ead_cache_dir() -> Path:
     """$EAD_CACHE, else ead-cli in the XDG cache: models, and a llama-server built for the tests."""
-    root = os.environ.get("EAD_CACHE")
-    return Path(root).expanduser() if root else xdg_cache_home() / "ead-cli"
+    return env_path("EAD_CACHE") or xdg_cache_home() / "ead-cli"
 
 
 def check_can_save(path: Path, what: str) -> None:

@@ -26,7 +26,7 @@ from typing import IO, Any, NoReturn
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
-from ead_cli.paths import ead_cache_dir, xdg_cache_home
+from ead_cli.paths import ead_cache_dir, env_path, expand_home, xdg_cache_home
 from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX, resolve_lmstudio, resolve_ollama
 
 if sys.version_info >= (3, 11):
@@ -105,11 +105,13 @@ def load_catalog(user_file: Path | None = None) -> Catalog:
     """
     builtin = _builtin_models_file()
     models, defaults = _read_models_file(builtin)
-    if user_file is None and os.environ.get("EAD_MODELS"):
-        user_file = Path(os.environ["EAD_MODELS"])
+    if user_file is None:
+        user_file = env_path("EAD_MODELS")
+    else:
+        user_file = expand_home(str(user_file), f"the models file {user_file}")
     user_defaults: dict[str, str] = {}
     if user_file is not None:
-        user_models, user_defaults = _read_models_file(user_file.expanduser())
+        user_models, user_defaults = _read_models_file(user_file)
         models |= user_models
         defaults |= user_defaults
     for role in ("small", "large"):
@@ -136,7 +138,7 @@ def resolve(
     if ref.startswith(LMSTUDIO_PREFIX):
         return resolve_lmstudio(ref.removeprefix(LMSTUDIO_PREFIX))
     if _is_path(ref):
-        return checked_gguf(Path(ref).expanduser())
+        return checked_gguf(expand_home(ref, f"the model path {ref}"))
     return _fetch(catalog.spec(ref), allow_download=allow_download, progress=progress)
 
 
@@ -223,10 +225,7 @@ def _ead_models_dir() -> Path:
 
 def _hub_cache_dir() -> Path:
     """The hub cache, read from the environment at call time (huggingface_hub reads it once, at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME")
-    return (Path(home).expanduser() if home else xdg_cache_home() / "huggingface") / "hub"
+    return env_path("HF_HUB_CACHE") or (env_path("HF_HOME") or xdg_cache_home() / "huggingface") / "hub"
 
 
 def _hub_offline() -> bool:

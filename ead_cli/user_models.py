@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
+from ead_cli.paths import env_path, expand_home
 
 OLLAMA_PREFIX = "ollama:"
 LMSTUDIO_PREFIX = "lmstudio:"
@@ -40,22 +41,17 @@ def is_user_model(ref: str) -> bool:
 
 def ollama_models_dir() -> Path:
     """$OLLAMA_MODELS (ollama's own override), else ~/.ollama/models."""
-    root = os.environ.get("OLLAMA_MODELS")
-    return Path(root).expanduser() if root else Path.home() / ".ollama" / "models"
+    return env_path("OLLAMA_MODELS", "~/.ollama/models")
 
 
 def lmstudio_models_dirs() -> list[Path]:
     """$LMSTUDIO_MODELS (ead's: LM Studio has no variable of its own), else the existing ones of
     ~/.lmstudio/models and, from LM Studio before 0.3, ~/.cache/lm-studio/models."""
-    override = os.environ.get("LMSTUDIO_MODELS")
+    override = env_path("LMSTUDIO_MODELS")
     if override:
-        return [Path(override).expanduser()]
-    home = Path.home()
-    return [
-        root
-        for root in (home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models")
-        if root.is_dir()
-    ]
+        return [override]
+    defaults = ("~/.lmstudio/models", "~/.cache/lm-studio/models")
+    return [root for root in (expand_home(path, f"LM Studio's {path}") for path in defaults) if root.is_dir()]
 
 
 def user_models() -> list[UserModel]:

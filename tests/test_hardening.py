@@ -141,6 +141,36 @@ def test_paths_with_spaces_and_non_ascii_names(tmp_path: Path, tiny_pair: tuple[
     assert [model["path"] for model in summary["models"]] == [str(small), str(large)]
 
 
+NO_HOME = "~nouser-ead"  # a ~name of no user here: pathlib raised RuntimeError, a traceback
+
+
+@pytest.mark.parametrize(
+    ("variable", "args", "named"),
+    [
+        (None, ("--large", f"{NO_HOME}/m.gguf"), f"the model path {NO_HOME}/m.gguf"),
+        (None, ("--catalog", f"{NO_HOME}/m.toml"), f"the models file {NO_HOME}/m.toml"),
+        ("EAD_MODELS", (), f"the models file {NO_HOME}/m"),
+        ("OLLAMA_MODELS", ("--large", "ollama:qwen"), f"OLLAMA_MODELS={NO_HOME}/m"),
+        ("LMSTUDIO_MODELS", ("--large", "lmstudio:qwen"), f"LMSTUDIO_MODELS={NO_HOME}/m"),
+        ("XDG_CACHE_HOME", ("--large", "qc0.5b"), f"XDG_CACHE_HOME={NO_HOME}/m"),
+        ("EAD_CACHE", ("--large", "qc0.5b"), f"EAD_CACHE={NO_HOME}/m"),
+        ("HF_HOME", ("--large", "qc0.5b"), f"HF_HOME={NO_HOME}/m"),
+        ("EAD_CONFIG", ("--mode", "ead"), f"EAD_CONFIG={NO_HOME}/m"),
+    ],
+)
+def test_a_home_folder_of_no_user_is_one_line(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], variable: str | None, args: tuple[str, ...], named: str
+) -> None:
+    """A ~name, in a path or in a variable that names a folder or file, of no user here."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "EAD_CACHE": str(tmp_path / "ead")}
+    shadows = {"XDG_CACHE_HOME": "EAD_CACHE", "HF_HOME": "HF_HUB_CACHE"}  # each is read only without these
+    if variable is not None:
+        env = {key: value for key, value in env.items() if key not in (variable, shadows.get(variable))}
+        env[variable] = f"{NO_HOME}/m"
+    result = ead("generate", *pair_args(tiny_pair), *args, "--max-tokens", "2", "hi", env=env)
+    assert_one_line_error(result, 1, f"error: {named}: {NO_HOME} is no user's home")
+
+
 def test_a_home_path_without_the_gguf_suffix(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
     """`~` is the user's home; a reference with a slash is a path even without the .gguf suffix."""
     (tmp_path / "my models").mkdir()

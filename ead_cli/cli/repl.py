@@ -14,7 +14,6 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from rich.console import Console
@@ -23,6 +22,7 @@ from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError
 from ..option_table import CHAT, DecodingOption, on
 from ..options import GenerationOptions, PolicyOptions
+from ..paths import expand_home
 from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
@@ -316,10 +316,7 @@ class Repl:
         name = "".join(names)
         if not name:  # nothing, or "" (which would name the current folder)
             raise EadError("/save takes a file name")
-        try:
-            path = Path(name).expanduser()
-        except RuntimeError:  # ~name of no user on this system
-            raise EadError(f"cannot write {name}: {name.split('/')[0]} is no user's home") from None
+        path = expand_home(name, f"cannot write {name}")
         self.conversation.save(path)
         self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {path}")
 
