@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -466,8 +467,8 @@ def _builtin_models_file() -> Path:
 # What a value of each kind of field must be, and how an error message describes that.
 _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "text": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
-    "number": (
-        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
+    "number": (  # finite: TOML's inf would reach `ead models list --json` as Infinity, which is not JSON
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf,
         "a positive number",
     ),
     "names": (

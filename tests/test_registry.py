@@ -235,6 +235,17 @@ def test_a_user_file_that_is_not_utf8_is_one_line(tmp_path: Path, data: bytes, b
         assert line == f"error: {expected}"
 
 
+@pytest.mark.parametrize(("value", "shown"), [("inf", "inf"), ("+inf", "inf"), ("nan", "nan"), ("0", "0")])
+def test_a_parameter_count_that_is_no_positive_number_is_one_line(
+    tmp_path: Path, value: str, shown: str
+) -> None:
+    """TOML's inf passed the check, and `models list --json` printed it as Infinity, which no JSON
+    reader takes."""
+    models_file = write_models(tmp_path, f"[models.x]\nrepo = 'a/b'\npattern = 'x.gguf'\nparams = {value}\n")
+    line = assert_one_line_error(ead("models", "list", "--json", "--catalog", str(models_file)), 1)
+    assert line == f"error: models file {models_file}: models.x.params must be a positive number, not {shown}"
+
+
 def test_missing_user_file(tmp_path: Path) -> None:
     with pytest.raises(EadError) as caught:
         load_catalog(tmp_path / "absent.toml")
