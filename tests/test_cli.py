@@ -210,6 +210,20 @@ def test_a_closed_pipe_ends_quietly(tiny_pair: tuple[Path, Path]) -> None:
     assert result.stderr == b""
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["--version"], ["--help"], ["generate", "--help"], ["models", "list"], ["models", "list", "--json"]],
+)
+def test_any_commands_output_to_a_closed_pipe_ends_quietly(args: list[str]) -> None:
+    """The reader is gone before the first write (`ead models list | true`): 141 and nothing said, as
+    generate does; typer's own handling of the pipe made it a bare exit 1."""
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "wb") as closed:
+        result = subprocess.run([EAD, *args], stdout=closed, stderr=subprocess.PIPE, timeout=120)
+    assert (result.returncode, result.stderr) == (141, b"")
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
 @pytest.mark.parametrize("output_format", ["text", "jsonl"])
 def test_a_full_disk_is_one_line(tiny_pair: tuple[Path, Path], output_format: str) -> None:

@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         silence_stdout()
         sys.exit(141)
+    except SystemExit as stop:  # typer answers a closed pipe inside a command with a bare exit 1
+        if not isinstance(stop.__context__, BrokenPipeError):
+            raise
+        silence_stdout()
+        sys.exit(141)
     except OSError as error:  # an output that refuses the text (a full disk): any command's, in one line
         if error.errno not in _REFUSED_OUTPUT:
             raise
