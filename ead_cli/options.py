@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 DEFAULT_TOP_K = 20
 DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 86400  # a day, as ead serve's --shutdown-timeout
 
 
 def check_remote_settings(top_k: int, timeout_s: float) -> None:
@@ -25,8 +26,9 @@ def check_remote_settings(top_k: int, timeout_s: float) -> None:
     a runner made directly both use it."""
     if not 1 <= top_k <= 1000:
         raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
-    if not timeout_s > 0:
-        raise EadError(f"--remote-timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # past it (inf), socket.settimeout raised OverflowError
+        message = f"--remote-timeout must be above 0 and at most {MAX_TIMEOUT_S} seconds, got {timeout_s}"
+        raise EadError(message, exit_code=2)
 
 
 def check_verify_ratio(ratio: float) -> None:

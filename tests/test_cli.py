@@ -395,6 +395,9 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--ctx", "4294967312"], "--ctx must be at most 2147483647 (llama.cpp's 32 bits), got 4294967312"),
         (["--n-gpu-layers", "4294967296"], "--n-gpu-layers must be at most 2147483647 (llama.cpp's 32 bits)"),
         (["--top-k", "4294967298"], "--top-k must be at most 2147483647 (llama.cpp's 32 bits), got 42949"),
+        # a socket's timeout takes no more: inf was an OverflowError traceback at the first request
+        (["--remote-timeout", "inf"], "--remote-timeout must be above 0 and at most 86400 seconds, got inf"),
+        (["--remote-timeout", "1e300"], "--remote-timeout must be above 0 and at most 86400 seconds"),
         (["--large", ""], "--large must name a model"),
         (["--small", " "], "--small must name a model"),
     ],

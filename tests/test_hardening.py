@@ -256,7 +256,9 @@ BOUNDS = [
     ("--n-gpu-layers", "2147483647", "2147483648", "--n-gpu-layers must be at most 2147483647", ()),
     ("--remote-top-k", "1", "0", "--remote-top-k must be in [1, 1000]", ()),
     ("--remote-top-k", "1000", "1001", "--remote-top-k must be in [1, 1000]", ()),
-    ("--remote-timeout", "1e-9", "0", "--remote-timeout must be above 0 seconds", ()),
+    ("--remote-timeout", "1e-9", "0", "--remote-timeout must be above 0 and at most 86400 seconds", ()),
+    # past a socket's limit (inf, 1e300) it was an OverflowError where the connection was made
+    ("--remote-timeout", "86400", "86400.000001", "--remote-timeout must be above 0 and at most 86400", ()),
     ("--draft", "1", "0", "draft must be in [1, 64]", SPEC),
     ("--draft", "64", "65", "draft must be in [1, 64]", SPEC),
     ("--verify", "1", "1.000001", "verify ratio must be in (0, 1]", ()),
