@@ -398,6 +398,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         # a socket's timeout takes no more: inf was an OverflowError traceback at the first request
         (["--remote-timeout", "inf"], "--remote-timeout must be above 0 and at most 86400 seconds, got inf"),
         (["--remote-timeout", "1e300"], "--remote-timeout must be above 0 and at most 86400 seconds"),
+        (["--raw", "--system", "be brief"], "--system needs the chat template, which --raw leaves out"),
         (["--large", ""], "--large must name a model"),
         (["--small", " "], "--small must name a model"),
     ],

@@ -64,6 +64,8 @@ def generate(
         wants_color,
     )
 
+    if raw and system:  # the template is what places a system message: --raw dropped it unsaid
+        raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
     text = check_prompt_text(read_prompt(prompt))
     check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
