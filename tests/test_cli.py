@@ -555,6 +555,51 @@ def test_entry_point_is_on_path_for_the_venv() -> None:
     assert shutil.which("ead", path=str(Path(sys.executable).parent))
 
 
+def pending(pid: int) -> set[int]:
+    """The signals sent to a process that it has not taken yet, from Linux's /proc (the main thread's
+    SigPnd and the process's ShdPnd: hex masks, bit n - 1 for signal n)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    mask = 0
+    for line in lines:
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            mask |= int(line.split()[1], 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+
+
+@pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_reader_lags_keeps_every_counted_token(
+    tiny_pair: tuple[Path, Path], unbuffered: str, stop: signal.Signals
+) -> None:
+    """A reader that stops reading (a held pager) fills the pipe and blocks the write of a token; the
+    signal interrupts that write. Unbuffered (PYTHONUNBUFFERED=1, as many container images set), Python's
+    text layer had already dropped the token's text: the summary counted one token the output lacked."""
+    args = [*pair_args(tiny_pair), "--ctx", "4096", "--max-tokens", "4000", "--format", "jsonl", "hi"]
+    process = subprocess.Popen(
+        [EAD, "generate", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": unbuffered},
+        preexec_fn=interruptible,
+    )
+    wchan = Path(f"/proc/{process.pid}/wchan")  # where the main thread sleeps: in a pipe's write, once full
+    deadline = time.monotonic() + 60
+    while "pipe_write" not in wchan.read_text():
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    process.send_signal(stop)
+    while stop in pending(process.pid):  # read only once the write has taken it: the reader never won
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    out, err = read_to_the_end(process)
+    assert process.returncode == 128 + stop, err.decode()
+    lines = out.decode().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["finish_reason"] == "interrupted"
+    assert [json.loads(line)["index"] for line in lines[:-1]] == list(range(summary["generated"]))
+
+
 def test_sigterm_stops_like_ctrl_c_and_keeps_the_output(tiny_pair: tuple[Path, Path]) -> None:
     args = [*pair_args(tiny_pair), "--ctx", "2048", "--max-tokens", "2000", "--format", "jsonl", "--stats"]
     process = subprocess.Popen([EAD, "generate", *args, "hi"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -314,8 +314,7 @@ class DepthTextRenderer(Renderer):
         return text
 
     def finish(self, summary: DepthSummary) -> None:
-        self.out.write("\n")
-        self.out.flush()
+        self.write("\n")
 
 
 class DepthJsonlRenderer(Renderer):
@@ -328,8 +327,7 @@ class DepthJsonlRenderer(Renderer):
 
     def finish(self, summary: DepthSummary) -> None:
         record = {"type": "summary", **asdict(summary), "flop_ratio": summary.flop_ratio}
-        self.out.write(json.dumps(record) + "\n")
-        self.out.flush()
+        self.write(json.dumps(record) + "\n")
 
 
 def depth_stats_lines(summary: DepthSummary) -> list[str]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -59,15 +60,22 @@ def wants_color(stream: TextIO, no_color: bool) -> bool:
 
 
 class Renderer:
-    """``shown``: the index of the last event handed to the output. It is set between making the text
-    and the write call (no signal is handled there), so after a Ctrl-C the caller can tell a token the
-    output never got from one it did, and show it: the output then holds every token the summary
-    counts, none twice."""
+    """``shown``: the index of the last event handed to the output. It is set as soon as the output's
+    buffer holds the event's bytes (a copy that waits on nothing, so a signal lands there only in that
+    instant), so after a Ctrl-C the caller can tell a token the output never got from one it did, and
+    show it: the output then holds every token the summary counts, none twice.
+
+    The bytes go through a buffered binary stream, which takes a write whole or (a signal interrupting
+    it) not at all, and keeps what a signal stopped it writing out for its next flush: a reader that
+    stops reading (a full pipe, a held pager) blocks a flush, where Ctrl-C lands. Python's text layer
+    forgets the text of an interrupted write, and unbuffered (PYTHONUNBUFFERED=1) writes to the file
+    itself, which cannot say what an interrupted write wrote: a token was lost, yet counted."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.shown = -1
         self.terminal = out.isatty()
+        self.binary = _buffered(out)
 
     def visible(self, text: str) -> str:
         """A token's text as the output may get it: at a terminal its control characters spelled out; in
@@ -75,11 +83,19 @@ class Renderer:
         return spell_controls(text) if self.terminal else text
 
     def event(self, event: TokenEvent) -> None:
-        text = self._text(event)
+        data = self._encode(self._text(event))
+        self.binary.write(data)
         self.shown = event.index
-        if text:
-            self.out.write(text)
-            self.out.flush()
+        self.binary.flush()
+
+    def write(self, text: str) -> None:
+        """``text`` after what the buffer still holds of the tokens, flushed."""
+        self.binary.write(self._encode(text))
+        self.binary.flush()
+
+    def _encode(self, text: str) -> bytes:
+        self.out.flush()  # what went through the text layer (chat's prompt) comes first
+        return text.encode(self.out.encoding, self.out.errors or "strict")
 
     def _text(self, event: TokenEvent) -> str:
         raise NotImplementedError
@@ -87,6 +103,15 @@ class Renderer:
     def finish(self, summary: Any) -> None:
         """The answer is over (or cut short): end its line, or write the summary record."""
         raise NotImplementedError
+
+
+def _buffered(out: TextIO) -> BinaryIO:
+    """The binary stream under ``out``, buffered: unbuffered (PYTHONUNBUFFERED=1, python -u) it is the
+    file itself, and a buffer of ours goes on top (on the same descriptor, which it never closes)."""
+    binary = out.buffer
+    if isinstance(binary, io.RawIOBase):
+        return io.BufferedWriter(io.FileIO(binary.fileno(), "w", closefd=False))
+    return binary
 
 
 def stream_answer(response: Response, renderer: Renderer) -> int:
@@ -138,8 +163,7 @@ class TextRenderer(Renderer):
         return text
 
     def finish(self, summary: Summary) -> None:
-        self.out.write("\n")
-        self.out.flush()
+        self.write("\n")
 
 
 class JsonlRenderer(Renderer):
@@ -149,8 +173,7 @@ class JsonlRenderer(Renderer):
         return json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False) + "\n"
 
     def finish(self, summary: Summary) -> None:
-        self.out.write(json.dumps({"type": "summary", **asdict(summary)}) + "\n")
-        self.out.flush()
+        self.write(json.dumps({"type": "summary", **asdict(summary)}) + "\n")
 
 
 def _seconds(value: float) -> str:
