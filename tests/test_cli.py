@@ -188,6 +188,25 @@ def test_prompt_from_stdin_equals_the_argument(tiny_pair: tuple[Path, Path]) -> 
     assert ead(*base, stdin="tell me").stdout == argument.stdout
 
 
+def test_an_output_encoding_without_the_answers_characters(tiny_pair: tuple[Path, Path]) -> None:
+    """PYTHONIOENCODING=ascii (or a Latin-1 locale): a character the output's encoding lacks was a
+    UnicodeEncodeError traceback mid-answer. Text shows it as '?'; JSON lines are UTF-8 whatever the
+    locale (RFC 8259), so they lose nothing."""
+    args = ["generate", *pair_args(tiny_pair), "--max-tokens", "20", "hi"]
+
+    def token_lines(result: subprocess.CompletedProcess) -> list[str]:
+        assert (result.returncode, result.stderr) == (0, b"")
+        return result.stdout.decode("utf-8").splitlines()[:-1]  # the summary has timings
+
+    utf8 = token_lines(ead(*args, "--format", "jsonl", env={"PYTHONIOENCODING": "utf-8"}))
+    answer = "".join(json.loads(line)["text"] for line in utf8)
+    assert not answer.isascii()
+    assert token_lines(ead(*args, "--format", "jsonl", env={"PYTHONIOENCODING": "ascii"})) == utf8
+    text = ead(*args, "--format", "text", env={"PYTHONIOENCODING": "ascii"})
+    assert (text.returncode, text.stderr) == (0, b"")
+    assert text.stdout == answer.encode("ascii", "replace") + b"\n"
+
+
 def test_stats_go_to_stderr(tiny_pair: tuple[Path, Path]) -> None:
     result = ead("generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "25", "--stats", "hi")
     err = result.stderr.decode()

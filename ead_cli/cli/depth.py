@@ -320,6 +320,8 @@ class DepthTextRenderer(Renderer):
 class DepthJsonlRenderer(Renderer):
     """One JSON object per token (its depth and probe entropies), then the summary."""
 
+    utf8 = True
+
     def _text(self, event: DepthEvent) -> str:  # type: ignore[override]
         record = {"type": "token", **asdict(event)}
         record["probes"] = {str(layer): round(bits, 4) for layer, bits in event.probes}

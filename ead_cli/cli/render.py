@@ -71,6 +71,8 @@ class Renderer:
     forgets the text of an interrupted write, and unbuffered (PYTHONUNBUFFERED=1) writes to the file
     itself, which cannot say what an interrupted write wrote: a token was lost, yet counted."""
 
+    utf8 = False  # JSON lines' renderers: the bytes are UTF-8 whatever the output's encoding
+
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.shown = -1
@@ -94,8 +96,10 @@ class Renderer:
         self.binary.flush()
 
     def _encode(self, text: str) -> bytes:
+        """JSON lines in UTF-8 whatever the locale (RFC 8259); text in the output's encoding, a character
+        it lacks (PYTHONIOENCODING=ascii, a Latin-1 terminal) as '?' rather than a traceback mid-answer."""
         self.out.flush()  # what went through the text layer (chat's prompt) comes first
-        return text.encode(self.out.encoding, self.out.errors or "strict")
+        return text.encode("utf-8") if self.utf8 else text.encode(self.out.encoding, "replace")
 
     def _text(self, event: TokenEvent) -> str:
         raise NotImplementedError
@@ -168,6 +172,8 @@ class TextRenderer(Renderer):
 
 class JsonlRenderer(Renderer):
     """One JSON object per token, then one summary object; every object has a ``type``."""
+
+    utf8 = True
 
     def _text(self, event: TokenEvent) -> str:
         return json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False) + "\n"
