@@ -59,8 +59,12 @@ def check_can_save(path: Path, what: str) -> None:
     calibration) that a file in the folder's way or a folder it cannot write would throw away."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path.parent).close()
     except OSError as error:
+        raise cannot_save(path, what, error) from None
+    try:
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as error:  # the scratch file's random name means nothing to the user: the folder does
+        error.filename = str(path.parent)
         raise cannot_save(path, what, error) from None
 
 

@@ -157,6 +157,18 @@ def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json"]
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_that_takes_no_file_is_named(tiny_pair: tuple[Path, Path]) -> None:
+    """/proc takes no new file, even from root: the line names the folder, not the random name of the
+    scratch file that found it out (it had said '(/proc/tmpgr7a92di)')."""
+    config = "/proc/ead-calibration.json"
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "4", "--no-check", "--save"]
+    line = assert_one_line_error(
+        ead(*args, env={"EAD_CONFIG": config}), 1, f"cannot save the calibration to {config}: "
+    )
+    assert line.endswith(" (/proc)")
+
+
 def test_a_prompt_too_long_for_the_context_is_named_before_any_answer_runs(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
