@@ -433,9 +433,15 @@ def remove_cached(ref: str, catalog: Catalog) -> Path:
             else ""
         )
         raise EadError(f"model '{ref}' has no copy in the ead cache {_ead_models_dir()}{elsewhere}")
-    with (target.parent / f".{target.name}.lock").open("a") as lock, _exclusive_lock(lock, lambda: None):
-        _sidecar(target).unlink(missing_ok=True)  # first, so a half-done removal never looks verified
-        target.unlink(missing_ok=True)
+    lock_path = target.parent / f".{target.name}.lock"
+    try:
+        with lock_path.open("a") as lock, _exclusive_lock(lock, lambda: None):
+            _sidecar(target).unlink(missing_ok=True)  # first, so a half-done removal never looks verified
+            target.unlink(missing_ok=True)
+    except OSError as err:  # a cache that takes no change (mounted read-only, another user's)
+        raise EadError(
+            f"cannot remove {target} from the ead cache: {err.strerror} ({err.filename})"
+        ) from None
     return target
 
 
