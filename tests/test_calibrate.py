@@ -125,6 +125,11 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
         (["--target-share", "0"], "--target-share must be in (0, 1)"),
         (["--target-share", "1"], "--target-share must be in (0, 1)"),
         (["--domain", "poetry"], "--domain must be one of"),
+        # the file's prompts replaced the domain's without a word
+        (
+            ["--domain", "code", "--prompts", "/dev/null"],
+            "--domain picks built-in prompts, which --prompts replaces",
+        ),
         (["--max-tokens", "0"], "--max-tokens must be at least 1"),
     ],
 )

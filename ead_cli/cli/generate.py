@@ -227,7 +227,9 @@ def calibrate(
         list[PolicyName] | None,
         typer.Option(help="Policies to calibrate (repeatable; default: gate and ead)."),
     ] = None,
-    domain: Annotated[str, typer.Option(help="Built-in prompts: code, prose, maths or all.")] = "all",
+    domain: Annotated[
+        str | None, typer.Option(help="Built-in prompts: code, prose, maths or all (default: all).")
+    ] = None,
     prompts: Annotated[
         Path | None,
         typer.Option(help="A prompt file instead (one per line): odd lines calibrate, even lines check."),
@@ -253,8 +255,10 @@ def calibrate(
     if model_options.count != 2:
         raise EadError("calibrate takes a pair (--small and --large), not a cascade", exit_code=2)
     check_max_tokens(max_tokens)
+    if prompts and domain is not None:  # the file's prompts replace the built-in ones: it went unused
+        raise EadError("--domain picks built-in prompts, which --prompts replaces: give one of them", 2)
     file_prompts = load_prompts(prompts, None) if prompts else None
-    split = calibration.split_prompts(domain, file_prompts)
+    split = calibration.split_prompts(domain or "all", file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
     policies = [PolicyOptions(mode="ead", policy=name) for name in names]
     saving = calibration.check_saving() if save else None
