@@ -283,8 +283,12 @@ def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
         ("generate", ("--format", "jsonl", "hi"), ">&-", 1, "cannot write the answer: stdout is closed"),
         ("chat", (), "<&-", 2, "ead chat reads its turns from stdin, which is closed"),
         ("chat", (), ">&- < /dev/null", 1, "cannot write the conversation: stdout is closed"),
+        # a calibration that saves nothing leaves only its table: it ran and printed nothing, exit 0
+        ("calibrate", (), ">&-", 1, "cannot write the calibrated taus: stdout is closed"),
     ]:
         assert_one_line_error(closed(command, *args, redirect=redirect), code, fragment)
+    listed = subprocess.run(["bash", "-c", f"{EAD} models list >&-"], capture_output=True, timeout=120)
+    assert_one_line_error(listed, 1, "cannot write the models: stdout is closed")
 
 
 def test_typer_runner_generates(tiny_pair: tuple[Path, Path]) -> None:

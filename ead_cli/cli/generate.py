@@ -262,6 +262,8 @@ def calibrate(
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
     policies = [PolicyOptions(mode="ead", policy=name) for name in names]
     saving = calibration.check_saving() if save else None
+    if saving is None:  # the table is all a run without --save leaves
+        check_stdout("the calibrated taus")
     runners = load_runners(model_options, progress=say_progress)
     try:
         results = calibration.calibrate(

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from .groups import ModelsFile
-from .output import print_table, say_progress
+from .output import check_stdout, print_table, say_progress
 
 models_app = typer.Typer(
     help="List, fetch and remove models: the aliases of models.toml, and those ollama and LM Studio keep.",
@@ -27,6 +27,7 @@ def models_list(
     from .. import registry
     from ..user_models import user_models
 
+    check_stdout("the models")
     catalog = registry.load_catalog(catalog_file)
     rows = [
         {
