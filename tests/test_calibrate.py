@@ -89,7 +89,10 @@ def test_a_corrupt_calibration_file_is_a_clear_error(tmp_path: Path, monkeypatch
 def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    config = tmp_path / "a-folder-whose-name-takes-the-notes-past-eighty-columns" / "calibration.json"
+    # brackets: rich's markup read '[backup]' as a style and dropped it from the lines that name the file
+    config = (
+        tmp_path / "a-folder-whose-name-takes-the-notes-past-eighty-columns [backup]" / "calibration.json"
+    )
     env = {"EAD_CONFIG": str(config)}
     result = ead(
         "calibrate", *pair_args(tiny_pair), "--target-share", "0.3", "--max-tokens", "40", "--save", env=env

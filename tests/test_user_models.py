@@ -256,6 +256,26 @@ def test_lmstudio_models_in_a_linked_folder_are_found_and_a_link_loop_ends(
         assert user_models.resolve_lmstudio(name) == listed.path
 
 
+def test_names_with_brackets_and_colons_are_listed_as_they_are(
+    env: dict[str, str], tmp_path: Path, tiny_small: Path
+) -> None:
+    """rich read '[bold]' in a name as a style and ':tiger:' as an emoji: `models list` showed
+    'qwen [Q4_K_M] 🐯 .gguf', a name no model has, and a description with '[/]' was a traceback."""
+    folder = Path(env["LMSTUDIO_MODELS"]) / "pub"
+    folder.mkdir(parents=True)
+    name = "qwen [Q4_K_M] :tiger: [bold].gguf"
+    shutil.copyfile(tiny_small, folder / name)
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(
+        '[models.x]\nrepo = "a/b"\npattern = "x.gguf"\ndescription = "closing [/] tag :smile:"\n'
+    )
+    result = ead("models", "list", "--catalog", str(catalog), env=env)
+    assert (result.returncode, result.stderr) == (0, b"")
+    rows = [line.split("  ")[0] for line in result.stdout.decode().splitlines()]
+    assert f"lmstudio:pub/{name}" in rows
+    assert "closing [/] tag :smile:" in result.stdout.decode()
+
+
 def test_models_list_json_shows_them_beside_the_catalog(
     env: dict[str, str], ollama_root: Path, lmstudio_root: Path
 ) -> None:

@@ -16,7 +16,9 @@ from .. import shared_stderr
 from ..errors import EadError
 from ..signals import main_thread_signals
 
-stderr = Console(stderr=True, highlight=False)
+# Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
+# name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
+stderr = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 def say_progress(message: str) -> None:
@@ -79,9 +81,10 @@ def print_figures(headers: list[str], rows: list[list[str]]) -> None:
 
 def print_table(table: Table) -> None:
     """On a terminal, fitted to its width; in a pipe or a file, whole, not squeezed into 80 columns."""
-    console = Console()
+    console = Console(markup=False, emoji=False)
     if not console.is_terminal:
-        console = Console(width=console.measure(table, options=console.options.update_width(1000)).maximum)
+        width = console.measure(table, options=console.options.update_width(1000)).maximum
+        console = Console(width=width, markup=False, emoji=False)
     console.print(table)
 
 
