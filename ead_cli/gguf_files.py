@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import stat
 from pathlib import Path
 
 from ead_cli.errors import EadError
+from ead_cli.paths import lookup
 
 GGUF_MAGIC = b"GGUF"
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -33,7 +35,7 @@ def checked_gguf(path: Path) -> Path:
     """
     _check_gguf_file(path)
     shards = shard_paths(path)
-    missing = [str(shard.absolute()) for shard in shards if not shard.exists()]
+    missing = [str(shard.absolute()) for shard in shards if lookup(shard) is None]
     if missing:
         raise EadError(
             f"split model {path.name} is missing {len(missing)} of its {len(shards)} shards: "
@@ -47,11 +49,12 @@ def checked_gguf(path: Path) -> Path:
 
 def _check_gguf_file(path: Path) -> None:
     """Refuse anything but a readable, non-empty regular file that starts with the GGUF magic."""
-    if not path.exists():
+    found = lookup(path)
+    if found is None:
         raise EadError(f"model file not found: {path}")
-    if path.is_dir():
+    if stat.S_ISDIR(found.st_mode):
         raise EadError(f"model path is a directory, not a GGUF file: {path}")
-    if not path.is_file():
+    if not stat.S_ISREG(found.st_mode):
         raise EadError(f"model path is not a regular file: {path}")
     try:
         with path.open("rb") as f:

@@ -39,6 +39,32 @@ def env_path(name: str, default: str | None = None) -> Path | None:
     return expand_home(value, f"{name}={value}" if os.environ.get(name) else f"{value} (the default {name})")
 
 
+def lookup(path: Path) -> os.stat_result | None:
+    """``path``'s stat through links, or None where nothing is there (Path.exists's False). A folder on its
+    way that this user may not enter is a PermissionError pathlib's exists, is_file and is_dir raise: one
+    line naming the path instead (models kept by another user: ollama's service install, a shared cache)."""
+    try:
+        return path.stat()
+    except PermissionError as error:
+        raise EadError(
+            f"cannot reach {path}: {error.strerror} (a folder on its way is closed to this user)"
+        ) from None
+    except (OSError, ValueError):  # not there, a dangling or looping link, a NUL in the name
+        return None
+
+
+def is_file(path: Path) -> bool:
+    """Path.is_file, with ``lookup``'s line where a folder on the way is closed."""
+    found = lookup(path)
+    return found is not None and stat.S_ISREG(found.st_mode)
+
+
+def is_dir(path: Path) -> bool:
+    """Path.is_dir, with ``lookup``'s line where a folder on the way is closed."""
+    found = lookup(path)
+    return found is not None and stat.S_ISDIR(found.st_mode)
+
+
 def config_file() -> Path:
     """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default)."""
     given = env_path("EAD_CONFIG")

@@ -27,7 +27,7 @@ from typing import IO, Any, NoReturn
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
-from ead_cli.paths import ead_cache_dir, env_path, expand_home, xdg_cache_home
+from ead_cli.paths import ead_cache_dir, env_path, expand_home, is_dir, lookup, xdg_cache_home
 from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX, resolve_lmstudio, resolve_ollama
 
 if sys.version_info >= (3, 11):
@@ -252,7 +252,7 @@ def _first_complete_match(folder: Path, pattern: str) -> Path | None:
 def _hub_cached(spec: ModelSpec) -> Path | None:
     """The alias's file in the hub cache, without any network access."""
     cache = _hub_cache_dir()
-    if not (cache / f"models--{spec.repo.replace('/', '--')}").is_dir():
+    if not is_dir(cache / f"models--{spec.repo.replace('/', '--')}"):
         return None  # never fetched: skip importing huggingface_hub, which costs a few tenths of a second
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import LocalEntryNotFoundError
@@ -426,7 +426,7 @@ def remove_cached(ref: str, catalog: Catalog) -> Path:
     _refuse_user_model(ref, "ead removes only the copies in its own cache", "rm", "deletes")
     spec = catalog.spec(ref)
     target = _ead_models_dir() / spec.offline.file if spec.offline else None
-    if target is None or not target.exists():
+    if target is None or lookup(target) is None:
         elsewhere = (
             " (its copy is in the Hugging Face hub cache, which ead leaves alone)"
             if _hub_cached(spec)

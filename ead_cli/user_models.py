@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
-from ead_cli.paths import env_path, expand_home
+from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup
 
 OLLAMA_PREFIX = "ollama:"
 LMSTUDIO_PREFIX = "lmstudio:"
@@ -51,7 +51,7 @@ def lmstudio_models_dirs() -> list[Path]:
     if override:
         return [override]
     defaults = ("~/.lmstudio/models", "~/.cache/lm-studio/models")
-    return [root for root in (expand_home(path, f"LM Studio's {path}") for path in defaults) if root.is_dir()]
+    return [root for root in (expand_home(path, f"LM Studio's {path}") for path in defaults) if is_dir(root)]
 
 
 def user_models() -> list[UserModel]:
@@ -83,7 +83,7 @@ def resolve_ollama(name: str) -> Path:
     root = ollama_models_dir()
     (registry_, namespace, model), tag = _ollama_name(name)
     manifest = root / "manifests" / registry_ / namespace / model / tag
-    if not manifest.is_file():
+    if not is_file(manifest):
         have = [found.ref for found in _ollama_models(root)]
         raise EadError(f"no ollama model '{name}' in {root}{_listing(have)}; see 'ollama list'")
     return _ollama_blob(manifest, root, name)
@@ -107,7 +107,7 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
     if algorithm != "sha256" or not SHA256.fullmatch(hex_digest):
         raise EadError(f"{where}: its manifest {manifest} names a malformed digest {digest!r}")
     blob = root / "blobs" / f"sha256-{hex_digest}"
-    if not blob.exists():
+    if lookup(blob) is None:
         raise EadError(f"{where}: its blob {blob.name} is missing from {blob.parent}; 'ollama pull' it again")
     try:
         path = checked_gguf(blob)
@@ -124,6 +124,8 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
 def _ollama_models(root: Path) -> list[UserModel]:
     manifests = root / "manifests"
     found: list[UserModel] = []
+    if not is_dir(manifests):  # pathlib's glob raised where the folder was closed to this user
+        return found
     for manifest in sorted(manifests.glob("*/*/*/*")):
         if not manifest.is_file():
             continue
@@ -176,7 +178,7 @@ def resolve_lmstudio(name: str) -> Path:
     with or without ``.gguf``, matched case-insensitively."""
     roots = lmstudio_models_dirs()
     for root in roots:
-        if (root / name).is_file():
+        if is_file(root / name):
             return checked_gguf(root / name)
     models = _lmstudio_models(roots)
     wanted = name.lower().rstrip("/")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, ead, pair_args
+from test_cli import EAD, assert_one_line_error, ead, pair_args
 from tiny_models import write_tiny_model
 
 from ead_cli import paths
@@ -169,6 +169,50 @@ def test_a_home_folder_of_no_user_is_one_line(
         env[variable] = f"{NO_HOME}/m"
     result = ead("generate", *pair_args(tiny_pair), *args, "--max-tokens", "2", "hi", env=env)
     assert_one_line_error(result, 1, f"error: {named}: {NO_HOME} is no user's home")
+
+
+def bound_by_modes() -> list[str]:
+    """A prefix that runs a command as a user that mode bits bind: none for a user; for root (whom they do
+    not bind) a new user namespace, where root holds no power over the files outside it."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--user", "true"]).returncode:
+        pytest.skip("root, without user namespaces: no folder is closed to it")
+    return ["unshare", "--user"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "command", "reached"),
+    [
+        (None, ("generate", "--large", "{closed}/large.gguf"), "large.gguf"),
+        (
+            "OLLAMA_MODELS",
+            ("generate", "--large", "ollama:qwen"),
+            "manifests/registry.ollama.ai/library/qwen/latest",
+        ),
+        ("OLLAMA_MODELS", ("models", "list"), "manifests"),
+        ("LMSTUDIO_MODELS", ("generate", "--large", "lmstudio:pub/qwen.gguf"), "pub/qwen.gguf"),
+        ("HF_HUB_CACHE", ("generate", "--large", "qc0.5b"), "models--Qwen--Qwen2.5-Coder-0.5B-Instruct-GGUF"),
+        ("EAD_CACHE", ("models", "rm", "qc0.5b"), "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ],
+)
+def test_a_folder_closed_to_this_user_is_one_line(
+    tmp_path: Path, tiny_small: Path, variable: str | None, command: tuple[str, ...], reached: str
+) -> None:
+    """pathlib's exists, is_file and is_dir raise PermissionError where a folder on the way may not be
+    entered (ollama's service install keeps its models so): it was a traceback."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "EAD_CACHE": str(tmp_path / "ead")}
+    if variable is not None:
+        env[variable] = str(closed)
+    args = [arg.format(closed=closed) for arg in command]
+    if args[0] == "generate":
+        args += ["--small", str(tiny_small), "hi"]
+    run = [*bound_by_modes(), EAD, *args]
+    result = subprocess.run(run, capture_output=True, env={**os.environ, **env}, timeout=120)
+    problem = "Permission denied (a folder on its way is closed to this user)"
+    assert_one_line_error(result, 1, f"error: cannot reach {closed / reached}: {problem}")
 
 
 def test_a_home_path_without_the_gguf_suffix(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
