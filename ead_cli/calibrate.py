@@ -20,7 +20,7 @@ from pathlib import Path
 from .decoder import Decoder
 from .errors import EadError
 from .options import PolicyOptions
-from .paths import check_can_save, config_file, save_json
+from .paths import check_can_save, config_file, lookup, save_json
 from .policies import Fixed
 from .prompt import check_fits, encode_prompt
 from .runner import Runner
@@ -214,7 +214,7 @@ def pair_key(small: str, large: str) -> str:
 def _read(path: Path) -> dict[str, dict[str, dict]]:
     """The saved pairs, each an object of policies, each an object (what ``save`` writes); none without
     a file. Any other shape is one line naming the file, not a failure of the code that reads it."""
-    if not path.exists():
+    if lookup(path) is None:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

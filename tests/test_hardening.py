@@ -181,10 +181,13 @@ def bound_by_modes() -> list[str]:
     return ["unshare", "--user"]
 
 
+PAIR = ("--small", "{small}", "--large", "{large}")
+
+
 @pytest.mark.parametrize(
     ("variable", "command", "reached"),
     [
-        (None, ("generate", "--large", "{closed}/large.gguf"), "large.gguf"),
+        (None, ("generate", "--small", "{small}", "--large", "{closed}/large.gguf"), "large.gguf"),
         (
             "OLLAMA_MODELS",
             ("generate", "--large", "ollama:qwen"),
@@ -194,10 +197,17 @@ def bound_by_modes() -> list[str]:
         ("LMSTUDIO_MODELS", ("generate", "--large", "lmstudio:pub/qwen.gguf"), "pub/qwen.gguf"),
         ("HF_HUB_CACHE", ("generate", "--large", "qc0.5b"), "models--Qwen--Qwen2.5-Coder-0.5B-Instruct-GGUF"),
         ("EAD_CACHE", ("models", "rm", "qc0.5b"), "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+        ("EAD_CONFIG", ("generate", *PAIR, "--mode", "ead"), "calibration.json"),  # the saved taus read
+        ("EAD_CONFIG", ("calibrate", *PAIR, "--save"), "calibration.json"),
+        (None, ("bench", "report", "{closed}/run"), "run"),
     ],
 )
 def test_a_folder_closed_to_this_user_is_one_line(
-    tmp_path: Path, tiny_small: Path, variable: str | None, command: tuple[str, ...], reached: str
+    tmp_path: Path,
+    tiny_pair: tuple[Path, Path],
+    variable: str | None,
+    command: tuple[str, ...],
+    reached: str,
 ) -> None:
     """pathlib's exists, is_file and is_dir raise PermissionError where a folder on the way may not be
     entered (ollama's service install keeps its models so): it was a traceback."""
@@ -205,10 +215,11 @@ def test_a_folder_closed_to_this_user_is_one_line(
     closed.mkdir(mode=0)
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "EAD_CACHE": str(tmp_path / "ead")}
     if variable is not None:
-        env[variable] = str(closed)
-    args = [arg.format(closed=closed) for arg in command]
+        env[variable] = str(closed / reached if variable == "EAD_CONFIG" else closed)
+    small, large = tiny_pair
+    args = [arg.format(closed=closed, small=small, large=large) for arg in command]
     if args[0] == "generate":
-        args += ["--small", str(tiny_small), "hi"]
+        args += ([] if "--small" in args else ["--small", str(small)]) + ["hi"]
     run = [*bound_by_modes(), EAD, *args]
     result = subprocess.run(run, capture_output=True, env={**os.environ, **env}, timeout=120)
     problem = "Permission denied (a folder on its way is closed to this user)"

@@ -188,12 +188,12 @@ def bench_report(
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, check_repeats, read_results, unreadable_record
-    from ..paths import save_text
+    from ..paths import is_dir, is_file, lookup, save_text
 
     for folder in folders:
-        if not folder.is_dir():
+        if not is_dir(folder):
             raise EadError(f"{folder} is not a folder: give a bench's or a replay's --out", exit_code=2)
-    kinds = {(f / REPLAY_FILE).is_file() and not (f / RESULTS_FILE).exists() for f in folders}
+    kinds = {is_file(f / REPLAY_FILE) and lookup(f / RESULTS_FILE) is None for f in folders}
     if len(kinds) > 1:
         raise EadError("give repeats of one kind: bench folders (results.jsonl) or replay folders", 2)
     replays = kinds.pop()
