@@ -4,8 +4,8 @@ the mode decided in one place when none is given."""
 
 from __future__ import annotations
 
-import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -78,9 +78,10 @@ def test_chats_commands_are_the_tables_chat_options() -> None:
     from ead_cli.cli.repl import Repl
 
     repl = Repl.__new__(Repl)
-    Repl.__init__(
-        repl, conversation=None, read_line=input, out=io.StringIO(), err=None, color=False, interactive=False
-    )  # type: ignore[arg-type]
+    with open(os.devnull, "w") as out:  # a file: the renderer writes bytes under the text layer
+        Repl.__init__(
+            repl, conversation=None, read_line=input, out=out, err=None, color=False, interactive=False
+        )  # type: ignore[arg-type]
     commands = [name for name in repl.commands if f"/{name}" in {o.command for o in DECODING}]
     assert commands == [option.command[1:] for option in on(CHAT)]
 
