@@ -320,6 +320,18 @@ def test_a_page_elsewhere_cannot_drive_a_loopback_server(
         )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == allowed
+        # the openai npm client (dangerouslyAllowBrowser) sends these with every request
+        asked = "authorization,content-type,x-stainless-arch,x-stainless-lang,x-stainless-retry-count"
+        stainless = httpx.options(
+            f"{server.url}{CHAT}",
+            headers={
+                "Origin": allowed,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": asked,
+            },
+        )
+        assert stainless.status_code == 200, stainless.text
+        assert stainless.headers["access-control-allow-headers"] == asked
         cors = post(server, CHAT, body, headers={"Origin": allowed})
         assert cors.status_code == 200 and cors.headers["access-control-allow-origin"] == allowed
         assert server.stop() == 0

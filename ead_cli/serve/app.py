@@ -222,11 +222,13 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     # client that follows it with a GET gets a 405); llama-server answers such a path with a 404 too.
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     if options.cors_origins:
+        # Any header a page's preflight asks for: the openai npm client sends its X-Stainless-* ones with
+        # every request, and a page the operator allowed gains nothing from being refused them.
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(options.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["*"],
         )
     roles = {runner.name: runner.label for runner in engine.runners}
     # Parsing, rendering and tokenizing a request (a 4 MiB body takes a while) run here, not on the event
