@@ -180,6 +180,25 @@ def test_a_request_resolves_the_mode_as_generate_does(tiny_pair: tuple[Path, Pat
         assert writers(small, {"tau": 3}) == {"small"}
 
 
+def test_include_usage_ends_a_stream_with_openais_usage_chunk(client: openai.OpenAI) -> None:
+    """stream_options.include_usage: after the finish chunk, one with no choices and the usage, as OpenAI
+    and llama-server send it; without it the finish chunk carries the usage (and never a choiceless one)."""
+    chat = {"model": "ead", "messages": HI, "max_tokens": 5, "temperature": 0, "stream": True}
+    text = {"model": "ead", "prompt": "def fib(n):", "max_tokens": 5, "temperature": 0, "stream": True}
+    for create, request in ((client.chat.completions.create, chat), (client.completions.create, text)):
+        chunks = list(create(**request, stream_options={"include_usage": True}))
+        *tokens, finish, last = chunks
+        assert last.choices == [] and last.object == finish.object and last.id == finish.id
+        assert last.usage.completion_tokens == 5
+        assert last.usage.total_tokens == last.usage.prompt_tokens + 5
+        assert finish.choices[0].finish_reason == "length" and finish.usage is None
+        assert finish.model_extra["ead"]["summary"]["generated"] == 5
+        assert all(chunk.choices and chunk.usage is None for chunk in tokens)
+        plain = list(create(**request))
+        assert plain[-1].choices[0].finish_reason == "length"
+        assert plain[-1].usage == last.usage and all(chunk.choices for chunk in plain)
+
+
 def test_models_and_health(client: openai.OpenAI, server: Server, tiny_pair: tuple[Path, Path]) -> None:
     models = client.models.list().data
     assert [model.id for model in models] == ["ead"]

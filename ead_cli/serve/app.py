@@ -391,6 +391,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             seed=job.generation.sampling.seed,
             piece=engine.runners[0].token_bytes,
             tools=names,
+            usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
         )
         if body.stream:
             return EventSourceResponse(reply.stream(ticket), ping=15, send_timeout=SEND_TIMEOUT_S)
@@ -526,8 +527,12 @@ class _Reply:
         seed: int,
         piece: Callable[[int], bytes],
         tools: frozenset[str] | None = None,
+        usage_chunk: bool = False,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
+        # stream_options.include_usage: the usage in a last chunk of its own, with no choice, as OpenAI
+        # and llama-server send it (clients that asked for it read it there); else on the finish chunk
+        self.usage_chunk = usage_chunk
         self.piece = piece  # a token id's bytes, for log-probabilities
         self._scored = _ScoredText(piece)
         self.tools = tools  # the names of the tools offered: read calls out of the answer
@@ -536,13 +541,14 @@ class _Reply:
         self.created = int(time.time())
         self.chat = kind == "chat.completion"
 
-    def _envelope(self, object_kind: str, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    def _envelope(self, object_kind: str, choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+        """The answer or chunk around its one choice (None: a chunk of no choice, the usage chunk)."""
         return {
             "id": self.id,
             "object": object_kind,
             "created": self.created,
             "model": MODEL_ID,
-            "choices": [{"index": 0, **choice}],
+            "choices": [] if choice is None else [{"index": 0, **choice}],
             **extra,
         }
 
@@ -610,7 +616,8 @@ class _Reply:
         return {"token": self._text(token), "logprob": logprob, "bytes": list(self.piece(token))}
 
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str]]:
-        """Server-sent events: a chunk per token with its model, the last one with usage and figures."""
+        """Server-sent events: a chunk per token with its model, then the finish with usage and figures
+        (with ``usage_chunk``, the usage in a chunk of its own after it)."""
         ended = False
         reader = ToolCallReader(self.tools) if self.tools else None
         try:
@@ -633,8 +640,12 @@ class _Reply:
                         yield {"data": chunk}
                     finish = "tool_calls" if reader.calls else finish
                 ead = {"summary": asdict(message.summary), "seed": self.seed}
-                extra = {"usage": _usage(message.summary), "ead": ead}
+                usage = {"usage": _usage(message.summary)}
+                extra = {"ead": ead} if self.usage_chunk else {**usage, "ead": ead}
                 yield {"data": self._chunk(None, finish, self._logprobs(self._scored.finish()), **extra)}
+                if self.usage_chunk:
+                    kind = "chat.completion.chunk" if self.chat else "text_completion"
+                    yield {"data": json.dumps(self._envelope(kind, None, **usage))}
                 ended = True
                 yield {"data": "[DONE]"}
                 return

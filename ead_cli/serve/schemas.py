@@ -261,14 +261,21 @@ class ResponseFormat(BaseModel):
             raise ApiError(400, message, code="invalid_value", param="response_format") from None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: bool | None = None  # OpenAI's usage chunk (no choices) before [DONE]
+
+
 class CompletionBase(BaseModel):
     """What both completion endpoints take. Fields not named here are ignored (clients send ``user``,
-    ``stream_options``, ``metadata``...), except those of ``UNSUPPORTED``."""
+    ``metadata``...), except those of ``UNSUPPORTED``."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: Annotated[str, Field(max_length=256)] | None = None
     stream: bool | None = None
+    stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None  # clamped to the context, as llama-server does
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
