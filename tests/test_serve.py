@@ -208,6 +208,10 @@ def test_models_and_health(client: openai.OpenAI, server: Server, tiny_pair: tup
         client.models.retrieve("gpt-4o")
     assert unknown.value.code == "model_not_found" and "serves 'ead'" in unknown.value.message
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "generating": False, "waiting": 0}
+    for path, status in (("/v1/models", 200), ("/v1/models/ead", 200), ("/v1/models/gpt-4o", 404)):
+        head, got = httpx.head(f"{server.url}{path}"), httpx.get(f"{server.url}{path}")
+        assert (head.status_code, got.status_code) == (status, status)  # HTTP: HEAD wherever GET is
+        assert head.content == b"" and head.headers["content-length"] == str(len(got.content))
 
 
 def test_llm_cli_answers_through_the_server(server: Server, tmp_path: Path) -> None:

@@ -265,15 +265,19 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 401, "a valid API key is needed: Authorization: Bearer KEY", code="invalid_api_key"
             )
 
-    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)  # HEAD: monitors, curl -I
+    def get(path: str, **route: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A GET route that answers HEAD too, as HTTP asks of every GET (monitors, curl -I, probes)."""
+        return app.api_route(path, methods=["GET", "HEAD"], **route)
+
+    @get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8"))
 
-    @app.get("/favicon.ico")
+    @get("/favicon.ico")
     async def icon() -> Response:
         return Response(status_code=204)  # browsers ask for one; the page has none
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "generating": engine.pending > 0, "waiting": max(engine.pending - 1, 0)}
 
@@ -286,11 +290,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         }
         return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ead", "ead": served}
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    @get("/v1/models", dependencies=[Depends(authorized)])
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [served_model()]}
 
-    @app.get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
+    @get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
     async def model(name: str) -> dict[str, Any]:
         if name != MODEL_ID:  # even with --any-model: the list names one model, and so does this
             message = f"the model {name!r} is not served here: this server serves {MODEL_ID!r}"
