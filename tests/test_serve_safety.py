@@ -3,6 +3,7 @@ each test drives a real server subprocess over real sockets."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
@@ -466,6 +467,25 @@ def test_a_client_that_leaves_while_sending_its_body_is_one_log_line(server: Ser
         "error: POST /v1/completions: the client went away while sending its body"
     ]
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200
+
+
+def test_a_compressed_body_is_a_415_that_names_its_encoding(server: Server) -> None:
+    """As llama-server answers it: not a 400 that calls the gzip bytes invalid JSON."""
+    body = json.dumps({"messages": HI, "max_tokens": 2}).encode()
+    before = len(server.log().splitlines())
+    headers = {**JSON, "Content-Encoding": "gzip"}
+    reply = httpx.post(f"{server.url}{CHAT}", content=gzip.compress(body), headers=headers, timeout=60)
+    assert reply.status_code == 415 and reply.headers["accept-encoding"] == "identity"
+    message = "Content-Encoding 'gzip' is not taken: send the body uncompressed"
+    assert reply.json()["error"] == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "unsupported_media_type",
+    }
+    assert server.log().splitlines()[before:] == [f"error: POST {CHAT} 415: {message}"]
+    plain = {**JSON, "Content-Encoding": "identity"}
+    assert httpx.post(f"{server.url}{CHAT}", content=body, headers=plain, timeout=60).status_code == 200
 
 
 def test_a_chunked_body_over_the_limit_is_a_413(server: Server) -> None:

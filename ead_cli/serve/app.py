@@ -446,11 +446,18 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         llama_cpp.llama_sampler_free(sampler)  # it parses
 
     async def _json_body(request: Request) -> bytes:
-        """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking."""
+        """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking; and if
+        it is sent as is (a gzip body read as JSON was a 400 that called it invalid JSON)."""
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media != "application/json":
             message = f"the body must be JSON sent as Content-Type: application/json, not {media or 'none'!r}"
             raise ApiError(415, message, code="unsupported_media_type")
+        coding = request.headers.get("content-encoding", "").strip().lower()
+        if coding not in ("", "identity"):
+            message = f"Content-Encoding {coding!r} is not taken: send the body uncompressed"
+            raise ApiError(
+                415, message, code="unsupported_media_type", headers={"Accept-Encoding": "identity"}
+            )
         return await request.body()
 
     return app
