@@ -14,11 +14,14 @@ import httpx
 import openai
 import pytest
 from bench_serve import TOOLS
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
 from serve_process import EAD, Server
 from test_cli import pair_args
 from test_serve import HI, JSON, serving
 from tiny_models import write_tiny_model
 
+from ead_cli.serve.app import _Reply
 from ead_cli.serve.tools import ToolCall, ToolCallReader, split_answer
 
 NAMES = frozenset({"get_weather", "multiply"})
@@ -45,6 +48,25 @@ def test_text_that_only_looks_like_the_markup_is_shown_as_written() -> None:
     assert "".join(map(str, read(["a <tool", "box> b <", "tool_c"]))) == "a <toolbox> b <tool_c"
     bad = "<tool_call>{not json}</tool_call>"
     assert read(["x ", bad]) == ["x ", bad]  # never a call the model did not make
+
+
+def test_calls_alike_stream_each_at_its_own_index() -> None:
+    """A coin flipped twice, in one token and across two: the two equal calls were both streamed at index
+    0, which the openai client's accumulator merged into one call with the arguments '{"a": 6}{"a": 6}'."""
+    reply = _Reply("chat.completion", "/v1/chat/completions", print, seed=0, piece=bytes, tools=NAMES)
+    block = '<tool_call>{"name": "multiply", "arguments": {"a": 6}}</tool_call>'
+    for tokens in ([f"{block}\n{block}"], [block, f"\n{block}"], [f"{block}\n{block[:-3]}", block[-3:]]):
+        reader = ToolCallReader(NAMES)
+        state = ChatCompletionStreamState()
+        for text in tokens:  # as the stream sends them: each token's chunks once it is read
+            for chunk in reply._piece_chunks(reader.push(text), reader, {}):
+                state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk))
+        calls = state.current_completion_snapshot.choices[0].message.tool_calls
+        assert [(call.function.name, call.function.arguments) for call in calls] == [
+            ("multiply", '{"a": 6}'),
+            ("multiply", '{"a": 6}'),
+        ]
+        assert calls[0].id != calls[1].id
 
 
 def test_a_bare_json_answer_is_a_call_only_if_it_names_a_tool_offered() -> None:

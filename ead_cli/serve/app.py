@@ -589,12 +589,15 @@ class _Reply:
         self, pieces: list[str | ToolCall], reader: ToolCallReader, first: dict[str, Any]
     ) -> list[str]:
         chunks = []
+        # the first of these calls' place among the answer's: counted, as two calls alike (a coin flipped
+        # twice) are equal, and a client's accumulator merges deltas of one index into one call
+        index = len(reader.calls) - sum(isinstance(piece, ToolCall) for piece in pieces)
         for piece in pieces:
             extra = {} if chunks else first
             if isinstance(piece, ToolCall):
-                index = reader.calls.index(piece)
                 delta = {"role": "assistant", "tool_calls": [piece.as_openai(index)]}
                 chunks.append(self._delta(delta, None, **extra))
+                index += 1
             else:
                 chunks.append(self._chunk(piece, None, **extra))
         return chunks
