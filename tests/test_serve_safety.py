@@ -333,6 +333,18 @@ def test_a_page_elsewhere_cannot_drive_a_loopback_server(
         )
         assert stainless.status_code == 200, stainless.text
         assert stainless.headers["access-control-allow-headers"] == asked
+        # Chrome's Private Network Access (a page on a public site calling loopback), a method not served:
+        # answered, and the request itself gets its 405 as an error object the page can read
+        network = {"Access-Control-Request-Private-Network": "true"}
+        for method, extra, granted in (("POST", network, "true"), ("PUT", {}, None)):
+            asks = {"Origin": allowed, "Access-Control-Request-Method": method, **extra}
+            answered = httpx.options(f"{server.url}{CHAT}", headers=asks)
+            assert answered.status_code == 200, answered.text
+            assert answered.headers["access-control-allow-origin"] == allowed
+            assert answered.headers.get("access-control-allow-private-network") == granted
+        put = httpx.put(f"{server.url}{CHAT}", json=body, headers={"Origin": allowed})
+        assert put.status_code == 405 and put.headers["access-control-allow-origin"] == allowed
+        assert put.json()["error"]["message"] == "Method Not Allowed"
         cors = post(server, CHAT, body, headers={"Origin": allowed})
         assert cors.status_code == 200 and cors.headers["access-control-allow-origin"] == allowed
         assert server.stop() == 0

@@ -222,13 +222,16 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     # client that follows it with a GET gets a 405); llama-server answers such a path with a 404 too.
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     if options.cors_origins:
-        # Any header a page's preflight asks for: the openai npm client sends its X-Stainless-* ones with
-        # every request, and a page the operator allowed gains nothing from being refused them.
+        # Every preflight of a page allowed (the Guard refuses the others) is answered: any header (the
+        # openai npm client sends its X-Stainless-* ones), any method (the request itself then gets its
+        # 405 as an error object, not a plain-text 400 to the preflight), and Chrome's Private Network
+        # Access (a page on a public site reaching this loopback server is what --cors-origin allows).
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(options.cors_origins),
-            allow_methods=["GET", "POST"],
+            allow_methods=["*"],
             allow_headers=["*"],
+            allow_private_network=True,
         )
     roles = {runner.name: runner.label for runner in engine.runners}
     # Parsing, rendering and tokenizing a request (a 4 MiB body takes a while) run here, not on the event
