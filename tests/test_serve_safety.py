@@ -743,3 +743,13 @@ def test_a_stop_past_its_timeout_cuts_requests_off_with_a_503_that_says_so(
     assert "Cancel 2 running task(s), timeout graceful shutdown exceeded" in log  # uvicorn's own word on it
     assert "skipped a waiting request: the server is stopping" in log, log
     assert log.count("error: POST /v1/chat/completions 503: the server is stopping") == 2, log
+
+
+def test_an_http_1_0_request_without_host_is_answered_an_empty_host_refused(server: Server) -> None:
+    """HTTP/1.0 has no Host (nc, a proxy's health check): it was a 403 naming Host ''. No browser sends a
+    request without one, so no page rebound to a loopback name can: it is answered. An empty Host stays
+    refused."""
+    head, body = exchange(server, b"GET /health HTTP/1.0\r\n\r\n")
+    assert head[0].startswith(b"HTTP/1.1 200") and json.loads(body)["status"] == "ok"
+    head, body = exchange(server, b"GET /health HTTP/1.0\r\nHost: \r\n\r\n")
+    assert head[0].startswith(b"HTTP/1.1 403") and json.loads(body)["error"]["code"] == "invalid_host"

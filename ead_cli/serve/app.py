@@ -158,8 +158,10 @@ class Guard:
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.limit:
             return self._too_large()
-        host = headers.get("host", "")
-        if self.options.loopback and not _names_loopback(host):
+        host = headers.get("host")
+        # No Host at all is HTTP/1.0 (a health check by nc or a proxy): no browser, so no page rebound to
+        # this address, sends none; an empty or foreign one is refused.
+        if self.options.loopback and host is not None and not _names_loopback(host):
             message = f"Host {host!r} is not a loopback name: this server answers localhost and 127.0.0.1"
             return ApiError(403, message, code="invalid_host")
         origin = headers.get("origin")
