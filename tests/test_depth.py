@@ -351,6 +351,8 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     for option, value, message in (
         ("--corpus", str(empty), f"the corpus {empty} is empty"),
         ("--corpus", "poetry", "cannot read corpus file poetry"),
+        ("--corpus", "", "--corpus names no corpus"),
+        ("--corpus", " , ", "--corpus names no corpus"),
         ("--tokens", "255", "--tokens must be at least 256, got 255"),
         ("--probe-every", "0", "--probe-every must be at least 1, got 0"),
     ):

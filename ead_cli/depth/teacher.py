@@ -121,7 +121,10 @@ def calibration_corpus(corpus: Sequence[str], *, probe_every: int, tokens: int) 
     if tokens < WINDOW:
         raise EadError(f"--tokens must be at least {WINDOW}, got {tokens}", 2)
     check_counts((probe_every, "--probe-every"))
-    return {name: read_corpus([name])[0] for name in corpus}
+    names = [name for name in corpus if name]  # "code," or "": a blank would be read as the folder "."
+    if not names:
+        raise EadError("--corpus names no corpus: give code, prose or text files, comma-separated", 2)
+    return {name: read_corpus([name])[0] for name in names}
 
 
 def calibrate(
