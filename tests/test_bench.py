@@ -484,6 +484,64 @@ def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
     assert all(json.loads(line) for line in path.read_text().splitlines())
 
 
+STOP_AT_THE_SECOND_CHECK = """
+import sys
+from ead_cli.bench import run
+from ead_cli.cli import main
+
+checked = []
+real = run.check_solution
+
+
+def check_then_stop(*args, **kwargs):
+    if checked:
+        raise {stop}
+    checked.append(1)
+    return real(*args, **kwargs)
+
+
+run.check_solution = check_then_stop
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize(
+    ("stop", "code", "said"), [("KeyboardInterrupt", 130, "interrupted"), ("Terminated", 143, "terminated")]
+)
+def test_a_stopped_bench_says_which_samples_it_kept(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], stop: str, code: int, said: str
+) -> None:
+    small, large = tiny_pair
+    args = [
+        "bench",
+        "humaneval",
+        "--small",
+        str(small),
+        "--large",
+        str(large),
+        "--ids",
+        "0",
+        "--strategies",
+        "small,large",
+        "--max-tokens",
+        "8",
+        "--out",
+        str(tmp_path),
+    ]
+    source = STOP_AT_THE_SECOND_CHECK.format(stop=stop)
+    if stop == "Terminated":
+        source = "from ead_cli.signals import Terminated\n" + source
+    result = subprocess.run(
+        [sys.executable, "-c", source, *args], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == code and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    results = tmp_path / "results.jsonl"
+    assert f"1 of the 2 samples to run are kept in {results}: the same command resumes" in lines[-2]
+    assert lines[-1] == f"error: {said}"
+    assert [json.loads(line)["type"] for line in results.read_text().splitlines()] == ["config", "sample"]
+
+
 def test_prompt_lists_measure_agreement_with_the_large_model(
     tmp_path: Path, tiny_pair: tuple[Path, Path]
 ) -> None:

@@ -15,6 +15,7 @@ from ..errors import EadError
 from ..option_table import BENCH, OPTIONS, DecodingOption, on
 from ..options import ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
+from ..signals import Terminated
 from .groups import (
     MODEL_OPTIONS,
     MaxTokens,
@@ -357,10 +358,16 @@ def _run_bench(job: Bench, model_options: ModelOptions) -> None:
         if not plan:
             stderr.print(f"every sample is already in {job.out / RESULTS_FILE}", style="dim")
         columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), "ETA", TimeRemainingColumn())
-        with live_progress("{task.description}", *columns, disable=not plan) as progress:
-            bar = progress.add_task(label(plan, 0), total=len(plan))
-            for done, _ in enumerate(records, 1):
-                progress.update(bar, completed=done, description=label(plan, done))
+        done = 0
+        try:
+            with live_progress("{task.description}", *columns, disable=not plan) as progress:
+                bar = progress.add_task(label(plan, 0), total=len(plan))
+                for done, _ in enumerate(records, 1):
+                    progress.update(bar, completed=done, description=label(plan, done))
+        except (KeyboardInterrupt, Terminated):  # say what a stop kept, then stop as any command does
+            kept = f"{done} of the {len(plan)} samples to run are kept in {job.out / RESULTS_FILE}"
+            stderr.print(f"{kept}: the same command resumes", style="dim", soft_wrap=True)
+            raise
 
     records = run_bench(job, model_options, watch=watch, progress=say_progress)
     _show_report(job.out, aggregate(records))
