@@ -492,16 +492,20 @@ class Runner:
 
     def _decode(self, batch: llama_cpp.llama_batch, *, abortable: bool) -> int:
         """llama_decode with signals held for the main thread; a batch stops early on Ctrl-C/SIGTERM,
-        which is then raised here (cells it wrote are cleared by the next ``truncate``/``align``)."""
-        if abortable:
-            llama_cpp.llama_set_abort_callback(self._ctx, self._abort_callback, None)
-        previous = block_signals()  # main_thread_signals, without its ~4 us a token
+        which is then raised here (cells it wrote are cleared by the next ``truncate``/``align``).
+        The abort callback is set with signals held too: that call logs a line through llama-cpp-python's
+        Python callback, where a Ctrl-C taken would be dropped by ctypes."""
+        previous = block_signals()  # main_thread_signals, without its ~0.5 us more a token
         try:
-            status = llama_cpp.llama_decode(self._ctx, batch)
+            if abortable:
+                llama_cpp.llama_set_abort_callback(self._ctx, self._abort_callback, None)
+            try:
+                status = llama_cpp.llama_decode(self._ctx, batch)
+            finally:
+                if abortable:
+                    llama_cpp.llama_set_abort_callback(self._ctx, self._no_abort_callback, None)
         finally:
             restore_signals(previous)
-            if abortable:
-                llama_cpp.llama_set_abort_callback(self._ctx, self._no_abort_callback, None)
         if self._interrupt is not None:
             interrupt, self._interrupt = self._interrupt, None
             raise interrupt

@@ -13,29 +13,39 @@ from __future__ import annotations
 import _signal
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _pthread_sigmask = _signal.pthread_sigmask
 _SIG_BLOCK, _SIG_SETMASK = _signal.SIG_BLOCK, _signal.SIG_SETMASK
 
 
-@contextmanager
-def main_thread_signals() -> Iterator[None]:
-    """Block SIGINT and SIGTERM in this thread (and so in threads started meanwhile) for the block."""
-    previous = block_signals()
-    try:
-        yield
-    finally:
-        restore_signals(previous)
+class main_thread_signals:
+    """Block SIGINT and SIGTERM in this thread (and so in threads started meanwhile) for the block.
+
+    A class, not a generator: a Ctrl-C raised as ``contextmanager``'s ``__enter__`` returns from the
+    generator would leave the signals blocked until the generator was collected."""
+
+    def __enter__(self) -> None:
+        self._previous = block_signals()
+
+    def __exit__(self, *exc_info: object) -> None:
+        restore_signals(self._previous)
 
 
 def block_signals() -> set[int]:
     """Block SIGINT and SIGTERM in this thread and return the previous mask for ``restore_signals``: two
-    plain calls for the per-token path, where the context manager costs more. ``_signal``'s own call skips
-    ``signal``'s conversion of each mask to enums (~1 us a token, against ~5 us with the context manager)."""
-    return _pthread_sigmask(_SIG_BLOCK, _SIGNALS)
+    plain calls for the per-token path. ``_signal``'s own call skips ``signal``'s conversion of each mask
+    to enums (the pair ~1.5 us on a 2-core AMD EPYC; the context manager ~2 us).
+
+    A signal that arrives just before the mask is set is raised by Python just after it: the mask is
+    then put back, or the thread would hold Ctrl-C back for good (a chat's prompt deaf to it)."""
+    previous = _pthread_sigmask(_SIG_BLOCK, ())  # reads the mask; a signal raised here changed nothing
+    try:
+        _pthread_sigmask(_SIG_BLOCK, _SIGNALS)
+    except BaseException:
+        _pthread_sigmask(_SIG_SETMASK, previous)
+        raise
+    return previous
 
 
 def restore_signals(previous: set[int]) -> None:

@@ -4,7 +4,9 @@ bounds, prompts with nothing in them. Each bad case ends in one `error:` line an
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -411,6 +413,82 @@ def test_a_signal_the_process_ignores_stops_no_batch() -> None:
     finally:
         restore_signals(previous)
         signal.signal(signal.SIGINT, handler)
+
+
+class _CtrlCOnLogLine(io.StringIO):
+    """A stderr that sends the main thread SIGINT, once, when llama.cpp logs a line containing ``text``:
+    the thread the kernel gives a Ctrl-C to in ead, where every other thread holds it back (not so in
+    pytest's process). llama-cpp-python's callback prints the lines its logger's level lets through."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.sent = text, False
+
+    def write(self, line: str) -> int:
+        if not self.sent and self.text in line:
+            self.sent = True
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return super().write(line)
+
+
+def test_a_ctrl_c_while_llama_cpp_logs_stops_the_batch(
+    tiny_small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-cpp-python logs through a Python callback, called for every line whatever the level. A
+    Ctrl-C the main thread takes in there is raised inside that callback, where ctypes drops it ("Exception
+    ignored"): the chat's answer ran on past Ctrl-C (CI, once). ``llama_set_abort_callback`` logs a line
+    around every batch: set with signals held, the Ctrl-C waits and the abort callback stops the batch."""
+    from ead_cli.runner import Runner
+
+    with Runner(tiny_small, name="small", n_ctx=512, n_threads=1) as runner:
+        tokens = runner.tokenize("a prompt of a few tokens " * 8, add_special=True)
+        hook = _CtrlCOnLogLine("set_abort_callback")
+        with monkeypatch.context() as patch:
+            patch.setattr(sys, "stderr", hook)
+            patch.setattr(logging.getLogger("llama-cpp-python"), "level", logging.DEBUG)
+            with pytest.raises(KeyboardInterrupt):
+                runner.feed(tokens, 0, len(tokens), "prefill")
+        assert hook.sent
+        assert signal.SIGINT not in blocked_signals(threading.main_thread())
+        runner.feed(tokens, 0, len(tokens), "prefill")  # the runner reads on after the stop
+        assert runner.n_past == len(tokens)
+
+
+def test_a_ctrl_c_raised_as_the_mask_is_set_leaves_it_as_it_was(tiny_small: Path) -> None:
+    """A Ctrl-C that arrives just before ``block_signals`` sets the mask is raised by Python just after:
+    the mask must be put back, or the main thread holds Ctrl-C back for good (the chat's prompt would
+    ignore it). The profiler's c_return hook trips SIGINT at that point: the first return from
+    pthread_sigmask that leaves SIGINT blocked."""
+    import _signal
+    import _thread
+
+    from ead_cli.runner import Runner
+    from ead_cli.signals import main_thread_signals
+
+    def hold_signals() -> None:
+        with main_thread_signals():
+            pass
+
+    with Runner(tiny_small, name="small", n_ctx=512, n_threads=1) as runner:
+        tokens = runner.tokenize("a prompt", add_special=True)
+        tripped: list[bool] = []
+
+        def trip_once_blocked(frame: object, event: str, function: object) -> None:
+            blocked = event == "c_return" and function is _signal.pthread_sigmask and not tripped
+            if blocked and signal.SIGINT in _signal.pthread_sigmask(_signal.SIG_BLOCK, ()):
+                tripped.append(True)
+                _thread.interrupt_main()
+
+        for attempt in (hold_signals, lambda: runner.feed(tokens, 0, len(tokens), "prefill")):
+            tripped.clear()
+            sys.setprofile(trip_once_blocked)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    attempt()
+            finally:
+                sys.setprofile(None)
+            assert tripped
+            assert signal.SIGINT not in blocked_signals(threading.main_thread())
 
 
 def test_every_json_ead_writes_is_whole_through_links_and_in_place_on_devices(tmp_path: Path) -> None:
