@@ -22,6 +22,7 @@ from ead_cli.chat import Conversation
 from ead_cli.cli.repl import MORE, PROMPT, read_message
 from ead_cli.engine import close_all, load_runners
 from ead_cli.errors import EadError
+from ead_cli.option_table import CHAT, on
 from ead_cli.options import GenerationOptions, ModelOptions, PolicyOptions
 from ead_cli.runner import Runner
 
@@ -347,6 +348,32 @@ def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, P
         "error: /window must be at most 1048576 steps (more than any context holds), got 9223372036854775808"
     )
     assert any(line.startswith("context: ") and "window default" in line for line in lines)  # /stats ran
+
+
+def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, Path]) -> None:
+    """A check that names no option had been said bare ('error: 2 models take one threshold, got 2' for
+    /tau 1,2): each option command's refusal, one per command of the option table's chat surface, names
+    the command typed, in a cascade (where /mode spec and /policy lookahead are refused) and a pair."""
+    refusals = {
+        "/mode spec": "/mode: speculative decoding takes two models: a drafter and a verifier",
+        "/policy lookahead": "/policy: lookahead takes two models",
+        "/tau 1,2,3": "/tau: 3 models take 2 thresholds (or one for all), got 3",
+        "/window 0": "/window must be at least 1, got 0",
+        "/min-run -1": "/min-run must be at least 0, got -1",
+        "/lookup 65": "/lookup must be in [0, 64] tokens (0: off), got 65",
+        "/lookup-draft 0": "/lookup-draft must be in [1, 64], got 0",
+        "/temp -1": "/temp must be at least 0 and finite, got -1.0",
+        "/max-tokens -1": "/max-tokens must be at least 0, got -1",
+    }
+    assert {line.split()[0] for line in refusals} == {option.command for option in on(CHAT)}
+    small, large = map(str, tiny_pair)
+    cascade = [str(EAD), "chat", "--models", f"{small},{small},{large}", "--threads", "1"]
+    typed = "".join(line + "\n" for line in refusals).encode()
+    result = subprocess.run(cascade, input=typed, capture_output=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert result.stderr.decode().splitlines() == [f"error: {refusal}" for refusal in refusals.values()]
+    pair = pipe(tiny_pair, b"/tau 1,2\n")
+    assert pair.stderr.decode() == "error: /tau: 2 models take one threshold, got 2\n"
 
 
 def type_bytes(child: pexpect.spawn, keys: bytes) -> str:

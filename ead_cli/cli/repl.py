@@ -80,11 +80,13 @@ def _usage(option: DecodingOption) -> str:
 
 def _as_command(message: str, option: DecodingOption) -> str:
     """A value's check, declared once, names the option as the command line spells it (``--temp``,
-    ``window``); in chat the message names the command typed instead (``/temp``, ``/window``)."""
+    ``window``); in chat the message names the command typed instead (``/temp``, ``/window``). A check
+    that names no option (a threshold count for the models loaded, a policy a cascade cannot run) is
+    led by the command, so every refusal says which command it refuses."""
     for spelling in (option.flag, option.flag[2:]):
         if message.startswith(spelling + " "):
             return option.command + message[len(spelling) :]
-    return message
+    return f"{option.command}: {message}"
 
 
 def counted(number: int, noun: str) -> str:
