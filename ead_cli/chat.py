@@ -22,7 +22,15 @@ from .engine import build_decoder
 from .errors import EadError
 from .options import GenerationOptions, PolicyOptions
 from .paths import write_whole
-from .prompt import Message, check_fits, check_prompt_text, check_text, encode_rendered, render_chat
+from .prompt import (
+    Message,
+    check_fits,
+    check_prompt_text,
+    check_system_fits,
+    check_text,
+    encode_rendered,
+    render_chat,
+)
 from .response import Response
 from .runner import Runner
 from .signals import main_thread_signals
@@ -128,9 +136,11 @@ class Conversation:
     @system.setter
     def system(self, text: str | None) -> None:
         """The system message for the next answers (empty: none); refused, changing nothing, for what a
-        prompt is refused for (a NUL byte, bytes that are not UTF-8)."""
+        prompt is refused for (a NUL byte, bytes that are not UTF-8) and where it leaves the context no
+        room for a message and an answer: said now, not as a prompt too long at the next message."""
         if text:
             check_text(text, "the system message")
+            check_system_fits(self._text_model, text, self.n_ctx)
         self._system = text or None
 
     @property

@@ -93,13 +93,27 @@ def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: 
     check_prompt_text(text)
     if system:
         check_text(system, "the system message")
+    return encode_rendered(runner, _render_prompt(runner, text, system=system, raw=raw))
+
+
+def _render_prompt(runner: Runner, text: str, *, system: str | None, raw: bool) -> str:
+    """A prompt's text: the chat template's rendering unless ``raw``; without a template the system
+    message, if any, leads the text."""
     messages: list[Message] = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
     ]
     rendered = None if raw else render_chat(runner, messages)
     if rendered is None:
         rendered = text if raw or not system else f"{system}\n\n{text}"
-    return encode_rendered(runner, rendered)
+    return rendered
+
+
+def check_system_fits(runner: Runner, system: str, n_ctx: int) -> None:
+    """Refuse a system message that leaves no room for a message and an answer, naming it rather than
+    the prompt it would make too long: the tokens counted are those of the prompt it opens with an empty
+    message, the template's text around it included."""
+    opened = encode_rendered(runner, _render_prompt(runner, "", system=system, raw=False))
+    check_fits(opened, n_ctx, "the system message")
 
 
 def encode_rendered(runner: Runner, rendered: str) -> list[int]:
@@ -147,11 +161,11 @@ def check_special_tokens_fit(text: str, specials: re.Pattern[str] | None, n_ctx:
             )
 
 
-def check_fits(prompt: list[int], n_ctx: int) -> None:
-    """A prompt must leave room for at least one generated token."""
+def check_fits(prompt: list[int], n_ctx: int, what: str = "the prompt") -> None:
+    """A prompt must leave room for at least one generated token; ``what`` is what is too long."""
     if len(prompt) >= n_ctx:
         raise EadError(
-            f"the prompt is {len(prompt)} tokens, too many for the context of {n_ctx} tokens: it takes at "
-            f"most {n_ctx - 1}, to leave room for the answer (raise --ctx or shorten the prompt)",
+            f"{what} is {len(prompt)} tokens, too many for the context of {n_ctx} tokens: it takes at "
+            f"most {n_ctx - 1}, to leave room for the answer (raise --ctx or shorten {what})",
             exit_code=2,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import signal
 import sys
 import threading
@@ -264,6 +265,28 @@ def test_a_system_message_is_refused_for_what_a_prompt_is_refused_for(runners: l
         with pytest.raises(EadError, match=f"^{message}$"):
             conversation.system = text
         assert conversation.system == SYSTEM
+
+
+def test_a_system_message_longer_than_the_context_is_refused_by_name_at_once(runners: list[Runner]) -> None:
+    """A system message that leaves no room for a message had been taken, and each message then refused as
+    'the prompt is 628 tokens': it is refused by name when given, at the start or later, and a system
+    message given later leaves the one before in place. Each 'z' is one token; the template adds 28."""
+
+    def too_long(tokens: int) -> str:
+        return re.escape(
+            f"the system message is {tokens} tokens, too many for the context of 512 tokens: it takes at "
+            "most 511, to leave room for the answer (raise --ctx or shorten the system message)"
+        )
+
+    generation = GenerationOptions(max_tokens=4)
+    with pytest.raises(EadError, match=f"^{too_long(628)}$"):
+        Conversation(runners, SWITCHING, generation, system="z" * 600)
+    conversation = Conversation(runners, SWITCHING, generation, system=SYSTEM)
+    with pytest.raises(EadError, match=f"^{too_long(512)}$"):
+        conversation.system = "z" * 484
+    assert conversation.system == SYSTEM
+    conversation.system = "z" * 483  # 511 tokens with the template's: room for an answer, if not a message
+    assert conversation.system == "z" * 483
 
 
 def test_a_model_without_a_chat_template_is_refused(tmp_path: Path, tiny_large: Path) -> None:

@@ -499,6 +499,16 @@ def test_a_prompt_that_fills_the_context_is_refused(tiny_pair: tuple[Path, Path]
     assert (fits.returncode, summary["prompt_tokens"], summary["generated"]) == (0, 255, 2)
 
 
+def test_a_system_message_longer_than_the_context_is_named(tiny_pair: tuple[Path, Path]) -> None:
+    """--system of 300 tokens in a 256-token context had been called 'the prompt' (shorten the prompt):
+    it is the system message, 328 tokens with the template's text around it, that does not fit."""
+    result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "--system", "z" * 300, "hi")
+    assert assert_one_line_error(result, 2) == (
+        "error: the system message is 328 tokens, too many for the context of 256 tokens: it takes at most "
+        "255, to leave room for the answer (raise --ctx or shorten the system message)"
+    )
+
+
 def test_a_full_context_finishes_with_length(tiny_pair: tuple[Path, Path]) -> None:
     result = ead(
         "generate", *pair_args(tiny_pair), "--ctx", "256", "--max-tokens", "5000", "--format", "jsonl", "hi"

@@ -376,6 +376,28 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
     assert pair.stderr.decode() == "error: /tau: 2 models take one threshold, got 2\n"
 
 
+def test_a_system_message_longer_than_the_context_is_refused_by_name_at_once(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A system message that leaves no room for a message had been taken, and the first message refused as
+    'the prompt is 328 tokens (... shorten the prompt)': --system is refused at start-up, /system at
+    once, and the system message before it stays."""
+    too_long = (
+        "error: the system message is 328 tokens, too many for the context of 256 tokens: it takes at most "
+        "255, to leave room for the answer (raise --ctx or shorten the system message)\n"
+    )
+    started = pipe(tiny_pair, b"hi\n", "--ctx", "256", "--system", "z" * 300)
+    assert (started.returncode, started.stdout, started.stderr.decode()) == (2, b"", too_long)
+    path = tmp_path / "chat.json"
+    typed = f"/system be brief\n/system {'z' * 300}\nhi\n/save {path}\n".encode()
+    result = pipe(tiny_pair, typed, "--ctx", "256")
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines(keepends=True)
+    assert lines[:2] == ["system message set (from the next answer)\n", too_long]
+    assert SUMMARY.match(lines[2]) and lines[3:] == [f"saved 1 turn to {path}\n"]
+    assert json.loads(path.read_text(encoding="utf-8"))["system"] == "be brief"
+
+
 def type_bytes(child: pexpect.spawn, keys: bytes) -> str:
     """Type raw bytes (not UTF-8 text) and Enter; return the last line shown before the next prompt."""
     wait_ready(child)
