@@ -398,6 +398,21 @@ def test_a_system_message_longer_than_the_context_is_refused_by_name_at_once(
     assert json.loads(path.read_text(encoding="utf-8"))["system"] == "be brief"
 
 
+def test_text_the_user_typed_comes_back_literally(spawn, tmp_path: Path) -> None:
+    """rich read an emoji code in a /save file name or in input an error echoes (':smile:' came back as a
+    smiling face, another file's name than the one written): every line shows such text as typed, rich's
+    markup too."""
+    typed = ":smile:[red]x[/red]"
+    child = spawn()
+    path = tmp_path / ":smile:[bold]x.json"  # a name holds no '/', so no closing tag
+    assert reply(child, f"/save {path}") == [f"saved 0 turns to {path}"]
+    assert path.exists()
+    assert reply(child, f"/{typed}") == [f"error: unknown command /{typed} (/help lists the commands)"]
+    assert reply(child, f"/temp {typed}") == [f"error: /temp takes a finite number, got '{typed}'"]
+    assert reply(child, f"/stats {typed}") == [f"error: /stats takes no argument, got '{typed}'"]
+    assert leave(child) == 0
+
+
 def type_bytes(child: pexpect.spawn, keys: bytes) -> str:
     """Type raw bytes (not UTF-8 text) and Enter; return the last line shown before the next prompt."""
     wait_ready(child)

@@ -133,7 +133,11 @@ class Repl:
         self.read_line = read_line
         self.err = err
         self.renderer = TextRenderer(out, color=color)
-        self.console = Console(file=err, highlight=False, color_system="auto" if color else None)
+        # Its lines hold what the user typed (a /save file name, an argument an error echoes) as typed:
+        # rich's markup would read '[bold]' as a style, its emoji codes ':smile:' as an emoji.
+        self.console = Console(
+            file=err, markup=False, emoji=False, highlight=False, color_system="auto" if color else None
+        )
         self.console.soft_wrap = not self.console.is_terminal  # a terminal's lines wrap at spaces
         self.interactive = interactive
         self.failed = False
@@ -176,12 +180,12 @@ class Repl:
         return 1 if self.failed else 0
 
     def note(self, message: str) -> None:
-        self.console.print(message, style="dim", markup=False)
+        self.console.print(message, style="dim")
 
     def error(self, message: str) -> None:
         if not self.interactive:
             self.failed = True
-        self.console.print(f"error: {message}", style="red", markup=False)
+        self.console.print(f"error: {message}", style="red")
 
     def _step(self) -> bool:
         """Read and handle one message or command; False to leave."""
@@ -292,13 +296,11 @@ class Repl:
         self.console.print(
             f"session: {counted(totals.answers, 'answer')} · {totals.generated} tokens · large share "
             f"{totals.large_share:.1%} · {totals.switches} switches · {totals.flops / 1e9:,.1f} GFLOP · "
-            f"{totals.wall_s:.2f}s",
-            markup=False,
+            f"{totals.wall_s:.2f}s"
         )
         self.console.print(
             f"context: {len(conversation.tokens)} of {conversation.n_ctx} tokens · "
-            + settings_line(conversation.effective_policy, conversation.generation),
-            markup=False,
+            + settings_line(conversation.effective_policy, conversation.generation)
         )
 
     def _reset(self, argument: str) -> None:
@@ -324,12 +326,11 @@ class Repl:
 
     def _help(self, argument: str) -> None:
         for name, (_, usage, description) in self.commands.items():
-            self.console.print(f"/{name} {usage}".ljust(17) + description, markup=False)
+            self.console.print(f"/{name} {usage}".ljust(17) + description)
         self.console.print(
             'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
             "message, never a command; // at a line's start sends the rest, from its /, as a message.\n"
-            "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or clears the line.",
-            markup=False,
+            "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or clears the line."
         )
 
 
