@@ -4,6 +4,7 @@ it, from the logits it was drawn from, in OpenAI's chat and text-completion shap
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,9 +62,36 @@ def test_text_completion_logprobs(server: Server) -> None:
     logprobs = reply["choices"][0]["logprobs"]
     assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 8
     assert logprobs["text_offset"] == sorted(logprobs["text_offset"]) and logprobs["text_offset"][0] == 0
-    # keyed by text, as OpenAI's format is: the tiny vocabulary's byte tokens may share one (U+FFFD)
-    assert all(1 <= len(top) <= 2 and max(top.values()) <= 0 for top in logprobs["top_logprobs"])
+    assert all(len(top) == 2 and max(top.values()) <= 0 for top in logprobs["top_logprobs"])
     assert all(lp <= 0 for lp in logprobs["token_logprobs"])
+
+
+def _named_bytes(name: str) -> bytes:
+    """The bytes a text completion's token name stands for (``bytes:\\xNN``, ``token_id:N``, or text)."""
+    if name.startswith("bytes:"):
+        escapes = name.removeprefix("bytes:")
+        assert re.fullmatch(r"(\\x[0-9a-f]{2})+", escapes), name
+        return bytes(int(escapes[i + 2 : i + 4], 16) for i in range(0, len(escapes), 4))
+    return b"" if re.fullmatch(r"token_id:\d+", name) else name.encode()
+
+
+def test_text_completion_logprobs_name_each_token_apart(server: Server) -> None:
+    """Keyed by text, the tiny vocabulary's byte tokens (half of its first 256) had all read U+FFFD and
+    shared one key: of 20 asked, rows held fewer. A token whose bytes are not text on their own is
+    named ``bytes:\\xNN`` as OpenAI names it, so every row holds 20, and the names spell the text."""
+    body = {"prompt": "def fib(n):", "max_tokens": 24, "temperature": 1, "seed": 5, "logprobs": 20}
+    reply = httpx.post(f"{server.base_url}/completions", json=body, headers=JSON, timeout=60).json()
+    logprobs = reply["choices"][0]["logprobs"]
+    assert all(len(top) == 20 for top in logprobs["top_logprobs"])
+    names = [name for top in logprobs["top_logprobs"] for name in top]
+    assert any(name.startswith("bytes:") for name in names)  # the case this is about did arise
+    for name in names:
+        assert "\ufffd" not in name
+        if name.startswith("bytes:"):
+            with pytest.raises(UnicodeDecodeError):
+                _named_bytes(name).decode("utf-8")
+    spelled = b"".join(_named_bytes(name) for name in logprobs["tokens"])
+    assert spelled.decode("utf-8", errors="replace") == reply["choices"][0]["text"]
 
 
 @pytest.mark.parametrize(

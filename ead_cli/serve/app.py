@@ -622,11 +622,24 @@ class _Reply:
             ]
             return {"content": content, "refusal": None}
         return {
-            "tokens": [self._text(event.token) for event, _, _ in scored],
+            "tokens": [self._legacy_name(event.token) for event, _, _ in scored],
             "token_logprobs": [scores.logprob for _, scores, _ in scored],
-            "top_logprobs": [{self._text(t): lp for t, lp in scores.top} for _, scores, _ in scored],
+            "top_logprobs": [{self._legacy_name(t): lp for t, lp in scores.top} for _, scores, _ in scored],
             "text_offset": [start for _, _, start in scored],
         }
+
+    def _legacy_name(self, token: int) -> str:
+        """A token as a text completion's logprobs name it, a key of ``top_logprobs``: its text; where its
+        bytes are not text on their own (a character split across tokens) ``bytes:\\xe2\\x80``, as OpenAI
+        names them; a control token (no bytes) ``token_id:N``, as vLLM does. Each as U+FFFD or as '' had
+        shared one key, and the dict kept one of them."""
+        piece = self.piece(token)
+        if not piece:
+            return f"token_id:{token}"
+        try:
+            return piece.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{byte:02x}" for byte in piece)
 
     def _text(self, token: int) -> str:
         return self.piece(token).decode("utf-8", errors="replace")
