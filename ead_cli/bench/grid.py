@@ -306,11 +306,10 @@ def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
     known = families()
     wanted = [part.strip() for part in wanted_families.split(",") if part.strip()]
     unknown = [name for name in wanted if name not in known]
-    if unknown or not wanted:
-        raise EadError(
-            f"--strategies: {unknown[0] if unknown else 'nothing'} is not one of {', '.join(known)}",
-            exit_code=2,
-        )
+    if not wanted:  # as ``ead bench speed`` says it
+        raise EadError(f"--strategies: {wanted_families!r} names no strategy", exit_code=2)
+    if unknown:
+        raise EadError(f"--strategies: {unknown[0]} is not one of {', '.join(known)}", exit_code=2)
     strategies: dict[str, Strategy] = {}
     for family, make in known.items():
         if family in wanted:
