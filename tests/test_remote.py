@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 import pexpect
 import pytest
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 from test_repl import PROMPT, SUMMARY, plain, send, type_line
+from test_serve import serving
 
 from ead_cli.bench import native
 from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entropy
@@ -113,6 +115,20 @@ def test_verify_and_speculative_decoding_need_a_local_checker(tiny_pair, served_
     for extra in (["--verify", "0.1"], ["--mode", "spec"]):
         result = ead("generate", *models(tiny_pair[0], served_large), *extra, "hi")
         assert_one_line_error(result, 2, "llama-server does not return")
+
+
+def test_ead_serve_names_the_field_a_remote_large_model_refuses(tiny_pair, served_large, tmp_path) -> None:
+    """Over HTTP the same refusal had come with ``param`` null: it names the field the client sent."""
+    with serving([*models(tiny_pair[0], served_large)], tmp_path / "server.log") as server:
+        for ead_options, param in (({"verify": 0.5}, "ead.verify"), ({"mode": "spec"}, "ead.mode")):
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "ead": ead_options}
+            reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert (error["param"], error["code"]) == (param, "invalid_value")
+            assert "llama-server does not return" in error["message"]
+        answered = httpx.post(f"{server.base_url}/chat/completions", json={**body, "ead": {}}, timeout=60)
+        assert answered.status_code == 200, answered.text
 
 
 def test_a_server_with_another_tokenizer_is_refused(tiny_pair, tiny_other_vocab, tmp_path) -> None:

@@ -417,7 +417,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             # the request's options given over the command line's: one of them may turn the pair on
-            policy = ead.policy_options(defaults.policy, levels=len(engine.runners))
+            policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
             policy = with_saved_tau(policy, engine.runners)[0]
             if grammar is not None:
                 _check_grammar(grammar, policy)
@@ -438,6 +438,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return policy, generation
 
         return _check(settings)
+
+    def _models_take(policy: PolicyOptions) -> None:
+        """Raises what the loaded models refuse of these options (a decoder costs nothing to build)."""
+        build_decoder(engine.runners, with_saved_tau(policy, engine.runners)[0], defaults.generation)
 
     def _check_grammar(grammar: str, policy: PolicyOptions) -> None:
         """JSON mode: a grammar cannot take a token back, nor reach into a llama-server."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -81,11 +81,15 @@ class _EadBase(BaseModel):
             given["patterns"] = tuple(given.pop("pattern"))
         return given
 
-    def policy_options(self, base: PolicyOptions, levels: int) -> PolicyOptions:
-        """These options over ``base`` (the command line's), checked by its rules. A 400 names the field
-        at fault, as the client spelled it: the one that alone over ``base`` gets the same complaint (the
-        rules check the options as a whole), or ``ead`` where only fields together do."""
-        changed = self._changed(base, levels)
+    def policy_options(
+        self, base: PolicyOptions, levels: int, models_take: Callable[[PolicyOptions], object]
+    ) -> PolicyOptions:
+        """These options over ``base`` (the command line's), checked by its rules and by ``models_take``
+        (the loaded models': a cascade runs no speculative decoding, a llama-server no --verify). A 400
+        names the field at fault, as the client spelled it: the one that alone over ``base`` gets the
+        same complaint (the rules check the options as a whole), or ``ead`` where only fields together
+        do."""
+        changed = self._changed(base, levels, models_take)
         if isinstance(changed, PolicyOptions):
             return changed
         given = self.model_dump(exclude_none=True, exclude=_SAMPLING)
@@ -93,18 +97,22 @@ class _EadBase(BaseModel):
             (
                 f"ead.{name}"
                 for name, value in given.items()
-                if type(self).model_construct(**{name: value})._changed(base, levels) == changed
+                if type(self).model_construct(**{name: value})._changed(base, levels, models_take) == changed
             ),
             "ead",
         )
         raise ApiError(400, changed, code="invalid_value", param=at_fault)
 
-    def _changed(self, base: PolicyOptions, levels: int) -> PolicyOptions | str:
+    def _changed(
+        self, base: PolicyOptions, levels: int, models_take: Callable[[PolicyOptions], object]
+    ) -> PolicyOptions | str:
         """These options over ``base``, or the command line's complaint about them."""
         try:
-            return base.changed(**self.policy_changes(), levels=levels)
+            changed = base.changed(**self.policy_changes(), levels=levels)
+            models_take(changed)
         except EadError as error:
             return str(error)
+        return changed
 
 
 _SAMPLING = {option.name for option in on(SERVE) if option.target != "policy"}
