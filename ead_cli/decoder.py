@@ -398,8 +398,8 @@ class Decoder(_Generation):
         tokens = self._begin(prompt)
         prompt_len = len(tokens)
         self._held, self._preview = [], None
-        vocab = self.runners[0].vocab if self.sampling.grammar is not None else None  # the smallest is local
-        self._sampler = sampler = Sampler(self.sampling, vocab)
+        grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
+        self._sampler = sampler = Sampler(self.sampling, grammars)
         self._reads_ahead = any(map(self._reads_ahead_at, range(len(self.runners))))
         self.fallback_reason = None
         try:

@@ -26,6 +26,7 @@ from .errors import EadError
 from .gguf_files import shard_paths
 from .hardware import Repack, repack_choice
 from .options import resolve_threads
+from .sampling import ParsedGrammars
 from .signals import Terminated, block_signals, main_thread_signals, restore_signals, stop_requested
 
 Phase = Literal["prefill", "decode", "catchup"]
@@ -185,6 +186,7 @@ class Runner:
             raise EadError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported GGUF)")
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.grammars = ParsedGrammars(self.vocab)  # ead serve's JSON mode: each schema parsed once
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
         self.n_params = llama_cpp.llama_model_n_params(self._model)
         self.n_embd = llama_cpp.llama_model_n_embd(self._model)
@@ -579,7 +581,7 @@ class Runner:
         return self.metadata(TWIN_KEY)
 
     def close(self) -> None:
-        """Free the batch, context and model (safe to call twice)."""
+        """Free the batch, context, parsed grammars and model (safe to call twice)."""
         if self._ctx:
             self._wait_for_device()
         if self._batch is not None:
@@ -589,6 +591,7 @@ class Runner:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
         if self._model:
+            self.grammars.close()
             llama_cpp.llama_model_free(self._model)
             self._model = None
 

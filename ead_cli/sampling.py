@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import llama_cpp
@@ -55,17 +57,23 @@ CANDIDATE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)
 
 class Sampler:
     """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits. With a
-    grammar (``vocab`` needed), it comes first in the chain and every token sampled is accepted by it."""
+    grammar (``grammars``, the writing model's, needed), it comes first in the chain and every token
+    sampled is accepted by it."""
 
-    def __init__(self, params: SamplingParams, vocab: llama_cpp.llama_vocab_p | None = None) -> None:
+    def __init__(self, params: SamplingParams, grammars: ParsedGrammars | None = None) -> None:
         self._greedy = params.temp == 0 and params.grammar is None
         self._params = params
         self._rng = np.random.default_rng(params.seed)
+        grammar = None
+        if params.grammar is not None:
+            if grammars is None:
+                raise EadError("a grammar needs a local model's vocabulary")
+            grammar = grammars.sampler(params.grammar)  # before the chain: a refusal leaks nothing
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         add = llama_cpp.llama_sampler_chain_add
-        if params.grammar is not None:
-            add(self._chain, grammar_sampler(vocab, params.grammar))
+        if grammar is not None:
+            add(self._chain, grammar)
         if params.temp == 0:
             add(self._chain, llama_cpp.llama_sampler_init_greedy())
         else:
@@ -122,16 +130,57 @@ class Sampler:
             self._chain = None
 
 
+class ParsedGrammars:
+    """One vocabulary's grammars, each text parsed by llama.cpp once while it is among the last few used.
+
+    A parse takes stderr for the call (see ``shared_stderr``) and milliseconds for a large schema; ead
+    serve checks a request's grammar when it arrives and samples with it when its turn comes, and clients
+    send the same schema again and again. A grammar sampler carries one answer's state, so each answer
+    gets a copy (llama_sampler_clone) of the parsed one, which nothing samples with.
+    """
+
+    KEPT = 16  # distinct grammars: a copy of a parsed one costs microseconds, a parse up to ~10 ms
+
+    def __init__(self, vocab: llama_cpp.llama_vocab_p) -> None:
+        self._vocab = vocab
+        self._parsed: OrderedDict[str, llama_cpp.llama_sampler_p] = OrderedDict()
+        self._lock = threading.Lock()  # ead serve's preparing threads check, its engine thread samples
+
+    def check(self, grammar: str) -> None:
+        """Parse the text now, so a grammar llama.cpp refuses is an error before any work is queued."""
+        with self._lock:
+            self._parsed_sampler(grammar)
+
+    def sampler(self, grammar: str) -> llama_cpp.llama_sampler_p:
+        """A fresh grammar sampler for one answer (the caller frees it, or a chain that owns it)."""
+        with self._lock:
+            return llama_cpp.llama_sampler_clone(self._parsed_sampler(grammar))
+
+    def _parsed_sampler(self, grammar: str) -> llama_cpp.llama_sampler_p:
+        parsed = self._parsed.get(grammar)
+        if parsed is not None:
+            self._parsed.move_to_end(grammar)
+            return parsed
+        parsed = self._parsed[grammar] = _parse(self._vocab, grammar)
+        if len(self._parsed) > self.KEPT:
+            llama_cpp.llama_sampler_free(self._parsed.popitem(last=False)[1])
+        return parsed
+
+    def close(self) -> None:
+        """Free the parsed grammars (before the model: safe to call twice)."""
+        with self._lock:
+            while self._parsed:
+                llama_cpp.llama_sampler_free(self._parsed.popitem()[1])
+
+
 PARSE_ERROR = "error parsing grammar: "  # llama.cpp's words before its reason
 REASON_CHARS = 120
 
 
-def grammar_sampler(vocab: llama_cpp.llama_vocab_p | None, grammar: str) -> llama_cpp.llama_sampler_p:
+def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:
     """llama.cpp's grammar sampler for a GBNF text; a grammar it cannot parse is a one-line error, with
     llama.cpp's reason. Its parser prints such a grammar whole to the process's stderr (a C fprintf:
     a client's schema in ead serve's log, newlines and all), so stderr goes to a file for the call."""
-    if not vocab:
-        raise EadError("llama.cpp could not parse the grammar: no model's vocabulary")
     with shared_stderr.captured() as caught:
         sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if sampler:

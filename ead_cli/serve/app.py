@@ -20,7 +20,6 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import h11
-import llama_cpp
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sse_starlette import EventSourceResponse
@@ -45,7 +44,7 @@ from ..prompt import (
     special_token_pattern,
 )
 from ..remote import RemoteRunner
-from ..sampling import SamplingParams, grammar_sampler
+from ..sampling import SamplingParams
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
 from .schemas import (
     ApiError,
@@ -451,8 +450,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             raise ApiError(400, message, code="invalid_value", param="response_format")
         _without_rollbacks(policy, "response_format", "JSON mode needs")
-        sampler = _check(lambda: grammar_sampler(engine.runners[0].vocab, grammar), "response_format")
-        llama_cpp.llama_sampler_free(sampler)  # it parses
+        _check(lambda: engine.runners[0].grammars.check(grammar), "response_format")
 
     async def _json_body(request: Request) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking; and if
