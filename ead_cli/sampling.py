@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -173,7 +174,10 @@ class ParsedGrammars:
                 llama_cpp.llama_sampler_free(self._parsed.popitem()[1])
 
 
-PARSE_ERROR = "error parsing grammar: "  # llama.cpp's words before its reason
+# llama_grammar_parser::parse (llama-grammar.cpp) refuses a grammar with one fprintf to stderr:
+# "%s: error parsing grammar: %s\n\n%s\n" of __func__, its reason, the grammar whole
+PARSER_WORDS = b"parse: error parsing grammar: "
+PARSER_PRINT = re.compile(b"^" + re.escape(PARSER_WORDS), re.MULTILINE)  # at a line's start only
 REASON_CHARS = 120
 
 
@@ -181,16 +185,30 @@ def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_samp
     """llama.cpp's grammar sampler for a GBNF text; a grammar it cannot parse is a one-line error, with
     llama.cpp's reason. Its parser prints such a grammar whole to the process's stderr (a C fprintf:
     a client's schema in ead serve's log, newlines and all), so stderr goes to a file for the call."""
-    with shared_stderr.captured() as caught:
-        sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-        if sampler:
-            return sampler
-        caught.seek(0)
-        printed = caught.read().decode("utf-8", "replace")
-    reason = printed.partition(PARSE_ERROR)[2].partition("\n")[0]
+    text = grammar.encode()
+    with shared_stderr.captured(lambda received: _parser_print(received, text)) as caught:
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, text, b"root")
+    if sampler:
+        return sampler
+    reason = caught.printed.removeprefix(PARSER_WORDS).partition(b"\n")[0]
+    reason = reason.decode("utf-8", "replace")
     if len(reason) > REASON_CHARS:
         reason = reason[:REASON_CHARS] + "..."
     raise EadError(f"llama.cpp could not parse the grammar{': ' if reason else ''}{reason}")
+
+
+def _parser_print(received: bytes, grammar: bytes) -> shared_stderr.Span:
+    """Where the parser's refusal of ``grammar`` lies in what stderr received while it ran, among other
+    threads' lines (a client's reply must not carry them, nor the log lose them): from the first line
+    that starts as the parser's does to the grammar printed after it. One fprintf writes it at once, up
+    to glibc's 8 KiB; should another thread's line split a longer one, the rest is taken as the
+    parser's, so the grammar never reaches the log."""
+    found = PARSER_PRINT.search(received)
+    if found is None:
+        return 0, 0
+    tail = b"\n\n" + grammar + b"\n"
+    end = received.rfind(tail, found.start())
+    return found.start(), end + len(tail) if end >= 0 else len(received)
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

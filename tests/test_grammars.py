@@ -3,6 +3,7 @@ the process's stderr taken for the parse (see ead_cli/shared_stderr.py)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import llama_cpp
 import pytest
 
 from ead_cli import shared_stderr
+from ead_cli.errors import EadError
 from ead_cli.runner import Runner
 from ead_cli.sampling import ParsedGrammars
 
@@ -46,3 +48,49 @@ def test_a_grammar_checked_once_is_not_parsed_again_for_its_answers(grammars: Pa
         llama_cpp.llama_sampler_free(sampler)
     new = threading.Thread(target=grammars.check, args=('root ::= "new"',))
     assert not finishes_while_stderr_is_held(new, wait=0.5)  # a grammar not seen before: parsed, stderr taken
+
+
+# a line as uvicorn's access log writes one, with llama.cpp's words in another client's path
+OTHER_THREADS_LINE = 'INFO:     10.0.0.9:5555 - "GET /v1/error parsing grammar: secret HTTP/1.1" 404'
+
+
+def written_while_parsing(grammars: ParsedGrammars, grammar: str) -> tuple[bool, str]:
+    """Parse ``grammar`` while another thread writes OTHER_THREADS_LINE to descriptor 2 as soon as the
+    parse has taken it; whether the line came inside that window, and the parse's error ('' if none)."""
+    log = os.fstat(2)
+    inside: list[bool] = []
+
+    def write() -> None:
+        while os.fstat(2).st_ino == log.st_ino:
+            pass
+        os.write(2, OTHER_THREADS_LINE.encode() + b"\n")
+        inside.append(os.fstat(2).st_ino != log.st_ino)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        grammars.check(grammar)
+        error = ""
+    except EadError as refused:
+        error = str(refused)
+    writer.join()
+    return inside[0], error
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_another_threads_line_during_a_parse_goes_to_the_log_not_to_the_reason(
+    grammars: ParsedGrammars, capfd: pytest.CaptureFixture[str], refused: bool
+) -> None:
+    """uvicorn's handlers, warnings and other threads write to stderr without the lock: such a line in
+    the window was dropped with the parse's file, and the 400's reason was whatever followed llama.cpp's
+    words first in it, another request's path included. A long grammar keeps the window open."""
+    for tries in range(5):  # a fresh text each time: a parsed one is not parsed again
+        grammar = "root ::= " + '"a" ' * (1_000_000 + tries) + ("\\x" if refused else "")
+        inside, error = written_while_parsing(grammars, grammar)
+        if inside:
+            break
+    assert inside, "the other thread never wrote while the parse had stderr"
+    expected = "llama.cpp could not parse the grammar: expecting newline or end at \\x" if refused else ""
+    assert error == expected
+    log = capfd.readouterr().err
+    assert log == OTHER_THREADS_LINE + "\n"  # and not the refused grammar, which the parser prints whole
