@@ -26,7 +26,7 @@ def _token_text(runner: Runner, token: int) -> str:
 
 def check_prompt_text(text: str) -> str:
     """Refuse prompts nothing sensible can come of."""
-    if not text.strip():
+    if not text or text.isspace():  # not strip(): a copy of a long prompt
         raise EadError("the prompt is empty", exit_code=2)
     check_text(text, "the prompt")
     return text
@@ -74,7 +74,7 @@ def render_chat(
         raise EadError(
             f"the chat template of {runner.path.name} failed: {_template_failure(error)}"
         ) from None
-    if not rendered.strip():  # the messages are never empty, so a template that drops them is broken
+    if not rendered or rendered.isspace():  # the messages are never empty: a template dropping them is broken
         raise EadError(f"the chat template of {runner.path.name} rendered no text")
     return rendered
 
