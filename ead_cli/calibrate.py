@@ -22,7 +22,7 @@ from .errors import EadError
 from .options import PolicyOptions
 from .paths import check_can_save, config_file, lookup, save_json
 from .policies import Fixed
-from .prompt import check_fits, encode_prompt
+from .prompt import encode_fitting, render_prompt
 from .runner import Runner
 from .sampling import SamplingParams
 
@@ -83,9 +83,9 @@ def _encode_each(runners: Sequence[Runner], prompts: Sequence[str], kind: str) -
     n_ctx = min(runner.n_ctx for runner in runners)
     encoded = []
     for number, prompt in enumerate(prompts, 1):
-        tokens = encode_prompt(runners[0], prompt)
+        rendered = render_prompt(runners[0], prompt)
         try:
-            check_fits(tokens, n_ctx)
+            tokens = encode_fitting(runners[0], rendered, n_ctx)
         except EadError as error:
             excerpt = prompt if len(prompt) <= 30 else f"{prompt[:30]}..."
             raise EadError(f"{kind} prompt {number} ({excerpt!r}): {error}", error.exit_code) from None

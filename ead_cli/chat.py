@@ -25,6 +25,7 @@ from .paths import write_whole
 from .prompt import (
     Message,
     check_fits,
+    check_length_fits,
     check_prompt_text,
     check_system_fits,
     check_text,
@@ -179,6 +180,7 @@ class Conversation:
         turn is in ``turns`` and its answer, closed with the template's end of turn, in ``tokens``.
         """
         check_prompt_text(text)
+        check_length_fits(self._text_model, text, self.n_ctx)  # the message alone: no conversation helps
         messages = [*self.messages, {"role": "user", "content": text}]
         rendered = self._render(messages, add_generation_prompt=True)
         prompt = self._extend(self.tokens, self._text, rendered)

@@ -88,12 +88,17 @@ def _template_failure(error: Exception) -> str:
     return f"refused by the sandbox: {detail}" if isinstance(error, SecurityError) else detail
 
 
-def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
-    """Prompt token ids: the chat template unless ``raw`` (or the model has none), BOS as the vocab wants."""
+def render_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> str:
+    """The prompt's whole text: the chat template unless ``raw`` (or the model has none)."""
     check_prompt_text(text)
     if system:
         check_text(system, "the system message")
-    return encode_rendered(runner, _render_prompt(runner, text, system=system, raw=raw))
+    return _render_prompt(runner, text, system=system, raw=raw)
+
+
+def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+    """Prompt token ids: the chat template unless ``raw`` (or the model has none), BOS as the vocab wants."""
+    return encode_rendered(runner, render_prompt(runner, text, system=system, raw=raw))
 
 
 def _render_prompt(runner: Runner, text: str, *, system: str | None, raw: bool) -> str:
@@ -114,6 +119,15 @@ def check_system_fits(runner: Runner, system: str, n_ctx: int) -> None:
     message, the template's text around it included."""
     opened = encode_rendered(runner, _render_prompt(runner, "", system=system, raw=False))
     check_fits(opened, n_ctx, "the system message")
+
+
+def encode_fitting(runner: Runner, rendered: str, n_ctx: int) -> list[int]:
+    """``encode_rendered`` for a prompt that must leave the context room for an answer: one too long is
+    refused, and one too long by its length alone before it is tokenized (``check_length_fits``)."""
+    check_length_fits(runner, rendered, n_ctx)
+    prompt = encode_rendered(runner, rendered)
+    check_fits(prompt, n_ctx)
+    return prompt
 
 
 def encode_rendered(runner: Runner, rendered: str) -> list[int]:
@@ -161,11 +175,47 @@ def check_special_tokens_fit(text: str, specials: re.Pattern[str] | None, n_ctx:
             )
 
 
+# A text with fewer characters than this per token of the context is tokenized outright (ordinary text
+# averages ~4 a token; llama.cpp holds ~75 bytes a token while it tokenizes: ~10 MB for 4096 tokens).
+TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN = 32
+C_WHITESPACE = " \t\n\v\f\r"  # what a special token's lstrip/rstrip swallows (C's isspace)
+
+
+def fewest_tokens(runner: Runner, text: str) -> int:
+    """A lower bound on the tokens of ``text``, from its length alone (0 where the tokenizer rewrites
+    text first): a token stands for at most ``token_reach.longest`` bytes and a character is at least
+    one, so every character counts but whitespace that a special token may swallow."""
+    reach = runner.token_reach
+    if reach is None:
+        return 0
+    kept = len(text)
+    if reach.strips_whitespace:
+        kept -= sum(text.count(space) for space in C_WHITESPACE)
+    return -(-kept // reach.longest)
+
+
+def check_length_fits(runner: Runner, text: str, n_ctx: int) -> None:
+    """Refuse, before tokenizing it, a text too long for the context by its length alone: llama.cpp's
+    tokenizer holds every token of the whole text (~75 bytes each, ~750 MB for 10 MB of text) whatever
+    the buffer it is given. A text short enough to tokenize cheaply skips the vocabulary pass this takes."""
+    if len(text) < n_ctx * TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN:
+        return
+    fewest = fewest_tokens(runner, text)
+    if fewest >= n_ctx:
+        raise EadError(
+            f"the prompt is at least {fewest} tokens ({len(text)} characters), {_past_the_context(n_ctx)}",
+            exit_code=2,
+        )
+
+
 def check_fits(prompt: list[int], n_ctx: int, what: str = "the prompt") -> None:
     """A prompt must leave room for at least one generated token; ``what`` is what is too long."""
     if len(prompt) >= n_ctx:
-        raise EadError(
-            f"{what} is {len(prompt)} tokens, too many for the context of {n_ctx} tokens: it takes at "
-            f"most {n_ctx - 1}, to leave room for the answer (raise --ctx or shorten {what})",
-            exit_code=2,
-        )
+        raise EadError(f"{what} is {len(prompt)} tokens, {_past_the_context(n_ctx, what)}", exit_code=2)
+
+
+def _past_the_context(n_ctx: int, what: str = "the prompt") -> str:
+    return (
+        f"too many for the context of {n_ctx} tokens: it takes at most {n_ctx - 1}, to leave room for "
+        f"the answer (raise --ctx or shorten {what})"
+    )

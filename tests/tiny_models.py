@@ -36,7 +36,9 @@ Writing a model takes ~3 ms; loading it with ``llama_cpp.Llama(n_ctx=512, verbos
 
 Vocabularies (``vocab=``): ``"base"``; ``"other"`` (same size, but token 258 is ``re`` instead of
 ``er``: same-size, different tokenizer); ``"bigger"`` (64 more merged tokens: a size far off);
-``"padded"`` (``base`` plus 2 unused padding ids at the end, as Qwen2.5 7B pads its vocabulary).
+``"padded"`` (``base`` plus 2 unused padding ids at the end, as Qwen2.5 7B pads its vocabulary);
+``"phi-3"`` (``base`` plus ``<unk>``, ``<s>``, ``</s>``: the model's name then holds "phi-3", for which
+llama.cpp gives control tokens RSTRIP, so that they swallow the whitespace after them).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ MIDDLE_ENTROPY_BITS = 3.0
 
 BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PHI3_SPECIALS = ("<unk>", "<s>", "</s>")  # llama.cpp's Phi-3 rule sets their attributes: they must exist
 N_PADDING = 2
 # The median row gain: control tokens are no likelier than typical ones, so generations run on.
 CONTROL_ROW_GAIN = 1.0
@@ -84,14 +87,14 @@ def byte_tokens() -> list[str]:
 
 
 def _merges(vocab: str) -> list[str]:
-    if vocab in ("base", "padded"):
+    if vocab in ("base", "padded", "phi-3"):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
     if vocab == "bigger":
         letters = "abcdfgjk"  # none of these pairs is already a base merge
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
-    raise ValueError(f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger' or 'padded'")
+    raise ValueError(f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded' or 'phi-3'")
 
 
 def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
@@ -102,6 +105,9 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "padded":
         tokens += [f"[PAD{len(tokens) + i}]" for i in range(N_PADDING)]
         types += [gguf.TokenType.UNUSED] * N_PADDING
+    if vocab == "phi-3":
+        tokens += PHI3_SPECIALS
+        types += [gguf.TokenType.CONTROL] * len(PHI3_SPECIALS)
     return tokens, [int(t) for t in types], merges
 
 

@@ -147,7 +147,7 @@ def depth_generate(
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
     from ..depth.model import DepthOptions, open_model
-    from ..prompt import check_fits, check_prompt_text, encode_prompt
+    from ..prompt import check_prompt_text, encode_fitting, render_prompt
     from ..sampling import SamplingParams
 
     text = check_prompt_text(read_prompt(prompt))
@@ -169,8 +169,8 @@ def depth_generate(
         progress=say_progress,
     )
     try:
-        tokens = encode_prompt(loaded.runner, text, raw=raw)
-        check_fits(tokens, loaded.runner.n_ctx)
+        rendered = render_prompt(loaded.runner, text, raw=raw)
+        tokens = encode_fitting(loaded.runner, rendered, loaded.runner.n_ctx)
         layers = loaded.probes(options)
         if output_format is OutputFormat.jsonl:
             renderer: DepthTextRenderer | DepthJsonlRenderer = DepthJsonlRenderer(sys.stdout)

@@ -53,7 +53,7 @@ def generate(
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
-    from ..prompt import check_fits, check_prompt_text, check_system_fits, encode_prompt
+    from ..prompt import check_prompt_text, check_system_fits, encode_fitting, render_prompt
     from .render import (
         JsonlRenderer,
         TextRenderer,
@@ -78,10 +78,10 @@ def generate(
         # Plain text shows no entropies: a step whose decision needs none skips it (JSON lines show them).
         entropy = "exact" if output_format is OutputFormat.jsonl else "needed"
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
-        tokens = encode_prompt(runners[0], text, system=system, raw=raw)
+        rendered = render_prompt(runners[0], text, system=system, raw=raw)
         if system:  # a system message too long is named, not the prompt it makes too long
             check_system_fits(runners[0], system, decoder.n_ctx)
-        check_fits(tokens, decoder.n_ctx)
+        tokens = encode_fitting(runners[0], rendered, decoder.n_ctx)
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:

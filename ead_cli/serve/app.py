@@ -39,7 +39,7 @@ from ..prompt import (
     check_fits,
     check_prompt_text,
     check_special_tokens_fit,
-    encode_rendered,
+    encode_fitting,
     render_chat,
     special_token_pattern,
 )
@@ -363,11 +363,12 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _job(body: CompletionBase, given: str | list[int]) -> Job:
         """The request's work: its prompt (rendered text, or token ids as given) and options, checked."""
         try:
-            prompt = given
             if isinstance(given, str):
                 check_special_tokens_fit(given, specials, engine.n_ctx)
-                prompt = encode_rendered(engine.runners[0], given)
-            check_fits(prompt, engine.n_ctx)
+                prompt = encode_fitting(engine.runners[0], given, engine.n_ctx)
+            else:
+                check_fits(given, engine.n_ctx)
+                prompt = given
         except EadError as error:
             field = "messages" if isinstance(body, ChatRequest) else "prompt"
             raise ApiError(400, str(error), code="context_length_exceeded", param=field) from None
