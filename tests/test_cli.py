@@ -484,6 +484,45 @@ def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path], size: in
     assert count and int(count[1]) > 256
 
 
+# The child's peak resident memory (KiB), written to argv[1]: a process with one child reads that child's.
+PEAK_OF_CHILD = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
+    "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+    "open(sys.argv[1], 'w').write(str(peak)); sys.exit(code)"
+)
+
+
+def ead_peak_memory(args: list[str], stdin: Path, peak_file: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """Run `ead ARGS < stdin` as ``ead`` does, and the bytes of memory it held at its peak."""
+    with stdin.open("rb") as data:
+        result = subprocess.run(
+            [sys.executable, "-c", PEAK_OF_CHILD, str(peak_file), EAD, *args],
+            stdin=data,
+            capture_output=True,
+            timeout=120,
+        )
+    return result, int(peak_file.read_text()) * 1024
+
+
+def test_a_huge_prompt_is_refused_in_a_few_copies_of_its_size(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """llama.cpp's tokenizer holds every token of a text, ~75 bytes each, whatever buffer it fills: a 16
+    MiB prompt on stdin took ~1.3 GB before it was called too long. Its length alone now refuses it while
+    ead holds its text and the rendered prompt (a few copies): the peak stays within 8 over a run of 'hi'."""
+    size = 16 * 2**20
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b"the quick brown fox " * (size // 20))
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"hi")
+    args = ["generate", *pair_args(tiny_pair), "--max-tokens", "1", "-"]
+    fits, baseline = ead_peak_memory(args, small, tmp_path / "small.peak")
+    assert fits.returncode == 0, fits.stderr
+    refused, peak = ead_peak_memory(args, huge, tmp_path / "huge.peak")
+    assert_one_line_error(refused, 2, "too many for the context of 2048 tokens: it takes at most 2047")
+    assert peak < baseline + 8 * size, (peak, baseline)
+
+
 def test_a_prompt_that_fills_the_context_is_refused(tiny_pair: tuple[Path, Path]) -> None:
     """Each 'z' is one token of the tiny vocabulary: 256 fill a 256-token context and leave no room for the
     answer (the message does not call them longer than it); 255 leave one slot, and two tokens come out
