@@ -8,9 +8,11 @@ import json
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import gguf
 import llama_cpp
@@ -307,6 +309,37 @@ def test_generate_colours_tokens_with_a_legend(config: dict[str, str], deep_mode
     assert result.returncode == 0
     assert "exit depth (of 8 blocks)" in result.stderr.decode()
     assert "\x1b[" in result.stdout.decode()
+
+
+def test_a_ctrl_c_after_a_token_is_chosen_counts_only_tokens_shown(model: DepthModel) -> None:
+    """The summary had counted a token before its event was made: a Ctrl-C in between (CI, once: 14
+    generated, 13 shown) left one counted that no output showed. It is counted with the event it makes
+    (``last_event``, which stream_answer shows if the loop did not hand it out). The profiler trips SIGINT
+    as the third token's bytes are looked up."""
+    import _thread
+
+    looked_up: list[int] = []
+
+    def trip_at_the_third_token(frame: Any, event: str, _: object) -> None:
+        if event == "return" and frame.f_code.co_name == "token_bytes":
+            looked_up.append(1)
+            if len(looked_up) == 3:
+                _thread.interrupt_main()
+
+    prompt = model.runner.tokenize(PROMPT, add_special=False)
+    response = model.generate(prompt, DepthOptions(), SamplingParams(), max_tokens=10)
+    handed_out = []
+    sys.setprofile(trip_at_the_third_token)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for event in response:
+                handed_out.append(event.index)
+    finally:
+        sys.setprofile(None)
+    assert handed_out == [0, 1]
+    last = response.last_event
+    shown = handed_out + ([last.index] if last is not None and last.index > handed_out[-1] else [])
+    assert response.summary().generated == len(shown)
 
 
 def test_ctrl_c_keeps_the_partial_answer_its_summary_and_stats(deep_model: Path) -> None:

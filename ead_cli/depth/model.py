@@ -222,7 +222,8 @@ class DepthModel:
         """The answer as a Response: a DepthEvent per token, then its DepthSummary. Real early exit unless
         ``simulate`` or the free schedule (which only a simulation can run)."""
         generation = _Generation(self, options, sampling)
-        return Response(generation.run(prompt, max_tokens=max_tokens, stop=stop), generation.summary)
+        events = generation.run(prompt, max_tokens=max_tokens, stop=stop)
+        return Response(events, generation.summary, lambda: generation.last_event)
 
 
 class _Generation:
@@ -240,6 +241,7 @@ class _Generation:
         self.limit = options.fixed_depth or self.n_layer
         self.position = 1
         self.depths: list[int] = []  # the exit depth of each token generated
+        self.last_event: DepthEvent | None = None  # the newest token counted
         self.flops = 0.0
         self.backfill = 0  # blocks run again for a deeper token (free schedule)
         self.finish = "interrupted"  # until the last token is out
@@ -325,13 +327,17 @@ class _Generation:
                     computed = [max(done, depth) for done in computed]
                     computed.append(depth)
                 token = sampler.sample(None, logits)
-                depths.append(depth)
                 piece = text.push(runner.token_bytes(token))
                 end = runner.is_end_of_generation(token) or text.stopped
                 last = end or index + 1 >= max_tokens or len(tokens) + 1 >= runner.n_ctx
                 if last:
                     piece += text.flush()
-                yield DepthEvent(index, token, piece, depth, tuple(self.readings))
+                event = DepthEvent(index, token, piece, depth, tuple(self.readings))
+                # counted with last_event and no call between (where Python would raise a Ctrl-C): the
+                # summary never counts a token the caller cannot show
+                depths += (depth,)
+                self.last_event = event
+                yield event
                 if last:
                     self.finish = "stop" if end else "length"
                     break
