@@ -141,10 +141,13 @@ def kill_in_step(step: str, *args: str, out: Path) -> dict:
                 break
             time.sleep(0.02)
         assert process.poll() is None, f"gpu_run.py ended before {step}: {process.stderr.read()}"
+        # stopped first, it starts no command and reaps none while its commands are found and killed (one
+        # that ended meanwhile stays a zombie until then, so its group is still there to kill)
+        process.send_signal(signal.SIGSTOP)
         children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        process.kill()
         for child in children:  # each command runs in its own session: its process group
             os.killpg(int(child), signal.SIGKILL)
+        process.kill()
     return json.loads(report_file.read_text())
 
 
