@@ -210,6 +210,9 @@ class Conversation:
                 try:
                     stream.close()  # the loop ends (its rollbacks done) before the turn is recorded
                 finally:
+                    last = response.last_event  # counted, but a Ctrl-C came before it was handed out
+                    if last is not None and (not events or last.index > events[-1].index):
+                        events.append(last)
                     self._close_turn(request, response.summary(), events)
 
     def _close_turn(self, request: _Request, summary: Summary, events: list[TokenEvent]) -> None:

@@ -18,6 +18,7 @@ import pytest
 from tiny_models import NEAR_UNIFORM_SCALE, open_pair, write_tiny_model
 
 from ead_cli.chat import ContextFull, Conversation, Turn
+from ead_cli.decoder import Decoder
 from ead_cli.errors import EadError
 from ead_cli.options import GenerationOptions, PolicyOptions
 from ead_cli.prompt import encode_prompt, encode_rendered, render_chat
@@ -165,6 +166,39 @@ def test_a_second_ctrl_c_while_a_cut_answer_is_closed_still_records_it(runners: 
     [turn] = conversation.turns
     assert turn.cut and [e.token for e in turn.events] == [e.token for e in events]
     assert conversation.messages[-1] == {"role": "assistant", "content": turn.answer}
+
+
+def test_a_ctrl_c_between_counting_and_handing_out_a_token_keeps_it_in_the_turn(
+    runners: list[Runner],
+) -> None:
+    """A Ctrl-C after the decoder counted a token but before the stream handed it out had left the turn
+    one token short of its summary (and of the answer the models had read): the turn takes the token
+    counted (``last_event``). The profiler trips SIGINT as the fourth token is counted."""
+    import _thread
+
+    conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=100))
+    announce = Decoder._announce.__code__
+    counted: list[int] = []
+
+    def trip_at_the_fourth_count(frame: FrameType, event: str, _: object) -> None:
+        if event == "return" and frame.f_code is announce:
+            counted.append(1)
+            if len(counted) == 4:
+                _thread.interrupt_main()
+
+    handed_out = []
+    stream = conversation.ask("hello")
+    sys.setprofile(trip_at_the_fourth_count)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for event in stream:
+                handed_out.append(event.index)
+    finally:
+        sys.setprofile(None)
+        stream.close()
+    [turn] = conversation.turns
+    assert handed_out == [0, 1, 2]
+    assert [event.index for event in turn.events] == [0, 1, 2, 3] and turn.summary.generated == 4
 
 
 def test_an_end_of_generation_token_gives_way_to_the_templates_end_of_turn(tmp_path: Path) -> None:

@@ -243,6 +243,8 @@ class Repl:
         finally:
             stream.close()
         turn = conversation.turns[-1]
+        if turn.events and turn.events[-1].index > self.renderer.shown:  # counted before Ctrl-C came
+            self.renderer.event(turn.events[-1])
         self.renderer.finish(turn.summary)
         self.note(summary_line(turn))
         if lost is not None:
