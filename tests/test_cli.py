@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -614,6 +615,33 @@ def test_help_lists_the_commands() -> None:
     result = ead("--help")
     assert result.returncode == 0
     assert b"generate" in result.stdout and b"models" in result.stdout
+
+
+def summary_lines(help_text: str) -> list[tuple[str, str, int]]:
+    """The Commands panel of a rendered --help as (command, text, room) per line: the command the line
+    belongs to, the line's text, and the columns its text could fill."""
+    panel = help_text.split("─ Commands ─", 1)[1].split("╰", 1)[0].splitlines()[1:]
+    inners = [line.strip()[1:-1] for line in panel]  # between the panel's two borders
+    first = inners[0]
+    text_column = first.index(first.split()[1], len(first.split()[0]) + 1)
+    rows, command = [], ""
+    for inner in inners:
+        command = inner[:text_column].strip() or command
+        rows.append((command, inner[text_column:].rstrip(), len(inner) - text_column - 1))
+    return rows
+
+
+@pytest.mark.parametrize("group", [[], ["models"], ["bench"], ["depth"]])
+def test_help_summaries_flow_as_text(group: list[str]) -> None:
+    """A command's summary in the list wraps only where its next word does not fit: the docstring's own
+    line breaks (typer's rich help keeps those of a first paragraph) cut it mid-sentence."""
+    result = ead(*group, "--help", env={"COLUMNS": "100"})
+    assert result.returncode == 0, result.stderr
+    rows = summary_lines(result.stdout.decode())
+    assert len({command for command, _, _ in rows}) >= 3
+    for (command, text, room), (next_command, next_text, _) in itertools.pairwise(rows):
+        if next_command == command:  # the summary goes on: this line had to be full
+            assert len(text) + 1 + len(next_text.split()[0]) > room, f"{command}: {text!r}"
 
 
 def test_models_list_shows_the_default_pair() -> None:

@@ -8,10 +8,12 @@ Each command group lives in its own module (``generate``: generate, chat, serve,
 from __future__ import annotations
 
 import errno
+import inspect
 import sys
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from .. import __version__
@@ -57,9 +59,22 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(depth_app, name="depth")
 
 
+def flow_summaries(group: TyperGroup) -> None:
+    """Give each command under ``group`` its summary (its help's first paragraph) as one line of text:
+    typer's rich help lists a command by that paragraph with the docstring's own line breaks kept, each
+    cutting the summary mid-sentence in ``ead --help``."""
+    for command in group.commands.values():
+        if command.short_help is None and command.help:
+            command.short_help = " ".join(inspect.cleandoc(command.help).split("\n\n", 1)[0].split())
+        if isinstance(command, TyperGroup):
+            flow_summaries(command)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure a user can cause ends in one line on stderr and a non-zero exit."""
     command = typer.main.get_command(app)
+    assert isinstance(command, TyperGroup)  # the app has commands and groups
+    flow_summaries(command)
     terminate_on_sigterm()
     try:
         code = command.main(args=argv, prog_name="ead", standalone_mode=False)
