@@ -285,6 +285,67 @@ def test_bench_report_gives_the_median_of_repeated_replays(
     assert_one_line_error(ead("bench", "report", *map(str, folders)), 2, "is not a replay report")
 
 
+A_STRATEGY = {
+    "strategy": "large-only",
+    "samples": 1,
+    "generated": 8,
+    "large_share": 1.0,
+    "pass_at_1": None,
+    "wall_s": 0.5,
+    "wall_rel": 1.0,
+    "recorded_wall_s": 0.5,
+    "recorded_wall_rel": 1.0,
+    "tokens_per_s": 16.0,
+    "batches": {"small": {}, "large": {"prefill": {"12": 1}, "decode": {"1": 8}}},
+}
+
+
+def a_report(without: str = "", **changed: object) -> str:
+    """A replay.json of one strategy, its figures ``changed`` and the one named ``without`` left out."""
+    row = {key: value for key, value in {**A_STRATEGY, **changed}.items() if key != without}
+    return json.dumps({"kind": "schedule replay", "strategies": [row]})
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        ("[]", "it holds no list of strategies"),
+        ('{"strategies": null}', "it holds no list of strategies"),
+        ('{"strategies": []}', "it holds no strategies"),
+        ('{"strategies": [1]}', "its strategy 1 is not an object"),
+        (a_report(without="batches"), "its strategy 1 has no batches"),
+        (a_report(wall_rel="x"), "its strategy 1's wall_rel is 'x', not a number or null"),
+        (a_report(wall_s=float("nan")), "its strategy 1's wall_s is nan, not a number"),
+        (a_report(samples=True), "its strategy 1's samples is True, not a count"),
+        (
+            a_report(batches={"large": {"decode": {"one": 8}}}),
+            "its strategy 1's batches is {'large': {'decode': {'one': 8}}}, "
+            "not batch counts by model and phase",
+        ),
+    ],
+)
+def test_a_damaged_replay_report_is_one_line_saying_what_is_wrong(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    """``ead bench report`` of a replay.json edited or damaged: a figure of the wrong type had ended in a
+    traceback where the table formats it (wall_rel), the rest in a Python message ('strategies', 'list
+    indices must be integers'), and no strategies in an empty table and exit 0."""
+    (tmp_path / replay.REPLAY_FILE).write_text(text)
+    line = assert_one_line_error(ead("bench", "report", str(tmp_path)), 2)
+    file = tmp_path / replay.REPLAY_FILE
+    assert line == f"error: {file} is not a replay report (ead bench replay): {problem}"
+
+
+def test_a_hand_made_replay_report_reads_and_a_missing_one_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / replay.REPLAY_FILE).write_text(a_report())
+    report, (strategy,) = replay.read_report(tmp_path)
+    assert strategy.batches == A_STRATEGY["batches"] and report["kind"] == "schedule replay"
+    with pytest.raises(EadError) as refused:
+        speed.read_replay(tmp_path / "none.json")
+    assert str(refused.value) == f"cannot read {tmp_path / 'none.json'}: No such file or directory"
+
+
 def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
     assert ead("bench", "replay", str(recorded), *pair, "--out", str(tmp_path)).returncode == 0

@@ -11,10 +11,11 @@ the recorded run; only the costs are new.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError
 from ..options import ModelOptions
-from ..paths import save_json
+from ..paths import is_dir, save_json
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES, paired_ratio
@@ -303,15 +304,67 @@ def replay_bench(
 
 
 def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
-    """A replay report (replay.json, or the folder holding it) and its strategies' figures."""
-    file = path / REPLAY_FILE if path.is_dir() else path
+    """A replay report (replay.json, or the folder holding it) and its strategies' figures, each checked
+    to be of its type: a report edited or damaged past reading is one line saying what is wrong, not a
+    traceback where a table formats the figure."""
+    file = path / REPLAY_FILE if is_dir(path) else path
     try:
-        report = json.loads(file.read_text(encoding="utf-8"))
-        strategies = [ReplayedStrategy(**row) for row in report["strategies"]]
-        for row in strategies:
-            float(row.wall_s), float(row.large_share), int(row.generated), dict(row.batches)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise EadError(f"{file} is not a replay report (ead bench replay): {error}", 2) from None
-    return report, strategies
+        report = json.loads(file.read_bytes())
+    except OSError as error:
+        raise EadError(f"cannot read {file}: {error.strerror}", 2) from None
+    except ValueError as error:  # not JSON, or bytes no JSON encoding reads
+        raise EadError(f"{file} is not a replay report (ead bench replay): not JSON ({error})", 2) from None
+    problem = _report_problem(report)
+    if problem:
+        raise EadError(f"{file} is not a replay report (ead bench replay): {problem}", 2)
+    names = [field.name for field in fields(ReplayedStrategy)]
+    return report, [ReplayedStrategy(**{name: row[name] for name in names}) for row in report["strategies"]]
+
+
+def _is_figure(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_batch_counts(value: Any) -> bool:
+    """role -> phase -> batch size (JSON's text of a number) -> count."""
+    if not isinstance(value, dict) or not all(isinstance(phases, dict) for phases in value.values()):
+        return False
+    by_phase = [sizes for phases in value.values() for sizes in phases.values()]
+    return all(
+        isinstance(sizes, dict) and all(size.isdigit() and _is_count(count) for size, count in sizes.items())
+        for sizes in by_phase
+    )
+
+
+# ReplayedStrategy's field types (annotations, as text) -> (check, what the figure must be)
+_STRATEGY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda value: isinstance(value, str), "text"),
+    "int": (_is_count, "a count"),
+    "float": (_is_figure, "a number"),
+    "float | None": (lambda value: value is None or _is_figure(value), "a number or null"),
+    "dict[str, dict[str, dict[int, int]]]": (_is_batch_counts, "batch counts by model and phase"),
+}
+
+
+def _report_problem(report: Any) -> str | None:
+    """What makes ``report`` no replay report ead can read, or None."""
+    if not isinstance(report, dict) or not isinstance(report.get("strategies"), list):
+        return "it holds no list of strategies"
+    if not report["strategies"]:
+        return "it holds no strategies"
+    for number, row in enumerate(report["strategies"], 1):
+        if not isinstance(row, dict):
+            return f"its strategy {number} is not an object"
+        for field in fields(ReplayedStrategy):
+            if field.name not in row:
+                return f"its strategy {number} has no {field.name}"
+            check, expected = _STRATEGY_FIELDS[str(field.type)]
+            if not check(row[field.name]):
+                return f"its strategy {number}'s {field.name} is {row[field.name]!r}, not {expected}"
+    return None
 
 
