@@ -346,6 +346,15 @@ def test_a_hand_made_replay_report_reads_and_a_missing_one_is_one_line(tmp_path:
     assert str(refused.value) == f"cannot read {tmp_path / 'none.json'}: No such file or directory"
 
 
+def test_a_replay_given_twice_is_not_two_repeats(tmp_path: Path) -> None:
+    """The same replay folder twice (however spelled) had been the median of two runs, its table written."""
+    (tmp_path / replay.REPLAY_FILE).write_text(a_report())
+    result = ead("bench", "report", str(tmp_path), f"{tmp_path}/./")
+    line = assert_one_line_error(result, 2)
+    assert line == "error: a folder is given twice: repeats are distinct runs"
+    assert not (tmp_path / "median-of-2.md").exists()
+
+
 def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
     assert ead("bench", "replay", str(recorded), *pair, "--out", str(tmp_path)).returncode == 0

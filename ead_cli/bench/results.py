@@ -80,11 +80,15 @@ def differing(one: Record, other: Record) -> str:
     return ", ".join(sorted(key for key in one.keys() | other.keys() if one.get(key) != other.get(key)))
 
 
-def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> None:
-    """Repeats of one bench: distinct files of one setup (config record), each strategy on the same tasks
-    in every run that has it; else their medians would mix benches."""
-    if len({path.resolve() for path, _, _ in runs}) < len(runs):
+def check_distinct(folders: Sequence[Path]) -> None:
+    """Repeats of a bench or of a replay are distinct runs: a folder given twice would count one as two."""
+    if len({folder.resolve() for folder in folders}) < len(folders):
         raise EadError("a folder is given twice: repeats are distinct runs", exit_code=2)
+
+
+def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> None:
+    """Repeats of one bench: files of one setup (config record), each strategy on the same tasks in every
+    run that has it; else their medians would mix benches."""
     first_path, first_config, first_records = runs[0]
     first_tasks = _tasks_by_strategy(first_records)
     for path, config, records in runs[1:]:

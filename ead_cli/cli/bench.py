@@ -188,12 +188,13 @@ def bench_report(
     wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.report import aggregate, repeats_table, write_report
-    from ..bench.results import RESULTS_FILE, check_repeats, read_results, unreadable_record
+    from ..bench.results import RESULTS_FILE, check_distinct, check_repeats, read_results, unreadable_record
     from ..paths import is_dir, is_file, lookup, save_text
 
     for folder in folders:
         if not is_dir(folder):
             raise EadError(f"{folder} is not a folder: give a bench's or a replay's --out", exit_code=2)
+    check_distinct(folders)
     kinds = {is_file(f / REPLAY_FILE) and lookup(f / RESULTS_FILE) is None for f in folders}
     if len(kinds) > 1:
         raise EadError("give repeats of one kind: bench folders (results.jsonl) or replay folders", 2)
