@@ -809,6 +809,20 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
         assert message in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.parametrize(("config", "what"), [({"format": 2}, "format 2"), ({}, "no format")])
+def test_results_of_another_format_are_refused(tmp_path: Path, config: Record, what: str) -> None:
+    """A results file another version of ead wrote (its config's format) had been reported as this one's:
+    its records may mean other things under the same keys. One line; no report written."""
+    sample = {"type": "sample", "strategy": "large-only", "task_id": "t/0"}
+    records = [{"type": "config", **config}, sample]
+    (tmp_path / "results.jsonl").write_text("".join(f"{json.dumps(record)}\n" for record in records))
+    result = ead("bench", "report", str(tmp_path))
+    assert (result.returncode, result.stdout) == (1, "")
+    path = tmp_path / "results.jsonl"
+    assert result.stderr == f"error: {path} holds results of {what}; this ead reads format 1\n"
+    assert sorted(tmp_path.iterdir()) == [path]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

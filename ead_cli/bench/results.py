@@ -160,6 +160,10 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
         return None, []
     if records[0].get("type") != "config":
         raise EadError(f"{path} does not start with a config record: move the file away to start over")
+    written = records[0].get("format")
+    if written != FORMAT_VERSION:  # its records may mean other things under the same keys
+        what = "no format" if written is None else f"format {written!r}"
+        raise EadError(f"{path} holds results of {what}; this ead reads format {FORMAT_VERSION}")
     return records[0], [record for record in records[1:] if record.get("type") == "sample"]
 
 
