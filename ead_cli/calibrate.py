@@ -20,7 +20,7 @@ from pathlib import Path
 from .decoder import Decoder
 from .errors import EadError
 from .options import PolicyOptions
-from .paths import check_can_save, config_file, lookup, save_json
+from .paths import check_can_save, config_file, lookup, save_json, unreadable
 from .policies import Fixed
 from .prompt import encode_fitting, render_prompt
 from .runner import Runner
@@ -219,7 +219,7 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise EadError(f"cannot read the calibration file {path}: {error}") from None
+        raise EadError(f"cannot read the calibration file {path}: {unreadable(error)}") from None
     if not isinstance(data, dict):
         raise EadError(f"the calibration file {path} is not a JSON object")
     for pair, policies in data.items():

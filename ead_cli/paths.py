@@ -65,6 +65,17 @@ def is_dir(path: Path) -> bool:
     return found is not None and stat.S_ISDIR(found.st_mode)
 
 
+def unreadable(error: OSError | ValueError) -> str:
+    """Why a file's text could not be read, for one line: the system's reason (an OSError's own text
+    repeats the path, "[Errno 2] No such file or directory: 'x'"), not UTF-8 (not the codec's message),
+    or not JSON and where."""
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {error.start})"
+    return f"not JSON ({error})"
+
+
 def config_file() -> Path:
     """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default)."""
     given = env_path("EAD_CONFIG")

@@ -27,7 +27,7 @@ from typing import IO, Any, NoReturn
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
-from ead_cli.paths import ead_cache_dir, env_path, expand_home, is_dir, lookup, xdg_cache_home
+from ead_cli.paths import ead_cache_dir, env_path, expand_home, is_dir, lookup, unreadable, xdg_cache_home
 from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX, resolve_lmstudio, resolve_ollama
 
 if sys.version_info >= (3, 11):
@@ -534,7 +534,7 @@ def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]
     except tomllib.TOMLDecodeError as err:
         raise EadError(f"models file {path} is not valid TOML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError as err:  # TOML is UTF-8 text
-        raise EadError(f"models file {path} is not valid TOML: not UTF-8 text (byte {err.start})") from None
+        raise EadError(f"models file {path} is not valid TOML: {unreadable(err)}") from None
     top = _Table(data, "", path)
     defaults_table = _Table(top.take("defaults", "table", required=False) or {}, "defaults", path)
     defaults = {role: defaults_table.take(role, "text", required=False) for role in ("small", "large")}

@@ -356,6 +356,43 @@ def test_not_a_number_is_refused(
     assert_one_line_error(result, 2, fragment)
 
 
+# --- files ead reads: gone, a folder, not UTF-8 ------------------------------------------------------
+
+NOT_UTF8 = "not UTF-8 text (byte 1)"
+
+@pytest.mark.parametrize(
+    ("command", "code", "what", "name", "reason"),
+    [
+        (["calibrate", "--prompts", "{file}"], 2, "", "gone.txt", "No such file or directory"),
+        (["bench", "prompts", "{file}"], 2, "", "folder", "Is a directory"),
+        (["calibrate", "--prompts", "{file}"], 2, "", "bytes.txt", NOT_UTF8),
+        (["depth", "calibrate", "{small}", "--corpus", "{file}"], 2, "corpus file ", "bytes.txt", NOT_UTF8),
+        (["generate", "--mode", "ead", "hi"], 1, "the calibration file ", "bytes.txt", NOT_UTF8),
+        (["bench", "report", "{folder}"], 1, "", "folder/results.jsonl", NOT_UTF8),
+    ],
+)
+def test_a_file_that_cannot_be_read_says_why_once(
+    tmp_path: Path,
+    tiny_pair: tuple[Path, Path],
+    command: list[str],
+    code: int,
+    what: str,
+    name: str,
+    reason: str,
+) -> None:
+    """The reason is the system's or the text's, not Python's message about it: an OSError's own text
+    repeated the path ("[Errno 2] No such file or directory: '...'"), a decoding error the codec's words."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "bytes.txt").write_bytes(b"a\xffb\n")
+    (tmp_path / "folder" / "results.jsonl").write_bytes(b"{\xff\n")
+    file = tmp_path / name
+    args = [word.format(file=file, small=tiny_pair[0], folder=tmp_path / "folder") for word in command]
+    pair = pair_args(tiny_pair) if command[0] in ("calibrate", "generate") else []
+    config = {"EAD_CONFIG": str(file)} if command[0] == "generate" else None  # the calibration file read
+    result = ead(*args, *pair, env=config)
+    assert assert_one_line_error(result, code) == f"error: cannot read {what}{file}: {reason}"
+
+
 # --- prompts with nothing in them (stdin: see test_cli) ------------------------------------------------
 
 

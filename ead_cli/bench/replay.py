@@ -23,7 +23,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError
 from ..options import ModelOptions
-from ..paths import is_dir, save_json
+from ..paths import is_dir, save_json, unreadable
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES, paired_ratio
@@ -312,8 +312,8 @@ def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
         report = json.loads(file.read_bytes())
     except OSError as error:
         raise EadError(f"cannot read {file}: {error.strerror}", 2) from None
-    except ValueError as error:  # not JSON, or bytes no JSON encoding reads
-        raise EadError(f"{file} is not a replay report (ead bench replay): not JSON ({error})", 2) from None
+    except ValueError as error:
+        raise EadError(f"{file} is not a replay report (ead bench replay): {unreadable(error)}", 2) from None
     problem = _report_problem(report)
     if problem:
         raise EadError(f"{file} is not a replay report (ead bench replay): {problem}", 2)

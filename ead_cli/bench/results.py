@@ -37,6 +37,7 @@ from typing import Any
 from ..compat import tokenizer_record
 from ..errors import EadError
 from ..options import GenerationOptions
+from ..paths import unreadable
 from ..runner import Runner
 from .grid import Strategy
 from .tasks import Item
@@ -144,7 +145,7 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise EadError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+        raise EadError(f"cannot read {path}: {unreadable(error)}") from None
     lines = text.splitlines()
     if lines and not text.endswith("\n"):
         lines.pop()  # a write cut short by a kill

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EadError
+from ..paths import unreadable
 from ..prompt import check_fits, encode_prompt, render_chat
 from ..runner import Runner
 
@@ -183,7 +184,7 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
-        raise EadError(f"cannot read {path}: {error}", exit_code=2) from None
+        raise EadError(f"cannot read {path}: {unreadable(error)}", exit_code=2) from None
     prompts: list[str] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

@@ -221,7 +221,7 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
-    from ..paths import check_can_save, save_json
+    from ..paths import check_can_save, save_json, unreadable
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
@@ -234,7 +234,7 @@ def depth_eval(
         try:
             previous = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise EadError(f"cannot read {out}: {error}", exit_code=2) from None
+            raise EadError(f"cannot read {out}: {unreadable(error)}", exit_code=2) from None
     if out is not None:
         check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval
     loaded = open_model(

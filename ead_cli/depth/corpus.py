@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import EadError
+from ..paths import unreadable
 from ..runner import Runner
 from .profile import PROMPT_ROWS, WINDOW
 
@@ -37,7 +38,7 @@ def read_corpus(spec: Sequence[str]) -> tuple[list[str], str]:
         try:
             texts.append(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as error:
-            raise EadError(f"cannot read corpus file {item}: {error}", 2) from None
+            raise EadError(f"cannot read corpus file {item}: {unreadable(error)}", 2) from None
     texts = [text for text in texts if text.strip()]
     if not texts:
         raise EadError(f"the corpus {','.join(spec)} is empty", 2)

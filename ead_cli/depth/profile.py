@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EadError
-from ..paths import config_file, save_json
+from ..paths import config_file, save_json, unreadable
 from .readout import (
     file_digest,
 )
@@ -188,7 +188,7 @@ def load_profile(model: Path, path: Path | None = None) -> Profile:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise EadError(f"cannot read the depth profile {path}: {error}") from None
+        raise EadError(f"cannot read the depth profile {path}: {unreadable(error)}") from None
     if not isinstance(data, dict):
         raise EadError(
             f"the depth profile {path} is corrupt (not a JSON object): run ead depth calibrate again"
