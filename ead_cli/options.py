@@ -4,6 +4,7 @@ them before anything heavy loads."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -40,6 +41,13 @@ def check_draft(draft: int, name: str = "draft") -> None:
     """A guess's length, ``name`` the option's (--draft, or --lookup-draft for a prompt lookup's)."""
     if not 1 <= draft <= 64:
         raise ValueError(f"{name} must be in [1, 64], got {draft}")
+
+
+def check_bits(value: float, option: str) -> None:
+    """An entropy in bits given as a threshold: at least 0 and finite, as chat's commands and serve's
+    fields read every number ('inf' made a threshold always or never met)."""
+    if not 0 <= value < math.inf:
+        raise EadError(f"{option} must be at least 0 bits and finite, got {value}", exit_code=2)
 
 
 def check_lookup(lookup: int) -> None:
@@ -169,9 +177,8 @@ class PolicyOptions:
             check_draft(self.lookup_draft, "lookup-draft")
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
-        stop = self.draft_entropy_stop
-        if stop is not None and not stop >= 0:
-            raise EadError(f"--draft-entropy-stop must be at least 0 bits, got {stop}", exit_code=2)
+        if self.draft_entropy_stop is not None:
+            check_bits(self.draft_entropy_stop, "--draft-entropy-stop")
         if self.normalize and self.tau is not None and any(tau > 1 for tau in as_taus(self.tau)):
             raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
         self.make_policy()  # every switching value checked, in any mode

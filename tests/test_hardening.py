@@ -393,6 +393,26 @@ def test_a_file_that_cannot_be_read_says_why_once(
     assert assert_one_line_error(result, code) == f"error: cannot read {what}{file}: {reason}"
 
 
+@pytest.mark.parametrize(
+    ("command", "option", "value"),
+    [
+        (["generate", "--mode", "spec"], "--draft-entropy-stop", "inf"),
+        (["depth", "generate"], "--margin", "inf"),
+        (["depth", "generate"], "--margin", "1e400"),  # click reads it as inf
+        (["depth", "generate"], "--confidence", "inf"),
+    ],
+)
+def test_an_infinite_entropy_threshold_is_refused(
+    tiny_pair: tuple[Path, Path], command: list[str], option: str, value: str
+) -> None:
+    """'inf' bits had passed a check written as `value >= 0`, and made a threshold always or never met
+    (--margin inf: full depth; --confidence inf: every token at the first probe), where chat's commands,
+    serve's fields and the bench's lists refuse it."""
+    model = pair_args(tiny_pair) if command[0] == "generate" else [str(tiny_pair[0]), "--threads", "1"]
+    result = ead(*command, *model, option, value, "hi")
+    assert assert_one_line_error(result, 2) == f"error: {option} must be at least 0 bits and finite, got inf"
+
+
 # --- prompts with nothing in them (stdin: see test_cli) ------------------------------------------------
 
 

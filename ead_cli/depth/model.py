@@ -24,7 +24,7 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError
-from ..options import check_ctx, resolve_threads
+from ..options import check_bits, check_ctx, resolve_threads
 from ..paths import ead_cache_dir
 from ..response import Response
 from ..runner import Runner
@@ -64,12 +64,11 @@ class DepthOptions:
         ):
             if value not in choices:
                 raise EadError(f"{option} must be one of {', '.join(choices)}, got {value!r}", 2)
-        if not self.margin >= 0:
-            raise EadError(f"--margin must be at least 0 bits, got {self.margin}", 2)
+        check_bits(self.margin, "--margin")
         if self.fixed_depth is not None and self.confidence is not None:
             raise EadError("--fixed-depth and --confidence are two baselines: give one", 2)
-        if self.confidence is not None and not self.confidence >= 0:
-            raise EadError(f"--confidence must be at least 0 bits, got {self.confidence}", 2)
+        if self.confidence is not None:
+            check_bits(self.confidence, "--confidence")
         counts = ((self.probe_every, "--probe-every"), (self.top_k, "--estimator-k"), (self.rank, "--rank"))
         if self.fixed_depth is not None:
             counts += ((self.fixed_depth, "--fixed-depth"),)
