@@ -122,10 +122,10 @@ def save_json(path: Path, data: Any, what: str, *, indent: int) -> Path:
 
 
 def save_text(path: Path, text: str, what: str) -> Path:
-    """``text`` written whole (``write_whole``), its folder made first; a failed write is one line naming
-    ``what`` could not be saved."""
+    """``text`` written whole (``write_whole``), its folder made first (a link's: its target's, where the
+    file is written); a failed write is one line naming ``what`` could not be saved."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        Path(os.path.realpath(path)).parent.mkdir(parents=True, exist_ok=True)
         write_whole(path, text)
     except OSError as error:
         raise cannot_save(path, what, error) from None

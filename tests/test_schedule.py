@@ -591,6 +591,24 @@ def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path,
         speed.read_replay(Path(__file__))
 
 
+def test_speed_json_through_a_link_is_checked_and_written_where_the_link_points(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--json a link into a folder not made yet: its check tried the link's own folder and passed, and the
+    figures, measured, were then lost ('No such file or directory'); into a file's place, refused first."""
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1", "--context", "16"]
+    link = tmp_path / "speed.json"
+    link.symlink_to(tmp_path / "new" / "speed.json")
+    result = ead("bench", "speed", *pair, "--json", str(link))
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and json.loads(link.read_text())["rates"]
+    (tmp_path / "blocker").write_text("")
+    blocked = tmp_path / "blocked.json"
+    blocked.symlink_to(tmp_path / "blocker" / "speed.json")
+    refused = ead("bench", "speed", *pair, "--json", str(blocked))
+    assert assert_one_line_error(refused, 2) == f"error: cannot write to {tmp_path / 'blocker'}: File exists"
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("name", ["gate verify", "spec"])
 def test_the_demo_pair_replays_its_own_schedule_exactly(

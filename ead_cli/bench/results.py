@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -119,7 +120,7 @@ def check_out(path: Path, *, folder: bool) -> None:
         raise EadError(f"{path} is a file: results go to a folder", exit_code=2)
     if not folder and path.is_dir():
         raise EadError(f"{path} is a folder: the figures go to a file", exit_code=2)
-    target = path if folder else path.parent
+    target = path if folder else Path(os.path.realpath(path)).parent  # a link's file goes beside its target
     made = [part for part in (target, *target.parents) if not part.exists()]  # the deepest first
     try:
         target.mkdir(parents=True, exist_ok=True)
