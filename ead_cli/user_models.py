@@ -18,6 +18,7 @@ _OLLAMA_REGISTRY = "registry.ollama.ai"
 _OLLAMA_NAMESPACE = "library"
 _OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 _LISTED = 10  # models named in a "not found" message before "and N more"
+_LMSTUDIO_DEFAULTS = ("~/.lmstudio/models", "~/.cache/lm-studio/models")  # today's, and before LM Studio 0.3
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ def lmstudio_models_dirs() -> list[Path]:
     override = env_path("LMSTUDIO_MODELS")
     if override:
         return [override]
-    defaults = ("~/.lmstudio/models", "~/.cache/lm-studio/models")
-    return [root for root in (expand_home(path, f"LM Studio's {path}") for path in defaults) if is_dir(root)]
+    found = (expand_home(path, f"LM Studio's {path}") for path in _LMSTUDIO_DEFAULTS)
+    return [root for root in found if is_dir(root)]
 
 
 def user_models() -> list[UserModel]:
@@ -196,7 +197,12 @@ def resolve_lmstudio(name: str) -> Path:
         raise EadError(
             f"'{LMSTUDIO_PREFIX}{name}' matches {len(matches)} models{_listing([m.ref for m in matches])}"
         )
-    where = ", ".join(str(root) for root in roots) or "no LM Studio models folder (set LMSTUDIO_MODELS)"
+    if not roots:
+        raise EadError(
+            f"no LM Studio model '{name}': there is no LM Studio models folder here "
+            f"({', '.join(_LMSTUDIO_DEFAULTS)}); set LMSTUDIO_MODELS to yours"
+        )
+    where = ", ".join(str(root) for root in roots)
     raise EadError(f"no LM Studio model '{name}' in {where}{_listing([m.ref for m in models])}")
 
 

@@ -256,6 +256,18 @@ def test_lmstudio_models_in_a_linked_folder_are_found_and_a_link_loop_ends(
         assert user_models.resolve_lmstudio(name) == listed.path
 
 
+def test_an_lmstudio_model_with_no_lmstudio_folder_says_where_it_looked(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """It read 'no LM Studio model 'x' in no LM Studio models folder (set LMSTUDIO_MODELS) (it has none)'."""
+    no_folder = {**env, "LMSTUDIO_MODELS": ""}  # unset: the defaults under HOME, which has neither
+    result = ead("generate", "--large", "lmstudio:x", PROMPT, env=no_folder)
+    assert assert_one_line_error(result, 1) == (
+        "error: no LM Studio model 'x': there is no LM Studio models folder here "
+        "(~/.lmstudio/models, ~/.cache/lm-studio/models); set LMSTUDIO_MODELS to yours"
+    )
+
+
 def test_names_with_brackets_and_colons_are_listed_as_they_are(
     env: dict[str, str], tmp_path: Path, tiny_small: Path
 ) -> None:
