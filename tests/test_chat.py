@@ -15,6 +15,7 @@ from types import FrameType
 
 import numpy as np
 import pytest
+from ctrl_c import indices_before_ctrl_c
 from tiny_models import NEAR_UNIFORM_SCALE, open_pair, write_tiny_model
 
 from ead_cli.chat import ContextFull, Conversation, Turn
@@ -174,27 +175,11 @@ def test_a_ctrl_c_between_counting_and_handing_out_a_token_keeps_it_in_the_turn(
     """A Ctrl-C after the decoder counted a token but before the stream handed it out had left the turn
     one token short of its summary (and of the answer the models had read): the turn takes the token
     counted (``last_event``). The profiler trips SIGINT as the fourth token is counted."""
-    import _thread
-
     conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=100))
-    announce = Decoder._announce.__code__
-    counted: list[int] = []
-
-    def trip_at_the_fourth_count(frame: FrameType, event: str, _: object) -> None:
-        if event == "return" and frame.f_code is announce:
-            counted.append(1)
-            if len(counted) == 4:
-                _thread.interrupt_main()
-
-    handed_out = []
     stream = conversation.ask("hello")
-    sys.setprofile(trip_at_the_fourth_count)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            for event in stream:
-                handed_out.append(event.index)
+        handed_out = indices_before_ctrl_c(stream, Decoder._announce.__code__, 4)
     finally:
-        sys.setprofile(None)
         stream.close()
     [turn] = conversation.turns
     assert handed_out == [0, 1, 2]
