@@ -12,9 +12,11 @@ import llama_cpp
 import pytest
 
 from ead_cli import shared_stderr
+from ead_cli.engine import close_all
 from ead_cli.errors import EadError
 from ead_cli.runner import Runner
 from ead_cli.sampling import ParsedGrammars
+from ead_cli.serve.engine import Engine
 
 DIGITS = 'root ::= [0-9]+ "."'
 
@@ -94,3 +96,28 @@ def test_another_threads_line_during_a_parse_goes_to_the_log_not_to_the_reason(
     assert error == expected
     log = capfd.readouterr().err
     assert log == OTHER_THREADS_LINE + "\n"  # and not the refused grammar, which the parser prints whole
+
+
+def test_a_stop_frees_the_models_after_the_request_being_prepared(tiny_small: Path) -> None:
+    """A forced stop (a second Ctrl-C, --shutdown-timeout) cancels a request's task, not the thread that
+    prepares it: ead serve freed the models while that thread went on to parse the request's grammar
+    (llama.cpp's parser given a freed vocabulary) or tokenize its prompt. The engine's close waits."""
+    runner = Runner(tiny_small, name="small", n_ctx=256, n_threads=1)
+    engine = Engine([runner], queue=1, log=lambda line: None)
+    preparing, release = threading.Event(), threading.Event()
+
+    def prepare() -> None:  # as the app's _check_grammar, late in a request's preparation
+        preparing.set()
+        release.wait(timeout=60)
+        runner.grammars.check('root ::= "late"')
+
+    prepared = engine.preparing.submit(prepare)
+    assert preparing.wait(timeout=60)
+    stop = threading.Thread(target=lambda: (engine.close(), close_all([runner])))  # as serve, then the CLI
+    stop.start()
+    stop.join(timeout=0.5)
+    freed_first = not stop.is_alive()
+    release.set()
+    stop.join()
+    prepared.result()  # parsed while its model was there
+    assert not freed_first

@@ -14,7 +14,6 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -73,7 +72,6 @@ MODEL_ID = (
     "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
-PREPARE_THREADS = 2
 SSE = "text/event-stream"  # a streamed answer's content type
 SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
@@ -235,9 +233,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             allow_private_network=True,
         )
     roles = {runner.name: runner.label for runner in engine.runners}
-    # Parsing, rendering and tokenizing a request (a 4 MiB body takes a while) run here, not on the event
-    # loop; a fixed pool, so the server's threads stay as many under any load.
-    preparing = ThreadPoolExecutor(PREPARE_THREADS, "ead-prepare")
+    # Parsing, rendering and tokenizing a request (a 4 MiB body takes a while) run on the engine's
+    # preparing threads, not on the event loop: a fixed pool, so the server's threads stay as many under
+    # any load, which the engine waits for before the models it reads are freed.
+    preparing = engine.preparing
     specials = special_token_pattern(engine.runners[0])  # the prompts are tokenized by the smallest model
 
     async def prepared(prepare: Callable[[bytes], tuple[Body, Job]], data: bytes) -> tuple[Body, Job]:

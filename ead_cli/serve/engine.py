@@ -26,6 +26,7 @@ from ..options import GenerationOptions, PolicyOptions
 from ..runner import Abandoned, Runner, never_abandoned
 from ..sampling import GrammarDeadEnd
 
+PREPARE_THREADS = 2  # requests parsed, checked and tokenized at once, while one generates
 Log = Callable[[str], None]  # one line per request, and one per error: never a traceback
 
 
@@ -138,6 +139,8 @@ class Engine:
         self.log = log
         self.reuse = reuse
         self._executor = ThreadPoolExecutor(1, "ead-engine", initializer=_hold_signals)
+        # The app's threads that prepare requests (tokenize, parse a grammar): they read the models too.
+        self.preparing = ThreadPoolExecutor(PREPARE_THREADS, "ead-prepare")
         self._lock = threading.Lock()
         self._pending = 0  # accepted, not yet finished (the running job included)
         self._mean_s = 1.0  # recent seconds per job: the Retry-After estimate
@@ -225,7 +228,10 @@ class Engine:
         return "the server is stopping" if stopping else f"{client} went away"
 
     def close(self) -> None:
-        """Stop the thread: after a clean shutdown every job accepted is done; after a forced one (a second
-        Ctrl-C) the running job stops after its token and those waiting are dropped."""
+        """Stop the threads: after a clean shutdown every job accepted is done; after a forced one (a second
+        Ctrl-C) the running job stops after its token and those waiting are dropped. A request still being
+        prepared (a forced stop cancels its task, not its thread) is prepared to its end, so the models
+        are freed after the last thread that reads them (a grammar parsed with a freed vocabulary)."""
         self._stopped.set()
+        self.preparing.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
