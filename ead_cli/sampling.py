@@ -143,7 +143,7 @@ class ParsedGrammars:
     KEPT = 16  # distinct grammars: a copy of a parsed one costs microseconds, a parse up to ~10 ms
 
     def __init__(self, vocab: llama_cpp.llama_vocab_p) -> None:
-        self._vocab = vocab
+        self._vocab: llama_cpp.llama_vocab_p | None = vocab  # None once closed: the model is freed next
         self._parsed: OrderedDict[str, llama_cpp.llama_sampler_p] = OrderedDict()
         self._lock = threading.Lock()  # ead serve's preparing threads check, its engine thread samples
 
@@ -158,6 +158,8 @@ class ParsedGrammars:
             return llama_cpp.llama_sampler_clone(self._parsed_sampler(grammar))
 
     def _parsed_sampler(self, grammar: str) -> llama_cpp.llama_sampler_p:
+        if self._vocab is None:  # a parse would read the freed vocabulary, and its grammar never be freed
+            raise EadError("the model is closed: no grammar can be parsed for it")
         parsed = self._parsed.get(grammar)
         if parsed is not None:
             self._parsed.move_to_end(grammar)
@@ -168,8 +170,9 @@ class ParsedGrammars:
         return parsed
 
     def close(self) -> None:
-        """Free the parsed grammars (before the model: safe to call twice)."""
+        """Free the parsed grammars (before the model: safe to call twice); none is parsed after."""
         with self._lock:
+            self._vocab = None
             while self._parsed:
                 llama_cpp.llama_sampler_free(self._parsed.popitem()[1])
 

@@ -121,3 +121,15 @@ def test_a_stop_frees_the_models_after_the_request_being_prepared(tiny_small: Pa
     stop.join()
     prepared.result()  # parsed while its model was there
     assert not freed_first
+
+
+def test_no_grammar_is_parsed_for_a_closed_model(tiny_small: Path) -> None:
+    """Runner.close freed the parsed grammars, then the model; a check that came later parsed with the
+    freed vocabulary and kept its grammar, which nothing would free. It is refused."""
+    with Runner(tiny_small, name="small", n_ctx=256, n_threads=1) as runner:
+        runner.grammars.check(DIGITS)
+    for use in (runner.grammars.check, runner.grammars.sampler):
+        with pytest.raises(EadError, match="the model is closed"):
+            use(DIGITS)
+        with pytest.raises(EadError, match="the model is closed"):
+            use('root ::= "new"')
