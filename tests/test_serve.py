@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -459,6 +460,26 @@ def test_a_killed_client_stops_its_generation(server: Server) -> None:
     new = server.log().splitlines()[before:]
     stopped = [line for line in new if line.startswith("stopped after")]
     assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
+
+
+def test_streams_whose_clients_leave_amid_queued_tokens_log_a_line_each(server: Server) -> None:
+    """Tokens the engine wrote faster than a busy loop sent them wait in the request's queue; when its
+    client left, each went to the closed socket within one turn of the loop, and asyncio logged
+    'socket.send() raised exception.' for each after the fifth: some 20 lines per stream, none saying
+    which. Eight clients at once keep the loop busy; each leaves after its first token."""
+    before = len(server.log().splitlines())
+
+    def leave_after_one_token(seed: int) -> None:
+        body = {"messages": HI, "max_tokens": 400, "stream": True, "seed": seed}
+        with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=60) as answer:
+            assert next(frames(answer))["ead"]["index"] == 0
+
+    with ThreadPoolExecutor(8) as clients:
+        list(clients.map(leave_after_one_token, range(16)))
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 3}, timeout=60)
+    assert ok.json()["usage"]["completion_tokens"] == 3
+    new = server.log().splitlines()[before:]
+    assert len(new) == 17 and "socket.send() raised exception." not in new, new
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
