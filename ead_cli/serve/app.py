@@ -660,10 +660,6 @@ class _Reply:
                 if isinstance(message, Token):
                     for chunk in self._token_chunks(message, reader):
                         yield {"data": chunk}
-                    # Tokens that came faster than sent are queued, and a send to a socket its client has
-                    # closed does not wait: without a turn of the loop, where uvicorn learns it is lost,
-                    # the rest went on to asyncio, which logs each after the fifth (socket.send() raised)
-                    await asyncio.sleep(0)
                     continue
                 if isinstance(message, Failed):
                     failure = _failure(message)
