@@ -158,6 +158,7 @@ def main() -> None:
         peak = max(peak, sample().rss_mib)
     seconds = perf_counter() - began
     end = sample()
+    peak = max(peak, end.rss_mib)  # the end is a sample too: RSS can grow a page or two after the last one
     for runner in runners:
         runner.close()
     found = failures(start, end, args.rss_bound_mib)
