@@ -180,13 +180,15 @@ class Conversation:
         turn is in ``turns`` and its answer, closed with the template's end of turn, in ``tokens``.
         """
         check_prompt_text(text)
-        check_length_fits(self._text_model, text, self.n_ctx)  # the message alone: no conversation helps
         messages = [*self.messages, {"role": "user", "content": text}]
-        rendered = self._render(messages, add_generation_prompt=True)
+        # The message alone, as the template writes it (which may trim it): too long by its length, no
+        # new conversation would help.
+        alone = self._render(messages[-1:], add_generation_prompt=True)
+        check_length_fits(self._text_model, alone, self.n_ctx)
+        rendered = self._render(messages, add_generation_prompt=True) if self.messages else alone
         prompt = self._extend(self.tokens, self._text, rendered)
         if len(prompt) >= self.n_ctx and self.turns:
-            alone = encode_rendered(self._text_model, self._render(messages[-1:], add_generation_prompt=True))
-            check_fits(alone, self.n_ctx)  # too long for any conversation: a new one would not help
+            check_fits(encode_rendered(self._text_model, alone), self.n_ctx)  # a new one would not help
             raise ContextFull(
                 f"the context is full: the conversation with this message is {len(prompt)} tokens, "
                 f"the context holds {self.n_ctx}"

@@ -16,7 +16,7 @@ from types import FrameType
 import numpy as np
 import pytest
 from ctrl_c import indices_before_ctrl_c
-from tiny_models import NEAR_UNIFORM_SCALE, open_pair, write_tiny_model
+from tiny_models import CHATML, NEAR_UNIFORM_SCALE, open_pair, write_tiny_model
 
 from ead_cli.chat import ContextFull, Conversation, Turn
 from ead_cli.decoder import Decoder
@@ -306,6 +306,27 @@ def test_a_system_message_longer_than_the_context_is_refused_by_name_at_once(run
     assert conversation.system == SYSTEM
     conversation.system = "z" * 483  # 511 tokens with the template's: room for an answer, if not a message
     assert conversation.system == "z" * 483
+
+
+def test_a_message_is_bounded_by_its_length_as_the_template_writes_it(
+    tmp_path: Path, tiny_large: Path
+) -> None:
+    """A template may rewrite a message (Llama 3's and Gemma's trim it): a message of 'hi' and 20,000
+    spaces is a few tokens as written, and had been refused as 'at least 1539 tokens' by the length of
+    the text typed."""
+    trimming = write_tiny_model(
+        tmp_path / "trimming.gguf", chat_template=CHATML.replace("message.content", "message.content | trim")
+    )
+    runners = open_pair((trimming, tiny_large), n_ctx=256)
+    try:
+        conversation = Conversation(runners, SWITCHING, GenerationOptions(max_tokens=2))
+        prompt_tokens = answer(conversation, "hi" + " " * 20_000).summary.prompt_tokens
+        assert prompt_tokens == len(encode_prompt(runners[0], "hi"))
+        with pytest.raises(EadError, match=r"^the prompt is at least \d+ tokens \(\d+ characters\)"):
+            conversation.ask("z" * 20_000 + "  ")  # too long as written too: refused before tokenizing
+    finally:
+        for runner in runners:
+            runner.close()
 
 
 def test_a_model_without_a_chat_template_is_refused(tmp_path: Path, tiny_large: Path) -> None:
