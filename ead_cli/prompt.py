@@ -117,8 +117,9 @@ def check_system_fits(runner: Runner, system: str, n_ctx: int) -> None:
     """Refuse a system message that leaves no room for a message and an answer, naming it rather than
     the prompt it would make too long: the tokens counted are those of the prompt it opens with an empty
     message, the template's text around it included."""
-    opened = encode_rendered(runner, _render_prompt(runner, "", system=system, raw=False))
-    check_fits(opened, n_ctx, "the system message")
+    opened = _render_prompt(runner, "", system=system, raw=False)
+    check_length_fits(runner, opened, n_ctx, "the system message")
+    check_fits(encode_rendered(runner, opened), n_ctx, "the system message")
 
 
 def encode_fitting(runner: Runner, rendered: str, n_ctx: int) -> list[int]:
@@ -194,16 +195,17 @@ def fewest_tokens(runner: Runner, text: str) -> int:
     return -(-kept // reach.longest)
 
 
-def check_length_fits(runner: Runner, text: str, n_ctx: int) -> None:
+def check_length_fits(runner: Runner, text: str, n_ctx: int, what: str = "the prompt") -> None:
     """Refuse, before tokenizing it, a text too long for the context by its length alone: llama.cpp's
     tokenizer holds every token of the whole text (~75 bytes each, ~750 MB for 10 MB of text) whatever
-    the buffer it is given. A text short enough to tokenize cheaply skips the vocabulary pass this takes."""
+    the buffer it is given. A text short enough to tokenize cheaply skips the vocabulary pass this takes.
+    ``what`` is what is too long."""
     if len(text) < n_ctx * TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN:
         return
     fewest = fewest_tokens(runner, text)
     if fewest >= n_ctx:
         raise EadError(
-            f"the prompt is at least {fewest} tokens ({len(text)} characters), {_past_the_context(n_ctx)}",
+            f"{what} is at least {fewest} tokens ({len(text)} characters), {_past_the_context(n_ctx, what)}",
             exit_code=2,
         )
 

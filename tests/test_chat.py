@@ -306,6 +306,15 @@ def test_a_system_message_longer_than_the_context_is_refused_by_name_at_once(run
     assert conversation.system == SYSTEM
     conversation.system = "z" * 483  # 511 tokens with the template's: room for an answer, if not a message
     assert conversation.system == "z" * 483
+    # One too long by its length alone is refused before it is tokenized (~75 bytes a token meanwhile).
+    too_long_by_length = re.escape(
+        "the system message is at least 1267 tokens (16464 characters), too many for the context of "
+        "512 tokens: it takes at most 511, to leave room for the answer (raise --ctx or shorten the "
+        "system message)"
+    )
+    with pytest.raises(EadError, match=f"^{too_long_by_length}$"):
+        conversation.system = "z" * 16_384
+    assert conversation.system == "z" * 483
 
 
 def test_a_message_is_bounded_by_its_length_as_the_template_writes_it(
