@@ -323,6 +323,11 @@ def a_report(without: str = "", **changed: object) -> str:
             "its strategy 1's batches is {'large': {'decode': {'one': 8}}}, "
             "not batch counts by model and phase",
         ),
+        (  # a digit to str.isdigit, not to int(): bench speed --check prices the batch by its size
+            a_report(batches={"large": {"decode": {"\u00b2": 8}}}),
+            "its strategy 1's batches is {'large': {'decode': {'\u00b2': 8}}}, "
+            "not batch counts by model and phase",
+        ),
     ],
 )
 def test_a_damaged_replay_report_is_one_line_saying_what_is_wrong(

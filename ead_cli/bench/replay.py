@@ -335,7 +335,7 @@ def _is_batch_counts(value: Any) -> bool:
         return False
     by_phase = [sizes for phases in value.values() for sizes in phases.values()]
     return all(
-        isinstance(sizes, dict) and all(size.isdigit() and _is_count(count) for size, count in sizes.items())
+        isinstance(sizes, dict) and all(size.isdecimal() and _is_count(n) for size, n in sizes.items())
         for sizes in by_phase
     )
 
