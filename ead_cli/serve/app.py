@@ -433,7 +433,6 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             generation = replace(
                 defaults.generation, sampling=sampling, max_tokens=min(max_tokens, engine.n_ctx), stop=stop
             )
-            build_decoder(engine.runners, policy, generation)  # only to check: a decoder costs nothing
             return policy, generation
 
         return _check(settings)

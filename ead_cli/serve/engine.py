@@ -123,7 +123,8 @@ def _hold_signals() -> None:
 
 
 class Engine:
-    """The runners and one thread that generates with them, one job after another, in order.
+    """The runners, one thread that generates with them, one job after another, in order, and the threads
+    that prepare requests (``preparing``: they read the models too, so ``close`` waits for both).
 
     ``queue``: jobs that may wait while one runs; ``submit`` refuses more. Each prompt is tokenized
     alone; ``Runner.align`` keeps the prefix it shares with what the caches hold (the previous prompt and
