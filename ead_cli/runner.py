@@ -520,9 +520,10 @@ class Runner:
                 if abortable:
                     llama_cpp.llama_set_abort_callback(self._ctx, self._no_abort_callback, None)
         finally:
-            restore_signals(previous)
-        if self._interrupt is not None:
+            # taken before the signals are let through: one raised then must not leave it for the next batch
             interrupt, self._interrupt = self._interrupt, None
+            restore_signals(previous)
+        if interrupt is not None:
             raise interrupt
         return status
 
