@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 from ead_cli.errors import EadError
-from ead_cli.paths import lookup
+from ead_cli.paths import lookup, unreadable
 
 GGUF_MAGIC = b"GGUF"
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -60,7 +60,7 @@ def _check_gguf_file(path: Path) -> None:
         with path.open("rb") as f:
             magic = f.read(len(GGUF_MAGIC))
     except OSError as err:
-        raise EadError(f"cannot read model file ({err.strerror}): {path}") from None
+        raise EadError(f"cannot read model file ({unreadable(err)}): {path}") from None
     if not magic:
         raise EadError(f"model file is empty (0 bytes): {path}")
     if magic != GGUF_MAGIC:

@@ -530,7 +530,7 @@ def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]
     except FileNotFoundError:
         raise EadError(f"models file not found: {path}") from None
     except OSError as err:
-        raise EadError(f"cannot read models file {path}: {err.strerror}") from None
+        raise EadError(f"cannot read models file {path}: {unreadable(err)}") from None
     except tomllib.TOMLDecodeError as err:
         raise EadError(f"models file {path} is not valid TOML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError as err:  # TOML is UTF-8 text

@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
-from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup
+from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup, unreadable
 
 OLLAMA_PREFIX = "ollama:"
 LMSTUDIO_PREFIX = "lmstudio:"
@@ -96,7 +96,7 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
     try:
         data = json.loads(manifest.read_bytes())
     except OSError as err:
-        raise EadError(f"{where}: cannot read its manifest {manifest} ({err.strerror})") from None
+        raise EadError(f"{where}: cannot read its manifest {manifest} ({unreadable(err)})") from None
     except ValueError:  # not JSON, or bytes no JSON encoding reads
         raise EadError(f"{where}: its manifest {manifest} is not JSON") from None
     try:
