@@ -363,7 +363,7 @@ class Decoder(_Generation):
         entropy: str = "exact",
     ) -> None:
         check_lookup(lookup)
-        check_draft(lookup_draft, "lookup-draft")
+        check_draft(lookup_draft, "--lookup-draft")
         if entropy not in ENTROPY_MODES:
             raise ValueError(f"entropy must be one of {', '.join(ENTROPY_MODES)}, got {entropy!r}")
         if verify is not None:
@@ -694,7 +694,7 @@ class SpeculativeDecoder(_Generation):
             raise ValueError("speculative decoding takes exactly two models: a drafter and a verifier")
         check_draft(draft)
         check_lookup(lookup)
-        check_draft(lookup_draft, "lookup-draft")
+        check_draft(lookup_draft, "--lookup-draft")
         super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
         self.draft = draft
         self.entropy_stop = entropy_stop

@@ -13,6 +13,7 @@ otherwise ``DEFAULT_MODE``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -378,6 +379,21 @@ SWITCHING = frozenset(option.name for option in DECODING if option.switching)
 def on(surface: str) -> tuple[DecodingOption, ...]:
     """The options a surface offers, in the table's order."""
     return tuple(option for option in DECODING if surface in option.surfaces)
+
+
+_FLAG = re.compile(r"--([a-z][a-z-]*[a-z])")
+
+
+def respell(message: str, surface: str, spelling: Callable[[DecodingOption], str]) -> str:
+    """``message`` with each option's flag (``--min-run``: every check names an option as the command
+    line does) spelled as ``surface`` names it (``/min-run`` in chat, ``ead.min_run`` in a request); an
+    option the surface lacks keeps its flag (the command line gave it)."""
+
+    def spelled(match: re.Match[str]) -> str:
+        option = OPTIONS.get(match.group(1).replace("-", "_"))
+        return spelling(option) if option is not None and surface in option.surfaces else match.group()
+
+    return _FLAG.sub(spelled, message)
 
 
 def resolve_mode(mode: str | None, given: Iterable[str], levels: int = 2) -> str:

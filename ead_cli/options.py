@@ -34,10 +34,10 @@ def check_remote_settings(top_k: int, timeout_s: float) -> None:
 
 def check_verify_ratio(ratio: float) -> None:
     if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"verify ratio must be in (0, 1], got {ratio}")
+        raise ValueError(f"--verify must be in (0, 1], got {ratio}")
 
 
-def check_draft(draft: int, name: str = "draft") -> None:
+def check_draft(draft: int, name: str = "--draft") -> None:
     """A guess's length, ``name`` the option's (--draft, or --lookup-draft for a prompt lookup's)."""
     if not 1 <= draft <= 64:
         raise ValueError(f"{name} must be in [1, 64], got {draft}")
@@ -52,7 +52,7 @@ def check_bits(value: float, option: str) -> None:
 
 def check_lookup(lookup: int) -> None:
     if not 0 <= lookup <= 64:
-        raise ValueError(f"lookup must be in [0, 64] tokens (0: off), got {lookup}")
+        raise ValueError(f"--lookup must be in [0, 64] tokens (0: off), got {lookup}")
 
 
 def default_threads() -> int:
@@ -174,13 +174,13 @@ class PolicyOptions:
                 check_verify_ratio(self.verify)
             check_draft(self.draft)
             check_lookup(self.lookup)
-            check_draft(self.lookup_draft, "lookup-draft")
+            check_draft(self.lookup_draft, "--lookup-draft")
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         if self.draft_entropy_stop is not None:
             check_bits(self.draft_entropy_stop, "--draft-entropy-stop")
         if self.normalize and self.tau is not None and any(tau > 1 for tau in as_taus(self.tau)):
-            raise EadError(f"with --normalize, tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
+            raise EadError(f"with --normalize, --tau is a fraction of log2|V| in [0, 1], got {self.tau}", 2)
         self.make_policy()  # every switching value checked, in any mode
 
     def switching_given(self) -> set[str]:

@@ -60,44 +60,44 @@ CODE_PATTERNS = (
 def check_taus(taus: Sequence[float], tau_range: tuple[float, float] | None = None) -> None:
     """Thresholds of at least 0 bits, at least one, and one alone within an adaptive range."""
     if not all(t >= 0 for t in taus):  # written so, NaN fails it too
-        raise ValueError(f"tau must be at least 0, got {', '.join(map(str, taus))}")
+        raise ValueError(f"--tau must be at least 0, got {', '.join(map(str, taus))}")
     if not taus:
-        raise ValueError("tau needs at least one threshold")
+        raise ValueError("--tau needs at least one threshold")
     if tau_range and len(taus) != 1:
-        raise ValueError("an adaptive tau range takes two models (one threshold)")
+        raise ValueError("--tau-range takes two models (one threshold)")
     if tau_range and not 0 <= tau_range[0] < tau_range[1] < math.inf:  # as a tau, a bound is finite
         raise ValueError(
-            f"tau range must satisfy 0 <= low < high, both finite, got {tau_range[0]}:{tau_range[1]}"
+            f"--tau-range must satisfy 0 <= low < high, both finite, got {tau_range[0]}:{tau_range[1]}"
         )
 
 
 def check_window(window: int) -> None:
     if window < 1:
-        raise ValueError(f"window must be at least 1, got {window}")
+        raise ValueError(f"--window must be at least 1, got {window}")
     if window > MAX_WINDOW:
         raise ValueError(
-            f"window must be at most {MAX_WINDOW} steps (more than any context holds), got {window}"
+            f"--window must be at most {MAX_WINDOW} steps (more than any context holds), got {window}"
         )
 
 
 def check_switch_point(switch_point: str) -> None:
     if switch_point not in SWITCH_POINTS:
-        raise ValueError(f"switch point must be 'before' or 'after', got {switch_point!r}")
+        raise ValueError(f"--switch-point must be 'before' or 'after', got {switch_point!r}")
 
 
 def check_min_run(min_run: int) -> None:
     if min_run < 0:
-        raise ValueError(f"min-run must be at least 0, got {min_run}")
+        raise ValueError(f"--min-run must be at least 0, got {min_run}")
 
 
 def check_burst(burst: Burst) -> None:
     if burst not in BURST_KINDS and not (isinstance(burst, int) and burst >= 1):
-        raise ValueError(f"burst must be a count of at least 1, 'line' or 'adaptive', got {burst!r}")
+        raise ValueError(f"--burst must be a count of at least 1, 'line' or 'adaptive', got {burst!r}")
 
 
 def check_span(span: int) -> None:
     if span < 1:
-        raise ValueError(f"span must be at least 1, got {span}")
+        raise ValueError(f"--draft must be at least 1, got {span}")
 
 
 class AdaptiveTau:
@@ -318,7 +318,7 @@ class Gate(Policy):
         check_burst(burst)
         super().__init__(window=window, switch_point=switch_point, tau=tau, tau_range=tau_range)
         if self.levels > 2 and switch_point == "after":
-            raise ValueError("a cascade of three or more models gates with switch point 'before'")
+            raise ValueError("a cascade of three or more models gates with --switch-point before")
         self.burst = burst
         self.top = self.levels - 1
         self.burst_left = 0  # a counted burst: tokens to go; "line" and "adaptive" bursts use _bursting
@@ -397,7 +397,7 @@ class Lookahead(Policy):
         check_span(span)
         super().__init__(tau=tau, tau_range=tau_range)
         if self.levels != 2:
-            raise ValueError("lookahead takes two models")
+            raise ValueError("--policy lookahead takes two models")
         self.span = span
         self._drafted = 0  # tokens in the open draft
         self._draft_sum = 0.0
@@ -587,9 +587,9 @@ def make_policy(
     switching ones are then unused outside ``ead``, so one command line serves every mode.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if policy not in POLICY_KINDS:
-        raise ValueError(f"policy must be one of {', '.join(POLICY_KINDS)}, got {policy!r}")
+        raise ValueError(f"--policy must be one of {', '.join(POLICY_KINDS)}, got {policy!r}")
     kind = POLICY_KINDS[policy]
     taus = as_taus(kind.tau if tau is None else tau)
     taus = _taus(taus, levels) if levels >= 2 else taus  # a model loaded alone: its run checked the count

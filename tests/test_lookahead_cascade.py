@@ -175,7 +175,7 @@ def test_cli_cascade_with_models_and_one_tau_per_level(tiny_pair, tiny_mid) -> N
         (["--tau", "1,x"], ["--tau must be a finite number of bits"]),
         (["--small", "a.gguf"], ["--models names every model"]),
         (["--mode", "spec"], ["speculative decoding takes two models"]),
-        (["--policy", "lookahead"], ["lookahead takes two models"]),
+        (["--policy", "lookahead"], ["--policy lookahead takes two models"]),
     ],
 )
 def test_cli_cascade_usage_errors_come_before_any_model_loads(tiny_pair, tiny_mid, extra, fragments) -> None:

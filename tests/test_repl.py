@@ -356,7 +356,7 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
     the command typed, in a cascade (where /mode spec and /policy lookahead are refused) and a pair."""
     refusals = {
         "/mode spec": "/mode: speculative decoding takes two models: a drafter and a verifier",
-        "/policy lookahead": "/policy: lookahead takes two models",
+        "/policy lookahead": "/policy lookahead takes two models",
         "/tau 1,2,3": "/tau: 3 models take 2 thresholds (or one for all), got 3",
         "/window 0": "/window must be at least 1, got 0",
         "/min-run -1": "/min-run must be at least 0, got -1",

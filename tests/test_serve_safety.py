@@ -199,24 +199,28 @@ def test_top_level_and_ead_values_that_differ_are_a_400(
 
 
 ORDERED = "0 <= low < high, both finite"
+GATE = "ead.policy gate"
+FRACTION = "fraction of log2|V| in [0, 1]"
 
 
 @pytest.mark.parametrize(
     ("ead", "param", "message"),
     [
-        ({"tau": -1}, "ead.tau", "tau must be at least 0, got -1.0"),
+        ({"tau": -1}, "ead.tau", "ead.tau must be at least 0, got -1.0"),
         ({"tau": "abc"}, "ead.tau", "ead.tau must be a number of bits or a list, got 'abc'"),
         ({"window": 8, "tau": [1, 2, 3]}, "ead.tau", "2 models take one threshold, got 3"),
-        ({"tau_range": [2, 1]}, "ead.tau_range", f"tau range must satisfy {ORDERED}, got 2.0:1.0"),
-        ({"mode": "spec", "draft": 100}, "ead.draft", "draft must be in [1, 64], got 100"),
-        ({"verify": 5}, "ead.verify", "verify ratio must be in (0, 1], got 5.0"),
-        ({"pattern": ["@code"], "policy": "ead"}, "ead", "--pattern and --burst apply to --policy gate"),
+        ({"tau_range": [2, 1]}, "ead.tau_range", f"ead.tau_range must satisfy {ORDERED}, got 2.0:1.0"),
+        ({"mode": "spec", "draft": 100}, "ead.draft", "ead.draft must be in [1, 64], got 100"),
+        ({"verify": 5}, "ead.verify", "ead.verify must be in (0, 1], got 5.0"),
+        ({"pattern": ["@code"], "policy": "ead"}, "ead", f"ead.pattern and ead.burst apply to {GATE}"),
+        ({"normalize": True, "tau": 2}, "ead", f"with ead.normalize, ead.tau is a {FRACTION}, got 2.0"),
     ],
 )
 def test_a_bad_ead_option_names_its_field(server: Server, ead: dict, param: str, message: str) -> None:
     """The command line's checks of the ``ead`` options, which check them as a whole, had answered with
     ``param`` null; it is the field that alone gets the complaint, or ``ead`` where only fields together
-    do (a pattern with the ead policy)."""
+    do (a pattern with the ead policy). The message names fields as the request spells them, not as the
+    command line's flags (it had said 'verify ratio' and '--pattern')."""
     for path, request in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "hi"})):
         reply = post(server, path, {**request, "max_tokens": 2, "ead": ead})
         assert reply.status_code == 400, reply.text

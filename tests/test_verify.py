@@ -171,9 +171,9 @@ def test_held_tokens_are_checked_at_least_every_check_every_tokens(fresh_pair) -
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"verify": 0.0}, r"verify ratio must be in \(0, 1\]"),
-        ({"verify": -0.1}, r"verify ratio must be in \(0, 1\]"),
-        ({"verify": 1.5}, r"verify ratio must be in \(0, 1\]"),
+        ({"verify": 0.0}, r"--verify must be in \(0, 1\]"),
+        ({"verify": -0.1}, r"--verify must be in \(0, 1\]"),
+        ({"verify": 1.5}, r"--verify must be in \(0, 1\]"),
         ({"verify": 0.5, "check_every": 0}, "check_every must be at least 1"),
     ],
 )
@@ -198,7 +198,7 @@ def test_cli_reports_checks_and_rollbacks(tiny_pair: tuple[Path, Path]) -> None:
 @pytest.mark.parametrize("mode", ["small", "spec"])
 def test_cli_refuses_a_bad_verify_in_any_mode(tiny_pair: tuple[Path, Path], mode: str) -> None:
     result = ead("generate", *pair_args(tiny_pair), "--verify", "0", "--mode", mode, "hi")
-    assert_one_line_error(result, 2, "verify ratio must be in (0, 1], got 0")
+    assert_one_line_error(result, 2, "--verify must be in (0, 1], got 0")
 
 
 def test_a_given_mode_without_switching_leaves_verify_unused(tiny_pair: tuple[Path, Path]) -> None:

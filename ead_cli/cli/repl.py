@@ -20,7 +20,7 @@ from rich.console import Console
 
 from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError
-from ..option_table import CHAT, DecodingOption, on
+from ..option_table import CHAT, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
 from ..paths import expand_home
 from ..policies import POLICY_KINDS, format_tau
@@ -79,14 +79,12 @@ def _usage(option: DecodingOption) -> str:
 
 
 def _as_command(message: str, option: DecodingOption) -> str:
-    """A value's check, declared once, names the option as the command line spells it (``--temp``,
-    ``window``); in chat the message names the command typed instead (``/temp``, ``/window``). A check
-    that names no option (a threshold count for the models loaded, a policy a cascade cannot run) is
-    led by the command, so every refusal says which command it refuses."""
-    for spelling in (option.flag, option.flag[2:]):
-        if message.startswith(spelling + " "):
-            return option.command + message[len(spelling) :]
-    return f"{option.command}: {message}"
+    """A value's check, declared once, names options as the command line spells them (``--temp``); in
+    chat the message names the commands instead (``/temp``). A check that names no option first (a
+    threshold count for the models loaded, a policy a cascade cannot run) is led by the command, so
+    every refusal says which command it refuses."""
+    message = respell(message, CHAT, lambda other: other.command)
+    return message if message.startswith(option.command + " ") else f"{option.command}: {message}"
 
 
 def counted(number: int, noun: str) -> str:

@@ -13,7 +13,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..errors import EadError
-from ..option_table import OPTIONS, SERVE, DecodingOption, on
+from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
 from .patterns import portable_patterns
@@ -106,12 +106,13 @@ class _EadBase(BaseModel):
     def _changed(
         self, base: PolicyOptions, levels: int, models_take: Callable[[PolicyOptions], object]
     ) -> PolicyOptions | str:
-        """These options over ``base``, or the command line's complaint about them."""
+        """These options over ``base``, or the command line's complaint about them, naming fields as a
+        request spells them."""
         try:
             changed = base.changed(**self.policy_changes(), levels=levels)
             models_take(changed)
         except EadError as error:
-            return str(error)
+            return respell(str(error), SERVE, lambda option: f"ead.{option.name}")
         return changed
 
 
