@@ -302,10 +302,10 @@ BOUNDS = [
     ("--min-p", "1", "1.000001", "--min-p must be in [0, 1]", SAMPLED),
     ("--seed", "0", "-1", "--seed must be in [0, 4294967294]", SAMPLED),
     ("--seed", "4294967294", "4294967295", "--seed must be in [0, 4294967294]", SAMPLED),
-    ("--tau", "0", "-1e-09", "tau must be at least 0", ()),
-    ("--window", "1", "0", "window must be at least 1", EAD_RULE),
-    ("--min-run", "0", "-1", "min-run must be at least 0", EAD_RULE),
-    ("--burst", "1", "0", "burst must be a count of at least 1", ()),
+    ("--tau", "0", "-1e-09", "--tau must be at least 0", ()),
+    ("--window", "1", "0", "--window must be at least 1", EAD_RULE),
+    ("--min-run", "0", "-1", "--min-run must be at least 0", EAD_RULE),
+    ("--burst", "1", "0", "--burst must be a count of at least 1", ()),
     # --raw: the templated prompt is 20 tokens (llama.cpp pads a context to 256 tokens today; it need not)
     ("--ctx", "16", "15", "--ctx must be at least 16", ("--raw",)),
     ("--threads", "1", "0", "--threads must be at least 1", ()),
@@ -316,12 +316,12 @@ BOUNDS = [
     ("--remote-timeout", "1e-9", "0", "--remote-timeout must be above 0 and at most 86400 seconds", ()),
     # past a socket's limit (inf, 1e300) it was an OverflowError where the connection was made
     ("--remote-timeout", "86400", "86400.000001", "--remote-timeout must be above 0 and at most 86400", ()),
-    ("--draft", "1", "0", "draft must be in [1, 64]", SPEC),
-    ("--draft", "64", "65", "draft must be in [1, 64]", SPEC),
-    ("--verify", "1", "1.000001", "verify ratio must be in (0, 1]", ()),
-    ("--verify", "5e-324", "0", "verify ratio must be in (0, 1]", ()),  # the smallest positive float
+    ("--draft", "1", "0", "--draft must be in [1, 64]", SPEC),
+    ("--draft", "64", "65", "--draft must be in [1, 64]", SPEC),
+    ("--verify", "1", "1.000001", "--verify must be in (0, 1]", ()),
+    ("--verify", "5e-324", "0", "--verify must be in (0, 1]", ()),  # the smallest positive float
     ("--draft-entropy-stop", "0", "-0.1", "--draft-entropy-stop must be at least 0 bits", SPEC),
-    ("--tau", "1", "1.000001", "with --normalize, tau is a fraction of log2|V| in [0, 1]", ("--normalize",)),
+    ("--tau", "1", "1.000001", "with --normalize, --tau is a fraction of log2|V| in [0, 1]", ("--normalize",)),
 ]
 
 
@@ -341,7 +341,7 @@ def test_an_option_at_its_bound_and_just_past_it(
     [
         ("--top-p", "--top-p must be in (0, 1]", SAMPLED),
         ("--min-p", "--min-p must be in [0, 1]", SAMPLED),
-        ("--verify", "verify ratio must be in (0, 1]", ()),
+        ("--verify", "--verify must be in (0, 1]", ()),
         ("--temp", "--temp must be at least 0", ()),
         ("--tau", "--tau must be a finite number of bits", ()),
         ("--draft-entropy-stop", "--draft-entropy-stop must be at least 0 bits", SPEC),
