@@ -200,6 +200,20 @@ def test_include_usage_ends_a_stream_with_openais_usage_chunk(client: openai.Ope
         assert plain[-1].usage == last.usage and all(chunk.choices for chunk in plain)
 
 
+def test_a_stream_names_the_role_once_as_openai_does(client: openai.OpenAI) -> None:
+    """The role comes in the first delta only: the openai client's stream helper adds up every string a
+    delta repeats, and a role sent with each token's chunk had made it 'assistantassistant...'."""
+    request = {"model": "ead", "messages": HI, "max_tokens": 5, "temperature": 0}
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    assert [chunk.choices[0].delta.role for chunk in chunks] == ["assistant", *[None] * (len(chunks) - 1)]
+    with client.chat.completions.stream(**request) as stream:
+        for _ in stream:
+            pass
+        message = stream.current_completion_snapshot.choices[0].message
+    assert message.role == "assistant"
+    assert message.content == client.chat.completions.create(**request).choices[0].message.content
+
+
 def test_models_and_health(client: openai.OpenAI, server: Server, tiny_pair: tuple[Path, Path]) -> None:
     models = client.models.list().data
     assert [model.id for model in models] == ["ead"]

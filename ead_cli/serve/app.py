@@ -557,6 +557,7 @@ class _Reply:
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.chat = kind == "chat.completion"
+        self._role_sent = False  # a stream names the role in its first delta only, as OpenAI does
 
     def _envelope(self, object_kind: str, choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
         """The answer or chunk around its one choice (None: a chunk of no choice, the usage chunk)."""
@@ -571,12 +572,16 @@ class _Reply:
 
     def _chunk(self, text: str | None, finish: str | None, logprobs: Any = None, **extra: Any) -> str:
         if self.chat:
-            delta = {} if text is None else {"role": "assistant", "content": text}
+            delta = {} if text is None else {"content": text}
             return self._delta(delta, finish, logprobs, **extra)
         choice = {"text": text or "", "finish_reason": finish, "logprobs": logprobs}
         return json.dumps(self._envelope("text_completion", choice, **extra), ensure_ascii=False)
 
     def _delta(self, delta: dict[str, Any], finish: str | None, logprobs: Any = None, **extra: Any) -> str:
+        """A chat chunk; the first delta names the role, the others not: the openai client's stream
+        helper adds up a string each delta repeats (a role in every chunk was 'assistantassistant...')."""
+        if delta and not self._role_sent:
+            delta, self._role_sent = {"role": "assistant", **delta}, True
         choice = {"delta": delta, "finish_reason": finish, "logprobs": logprobs}
         return json.dumps(self._envelope("chat.completion.chunk", choice, **extra), ensure_ascii=False)
 
@@ -601,7 +606,7 @@ class _Reply:
         for piece in pieces:
             extra = {} if chunks else first
             if isinstance(piece, ToolCall):
-                delta = {"role": "assistant", "tool_calls": [piece.as_openai(index)]}
+                delta = {"tool_calls": [piece.as_openai(index)]}
                 chunks.append(self._delta(delta, None, **extra))
                 index += 1
             else:
