@@ -26,7 +26,7 @@ import websockets.sync.client
 from serve_process import EAD, Server
 from test_cli import pair_args
 
-from ead_cli.prompt import encode_rendered
+from ead_cli.prompt import encode_rendered, render_chat
 from ead_cli.runner import Runner
 
 PROMPT = "hello wörld 日本"
@@ -212,6 +212,27 @@ def test_a_stream_names_the_role_once_as_openai_does(client: openai.OpenAI) -> N
         message = stream.current_completion_snapshot.choices[0].message
     assert message.role == "assistant"
     assert message.content == client.chat.completions.create(**request).choices[0].message.content
+
+
+def test_a_last_assistant_message_is_continued_as_llama_server_does(
+    client: openai.OpenAI, tiny_pair: tuple[Path, Path]
+) -> None:
+    """A conversation ending in an assistant message (a prefill) is continued: its text opens the answer's
+    turn, as llama-server and ollama take it. It had been closed and a new turn opened after it."""
+    with Runner(tiny_pair[0], name="small", n_ctx=64) as runner:
+        opened = render_chat(runner, HI)  # the user's turn and the assistant's opening
+    request = {"model": "ead", "max_tokens": 8, "temperature": 0}
+    prefill = [*HI, {"role": "assistant", "content": "Sure"}]
+    expected = client.completions.create(prompt=f"{opened}Sure", **request)
+    for stream in (False, True):
+        answer = client.chat.completions.create(messages=prefill, stream=stream, **request)
+        if stream:
+            chunks = list(answer)
+            text, usage = "".join(chunk.choices[0].delta.content or "" for chunk in chunks), chunks[-1].usage
+        else:
+            text, usage = answer.choices[0].message.content, answer.usage
+        assert text == expected.choices[0].text
+        assert usage.prompt_tokens == expected.usage.prompt_tokens
 
 
 def test_models_and_health(client: openai.OpenAI, server: Server, tiny_pair: tuple[Path, Path]) -> None:

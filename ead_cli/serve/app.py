@@ -326,11 +326,13 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             for i, message in enumerate(body.messages)
         ]
         _check(lambda: check_prompt_text("".join(message["content"] for message in messages)), "messages")
-        rendered = _check(lambda: render_chat(engine.runners[0], messages, tools=tools), "messages")
+        prefill = _prefill(messages)
+        earlier = messages if prefill is None else messages[:-1]
+        rendered = _check(lambda: render_chat(engine.runners[0], earlier, tools=tools), "messages")
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
-        return body, _job(body, rendered)
+        return body, _job(body, rendered + (prefill or ""))
 
     def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
         body = _accepted(CompletionRequest, data)
@@ -467,6 +469,16 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return await request.body()
 
     return app
+
+
+def _prefill(messages: list[dict[str, Any]]) -> str | None:
+    """The text of a conversation's last message where it is the assistant's (and no call, nor the only
+    message): the start of the answer, which the answer's turn continues, as llama-server and ollama take
+    it (an assistant prefill), rather than a turn closed before a new one."""
+    last = messages[-1]
+    if len(messages) < 2 or last["role"] != "assistant" or last.get("tool_calls"):
+        return None
+    return str(last["content"])
 
 
 def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
