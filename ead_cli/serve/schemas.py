@@ -243,6 +243,55 @@ def _check_repetitions(schema: dict[str, Any], text: str) -> None:
         raise ApiError(400, message, code="invalid_value", param="response_format")
 
 
+# Keywords llama-cpp-python's schema converter drops, so an answer may break them (an integer of minimum 5
+# and maximum 6 came back 73); the formats it holds; the keys whose values are schemas, by name or in a list.
+UNHELD_KEYWORDS = frozenset(
+    {
+        *("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems"),
+        *("contains", "minContains", "maxContains", "minProperties", "maxProperties", "patternProperties"),
+        *("propertyNames", "dependentRequired", "dependentSchemas", "unevaluatedProperties"),
+        *("unevaluatedItems", "not", "if", "then", "else"),
+    }
+)
+HELD_FORMATS = frozenset({"date", "time", "date-time", "uuid", *(f"uuid{n}" for n in range(1, 6))})
+SCHEMAS_BY_NAME = ("properties", "$defs", "definitions")
+SCHEMAS = ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def _unheld(node: Any, where: str) -> str | None:
+    """Where the first keyword of a schema that its grammar would not hold is (a format other than
+    HELD_FORMATS, or lengths beside a pattern or a format, which take their place, included)."""
+    if isinstance(node, list):
+        return next(filter(None, (_unheld(item, f"{where}.{i}") for i, item in enumerate(node))), None)
+    if not isinstance(node, dict):
+        return None
+    shaped = "pattern" in node or node.get("format") in HELD_FORMATS
+    for key, value in node.items():
+        if key in UNHELD_KEYWORDS or (key == "format" and (value not in HELD_FORMATS or "pattern" in node)):
+            return f"{where}.{key}"
+        if key in ("minLength", "maxLength") and shaped:
+            return f"{where}.{key}"
+        if key in SCHEMAS_BY_NAME and isinstance(value, dict):
+            found = (_unheld(schema, f"{where}.{key}.{name}") for name, schema in value.items())
+            if (first := next(filter(None, found), None)) is not None:
+                return first
+        elif key in SCHEMAS and (first := _unheld(value, f"{where}.{key}")) is not None:
+            return first
+    return None
+
+
+def _check_strict(schema: dict[str, Any]) -> None:
+    """A 400 for a strict schema (every keyword to hold, as OpenAI's structured outputs promise) with a
+    keyword the grammar would not hold; a schema that is not strict guides the answer as far as it can."""
+    where = _unheld(schema, "response_format.json_schema.schema")
+    if where is not None:
+        message = (
+            f"{where}: the grammar does not hold {where.rpartition('.')[2]}, and strict: true asks for every "
+            "keyword to hold: leave it out, or send strict: false for an answer it guides"
+        )
+        raise ApiError(400, message, code="invalid_value", param="response_format")
+
+
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -258,6 +307,8 @@ class ResponseFormat(BaseModel):
         if self.json_schema is None:
             message = "response_format: json_schema needs its json_schema object"
             raise ApiError(400, message, code="invalid_value", param="response_format")
+        if self.json_schema.strict:
+            _check_strict(self.json_schema.json_schema)
         schema = portable_patterns(self.json_schema.json_schema)
         text = json.dumps(schema)
         _check_repetitions(schema, text)
