@@ -97,7 +97,7 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
         data = json.loads(manifest.read_bytes())
     except OSError as err:
         raise EadError(f"{where}: cannot read its manifest {manifest} ({unreadable(err)})") from None
-    except ValueError:  # not JSON, or bytes no JSON encoding reads
+    except (ValueError, RecursionError):  # not JSON, bytes no JSON encoding reads, or nested past the parser
         raise EadError(f"{where}: its manifest {manifest} is not JSON") from None
     try:
         layer = next(item for item in data["layers"] if item.get("mediaType") == _OLLAMA_MODEL_LAYER)

@@ -157,6 +157,12 @@ def test_broken_ollama_blobs_are_one_line(
     assert line.endswith(f"ollama model 'garbled': its manifest {manifest} is not JSON")
     manifest.write_bytes(b"\xff\xfe\xff")  # no JSON encoding reads these bytes
     assert refused(env, "ollama:garbled", tiny_large) == line
+    manifest.write_text("[" * 100_000)  # nested past the parser's recursion limit: it had been a traceback
+    assert refused(env, "ollama:garbled", tiny_large) == line
+    listed = ead("models", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr.decode()
+    garbled = next(row for row in json.loads(listed.stdout) if row["ref"] == "ollama:garbled:latest")
+    assert garbled["description"].endswith("is not JSON")
     manifest.write_text('{"layers": [{"mediaType": "application/vnd.ollama.image.template"}]}')
     line = refused(env, "ollama:garbled", tiny_large)
     assert line.endswith(f"ollama model 'garbled': its manifest {manifest} has no model layer with a digest")
