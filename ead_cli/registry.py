@@ -321,7 +321,7 @@ def _verified(target: Path, sha256: str) -> bool:
     try:
         record = json.loads(_sidecar(target).read_text())
         stat = target.stat()
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # gone, garbled, or nested past the JSON parser
         return False
     return record == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 

