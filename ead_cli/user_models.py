@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -177,6 +178,7 @@ def _gguf_files(root: Path) -> list[Path]:
 def resolve_lmstudio(name: str) -> Path:
     """A path under an LM Studio models folder (a file, or a folder holding one model), else a file name
     with or without ``.gguf``, matched case-insensitively."""
+    name = _under_the_folder(name)
     roots = lmstudio_models_dirs()
     for root in roots:
         if is_file(root / name):
@@ -204,6 +206,20 @@ def resolve_lmstudio(name: str) -> Path:
         )
     where = ", ".join(str(root) for root in roots)
     raise EadError(f"no LM Studio model '{name}' in {where}{_listing([m.ref for m in models])}")
+
+
+def _under_the_folder(name: str) -> str:
+    """``name`` spelled as the path under LM Studio's folder it names ('./a//b/' is 'a/b'); one that is
+    absolute or climbs out with '..' is refused, as it would name a file LM Studio does not keep."""
+    if not name:
+        return name
+    normal = posixpath.normpath(name)
+    if normal.startswith("/") or normal == ".." or normal.startswith("../"):
+        raise EadError(
+            f"'{LMSTUDIO_PREFIX}{name}' leaves LM Studio's models folder: name a model under it, "
+            "or pass the file's own path"
+        )
+    return normal
 
 
 def _file_name(model: UserModel) -> str:

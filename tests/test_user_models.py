@@ -207,6 +207,25 @@ def test_lmstudio_misses_are_one_line(env: dict[str, str], lmstudio_root: Path, 
     assert "'lmstudio:other/Twin-GGUF' matches 2 models" in line
 
 
+def test_an_lmstudio_name_that_leaves_its_folder_is_refused(
+    env: dict[str, str], lmstudio_root: Path, tiny_small: Path, tiny_large: Path
+) -> None:
+    """``lmstudio:`` names a model LM Studio keeps: an absolute path or one climbing out with '..' had
+    loaded whatever file it reached (shown as an LM Studio model); a name spelled with './' or '//'
+    finds the folder it names."""
+    outside = lmstudio_root.parent / "outside.gguf"
+    shutil.copyfile(tiny_small, outside)
+    for name in (str(outside), "../outside.gguf", "someone/../../outside.gguf", ".."):
+        line = refused(env, f"lmstudio:{name}", tiny_large)
+        assert line == (
+            f"error: 'lmstudio:{name}' leaves LM Studio's models folder: name a model under it, "
+            "or pass the file's own path"
+        )
+    expected = generate(env, str(tiny_small), str(tiny_large))
+    for name in ("./someone/Tiny-GGUF", "someone//Tiny-GGUF/", "someone/../someone/Tiny-GGUF/tiny-q4.gguf"):
+        assert generate(env, f"lmstudio:{name}", str(tiny_large)) == expected, name
+
+
 def test_models_list_says_what_is_wrong_with_a_broken_lmstudio_file(
     env: dict[str, str], lmstudio_root: Path, tiny_small: Path, tiny_large: Path
 ) -> None:
