@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
 from ead_cli.errors import EadError
@@ -562,6 +562,12 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
     pattern = table.take("pattern", "text")
     if not pattern.endswith(".gguf"):
         table.fail(f"{table.key('pattern')} must end in .gguf, not {pattern!r}")
+    glob = PurePosixPath(pattern)
+    if glob.is_absolute() or ".." in glob.parts:  # globbed in the repo's snapshot folder, and only there
+        table.fail(
+            f"{table.key('pattern')} must be a glob over the repo's files, relative and without '..', "
+            f"not {pattern!r}"
+        )
     description = table.take("description", "text", required=False) or ""
     params = table.take("params", "number", required=False)
     offline = table.take("offline", "table", required=False)

@@ -212,6 +212,16 @@ pattern = "mine-*.gguf"
             "alias 'ollama:mine' cannot start with ollama: or lmstudio:",
         ),
         ("[models.'lmstudio:x']\nrepo = 'a/b'\npattern = 'x.gguf'\n", "alias 'lmstudio:x' cannot start"),
+        (  # pathlib's glob over the hub snapshot raised NotImplementedError: a traceback in `models list`
+            "[models.x]\nrepo = 'a/b'\npattern = '/models/x*.gguf'\n",
+            ": models.x.pattern must be a glob over the repo's files, relative and without '..', "
+            "not '/models/x*.gguf'",
+        ),
+        (  # it globbed outside the snapshot, in the hub cache's own folders
+            "[models.x]\nrepo = 'a/b'\npattern = '../../*.gguf'\n",
+            ": models.x.pattern must be a glob over the repo's files, relative and without '..', "
+            "not '../../*.gguf'",
+        ),
     ],
 )
 def test_bad_user_file_is_a_one_line_error_naming_the_file(tmp_path: Path, text: str, problem: str) -> None:
