@@ -286,6 +286,23 @@ def test_bad_model_paths(tmp_path: Path, name: str, make: bytes | str | None, me
     assert str(caught.value) == message.format(path)
 
 
+def test_a_name_with_a_newline_or_an_escape_is_refused_in_one_line(tmp_path: Path, tiny_large: Path) -> None:
+    """A file name may hold a newline and a model name is typed: the error had printed them raw, a second
+    line (which could pass for another message) or an escape sequence the terminal acts on."""
+    bad = tmp_path / "two\nlines.gguf"
+    bad.write_bytes(b"PK\x03\x04")
+    cases = {
+        str(bad): f"error: not a GGUF file (bad magic): {tmp_path}/two\\nlines.gguf",
+        "qc\n0.5b": "error: unknown model alias 'qc\\n0.5b' (did you mean: qc0.5b, q0.5b?)",
+        "ollama:x\ny": "no ollama model 'x\\ny' in ",
+        "zz\x1b[2J": "error: unknown model alias 'zz\\x1b[2J'; see 'ead models list'",
+    }
+    for ref, line in cases.items():
+        result = ead("generate", "--small", ref, "--large", str(tiny_large), "--mode", "ead", "hi")
+        assert line in assert_one_line_error(result, 1)
+        assert b"\x1b" not in result.stderr
+
+
 def test_gguf_paths_pass_and_come_back_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "weights.bin").write_bytes(b"GGUF\x03\x00\x00\x00")

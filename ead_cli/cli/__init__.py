@@ -117,5 +117,8 @@ _REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors:
 
 
 def _fail(message: str, code: int) -> None:
-    sys.stderr.write(f"error: {message}\n")
+    """``error: MESSAGE`` on one line: a control character a name brought in (a file name's newline, an
+    escape typed in a model name) spelled as Python would (``\\n``, ``\\x1b``), never acted on."""
+    line = "".join(char if char.isprintable() else repr(char)[1:-1] for char in message)
+    sys.stderr.write(f"error: {line}\n")
     sys.exit(code)
