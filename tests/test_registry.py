@@ -484,6 +484,27 @@ def test_missing_chunk_package_is_named_with_the_install_command(tiny: Tiny) -> 
     assert local_status(catalog.spec("tiny")) is None
 
 
+@pytest.mark.parametrize("broken", ["dangling", "folder"])
+def test_a_chunk_that_is_no_file_is_named_with_the_reinstall_command(
+    tiny: Tiny, models_dir: Path, broken: str
+) -> None:
+    """A package's chunk that is a dangling link (a damaged install) had been a FileNotFoundError traceback,
+    a folder an errno line: each names the chunk and how to reinstall its package, and nothing is left."""
+    chunk = tiny.chunks[1]
+    chunk.unlink()
+    if broken == "dangling":
+        chunk.symlink_to(chunk.parent / "gone.bin")
+    else:
+        chunk.mkdir()
+    with pytest.raises(EadError) as caught:
+        resolve_tiny(tiny)
+    assert str(caught.value) == (
+        f"offline package fakechunk_part2's chunk {chunk} is not a file; "
+        "reinstall it: pip install --force-reinstall fakechunk-part2==1.0"
+    )
+    assert os.listdir(models_dir) == [".tiny.gguf.lock"]
+
+
 def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
     """Both wait on the lock held here, then race for it: one assembles, the other uses its result."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)])}
