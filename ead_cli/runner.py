@@ -193,8 +193,8 @@ class Runner:
         self._batch = None
         self.repack = repack_choice(repack)
         params = model_params(n_gpu_layers, self.repack)
-        with main_thread_signals():
-            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        with main_thread_signals():  # the name's bytes as the file system has them (not UTF-8 on every disk)
+            self._model = llama_cpp.llama_model_load_from_file(os.fsencode(self.path), params)
         if not self._model:
             raise EadError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported GGUF)")
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)

@@ -53,7 +53,7 @@ def marker_path(path: Path, repack: Repack, n_gpu_layers: int | None) -> Path:
             str(n_gpu_layers),
         )
     )
-    return ead_cache_dir() / "smoke" / hashlib.sha256(key.encode()).hexdigest()[:32]
+    return ead_cache_dir() / "smoke" / hashlib.sha256(key.encode(errors="surrogateescape")).hexdigest()[:32]
 
 
 def crash_message(label: str, signal_number: int, repack: Repack) -> str:
@@ -118,7 +118,7 @@ def check_model(
         with contextlib.suppress(OSError):  # a cache that cannot be written: the check runs again next time
             marker.parent.mkdir(parents=True, exist_ok=True)
             forget_deleted_models(marker.parent)
-            marker.write_text(f"{path}\n")
+            marker.write_text(f"{path}\n", encoding="utf-8", errors="surrogateescape")  # a name's bytes
     return True
 
 

@@ -303,6 +303,23 @@ def test_a_name_with_a_newline_or_an_escape_is_refused_in_one_line(tmp_path: Pat
         assert b"\x1b" not in result.stderr
 
 
+def test_a_model_file_whose_name_is_not_utf8_loads(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    """Linux file names are bytes: one from a Latin-1 disk had been a UnicodeEncodeError traceback (the
+    smoke check's marker, then llama.cpp's path), as a path and as an LM Studio model alike."""
+    small, large = tiny_pair
+    folder = tmp_path / "lmstudio" / "pub"
+    folder.mkdir(parents=True)
+    named = folder / os.fsdecode(b"caf\xe9.gguf")
+    shutil.copyfile(small, named)
+    env = {"EAD_CACHE": str(tmp_path / "ead-cache"), "LMSTUDIO_MODELS": str(tmp_path / "lmstudio")}
+    options = ["--large", str(large), "--mode", "ead", "--threads", "1", "--max-tokens", "4", "hi"]
+    expected = ead("generate", "--small", str(small), *options, env=env)
+    assert expected.returncode == 0, expected.stderr.decode()
+    for ref in (str(named), os.fsdecode(b"lmstudio:caf\xe9")):
+        result = ead("generate", "--small", ref, *options, env=env)
+        assert (result.returncode, result.stdout) == (0, expected.stdout), result.stderr.decode()
+
+
 def test_gguf_paths_pass_and_come_back_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "weights.bin").write_bytes(b"GGUF\x03\x00\x00\x00")
