@@ -40,6 +40,8 @@ from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
 # UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
 # reflected in the probabilities) makes it pick "a". 100 is the most OpenAI-compatible servers accept.
 UNUSED_PICK_BIAS = 100
+# The most of a server's own message an error quotes
+MESSAGE_CHARS = 200
 # Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
 # emoji (byte fallback), digits, and the chat template's special tokens.
 PROBES = (
@@ -174,10 +176,7 @@ class RemoteRunner:
             if response.status < 400:
                 raise RemoteError(f"{self.url}{path} sent a reply that is not JSON") from None
         if response.status >= 400:
-            message = reply.get("error", {}).get("message") if isinstance(reply, dict) else None
-            raise RemoteError(
-                f"{self.url}{path} failed with HTTP {response.status}: {message or 'no message'}"
-            )
+            raise RemoteError(f"{self.url}{path} failed with HTTP {response.status}: {_error_message(reply)}")
         return reply
 
     def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
@@ -394,6 +393,22 @@ def _top_entries(entries: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndar
     """Ids and log-probabilities from llama-server's ``[{"id", "logprob", ...}, ...]``."""
     ids = np.array([int(entry["id"]) for entry in entries], dtype=np.int64)
     return ids, np.array([float(entry["logprob"]) for entry in entries], dtype=np.float64)
+
+
+def _error_message(reply: Any) -> str:
+    """The server's own words from an error reply, on one line and at most ``MESSAGE_CHARS``: OpenAI's
+    ``{"error": {"message": ...}}`` or the bare ``{"error": "..."}`` others send (it had been a
+    traceback), its lines joined (they had broken the one-line error) and a long one cut."""
+    error = reply.get("error") if isinstance(reply, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return one_line(str(message)) if message else "no message"
+
+
+def one_line(text: str) -> str:
+    """Text a server sent, as a part of a one-line message: whitespace runs (newlines) as one space, and
+    at most ``MESSAGE_CHARS`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
 
 
 class OpenAIRunner(RemoteRunner):
