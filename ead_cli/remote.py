@@ -40,6 +40,8 @@ from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
 # UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
 # reflected in the probabilities) makes it pick "a". 100 is the most OpenAI-compatible servers accept.
 UNUSED_PICK_BIAS = 100
+# What reading a reply that is not as documented raises; OverflowError: a number past a float or 64 bits
+MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 # The most of a server's own message an error quotes
 MESSAGE_CHARS = 200
 # Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
@@ -171,7 +173,7 @@ class RemoteRunner:
         self.network.bytes_received += len(payload)
         try:
             reply = json.loads(payload) if payload else None
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past Python's limit: not JSON ead can read
             reply = None
             if response.status < 400:
                 raise RemoteError(f"{self.url}{path} sent a reply that is not JSON") from None
@@ -226,7 +228,7 @@ class RemoteRunner:
             meta = reply["data"][0]["meta"]
             for key in ("n_vocab", "n_ctx", "n_params", "n_embd"):
                 int(meta[key])
-        except (KeyError, IndexError, TypeError, ValueError):
+        except MALFORMED:
             raise RemoteError(
                 f"{self.url}/v1/models did not describe the model (is it llama-server?)"
             ) from None
@@ -238,7 +240,7 @@ class RemoteRunner:
         )
         try:
             return [int(token) for token in reply["tokens"]]
-        except (KeyError, TypeError, ValueError):
+        except MALFORMED:
             raise RemoteError(f"{self.url}/tokenize sent a malformed reply") from None
 
     # ----------------------------------------------------------------------------- the runner interface
@@ -284,7 +286,7 @@ class RemoteRunner:
         try:
             biases = reply["generation_settings/logit_bias"]
             return frozenset(int(entry["token"]) for entry in biases)
-        except (KeyError, TypeError, ValueError):
+        except MALFORMED:
             raise RemoteError(f"{self.url}/completion did not report its end-of-generation tokens") from None
 
     def sync(
@@ -332,7 +334,7 @@ class RemoteRunner:
         )
         try:
             ids, logprobs = _top_entries(reply["completion_probabilities"][0]["top_logprobs"])
-        except (KeyError, IndexError, TypeError, ValueError):
+        except MALFORMED:
             raise RemoteError(
                 f"{self.url}/completion sent a malformed reply (no top probabilities)"
             ) from None
@@ -344,7 +346,7 @@ class RemoteRunner:
         try:
             computed = int(timings.get("prompt_n", n - self.n_past))
             server_ms = float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))
-        except (TypeError, ValueError):
+        except MALFORMED:
             raise RemoteError(f"{self.url} sent malformed timings") from None
         return computed, server_ms
 
@@ -439,19 +441,23 @@ class OpenAIRunner(RemoteRunner):
             raise RemoteError(f"{self.url}/models lists no model (is it OpenAI-compatible?)") from None
         meta = model.get("meta") if isinstance(model.get("meta"), dict) else {}
         local = self._tokenizer
-        return {
-            "n_vocab": meta.get("n_vocab", local.n_vocab),
-            "n_ctx": meta.get("n_ctx", model.get("max_model_len", 4096)),
-            "n_params": meta.get("n_params", 0),
-            "n_embd": meta.get("n_embd", 0),
-        }
+        try:  # checked here as llama-server's are: a null, text or a number past 64 bits had been a traceback
+            return {
+                "n_vocab": int(meta.get("n_vocab", local.n_vocab)),
+                "n_ctx": int(meta.get("n_ctx", model.get("max_model_len", 4096))),
+                "n_params": int(meta.get("n_params", 0)),
+                "n_embd": int(meta.get("n_embd", 0)),
+            }
+        except MALFORMED:
+            message = f"{self.url}/models did not describe the model (is it OpenAI-compatible?)"
+            raise RemoteError(message) from None
 
     def _tokenize(self, text: str) -> list[int]:
         body = {"prompt": text, "content": text, "add_special_tokens": False, "add_special": False}
         reply = self.request("POST", "/tokenize", body | {"parse_special": True})
         try:
             return [int(token) for token in reply["tokens"]]
-        except (KeyError, TypeError, ValueError):
+        except MALFORMED:
             raise RemoteError(f"{self.url}: /tokenize sent a malformed reply") from None
 
     def _end_of_generation(self) -> frozenset[int]:
@@ -473,7 +479,7 @@ class OpenAIRunner(RemoteRunner):
         )
         try:
             ids, logprobs = self._parse_logprobs(reply["choices"][0]["logprobs"])
-        except (KeyError, IndexError, TypeError, ValueError):
+        except MALFORMED:
             raise RemoteError(
                 f"{self.url}/completions sent a malformed reply (no log-probabilities)"
             ) from None

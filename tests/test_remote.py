@@ -215,6 +215,9 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.server_close()
 
 
+NO_SUCH_SIZE = b'{"data": [{"meta": {"n_vocab": 1e999, "n_ctx": 512, "n_params": 1, "n_embd": 64}}]}'
+
+
 @pytest.mark.parametrize(
     ("replies", "fragment"),
     [
@@ -226,12 +229,87 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         # a message of several lines, and one of 100 kB: it had been printed whole
         ({"/health": (500, b'{"error": {"message": "line one\\nline two"}}')}, "HTTP 500: line one line two"),
         ({"/health": (500, b'{"error": {"message": "%s"}}' % (b"x" * 100_000))}, "HTTP 500: xxx"),
+        # JSON nested past Python's recursion limit, and a number past a 64-bit one: tracebacks before
+        ({"/health": (200, b"[" * 100_000)}, "sent a reply that is not JSON"),
+        ({"/health": (200, b"{}"), "/v1/models": (200, NO_SUCH_SIZE)}, "did not describe the model"),
     ],
 )
 def test_http_errors_and_malformed_replies_are_one_line(tiny_pair, replies, fragment) -> None:
     with wrong_server(replies) as url:
         result = ead("generate", *models(tiny_pair[0], url), "hi")
     assert len(assert_one_line_error(result, 1, fragment)) < 500
+
+
+@pytest.mark.parametrize("size", [b"null", b'"4k"', b"1e999"])
+def test_an_openai_server_whose_model_size_is_not_a_count_is_one_line(tiny_pair, size: bytes) -> None:
+    """The context size (vLLM's ``max_model_len``) as null, text or past 64 bits: tracebacks before."""
+    listing = b'{"data": [{"id": "m", "max_model_len": %s}]}' % size
+    with wrong_server({"/v1/models": (200, listing)}) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}/v1"), "hi")
+    assert_one_line_error(result, 1, url, "did not describe the model")
+
+
+class _Corrupt(BaseHTTPRequestHandler):
+    """Passes each request on to a real llama-server and its reply back, but answers a token step (a
+    completion that asks for probabilities) with ``reply``."""
+
+    upstream: ClassVar[tuple[str, int]]
+    reply: ClassVar[bytes]
+
+    def do_GET(self) -> None:
+        self._forward(None)
+
+    def do_POST(self) -> None:
+        self._forward(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def _forward(self, body: bytes | None) -> None:
+        if body is not None and b"n_probs" in body:
+            status, payload = 200, self.reply
+        else:
+            upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
+            upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
+            answer = upstream.getresponse()
+            status, payload = answer.status, answer.read()
+            upstream.close()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def step_reply(entry: str, timings: str = "{}") -> bytes:
+    return b'{"completion_probabilities": [{"top_logprobs": [%s]}], "timings": %s}' % (
+        entry.encode(),
+        timings.encode(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("reply", "fragment"),
+    [
+        (step_reply('{"id": 1e30, "logprob": -0.1}'), "malformed reply"),
+        (step_reply('{"id": 100000000000000000000000000000, "logprob": -0.1}'), "malformed reply"),
+        (step_reply('{"id": 5, "logprob": -%s}' % ("9" * 400)), "malformed reply"),
+        (step_reply('{"id": 5, "logprob": -0.1}', '{"prompt_n": 1e999}'), "malformed timings"),
+        (b"[" * 100_000, "not JSON"),
+    ],
+    ids=["float id", "64-bit id", "logprob", "prompt_n", "nesting"],
+)
+def test_a_token_step_answered_with_numbers_past_any_bound_is_one_line(
+    tiny_pair, served_large, reply: bytes, fragment: str
+) -> None:
+    """Ids and counts past 64 bits, a log-probability past a float, nesting past the recursion limit:
+    an OverflowError or a RecursionError had been a traceback."""
+    parts = urlsplit(served_large)
+    handler = type("Handler", (_Corrupt,), {"upstream": (parts.hostname, parts.port), "reply": reply})
+    with http_server(handler) as url:
+        result = ead("generate", *models(tiny_pair[0], url), "--mode", "large", "--max-tokens", "3", "hi")
+    err = result.stderr.decode()
+    assert result.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {url}") and fragment in err, err
 
 
 def run_and_kill_the_server(tiny_pair, tmp_path: Path, *extra: str) -> tuple[int, list[dict], str]:
