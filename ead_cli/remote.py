@@ -128,6 +128,8 @@ class RemoteRunner:
         self._host, self._port, _ = server_address(url)
         check_remote_settings(top_k, timeout_s)
         self.url = url.rstrip("/")
+        parts = urlsplit(url)
+        self._origin = f"{parts.scheme}://{parts.netloc}"  # what a request's path follows (it holds any /v1)
         self.name = name
         self.label = self.location = self.url
         self.top_k = top_k
@@ -176,9 +178,10 @@ class RemoteRunner:
         except (ValueError, RecursionError):  # nested past Python's limit: not JSON ead can read
             reply = None
             if response.status < 400:
-                raise RemoteError(f"{self.url}{path} sent a reply that is not JSON") from None
+                raise RemoteError(f"{self._origin}{path} sent a reply that is not JSON") from None
         if response.status >= 400:
-            raise RemoteError(f"{self.url}{path} failed with HTTP {response.status}: {_error_message(reply)}")
+            message = _error_message(reply)
+            raise RemoteError(f"{self._origin}{path} failed with HTTP {response.status}: {message}")
         return reply
 
     def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:

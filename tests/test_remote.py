@@ -249,6 +249,13 @@ def test_an_openai_server_whose_model_size_is_not_a_count_is_one_line(tiny_pair,
     assert_one_line_error(result, 1, url, "did not describe the model")
 
 
+def test_an_openai_server_s_http_error_names_the_address_asked(tiny_pair) -> None:
+    """The address with its /v1 once: it had been '.../v1/v1/models failed with HTTP 500'."""
+    with wrong_server({"/v1/models": (500, b'{"error": {"message": "busy"}}')}) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}/v1"), "hi")
+    assert assert_one_line_error(result, 1) == f"error: {url}/v1/models failed with HTTP 500: busy"
+
+
 class _Corrupt(BaseHTTPRequestHandler):
     """Passes each request on to a real llama-server and its reply back, but answers a token step (a
     completion that asks for probabilities) with ``reply``."""
