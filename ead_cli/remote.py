@@ -40,6 +40,7 @@ from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
 # UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
 # reflected in the probabilities) makes it pick "a". 100 is the most OpenAI-compatible servers accept.
 UNUSED_PICK_BIAS = 100
+ADDRESS_FORM = "a server address must look like http://HOST:PORT, or http://HOST:PORT/v1 (OpenAI-compatible)"
 # What reading a reply that is not as documented raises; OverflowError: a number past a float or 64 bits
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 # The most of a server's own message an error quotes
@@ -68,15 +69,27 @@ def is_remote(reference: str) -> bool:
 
 
 def server_address(url: str) -> tuple[str, int, str]:
-    """A server address's host, port and path; one that does not read as http://HOST:PORT is a usage
-    error, an unclosed IPv6 bracket or a bad port too (urlsplit checks the port only when asked for it)."""
-    bad = EadError(f"{url}: a server address must look like http://HOST:PORT", exit_code=2)
+    """A server address's host, port and path; one that does not read as http://HOST:PORT (with /v1 for
+    an OpenAI-compatible endpoint) is a usage error, an unclosed IPv6 bracket or a bad port too (urlsplit
+    checks the port only when asked for it). So are the parts ead would not use, rather than dropped
+    without a word: port 0, another path, a query or fragment, a user and password, spaces in the host."""
+    bad = EadError(f"{url}: {ADDRESS_FORM}", exit_code=2)
     try:
         parts = urlsplit(url)
-        port = parts.port or 80
+        port = 80 if parts.port is None else parts.port
     except ValueError:
         raise bad from None
-    if parts.scheme != "http" or not parts.hostname:
+    path = parts.path.rstrip("/")
+    if (
+        parts.scheme != "http"
+        or not parts.hostname
+        or port == 0
+        or (path and not path.endswith("/v1"))
+        or parts.query
+        or parts.fragment
+        or "@" in parts.netloc
+        or not all(char.isprintable() and not char.isspace() for char in parts.netloc)
+    ):
         raise bad
     return parts.hostname, port, parts.path
 

@@ -33,6 +33,7 @@ from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entrop
 from ead_cli.runner import Runner
 
 SERVER = built_server()
+ADDRESS_FORM = "a server address must look like http://HOST:PORT, or http://HOST:PORT/v1 (OpenAI-compatible)"
 pytestmark = pytest.mark.skipif(
     not SERVER.exists(), reason="no llama-server: ./scripts/build_llama_server.sh builds it (CI does)"
 )
@@ -159,12 +160,28 @@ def test_a_server_that_is_down_at_start_is_one_line(tiny_pair) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["http://", "https://127.0.0.1:8080", "http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:x/v1"],
+    [
+        "http://",
+        "https://127.0.0.1:8080",
+        "http://[::1",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:x/v1",
+        # parts that had been dropped without a word (port 0 had become 80, a path other than /v1 had
+        # been ignored but named in every error, a user and password were never sent but printed)
+        "http://127.0.0.1:0",
+        "http://127.0.0.1:8080/llama",
+        "http://127.0.0.1:8080/v1/completions",
+        "http://user:secret@127.0.0.1:8080",
+        "http://127.0.0.1:8080/?key=1",
+        "http://127.0.0.1:8080/v1#models",
+        "http:// 127.0.0.1:8080",  # it had been 'unreachable (URL can't contain control characters...)'
+    ],
 )
 def test_a_malformed_server_address_is_a_usage_error_before_loading(tiny_pair, url: str) -> None:
-    """Whatever urlsplit makes of it (an unclosed IPv6 bracket, a port out of range or not a number): one
-    line and exit 2, before the small model loads (here it is a file that is not there)."""
-    message = f"error: {url}: a server address must look like http://HOST:PORT"
+    """Whatever urlsplit makes of it (an unclosed IPv6 bracket, a port out of range or not a number,
+    parts ead would not use): one line and exit 2, before the small model loads (here it is a file that
+    is not there)."""
+    message = f"error: {url}: {ADDRESS_FORM}"
     assert assert_one_line_error(ead("generate", *models(tiny_pair[0], url), "hi"), 2) == message
     assert assert_one_line_error(ead("generate", *models(Path("absent.gguf"), url), "hi"), 2) == message
 
