@@ -179,8 +179,7 @@ class RemoteRunner:
             raise RemoteError(f"{self.url} did not answer {path} within {self.timeout_s:g} s") from None
         except (OSError, http.client.HTTPException) as error:
             self._drop_connection()
-            reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
-            raise RemoteError(f"{self.url} is unreachable ({reason})") from None
+            raise RemoteError(self._failure(path, error)) from None
         finally:
             self.network.requests += 1
             self.network.seconds += perf_counter() - began
@@ -196,6 +195,19 @@ class RemoteRunner:
             message = _error_message(reply)
             raise RemoteError(f"{self._origin}{path} failed with HTTP {response.status}: {message}")
         return reply
+
+    def _failure(self, path: str, error: OSError | http.client.HTTPException) -> str:
+        """Why an exchange failed, in one line: a connection refused or lost is 'unreachable'; a reply
+        cut short, or not HTTP at all (an https server, another service: what it sent, quoted), is
+        said as such (both had been 'unreachable', the latter with the raw bytes and their newline)."""
+        if isinstance(error, http.client.IncompleteRead):
+            return f"{self._origin}{path} sent an incomplete reply"
+        if isinstance(error, http.client.BadStatusLine) and not isinstance(error, ConnectionError):
+            return f"{self._origin}{path} did not answer in HTTP: it sent {error.line[:40]!r}"
+        if isinstance(error, http.client.HTTPException) and not isinstance(error, ConnectionError):
+            return f"{self._origin}{path} sent a malformed HTTP reply ({one_line(str(error))})"
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        return f"{self.url} is unreachable ({one_line(reason)})"
 
     def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
         """Send on the kept-alive connection; if the server had closed it while idle (llama-server does

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -336,6 +336,52 @@ def test_a_token_step_answered_with_numbers_past_any_bound_is_one_line(
     assert err.startswith(f"error: {url}") and fragment in err, err
 
 
+@contextmanager
+def raw_server(answer: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A loopback listener that reads each request and lets ``answer`` write whatever bytes it likes on
+    the connection (not HTTP, half a reply, an endless one); yields its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_one(connection: socket.socket) -> None:
+        with connection, contextlib.suppress(OSError):  # the client may leave first
+            connection.recv(65536)
+            answer(connection)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            while True:
+                threading.Thread(target=answer_one, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+NOT_HTTP = "/health did not answer in HTTP: it sent "
+CUT = "/health sent an incomplete reply"
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        # a TLS alert (an https server), an SSH banner: the reply's first line had been printed raw
+        (b"\x15\x03\x01\x00\x02\x02\n", NOT_HTTP + r"'\x15\x03\x01\x00\x02\x02\n'"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", NOT_HTTP + r"'SSH-2.0-OpenSSH_9.6\r\n'"),
+        # half a reply, then the connection closed: it had been 'unreachable (IncompleteRead(...))'
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"status": ', CUT),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", CUT),
+        (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 200 + b"\r\n", "/health sent a malformed HTTP reply"),
+    ],
+    ids=["tls", "ssh", "cut", "chunks", "headers"],
+)
+def test_a_reply_that_is_not_http_or_is_cut_is_one_line(tiny_pair, reply: bytes, message: str) -> None:
+    with raw_server(lambda connection: connection.sendall(reply)) as url:
+        result = ead("generate", *models(tiny_pair[0], url), "hi")
+    assert message in assert_one_line_error(result, 1, url)
+
+
 def run_and_kill_the_server(tiny_pair, tmp_path: Path, *extra: str) -> tuple[int, list[dict], str]:
     """Start a long answer through a real server, kill the server after a few tokens; return the exit
     code, the token objects printed and stderr."""
@@ -360,7 +406,7 @@ def test_a_server_lost_mid_answer_stops_with_what_was_written(tiny_pair, tmp_pat
     assert code == 1, err
     assert 5 <= len(tokens) < 3000
     assert {t["model"] for t in tokens} == {"large"}
-    assert err.startswith("error: http://127.0.0.1:") and "unreachable" in err
+    assert err.startswith("error: http://127.0.0.1:") and ("unreachable" in err or "incomplete reply" in err)
     assert len(err.strip().splitlines()) == 1
 
 
