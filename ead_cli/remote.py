@@ -43,6 +43,8 @@ UNUSED_PICK_BIAS = 100
 ADDRESS_FORM = "a server address must look like http://HOST:PORT, or http://HOST:PORT/v1 (OpenAI-compatible)"
 # What reading a reply that is not as documented raises; OverflowError: a number past a float or 64 bits
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
+# The largest reply read: a token step's at --remote-top-k 1000 is 83 kB on Qwen2.5-Coder 1.5B
+MAX_REPLY_BYTES = 16 << 20
 # The most of a server's own message an error quotes
 MESSAGE_CHARS = 200
 # Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
@@ -214,13 +216,14 @@ class RemoteRunner:
         after a few seconds), send once more on a new one. Every request here can safely be repeated."""
         headers = {"Content-Type": "application/json"} if data is not None else {}
         reused = self._connection is not None
+        deadline = time.monotonic() + self.timeout_s
         while True:
             if self._connection is None:
                 self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
             try:
                 self._connection.request(method, path, body=data, headers=headers)
                 response = self._connection.getresponse()
-                return response, response.read()
+                return response, self._body(response, path, deadline)
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
                 self._drop_connection()
                 if not reused:
@@ -229,6 +232,23 @@ class RemoteRunner:
             except BaseException:  # Ctrl-C while waiting: the reply left unread would block the next request
                 self._drop_connection()
                 raise
+
+    def _body(self, response: http.client.HTTPResponse, path: str, deadline: float) -> bytes:
+        """The reply's body, a piece at a time: the timeout bounds the whole reply, not each read (a
+        server sending a byte now and then had held ead for as long as it liked), and ``MAX_REPLY_BYTES``
+        its size (an endless one had filled the memory)."""
+        body = bytearray()
+        while piece := response.read1(1 << 16):
+            body += piece
+            if len(body) > MAX_REPLY_BYTES:
+                limit = f"{MAX_REPLY_BYTES >> 20} MiB"
+                raise RemoteError(f"{self._origin}{path} sent a reply of more than {limit}")
+            if time.monotonic() > deadline:
+                raise TimeoutError
+        if response.length:  # read1 takes a connection closed early for the end of the body
+            raise http.client.IncompleteRead(bytes(body), response.length)
+        response.close()  # read1 leaves a reply read to its length open, and the connection waiting on it
+        return bytes(body)
 
     def _drop_connection(self) -> None:
         if self._connection is not None:

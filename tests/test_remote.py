@@ -382,6 +382,35 @@ def test_a_reply_that_is_not_http_or_is_cut_is_one_line(tiny_pair, reply: bytes,
     assert message in assert_one_line_error(result, 1, url)
 
 
+def trickle(connection: socket.socket) -> None:
+    """A reply's head, then a byte of its body every 0.1 s: each read is quick, the reply endless (it
+    stops after 20 s, so that a client that waits for it all fails in bounded time)."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+    for _ in range(200):
+        connection.sendall(b" ")
+        time.sleep(0.1)
+
+
+def flood(connection: socket.socket) -> None:
+    """A reply with no length whose body runs on (64 MiB here, then it closes)."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+    for _ in range(1024):
+        connection.sendall(b" " * 65536)
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [(trickle, "did not answer /health within 1 s"), (flood, "/health sent a reply of more than 16 MiB")],
+    ids=["trickle", "flood"],
+)
+def test_a_reply_that_never_ends_is_cut_off(tiny_pair, answer, message: str) -> None:
+    """--remote-timeout bounds the whole reply, not each read of it, and a reply's size is bounded: a
+    byte every 0.1 s had held ead for as long as the server liked, an endless body had filled memory."""
+    with raw_server(answer) as url:
+        result = ead("generate", *models(tiny_pair[0], url), "--remote-timeout", "1", "hi")
+    assert message in assert_one_line_error(result, 1, url)
+
+
 def run_and_kill_the_server(tiny_pair, tmp_path: Path, *extra: str) -> tuple[int, list[dict], str]:
     """Start a long answer through a real server, kill the server after a few tokens; return the exit
     code, the token objects printed and stderr."""
