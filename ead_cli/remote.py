@@ -66,8 +66,9 @@ def built_server() -> Path:
 
 
 def is_remote(reference: str) -> bool:
-    """Whether a model reference is a server address rather than an alias or a file."""
-    return reference.startswith(("http://", "https://"))
+    """Whether a model reference is a server address rather than an alias or a file (a scheme is the
+    same in any case: 'HTTP://' had been taken for a file)."""
+    return reference.lower().startswith(("http://", "https://"))
 
 
 def server_address(url: str) -> tuple[str, int, str]:

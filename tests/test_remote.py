@@ -152,8 +152,10 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_server_that_is_down_at_start_is_one_line(tiny_pair) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+@pytest.mark.parametrize("scheme", ["http", "HTTP"])
+def test_a_server_that_is_down_at_start_is_one_line(tiny_pair, scheme: str) -> None:
+    """A scheme in capitals is the same address (it had been taken for a file: 'model file not found')."""
+    url = f"{scheme}://127.0.0.1:{closed_port()}"
     result = ead("generate", *models(tiny_pair[0], url), "hi")
     assert_one_line_error(result, 1, url, "unreachable")
 
