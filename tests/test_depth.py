@@ -227,6 +227,17 @@ def test_profile_is_saved_whole_and_checked(
         load_profile(other, tmp_path / "none.json")  # the hint names the file to pass, not its bare name
 
 
+def test_a_profile_whose_tables_are_not_an_object_is_corrupt(
+    model: DepthModel, tmp_path: Path, deep_model: Path
+) -> None:
+    path = save_profile(model.profile, tmp_path / "p.json")
+    saved = json.loads(path.read_text())
+    for key in ("tables", "counts"):  # an edit that made an object a list: it had been an AttributeError
+        path.write_text(json.dumps(saved | {key: []}))
+        with pytest.raises(EadError, match="is corrupt"):
+            load_profile(deep_model, path)
+
+
 def test_probe_spacing_outside_the_model_is_refused() -> None:
     with pytest.raises(EadError, match=r"--probe-every must be in \[1, 8\]"):
         probe_layers(N_LAYER, 9)

@@ -120,7 +120,7 @@ class Profile:
                 corpus=str(data["corpus"]),
                 tokens=int(data["tokens"]),
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError) as error:  # an edit: a list for an object
             raise EadError(
                 f"the depth profile {where} is corrupt ({error!r}): run ead depth calibrate again"
             ) from None
