@@ -449,3 +449,27 @@ def test_eval_reports_every_operating_point_and_a_verdict(
     ]
     assert report["stop_timing"][0]["stop"] == "full depth (no callback)"
     assert out.with_suffix(".png").exists()
+
+
+def test_eval_measures_a_damaged_quality_part_again(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """An --out whose quality part was edited, damaged or made for other operating points (an older ead)
+    is measured again, not read into a traceback; the file is then whole again."""
+    out = tmp_path / "eval.json"
+    args = ("depth", "eval", str(deep_model), "--tokens", "256", "--threads", "1", "--out", str(out))
+    first = ead(*args, "--no-timing", env=config)
+    assert first.returncode == 0, first.stderr.decode()
+    whole = json.loads(out.read_text())
+    damaged = [
+        whole | {"perplexity": 5},
+        whole | {"perplexity": {"code": [{"rule": "emad m=0"}], "prose": []}},
+        whole | {"perplexity": {c: rows[1:] for c, rows in whole["perplexity"].items()}},
+        whole | {"estimators": {"topk": 1}},
+    ]
+    for edit in damaged:
+        out.write_text(json.dumps(edit))
+        again = ead(*args, "--no-timing", env=config)
+        assert again.returncode == 0, again.stderr.decode()
+        assert "reused" not in again.stderr.decode()
+        assert json.loads(out.read_text())["perplexity"] == whole["perplexity"]
