@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -474,6 +474,29 @@ def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_model_loads() 
     with pytest.raises(EadError, match=r"draft must be in \[1, 64\], got 100") as error:
         build_strategies("small,spec", grid)
     assert error.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda record: record.pop("task_id"),  # it had been a KeyError traceback as the models loaded
+        lambda record: record.update(wall_s="x"),  # a TypeError in the report, after every new sample
+        lambda record: record.update(passed="yes"),
+    ],
+)
+def test_a_damaged_sample_record_stops_a_resume_before_any_model_loads(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task], edit: Callable[[Record], object]
+) -> None:
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    path = tmp_path / "results.jsonl"
+    config, first, *rest = path.read_text().splitlines()
+    damaged = json.loads(first)
+    edit(damaged)
+    path.write_text("".join(f"{line}\n" for line in (config, json.dumps(damaged), *rest)))
+    before = path.read_bytes()
+    with pytest.raises(EadError, match=f"{re.escape(str(path))} holds a sample record ead cannot read"):
+        humaneval_job(humaneval[:2], tmp_path)
+    assert path.read_bytes() == before
 
 
 def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(

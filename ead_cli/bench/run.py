@@ -25,7 +25,8 @@ from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
 from .native import NativePeers, server_binary
 from .replay import REPLAY_FILE
-from .results import RESULTS_FILE, Record, Results, check_out, config_record
+from .report import aggregate
+from .results import RESULTS_FILE, Record, Results, check_out, config_record, read_results, unreadable_record
 from .sandbox import check_solution
 from .schedule import ScheduleRecorder, Step
 from .tasks import (
@@ -139,6 +140,18 @@ class Bench:
         if (self.out / REPLAY_FILE).exists():  # beside it, results.jsonl would make the replay unreportable
             raise EadError(f"{self.out} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
         check_out(self.out, folder=True)
+        check_resumable(self.out / RESULTS_FILE)
+
+
+def check_resumable(path: Path) -> None:
+    """The results a resume would add to read back as the report reads them: a record edited or damaged
+    past reading is one line naming the file now, not a traceback as the models load or after every new
+    sample has run."""
+    _, records = read_results(path)
+    try:
+        aggregate(records)
+    except (KeyError, TypeError, ValueError) as error:
+        raise unreadable_record(path, error) from None
 
 
 def humaneval_bench(
