@@ -121,9 +121,9 @@ def save_json(path: Path, data: Any, what: str, *, indent: int) -> Path:
     return save_text(path, json.dumps(data, indent=indent) + "\n", what)
 
 
-def save_text(path: Path, text: str, what: str) -> Path:
+def save_text(path: Path, text: str | bytes, what: str) -> Path:
     """``text`` written whole (``write_whole``), its folder made first (a link's: its target's, where the
-    file is written); a failed write is one line naming ``what`` could not be saved."""
+    file is written); a failed write is one line naming ``what`` could not be saved. Bytes for a plot."""
     try:
         Path(os.path.realpath(path)).parent.mkdir(parents=True, exist_ok=True)
         write_whole(path, text)
@@ -132,21 +132,22 @@ def save_text(path: Path, text: str, what: str) -> Path:
     return path
 
 
-def write_whole(path: Path, text: str) -> None:
-    """``text`` written whole or not at all: to a new file beside ``path`` (beside a link's target, so the
-    link stays), with an existing file's permissions, renamed over it, so a failed write (a full disk)
-    leaves the old file as it was and no temporary. A device or a pipe (``/dev/null``, ``/dev/stdout``)
-    is written in place, never replaced. Raises what the writes raise (OSError; ValueError for a name
-    with a NUL byte)."""
+def write_whole(path: Path, text: str | bytes) -> None:
+    """``text`` (or bytes: a plot) written whole or not at all: to a new file beside ``path`` (beside a
+    link's target, so the link stays), with an existing file's permissions, renamed over it, so a failed
+    write (a full disk, a Ctrl-C) leaves the old file as it was and no temporary. A device or a pipe
+    (``/dev/null``, ``/dev/stdout``) is written in place, never replaced. Raises what the writes raise
+    (OSError; ValueError for a name with a NUL byte)."""
     target = Path(os.path.realpath(path))  # a link loop stays itself, and fails as a file would
     if target.is_dir():  # said before a temporary is written beside it ("/" has no side to write on)
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    data = text.encode("utf-8") if isinstance(text, str) else text
     if target.exists() and not target.is_file() and not target.is_dir():
-        target.write_text(text, encoding="utf-8")
+        target.write_bytes(data)
         return
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_text(text, encoding="utf-8")
+        temporary.write_bytes(data)
         if target.is_file():  # the file keeps its permissions (a private transcript stays private)
             os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
         os.replace(temporary, target)

@@ -6,6 +6,7 @@ tiny models write garbage code, so every HumanEval sample fails, but every file 
 
 from __future__ import annotations
 
+import _thread
 import csv
 import dataclasses
 import json
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -717,6 +719,31 @@ def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
     assert markdown[3].startswith("| ead | 2 | 100.0% | 0.875 | 37.5% | 0.583 |")
     assert files.plot == tmp_path / "plot.png" and files.note is None
     assert files.plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_ctrl_c_while_the_plot_is_written_leaves_the_old_plot_whole(tmp_path: Path) -> None:
+    """Tripped as the PNG writer's second chunk is out: the plot had been cut there (103 bytes of it)."""
+    pytest.importorskip("matplotlib")
+    png = pytest.importorskip("PIL.PngImagePlugin")
+    whole = write_report(tmp_path, aggregate(RECORDS)).plot
+    assert whole is not None
+    before = whole.read_bytes()
+    chunks: list[int] = []
+
+    def trip(frame: FrameType, event: str, _: object) -> None:
+        if event == "return" and frame.f_code is png.putchunk.__code__:
+            chunks.append(1)
+            if len(chunks) == 2:
+                _thread.interrupt_main()
+
+    sys.setprofile(trip)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_report(tmp_path, aggregate(RECORDS[:-1]))
+    finally:
+        sys.setprofile(None)
+    assert len(chunks) >= 2 and whole.read_bytes() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["plot.png", "report.csv", "report.md"]
 
 
 def test_repeats_give_each_strategy_its_median_ratio_with_the_range_fastest_first() -> None:

@@ -3,14 +3,17 @@ the readout, the profile, the baselines and the command line, on tiny generated 
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import json
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 
 import gguf
 import llama_cpp
@@ -20,6 +23,7 @@ from ctrl_c import indices_before_ctrl_c
 from test_cli import EAD, assert_one_line_error, at_a_terminal, ead, interruptible, read_to_the_end
 from tiny_models import write_tiny_model
 
+from ead_cli.depth.evaluate import plot
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
 from ead_cli.depth.profile import isotonic_nonincreasing, load_profile, probe_layers, save_profile
@@ -473,3 +477,33 @@ def test_eval_measures_a_damaged_quality_part_again(
         assert again.returncode == 0, again.stderr.decode()
         assert "reused" not in again.stderr.decode()
         assert json.loads(out.read_text())["perplexity"] == whole["perplexity"]
+
+
+def test_a_ctrl_c_while_the_plot_is_written_leaves_the_old_plot_whole(tmp_path: Path) -> None:
+    """Tripped as the PNG writer's second chunk is out: the plot had been cut there."""
+    pytest.importorskip("matplotlib")
+    png = pytest.importorskip("PIL.PngImagePlugin")
+    rows = [
+        {"rule": "emad m=0", "flop_ratio": 0.5, "ppl_rise": 0.25},
+        {"rule": "fixed k=8", "flop_ratio": 1.0, "ppl_rise": 0.0},
+    ]
+    result = {"model": "deep.gguf", "perplexity": {"code": rows, "prose": rows}}
+    path = tmp_path / "eval.png"
+    assert plot(result, path) is None
+    before = path.read_bytes()
+    chunks: list[int] = []
+
+    def trip(frame: FrameType, event: str, _: object) -> None:
+        if event == "return" and frame.f_code is png.putchunk.__code__:
+            chunks.append(1)
+            if len(chunks) == 2:
+                _thread.interrupt_main()
+
+    sys.setprofile(trip)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            plot(result | {"model": "other.gguf"}, path)
+    finally:
+        sys.setprofile(None)
+    assert len(chunks) >= 2 and path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["eval.png"]

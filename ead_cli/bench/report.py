@@ -284,5 +284,6 @@ def _plot(path: Path, aggregates: Sequence[Aggregate]) -> tuple[Path | None, str
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(label)
-    figure.savefig(path, dpi=150)
-    return path, None
+    image = io.BytesIO()  # rendered first, then written whole: a Ctrl-C midway had left half a PNG
+    figure.savefig(image, format="png", dpi=150)
+    return save_text(path, image.getvalue(), "the plot"), None

@@ -4,6 +4,7 @@ strategy, and the verdict and plot that the results pages show.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -11,6 +12,7 @@ from time import perf_counter
 
 import numpy as np
 
+from ..paths import save_text
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from ..text import TextStream
@@ -419,7 +421,9 @@ def plot(result: dict, path: Path) -> str | None:
         ax.set_ylabel("perplexity relative to full depth")
         ax.set_title(f"{result['model']}: held-out {corpus}")
         ax.grid(alpha=0.3)
-    figure.savefig(path, dpi=130)
+    image = io.BytesIO()  # rendered first, then written whole: a Ctrl-C midway had left half a PNG
+    figure.savefig(image, format="png", dpi=130)
+    save_text(path, image.getvalue(), "the plot")
     return None
 
 
