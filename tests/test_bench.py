@@ -885,7 +885,9 @@ def test_results_of_another_format_are_refused(tmp_path: Path, config: Record, w
         (["--ids", "1,3", "--split", "even"], "no tasks selected"),
         (["--tau", "0.5,,1"], "--ead-tau: '' is not a valid value"),
         (["--strategies", "ead,fast"], "--strategies: fast is not one of"),
-        (["--timeout", "0"], "--timeout must be above 0 seconds"),
+        (["--timeout", "0"], "--timeout must be above 0 and at most 86400 seconds, got 0.0"),
+        (["--timeout", "inf"], "--timeout must be above 0 and at most 86400 seconds, got inf"),
+        (["--timeout", "1e300"], "at most 86400 seconds"),  # with inf: a traceback after the first answer
         (["--max-tokens", "-1"], "--max-tokens must be at least 0"),
     ],
 )

@@ -19,7 +19,7 @@ from typing import Any
 from ..decoder import Summary
 from ..engine import build_decoder, close_all, load_runners
 from ..errors import EadError
-from ..options import GenerationOptions, ModelOptions, PolicyOptions, check_max_tokens
+from ..options import MAX_TIMEOUT_S, GenerationOptions, ModelOptions, PolicyOptions, check_max_tokens
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
@@ -163,8 +163,9 @@ def humaneval_bench(
     out: Path,
     timeout_s: float = 10.0,
 ) -> Bench:
-    if not timeout_s > 0:
-        raise EadError(f"--timeout must be above 0 seconds, got {timeout_s}", exit_code=2)
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # past it (inf), the sandbox's CPU limit overflowed mid-bench
+        message = f"--timeout must be above 0 and at most {MAX_TIMEOUT_S} seconds, got {timeout_s}"
+        raise EadError(message, exit_code=2)
     return Bench(
         "humaneval",
         strategies,
