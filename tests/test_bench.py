@@ -501,6 +501,16 @@ def test_a_damaged_sample_record_stops_a_resume_before_any_model_loads(
     assert path.read_bytes() == before
 
 
+def test_a_results_file_that_cannot_be_opened_to_append_is_one_line(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A dangling link as results.jsonl (to a folder that is not there): it had been a traceback."""
+    (tmp_path / "results.jsonl").symlink_to(tmp_path / "gone" / "results.jsonl")
+    path = re.escape(str(tmp_path / "results.jsonl"))
+    with pytest.raises(EadError, match=f"cannot write to {path}: No such file or directory"):
+        run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+
+
 def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:

@@ -184,7 +184,10 @@ class Results:
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         self.done = {(record["strategy"], record["task_id"]) for record in self.records}
-        self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the whole run
+        try:  # a link to a folder that is not there: one line, as check_out words it
+            self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the whole run
+        except OSError as error:
+            raise EadError(f"cannot write to {path}: {error.strerror}", exit_code=2) from None
         if stored is None:
             self._write(config)
 
