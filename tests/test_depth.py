@@ -507,3 +507,28 @@ def test_a_ctrl_c_while_the_plot_is_written_leaves_the_old_plot_whole(tmp_path: 
         sys.setprofile(None)
     assert len(chunks) >= 2 and path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["eval.png"]
+
+
+def test_eval_out_is_a_file_and_an_empty_one_holds_no_previous_results(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """A device as --out had been read for previous results: /dev/zero until memory ran out (an OOM kill),
+    /dev/null as 'not JSON'; an empty file (mktemp's) was 'not JSON' too."""
+
+    def three_gibibytes_at_most() -> None:  # a regression ends in a MemoryError, not the machine's memory
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (3 * 2**30, 3 * 2**30))
+
+    evaluate = [EAD, "depth", "eval", str(tmp_path / "no-such.gguf"), "--no-timing", "--out"]
+    for device in ("/dev/zero", "/dev/null"):
+        result = subprocess.run(
+            [*evaluate, device], capture_output=True, timeout=120, preexec_fn=three_gibibytes_at_most
+        )
+        assert_one_line_error(result, 2, f"--out {device} is not a file")
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    args = ("depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing")
+    result = ead(*args, "--out", str(empty), env=config)
+    assert result.returncode == 0, result.stderr.decode()
+    assert "perplexity" in json.loads(empty.read_text())

@@ -221,7 +221,7 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
-    from ..paths import check_can_save, save_json, unreadable
+    from ..paths import check_can_save, is_file, lookup, save_json, unreadable
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
@@ -230,9 +230,12 @@ def depth_eval(
         if task_ids is not None:
             select_tasks(load_humaneval(), ids=task_ids, option=option)
     previous = None
-    if out is not None and out.exists():
+    if out is not None and lookup(out) is not None:
+        if not is_file(out):  # a device was read for previous figures: /dev/zero until memory ran out
+            raise EadError(f"--out {out} is not a file: the figures go to a JSON file, the plot beside it", 2)
         try:
-            previous = json.loads(out.read_text(encoding="utf-8"))
+            text = out.read_text(encoding="utf-8")
+            previous = json.loads(text) if text.strip() else None  # empty (mktemp's): nothing to reuse
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EadError(f"cannot read {out}: {unreadable(error)}", exit_code=2) from None
     if out is not None:
