@@ -382,6 +382,25 @@ def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path
         assert check["priced_s"] > 0 and check["formula_s"] > 0 and check["measured_s"] > 0
 
 
+def test_bench_speed_checks_a_replay_only_against_its_own_models(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Rates of other models had priced the replay's batches beside its measured wall-clock, rc 0."""
+    small, large = (str(path) for path in tiny_pair)
+    assert ead("bench", "replay", str(recorded), "--small", small, "--large", large, "--threads", "1",
+               "--out", str(tmp_path)).returncode == 0  # fmt: skip
+    out = tmp_path / "speed.json"
+    swapped = ["--small", large, "--large", small, "--threads", "1", "--context", "64"]
+    result = ead("bench", "speed", *swapped, "--check", str(tmp_path), "--json", str(out))
+    line = assert_one_line_error(result, 2)
+    file = tmp_path / replay.REPLAY_FILE
+    assert line == (
+        f"error: {file} is a replay on {tiny_pair[0].name} and {tiny_pair[1].name}, not "
+        f"{tiny_pair[1].name} and {tiny_pair[0].name}: check it with the models it ran on"
+    )
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -34,8 +34,9 @@ from typing import Any
 from ..engine import close_all, load_runners
 from ..errors import EadError
 from ..options import ModelOptions
+from ..paths import is_dir
 from ..runner import Runner
-from .replay import read_report
+from .replay import REPLAY_FILE, read_report
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -308,6 +309,8 @@ def speed_report(
             check_context(context, min(runner.n_ctx for runner in runners))
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
+        if replay_report is not None and replay_path is not None:
+            check_replayed_models(replay_path, replay_report, runners)
         small, large = measure_pair(runners, context, progress)
     finally:
         close_all(runners)
@@ -315,6 +318,24 @@ def speed_report(
     return SpeedReport(
         [small, large], expectations(small, large), break_even(small, large), verdict(small, large), checks
     )
+
+
+def check_replayed_models(path: Path, report: Mapping[str, Any], runners: Sequence[Runner]) -> None:
+    """A replay is checked against the rates of the models it ran on (file name and size, as its record
+    says): other models' rates had priced its batches beside its wall-clock, a comparison of nothing."""
+    models = report.get("models")
+    if not isinstance(models, dict) or not all(isinstance(model, dict) for model in models.values()):
+        return  # a hand-made report that names no models: nothing to hold the pair to
+    replayed = [(model.get("file"), model.get("bytes")) for model in models.values()]
+    measured = [(runner.label, runner.file_bytes) for runner in runners]
+    if replayed != measured:
+        file = path / REPLAY_FILE if is_dir(path) else path
+        sized = [name for name, _ in replayed] == [name for name, _ in measured]  # another file, same name
+        names, given = (
+            " and ".join(f"{name} ({size} bytes)" if sized else str(name) for name, size in pair)
+            for pair in (replayed, measured)
+        )
+        raise EadError(f"{file} is a replay on {names}, not {given}: check it with the models it ran on", 2)
 
 
 def read_replay(path: Path) -> dict[str, Any]:
