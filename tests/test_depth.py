@@ -23,7 +23,7 @@ from ctrl_c import indices_before_ctrl_c
 from test_cli import EAD, assert_one_line_error, at_a_terminal, ead, interruptible, read_to_the_end
 from tiny_models import write_tiny_model
 
-from ead_cli.depth.evaluate import plot
+from ead_cli.depth.evaluate import plain_greedy_ms, plot
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
 from ead_cli.depth.profile import isotonic_nonincreasing, load_profile, probe_layers, save_profile
@@ -532,3 +532,19 @@ def test_eval_out_is_a_file_and_an_empty_one_holds_no_previous_results(
     result = ead(*args, "--out", str(empty), env=config)
     assert result.returncode == 0, result.stderr.decode()
     assert "perplexity" in json.loads(empty.read_text())
+
+
+def test_the_wall_clock_reference_stops_at_a_full_context_as_depths_loop_does(
+    model: DepthModel, deep_model: Path
+) -> None:
+    """``ead depth eval --max-tokens 100000``: the reference loop had fed past the context, '4097 tokens do
+    not fit the context of 4096 tokens' after the whole quality part; it ends where generate ends."""
+    plain = Runner(deep_model, name="plain", n_ctx=model.runner.n_ctx, n_threads=1)
+    try:
+        prompt = model.runner.tokenize(PROMPT, add_special=False)
+        out, _ = plain_greedy_ms(plain, prompt, max_tokens=10 * model.runner.n_ctx)
+    finally:
+        plain.close()
+    events, summary = run(model, DepthOptions(fixed_depth=N_LAYER), max_tokens=10 * model.runner.n_ctx)
+    assert summary.finish_reason == "length" and len(prompt) + len(events) == model.runner.n_ctx
+    assert out == [event.token for event in events]

@@ -99,7 +99,7 @@ def plain_greedy_ms(runner: Runner, prompt: Sequence[int], max_tokens: int) -> t
     for _ in range(max_tokens):
         token = int(np.argmax(runner.sync(tokens, prompt_len=len(prompt), own_tail=bool(out))))
         out.append(token)
-        if runner.is_end_of_generation(token):
+        if runner.is_end_of_generation(token) or len(tokens) + 1 >= runner.n_ctx:  # where DepthModel stops
             break
         tokens.append(token)
     decode = runner.stats.decode
