@@ -857,6 +857,7 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
         return str(tmp_path / name)
 
     repeat = variant("repeat", lines)
+    (tmp_path / "nothing").mkdir()
     assert ead("bench", "report", str(out), repeat).returncode == 0
     for folders, message in (
         ([str(out), str(out)], "a folder is given twice"),
@@ -868,6 +869,9 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
         ([variant("listed", [*lines, "[1, 2]"])], f"line {len(lines) + 1} is not a record"),
         ([str(tmp_path / "no-such")], "no-such is not a folder"),
         ([str(out / "results.jsonl")], "results.jsonl is not a folder"),
+        # an empty folder had been "no samples in FOLDER/results.jsonl", a file it does not hold
+        ([str(tmp_path / "nothing")], "nothing holds no results.jsonl or replay.json"),
+        ([str(out), str(tmp_path / "nothing")], "nothing holds no results.jsonl or replay.json"),
     ):  # fmt: skip
         refused = ead("bench", "report", *folders)
         assert refused.returncode != 0 and refused.stderr.startswith("error: "), refused.stderr

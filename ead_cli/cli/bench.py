@@ -194,6 +194,10 @@ def bench_report(
     for folder in folders:
         if not is_dir(folder):
             raise EadError(f"{folder} is not a folder: give a bench's or a replay's --out", exit_code=2)
+        if lookup(folder / RESULTS_FILE) is None and lookup(folder / REPLAY_FILE) is None:
+            # said of the folder: it had been "no samples in FOLDER/results.jsonl", a file it does not hold
+            what = f"{RESULTS_FILE} or {REPLAY_FILE}"
+            raise EadError(f"{folder} holds no {what}: give a bench's or a replay's --out", exit_code=2)
     check_distinct(folders)
     kinds = {is_file(f / REPLAY_FILE) and lookup(f / RESULTS_FILE) is None for f in folders}
     if len(kinds) > 1:
