@@ -27,7 +27,7 @@ from ead_cli.depth.evaluate import plain_greedy_ms, plot
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
 from ead_cli.depth.profile import isotonic_nonincreasing, load_profile, probe_layers, save_profile
-from ead_cli.depth.readout import Head, entropy_bits, load_head, read_rows
+from ead_cli.depth.readout import Head, entropy_bits, load_head, low_rank_factors, read_rows
 from ead_cli.depth.teacher import calibrate, calibration_corpus
 from ead_cli.errors import EadError
 from ead_cli.runner import Runner
@@ -191,6 +191,25 @@ def test_a_rank_above_the_embedding_width_is_the_full_rank(model: DepthModel) ->
     wide, _ = run(model, DepthOptions(probe_every=2, estimator="lowrank", rank=100))
     full_rank, _ = run(model, DepthOptions(probe_every=2, estimator="lowrank", rank=64))
     assert [(e.token, e.depth, e.probes) for e in wide] == [(e.token, e.depth, e.probes) for e in full_rank]
+
+
+def test_a_damaged_low_rank_cache_is_computed_again_and_one_that_cannot_be_saved_is_one_line(
+    model: DepthModel, tmp_path: Path
+) -> None:
+    """The factors' cache had been read into a traceback (BadZipFile, a pickle refused) when damaged, and
+    a cache folder with a file in its way had been a NotADirectoryError."""
+    cache = tmp_path / "factors.npz"
+    a, b = low_rank_factors(model.head, 4, cache)
+    for damage in (cache.read_bytes()[:1000], b"garbage", b""):
+        cache.write_bytes(damage)
+        again = low_rank_factors(model.head, 4, cache)
+        assert np.array_equal(again[0], a) and np.array_equal(again[1], b)
+        assert np.array_equal(np.load(cache)["a"], a)  # whole again
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["factors.npz"]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(EadError, match=f"cannot save the low-rank factors to {re.escape(str(blocker))}/"):
+        low_rank_factors(model.head, 4, blocker / "depth" / "factors.npz")
 
 
 def test_the_free_schedule_rises_and_pays_for_backfill(model: DepthModel) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..errors import EadError
 from ..gguf_files import shard_paths
+from ..paths import cannot_save, check_can_save
 
 _LIB = Path(llama_cpp.__file__).parent / "lib"
 
@@ -205,9 +207,13 @@ def low_rank_factors(head: Head, rank: int, cache: Path) -> tuple[np.ndarray, np
     matrix, from the eigenvectors of W^T W (n_embd x n_embd), computed once per model file and cached."""
     weights = head.weights
     if os.path.exists(cache):
-        with np.load(cache) as saved:
-            if saved["a"].shape == (weights.n_vocab, rank):
-                return saved["a"], saved["b"]
+        try:
+            with np.load(cache) as saved:
+                if saved["a"].shape == (weights.n_vocab, rank):
+                    return saved["a"], saved["b"]
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):  # damaged: computed again
+            pass
+    check_can_save(cache, "the low-rank factors")  # a file in the cache's way: one line, not a traceback
     gram = np.zeros((weights.n_embd, weights.n_embd), np.float64)
     qtype = gguf.GGMLQuantizationType(weights.ggml_type)
     for start in range(0, weights.n_vocab, 8192):
@@ -219,10 +225,15 @@ def low_rank_factors(head: Head, rank: int, cache: Path) -> tuple[np.ndarray, np
     for start in range(0, weights.n_vocab, 8192):
         block = gguf.quants.dequantize(weights.matrix[start : start + 8192], qtype).astype(np.float32)
         a[start : start + 8192] = block @ b.T
-    cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez(partial, a=a, b=b)
-    os.replace(partial, cache)
+    try:
+        np.savez(partial, a=a, b=b)
+        os.replace(partial, cache)
+    except BaseException as error:  # a full disk or a Ctrl-C: no temporary left behind
+        partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise cannot_save(cache, "the low-rank factors", error) from None
+        raise
     return a, b
 
 
