@@ -111,6 +111,9 @@ def test_prompt_lists_read_text_lines_or_jsonl(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(EadError, match="no prompts in"):
         load_prompts(tmp_path / "empty.txt")
+    rows.write_text('{"prompt": "a"}\n{"prompt": " \\n"}\n')  # it had been "the prompt is empty" (which?)
+    with pytest.raises(EadError, match=f"^{re.escape(str(rows))} line 2: the prompt is empty$"):
+        load_prompts(rows)  # once the models had loaded
 
 
 # ------------------------------------------------------------------------------------ prompt and code

@@ -198,6 +198,8 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
             row = None
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise EadError(f'{path} line {number}: not a JSON object with a "prompt" string', exit_code=2)
+        if not row["prompt"].strip():  # named by its line now, not "the prompt is empty" once models load
+            raise EadError(f"{path} line {number}: the prompt is empty", exit_code=2)
         prompts.append(row["prompt"])
     if not prompts:
         raise EadError(f"no prompts in {path}", exit_code=2)
