@@ -114,6 +114,15 @@ def test_prompt_lists_read_text_lines_or_jsonl(tmp_path: Path) -> None:
     rows.write_text('{"prompt": "a"}\n{"prompt": " \\n"}\n')  # it had been "the prompt is empty" (which?)
     with pytest.raises(EadError, match=f"^{re.escape(str(rows))} line 2: the prompt is empty$"):
         load_prompts(rows)  # once the models had loaded
+    for path, lines, fault in (
+        (rows, '{"prompt": "a\\u0000b"}\n', "contains a NUL byte"),
+        (text, "first\nsec\x00ond\n", "contains a NUL byte"),
+        (rows, '{"prompt": "a\\ud800"}\n', "is not valid UTF-8 (byte 1)"),
+    ):
+        path.write_text(lines)
+        with pytest.raises(EadError, match=f"line [12]: the prompt {re.escape(fault)}$") as refused:
+            load_prompts(path)
+        assert str(refused.value).startswith(f"{path} line ")
 
 
 # ------------------------------------------------------------------------------------ prompt and code

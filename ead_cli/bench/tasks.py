@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..errors import EadError
 from ..paths import unreadable
-from ..prompt import check_fits, encode_prompt, render_chat
+from ..prompt import check_fits, check_prompt_text, encode_prompt, render_chat
 from ..runner import Runner
 
 SPLITS = ("even", "odd", "all")
@@ -189,18 +189,19 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        if path.suffix != ".jsonl":
-            prompts.append(line)
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise EadError(f'{path} line {number}: not a JSON object with a "prompt" string', exit_code=2)
-        if not row["prompt"].strip():  # named by its line now, not "the prompt is empty" once models load
-            raise EadError(f"{path} line {number}: the prompt is empty", exit_code=2)
-        prompts.append(row["prompt"])
+        prompt = line
+        if path.suffix == ".jsonl":
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise EadError(f'{path} line {number}: not a JSON object with a "prompt" string', exit_code=2)
+            prompt = row["prompt"]
+        try:  # an empty one, a NUL byte: named by its line now, not once the models have loaded
+            prompts.append(check_prompt_text(prompt))
+        except EadError as error:
+            raise EadError(f"{path} line {number}: {error}", exit_code=2) from None
     if not prompts:
         raise EadError(f"no prompts in {path}", exit_code=2)
     return prompts[:limit]
