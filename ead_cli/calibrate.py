@@ -218,7 +218,7 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise EadError(f"cannot read the calibration file {path}: {unreadable(error)}") from None
     if not isinstance(data, dict):
         raise EadError(f"the calibration file {path} is not a JSON object")

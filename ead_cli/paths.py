@@ -65,14 +65,16 @@ def is_dir(path: Path) -> bool:
     return found is not None and stat.S_ISDIR(found.st_mode)
 
 
-def unreadable(error: OSError | ValueError) -> str:
+def unreadable(error: OSError | ValueError | RecursionError) -> str:
     """Why a file's text could not be read, for one line: the system's reason (an OSError's own text
     repeats the path, "[Errno 2] No such file or directory: 'x'"), not UTF-8 (not the codec's message),
-    or not JSON and where."""
+    or not JSON and where (or nested past Python's recursion limit, which the JSON parser raises)."""
     if isinstance(error, OSError):
         return error.strerror or str(error)
     if isinstance(error, UnicodeDecodeError):
         return f"not UTF-8 text (byte {error.start})"
+    if isinstance(error, RecursionError):
+        return "not JSON that ead reads (nested too deep)"
     return f"not JSON ({error})"
 
 

@@ -321,7 +321,7 @@ BOUNDS = [
     ("--verify", "1", "1.000001", "--verify must be in (0, 1]", ()),
     ("--verify", "5e-324", "0", "--verify must be in (0, 1]", ()),  # the smallest positive float
     ("--draft-entropy-stop", "0", "-0.1", "--draft-entropy-stop must be at least 0 bits", SPEC),
-    ("--tau", "1", "1.000001", "with --normalize, --tau is a fraction of log2|V| in [0, 1]", ("--normalize",)),
+    ("--tau", "1", "1.000001", "with --normalize, --tau is a fraction of log2|V|", ("--normalize",)),
 ]
 
 
@@ -579,3 +579,50 @@ def test_the_command_line_starts_numpys_thread_pool_only_with_signals_held() -> 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+DEEP = "[" * 100_000  # JSON nested past Python's recursion limit: its parser raises RecursionError
+
+
+READERS = ["calibration", "depth profile", "depth eval --out", "replay", "results", "prompts"]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_json_file_nested_past_the_parser_is_one_line(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, reader: str
+) -> None:
+    """Each JSON file ead reads, nested past Python's recursion limit, had been a RecursionError
+    traceback (an ollama manifest, a checksum record and a server's reply were mended first)."""
+    config = tmp_path / "config" / "calibration.json"
+    env = {"EAD_CONFIG": str(config)}
+    small = str(tiny_pair[0])
+    if reader == "calibration":
+        config.parent.mkdir()
+        config.write_text(DEEP)
+        args, code = ["generate", *pair_args(tiny_pair), "--mode", "ead", "--max-tokens", "2", "hi"], 1
+        fragment = f"cannot read the calibration file {config}: not JSON that ead reads (nested too deep)"
+    elif reader == "depth profile":
+        profile = config.parent / "depth" / f"{tiny_pair[0].name}.json"
+        profile.parent.mkdir(parents=True)
+        profile.write_text(DEEP)
+        args, code = ["depth", "generate", small, "--threads", "1", "--max-tokens", "2", "hi"], 1
+        fragment = f"cannot read the depth profile {profile}: not JSON that ead reads (nested too deep)"
+    elif reader == "depth eval --out":
+        out = tmp_path / "eval.json"
+        out.write_text(DEEP)
+        args, code = ["depth", "eval", small, "--threads", "1", "--out", str(out)], 2
+        fragment = f"cannot read {out}: not JSON that ead reads (nested too deep)"
+    elif reader == "replay":
+        (tmp_path / "replay.json").write_text(DEEP)
+        args, code = ["bench", "report", str(tmp_path)], 2
+        fragment = "is not a replay report (ead bench replay): not JSON that ead reads (nested too deep)"
+    elif reader == "results":
+        (tmp_path / "results.jsonl").write_text('{"type": "config"}\n' + DEEP + "\n{}\n")
+        args, code = ["bench", "report", str(tmp_path)], 1
+        fragment = "results.jsonl line 2 is not JSON: move the file away to start over"
+    else:
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text(DEEP + "\n")
+        args, code = ["calibrate", *pair_args(tiny_pair), "--prompts", str(prompts)], 2
+        fragment = f'{prompts} line 1: not a JSON object with a "prompt" string'
+    assert_one_line_error(ead(*args, env=env), code, fragment)

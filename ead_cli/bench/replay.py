@@ -312,7 +312,7 @@ def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
         report = json.loads(file.read_bytes())
     except OSError as error:
         raise EadError(f"cannot read {file}: {unreadable(error)}", 2) from None
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise EadError(f"{file} is not a replay report (ead bench replay): {unreadable(error)}", 2) from None
     problem = _report_problem(report)
     if problem:

@@ -154,7 +154,7 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     for number, line in enumerate(lines, 1):
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # nested past Python's limit: not JSON ead reads
             raise EadError(f"{path} line {number} is not JSON: move the file away to start over") from None
         if not isinstance(records[-1], dict):
             raise EadError(f"{path} line {number} is not a record (a JSON object)")

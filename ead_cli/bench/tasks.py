@@ -193,7 +193,7 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
         if path.suffix == ".jsonl":
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # nested past Python's limit
                 row = None
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise EadError(f'{path} line {number}: not a JSON object with a "prompt" string', exit_code=2)

@@ -236,7 +236,7 @@ def depth_eval(
         try:
             text = out.read_text(encoding="utf-8")
             previous = json.loads(text) if text.strip() else None  # empty (mktemp's): nothing to reuse
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise EadError(f"cannot read {out}: {unreadable(error)}", exit_code=2) from None
     if out is not None:
         check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval

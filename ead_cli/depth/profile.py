@@ -187,7 +187,7 @@ def load_profile(model: Path, path: Path | None = None) -> Profile:
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise EadError(f"cannot read the depth profile {path}: {unreadable(error)}") from None
     if not isinstance(data, dict):
         raise EadError(
