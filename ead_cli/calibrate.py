@@ -20,7 +20,7 @@ from pathlib import Path
 from .decoder import Decoder
 from .errors import EadError
 from .options import PolicyOptions
-from .paths import check_can_save, config_file, lookup, save_json, unreadable
+from .paths import check_can_save, config_file, lookup, read_file_text, save_json, unreadable
 from .policies import Fixed
 from .prompt import encode_fitting, render_prompt
 from .runner import Runner
@@ -217,7 +217,7 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
     if lookup(path) is None:
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_file_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise EadError(f"cannot read the calibration file {path}: {unreadable(error)}") from None
     if not isinstance(data, dict):

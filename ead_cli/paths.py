@@ -10,7 +10,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, BinaryIO, overload
 
 from .errors import EadError
 
@@ -63,6 +63,32 @@ def is_dir(path: Path) -> bool:
     """Path.is_dir, with ``lookup``'s line where a folder on the way is closed."""
     found = lookup(path)
     return found is not None and stat.S_ISDIR(found.st_mode)
+
+
+# The most ead reads of a prompt or of a file it is given (settings, prompts, results): more than any
+# context or file of its own holds. An endless input (/dev/zero, `yes`) had filled the memory until the
+# kernel killed ead, or ended in a MemoryError traceback.
+MAX_READ_BYTES = 256 << 20
+
+
+def read_bounded(stream: BinaryIO) -> bytes:
+    """All of ``stream`` up to ``MAX_READ_BYTES``; more is an OSError (EFBIG) that ``unreadable`` says as
+    the reason, so each reader's own line names the file as for any other read error."""
+    data = stream.read(MAX_READ_BYTES + 1)
+    if len(data) > MAX_READ_BYTES:
+        raise OSError(errno.EFBIG, f"it is more than {MAX_READ_BYTES >> 20} MiB, more than ead reads")
+    return data
+
+
+def read_file(path: Path) -> bytes:
+    """A file's bytes, at most ``MAX_READ_BYTES`` (a device or a pipe as well as a file)."""
+    with open(path, "rb") as handle:
+        return read_bounded(handle)
+
+
+def read_file_text(path: Path) -> str:
+    """A file's UTF-8 text, at most ``MAX_READ_BYTES`` (UnicodeDecodeError where it is not UTF-8)."""
+    return read_file(path).decode("utf-8")
 
 
 def unreadable(error: OSError | ValueError | RecursionError) -> str:

@@ -34,6 +34,7 @@ from ead_cli.paths import (
     is_dir,
     is_file,
     lookup,
+    read_file_text,
     unreadable,
     xdg_cache_home,
 )
@@ -540,8 +541,7 @@ class _Table:
 def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]:
     """The aliases and the [defaults] entries of one models file."""
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        data = tomllib.loads(read_file_text(path))
     except FileNotFoundError:
         raise EadError(f"models file not found: {path}") from None
     except OSError as err:

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from ead_cli.errors import EadError
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
-from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup, unreadable
+from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup, read_file, unreadable
 
 OLLAMA_PREFIX = "ollama:"
 LMSTUDIO_PREFIX = "lmstudio:"
@@ -95,7 +95,7 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
     """The GGUF blob the manifest's model layer names, checked to be there, whole, and GGUF."""
     where = f"ollama model '{name}'"
     try:
-        data = json.loads(manifest.read_bytes())
+        data = json.loads(read_file(manifest))
     except OSError as err:
         raise EadError(f"{where}: cannot read its manifest {manifest} ({unreadable(err)})") from None
     except (ValueError, RecursionError):  # not JSON, bytes no JSON encoding reads, or nested past the parser

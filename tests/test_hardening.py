@@ -4,6 +4,7 @@ bounds, prompts with nothing in them. Each bad case ends in one `error:` line an
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -626,3 +627,54 @@ def test_a_json_file_nested_past_the_parser_is_one_line(
         args, code = ["calibrate", *pair_args(tiny_pair), "--prompts", str(prompts)], 2
         fragment = f'{prompts} line 1: not a JSON object with a "prompt" string'
     assert_one_line_error(ead(*args, env=env), code, fragment)
+
+
+def three_gibibytes_at_most() -> None:
+    """A child's data segment capped, so a regression ends in a MemoryError, not the machine's memory."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_DATA, (3 * 2**30, 3 * 2**30))
+
+
+ENDLESS = ["stdin", "chat", "calibration", "prompts", "corpus", "results", "models file"]
+
+
+@pytest.mark.parametrize("reader", ENDLESS)
+def test_an_endless_input_is_one_line_past_what_ead_reads(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, reader: str
+) -> None:
+    """/dev/zero as a prompt on stdin, a chat's input or a file ead reads had been read until memory ran
+    out (the kernel's OOM killer; under a cap, a MemoryError traceback). Past MAX_READ_BYTES it is one
+    line naming the input."""
+    small = str(tiny_pair[0])
+    env = {**os.environ, "EAD_CONFIG": str(tmp_path / "calibration.json")}
+    stdin, code, too_big = subprocess.DEVNULL, 2, f"it is more than {paths.MAX_READ_BYTES >> 20} MiB"
+    if reader == "stdin":
+        args, stdin = ["generate", *pair_args(tiny_pair), "-"], open("/dev/zero", "rb")  # noqa: SIM115
+        fragment = f"cannot read the prompt on stdin: {too_big}, more than ead reads"
+    elif reader == "chat":
+        args, stdin, code = ["chat", *pair_args(tiny_pair)], open("/dev/zero", "rb"), 1  # noqa: SIM115
+        fragment = f"a line of the input is more than {paths.MAX_READ_BYTES >> 20} MiB"
+    elif reader == "calibration":
+        env["EAD_CONFIG"], code = "/dev/zero", 1
+        args = ["generate", *pair_args(tiny_pair), "--mode", "ead", "--max-tokens", "2", "hi"]
+        fragment = f"cannot read the calibration file /dev/zero: {too_big}"
+    elif reader == "prompts":
+        args = ["calibrate", *pair_args(tiny_pair), "--prompts", "/dev/zero"]
+        fragment = f"cannot read /dev/zero: {too_big}"
+    elif reader == "corpus":
+        args = ["depth", "calibrate", small, "--threads", "1", "--corpus", "/dev/zero"]
+        fragment = f"cannot read corpus file /dev/zero: {too_big}"
+    elif reader == "results":
+        (tmp_path / "results.jsonl").symlink_to("/dev/zero")
+        args, code = ["bench", "report", str(tmp_path)], 1
+        fragment = f"cannot read {tmp_path / 'results.jsonl'}: {too_big}"
+    else:
+        args, code = ["models", "list", "--catalog", "/dev/zero"], 1
+        fragment = f"cannot read models file /dev/zero: {too_big}"
+    with contextlib.ExitStack() as stack:
+        if stdin is not subprocess.DEVNULL:
+            stack.callback(stdin.close)
+        capped = {"preexec_fn": three_gibibytes_at_most, "capture_output": True, "env": env, "timeout": 120}
+        result = subprocess.run([EAD, *args], stdin=stdin, **capped)
+    assert_one_line_error(result, code, fragment)

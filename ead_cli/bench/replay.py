@@ -23,7 +23,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError
 from ..options import ModelOptions
-from ..paths import is_dir, save_json, unreadable
+from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES, paired_ratio
@@ -309,7 +309,7 @@ def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
     traceback where a table formats the figure."""
     file = path / REPLAY_FILE if is_dir(path) else path
     try:
-        report = json.loads(file.read_bytes())
+        report = json.loads(read_file(file))
     except OSError as error:
         raise EadError(f"cannot read {file}: {unreadable(error)}", 2) from None
     except (ValueError, RecursionError) as error:

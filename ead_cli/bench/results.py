@@ -38,7 +38,7 @@ from typing import Any
 from ..compat import tokenizer_record
 from ..errors import EadError
 from ..options import GenerationOptions
-from ..paths import unreadable
+from ..paths import read_file_text, unreadable
 from ..runner import Runner
 from .grid import Strategy
 from .tasks import Item
@@ -144,7 +144,7 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     if not path.exists():
         return None, []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_file_text(path)
     except (OSError, UnicodeDecodeError) as error:
         raise EadError(f"cannot read {path}: {unreadable(error)}") from None
     lines = text.splitlines()

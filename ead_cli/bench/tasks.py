@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EadError
-from ..paths import unreadable
+from ..paths import read_file_text, unreadable
 from ..prompt import check_fits, check_prompt_text, encode_prompt, render_chat
 from ..runner import Runner
 
@@ -182,7 +182,7 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
     """Prompts from a text file (one per line, blank lines skipped) or a .jsonl file ({"prompt": ...})."""
     _check_limit(limit)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_file_text(path).splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise EadError(f"cannot read {path}: {unreadable(error)}", exit_code=2) from None
     prompts: list[str] = []

@@ -221,7 +221,7 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
-    from ..paths import check_can_save, is_file, lookup, save_json, unreadable
+    from ..paths import check_can_save, is_file, lookup, read_file_text, save_json, unreadable
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
@@ -234,7 +234,7 @@ def depth_eval(
         if not is_file(out):  # a device was read for previous figures: /dev/zero until memory ran out
             raise EadError(f"--out {out} is not a file: the figures go to a JSON file, the plot beside it", 2)
         try:
-            text = out.read_text(encoding="utf-8")
+            text = read_file_text(out)
             previous = json.loads(text) if text.strip() else None  # empty (mktemp's): nothing to reuse
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise EadError(f"cannot read {out}: {unreadable(error)}", exit_code=2) from None

@@ -18,6 +18,7 @@ import typer
 from ..errors import EadError
 from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, on
 from ..options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, GenerationOptions, ModelOptions, PolicyOptions
+from ..paths import read_bounded, unreadable
 
 # The options with choices (mode, policy, switch point) as the enums typer offers them.
 CHOICES: dict[str, Any] = {
@@ -217,7 +218,10 @@ def read_prompt(prompt: str | None) -> str:
         raise EadError("no prompt: stdin is closed; pass the prompt as an argument", exit_code=2)
     if prompt is None and sys.stdin.isatty():
         raise EadError("no prompt: pass it as an argument, or '-' to read it from stdin", exit_code=2)
-    data = sys.stdin.buffer.read()
+    try:
+        data = read_bounded(sys.stdin.buffer)
+    except OSError as error:
+        raise EadError(f"cannot read the prompt on stdin: {unreadable(error)}", exit_code=2) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

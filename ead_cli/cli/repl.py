@@ -22,7 +22,7 @@ from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError
 from ..option_table import CHAT, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
-from ..paths import expand_home
+from ..paths import MAX_READ_BYTES, expand_home
 from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
@@ -335,12 +335,19 @@ class Repl:
 
 
 def _pipe_reader(stream: BinaryIO) -> ReadLine:
-    """Lines of a pipe, without their line ending; EOFError at the end."""
+    """Lines of a pipe, without their line ending; EOFError at the end. A line longer than ead reads of
+    any input ends the input there (an endless one, /dev/zero, had filled the memory)."""
+    ended = False
 
     def read_line(prompt: str) -> str:
-        data = stream.readline()
+        nonlocal ended
+        data = b"" if ended else stream.readline(MAX_READ_BYTES + 1)
         if not data:
             raise EOFError
+        if len(data) > MAX_READ_BYTES and not data.endswith(b"\n"):
+            ended = True
+            limit = f"{MAX_READ_BYTES >> 20} MiB, more than ead reads"
+            raise EadError(f"a line of the input is more than {limit}: the input ends there")
         # bytes that are not UTF-8 are kept as a terminal's are, so the line is refused as a bad one
         return data.decode("utf-8", "surrogateescape").rstrip("\r\n")
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import EadError
-from ..paths import unreadable
+from ..paths import read_file_text, unreadable
 from ..runner import Runner
 from .profile import PROMPT_ROWS, WINDOW
 
@@ -36,7 +36,7 @@ def read_corpus(spec: Sequence[str]) -> tuple[list[str], str]:
             continue
         path = Path(item)
         try:
-            texts.append(path.read_text(encoding="utf-8"))
+            texts.append(read_file_text(path))
         except (OSError, UnicodeDecodeError) as error:
             raise EadError(f"cannot read corpus file {item}: {unreadable(error)}", 2) from None
     texts = [text for text in texts if text.strip()]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EadError
-from ..paths import config_file, save_json, unreadable
+from ..paths import config_file, read_file_text, save_json, unreadable
 from .readout import (
     file_digest,
 )
@@ -186,7 +186,7 @@ def load_profile(model: Path, path: Path | None = None) -> Profile:
             f"no depth profile for {model.name} (looked for {path}): run ead depth calibrate {model}"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_file_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise EadError(f"cannot read the depth profile {path}: {unreadable(error)}") from None
     if not isinstance(data, dict):
