@@ -710,6 +710,31 @@ def test_the_page_sends_one_question_at_a_time(tiny_pair: tuple[Path, Path], tmp
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_enter_that_ends_an_input_method_composition_sends_nothing(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Japanese, Chinese or Korean typed through an input method: Enter picks the conversion (the keydown
+    says isComposing) and had sent the half-typed question; only the next Enter sends it."""
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", "4"], tmp_path / "server.log") as server:
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:
+            browser.evaluate("document.getElementById('prompt').focus()")
+            browser.call("Input.imeSetComposition", text="日本", selectionStart=2, selectionEnd=2)
+            enter = {"key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13}
+            browser.call("Input.dispatchKeyEvent", type="rawKeyDown", **enter)
+            browser.call("Input.dispatchKeyEvent", type="keyUp", **enter)
+            browser.call("Input.insertText", text="日本")  # the input method commits the conversion
+            assert browser.evaluate("document.getElementById('prompt').value") == "日本"
+            assert browser.evaluate("document.querySelectorAll('.turn').length") == 0
+            browser.call("Input.dispatchKeyEvent", type="rawKeyDown", **enter)  # now Enter sends it
+            browser.wait_for("document.querySelector('.figures')?.textContent.startsWith('4 tokens')")
+            assert browser.evaluate("messages[0]") == {"role": "user", "content": "日本"}
+        finally:
+            browser.close()
+        assert server.stop() == 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_the_page_says_when_the_server_is_lost(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """A server killed mid-answer, then none at all, then one back on the port: each is said under its turn,
     and the next question is asked with the conversation as the page showed it. (The page had said nothing:
