@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import html
+import http.server
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -605,9 +607,11 @@ class Browser:
         )
         self._id = 0
 
-    def call(self, method: str, **params: object) -> dict:
+    def call(self, method: str, session: str | None = None, **params: object) -> dict:
+        """A DevTools call, to the page or to the target of an attached ``session`` (a frame's)."""
         self._id += 1
-        self.socket.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        to = {} if session is None else {"sessionId": session}
+        self.socket.send(json.dumps({"id": self._id, "method": method, "params": params, **to}))
         while True:
             reply = json.loads(self.socket.recv(timeout=120))
             if reply.get("id") == self._id:
@@ -732,6 +736,90 @@ def test_enter_that_ends_an_input_method_composition_sends_nothing(
         finally:
             browser.close()
         assert server.stop() == 0
+
+
+@contextlib.contextmanager
+def another_site(pages: dict[str, str]) -> Iterator[str]:
+    """A real HTTP server on another loopback port (and named localhost, not 127.0.0.1): a site of another
+    origin than the server's, serving ``pages`` (path -> HTML). Yields its root URL."""
+
+    class Site(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path, "").encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{site.server_address[1]}"
+    finally:
+        site.shutdown()
+        site.server_close()
+        thread.join()
+
+
+# Another site's page trying to use the server: the page framed with a question in its URL, and the API
+# called with JSON (a CORS preflight first) and with text/plain (no preflight, an opaque answer).
+FOREIGN_PAGE = """<!doctype html><meta charset="utf-8">
+<iframe id="frame" src="SERVER/?q=asked%20by%20another%20site"></iframe>
+<script>
+const results = {};
+document.getElementById("frame").onload = () => { results.framed = true; };
+const ask = JSON.stringify({messages: [{role: "user", content: "asked by another site"}], max_tokens: 3});
+const post = (type, more) =>
+  fetch("SERVER/v1/chat/completions", {method: "POST", headers: {"Content-Type": type}, body: ask, ...more});
+post("application/json", {})
+  .then((r) => r.text(), (e) => "refused: " + e.message).then((t) => { results.json = t; });
+post("text/plain", {mode: "no-cors"})
+  .then((r) => r.type, (e) => "refused: " + e.message).then((t) => { results.plain = t; });
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_a_page_of_another_site_cannot_drive_the_server(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A foreign page's calls are refused, and so is framing the page: a hidden frame of /?q=PROMPT had asked
+    the question from the server's own origin (the server generated for any site the user opened)."""
+    pages: dict[str, str] = {}
+    browser = Browser(tmp_path / "chromium-profile")
+    try:
+        with another_site(pages) as site:
+            args = [*pair_args(tiny_pair), *TAU, "--max-tokens", "3"]
+            with Server(args, tmp_path / "server.log") as server:
+                pages["/"] = FOREIGN_PAGE.replace("SERVER", server.url)
+                browser.call("Page.navigate", url=f"{site}/")
+                results = browser.wait_for("results.framed && results.json && results.plain && results")
+                targets = browser.call("Target.getTargets")["targetInfos"]
+                (frame,) = [target for target in targets if target["type"] == "iframe"]
+                session = browser.call("Target.attachToTarget", targetId=frame["targetId"], flatten=True)
+                framed = browser.call(  # what the frame shows: Chromium's error page, or the server's page
+                    "Runtime.evaluate",
+                    session=session["sessionId"],
+                    expression="[location.href, document.title]",
+                    returnByValue=True,
+                )["result"]["value"]
+                assert server.stop() == 0
+            log = server.log()
+            assert results == {"framed": True, "json": "refused: Failed to fetch", "plain": "opaque"}
+            assert framed[1] != "ead serve" and not framed[0].startswith(server.url), framed  # refused
+            assert "POST /v1/chat/completions 200" not in log, log
+            assert log.count(f"403: pages at {site} may not use this server") == 2, log
+            # the same page where the server names the site with --cors-origin: its JSON call is answered
+            with Server([*args, "--cors-origin", site], tmp_path / "allowed.log") as allowed:
+                pages["/"] = FOREIGN_PAGE.replace("SERVER", allowed.url)
+                browser.call("Page.navigate", url=f"{site}/")
+                results = browser.wait_for("results.framed && results.json && results.plain && results")
+                assert allowed.stop() == 0
+            assert json.loads(results["json"])["usage"]["completion_tokens"] == 3  # type: ignore[index]
+    finally:
+        browser.close()
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")

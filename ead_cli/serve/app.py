@@ -73,6 +73,9 @@ MODEL_ID = (
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
 SSE = "text/event-stream"  # a streamed answer's content type
+# The page in no other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which
+# the Origin check lets through (any site the user opened had made the server generate).
+PAGE_HEADERS = {"Content-Security-Policy": "frame-ancestors 'self'", "X-Frame-Options": "SAMEORIGIN"}
 SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
 
@@ -274,7 +277,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
-        return HTMLResponse(resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8"))
+        text = resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8")
+        return HTMLResponse(text, headers=PAGE_HEADERS)
 
     @get("/favicon.ico")
     async def icon() -> Response:
