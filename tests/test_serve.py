@@ -713,6 +713,45 @@ def test_the_page_sends_one_question_at_a_time(tiny_pair: tuple[Path, Path], tmp
         assert server.stop() == 0
 
 
+def click(browser: Browser, selector: str) -> None:
+    """A person's click on the element: the mouse pressed and released at its middle."""
+    x, y = browser.evaluate(  # type: ignore[misc]
+        f"(({{x, y, width, height}}) => [x + width / 2, y + height / 2])"
+        f"(document.querySelector({json.dumps(selector)}).getBoundingClientRect())"
+    )
+    for kind in ("mousePressed", "mouseReleased"):
+        browser.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_stop_ends_an_answer_and_keeps_what_came(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A long answer can be stopped mid-stream: the server stops generating it, what came stays in the
+    conversation, the next question goes out. (The page had no way to stop one but a reload, which loses
+    the whole conversation.)"""
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", str(LONG)], tmp_path / "server.log") as server:
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:
+            browser.evaluate(f"{PRESS_ENTER}('first')")
+            browser.wait_for("document.querySelectorAll('.answer span').length > 3")
+            click(browser, "#stop")
+            assert browser.wait_for("document.querySelector('.figures').textContent") == "stopped"
+            shown = browser.evaluate("document.querySelector('.answer').textContent")
+            deadline = time.monotonic() + 60  # not a speed: only that the generation ends at all
+            while "stopped after" not in server.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "stopped after" in server.log() and "the client went away" in server.log()
+            assert browser.evaluate("document.getElementById('stop').hidden") is True
+            assert browser.evaluate(f"{PRESS_ENTER}('second')") == [False, 2, ""]
+            assert browser.evaluate("messages") == [
+                {"role": "user", "content": "first"},
+                {"role": "assistant", "content": shown},
+                {"role": "user", "content": "second"},
+            ]
+        finally:
+            browser.close()
+        assert server.stop() == 0
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_enter_that_ends_an_input_method_composition_sends_nothing(
     tiny_pair: tuple[Path, Path], tmp_path: Path
