@@ -753,6 +753,28 @@ def test_stop_ends_an_answer_and_keeps_what_came(tiny_pair: tuple[Path, Path], t
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_a_long_word_wraps_inside_the_page(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A word longer than a line (a URL, a hash, base64; the tiny models write runs of one letter) had run off
+    the right edge of its box, the page scrolling sideways."""
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", "1500"], tmp_path / "server.log") as server:
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:
+            size = {"width": 800, "height": 600, "deviceScaleFactor": 1, "mobile": False}
+            browser.call("Emulation.setDeviceMetricsOverride", **size)
+            word = "https://example.com/" + "a1b2c3" * 100
+            browser.evaluate(f"{PRESS_ENTER}({json.dumps(word)})")
+            browser.wait_for("document.querySelector('.figures').textContent")
+            assert browser.evaluate("document.querySelector('.user').textContent") == word
+            assert browser.evaluate("document.querySelector('.answer').textContent.length") > 1000
+            boxes = "[...document.querySelectorAll('.user, .answer')]"
+            assert browser.evaluate(f"{boxes}.every((box) => box.scrollWidth <= box.clientWidth)")
+            assert browser.evaluate("document.documentElement.scrollWidth <= innerWidth")
+        finally:
+            browser.close()
+        assert server.stop() == 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_enter_that_ends_an_input_method_composition_sends_nothing(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
