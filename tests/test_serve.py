@@ -774,6 +774,47 @@ def test_a_long_word_wraps_inside_the_page(tiny_pair: tuple[Path, Path], tmp_pat
         assert server.stop() == 0
 
 
+# After the page's next two frames (its own work for the tokens so far done): where the window is scrolled,
+# and how far below the window's bottom the answer's last token is (tokens keep coming meanwhile: a few).
+AFTER_FRAMES = """new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => {
+  const last = document.querySelector('.answer').lastElementChild;
+  done([scrollY, last.getBoundingClientRect().bottom - innerHeight]);
+})))"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_follows_a_long_answer_until_the_reader_scrolls_up(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An answer taller than the window had grown out of view below it while it streamed, Stop and the box
+    to type in with it: the page follows it down now, and stays where the reader scrolls up to read."""
+
+    def after_frames() -> list:
+        reply = browser.call(
+            "Runtime.evaluate", expression=AFTER_FRAMES, awaitPromise=True, returnByValue=True
+        )
+        return reply["result"]["value"]
+
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--max-tokens", str(LONG)]
+    with Server(args, tmp_path / "server.log") as server:
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:
+            size = {"width": 800, "height": 400, "deviceScaleFactor": 1, "mobile": False}
+            browser.call("Emulation.setDeviceMetricsOverride", **size)
+            browser.evaluate(f"{PRESS_ENTER}('first')")
+            browser.wait_for("document.documentElement.scrollHeight > 4 * innerHeight")
+            scrolled, below = after_frames()
+            assert scrolled > 2 * 400 and below < 400  # not 3 windows further down: followed
+            browser.evaluate("scrollTo(0, 0)")  # the reader goes up to read the question again
+            count = "document.querySelector('.answer').children.length"
+            browser.wait_for(f"{count} > {browser.evaluate(count)} + 200")
+            assert after_frames()[0] == 0
+            assert browser.evaluate("document.getElementById('stop').hidden") is False  # still streaming
+        finally:
+            browser.close()
+        assert server.stop() == 0
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_enter_that_ends_an_input_method_composition_sends_nothing(
     tiny_pair: tuple[Path, Path], tmp_path: Path
