@@ -816,6 +816,43 @@ def test_the_page_follows_a_long_answer_until_the_reader_scrolls_up(
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_a_refused_question_goes_back_to_the_box(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A server with --api-key, a question asked before the key is typed: the 401 is said under it, and the
+    question is back in the box to send again once the key is in (it had been lost: the box emptied, the
+    question left out of the conversation, to be typed again). The key goes in a header only: never in a
+    URL the page loads, nor in the server's log."""
+    key = "page-key-8f3a"
+    args = [*pair_args(tiny_pair), *TAU, "--max-tokens", "4", "--api-key", key]
+    with Server(args, tmp_path / "server.log") as server:
+        browser = Browser(tmp_path / "chromium-profile")
+        try:
+            browser.call("Page.navigate", url=f"{server.url}/")
+            browser.wait_for("document.getElementById('legend').textContent.includes('401')")
+            assert browser.evaluate(f"{PRESS_ENTER}('what is 2+2?')") == [False, 1, ""]
+            notes = browser.wait_for("document.querySelector('.figures.error')?.textContent")
+            assert str(notes).startswith("a valid API key is needed")
+            assert browser.evaluate("document.getElementById('prompt').value") == "what is 2+2?"
+            browser.evaluate("document.getElementById('key').focus()")
+            browser.call("Input.insertText", text=key)
+            browser.evaluate("document.getElementById('prompt').focus()")  # the key's change: the legend
+            browser.wait_for("document.getElementById('legend').textContent.includes('small: ')")
+            enter = {"key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13}
+            browser.call("Input.dispatchKeyEvent", type="rawKeyDown", **enter)
+            browser.wait_for("document.querySelectorAll('.figures')[1]?.textContent.startsWith('4 tokens')")
+            asked = browser.evaluate("messages")
+            loaded = browser.evaluate(
+                "[location.href, ...performance.getEntriesByType('resource').map((entry) => entry.name)]"
+            )
+        finally:
+            browser.close()
+        assert server.stop() == 0
+    assert [m["role"] for m in asked] == ["user", "assistant"]  # type: ignore[union-attr]
+    assert asked[0]["content"] == "what is 2+2?"  # type: ignore[index]
+    assert all(url.startswith(server.url) and key not in url for url in loaded)  # type: ignore[union-attr]
+    assert key not in server.log() and "POST /v1/chat/completions 200" in server.log()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_enter_that_ends_an_input_method_composition_sends_nothing(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
