@@ -853,6 +853,35 @@ def test_a_refused_question_goes_back_to_the_box(tiny_pair: tuple[Path, Path], t
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_a_question_in_a_right_to_left_script_reads_right_to_left(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Hebrew or Arabic had been laid out left to right: the question mark at the wrong end, a sentence that
+    mixes in a Latin word in the wrong order. Each turn takes the direction of its own text."""
+    questions = ["מה זה Python?", "ما هو 2+2؟", "<b>hello</b> שלום"]
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", "3"], tmp_path / "server.log") as server:
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:
+            browser.evaluate("document.getElementById('prompt').focus()")
+            browser.call("Input.insertText", text=questions[0])  # typed: the box turns right to left
+            assert browser.evaluate("getComputedStyle(document.getElementById('prompt')).direction") == "rtl"
+            for turn, question in enumerate(questions, 1):
+                browser.evaluate(f"{PRESS_ENTER}({json.dumps(question)})")
+                browser.wait_for(f"document.querySelectorAll('.figures')[{turn - 1}]?.textContent")
+            directions = browser.evaluate(
+                "[...document.querySelectorAll('.user')].map((turn) => getComputedStyle(turn).direction)"
+            )
+            shown = browser.evaluate(
+                "[...document.querySelectorAll('.user')].map((turn) => turn.textContent)"
+            )
+        finally:
+            browser.close()
+        assert server.stop() == 0
+    assert directions == ["rtl", "rtl", "ltr"]  # the first letter's script decides, as dir="auto" does
+    assert shown == questions
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_enter_that_ends_an_input_method_composition_sends_nothing(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
