@@ -27,6 +27,7 @@ import pytest
 import websockets.sync.client
 from serve_process import EAD, Server
 from test_cli import pair_args
+from tiny_models import write_tiny_model
 
 from ead_cli.prompt import encode_rendered, render_chat
 from ead_cli.runner import Runner
@@ -676,6 +677,18 @@ def test_the_page_streams_an_answer_coloured_by_model(tiny_pair: tuple[Path, Pat
         assert {model for model, _ in spans} == {"small", "large"}
         assert server.stop() == 0
     assert "Traceback" not in server.log()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_tells_every_model_of_a_cascade_apart(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A cascade of four: mid1 and mid2 had shared one colour (and the legend two alike swatches)."""
+    mids = [write_tiny_model(tmp_path / f"mid{level}.gguf", seed=4 + level) for level in (1, 2)]
+    models = ",".join(str(path) for path in (tiny_pair[0], *mids, tiny_pair[1]))
+    args = ["--models", models, "--mode", "ead", "--tau", "1.5,2.5,3.5", "--max-tokens", "60"]
+    with Server(args, tmp_path / "server.log") as server:
+        spans = check_page(server, PROMPT, tmp_path / "page.png")  # one colour per model, each apart
+        assert server.stop() == 0
+    assert {model for model, _ in spans} == {"small", "mid1", "mid2", "large"}
 
 
 def open_page(server: Server, profile: Path) -> Browser:
