@@ -303,6 +303,18 @@ def test_a_name_with_a_newline_or_an_escape_is_refused_in_one_line(tmp_path: Pat
         assert b"\x1b" not in result.stderr
 
 
+def test_the_error_line_keeps_a_names_spaces_and_joiners_as_they_are(tmp_path: Path) -> None:
+    """Only what breaks the line or acts on the terminal is spelled out: an ideographic or no-break space,
+    a zero-width (non-)joiner (emoji sequences, Persian) and an RTL mark are text, and had been printed as
+    \\u3000, \\xa0, \\u200d, \\u200c, \\u200f."""
+    name = "モデル\u3000ファイル\xa0👨\u200d👩 \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645\u200f.gguf"
+    result = ead("generate", "--large", str(tmp_path / name), "hi")
+    line = assert_one_line_error(result, 1)
+    assert f"{tmp_path}/{name}" in line
+    override = ead("generate", "--large", str(tmp_path / "a\u202eb\u2028c.gguf"), "hi")
+    assert f"{tmp_path}/a\\u202eb\\u2028c.gguf" in assert_one_line_error(override, 1)
+
+
 def test_a_model_file_whose_name_is_not_utf8_loads(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
     """Linux file names are bytes: one from a Latin-1 disk had been a UnicodeEncodeError traceback (the
     smoke check's marker, then llama.cpp's path), as a path and as an LM Studio model alike."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import inspect
 import sys
+import unicodedata
 from typing import Annotated
 
 import typer
@@ -118,7 +119,18 @@ _REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors:
 
 def _fail(message: str, code: int) -> None:
     """``error: MESSAGE`` on one line: a control character a name brought in (a file name's newline, an
-    escape typed in a model name) spelled as Python would (``\\n``, ``\\x1b``), never acted on."""
-    line = "".join(char if char.isprintable() else repr(char)[1:-1] for char in message)
+    escape typed in a model name, a line separator, a bidi override that would reorder the line) spelled
+    as Python would (``\\n``, ``\\x1b``), never acted on; other text as it is (an ideographic or no-break
+    space, a zero-width joiner had been spelled out too, as ``isprintable`` judges them)."""
+    line = "".join(repr(char)[1:-1] if _acted_on(char) else char for char in message)
     sys.stderr.write(f"error: {line}\n")
     sys.exit(code)
+
+
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _acted_on(char: str) -> bool:
+    """A character a terminal acts on or breaks the line at (C0/C1 controls, DEL, line and paragraph
+    separators, bidi embeddings, overrides and isolates), or a lone surrogate (a name's undecodable byte)."""
+    return unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI_CONTROLS
