@@ -16,6 +16,7 @@ from test_cli import pair_args
 from test_serve import CTX, HI, JSON, TAU, serving
 
 from ead_cli.serve.patterns import portable_pattern, portable_patterns
+from ead_cli.serve.schemas import ApiError, ResponseFormat
 
 PERSON = {
     "type": "object",
@@ -301,3 +302,40 @@ def test_a_pattern_with_class_escapes_holds_the_answer(server: Server) -> None:
             finished += 1
             assert re.fullmatch(PATTERNS[0], json.loads(choice["message"]["content"])), choice
     assert finished
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"type": ["string", "null"], "enum": ["a", "b", None]}, "schema.enum"),
+        ({"type": ["string", "null"], "maxLength": 3}, "schema.maxLength"),
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "who": {
+                        "type": ["object", "null"],
+                        "properties": {"x": {"type": "integer"}},
+                        "required": ["x"],
+                    }
+                },
+            },
+            "schema.properties.who.properties",
+        ),
+    ],
+)
+def test_a_strict_schema_with_a_list_of_types_and_what_the_grammar_drops_beside_it_is_a_400(
+    schema: dict, where: str
+) -> None:
+    """The converter reads a list of types ("type": ["string", "null"], OpenAI's way to make a strict field
+    optional) before anything else and keeps only the types: an enum, properties or lengths beside it are
+    dropped (any string, any object came back). strict: true had let them through."""
+    response_format = ResponseFormat.model_validate(schema_named(schema, strict=True))
+    with pytest.raises(ApiError) as refused:
+        response_format.grammar()
+    assert f"response_format.json_schema.{where}:" in str(refused.value)
+    nullable = {
+        "type": "object",
+        "properties": {"n": {"type": ["integer", "null"], "description": "a count"}},
+    }
+    assert ResponseFormat.model_validate(schema_named(nullable, strict=True)).grammar()

@@ -256,18 +256,32 @@ UNHELD_KEYWORDS = frozenset(
 HELD_FORMATS = frozenset({"date", "time", "date-time", "uuid", *(f"uuid{n}" for n in range(1, 6))})
 SCHEMAS_BY_NAME = ("properties", "$defs", "definitions")
 SCHEMAS = ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems")
+# What the converter reads of a schema after its type; a list of types it reads first (unless a $ref, oneOf
+# or anyOf comes before), keeping only the types, so these beside one are dropped
+TYPED_KEYWORDS = frozenset(
+    {
+        *("const", "enum", "properties", "additionalProperties", "required", "allOf", "items"),
+        *("prefixItems", "minItems", "maxItems", "pattern", "format", "minLength", "maxLength"),
+    }
+)
 
 
 def _unheld(node: Any, where: str) -> str | None:
     """Where the first keyword of a schema that its grammar would not hold is (a format other than
-    HELD_FORMATS, or lengths beside a pattern or a format, which take their place, included)."""
+    HELD_FORMATS, lengths beside a pattern or a format, which take their place, and what a list of types
+    leaves out, included)."""
     if isinstance(node, list):
         return next(filter(None, (_unheld(item, f"{where}.{i}") for i, item in enumerate(node))), None)
     if not isinstance(node, dict):
         return None
     shaped = "pattern" in node or node.get("format") in HELD_FORMATS
+    typed = isinstance(node.get("type"), list) and not {"$ref", "oneOf", "anyOf"} & node.keys()
     for key, value in node.items():
-        if key in UNHELD_KEYWORDS or (key == "format" and (value not in HELD_FORMATS or "pattern" in node)):
+        if (
+            key in UNHELD_KEYWORDS
+            or (typed and key in TYPED_KEYWORDS)
+            or (key == "format" and (value not in HELD_FORMATS or "pattern" in node))
+        ):
             return f"{where}.{key}"
         if key in ("minLength", "maxLength") and shaped:
             return f"{where}.{key}"
