@@ -339,3 +339,21 @@ def test_a_strict_schema_with_a_list_of_types_and_what_the_grammar_drops_beside_
         "properties": {"n": {"type": ["integer", "null"], "description": "a count"}},
     }
     assert ResponseFormat.model_validate(schema_named(nullable, strict=True)).grammar()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "array", "minItems": 2},
+        {"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 3},
+    ],
+)
+def test_a_strict_array_count_without_one_items_schema_is_a_400(schema: dict) -> None:
+    """The converter counts items (minItems, maxItems) only where one schema is given for them all; an
+    array of any items or a tuple drops the count (an empty array came back for minItems 2)."""
+    response_format = ResponseFormat.model_validate(schema_named(schema, strict=True))
+    with pytest.raises(ApiError) as refused:
+        response_format.grammar()
+    assert "response_format.json_schema.schema.minItems:" in str(refused.value)
+    counted = {"type": "array", "items": {"type": "integer"}, "minItems": 2}
+    assert ResponseFormat.model_validate(schema_named(counted, strict=True)).grammar()

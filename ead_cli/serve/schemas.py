@@ -268,8 +268,8 @@ TYPED_KEYWORDS = frozenset(
 
 def _unheld(node: Any, where: str) -> str | None:
     """Where the first keyword of a schema that its grammar would not hold is (a format other than
-    HELD_FORMATS, lengths beside a pattern or a format, which take their place, and what a list of types
-    leaves out, included)."""
+    HELD_FORMATS, lengths beside a pattern or a format, which take their place, counts of items without
+    one schema for them, and what a list of types leaves out, included)."""
     if isinstance(node, list):
         return next(filter(None, (_unheld(item, f"{where}.{i}") for i, item in enumerate(node))), None)
     if not isinstance(node, dict):
@@ -284,6 +284,8 @@ def _unheld(node: Any, where: str) -> str | None:
         ):
             return f"{where}.{key}"
         if key in ("minLength", "maxLength") and shaped:
+            return f"{where}.{key}"
+        if key in ("minItems", "maxItems") and not isinstance(node.get("items"), dict):  # counts one schema's
             return f"{where}.{key}"
         if key in SCHEMAS_BY_NAME and isinstance(value, dict):
             found = (_unheld(schema, f"{where}.{key}.{name}") for name, schema in value.items())
