@@ -28,12 +28,13 @@ class TextStream:
         if not self._stop:
             released, self._pending = self._pending, ""
             return released
-        for stop in self._stop:
-            found = self._pending.find(stop)
-            if found >= 0:
-                self.stopped = True
-                released, self._pending = self._pending[:found], ""
-                return released
+        # The earliest match ends the text: one token can bring two stop strings (``xon``, --stop n
+        # --stop o), and the first one given may be the later one in the text.
+        found = min((at for at in map(self._pending.find, self._stop) if at >= 0), default=-1)
+        if found >= 0:
+            self.stopped = True
+            released, self._pending = self._pending[:found], ""
+            return released
         keep = self._held_back()
         released = self._pending[: len(self._pending) - keep]
         self._pending = self._pending[len(self._pending) - keep :]

@@ -249,6 +249,15 @@ def test_a_stop_string_split_across_tokens_is_never_printed() -> None:
     assert stream.flush() == ""
 
 
+def test_the_earliest_of_several_stop_strings_in_one_token_ends_the_text() -> None:
+    """A token that brings two stop strings at once (``xon`` with --stop n --stop o) ends before the
+    first of them in the text, whatever their order on the command line: 'o' was printed."""
+    for stops in (["n", "o"], ["o", "n"], ["on", "o"], ["xo", "on"]):
+        stream = TextStream(stops)
+        assert stream.push(b"xon") == ("" if "xo" in stops else "x"), stops
+        assert stream.stopped
+
+
 def test_text_that_only_looked_like_a_stop_string_is_released() -> None:
     stream = TextStream(["END"])
     assert stream.push(b"the EN") == "the "
