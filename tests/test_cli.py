@@ -473,6 +473,7 @@ def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragm
             "the prompt is not valid UTF-8 (byte 3)",
         ),  # an argument's byte 0xe9, as Python keeps it
         (["--system", "be \udcffrief", "hi"], "the system message is not valid UTF-8 (byte 3)"),
+        (["--stop", "x", "--stop", "\udcff", "hi"], "the stop string is not valid UTF-8 (byte 0)"),
     ],
 )
 def test_arguments_that_are_not_utf8(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:

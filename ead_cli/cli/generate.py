@@ -53,7 +53,7 @@ def generate(
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
-    from ..prompt import check_prompt_text, check_system_fits, encode_fitting, render_prompt
+    from ..prompt import check_prompt_text, check_system_fits, check_text, encode_fitting, render_prompt
     from .render import (
         JsonlRenderer,
         TextRenderer,
@@ -67,6 +67,8 @@ def generate(
     if raw and system:  # the template is what places a system message: --raw dropped it unsaid
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
     text = check_prompt_text(read_prompt(prompt))
+    for string in stop or ():  # an argument's bytes that are not UTF-8 would never match the text
+        check_text(string, "the stop string")
     check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=tuple(stop or ()))
