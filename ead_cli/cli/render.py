@@ -28,6 +28,8 @@ RESET = "\x1b[0m"
 # What a terminal would act on rather than show: C0 controls but tab and newline, DEL, and C1 controls
 # (some terminals read U+009B as ESC [, a CSI).
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# What JSON leaves raw of those (it escapes C0 controls itself): DEL and the C1 controls.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f]")
 
 
 def spell_controls(text: str) -> str:
@@ -176,7 +178,12 @@ class JsonlRenderer(Renderer):
     utf8 = True
 
     def _text(self, event: TokenEvent) -> str:
-        return json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False) + "\n"
+        """At a terminal the controls JSON leaves raw go as \\u escapes (the same JSON), so a token's
+        U+009B, which some terminals read as ESC [, cannot drive it."""
+        line = json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False)
+        if self.terminal:
+            line = _RAW_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
+        return line + "\n"
 
     def finish(self, summary: Summary) -> None:
         self.write(json.dumps({"type": "summary", **asdict(summary)}) + "\n")
