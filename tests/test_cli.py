@@ -601,6 +601,50 @@ def test_ctrl_c_keeps_the_partial_answer_and_prints_stats() -> None:
     assert "(interrupted)" in text and "Traceback" not in text
 
 
+SECOND_CTRL_C = """
+import _thread, io, os, signal, sys
+import ead_cli.cli as cli
+from ead_cli.cli.render import Renderer
+
+
+class ImpatientStderr(io.TextIOWrapper):
+    def write(self, text):
+        written = super().write(text)
+        if text.startswith("error: "):  # the second Ctrl-C, as the first is reported
+            self.flush()
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+
+shown = []
+
+
+def trip(frame, event, arg):
+    if event == "return" and frame.f_code is Renderer.event.__code__:
+        shown.append(1)
+        if len(shown) == 3:  # the first Ctrl-C, mid-answer
+            _thread.interrupt_main()
+
+
+sys.stderr = ImpatientStderr(open(2, "wb", closefd=False), line_buffering=True)
+sys.setprofile(trip)
+cli.main(sys.argv[1:])
+"""
+
+
+def test_a_second_ctrl_c_while_the_first_is_reported_is_no_traceback(tiny_pair: tuple[Path, Path]) -> None:
+    """An impatient user presses Ctrl-C twice: the second lands while ead reports the first and exits
+    (or in the interpreter's shutdown after it), where a KeyboardInterrupt was a traceback. It ends the
+    process as a signal does (a shell says 130 either way), after the one line."""
+    args = ["generate", *pair_args(tiny_pair), "--mode", "ead", "--max-tokens", "50", "hi"]
+    command = [sys.executable, "-c", SECOND_CTRL_C, *args]
+    result = subprocess.run(command, capture_output=True, timeout=120, preexec_fn=interruptible)
+    err = result.stderr.decode()
+    assert result.returncode in (130, -signal.SIGINT), err
+    assert err == "error: interrupted\n"
+    assert result.stdout.endswith(b"\n") and len(result.stdout) > 1
+
+
 @pytest.mark.real
 def test_ctrl_c_during_a_long_prefill_stops_it_cleanly() -> None:
     """A 2,000-token prompt takes the large model (one thread) many seconds to read; Ctrl-C lands inside

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import signal
 import sys
 import unicodedata
 from typing import Annotated
@@ -121,7 +122,14 @@ def _fail(message: str, code: int) -> None:
     """``error: MESSAGE`` on one line: a control character a name brought in (a file name's newline, an
     escape typed in a model name, a line separator, a bidi override that would reorder the line) spelled
     as Python would (``\\n``, ``\\x1b``), never acted on; other text as it is (an ideographic or no-break
-    space, a zero-width joiner had been spelled out too, as ``isprintable`` judges them)."""
+    space, a zero-width joiner had been spelled out too, as ``isprintable`` judges them).
+
+    Ctrl-C and SIGTERM take their default action from here on: a second Ctrl-C (an impatient user) while
+    the first is reported, or in the interpreter's shutdown after it, was a KeyboardInterrupt's traceback;
+    now it ends the process as a signal does. Not ignored: the last flush of an answer whose reader has
+    stopped reading blocks, and a signal must still end it."""
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_DFL)
     line = "".join(repr(char)[1:-1] if _acted_on(char) else char for char in message)
     sys.stderr.write(f"error: {line}\n")
     sys.exit(code)
