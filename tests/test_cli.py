@@ -767,6 +767,37 @@ def test_a_signal_while_the_reader_lags_keeps_every_counted_token(
     assert [json.loads(line)["index"] for line in lines[:-1]] == list(range(summary["generated"]))
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_gives_up_the_output_of_a_reader_that_never_reads(
+    tiny_pair: tuple[Path, Path], stop: signal.Signals
+) -> None:
+    """The first signal keeps the output, so ead waits on a reader that lags; one that never reads (a
+    stuck consumer, ``timeout 60 ead ... | stuck``) held ead there, and a second signal then blocked at
+    the exit's flush: it took a third. The second gives up what the reader never took and ends ead."""
+    args = [*pair_args(tiny_pair), "--ctx", "4096", "--max-tokens", "4000", "--format", "jsonl", "hi"]
+    process = subprocess.Popen(
+        [EAD, "generate", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible
+    )
+    wchan = Path(f"/proc/{process.pid}/wchan")  # where the main thread sleeps: in a pipe's write, once full
+    deadline = time.monotonic() + 60
+    for _ in range(2):
+        while "pipe_write" not in wchan.read_text():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        process.send_signal(stop)
+        while stop in pending(process.pid):  # taken by the blocked write
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    try:
+        process.wait(timeout=60)  # not read: the reader never reads
+    finally:
+        process.kill()
+    assert process.stderr is not None
+    err = process.stderr.read().decode()
+    assert process.returncode == 128 + stop, err
+    assert err == f"error: {'terminated' if stop == signal.SIGTERM else 'interrupted'}\n"
+
+
 def test_sigterm_stops_like_ctrl_c_and_keeps_the_output(tiny_pair: tuple[Path, Path]) -> None:
     args = [*pair_args(tiny_pair), "--ctx", "2048", "--max-tokens", "2000", "--format", "jsonl", "--stats"]
     process = subprocess.Popen([EAD, "generate", *args, "hi"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

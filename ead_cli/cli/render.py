@@ -131,9 +131,15 @@ def stream_answer(response: Response, renderer: Renderer) -> int:
         renderer.finish(response.summary())
     except (KeyboardInterrupt, Terminated) as interrupt:
         last = response.last_event
-        if last is not None and last.index > renderer.shown:  # counted, but the signal came first
-            renderer.event(last)
-        renderer.finish(response.summary())
+        try:
+            if last is not None and last.index > renderer.shown:  # counted, but the signal came first
+                renderer.event(last)
+            renderer.finish(response.summary())
+        except (KeyboardInterrupt, Terminated):
+            # A second signal while a reader that stopped reading holds the output back: what it never
+            # took goes to /dev/null, or the exit's own flush would block on it again.
+            silence_stdout()
+            raise
         return 143 if isinstance(interrupt, Terminated) else 130
     except BrokenPipeError:
         silence_stdout()
