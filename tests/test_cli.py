@@ -285,6 +285,25 @@ def test_any_commands_output_to_a_full_disk_is_one_line(args: list[str]) -> None
     assert result.returncode == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "redirect", "message"),
+    [
+        (["models", "list"], "1</dev/null", "cannot write the output: stdout is not open for writing"),
+        (["--version"], "1</dev/null", "cannot write the output: stdout is not open for writing"),
+        (["chat", "--threads", "1"], "0>/dev/null", "cannot read the input: stdin is not open for reading"),
+    ],
+)
+def test_a_standard_stream_opened_the_wrong_way_is_one_line(
+    tiny_pair: tuple[Path, Path], args: list[str], redirect: str, message: str
+) -> None:
+    """stdout opened for reading (``1</dev/null``) or stdin for writing (``0>file``): each read or write
+    fails with EBADF, which had been a traceback in any command but generate."""
+    models = pair_args(tiny_pair) if args[0] == "chat" else []
+    line = f"{shlex.join([EAD, *args, *models])} {redirect}"
+    result = subprocess.run(["bash", "-c", line], capture_output=True, timeout=120)
+    assert (result.returncode, result.stderr.decode()) == (1, f"error: {message}\n")
+
+
 def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
     """A stream the shell closed is None in Python: a prompt given as an argument needs no stdin; where a
     command needs the stream, one line before any model loads."""

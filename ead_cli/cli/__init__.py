@@ -8,7 +8,9 @@ Each command group lives in its own module (``generate``: generate, chat, serve,
 from __future__ import annotations
 
 import errno
+import fcntl
 import inspect
+import os
 import signal
 import sys
 import unicodedata
@@ -105,16 +107,33 @@ def main(argv: list[str] | None = None) -> None:
         silence_stdout()
         sys.exit(141)
     except OSError as error:  # an output that refuses the text (a full disk): any command's, in one line
-        if error.errno not in _REFUSED_OUTPUT:
+        misopened = _misopened() if error.errno == errno.EBADF else None
+        if error.errno not in _REFUSED_OUTPUT and misopened is None:
             raise
         silence_stdout()
-        _fail(f"cannot write the output: {error.strerror}", 1)
+        _fail(misopened or f"cannot write the output: {error.strerror}", 1)
     if code in _STOPPED:  # typer turns a Ctrl-C inside a command into a bare exit code: say what happened
         _fail(_STOPPED[code], code)
     sys.exit(code or 0)
 
 
 _STOPPED = {130: "interrupted", 143: "terminated"}
+
+
+def _misopened() -> str | None:
+    """Why a read or write of stdin or stdout failed with EBADF: the shell opened it the wrong way round
+    (``1</dev/null``, ``0>file``), which had been a traceback in any command but generate."""
+    for fd, wanted, problem in (
+        (1, os.O_WRONLY, "cannot write the output: stdout is not open for writing"),
+        (0, os.O_RDONLY, "cannot read the input: stdin is not open for reading"),
+    ):
+        try:
+            mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        except OSError:  # closed: Python's own stream is None, which the commands say themselves
+            continue
+        if mode not in (wanted, os.O_RDWR):
+            return problem
+    return None
 _REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors: no read raises them
 
 
