@@ -157,16 +157,22 @@ def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair
 
 def test_json_lines_at_a_terminal_escape_the_controls_json_leaves_raw() -> None:
     """JSON escapes C0 controls, not DEL or C1 ones (U+0080-U+009F; some terminals read U+009B as ESC [):
-    at a terminal a token's line carries them as \\u escapes, the same JSON; a pipe gets them raw."""
+    at a terminal a token's line carries them as \\u escapes, the same JSON; a pipe gets them raw. So
+    for ead depth generate's lines."""
+    from ead_cli.cli.depth import DepthJsonlRenderer
     from ead_cli.cli.render import JsonlRenderer
     from ead_cli.decoder import TokenEvent
+    from ead_cli.depth.model import DepthEvent
 
     text = "a\x9b2J\x7f\x85é"
-    event = TokenEvent(0, 1, text, "small", 1.0, 1.0, None)
-    for opener in (os.openpty, os.pipe):
+    renderers = [
+        (JsonlRenderer, TokenEvent(0, 1, text, "small", 1.0, 1.0, None)),
+        (DepthJsonlRenderer, DepthEvent(0, 1, text, 4, ((4, 0.5),))),
+    ]
+    for (renderer, event), opener in itertools.product(renderers, (os.openpty, os.pipe)):
         reader, writer = opener()
         with open(writer, "w", encoding="utf-8") as out:
-            JsonlRenderer(out).event(event)
+            renderer(out).event(event)
         line = os.read(reader, 4096).replace(b"\r\n", b"\n")  # a terminal's own CR LF
         os.close(reader)
         assert json.loads(line)["text"] == text

@@ -328,7 +328,7 @@ class DepthJsonlRenderer(Renderer):
     def _text(self, event: DepthEvent) -> str:  # type: ignore[override]
         record = {"type": "token", **asdict(event)}
         record["probes"] = {str(layer): round(bits, 4) for layer, bits in event.probes}
-        return json.dumps(record, ensure_ascii=False) + "\n"
+        return self.json_line(record)
 
     def finish(self, summary: DepthSummary) -> None:
         record = {"type": "summary", **asdict(summary), "flop_ratio": summary.flop_ratio}

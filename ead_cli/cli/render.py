@@ -86,6 +86,15 @@ class Renderer:
         a pipe or a file, as written."""
         return spell_controls(text) if self.terminal else text
 
+    def json_line(self, record: dict[str, Any]) -> str:
+        """``record`` as a line of JSON lines' output. At a terminal the controls JSON leaves raw go as
+        \\u escapes (the same JSON), so a token's U+009B, which some terminals read as ESC [, cannot
+        drive it."""
+        line = json.dumps(record, ensure_ascii=False)
+        if self.terminal:
+            line = _RAW_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
+        return line + "\n"
+
     def event(self, event: TokenEvent) -> None:
         data = self._encode(self._text(event))
         self.binary.write(data)
@@ -184,12 +193,7 @@ class JsonlRenderer(Renderer):
     utf8 = True
 
     def _text(self, event: TokenEvent) -> str:
-        """At a terminal the controls JSON leaves raw go as \\u escapes (the same JSON), so a token's
-        U+009B, which some terminals read as ESC [, cannot drive it."""
-        line = json.dumps({"type": "token", **asdict(event)}, ensure_ascii=False)
-        if self.terminal:
-            line = _RAW_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
-        return line + "\n"
+        return self.json_line({"type": "token", **asdict(event)})
 
     def finish(self, summary: Summary) -> None:
         self.write(json.dumps({"type": "summary", **asdict(summary)}) + "\n")
