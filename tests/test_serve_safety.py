@@ -4,6 +4,7 @@ each test drives a real server subprocess over real sockets."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import socket
 import threading
@@ -312,9 +313,13 @@ def test_a_page_elsewhere_cannot_drive_a_loopback_server(
         rebound = httpx.get(f"{server.url}/v1/models", headers={"Host": f"evil.example:{port}"})
         assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "invalid_host"
         assert httpx.get(f"{server.url}/", headers={"Host": f"evil.example:{port}"}).status_code == 403
-        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
-            same = post(server, CHAT, body, headers={"Host": host, "Origin": f"http://{host}"})
-            assert same.status_code == 200  # the page the server serves itself
+        for host, scheme in itertools.product((f"localhost:{port}", f"127.0.0.1:{port}"), ("http", "https")):
+            same = post(server, CHAT, body, headers={"Host": host, "Origin": f"{scheme}://{host}"})
+            assert same.status_code == 200  # the page the server serves itself (https: behind a TLS proxy)
+        for scheme in ("ftp", "https"):  # the scheme alone of the server's own origin, not another host's
+            foreign = {"Host": f"localhost:{port}", "Origin": f"{scheme}://x.example"}
+            other = post(server, CHAT, body, headers=foreign)
+            assert other.status_code == 403
         preflight = httpx.options(
             f"{server.url}{CHAT}",
             headers={

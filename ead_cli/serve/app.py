@@ -166,7 +166,9 @@ class Guard:
             return ApiError(403, message, code="invalid_host")
         origin = headers.get("origin")
         allowed = self.options.cors_origins
-        if origin is None or origin == f"http://{host}" or origin in allowed or "*" in allowed:
+        # its own page, over http or behind a TLS proxy (the page then at https://HOST, as the Host says)
+        own = origin in (f"http://{host}", f"https://{host}")
+        if origin is None or own or origin in allowed or "*" in allowed:
             return None
         message = (
             f"pages at {origin} may not use this server: start it with --cors-origin {origin} to allow them"
