@@ -6,7 +6,6 @@ tiny models write garbage code, so every HumanEval sample fails, but every file 
 
 from __future__ import annotations
 
-import _thread
 import csv
 import dataclasses
 import json
@@ -18,9 +17,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
+from ctrl_c import ctrl_c_at_return
 
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
 from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
@@ -750,20 +749,8 @@ def test_a_ctrl_c_while_the_plot_is_written_leaves_the_old_plot_whole(tmp_path: 
     whole = write_report(tmp_path, aggregate(RECORDS)).plot
     assert whole is not None
     before = whole.read_bytes()
-    chunks: list[int] = []
-
-    def trip(frame: FrameType, event: str, _: object) -> None:
-        if event == "return" and frame.f_code is png.putchunk.__code__:
-            chunks.append(1)
-            if len(chunks) == 2:
-                _thread.interrupt_main()
-
-    sys.setprofile(trip)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            write_report(tmp_path, aggregate(RECORDS[:-1]))
-    finally:
-        sys.setprofile(None)
+    with ctrl_c_at_return(png.putchunk.__code__, 2) as chunks:
+        write_report(tmp_path, aggregate(RECORDS[:-1]))
     assert len(chunks) >= 2 and whole.read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["plot.png", "report.csv", "report.md"]
 

@@ -3,23 +3,20 @@ the readout, the profile, the baselines and the command line, on tiny generated 
 
 from __future__ import annotations
 
-import _thread
 import itertools
 import json
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 import gguf
 import llama_cpp
 import numpy as np
 import pytest
-from ctrl_c import indices_before_ctrl_c
+from ctrl_c import ctrl_c_at_return, indices_before_ctrl_c
 from test_cli import EAD, assert_one_line_error, at_a_terminal, ead, interruptible, read_to_the_end
 from tiny_models import write_tiny_model
 
@@ -510,20 +507,8 @@ def test_a_ctrl_c_while_the_plot_is_written_leaves_the_old_plot_whole(tmp_path: 
     path = tmp_path / "eval.png"
     assert plot(result, path) is None
     before = path.read_bytes()
-    chunks: list[int] = []
-
-    def trip(frame: FrameType, event: str, _: object) -> None:
-        if event == "return" and frame.f_code is png.putchunk.__code__:
-            chunks.append(1)
-            if len(chunks) == 2:
-                _thread.interrupt_main()
-
-    sys.setprofile(trip)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            plot(result | {"model": "other.gguf"}, path)
-    finally:
-        sys.setprofile(None)
+    with ctrl_c_at_return(png.putchunk.__code__, 2) as chunks:
+        plot(result | {"model": "other.gguf"}, path)
     assert len(chunks) >= 2 and path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["eval.png"]
 
