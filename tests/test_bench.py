@@ -176,11 +176,39 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
     run_program(code, timeout_s=3)
     if not pid_file.exists() or not pid_file.read_text():
         pytest.skip("no grandchild started (the sandbox refuses to fork where the user is not root)")
-    status = Path(f"/proc/{pid_file.read_text()}/status")
+    assert wait_gone(pid_file.read_text()), "the grandchild outlived the limit"
+
+
+def wait_gone(pid: str) -> bool:
+    """Whether the process is gone (or a zombie no one reaps) within 30 s."""
+    status = Path(f"/proc/{pid}/status")
     deadline = time.monotonic() + 30
     while status.exists() and "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not status.exists() or "State:\tZ" in status.read_text(), "the grandchild outlived the limit"
+    return not status.exists() or "State:\tZ" in status.read_text()
+
+
+@pytest.mark.parametrize("leave", ["os.setsid()", "os.setpgid(0, 0)"])
+def test_a_grandchild_that_leaves_the_process_group_is_ended_too(tmp_path: Path, leave: str) -> None:
+    """A daemon (fork, a new session or process group, fork, the middle one exits) is out of the group that
+    is killed at the end; it had lived on after the sample, as the user who ran the bench (root can fork)."""
+    pid_file = tmp_path / "daemon.pid"
+    code = f"""import os, time
+if os.fork() == 0:
+    {leave}
+    if os.fork() == 0:
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)
+    os._exit(0)
+time.sleep(0.5)
+def add(a, b):
+    return a + b
+"""
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox refuses to fork where the user is not root")
+    assert check_solution(ADD, code, timeout_s=5) == Outcome("passed")
+    assert pid_file.read_text()
+    assert wait_gone(pid_file.read_text()), "the daemon outlived the sample"
 
 
 REAL_TIME = signal.SIGRTMIN + 2  # no name in signal.Signals

@@ -5,7 +5,9 @@ Sandbox. The program ``code + test + check(entry_point) + print(<random sentinel
 files elsewhere, so a program that deletes files or its folder cannot take it away), with stdin closed,
 a minimal environment, a wall-clock limit (10 s by default; the whole process group is killed at it) and,
 via ``resource`` limits, 2 GiB of address space, CPU seconds, 16 MiB of output files, no core files and
-no new processes (not enforced for root).
+no new processes (not enforced for root). On Linux the caller adopts, for the run, what the program's
+processes leave behind as they die (a subreaper), so a daemon in a session or process group of its own
+is found and killed too when the program ends.
 A sample passes only if the program exits with status 0 *and* printed the sentinel line (however much
 output follows it), so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax error is
 a failed sample.
@@ -15,6 +17,7 @@ This limits accidents; it is not a security boundary against hostile code.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import mmap
 import os
@@ -90,6 +93,45 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def _set_subreaper(on: bool) -> bool:
+    """Linux: whether this process now adopts its orphaned descendants (a daemon the program starts) in
+    place of init, so that they can be found and ended; elsewhere nothing, and False."""
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    return False
+
+
+def _children() -> set[int]:
+    """This process's children, from /proc (a stat's parent pid follows the last ')' of its name)."""
+    children: set[int] = set()
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
+            if int(Path(entry.path, "stat").read_bytes().rpartition(b")")[2].split()[1]) == me:
+                children.add(int(entry.name))
+    return children
+
+
+def _end_strays(before: set[int]) -> None:
+    """Kill and reap every child this process did not have before the program: what the program left
+    outside its process group (a new session or group), adopted here as its parents died. Their own
+    children are adopted in turn as they die, so until none is left."""
+    while strays := _children() - before:
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in strays:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
 def run_program(
     source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES, mark: str | None = None
 ) -> Execution:
@@ -108,6 +150,8 @@ def run_program(
         (work / "program.py").write_text(source, encoding="utf-8")
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": folder, "TMPDIR": folder}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            adopting = _set_subreaper(True)
+            before = _children() if adopting else set()
             try:
                 process = subprocess.Popen(
                     [sys.executable, "-I", "program.py"],
@@ -120,15 +164,20 @@ def run_program(
                     preexec_fn=partial(_apply_limits, limits),
                 )
             except OSError as error:
+                if adopting:
+                    _set_subreaper(False)
                 raise EadError(f"could not start the sandbox: {error}") from None
             try:
                 returncode: int | None = process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 returncode = None
-            finally:  # also ends anything the program left running in its process group
+            finally:  # also ends anything the program left running in its process group, or outside it
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+                if adopting:
+                    _end_strays(before | {process.pid})
+                    _set_subreaper(False)
             printed_mark = mark is not None and _has_line(out, mark)
             return Execution(returncode, _tail(out), _tail(err), printed_mark)
 
