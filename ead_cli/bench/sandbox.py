@@ -5,13 +5,17 @@ Sandbox. The program ``code + test + check(entry_point) + print(<random sentinel
 files elsewhere, so a program that deletes files or its folder cannot take it away), with stdin closed,
 a minimal environment, a wall-clock limit (10 s by default; the whole process group is killed at it) and,
 via ``resource`` limits, 2 GiB of address space, CPU seconds, 16 MiB of output files, no core files and
-no new processes (not enforced for root). On Linux the caller adopts, for the run, what the program's
+no new processes or threads (the kernel counts both; not enforced for root, whose program may start as
+many as it likes until the limit ends them). On Linux the caller adopts, for the run, what the program's
 processes leave behind as they die (a subreaper), so a daemon in a session or process group of its own
 is found and killed too when the program ends.
 A sample passes only if the program exits with status 0 *and* printed the sentinel line (however much
 output follows it), so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax error is
 a failed sample.
-This limits accidents; it is not a security boundary against hostile code.
+This limits accidents; it is not a security boundary against hostile code: the program runs as the user,
+so it can read and write their files, use the network and signal their processes (the bench itself), and
+a deliberately hostile one can fake a pass (read the sentinel from its own source and print it, or return
+an object equal to anything).
 """
 
 from __future__ import annotations
