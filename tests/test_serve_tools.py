@@ -69,6 +69,32 @@ def test_calls_alike_stream_each_at_its_own_index() -> None:
         assert calls[0].id != calls[1].id
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call_alone() -> None:
+    """``parallel_tool_calls: false`` promises the client one call at most (an agent that runs one tool a
+    turn); the model, which no grammar binds, may still write two: both had been sent, whole and streamed.
+    The first is the answer's call, a later one is left out (neither a call nor markup in the text)."""
+    block = '<tool_call>{"name": "multiply", "arguments": {"a": 6}}</tool_call>'
+    other = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    text = f"Two.\n{block}\n{other}"
+    assert split_answer(text, NAMES, parallel=False) == ("Two.", [ToolCall("multiply", '{"a": 6}')])
+    assert len(split_answer(text, NAMES)[1]) == 2  # parallel calls, the default, all kept
+    reply = _Reply(
+        "chat.completion", "/v1/chat/completions", print, seed=0, piece=bytes, tools=NAMES, parallel=False
+    )
+    reader = reply.reader()
+    state = ChatCompletionStreamState()
+    for i in range(0, len(text), 5):
+        for chunk in reply._piece_chunks(reader.push(text[i : i + 5]), reader, {}):
+            state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk))
+    for chunk in reply._piece_chunks(reader.finish(), reader, {}):
+        state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk))
+    message = state.current_completion_snapshot.choices[0].message
+    assert [(call.function.name, call.function.arguments) for call in message.tool_calls] == [
+        ("multiply", '{"a": 6}')
+    ]
+    assert "<tool_call>" not in (message.content or "")
+
+
 def test_a_bare_json_answer_is_a_call_only_if_it_names_a_tool_offered() -> None:
     assert split_answer(f"  {CALL}\n", NAMES) == ("", [ToolCall("get_weather", '{"city": "Paris"}')])
     data = '{"name": "Ada", "age": 36}'  # JSON the user asked for, not a call

@@ -407,6 +407,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             seed=job.generation.sampling.seed,
             piece=engine.runners[0].token_bytes,
             tools=names,
+            parallel=not isinstance(body, ChatRequest) or body.parallel_tool_calls is not False,
             usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
         )
         if body.stream:
@@ -562,6 +563,7 @@ class _Reply:
         seed: int,
         piece: Callable[[int], bytes],
         tools: frozenset[str] | None = None,
+        parallel: bool = True,
         usage_chunk: bool = False,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
@@ -571,11 +573,16 @@ class _Reply:
         self.piece = piece  # a token id's bytes, for log-probabilities
         self._scored = _ScoredText(piece)
         self.tools = tools  # the names of the tools offered: read calls out of the answer
+        self.parallel = parallel  # parallel_tool_calls: more than one call per answer
         self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.chat = kind == "chat.completion"
         self._role_sent = False  # a stream names the role in its first delta only, as OpenAI does
+
+    def reader(self) -> ToolCallReader | None:
+        """The reader of the calls in a streamed answer; None where no tools are offered."""
+        return ToolCallReader(self.tools, self.parallel) if self.tools else None
 
     def _envelope(self, object_kind: str, choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
         """The answer or chunk around its one choice (None: a chunk of no choice, the usage chunk)."""
@@ -675,7 +682,7 @@ class _Reply:
         """Server-sent events: a chunk per token with its model, then the finish with usage and figures
         (with ``usage_chunk``, the usage in a chunk of its own after it)."""
         ended = False
-        reader = ToolCallReader(self.tools) if self.tools else None
+        reader = self.reader()
         try:
             while True:
                 message = await ticket.messages.get()
@@ -747,7 +754,7 @@ class _Reply:
         else:
             answer: dict[str, Any] = {"role": "assistant", "content": text}
             if self.tools:
-                content, calls = split_answer(text, self.tools)
+                content, calls = split_answer(text, self.tools, self.parallel)
                 if calls:
                     answer = {
                         "role": "assistant",

@@ -64,10 +64,12 @@ class ToolCallReader:
     """The answer's text as it streams in, split into text to show and calls. Text that may be the start
     of a ``<tool_call>`` is held until it is one or is not; an answer that opens with ``{`` is held to its
     end, where it is a call if it is the bare ``{"name", "arguments"}`` object small models often write
-    without the markup."""
+    without the markup. Without ``parallel`` (``parallel_tool_calls: false``) a call after the first is
+    left out: the client asked for one at most, and no grammar kept the model from writing more."""
 
-    def __init__(self, names: frozenset[str]) -> None:
+    def __init__(self, names: frozenset[str], parallel: bool = True) -> None:
         self.names = names
+        self.parallel = parallel
         self._pending = ""
         self._bare: bool | None = None  # undecided until the answer's first character that is not space
         self.calls: list[ToolCall] = []
@@ -97,6 +99,8 @@ class ToolCallReader:
                 out.append(before)
             if call is None:
                 out.append(f"{OPEN}{block}{CLOSE}")
+            elif self.calls and not self.parallel:
+                continue  # one call at most: a later one is neither a call nor text
             else:
                 self.calls.append(call)
                 out.append(call)
@@ -122,9 +126,9 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def split_answer(text: str, names: frozenset[str]) -> tuple[str, list[ToolCall]]:
+def split_answer(text: str, names: frozenset[str], parallel: bool = True) -> tuple[str, list[ToolCall]]:
     """A whole answer: its text outside the calls (stripped of the blank lines around them), and its calls."""
-    reader = ToolCallReader(names)
+    reader = ToolCallReader(names, parallel)
     pieces = [*reader.push(text), *reader.finish()]
     shown = "".join(piece for piece in pieces if isinstance(piece, str))
     return (shown.strip() if reader.calls else shown), reader.calls
