@@ -161,6 +161,54 @@ def test_json_nested_past_the_parsers_recursion_limit_stays_text(tools_server: S
     assert answered.json()["usage"]["prompt_tokens"] > len(deep) // 4  # the text reached the prompt
 
 
+CALL_SCHEMA = {  # a bare call of multiply, JSON mode makes the tiny model write it
+    "type": "object",
+    "properties": {
+        "name": {"const": "multiply"},
+        "arguments": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
+
+
+def test_a_call_alone_has_no_content_streamed_as_whole(tools_server: Server) -> None:
+    """An answer that is a call alone has ``content: null`` (OpenAI's shape), and the openai client's
+    stream helper adds the stream up to the same message: an empty content delta, sent for the tokens
+    held while the call was still open, had made it ``""``. The call, its finish reason and the tokens'
+    log-probabilities are the same both ways; ``parallel_tool_calls: false`` and ``logprobs`` go along."""
+    client = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {
+        "model": "ead",
+        "messages": [{"role": "user", "content": "What is 6 times 7?"}],
+        "tools": TOOLS,
+        "parallel_tool_calls": False,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
+        "temperature": 0,
+        "max_tokens": 60,
+        "logprobs": True,
+    }
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    (call,) = whole.message.tool_calls
+    assert call.function.name == "multiply" and set(json.loads(call.function.arguments)) == {"a", "b"}
+    with client.chat.completions.stream(**request) as stream:
+        events = [event.type for event in stream]
+        streamed = stream.get_final_completion().choices[0]
+    assert "content.delta" not in events
+    assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
+    assert streamed.message.role == "assistant"
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+    assert [e.bytes for e in streamed.logprobs.content] == [e.bytes for e in whole.logprobs.content]
+
+
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [

@@ -605,7 +605,7 @@ class _Reply:
     def _delta(self, delta: dict[str, Any], finish: str | None, logprobs: Any = None, **extra: Any) -> str:
         """A chat chunk; the first delta names the role, the others not: the openai client's stream
         helper adds up a string each delta repeats (a role in every chunk was 'assistantassistant...')."""
-        if delta and not self._role_sent:
+        if finish is None and not self._role_sent:  # a token's chunk, if only its held text's
             delta, self._role_sent = {"role": "assistant", **delta}, True
         choice = {"delta": delta, "finish_reason": finish, "logprobs": logprobs}
         return json.dumps(self._envelope("chat.completion.chunk", choice, **extra), ensure_ascii=False)
@@ -617,8 +617,10 @@ class _Reply:
         first = {"ead": _token_fields(token.event), "logprobs": self._logprobs(self._scored.add(token))}
         if reader is None:
             return [self._chunk(token.event.text, None, **first)]
+        # a token that completes nothing yet (text that may open a call) says nothing of the content: an
+        # empty one made a call alone's content "" once a client added the deltas up (whole: null)
         return self._piece_chunks(reader.push(token.event.text), reader, first) or [
-            self._chunk("", None, **first)
+            self._delta({}, None, **first)
         ]
 
     def _piece_chunks(
