@@ -196,3 +196,21 @@ def test_logprobs_cover_the_text_shown_when_a_stop_string_cuts_it(server: Server
     named = zip(offsets, tokens, strict=True)  # a token that is not text alone is named by its bytes
     whole = [(offset, token) for offset, token in named if not token.startswith(("bytes:", "token_id:"))]
     assert whole and all(text[offset:].startswith(token) for offset, token in whole)
+
+
+def test_text_offset_after_a_broken_character_is_where_the_token_s_text_starts(server: Server) -> None:
+    """A byte that opens a character the next token does not finish shows as U+FFFD once that token
+    comes: the U+FFFD is the byte's, so the next token's text starts after it. Its offset had been the
+    U+FFFD's (one character early), and the text there was not the token's."""
+    arose = False
+    for seed in range(8):
+        body = {"prompt": PROMPT, "max_tokens": 40, "temperature": 1, "seed": seed, "logprobs": 1}
+        reply = httpx.post(f"{server.base_url}/completions", json=body, headers=JSON, timeout=60).json()
+        text, logprobs = reply["choices"][0]["text"], reply["choices"][0]["logprobs"]
+        named = list(zip(logprobs["text_offset"], logprobs["tokens"], strict=True))
+        for (offset, token), (_, before) in zip(named[1:], named, strict=False):
+            if token.startswith(("bytes:", "token_id:")):
+                continue
+            arose |= before.startswith("bytes:") and text[offset - 1 : offset] == "\ufffd"
+            assert text[offset:].startswith(token), (seed, offset, token, text)
+    assert arose  # the case this is about did arise

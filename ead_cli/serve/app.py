@@ -529,8 +529,12 @@ class _ScoredText:
         if token.logprobs is None:
             return []
         self.asked = True
-        start = self._written
-        self._written += len(self._decoder.decode(self.piece(token.event.token)))
+        piece = self.piece(token.event.token)
+        # the bytes of a character begun before, which this token's first byte breaks, show as one U+FFFD
+        # ahead of this token's own text (one finished here starts where it began)
+        held = self._decoder.getstate()[0]
+        start = self._written + (held != b"" and piece != b"" and not _continues(held, piece[:1]))
+        self._written += len(self._decoder.decode(piece))
         self._shown += len(token.event.text)
         self._waiting.append((token.event, token.logprobs, start, self._written))
         return self._release(lambda start, end: end <= self._shown)
@@ -549,6 +553,15 @@ class _ScoredText:
             count += 1
         released, self._waiting = self._waiting[:count], self._waiting[count:]
         return [(event, scores, start) for event, scores, start, _ in released]
+
+
+def _continues(held: bytes, byte: bytes) -> bool:
+    """Whether ``byte`` goes on with the character that the bytes ``held`` begin."""
+    try:
+        codecs.utf_8_decode(held + byte, "strict", False)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class _Reply:
