@@ -179,7 +179,8 @@ class RemoteRunner:
             response, payload = self._exchange(method, path, data)
         except TimeoutError:
             self._drop_connection()
-            raise RemoteError(f"{self.url} did not answer {path} within {self.timeout_s:g} s") from None
+            # the origin: an OpenAI address's /v1 is in the path (it had been '.../v1 did not answer /v1/...')
+            raise RemoteError(f"{self._origin} did not answer {path} within {self.timeout_s:g} s") from None
         except (OSError, http.client.HTTPException) as error:
             self._drop_connection()
             raise RemoteError(self._failure(path, error)) from None

@@ -199,6 +199,16 @@ def test_a_server_that_never_answers_times_out(tiny_pair) -> None:
     assert time.monotonic() - began < 30
 
 
+def test_an_openai_server_that_never_answers_is_named_once(tiny_pair) -> None:
+    """The address with its /v1 once: it had been '.../v1 did not answer /v1/models within 1 s'."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        result = ead("generate", *models(tiny_pair[0], f"{url}/v1"), "--remote-timeout", "1", "hi")
+    assert assert_one_line_error(result, 1) == f"error: {url} did not answer /v1/models within 1 s"
+
+
 class _Wrong(BaseHTTPRequestHandler):
     """Answers like no llama-server would: the test sets what."""
 
