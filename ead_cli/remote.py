@@ -189,6 +189,8 @@ class RemoteRunner:
             self.network.seconds += perf_counter() - began
         self.network.bytes_sent += len(data or b"")
         self.network.bytes_received += len(payload)
+        if 300 <= response.status < 400:
+            raise RemoteError(self._redirect(path, response))
         try:
             reply = json.loads(payload) if payload else None
         except (ValueError, RecursionError):  # nested past Python's limit: not JSON ead can read
@@ -199,6 +201,14 @@ class RemoteRunner:
             message = _error_message(reply)
             raise RemoteError(f"{self._origin}{path} failed with HTTP {response.status}: {message}")
         return reply
+
+    def _redirect(self, path: str, response: http.client.HTTPResponse) -> str:
+        """A 3xx in one line with where it points: ead follows none (a request's body and the address
+        the tokenizer was checked at would not follow), and one had been taken for a healthy server,
+        then 'did not describe the model' followed."""
+        location = response.getheader("Location")
+        where = f"to {one_line(location)}: give that address" if location else "without saying where"
+        return f"{self._origin}{path} redirects (HTTP {response.status}) {where}"
 
     def _failure(self, path: str, error: OSError | http.client.HTTPException) -> str:
         """Why an exchange failed, in one line: a connection refused or lost is 'unreachable'; a reply

@@ -209,6 +209,29 @@ def test_an_openai_server_that_never_answers_is_named_once(tiny_pair) -> None:
     assert assert_one_line_error(result, 1) == f"error: {url} did not answer /v1/models within 1 s"
 
 
+class _Redirect(BaseHTTPRequestHandler):
+    """Sends every request elsewhere, as a proxy or a load balancer in front of a server may."""
+
+    def do_GET(self) -> None:
+        self.send_response(301)
+        self.send_header("Location", f"https://gpu-box:8443{self.path}")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("suffix", ["", "/v1"])
+def test_a_redirect_is_named_with_where_it_points(tiny_pair, suffix: str) -> None:
+    """A 3xx had been taken for a healthy server, then 'did not describe the model' followed."""
+    with http_server(_Redirect) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}{suffix}"), "hi")
+    path = "/v1/models" if suffix else "/health"
+    expected = f"error: {url}{path} redirects (HTTP 301) to https://gpu-box:8443{path}: give that address"
+    assert assert_one_line_error(result, 1) == expected
+
+
 class _Wrong(BaseHTTPRequestHandler):
     """Answers like no llama-server would: the test sets what."""
 
