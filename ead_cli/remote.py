@@ -47,6 +47,8 @@ MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 MAX_REPLY_BYTES = 16 << 20
 # The most of a server's own message an error quotes
 MESSAGE_CHARS = 200
+# How far above 1 the top-k probabilities may add up: float32 rounding, never a real excess
+PROBABILITY_SLACK = 1e-3
 # Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
 # emoji (byte fallback), digits, and the chat template's special tokens.
 PROBES = (
@@ -364,8 +366,10 @@ class RemoteRunner:
             raise EadError(f"{n} tokens do not fit the server's context of {self.n_ctx} tokens")
         began = perf_counter()
         ids, logprobs, computed, server_ms = self._next_token(tokens)
-        if not len(ids) or ids.min() < 0 or ids.max() >= len(self._row) or not np.all(np.isfinite(logprobs)):
-            raise RemoteError(f"{self.url}/completion sent probabilities for tokens that do not exist here")
+        step = f"{self._origin}{self._step_path()}"
+        if not len(ids) or ids.min() < 0 or ids.max() >= len(self._row):
+            raise RemoteError(f"{step} sent probabilities for tokens that do not exist here")
+        check_probabilities(logprobs, step)
         self._count(tokens, prompt_len, own_tail, computed, perf_counter() - began)
         self.network.server_s += server_ms / 1000
         self.n_past = n
@@ -374,6 +378,9 @@ class RemoteRunner:
         row[ids] = logprobs
         self._top_ids, self._top_probs = ids, np.exp(logprobs)
         return row
+
+    def _step_path(self) -> str:
+        return "/completion"
 
     def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
         """One completion call: (top-k ids, their log-probabilities, tokens computed, server ms)."""
@@ -451,6 +458,18 @@ class RemoteRunner:
         self._drop_connection()
 
 
+def check_probabilities(logprobs: np.ndarray, step: str) -> None:
+    """Refuse log-probabilities that are no probabilities: NaN, above 0 (a probability above 1), or top
+    ones that add up to more than 1; the entropy estimate from them had been nonsense, silently."""
+    if not np.all(np.isfinite(logprobs) & (logprobs <= 0)):
+        bad = next(float(value) for value in logprobs if not (math.isfinite(value) and value <= 0))
+        raise RemoteError(f"{step} sent a malformed reply (log-probabilities must be at most 0, got {bad:g})")
+    total = float(np.exp(logprobs).sum())
+    if total > 1 + PROBABILITY_SLACK:
+        message = f"top probabilities that add up to more than 1: {total:.4g}"
+        raise RemoteError(f"{step} sent a malformed reply ({message})")
+
+
 def _top_entries(entries: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """Ids and log-probabilities from llama-server's ``[{"id", "logprob", ...}, ...]``."""
     ids = np.array([int(entry["id"]) for entry in entries], dtype=np.int64)
@@ -523,10 +542,13 @@ class OpenAIRunner(RemoteRunner):
     def _end_of_generation(self) -> frozenset[int]:
         return end_of_generation(self._tokenizer)  # not listed by these servers: taken on trust
 
+    def _step_path(self) -> str:
+        return f"{self._base}/completions"
+
     def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
         reply = self.request(
             "POST",
-            f"{self._base}/completions",
+            self._step_path(),
             {
                 "model": self._model_id,
                 "prompt": list(tokens),

@@ -354,8 +354,13 @@ def step_reply(entry: str, timings: str = "{}") -> bytes:
         (step_reply('{"id": 5, "logprob": -%s}' % ("9" * 400)), "malformed reply"),
         (step_reply('{"id": 5, "logprob": -0.1}', '{"prompt_n": 1e999}'), "malformed timings"),
         (b"[" * 100_000, "not JSON"),
+        # a probability above 1, or none at all: nonsense entropies had followed
+        (step_reply('{"id": 5, "logprob": 0.5}'), "malformed reply (log-probabilities"),
+        (step_reply('{"id": 5, "logprob": NaN}'), "malformed reply (log-probabilities"),
+        (step_reply('{"id": 5, "logprob": "nan"}'), "malformed reply (log-probabilities"),
+        (step_reply('{"id": 5, "logprob": -0.1}, {"id": 6, "logprob": -0.2}'), "add up to more than 1"),
     ],
-    ids=["float id", "64-bit id", "logprob", "prompt_n", "nesting"],
+    ids=["float id", "64-bit id", "logprob", "prompt_n", "nesting", "above 0", "NaN", "nan text", "sum"],
 )
 def test_a_token_step_answered_with_numbers_past_any_bound_is_one_line(
     tiny_pair, served_large, reply: bytes, fragment: str
@@ -369,6 +374,24 @@ def test_a_token_step_answered_with_numbers_past_any_bound_is_one_line(
     err = result.stderr.decode()
     assert result.returncode == 1 and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: {url}") and fragment in err, err
+
+
+class _CorruptOpenAI(_Corrupt):
+    """As ``_Corrupt``, for an OpenAI-compatible token step (it asks for ``logprobs``)."""
+
+    def _forward(self, body: bytes | None) -> None:
+        super()._forward(body.replace(b'"logprobs"', b'"n_probs"') if body else body)
+
+
+def test_an_openai_step_with_a_probability_above_1_names_its_path(tiny_pair, served_large) -> None:
+    """The step's own path (it had been named '/v1/completion', a path ead never asked)."""
+    parts = urlsplit(served_large)
+    reply = b'{"choices": [{"logprobs": {"content": [{"top_logprobs": [{"id": 5, "logprob": 0.5}]}]}}]}'
+    handler = type("Handler", (_CorruptOpenAI,), {"upstream": (parts.hostname, parts.port), "reply": reply})
+    with http_server(handler) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}/v1"), "--mode", "large", "hi")
+    message = "/v1/completions sent a malformed reply (log-probabilities must be at most 0, got 0.5)"
+    assert result.returncode == 1 and result.stderr.decode() == f"error: {url}{message}\n"
 
 
 @contextmanager
