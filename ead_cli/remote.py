@@ -227,13 +227,15 @@ class RemoteRunner:
 
     def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
         """Send on the kept-alive connection; if the server had closed it while idle (llama-server does
-        after a few seconds), send once more on a new one. Every request here can safely be repeated."""
+        after a few seconds), send once more on a new one. Every request here can safely be repeated.
+        Each attempt has the whole timeout: the retry had kept the first's deadline, so a connection
+        that died after a while cut short a reply that came within the timeout of its own request."""
         headers = {"Content-Type": "application/json"} if data is not None else {}
         reused = self._connection is not None
-        deadline = time.monotonic() + self.timeout_s
         while True:
             if self._connection is None:
                 self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+            deadline = time.monotonic() + self.timeout_s
             try:
                 self._connection.request(method, path, body=data, headers=headers)
                 response = self._connection.getresponse()

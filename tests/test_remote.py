@@ -635,6 +635,66 @@ def test_ctrl_c_while_a_slow_server_answers_lets_the_chat_ask_again(tiny_pair, s
             child.close(force=True)
 
 
+class _DropThenSlow(BaseHTTPRequestHandler):
+    """Passes each request on to a real llama-server; the second completion is held ``hold`` seconds,
+    then its connection closed unanswered (a proxy whose upstream went away), and the third, the
+    client's retry on a new connection, answered ``delay`` seconds late."""
+
+    protocol_version = "HTTP/1.1"
+    upstream: ClassVar[tuple[str, int]]
+    hold: ClassVar[float]
+    delay: ClassVar[float]
+    completions: ClassVar[list[int]]
+
+    def do_GET(self) -> None:
+        self._forward(None)
+
+    def do_POST(self) -> None:
+        self._forward(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def _forward(self, body: bytes | None) -> None:
+        if self.path == "/completion":
+            self.completions.append(len(self.completions) + 1)
+            if len(self.completions) == 2:
+                time.sleep(self.hold)
+                self.close_connection = True
+                return
+            if len(self.completions) == 3:
+                time.sleep(self.delay)
+        upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
+        upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
+        reply = upstream.getresponse()
+        payload = reply.read()
+        upstream.close()
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_retry_on_a_new_connection_has_the_whole_timeout(tiny_pair, served_large) -> None:
+    """A kept-alive connection that dies unanswered is retried once on a new one; the retry had kept
+    the first attempt's deadline, so a reply within the timeout of its own request was cut short."""
+    parts = urlsplit(served_large)
+    fields = {"upstream": (parts.hostname, parts.port), "hold": 1.5, "delay": 1.0, "completions": []}
+    handler = type("Handler", (_DropThenSlow,), fields)
+    small = Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1)
+    with http_server(handler) as url:
+        remote = RemoteRunner(url, name="large", tokenizer=small, timeout_s=2)
+        try:
+            tokens = small.tokenize("hello", add_special=False)
+            remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
+            remote.sync([*tokens, tokens[0]], prompt_len=len(tokens), own_tail=False)
+            assert handler.completions == [1, 2, 3]
+        finally:
+            remote.close()
+            small.close()
+
+
 # ------------------------------------------------------------------------ OpenAI-compatible endpoint
 
 
