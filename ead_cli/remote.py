@@ -158,18 +158,24 @@ class RemoteRunner:
         self.network = NetworkStats()
         self.stats = RunnerStats.empty()
         self.n_past = 0  # tokens the server holds for us, as far as we know
+        self._served: str | None = None  # the model the server named when it was last checked
+        self._local_name = "the local model"  # check_tokenizer's, for a check again
+        self._checking_again = False
         self._wait_until_ready()
-        meta = self._meta()
+        self._describe(self._meta())
+        self.file_bytes: int | None = None
+        self._row = np.full(tokenizer.n_vocab, -np.inf, dtype=np.float32)
+        self._top_ids = np.zeros(0, dtype=np.int64)
+        self._top_probs = np.zeros(0, dtype=np.float64)
+
+    def _describe(self, meta: dict[str, Any]) -> None:
+        self._described = meta
         self.n_vocab = int(meta["n_vocab"])
         self.n_ctx = int(meta["n_ctx"]) - 1  # llama-server refuses a prompt that fills its context
         self.n_params = int(meta["n_params"])
         self.n_embd = int(meta["n_embd"])
         self.head_params = self.n_vocab * self.n_embd
         self.body_params = max(self.n_params - self.head_params, 0)
-        self.file_bytes: int | None = None
-        self._row = np.full(tokenizer.n_vocab, -np.inf, dtype=np.float32)
-        self._top_ids = np.zeros(0, dtype=np.int64)
-        self._top_probs = np.zeros(0, dtype=np.float64)
 
     # ------------------------------------------------------------------------------------- the protocol
 
@@ -233,10 +239,13 @@ class RemoteRunner:
         headers = {"Content-Type": "application/json"} if data is not None else {}
         reused = self._connection is not None
         while True:
-            if self._connection is None:
+            new = self._connection is None
+            if new:
                 self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
-            deadline = time.monotonic() + self.timeout_s
             try:
+                if new:  # refused: the connection is dropped below, so the next request checks again
+                    self._check_again()
+                deadline = time.monotonic() + self.timeout_s
                 self._connection.request(method, path, body=data, headers=headers)
                 response = self._connection.getresponse()
                 return response, self._body(response, path, deadline)
@@ -271,6 +280,33 @@ class RemoteRunner:
             self._connection.close()
             self._connection = None
 
+    def _check_again(self) -> None:
+        """On a new connection, before its first request: whether the server still serves the model it
+        was checked with. A server restarted on the same port with another model (the old connection
+        dies with it) had answered with another vocabulary, silently; a model it names otherwise (its
+        id and sizes, from the listing: one request) is checked again, and refused with the reason as
+        long as it is served. A model that shares the tokenizer is taken, with its sizes."""
+        if self._served is None or self._checking_again:
+            return  # still starting, or this is the check's own new connection
+        self._checking_again = True
+        try:
+            served, described = self._served, self._described
+            meta = self._meta()
+            if self._served == served:
+                return
+            try:
+                self._describe(meta)
+                self.check_tokenizer(self._local_name)
+            except EadError as error:
+                now = json.loads(self._served or "{}").get("id")
+                self._served = served  # checked again on the next connection: one request each
+                self._describe(described)
+                if isinstance(error, RemoteError):
+                    raise
+                raise RemoteError(f"{self.url} now serves another model ({now!r}): {error}") from None
+        finally:
+            self._checking_again = False
+
     def _wait_until_ready(self) -> None:
         """GET /health until the server has loaded its model (503 while loading), up to the timeout."""
         deadline = time.monotonic() + self.timeout_s
@@ -289,13 +325,15 @@ class RemoteRunner:
     def _meta(self) -> dict[str, Any]:
         reply = self.request("GET", "/v1/models")
         try:
-            meta = reply["data"][0]["meta"]
+            model = reply["data"][0]
+            meta = model["meta"]
             for key in ("n_vocab", "n_ctx", "n_params", "n_embd"):
                 int(meta[key])
         except MALFORMED:
             raise RemoteError(
                 f"{self.url}/v1/models did not describe the model (is it llama-server?)"
             ) from None
+        self._served = served_model(model)
         return meta
 
     def _tokenize(self, text: str) -> list[int]:
@@ -312,6 +350,7 @@ class RemoteRunner:
     def check_tokenizer(self, local_name: str) -> None:
         """Refuse a server whose tokenizer differs from the local model's: vocabulary size, the
         tokenization of probe strings (special tokens included), and the end-of-generation token."""
+        self._local_name = local_name
 
         def refuse(reason: str) -> EadError:
             return EadError(f"models {local_name!r} and {self.url!r} do not share a tokenizer: {reason}")
@@ -520,6 +559,7 @@ class OpenAIRunner(RemoteRunner):
             self._model_id = str(model["id"])
         except (KeyError, IndexError, TypeError):
             raise RemoteError(f"{self.url}/models lists no model (is it OpenAI-compatible?)") from None
+        self._served = served_model(model)
         meta = model.get("meta") if isinstance(model.get("meta"), dict) else {}
         local = self._tokenizer
         try:  # checked here as llama-server's are: a null, text or a number past 64 bits had been a traceback
@@ -594,6 +634,13 @@ def connect(url: str, **kwargs: Any) -> RemoteRunner:
     """A runner for a server address: ``.../v1`` is an OpenAI-compatible endpoint, else llama-server."""
     runner = OpenAIRunner if server_address(url)[2].rstrip("/").endswith("/v1") else RemoteRunner
     return runner(url, **kwargs)
+
+
+def served_model(model: dict[str, Any]) -> str:
+    """What names the model a server lists, to tell another one: its id (llama-server's is the file's
+    path or alias) and sizes, not what changes by the request (``created``, vLLM's permission ids)."""
+    fields = {key: model.get(key) for key in ("id", "root", "max_model_len", "meta")}
+    return json.dumps(fields, sort_keys=True, default=str)
 
 
 def end_of_generation(tokenizer: Tokenizer) -> frozenset[int]:

@@ -40,10 +40,14 @@ pytestmark = pytest.mark.skipif(
 
 
 @contextmanager
-def llama_server(model: Path, tmp_path: Path, n_ctx: int = 2048) -> Iterator[tuple[subprocess.Popen, str]]:
-    """A llama-server on a free loopback port (native.llama_server); yields (process, its address)."""
+def llama_server(
+    model: Path, tmp_path: Path, n_ctx: int = 2048, port: int = 0
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A llama-server on a free loopback port (native.llama_server), or on ``port`` (the last --port is
+    the one it takes); yields (process, its address)."""
     log = tmp_path / f"server-{model.stem}-{time.monotonic_ns()}.log"
-    with native.llama_server(model, ["-c", str(n_ctx), "-t", "1"], log) as server:
+    args = ["-c", str(n_ctx), "-t", "1", *(["--port", str(port)] if port else [])]
+    with native.llama_server(model, args, log) as server:
         yield server.process, server.url
 
 
@@ -136,6 +140,36 @@ def test_a_server_with_another_tokenizer_is_refused(tiny_pair, tiny_other_vocab,
     with llama_server(tiny_other_vocab, tmp_path) as (_, url):
         result = ead("generate", *models(tiny_pair[0], url), "hi")
     assert_one_line_error(result, 1, "do not share a tokenizer", "tokenizes differently")
+
+
+def test_a_server_restarted_with_another_model_is_refused_per_request(
+    tiny_pair, tiny_other_vocab, tmp_path
+) -> None:
+    """The tokenizer was checked once, at start: a llama-server restarted on the same port with a model
+    of another tokenizer (the same size) had answered every request after, silently wrong. The model
+    the server names is read again on each new connection; another one is checked again, and refused
+    request by request with an error object while ead serve goes on serving; a model that shares the
+    tokenizer is served."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with llama_server(tiny_pair[1], tmp_path) as (first, url):
+        port = urlsplit(url).port
+        assert port is not None
+        with serving([*models(tiny_pair[0], url)], tmp_path / "serve.log") as server:
+
+            def ask() -> httpx.Response:
+                return httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+
+            assert ask().status_code == 200
+            native.stop(first)
+            with llama_server(tiny_other_vocab, tmp_path, port=port):
+                for _ in range(2):
+                    reply = ask()
+                    assert reply.status_code == 502, reply.text
+                    message = reply.json()["error"]["message"]
+                    assert message.startswith(f"{url} now serves another model"), message
+                    assert "do not share a tokenizer" in message, message
+            with llama_server(tiny_pair[0], tmp_path, port=port):  # another model, the same tokenizer
+                assert ask().status_code == 200
 
 
 def test_the_smallest_model_must_be_local(tiny_pair, served_large) -> None:
