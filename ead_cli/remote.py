@@ -449,11 +449,15 @@ class RemoteRunner:
         return ids, logprobs, *self._timings(reply, len(tokens))
 
     def _timings(self, reply: dict[str, Any], n: int) -> tuple[int, float]:
-        """Tokens the server computed and its milliseconds, from its ``timings`` where it reports them."""
+        """Tokens the server computed and its milliseconds, from its ``timings`` where it reports them:
+        a count past the prompt, or a time that is negative or NaN, is malformed (it had gone into the
+        --stats summary as given, NaN making its JSON invalid)."""
         timings = reply.get("timings") if isinstance(reply.get("timings"), dict) else {}
         try:
-            computed = int(timings.get("prompt_n", n - self.n_past))
+            computed = int(timings.get("prompt_n", max(n - self.n_past, 0)))
             server_ms = float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))
+            if not (0 <= computed <= n and 0 <= server_ms < math.inf):
+                raise ValueError
         except MALFORMED:
             raise RemoteError(f"{self.url} sent malformed timings") from None
         return computed, server_ms

@@ -393,8 +393,16 @@ def step_reply(entry: str, timings: str = "{}") -> bytes:
         (step_reply('{"id": 5, "logprob": NaN}'), "malformed reply (log-probabilities"),
         (step_reply('{"id": 5, "logprob": "nan"}'), "malformed reply (log-probabilities"),
         (step_reply('{"id": 5, "logprob": -0.1}, {"id": 6, "logprob": -0.2}'), "add up to more than 1"),
+        # timings that are no times or counts: NaN had made the --stats summary invalid JSON
+        (step_reply('{"id": 5, "logprob": -0.1}', '{"prompt_ms": NaN}'), "malformed timings"),
+        (step_reply('{"id": 5, "logprob": -0.1}', '{"predicted_ms": -1}'), "malformed timings"),
+        (step_reply('{"id": 5, "logprob": -0.1}', '{"prompt_n": -3}'), "malformed timings"),
+        (step_reply('{"id": 5, "logprob": -0.1}', '{"prompt_n": 1000000}'), "malformed timings"),
     ],
-    ids=["float id", "64-bit id", "logprob", "prompt_n", "nesting", "above 0", "NaN", "nan text", "sum"],
+    ids=[
+        *("float id", "64-bit id", "logprob", "prompt_n", "nesting", "above 0", "NaN", "nan text", "sum"),
+        *("NaN ms", "negative ms", "negative count", "count past the prompt"),
+    ],
 )
 def test_a_token_step_answered_with_numbers_past_any_bound_is_one_line(
     tiny_pair, served_large, reply: bytes, fragment: str
