@@ -411,6 +411,7 @@ class RemoteRunner:
         if not len(ids) or ids.min() < 0 or ids.max() >= len(self._row):
             raise RemoteError(f"{step} sent probabilities for tokens that do not exist here")
         check_probabilities(logprobs, step)
+        ids, logprobs = in_order(ids, logprobs, step)
         self._count(tokens, prompt_len, own_tail, computed, perf_counter() - began)
         self.network.server_s += server_ms / 1000
         self.n_past = n
@@ -513,6 +514,16 @@ def check_probabilities(logprobs: np.ndarray, step: str) -> None:
     if total > 1 + PROBABILITY_SLACK:
         message = f"top probabilities that add up to more than 1: {total:.4g}"
         raise RemoteError(f"{step} sent a malformed reply ({message})")
+
+
+def in_order(ids: np.ndarray, logprobs: np.ndarray, step: str) -> tuple[np.ndarray, np.ndarray]:
+    """The top k, likeliest first: the estimate takes the last for the least likely (a server listing
+    them in another order had given another entropy, silently); the same token twice is malformed."""
+    unique, counts = np.unique(ids, return_counts=True)
+    if counts.max() > 1:
+        raise RemoteError(f"{step} sent a malformed reply (token {unique[counts.argmax()]} twice)")
+    order = np.argsort(-logprobs, kind="stable")
+    return ids[order], logprobs[order]
 
 
 def _top_entries(entries: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:

@@ -418,6 +418,30 @@ def test_a_token_step_answered_with_numbers_past_any_bound_is_one_line(
     assert err.startswith(f"error: {url}") and fragment in err, err
 
 
+def test_top_probabilities_in_any_order_give_the_same_entropy(tiny_pair, served_large) -> None:
+    """The estimate takes the last of the top k for the least likely: a server that lists them in
+    another order had given another entropy, silently; the same token twice is a malformed reply."""
+    parts = urlsplit(served_large)
+
+    def step(*entries: str) -> subprocess.CompletedProcess:
+        handler = type(
+            "Handler",
+            (_Corrupt,),
+            {"upstream": (parts.hostname, parts.port), "reply": step_reply(", ".join(entries))},
+        )
+        with http_server(handler) as url:
+            args = ["--mode", "large", "--max-tokens", "1", "--format", "jsonl", "hi"]
+            return ead("generate", *models(tiny_pair[0], url), *args)
+
+    likely, unlikely = '{"id": 5, "logprob": -0.5}', '{"id": 6, "logprob": -3.0}'
+    entropies = [
+        jsonl_tokens(step(*entries))[0]["entropy"] for entries in ((likely, unlikely), (unlikely, likely))
+    ]
+    assert entropies[0] == pytest.approx(entropies[1])
+    twice = step(unlikely, unlikely)
+    assert twice.returncode == 1 and "malformed reply (token 6 twice)" in twice.stderr.decode(), twice.stderr
+
+
 class _CorruptOpenAI(_Corrupt):
     """As ``_Corrupt``, for an OpenAI-compatible token step (it asks for ``logprobs``)."""
 
