@@ -183,24 +183,30 @@ def calibrate(
     max_tokens: int = 96,
     check: bool = True,
     progress: Callable[[str], None] | None = None,
-) -> list[Calibration]:
-    """Calibrate each policy on the first prompt list; check on the second with real runs."""
+) -> tuple[list[Calibration], list[EadError]]:
+    """Calibrate each policy on the first prompt list; check on the second with real runs. A policy that
+    cannot be calibrated on these answers is its error, beside the others' results (they had been lost
+    with it: the gate's τ found, then the ead policy's failure ended the run)."""
     check_target_share(target)
     calibration_prompts = _encode_each(runners, prompts[0], "calibration")
     held_out = _encode_each(runners, prompts[1], "held-out") if check else []
     if progress:
         progress(f"the small model answers {len(calibration_prompts)} calibration prompts")
     streams = small_entropies(runners, calibration_prompts, max_tokens)
-    results = []
+    results, failures = [], []
     for options in policies:
-        tau, predicted = tau_for_share(streams, options, target)
+        try:
+            tau, predicted = tau_for_share(streams, options, target)
+        except EadError as error:
+            failures.append(error)
+            continue
         measured = None
         if check:
             if progress:
                 progress(f"checking {options.policy} at tau {tau:.3f} on {len(held_out)} held-out prompts")
             measured = measured_share(runners, replace(options, tau=tau), held_out, max_tokens)
         results.append(Calibration(options.policy, tau, target, predicted, measured))
-    return results
+    return results, failures
 
 
 # ---------------------------------------------------------------------------------------------- storage

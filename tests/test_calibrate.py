@@ -122,6 +122,28 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     assert note in said.stderr.decode().splitlines()
 
 
+def test_a_policy_that_cannot_be_calibrated_leaves_the_others_shown_and_saved(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Answers of one token give the gate a τ but the ead policy (its window and minimum run) none: the
+    gate's row is shown and saved, and the ead policy's failure is the one line of error (exit 1). The
+    failure had ended the run, the gate's τ lost with it."""
+    config = tmp_path / "calibration.json"
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "1", "--no-check", "--save"]
+    result = ead(*args, env={"EAD_CONFIG": str(config)})
+    assert result.returncode == 1, result.stderr
+    rows = [line.split()[0] for line in result.stdout.decode().splitlines()[1:]]
+    assert rows == ["gate"]
+    errors = [line for line in result.stderr.decode().splitlines() if line.startswith("error: ")]
+    assert errors == ["error: the ead policy hands the large model no token of these 6 at any tau: calibrate "
+                      "on longer answers (--max-tokens) or more prompts"]
+    saved = json.loads(config.read_text())[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
+    assert list(saved) == ["gate"]
+    alone = ead("calibrate", *pair_args(tiny_pair), "--max-tokens", "1", "--no-check", "--policy", "ead")
+    assert alone.returncode == 1 and alone.stdout == b""  # no table of nothing
+    assert alone.stderr.decode().splitlines()[-1] == errors[0]
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -270,9 +270,11 @@ def calibrate(
         check_stdout("the calibrated taus")
     runners = load_runners(model_options, progress=say_progress)
     try:
-        results = calibration.calibrate(
+        results, failures = calibration.calibrate(
             runners, policies, target_share, split, max_tokens=max_tokens, check=check, progress=say_progress
         )
+        if not results:
+            raise failures[0]
         table = Table(box=None, pad_edge=False)
         for column in ("policy", "tau (bits)", "predicted share", "measured share (held out)"):
             table.add_column(column, justify="left" if column == "policy" else "right")
@@ -285,3 +287,5 @@ def calibrate(
             say_progress(f"saved to {path}")
     finally:
         close_all(runners)
+    if failures:  # the others are shown (and saved): one line for the first that could not be calibrated
+        raise failures[0]
