@@ -295,6 +295,21 @@ def depth_generate(model: Path, *extra: str, env: dict[str, str]):
     )
 
 
+def test_generate_probes_where_the_profile_was_calibrated_unless_told(
+    config: dict[str, str], deep_model: Path
+) -> None:
+    """Without --probe-every, generate probes at the profile's layers (calibrated every 2 blocks): it had
+    probed every 4, half of them, unless the calibration's spacing was given again."""
+    args = ["depth", "generate", str(deep_model), PROMPT, "--threads", "1", "--max-tokens", "4"]
+    for extra, layers in (((), {"2", "4", "6", "8"}), (("--probe-every", "4"), {"4", "8"})):
+        result = ead(*args, "--format", "jsonl", *extra, env=config)
+        assert result.returncode == 0, result.stderr.decode()
+        tokens = [json.loads(line) for line in result.stdout.decode().splitlines()[:-1]]
+        assert tokens and all(set(token["probes"]) <= layers for token in tokens)
+        probed = set().union(*(token["probes"] for token in tokens))  # up to each token's exit
+        assert ("2" in probed) == ("2" in layers), probed
+
+
 def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> None:
     result = depth_generate(deep_model, "--max-tokens", "12", "--format", "jsonl", "--stats", env=config)
     assert result.returncode == 0, result.stderr.decode()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
@@ -114,7 +114,10 @@ def depth_generate(
     model: DepthModelArg,
     prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
     margin: Annotated[float, typer.Option(help="Bits below the profile a probe must reach to exit.")] = 0.0,
-    probe_every: ProbeEvery = 4,
+    probe_every: Annotated[
+        int | None,
+        typer.Option(help="Probe every this many blocks, the last always (default: the profile's, else 4)."),
+    ] = None,
     schedule: Annotated[
         ScheduleName, typer.Option(help="monotone (real early exit) or free (depth may rise; simulated).")
     ] = ScheduleName.monotone,
@@ -146,14 +149,17 @@ def depth_generate(
     catalog: ModelsFile = None,
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
-    from ..depth.model import DepthOptions, open_model
+    from ..depth.model import DEFAULT_PROBE_EVERY, DepthOptions, open_model
     from ..prompt import check_prompt_text, encode_fitting, render_prompt
     from ..sampling import SamplingParams
 
     text = check_prompt_text(read_prompt(prompt))
     check_stdout("the answer")
     options = DepthOptions(
-        margin=margin, probe_every=probe_every, schedule=schedule.value, condition=condition.value,
+        margin=margin,
+        probe_every=DEFAULT_PROBE_EVERY if probe_every is None else probe_every,
+        schedule=schedule.value,
+        condition=condition.value,
         estimator=estimator.value, top_k=estimator_k, rank=rank, fixed_depth=fixed_depth,
         confidence=confidence, simulate=simulate,
     )
@@ -168,6 +174,8 @@ def depth_generate(
         profile=options.rule == "emad",
         progress=say_progress,
     )
+    if probe_every is None and loaded.profile is not None:  # the probes it was calibrated with, not 4's
+        options = replace(options, probe_every=loaded.profile.probes[0])
     try:
         rendered = render_prompt(loaded.runner, text, raw=raw)
         tokens = encode_fitting(loaded.runner, rendered, loaded.runner.n_ctx)

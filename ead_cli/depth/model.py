@@ -39,6 +39,8 @@ from .readout import (
     read_rows,
 )
 
+DEFAULT_PROBE_EVERY = 4  # probes every 4 blocks: 6 on the 0.5B's 24 (the last block always one)
+
 
 @dataclass(frozen=True)
 class DepthOptions:
@@ -46,7 +48,7 @@ class DepthOptions:
     truncation (``fixed_depth``, L is plain full depth) or a confidence exit (``confidence`` bits)."""
 
     margin: float = 0.0
-    probe_every: int = 4
+    probe_every: int = DEFAULT_PROBE_EVERY
     schedule: str = "monotone"
     condition: str = "none"
     estimator: str = "full"
