@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 DEFAULT_TOP_K = 20
 DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 86400  # a day, as ead serve's --shutdown-timeout
+SAMPLE_TIMEOUT_S = 10.0  # ead bench humaneval's --timeout: the wall-clock limit of one solution's tests
 
 
 def check_remote_settings(top_k: int, timeout_s: float) -> None:

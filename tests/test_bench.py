@@ -417,9 +417,9 @@ def baselines() -> list[Strategy]:
     return build_strategies("small,large", Grid())
 
 
-def humaneval_job(tasks: list[Task], out: Path, max_tokens: int = 8) -> Bench:
+def humaneval_job(tasks: list[Task], out: Path, max_tokens: int = 8, timeout_s: float = 10.0) -> Bench:
     return humaneval_bench(
-        tasks, baselines(), sampling=SamplingParams(), max_tokens=max_tokens, out=out
+        tasks, baselines(), sampling=SamplingParams(), max_tokens=max_tokens, out=out, timeout_s=timeout_s
     )
 
 
@@ -474,7 +474,28 @@ def test_a_results_file_of_another_setup_is_refused(
         run(humaneval_job(humaneval[:1], tmp_path, max_tokens=9), tiny_pair)
     with pytest.raises(EadError, match=r"differs in: models"):
         run(humaneval_job(humaneval[:1], tmp_path), (tiny_pair[0], tiny_pair[0]))
+    # what passes depends on the tests' time limit: a resume under another had mixed them without a word
+    with pytest.raises(EadError, match=r"differs in: timeout_s"):
+        run(humaneval_job(humaneval[:1], tmp_path, timeout_s=5.0), tiny_pair)
     assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
+def test_a_results_file_from_before_the_time_limit_was_recorded_resumes_at_the_default(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A results file whose config lacks ``timeout_s`` (written before it was recorded, under the default)
+    resumes at the default, and is refused under another limit."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    path = tmp_path / "results.jsonl"
+    config, *samples = path.read_text().splitlines()
+    older = {key: value for key, value in json.loads(config).items() if key != "timeout_s"}
+    path.write_text("\n".join([json.dumps(older), *samples]) + "\n")
+    run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)
+    assert [json.loads(line)["task_id"] for line in path.read_text().splitlines()[1:]] == [
+        "HumanEval/0", "HumanEval/0", "HumanEval/1", "HumanEval/1"
+    ]
+    with pytest.raises(EadError, match=r"differs in: timeout_s"):
+        run(humaneval_job(humaneval[:2], tmp_path, timeout_s=5.0), tiny_pair)
 
 
 def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_loads(

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..compat import tokenizer_record
 from ..errors import EadError
-from ..options import GenerationOptions
+from ..options import SAMPLE_TIMEOUT_S, GenerationOptions
 from ..paths import read_file_text, unreadable
 from ..runner import Runner
 from .grid import Strategy
@@ -52,9 +52,15 @@ FORMAT_VERSION = 1
 
 
 def config_record(
-    bench: str, runners: Sequence[Runner], generation: GenerationOptions, source: Path, prompt: dict[str, Any]
+    bench: str,
+    runners: Sequence[Runner],
+    generation: GenerationOptions,
+    source: Path,
+    prompt: dict[str, Any],
+    timeout_s: float = SAMPLE_TIMEOUT_S,
 ) -> Record:
-    """What must match for samples to share a results file: models, generation, prompt format, tasks."""
+    """What must match for samples to share a results file: models, generation, prompt format, tasks, and
+    the time a solution's tests may take (what passes depends on it)."""
     config = {
         "type": "config",
         "format": FORMAT_VERSION,
@@ -73,6 +79,7 @@ def config_record(
         "sampling": asdict(generation.sampling),
         "prompt": prompt,
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "timeout_s": timeout_s,
     }
     return json.loads(json.dumps(config))  # as it reads back from the file
 
@@ -166,7 +173,10 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     if written != FORMAT_VERSION:  # its records may mean other things under the same keys
         what = "no format" if written is None else f"format {written!r}"
         raise EadError(f"{path} holds results of {what}; this ead reads format {FORMAT_VERSION}")
-    return records[0], [record for record in records[1:] if record.get("type") == "sample"]
+    # a file written before the config held the tests' time limit ran under its default (or was resumed
+    # under another, unsaid): read as the default's, so that it stays a repeat and resumable as it was
+    config = {**records[0], "timeout_s": records[0].get("timeout_s", SAMPLE_TIMEOUT_S)}
+    return config, [record for record in records[1:] if record.get("type") == "sample"]
 
 
 class Results:

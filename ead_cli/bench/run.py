@@ -19,7 +19,14 @@ from typing import Any
 from ..decoder import Summary
 from ..engine import build_decoder, close_all, load_runners
 from ..errors import EadError
-from ..options import MAX_TIMEOUT_S, GenerationOptions, ModelOptions, PolicyOptions, check_max_tokens
+from ..options import (
+    MAX_TIMEOUT_S,
+    SAMPLE_TIMEOUT_S,
+    GenerationOptions,
+    ModelOptions,
+    PolicyOptions,
+    check_max_tokens,
+)
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
@@ -92,7 +99,7 @@ def run_plan(
     generation: GenerationOptions,
     results: Results,
     *,
-    timeout_s: float = 10.0,
+    timeout_s: float = SAMPLE_TIMEOUT_S,
     peers: NativePeers | None = None,
 ) -> Iterator[Record]:
     """Generate (and for HumanEval, check) each planned sample, appending its record as it finishes.
@@ -132,7 +139,7 @@ class Bench:
     source: Path
     prompt_format: dict[str, Any]
     out: Path
-    timeout_s: float = 10.0
+    timeout_s: float = SAMPLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         """Refused before any model loads: answers of no tokens, or an --out that cannot take results."""
@@ -161,7 +168,7 @@ def humaneval_bench(
     sampling: SamplingParams,
     max_tokens: int,
     out: Path,
-    timeout_s: float = 10.0,
+    timeout_s: float = SAMPLE_TIMEOUT_S,
 ) -> Bench:
     if not 0 < timeout_s <= MAX_TIMEOUT_S:  # past it (inf), the sandbox's CPU limit overflowed mid-bench
         message = f"--timeout must be above 0 and at most {MAX_TIMEOUT_S} seconds, got {timeout_s}"
@@ -222,7 +229,9 @@ def run_bench(
             if isinstance(strategy.policy, PolicyOptions):
                 build_decoder(runners, strategy.policy, bench.generation)
         items = bench.items_for(runners)
-        config = config_record(bench.name, runners, bench.generation, bench.source, bench.prompt_format)
+        config = config_record(
+            bench.name, runners, bench.generation, bench.source, bench.prompt_format, bench.timeout_s
+        )
         servers = NativePeers(runners, bench.generation) if native else None
         with (
             servers or contextlib.nullcontext(),

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import EadError
+from ..options import SAMPLE_TIMEOUT_S
 from .tasks import Task
 
 MEMORY_BYTES = 2 << 30
@@ -137,7 +138,11 @@ def _end_strays(before: set[int]) -> None:
 
 
 def run_program(
-    source: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES, mark: str | None = None
+    source: str,
+    *,
+    timeout_s: float = SAMPLE_TIMEOUT_S,
+    memory_bytes: int = MEMORY_BYTES,
+    mark: str | None = None,
 ) -> Execution:
     """Run Python source in a fresh temporary directory under time and resource limits; with ``mark``,
     say whether the program printed it as a line of its own (after a newline)."""
@@ -187,7 +192,7 @@ def run_program(
 
 
 def check_solution(
-    task: Task, code: str, *, timeout_s: float = 10.0, memory_bytes: int = MEMORY_BYTES
+    task: Task, code: str, *, timeout_s: float = SAMPLE_TIMEOUT_S, memory_bytes: int = MEMORY_BYTES
 ) -> Outcome:
     """Run the task's tests on the code; pass only if the checks ran to the end (a sentinel after them)."""
     sentinel = f"ead-bench-passed-{secrets.token_hex(8)}"

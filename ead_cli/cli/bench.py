@@ -13,7 +13,7 @@ import typer
 from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
 from ..errors import EadError
 from ..option_table import BENCH, OPTIONS, DecodingOption, on
-from ..options import ModelOptions
+from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
 from ..signals import Terminated
 from .groups import (
@@ -124,7 +124,7 @@ def bench_humaneval(
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
-    timeout: Annotated[float, typer.Option(help="Seconds each solution's tests may run.")] = 10.0,
+    timeout: Annotated[float, typer.Option(help="Seconds each solution's tests may run.")] = SAMPLE_TIMEOUT_S,
     out: BenchOut = None,
 ) -> None:
     """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
