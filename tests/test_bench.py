@@ -23,7 +23,7 @@ from ctrl_c import ctrl_c_at_return
 
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
 from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
-from ead_cli.bench.results import Record, read_results
+from ead_cli.bench.results import Record, check_repeats, read_results
 from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
 from ead_cli.bench.sandbox import Outcome, check_solution, run_program
 from ead_cli.bench.tasks import (
@@ -824,6 +824,18 @@ def test_repeats_give_each_strategy_its_median_ratio_with_the_range_fastest_firs
         "| ead | 0.62 (0.50-1.00) | 3 | 2/2/2 | 1/1/1 |",  # ratios 0.5, 1.0 and 0.625
         "| large-only | 1.00 (1.00-1.00) | 3 | 1/1/1 | 2/2/2 |",
     ]
+
+
+def test_a_strategy_is_held_to_its_tasks_in_the_first_run_that_has_it() -> None:
+    """Repeats are checked task set by task set against the first run holding the strategy, not only the
+    first run: a strategy missing from it had been medianed over a whole run and one cut short."""
+    large = [r for r in RECORDS if r["strategy"] == "large-only"]
+    whole = [r for r in RECORDS if r["strategy"] != "spec"]
+    cut = [*large, *(r for r in whole if (r["strategy"], r["task_id"]) == ("ead", "t/0"))]
+    with pytest.raises(EadError, match=r"^c ran ead on other tasks than b: not a repeat$") as refused:
+        check_repeats([(Path("a"), {}, large), (Path("b"), {}, whole), (Path("c"), {}, cut)])
+    assert refused.value.exit_code == 2
+    check_repeats([(Path("a"), {}, large), (Path("b"), {}, whole), (Path("c"), {}, whole)])
 
 
 def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:

@@ -98,14 +98,22 @@ def check_distinct(folders: Sequence[Path]) -> None:
 def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> None:
     """Repeats of one bench: files of one setup (config record), each strategy on the same tasks in every
     run that has it; else their medians would mix benches."""
-    first_path, first_config, first_records = runs[0]
-    first_tasks = _tasks_by_strategy(first_records)
-    for path, config, records in runs[1:]:
+    first_path, first_config, _ = runs[0]
+    for path, config, _ in runs[1:]:
         if config != first_config:
             detail = differing(first_config or {}, config or {})
             raise EadError(f"{path} is not a repeat of {first_path} (differs in: {detail})", exit_code=2)
-        for strategy, tasks in _tasks_by_strategy(records).items():
-            if first_tasks.get(strategy, tasks) != tasks:
+    check_same_tasks([(path, _tasks_by_strategy(records)) for path, _, records in runs])
+
+
+def check_same_tasks(runs: Sequence[tuple[Path, dict[str, set[str]]]]) -> None:
+    """Each strategy on the same tasks in every run that has it, held to the first run that has it (a
+    strategy missing from the first run had been let through on any tasks: a run cut short among them)."""
+    first: dict[str, tuple[Path, set[str]]] = {}
+    for path, by_strategy in runs:
+        for strategy, tasks in by_strategy.items():
+            first_path, first_tasks = first.setdefault(strategy, (path, tasks))
+            if first_tasks != tasks:
                 raise EadError(
                     f"{path} ran {strategy} on other tasks than {first_path}: not a repeat", exit_code=2
                 )
