@@ -351,6 +351,46 @@ def test_a_hand_made_replay_report_reads_and_a_missing_one_is_one_line(tmp_path:
     assert str(refused.value) == f"cannot read {tmp_path / 'none.json'}: No such file or directory"
 
 
+def a_replay(folder: Path, large: str = "large.gguf", recorded_s: float = 0.5, tasks: str = "t/0") -> str:
+    """A replay.json in ``folder`` with its models and samples: large-only on ``tasks`` (comma-separated),
+    replayed on ``large``, recorded in ``recorded_s`` each."""
+    ids = tasks.split(",")
+    report = {
+        "kind": "schedule replay",
+        "models": {"small": {"file": "small.gguf", "bytes": 1}, "large": {"file": large, "bytes": 2}},
+        "strategies": [{**A_STRATEGY, "samples": len(ids)}],
+        "samples": [
+            {"strategy": "large-only", "task_id": task, "wall_s": 0.5, "recorded_wall_s": recorded_s,
+             "generated": 8, "models": {}}
+            for task in ids
+        ],
+    }  # fmt: skip
+    folder.mkdir()
+    (folder / replay.REPLAY_FILE).write_text(json.dumps(report))
+    return str(folder)
+
+
+def test_repeats_of_a_replay_are_replays_of_the_same_samples_on_the_same_models(tmp_path: Path) -> None:
+    """As repeats of a bench must share a setup: a replay on another model (a 7B twin beside a 14B one),
+    of other recorded samples (another results file) or of a strategy on other tasks had been medianed
+    with the rest, its table written."""
+    first = a_replay(tmp_path / "first")
+    assert ead("bench", "report", first, a_replay(tmp_path / "repeat")).returncode == 0
+    for folder, message in (
+        (a_replay(tmp_path / "14b", large="14b.gguf"), "small.gguf and 14b.gguf, not small.gguf and large"),
+        (a_replay(tmp_path / "other", recorded_s=0.75), "large-only on t/0 as recorded otherwise than"),
+        (a_replay(tmp_path / "more", tasks="t/0,t/1"), "ran large-only on other tasks than"),
+    ):  # fmt: skip
+        line = assert_one_line_error(ead("bench", "report", first, folder), 2, message, "not a repeat")
+        assert line.startswith(f"error: {folder}")
+    assert sorted(path.name for path in (tmp_path / "first").iterdir()) == ["median-of-2.md", "replay.json"]
+    for name in ("hand-made", "also-hand-made"):  # no models, no samples: nothing to hold them to
+        (tmp_path / name).mkdir()
+        (tmp_path / name / replay.REPLAY_FILE).write_text(a_report())
+    hand_made = [str(tmp_path / "hand-made"), str(tmp_path / "also-hand-made")]
+    assert ead("bench", "report", *hand_made).returncode == 0
+
+
 def test_a_replay_given_twice_is_not_two_repeats(tmp_path: Path) -> None:
     """The same replay folder twice (however spelled) had been the median of two runs, its table written."""
     (tmp_path / replay.REPLAY_FILE).write_text(a_report())

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES, paired_ratio
-from .results import Record, read_results, unreadable_record
+from .results import Record, check_same_tasks, read_results, unreadable_record
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
 REPLAY_FILE = "replay.json"
@@ -321,6 +321,44 @@ def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
     return report, [ReplayedStrategy(**{name: row[name] for name in names}) for row in report["strategies"]]
 
 
+def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
+    """Repeats of one replay, as results.check_repeats holds repeats of a bench: replays on the same models
+    (file and size) of the same recorded samples (strategy, task, recorded seconds and tokens), each
+    strategy on the same tasks in every run that has it; else their medians would mix replays of another
+    pair or another results file. A hand-made report that names no models or samples is held to nothing."""
+    first_path, first = runs[0]
+    for path, report in runs[1:]:
+        models, theirs = _replayed_models(first), _replayed_models(report)
+        if models is not None and theirs is not None and models != theirs:
+            names, given = (" and ".join(str(name) for name, _ in pair) for pair in (theirs, models))
+            raise EadError(f"{path} is not a repeat of {first_path} (replayed on {names}, not {given})", 2)
+    recorded: dict[tuple[str, str], tuple[Path, tuple[Any, Any]]] = {}
+    by_strategy = []
+    for path, report in runs:
+        tasks: dict[str, set[str]] = {}
+        for sample in report.get("samples", []):
+            strategy, task = sample["strategy"], sample["task_id"]
+            figures = (sample["recorded_wall_s"], sample["generated"])
+            seen_path, seen = recorded.setdefault((strategy, task), (path, figures))
+            if seen != figures:
+                raise EadError(
+                    f"{path} replays {strategy} on {task} as recorded otherwise than {seen_path}: "
+                    "not a repeat",
+                    exit_code=2,
+                )
+            tasks.setdefault(strategy, set()).add(task)
+        by_strategy.append((path, tasks))
+    check_same_tasks(by_strategy)
+
+
+def _replayed_models(report: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:
+    """(file, bytes) of each replayed model, or None where a hand-made report names none."""
+    models = report.get("models")
+    if not isinstance(models, dict) or not all(isinstance(model, dict) for model in models.values()):
+        return None
+    return [(model.get("file"), model.get("bytes")) for model in models.values()]
+
+
 def _is_figure(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -365,6 +403,15 @@ def _report_problem(report: Any) -> str | None:
             check, expected = _STRATEGY_FIELDS[str(field.type)]
             if not check(row[field.name]):
                 return f"its strategy {number}'s {field.name} is {row[field.name]!r}, not {expected}"
+    samples = report.get("samples", [])
+    if not isinstance(samples, list):
+        return "its samples are not a list"
+    for number, sample in enumerate(samples, 1):
+        if not (
+            isinstance(sample, dict)
+            and all(isinstance(sample.get(key), str) for key in ("strategy", "task_id"))
+            and _is_figure(sample.get("recorded_wall_s"))
+            and _is_count(sample.get("generated"))
+        ):
+            return f"its sample {number} is not a replayed sample (strategy, task_id, recorded s, generated)"
     return None
-
-

@@ -187,6 +187,7 @@ def bench_report(
     a bench (or of a replay: folders with a replay.json), also the median of each strategy's
     wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
     from ..bench.replay import REPLAY_FILE, read_report
+    from ..bench.replay import check_repeats as check_replay_repeats
     from ..bench.report import aggregate, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, check_distinct, check_repeats, read_results, unreadable_record
     from ..paths import is_dir, is_file, lookup, save_text
@@ -205,7 +206,9 @@ def bench_report(
     replays = kinds.pop()
     source = REPLAY_FILE if replays else RESULTS_FILE
     if replays:
-        runs = [read_report(folder)[1] for folder in folders]
+        reports = [read_report(folder) for folder in folders]
+        check_replay_repeats([(folder, report) for folder, (report, _) in zip(folders, reports, strict=True)])
+        runs = [strategies for _, strategies in reports]
     else:
         read = [(folder / RESULTS_FILE, *read_results(folder / RESULTS_FILE)) for folder in folders]
         runs = []
