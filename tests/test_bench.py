@@ -838,6 +838,15 @@ def test_a_strategy_is_held_to_its_tasks_in_the_first_run_that_has_it() -> None:
     check_repeats([(Path("a"), {}, large), (Path("b"), {}, whole), (Path("c"), {}, whole)])
 
 
+def test_a_median_over_fewer_runs_than_the_strategy_ran_in_says_over_how_many() -> None:
+    """A run without large-only gives no ratio: the median had read as one over every run counted."""
+    alone = [r for r in RECORDS if r["strategy"] == "ead"]
+    table = repeats_table([aggregate(RECORDS), aggregate(alone), aggregate(RECORDS)])
+    assert "| ead | 0.50 (0.50-0.50) over 2 | 3 | 2/2/2 | 1/-/1 |" in table.splitlines()
+    table = repeats_table([aggregate(RECORDS), aggregate(alone)])
+    assert "| ead | 0.50 (0.50-0.50) over 1 | 2 | 2/2 | 1/- |" in table.splitlines()
+
+
 def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # what a missing package raises
     files = write_report(tmp_path, aggregate(RECORDS))

@@ -213,8 +213,9 @@ class RunFigures(Protocol):
 def repeats_table(runs: Sequence[Sequence[RunFigures]]) -> str:
     """Markdown over repeated runs of a bench or of a replay: per strategy, the median of its wall-clock
     ratios to the same run's large-only with their range (a ratio is taken within one run, where the
-    machine's load is shared), in how many runs it ran, and per run its passes (a replay's: the recorded
-    run's) and, for a bench, its texts equal to large-only's. Fastest median first."""
+    machine's load is shared; "over N" where fewer runs than it ran in gave one), in how many runs it ran,
+    and per run its passes (a replay's: the recorded run's) and, for a bench, its texts equal to
+    large-only's. Fastest median first."""
     texts = all(isinstance(a, Aggregate) for run in runs for a in run)
     names = list(dict.fromkeys(a.strategy for run in runs for a in run))
     rows = []
@@ -223,6 +224,8 @@ def repeats_table(runs: Sequence[Sequence[RunFigures]]) -> str:
         ratios = sorted(a.wall_rel for a in found if a.wall_rel is not None)
         median = statistics.median(ratios) if ratios else None
         spread = f"{median:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})" if ratios else "-"
+        if ratios and len(ratios) < len(found):  # a run without large-only (or no task in common) has none
+            spread += f" over {len(ratios)}"
         passed = [None if a.pass_at_1 is None else round(a.pass_at_1 * a.samples) for a in found]
         cells = [name, spread, str(len(found)), _by_run(passed, "d")]
         if texts:
