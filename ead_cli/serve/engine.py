@@ -101,7 +101,6 @@ class Ticket:
         self.messages: asyncio.Queue[Token | Finished | Failed] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
-        self._future: Future[None] | None = None  # set by Engine.submit
         self._withdraw: Callable[[], None] | None = None
 
     def send(self, message: Token | Finished | Failed) -> None:
