@@ -82,7 +82,7 @@ def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
 GGML, GGML_CPU = _ggml()
 
 
-def read_rows(tensor: int, rows: slice | None = None) -> np.ndarray:
+def read_rows(tensor: int) -> np.ndarray:
     """A float32 copy of a 2-D F32 graph tensor (n_tokens x n_embd), through the backend (CPU or GPU)."""
     view = GgmlTensor.from_address(tensor)
     if view.type != GGML_TYPE_F32:
@@ -90,7 +90,7 @@ def read_rows(tensor: int, rows: slice | None = None) -> np.ndarray:
     n_embd, n_rows = view.ne[0], view.ne[1]
     out = np.empty((n_rows, n_embd), np.float32)
     GGML.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
-    return out if rows is None else out[rows]
+    return out
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,6 @@ class HeadWeights:
     n_embd: int
     n_layer: int
     eps: float
-    tied: bool
 
 
 def load_head(path: Path) -> HeadWeights:
@@ -138,7 +137,6 @@ def load_head(path: Path) -> HeadWeights:
         n_embd=n_embd,
         n_layer=int(blocks.contents()),
         eps=float(eps_field.contents()),
-        tied="output.weight" not in tensors,
     )
 
 
@@ -149,7 +147,6 @@ class Head:
     def __init__(self, weights: HeadWeights, n_threads: int) -> None:
         self.weights = weights
         self.n_threads = n_threads
-        self._dense: np.ndarray | None = None
 
     def normed(self, hidden: np.ndarray) -> np.ndarray:
         """RMSNorm x output_norm.weight, as ggml computes it (mean of squares in double, then float)."""
