@@ -22,7 +22,6 @@ MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, fa
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
 MAX_STOP_CHARS = 512
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
-Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 NAMED_PATTERNS = ("@code",)
