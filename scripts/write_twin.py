@@ -37,7 +37,6 @@ except ImportError:  # a bare machine: llama.cpp's own gguf-py, e.g. GGUF_PY=ven
 Q = gguf.GGMLQuantizationType
 TWIN_KEY = "ead.twin"  # the same key as ead_cli.runner.TWIN_KEY (this script needs no ead_cli)
 UNUSED_TOKEN = 5  # llama.cpp's token type for unused ids (Qwen's [PAD...] padding)
-CHUNK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
