@@ -92,7 +92,6 @@ def check_model(
     repack: Repack,
     n_gpu_layers: int | None = None,
     threads: int | None = None,
-    label: str | None = None,
     command: Sequence[str] | None = None,
 ) -> bool:
     """Load and decode ``path`` in a child once per machine and setting; raise the paragraph if it crashes.
@@ -113,7 +112,7 @@ def check_model(
     except subprocess.TimeoutExpired:
         return True
     if result.returncode < 0 and -result.returncode in CRASH_SIGNALS:
-        raise EadError(crash_message(label or path.name, -result.returncode, repack))
+        raise EadError(crash_message(path.name, -result.returncode, repack))
     if result.returncode == 0:
         with contextlib.suppress(OSError):  # a cache that cannot be written: the check runs again next time
             marker.parent.mkdir(parents=True, exist_ok=True)
