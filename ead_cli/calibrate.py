@@ -235,10 +235,10 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
     return data
 
 
-def check_saving(path: Path | None = None) -> Path:
+def check_saving() -> Path:
     """Where ``save`` will write, tried before a calibration runs (minutes of work that a file it cannot
     read or a folder it cannot write would throw away): the file read, its folder made and written to."""
-    path = path or config_file()
+    path = config_file()
     _read(path)
     check_can_save(path, "the calibration")
     return path
