@@ -11,7 +11,7 @@ from test_decoder import PROMPT
 from tiny_models import MIDDLE_ENTROPY_BITS
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
-from ead_cli.lookup import propose
+from ead_cli.lookup import MAX_MATCH, propose
 from ead_cli.policies import EAD, Fixed, Gate
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
@@ -30,7 +30,13 @@ def test_longer_matches_win_over_more_recent_shorter_ones() -> None:
     sequence = [1, 2, 3, 4, 8, 3, 4, 9, 1, 2, 3, 4]
     # "1 2 3 4" occurred at 0 (followed by 8); "3 4" alone occurred later at 5 (followed by 9).
     assert propose(sequence, min_match=2, limit=1) == [8]
-    assert propose(sequence, min_match=2, limit=1, max_match=2) == [9]
+
+
+def test_no_match_is_sought_longer_than_the_maximum() -> None:
+    sequence = [*range(9), 50, *range(1, 9), 60, *range(9)]
+    # All 9 tokens of the suffix occurred at 0 (followed by 50); its last MAX_MATCH (8) also later at 10.
+    assert MAX_MATCH == 8
+    assert propose(sequence, min_match=2, limit=1) == [60]
 
 
 def test_a_minimum_match_longer_than_the_default_maximum_still_proposes() -> None:
