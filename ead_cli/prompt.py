@@ -96,9 +96,9 @@ def render_prompt(runner: Runner, text: str, *, system: str | None = None, raw: 
     return _render_prompt(runner, text, system=system, raw=raw)
 
 
-def encode_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+def encode_prompt(runner: Runner, text: str, *, raw: bool = False) -> list[int]:
     """Prompt token ids: the chat template unless ``raw`` (or the model has none), BOS as the vocab wants."""
-    return encode_rendered(runner, render_prompt(runner, text, system=system, raw=raw))
+    return encode_rendered(runner, render_prompt(runner, text, raw=raw))
 
 
 def _render_prompt(runner: Runner, text: str, *, system: str | None, raw: bool) -> str:

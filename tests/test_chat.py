@@ -22,7 +22,7 @@ from ead_cli.chat import ContextFull, Conversation, Turn
 from ead_cli.decoder import Decoder
 from ead_cli.errors import EadError
 from ead_cli.options import GenerationOptions, PolicyOptions
-from ead_cli.prompt import encode_prompt, encode_rendered, render_chat
+from ead_cli.prompt import encode_prompt, encode_rendered, render_chat, render_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
@@ -50,7 +50,8 @@ def test_the_token_list_is_the_template_text_with_the_answers_as_written(runners
     tokens = conversation.tokens
 
     # The first prompt is exactly what `ead generate` sends; later turns only append.
-    assert tokens[: first.summary.prompt_tokens] == encode_prompt(runners[0], "hello wörld", system=SYSTEM)
+    sent = encode_rendered(runners[0], render_prompt(runners[0], "hello wörld", system=SYSTEM))
+    assert tokens[: first.summary.prompt_tokens] == sent
     assert tokens[: len(after_first)] == after_first
     assert second.summary.prompt_tokens > len(after_first)
 
