@@ -46,13 +46,13 @@ def read_corpus(spec: Sequence[str]) -> tuple[list[str], str]:
 
 
 def corpus_windows(
-    runner: Runner, texts: Sequence[str], *, tokens: int, part: int, parts: int = 2
+    runner: Runner, texts: Sequence[str], *, tokens: int, part: int
 ) -> list[list[int]]:
-    """Windows of WINDOW tokens from every ``parts``-th text, starting at text ``part`` (so part 0 and
+    """Windows of WINDOW tokens from every other text, starting at text ``part`` (so part 0 and
     part 1 are disjoint: calibration and held-out), until ``tokens`` tokens."""
     windows: list[list[int]] = []
     budget = tokens
-    for text in texts[part::parts]:
+    for text in texts[part::2]:
         ids = runner.tokenize(text, add_special=False, parse_special=False)
         for start in range(0, len(ids) - WINDOW + 1, WINDOW):
             if budget <= 0:
@@ -64,7 +64,7 @@ def corpus_windows(
     if not windows:  # short texts: one window of whatever there is
         ids = [
             i
-            for text in texts[part::parts]
+            for text in texts[part::2]
             for i in runner.tokenize(text, add_special=False, parse_special=False)
         ]
         windows = [ids[:WINDOW]] if len(ids) > PROMPT_ROWS + 1 else []
