@@ -60,11 +60,9 @@ class ReplayedStrategy:
     batches: dict[str, dict[str, dict[int, int]]]  # role -> phase -> batch size -> count
 
 
-def select_records(
-    path: Path, strategies: Sequence[str] | None, ids: Sequence[str] | None
-) -> tuple[Record, list[Record]]:
+def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record, list[Record]]:
     """The config and the samples to replay: every sample with a schedule, or the named strategies
-    (each must have one) and tasks; each read whole here, before any model loads."""
+    (each must have one); each read whole here, before any model loads."""
     if not path.exists():
         raise EadError(f"{path} does not exist: give a bench's results.jsonl or its --out folder", 2)
     config, records = read_results(path)
@@ -76,8 +74,6 @@ def select_records(
             exit_code=2,
         )
     _check_readable(path, records, _read_names)
-    if ids is not None:
-        records = [record for record in records if record["task_id"] in set(ids)]
     if strategies is None:
         chosen = [record for record in records if record.get("schedule") is not None]
         if not chosen:
@@ -266,12 +262,11 @@ def replay_bench(
     out: Path,
     *,
     strategies: Sequence[str] | None = None,
-    ids: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     on_sample: Callable[[ReplayedSample], None] | None = None,
 ) -> dict[str, Any]:
     """Replay a results file's schedules on these models; write and return the report (replay.json)."""
-    config, records = select_records(path, strategies, ids)
+    config, records = select_records(path, strategies)
     runners = load_runners(model_options, progress=progress)
     try:
         check_models(config, runners)
