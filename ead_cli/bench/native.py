@@ -79,7 +79,6 @@ def llama_server(
     args: Sequence[str],
     log: Path,
     *,
-    timeout_s: float = START_TIMEOUT_S,
     repack: Repack | None = None,
 ) -> Iterator[Server]:
     """llama-server on a free loopback port (the OS picks it; the log says which), one slot, no web UI;
@@ -91,13 +90,13 @@ def llama_server(
         command += ["--no-webui", *server_repack_args(repack or repack_choice()), *args]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
             if process.poll() is not None:
                 lines = log.read_text(errors="replace").strip().splitlines() or ["no output"]
                 raise EadError(f"llama-server stopped at start: {lines[-1][:200]}")
             if time.monotonic() > deadline:
-                raise EadError(f"llama-server did not start within {timeout_s:g} s")
+                raise EadError(f"llama-server did not start within {START_TIMEOUT_S:g} s")
             time.sleep(0.05)
         yield Server(process, found.group(1).decode(), log)
     finally:
