@@ -585,12 +585,15 @@ def test_sizes_slower_per_token_than_a_smaller_one_are_out_of_order() -> None:
 def test_a_whole_answer_pays_its_prompt_in_each_model_that_reads_it() -> None:
     small = rates(50.0, 75.0, 140.0)
     large = rates(4.0, 6.0, 12.0)
-    alone = speed.answer_seconds(small, large, None, prompt=128, answer=100)
-    assert alone == pytest.approx(128 / 12 + 100 / 4)
-    pair = speed.answer_seconds(small, large, 0.05, prompt=128, answer=100)
-    assert pair == pytest.approx(128 / 12 + 128 / 140 + 100 * speed.seconds_per_token(small, large, 0.05))
+    prompt, answer = speed.PROMPT_TOKENS, speed.ANSWER_TOKENS
+    alone = speed.answer_seconds(small, large, None)
+    assert alone == pytest.approx(prompt / 12 + answer / 4)
+    pair = speed.answer_seconds(small, large, 0.05)
+    assert pair == pytest.approx(
+        prompt / 12 + prompt / 140 + answer * speed.seconds_per_token(small, large, 0.05)
+    )
     # The small model's read of the prompt makes a short answer gain less than the per-token figure says.
-    (row,) = speed.expectations(small, large, shares=(0.05,))
+    (row,) = [row for row in speed.expectations(small, large) if row.share == 0.05]
     assert 1 < row.answer_speedup < row.speedup
 
 

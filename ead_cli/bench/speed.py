@@ -40,6 +40,7 @@ from .replay import REPLAY_FILE, read_report
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+CATCHUP_LIMIT = 512  # the largest catch-up batch the cost model prices (Runner's n_batch)
 DECODE_STEPS = 8  # one-token decodes timed for the decode rate
 MIN_TIMED_S = 0.25  # a batch size is timed again until this much time was measured (at most 5 times)
 MONOTONE_TOLERANCE = 0.05  # a bigger batch this much slower per token than a smaller one is out of order
@@ -91,15 +92,17 @@ def check_context(context: int, n_ctx: int) -> None:
         raise ValueError(f"--context must be in [1, {n_ctx - largest + context}], got {context}")
 
 
-def measure(runner: Runner, *, context: int = 256, sizes: Sequence[int] = BATCH_SIZES) -> Rates:
+def measure(runner: Runner, *, context: int = 256) -> Rates:
     """Decode and prefill rates at ``context`` tokens of cache: each batch size is fed after the
     context and rolled back, once to warm up, then timed until ``MIN_TIMED_S``, in ``ROUNDS`` rounds;
     sizes out of order are timed again (up to ``EXTRA_ROUNDS``); each keeps its fastest rate."""
     check_context(context, runner.n_ctx)
-    tokens = filler_tokens(runner, context + max(max(sizes), DECODE_STEPS))
+    tokens = filler_tokens(runner, context + max(max(BATCH_SIZES), DECODE_STEPS))
     runner.truncate(0)
     runner.feed(tokens, 0, context, "prefill")
-    rates = {size: max(batch_rate(runner, tokens, context, size) for _ in range(ROUNDS)) for size in sizes}
+    rates = {
+        size: max(batch_rate(runner, tokens, context, size) for _ in range(ROUNDS)) for size in BATCH_SIZES
+    }
     for _ in range(EXTRA_ROUNDS):
         for size in falls(rates):
             rates[size] = max(rates[size], batch_rate(runner, tokens, context, size))
@@ -142,35 +145,33 @@ def falls(tokens_per_s: Mapping[int, float]) -> list[int]:
     return fallen
 
 
-def catchup_batch(share: float, limit: int) -> int:
+def catchup_batch(share: float) -> int:
     """The large model's catch-up batch at a large share f: the ~1/f tokens since it last read."""
-    return max(1, min(limit, round(1.0 / share))) if share > 0 else limit
+    return max(1, min(CATCHUP_LIMIT, round(1.0 / share))) if share > 0 else CATCHUP_LIMIT
 
 
-def seconds_per_token(small: Rates, large: Rates, share: float, limit: int = 512) -> float:
+def seconds_per_token(small: Rates, large: Rates, share: float) -> float:
     """The cost model: (1 - f)(1/d_small + 1/p_large) + f(1/d_large + 1/p_small)."""
-    batch = catchup_batch(share, limit)
+    batch = catchup_batch(share)
     p_large = large.prefill(batch)
     return (1 - share) * (1 / small.decode + 1 / p_large) + share * (1 / large.decode + 1 / small.prefill(1))
 
 
-def break_even(small: Rates, large: Rates, limit: int = 512) -> float | None:
+def break_even(small: Rates, large: Rates) -> float | None:
     """The largest share (to 0.1%) at which switching is still faster than the large model alone;
     None if it never is."""
     alone = 1 / large.decode
-    faster = [f / 1000 for f in range(0, 1001) if seconds_per_token(small, large, f / 1000, limit) < alone]
+    faster = [f / 1000 for f in range(0, 1001) if seconds_per_token(small, large, f / 1000) < alone]
     return max(faster) if faster else None
 
 
-def answer_seconds(
-    small: Rates, large: Rates, share: float | None, prompt: int = PROMPT_TOKENS, answer: int = ANSWER_TOKENS
-) -> float:
-    """A whole answer: the prompt read by each model that takes part, then ``answer`` tokens at
-    ``share`` (None: the large model alone, decoding every token)."""
-    reads = large.seconds(prompt)
+def answer_seconds(small: Rates, large: Rates, share: float | None) -> float:
+    """A whole answer: the prompt (``PROMPT_TOKENS``) read by each model that takes part, then
+    ``ANSWER_TOKENS`` tokens at ``share`` (None: the large model alone, decoding every token)."""
+    reads = large.seconds(PROMPT_TOKENS)
     if share is None:
-        return reads + answer / large.decode
-    return reads + small.seconds(prompt) + answer * seconds_per_token(small, large, share)
+        return reads + ANSWER_TOKENS / large.decode
+    return reads + small.seconds(PROMPT_TOKENS) + ANSWER_TOKENS * seconds_per_token(small, large, share)
 
 
 @dataclass(frozen=True)
@@ -182,17 +183,15 @@ class Expectation:
     answer_speedup: float  # the same for a whole answer, prompt included (PROMPT_TOKENS, ANSWER_TOKENS)
 
 
-def expectations(
-    small: Rates, large: Rates, shares: Sequence[float] = SHARES, limit: int = 512
-) -> list[Expectation]:
+def expectations(small: Rates, large: Rates) -> list[Expectation]:
     alone = 1 / large.decode
     answer_alone = answer_seconds(small, large, None)
     return [
         Expectation(
-            f, catchup_batch(f, limit), t, alone / t, answer_alone / answer_seconds(small, large, f)
+            f, catchup_batch(f), t, alone / t, answer_alone / answer_seconds(small, large, f)
         )
-        for f in shares
-        for t in (seconds_per_token(small, large, f, limit),)
+        for f in SHARES
+        for t in (seconds_per_token(small, large, f),)
     ]
 
 
