@@ -141,13 +141,12 @@ def run_program(
     source: str,
     *,
     timeout_s: float = SAMPLE_TIMEOUT_S,
-    memory_bytes: int = MEMORY_BYTES,
     mark: str | None = None,
 ) -> Execution:
     """Run Python source in a fresh temporary directory under time and resource limits; with ``mark``,
     say whether the program printed it as a line of its own (after a newline)."""
     limits = [
-        (resource.RLIMIT_AS, memory_bytes),
+        (resource.RLIMIT_AS, MEMORY_BYTES),
         (resource.RLIMIT_CPU, math.ceil(timeout_s) + 1),
         (resource.RLIMIT_FSIZE, OUTPUT_BYTES),
         (resource.RLIMIT_CORE, 0),
@@ -192,13 +191,13 @@ def run_program(
 
 
 def check_solution(
-    task: Task, code: str, *, timeout_s: float = SAMPLE_TIMEOUT_S, memory_bytes: int = MEMORY_BYTES
+    task: Task, code: str, *, timeout_s: float = SAMPLE_TIMEOUT_S
 ) -> Outcome:
     """Run the task's tests on the code; pass only if the checks ran to the end (a sentinel after them)."""
     sentinel = f"ead-bench-passed-{secrets.token_hex(8)}"
     # The sentinel gets a line of its own even if the code printed text without a newline.
     program = f"{code}\n\n{task.test}\n\ncheck({task.entry_point})\nprint({chr(10) + sentinel!r})\n"
-    result = run_program(program, timeout_s=timeout_s, memory_bytes=memory_bytes, mark=sentinel)
+    result = run_program(program, timeout_s=timeout_s, mark=sentinel)
     if result.returncode is None:
         return Outcome("timeout", f"no result within {timeout_s:g} s")
     if result.returncode == 0 and result.printed_mark:
