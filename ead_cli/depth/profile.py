@@ -45,17 +45,17 @@ def probe_layers(n_layer: int, every: int) -> tuple[int, ...]:
     return tuple(sorted({*range(every, n_layer + 1, every), n_layer}))
 
 
-def isotonic_nonincreasing(values: Sequence[float], weights: Sequence[float]) -> list[float]:
-    """The weighted least-squares non-increasing fit (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
-    for value, weight in zip(values, weights, strict=True):
-        blocks.append([value, max(weight, 1e-12), 1])
+def isotonic_nonincreasing(values: Sequence[float]) -> list[float]:
+    """The least-squares non-increasing fit (pool adjacent violators)."""
+    blocks: list[tuple[float, int]] = []  # (mean, count)
+    for value in values:
+        blocks.append((value, 1))
         while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
-            mean2, weight2, count2 = blocks.pop()
-            mean1, weight1, count1 = blocks.pop()
-            total = weight1 + weight2
-            blocks.append([(mean1 * weight1 + mean2 * weight2) / total, total, count1 + count2])
-    return [mean for mean, _, count in blocks for _ in range(count)]
+            mean2, count2 = blocks.pop()
+            mean1, count1 = blocks.pop()
+            total = count1 + count2
+            blocks.append(((mean1 * count1 + mean2 * count2) / total, total))
+    return [mean for mean, count in blocks for _ in range(count)]
 
 
 def position_bucket(position: int) -> int:
@@ -146,7 +146,7 @@ def build_profile(
     raw = entropies.mean(axis=1)
     tables: dict[str, list[list[float]]] = {}
     counts: dict[str, list[int]] = {}
-    overall = isotonic_nonincreasing(raw.tolist(), [1.0] * len(raw))
+    overall = isotonic_nonincreasing(raw.tolist())
     for condition, size in TABLE_ROWS.items():
         rows, sizes = [], []
         keys = np.array([bucket(condition, int(p), float(c)) for p, c in zip(positions, top1, strict=True)])
@@ -156,7 +156,7 @@ def build_profile(
             rows.append(
                 overall
                 if chosen.shape[1] == 0
-                else isotonic_nonincreasing(chosen.mean(axis=1).tolist(), [1.0] * len(raw))
+                else isotonic_nonincreasing(chosen.mean(axis=1).tolist())
             )
         tables[condition], counts[condition] = rows, sizes
     return Profile(
