@@ -619,16 +619,12 @@ def test_a_connection_the_server_closed_while_idle_is_reopened(tiny_pair, served
         small.close()
 
 
-class _Slow(BaseHTTPRequestHandler):
-    """Passes each request on to a real llama-server and its reply back, but holds the reply to the
-    ``hold_at``-th completion until ``release`` (a server that answers slowly); ``held`` says it holds."""
+class _Proxy(BaseHTTPRequestHandler):
+    """Passes each request on to a real llama-server (``_ask``) and its reply back (``_answer``); the
+    subclasses say what happens between (``_forward``)."""
 
     protocol_version = "HTTP/1.1"  # kept-alive connections, as llama-server's
     upstream: ClassVar[tuple[str, int]]
-    hold_at: ClassVar[int]
-    completions: ClassVar[list[bytes]]
-    held: ClassVar[threading.Event]
-    release: ClassVar[threading.Event]
 
     def do_GET(self) -> None:
         self._forward(None)
@@ -637,11 +633,38 @@ class _Slow(BaseHTTPRequestHandler):
         self._forward(self.rfile.read(int(self.headers["Content-Length"])))
 
     def _forward(self, body: bytes | None) -> None:
+        raise NotImplementedError
+
+    def _ask(self, body: bytes | None) -> tuple[int, bytes]:
         upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
         upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
         reply = upstream.getresponse()
         payload = reply.read()
         upstream.close()
+        return reply.status, payload
+
+    def _answer(self, status: int, payload: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Slow(_Proxy):
+    """Holds the reply to the ``hold_at``-th completion until ``release`` (a server that answers
+    slowly); ``held`` says it holds."""
+
+    hold_at: ClassVar[int]
+    completions: ClassVar[list[bytes]]
+    held: ClassVar[threading.Event]
+    release: ClassVar[threading.Event]
+
+    def _forward(self, body: bytes | None) -> None:
+        status, payload = self._ask(body)
         if self.path == "/completion":
             self.completions.append(payload)
             if len(self.completions) == self.hold_at:
@@ -649,14 +672,7 @@ class _Slow(BaseHTTPRequestHandler):
                 self.release.wait(30)
                 self.close_connection = True  # the client may have left: no next request on this one
         with contextlib.suppress(OSError):  # the client may have gone meanwhile
-            self.send_response(reply.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
+            self._answer(status, payload)
 
 
 def test_ctrl_c_while_a_slow_server_answers_lets_the_chat_ask_again(tiny_pair, served_large) -> None:
@@ -701,22 +717,14 @@ def test_ctrl_c_while_a_slow_server_answers_lets_the_chat_ask_again(tiny_pair, s
             child.close(force=True)
 
 
-class _DropThenSlow(BaseHTTPRequestHandler):
-    """Passes each request on to a real llama-server; the second completion is held ``hold`` seconds,
-    then its connection closed unanswered (a proxy whose upstream went away), and the third, the
-    client's retry on a new connection, answered ``delay`` seconds late."""
+class _DropThenSlow(_Proxy):
+    """The second completion is held ``hold`` seconds, then its connection closed unanswered (a proxy
+    whose upstream went away), and the third, the client's retry on a new connection, answered ``delay``
+    seconds late."""
 
-    protocol_version = "HTTP/1.1"
-    upstream: ClassVar[tuple[str, int]]
     hold: ClassVar[float]
     delay: ClassVar[float]
     completions: ClassVar[list[int]]
-
-    def do_GET(self) -> None:
-        self._forward(None)
-
-    def do_POST(self) -> None:
-        self._forward(self.rfile.read(int(self.headers["Content-Length"])))
 
     def _forward(self, body: bytes | None) -> None:
         if self.path == "/completion":
@@ -727,19 +735,7 @@ class _DropThenSlow(BaseHTTPRequestHandler):
                 return
             if len(self.completions) == 3:
                 time.sleep(self.delay)
-        upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
-        upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
-        reply = upstream.getresponse()
-        payload = reply.read()
-        upstream.close()
-        self.send_response(reply.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self._answer(*self._ask(body))
 
 
 def test_a_retry_on_a_new_connection_has_the_whole_timeout(tiny_pair, served_large) -> None:
