@@ -47,13 +47,17 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
         stdout: Path | None = None,
         columns: int = 250,
         preexec_fn: Callable[[], None] = interruptible,
+        pair: bool = True,
     ) -> pexpect.spawn:
         """The chat at a terminal ``columns`` wide; with ``stdout``, its stdout redirected to that file;
-        ``preexec_fn`` run in the child before it starts."""
+        ``preexec_fn`` run in the child before it starts; ``pair`` False: the default mode (no --tau),
+        the large model alone until a command turns the pair on."""
         unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
         env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
         env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
         command, args = str(EAD), chat_args(tiny_pair, *extra)
+        if not pair:
+            args.remove("--tau"), args.remove("3")
         if stdout is not None:
             command, args = "/bin/sh", ["-c", 'exec "$@" > "$0"', str(stdout), command, *args]
         child = pexpect.spawn(
@@ -625,3 +629,31 @@ def test_help_lists_every_command_on_one_line_in_the_same_style(tiny_pair: tuple
     for line in commands:
         description = line[17:]
         assert description[:1].islower() and not description.endswith("."), line
+
+
+def test_ctrl_c_while_a_command_loads_the_small_model_changes_nothing(spawn, tmp_path: Path) -> None:
+    """Ctrl-C while /tau loads the small model (the default mode starts with the large one alone) had left
+    "the pair switches from the next answer" on the screen, then a bare ^C: the settings had not changed,
+    and nothing said so. It is one line naming the command; the large model answers on, and the next
+    command loads the pair."""
+    for attempt in range(5):  # a fresh cache: the small model's first load runs its check in a child
+        child = spawn("--max-tokens", "4", pair=False, env={"EAD_CACHE": str(tmp_path / str(attempt))})
+        type_line(child, "/tau 2")
+        child.expect_exact("loading the small model")
+        child.sendcontrol("c")
+        child.expect_exact(PROMPT)
+        shown = plain(child.before)
+        if "settings:" not in shown:  # the Ctrl-C came while it loaded (not after: then it cleared a line)
+            break
+        child.close(force=True)
+    else:
+        pytest.fail("the small model had always loaded before Ctrl-C came")
+    assert shown.splitlines()[-1] == "/tau stopped (Ctrl-C): nothing changed"
+    assert "Traceback" not in shown
+    stats = " ".join(reply(child, "/stats"))
+    assert "settings: mode large · policy gate · tau 1 ·" in stats
+    assert "large share 100.0%" in plain(send(child, "hello"))
+    changed = reply(child, "/tau 2")
+    assert changed[-1].startswith("settings: mode ead · policy gate · tau 2 ·")
+    assert SUMMARY.search(plain(send(child, "hello")))
+    assert leave(child) == 0
