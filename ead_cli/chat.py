@@ -46,6 +46,7 @@ class _Request:
     rendered: str
     policy: PolicyOptions
     generation: GenerationOptions
+    system: str | None
 
 
 class ContextFull(EadError):
@@ -54,7 +55,8 @@ class ContextFull(EadError):
 
 @dataclass(frozen=True)
 class Turn:
-    """One exchange and the settings it ran with. ``answer`` is the text of the answer's tokens."""
+    """One exchange and the settings it ran with. ``answer`` is the text of the answer's tokens;
+    ``system``: the system message the answer read (a later one re-reads the conversation under it)."""
 
     user: str
     answer: str
@@ -62,6 +64,7 @@ class Turn:
     summary: Summary
     policy: PolicyOptions
     generation: GenerationOptions
+    system: str | None = None
 
     @property
     def cut(self) -> bool:
@@ -196,7 +199,7 @@ class Conversation:
         check_fits(prompt, self.n_ctx)
         policy = self.effective_policy
         decoder = build_decoder(self.runners, policy, self.generation)
-        request = _Request(messages, prompt, rendered, policy, self.generation)
+        request = _Request(messages, prompt, rendered, policy, self.generation, self.system)
         return self._stream(decoder.generate(prompt), request)
 
     def _stream(self, response: Response[TokenEvent, Summary], request: _Request) -> Iterator[TokenEvent]:
@@ -234,6 +237,7 @@ class Conversation:
             summary,
             request.policy,
             request.generation,
+            request.system,
         )
         # One assignment, so a second Ctrl-C cannot leave the tokens and the messages out of step.
         self.tokens, self.messages, self._text, self.turns, self.totals = (
@@ -269,6 +273,7 @@ class Conversation:
             "conversation_tokens": self.tokens,
             "turns": [
                 {
+                    "system": turn.system,
                     "user": turn.user,
                     "answer": turn.answer,
                     "cut": turn.cut,

@@ -657,3 +657,20 @@ def test_ctrl_c_while_a_command_loads_the_small_model_changes_nothing(spawn, tmp
     assert changed[-1].startswith("settings: mode ead · policy gate · tau 2 ·")
     assert SUMMARY.search(plain(send(child, "hello")))
     assert leave(child) == 0
+
+
+def test_a_saved_transcript_says_which_system_message_each_answer_ran_with(spawn, tmp_path: Path) -> None:
+    """The transcript had one "system", the one set when it was saved: answers given before /system (or
+    under one removed since) read as answered under it. Each turn names its own; the top one is for the
+    next answer."""
+    child = spawn("--max-tokens", "3")
+    send(child, "hello")
+    reply(child, "/system be brief")
+    send(child, "hello")
+    reply(child, "/system")
+    path = tmp_path / "chat.json"
+    assert reply(child, f"/save {path}") == [f"saved 2 turns to {path}"]
+    assert leave(child) == 0
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert [turn["system"] for turn in saved["turns"]] == [None, "be brief"]
+    assert saved["system"] is None
