@@ -674,3 +674,20 @@ def test_a_saved_transcript_says_which_system_message_each_answer_ran_with(spawn
     saved = json.loads(path.read_text(encoding="utf-8"))
     assert [turn["system"] for turn in saved["turns"]] == [None, "be brief"]
     assert saved["system"] is None
+
+
+@pytest.mark.parametrize("pair", [True, False])
+def test_the_first_line_wraps_at_spaces_at_a_terminal_of_80_columns(spawn, pair: bool) -> None:
+    """The legend and the mode had been written as one raw line of some 100 characters (the default mode's
+    "mode large (the default; --mode ead or any switching option turns the pair on)"), which an 80-column
+    terminal broke mid-word: it is wrapped at spaces as the lines after it are, nothing dropped."""
+    child = spawn(columns=80, pair=pair)
+    header = plain(child.before).splitlines()
+    assert max(map(len, header)) <= 80, header
+    joined = " ".join(line.rstrip() for line in header)
+    assert "■ large: large.gguf" in joined and ("■ small: small.gguf" in joined) == pair
+    mode = "ead (a switching option or a cascade turns the pair on)" if pair else "large (the default; "
+    assert f" · mode {mode}" in joined
+    assert joined.endswith("/help lists the commands; Ctrl-D leaves")
+    assert "\x1b[1;33m■ large" in child.before  # still in the large model's colour
+    assert leave(child) == 0

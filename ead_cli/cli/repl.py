@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import BinaryIO, TextIO
 
 from rich.console import Console
+from rich.text import Text
 
 from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError
@@ -157,7 +158,8 @@ class Repl:
         """Run until Ctrl-D, /exit or the end of input; the exit status is 1 if anything failed on a pipe."""
         if self.interactive:
             names = {runner.name: runner.label for runner in self.conversation.runners}
-            self.err.write(f"{self.renderer.legend(names)}  · {mode_line(self.conversation.policy)}\n")
+            legend = f"{self.renderer.legend(names)}  · {mode_line(self.conversation.policy)}"
+            self.console.print(Text.from_ansi(legend))  # wrapped at spaces, its colours kept
             self.note("/help lists the commands; Ctrl-D leaves")
         while True:
             try:
