@@ -691,3 +691,20 @@ def test_the_first_line_wraps_at_spaces_at_a_terminal_of_80_columns(spawn, pair:
     assert joined.endswith("/help lists the commands; Ctrl-D leaves")
     assert "\x1b[1;33m■ large" in child.before  # still in the large model's colour
     assert leave(child) == 0
+
+
+def test_a_byte_order_mark_at_the_start_of_piped_input_is_not_part_of_the_first_line(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A file saved with a UTF-8 byte-order mark (Notepad's "UTF-8 with BOM") had its first line's command
+    sent to the model as a message ('\\ufeff/max-tokens 3', answered in 4 tokens): the mark is skipped,
+    there only."""
+    path = tmp_path / "chat.json"
+    result = pipe(tiny_pair, f"\ufeff/max-tokens 3\nhi\n\ufeffthere\n/save {path}\n".encode())
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.decode().splitlines()
+    assert lines[0].startswith("settings: ") and lines[0].endswith("max-tokens 3 (from the next answer)")
+    assert [turn["user"] for turn in json.loads(path.read_text(encoding="utf-8"))["turns"]] == [
+        "hi",
+        "\ufeffthere",  # a mark inside the input is text, kept
+    ]

@@ -34,6 +34,7 @@ from .render import TextRenderer, mode_line, print_stats, wants_color
 PROMPT = ">>> "
 MORE = "... "
 FENCE = '"""'
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
 ESCAPE = "//"  # a line's start that sends the rest, from its /, as a message
 RESET_HINT = "/reset starts a new conversation"
 ReadLine = Callable[[str], str]
@@ -340,12 +341,16 @@ class Repl:
 
 def _pipe_reader(stream: BinaryIO) -> ReadLine:
     """Lines of a pipe, without their line ending; EOFError at the end. A line longer than ead reads of
-    any input ends the input there (an endless one, /dev/zero, had filled the memory)."""
-    ended = False
+    any input ends the input there (an endless one, /dev/zero, had filled the memory). A UTF-8
+    byte-order mark at the input's start (a file saved as "UTF-8 with BOM") is not part of its first
+    line, so a command there is still one."""
+    ended, first = False, True
 
     def read_line(prompt: str) -> str:
-        nonlocal ended
+        nonlocal ended, first
         data = b"" if ended else stream.readline(MAX_READ_BYTES + 1)
+        if first:
+            first, data = False, data.removeprefix(BOM)
         if not data:
             raise EOFError
         if len(data) > MAX_READ_BYTES and not data.endswith(b"\n"):
