@@ -12,6 +12,7 @@ caches keep the prefix that still matches.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from .prompt import (
 from .response import Response
 from .runner import Runner
 from .signals import main_thread_signals
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -290,8 +293,12 @@ class Conversation:
     def save(self, path: Path) -> None:
         """Write the transcript as JSON, whole or not at all (``write_whole``: a disk that fills midway
         leaves an earlier transcript as it was). A path that cannot be written is a one-line error."""
+        text = json.dumps(self.transcript(), ensure_ascii=False, indent=1) + "\n"
+        # A name's byte that is not UTF-8 (a model file's path) is a lone surrogate, which UTF-8 cannot
+        # encode: escaped as ensure_ascii escapes it, it reads back as the same name.
+        text = _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
         try:
-            write_whole(path, json.dumps(self.transcript(), ensure_ascii=False, indent=1) + "\n")
+            write_whole(path, text)
         except OSError as error:
             raise EadError(f"cannot write {path}: {error.strerror or error}") from None
         except ValueError as error:  # a name no file can have: a NUL byte in it

@@ -48,16 +48,19 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
         columns: int = 250,
         preexec_fn: Callable[[], None] = interruptible,
         pair: bool = True,
+        wrap: tuple[str, ...] = (),
     ) -> pexpect.spawn:
         """The chat at a terminal ``columns`` wide; with ``stdout``, its stdout redirected to that file;
         ``preexec_fn`` run in the child before it starts; ``pair`` False: the default mode (no --tau),
-        the large model alone until a command turns the pair on."""
+        the large model alone until a command turns the pair on; ``wrap``: a command line that runs it."""
         unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
         env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
         env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
         command, args = str(EAD), chat_args(tiny_pair, *extra)
         if not pair:
             args.remove("--tau"), args.remove("3")
+        if wrap:
+            command, args = wrap[0], [*wrap[1:], command, *args]
         if stdout is not None:
             command, args = "/bin/sh", ["-c", 'exec "$@" > "$0"', str(stdout), command, *args]
         child = pexpect.spawn(
@@ -708,3 +711,24 @@ def test_a_byte_order_mark_at_the_start_of_piped_input_is_not_part_of_the_first_
         "hi",
         "\ufeffthere",  # a mark inside the input is text, kept
     ]
+
+
+def test_a_model_whose_file_name_is_not_utf8_does_not_stop_a_save(
+    spawn, tiny_large: Path, tmp_path: Path
+) -> None:
+    """A model file named with a byte that is not UTF-8 (a name Linux allows) had made every /save fail,
+    blaming the transcript's own name ("cannot write '…/chat.json': 'utf-8' codec can't encode character
+    '\\udcff' …: surrogates not allowed"): the transcript escapes such a byte as JSON does, and reads back
+    to the model's very name."""
+    large = tmp_path / os.fsdecode(b"l\xffrge.gguf")
+    large.write_bytes(tiny_large.read_bytes())
+    # pexpect encodes arguments strictly; the environment goes as the name's bytes, and a shell passes it on
+    wrapped = ("/bin/sh", "-c", 'exec "$@" --large "$EAD_TEST_LARGE"', "sh")
+    child = spawn("--max-tokens", "3", env={"EAD_TEST_LARGE": str(large)}, wrap=wrapped)
+    send(child, "hello")
+    path = tmp_path / "chat.json"
+    assert reply(child, f"/save {path}") == [f"saved 1 turn to {path}"]
+    assert leave(child) == 0
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert saved["models"]["large"] == str(large)
+    assert os.fsencode(saved["turns"][0]["summary"]["models"][1]["path"]) == os.fsencode(large)
