@@ -732,3 +732,25 @@ def test_a_model_whose_file_name_is_not_utf8_does_not_stop_a_save(
     saved = json.loads(path.read_text(encoding="utf-8"))
     assert saved["models"]["large"] == str(large)
     assert os.fsencode(saved["turns"][0]["summary"]["models"][1]["path"]) == os.fsencode(large)
+
+
+def test_control_characters_the_user_brought_in_are_shown_spelled_not_acted_on(spawn, tmp_path: Path) -> None:
+    """An escape sequence typed (Ctrl-V Esc) or piped in a command's name or a /save file name had reached
+    the terminal raw in the line that echoes it: 'ESC[2K ESC[1G' erased that line's start, a bidi override
+    reordered it. Such characters are spelled as Python spells them (as ead's other errors do), the rest of
+    the line as typed."""
+    child = spawn()
+    erase = "\x1b[2K\x1b[1G"
+    quoted = "".join(f"\x16{char}" for char in erase)  # readline's quoted-insert: each key taken as is
+
+    def lines_after_echo(keys: str) -> list[str]:  # readline echoes a quoted Esc as ^[
+        return plain(send(child, keys)).splitlines()[1:]
+
+    assert lines_after_echo(f"/frob{quoted}\u202eob") == [
+        "error: unknown command /frob\\x1b[2K\\x1b[1G\\u202eob (/help lists the commands)"
+    ]
+    name = f"a{erase}b.json"
+    saved = lines_after_echo(f"/save {tmp_path}/a{quoted}b.json")
+    assert saved == [f"saved 0 turns to {tmp_path}/a\\x1b[2K\\x1b[1Gb.json"]
+    assert (tmp_path / name).exists()  # the file has the name typed
+    assert leave(child) == 0

@@ -13,7 +13,6 @@ import inspect
 import os
 import signal
 import sys
-import unicodedata
 from typing import Annotated
 
 import typer
@@ -27,7 +26,7 @@ from . import generate
 from .bench import bench_app
 from .depth import depth_app
 from .models import models_app
-from .output import silence_stdout
+from .output import silence_stdout, spelled
 
 app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
@@ -149,15 +148,7 @@ def _fail(message: str, code: int) -> None:
     stopped reading blocks, and a signal must still end it."""
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, signal.SIG_DFL)
-    line = "".join(repr(char)[1:-1] if _acted_on(char) else char for char in message)
-    sys.stderr.write(f"error: {line}\n")
+    sys.stderr.write(f"error: {spelled(message)}\n")
     sys.exit(code)
 
 
-_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
-def _acted_on(char: str) -> bool:
-    """A character a terminal acts on or breaks the line at (C0/C1 controls, DEL, line and paragraph
-    separators, bidi embeddings, overrides and isolates), or a lone surrogate (a name's undecodable byte)."""
-    return unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI_CONTROLS

@@ -28,7 +28,7 @@ from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import Terminated
-from .output import silence_stdout
+from .output import silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
@@ -181,12 +181,12 @@ class Repl:
         return 1 if self.failed else 0
 
     def note(self, message: str) -> None:
-        self.console.print(message, style="dim")
+        self.console.print(spelled(message), style="dim")  # what the user typed, never acted on
 
     def error(self, message: str) -> None:
         if not self.interactive:
             self.failed = True
-        self.console.print(f"error: {message}", style="red")
+        self.console.print(f"error: {spelled(message)}", style="red")
 
     def _step(self) -> bool:
         """Read and handle one message or command; False to leave."""
