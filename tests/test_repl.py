@@ -638,7 +638,7 @@ def test_ctrl_c_while_a_command_loads_the_small_model_changes_nothing(spawn, tmp
     """Ctrl-C while /tau loads the small model (the default mode starts with the large one alone) had left
     "the pair switches from the next answer" on the screen, then a bare ^C: the settings had not changed,
     and nothing said so. It is one line naming the command; the large model answers on, and the next
-    command loads the pair."""
+    command loads the pair. A /save that waits for a FIFO's reader is stopped alike."""
     for attempt in range(5):  # a fresh cache: the small model's first load runs its check in a child
         child = spawn("--max-tokens", "4", pair=False, env={"EAD_CACHE": str(tmp_path / str(attempt))})
         type_line(child, "/tau 2")
@@ -659,6 +659,16 @@ def test_ctrl_c_while_a_command_loads_the_small_model_changes_nothing(spawn, tmp
     changed = reply(child, "/tau 2")
     assert changed[-1].startswith("settings: mode ead · policy gate · tau 2 ·")
     assert SUMMARY.search(plain(send(child, "hello")))
+
+    # a /save to a FIFO that no one reads waits for a reader: Ctrl-C stops it the same way
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    type_line(child, f"/save {fifo}")
+    child.expect_exact(f"/save {fifo}\r\n")
+    child.sendcontrol("c")
+    child.expect_exact(PROMPT)
+    assert plain(child.before).splitlines()[-1] == "/save stopped (Ctrl-C): nothing changed"
+    assert reply(child, "/reset") == ["new conversation"]  # the chat goes on
     assert leave(child) == 0
 
 

@@ -218,6 +218,11 @@ class Repl:
             handler(argument.strip())
         except EadError as error:
             self.error(str(error))
+        except KeyboardInterrupt:  # the small model's load, a /save to a FIFO no one reads: each command
+            if not self.interactive:  # changes what it changes last, in one step
+                raise
+            self.err.write("\n")  # after the ^C the terminal echoed
+            self.note(f"/{name} stopped (Ctrl-C): nothing changed")
         return True
 
     def _answer(self, text: str) -> None:
@@ -275,12 +280,6 @@ class Repl:
                 conversation.configure(policy, generation)
             except EadError as error:
                 raise EadError(_as_command(str(error), option), error.exit_code) from None
-            except KeyboardInterrupt:  # while the small model loaded: configure sets the settings last
-                if not self.interactive:
-                    raise
-                self.err.write("\n")  # after the ^C the terminal echoed
-                self.note(f"{option.command} stopped (Ctrl-C): nothing changed")
-                return
             settings = settings_line(conversation.effective_policy, conversation.generation)
             self.note(settings + " (from the next answer)")
 
