@@ -261,27 +261,31 @@ class Repl:
             used = f"{len(conversation.tokens)} of {conversation.n_ctx} tokens"
             self.note(f"the context is full ({used}): {RESET_HINT}")
 
+    def _configure(
+        self, policy: PolicyOptions | None = None, generation: GenerationOptions | None = None
+    ) -> None:
+        conversation = self.conversation
+        conversation.configure(policy or conversation.policy, generation or conversation.generation)
+        settings = settings_line(conversation.effective_policy, conversation.generation)
+        self.note(settings + " (from the next answer)")
+
     def _setter(self, option: DecodingOption) -> Callable[[str], None]:
         """The command of a decoding option (the option table's CHAT surface): its value, read by the
         table, for the next answers; a policy option set so counts as given (``PolicyOptions.changed``)."""
 
         def set_option(argument: str) -> None:
             value = option.read(argument, option.command)
-            conversation = self.conversation
-            policy, generation = conversation.policy, conversation.generation
+            policy, generation = self.conversation.policy, self.conversation.generation
             try:
                 if option.target == "policy":
-                    policy = policy.changed(**{option.attribute: value})
+                    self._configure(policy.changed(**{option.attribute: value}))
                 elif option.target == "sampling":
                     sampling = replace(generation.sampling, **{option.attribute: value})
-                    generation = replace(generation, sampling=sampling)
+                    self._configure(generation=replace(generation, sampling=sampling))
                 else:
-                    generation = replace(generation, **{option.attribute: value})
-                conversation.configure(policy, generation)
+                    self._configure(generation=replace(generation, **{option.attribute: value}))
             except EadError as error:
                 raise EadError(_as_command(str(error), option), error.exit_code) from None
-            settings = settings_line(conversation.effective_policy, conversation.generation)
-            self.note(settings + " (from the next answer)")
 
         return set_option
 
