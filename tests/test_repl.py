@@ -764,3 +764,22 @@ def test_control_characters_the_user_brought_in_are_shown_spelled_not_acted_on(s
     assert saved == [f"saved 0 turns to {tmp_path}/a\\x1b[2K\\x1b[1Gb.json"]
     assert (tmp_path / name).exists()  # the file has the name typed
     assert leave(child) == 0
+
+
+def test_ctrl_c_with_stdout_redirected_leaves_the_summary_on_a_line_of_its_own(
+    spawn, tmp_path: Path
+) -> None:
+    """With the answers going to a file, Ctrl-C mid-answer had glued the summary to the ^C the terminal
+    echoed ("^C1722 tokens · large share …"): the answer's line end went to the file, not the terminal."""
+    out = tmp_path / "answers.txt"
+    child = spawn("--ctx", "32768", "--max-tokens", "100000", stdout=out)  # an answer that runs for a minute
+    type_line(child, "hello")
+    child.expect_exact("hello\r\n")
+    while not out.stat().st_size:  # the answer is streaming into the file
+        child.expect([pexpect.TIMEOUT], timeout=0.05)
+    child.sendcontrol("c")
+    child.expect_exact(PROMPT)
+    lines = plain(child.before).splitlines()
+    assert lines[0] == "^C" and SUMMARY.match(lines[1]) and lines[1].endswith("cut (interrupted)"), lines
+    assert leave(child) == 0
+    assert out.read_text(encoding="utf-8", errors="replace").endswith("\n")  # the answer's line closed there

@@ -242,6 +242,8 @@ class Repl:
                 self.renderer.event(event)
         except KeyboardInterrupt as interrupt:
             stop = None if self.interactive else interrupt
+            if self.interactive and not self.renderer.terminal and self.err.isatty():
+                self.err.write("\n")  # after the ^C the terminal echoed: the answer's line ends in its file
         except Terminated as terminated:
             stop = terminated
         except RemoteError as error:  # the server went away mid-answer
