@@ -73,11 +73,15 @@ MAX_READ_BYTES = 256 << 20
 
 def read_bounded(stream: BinaryIO) -> bytes:
     """All of ``stream`` up to ``MAX_READ_BYTES``; more is an OSError (EFBIG) that ``unreadable`` says as
-    the reason, so each reader's own line names the file as for any other read error."""
-    data = stream.read(MAX_READ_BYTES + 1)
-    if len(data) > MAX_READ_BYTES:
-        raise OSError(errno.EFBIG, f"it is more than {MAX_READ_BYTES >> 20} MiB, more than ead reads")
-    return data
+    the reason, so each reader's own line names the file as for any other read error. Read a MiB at a
+    time: one read of the bound would allocate all of it for a file of a few bytes."""
+    chunks, size = [], 0
+    while chunk := stream.read(1 << 20):
+        size += len(chunk)
+        if size > MAX_READ_BYTES:
+            raise OSError(errno.EFBIG, f"it is more than {MAX_READ_BYTES >> 20} MiB, more than ead reads")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def read_file(path: Path) -> bytes:

@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _STOPPED = {130: "interrupted", 143: "terminated"}
+_REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors: no read raises them
 
 
 def _misopened() -> str | None:
@@ -133,7 +134,6 @@ def _misopened() -> str | None:
         if mode not in (wanted, os.O_RDWR):
             return problem
     return None
-_REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors: no read raises them
 
 
 def _fail(message: str, code: int) -> None:
@@ -150,5 +150,3 @@ def _fail(message: str, code: int) -> None:
         signal.signal(number, signal.SIG_DFL)
     sys.stderr.write(f"error: {spelled(message)}\n")
     sys.exit(code)
-
-
