@@ -783,3 +783,20 @@ def test_ctrl_c_with_stdout_redirected_leaves_the_summary_on_a_line_of_its_own(
     assert lines[0] == "^C" and SUMMARY.match(lines[1]) and lines[1].endswith("cut (interrupted)"), lines
     assert leave(child) == 0
     assert out.read_text(encoding="utf-8", errors="replace").endswith("\n")  # the answer's line closed there
+
+
+def test_a_byte_order_mark_does_not_hide_an_over_long_first_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark was dropped before the line's length was judged: a first line cut at the limit, three bytes
+    shorter without its mark, passed for a whole line, and the rest of it was read as the next message."""
+    import io
+
+    from ead_cli.cli import repl
+
+    monkeypatch.setattr(repl, "MAX_READ_BYTES", 8)
+    read_line = repl._pipe_reader(io.BytesIO(b"\xef\xbb\xbf" + b"a" * 20 + b"\n"))
+    with pytest.raises(EadError, match="more than"):
+        read_line("")
+    with pytest.raises(EOFError):
+        read_line("")
+    within = repl._pipe_reader(io.BytesIO(b"\xef\xbb\xbf" + b"a" * 5 + b"\n"))  # the mark, then a short line
+    assert within("") == "aaaaa"

@@ -354,14 +354,14 @@ def _pipe_reader(stream: BinaryIO) -> ReadLine:
     def read_line(prompt: str) -> str:
         nonlocal ended, first
         data = b"" if ended else stream.readline(MAX_READ_BYTES + 1)
+        if len(data) > MAX_READ_BYTES and not data.endswith(b"\n"):  # judged with the mark still on
+            ended = True
+            limit = f"{MAX_READ_BYTES >> 20} MiB, more than ead reads"
+            raise EadError(f"a line of the input is more than {limit}: the input ends there")
         if first:
             first, data = False, data.removeprefix(BOM)
         if not data:
             raise EOFError
-        if len(data) > MAX_READ_BYTES and not data.endswith(b"\n"):
-            ended = True
-            limit = f"{MAX_READ_BYTES >> 20} MiB, more than ead reads"
-            raise EadError(f"a line of the input is more than {limit}: the input ends there")
         # bytes that are not UTF-8 are kept as a terminal's are, so the line is refused as a bad one
         return data.decode("utf-8", "surrogateescape").rstrip("\r\n")
 
