@@ -27,7 +27,7 @@ from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import PHASES, paired_ratio
-from .results import Record, check_same_tasks, read_results, unreadable_record
+from .results import Record, check_same_tasks, read_results, tasks_by_strategy, unreadable_record
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
 REPLAY_FILE = "replay.json"
@@ -323,14 +323,12 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
     pair or another results file. A hand-made report that names no models or samples is held to nothing."""
     first_path, first = runs[0]
     for path, report in runs[1:]:
-        models, theirs = _replayed_models(first), _replayed_models(report)
+        models, theirs = replayed_models(first), replayed_models(report)
         if models is not None and theirs is not None and models != theirs:
             names, given = (" and ".join(str(name) for name, _ in pair) for pair in (theirs, models))
             raise EadError(f"{path} is not a repeat of {first_path} (replayed on {names}, not {given})", 2)
     recorded: dict[tuple[str, str], tuple[Path, tuple[Any, Any]]] = {}
-    by_strategy = []
     for path, report in runs:
-        tasks: dict[str, set[str]] = {}
         for sample in report.get("samples", []):
             strategy, task = sample["strategy"], sample["task_id"]
             figures = (sample["recorded_wall_s"], sample["generated"])
@@ -341,12 +339,10 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
                     "not a repeat",
                     exit_code=2,
                 )
-            tasks.setdefault(strategy, set()).add(task)
-        by_strategy.append((path, tasks))
-    check_same_tasks(by_strategy)
+    check_same_tasks([(path, tasks_by_strategy(report.get("samples", []))) for path, report in runs])
 
 
-def _replayed_models(report: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:
+def replayed_models(report: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:
     """(file, bytes) of each replayed model, or None where a hand-made report names none."""
     models = report.get("models")
     if not isinstance(models, dict) or not all(isinstance(model, dict) for model in models.values()):

@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -103,7 +103,7 @@ def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> N
         if config != first_config:
             detail = differing(first_config or {}, config or {})
             raise EadError(f"{path} is not a repeat of {first_path} (differs in: {detail})", exit_code=2)
-    check_same_tasks([(path, _tasks_by_strategy(records)) for path, _, records in runs])
+    check_same_tasks([(path, tasks_by_strategy(records)) for path, _, records in runs])
 
 
 def check_same_tasks(runs: Sequence[tuple[Path, dict[str, set[str]]]]) -> None:
@@ -119,7 +119,8 @@ def check_same_tasks(runs: Sequence[tuple[Path, dict[str, set[str]]]]) -> None:
                 )
 
 
-def _tasks_by_strategy(records: list[Record]) -> dict[str, set[str]]:
+def tasks_by_strategy(records: Sequence[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """The tasks each strategy ran on: a bench's sample records, or a replay's samples."""
     tasks: dict[str, set[str]] = {}
     for record in records:
         tasks.setdefault(record["strategy"], set()).add(record["task_id"])

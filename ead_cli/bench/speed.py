@@ -36,7 +36,7 @@ from ..errors import EadError
 from ..options import ModelOptions
 from ..paths import is_dir
 from ..runner import Runner
-from .replay import REPLAY_FILE, read_report
+from .replay import REPLAY_FILE, read_report, replayed_models
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -322,10 +322,9 @@ def speed_report(
 def check_replayed_models(path: Path, report: Mapping[str, Any], runners: Sequence[Runner]) -> None:
     """A replay is checked against the rates of the models it ran on (file name and size, as its record
     says): other models' rates had priced its batches beside its wall-clock, a comparison of nothing."""
-    models = report.get("models")
-    if not isinstance(models, dict) or not all(isinstance(model, dict) for model in models.values()):
+    replayed = replayed_models(report)
+    if replayed is None:
         return  # a hand-made report that names no models: nothing to hold the pair to
-    replayed = [(model.get("file"), model.get("bytes")) for model in models.values()]
     measured = [(runner.label, runner.file_bytes) for runner in runners]
     if replayed != measured:
         file = path / REPLAY_FILE if is_dir(path) else path
