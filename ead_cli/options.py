@@ -28,9 +28,14 @@ def check_remote_settings(top_k: int, timeout_s: float) -> None:
     a runner made directly both use it."""
     if not 1 <= top_k <= 1000:
         raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
-    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # past it (inf), socket.settimeout raised OverflowError
-        message = f"--remote-timeout must be above 0 and at most {MAX_TIMEOUT_S} seconds, got {timeout_s}"
-        raise EadError(message, exit_code=2)
+    check_timeout(timeout_s, "--remote-timeout")  # past it (inf), socket.settimeout raised OverflowError
+
+
+def check_timeout(seconds: float, option: str) -> None:
+    """A time limit in seconds: above 0 and at most a day (past it, inf: a socket's timeout raised
+    OverflowError, the sandbox's CPU limit overflowed)."""
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise EadError(f"{option} must be above 0 and at most {MAX_TIMEOUT_S} seconds, got {seconds}", 2)
 
 
 def check_verify_ratio(ratio: float) -> None:

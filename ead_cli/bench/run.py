@@ -20,12 +20,12 @@ from ..decoder import Summary
 from ..engine import build_decoder, close_all, load_runners
 from ..errors import EadError
 from ..options import (
-    MAX_TIMEOUT_S,
     SAMPLE_TIMEOUT_S,
     GenerationOptions,
     ModelOptions,
     PolicyOptions,
     check_max_tokens,
+    check_timeout,
 )
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
@@ -170,9 +170,7 @@ def humaneval_bench(
     out: Path,
     timeout_s: float = SAMPLE_TIMEOUT_S,
 ) -> Bench:
-    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # past it (inf), the sandbox's CPU limit overflowed mid-bench
-        message = f"--timeout must be above 0 and at most {MAX_TIMEOUT_S} seconds, got {timeout_s}"
-        raise EadError(message, exit_code=2)
+    check_timeout(timeout_s, "--timeout")  # before the models load, not mid-bench in the sandbox
     return Bench(
         "humaneval",
         strategies,
