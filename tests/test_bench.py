@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, p
 from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
 from ead_cli.bench.results import Record, check_repeats, read_results
 from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
-from ead_cli.bench.sandbox import Outcome, check_solution, run_program
+from ead_cli.bench.sandbox import Outcome, check_solution, run_program, sandbox_note
 from ead_cli.bench.tasks import (
     USER_MESSAGE,
     Task,
@@ -42,6 +43,7 @@ from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
 EAD = str(Path(sys.executable).with_name("ead"))
+PYTHON = sys.executable  # the bench's own interpreter, before a test gives the sandbox another
 ADD = Task(
     "HumanEval/0", "def add(a, b):\n", "add", "def check(candidate):\n    assert candidate(2, 3) == 5\n"
 )
@@ -153,6 +155,32 @@ def test_a_body_alone_gets_the_tasks_prompt_in_front() -> None:
 # ------------------------------------------------------------------------------------------ sandbox
 
 
+@pytest.fixture
+def unprivileged(monkeypatch: pytest.MonkeyPatch) -> str:
+    """As root, the sandbox's interpreter set to a Python that nobody can run, so that the programs run as
+    nobody: the venv's may lie where nobody cannot reach it (a pyenv under /root), a system one does not."""
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox changes user only where the bench runs as root")
+    nobody = pwd.getpwnam("nobody")
+    for python in (PYTHON, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            subprocess.run(
+                [python, "-I", "-c", ""], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], check=True
+            )
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        monkeypatch.setattr(sys, "executable", python)
+        return python
+    pytest.skip("no Python here that nobody can run")
+
+
+@pytest.fixture(params=["as the bench's user", "as nobody"])
+def either_user(request: pytest.FixtureRequest) -> None:
+    """The program run as the bench's user, and (the bench run as root) as nobody."""
+    if request.param == "as nobody":
+        request.getfixturevalue("unprivileged")
+
+
 def test_a_correct_solution_passes_and_a_wrong_one_fails() -> None:
     assert check_solution(ADD, "def add(a, b):\n    return a + b\n") == Outcome("passed")
     wrong = check_solution(ADD, "def add(a, b):\n    return a - b\n")
@@ -175,8 +203,14 @@ def test_the_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
     code += "time.sleep(60)\n"
     run_program(code, timeout_s=3)
     if not pid_file.exists() or not pid_file.read_text():
-        pytest.skip("no grandchild started (the sandbox refuses to fork where the user is not root)")
+        pytest.skip("no grandchild started (the sandbox refuses to fork but to root)")
     assert wait_gone(pid_file.read_text()), "the grandchild outlived the limit"
+
+
+def programs_run_as_root() -> bool:
+    """Whether the sandbox's programs may start processes and threads: root's only (a root bench whose Python
+    nobody can run), the limit of none holds for every other user."""
+    return run_program("import os\nprint(os.getuid())\n").stdout == "0\n"
 
 
 def wait_gone(pid: str) -> bool:
@@ -204,8 +238,8 @@ time.sleep(0.5)
 def add(a, b):
     return a + b
 """
-    if os.geteuid() != 0:
-        pytest.skip("the sandbox refuses to fork where the user is not root")
+    if not programs_run_as_root():
+        pytest.skip("the sandbox refuses to fork but to root")
     assert check_solution(ADD, code, timeout_s=5) == Outcome("passed")
     assert pid_file.read_text()
     assert wait_gone(pid_file.read_text()), "the daemon outlived the sample"
@@ -250,21 +284,21 @@ def test_exiting_before_the_checks_or_faking_success_is_a_failure(code: str) -> 
     "after_the_checks",
     [
         "import atexit\natexit.register(lambda: print('y' * 5000))\n",
-        pytest.param(  # a thread, later
-            "import threading\nthreading.Timer(0.2, print, ['z\\n' * 3000]).start()\n",
-            marks=pytest.mark.skipif(os.geteuid() != 0, reason="no threads in the sandbox but for root"),
-        ),
+        "import threading\nthreading.Timer(0.2, print, ['z\\n' * 3000]).start()\n",  # a thread, later
     ],
 )
 def test_output_after_the_sentinel_does_not_hide_it(after_the_checks: str) -> None:
     """The checks ran to the end and the program exited 0: it passes however much it prints afterwards (the
     sentinel had been looked for in the last 4 KiB only, and the sample failed, 'before the checks')."""
+    if "threading" in after_the_checks and not programs_run_as_root():
+        pytest.skip("no threads in the sandbox but for root")
     solution = f"{after_the_checks}def add(a, b):\n    return a + b\n"
     assert check_solution(ADD, solution) == Outcome("passed")
     wrong = f"{after_the_checks}def add(a, b):\n    return a - b\n"
     assert check_solution(ADD, wrong) == Outcome("failed", "AssertionError")
 
 
+@pytest.mark.usefixtures("either_user")
 def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
     probe = "import os, sys\nprint(sorted(os.listdir('.')), sys.stdin.read() == '', sorted(os.environ))\n"
     result = run_program(probe)
@@ -279,6 +313,7 @@ def test_the_program_runs_isolated_in_an_empty_folder_without_stdin() -> None:
         "folder = os.getcwd()\nos.chdir('/')\nshutil.rmtree(folder)\n",
     ],
 )
+@pytest.mark.usefixtures("either_user")
 def test_a_program_that_deletes_its_folders_files_is_still_judged(cleanup: str) -> None:
     """Its output is caught outside the folder: deleting everything there (or the folder) had taken the
     captured output away and crashed the bench with FileNotFoundError."""
@@ -286,6 +321,77 @@ def test_a_program_that_deletes_its_folders_files_is_still_judged(cleanup: str) 
     assert check_solution(ADD, solution) == Outcome("passed")
     failing = f"import os, shutil\n{cleanup}def add(a, b):\n    return a - b\n"
     assert check_solution(ADD, failing) == Outcome("failed", "AssertionError")
+
+
+
+
+def test_as_root_the_programs_run_as_nobody_without_groups(unprivileged: str) -> None:
+    nobody = pwd.getpwnam("nobody")
+    identity = run_program("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n")
+    assert identity.stdout == f"{nobody.pw_uid} {nobody.pw_gid} []\n"
+    assert sandbox_note() is None
+    assert check_solution(ADD, "def add(a, b):\n    return a + b\n") == Outcome("passed")
+    assert check_solution(ADD, "def add(a, b):\n    return a - b\n") == Outcome("failed", "AssertionError")
+
+
+def test_as_nobody_a_program_cannot_start_processes(unprivileged: str) -> None:
+    """Root's limit of no new processes is not enforced; nobody's is. Each child it did start says its
+    pid, and none may be left once the program is judged."""
+    code = """import os, time
+for _ in range(20):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(pid, flush=True)
+"""
+    result = run_program(code, timeout_s=5)
+    assert result.returncode == 1 and "BlockingIOError" in result.stderr
+    assert all(wait_gone(pid) for pid in result.stdout.split())
+
+
+def test_as_nobody_a_program_cannot_signal_the_bench(unprivileged: str) -> None:
+    """A bench of its own, so that a program which can kill its parent kills that one, not pytest."""
+    bench = f"""import sys
+sys.executable = {unprivileged!r}
+from ead_cli.bench.sandbox import check_solution
+from ead_cli.bench.tasks import Task
+task = Task(*{dataclasses.astuple(ADD)!r})
+print(check_solution(task, "import os, signal\\nos.kill(os.getppid(), signal.SIGKILL)\\n"))
+"""
+    result = subprocess.run([PYTHON, "-c", bench], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (0, "")
+    refused = "PermissionError: [Errno 1] Operation not permitted"
+    assert result.stdout == f"{Outcome('failed', refused)}\n"
+
+
+def test_a_python_nobody_cannot_run_runs_the_programs_as_root_with_a_note(
+    unprivileged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A venv under /root, say: the bench still runs, its programs as root, and says so in one line when it
+    is made (before any model loads), not in a refusal of every sample."""
+    hidden = tmp_path / "root-only"
+    hidden.mkdir(mode=0o700)
+    python = hidden / "python"
+    python.symlink_to(unprivileged)
+    monkeypatch.setattr(sys, "executable", str(python))
+    note = sandbox_note()
+    assert note is not None and "\n" not in note
+    why = f"could not start the sandbox: [Errno 13] Permission denied: '{python}'"
+    assert note.startswith(f"note: the programs run as root: nobody cannot run {python} here ({why}); ")
+    assert run_program("import os\nprint(os.getuid())\n").stdout == "0\n"
+    assert check_solution(ADD, "def add(a, b):\n    return a + b\n") == Outcome("passed")
+
+
+def test_as_nobody_a_program_cannot_write_roots_files(unprivileged: str, tmp_path: Path) -> None:
+    folder = tmp_path / "root-only"
+    folder.mkdir(mode=0o755)
+    target = folder / "written"
+    code = f"open({str(target)!r}, 'w').write('x')\ndef add(a, b):\n    return a + b\n"
+    outcome = check_solution(ADD, code)
+    assert outcome.status == "failed" and outcome.error is not None
+    assert outcome.error.startswith("PermissionError: [Errno 13] Permission denied")
+    assert not target.exists()
 
 
 # --------------------------------------------------------------------------------------- strategies

@@ -9,22 +9,33 @@ no new processes or threads (the kernel counts both; not enforced for root, whos
 many as it likes until the limit ends them). On Linux the caller adopts, for the run, what the program's
 processes leave behind as they die (a subreaper), so a daemon in a session or process group of its own
 is found and killed too when the program ends.
+Whom it runs as. A bench run as root runs each program as nobody (its uid and gid, no supplementary
+groups, dropped in the child before exec), the folder and program handed to it: the limit of no new
+processes holds, and the program can neither signal the bench (or any process of root's) nor write root's
+files. That needs nobody to be able to run the bench's Python, which is tried once per interpreter, at a
+bench's start (``sandbox_note``); where nobody cannot (a venv whose Python lies under /root, closed to
+others), the programs run as root after all, and the bench says so in a one-line note: better a bench
+with root's gaps, said, than none. A bench that is not root runs them as its own user.
 A sample passes only if the program exits with status 0 *and* printed the sentinel line (however much
 output follows it), so ``sys.exit(0)`` before the checks is a failure. Any crash, hang or syntax error is
 a failed sample.
-This limits accidents; it is not a security boundary against hostile code: the program runs as the user,
-so it can read and write their files, use the network and signal their processes (the bench itself), and
-a deliberately hostile one can fake a pass (read the sentinel from its own source and print it, or return
-an object equal to anything).
+This limits accidents; it is not a security boundary against hostile code. As nobody, the program can
+still read what every user may, write where every user may (/tmp, /dev/shm), use the network and signal
+other processes of nobody's (another bench's programs); as the bench's user (or root, after the note) it
+can read and write their files, use the network and signal their processes, the bench's included. And
+whoever it runs as, a deliberately hostile one can fake a pass in its own process (read the sentinel from
+its own source and print it, or return an object equal to anything).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import mmap
 import os
+import pwd
 import resource
 import secrets
 import signal
@@ -35,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ..errors import EadError
 from ..options import SAMPLE_TIMEOUT_S
@@ -90,6 +101,12 @@ def _tail(handle: BinaryIO) -> str:
     return handle.read().decode("utf-8", errors="replace")
 
 
+def _last_line(text: str) -> str | None:
+    """The last line that is not blank, stripped (a program's error is the last line of its stderr)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
 def _signal_name(number: int) -> str:
     """SIGKILL, SIGXCPU...; a real-time signal has no name in ``signal.Signals``, so its number."""
     try:
@@ -109,6 +126,52 @@ def _set_subreaper(on: bool) -> bool:
     with contextlib.suppress(OSError, AttributeError):
         return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     return False
+
+
+class User(NamedTuple):
+    """Whom a program runs as, where the bench is root."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+def _nobody() -> User:
+    """The unprivileged user: the system's nobody, or 65534 (its usual ids) where it has no such entry."""
+    with contextlib.suppress(KeyError):
+        entry = pwd.getpwnam("nobody")
+        return User(entry.pw_name, entry.pw_uid, entry.pw_gid)
+    return User("nobody", 65534, 65534)
+
+
+@functools.cache
+def _program_user(executable: str) -> tuple[User | None, str | None]:
+    """Whom the programs run as (None: the bench's own user), decided once per interpreter, and a note
+    where that is root after all. A root bench runs them as nobody if nobody can run ``executable`` on a
+    program in a sandbox folder (tried once: a venv whose Python lies under /root cannot be reached);
+    otherwise as root, with a note saying so, rather than no bench at all."""
+    if os.geteuid() != 0:
+        return None, None
+    nobody = _nobody()
+    try:
+        probe = _run("pass\n", timeout_s=SAMPLE_TIMEOUT_S, mark=None, user=nobody)
+    except EadError as error:
+        reason = str(error)
+    else:
+        if probe.returncode == 0:
+            return nobody, None
+        ended = "no answer in time" if probe.returncode is None else f"exit status {probe.returncode}"
+        reason = _last_line(probe.stderr) or ended
+    return None, (
+        f"note: the programs run as root: {nobody.name} cannot run {executable} here ({reason}); with a "
+        f"Python {nobody.name} can run, they would run as {nobody.name}, away from root's files and processes"
+    )
+
+
+def sandbox_note() -> str | None:
+    """Checked at a bench's start: a line to show where the bench is root and its programs must run as root
+    too (see ``_program_user``); None where they run as nobody or the bench is not root."""
+    return _program_user(sys.executable)[1]
 
 
 def _children() -> set[int]:
@@ -143,8 +206,14 @@ def run_program(
     timeout_s: float = SAMPLE_TIMEOUT_S,
     mark: str | None = None,
 ) -> Execution:
-    """Run Python source in a fresh temporary directory under time and resource limits; with ``mark``,
-    say whether the program printed it as a line of its own (after a newline)."""
+    """Run Python source in a fresh temporary directory under time and resource limits, as nobody where
+    the bench is root and nobody can run its Python; with ``mark``, say whether the program printed it as
+    a line of its own (after a newline)."""
+    return _run(source, timeout_s=timeout_s, mark=mark, user=_program_user(sys.executable)[0])
+
+
+def _run(source: str, *, timeout_s: float, mark: str | None, user: User | None) -> Execution:
+    """run_program as ``user`` (None: as the bench's user), the folder and program theirs."""
     limits = [
         (resource.RLIMIT_AS, MEMORY_BYTES),
         (resource.RLIMIT_CPU, math.ceil(timeout_s) + 1),
@@ -160,7 +229,11 @@ def run_program(
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             adopting = _set_subreaper(True)
             before = _children() if adopting else set()
+            uid, gid, groups = (user.uid, user.gid, []) if user else (None, None, None)
             try:
+                if user is not None:  # theirs to read, write in and delete, as it would be the bench user's
+                    for path in (work, work / "program.py"):
+                        os.chown(path, user.uid, user.gid)
                 process = subprocess.Popen(
                     [sys.executable, "-I", "program.py"],
                     cwd=folder,
@@ -169,7 +242,10 @@ def run_program(
                     stdout=out,
                     stderr=err,
                     start_new_session=True,
-                    preexec_fn=partial(_apply_limits, limits),
+                    user=uid,  # dropped in the child before exec: supplementary groups, group, then user
+                    group=gid,
+                    extra_groups=groups,
+                    preexec_fn=partial(_apply_limits, limits),  # runs after the drop
                 )
             except OSError as error:
                 if adopting:
@@ -202,11 +278,9 @@ def check_solution(
         return Outcome("timeout", f"no result within {timeout_s:g} s")
     if result.returncode == 0 and result.printed_mark:
         return Outcome("passed")
-    errors = [line for line in result.stderr.splitlines() if line.strip()]
-    if errors:
-        error = errors[-1].strip()
-    elif result.returncode < 0:
+    error = _last_line(result.stderr)
+    if error is None and result.returncode < 0:
         error = f"killed by {_signal_name(-result.returncode)}"
-    else:
+    elif error is None:
         error = f"exit status {result.returncode} before the checks finished"
     return Outcome("failed", error[:300])
