@@ -379,6 +379,7 @@ def test_a_python_nobody_cannot_run_runs_the_programs_as_root_with_a_note(
     assert note is not None and "\n" not in note
     why = f"could not start the sandbox: [Errno 13] Permission denied: '{python}'"
     assert note.startswith(f"note: the programs run as root: nobody cannot run {python} here ({why}); ")
+    assert humaneval_job([ADD], tmp_path / "out").note == note
     assert run_program("import os\nprint(os.getuid())\n").stdout == "0\n"
     assert check_solution(ADD, "def add(a, b):\n    return a + b\n") == Outcome("passed")
 
@@ -993,6 +994,8 @@ def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]
     assert result.returncode == 0, result.stderr
     assert "pass@1" in result.stdout and "ead tau=0.125" in result.stdout
     assert "18/18" in result.stderr  # the progress bar: 9 strategies x 2 tasks
+    # as root with a Python nobody cannot run (this venv's, if under /root), the bench says so once
+    assert result.stderr.count("note: the programs run as root") == (sandbox_note() is not None)
     config, records = read_results(out / "results.jsonl")
     assert config["max_tokens"] == 16 and config["stop"] == ["```"]
     assert config["models"]["small"]["file"] == tiny_pair[0].name

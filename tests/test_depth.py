@@ -20,6 +20,7 @@ from ctrl_c import ctrl_c_at_return, indices_before_ctrl_c
 from test_cli import EAD, assert_one_line_error, at_a_terminal, ead, interruptible, read_to_the_end
 from tiny_models import write_tiny_model
 
+from ead_cli.bench.sandbox import sandbox_note
 from ead_cli.depth.evaluate import plain_greedy_ms, plot
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
@@ -461,9 +462,12 @@ def test_eval_reports_every_operating_point_and_a_verdict(
     assert quality.returncode == 0, quality.stderr.decode()
     assert "not measured" in quality.stdout.decode().splitlines()[-1]
     assert "humaneval" not in json.loads(out.read_text())
+    assert b"note: the programs run as root" not in quality.stderr  # no HumanEval, no sandbox
     result = ead(*args, "--tune-ids", "0", "--threads", "1", "--out", str(out), env=config)
     assert result.returncode == 0, result.stderr.decode()
     assert "reused" in result.stderr.decode()
+    # as root with a Python nobody cannot run (this venv's, if under /root), said once for both HumanEval runs
+    assert result.stderr.count(b"note: the programs run as root") == (sandbox_note() is not None)
     verdict = result.stdout.decode().strip().splitlines()[-1]  # after the tables
     assert verdict.startswith("deep.gguf: ") and "falsified" in verdict and "not measured" not in verdict
     report = json.loads(out.read_text())

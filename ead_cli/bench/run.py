@@ -34,7 +34,7 @@ from .native import NativePeers, server_binary
 from .replay import REPLAY_FILE
 from .report import aggregate
 from .results import RESULTS_FILE, Record, Results, check_out, config_record, read_results, unreadable_record
-from .sandbox import check_solution
+from .sandbox import check_solution, sandbox_note
 from .schedule import ScheduleRecorder, Step
 from .tasks import (
     PREFILL,
@@ -130,7 +130,8 @@ def run_plan(
 @dataclass(frozen=True)
 class Bench:
     """One bench: strategies, generation options, the items (made once the tokenizer is loaded), the
-    task file (hashed into the config) and the prompt format, and the folder the results go to."""
+    task file (hashed into the config) and the prompt format, the folder the results go to, and a note
+    shown once the models are loaded (the sandbox's, where its programs run as root)."""
 
     name: str
     strategies: Sequence[Strategy]
@@ -140,6 +141,7 @@ class Bench:
     prompt_format: dict[str, Any]
     out: Path
     timeout_s: float = SAMPLE_TIMEOUT_S
+    note: str | None = None
 
     def __post_init__(self) -> None:
         """Refused before any model loads: answers of no tokens, or an --out that cannot take results."""
@@ -180,6 +182,7 @@ def humaneval_bench(
         {"user": USER_MESSAGE, "prefill": PREFILL},
         out,
         timeout_s,
+        sandbox_note(),  # decided now, before the models load: whom the programs will run as
     )
 
 
@@ -222,6 +225,8 @@ def run_bench(
     if native:
         server_binary()  # missing: say so before any model loads
     runners = load_runners(models, progress=progress)
+    if bench.note is not None and progress is not None:  # after the load: a model that fails says only that
+        progress(bench.note)
     try:
         for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
             if isinstance(strategy.policy, PolicyOptions):

@@ -208,6 +208,10 @@ def evaluate(
     else:
         result |= quality_part(model, points, tokens, say)
     if timing:
+        from ..bench.sandbox import sandbox_note
+
+        if (note := sandbox_note()) is not None:  # once, before HumanEval: its programs run as root
+            say(note)
         options = DepthOptions(margin=1.0, probe_every=layers[0])
         say("estimators: cost per probe")
         for name, cost in estimator_costs(model, options).items():
