@@ -11,6 +11,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import llama_cpp
@@ -50,6 +51,14 @@ class SamplingParams:
 class GrammarDeadEnd(EadError):
     """The grammar allows no token where the text must go on: no text can meet it (a JSON schema whose
     pattern has an empty class, ``[b-a]``)."""
+
+
+class GrammarRefusal(EadError):
+    """The grammar rules out a token that the answer was to begin with."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"the grammar rules out token {index} of the answer's start")
+        self.index = index
 
 
 # llama.cpp's llama_token_data, as numpy lays it out: the candidates a chain with a grammar draws from
@@ -147,15 +156,22 @@ class ParsedGrammars:
         self._parsed: OrderedDict[str, llama_cpp.llama_sampler_p] = OrderedDict()
         self._lock = threading.Lock()  # ead serve's preparing threads check, its engine thread samples
 
-    def check(self, grammar: str) -> None:
-        """Parse the text now, so a grammar llama.cpp refuses is an error before any work is queued."""
-        with self._lock:
-            self._parsed_sampler(grammar)
+    def check(self, grammar: str, start: Sequence[int] = ()) -> None:
+        """Parse the text now, so a grammar llama.cpp refuses is an error before any work is queued, and
+        one that rules out a token of ``start`` (``GrammarRefusal``) too."""
+        llama_cpp.llama_sampler_free(self.sampler(grammar, start))
 
-    def sampler(self, grammar: str) -> llama_cpp.llama_sampler_p:
-        """A fresh grammar sampler for one answer (the caller frees it, or a chain that owns it)."""
+    def sampler(self, grammar: str, start: Sequence[int] = ()) -> llama_cpp.llama_sampler_p:
+        """A fresh grammar sampler for one answer (the caller frees it, or a chain that owns it), past
+        ``start``: tokens the answer begins with that were not drawn (an assistant prefill)."""
         with self._lock:
-            return llama_cpp.llama_sampler_clone(self._parsed_sampler(grammar))
+            sampler = llama_cpp.llama_sampler_clone(self._parsed_sampler(grammar))
+        try:
+            _follow(sampler, start)
+        except GrammarRefusal:
+            llama_cpp.llama_sampler_free(sampler)
+            raise
+        return sampler
 
     def _parsed_sampler(self, grammar: str) -> llama_cpp.llama_sampler_p:
         if self._vocab is None:  # a parse would read the freed vocabulary, and its grammar never be freed
@@ -212,6 +228,20 @@ def _parser_print(received: bytes, grammar: bytes) -> shared_stderr.Span:
     tail = b"\n\n" + grammar + b"\n"
     end = received.rfind(tail, found.start())
     return found.start(), end + len(tail) if end >= 0 else len(received)
+
+
+def _follow(sampler: llama_cpp.llama_sampler_p, tokens: Sequence[int]) -> None:
+    """Accept ``tokens`` into a grammar sampler, each once the grammar allows it (alone, it is not set
+    to -inf): llama.cpp aborts the process on a token its grammar rules out."""
+    candidate = np.zeros(1, CANDIDATE)
+    data = candidate.ctypes.data_as(llama_cpp.llama_token_data_p)
+    for index, token in enumerate(tokens):
+        candidate[0] = (token, 0.0, 0.0)
+        array = llama_cpp.llama_token_data_array(data=data, size=1, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+        if not math.isfinite(candidate[0]["logit"]):
+            raise GrammarRefusal(index)
+        llama_cpp.llama_sampler_accept(sampler, token)
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -15,16 +15,22 @@ from ead_cli import shared_stderr
 from ead_cli.engine import close_all
 from ead_cli.errors import EadError
 from ead_cli.runner import Runner
-from ead_cli.sampling import ParsedGrammars
+from ead_cli.sampling import GrammarRefusal, ParsedGrammars
+from ead_cli.serve.converter import LARGEST, MAX_DIGITS, integer_range
 from ead_cli.serve.engine import Engine
 
 DIGITS = 'root ::= [0-9]+ "."'
 
 
 @pytest.fixture(scope="module")
-def grammars(tiny_small: Path) -> Iterator[ParsedGrammars]:
+def runner(tiny_small: Path) -> Iterator[Runner]:
     with Runner(tiny_small, name="small", n_ctx=256, n_threads=1) as runner:
-        yield runner.grammars
+        yield runner
+
+
+@pytest.fixture(scope="module")
+def grammars(runner: Runner) -> ParsedGrammars:
+    return runner.grammars
 
 
 def finishes_while_stderr_is_held(call: threading.Thread, wait: float = 5) -> bool:
@@ -133,3 +139,43 @@ def test_no_grammar_is_parsed_for_a_closed_model(tiny_small: Path) -> None:
             use(DIGITS)
         with pytest.raises(EadError, match="the model is closed"):
             use('root ::= "new"')
+
+
+def answers(runner: Runner, grammar: str, text: str) -> bool:
+    """Whether llama.cpp's grammar takes ``text`` (the tiny vocabulary's byte tokens) as a whole answer."""
+    end = llama_cpp.llama_vocab_eos(runner.vocab)
+    try:
+        runner.grammars.check(grammar, [*runner.tokenize(text, add_special=False, parse_special=False), end])
+    except GrammarRefusal:
+        return False
+    return True
+
+
+BOUND_PAIRS = [
+    (5, 6), (0, 0), (0, 9), (1, 10), (9, 10), (10, 99), (5, 73), (7, 1000), (99, 101), (123, 4567),
+    (1000, 1999), (2000, 2999), (2019, 2021), (305, 330), (909, 9090), (-12, 7), (-100, -3), (-9, -1),
+    (-1, 0), (-1000, 1000), (-73, -5), (0, LARGEST), (-LARGEST, LARGEST), (LARGEST - 3, LARGEST),
+    (-LARGEST, -LARGEST + 12), (10**15, 10**15 + 11), (4_294_967_000, 4_294_967_295),
+]  # fmt: skip
+
+
+def probes(low: int, high: int) -> set[int]:
+    """The numbers on either side of the bounds and of each power of ten between them, a few inside."""
+    edges = {low, high, 0, *(sign * 10**n for n in range(MAX_DIGITS) for sign in (1, -1))}
+    near = {edge + step for edge in edges for step in (-2, -1, 0, 1, 2)}
+    inside = {low + (high - low) * part // 7 for part in range(8)}
+    return {n for n in near | inside if abs(n) <= LARGEST}
+
+
+@pytest.mark.parametrize(("low", "high"), BOUND_PAIRS)
+def test_an_integer_range_grammar_takes_exactly_the_integers_within_its_bounds(
+    runner: Runner, low: int, high: int
+) -> None:
+    """llama-cpp-python's converter dropped an integer's bounds (minimum 5, maximum 6 came back 73): the
+    range grammar, parsed and followed by llama.cpp itself, takes each integer within them and none
+    beyond, nor a leading zero or a sign JSON does not write."""
+    grammar = f"root ::= {integer_range(low, high)}"
+    wrong = [n for n in sorted(probes(low, high)) if answers(runner, grammar, str(n)) != (low <= n <= high)]
+    assert not wrong, (grammar, wrong)
+    for spelled in (f"0{low}", f"+{low}", "-0", f"{low}.0", f"{low} "):
+        assert not answers(runner, grammar, spelled), spelled

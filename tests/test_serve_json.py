@@ -15,6 +15,7 @@ from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, TAU, serving
 
+from ead_cli.serve.converter import LARGEST, integer_bounds
 from ead_cli.serve.patterns import portable_pattern, portable_patterns
 from ead_cli.serve.schemas import ApiError, ResponseFormat
 
@@ -107,12 +108,12 @@ def schema_named(schema: dict, *, strict: bool | None) -> dict:
 
 def test_a_strict_schema_keyword_the_grammar_cannot_hold_is_a_400(server: Server) -> None:
     """strict: true promises an answer that meets the whole schema (OpenAI's structured outputs), and the
-    converter drops some keywords (bounds, formats but date, time and uuid, uniqueItems...): an integer
-    between 5 and 6 had come back 73. A strict schema with one is a 400 naming it; without strict the
-    schema guides the answer as before, as OpenAI's and llama-server's best effort."""
+    converter drops some keywords (a number's bounds, formats but date, time and uuid, uniqueItems...).
+    A strict schema with one is a 400 naming it; without strict the schema guides the answer as before,
+    as OpenAI's and llama-server's best effort."""
     bounded = {
         "type": "object",
-        "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 6}},
+        "properties": {"n": {"type": "number", "minimum": 5, "maximum": 6}},
         "required": ["n"],
     }
     body = {"messages": HI, "max_tokens": 8, "temperature": 0}
@@ -139,6 +140,90 @@ def test_a_strict_schema_keyword_the_grammar_cannot_hold_is_a_400(server: Server
         "required": ["minimum"],
     }
     chat(server, **body, response_format=schema_named(held, strict=True))
+
+
+BOUNDED_INTEGERS = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 5, "maximum": 6},
+        "m": {"type": "integer", "exclusiveMinimum": -40, "exclusiveMaximum": -29},
+        "big": {"type": "integer", "minimum": 1000, "maximum": 2**31 - 1},
+    },
+    "required": ["n", "m", "big"],
+    "additionalProperties": False,
+}
+
+
+def test_a_strict_schema_with_integer_bounds_is_taken_and_its_answers_keep_within_them(
+    server: Server,
+) -> None:
+    """The converter dropped an integer's bounds: strict schemas with them were a 400, others could
+    answer 73 for an integer between 5 and 6. The grammar now holds them: the tiny models' noise, which
+    writes any digits it may, keeps every finished answer within the bounds."""
+    finished = 0
+    for seed in range(6):
+        reply = chat(
+            server,
+            messages=HI,
+            max_tokens=80,
+            temperature=0.8,
+            seed=seed,
+            response_format=schema_named(BOUNDED_INTEGERS, strict=True),
+        )
+        choice = reply["choices"][0]
+        if choice["finish_reason"] == "length":
+            continue
+        finished += 1
+        answer = json.loads(choice["message"]["content"])
+        assert 5 <= answer["n"] <= 6 and -40 < answer["m"] < -29 and 1000 <= answer["big"] < 2**31, answer
+    assert finished
+
+
+@pytest.mark.parametrize(
+    ("bounds", "low", "high"),
+    [
+        ({"minimum": 4.5, "maximum": 9.5}, 5, 9),
+        ({"exclusiveMinimum": 4.5, "exclusiveMaximum": 9}, 5, 8),
+        ({"minimum": 4, "exclusiveMinimum": True, "maximum": 9, "exclusiveMaximum": False}, 5, 9),  # draft 4
+        ({"minimum": 3, "exclusiveMinimum": 5}, 6, LARGEST),  # the tighter of two
+        ({"maximum": 10**30}, -LARGEST, LARGEST),  # the converter's integers have 16 digits at most
+    ],
+)
+def test_an_integer_schemas_bounds_are_read_as_json_schema_means_them(
+    bounds: dict, low: int, high: int
+) -> None:
+    """Bounds that are not integers round inwards, exclusive ones step in by one, draft 4's flags make
+    their bound exclusive."""
+    assert integer_bounds({"type": "integer", **bounds}) == (low, high)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "reason"),
+    [
+        ({"minimum": 7, "maximum": 5}, "no integer of up to 16 digits is within minimum 7, maximum 5"),
+        ({"maximum": -(10**30)}, "no integer of up to 16 digits is within maximum"),
+        ({"minimum": "5"}, "minimum must be a finite number, got '5'"),
+    ],
+)
+def test_integer_bounds_no_answer_can_meet_are_a_400(bounds: dict, reason: str) -> None:
+    response_format = ResponseFormat.model_validate(schema_named({"type": "integer", **bounds}, strict=False))
+    with pytest.raises(ApiError) as refused:
+        response_format.grammar()
+    assert reason in str(refused.value) and refused.value.param == "response_format"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": ["integer", "null"], "minimum": 1},  # the converter keeps the list's types alone
+        {"type": "integer", "enum": [1, 9], "maximum": 5},  # an enum is read first
+        {"type": "number", "maximum": 5},  # a number's bounds are not held
+    ],
+)
+def test_bounds_the_grammar_does_not_hold_stay_refused_in_a_strict_schema(schema: dict) -> None:
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+    assert re.search(r"response_format\.json_schema\.schema\.(minimum|maximum): ", str(refused.value))
 
 
 @pytest.mark.real

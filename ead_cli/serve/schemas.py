@@ -9,13 +9,14 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..errors import EadError
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
+from .converter import BOUNDS, holds_bounds, schema_grammar
 from .patterns import portable_patterns
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
@@ -242,11 +243,12 @@ def _check_repetitions(schema: dict[str, Any], text: str) -> None:
         raise ApiError(400, message, code="invalid_value", param="response_format")
 
 
-# Keywords llama-cpp-python's schema converter drops, so an answer may break them (an integer of minimum 5
-# and maximum 6 came back 73); the formats it holds; the keys whose values are schemas, by name or in a list.
+# Keywords llama-cpp-python's schema converter drops, so an answer may break them (bounds too, but an
+# integer's: converter.py holds those); the formats it holds; the keys whose values are schemas, by name or
+# in a list.
 UNHELD_KEYWORDS = frozenset(
     {
-        *("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems"),
+        *("multipleOf", "uniqueItems"),
         *("contains", "minContains", "maxContains", "minProperties", "maxProperties", "patternProperties"),
         *("propertyNames", "dependentRequired", "dependentSchemas", "unevaluatedProperties"),
         *("unevaluatedItems", "not", "if", "then", "else"),
@@ -278,6 +280,7 @@ def _unheld(node: Any, where: str) -> str | None:
     for key, value in node.items():
         if (
             key in UNHELD_KEYWORDS
+            or (key in BOUNDS and not holds_bounds(node))
             or (typed and key in TYPED_KEYWORDS)
             or (key == "format" and (value not in HELD_FORMATS or "pattern" in node))
         ):
@@ -328,7 +331,7 @@ class ResponseFormat(BaseModel):
         text = json.dumps(schema)
         _check_repetitions(schema, text)
         try:
-            return json_schema_to_gbnf(text)
+            return schema_grammar(text)
         except Exception as error:  # the converter's own complaint about a schema it cannot express
             message = (
                 f"response_format.json_schema.schema cannot be a grammar: {' '.join(str(error).split())}"

@@ -1,0 +1,114 @@
+"""A JSON schema as a llama.cpp grammar: llama-cpp-python's converter, which drops an integer's bounds (an
+integer of minimum 5 and maximum 6 came back 73), with those bounds held by a grammar of digit ranges.
+
+The construction is llama.cpp's own (``_generate_min_max_int`` in its examples/json_schema_to_grammar.py,
+``build_min_max_int`` in common/json-schema-to-grammar.cpp, which llama-server uses), written afresh: the
+numbers of each length apart, and within one length a digit string split where the bounds part. An open
+side ends where the converter's own integers do, at 16 digits. Numbers that are not integers keep their
+bounds unheld, as in llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+
+MAX_DIGITS = 16  # the converter's integral-part rule: an integer of up to 16 digits
+LARGEST = 10**MAX_DIGITS - 1
+LOWER_BOUNDS = ("minimum", "exclusiveMinimum")
+UPPER_BOUNDS = ("maximum", "exclusiveMaximum")
+BOUNDS = frozenset({*LOWER_BOUNDS, *UPPER_BOUNDS})
+# What the converter reads of a schema before its type: an integer's bounds beside one are dropped
+READ_BEFORE_TYPE = frozenset({"$ref", "oneOf", "anyOf", "const", "enum"})
+
+
+def schema_grammar(text: str) -> str:
+    """The GBNF grammar of a JSON schema's text, as llama-cpp-python's ``json_schema_to_gbnf`` writes it,
+    but for integers' bounds, which it holds."""
+    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(json.loads(text), "stdin"), "")
+    return converter.format_grammar()
+
+
+def holds_bounds(schema: dict[str, Any]) -> bool:
+    """Whether the grammar holds this schema's bounds: an integer's, unless the converter reads something
+    else of it first."""
+    return schema.get("type") == "integer" and not READ_BEFORE_TYPE & schema.keys()
+
+
+class _Converter(SchemaConverter):  # type: ignore[misc]
+    def visit(self, schema: Any, name: str) -> str:
+        if not (isinstance(schema, dict) and BOUNDS & schema.keys() and holds_bounds(schema)):
+            return super().visit(schema, name)  # type: ignore[no-any-return]
+        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the converter names it
+        low, high = integer_bounds(schema)
+        return self._add_rule(rule_name, f"({integer_range(low, high)}) space")  # type: ignore[no-any-return]
+
+
+def integer_bounds(schema: dict[str, Any]) -> tuple[int, int]:
+    """The least and greatest integer an integer schema's bounds allow, within the converter's 16 digits.
+    ``exclusiveMinimum: true`` beside ``minimum`` is draft 4's spelling of an exclusive one."""
+    low, high = -LARGEST, LARGEST
+    for key in (*LOWER_BOUNDS, *UPPER_BOUNDS):
+        value = schema.get(key)
+        if value is None or isinstance(value, bool):  # draft 4's flags are read with their bound
+            continue
+        if not (type(value) is int or (type(value) is float and math.isfinite(value))):
+            raise ValueError(f"{key} must be a finite number, got {value!r}")
+        exclusive = key.startswith("exclusive") or schema.get(f"exclusive{key.capitalize()}") is True
+        if key in LOWER_BOUNDS:
+            low = max(low, math.floor(value) + 1 if exclusive else math.ceil(value))
+        else:
+            high = min(high, math.ceil(value) - 1 if exclusive else math.floor(value))
+    if low > high:
+        bounds = ", ".join(f"{key} {schema[key]}" for key in (*LOWER_BOUNDS, *UPPER_BOUNDS) if key in schema)
+        raise ValueError(f"no integer of up to {MAX_DIGITS} digits is within {bounds}")
+    return low, high
+
+
+def integer_range(low: int, high: int) -> str:
+    """GBNF alternatives for the integers from ``low`` to ``high`` as JSON writes them (no leading zeros,
+    no ``-0``)."""
+    alternatives = []
+    if low < 0:
+        alternatives.append(f'"-" ({_naturals(max(1, -high), -low)})')
+    if high >= 0:
+        alternatives.append(_naturals(max(0, low), high))
+    return " | ".join(alternatives)
+
+
+def _naturals(low: int, high: int) -> str:
+    """The numbers from ``low`` to ``high`` (0 <= low <= high), one alternative per length."""
+    alternatives = []
+    for length in range(len(str(low)), len(str(high)) + 1):
+        shortest = 10 ** (length - 1) if length > 1 else 0
+        alternatives.append(_same_length(str(max(low, shortest)), str(min(high, 10**length - 1))))
+    return " | ".join(alternatives)
+
+
+def _same_length(low: str, high: str) -> str:
+    """The digit strings of one length from ``low`` to ``high``: their shared prefix, then the first
+    digit where they part, with the rest from ``low``'s onwards, any rest, or the rest up to ``high``'s."""
+    shared = next((i for i, (a, b) in enumerate(zip(low, high, strict=True)) if a != b), len(low))
+    prefix = f'"{low[:shared]}"' if shared else ""
+    if shared == len(low):
+        return prefix
+    first, last = low[shared], high[shared]
+    low_rest, high_rest = low[shared + 1 :], high[shared + 1 :]
+    width = len(low_rest)
+    if width == 0:
+        return f"{prefix} [{first}-{last}]".lstrip()
+    zeros, nines = "0" * width, "9" * width
+    any_from = first if low_rest == zeros else chr(ord(first) + 1)
+    any_to = last if high_rest == nines else chr(ord(last) - 1)
+    alternatives = []
+    if low_rest != zeros:
+        alternatives.append(f"[{first}] ({_same_length(low_rest, nines)})")
+    if any_from <= any_to:
+        alternatives.append(f"[{any_from}-{any_to}] [0-9]{{{width}}}")
+    if high_rest != nines:
+        alternatives.append(f"[{last}] ({_same_length(zeros, high_rest)})")
+    return f"{prefix} ({' | '.join(alternatives)})".lstrip()
