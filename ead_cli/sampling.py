@@ -25,7 +25,9 @@ from .errors import EadError, check_int32
 class SamplingParams:
     """temp 0 is greedy; otherwise top-k, top-p, min-p, then temperature, then a seeded draw.
     ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
-    model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it."""
+    model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it.
+    ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
+    grammar follows before the first token is drawn."""
 
     temp: float = 0.0
     top_k: int = 40
@@ -33,6 +35,7 @@ class SamplingParams:
     min_p: float = 0.05
     seed: int = 0
     grammar: str | None = None
+    grammar_start: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.temp < math.inf:  # written so, NaN fails it too
@@ -78,7 +81,8 @@ class Sampler:
         if params.grammar is not None:
             if grammars is None:
                 raise EadError("a grammar needs a local model's vocabulary")
-            grammar = grammars.sampler(params.grammar)  # before the chain: a refusal leaks nothing
+            grammar = grammars.sampler(params.grammar, params.grammar_start)  # before the chain: a refusal
+            # leaks nothing
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         add = llama_cpp.llama_sampler_chain_add

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -154,6 +154,10 @@ BOUNDED_INTEGERS = {
 }
 
 
+def within_bounds(value: dict) -> bool:
+    return 5 <= value["n"] <= 6 and -40 < value["m"] < -29 and 1000 <= value["big"] < 2**31
+
+
 def test_a_strict_schema_with_integer_bounds_is_taken_and_its_answers_keep_within_them(
     server: Server,
 ) -> None:
@@ -175,7 +179,7 @@ def test_a_strict_schema_with_integer_bounds_is_taken_and_its_answers_keep_withi
             continue
         finished += 1
         answer = json.loads(choice["message"]["content"])
-        assert 5 <= answer["n"] <= 6 and -40 < answer["m"] < -29 and 1000 <= answer["big"] < 2**31, answer
+        assert within_bounds(answer), answer
     assert finished
 
 
@@ -224,6 +228,67 @@ def test_bounds_the_grammar_does_not_hold_stay_refused_in_a_strict_schema(schema
     with pytest.raises(ApiError) as refused:
         ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
     assert re.search(r"response_format\.json_schema\.schema\.(minimum|maximum): ", str(refused.value))
+
+
+@pytest.mark.parametrize(
+    ("response_format", "prefill", "check"),
+    [
+        ({"type": "json_object"}, '{"answer": "', lambda value: isinstance(value["answer"], str)),
+        (SCHEMA_FORMAT, '{"name": "Al', lambda value: value["name"].startswith("Al") and "age" in value),
+        (schema_named(BOUNDED_INTEGERS, strict=True), '{"n": 6, "m": -3', within_bounds),
+        ({"type": "json_object"}, "", lambda value: isinstance(value, dict)),
+    ],
+)
+def test_an_assistant_prefill_opens_the_json_answer_the_grammar_finishes(
+    server: Server, response_format: dict, prefill: str, check: Callable[[dict], bool]
+) -> None:
+    """The grammar bound the continuation alone: after a prefill it opened a second object (``{"a": "{``).
+    It now follows the prefill's text first, so prefill and answer are one value of the format."""
+    finished = 0
+    for seed in range(6):
+        reply = chat(
+            server,
+            messages=[*HI, {"role": "assistant", "content": prefill}],
+            response_format=response_format,
+            max_tokens=80,
+            temperature=0.8,
+            seed=seed,
+        )
+        choice = reply["choices"][0]
+        if choice["finish_reason"] == "length":
+            continue
+        finished += 1
+        value = json.loads(prefill + choice["message"]["content"], strict=False)
+        assert isinstance(value, dict) and check(value), choice
+    assert finished
+
+
+@pytest.mark.parametrize(
+    ("response_format", "prefill", "rest"),
+    [
+        ({"type": "json_object"}, "Sure! Here it is", "Sure! Here it is"),
+        ({"type": "json_object"}, '{"a": 1}}', "}"),
+        (SCHEMA_FORMAT, '{"name": "Al", "height": 2', 'height": 2'),
+        (schema_named(BOUNDED_INTEGERS, strict=True), '{"n": 7', "7"),
+    ],
+)
+def test_an_assistant_prefill_the_format_rules_out_is_a_400_and_the_server_lives(
+    server: Server, response_format: dict, prefill: str, rest: str
+) -> None:
+    """llama.cpp aborts the process on a token its grammar rules out: the prefill is checked token by
+    token, each allowed before it is taken, and one that breaks the format is a 400 saying where."""
+    messages = [*HI, {"role": "assistant", "content": prefill}]
+    body = {"messages": messages, "response_format": response_format, "max_tokens": 4}
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "messages.1.content" and error["code"] == "invalid_value", error
+    where = len(prefill) - len(rest)
+    assert error["message"] == (
+        f"messages.1.content: the assistant prefill breaks response_format at character {where} "
+        f"({rest[:20]!r}): an answer of the format cannot start with it"
+    )
+    assert chat(server, messages=messages, max_tokens=2)["choices"][0]["finish_reason"] == "length"
 
 
 @pytest.mark.real

@@ -43,7 +43,7 @@ from ..prompt import (
     special_token_pattern,
 )
 from ..remote import RemoteRunner
-from ..sampling import SamplingParams
+from ..sampling import GrammarRefusal, SamplingParams
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
 from .schemas import (
     ApiError,
@@ -64,6 +64,7 @@ from .tools import (
 )
 
 if TYPE_CHECKING:
+    from ..runner import Runner
     from . import ServeOptions
 
 Body = TypeVar("Body", bound=CompletionBase)
@@ -338,7 +339,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
-        return body, _job(body, rendered + (prefill or ""))
+        return body, _job(body, rendered + (prefill or ""), prefill)
 
     def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
         body = _accepted(CompletionRequest, data)
@@ -367,8 +368,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(404, message, code="model_not_found", param="model")
         return body
 
-    def _job(body: CompletionBase, given: str | list[int]) -> Job:
-        """The request's work: its prompt (rendered text, or token ids as given) and options, checked."""
+    def _job(body: CompletionBase, given: str | list[int], prefill: str | None = None) -> Job:
+        """The request's work: its prompt (rendered text, or token ids as given, ending with the
+        ``prefill`` that opens the answer if any) and options, checked."""
         try:
             if isinstance(given, str):
                 check_special_tokens_fit(given, specials, engine.n_ctx)
@@ -379,7 +381,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         except EadError as error:
             field = "messages" if isinstance(body, ChatRequest) else "prompt"
             raise ApiError(400, str(error), code="context_length_exceeded", param=field) from None
-        policy, generation = _settings(body)
+        policy, generation = _settings(body, prefill)
         logprobs = body.logprobs_count()
         if logprobs is not None:
             _without_rollbacks(
@@ -414,7 +416,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return EventSourceResponse(reply.stream(ticket), ping=15, send_timeout=SEND_TIMEOUT_S)
         return await reply.whole(ticket, request)
 
-    def _settings(body: CompletionBase) -> tuple[PolicyOptions, GenerationOptions]:
+    def _settings(body: CompletionBase, prefill: str | None) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
         max_tokens = body.max_completion_tokens or body.max_tokens or defaults.generation.max_tokens
@@ -427,10 +429,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             # the request's options given over the command line's: one of them may turn the pair on
             policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
             policy = with_saved_tau(policy, engine.runners)[0]
-            if grammar is not None:
-                _check_grammar(grammar, policy)
+            start = () if grammar is None else _check_grammar(grammar, policy, prefill, body)
             sampling = SamplingParams(
                 grammar=grammar,
+                grammar_start=start,
                 temp=0.0 if body.top_p == 0 else temp,  # top_p 0 keeps the likeliest token alone: greedy
                 top_k=base.top_k if top_k is None else top_k,
                 top_p=base.top_p if not body.top_p else body.top_p,
@@ -450,15 +452,22 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         """Raises what the loaded models refuse of these options (a decoder costs nothing to build)."""
         build_decoder(engine.runners, with_saved_tau(policy, engine.runners)[0], defaults.generation)
 
-    def _check_grammar(grammar: str, policy: PolicyOptions) -> None:
-        """JSON mode: a grammar cannot take a token back, nor reach into a llama-server."""
+    def _check_grammar(
+        grammar: str, policy: PolicyOptions, prefill: str | None, body: CompletionBase
+    ) -> tuple[int, ...]:
+        """JSON mode: a grammar cannot take a token back, nor reach into a llama-server. The prefill's
+        tokens, which the grammar follows before the answer's first (its text opens the answer)."""
         if any(isinstance(runner, RemoteRunner) for runner in engine.runners):
             message = (
                 "response_format: JSON mode needs every model local (a grammar cannot reach a llama-server)"
             )
             raise ApiError(400, message, code="invalid_value", param="response_format")
         _without_rollbacks(policy, "response_format", "JSON mode needs")
-        _check(lambda: engine.runners[0].grammars.check(grammar), "response_format")
+        runner = engine.runners[0]
+        _check(lambda: runner.grammars.check(grammar), "response_format")
+        if not prefill or not isinstance(body, ChatRequest):
+            return ()
+        return _followed_prefill(runner, grammar, prefill, f"messages.{len(body.messages) - 1}.content")
 
     async def _json_body(request: Request) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking; and if
@@ -486,6 +495,30 @@ def _prefill(messages: list[dict[str, Any]]) -> str | None:
     if len(messages) < 2 or last["role"] != "assistant" or last.get("tool_calls"):
         return None
     return str(last["content"])
+
+
+def _followed_prefill(runner: Runner, grammar: str, prefill: str, where: str) -> tuple[int, ...]:
+    """The tokens of an assistant prefill (at ``where``), which opens the answer, so the grammar follows
+    it before the answer's first token; a 400 where the grammar rules one out (checked token by token:
+    llama.cpp aborts the process on a token its grammar rules out) or where they do not spell the text
+    back as it is (a tokenizer that puts a space before a text, as SentencePiece's do)."""
+    start = runner.tokenize(prefill, add_special=False, parse_special=False)
+    if b"".join(map(runner.token_bytes, start)) != prefill.encode():
+        message = (
+            f"{where}: {runner.label}'s tokenizer does not spell the assistant prefill back as it is, "
+            "so response_format cannot follow it: send the prefill or the format, not both"
+        )
+        raise ApiError(400, message, code="invalid_value", param=where)
+    try:
+        runner.grammars.check(grammar, start)
+    except GrammarRefusal as refused:
+        at = len(b"".join(map(runner.token_bytes, start[: refused.index])).decode("utf-8", "replace"))
+        message = (
+            f"{where}: the assistant prefill breaks response_format at character {at} "
+            f"({prefill[at : at + 20]!r}): an answer of the format cannot start with it"
+        )
+        raise ApiError(400, message, code="invalid_value", param=where) from None
+    return tuple(start)
 
 
 def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
