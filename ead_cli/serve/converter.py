@@ -3,7 +3,8 @@ integer of minimum 5 and maximum 6 came back 73), with those bounds held by a gr
 
 The construction is llama.cpp's own (``_generate_min_max_int`` in its examples/json_schema_to_grammar.py,
 ``build_min_max_int`` in common/json-schema-to-grammar.cpp, which llama-server uses), written afresh: the
-numbers of each length apart, and within one length a digit string split where the bounds part. An open
+lengths the range holds whole together, each other length apart, and within one length a digit string
+split where the bounds part. An open
 side ends where the converter's own integers do, at 16 digits. Numbers that are not integers keep their
 bounds unheld, as in llama.cpp.
 """
@@ -81,11 +82,21 @@ def integer_range(low: int, high: int) -> str:
 
 
 def _naturals(low: int, high: int) -> str:
-    """The numbers from ``low`` to ``high`` (0 <= low <= high), one alternative per length."""
+    """The numbers from ``low`` to ``high`` (0 <= low <= high): the lengths they hold whole in one
+    alternative (one count of digits each would give llama.cpp's grammar a stack per length to follow),
+    and the lengths they cut one each."""
+    lengths = range(len(str(low)), len(str(high)) + 1)
+    whole = [
+        length for length in lengths if length > 1 and low <= 10 ** (length - 1) and high >= 10**length - 1
+    ]
     alternatives = []
-    for length in range(len(str(low)), len(str(high)) + 1):
-        shortest = 10 ** (length - 1) if length > 1 else 0
-        alternatives.append(_same_length(str(max(low, shortest)), str(min(high, 10**length - 1))))
+    if whole:
+        counts = f"{whole[0] - 1}" if len(whole) == 1 else f"{whole[0] - 1},{whole[-1] - 1}"
+        alternatives.append(f"[1-9] [0-9]{{{counts}}}")
+    for length in lengths:
+        if length not in whole:
+            shortest = 10 ** (length - 1) if length > 1 else 0
+            alternatives.append(_same_length(str(max(low, shortest)), str(min(high, 10**length - 1))))
     return " | ".join(alternatives)
 
 
