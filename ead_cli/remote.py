@@ -169,9 +169,16 @@ class RemoteRunner:
         self._top_probs = np.zeros(0, dtype=np.float64)
 
     def _describe(self, meta: dict[str, Any]) -> None:
+        """Take the listed sizes. A context with no room for a prompt is refused here, once (it had failed
+        every request after): llama-server says 0 only where it has no model (its router's /props), so
+        0 is not read as 'unknown'."""
+        n_ctx = int(meta["n_ctx"])
+        if n_ctx < 2:  # llama-server refuses a prompt that fills its context, and a prompt has a token
+            where = f"{self._origin}{self._listing_path()}"
+            raise RemoteError(f"{where} reports a context of {n_ctx} tokens: no prompt fits")
         self._described = meta
         self.n_vocab = int(meta["n_vocab"])
-        self.n_ctx = int(meta["n_ctx"]) - 1  # llama-server refuses a prompt that fills its context
+        self.n_ctx = n_ctx - 1
         self.n_params = int(meta["n_params"])
         self.n_embd = int(meta["n_embd"])
         self.head_params = self.n_vocab * self.n_embd
@@ -322,8 +329,11 @@ class RemoteRunner:
     def _health_path(self) -> str:
         return "/health"
 
+    def _listing_path(self) -> str:
+        return "/v1/models"
+
     def _meta(self) -> dict[str, Any]:
-        reply = self.request("GET", "/v1/models")
+        reply = self.request("GET", self._listing_path())
         try:
             model = reply["data"][0]
             meta = model["meta"]
@@ -565,10 +575,13 @@ class OpenAIRunner(RemoteRunner):
         super().__init__(url, **kwargs)
 
     def _health_path(self) -> str:
-        return f"{self._base}/models"  # no /health in the OpenAI API; listing the models needs one loaded
+        return self._listing_path()  # no /health in the OpenAI API; listing the models needs one loaded
+
+    def _listing_path(self) -> str:
+        return f"{self._base}/models"
 
     def _meta(self) -> dict[str, Any]:
-        reply = self.request("GET", f"{self._base}/models")
+        reply = self.request("GET", self._listing_path())
         try:
             model = reply["data"][0]
             self._model_id = str(model["id"])

@@ -757,6 +757,35 @@ def test_a_retry_on_a_new_connection_has_the_whole_timeout(tiny_pair, served_lar
             small.close()
 
 
+class _Listing(_Proxy):
+    """Passes everything on, but lists the model with a context of ``context`` tokens."""
+
+    context: ClassVar[int]
+
+    def _forward(self, body: bytes | None) -> None:
+        status, payload = self._ask(body)
+        if self.path == "/v1/models":
+            listing = json.loads(payload)
+            listing["data"][0]["meta"]["n_ctx"] = self.context
+            payload = json.dumps(listing).encode()
+        self._answer(status, payload)
+
+
+@pytest.mark.parametrize(("suffix", "context"), [("", 0), ("", 1), ("/v1", 0)])
+def test_a_listed_context_too_small_for_a_prompt_is_refused_at_start(
+    tiny_pair, served_large, suffix: str, context: int
+) -> None:
+    """A server that lists a context of 0 tokens (llama-server's router says 0 where it has no model)
+    had been taken, and every request then failed ('... do not fit the server's context of -1
+    tokens'): it is refused when ead connects, in one line that names the listing."""
+    parts = urlsplit(served_large)
+    handler = type("Handler", (_Listing,), {"upstream": (parts.hostname, parts.port), "context": context})
+    with http_server(handler) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}{suffix}"), "--mode", "large", "hi")
+    expected = f"error: {url}/v1/models reports a context of {context} tokens: no prompt fits"
+    assert assert_one_line_error(result, 1) == expected
+
+
 # ------------------------------------------------------------------------ OpenAI-compatible endpoint
 
 
