@@ -40,7 +40,9 @@ from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
 # UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
 # reflected in the probabilities) makes it pick "a". 100 is the most OpenAI-compatible servers accept.
 UNUSED_PICK_BIAS = 100
-ADDRESS_FORM = "a server address must look like http://HOST:PORT, or http://HOST:PORT/v1 (OpenAI-compatible)"
+ADDRESS_FORM = (
+    "a server address must look like http://HOST:PORT[/PREFIX], or the same ending in /v1 (OpenAI-compatible)"
+)
 # What reading a reply that is not as documented raises; OverflowError: a number past a float or 64 bits
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 # The largest reply read: a token step's at --remote-top-k 1000 is 83 kB on Qwen2.5-Coder 1.5B
@@ -74,10 +76,12 @@ def is_remote(reference: str) -> bool:
 
 
 def server_address(url: str) -> tuple[str, int, str]:
-    """A server address's host, port and path; one that does not read as http://HOST:PORT (with /v1 for
-    an OpenAI-compatible endpoint) is a usage error, an unclosed IPv6 bracket or a bad port too (urlsplit
+    """A server address's host, port and path (no trailing slash): the prefix a reverse proxy serves
+    the server under, then /v1 for an OpenAI-compatible endpoint. One that does not read as
+    http://HOST:PORT[/PREFIX][/v1] is a usage error, an unclosed IPv6 bracket or a bad port too (urlsplit
     checks the port only when asked for it). So are the parts ead would not use, rather than dropped
-    without a word: port 0, another path, a query or fragment, a user and password, spaces in the host."""
+    without a word: port 0, a query or fragment, a user and password, spaces in the host or path, and a
+    path with v1 before its end (an endpoint, such as /v1/completions, not where the API starts)."""
     bad = EadError(f"{url}: {ADDRESS_FORM}", exit_code=2)
     try:
         parts = urlsplit(url)
@@ -89,14 +93,15 @@ def server_address(url: str) -> tuple[str, int, str]:
         parts.scheme != "http"
         or not parts.hostname
         or port == 0
-        or (path and not path.endswith("/v1"))
+        or "v1" in path.split("/")[:-1]
         or parts.query
         or parts.fragment
         or "@" in parts.netloc
-        or not all(char.isprintable() and not char.isspace() for char in parts.netloc)
+        or not path.isascii()  # http.client sends the request line in ASCII
+        or not all(char.isprintable() and not char.isspace() for char in parts.netloc + path)
     ):
         raise bad
-    return parts.hostname, port, parts.path
+    return parts.hostname, port, path
 
 
 class RemoteError(EadError):
@@ -143,11 +148,12 @@ class RemoteRunner:
         top_k: int = DEFAULT_TOP_K,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self._host, self._port, _ = server_address(url)
+        self._host, self._port, path = server_address(url)
         check_remote_settings(top_k, timeout_s)
         self.url = url.rstrip("/")
         parts = urlsplit(url)
-        self._origin = f"{parts.scheme}://{parts.netloc}"  # what a request's path follows (it holds any /v1)
+        self._origin = f"{parts.scheme}://{parts.netloc}"  # a request's path follows it (with any prefix)
+        self._root = path.removesuffix("/v1")  # llama-server's own endpoints, behind a proxy's prefix too
         self.name = name
         self.label = self.location = self.url
         self.top_k = top_k
@@ -327,10 +333,10 @@ class RemoteRunner:
             time.sleep(0.2)
 
     def _health_path(self) -> str:
-        return "/health"
+        return f"{self._root}/health"
 
     def _listing_path(self) -> str:
-        return "/v1/models"
+        return f"{self._root}/v1/models"
 
     def _meta(self) -> dict[str, Any]:
         reply = self.request("GET", self._listing_path())
@@ -341,19 +347,21 @@ class RemoteRunner:
                 int(meta[key])
         except MALFORMED:
             raise RemoteError(
-                f"{self.url}/v1/models did not describe the model (is it llama-server?)"
+                f"{self._origin}{self._listing_path()} did not describe the model (is it llama-server?)"
             ) from None
         self._served = served_model(model)
         return meta
 
     def _tokenize(self, text: str) -> list[int]:
-        reply = self.request(
-            "POST", "/tokenize", {"content": text, "add_special": False, "parse_special": True}
-        )
+        """The server's own tokens for ``text``, no special ones added: llama-server's fields and
+        vLLM's (``prompt``, ``add_special_tokens``) in one body, each server ignoring the other's."""
+        path = f"{self._root}/tokenize"
+        body = {"content": text, "prompt": text, "add_special": False, "add_special_tokens": False}
+        reply = self.request("POST", path, body | {"parse_special": True})
         try:
             return [int(token) for token in reply["tokens"]]
         except MALFORMED:
-            raise RemoteError(f"{self.url}/tokenize sent a malformed reply") from None
+            raise RemoteError(f"{self._origin}{path} sent a malformed reply") from None
 
     # ----------------------------------------------------------------------------- the runner interface
 
@@ -387,7 +395,7 @@ class RemoteRunner:
         reports the biases in its generation settings."""
         reply = self.request(
             "POST",
-            "/completion",
+            self._step_path(),
             {
                 "prompt": [0],
                 "n_predict": 1,
@@ -400,7 +408,8 @@ class RemoteRunner:
             biases = reply["generation_settings/logit_bias"]
             return frozenset(int(entry["token"]) for entry in biases)
         except MALFORMED:
-            raise RemoteError(f"{self.url}/completion did not report its end-of-generation tokens") from None
+            message = "did not report its end-of-generation tokens"
+            raise RemoteError(f"{self._origin}{self._step_path()} {message}") from None
 
     def sync(
         self,
@@ -432,13 +441,13 @@ class RemoteRunner:
         return row
 
     def _step_path(self) -> str:
-        return "/completion"
+        return f"{self._root}/completion"
 
     def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
         """One completion call: (top-k ids, their log-probabilities, tokens computed, server ms)."""
         reply = self.request(
             "POST",
-            "/completion",
+            self._step_path(),
             {
                 "prompt": list(tokens),
                 "n_predict": 1,
@@ -455,7 +464,7 @@ class RemoteRunner:
             ids, logprobs = _top_entries(reply["completion_probabilities"][0]["top_logprobs"])
         except MALFORMED:
             raise RemoteError(
-                f"{self.url}/completion sent a malformed reply (no top probabilities)"
+                f"{self._origin}{self._step_path()} sent a malformed reply (no top probabilities)"
             ) from None
         return ids, logprobs, *self._timings(reply, len(tokens))
 
@@ -570,15 +579,8 @@ class OpenAIRunner(RemoteRunner):
     end-of-generation ids and parameter count are not compared or known unless it reports them.
     """
 
-    def __init__(self, url: str, **kwargs: Any) -> None:
-        self._base = server_address(url)[2].rstrip("/")
-        super().__init__(url, **kwargs)
-
     def _health_path(self) -> str:
         return self._listing_path()  # no /health in the OpenAI API; listing the models needs one loaded
-
-    def _listing_path(self) -> str:
-        return f"{self._base}/models"
 
     def _meta(self) -> dict[str, Any]:
         reply = self.request("GET", self._listing_path())
@@ -586,7 +588,8 @@ class OpenAIRunner(RemoteRunner):
             model = reply["data"][0]
             self._model_id = str(model["id"])
         except (KeyError, IndexError, TypeError):
-            raise RemoteError(f"{self.url}/models lists no model (is it OpenAI-compatible?)") from None
+            message = "lists no model (is it OpenAI-compatible?)"
+            raise RemoteError(f"{self._origin}{self._listing_path()} {message}") from None
         self._served = served_model(model)
         meta = model.get("meta") if isinstance(model.get("meta"), dict) else {}
         local = self._tokenizer
@@ -598,22 +601,14 @@ class OpenAIRunner(RemoteRunner):
                 "n_embd": int(meta.get("n_embd", 0)),
             }
         except MALFORMED:
-            message = f"{self.url}/models did not describe the model (is it OpenAI-compatible?)"
-            raise RemoteError(message) from None
-
-    def _tokenize(self, text: str) -> list[int]:
-        body = {"prompt": text, "content": text, "add_special_tokens": False, "add_special": False}
-        reply = self.request("POST", "/tokenize", body | {"parse_special": True})
-        try:
-            return [int(token) for token in reply["tokens"]]
-        except MALFORMED:
-            raise RemoteError(f"{self.url}: /tokenize sent a malformed reply") from None
+            message = "did not describe the model (is it OpenAI-compatible?)"
+            raise RemoteError(f"{self._origin}{self._listing_path()} {message}") from None
 
     def _end_of_generation(self) -> frozenset[int]:
         return end_of_generation(self._tokenizer)  # not listed by these servers: taken on trust
 
     def _step_path(self) -> str:
-        return f"{self._base}/completions"
+        return f"{self._root}/v1/completions"
 
     def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
         reply = self.request(
@@ -633,7 +628,7 @@ class OpenAIRunner(RemoteRunner):
             ids, logprobs = self._parse_logprobs(reply["choices"][0]["logprobs"])
         except MALFORMED:
             raise RemoteError(
-                f"{self.url}/completions sent a malformed reply (no log-probabilities)"
+                f"{self._origin}{self._step_path()} sent a malformed reply (no log-probabilities)"
             ) from None
         return ids, logprobs, *self._timings(reply, len(tokens))
 
@@ -660,7 +655,7 @@ class OpenAIRunner(RemoteRunner):
 
 def connect(url: str, **kwargs: Any) -> RemoteRunner:
     """A runner for a server address: ``.../v1`` is an OpenAI-compatible endpoint, else llama-server."""
-    runner = OpenAIRunner if server_address(url)[2].rstrip("/").endswith("/v1") else RemoteRunner
+    runner = OpenAIRunner if server_address(url)[2].endswith("/v1") else RemoteRunner
     return runner(url, **kwargs)
 
 

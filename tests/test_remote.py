@@ -33,7 +33,9 @@ from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entrop
 from ead_cli.runner import Runner
 
 SERVER = built_server()
-ADDRESS_FORM = "a server address must look like http://HOST:PORT, or http://HOST:PORT/v1 (OpenAI-compatible)"
+ADDRESS_FORM = (
+    "a server address must look like http://HOST:PORT[/PREFIX], or the same ending in /v1 (OpenAI-compatible)"
+)
 pytestmark = pytest.mark.skipif(
     not SERVER.exists(), reason="no llama-server: ./scripts/build_llama_server.sh builds it (CI does)"
 )
@@ -205,8 +207,11 @@ def test_a_server_that_is_down_at_start_is_one_line(tiny_pair, scheme: str) -> N
         # parts that had been dropped without a word (port 0 had become 80, a path other than /v1 had
         # been ignored but named in every error, a user and password were never sent but printed)
         "http://127.0.0.1:0",
-        "http://127.0.0.1:8080/llama",
-        "http://127.0.0.1:8080/v1/completions",
+        "http://127.0.0.1:8080/v1/completions",  # an endpoint, not where the API starts
+        "http://127.0.0.1:8080/proxy/v1/models",
+        # a path http.client cannot send: it had been a traceback once a path was taken as a prefix
+        "http://127.0.0.1:8080/a b",
+        "http://127.0.0.1:8080/café",
         "http://user:secret@127.0.0.1:8080",
         "http://127.0.0.1:8080/?key=1",
         "http://127.0.0.1:8080/v1#models",
@@ -784,6 +789,37 @@ def test_a_listed_context_too_small_for_a_prompt_is_refused_at_start(
         result = ead("generate", *models(tiny_pair[0], f"{url}{suffix}"), "--mode", "large", "hi")
     expected = f"error: {url}/v1/models reports a context of {context} tokens: no prompt fits"
     assert assert_one_line_error(result, 1) == expected
+
+
+class _Prefixed(_Proxy):
+    """A reverse proxy that serves the llama-server under ``/proxy``; a request elsewhere is a 404,
+    recorded in ``stray``."""
+
+    stray: ClassVar[list[str]]
+
+    def _forward(self, body: bytes | None) -> None:
+        if not self.path.startswith("/proxy/"):
+            self.stray.append(self.path)
+            self._answer(404, b'{"error": {"message": "not found"}}')
+            return
+        self.path = self.path.removeprefix("/proxy")
+        self._answer(*self._ask(body))
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1"])
+def test_a_server_behind_a_path_prefix_is_asked_there(tiny_pair, served_large, suffix: str) -> None:
+    """Behind a reverse proxy at http://HOST/proxy every request goes under /proxy: llama-server's own
+    endpoints (/tokenize) had been asked at the root for an address with /v1, and an address with
+    another path was refused."""
+    parts = urlsplit(served_large)
+    handler = type("Handler", (_Prefixed,), {"upstream": (parts.hostname, parts.port), "stray": []})
+    args = ["generate", "--mode", "large", "--max-tokens", "10", "--format", "jsonl", "hi there"]
+    local = ead(*args, *models(tiny_pair[0], str(tiny_pair[1])))
+    with http_server(handler) as url:
+        remote = ead(*args, *models(tiny_pair[0], f"{url}/proxy{suffix}"))
+    assert remote.returncode == 0, remote.stderr
+    assert [t["token"] for t in jsonl_tokens(remote)] == [t["token"] for t in jsonl_tokens(local)]
+    assert handler.stray == []
 
 
 # ------------------------------------------------------------------------ OpenAI-compatible endpoint
