@@ -62,6 +62,8 @@ PROBES = (
     "emoji 🤖🧪🚀 and 1234567890 3.14159e-10",
     "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
 )
+# The probes in one text: the server's tokens for it tell a model from another under the same name
+PROBE_TEXT = "\n".join(PROBES)
 
 
 def built_server() -> Path:
@@ -164,11 +166,13 @@ class RemoteRunner:
         self.network = NetworkStats()
         self.stats = RunnerStats.empty()
         self.n_past = 0  # tokens the server holds for us, as far as we know
-        self._served: str | None = None  # the model the server named when it was last checked
+        self._served: str | None = None  # the served model's fingerprint when it was last checked
         self._local_name = "the local model"  # check_tokenizer's, for a check again
         self._checking_again = False
         self._wait_until_ready()
-        self._describe(self._meta())
+        meta, listed = self._meta()
+        self._describe(meta)
+        self._served = self._fingerprint(listed)
         self.file_bytes: int | None = None
         self._row = np.full(tokenizer.n_vocab, -np.inf, dtype=np.float32)
         self._top_ids = np.zeros(0, dtype=np.int64)
@@ -296,29 +300,36 @@ class RemoteRunner:
     def _check_again(self) -> None:
         """On a new connection, before its first request: whether the server still serves the model it
         was checked with. A server restarted on the same port with another model (the old connection
-        dies with it) had answered with another vocabulary, silently; a model it names otherwise (its
-        id and sizes, from the listing: one request) is checked again, and refused with the reason as
+        dies with it) had answered with another vocabulary, silently; a model with another fingerprint
+        (two requests per connection, none per token) is checked again, and refused with the reason as
         long as it is served. A model that shares the tokenizer is taken, with its sizes."""
         if self._served is None or self._checking_again:
             return  # still starting, or this is the check's own new connection
         self._checking_again = True
         try:
-            served, described = self._served, self._described
-            meta = self._meta()
-            if self._served == served:
+            described = self._described
+            meta, listed = self._meta()
+            served = self._fingerprint(listed)
+            if served == self._served:
                 return
             try:
                 self._describe(meta)
                 self.check_tokenizer(self._local_name)
             except EadError as error:
-                now = json.loads(self._served or "{}").get("id")
-                self._served = served  # checked again on the next connection: one request each
-                self._describe(described)
+                self._describe(described)  # and checked again on the next connection
                 if isinstance(error, RemoteError):
                     raise
+                now = listed.get("id")
                 raise RemoteError(f"{self.url} now serves another model ({now!r}): {error}") from None
+            self._served = served
         finally:
             self._checking_again = False
+
+    def _fingerprint(self, listed: dict[str, Any]) -> str:
+        """What tells the served model from another: the listing's id and sizes (``served_model``), and
+        the server's tokens for the probes, which tell another tokenizer under the same name and sizes
+        (a file replaced in place, an alias kept)."""
+        return json.dumps([served_model(listed), self._tokenize(PROBE_TEXT)])
 
     def _wait_until_ready(self) -> None:
         """GET /health until the server has loaded its model (503 while loading), up to the timeout."""
@@ -338,7 +349,8 @@ class RemoteRunner:
     def _listing_path(self) -> str:
         return f"{self._root}/v1/models"
 
-    def _meta(self) -> dict[str, Any]:
+    def _meta(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The listed model's sizes, and its entry in the listing."""
         reply = self.request("GET", self._listing_path())
         try:
             model = reply["data"][0]
@@ -349,8 +361,7 @@ class RemoteRunner:
             raise RemoteError(
                 f"{self._origin}{self._listing_path()} did not describe the model (is it llama-server?)"
             ) from None
-        self._served = served_model(model)
-        return meta
+        return meta, model
 
     def _tokenize(self, text: str) -> list[int]:
         """The server's own tokens for ``text``, no special ones added: llama-server's fields and
@@ -582,7 +593,7 @@ class OpenAIRunner(RemoteRunner):
     def _health_path(self) -> str:
         return self._listing_path()  # no /health in the OpenAI API; listing the models needs one loaded
 
-    def _meta(self) -> dict[str, Any]:
+    def _meta(self) -> tuple[dict[str, Any], dict[str, Any]]:
         reply = self.request("GET", self._listing_path())
         try:
             model = reply["data"][0]
@@ -590,11 +601,10 @@ class OpenAIRunner(RemoteRunner):
         except (KeyError, IndexError, TypeError):
             message = "lists no model (is it OpenAI-compatible?)"
             raise RemoteError(f"{self._origin}{self._listing_path()} {message}") from None
-        self._served = served_model(model)
         meta = model.get("meta") if isinstance(model.get("meta"), dict) else {}
         local = self._tokenizer
         try:  # checked here as llama-server's are: a null, text or a number past 64 bits had been a traceback
-            return {
+            sizes = {
                 "n_vocab": int(meta.get("n_vocab", local.n_vocab)),
                 "n_ctx": int(meta.get("n_ctx", model.get("max_model_len", 4096))),
                 "n_params": int(meta.get("n_params", 0)),
@@ -603,6 +613,7 @@ class OpenAIRunner(RemoteRunner):
         except MALFORMED:
             message = "did not describe the model (is it OpenAI-compatible?)"
             raise RemoteError(f"{self._origin}{self._listing_path()} {message}") from None
+        return sizes, model
 
     def _end_of_generation(self) -> frozenset[int]:
         return end_of_generation(self._tokenizer)  # not listed by these servers: taken on trust

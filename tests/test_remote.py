@@ -29,7 +29,7 @@ from test_repl import PROMPT, SUMMARY, plain, send, type_line
 from test_serve import serving
 
 from ead_cli.bench import native
-from ead_cli.remote import OpenAIRunner, RemoteRunner, built_server, topk_entropy
+from ead_cli.remote import OpenAIRunner, RemoteError, RemoteRunner, built_server, topk_entropy
 from ead_cli.runner import Runner
 
 SERVER = built_server()
@@ -43,12 +43,13 @@ pytestmark = pytest.mark.skipif(
 
 @contextmanager
 def llama_server(
-    model: Path, tmp_path: Path, n_ctx: int = 2048, port: int = 0
+    model: Path, tmp_path: Path, n_ctx: int = 2048, port: int = 0, alias: str = ""
 ) -> Iterator[tuple[subprocess.Popen, str]]:
     """A llama-server on a free loopback port (native.llama_server), or on ``port`` (the last --port is
-    the one it takes); yields (process, its address)."""
+    the one it takes), listing the model as ``alias`` if given; yields (process, its address)."""
     log = tmp_path / f"server-{model.stem}-{time.monotonic_ns()}.log"
     args = ["-c", str(n_ctx), "-t", "1", *(["--port", str(port)] if port else [])]
+    args += ["--alias", alias] if alias else []
     with native.llama_server(model, args, log) as server:
         yield server.process, server.url
 
@@ -172,6 +173,32 @@ def test_a_server_restarted_with_another_model_is_refused_per_request(
                     assert "do not share a tokenizer" in message, message
             with llama_server(tiny_pair[0], tmp_path, port=port):  # another model, the same tokenizer
                 assert ask().status_code == 200
+
+
+def test_another_tokenizer_under_the_same_name_and_sizes_is_refused(
+    tiny_pair, tiny_other_vocab, tmp_path
+) -> None:
+    """A llama-server restarted with a model of another tokenizer under the same alias and sizes lists
+    the same model: it had been taken, silently. The server's tokens for the probes, asked with the
+    listing on each new connection, tell it."""
+    small = Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1)
+    tokens = small.tokenize("hello", add_special=False)
+    with llama_server(tiny_pair[1], tmp_path, alias="large") as (first, url):
+        port = urlsplit(url).port
+        assert port is not None
+        remote = RemoteRunner(url, name="large", tokenizer=small)
+        try:
+            remote.check_tokenizer("small")
+            remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
+            native.stop(first)
+            with (
+                llama_server(tiny_other_vocab, tmp_path, port=port, alias="large"),
+                pytest.raises(RemoteError, match=f"^{url} now serves another model .* do not share"),
+            ):
+                remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
+        finally:
+            remote.close()
+            small.close()
 
 
 def test_the_smallest_model_must_be_local(tiny_pair, served_large) -> None:
