@@ -20,17 +20,20 @@ import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import websockets.sync.client
+from pydantic import BaseModel
 from serve_process import EAD, Server
 from test_cli import pair_args
 from tiny_models import write_tiny_model
 
 from ead_cli.prompt import encode_rendered, render_chat
 from ead_cli.runner import Runner
+from ead_cli.serve.schemas import ChatRequest, CompletionRequest
 
 PROMPT = "hello wörld 日本"
 TAU = ["--tau", "3"]  # the tiny pair's entropies cross 3 bits now and then: both models write
@@ -352,6 +355,41 @@ def test_bad_requests_get_an_error_object_and_one_log_line(
     assert new == [f"error: POST {path} {status}: {error['message']}"]
     ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200  # and the server keeps serving
+
+
+def integer_fields(schema: type[BaseModel]) -> list[str]:
+    """The fields of a request that take an integer (alone or among other types), its ``ead`` object's
+    too, read from its JSON schema: every one the server would take a number of."""
+    described = schema.model_json_schema()
+    fields = []
+    for prefix, properties in (
+        ("", described["properties"]),
+        ("ead.", described["$defs"]["EadOptions"]["properties"]),
+    ):
+        for name, field in properties.items():
+            if "integer" in {member.get("type") for member in field.get("anyOf", [field])}:
+                fields.append(f"{prefix}{name}")
+    return fields
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        *((CHAT, field) for field in integer_fields(ChatRequest)),
+        *(("/v1/completions", field) for field in integer_fields(CompletionRequest)),
+    ],
+)
+def test_a_boolean_is_no_integer(server: Server, path: str, field: str) -> None:
+    """JSON's true is no count, though Python's bool is an int: a text completion's ``logprobs: true``
+    had been taken as ``logprobs: 0``. Every integer field of both endpoints refuses one by name."""
+    body: dict[str, Any] = {"messages": HI} if path == CHAT else {"prompt": "hi"}
+    body["max_tokens"] = 2  # an answer taken by mistake stays short
+    name = field.removeprefix("ead.")
+    body.update({"ead": {name: True}} if name != field else {field: True})
+    reply = httpx.post(f"{server.url}{path}", json=body, headers=JSON, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and error["message"].startswith(f"{field}: "), error
 
 
 def test_a_wrong_method_is_a_405_that_names_the_allowed_one(server: Server) -> None:

@@ -142,6 +142,29 @@ def test_chat_logprobs_is_a_boolean_and_top_logprobs_a_count(
     assert error["message"].startswith(message)
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"logprobs": True}, "logprobs", f"logprobs: {INTEGER}"),
+        ({"logprobs": 2, "top_logprobs": 3}, "top_logprobs", "top_logprobs: top_logprobs is not supported"),
+    ],
+)
+def test_text_completions_count_their_logprobs_in_logprobs_alone(
+    server: Server, body: dict, param: str, message: str
+) -> None:
+    """A text completion's logprobs is OpenAI's legacy count: ``true`` had passed for the count 0 (Python's
+    bool is an int), and chat's top_logprobs beside it had been taken, or left unread beside a count."""
+    reply = httpx.post(
+        f"{server.base_url}/completions",
+        json={"prompt": "hi", "max_tokens": 2, **body},
+        headers=JSON,
+        timeout=60,
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and error["message"].startswith(message), error
+
+
 def test_a_mode_alone_leaves_the_steps_that_take_tokens_back_unused(server: Server) -> None:
     """A request's mode small leaves its switching fields unused: nothing takes a token back."""
     ead = {"mode": "small", "verify": 0.5, "policy": "lookahead"}

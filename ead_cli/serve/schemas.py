@@ -156,6 +156,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
     "tools": (None, []),  # chat completions take them (ChatRequest); text completions do not
+    "top_logprobs": (None, 0),  # chat's count (ChatRequest); text completions give theirs as logprobs: N
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
@@ -366,8 +367,6 @@ class CompletionBase(BaseModel):
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None  # -1: a fresh one, as llama-server
     n: Positive | None = None
     response_format: ResponseFormat | None = None
-    logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # text: N (chat's own)
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     top_k: TopK | None = None  # llama-server's spelling of ead.top_k
     min_p: MinP | None = None
     ead: EadOptions | None = None
@@ -383,14 +382,8 @@ class CompletionBase(BaseModel):
         return inner if top is None else top
 
     def logprobs_count(self) -> int | None:
-        """How many alternatives each token's log-probabilities list; None: no log-probabilities.
-        Chat asks with ``logprobs: true`` and ``top_logprobs: N``, text completions with ``logprobs: N``."""
-        if self.logprobs is None or self.logprobs is False:
-            if self.top_logprobs:
-                message = "top_logprobs needs logprobs: true"
-                raise ApiError(400, message, code="invalid_value", param="top_logprobs")
-            return None
-        return (self.top_logprobs or 0) if self.logprobs is True else self.logprobs
+        """How many alternatives each token's log-probabilities list; None: no log-probabilities."""
+        raise NotImplementedError  # each endpoint asks in its own fields
 
     def check_supported(self) -> None:
         """A 400 naming the first field given that ead serve would otherwise ignore."""
@@ -490,9 +483,19 @@ class ChatRequest(CompletionBase):
     # OpenAI's chat takes a boolean (the count is top_logprobs'): an integer, text completions' count, is a
     # 400, not a guess at what it meant (llama-server ignores one)
     logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+    def logprobs_count(self) -> int | None:
+        """Chat asks with ``logprobs: true`` and ``top_logprobs: N``."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                message = "top_logprobs needs logprobs: true"
+                raise ApiError(400, message, code="invalid_value", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
     def tool_names(self) -> frozenset[str] | None:
         """The names of the tools offered, None if none are."""
@@ -525,6 +528,13 @@ class CompletionRequest(CompletionBase):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
     )
+    # OpenAI's legacy count of alternatives (chat's is a boolean and top_logprobs): a boolean here is a
+    # 400, not the count 0 that Python's bool, an int, had passed for
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    def logprobs_count(self) -> int | None:
+        """Text completions ask with ``logprobs: N``."""
+        return self.logprobs
 
     def text(self) -> str | None:
         """The prompt's text; None where it is token ids."""
