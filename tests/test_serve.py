@@ -220,6 +220,23 @@ def test_a_stream_names_the_role_once_as_openai_does(client: openai.OpenAI) -> N
     assert message.content == client.chat.completions.create(**request).choices[0].message.content
 
 
+def test_stream_options_without_stream_is_a_400(client: openai.OpenAI) -> None:
+    """As OpenAI answers it: include_usage asked of an answer sent whole had been ignored in silence."""
+    for stream in (None, False):
+        given = {} if stream is None else {"stream": stream}
+        for create, request in (
+            (client.chat.completions.create, {"messages": HI}),
+            (client.completions.create, {"prompt": "def fib(n):"}),
+        ):
+            with pytest.raises(openai.BadRequestError) as refused:
+                create(model="ead", max_tokens=2, stream_options={"include_usage": True}, **given, **request)
+            error = refused.value.body
+            assert error["param"] == "stream_options" and error["code"] == "invalid_value", error
+            assert (
+                error["message"] == "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+            )
+
+
 def test_a_last_assistant_message_is_continued_as_llama_server_does(
     client: openai.OpenAI, tiny_pair: tuple[Path, Path]
 ) -> None:

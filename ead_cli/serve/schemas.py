@@ -389,6 +389,9 @@ class CompletionBase(BaseModel):
         """A 400 naming the first field given that ead serve would otherwise ignore."""
         if (self.n or 1) > 1:
             raise unsupported("n", "one choice per request (n: 1)")
+        if self.stream_options is not None and not self.stream:  # OpenAI's 400, in its words
+            message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+            raise ApiError(400, message, code="invalid_value", param="stream_options")
         for name, neutral in UNSUPPORTED.items():
             value = (self.model_extra or {}).get(name)
             if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in neutral):
