@@ -3,6 +3,7 @@ official openai library, Simon Willison's llm CLI, curl, httpx), its answers che
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import html
@@ -26,13 +27,17 @@ import httpx
 import openai
 import pytest
 import websockets.sync.client
+from openai.types.chat import ChatCompletionChunk
 from pydantic import BaseModel
 from serve_process import EAD, Server
 from test_cli import pair_args
 from tiny_models import write_tiny_model
 
+from ead_cli.decoder import ModelReport, Summary
 from ead_cli.prompt import encode_rendered, render_chat
 from ead_cli.runner import Runner
+from ead_cli.serve.app import _Reply
+from ead_cli.serve.engine import Finished, Ticket
 from ead_cli.serve.schemas import ChatRequest, CompletionRequest
 
 PROMPT = "hello wörld 日本"
@@ -218,6 +223,24 @@ def test_a_stream_names_the_role_once_as_openai_does(client: openai.OpenAI) -> N
         message = stream.current_completion_snapshot.choices[0].message
     assert message.role == "assistant"
     assert message.content == client.chat.completions.create(**request).choices[0].message.content
+
+
+def test_a_chat_stream_of_no_tokens_still_names_the_role() -> None:
+    """The first chunk of a chat stream names the role whatever follows: a stream whose first chunk was
+    its finish (no token came) had named none, which clients that take the role from it then lacked."""
+    report = ModelReport("large", "large.gguf", 1, 0, 4, 0.0, 0, 0.0, 0, 0.0, 0.0)
+    summary = Summary.of([report], finish_reason="stop", prompt_tokens=4, generated=0, wall_s=0.0)
+
+    async def stream() -> list[str]:
+        ticket = Ticket(asyncio.get_running_loop())
+        ticket.send(Finished(summary))
+        reply = _Reply("chat.completion", CHAT, print, seed=0, piece=bytes)
+        return [event["data"] async for event in reply.stream(ticket)]
+
+    *chunks, done = asyncio.run(stream())
+    assert done == "[DONE]"
+    first = ChatCompletionChunk.model_validate_json(chunks[0])
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].finish_reason == "stop"
 
 
 def test_stream_options_without_stream_is_a_400(client: openai.OpenAI) -> None:

@@ -650,8 +650,9 @@ class _Reply:
 
     def _delta(self, delta: dict[str, Any], finish: str | None, logprobs: Any = None, **extra: Any) -> str:
         """A chat chunk; the first delta names the role, the others not: the openai client's stream
-        helper adds up a string each delta repeats (a role in every chunk was 'assistantassistant...')."""
-        if finish is None and not self._role_sent:  # a token's chunk, if only its held text's
+        helper adds up a string each delta repeats (a role in every chunk was 'assistantassistant...').
+        The first may be the finish (no token came): it names the role all the same."""
+        if not self._role_sent:
             delta, self._role_sent = {"role": "assistant", **delta}, True
         choice = {"delta": delta, "finish_reason": finish, "logprobs": logprobs}
         return json.dumps(self._envelope("chat.completion.chunk", choice, **extra), ensure_ascii=False)
