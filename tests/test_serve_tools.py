@@ -209,6 +209,42 @@ def test_a_call_alone_has_no_content_streamed_as_whole(tools_server: Server) -> 
     assert [e.bytes for e in streamed.logprobs.content] == [e.bytes for e in whole.logprobs.content]
 
 
+def test_a_call_cut_off_at_max_tokens_finishes_by_length(tools_server: Server) -> None:
+    """An answer cut off at max_tokens says ``length`` though a whole call came before the cut, as
+    llama-server says (``tool_calls`` only where the model ended its answer) and as OpenAI does: the
+    model may have had more to write, which a client that runs the calls would never learn. The call
+    is still sent, whole and streamed."""
+    client = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {
+        "model": "ead",
+        "messages": [{"role": "user", "content": "What is 6 times 7?"}],
+        "tools": TOOLS,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
+        "temperature": 0,
+    }
+    ended = client.chat.completions.create(**request, max_tokens=60)
+    assert ended.choices[0].finish_reason == "tool_calls"
+    (call,) = ended.choices[0].message.tool_calls
+    # the same tokens up to the end-of-generation one, which the count includes: cut off before it
+    cut = {**request, "max_tokens": ended.usage.completion_tokens - 1}
+    cut_off = client.chat.completions.create(**cut)
+    assert cut_off.model_extra["ead"]["summary"]["finish_reason"] == "length"
+    whole = cut_off.choices[0]
+    assert whole.finish_reason == "length"
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+    with client.chat.completions.stream(**cut) as stream:
+        for _ in stream:
+            pass
+        # the helper's final completion refuses an answer cut off (no JSON to parse): the deltas added up
+        streamed = stream.current_completion_snapshot.choices[0]
+    assert streamed.finish_reason == "length"
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+
+
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [

@@ -746,11 +746,10 @@ class _Reply:
                     ended = True
                     return
                 self._done(message.summary)
-                finish = _finish(message.summary)
                 if reader is not None:
                     for chunk in self._piece_chunks(reader.finish(), reader, {}):
                         yield {"data": chunk}
-                    finish = "tool_calls" if reader.calls else finish
+                finish = _finish(message.summary, called=reader is not None and bool(reader.calls))
                 ead = {"summary": asdict(message.summary), "seed": self.seed}
                 usage = {"usage": _usage(message.summary)}
                 extra = {"ead": ead} if self.usage_chunk else {**usage, "ead": ead}
@@ -810,7 +809,7 @@ class _Reply:
                         "content": content or None,
                         "tool_calls": [call.as_openai() for call in calls],
                     }
-                    finish = "tool_calls"
+                    finish = _finish(summary, called=True)
             choice = {"message": answer, "finish_reason": finish, "logprobs": logprobs}
         ead = {
             "tokens": [_token_fields(event) for event in events],
@@ -851,6 +850,10 @@ def _usage(summary: Summary) -> dict[str, int]:
     }
 
 
-def _finish(summary: Summary) -> str:
-    """OpenAI's finish reasons: 'length' at the token limit or the context's end, else 'stop'."""
-    return "length" if summary.finish_reason == "length" else "stop"
+def _finish(summary: Summary, called: bool = False) -> str:
+    """OpenAI's finish reasons: 'length' at the token limit or the context's end, calls made before the
+    cut or not (as llama-server says: the model may have had more to write), else 'tool_calls' where
+    the answer ``called`` a tool, else 'stop'."""
+    if summary.finish_reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
