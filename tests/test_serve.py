@@ -208,7 +208,9 @@ def test_include_usage_ends_a_stream_with_openais_usage_chunk(client: openai.Ope
         assert all(chunk.choices and chunk.usage is None for chunk in tokens)
         plain = list(create(**request))
         assert plain[-1].choices[0].finish_reason == "length"
-        assert plain[-1].usage == last.usage and all(chunk.choices for chunk in plain)
+        counts = {"prompt_tokens", "completion_tokens", "total_tokens"}  # more of the prompt cached now
+        assert plain[-1].usage.model_dump(include=counts) == last.usage.model_dump(include=counts)
+        assert all(chunk.choices for chunk in plain)
 
 
 def test_a_stream_names_the_role_once_as_openai_does(client: openai.OpenAI) -> None:
@@ -1145,8 +1147,38 @@ def test_no_reuse_reads_every_prompt_whole(tiny_pair: tuple[Path, Path], tmp_pat
             figures = reply.model_extra["ead"]["summary"]
             # the model that writes (the large one alone, the default mode) reads the whole prompt each time
             assert max(m["prefill_tokens"] for m in figures["models"]) == figures["prompt_tokens"]
+            assert reply.usage.prompt_tokens_details.cached_tokens == 0
         assert server.stop() == 0
     assert "(0 cached)" in server.log().splitlines()[-2]
+
+
+def test_usage_counts_the_prompt_tokens_the_cache_kept(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """usage.prompt_tokens_details.cached_tokens, as OpenAI and llama-server report it: the prompt tokens
+    a request did not read again, kept from the one before it (the server log's count), whole, streamed
+    (in the usage chunk or the finish chunk), in both endpoints. A fresh server has kept none."""
+    with Server([*pair_args(tiny_pair)], tmp_path / "server.log") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+        question = [{"role": "user", "content": PROMPT}]
+        first = client.chat.completions.create(model="ead", messages=question, max_tokens=4)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        turn = [*question, {"role": "assistant", "content": first.choices[0].message.content}, *HI]
+        second = client.chat.completions.create(model="ead", messages=turn, max_tokens=4)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert 0 < cached < second.usage.prompt_tokens
+        figures = second.model_extra["ead"]["summary"]
+        assert cached == figures["prompt_tokens"] - max(m["prefill_tokens"] for m in figures["models"])
+        assert f"({cached} cached)" in server.log().splitlines()[-1]
+        streamed = list(client.chat.completions.create(model="ead", messages=turn, max_tokens=4, stream=True))
+        assert streamed[-1].usage.prompt_tokens_details.cached_tokens > 0
+        with_usage = client.chat.completions.create(
+            model="ead", messages=turn, max_tokens=4, stream=True, stream_options={"include_usage": True}
+        )
+        assert list(with_usage)[-1].usage.prompt_tokens_details.cached_tokens > 0
+        text = "def fib(n):"
+        client.completions.create(model="ead", prompt=text, max_tokens=4)
+        again = client.completions.create(model="ead", prompt=f"{text} return", max_tokens=4)
+        assert again.usage.prompt_tokens_details.cached_tokens > 0
+        assert server.stop() == 0
 
 
 def test_a_client_that_leaves_a_whole_answer_stops_it_too(server: Server) -> None:

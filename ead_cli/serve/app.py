@@ -819,12 +819,10 @@ class _Reply:
         return JSONResponse(self._envelope(self.kind, choice, usage=_usage(summary), ead=ead))
 
     def _done(self, summary: Summary) -> None:
-        # the prompt tokens a cache kept: of the model that read the most (one alone may leave another idle)
-        reused = summary.prompt_tokens - max(model.prefill_tokens for model in summary.models)
         self.log(
             f"POST {self.path} 200: {summary.generated} tokens ({summary.finish_reason}), "
-            f"prompt {summary.prompt_tokens} ({reused} cached), large share {summary.large_share:.1%}, "
-            f"{summary.wall_s:.2f} s"
+            f"prompt {summary.prompt_tokens} ({_cached_tokens(summary)} cached), "
+            f"large share {summary.large_share:.1%}, {summary.wall_s:.2f} s"
         )
 
 
@@ -842,12 +840,20 @@ def _token_fields(event: TokenEvent) -> dict[str, Any]:
     return fields
 
 
-def _usage(summary: Summary) -> dict[str, int]:
+def _usage(summary: Summary) -> dict[str, Any]:
     return {
         "prompt_tokens": summary.prompt_tokens,
         "completion_tokens": summary.generated,
         "total_tokens": summary.prompt_tokens + summary.generated,
+        "prompt_tokens_details": {"cached_tokens": _cached_tokens(summary)},
     }
+
+
+def _cached_tokens(summary: Summary) -> int:
+    """The prompt tokens the caches kept from the request before (not read again): of the model that
+    read the most, as one alone may leave another idle. None below 0: a llama-server that lost its cache
+    books the answer's tokens it reads again with the prompt's."""
+    return max(0, summary.prompt_tokens - max(model.prefill_tokens for model in summary.models))
 
 
 def _finish(summary: Summary, called: bool = False) -> str:
