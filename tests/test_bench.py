@@ -694,6 +694,23 @@ def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
     assert all(json.loads(line) for line in path.read_text().splitlines())
 
 
+def write_results(path: Path, text: str) -> Path:
+    """A hand-made results file: a config record of this format, then ``text``."""
+    path.write_text(json.dumps({"type": "config", "format": 1}) + "\n" + text)
+    return path
+
+
+def test_blank_lines_in_a_results_file_are_skipped(tmp_path: Path) -> None:
+    """An editor's blank or whitespace-only lines (a trailing newline pair) had refused the whole file."""
+    sample = json.dumps({"type": "sample", "strategy": "large-only", "task_id": "t/0"})
+    path = write_results(tmp_path / "results.jsonl", f"\n{sample}\n  \t\n\n")
+    config, records = read_results(path)
+    assert config is not None and [r["task_id"] for r in records] == ["t/0"]
+    for damaged, number in ((f"{sample[:-5]}\n\n{sample}\n", 2), (f"\n {sample[:-5]}\n", 3)):
+        with pytest.raises(EadError, match=f"line {number} is not JSON"):
+            read_results(write_results(path, damaged))
+
+
 STOP_AT_THE_SECOND_CHECK = """
 import sys
 from ead_cli.bench import run

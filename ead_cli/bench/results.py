@@ -156,7 +156,8 @@ def unreadable_record(path: Path, error: Exception) -> EadError:
 
 
 def read_results(path: Path) -> tuple[Record | None, list[Record]]:
-    """The config record and the sample records of a results file (an unfinished last line is dropped)."""
+    """The config record and the sample records of a results file (an unfinished last line is dropped,
+    blank lines skipped)."""
     if not path.exists():
         return None, []
     try:
@@ -168,6 +169,8 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
         lines.pop()  # a write cut short by a kill
     records = []
     for number, line in enumerate(lines, 1):
+        if not line.strip():  # an editor's blank line (a trailing newline pair): no record, no damage
+            continue
         try:
             records.append(json.loads(line))
         except (json.JSONDecodeError, RecursionError):  # nested past Python's limit: not JSON ead reads
