@@ -711,6 +711,15 @@ def test_blank_lines_in_a_results_file_are_skipped(tmp_path: Path) -> None:
             read_results(write_results(path, damaged))
 
 
+def test_a_text_with_a_unicode_line_separator_reads_back_whole(tmp_path: Path) -> None:
+    """Records are written unescaped (``ensure_ascii=False``): a text holding U+2028, U+0085 or a form
+    feed had been split there as a line of its own, and the file refused as not JSON."""
+    text = "a\u2028b\x85c\x0cd\x1ce"
+    sample = {"type": "sample", "strategy": "large-only", "task_id": "t/0", "text": text}
+    path = write_results(tmp_path / "results.jsonl", json.dumps(sample, ensure_ascii=False) + "\n")
+    assert [r["text"] for r in read_results(path)[1]] == [text]
+
+
 STOP_AT_THE_SECOND_CHECK = """
 import sys
 from ead_cli.bench import run

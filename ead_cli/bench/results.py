@@ -164,9 +164,9 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
         text = read_file_text(path)
     except (OSError, UnicodeDecodeError) as error:
         raise EadError(f"cannot read {path}: {unreadable(error)}") from None
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        lines.pop()  # a write cut short by a kill
+    # split at newlines alone: records are written unescaped, so a text may hold U+2028 or a form feed,
+    # which splitlines() splits at; the last piece is empty, or a write cut short by a kill
+    lines = text.split("\n")[:-1]
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():  # an editor's blank line (a trailing newline pair): no record, no damage
