@@ -720,6 +720,26 @@ def test_a_text_with_a_unicode_line_separator_reads_back_whole(tmp_path: Path) -
     assert [r["text"] for r in read_results(path)[1]] == [text]
 
 
+@pytest.mark.parametrize(
+    ("figures", "field", "value"),
+    [
+        ('"wall_s": NaN', "wall_s", "nan"),
+        ('"generated": -Infinity', "generated", "-inf"),
+        ('"flops": 1e999', "flops", "inf"),  # past a float's range: read as infinite
+        ('"models": {"large": {"decode_s": Infinity}}', "models.large.decode_s", "inf"),
+    ],
+)
+def test_a_figure_that_is_not_finite_refuses_the_file_naming_its_line(
+    tmp_path: Path, figures: str, field: str, value: str
+) -> None:
+    """A hand-made NaN or infinity had been summed into the report, which printed nan."""
+    sample = f'{{"type": "sample", "strategy": "large-only", "task_id": "t/0", {figures}}}'
+    path = write_results(tmp_path / "results.jsonl", f"{sample}\n")
+    with pytest.raises(EadError) as refused:
+        read_results(path)
+    assert str(refused.value) == f"{path} line 2: {field} is {value}, not a finite number"
+
+
 STOP_AT_THE_SECOND_CHECK = """
 import sys
 from ead_cli.bench import run

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -155,6 +156,19 @@ def unreadable_record(path: Path, error: Exception) -> EadError:
     return EadError(f"{path} holds a sample record ead cannot read ({type(error).__name__}: {error})", 2)
 
 
+def non_finite(value: Any, name: str = "") -> tuple[str, float] | None:
+    """The first number in a JSON value that is not finite, by its place (``models.large.decode_s``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return name, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        place = f"{name}[{key}]" if isinstance(value, list) else f"{name}.{key}" if name else str(key)
+        found = non_finite(item, place)
+        if found is not None:
+            return found
+    return None
+
+
 def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     """The config record and the sample records of a results file (an unfinished last line is dropped,
     blank lines skipped)."""
@@ -173,8 +187,11 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
             continue
         try:
             records.append(json.loads(line))
+            infinite = non_finite(records[-1])
         except (json.JSONDecodeError, RecursionError):  # nested past Python's limit: not JSON ead reads
             raise EadError(f"{path} line {number} is not JSON: move the file away to start over") from None
+        if infinite is not None:  # Python's json reads NaN, Infinity and 1e999: ead writes none of them
+            raise EadError(f"{path} line {number}: {infinite[0]} is {infinite[1]}, not a finite number")
         if not isinstance(records[-1], dict):
             raise EadError(f"{path} line {number} is not a record (a JSON object)")
     if not records:
