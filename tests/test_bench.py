@@ -979,6 +979,18 @@ def test_repeats_give_each_strategy_its_median_ratio_with_the_range_fastest_firs
     ]
 
 
+def test_repeats_count_the_passing_samples_themselves() -> None:
+    """A sample left unjudged (passed null) had made the passes round(pass@1 x samples): 1 of 2 judged
+    over 3 samples read as 2 passes."""
+    one_unjudged = [
+        record("ead", f"t/{task}", passed=passed, generated=4, large_share=0.5, flops=1.0, wall_s=1.0)
+        for task, passed in enumerate((True, None, False))
+    ]
+    (ead,) = aggregate(one_unjudged)
+    assert (ead.samples, ead.pass_at_1, ead.passed) == (3, 0.5, 1)
+    assert "| ead | - | 1 | 1 | - |" in repeats_table([[ead]]).splitlines()
+
+
 def test_a_strategy_is_held_to_its_tasks_in_the_first_run_that_has_it() -> None:
     """Repeats are checked task set by task set against the first run holding the strategy, not only the
     first run: a strategy missing from it had been medianed over a whole run and one cut short."""

@@ -6,6 +6,7 @@ cache exactly as the generation left it and read exactly the recorded tokens per
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -250,6 +251,24 @@ def test_a_replay_is_set_against_large_only_on_the_same_tasks() -> None:
     assert gate.recorded_wall_rel == pytest.approx(6.0 / 8.0)
 
 
+def test_a_replays_passes_are_its_passing_samples_counted(tmp_path: Path) -> None:
+    """Counted in the recorded samples (one unjudged: 1 of 2 judged over 3, not round(0.5 x 3) = 2), and
+    read back; a report written before they were counted has them from pass@1 over its samples."""
+    figures = {"prefill_tokens": 0, "decode_tokens": 0, "catchup_tokens": 0}
+    records = [
+        {"strategy": "gate", "task_id": f"t/{task}", "generated": 10, "large_share": 0.5, "passed": passed,
+         "schedule": [], "models": {"small": figures, "large": figures}}
+        for task, passed in enumerate((True, None, False))
+    ]  # fmt: skip
+    samples = [replay.ReplayedSample("gate", r["task_id"], 1.0, 1.0, 10, {}) for r in records]
+    (gate,) = replay.summarise(records, samples, n_batch=512)
+    assert (gate.samples, gate.pass_at_1, gate.passed) == (3, 0.5, 1)
+    (tmp_path / replay.REPLAY_FILE).write_text(json.dumps({"strategies": [dataclasses.asdict(gate)]}))
+    assert replay.read_report(tmp_path)[1] == [gate]
+    (tmp_path / replay.REPLAY_FILE).write_text(a_report(without="passed", pass_at_1=0.75, samples=4))
+    assert replay.read_report(tmp_path)[1][0].passed == 3
+
+
 def test_bench_report_gives_the_median_of_repeated_replays(
     recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -291,6 +310,7 @@ A_STRATEGY = {
     "generated": 8,
     "large_share": 1.0,
     "pass_at_1": None,
+    "passed": None,
     "wall_s": 0.5,
     "wall_rel": 1.0,
     "recorded_wall_s": 0.5,
@@ -318,6 +338,7 @@ def a_report(without: str = "", **changed: object) -> str:
         (a_report(wall_rel="x"), "its strategy 1's wall_rel is 'x', not a number or null"),
         (a_report(wall_s=float("nan")), "its strategy 1's wall_s is nan, not a number"),
         (a_report(samples=True), "its strategy 1's samples is True, not a count"),
+        (a_report(passed=0.5), "its strategy 1's passed is 0.5, not a count or null"),
         (
             a_report(batches={"large": {"decode": {"one": 8}}}),
             "its strategy 1's batches is {'large': {'decode': {'one': 8}}}, "

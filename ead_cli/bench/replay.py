@@ -26,7 +26,7 @@ from ..options import ModelOptions
 from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
-from .report import PHASES, paired_ratio
+from .report import PHASES, paired_ratio, passes
 from .results import Record, check_same_tasks, read_results, tasks_by_strategy, unreadable_record
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
@@ -52,6 +52,7 @@ class ReplayedStrategy:
     generated: int
     large_share: float
     pass_at_1: float | None
+    passed: int | None  # the recorded samples that passed
     wall_s: float
     wall_rel: float | None  # against the large-only replay of the same tasks
     recorded_wall_s: float
@@ -105,6 +106,7 @@ def _read_names(record: Record) -> None:
 def _read_figures(record: Record, roles: Sequence[str]) -> None:
     """What replaying a sample reads of it, besides its schedule (checked step by step later)."""
     float(record["wall_s"]), float(record["large_share"]), int(record["generated"])
+    passes([record])
     for role in roles:
         for phase in PHASES:
             int(record["models"][role][f"{phase}_tokens"])
@@ -225,7 +227,7 @@ def summarise(
         generated = sum(s.generated for s in group)
         wall = sum(s.wall_s for s in group)
         recorded = sum(s.recorded_wall_s for s in group)
-        judged = [float(r["passed"]) for r in rs if r.get("passed") is not None]
+        passed, pass_at_1 = passes(rs)
         summary.append(
             ReplayedStrategy(
                 strategy=name,
@@ -234,7 +236,8 @@ def summarise(
                 large_share=sum(r["large_share"] * r["generated"] for r in rs) / generated
                 if generated
                 else 0.0,
-                pass_at_1=sum(judged) / len(judged) if judged else None,
+                pass_at_1=pass_at_1,
+                passed=passed,
                 wall_s=wall,
                 wall_rel=paired_ratio({s.task_id: s.wall_s for s in group}, ref_wall),
                 recorded_wall_s=recorded,
@@ -313,7 +316,16 @@ def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
     if problem:
         raise EadError(f"{file} is not a replay report (ead bench replay): {problem}", 2)
     names = [field.name for field in fields(ReplayedStrategy)]
-    return report, [ReplayedStrategy(**{name: row[name] for name in names}) for row in report["strategies"]]
+    rows = [_with_passes(row) for row in report["strategies"]]
+    return report, [ReplayedStrategy(**{name: row[name] for name in names}) for row in rows]
+
+
+def _with_passes(row: dict[str, Any]) -> dict[str, Any]:
+    """A strategy of a report written before its passes were counted: pass@1 over its samples, exact
+    there (every sample of a HumanEval bench is judged; a prompt list's none)."""
+    if "passed" in row:
+        return row
+    return {**row, "passed": None if row["pass_at_1"] is None else round(row["pass_at_1"] * row["samples"])}
 
 
 def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
@@ -373,6 +385,7 @@ def _is_batch_counts(value: Any) -> bool:
 _STRATEGY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "str": (lambda value: isinstance(value, str), "text"),
     "int": (_is_count, "a count"),
+    "int | None": (lambda value: value is None or _is_count(value), "a count or null"),
     "float": (_is_figure, "a number"),
     "float | None": (lambda value: value is None or _is_figure(value), "a number or null"),
     "dict[str, dict[str, dict[int, int]]]": (_is_batch_counts, "batch counts by model and phase"),
@@ -390,6 +403,8 @@ def _report_problem(report: Any) -> str | None:
             return f"its strategy {number} is not an object"
         for field in fields(ReplayedStrategy):
             if field.name not in row:
+                if field.name == "passed":  # a report written before passes were counted: _with_passes
+                    continue
                 return f"its strategy {number} has no {field.name}"
             check, expected = _STRATEGY_FIELDS[str(field.type)]
             if not check(row[field.name]):

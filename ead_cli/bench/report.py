@@ -1,11 +1,12 @@
 """The figures of a bench and its report files (table, CSV, markdown, plot).
 
-Per strategy: pass@1; agreement with large-only's answer to the same task (1.0: the same words in the
-same order; the quality proxy of ``ead bench prompts``); large-model share and parameter-weighted cost,
-weighted by generated tokens; total FLOPs and wall-clock seconds, also as a ratio to large-only's totals
-on the same tasks; tokens per second over all samples; mean switches per sample; mean acceptance rate;
-mean rollbacks per sample; seconds per model in prefill, decode and catch-up; for server strategies,
-tokens per second by the server's own generation time; and how many texts are exactly large-only's.
+Per strategy: pass@1 and the passing samples counted; agreement with large-only's answer to the same
+task (1.0: the same words in the same order; the quality proxy of ``ead bench prompts``); large-model
+share and parameter-weighted cost, weighted by generated tokens; total FLOPs and wall-clock seconds,
+also as a ratio to large-only's totals on the same tasks; tokens per second over all samples; mean
+switches per sample; mean acceptance rate; mean rollbacks per sample; seconds per model in prefill,
+decode and catch-up; for server strategies, tokens per second by the server's own generation time; and
+how many texts are exactly large-only's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Aggregate:
     strategy: str
     samples: int
     pass_at_1: float | None
+    passed: int | None  # the samples that passed (None: none judged)
     agreement: float | None
     large_share: float
     param_cost: float
@@ -76,6 +78,15 @@ def paired_ratio(by_task: Mapping[str, float], reference: Mapping[str, float]) -
     strategy on a task the other has not reached, and totals over different tasks are no ratio."""
     shared = [task for task in by_task if task in reference]
     return _ratio(sum(by_task[task] for task in shared), sum(reference[task] for task in shared))
+
+
+def passes(records: Sequence[Record]) -> tuple[int | None, float | None]:
+    """How many samples passed, and pass@1 over those judged (None, None: none judged, a prompt list)."""
+    judged = [record["passed"] for record in records if record["passed"] is not None]
+    for value in judged:
+        if not isinstance(value, bool):  # an edited record: counted as a pass it had read as 2 or 0.5
+            raise TypeError(f"passed is {value!r}, not true, false or null")
+    return (sum(judged), sum(judged) / len(judged)) if judged else (None, None)
 
 
 def _token_weighted(records: Sequence[Record], key: str) -> float:
@@ -115,14 +126,15 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
         generated = sum(r["generated"] for r in rs)
         flops = sum(r["flops"] for r in rs)
         wall = sum(r["wall_s"] for r in rs)
-        judged = [float(r["passed"]) for r in rs if r["passed"] is not None]
+        passed, pass_at_1 = passes(rs)
         agreeing = [agreement(r["text"], reference[r["task_id"]]) for r in rs if r["task_id"] in reference]
         accepted = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None]
         aggregates.append(
             Aggregate(
                 strategy=name,
                 samples=len(rs),
-                pass_at_1=_mean(judged),
+                pass_at_1=pass_at_1,
+                passed=passed,
                 agreement=_mean(agreeing),
                 large_share=_token_weighted(rs, "large_share"),
                 param_cost=_token_weighted(rs, "param_cost"),
@@ -207,6 +219,7 @@ class RunFigures(Protocol):
     strategy: str
     samples: int
     pass_at_1: float | None
+    passed: int | None
     wall_rel: float | None
 
 
@@ -226,8 +239,7 @@ def repeats_table(runs: Sequence[Sequence[RunFigures]]) -> str:
         spread = f"{median:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})" if ratios else "-"
         if ratios and len(ratios) < len(found):  # a run without large-only (or no task in common) has none
             spread += f" over {len(ratios)}"
-        passed = [None if a.pass_at_1 is None else round(a.pass_at_1 * a.samples) for a in found]
-        cells = [name, spread, str(len(found)), _by_run(passed, "d")]
+        cells = [name, spread, str(len(found)), _by_run([a.passed for a in found], "d")]
         if texts:
             cells.append(_by_run([a.same_text for a in found if isinstance(a, Aggregate)], "d"))
         rows.append((median, cells))
