@@ -1117,6 +1117,30 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
         assert message in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["humaneval", "--out", ""], "'--out'"),
+        (["prompts", "prompts.txt", "--out", ""], "'--out'"),
+        (["replay", ""], "'results'"),
+        (["replay", "results.jsonl", "--out", ""], "'--out'"),
+        (["speed", "--json", ""], "'--json'"),
+        (["speed", "--check", ""], "'--check'"),
+        (["report", "bench-results", ""], "'folders'"),
+    ],
+)
+def test_an_empty_path_is_refused_naming_the_option(tmp_path: Path, args: list[str], named: str) -> None:
+    """'' had meant the current folder (Path('') is '.'): results written or read there unasked."""
+    models = ["--small", "missing-small.gguf", "--large", "missing-large.gguf"]
+    result = subprocess.run(
+        [EAD, "bench", *args, *(models if args[0] != "report" else [])],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"error: Invalid value for {named}: an empty path: give '.' for")
+    assert result.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(("config", "what"), [({"format": 2}, "format 2"), ({}, "no format")])
 def test_results_of_another_format_are_refused(tmp_path: Path, config: Record, what: str) -> None:
     """A results file another version of ead wrote (its config's format) had been reported as this one's:

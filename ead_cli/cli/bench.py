@@ -24,6 +24,7 @@ from .groups import (
     Seed,
     TauRange,
     Temp,
+    given_path,
     with_options,
 )
 from .output import live_progress, print_figures, print_rows, progress_bar, say_progress, stderr
@@ -81,7 +82,9 @@ BenchLimit = Annotated[int | None, typer.Option(help="Run at most this many task
 BenchOut = Annotated[
     Path | None,
     typer.Option(
-        "--out", help="Folder for results and reports (default: bench-results/humaneval-SPLIT, prompts-FILE)."
+        "--out",
+        help="Folder for results and reports (default: bench-results/humaneval-SPLIT, prompts-FILE).",
+        parser=given_path,
     ),
 ]
 
@@ -179,7 +182,8 @@ def bench_report(
     folders: Annotated[
         list[Path],
         typer.Argument(
-            help="A bench's or a replay's --out folder; several: repeats of one bench or replay, compared."
+            help="A bench's or a replay's --out folder; several: repeats of one bench or replay, compared.",
+            parser=given_path,
         ),
     ],
 ) -> None:
@@ -237,13 +241,15 @@ def bench_report(
 @bench_app.command("replay")
 @with_options(MODEL_OPTIONS)
 def bench_replay(
-    results: Annotated[Path, typer.Argument(help="A bench's results.jsonl, or its --out folder.")],
+    results: Annotated[
+        Path, typer.Argument(help="A bench's results.jsonl, or its --out folder.", parser=given_path)
+    ],
     model_options: ModelOptions,
     strategies: Annotated[
         str | None, typer.Option(help="Strategy names to replay, comma-separated (default: all recorded).")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Folder for replay.json (default: beside results).")
+        Path | None, typer.Option(help="Folder for replay.json (default: beside results).", parser=given_path)
     ] = None,
 ) -> None:
     """Re-execute a bench's recorded schedules on other models of the same tokenizer (e.g. twins):
@@ -289,10 +295,13 @@ def bench_speed(
     model_options: ModelOptions,
     context: Annotated[int, typer.Option(help="Tokens in the cache when rates are measured.")] = 256,
     check: Annotated[
-        Path | None, typer.Option(help="A replay.json (ead bench replay) to check the cost model against.")
+        Path | None,
+        typer.Option(
+            help="A replay.json (ead bench replay) to check the cost model against.", parser=given_path
+        ),
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write every figure to this file.")
+        Path | None, typer.Option("--json", help="Also write every figure to this file.", parser=given_path)
     ] = None,
 ) -> None:
     """This machine's decode and prefill rates for the pair, the speed each large-model share should

@@ -30,6 +30,7 @@ from .groups import (
     Stop,
     Temp,
     Threads,
+    given_path,
     parse_list,
     read_prompt,
 )
@@ -216,6 +217,7 @@ def depth_eval(
             "--out",
             help="Write every figure to this JSON file; its quality part is reused when it was made with "
             "the same profile and --tokens.",
+            parser=given_path,
         ),
     ] = None,
     timing: Annotated[

@@ -34,6 +34,14 @@ class OutputFormat(str, Enum):
     jsonl = "jsonl"
 
 
+def given_path(text: str) -> Path:
+    """A path option or argument as given, refused when empty: ``Path("")`` is the current folder, where
+    results would be written or read unasked."""
+    if not text:
+        raise typer.BadParameter("an empty path: give '.' for the current folder")
+    return Path(text)
+
+
 Small = Annotated[str | None, typer.Option(help="Small model: an alias from models.toml or a .gguf path.")]
 Large = Annotated[
     str | None,
