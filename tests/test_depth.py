@@ -24,8 +24,15 @@ from ead_cli.bench.sandbox import sandbox_note
 from ead_cli.depth.evaluate import plain_greedy_ms, plot
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
-from ead_cli.depth.profile import isotonic_nonincreasing, load_profile, probe_layers, save_profile
-from ead_cli.depth.readout import Head, entropy_bits, load_head, low_rank_factors, read_rows
+from ead_cli.depth.profile import (
+    isotonic_nonincreasing,
+    load_profile,
+    probe_layers,
+    profile_dir,
+    profile_path,
+    save_profile,
+)
+from ead_cli.depth.readout import Head, entropy_bits, file_digest, load_head, low_rank_factors, read_rows
 from ead_cli.depth.teacher import calibrate, calibration_corpus
 from ead_cli.errors import EadError
 from ead_cli.runner import Runner
@@ -248,6 +255,33 @@ def test_profile_is_saved_whole_and_checked(
         load_profile(other, tmp_path / "none.json")  # the hint names the file to pass, not its bare name
 
 
+def test_two_models_of_one_file_name_keep_their_own_profiles(
+    model: DepthModel, tmp_path: Path, deep_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Profiles were kept by file name alone: calibrating another deep.gguf overwrote this one's, which
+    was then refused as made for another file. Keyed by the file's digest too, each keeps its own."""
+    monkeypatch.setenv("EAD_CONFIG", str(tmp_path / "config" / "calibration.json"))
+    (tmp_path / "elsewhere").mkdir()
+    namesake = write_tiny_model(tmp_path / "elsewhere" / deep_model.name, n_layer=N_LAYER, seed=5)
+    theirs = replace(model.profile, digest=file_digest(namesake))
+    for profile, path in ((model.profile, deep_model), (theirs, namesake)):
+        save_profile(profile, profile_path(path))
+    assert (load_profile(deep_model), load_profile(namesake)) == (model.profile, theirs)
+
+
+def test_a_profile_saved_under_the_file_name_alone_still_loads(
+    model: DepthModel, tmp_path: Path, deep_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved before profiles were keyed by digest (depth/deep.gguf.json): read, its digest checked."""
+    monkeypatch.setenv("EAD_CONFIG", str(tmp_path / "calibration.json"))
+    save_profile(model.profile, profile_dir() / f"{deep_model.name}.json")
+    assert load_profile(deep_model) == model.profile
+    (tmp_path / "elsewhere").mkdir()
+    namesake = write_tiny_model(tmp_path / "elsewhere" / deep_model.name, n_layer=N_LAYER, seed=5)
+    with pytest.raises(EadError, match=r"deep\.gguf\.json was made for another model file"):
+        load_profile(namesake)
+
+
 def test_a_profile_whose_tables_are_not_an_object_is_corrupt(
     model: DepthModel, tmp_path: Path, deep_model: Path
 ) -> None:
@@ -428,7 +462,8 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(
         ead("depth", "calibrate", str(deep_model), "--corpus", "prose", "--threads", "1", env=in_the_way),
         1,
-        f"cannot save the depth profile to {blocked}/depth/deep.gguf.json: {blocked}/depth is not a folder",
+        f"cannot save the depth profile to {blocked}/depth/deep.gguf-{file_digest(deep_model)}.json: "
+        f"{blocked}/depth is not a folder",
     )
     headless = tmp_path / "headless.gguf"
     writer = gguf.GGUFWriter(headless, "llama")

@@ -170,6 +170,13 @@ def profile_dir() -> Path:
 
 
 def profile_path(model: Path) -> Path:
+    """Keyed by the file's name and digest: two models of one file name (in other folders) each keep
+    their own profile, and a copy of a file shares its original's."""
+    return profile_dir() / f"{model.name}-{file_digest(model)}.json"
+
+
+def _profile_by_name(model: Path) -> Path:
+    """Where a profile was saved before they were keyed by digest (the digest is inside, checked)."""
     return profile_dir() / f"{model.name}.json"
 
 
@@ -180,7 +187,10 @@ def save_profile(profile: Profile, path: Path) -> Path:
 
 def load_profile(model: Path, path: Path | None = None) -> Profile:
     """The profile of this model file, or a one-line error (missing, corrupt, made for another file)."""
-    path = path or profile_path(model)
+    if path is None:
+        path = profile_path(model)
+        if not path.exists() and _profile_by_name(model).exists():
+            path = _profile_by_name(model)
     if not path.exists():
         raise EadError(
             f"no depth profile for {model.name} (looked for {path}): run ead depth calibrate {model}"
