@@ -84,7 +84,7 @@ def passes(records: Sequence[Record]) -> tuple[int | None, float | None]:
     """How many samples passed, and pass@1 over those judged (None, None: none judged, a prompt list)."""
     judged = [record["passed"] for record in records if record["passed"] is not None]
     for value in judged:
-        if not isinstance(value, bool):  # an edited record: counted as a pass it had read as 2 or 0.5
+        if not isinstance(value, bool):  # an edited record: a 2 or a 0.5 had been summed into pass@1
             raise TypeError(f"passed is {value!r}, not true, false or null")
     return (sum(judged), sum(judged) / len(judged)) if judged else (None, None)
 
