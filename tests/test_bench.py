@@ -106,6 +106,12 @@ def test_prompt_lists_read_text_lines_or_jsonl(tmp_path: Path) -> None:
     rows = tmp_path / "p.jsonl"
     rows.write_text('{"prompt": "a\\nb"}\n\n{"prompt": "c", "id": 3}\n')
     assert load_prompts(rows) == ["a\nb", "c"]
+    # a line ends at a newline alone: a form feed, U+0085 or U+2028 inside a prompt (or a record's, which
+    # json.dumps leaves unescaped) is its text, and Windows' line ends are taken off
+    text.write_text("page\x0cbreak\u2028and\x85more\r\nsecond\r\n", newline="")
+    assert load_prompts(text) == ["page\x0cbreak\u2028and\x85more", "second"]
+    rows.write_text('{"prompt": "a\u2028b\x85c"}\r\n', newline="")  # as json.dumps leaves them
+    assert load_prompts(rows) == ["a\u2028b\x85c"]
     rows.write_text('{"prompt": "a"}\n["b"]\n')
     with pytest.raises(EadError, match='line 2: not a JSON object with a "prompt" string'):
         load_prompts(rows)

@@ -182,7 +182,9 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
     """Prompts from a text file (one per line, blank lines skipped) or a .jsonl file ({"prompt": ...})."""
     _check_limit(limit)
     try:
-        lines = read_file_text(path).splitlines()
+        # a line ends at a newline alone (splitlines() also splits at a form feed, U+0085 or U+2028, which
+        # a prompt may hold), and a Windows line end's carriage return is taken off
+        lines = [line.removesuffix("\r") for line in read_file_text(path).split("\n")]
     except (OSError, UnicodeDecodeError) as error:
         raise EadError(f"cannot read {path}: {unreadable(error)}", exit_code=2) from None
     prompts: list[str] = []
