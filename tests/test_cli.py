@@ -336,6 +336,27 @@ def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
     assert_one_line_error(listed, 1, "cannot write the models: stdout is closed")
 
 
+def test_a_closed_stderr_loses_the_notes_not_the_answers(tiny_pair: tuple[Path, Path]) -> None:
+    """With stderr closed (``2>&-``) Python's sys.stderr is None: generate failed on it with a traceback
+    no one saw (exit 1, no answer), and chat wrote its notes and summaries among the answers on stdout.
+    The notes are lost; the answers come on stdout as ever, and a failure says itself by the exit code."""
+
+    def closed_stderr(command: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+        line = shlex.join([EAD, command, *pair_args(tiny_pair), "--max-tokens", "4", *args])
+        return subprocess.run(["bash", "-c", f"{line} 2>&-"], input=stdin, capture_output=True, timeout=120)
+
+    for args in [("hi",), ("--tau", "3", "--stats", "hi")]:
+        answer = ead("generate", *pair_args(tiny_pair), "--max-tokens", "4", *args)
+        result = closed_stderr("generate", *args)
+        assert (result.returncode, result.stdout, result.stderr) == (0, answer.stdout, b"")
+    refused = closed_stderr("generate", "--tau", "-1", "hi")
+    assert (refused.returncode, refused.stdout, refused.stderr) == (2, b"", b"")
+    chatted = ead("chat", *pair_args(tiny_pair), "--max-tokens", "4", stdin="hi\n/stats\nho\n")
+    result = closed_stderr("chat", stdin=b"hi\n/stats\nho\n")
+    assert (result.returncode, result.stdout, result.stderr) == (0, chatted.stdout, b"")
+    assert len(result.stdout.splitlines()) == 2  # the two answers, nothing else
+
+
 def test_typer_runner_generates(tiny_pair: tuple[Path, Path]) -> None:
     result = CliRunner().invoke(
         app, ["generate", *pair_args(tiny_pair), "--max-tokens", "5", "--format", "jsonl", "x"]

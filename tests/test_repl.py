@@ -800,3 +800,13 @@ def test_a_byte_order_mark_does_not_hide_an_over_long_first_line(monkeypatch: py
         read_line("")
     within = repl._pipe_reader(io.BytesIO(b"\xef\xbb\xbf" + b"a" * 5 + b"\n"))  # the mark, then a short line
     assert within("") == "aaaaa"
+
+
+def test_with_stderr_closed_the_chat_goes_on_and_only_its_answers_show(spawn) -> None:
+    """``ead chat 2>&-`` at a terminal had written the legend to stdout and ended at the prompt, exit 1,
+    silently (Python's sys.stderr is None there): the notes are lost, the answers come."""
+    child = spawn("--max-tokens", "4", wrap=("/bin/sh", "-c", 'exec "$@" 2>&-', "sh"))
+    assert plain(child.before) == ""  # the legend and the notes went where stderr went
+    shown = plain(send(child, "hi")).splitlines()
+    assert shown[0] == "hi" and len(shown) == 2 and not SUMMARY.search(shown[1])
+    assert leave(child) == 0

@@ -26,7 +26,7 @@ from . import generate
 from .bench import bench_app
 from .depth import depth_app
 from .models import models_app
-from .output import silence_stdout, spelled
+from .output import open_closed_stderr, silence_stdout, spelled
 
 app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
@@ -75,6 +75,7 @@ def flow_summaries(group: TyperGroup) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure a user can cause ends in one line on stderr and a non-zero exit."""
+    open_closed_stderr()
     command = typer.main.get_command(app)
     assert isinstance(command, TyperGroup)  # the app has commands and groups
     flow_summaries(command)

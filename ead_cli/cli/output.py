@@ -98,8 +98,25 @@ def check_stdout(what: str) -> None:
 
 def silence_stdout() -> None:
     """After the reader went away: point stdout at /dev/null so Python's final flush cannot fail."""
+    _to_devnull(sys.stdout.fileno())
+
+
+def open_closed_stderr() -> None:
+    """With stderr closed (``2>&-``), descriptor 2 becomes /dev/null and sys.stderr a stream on it: the
+    notes are lost, the answers still come on stdout, and a failure says itself by the exit code. Python
+    leaves sys.stderr None there, which generate failed on unseen (exit 1, no answer) and chat's notes
+    took for stdout, among the answers; and the first file ead opened would take descriptor 2, where
+    llama.cpp prints its logs."""
+    if sys.stderr is None:
+        _to_devnull(2)
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (the process's stderr: never closed)
+
+
+def _to_devnull(fd: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
