@@ -140,6 +140,18 @@ def at_a_terminal(*args: str, env: dict[str, str] | None = None, columns: int = 
     return child.before.replace(b"\r\n", b"\n")
 
 
+def test_no_colour_means_no_escape_code_on_stderr_either(tiny_pair: tuple[Path, Path]) -> None:
+    """--no-color and NO_COLOR had left stderr styled (the stats table's header bold, the notes dim): with
+    colour off, not one escape code there, the same text."""
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "4", "--stats", "hi"]
+    styled = at_a_terminal(*args, env={"TERM": "xterm"}, stream=2).decode()
+    assert ANSI in styled  # what the test would see
+    for flag, env in [(("--no-color",), {}), ((), {"NO_COLOR": "1"})]:
+        shown = at_a_terminal(*args, *flag, env={"TERM": "xterm", **env}, stream=2).decode()
+        assert "\x1b" not in shown
+        assert shown.splitlines()[:2] == re.sub(r"\x1b\[[0-9;]*m", "", styled).splitlines()[:2]
+
+
 def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair: tuple[Path, Path]) -> None:
     """A model's text cannot drive the terminal: its control characters (here a backspace, which would
     rub out the character before it, and ^A ^D ^E) show as less shows them; a pipe gets them as written."""

@@ -810,3 +810,17 @@ def test_with_stderr_closed_the_chat_goes_on_and_only_its_answers_show(spawn) ->
     shown = plain(send(child, "hi")).splitlines()
     assert shown[0] == "hi" and len(shown) == 2 and not SUMMARY.search(shown[1])
     assert leave(child) == 0
+
+
+@pytest.mark.parametrize(("flag", "env"), [(("--no-color",), {}), ((), {"NO_COLOR": "1"})])
+def test_with_colour_off_no_escape_code_reaches_the_terminal(
+    spawn, flag: tuple[str, ...], env: dict[str, str]
+) -> None:
+    """--no-color and NO_COLOR had left the load notes dim ('loading the small model...' in ESC [2m):
+    with colour off, not one escape code of ead's reaches the terminal (readline's own, editing the line
+    the test types, come before each echo), the notes as they were."""
+    child = spawn("--max-tokens", "4", *flag, pair=False, env=env)
+    shown = child.before + send(child, "/mode ead") + send(child, "hi")
+    assert "\x1b" not in shown, shown
+    assert "loading the small model: the pair switches from the next answer" in shown
+    assert leave(child) == 0

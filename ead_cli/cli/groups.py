@@ -19,6 +19,7 @@ from ..errors import EadError
 from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, on
 from ..options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, GenerationOptions, ModelOptions, PolicyOptions
 from ..paths import read_bounded, unreadable
+from .output import no_styles_on_stderr
 
 # The options with choices (mode, policy, switch point) as the enums typer offers them.
 CHOICES: dict[str, Any] = {
@@ -87,7 +88,19 @@ RepackOpt = Annotated[
 ]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
-NoColor = Annotated[bool, typer.Option("--no-color", help="No colours (NO_COLOR does the same).")]
+
+
+def _no_color(value: bool) -> bool:
+    """--no-color given: stderr takes no style from the start (a model's load notes come before the
+    command's body runs)."""
+    if value:
+        no_styles_on_stderr()
+    return value
+
+
+NoColor = Annotated[
+    bool, typer.Option("--no-color", callback=_no_color, help="No colours (NO_COLOR does the same).")
+]
 
 
 Decoding = tuple[PolicyOptions, GenerationOptions]

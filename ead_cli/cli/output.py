@@ -19,7 +19,20 @@ from ..signals import main_thread_signals
 
 # Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
 # name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
-stderr = Console(stderr=True, highlight=False, markup=False, emoji=False)
+# NO_COLOR (https://no-color.org) takes every style off, dim and bold too: rich's own reading of it drops
+# colours alone, and a terminal that shows no colours may show the other escape codes as text.
+stderr = Console(
+    stderr=True,
+    highlight=False,
+    markup=False,
+    emoji=False,
+    color_system=None if os.environ.get("NO_COLOR") else "auto",
+)
+
+
+def no_styles_on_stderr() -> None:
+    """--no-color: stderr's notes, figures and bars as NO_COLOR leaves them, not one escape code."""
+    stderr._color_system = None  # rich takes a colour system only when a console is made
 
 
 def say_progress(message: str) -> None:
