@@ -54,8 +54,8 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
         ``preexec_fn`` run in the child before it starts; ``pair`` False: the default mode (no --tau),
         the large model alone until a command turns the pair on; ``wrap``: a command line that runs it."""
         unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
-        env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
-        env |= {"TERM": "xterm", "LANG": "C.UTF-8"}
+        terminal = {"TERM": "xterm", "LANG": "C.UTF-8"}  # ``env`` may name another TERM
+        env = {k: v for k, v in os.environ.items() if k not in unset} | terminal | (env or {})
         command, args = str(EAD), chat_args(tiny_pair, *extra)
         if not pair:
             args.remove("--tau"), args.remove("3")
@@ -823,4 +823,14 @@ def test_with_colour_off_no_escape_code_reaches_the_terminal(
     shown = child.before + send(child, "/mode ead") + send(child, "hi")
     assert "\x1b" not in shown, shown
     assert "loading the small model: the pair switches from the next answer" in shown
+    assert leave(child) == 0
+
+
+def test_a_dumb_terminal_wraps_at_its_own_width(spawn) -> None:
+    """rich takes a terminal that says it is dumb (TERM=dumb) for 80 columns whatever its size: the first
+    line, some 100 characters, had been wrapped at 80 in a terminal of 120. Its real width now."""
+    child = spawn(columns=120, pair=False, env={"TERM": "dumb"})
+    header = plain(child.before).splitlines()
+    assert header[0].startswith("■ large: large.gguf  · mode large (the default;")
+    assert header[0].endswith("turns the pair on)") and len(header[0]) > 80, header
     assert leave(child) == 0

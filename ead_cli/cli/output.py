@@ -19,14 +19,29 @@ from ..signals import main_thread_signals
 
 # Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
 # name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
+
+
+def at_its_width(console: Console) -> Console:
+    """``console`` at its terminal's own size: rich takes a terminal that says it is dumb (TERM=dumb) for
+    80 columns whatever its width. Read when the console is made, as rich reads COLUMNS."""
+    if console.is_dumb_terminal:
+        with contextlib.suppress(OSError):  # a file that is not the terminal's (rich's own stream)
+            columns, lines = os.get_terminal_size(console.file.fileno())
+            if columns:  # a pseudo-terminal no one gave a size says 0
+                console.size = (columns, lines)
+    return console
+
+
 # NO_COLOR (https://no-color.org) takes every style off, dim and bold too: rich's own reading of it drops
 # colours alone, and a terminal that shows no colours may show the other escape codes as text.
-stderr = Console(
-    stderr=True,
-    highlight=False,
-    markup=False,
-    emoji=False,
-    color_system=None if os.environ.get("NO_COLOR") else "auto",
+stderr = at_its_width(
+    Console(
+        stderr=True,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        color_system=None if os.environ.get("NO_COLOR") else "auto",
+    )
 )
 
 
@@ -95,7 +110,7 @@ def print_figures(headers: list[str], rows: list[list[str]]) -> None:
 
 def print_table(table: Table) -> None:
     """On a terminal, fitted to its width; in a pipe or a file, whole, not squeezed into 80 columns."""
-    console = Console(markup=False, emoji=False)
+    console = at_its_width(Console(markup=False, emoji=False))
     if not console.is_terminal:
         width = console.measure(table, options=console.options.update_width(1000)).maximum
         console = Console(width=width, markup=False, emoji=False)

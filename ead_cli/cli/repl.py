@@ -28,7 +28,7 @@ from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import Terminated
-from .output import silence_stdout, spelled
+from .output import at_its_width, silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
@@ -135,8 +135,9 @@ class Repl:
         self.renderer = TextRenderer(out, color=color)
         # Its lines hold what the user typed (a /save file name, an argument an error echoes) as typed:
         # rich's markup would read '[bold]' as a style, its emoji codes ':smile:' as an emoji.
-        self.console = Console(
-            file=err, markup=False, emoji=False, highlight=False, color_system="auto" if color else None
+        colors = "auto" if color else None
+        self.console = at_its_width(
+            Console(file=err, markup=False, emoji=False, highlight=False, color_system=colors)
         )
         self.console.soft_wrap = not self.console.is_terminal  # a terminal's lines wrap at spaces
         self.interactive = interactive
