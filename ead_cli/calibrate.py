@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .decoder import Decoder
-from .errors import EadError
+from .errors import EadError, quoted
 from .options import PolicyOptions
 from .paths import check_can_save, config_file, lookup, read_file_text, save_json, unreadable
 from .policies import Fixed
@@ -70,7 +70,7 @@ def split_prompts(domain: str, file_prompts: Sequence[str] | None = None) -> tup
             raise EadError("calibration needs at least 2 prompts (half to calibrate, half to check)", 2)
         return list(file_prompts[::2]), list(file_prompts[1::2])
     if domain not in DOMAINS:
-        raise EadError(f"--domain must be one of {', '.join(DOMAINS)}, got {domain!r}", exit_code=2)
+        raise EadError(f"--domain must be one of {', '.join(DOMAINS)}, got {quoted(domain)}", exit_code=2)
     domains = list(PROMPTS) if domain == "all" else [domain]
     calibrate = [p for d in domains for p in PROMPTS[d][: len(PROMPTS[d]) // 2]]
     held_out = [p for d in domains for p in PROMPTS[d][len(PROMPTS[d]) // 2 :]]

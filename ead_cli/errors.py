@@ -1,5 +1,5 @@
-"""The one exception type the CLI turns into a one-line message and a non-zero exit, and the one check
-every layer shares: a number llama.cpp keeps in 32 bits."""
+"""The one exception type the CLI turns into a one-line message and a non-zero exit, the one way a
+message echoes a bad value, and the one check every layer shares: a number llama.cpp keeps in 32 bits."""
 
 
 class EadError(Exception):
@@ -12,6 +12,19 @@ class EadError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+ECHOED_CHARS = 80  # of a bad value, at most, in the message that refuses it
+
+
+def quoted(value: str) -> str:
+    """``value`` as a message that refuses it echoes it: quoted as Python quotes it, and past
+    ECHOED_CHARS characters cut, with its full length (``'xxx'... (100000 characters)``): a 100 kB
+    argument, request field or chat command had been echoed whole, a line of error no one could read.
+    Every surface echoes through this: the command line's options, chat's commands, serve's errors."""
+    if len(value) <= ECHOED_CHARS:
+        return repr(value)
+    return f"{value[:ECHOED_CHARS]!r}... ({len(value)} characters)"
 
 
 # The most llama.cpp's 32-bit fields hold (a context's positions, offloaded layers, top-k): a larger value

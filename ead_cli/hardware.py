@@ -24,7 +24,7 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import EadError
+from .errors import EadError, quoted
 
 REPACK_ENV = "EAD_REPACK"
 AMX_BUG = "ggml-org/llama.cpp#20824"
@@ -79,7 +79,7 @@ def parse_repack_setting(value: str, source: str) -> bool | None:
         return True
     if word in _OFF:
         return False
-    raise EadError(f"{source} takes on, off or auto, got {value!r}", exit_code=2)
+    raise EadError(f"{source} takes on, off or auto, got {quoted(value)}", exit_code=2)
 
 
 def decide_repack(

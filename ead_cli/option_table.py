@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import EadError
+from .errors import EadError, quoted
 from .policies import (
     BURST_KINDS,
     MAX_WINDOW,
@@ -108,7 +108,8 @@ class DecodingOption:
             return self._parse(text.strip())
         except ValueError:
             verb = "takes" if where.startswith("/") else "must be"
-            raise EadError(f"{where} {verb} {self.what or self._what()}, got {text!r}", exit_code=2) from None
+            message = f"{where} {verb} {self.what or self._what()}, got {quoted(text)}"
+            raise EadError(message, exit_code=2) from None
 
     def _parse(self, text: str) -> Any:
         if self.parse is not None:

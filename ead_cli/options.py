@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import EadError, check_int32
+from .errors import EadError, check_int32, quoted
 from .option_table import OPTIONS, SWITCHING, resolve_mode
 from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 
@@ -123,12 +123,12 @@ class ModelOptions:
         for flag, name in (("--small", self.small), ("--large", self.large)):
             if name is not None and not name.strip():  # else the default model would answer in its place
                 what = "an alias, a .gguf path or a server"
-                raise EadError(f"{flag} must name a model ({what}), got {name!r}", exit_code=2)
+                raise EadError(f"{flag} must name a model ({what}), got {quoted(name)}", exit_code=2)
         if self.models and (self.small or self.large):
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):
             given = ",".join(self.models)
-            message = f"--models takes two or more models, comma-separated, none empty, got {given!r}"
+            message = f"--models takes two or more models, comma-separated, none empty, got {quoted(given)}"
             raise EadError(message, exit_code=2)
         check_remote_settings(self.remote_top_k, self.remote_timeout)
 

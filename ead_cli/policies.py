@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import quoted
+
 SwitchPoint = Literal["before", "after"]
 SWITCH_POINTS: tuple[SwitchPoint, ...] = ("before", "after")
 Burst = int | Literal["line", "adaptive"]
@@ -82,7 +84,7 @@ def check_window(window: int) -> None:
 
 def check_switch_point(switch_point: str) -> None:
     if switch_point not in SWITCH_POINTS:
-        raise ValueError(f"--switch-point must be 'before' or 'after', got {switch_point!r}")
+        raise ValueError(f"--switch-point must be 'before' or 'after', got {quoted(switch_point)}")
 
 
 def check_min_run(min_run: int) -> None:
@@ -443,7 +445,7 @@ def _compile(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(f"(?:{pattern})\\Z", re.MULTILINE)
     except re.error as error:
-        raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {error}") from None
+        raise ValueError(f"pattern {quoted(pattern)} is not a valid regular expression: {error}") from None
 
 
 MODES = ("ead", "small", "large", "spec")
@@ -587,9 +589,9 @@ def make_policy(
     switching ones are then unused outside ``ead``, so one command line serves every mode.
     """
     if mode not in MODES:
-        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {quoted(mode)}")
     if policy not in POLICY_KINDS:
-        raise ValueError(f"--policy must be one of {', '.join(POLICY_KINDS)}, got {policy!r}")
+        raise ValueError(f"--policy must be one of {', '.join(POLICY_KINDS)}, got {quoted(policy)}")
     kind = POLICY_KINDS[policy]
     taus = as_taus(kind.tau if tau is None else tau)
     taus = _taus(taus, levels) if levels >= 2 else taus  # a model loaded alone: its run checked the count
@@ -612,7 +614,7 @@ def parse_tau(text: str) -> float | tuple[float, ...]:
     """``"1.5"`` -> 1.5; ``"1,2"`` -> (1.0, 2.0), a cascade's thresholds (ValueError unless finite)."""
     taus = tuple(float(part) for part in text.split(","))
     if not all(math.isfinite(tau) for tau in taus):
-        raise ValueError(f"thresholds must be finite, got {text!r}")
+        raise ValueError(f"thresholds must be finite, got {quoted(text)}")
     return taus[0] if len(taus) == 1 else taus
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, quoted
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
 from ead_cli.paths import (
     ead_cache_dir,
@@ -106,7 +106,7 @@ class Catalog:
         except KeyError:
             close = difflib.get_close_matches(alias, list(self.models), n=2, cutoff=0.6)
             hint = f" (did you mean: {', '.join(close)}?)" if close else ""
-            raise EadError(f"unknown model alias '{alias}'{hint}; see 'ead models list'") from None
+            raise EadError(f"unknown model alias {quoted(alias)}{hint}; see 'ead models list'") from None
 
 
 def load_catalog(user_file: Path | None = None) -> Catalog:

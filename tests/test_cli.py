@@ -369,6 +369,24 @@ def test_a_closed_stderr_loses_the_notes_not_the_answers(tiny_pair: tuple[Path, 
     assert len(result.stdout.splitlines()) == 2  # the two answers, nothing else
 
 
+def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Path, Path]) -> None:
+    """A 100 kB argument had been echoed whole in its error line (ours and typer's alike): cut to 80
+    characters, its full length said."""
+    junk = "x" * 100_000
+    cut = f"{junk[:80]!r}... (100000 characters)"
+    pair = pair_args(tiny_pair)
+    for args, code, fragment in [
+        ([*pair, "--tau", junk], 2, f"one per cascade level, got {cut}"),
+        ([*pair, "--policy", junk], 2, f"Invalid value for '--policy': Value error, {cut} is not one of"),
+        ([*pair, f"--mode={junk}"], 2, f"Invalid value for '--mode': Value error, {cut} is not one of"),
+        ([*pair, f"--{junk}"], 2, f"No such option: {'--' + junk[:78]!r}... (100002 characters)"),
+        (["--large", str(tiny_pair[1]), "--small", junk], 1, f"unknown model alias {cut}"),
+        (["--models", f"{junk},"], 2, f"got {junk[:80]!r}... (100001 characters)"),
+    ]:
+        line = assert_one_line_error(ead("generate", *args, "hi"), code, fragment)
+        assert len(line) < 300, line
+
+
 def test_typer_runner_generates(tiny_pair: tuple[Path, Path]) -> None:
     result = CliRunner().invoke(
         app, ["generate", *pair_args(tiny_pair), "--max-tokens", "5", "--format", "jsonl", "x"]

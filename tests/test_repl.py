@@ -21,7 +21,7 @@ from test_cli import interruptible
 from ead_cli.chat import Conversation
 from ead_cli.cli.repl import MORE, PROMPT, read_message
 from ead_cli.engine import close_all, load_runners
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, quoted
 from ead_cli.option_table import CHAT, on
 from ead_cli.options import GenerationOptions, ModelOptions, PolicyOptions
 from ead_cli.runner import Runner
@@ -596,9 +596,10 @@ def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Pa
     result = pipe(tiny_pair, "\n".join(lines).encode() + b"\n")
     assert result.returncode == 1
     assert result.stderr.decode().splitlines()[1:] == [
-        f"error: /save takes one file name (quote one with spaces), got '{tmp_path}/chat.json now'",
+        "error: /save takes one file name (quote one with spaces), got "
+        + quoted(f"{tmp_path}/chat.json now"),
         "error: /save takes one file name, quoted as in a shell: no closing quotation in "
-        f"\"{tmp_path}/it's.json\"",
+        + quoted(f"{tmp_path}/it's.json"),
         f"saved 1 turn to {tmp_path}/my chat.json",
         f"saved 1 turn to {tmp_path}/our chat.json",
         "error: /save takes a file name",
@@ -834,3 +835,18 @@ def test_a_dumb_terminal_wraps_at_its_own_width(spawn) -> None:
     assert header[0].startswith("■ large: large.gguf  · mode large (the default;")
     assert header[0].endswith("turns the pair on)") and len(header[0]) > 80, header
     assert leave(child) == 0
+
+
+def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Path, Path]) -> None:
+    """A 100 kB argument had been echoed whole in its error line: cut, its full length said."""
+    junk = "x" * 100_000
+    commands = [f"/tau {junk}", f"/policy {junk}", f"/reset {junk}", f"/save a {junk}", f"/save '{junk}"]
+    result = pipe(tiny_pair, "".join(f"{command}\n" for command in commands).encode())
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 1 and len(lines) == len(commands), lines
+    cut = f"{'x' * 80!r}... (100000 characters)"
+    assert lines[0] == f"error: /tau takes a finite number of bits, or one per cascade level, got {cut}"
+    assert lines[1].startswith("error: /policy takes one of ") and lines[1].endswith(f", got {cut}")
+    assert lines[2] == f"error: /reset takes no argument, got {cut}"
+    assert lines[3].endswith(f"got {'a ' + 'x' * 78!r}... (100002 characters)")
+    assert all(len(line) < 300 for line in lines), lines

@@ -368,6 +368,10 @@ JSON = {"Content-Type": "application/json"}
         (CHAT, {"messages": HI, "ead": {"mode": "spec", "verify": 2}}, 400, "ead.verify must be in (0, 1]"),
         (CHAT, {"messages": HI, "ead": {"tau": [1, 2]}}, 400, "2 models take one threshold, got 2"),
         (CHAT, {"messages": HI, "ead": {"colour": "red"}}, 400, "ead.colour"),
+        # a value echoed back (strings take 1024 characters, a model's name 256) is cut, its length said
+        (CHAT, {"messages": HI, "ead": {"tau": "x" * 1000}}, 400, f"got {'x' * 80!r}... (1000 characters)"),
+        (CHAT, {"messages": HI, "ead": {"pattern": ["p" * 1000]}}, 400, f"got {'p' * 80!r}... (1000 char"),
+        (CHAT, {"messages": HI, "model": "m" * 256}, 404, f"the model {'m' * 80!r}... (256 characters) is"),
         (CHAT, {"messages": [{"role": "user", "content": "word " * 20000}]}, 400, "too many for the context"),
         ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
         ("/v1/completions", {"prompt": 5}, 400, "prompt"),
@@ -392,7 +396,7 @@ def test_bad_requests_get_an_error_object_and_one_log_line(
     assert reply.status_code == status
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert fragment in error["message"] and "\n" not in error["message"]
+    assert fragment in error["message"] and "\n" not in error["message"] and len(error["message"]) < 300
     new = server.log().splitlines()[len(before) :]
     assert new == [f"error: POST {path} {status}: {error['message']}"]
     ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 2}, timeout=60)

@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from .. import __version__
-from ..errors import EadError
+from ..errors import ECHOED_CHARS, EadError, quoted
 from ..signals import Terminated, main_thread_signals, terminate_on_sigterm
 from . import generate
 from .bench import bench_app
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         context = getattr(error, "ctx", None)
         hint = f" (see '{context.command_path} --help')" if context else ""
-        _fail(f"{message}{hint}", error.exit_code)
+        _fail(f"{_cut_echoes(message, sys.argv[1:] if argv is None else argv)}{hint}", error.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 130)
     except Terminated:
@@ -119,6 +119,16 @@ def main(argv: list[str] | None = None) -> None:
 
 _STOPPED = {130: "interrupted", 143: "terminated"}
 _REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors: no read raises them
+
+
+def _cut_echoes(message: str, argv: list[str]) -> str:
+    """typer's ``message`` with each long argument it echoes (``'xxx' is not one of...``, ``No such
+    option: --xxx``, a value given as ``--mode=xxx``) cut as ``quoted`` cuts a bad value."""
+    for given in argv:
+        for value in (given.partition("=")[2], given):
+            if len(value) > ECHOED_CHARS:
+                message = message.replace(repr(value), quoted(value)).replace(value, quoted(value))
+    return message
 
 
 def _misopened() -> str | None:

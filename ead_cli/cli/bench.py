@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..option_table import BENCH, OPTIONS, DecodingOption, on
 from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
@@ -261,7 +261,7 @@ def bench_replay(
     check_out(out or path.parent, folder=True)
     names = None if strategies is None else [name.strip() for name in strategies.split(",") if name.strip()]
     if names == []:  # not all of them: that is the option left out
-        raise EadError(f"--strategies: {strategies!r} names no strategy", exit_code=2)
+        raise EadError(f"--strategies: {quoted(strategies)} names no strategy", exit_code=2)
     with progress_bar() as (progress, bar):
         report = replay_bench(
             path,

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..chat import ContextFull, Conversation, Turn
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..option_table import CHAT, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
 from ..paths import MAX_READ_BYTES, expand_home
@@ -211,7 +211,7 @@ class Repl:
             return True
         handler, usage, _ = self.commands[name]
         if argument and not usage:  # refused, not dropped: /reset now must not pass for /reset
-            self.error(f"/{name} takes no argument, got {argument!r}")
+            self.error(f"/{name} takes no argument, got {quoted(argument)}")
             return True
         if handler is None:
             return False
@@ -324,10 +324,10 @@ class Repl:
             names = shlex.split(argument)
         except ValueError as error:  # a quote left open, a backslash at the end
             message = str(error)[:1].lower() + str(error)[1:]
-            quoting = f"quoted as in a shell: {message} in {argument!r}"
+            quoting = f"quoted as in a shell: {message} in {quoted(argument)}"
             raise EadError(f"/save takes one file name, {quoting}") from None
         if len(names) > 1:
-            raise EadError(f"/save takes one file name (quote one with spaces), got {argument!r}")
+            raise EadError(f"/save takes one file name (quote one with spaces), got {quoted(argument)}")
         name = "".join(names)
         if not name:  # nothing, or "" (which would name the current folder)
             raise EadError("/save takes a file name")

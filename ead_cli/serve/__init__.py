@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import uvicorn
 from sse_starlette.sse import AppStatus
 
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..runner import Runner
 from .app import MAX_BODY_BYTES, MODEL_ID, Defaults, Guard, create_app, http_protocol
 from .engine import Engine
@@ -64,7 +64,7 @@ class ServeOptions:
         for origin in self.cors_origins:
             if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
                 raise EadError(
-                    f"--cors-origin takes scheme://host[:port] (or *), got {origin!r}", exit_code=2
+                    f"--cors-origin takes scheme://host[:port] (or *), got {quoted(origin)}", exit_code=2
                 )
 
     @property

@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
 from ..engine import build_decoder
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import (
     check_fits,
@@ -163,7 +163,9 @@ class Guard:
         # No Host at all is HTTP/1.0 (a health check by nc or a proxy): no browser, so no page rebound to
         # this address, sends none; an empty or foreign one is refused.
         if self.options.loopback and host is not None and not _names_loopback(host):
-            message = f"Host {host!r} is not a loopback name: this server answers localhost and 127.0.0.1"
+            message = (
+                f"Host {quoted(host)} is not a loopback name: this server answers localhost and 127.0.0.1"
+            )
             return ApiError(403, message, code="invalid_host")
         origin = headers.get("origin")
         allowed = self.options.cors_origins
@@ -307,7 +309,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     @get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
     async def model(name: str) -> dict[str, Any]:
         if name != MODEL_ID:  # even with --any-model: the list names one model, and so does this
-            message = f"the model {name!r} is not served here: this server serves {MODEL_ID!r}"
+            message = f"the model {quoted(name)} is not served here: this server serves {MODEL_ID!r}"
             raise ApiError(404, message, code="model_not_found")
         return served_model()
 
@@ -362,7 +364,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         body.check_supported()
         if body.model not in (None, "", MODEL_ID) and not options.any_model:
             message = (
-                f"the model {body.model!r} is not served here: this server serves {MODEL_ID!r} "
+                f"the model {quoted(body.model)} is not served here: this server serves {MODEL_ID!r} "
                 "(ead serve --any-model answers any name)"
             )
             raise ApiError(404, message, code="model_not_found", param="model")
@@ -474,11 +476,12 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         it is sent as is (a gzip body read as JSON was a 400 that called it invalid JSON)."""
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media != "application/json":
-            message = f"the body must be JSON sent as Content-Type: application/json, not {media or 'none'!r}"
+            sent = quoted(media or "none")
+            message = f"the body must be JSON sent as Content-Type: application/json, not {sent}"
             raise ApiError(415, message, code="unsupported_media_type")
         coding = request.headers.get("content-encoding", "").strip().lower()
         if coding not in ("", "identity"):
-            message = f"Content-Encoding {coding!r} is not taken: send the body uncompressed"
+            message = f"Content-Encoding {quoted(coding)} is not taken: send the body uncompressed"
             raise ApiError(
                 415, message, code="unsupported_media_type", headers={"Accept-Encoding": "identity"}
             )

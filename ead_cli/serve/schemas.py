@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from llama_cpp.llama_grammar import JSON_GBNF
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
@@ -32,7 +32,8 @@ def _named(patterns: list[str]) -> list[str]:
     for pattern in patterns:
         if pattern not in NAMED_PATTERNS:
             raise ValueError(
-                f"over HTTP only named patterns ({', '.join(NAMED_PATTERNS)}) are taken, got {pattern!r}: "
+                f"over HTTP only named patterns ({', '.join(NAMED_PATTERNS)}) are taken, "
+                f"got {quoted(pattern)}: "
                 "a client's regular expression could run unbounded on every token"
             )
     return patterns
@@ -74,7 +75,8 @@ class _EadBase(BaseModel):
             try:
                 given["tau"] = parse_tau(given["tau"])
             except ValueError:
-                raise EadError(f"ead.tau must be a number of bits or a list, got {given['tau']!r}") from None
+                message = f"ead.tau must be a number of bits or a list, got {quoted(given['tau'])}"
+                raise EadError(message) from None
         elif isinstance(given.get("tau"), list):
             given["tau"] = tuple(given["tau"])
         if "pattern" in given:
