@@ -17,21 +17,20 @@ from .. import shared_stderr
 from ..errors import EadError
 from ..signals import main_thread_signals
 
-# Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
-# name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
-
 
 def at_its_width(console: Console) -> Console:
     """``console`` at its terminal's own size: rich takes a terminal that says it is dumb (TERM=dumb) for
     80 columns whatever its width. Read when the console is made, as rich reads COLUMNS."""
     if console.is_dumb_terminal:
-        with contextlib.suppress(OSError):  # a file that is not the terminal's (rich's own stream)
+        with contextlib.suppress(OSError):  # a stream that says it is a terminal but has no descriptor
             columns, lines = os.get_terminal_size(console.file.fileno())
             if columns:  # a pseudo-terminal no one gave a size says 0
                 console.size = (columns, lines)
     return console
 
 
+# Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
+# name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
 # NO_COLOR (https://no-color.org) takes every style off, dim and bold too: rich's own reading of it drops
 # colours alone, and a terminal that shows no colours may show the other escape codes as text.
 stderr = at_its_width(
