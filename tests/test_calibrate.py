@@ -94,12 +94,14 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
         tmp_path / "a-folder-whose-name-takes-the-notes-past-eighty-columns [backup]" / "calibration.json"
     )
     env = {"EAD_CONFIG": str(config)}
-    result = ead(
-        "calibrate", *pair_args(tiny_pair), "--target-share", "0.3", "--max-tokens", "40", "--save", env=env
+    result = ead(  # a narrow COLUMNS: the table in a pipe is whole, not squeezed (and wrapped) into it
+        "calibrate", *pair_args(tiny_pair), "--target-share", "0.3", "--max-tokens", "40", "--save",
+        env=env | {"COLUMNS": "30"},
     )
     assert result.returncode == 0, result.stderr
-    table = result.stdout.decode()
-    assert "gate" in table and "ead" in table and "measured share" in table
+    header, *rows = result.stdout.decode().splitlines()
+    assert header == "policy  tau (bits)  predicted share  measured share (held out)"
+    assert [row.split()[0] for row in rows] == ["gate", "ead"]
     assert f"saved to {config}" in result.stderr.decode().splitlines()  # one line, however long
     saved = json.loads(config.read_text())
     entry = saved[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import EadError
@@ -30,7 +29,7 @@ from .groups import (
     read_prompt,
     with_options,
 )
-from .output import check_stdout, say, say_progress, stderr
+from .output import check_stdout, print_table, say, say_progress, stderr
 
 if TYPE_CHECKING:
     from .render import JsonlRenderer, TextRenderer
@@ -281,7 +280,7 @@ def calibrate(
         for result in results:
             measured = "-" if result.measured_share is None else f"{result.measured_share:.1%}"
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
-        Console().print(table)
+        print_table(table)
         if saving is not None:
             path = calibration.save(runners[0].label, runners[1].label, results, saving)
             say_progress(f"saved to {path}")
