@@ -16,7 +16,7 @@ from ..errors import EadError, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
-from .converter import BOUNDS, holds_bounds, schema_grammar
+from .converter import BOUNDS, READ_BEFORE_TYPE, holds_bounds, schema_grammar
 from .patterns import portable_patterns
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
@@ -270,12 +270,23 @@ TYPED_KEYWORDS = frozenset(
 )
 
 
-def _unheld(node: Any, where: str) -> str | None:
+# Keywords that constrain no answer: where the converter reads only some of a schema, these it may drop
+ANNOTATIONS = frozenset(
+    {
+        *("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"),
+        *("$comment", "$id", "$schema", "$anchor", "$defs", "definitions"),
+    }
+)
+
+
+def _unheld(node: Any, where: str, root: Any) -> str | None:
     """Where the first keyword of a schema that its grammar would not hold is (a format other than
     HELD_FORMATS, lengths beside a pattern or a format, which take their place, counts of items without
-    one schema for them, and what a list of types leaves out, included)."""
+    one schema for them, what a list of types leaves out, and what an allOf's parts say besides their
+    properties, included). ``root`` is the whole schema, which a $ref names a part of."""
     if isinstance(node, list):
-        return next(filter(None, (_unheld(item, f"{where}.{i}") for i, item in enumerate(node))), None)
+        found = (_unheld(item, f"{where}.{i}", root) for i, item in enumerate(node))
+        return next(filter(None, found), None)
     if not isinstance(node, dict):
         return None
     shaped = "pattern" in node or node.get("format") in HELD_FORMATS
@@ -292,19 +303,97 @@ def _unheld(node: Any, where: str) -> str | None:
             return f"{where}.{key}"
         if key in ("minItems", "maxItems") and not isinstance(node.get("items"), dict):  # counts one schema's
             return f"{where}.{key}"
+        if key == "allOf" and isinstance(value, list) and (first := _all_of_unheld(node, where, root)):
+            return first
         if key in SCHEMAS_BY_NAME and isinstance(value, dict):
-            found = (_unheld(schema, f"{where}.{key}.{name}") for name, schema in value.items())
+            found = (_unheld(schema, f"{where}.{key}.{name}", root) for name, schema in value.items())
             if (first := next(filter(None, found), None)) is not None:
                 return first
-        elif key in SCHEMAS and (first := _unheld(value, f"{where}.{key}")) is not None:
+        elif key in SCHEMAS and (first := _unheld(value, f"{where}.{key}", root)) is not None:
             return first
     return None
+
+
+def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
+    """Where the first keyword of a schema with an allOf that the converter drops is, its parts' properties'
+    own schemas aside (``_unheld`` walks those). The converter reads an allOf only as an object's, when
+    nothing it reads first is beside it, and makes it the object of its parts' properties and no others:
+    of each part (an anyOf part's alternatives, a $ref part's target) it reads the properties alone, each
+    required (an alternative's, none), the last schema of a name repeated. So a part holds only what says
+    no more: type object, a required list of names every answer has, additionalProperties that no other
+    part's properties meet, annotations."""
+    if (
+        READ_BEFORE_TYPE & node.keys()
+        or node.get("type") not in (None, "object")
+        or "properties" in node
+        or node.get("additionalProperties", True) is not True
+    ):
+        return f"{where}.allOf"
+    parts: list[tuple[str, Any, bool]] = [(where, {k: v for k, v in node.items() if k != "allOf"}, True)]
+    for i, part in enumerate(node["allOf"]):
+        if isinstance(part, dict) and "anyOf" in part:
+            if extra := next((key for key in part if key not in ANNOTATIONS and key != "anyOf"), None):
+                return f"{where}.allOf.{i}.{extra}"
+            alternatives = part["anyOf"] if isinstance(part["anyOf"], list) else []
+            parts += [(f"{where}.allOf.{i}.anyOf.{j}", one, False) for j, one in enumerate(alternatives)]
+        else:
+            parts.append((f"{where}.allOf.{i}", part, True))
+    read: list[tuple[dict[str, Any], bool, str, bool]] = []  # the schema, required, its path, behind a $ref
+    for at, part, required in parts:
+        behind_ref = isinstance(part, dict) and "$ref" in part
+        if behind_ref:
+            if extra := next((key for key in part if key not in ANNOTATIONS and key != "$ref"), None):
+                return f"{at}.{extra}"
+            part, at = _target(root, part["$ref"]), f"{at}.$ref"  # what its target drops, the $ref drops
+        if isinstance(part, dict):  # anything else the converter refuses
+            read.append((part, required, at, behind_ref))
+    first_of: dict[str, str] = {}  # each property name, where it is first given
+    for part, _, at, behind_ref in read:
+        for name in _properties(part):
+            if name in first_of:
+                return first_of[name]
+            first_of[name] = at if behind_ref else f"{at}.properties.{name}"
+    every = {name for part, required, _, _ in read if required for name in _properties(part)}
+    for part, _, at, behind_ref in read:
+        own = set(_properties(part))
+        for key, value in part.items():
+            if not (
+                key in ANNOTATIONS
+                or key == "properties"
+                or (key == "type" and value == "object")
+                or (
+                    key == "required"
+                    and isinstance(value, list)
+                    and all(isinstance(name, str) and name in every for name in value)
+                )
+                or (key == "additionalProperties" and (value is True or first_of.keys() <= own))
+            ):
+                return at if behind_ref else f"{at}.{key}"
+    return None
+
+
+def _properties(schema: dict[str, Any]) -> list[str]:
+    properties = schema.get("properties")
+    return list(properties) if isinstance(properties, dict) else []
+
+
+def _target(root: Any, ref: Any) -> Any:
+    """The part of the schema a local $ref names, looked up as the converter looks it up (None: not found,
+    which the converter refuses)."""
+    if not (isinstance(ref, str) and ref.startswith("#/")):
+        return None
+    target = root
+    for name in ref[2:].split("/"):
+        if not (isinstance(target, dict) and name in target):
+            return None
+        target = target[name]
+    return target
 
 
 def _check_strict(schema: dict[str, Any]) -> None:
     """A 400 for a strict schema (every keyword to hold, as OpenAI's structured outputs promise) with a
     keyword the grammar would not hold; a schema that is not strict guides the answer as far as it can."""
-    where = _unheld(schema, "response_format.json_schema.schema")
+    where = _unheld(schema, "response_format.json_schema.schema", schema)
     if where is not None:
         message = (
             f"{where}: the grammar does not hold {where.rpartition('.')[2]}, and strict: true asks for every "
