@@ -579,12 +579,39 @@ def test_a_strict_all_of_the_converter_does_not_read_whole_is_a_400(schema: dict
             **COLOR_DEFS,
         },
         {"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {}}]},
+        # a part may require what another part gives: every answer has it
+        {
+            "allOf": [
+                {"properties": {"a": {}}},
+                {"type": "object", "properties": {"b": {}}, "required": ["a", "b"]},
+            ]
+        },
     ],
 )
 def test_a_strict_all_of_of_objects_the_converter_reads_is_taken(schema: dict) -> None:
     """Parts that are objects of properties (a $ref to one, an anyOf of optional ones), whose required
     names are among the properties every answer has, are held whole."""
     assert ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+        {"type": "object", "required": ["a"]},  # any object
+        {"type": "object", "additionalProperties": {"type": "integer"}, "required": ["a"]},
+    ],
+)
+def test_a_strict_required_name_no_property_gives_is_a_400(schema: dict) -> None:
+    """The converter requires only the properties it is given (its grammar let ``{}`` through for a name
+    required but not given): a strict schema's required list with another name is refused, a schema that
+    is not strict served, and a name an array is required to have means nothing."""
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named({"properties": {"p": schema}}, strict=True)).grammar()
+    assert "response_format.json_schema.schema.properties.p.required: " in str(refused.value)
+    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    vacuous = {"type": "array", "items": {"type": "integer"}, "required": ["a"]}
+    assert ResponseFormat.model_validate(schema_named(vacuous, strict=True)).grammar()
 
 
 def test_a_strict_all_of_is_refused_or_taken_over_http_as_the_converter_reads_it(server: Server) -> None:

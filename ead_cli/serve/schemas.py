@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -303,15 +303,44 @@ def _unheld(node: Any, where: str, root: Any) -> str | None:
             return f"{where}.{key}"
         if key in ("minItems", "maxItems") and not isinstance(node.get("items"), dict):  # counts one schema's
             return f"{where}.{key}"
-        if key == "allOf" and isinstance(value, list) and (first := _all_of_unheld(node, where, root)):
-            return first
-        if key in SCHEMAS_BY_NAME and isinstance(value, dict):
-            found = (_unheld(schema, f"{where}.{key}.{name}", root) for name, schema in value.items())
-            if (first := next(filter(None, found), None)) is not None:
-                return first
-        elif key in SCHEMAS and (first := _unheld(value, f"{where}.{key}", root)) is not None:
-            return first
+        if key == "required" and _drops_required(node):
+            return f"{where}.{key}"
+        found = None
+        if key == "allOf" and isinstance(value, list):
+            found = _all_of_unheld(node, where, root)
+        elif key in SCHEMAS_BY_NAME and isinstance(value, dict):
+            named = (_unheld(schema, f"{where}.{key}.{name}", root) for name, schema in value.items())
+            found = next(filter(None, named), None)
+        elif key in SCHEMAS:
+            found = _unheld(value, f"{where}.{key}", root)
+        if found is not None:
+            return found
     return None
+
+
+def _reads_properties(node: dict[str, Any]) -> bool:
+    """Whether the converter reads this schema as an object of the properties it gives (before an allOf):
+    ``properties``, or ``additionalProperties`` other than true, when nothing it reads first is beside."""
+    return (
+        not READ_BEFORE_TYPE & node.keys()
+        and node.get("type") in (None, "object")
+        and ("properties" in node or node.get("additionalProperties", True) is not True)
+    )
+
+
+def _drops_required(node: dict[str, Any]) -> bool:
+    """Whether the converter drops a name of this object's required list: one its properties do not give
+    (an object of no properties: any)."""
+    if READ_BEFORE_TYPE & node.keys():
+        return False  # the list is dropped with the rest beside what is read first
+    if not _reads_properties(node) and (node.get("type") != "object" or "allOf" in node):
+        return False  # not an object, or an allOf's: _all_of_unheld's
+    return not _names_within(node.get("required"), _properties(node))
+
+
+def _names_within(names: Any, given: Collection[str]) -> bool:
+    """Whether a required list names only these (an item JSON may send that is no name: not)."""
+    return isinstance(names, list) and all(isinstance(name, str) and name in given for name in names)
 
 
 def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
@@ -322,12 +351,7 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
     required (an alternative's, none), the last schema of a name repeated. So a part holds only what says
     no more: type object, a required list of names every answer has, additionalProperties that no other
     part's properties meet, annotations."""
-    if (
-        READ_BEFORE_TYPE & node.keys()
-        or node.get("type") not in (None, "object")
-        or "properties" in node
-        or node.get("additionalProperties", True) is not True
-    ):
+    if READ_BEFORE_TYPE & node.keys() or node.get("type") not in (None, "object") or _reads_properties(node):
         return f"{where}.allOf"
     parts: list[tuple[str, Any, bool]] = [(where, {k: v for k, v in node.items() if k != "allOf"}, True)]
     for i, part in enumerate(node["allOf"]):
@@ -361,20 +385,23 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
                 key in ANNOTATIONS
                 or key == "properties"
                 or (key == "type" and value == "object")
-                or (
-                    key == "required"
-                    and isinstance(value, list)
-                    and all(isinstance(name, str) and name in every for name in value)
-                )
+                or (key == "required" and _names_within(value, every))
                 or (key == "additionalProperties" and (value is True or first_of.keys() <= own))
             ):
                 return at if behind_ref else f"{at}.{key}"
-    return None
+    found = (
+        _unheld(schema, f"{at}.properties.{name}", root)
+        for part, _, at, behind_ref in read
+        if not behind_ref  # a target's properties are walked where it is
+        for name, schema in _properties(part).items()
+    )
+    return next(filter(None, found), None)
 
 
-def _properties(schema: dict[str, Any]) -> list[str]:
+def _properties(schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema's properties by name (none where they are not an object, which the converter refuses)."""
     properties = schema.get("properties")
-    return list(properties) if isinstance(properties, dict) else []
+    return properties if isinstance(properties, dict) else {}
 
 
 def _target(root: Any, ref: Any) -> Any:
