@@ -632,3 +632,16 @@ def test_a_strict_all_of_is_refused_or_taken_over_http_as_the_converter_reads_it
     chat(server, **body, response_format=schema_named(integer, strict=False))
     objects = {"allOf": [{"properties": {"n": {"type": "integer"}}}, {"properties": {"s": {"enum": ["a"]}}}]}
     chat(server, **body, response_format=schema_named(objects, strict=True))
+
+
+def test_a_strict_tuple_beside_one_items_schema_is_a_400() -> None:
+    """The converter reads ``items`` before ``prefixItems``: beside one, the tuple's schemas were dropped
+    (the grammar took integers alone for a string then integers). Without strict the items still guide it;
+    a tuple alone is held."""
+    schema = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}}
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+    assert "response_format.json_schema.schema.prefixItems: " in str(refused.value)
+    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    pair = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}
+    assert ResponseFormat.model_validate(schema_named(pair, strict=True)).grammar()

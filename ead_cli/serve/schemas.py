@@ -282,8 +282,9 @@ ANNOTATIONS = frozenset(
 def _unheld(node: Any, where: str, root: Any) -> str | None:
     """Where the first keyword of a schema that its grammar would not hold is (a format other than
     HELD_FORMATS, lengths beside a pattern or a format, which take their place, counts of items without
-    one schema for them, what a list of types leaves out, and what an allOf's parts say besides their
-    properties, included). ``root`` is the whole schema, which a $ref names a part of."""
+    one schema for them, a tuple beside one, what a list of types leaves out, a required name no property
+    gives, and what an allOf's parts say besides their properties, included). ``root`` is the whole
+    schema, which a $ref names a part of."""
     if isinstance(node, list):
         found = (_unheld(item, f"{where}.{i}", root) for i, item in enumerate(node))
         return next(filter(None, found), None)
@@ -297,6 +298,7 @@ def _unheld(node: Any, where: str, root: Any) -> str | None:
             or (key in BOUNDS and not holds_bounds(node))
             or (typed and key in TYPED_KEYWORDS)
             or (key == "format" and (value not in HELD_FORMATS or "pattern" in node))
+            or (key == "prefixItems" and node.get("items"))  # the converter reads items first
         ):
             return f"{where}.{key}"
         if key in ("minLength", "maxLength") and shaped:
