@@ -645,3 +645,57 @@ def test_a_strict_tuple_beside_one_items_schema_is_a_400() -> None:
     assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
     pair = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}
     assert ResponseFormat.model_validate(schema_named(pair, strict=True)).grammar()
+
+
+STRING_DEFS = {"$defs": {"s": {"type": "string", "maxLength": 3}}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"$ref": "#/$defs/s", "minLength": 2, **STRING_DEFS}, "schema.minLength"),
+        ({"anyOf": [{"type": "integer"}, {"type": "string"}], "type": "integer"}, "schema.type"),
+        (
+            {"type": "object", "properties": {"a": {}}, "required": ["a"], "anyOf": [{"type": "object"}]},
+            "schema.properties",
+        ),
+        ({"oneOf": [{"type": "integer"}], "anyOf": [{"type": "string"}]}, "schema.anyOf"),  # oneOf is read
+        ({"type": "string", "enum": ["a", "bb"], "maxLength": 1}, "schema.maxLength"),
+        ({"type": "string", "enum": ["a", 1]}, "schema.type"),
+        ({"const": 2, "enum": [1, 3]}, "schema.enum"),
+    ],
+)
+def test_a_strict_keyword_beside_one_the_converter_reads_instead_is_a_400(schema: dict, where: str) -> None:
+    """The converter reads a $ref, a oneOf (else an anyOf), a const or an enum before all else and drops
+    what is beside it (its grammar took an empty string for a minLength beside a $ref, any object for
+    properties beside an anyOf): strict: true took those. A type every value it reads has still holds,
+    and a keyword JSON Schema does not know says nothing."""
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+    assert f"response_format.json_schema.{where}: the grammar does not hold" in str(refused.value)
+    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "enum": ["a", "b"], "description": "a letter"},
+        {"const": "a", "enum": ["a"], "type": "string"},  # pydantic's Literal["a"]
+        {"anyOf": [{"type": "string"}, {"type": "null"}], "type": ["string", "null"], "default": None},
+        {"$ref": "#/$defs/s", "type": "string", "title": "short", **STRING_DEFS},
+        {"anyOf": [{"enum": [1, 2]}, {"const": 2.5}], "type": "number", "x-order": 1},
+        {"allOf": [{"properties": {"a": {}}, "x-order": 1}]},
+    ],
+)
+def test_what_beside_the_keyword_the_converter_reads_first_holds_is_taken_strict(schema: dict) -> None:
+    assert ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+
+
+def test_a_strict_draft_7_dependencies_keyword_is_a_400() -> None:
+    """draft 7's spelling of dependentRequired and dependentSchemas, which the converter drops as it drops
+    those (its grammar let an answer with a and no b through)."""
+    schema = {"type": "object", "properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}}
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+    assert "response_format.json_schema.schema.dependencies: the grammar does not hold" in str(refused.value)
+    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()

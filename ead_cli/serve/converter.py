@@ -22,8 +22,6 @@ LARGEST = 10**MAX_DIGITS - 1
 LOWER_BOUNDS = ("minimum", "exclusiveMinimum")
 UPPER_BOUNDS = ("maximum", "exclusiveMaximum")
 BOUNDS = frozenset({*LOWER_BOUNDS, *UPPER_BOUNDS})
-# What the converter reads of a schema before its type: an integer's bounds beside one are dropped
-READ_BEFORE_TYPE = frozenset({"$ref", "oneOf", "anyOf", "const", "enum"})
 
 
 def schema_grammar(text: str) -> str:
@@ -37,7 +35,19 @@ def schema_grammar(text: str) -> str:
 def holds_bounds(schema: dict[str, Any]) -> bool:
     """Whether the grammar holds this schema's bounds: an integer's, unless the converter reads something
     else of it first."""
-    return schema.get("type") == "integer" and not READ_BEFORE_TYPE & schema.keys()
+    return schema.get("type") == "integer" and read_first(schema) is None
+
+
+def read_first(schema: dict[str, Any]) -> str | None:
+    """The keyword the converter reads of a schema before all else, dropping every other beside it: a
+    $ref, a oneOf (else an anyOf), a list of types, a const, an enum; None where it reads none of them."""
+    if "$ref" in schema:
+        return "$ref"
+    if "oneOf" in schema or "anyOf" in schema:
+        return "anyOf" if "anyOf" in schema and not schema.get("oneOf") else "oneOf"
+    if isinstance(schema.get("type"), list):
+        return "type"
+    return next((key for key in ("const", "enum") if key in schema), None)
 
 
 class _Converter(SchemaConverter):  # type: ignore[misc]

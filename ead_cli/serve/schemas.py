@@ -16,7 +16,7 @@ from ..errors import EadError, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
-from .converter import BOUNDS, READ_BEFORE_TYPE, holds_bounds, schema_grammar
+from .converter import BOUNDS, holds_bounds, read_first, schema_grammar
 from .patterns import portable_patterns
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
@@ -251,7 +251,7 @@ def _check_repetitions(schema: dict[str, Any], text: str) -> None:
 # in a list.
 UNHELD_KEYWORDS = frozenset(
     {
-        *("multipleOf", "uniqueItems"),
+        *("multipleOf", "uniqueItems", "dependencies"),
         *("contains", "minContains", "maxContains", "minProperties", "maxProperties", "patternProperties"),
         *("propertyNames", "dependentRequired", "dependentSchemas", "unevaluatedProperties"),
         *("unevaluatedItems", "not", "if", "then", "else"),
@@ -260,43 +260,46 @@ UNHELD_KEYWORDS = frozenset(
 HELD_FORMATS = frozenset({"date", "time", "date-time", "uuid", *(f"uuid{n}" for n in range(1, 6))})
 SCHEMAS_BY_NAME = ("properties", "$defs", "definitions")
 SCHEMAS = ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems")
-# What the converter reads of a schema after its type; a list of types it reads first (unless a $ref, oneOf
-# or anyOf comes before), keeping only the types, so these beside one are dropped
-TYPED_KEYWORDS = frozenset(
+# Keywords that say what an answer may be; any other (an annotation, a word JSON Schema does not know)
+# says nothing, so the converter may drop it
+CONSTRAINTS = frozenset(
     {
-        *("const", "enum", "properties", "additionalProperties", "required", "allOf", "items"),
-        *("prefixItems", "minItems", "maxItems", "pattern", "format", "minLength", "maxLength"),
+        *UNHELD_KEYWORDS,
+        *BOUNDS,
+        *SCHEMAS,
+        *("type", "$ref", "const", "enum", "properties", "required", "minItems", "maxItems"),
+        *("pattern", "format", "minLength", "maxLength"),
     }
 )
-
-
-# Keywords that constrain no answer: where the converter reads only some of a schema, these it may drop
-ANNOTATIONS = frozenset(
-    {
-        *("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"),
-        *("$comment", "$id", "$schema", "$anchor", "$defs", "definitions"),
-    }
-)
+# The JSON types of the values a const or an enum gives, by Python's type (an integral float is an integer)
+JSON_TYPES: dict[type, str] = {
+    bool: "boolean",
+    int: "integer",
+    str: "string",
+    type(None): "null",
+    list: "array",
+    dict: "object",
+}
 
 
 def _unheld(node: Any, where: str, root: Any) -> str | None:
     """Where the first keyword of a schema that its grammar would not hold is (a format other than
     HELD_FORMATS, lengths beside a pattern or a format, which take their place, counts of items without
-    one schema for them, a tuple beside one, what a list of types leaves out, a required name no property
-    gives, and what an allOf's parts say besides their properties, included). ``root`` is the whole
-    schema, which a $ref names a part of."""
+    one schema for them, a tuple beside one, what is beside a keyword the converter reads first, a
+    required name no property gives, and what an allOf's parts say besides their properties, included).
+    ``root`` is the whole schema, which a $ref names a part of."""
     if isinstance(node, list):
         found = (_unheld(item, f"{where}.{i}", root) for i, item in enumerate(node))
         return next(filter(None, found), None)
     if not isinstance(node, dict):
         return None
     shaped = "pattern" in node or node.get("format") in HELD_FORMATS
-    typed = isinstance(node.get("type"), list) and not {"$ref", "oneOf", "anyOf"} & node.keys()
+    first = read_first(node)
     for key, value in node.items():
         if (
             key in UNHELD_KEYWORDS
             or (key in BOUNDS and not holds_bounds(node))
-            or (typed and key in TYPED_KEYWORDS)
+            or (first not in (None, key) and key in CONSTRAINTS and not _held_beside(node, first, key, root))
             or (key == "format" and (value not in HELD_FORMATS or "pattern" in node))
             or (key == "prefixItems" and node.get("items"))  # the converter reads items first
         ):
@@ -320,21 +323,65 @@ def _unheld(node: Any, where: str, root: Any) -> str | None:
     return None
 
 
+def _held_beside(node: dict[str, Any], first: str, key: str, root: Any) -> bool:
+    """Whether a keyword beside the one the converter reads first (``read_first``), which it drops, holds
+    all the same: a type every answer to that one has, an enum that holds the const."""
+    if key == "enum" and first == "const":
+        enum, const = node["enum"], node["const"]
+        return isinstance(enum, list) and any(
+            one == const and _json_type(one) == _json_type(const) for one in enum
+        )
+    types = _type_names(node["type"]) if key == "type" else None
+    answers = _answer_types({first: node[first]}, root)
+    return types is not None and answers is not None and all(
+        kind in types or (kind == "integer" and "number" in types) for kind in answers
+    )
+
+
+def _answer_types(schema: Any, root: Any, follow: bool = True) -> set[str] | None:
+    """The JSON types of every answer the converter writes for a schema (None: any, or not known); a $ref
+    is followed once (``follow``), as one may name itself."""
+    if not isinstance(schema, dict):
+        return None
+    first = read_first(schema)
+    if first == "$ref":
+        return _answer_types(_target(root, schema["$ref"]), root, follow=False) if follow else None
+    if first in ("oneOf", "anyOf"):
+        alternatives = schema[first] if isinstance(schema[first], list) else [None]
+        found = [_answer_types(one, root, follow) for one in alternatives]
+        return None if any(kinds is None for kinds in found) else set().union(*found)
+    if first in ("const", "enum"):
+        values = [schema["const"]] if first == "const" else schema["enum"]
+        return {_json_type(value) for value in values} if isinstance(values, list) else None
+    return _type_names(schema.get("type"))
+
+
+def _type_names(type_: Any) -> set[str] | None:
+    """The names a schema's type gives, one or a list (None: none, or not names)."""
+    names = [type_] if isinstance(type_, str) else type_
+    if not (isinstance(names, list) and names and all(isinstance(name, str) for name in names)):
+        return None
+    return set(names)
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a value as JSON parsed it."""
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    return JSON_TYPES[type(value)]
+
+
 def _reads_properties(node: dict[str, Any]) -> bool:
-    """Whether the converter reads this schema as an object of the properties it gives (before an allOf):
-    ``properties``, or ``additionalProperties`` other than true, when nothing it reads first is beside."""
-    return (
-        not READ_BEFORE_TYPE & node.keys()
-        and node.get("type") in (None, "object")
-        and ("properties" in node or node.get("additionalProperties", True) is not True)
+    """Whether the converter reads this schema, in which nothing is read first, as an object of the
+    properties it gives (before an allOf): ``properties``, or ``additionalProperties`` other than true."""
+    return node.get("type") in (None, "object") and (
+        "properties" in node or node.get("additionalProperties", True) is not True
     )
 
 
 def _drops_required(node: dict[str, Any]) -> bool:
-    """Whether the converter drops a name of this object's required list: one its properties do not give
-    (an object of no properties: any)."""
-    if READ_BEFORE_TYPE & node.keys():
-        return False  # the list is dropped with the rest beside what is read first
+    """Whether the converter drops a name of this object's required list, in which nothing is read first:
+    one its properties do not give (an object of no properties: any)."""
     if not _reads_properties(node) and (node.get("type") != "object" or "allOf" in node):
         return False  # not an object, or an allOf's: _all_of_unheld's
     return not _names_within(node.get("required"), _properties(node))
@@ -352,13 +399,13 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
     of each part (an anyOf part's alternatives, a $ref part's target) it reads the properties alone, each
     required (an alternative's, none), the last schema of a name repeated. So a part holds only what says
     no more: type object, a required list of names every answer has, additionalProperties that no other
-    part's properties meet, annotations."""
-    if READ_BEFORE_TYPE & node.keys() or node.get("type") not in (None, "object") or _reads_properties(node):
+    part's properties meet, and what says nothing (not in CONSTRAINTS)."""
+    if node.get("type") not in (None, "object") or _reads_properties(node):
         return f"{where}.allOf"
     parts: list[tuple[str, Any, bool]] = [(where, {k: v for k, v in node.items() if k != "allOf"}, True)]
     for i, part in enumerate(node["allOf"]):
         if isinstance(part, dict) and "anyOf" in part:
-            if extra := next((key for key in part if key not in ANNOTATIONS and key != "anyOf"), None):
+            if extra := next((key for key in part if key in CONSTRAINTS and key != "anyOf"), None):
                 return f"{where}.allOf.{i}.{extra}"
             alternatives = part["anyOf"] if isinstance(part["anyOf"], list) else []
             parts += [(f"{where}.allOf.{i}.anyOf.{j}", one, False) for j, one in enumerate(alternatives)]
@@ -368,7 +415,7 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
     for at, part, required in parts:
         behind_ref = isinstance(part, dict) and "$ref" in part
         if behind_ref:
-            if extra := next((key for key in part if key not in ANNOTATIONS and key != "$ref"), None):
+            if extra := next((key for key in part if key in CONSTRAINTS and key != "$ref"), None):
                 return f"{at}.{extra}"
             part, at = _target(root, part["$ref"]), f"{at}.$ref"  # what its target drops, the $ref drops
         if isinstance(part, dict):  # anything else the converter refuses
@@ -384,7 +431,7 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
         own = set(_properties(part))
         for key, value in part.items():
             if not (
-                key in ANNOTATIONS
+                key not in CONSTRAINTS
                 or key == "properties"
                 or (key == "type" and value == "object")
                 or (key == "required" and _names_within(value, every))
