@@ -270,6 +270,8 @@ def test_an_assistant_prefill_opens_the_json_answer_the_grammar_finishes(
         ({"type": "json_object"}, '{"a": 1}}', "}"),
         (SCHEMA_FORMAT, '{"name": "Al", "height": 2', 'height": 2'),
         (schema_named(BOUNDED_INTEGERS, strict=True), '{"n": 7', "7"),
+        # è's first byte, which é shares, is allowed: the character it begins is where the prefill breaks
+        (schema_named({"enum": ["é"]}, strict=True), '"è', "è"),
     ],
 )
 def test_an_assistant_prefill_the_format_rules_out_is_a_400_and_the_server_lives(

@@ -515,7 +515,8 @@ def _followed_prefill(runner: Runner, grammar: str, prefill: str, where: str) ->
     try:
         runner.grammars.check(grammar, start)
     except GrammarRefusal as refused:
-        at = len(b"".join(map(runner.token_bytes, start[: refused.index])).decode("utf-8", "replace"))
+        # the whole characters before the refused token: one it begins in the middle is where it breaks
+        at = len(b"".join(map(runner.token_bytes, start[: refused.index])).decode("utf-8", "ignore"))
         message = (
             f"{where}: the assistant prefill breaks response_format at character {at} "
             f"({prefill[at : at + 20]!r}): an answer of the format cannot start with it"
