@@ -1,5 +1,6 @@
 """The one exception type the CLI turns into a one-line message and a non-zero exit, the one way a
-message echoes a bad value, and the one check every layer shares: a number llama.cpp keeps in 32 bits."""
+message echoes a bad value (and passes on another library's complaint), and the one check every layer
+shares: a number llama.cpp keeps in 32 bits."""
 
 
 class EadError(Exception):
@@ -25,6 +26,18 @@ def quoted(value: str) -> str:
     if len(value) <= ECHOED_CHARS:
         return repr(value)
     return f"{value[:ECHOED_CHARS]!r}... ({len(value)} characters)"
+
+
+REASON_CHARS = 120  # of another library's complaint, at most, in the message that passes it on
+
+
+def cut(reason: str) -> str:
+    """Another library's complaint as a message passes it on: past REASON_CHARS characters cut, its full
+    length said. llama.cpp's grammar parser and the schema converter quote a client's text in theirs, a
+    100 kB value whole."""
+    if len(reason) <= REASON_CHARS:
+        return reason
+    return f"{reason[:REASON_CHARS]}... ({len(reason)} characters)"
 
 
 # The most llama.cpp's 32-bit fields hold (a context's positions, offloaded layers, top-k): a larger value

@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 
 from . import shared_stderr
-from .errors import EadError, check_int32
+from .errors import EadError, check_int32, cut
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,6 @@ class ParsedGrammars:
 # "%s: error parsing grammar: %s\n\n%s\n" of __func__, its reason, the grammar whole
 PARSER_WORDS = b"parse: error parsing grammar: "
 PARSER_PRINT = re.compile(b"^" + re.escape(PARSER_WORDS), re.MULTILINE)  # at a line's start only
-REASON_CHARS = 120
 
 
 def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:
@@ -214,9 +213,7 @@ def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_samp
     if sampler:
         return sampler
     reason = caught.printed.removeprefix(PARSER_WORDS).partition(b"\n")[0]
-    reason = reason.decode("utf-8", "replace")
-    if len(reason) > REASON_CHARS:
-        reason = reason[:REASON_CHARS] + "..."
+    reason = cut(reason.decode("utf-8", "replace"))
     raise EadError(f"llama.cpp could not parse the grammar{': ' if reason else ''}{reason}")
 
 

@@ -375,6 +375,36 @@ def test_a_schema_whose_grammar_llama_cpp_cannot_parse_names_response_format(ser
     assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"
 
 
+LONG_VALUE = "x" * 100000
+
+
+@pytest.mark.parametrize(
+    ("schema", "start"),
+    [
+        ({"type": "integer", "minimum": LONG_VALUE}, "minimum must be a finite number, got 'xxx"),
+        ({"type": "integer", "minimum": 10**200, "maximum": 5}, "no integer of up to 16 digits is within"),
+        ({"$ref": "#/$defs/a", "$defs": {"b": LONG_VALUE}}, "Error resolving ref stdin#/$defs/a: a not in"),
+        ({"$ref": "http://" + LONG_VALUE}, "Unsupported ref http://xxx"),
+    ],
+)
+def test_a_converter_complaint_that_quotes_the_schema_is_cut(
+    server: Server, schema: dict, start: str
+) -> None:
+    """The converter's complaints (its own, and the bounds') quote the schema: a 100 kB value came back
+    whole in the 400 and the log line. They are cut as llama.cpp's parser's are, their length said."""
+    before = server.log()
+    body = {"messages": HI, "max_tokens": 2, "response_format": schema_format(schema)}
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    prefix = "response_format.json_schema.schema cannot be a grammar: "
+    assert message.startswith(prefix + start) and re.search(r"\.\.\. \(\d+ characters\)$", message), message
+    assert len(message) < len(prefix) + 150
+    [line] = server.log()[len(before) :].splitlines()
+    assert line.endswith(message)
+    assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"
+
+
 def test_a_schema_no_answer_can_meet_is_a_400_and_the_server_lives(server: Server) -> None:
     """After the opening quote, the empty class [b-a] leaves the grammar no token: llama.cpp took one it
     had ruled out, and its grammar's exception aborted the server."""

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from llama_cpp.llama_grammar import JSON_GBNF
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from ..errors import EadError, quoted
+from ..errors import EadError, cut, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
@@ -501,9 +501,8 @@ class ResponseFormat(BaseModel):
         try:
             return schema_grammar(text)
         except Exception as error:  # the converter's own complaint about a schema it cannot express
-            message = (
-                f"response_format.json_schema.schema cannot be a grammar: {' '.join(str(error).split())}"
-            )
+            reason = cut(" ".join(str(error).split()))
+            message = f"response_format.json_schema.schema cannot be a grammar: {reason}"
             raise ApiError(400, message, code="invalid_value", param="response_format") from None
 
 
