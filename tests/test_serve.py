@@ -1075,7 +1075,7 @@ def test_a_page_of_another_site_cannot_drive_the_server(tiny_pair: tuple[Path, P
             assert results == {"framed": True, "json": "refused: Failed to fetch", "plain": "opaque"}
             assert framed[1] != "ead serve" and not framed[0].startswith(server.url), framed  # refused
             assert "POST /v1/chat/completions 200" not in log, log
-            assert log.count(f"403: pages at {site} may not use this server") == 2, log
+            assert log.count(f"403: pages at {site!r} may not use this server") == 2, log
             # the same page where the server names the site with --cors-origin: its JSON call is answered
             with Server([*args, "--cors-origin", site], tmp_path / "allowed.log") as allowed:
                 pages["/"] = FOREIGN_PAGE.replace("SERVER", allowed.url)

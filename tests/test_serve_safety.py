@@ -19,6 +19,8 @@ from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, LONG, PROMPT, TAU, frames, serving, stream_request
 
+from ead_cli.errors import quoted
+
 CHAT = "/v1/chat/completions"
 LENGTH = "context_length_exceeded"
 
@@ -308,7 +310,7 @@ def test_a_page_elsewhere_cannot_drive_a_loopback_server(
         assert plain_same_origin.json()["error"]["code"] == "unsupported_media_type"
         foreign = post(server, CHAT, body, headers={"Origin": "http://evil.example"})
         assert foreign.status_code == 403
-        assert "--cors-origin http://evil.example" in foreign.json()["error"]["message"]
+        assert "--cors-origin 'http://evil.example'" in foreign.json()["error"]["message"]
         port = server.url.rsplit(":", 1)[1]
         rebound = httpx.get(f"{server.url}/v1/models", headers={"Host": f"evil.example:{port}"})
         assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "invalid_host"
@@ -406,16 +408,16 @@ def test_a_path_cannot_write_control_characters_into_the_log(server: Server) -> 
         raw.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://x\x1b[2J\r\n\r\n")
         assert raw.recv(100).startswith(b"HTTP/1.1 403 ")
     new = server.log().splitlines()[len(before) :]
-    origin = "pages at http://x\\x1b[2J may not use this server"
+    origin = "pages at 'http://x\\x1b[2J' may not use this server"
     assert new == [
         "error: GET /v1/x\\x1b[2Jy\\x08 404: Not Found",
         f"error: GET /v1/\\x1b]0;owned\\x07 403: {foreign.json()['error']['message']}",
-        f"error: GET /health 403: {origin}: start it with --cors-origin http://x\\x1b[2J to allow them",
+        f"error: GET /health 403: {origin}: start it with --cors-origin 'http://x\\x1b[2J' to allow them",
     ]
 
 
 ORIGIN = b"Host: HOST\r\nOrigin: http://x\x1b[2J\r\n"
-ESCAPED = "http://x\\x1b[2J"  # the Origin as an error shows it
+ESCAPED = "'http://x\\x1b[2J'"  # the Origin as an error shows it
 REFUSED = f"pages at {ESCAPED} may not use this server: start it with --cors-origin {ESCAPED} to allow them"
 
 
@@ -441,6 +443,20 @@ def test_client_text_in_an_error_is_one_printable_line_in_the_answer_and_the_log
         f"error: POST {CHAT} 400: {converter}",
         f"error: POST {CHAT} 404: {named}",
     ]
+
+
+def test_a_long_origin_is_echoed_cut(server: Server) -> None:
+    """The Host a refusal echoes went through errors.quoted, the Origin not: a 10 kB Origin came back twice
+    in the 403, and in its log line."""
+    before = server.log()
+    origin = "http://" + "x" * 10000
+    reply = httpx.get(f"{server.url}/health", headers={"Origin": origin}, timeout=60)
+    assert reply.status_code == 403 and reply.json()["error"]["code"] == "origin_not_allowed"
+    shown = quoted(origin)
+    assert reply.json()["error"]["message"] == (
+        f"pages at {shown} may not use this server: start it with --cors-origin {shown} to allow them"
+    )
+    assert server.log()[len(before) :] == f"error: GET /health 403: {reply.json()['error']['message']}\n"
 
 
 def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:

@@ -173,8 +173,9 @@ class Guard:
         own = origin in (f"http://{host}", f"https://{host}")
         if origin is None or own or origin in allowed or "*" in allowed:
             return None
+        shown = quoted(origin)
         message = (
-            f"pages at {origin} may not use this server: start it with --cors-origin {origin} to allow them"
+            f"pages at {shown} may not use this server: start it with --cors-origin {shown} to allow them"
         )
         return ApiError(403, message, code="origin_not_allowed")
 
