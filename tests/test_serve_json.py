@@ -311,6 +311,9 @@ def test_json_schema_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Pa
         assert server.stop() == 0
 
 
+WIDE_BOUNDS = {"minimum": -123456789012345, "maximum": 987654321098765}
+
+
 def schema_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
 
@@ -332,6 +335,15 @@ def schema_format(schema: dict) -> dict:
                 },
             },
             "its grammar, which spells each copy out, would be over",
+        ),
+        # 2 MB of bounded integers, a 19 MB grammar (their digits spelled out): parsed, each held ~300 MB
+        (
+            {
+                "type": "object",
+                "properties": {f"n{i}": {"type": "integer", **WIDE_BOUNDS} for i in range(24000)},
+                "required": [f"n{i}" for i in range(24000)],
+            },
+            "the grammar written is 19",
         ),
     ],
 )

@@ -200,7 +200,8 @@ REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems")
 QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")  # a pattern's {m}, {m,}, {m,n}
 MAX_REPEAT = 1000  # llama.cpp's grammar parser refuses a longer optional run (maxLength 1100), and one
 # of ~20,000 overflows its stack: the process dies
-MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size: each copy is at most a rule's name
+MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size (each copy is at most a rule's name),
+# and the grammar written: llama.cpp holds ~15 bytes a character of it while it is parsed and kept
 
 
 def _repetitions(node: Any) -> Iterator[int]:
@@ -499,11 +500,18 @@ class ResponseFormat(BaseModel):
         text = json.dumps(schema)
         _check_repetitions(schema, text)
         try:
-            return schema_grammar(text)
+            grammar = schema_grammar(text)
         except Exception as error:  # the converter's own complaint about a schema it cannot express
             reason = cut(" ".join(str(error).split()))
             message = f"response_format.json_schema.schema cannot be a grammar: {reason}"
             raise ApiError(400, message, code="invalid_value", param="response_format") from None
+        if len(grammar) > MAX_GRAMMAR_CHARS:  # bounded integers (~800 characters each) pass the check above
+            message = (
+                f"response_format.json_schema.schema: the grammar written is {len(grammar)} characters, over "
+                f"the {MAX_GRAMMAR_CHARS} taken (an integer's bounds spell its digits out)"
+            )
+            raise ApiError(400, message, code="invalid_value", param="response_format")
+        return grammar
 
 
 class StreamOptions(BaseModel):
