@@ -207,6 +207,7 @@ def test_an_integer_schemas_bounds_are_read_as_json_schema_means_them(
         ({"minimum": 7, "maximum": 5}, "no integer of up to 16 digits is within minimum 7, maximum 5"),
         ({"maximum": -(10**30)}, "no integer of up to 16 digits is within maximum"),
         ({"minimum": "5"}, "minimum must be a finite number, got '5'"),
+        ({"maximum": False}, "maximum must be a finite number, got False"),  # a flag is draft 4's exclusive
     ],
 )
 def test_integer_bounds_no_answer_can_meet_are_a_400(bounds: dict, reason: str) -> None:

@@ -65,8 +65,8 @@ def integer_bounds(schema: dict[str, Any]) -> tuple[int, int]:
     low, high = -LARGEST, LARGEST
     for key in (*LOWER_BOUNDS, *UPPER_BOUNDS):
         value = schema.get(key)
-        if value is None or isinstance(value, bool):  # draft 4's flags are read with their bound
-            continue
+        if value is None or (isinstance(value, bool) and key.startswith("exclusive")):  # draft 4's flags
+            continue  # are read with their bound
         if not (type(value) is int or (type(value) is float and math.isfinite(value))):
             raise ValueError(f"{key} must be a finite number, got {value!r}")
         exclusive = key.startswith("exclusive") or schema.get(f"exclusive{key.capitalize()}") is True
