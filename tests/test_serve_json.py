@@ -15,6 +15,7 @@ from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, TAU, serving
 
+from ead_cli.errors import quoted
 from ead_cli.serve.converter import LARGEST, integer_bounds
 from ead_cli.serve.patterns import portable_pattern, portable_patterns
 from ead_cli.serve.schemas import ApiError, ResponseFormat
@@ -416,6 +417,27 @@ def test_a_converter_complaint_that_quotes_the_schema_is_cut(
     [line] = server.log()[len(before) :].splitlines()
     assert line.endswith(message)
     assert chat(server, messages=HI, max_tokens=2)["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"ead": {"k" * 12000: 1}}, "ead."),  # pydantic's path to an unknown key
+        (  # the path to a keyword a strict schema's grammar does not hold
+            {"response_format": schema_named({"properties": {"k" * 12000: {"not": {}}}}, strict=True)},
+            "response_format.json_schema.schema.properties.",
+        ),
+    ],
+)
+def test_a_long_key_on_the_path_to_a_bad_value_is_cut(server: Server, body: dict, where: str) -> None:
+    """The path a 400 names its value by holds the client's keys: a 12 kB one came back whole (twice where
+    it is the param too), in the 400 and the log line."""
+    reply = httpx.post(
+        f"{server.base_url}/chat/completions", json={"messages": HI, **body}, headers=JSON, timeout=60
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["message"].startswith(where + quoted("k" * 12000)) and len(reply.text) < 1000, error
 
 
 def test_a_schema_no_answer_can_meet_is_a_400_and_the_server_lives(server: Server) -> None:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from llama_cpp.llama_grammar import JSON_GBNF
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from ..errors import EadError, cut, quoted
+from ..errors import ECHOED_CHARS, EadError, cut, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, parse_tau
@@ -315,7 +315,7 @@ def _unheld(node: Any, where: str, root: Any) -> str | None:
         if key == "allOf" and isinstance(value, list):
             found = _all_of_unheld(node, where, root)
         elif key in SCHEMAS_BY_NAME and isinstance(value, dict):
-            named = (_unheld(schema, f"{where}.{key}.{name}", root) for name, schema in value.items())
+            named = (_unheld(schema, f"{where}.{key}.{_step(name)}", root) for name, schema in value.items())
             found = next(filter(None, named), None)
         elif key in SCHEMAS:
             found = _unheld(value, f"{where}.{key}", root)
@@ -426,7 +426,7 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
         for name in _properties(part):
             if name in first_of:
                 return first_of[name]
-            first_of[name] = at if behind_ref else f"{at}.properties.{name}"
+            first_of[name] = at if behind_ref else f"{at}.properties.{_step(name)}"
     every = {name for part, required, _, _ in read if required for name in _properties(part)}
     for part, _, at, behind_ref in read:
         own = set(_properties(part))
@@ -440,7 +440,7 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
             ):
                 return at if behind_ref else f"{at}.{key}"
     found = (
-        _unheld(schema, f"{at}.properties.{name}", root)
+        _unheld(schema, f"{at}.properties.{_step(name)}", root)
         for part, _, at, behind_ref in read
         if not behind_ref  # a target's properties are walked where it is
         for name, schema in _properties(part).items()
@@ -757,6 +757,13 @@ class ApiError(Exception):
         return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
 
 
+def _step(part: str | int) -> str:
+    """A step of the path to a bad value, as its 400 names it: a client's key past ECHOED_CHARS quoted and
+    cut (errors.quoted), as a value is; a 12 kB key had come back whole, in the message and the param."""
+    text = str(part)
+    return text if len(text) <= ECHOED_CHARS else quoted(text)
+
+
 def _is_field(part: str | int) -> bool:
     """Whether a part of pydantic's error location names a field or an index (not a union's member)."""
     return isinstance(part, int) or (
@@ -784,7 +791,7 @@ def parse(model: type[BaseModel], data: bytes) -> Any:
         if first["type"] == "json_invalid":
             message = f"the body is not valid JSON: {first['ctx']['error']}"
             raise ApiError(400, message, code="invalid_json") from None
-        where = ".".join(str(part) for part in first["loc"] if _is_field(part))
+        where = ".".join(_step(part) for part in first["loc"] if _is_field(part))
         if first["type"] == "model_type" and not where:
             raise ApiError(400, "the body must be a JSON object", code="invalid_json") from None
         message = f"{where}: {first['msg']}" if where else first["msg"]
