@@ -146,7 +146,11 @@ def test_chat_logprobs_is_a_boolean_and_top_logprobs_a_count(
     ("body", "param", "message"),
     [
         ({"logprobs": True}, "logprobs", f"logprobs: {INTEGER}"),
-        ({"logprobs": 2, "top_logprobs": 3}, "top_logprobs", "top_logprobs: top_logprobs is not supported"),
+        (
+            {"logprobs": 2, "top_logprobs": 3},
+            "top_logprobs",
+            "top_logprobs: a text completion asks for N alternatives with logprobs: N",
+        ),
     ],
 )
 def test_text_completions_count_their_logprobs_in_logprobs_alone(

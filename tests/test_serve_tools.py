@@ -277,6 +277,8 @@ def test_a_template_without_tools_refuses_them_by_name(tiny_pair: tuple[Path, Pa
             f"{server.base_url}/completions", json={"prompt": "hi", "tools": TOOLS}, headers=JSON, timeout=60
         )
         assert completion.status_code == 400 and completion.json()["error"]["param"] == "tools"
+        said = completion.json()["error"]["message"]
+        assert said == "tools: tools are taken by /v1/chat/completions, not here"
         assert server.stop() == 0
 
 

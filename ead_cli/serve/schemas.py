@@ -183,6 +183,11 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "json_schema": (None,),  # {} is any JSON, not off; response_format takes a schema
     "lora": (None, []),
 }
+# What a text completion says of the fields only chat completions take, not 'not supported' alone
+CHAT_ONLY = {
+    "tools": "tools are taken by /v1/chat/completions, not here",
+    "top_logprobs": "a text completion asks for N alternatives with logprobs: N",
+}
 
 
 class JsonSchema(BaseModel):
@@ -569,6 +574,9 @@ class CompletionBase(BaseModel):
         for name, neutral in UNSUPPORTED.items():
             value = (self.model_extra or {}).get(name)
             if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in neutral):
+                if name in CHAT_ONLY:
+                    message = f"{name}: {CHAT_ONLY[name]}"
+                    raise ApiError(400, message, param=name, code="unsupported_parameter")
                 raise unsupported(name, f"{name} is not supported")
 
 
