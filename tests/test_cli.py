@@ -374,6 +374,7 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
     characters, its full length said."""
     junk = "x" * 100_000
     cut = f"{junk[:80]!r}... (100000 characters)"
+    cut_longer = f"{junk[:80]!r}... (100001 characters)"
     pair = pair_args(tiny_pair)
     for args, code, fragment in [
         ([*pair, "--tau", junk], 2, f"one per cascade level, got {cut}"),
@@ -381,7 +382,9 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
         ([*pair, f"--mode={junk}"], 2, f"Invalid value for '--mode': Value error, {cut} is not one of"),
         ([*pair, f"--{junk}"], 2, f"No such option: {'--' + junk[:78]!r}... (100002 characters)"),
         (["--large", str(tiny_pair[1]), "--small", junk], 1, f"unknown model alias {cut}"),
-        (["--models", f"{junk},"], 2, f"got {junk[:80]!r}... (100001 characters)"),
+        (["--models", f"{junk},"], 2, f"got {cut_longer}"),
+        # a long argument inside the echoed one is not cut there: the echo is cut once, its length its own
+        ([*pair, "--system", junk, "--mode", f"{junk}b"], 2, f"{cut_longer} is not one of"),
     ]:
         line = assert_one_line_error(ead("generate", *args, "hi"), code, fragment)
         assert len(line) < 300, line

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import inspect
 import os
+import re
 import signal
 import sys
 from typing import Annotated
@@ -123,12 +124,15 @@ _REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors:
 
 def _cut_echoes(message: str, argv: list[str]) -> str:
     """typer's ``message`` with each long argument it echoes (``'xxx' is not one of...``, ``No such
-    option: --xxx``, a value given as ``--mode=xxx``) cut as ``quoted`` cuts a bad value."""
-    for given in argv:
-        for value in (given.partition("=")[2], given):
-            if len(value) > ECHOED_CHARS:
-                message = message.replace(repr(value), quoted(value)).replace(value, quoted(value))
-    return message
+    option: --xxx``, a value given as ``--mode=xxx``) cut as ``quoted`` cuts a bad value. One pass, the
+    longest first: a long argument that is part of the echoed one (``--system X --mode Xb``) is not cut
+    inside it."""
+    values = (value for given in argv for value in (given.partition("=")[2], given))
+    echoes = {echo: value for value in values if len(value) > ECHOED_CHARS for echo in (value, repr(value))}
+    if not echoes:
+        return message
+    pattern = "|".join(re.escape(echo) for echo in sorted(echoes, key=len, reverse=True))
+    return re.sub(pattern, lambda echo: quoted(echoes[echo.group()]), message)
 
 
 def _misopened() -> str | None:
