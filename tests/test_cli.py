@@ -152,6 +152,16 @@ def test_no_colour_means_no_escape_code_on_stderr_either(tiny_pair: tuple[Path, 
         assert shown.splitlines()[:2] == re.sub(r"\x1b\[[0-9;]*m", "", styled).splitlines()[:2]
 
 
+def test_no_colour_means_no_escape_code_in_a_table_on_stdout() -> None:
+    """NO_COLOR had left a table's header on stdout bold (ead models list, bench report, depth eval):
+    rich's own reading of it drops colours alone."""
+    styled = at_a_terminal("models", "list", env={"TERM": "xterm"}).decode()
+    assert ANSI in styled
+    shown = at_a_terminal("models", "list", env={"TERM": "xterm", "NO_COLOR": "1"}).decode()
+    assert "\x1b" not in shown
+    assert shown == ANSI_CODES.sub("", styled)
+
+
 def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair: tuple[Path, Path]) -> None:
     """A model's text cannot drive the terminal: its control characters (here a backspace, which would
     rub out the character before it, and ^A ^D ^E) show as less shows them; a pipe gets them as written."""

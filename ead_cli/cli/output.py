@@ -8,7 +8,7 @@ import os
 import sys
 import unicodedata
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -29,18 +29,17 @@ def at_its_width(console: Console) -> Console:
     return console
 
 
+def color_system() -> Literal["auto"] | None:
+    """A console's colour system: NO_COLOR (https://no-color.org) takes every style off, dim and bold
+    too: rich's own reading of it drops colours alone, and a terminal that shows no colours may show the
+    other escape codes as text."""
+    return None if os.environ.get("NO_COLOR") else "auto"
+
+
 # Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
 # name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
-# NO_COLOR (https://no-color.org) takes every style off, dim and bold too: rich's own reading of it drops
-# colours alone, and a terminal that shows no colours may show the other escape codes as text.
 stderr = at_its_width(
-    Console(
-        stderr=True,
-        highlight=False,
-        markup=False,
-        emoji=False,
-        color_system=None if os.environ.get("NO_COLOR") else "auto",
-    )
+    Console(stderr=True, highlight=False, markup=False, emoji=False, color_system=color_system())
 )
 
 
@@ -109,7 +108,7 @@ def print_figures(headers: list[str], rows: list[list[str]]) -> None:
 
 def print_table(table: Table) -> None:
     """On a terminal, fitted to its width; in a pipe or a file, whole, not squeezed into 80 columns."""
-    console = at_its_width(Console(markup=False, emoji=False))
+    console = at_its_width(Console(markup=False, emoji=False, color_system=color_system()))
     if not console.is_terminal:
         width = console.measure(table, options=console.options.update_width(1000)).maximum
         console = Console(width=width, markup=False, emoji=False)
