@@ -189,7 +189,7 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     second = plain(send(child, UP + UP))
     assert "hello" in second.splitlines()[0] and SUMMARY.search(second)
 
-    assert reply(child, "/frobnicate") == ["error: unknown command /frobnicate (/help lists the commands)"]
+    assert reply(child, "/frobnicate") == ["error: unknown command '/frobnicate' (/help lists the commands)"]
     assert reply(child, "/tau abc") == [
         "error: /tau takes a finite number of bits, or one per cascade level, got 'abc'"
     ]
@@ -414,7 +414,7 @@ def test_text_the_user_typed_comes_back_literally(spawn, tmp_path: Path) -> None
     path = tmp_path / ":smile:[bold]x.json"  # a name holds no '/', so no closing tag
     assert reply(child, f"/save {path}") == [f"saved 0 turns to {path}"]
     assert path.exists()
-    assert reply(child, f"/{typed}") == [f"error: unknown command /{typed} (/help lists the commands)"]
+    assert reply(child, f"/{typed}") == [f"error: unknown command '/{typed}' (/help lists the commands)"]
     assert reply(child, f"/temp {typed}") == [f"error: /temp takes a finite number, got '{typed}'"]
     assert reply(child, f"/stats {typed}") == [f"error: /stats takes no argument, got '{typed}'"]
     assert leave(child) == 0
@@ -758,7 +758,7 @@ def test_control_characters_the_user_brought_in_are_shown_spelled_not_acted_on(s
         return plain(send(child, keys)).splitlines()[1:]
 
     assert lines_after_echo(f"/frob{quoted}\u202eob") == [
-        "error: unknown command /frob\\x1b[2K\\x1b[1G\\u202eob (/help lists the commands)"
+        "error: unknown command '/frob\\x1b[2K\\x1b[1G\\u202eob' (/help lists the commands)"
     ]
     name = f"a{erase}b.json"
     saved = lines_after_echo(f"/save {tmp_path}/a{quoted}b.json")
@@ -841,6 +841,7 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
     """A 100 kB argument had been echoed whole in its error line: cut, its full length said."""
     junk = "x" * 100_000
     commands = [f"/tau {junk}", f"/policy {junk}", f"/reset {junk}", f"/save a {junk}", f"/save '{junk}"]
+    commands.append(f"/{junk}")
     result = pipe(tiny_pair, "".join(f"{command}\n" for command in commands).encode())
     lines = result.stderr.decode().splitlines()
     assert result.returncode == 1 and len(lines) == len(commands), lines
@@ -849,4 +850,6 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
     assert lines[1].startswith("error: /policy takes one of ") and lines[1].endswith(f", got {cut}")
     assert lines[2] == f"error: /reset takes no argument, got {cut}"
     assert lines[3].endswith(f"got {'a ' + 'x' * 78!r}... (100002 characters)")
+    command_cut = f"{'/' + 'x' * 79!r}... (100001 characters)"
+    assert lines[5] == f"error: unknown command {command_cut} (/help lists the commands)"
     assert all(len(line) < 300 for line in lines), lines

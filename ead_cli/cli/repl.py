@@ -207,7 +207,7 @@ class Repl:
     def _command(self, line: str) -> bool:
         name, argument = (*line[1:].split(maxsplit=1), "", "")[:2]  # any whitespace after the name
         if name not in self.commands:
-            self.error(f"unknown command /{name} (/help lists the commands)")
+            self.error(f"unknown command {quoted('/' + name)} (/help lists the commands)")
             return True
         handler, usage, _ = self.commands[name]
         if argument and not usage:  # refused, not dropped: /reset now must not pass for /reset
