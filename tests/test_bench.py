@@ -501,7 +501,7 @@ def test_bad_sweep_values_are_usage_errors(args: tuple, message: str) -> None:
 
 
 def test_unknown_families_are_refused() -> None:
-    expected = "--strategies: medium is not one of small, large, gate, ead, lookahead, spec"
+    expected = "--strategies: 'medium' is not one of small, large, gate, ead, lookahead, spec"
     with pytest.raises(EadError, match=expected):
         build_strategies("small,medium", Grid())
     with pytest.raises(EadError, match=r"^--strategies: ' , ' names no strategy$"):
@@ -1167,7 +1167,7 @@ def test_results_of_another_format_are_refused(tmp_path: Path, config: Record, w
         (["--split", "three"], "--split must be one of even, odd, all"),
         (["--ids", "1,3", "--split", "even"], "no tasks selected"),
         (["--tau", "0.5,,1"], "--ead-tau: '' is not a valid value"),
-        (["--strategies", "ead,fast"], "--strategies: fast is not one of"),
+        (["--strategies", "ead,fast"], "--strategies: 'fast' is not one of"),
         (["--timeout", "0"], "--timeout must be above 0 and at most 86400 seconds, got 0.0"),
         (["--timeout", "inf"], "--timeout must be above 0 and at most 86400 seconds, got inf"),
         (["--timeout", "1e300"], "at most 86400 seconds"),  # with inf: a traceback after the first answer
@@ -1180,6 +1180,25 @@ def test_bad_bench_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tmp_path: Path) -> None:
+    """A 100 kB bad value of a bench option had been echoed whole in its error line, as the other
+    commands' no longer are: cut to 80 characters, its full length said."""
+    junk = "x" * 100_000
+    cut = f"{junk[:80]!r}... (100000 characters)"
+    for args, fragment in [
+        (["--split", junk], f"got {cut}"),
+        (["--ids", junk], f"--ids: {cut} is not a number"),
+        (["--tau", junk], f"--ead-tau: {cut} is not a valid value"),
+        (["--switch-point", junk], f"--switch-point: {cut} is not one of"),
+        (["--strategies", junk], f"--strategies: {cut} is not one of"),
+        (["--strategies", "server-ngram", "--server-ngram", junk], f"--server-ngram: {cut} is not one of"),
+    ]:
+        result = ead("bench", "humaneval", *args, "--out", str(tmp_path))
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.splitlines()
+        assert fragment in line and len(line) < 300, line
 
 
 def test_a_range_of_ids_past_the_last_task_is_refused_without_counting_it_out() -> None:

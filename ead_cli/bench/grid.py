@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..option_table import OPTIONS
 from ..options import PolicyOptions
 from ..policies import BURST_KINDS, POLICY_KINDS, SWITCH_POINTS, Burst, PolicyKind, SwitchPoint
@@ -86,7 +86,7 @@ def check_server_draft(draft: int) -> None:
 
 def check_ngram_type(name: str) -> None:
     if name not in NGRAM_TYPES:
-        raise EadError(f"--server-ngram: {name!r} is not one of {', '.join(NGRAM_TYPES)}", exit_code=2)
+        raise EadError(f"--server-ngram: {quoted(name)} is not one of {', '.join(NGRAM_TYPES)}", exit_code=2)
 
 
 LARGE_ONLY = "large-only"
@@ -219,7 +219,7 @@ def _parse_list(spec: str, option: str, convert: Callable[[str], Any], minimum: 
         try:
             value = convert(part.strip())
         except ValueError:
-            raise EadError(f"{option}: {part.strip()!r} is not a valid value", exit_code=2) from None
+            raise EadError(f"{option}: {quoted(part.strip())} is not a valid value", exit_code=2) from None
         if not (value >= minimum) or math.isinf(value):
             raise EadError(f"{option}: {part.strip()} is below {minimum:g} or not finite", exit_code=2)
         if value not in values:
@@ -246,7 +246,8 @@ def parse_grid(
     points = tuple(dict.fromkeys(part.strip() for part in switch_point.split(",")))
     for point in points:
         if point not in SWITCH_POINTS:
-            raise EadError(f"--switch-point: {point!r} is not one of {', '.join(SWITCH_POINTS)}", exit_code=2)
+            choices = ", ".join(SWITCH_POINTS)
+            raise EadError(f"--switch-point: {quoted(point)} is not one of {choices}", exit_code=2)
     return Grid(
         taus={name: _parse_list(spec, f"--{name}-tau", float, 0) for name, spec in taus.items()},
         windows=(None,) if window is None else _swept(window, "window"),
@@ -307,9 +308,9 @@ def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
     wanted = [part.strip() for part in wanted_families.split(",") if part.strip()]
     unknown = [name for name in wanted if name not in known]
     if not wanted:  # as ``ead bench speed`` says it
-        raise EadError(f"--strategies: {wanted_families!r} names no strategy", exit_code=2)
+        raise EadError(f"--strategies: {quoted(wanted_families)} names no strategy", exit_code=2)
     if unknown:
-        raise EadError(f"--strategies: {unknown[0]} is not one of {', '.join(known)}", exit_code=2)
+        raise EadError(f"--strategies: {quoted(unknown[0])} is not one of {', '.join(known)}", exit_code=2)
     strategies: dict[str, Strategy] = {}
     for family, make in known.items():
         if family in wanted:

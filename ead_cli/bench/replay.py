@@ -21,7 +21,7 @@ from typing import Any
 
 from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..options import ModelOptions
 from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
@@ -84,7 +84,7 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
         for name in strategies:
             if name not in known:
                 raise EadError(
-                    f"--strategies: {name!r} is not in {path} (it has: {', '.join(sorted(known))})", 2
+                    f"--strategies: {quoted(name)} is not in {path} (it has: {', '.join(sorted(known))})", 2
                 )
         chosen = [record for record in records if record["strategy"] in set(strategies)]
         for record in chosen:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EadError
+from ..errors import EadError, quoted
 from ..paths import read_file_text, unreadable
 from ..prompt import check_fits, check_prompt_text, encode_prompt, render_chat
 from ..runner import Runner
@@ -78,7 +78,8 @@ def parse_ids(spec: str, option: str = "--ids", highest: int | None = None) -> l
     for part in spec.split(","):
         match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if match is None:
-            raise EadError(f"{option}: {part.strip()!r} is not a number or a range like 10-20", exit_code=2)
+            not_a_range = f"{quoted(part.strip())} is not a number or a range like 10-20"
+            raise EadError(f"{option}: {not_a_range}", exit_code=2)
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
@@ -99,7 +100,7 @@ def select_tasks(
 ) -> list[Task]:
     """The tasks named by ``ids`` (all if None; given as ``option``), of the split, at most ``limit``."""
     if split not in SPLITS:
-        raise EadError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}", exit_code=2)
+        raise EadError(f"--split must be one of {', '.join(SPLITS)}, got {quoted(split)}", exit_code=2)
     _check_limit(limit)
     by_number = {task.number: task for task in tasks}
     chosen = list(by_number.values())
