@@ -390,6 +390,27 @@ def test_a_python_nobody_cannot_run_runs_the_programs_as_root_with_a_note(
     assert check_solution(ADD, "def add(a, b):\n    return a + b\n") == Outcome("passed")
 
 
+def test_a_bench_refused_after_the_load_says_its_one_line_without_the_note(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The note came as soon as the models loaded, so a bench refused after that (a prompt too long for
+    the context) said two lines: it comes before the first sample, where a program is about to run."""
+    if os.geteuid() != 0:
+        pytest.skip("the note is a root bench's")
+    hidden = tmp_path / "root-only"
+    hidden.mkdir(mode=0o700)
+    python = hidden / "python"
+    python.symlink_to(PYTHON)
+    source = f"import sys\nsys.executable = {str(python)!r}\nfrom ead_cli.cli import main\nmain(sys.argv[1:])"
+    small, large = tiny_pair
+    models = ["--small", str(small), "--large", str(large), "--threads", "1"]
+    bench = ["bench", "humaneval", *models, "--ids", "1", "--strategies", "ead", "--ctx", "64"]
+    out = ["--max-tokens", "8", "--out", str(tmp_path / "out")]
+    result = subprocess.run([PYTHON, "-c", source, *bench, *out], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: the prompt is ") and result.stderr.count("\n") == 1, result.stderr
+
+
 def test_as_nobody_a_program_cannot_write_roots_files(unprivileged: str, tmp_path: Path) -> None:
     folder = tmp_path / "root-only"
     folder.mkdir(mode=0o755)

@@ -131,7 +131,7 @@ def run_plan(
 class Bench:
     """One bench: strategies, generation options, the items (made once the tokenizer is loaded), the
     task file (hashed into the config) and the prompt format, the folder the results go to, and a note
-    shown once the models are loaded (the sandbox's, where its programs run as root)."""
+    shown before the first sample runs (the sandbox's, where its programs run as root)."""
 
     name: str
     strategies: Sequence[Strategy]
@@ -225,8 +225,6 @@ def run_bench(
     if native:
         server_binary()  # missing: say so before any model loads
     runners = load_runners(models, progress=progress)
-    if bench.note is not None and progress is not None:  # after the load: a model that fails says only that
-        progress(bench.note)
     try:
         for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
             if isinstance(strategy.policy, PolicyOptions):
@@ -241,6 +239,8 @@ def run_bench(
             Results(bench.out / RESULTS_FILE, config) as results,
         ):
             plan = results.pending(bench.strategies, items)
+            if plan and bench.note is not None and progress is not None:  # a bench refused says that alone
+                progress(bench.note)
             if plan:
                 warm_up(runners, plan[0][1].prompt)
             samples = run_plan(
