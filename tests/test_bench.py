@@ -767,6 +767,15 @@ def test_a_figure_that_is_not_finite_refuses_the_file_naming_its_line(
     assert str(refused.value) == f"{path} line 2: {field} is {value}, not a finite number"
 
 
+@pytest.mark.parametrize("line", ["NaN", "[1, Infinity]"])
+def test_a_line_that_is_no_record_is_refused_as_such_even_holding_a_nan(tmp_path: Path, line: str) -> None:
+    """A bare NaN had been refused as 'line 2:  is nan' (a field of no name), a list by its item."""
+    path = write_results(tmp_path / "results.jsonl", f"{line}\n")
+    with pytest.raises(EadError) as refused:
+        read_results(path)
+    assert str(refused.value) == f"{path} line 2 is not a record (a JSON object)"
+
+
 STOP_AT_THE_SECOND_CHECK = """
 import sys
 from ead_cli.bench import run

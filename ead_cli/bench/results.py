@@ -190,11 +190,11 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
             not_finite = non_finite(records[-1])
         except (json.JSONDecodeError, RecursionError):  # nested past Python's limit: not JSON ead reads
             raise EadError(f"{path} line {number} is not JSON: move the file away to start over") from None
+        if not isinstance(records[-1], dict):  # first: a bare NaN has no field to name
+            raise EadError(f"{path} line {number} is not a record (a JSON object)")
         if not_finite is not None:  # Python's json reads NaN, Infinity and 1e999: ead writes none of them
             field, value = not_finite
             raise EadError(f"{path} line {number}: {field} is {value}, not a finite number")
-        if not isinstance(records[-1], dict):
-            raise EadError(f"{path} line {number} is not a record (a JSON object)")
     if not records:
         return None, []
     if records[0].get("type") != "config":
