@@ -829,11 +829,16 @@ def test_with_colour_off_no_escape_code_reaches_the_terminal(
 
 def test_a_dumb_terminal_wraps_at_its_own_width(spawn) -> None:
     """rich takes a terminal that says it is dumb (TERM=dumb) for 80 columns whatever its size: the first
-    line, some 100 characters, had been wrapped at 80 in a terminal of 120. Its real width now."""
+    line, some 100 characters, had been wrapped at 80 in a terminal of 120. Its real width now; COLUMNS,
+    as in any terminal, says another (it had been ignored there)."""
     child = spawn(columns=120, pair=False, env={"TERM": "dumb"})
     header = plain(child.before).splitlines()
     assert header[0].startswith("■ large: large.gguf  · mode large (the default;")
     assert header[0].endswith("turns the pair on)") and len(header[0]) > 80, header
+    assert leave(child) == 0
+    child = spawn(columns=120, pair=False, env={"TERM": "dumb", "COLUMNS": "60"})
+    header = plain(child.before).splitlines()
+    assert header[0].startswith("■ large: large.gguf  · mode large") and len(header[0]) <= 60, header
     assert leave(child) == 0
 
 

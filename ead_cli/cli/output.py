@@ -20,12 +20,13 @@ from ..signals import main_thread_signals
 
 def at_its_width(console: Console) -> Console:
     """``console`` at its terminal's own size: rich takes a terminal that says it is dumb (TERM=dumb) for
-    80 columns whatever its width. Read when the console is made, as rich reads COLUMNS."""
+    80 columns whatever its width. Read when the console is made, as rich reads COLUMNS, which (with
+    LINES) still says another size, as at any terminal."""
     if console.is_dumb_terminal:
         with contextlib.suppress(OSError):  # a stream that says it is a terminal but has no descriptor
             columns, lines = os.get_terminal_size(console.file.fileno())
             if columns:  # a pseudo-terminal no one gave a size says 0
-                console.size = (columns, lines)
+                console.size = (console._width or columns, console._height or lines)  # rich's COLUMNS, LINES
     return console
 
 
