@@ -1166,14 +1166,15 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
     ],
 )
 def test_an_empty_path_is_refused_naming_the_option(tmp_path: Path, args: list[str], named: str) -> None:
-    """'' had meant the current folder (Path('') is '.'): results written or read there unasked."""
+    """'' had meant the current folder (Path('') is '.'): results written or read there unasked. Not
+    'give . for the current folder' either: --json and --check name a file."""
     models = ["--small", "missing-small.gguf", "--large", "missing-large.gguf"]
     result = subprocess.run(
         [EAD, "bench", *args, *(models if args[0] != "report" else [])],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.startswith(f"error: Invalid value for {named}: an empty path: give '.' for")
+    assert result.stderr.startswith(f"error: Invalid value for {named}: an empty path names no file or")
     assert result.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 

@@ -482,7 +482,7 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(ead(*evaluate, "--ids", "1-", env=missing), 2, "--ids: '1-' is not a number")
     assert_one_line_error(ead(*evaluate, "--tune-ids", "0,999", env=missing), 2, "--tune-ids: no task 999")
     empty = ead(*evaluate, "--out", "", env=missing)  # it had been the current folder: "is not a file"
-    assert_one_line_error(empty, 2, "Invalid value for '--out': an empty path: give '.' for the current")
+    assert_one_line_error(empty, 2, "Invalid value for '--out': an empty path names no file or folder")
     out = blocked / "depth" / "eval.json"  # it had been a FileExistsError traceback after the whole eval
     assert_one_line_error(
         ead(*evaluate, "--out", str(out), env=missing), 1, f"cannot save the evaluation to {out}: "

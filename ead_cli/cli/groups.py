@@ -37,9 +37,9 @@ class OutputFormat(str, Enum):
 
 def given_path(text: str) -> Path:
     """A path option or argument as given, refused when empty: ``Path("")`` is the current folder, where
-    results would be written or read unasked."""
+    results would be written or read unasked. The message tells no file option to give '.'."""
     if not text:
-        raise typer.BadParameter("an empty path: give '.' for the current folder")
+        raise typer.BadParameter("an empty path names no file or folder ('.' is the current folder)")
     return Path(text)
 
 
