@@ -203,9 +203,12 @@ def test_json_lines_at_a_terminal_escape_the_controls_json_leaves_raw() -> None:
 
 
 def test_a_dumb_terminal_gets_no_colour_unless_forced(tiny_pair: tuple[Path, Path]) -> None:
+    """A dumb terminal as rich reads TERM (dumb or unknown, in any case): TERM=unknown had coloured the
+    answer, while --stats' figures beside it were plain."""
     args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "30", "hi"]
     plain = spell_controls(ead(*args).stdout.decode())
-    assert at_a_terminal(*args, env={"TERM": "dumb"}).decode() == plain
+    for term in ("dumb", "unknown", "DUMB"):
+        assert at_a_terminal(*args, env={"TERM": term}).decode() == plain
     forced = at_a_terminal(*args, env={"TERM": "dumb", "FORCE_COLOR": "1"}).decode()
     assert ANSI in forced and ANSI_CODES.sub("", forced) == plain
 

@@ -53,12 +53,12 @@ def model_style(role: str) -> str:
 def wants_color(stream: TextIO, no_color: bool) -> bool:
     """Colour on a terminal unless --no-color or NO_COLOR (https://no-color.org); FORCE_COLOR forces it.
     A terminal that says it is dumb (TERM=dumb) may show escape codes as text: no colour there, as rich
-    gives the figures of --stats none."""
+    gives the figures of --stats none (it reads TERM=unknown, in any case, as dumb too)."""
     if no_color or os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return stream.isatty() and os.environ.get("TERM") != "dumb"
+    return stream.isatty() and os.environ.get("TERM", "").lower() not in ("dumb", "unknown")
 
 
 class Renderer:
