@@ -107,6 +107,29 @@ def schema_named(schema: dict, *, strict: bool | None) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": strict}}
 
 
+def only_strict_refused(schema: dict, where: str) -> None:
+    """A strict ``schema`` is a 400 naming ``where`` (the first keyword the grammar drops); the same schema
+    not strict is a grammar, a guide."""
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+    assert f"response_format.json_schema.{where}: the grammar does not hold" in str(refused.value)
+    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+
+
+def refused_strict(server: Server, body: dict, schema: dict) -> str:
+    """A strict request for ``schema`` is a 400 naming response_format: its message."""
+    reply = httpx.post(
+        f"{server.base_url}/chat/completions",
+        json={**body, "response_format": schema_named(schema, strict=True)},
+        headers=JSON,
+        timeout=60,
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "response_format" and error["code"] == "invalid_value"
+    return str(error["message"])
+
+
 def test_a_strict_schema_keyword_the_grammar_cannot_hold_is_a_400(server: Server) -> None:
     """strict: true promises an answer that meets the whole schema (OpenAI's structured outputs), and the
     converter drops some keywords (a number's bounds, formats but date, time and uuid, uniqueItems...).
@@ -118,16 +141,8 @@ def test_a_strict_schema_keyword_the_grammar_cannot_hold_is_a_400(server: Server
         "required": ["n"],
     }
     body = {"messages": HI, "max_tokens": 8, "temperature": 0}
-    reply = httpx.post(
-        f"{server.base_url}/chat/completions",
-        json={**body, "response_format": schema_named(bounded, strict=True)},
-        headers=JSON,
-        timeout=60,
-    )
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == "response_format" and error["code"] == "invalid_value"
-    assert "json_schema.schema.properties.n.minimum" in error["message"] and "strict" in error["message"]
+    message = refused_strict(server, body, bounded)
+    assert "json_schema.schema.properties.n.minimum" in message and "strict" in message
     for strict in (None, False):
         chat(server, **body, response_format=schema_named(bounded, strict=strict))
     # names of properties and definitions are not keywords; what the grammar holds is taken
@@ -155,6 +170,30 @@ BOUNDED_INTEGERS = {
 }
 
 
+def finished_answers(
+    server: Server, response_format: dict, seeds: int, max_tokens: int, prefill: str | None = None
+) -> list:
+    """The tiny models' noise (temperature 0.8, one answer per seed) in ``response_format``, after an
+    assistant message ``prefill`` if one is given (an empty one too): the values that finished (not cut
+    by max_tokens), prefill and answer parsed as one (strict=False: the tiny vocabulary's byte tokens may
+    put control characters in strings)."""
+    opened = [] if prefill is None else [{"role": "assistant", "content": prefill}]
+    answers = []
+    for seed in range(seeds):
+        reply = chat(
+            server,
+            messages=[*HI, *opened],
+            max_tokens=max_tokens,
+            temperature=0.8,
+            seed=seed,
+            response_format=response_format,
+        )
+        choice = reply["choices"][0]
+        if choice["finish_reason"] == "stop":
+            answers.append(json.loads((prefill or "") + choice["message"]["content"], strict=False))
+    return answers
+
+
 def within_bounds(value: dict) -> bool:
     return 5 <= value["n"] <= 6 and -40 < value["m"] < -29 and 1000 <= value["big"] < 2**31
 
@@ -165,23 +204,10 @@ def test_a_strict_schema_with_integer_bounds_is_taken_and_its_answers_keep_withi
     """The converter dropped an integer's bounds: strict schemas with them were a 400, others could
     answer 73 for an integer between 5 and 6. The grammar now holds them: the tiny models' noise, which
     writes any digits it may, keeps every finished answer within the bounds."""
-    finished = 0
-    for seed in range(6):
-        reply = chat(
-            server,
-            messages=HI,
-            max_tokens=80,
-            temperature=0.8,
-            seed=seed,
-            response_format=schema_named(BOUNDED_INTEGERS, strict=True),
-        )
-        choice = reply["choices"][0]
-        if choice["finish_reason"] == "length":
-            continue
-        finished += 1
-        answer = json.loads(choice["message"]["content"])
+    answers = finished_answers(server, schema_named(BOUNDED_INTEGERS, strict=True), seeds=6, max_tokens=80)
+    assert answers
+    for answer in answers:
         assert within_bounds(answer), answer
-    assert finished
 
 
 @pytest.mark.parametrize(
@@ -246,23 +272,10 @@ def test_an_assistant_prefill_opens_the_json_answer_the_grammar_finishes(
 ) -> None:
     """The grammar bound the continuation alone: after a prefill it opened a second object (``{"a": "{``).
     It now follows the prefill's text first, so prefill and answer are one value of the format."""
-    finished = 0
-    for seed in range(6):
-        reply = chat(
-            server,
-            messages=[*HI, {"role": "assistant", "content": prefill}],
-            response_format=response_format,
-            max_tokens=80,
-            temperature=0.8,
-            seed=seed,
-        )
-        choice = reply["choices"][0]
-        if choice["finish_reason"] == "length":
-            continue
-        finished += 1
-        value = json.loads(prefill + choice["message"]["content"], strict=False)
-        assert isinstance(value, dict) and check(value), choice
-    assert finished
+    values = finished_answers(server, response_format, seeds=6, max_tokens=80, prefill=prefill)
+    assert values
+    for value in values:
+        assert isinstance(value, dict) and check(value), value
 
 
 @pytest.mark.parametrize(
@@ -504,21 +517,10 @@ def test_a_patterns_escapes_are_respelled_for_the_grammar_meaning_the_same(patte
 
 def test_a_pattern_with_class_escapes_holds_the_answer(server: Server) -> None:
     """``^\\d{3}-\\d{4}$``, a 400 before, now holds every finished answer of the tiny models' noise."""
-    finished = 0
-    for seed in range(4):
-        reply = chat(
-            server,
-            messages=HI,
-            max_tokens=40,
-            temperature=0.8,
-            seed=seed,
-            response_format=schema_format({"type": "string", "pattern": PATTERNS[0]}),
-        )
-        choice = reply["choices"][0]
-        if choice["finish_reason"] == "stop":
-            finished += 1
-            assert re.fullmatch(PATTERNS[0], json.loads(choice["message"]["content"])), choice
-    assert finished
+    answers = finished_answers(server, schema_format({"type": "string", "pattern": PATTERNS[0]}), 4, 40)
+    assert answers
+    for answer in answers:
+        assert re.fullmatch(PATTERNS[0], answer), answer
 
 
 @pytest.mark.parametrize(
@@ -625,10 +627,7 @@ def test_a_strict_all_of_the_converter_does_not_read_whole_is_a_400(schema: dict
     required; an anyOf part's alternatives' none): a part's type, bounds or lengths, an enum behind a $ref,
     were dropped (an integer's allOf came back `{}`), and strict: true had let them through. Without strict
     the schema still guides the answer."""
-    with pytest.raises(ApiError) as refused:
-        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
-    assert f"response_format.json_schema.{where}: the grammar does not hold" in str(refused.value)
-    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    only_strict_refused(schema, where)
 
 
 @pytest.mark.parametrize(
@@ -686,16 +685,8 @@ def test_a_strict_all_of_is_refused_or_taken_over_http_as_the_converter_reads_it
     served as a guide when not; an allOf of objects it reads whole is served strict."""
     body = {"messages": HI, "max_tokens": 8, "temperature": 0}
     integer = {"type": "object", "properties": {"n": {"allOf": [{"type": "integer"}, {"minimum": 3}]}}}
-    reply = httpx.post(
-        f"{server.base_url}/chat/completions",
-        json={**body, "response_format": schema_named(integer, strict=True)},
-        headers=JSON,
-        timeout=60,
-    )
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == "response_format" and error["code"] == "invalid_value"
-    assert error["message"].startswith("response_format.json_schema.schema.properties.n.allOf.0.type: ")
+    message = refused_strict(server, body, integer)
+    assert message.startswith("response_format.json_schema.schema.properties.n.allOf.0.type: ")
     chat(server, **body, response_format=schema_named(integer, strict=False))
     objects = {"allOf": [{"properties": {"n": {"type": "integer"}}}, {"properties": {"s": {"enum": ["a"]}}}]}
     chat(server, **body, response_format=schema_named(objects, strict=True))
@@ -706,10 +697,7 @@ def test_a_strict_tuple_beside_one_items_schema_is_a_400() -> None:
     (the grammar took integers alone for a string then integers). Without strict the items still guide it;
     a tuple alone is held."""
     schema = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}}
-    with pytest.raises(ApiError) as refused:
-        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
-    assert "response_format.json_schema.schema.prefixItems: " in str(refused.value)
-    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    only_strict_refused(schema, "schema.prefixItems")
     pair = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}
     assert ResponseFormat.model_validate(schema_named(pair, strict=True)).grammar()
 
@@ -737,10 +725,7 @@ def test_a_strict_keyword_beside_one_the_converter_reads_instead_is_a_400(schema
     what is beside it (its grammar took an empty string for a minLength beside a $ref, any object for
     properties beside an anyOf): strict: true took those. A type every value it reads has still holds,
     and a keyword JSON Schema does not know says nothing."""
-    with pytest.raises(ApiError) as refused:
-        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
-    assert f"response_format.json_schema.{where}: the grammar does not hold" in str(refused.value)
-    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    only_strict_refused(schema, where)
 
 
 @pytest.mark.parametrize(
@@ -762,7 +747,4 @@ def test_a_strict_draft_7_dependencies_keyword_is_a_400() -> None:
     """draft 7's spelling of dependentRequired and dependentSchemas, which the converter drops as it drops
     those (its grammar let an answer with a and no b through)."""
     schema = {"type": "object", "properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}}
-    with pytest.raises(ApiError) as refused:
-        ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
-    assert "response_format.json_schema.schema.dependencies: the grammar does not hold" in str(refused.value)
-    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    only_strict_refused(schema, "schema.dependencies")
