@@ -49,7 +49,15 @@ Progress = Callable[[str], None]
 
 _BLOCK = 8 << 20  # bytes per read while assembling: large enough to stream at disk speed
 _DEFAULT_HUB_TIMEOUT_S = 5.0
-_REPO = re.compile(r"[\w.-]+/[\w.-]+")
+# A hub repo id "owner/name" as huggingface_hub's validate_repo_id takes one: ASCII letters, digits, '_', '-'
+# and '.', each part 1-96 of them starting and ending with a letter, digit or '_', no '--' or '..', not ending
+# in '.git'. Checked when models.toml is read: huggingface_hub raised its own exception at the first download.
+_REPO = re.compile(
+    r"""(?!.*(?:--|\.\.))
+    (?=\w)[\w.-]{1,96}(?<=\w) / (?=\w)[\w.-]{1,96}(?<=\w)
+    (?<!\.git)""",
+    re.ASCII | re.VERBOSE,
+)
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # Connection-level failures of the HTTP client a huggingface_hub version uses (httpx2, httpx or requests):
 # looked up only among modules already imported, since only those can have raised.
@@ -573,7 +581,11 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
         )
     repo = table.take("repo", "text")
     if not _REPO.fullmatch(repo):
-        table.fail(f'{table.key("repo")} must look like "owner/name", not {repo!r}')
+        table.fail(
+            f'{table.key("repo")} must be a Hugging Face repo id, "owner/name" as the hub spells one '
+            "(letters, digits, '_', '-', '.'; no '--' or '..'; neither part starting or ending with '-' "
+            f"or '.'), not {quoted(repo)}"
+        )
     pattern = table.take("pattern", "text")
     if not pattern.endswith(".gguf"):
         table.fail(f"{table.key('pattern')} must end in .gguf, not {pattern!r}")

@@ -190,8 +190,14 @@ pattern = "mine-*.gguf"
         ("[models.x]\npattern = 'x.gguf'\n", ": models.x.repo is missing"),
         (
             "[models.x]\nrepo = 'just-a-name'\npattern = 'x.gguf'\n",
-            ': models.x.repo must look like "owner/name"',
+            ': models.x.repo must be a Hugging Face repo id, "owner/name"',
         ),
+        (  # huggingface_hub refused these ids with its own exception: a traceback at the first download
+            "[models.x]\nrepo = 'a--b/c'\npattern = 'x.gguf'\n",
+            ': models.x.repo must be a Hugging Face repo id, "owner/name" as the hub spells one',
+        ),
+        ("[models.x]\nrepo = '-a/b'\npattern = 'x.gguf'\n", "models.x.repo must be a Hugging Face repo id"),
+        ("[models.x]\nrepo = 'caf\u00e9/b'\npattern = 'x.gguf'\n", "models.x.repo must be a Hugging Face"),
         (
             "[models.x]\nrepo = 'a/b'\npattern = 'x.gguf'\nparams = 'big'\n",
             ": models.x.params must be a positive",
@@ -232,6 +238,35 @@ def test_bad_user_file_is_a_one_line_error_naming_the_file(tmp_path: Path, text:
     assert message.startswith(f"models file {models_file}")
     assert problem in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "repo",
+    [
+        *("a/b", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "a_/_b", "1/2", f"{'o' * 96}/{'n' * 96}", "a.b-c/e.f_g"),
+        *("a--b/c", "a/b..c", "-a/b", "a/b-", ".a/b", "a/b.", "_a/b_", "a/b.git", "a/b.GIT", "a/b/c", "a"),
+        *(f"{'o' * 97}/n", f"o/{'n' * 97}", "caf\u00e9/b", "a/\u0661", "a /b", "a/b\n", "../..", "/b", "a/"),
+    ],
+)
+def test_a_repo_is_refused_where_huggingface_hub_refuses_it(tmp_path: Path, repo: str) -> None:
+    """models.toml's check of a repo agrees with huggingface_hub's own, for ids with an owner."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        hub_takes = False
+    else:
+        hub_takes = "/" in repo
+    models_file = write_models(tmp_path, f"[models.x]\nrepo = {json.dumps(repo)}\npattern = 'x.gguf'\n")
+    try:
+        load_catalog(models_file)
+    except EadError as error:
+        assert not hub_takes, error
+        assert "models.x.repo must be a Hugging Face repo id" in str(error)
+    else:
+        assert hub_takes
 
 
 @pytest.mark.parametrize(("data", "byte"), [(b"\xff\xfe", 0), (b"# ok\nx = '\xe9'\n", 10)])
