@@ -590,10 +590,12 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
     if not pattern.endswith(".gguf"):
         table.fail(f"{table.key('pattern')} must end in .gguf, not {pattern!r}")
     glob = PurePosixPath(pattern)
-    if glob.is_absolute() or ".." in glob.parts:  # globbed in the repo's snapshot folder, and only there
+    # Globbed in the repo's snapshot folder, and only there; pathlib's glob (before Python 3.13) raises
+    # ValueError for a '**' inside a part.
+    if glob.is_absolute() or ".." in glob.parts or any("**" in part and part != "**" for part in glob.parts):
         table.fail(
-            f"{table.key('pattern')} must be a glob over the repo's files, relative and without '..', "
-            f"not {pattern!r}"
+            f"{table.key('pattern')} must be a glob over the repo's files: relative, without '..', and with "
+            f"'**' only as a whole part (as in '**/x.gguf'), not {pattern!r}"
         )
     description = table.take("description", "text", required=False) or ""
     params = table.take("params", "number", required=False)

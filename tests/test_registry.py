@@ -220,14 +220,22 @@ pattern = "mine-*.gguf"
         ("[models.'lmstudio:x']\nrepo = 'a/b'\npattern = 'x.gguf'\n", "alias 'lmstudio:x' cannot start"),
         (  # pathlib's glob over the hub snapshot raised NotImplementedError: a traceback in `models list`
             "[models.x]\nrepo = 'a/b'\npattern = '/models/x*.gguf'\n",
-            ": models.x.pattern must be a glob over the repo's files, relative and without '..', "
+            ": models.x.pattern must be a glob over the repo's files: relative, without '..', and with "
+            "'**' only as a whole part (as in '**/x.gguf'), "
             "not '/models/x*.gguf'",
         ),
         (  # it globbed outside the snapshot, in the hub cache's own folders
             "[models.x]\nrepo = 'a/b'\npattern = '../../*.gguf'\n",
-            ": models.x.pattern must be a glob over the repo's files, relative and without '..', "
+            ": models.x.pattern must be a glob over the repo's files: relative, without '..', and with "
+            "'**' only as a whole part (as in '**/x.gguf'), "
             "not '../../*.gguf'",
         ),
+        (  # pathlib's glob raised ValueError over the hub snapshot (before Python 3.13): a traceback
+            "[models.x]\nrepo = 'a/b'\npattern = '**.gguf'\n",
+            "models.x.pattern must be a glob over the repo's files: relative, without '..', and with '**' "
+            "only as a whole part (as in '**/x.gguf'), not '**.gguf'",
+        ),
+        ("[models.x]\nrepo = 'a/b'\npattern = 'q**/x.gguf'\n", "(as in '**/x.gguf'), not 'q**/x.gguf'"),
     ],
 )
 def test_bad_user_file_is_a_one_line_error_naming_the_file(tmp_path: Path, text: str, problem: str) -> None:
