@@ -49,6 +49,7 @@ Progress = Callable[[str], None]
 
 _BLOCK = 8 << 20  # bytes per read while assembling: large enough to stream at disk speed
 _DEFAULT_HUB_TIMEOUT_S = 5.0
+_HUB_TIMEOUTS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")  # huggingface_hub's, in whole seconds
 # A hub repo id "owner/name" as huggingface_hub's validate_repo_id takes one: ASCII letters, digits, '_', '-'
 # and '.', each part 1-96 of them starting and ending with a letter, digit or '_', no '--' or '..', not ending
 # in '.git'. Checked when models.toml is read: huggingface_hub raised its own exception at the first download.
@@ -226,6 +227,7 @@ def _fetch(spec: ModelSpec, *, allow_download: bool, progress: Progress | None) 
             return _assemble(spec.alias, spec.offline, package_dirs, progress)
     if not allow_download or _hub_offline():
         raise _not_cached_error(spec)
+    _check_hub_timeouts()
     if progress is not None:
         progress(f"downloading {spec.alias} ({spec.pattern}) from the Hugging Face hub repo {spec.repo}")
     return _download(spec)
@@ -251,12 +253,25 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
+def _check_hub_timeouts() -> None:
+    """Refuse, before huggingface_hub is imported, a timeout it cannot read: its import reads each with
+    int(), and another value (``2.5``, an empty one) raised ValueError there, a traceback."""
+    for name in _HUB_TIMEOUTS:
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        try:
+            int(value)
+        except ValueError:
+            raise EadError(
+                f"{name}={quoted(value)}: huggingface_hub takes a whole number of seconds"
+            ) from None
+
+
 def _hub_timeout() -> float:
-    """Seconds to wait for the hub to answer; ``HF_HUB_ETAG_TIMEOUT`` overrides the default."""
-    try:
-        return float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or _DEFAULT_HUB_TIMEOUT_S)
-    except ValueError:
-        return _DEFAULT_HUB_TIMEOUT_S
+    """Seconds to wait for the hub to answer: ``HF_HUB_ETAG_TIMEOUT`` (checked), where it is not 0, as
+    huggingface_hub reads it, else ead's default."""
+    return int(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 0) or _DEFAULT_HUB_TIMEOUT_S
 
 
 def _first_complete_match(folder: Path, pattern: str) -> Path | None:
@@ -272,6 +287,7 @@ def _hub_cached(spec: ModelSpec) -> Path | None:
     cache = _hub_cache_dir()
     if not is_dir(cache / f"models--{spec.repo.replace('/', '--')}"):
         return None  # never fetched: skip importing huggingface_hub, which costs a few tenths of a second
+    _check_hub_timeouts()
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import LocalEntryNotFoundError
 

@@ -440,6 +440,22 @@ def test_unreachable_hub_fails_fast(tmp_path: Path) -> None:
     assert elapsed < 30
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("HF_HUB_ETAG_TIMEOUT", "2.5"), ("HF_HUB_ETAG_TIMEOUT", ""), ("HF_HUB_DOWNLOAD_TIMEOUT", "ten")],
+)
+def test_a_hub_timeout_huggingface_hub_cannot_read_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """huggingface_hub reads its timeouts with int() when imported: another value raised ValueError there, a
+    traceback from 'models pull', and from 'models list' once a repo was in the hub cache."""
+    monkeypatch.setenv(name, value)
+    expected = f"error: {name}={value!r}: huggingface_hub takes a whole number of seconds"
+    assert assert_one_line_error(ead("models", "pull", "q14b"), 1) == expected
+    (tmp_path / "hf-home" / "hub" / "models--Qwen--Qwen2.5-14B-Instruct-GGUF").mkdir(parents=True)
+    assert assert_one_line_error(ead("models", "list"), 1) == expected
+
+
 def test_alias_found_in_hub_cache(tiny: Tiny, tmp_path: Path, models_dir: Path) -> None:
     """A real hub-cache layout: refs/main -> snapshots/<commit>/<name> -> ../../blobs/<etag>."""
     repo_dir = tmp_path / "hf-home" / "hub" / "models--ead-test--tiny-GGUF"
