@@ -285,7 +285,8 @@ def _first_complete_match(folder: Path, pattern: str) -> Path | None:
 def _hub_cached(spec: ModelSpec) -> Path | None:
     """The alias's file in the hub cache, without any network access."""
     cache = _hub_cache_dir()
-    if not is_dir(cache / f"models--{spec.repo.replace('/', '--')}"):
+    repo_folder = cache / f"models--{spec.repo.replace('/', '--')}"
+    if not is_dir(repo_folder):
         return None  # never fetched: skip importing huggingface_hub, which costs a few tenths of a second
     _check_hub_timeouts()
     from huggingface_hub import snapshot_download
@@ -297,6 +298,9 @@ def _hub_cached(spec: ModelSpec) -> Path | None:
         )
     except LocalEntryNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as err:  # damaged: refs/main a folder, not text, closed to this user
+        where = getattr(err, "filename", None) or repo_folder
+        raise EadError(f"cannot read the Hugging Face hub cache at {where}: {unreadable(err)}") from None
     return _first_complete_match(Path(folder), spec.pattern)
 
 

@@ -474,6 +474,26 @@ def test_alias_found_in_hub_cache(tiny: Tiny, tmp_path: Path, models_dir: Path) 
     assert not models_dir.exists()
 
 
+@pytest.mark.parametrize(
+    ("damage", "reason"), [("folder", "Is a directory"), ("bytes", "not UTF-8 text (byte 0)")]
+)
+def test_a_damaged_hub_cache_is_one_line(tiny: Tiny, tmp_path: Path, damage: str, reason: str) -> None:
+    """huggingface_hub reads refs/main as text, and raised what the read raised: a traceback from 'models
+    list' and from every command given the alias."""
+    repo_dir = tmp_path / "hf-home" / "hub" / "models--ead-test--tiny-GGUF"
+    main = repo_dir / "refs" / "main"
+    if damage == "folder":
+        main.mkdir(parents=True)
+        where = main
+    else:
+        main.parent.mkdir(parents=True)
+        main.write_bytes(b"\xff\xfe")
+        where = repo_dir
+    expected = f"error: cannot read the Hugging Face hub cache at {where}: {reason}"
+    for command in (("models", "list"), ("models", "pull", "tiny")):
+        assert assert_one_line_error(ead(*command, "--catalog", str(tiny.models_file)), 1) == expected
+
+
 def test_split_file_in_hub_cache_counts_only_when_all_shards_are_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
