@@ -28,6 +28,7 @@ from typing import IO, Any, NoReturn
 from ead_cli.errors import EadError, quoted
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
 from ead_cli.paths import (
+    cannot_save,
     ead_cache_dir,
     env_path,
     expand_home,
@@ -451,7 +452,9 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
         except BaseException as err:
             tmp.unlink(missing_ok=True)
             if isinstance(err, OSError):
-                raise EadError(f"assembling {alias} into {models_dir} failed: {_first_line(err)}") from None
+                if err.filename == str(tmp):  # the temporary's random name means nothing to the user
+                    err.filename = str(target)
+                raise cannot_save(target, f"{alias}, assembled from its offline packages,", err) from None
             raise
     return target
 

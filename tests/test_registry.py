@@ -536,6 +536,22 @@ def test_assembly_writes_the_joined_bytes_and_a_sidecar(tiny: Tiny, models_dir: 
     assert local_status(spec) == "ead cache"
 
 
+@pytest.mark.parametrize("in_the_way", ["tiny.gguf", "tiny.gguf.sha256"])
+def test_a_folder_in_the_way_of_an_assembly_is_named_and_no_temporary_stays(
+    tiny: Tiny, models_dir: Path, in_the_way: str
+) -> None:
+    """The line had named the random temporary file the rename came from, with errno's number."""
+    (models_dir / in_the_way).mkdir(parents=True)
+    with pytest.raises(EadError) as caught:
+        resolve_tiny(tiny)
+    beside = "" if in_the_way == "tiny.gguf" else f" ({models_dir / in_the_way})"
+    assert str(caught.value) == (
+        f"cannot save tiny, assembled from its offline packages, to {models_dir / 'tiny.gguf'}: "
+        f"Is a directory{beside}"
+    )
+    assert not list(models_dir.glob("*.tmp"))
+
+
 def test_second_resolve_trusts_the_cached_file(tiny: Tiny) -> None:
     first = resolve_tiny(tiny)
     mtime = first.stat().st_mtime_ns
