@@ -84,6 +84,8 @@ def _ollama_ref(registry_: str, namespace: str, model: str, tag: str) -> str:
 def resolve_ollama(name: str) -> Path:
     root = ollama_models_dir()
     (registry_, namespace, model), tag = _ollama_name(name)
+    if not is_dir(root):
+        raise _no_folder("ollama", name, str(root), "OLLAMA_MODELS")
     manifest = root / "manifests" / registry_ / namespace / model / tag
     if not is_file(manifest):
         have = [found.ref for found in _ollama_models(root)]
@@ -181,6 +183,9 @@ def resolve_lmstudio(name: str) -> Path:
     name = _under_the_folder(name)
     roots = lmstudio_models_dirs()
     for root in roots:
+        if not is_dir(root):  # LMSTUDIO_MODELS's: the default folders are only those that are there
+            raise _no_folder("LM Studio", name, str(root), "LMSTUDIO_MODELS")
+    for root in roots:
         if is_file(root / name):
             return checked_gguf(root / name)
     models = _lmstudio_models(roots)
@@ -200,12 +205,16 @@ def resolve_lmstudio(name: str) -> Path:
             f"'{LMSTUDIO_PREFIX}{name}' matches {len(matches)} models{_listing([m.ref for m in matches])}"
         )
     if not roots:
-        raise EadError(
-            f"no LM Studio model '{name}': there is no LM Studio models folder here "
-            f"({', '.join(_LMSTUDIO_DEFAULTS)}); set LMSTUDIO_MODELS to yours"
-        )
+        raise _no_folder("LM Studio", name, f"here ({', '.join(_LMSTUDIO_DEFAULTS)})", "LMSTUDIO_MODELS")
     where = ", ".join(str(root) for root in roots)
     raise EadError(f"no LM Studio model '{name}' in {where}{_listing([m.ref for m in models])}")
+
+
+def _no_folder(source: str, name: str, where: str, variable: str) -> EadError:
+    """A model asked of a tool whose models folder is not there: said so, not as a folder that has none."""
+    return EadError(
+        f"no {source} model '{name}': there is no {source} models folder {where}; set {variable} to yours"
+    )
 
 
 def _under_the_folder(name: str) -> str:

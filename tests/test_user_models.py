@@ -172,8 +172,27 @@ def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) ->
     for name in ("a/b/c/d", "../x", "x:", "x//y"):
         line = refused(env, f"ollama:{name}", tiny_large)
         assert f"not an ollama model name: '{name}'" in line
+    (Path(env["OLLAMA_MODELS"]) / "manifests").mkdir(parents=True)
     empty = ead("generate", "--small", "ollama:x", "--large", str(tiny_large), PROMPT, env=env)
     assert "(it has none)" in assert_one_line_error(empty, 1)
+
+
+@pytest.mark.parametrize("what", ["nothing", "a file"])
+def test_a_models_folder_that_is_not_there_is_said_so(
+    env: dict[str, str], tmp_path: Path, tiny_large: Path, what: str
+) -> None:
+    """A mistyped OLLAMA_MODELS or LMSTUDIO_MODELS had read 'no ollama model 'x' in /typo (it has none)',
+    as if the folder were there and empty."""
+    typo = tmp_path / "typo"
+    if what == "a file":
+        typo.write_text("not a folder")
+    for variable, source in (("OLLAMA_MODELS", "ollama"), ("LMSTUDIO_MODELS", "LM Studio")):
+        ref = f"{source.replace(' ', '').lower()}:x"
+        result = ead("generate", "--large", ref, PROMPT, env={**env, variable: str(typo)})
+        assert assert_one_line_error(result, 1) == (
+            f"error: no {source} model 'x': there is no {source} models folder {typo}; "
+            f"set {variable} to yours"
+        )
 
 
 @pytest.fixture
