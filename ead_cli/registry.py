@@ -595,8 +595,15 @@ def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]
 
 
 def _parse_spec(alias: str, table: _Table) -> ModelSpec:
-    if not alias or any(c.isspace() or c in "/\\" for c in alias) or alias.lower().endswith(".gguf"):
-        table.fail(f"alias {alias!r} must be non-empty, without spaces or slashes, and not end in .gguf")
+    if (
+        not alias
+        or not alias.isprintable()  # listed and echoed: an escape would reach the terminal
+        or any(c.isspace() or c in "/\\" for c in alias)
+        or alias.lower().endswith(".gguf")
+    ):
+        table.fail(
+            f"alias {alias!r} must be non-empty, printable, without spaces or slashes, and not end in .gguf"
+        )
     if alias.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX)):  # resolve reads those as other tools' models
         table.fail(
             f"alias {alias!r} cannot start with {OLLAMA_PREFIX} or {LMSTUDIO_PREFIX}: they name "

@@ -218,6 +218,11 @@ pattern = "mine-*.gguf"
             "alias 'ollama:mine' cannot start with ollama: or lmstudio:",
         ),
         ("[models.'lmstudio:x']\nrepo = 'a/b'\npattern = 'x.gguf'\n", "alias 'lmstudio:x' cannot start"),
+        (  # `models list` wrote the escape to the terminal, and `models pull` its progress line
+            '[models."\\u001b[31mred"]\nrepo = "a/b"\npattern = "x.gguf"\n',
+            "alias '\\x1b[31mred' must be non-empty, printable, without spaces or slashes, and not end in "
+            ".gguf",
+        ),
         (  # pathlib's glob over the hub snapshot raised NotImplementedError: a traceback in `models list`
             "[models.x]\nrepo = 'a/b'\npattern = '/models/x*.gguf'\n",
             ": models.x.pattern must be a glob over the repo's files: relative, without '..', and with "
