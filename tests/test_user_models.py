@@ -332,6 +332,24 @@ def test_names_with_brackets_and_colons_are_listed_as_they_are(
     assert "closing [/] tag :smile:" in result.stdout.decode()
 
 
+def test_names_a_terminal_acts_on_are_listed_spelled_out(
+    env: dict[str, str], tiny_small: Path, ollama_root: Path
+) -> None:
+    """A file name with an escape or a newline (LM Studio's, ollama's manifest) went to the terminal as it
+    was: the escape coloured the rest of the table, the newline broke the row in two."""
+    folder = Path(env["LMSTUDIO_MODELS"]) / "pub"
+    folder.mkdir(parents=True)
+    shutil.copyfile(tiny_small, folder / "evil\x1b[31m\n.gguf")
+    add_ollama_model(ollama_root, "ev\x1bil", "latest", tiny_small.read_bytes())
+    result = ead("models", "list", env=env)
+    assert (result.returncode, result.stderr) == (0, b"")
+    listing = result.stdout.decode()
+    assert "\x1b" not in listing
+    rows = [line.split("  ")[0] for line in listing.splitlines()]
+    assert "lmstudio:pub/evil\\x1b[31m\\n.gguf" in rows
+    assert "ollama:ev\\x1bil:latest" in rows
+
+
 def test_models_list_json_shows_them_beside_the_catalog(
     env: dict[str, str], ollama_root: Path, lmstudio_root: Path
 ) -> None:

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from .groups import ModelsFile
-from .output import check_stdout, print_table, say_progress
+from .output import check_stdout, print_table, say_progress, spelled
 
 models_app = typer.Typer(
     help="List, fetch and remove models: the aliases of models.toml, and those ollama and LM Studio keep.",
@@ -59,7 +59,8 @@ def models_list(
         table.add_column(column, overflow="fold")  # a path cut short names nothing
     for row in rows:
         params = f"{row['params'] / 1e9:.1f}B" if row["params"] else ""
-        table.add_row(row["ref"], row["description"], params, row["path"] or row["local"] or "-")
+        cells = (row["ref"], row["description"], params, row["path"] or row["local"] or "-")
+        table.add_row(*map(spelled, cells))  # a file's name may hold an escape or a newline
     print_table(table)
 
 
