@@ -144,13 +144,16 @@ def _ollama_models(root: Path) -> list[UserModel]:
 
 
 def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
-    """The .gguf files under LM Studio's folders: a split model by its first shard, no vision projectors
-    (mmproj files, which are not language models); each checked as a model file, as ollama's blobs are."""
+    """The .gguf files under LM Studio's folders: a split model by its first shard that is there (the
+    first, unless it is missing), no vision projectors (mmproj files, which are not language models);
+    each checked as a model file, as ollama's blobs are."""
     found: list[UserModel] = []
     for root in roots:
         for path in _gguf_files(root):
-            if not path.is_file() or "mmproj" in path.name.lower() or shard_paths(path)[0] != path:
+            if not path.is_file() or "mmproj" in path.name.lower():
                 continue
+            if next(shard for shard in shard_paths(path) if shard.is_file()) != path:
+                continue  # a later shard of a model listed by an earlier one
             ref = f"{LMSTUDIO_PREFIX}{path.relative_to(root).as_posix()}"
             try:
                 checked = checked_gguf(path)

@@ -281,6 +281,24 @@ def test_a_split_lmstudio_model_is_listed_once_with_the_size_of_all_its_shards(t
     assert (listed.path, listed.size) == (folder / "big-00001-of-00003.gguf", 4500)
 
 
+def test_a_split_lmstudio_model_without_its_first_shard_is_listed_with_that_problem(
+    env: dict[str, str], tiny_small: Path, tiny_large: Path
+) -> None:
+    """A split model is listed by its first shard: without that shard it had been left out of the list, and
+    naming its folder said there was no such model."""
+    folder = Path(env["LMSTUDIO_MODELS"]) / "someone" / "Big-GGUF"
+    folder.mkdir(parents=True)
+    for index in (2, 3):
+        shutil.copyfile(tiny_small, folder / f"big-0000{index}-of-00003.gguf")
+    first = folder / "big-00001-of-00003.gguf"
+    expected = f"split model big-00002-of-00003.gguf is missing 1 of its 3 shards: {first}"
+    (listed,) = user_models._lmstudio_models([Path(env["LMSTUDIO_MODELS"])])
+    assert (listed.ref, listed.path, listed.problem) == (
+        "lmstudio:someone/Big-GGUF/big-00002-of-00003.gguf", None, expected
+    )
+    assert refused(env, "lmstudio:someone/Big-GGUF", tiny_large) == f"error: {expected}"
+
+
 def test_lmstudio_models_in_a_linked_folder_are_found_and_a_link_loop_ends(
     tmp_path: Path, tiny_small: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
