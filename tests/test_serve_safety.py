@@ -623,6 +623,32 @@ def test_a_broken_body_the_app_would_answer_unread_gets_only_the_400(server: Ser
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200
 
 
+LONG_TEXT = 10_000  # characters of a path, a method or a request line, each sent whole
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (b"GET /" + b"a" * LONG_TEXT + b" HTTP/1.1\r\nHost: HOST\r\n\r\n", b"404"),
+        (b"G" * LONG_TEXT + b" /health HTTP/1.1\r\nHost: HOST\r\n\r\n", b"405"),
+        (b"GET /" + b"a" * LONG_TEXT + b"\x00 HTTP/1.1\r\nHost: HOST\r\n\r\n", b"400"),
+    ],
+)
+def test_a_long_path_or_request_line_is_cut_in_the_answer_and_the_log(
+    server: Server, data: bytes, status: bytes
+) -> None:
+    """A 10 kB path or method had been written whole into its refusal's log line, and a 10 kB request line
+    h11 refuses into the 400's message too: each is cut, its length said, as every echoed value is."""
+    before = server.log().splitlines()
+    head, body = exchange(server, data.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert head[0].split()[1] == status
+    message = json.loads(body)["error"]["message"]
+    assert len(message) < 300, message[:300]
+    new = server.log().splitlines()[len(before) :]
+    assert len(new) == 1 and len(new[0]) < 300 and "characters)" in new[0], [line[:300] for line in new]
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
+
+
 def wait_until(condition: object, timeout: float) -> float:
     """Seconds until ``condition()`` holds; fails after ``timeout``."""
     began = time.monotonic()

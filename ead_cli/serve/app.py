@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
 from ..engine import build_decoder
-from ..errors import EadError, quoted
+from ..errors import EadError, cut, quoted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import (
     check_fits,
@@ -104,7 +104,7 @@ class Guard:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        where = f"{scope['method']} {loggable(scope['path'])}"
+        where = _request_line(scope["method"], scope["path"])
         headers = Headers(scope=scope)
         refusal = self._refusal(headers)
         if refusal is not None:
@@ -188,7 +188,7 @@ def http_protocol(log: Log) -> type[H11Protocol]:
     class Protocol(H11Protocol):
         def send_400_response(self, msg: str) -> None:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
-            reason = "" if failure is None else f": {failure}"
+            reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes the line it refuses
             error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
             if self.cycle is not None:  # its app answers nobody now (h11 would refuse the answer: a 500)
                 self.cycle.disconnected = True
@@ -204,6 +204,12 @@ def http_protocol(log: Log) -> type[H11Protocol]:
             self.transport.close()
 
     return Protocol
+
+
+def _request_line(method: str, path: str) -> str:
+    """A request's method and path as its log lines name it: a client's text, escaped, and cut past a
+    readable length (a 10 kB path had been written whole into each line)."""
+    return f"{cut(loggable(method))} {cut(loggable(path))}"
 
 
 def _names_loopback(host: str) -> bool:
@@ -253,7 +259,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        log(f"error: {request.method} {loggable(request.url.path)} {error.status}: {error.message}")
+        log(f"error: {_request_line(request.method, request.url.path)} {error.status}: {error.message}")
         return error.response()
 
     @app.exception_handler(StarletteHTTPException)
