@@ -649,6 +649,19 @@ def test_a_long_path_or_request_line_is_cut_in_the_answer_and_the_log(
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
+@pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
+def test_an_upgrade_the_server_does_not_take_is_answered_as_http_without_a_log_line(
+    server: Server, upgrade: bytes
+) -> None:
+    """HTTP lets a server ignore Upgrade: the request is answered as it is. uvicorn had logged two
+    WARNING lines for each, one telling the operator to pip install a WebSocket library it never needs."""
+    before = server.log().splitlines()
+    asked = b"Upgrade: " + upgrade + b"\r\nConnection: Upgrade, close\r\n"
+    head, body = exchange(server, b"GET /health HTTP/1.1\r\nHost: HOST\r\n" + asked + b"\r\n")
+    assert head[0] == b"HTTP/1.1 200 OK" and json.loads(body)["status"] == "ok"
+    assert server.log().splitlines()[len(before) :] == []
+
+
 def wait_until(condition: object, timeout: float) -> float:
     """Seconds until ``condition()`` holds; fails after ``timeout``."""
     began = time.monotonic()

@@ -183,7 +183,7 @@ class Guard:
 def http_protocol(log: Log) -> type[H11Protocol]:
     """uvicorn's h11 protocol, except that a request it cannot parse (a Content-Length of "abc", a bad
     request line or header) is answered as every other 400 is, with OpenAI's error object and one log
-    line, not uvicorn's plain text (which an OpenAI client cannot read)."""
+    line, not uvicorn's plain text (which an OpenAI client cannot read); an Upgrade is ignored."""
 
     class Protocol(H11Protocol):
         def send_400_response(self, msg: str) -> None:
@@ -202,6 +202,11 @@ def http_protocol(log: Log) -> type[H11Protocol]:
                 for event in (response, h11.Data(data=answer.body), h11.EndOfMessage()):
                     self.transport.write(self.conn.send(event))
             self.transport.close()
+
+        def _unsupported_upgrade_warning(self) -> None:
+            """An Upgrade this server does not take (a WebSocket, h2c) is answered as plain HTTP, as HTTP
+            lets a server do, and logs nothing: uvicorn's two lines told the operator to install a
+            WebSocket library the server never uses."""
 
     return Protocol
 
