@@ -850,6 +850,38 @@ def test_stop_ends_an_answer_and_keeps_what_came(tiny_pair: tuple[Path, Path], t
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_stop_while_the_question_waits_its_turn_leaves_it_out_and_back_in_the_box(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Another client's answer holds the engine, so the page's question waits in the queue, its stream's
+    headers already in: Stop then had kept the question in the conversation with an empty answer (sent
+    with every later turn) and emptied the box, where a Stop before the headers left it out and put it
+    back, as the page does with every question nothing came of."""
+    with Server([*pair_args(tiny_pair), *TAU, *CTX], tmp_path / "server.log") as server:
+        holding_http, holding = stream_request(server.url, LONG)
+        received = frames(holding)  # kept: a generator closed when dropped would close the response
+        assert next(received)["ead"]["index"] == 0  # generating
+        browser = open_page(server, tmp_path / "chromium-profile")
+        try:  # the real fetch, watched: whether the answer's headers came
+            browser.evaluate(
+                "window.fetch = ((real) => (...args) => real(...args).then((reply) => "
+                "{ window.answering = true; return reply; }))(window.fetch)"
+            )
+            assert browser.evaluate(f"{PRESS_ENTER}('waiting')") == [False, 1, ""]
+            browser.wait_for("window.answering")
+            assert httpx.get(f"{server.url}/health").json()["waiting"] == 1
+            click(browser, "#stop")
+            notes = browser.wait_for("document.querySelector('.figures').textContent")
+            assert notes == "stopped before the answer began"
+            assert browser.evaluate("messages") == []
+            assert browser.evaluate("document.getElementById('prompt').value") == "waiting"
+        finally:
+            browser.close()
+            holding_http.close()
+        assert server.stop() == 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_a_long_word_wraps_inside_the_page(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """A word longer than a line (a URL, a hash, base64; the tiny models write runs of one letter) had run off
     the right edge of its box, the page scrolling sideways."""
