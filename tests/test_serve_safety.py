@@ -20,6 +20,7 @@ from test_cli import pair_args
 from test_serve import CTX, HI, JSON, LONG, PROMPT, TAU, frames, serving, stream_request
 
 from ead_cli.errors import quoted
+from ead_cli.serve.app import SEND_TIMEOUT_S
 
 CHAT = "/v1/chat/completions"
 LENGTH = "context_length_exceeded"
@@ -799,6 +800,29 @@ def test_a_stalled_reader_does_not_hold_the_stop_past_its_timeout(
         stalled.close()
     assert server.log().splitlines()[-1] == "ead serve: stopped"
     assert "Traceback" not in server.log()
+
+
+def test_a_reader_that_stalls_loses_its_answer_and_frees_the_engine_with_one_line(server: Server) -> None:
+    """A streaming client that reads nothing (its window full) for the send timeout: its answer is dropped
+    and the engine stops it and serves the next; the Guard's line says why, and uvicorn's "ERROR: ASGI
+    callable returned without completing response." had followed it."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    before = len(server.log().splitlines())
+    with socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        # 20 alternatives a token: some 3 kB a chunk, so the server's send buffer fills within seconds
+        body = f'{{"prompt": "hi", "max_tokens": {LONG}, "logprobs": 20, "stream": true}}'.encode()
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        stalled.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)  # then reads nothing
+        wait_until(lambda: "stopped after" in server.log(), 300)
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # served next
+    new = server.log().splitlines()[before:]
+    read_nothing = f"the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped"
+    dropped = f"error: POST /v1/completions: {read_nothing}"
+    stopped = [line for line in new if line.startswith("stopped after ")]
+    assert dropped in new and len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
+    assert len(new) == 3 and new[-1].startswith(f"POST {CHAT} 200: "), new
 
 
 def test_a_stop_past_its_timeout_cuts_requests_off_with_a_503_that_says_so(

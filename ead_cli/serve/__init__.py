@@ -106,6 +106,13 @@ def _not_the_plain_400(record: logging.LogRecord) -> bool:
     return record.getMessage() != "Invalid HTTP request received."
 
 
+def _not_an_unfinished_answer(record: logging.LogRecord) -> bool:
+    """uvicorn's error when the app returns before its answer's end, which it then closes: the Guard does so
+    only after its own line that says why (a client that read nothing for the send timeout, a failure
+    mid-stream)."""
+    return record.getMessage() != "ASGI callable returned without completing response."
+
+
 def _not_a_write_to_a_lost_client(record: logging.LogRecord) -> bool:
     """asyncio's warning for each write to a socket its client closed, after the fifth: the tokens a stream
     had queued when its client left go out within one turn of the loop, some 20 such lines a stream, none
@@ -136,6 +143,7 @@ def serve(
         timeout_graceful_shutdown=options.shutdown_timeout,  # then open requests are cut off
     )
     logging.getLogger("uvicorn.error").addFilter(_not_the_plain_400)  # http_protocol logs its own line
+    logging.getLogger("uvicorn.error").addFilter(_not_an_unfinished_answer)  # and so does the Guard
     logging.getLogger("asyncio").addFilter(_not_a_write_to_a_lost_client)
     server = _Server(config, engine)
     # From before the first line on, a signal asks uvicorn to stop (while it runs, its own handlers do; it
