@@ -3,6 +3,7 @@ each test drives a real server subprocess over real sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import itertools
 import json
@@ -647,6 +648,27 @@ def test_a_long_path_or_request_line_is_cut_in_the_answer_and_the_log(
     assert len(message) < 300, message[:300]
     new = server.log().splitlines()[len(before) :]
     assert len(new) == 1 and len(new[0]) < 300 and "characters)" in new[0], [line[:300] for line in new]
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
+
+
+def test_headers_past_the_limit_are_a_431_that_says_so(server: Server) -> None:
+    """A request whose line and headers outgrow h11's buffer (16 KiB held, their end not in sight) had been
+    a 400 saying "the request is not valid HTTP: Receive buffer too long", h11's words."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    before = server.log().splitlines()
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=60) as raw:
+        raw.sendall(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode())
+        with contextlib.suppress(OSError):  # the server may close before the last one; the head never ends
+            raw.sendall((b"X-Filler: " + b"a" * 1000 + b"\r\n") * 40)
+        with contextlib.suppress(OSError):
+            while chunk := raw.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 431 Request Header Fields Too Large"
+    error = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large" and "16 KiB" in error["message"], error
+    assert server.log().splitlines()[len(before) :] == [f"error: 431: {error['message']}"]
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 

@@ -24,7 +24,7 @@ from sse_starlette.sse import AppStatus
 
 from ..errors import EadError, quoted
 from ..runner import Runner
-from .app import MAX_BODY_BYTES, MODEL_ID, Defaults, Guard, create_app, http_protocol
+from .app import MAX_BODY_BYTES, MAX_HEAD_BYTES, MODEL_ID, Defaults, Guard, create_app, http_protocol
 from .engine import Engine
 
 if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
@@ -136,6 +136,7 @@ def serve(
     config = uvicorn.Config(
         app,
         http=http_protocol(say),  # h11 wherever httptools is installed too: its 400s are ours
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         log_level="warning",
         access_log=False,
         lifespan="off",

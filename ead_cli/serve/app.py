@@ -15,6 +15,7 @@ import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
+from http import HTTPStatus
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -73,6 +74,7 @@ MODEL_ID = (
     "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
+MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers that h11 holds unended past this: a 431
 SSE = "text/event-stream"  # a streamed answer's content type
 # The page in no other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which
 # the Origin check lets through (any site the user opened had made the server generate).
@@ -183,22 +185,28 @@ class Guard:
 def http_protocol(log: Log) -> type[H11Protocol]:
     """uvicorn's h11 protocol, except that a request it cannot parse (a Content-Length of "abc", a bad
     request line or header) is answered as every other 400 is, with OpenAI's error object and one log
-    line, not uvicorn's plain text (which an OpenAI client cannot read); an Upgrade is ignored."""
+    line, not uvicorn's plain text (which an OpenAI client cannot read), and a head past h11's buffer
+    with a 431 that says so; an Upgrade is ignored."""
 
     class Protocol(H11Protocol):
         def send_400_response(self, msg: str) -> None:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
-            reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes the line it refuses
-            error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
+            if getattr(failure, "error_status_hint", 400) == 431:  # h11's buffer full, the head unended
+                message = f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"
+                error = ApiError(431, message, code="headers_too_large")
+            else:
+                reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes what it refuses
+                error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
             if self.cycle is not None:  # its app answers nobody now (h11 would refuse the answer: a 500)
                 self.cycle.disconnected = True
             if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # a body refused unread, then
                 log(f"error: {error.message}: the connection is closed")  # broken: its answer went out
             else:
-                log(f"error: 400: {error.message}")
+                log(f"error: {error.status}: {error.message}")
                 answer = error.response()
                 headers = [*answer.raw_headers, (b"connection", b"close")]
-                response = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+                reason = HTTPStatus(error.status).phrase.encode()
+                response = h11.Response(status_code=error.status, headers=headers, reason=reason)
                 for event in (response, h11.Data(data=answer.body), h11.EndOfMessage()):
                     self.transport.write(self.conn.send(event))
             self.transport.close()
