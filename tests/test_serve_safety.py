@@ -837,14 +837,14 @@ def test_a_reader_that_stalls_loses_its_answer_and_frees_the_engine_with_one_lin
         body = f'{{"prompt": "hi", "max_tokens": {LONG}, "logprobs": 20, "stream": true}}'.encode()
         head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         stalled.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)  # then reads nothing
-        wait_until(lambda: "stopped after" in server.log(), 300)
+        wait_until(lambda: "stopped after" in "".join(server.log().splitlines()[before:]), 300)
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # served next
     new = server.log().splitlines()[before:]
     read_nothing = f"the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped"
-    dropped = f"error: POST /v1/completions: {read_nothing}"
     stopped = [line for line in new if line.startswith("stopped after ")]
-    assert dropped in new and len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
-    assert len(new) == 3 and new[-1].startswith(f"POST {CHAT} 200: "), new
+    assert f"error: POST /v1/completions: {read_nothing}" in new, new
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
+    assert not [line for line in new if line.startswith(("ERROR", "WARNING"))], new  # uvicorn's own
 
 
 def test_a_stop_past_its_timeout_cuts_requests_off_with_a_503_that_says_so(
