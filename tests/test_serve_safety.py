@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -459,6 +460,24 @@ def test_a_long_origin_is_echoed_cut(server: Server) -> None:
         f"pages at {shown} may not use this server: start it with --cors-origin {shown} to allow them"
     )
     assert server.log()[len(before) :] == f"error: GET /health 403: {reply.json()['error']['message']}\n"
+
+
+@pytest.mark.parametrize("origin", ["null", "chrome-extension://abcdefghijklmnop", "file://"])
+def test_the_advice_to_an_origin_the_option_cannot_name_is_one_it_takes(
+    server: Server, tiny_pair: tuple[Path, Path], tmp_path: Path, origin: str
+) -> None:
+    """A page opened from a file (Origin: null), a sandboxed frame or an extension had been told to start
+    the server with --cors-origin 'null', which ead serve refuses (scheme://host[:port] or *): the advice
+    now is an option it takes, and the page is served once the server follows it."""
+    refused = httpx.get(f"{server.url}/health", headers={"Origin": origin}, timeout=60)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "origin_not_allowed"
+    advice = re.search(r"--cors-origin '([^']*)'", refused.json()["error"]["message"])
+    assert advice is not None, refused.json()
+    args = [*pair_args(tiny_pair), "--cors-origin", advice.group(1)]
+    with Server(args, tmp_path / "server.log") as advised:
+        served = httpx.get(f"{advised.url}/health", headers={"Origin": origin}, timeout=60)
+        assert served.status_code == 200, served.text
+        assert advised.stop() == 0
 
 
 def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:

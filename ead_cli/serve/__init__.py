@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import re
 import signal
 import socket
 from collections.abc import Callable, Sequence
@@ -24,7 +23,16 @@ from sse_starlette.sse import AppStatus
 
 from ..errors import EadError, quoted
 from ..runner import Runner
-from .app import MAX_BODY_BYTES, MAX_HEAD_BYTES, MODEL_ID, Defaults, Guard, create_app, http_protocol
+from .app import (
+    MAX_BODY_BYTES,
+    MAX_HEAD_BYTES,
+    MODEL_ID,
+    PAGE_ORIGIN,
+    Defaults,
+    Guard,
+    create_app,
+    http_protocol,
+)
 from .engine import Engine
 
 if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
@@ -62,7 +70,7 @@ class ServeOptions:
                 f"--shutdown-timeout must be in (0, 86400] seconds, got {self.shutdown_timeout}", 2
             )
         for origin in self.cors_origins:
-            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            if origin != "*" and not PAGE_ORIGIN.fullmatch(origin):
                 raise EadError(
                     f"--cors-origin takes scheme://host[:port] (or *), got {quoted(origin)}", exit_code=2
                 )

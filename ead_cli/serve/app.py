@@ -8,6 +8,7 @@ import codecs
 import hmac
 import ipaddress
 import json
+import re
 import secrets
 import sys
 import time
@@ -75,6 +76,7 @@ MODEL_ID = (
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
 MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers that h11 holds unended past this: a 431
+PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
 # The page in no other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which
 # the Origin check lets through (any site the user opened had made the server generate).
@@ -176,10 +178,17 @@ class Guard:
         if origin is None or own or origin in allowed or "*" in allowed:
             return None
         shown = quoted(origin)
-        message = (
-            f"pages at {shown} may not use this server: start it with --cors-origin {shown} to allow them"
+        # a file's page or a sandboxed frame (Origin: null), an extension's: no --cors-origin names them
+        advice = (
+            f"--cors-origin {shown} to allow them"
+            if PAGE_ORIGIN.fullmatch(origin)
+            else "--cors-origin '*' to allow them (and every page: only http and https origins can be named)"
         )
-        return ApiError(403, message, code="origin_not_allowed")
+        return ApiError(
+            403,
+            f"pages at {shown} may not use this server: start it with {advice}",
+            code="origin_not_allowed",
+        )
 
 
 def http_protocol(log: Log) -> type[H11Protocol]:
