@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ead_cli.cli import app
+from ead_cli.cli.output import say_progress
 from ead_cli.cli.render import spell_controls
 
 EAD = str(Path(sys.executable).with_name("ead"))
@@ -905,3 +906,10 @@ def test_sigterm_stops_like_ctrl_c_and_keeps_the_output(tiny_pair: tuple[Path, P
     assert len(lines) - 1 == summary["generated"]  # every token written was printed before the end
     assert "(interrupted)" in err.decode() and "Traceback" not in err.decode()
     assert err.decode().splitlines()[-1] == "error: terminated"
+
+
+def test_a_progress_line_spells_what_a_terminal_would_act_on(capsys: pytest.CaptureFixture[str]) -> None:
+    """A progress line names files (``measuring NAME…``): an escape in a model file's name had gone to
+    the terminal as it was, colouring what followed, as error lines and tables no longer do."""
+    say_progress("measuring sm\x1b[31mall.gguf\u2026")
+    assert capsys.readouterr().err == "measuring sm\\x1b[31mall.gguf\u2026\n"

@@ -50,7 +50,8 @@ def no_styles_on_stderr() -> None:
 
 
 def say_progress(message: str) -> None:
-    stderr.print(message, style="dim", soft_wrap=True)
+    """A progress line (``loading NAME``, ``measuring NAME…``), spelled for the terminal: it names files."""
+    stderr.print(spelled(message), style="dim", soft_wrap=True)
 
 
 def say(line: str) -> None:
