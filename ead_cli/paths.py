@@ -69,6 +69,7 @@ def is_dir(path: Path) -> bool:
 # context or file of its own holds. An endless input (/dev/zero, `yes`) had filled the memory until the
 # kernel killed ead, or ended in a MemoryError traceback.
 MAX_READ_BYTES = 256 << 20
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark: a file saved as "UTF-8 with BOM" starts with it
 
 
 def read_bounded(stream: BinaryIO) -> bytes:

@@ -238,6 +238,8 @@ def test_prompt_from_stdin_equals_the_argument(tiny_pair: tuple[Path, Path]) -> 
     argument = ead(*base, "tell me")
     assert ead(*base, "-", stdin="tell me").stdout == argument.stdout
     assert ead(*base, stdin="tell me").stdout == argument.stdout
+    # a file saved as "UTF-8 with BOM": the mark had gone to the model as three more prompt tokens
+    assert ead(*base, "-", stdin="\ufefftell me").stdout == argument.stdout
 
 
 def test_an_output_encoding_without_the_answers_characters(tiny_pair: tuple[Path, Path]) -> None:
@@ -569,8 +571,11 @@ def test_every_command_refuses_zero_threads_before_looking_for_a_model(command: 
     [
         (b"", "the prompt is empty"),
         (b"  \n\t ", "the prompt is empty"),
+        (b"\xef\xbb\xbf", "the prompt is empty"),  # a byte-order mark alone had been a prompt
+        (b"\xef\xbb\xbf \r\n", "the prompt is empty"),
         (b"a\x00b", "NUL byte"),
         (b"caf\xe9", "not valid UTF-8"),
+        (b"\xef\xbb\xbfcaf\xe9", "the prompt on stdin is not valid UTF-8 (byte 6)"),  # the input's byte
     ],
 )
 def test_bad_prompts_on_stdin(tiny_pair: tuple[Path, Path], prompt: bytes, fragment: str) -> None:

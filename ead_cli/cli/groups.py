@@ -18,7 +18,7 @@ import typer
 from ..errors import EadError
 from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, on
 from ..options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, GenerationOptions, ModelOptions, PolicyOptions
-from ..paths import read_bounded, unreadable
+from ..paths import BOM, read_bounded, unreadable
 from .output import no_styles_on_stderr
 
 # The options with choices (mode, policy, switch point) as the enums typer offers them.
@@ -232,7 +232,8 @@ def parse_list(text: str | None) -> tuple[str, ...]:
 
 
 def read_prompt(prompt: str | None) -> str:
-    """The prompt argument, or stdin when it is '-' or absent and stdin is not a terminal."""
+    """The prompt argument, or stdin when it is '-' or absent and stdin is not a terminal. A byte-order
+    mark at stdin's start (a file saved as "UTF-8 with BOM") marks the encoding: it is not prompt text."""
     if prompt is not None and prompt != "-":
         return prompt
     if sys.stdin is None:  # the shell closed it (<&-)
@@ -243,7 +244,9 @@ def read_prompt(prompt: str | None) -> str:
         data = read_bounded(sys.stdin.buffer)
     except OSError as error:
         raise EadError(f"cannot read the prompt on stdin: {unreadable(error)}", exit_code=2) from None
+    text = data.removeprefix(BOM)
     try:
-        return data.decode("utf-8")
+        return text.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise EadError(f"the prompt on stdin is not valid UTF-8 (byte {error.start})", exit_code=2) from None
+        byte = len(data) - len(text) + error.start  # counted in the input, the mark included
+        raise EadError(f"the prompt on stdin is not valid UTF-8 (byte {byte})", exit_code=2) from None

@@ -23,7 +23,7 @@ from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError, quoted
 from ..option_table import CHAT, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
-from ..paths import MAX_READ_BYTES, expand_home
+from ..paths import BOM, MAX_READ_BYTES, expand_home
 from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
@@ -34,7 +34,6 @@ from .render import TextRenderer, mode_line, print_stats, wants_color
 PROMPT = ">>> "
 MORE = "... "
 FENCE = '"""'
-BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
 ESCAPE = "//"  # a line's start that sends the rest, from its /, as a message
 RESET_HINT = "/reset starts a new conversation"
 ReadLine = Callable[[str], str]
