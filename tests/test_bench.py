@@ -112,6 +112,10 @@ def test_prompt_lists_read_text_lines_or_jsonl(tmp_path: Path) -> None:
     assert load_prompts(text) == ["page\x0cbreak\u2028and\x85more", "second"]
     rows.write_text('{"prompt": "a\u2028b\x85c"}\r\n', newline="")  # as json.dumps leaves them
     assert load_prompts(rows) == ["a\u2028b\x85c"]
+    # a file saved as "UTF-8 with BOM": the mark is no text (a .jsonl's first line had been refused)
+    rows.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n')
+    text.write_bytes(b"\xef\xbb\xbffirst\n")
+    assert load_prompts(rows) == ["a"] and load_prompts(text) == ["first"]
     rows.write_text('{"prompt": "a"}\n["b"]\n')
     with pytest.raises(EadError, match='line 2: not a JSON object with a "prompt" string'):
         load_prompts(rows)

@@ -185,7 +185,9 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
     try:
         # a line ends at a newline alone (splitlines() also splits at a form feed, U+0085 or U+2028, which
         # a prompt may hold), and a Windows line end's carriage return is taken off
-        lines = [line.removesuffix("\r") for line in read_file_text(path).split("\n")]
+        # and a byte-order mark at its start (a file saved as "UTF-8 with BOM") is no prompt's text
+        text = read_file_text(path).removeprefix("\ufeff")
+        lines = [line.removesuffix("\r") for line in text.split("\n")]
     except (OSError, UnicodeDecodeError) as error:
         raise EadError(f"cannot read {path}: {unreadable(error)}", exit_code=2) from None
     prompts: list[str] = []
