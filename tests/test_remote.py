@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -26,7 +26,7 @@ import pexpect
 import pytest
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 from test_repl import PROMPT, SUMMARY, plain, send, type_line
-from test_serve import serving
+from test_serve import http_server, serving
 
 from ead_cli.bench import native
 from ead_cli.remote import OpenAIRunner, RemoteError, RemoteRunner, built_server, topk_entropy
@@ -318,19 +318,6 @@ class _Wrong(BaseHTTPRequestHandler):
 def wrong_server(replies: dict[str, tuple[int, bytes]]) -> Iterator[str]:
     with http_server(type("Handler", (_Wrong,), {"replies": replies})) as url:
         yield url
-
-
-@contextmanager
-def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """A Python HTTP server on a free loopback port, in a thread; yields its address."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 NO_SUCH_SIZE = b'{"data": [{"meta": {"n_vocab": 1e999, "n_ctx": 512, "n_params": 1, "n_embd": 64}}]}'

@@ -1052,14 +1052,22 @@ def another_site(pages: dict[str, str]) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Site)
-    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    with http_server(Site, name="localhost") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def http_server(handler: type[http.server.BaseHTTPRequestHandler], name: str = "127.0.0.1") -> Iterator[str]:
+    """A Python HTTP server on a free loopback port, in a thread; yields its address, the host as ``name``
+    (localhost: another origin than 127.0.0.1's)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://localhost:{site.server_address[1]}"
+        yield f"http://{name}:{server.server_address[1]}"
     finally:
-        site.shutdown()
-        site.server_close()
+        server.shutdown()
+        server.server_close()
         thread.join()
 
 
