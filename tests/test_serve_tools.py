@@ -103,6 +103,25 @@ def test_a_bare_json_answer_is_a_call_only_if_it_names_a_tool_offered() -> None:
     assert len(split_answer(two, NAMES)[1]) == 2
 
 
+def test_a_call_the_prefill_opens_is_read_with_the_answer() -> None:
+    """An assistant prefill that opens a call, which the answer finishes: the two are read as one text,
+    so the call comes back whole; the prefill's own text is the client's, never shown again (a text
+    piece released while it was read, or one that reaches back into it)."""
+    prefill = 'Let me look.\n<tool_call>\n{"name": "get_w'
+    answer = 'eather", "arguments": {"city": "Paris"}}\n</tool_call>\nDone.'
+    call = ToolCall("get_weather", '{"city": "Paris"}')
+    assert split_answer(answer, NAMES, prefill=prefill) == ("Done.", [call])
+    reader = ToolCallReader(NAMES, prefill=prefill)
+    pieces = [piece for i in range(0, len(answer), 3) for piece in reader.push(answer[i : i + 3])]
+    pieces += reader.finish()
+    assert pieces[0] == call and "".join(map(str, pieces[1:])) == "\nDone."
+    assert split_answer("box> b", NAMES, prefill="a <tool") == ("box> b", [])
+    assert split_answer(' "arguments": {"a": 6}}', NAMES, prefill='{"name": "multiply",') == (
+        "",
+        [ToolCall("multiply", '{"a": 6}')],
+    )
+
+
 TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
     "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message.role }}\n"
@@ -207,6 +226,39 @@ def test_a_call_alone_has_no_content_streamed_as_whole(tools_server: Server) -> 
         (call.function.name, call.function.arguments)
     ]
     assert [e.bytes for e in streamed.logprobs.content] == [e.bytes for e in whole.logprobs.content]
+
+
+def test_a_call_the_prefill_begins_comes_back_whole_streamed_and_whole(tools_server: Server) -> None:
+    """An assistant prefill that begins the call, which JSON mode makes the tiny model finish: the call is
+    read over prefill and answer together, ``tool_calls`` whole and no content, both ways. The answer
+    alone had been read, and its end of the call came back as content (finish_reason 'stop')."""
+    client = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    prefill = '{"name": "multiply", "arguments": {"a": 6'
+    request = {
+        "model": "ead",
+        "messages": [
+            {"role": "user", "content": "What is 6 times 7?"},
+            {"role": "assistant", "content": prefill},
+        ],
+        "tools": TOOLS,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
+        "temperature": 0,
+        "max_tokens": 60,
+    }
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    (call,) = whole.message.tool_calls
+    assert call.function.name == "multiply"
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"a", "b"} and str(arguments["a"]).startswith("6")
+    with client.chat.completions.stream(**request) as stream:
+        events = [event.type for event in stream]
+        streamed = stream.get_final_completion().choices[0]
+    assert "content.delta" not in events
+    assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
 
 
 def test_a_call_cut_off_at_max_tokens_finishes_by_length(tools_server: Server) -> None:

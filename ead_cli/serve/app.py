@@ -418,7 +418,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             _without_rollbacks(
                 policy, "logprobs", "log-probabilities follow the tokens as they are drawn: they need"
             )
-        return Job(prompt, policy, generation, logprobs)
+        return Job(prompt, policy, generation, logprobs, prefill or "")
 
     async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
         ticket = Ticket(asyncio.get_running_loop())
@@ -441,6 +441,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             piece=engine.runners[0].token_bytes,
             tools=names,
             parallel=not isinstance(body, ChatRequest) or body.parallel_tool_calls is not False,
+            prefill=job.prefill,
             usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
         )
         if body.stream:
@@ -643,6 +644,7 @@ class _Reply:
         piece: Callable[[int], bytes],
         tools: frozenset[str] | None = None,
         parallel: bool = True,
+        prefill: str = "",
         usage_chunk: bool = False,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
@@ -653,6 +655,7 @@ class _Reply:
         self._scored = _ScoredText(piece)
         self.tools = tools  # the names of the tools offered: read calls out of the answer
         self.parallel = parallel  # parallel_tool_calls: more than one call per answer
+        self.prefill = prefill  # the assistant message the answer continues: a call it opens is read whole
         self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
         self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -661,7 +664,7 @@ class _Reply:
 
     def reader(self) -> ToolCallReader | None:
         """The reader of the calls in a streamed answer; None where no tools are offered."""
-        return ToolCallReader(self.tools, self.parallel) if self.tools else None
+        return ToolCallReader(self.tools, self.parallel, self.prefill) if self.tools else None
 
     def _envelope(self, object_kind: str, choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
         """The answer or chunk around its one choice (None: a chunk of no choice, the usage chunk)."""
@@ -835,7 +838,7 @@ class _Reply:
         else:
             answer: dict[str, Any] = {"role": "assistant", "content": text}
             if self.tools:
-                content, calls = split_answer(text, self.tools, self.parallel)
+                content, calls = split_answer(text, self.tools, self.parallel, self.prefill)
                 if calls:
                     answer = {
                         "role": "assistant",

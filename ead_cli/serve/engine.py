@@ -38,6 +38,8 @@ class Job:
     policy: PolicyOptions
     generation: GenerationOptions
     logprobs: int | None = None  # None: none; else the log-probability of each token and its top N
+    prefill: str = ""  # the answer's start, which the prompt ends with (an assistant prefill): read with
+    # the answer for tool calls
 
 
 @dataclass(frozen=True)

@@ -65,12 +65,17 @@ class ToolCallReader:
     of a ``<tool_call>`` is held until it is one or is not; an answer that opens with ``{`` is held to its
     end, where it is a call if it is the bare ``{"name", "arguments"}`` object small models often write
     without the markup. Without ``parallel`` (``parallel_tool_calls: false``) a call after the first is
-    left out: the client asked for one at most, and no grammar kept the model from writing more."""
+    left out: the client asked for one at most, and no grammar kept the model from writing more.
+    A ``prefill`` (the assistant message the answer continues) is read first, as the answer's start, so a
+    call it opens and the answer finishes is one call (as llama-server reads it); its own text is the
+    client's and is not shown again."""
 
-    def __init__(self, names: frozenset[str], parallel: bool = True) -> None:
+    def __init__(self, names: frozenset[str], parallel: bool = True, prefill: str = "") -> None:
         self.names = names
         self.parallel = parallel
-        self._pending = ""
+        self._pending = prefill
+        self._unshown = len(prefill)  # the characters of the text read that are the prefill's
+        self._released = 0  # the characters of the text read that are out of _pending: shown, or a call
         self._bare: bool | None = None  # undecided until the answer's first character that is not space
         self.calls: list[ToolCall] = []
 
@@ -86,36 +91,41 @@ class ToolCallReader:
             start = self._pending.find(OPEN)
             if start < 0:
                 cut = len(self._pending) - _partial_suffix(self._pending, OPEN)
-                shown, self._pending = self._pending[:cut], self._pending[cut:]
-                return [*out, shown] if shown else out
+                return [*out, *self._release(cut)]
             end = self._pending.find(CLOSE, start + len(OPEN))
             if end < 0:
-                shown, self._pending = self._pending[:start], self._pending[start:]
-                return [*out, shown] if shown else out
-            before, block = self._pending[:start], self._pending[start + len(OPEN) : end]
-            self._pending = self._pending[end + len(CLOSE) :]
+                return [*out, *self._release(start)]
+            out += self._release(start)
+            block = self._pending[len(OPEN) : end - start]
             call = _read_call(block.strip())
-            if before:
-                out.append(before)
             if call is None:
-                out.append(f"{OPEN}{block}{CLOSE}")
-            elif self.calls and not self.parallel:
+                out += self._release(end - start + len(CLOSE))
+                continue
+            self._pending = self._pending[end - start + len(CLOSE) :]
+            self._released += end - start + len(CLOSE)
+            if self.calls and not self.parallel:
                 continue  # one call at most: a later one is neither a call nor text
-            else:
-                self.calls.append(call)
-                out.append(call)
+            self.calls.append(call)
+            out.append(call)
 
     def finish(self) -> list[str | ToolCall]:
         """What is still held at the end: a bare call, or text (an unclosed block stays text)."""
-        rest, self._pending = self._pending, ""
-        call = _read_call(rest.strip(), self.names) if self._bare else None
+        call = _read_call(self._pending.strip(), self.names) if self._bare else None
         if call is not None:
+            self._released, self._pending = self._released + len(self._pending), ""
             self.calls.append(call)
             return [call]
         if self._bare:  # held whole: it may still hold tagged calls after all
             self._bare = False
-            return [*self.push(rest), *self.finish()]
-        return [rest] if rest else []
+            return [*self.push(""), *self.finish()]
+        return self._release(len(self._pending))
+
+    def _release(self, count: int) -> list[str]:
+        """The text of the first ``count`` characters held, taken out of them: none of it the prefill's."""
+        text, self._pending = self._pending[:count], self._pending[count:]
+        shown = text[max(0, self._unshown - self._released) :]
+        self._released += count
+        return [shown] if shown else []
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -126,9 +136,12 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def split_answer(text: str, names: frozenset[str], parallel: bool = True) -> tuple[str, list[ToolCall]]:
-    """A whole answer: its text outside the calls (stripped of the blank lines around them), and its calls."""
-    reader = ToolCallReader(names, parallel)
+def split_answer(
+    text: str, names: frozenset[str], parallel: bool = True, prefill: str = ""
+) -> tuple[str, list[ToolCall]]:
+    """A whole answer: its text outside the calls (stripped of the blank lines around them), and its calls,
+    read after the ``prefill`` it continues."""
+    reader = ToolCallReader(names, parallel, prefill)
     pieces = [*reader.push(text), *reader.finish()]
     shown = "".join(piece for piece in pieces if isinstance(piece, str))
     return (shown.strip() if reader.calls else shown), reader.calls
