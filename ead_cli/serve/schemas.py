@@ -292,7 +292,8 @@ def _unheld(node: Any, where: str, root: Any) -> str | None:
     """Where the first keyword of a schema that its grammar would not hold is (a format other than
     HELD_FORMATS, lengths beside a pattern or a format, which take their place, counts of items without
     one schema for them, a tuple beside one, what is beside a keyword the converter reads first, a
-    required name no property gives, and what an allOf's parts say besides their properties, included).
+    required name no property gives, a oneOf an answer may meet twice, and what an allOf's parts say
+    besides their properties, included).
     ``root`` is the whole schema, which a $ref names a part of."""
     if isinstance(node, list):
         found = (_unheld(item, f"{where}.{i}", root) for i, item in enumerate(node))
@@ -308,6 +309,7 @@ def _unheld(node: Any, where: str, root: Any) -> str | None:
             or (first not in (None, key) and key in CONSTRAINTS and not _held_beside(node, first, key, root))
             or (key == "format" and (value not in HELD_FORMATS or "pattern" in node))
             or (key == "prefixItems" and node.get("items"))  # the converter reads items first
+            or (key == "oneOf" and not _told_apart(value, root))  # written as an anyOf
         ):
             return f"{where}.{key}"
         if key in ("minLength", "maxLength") and shaped:
@@ -329,14 +331,43 @@ def _unheld(node: Any, where: str, root: Any) -> str | None:
     return None
 
 
+def _told_apart(alternatives: Any, root: Any) -> bool:
+    """Whether no answer can meet two of a oneOf's alternatives, so the anyOf the converter writes for it
+    holds it: each requires a property that all of them give a const, none the same (pydantic's
+    discriminated union)."""
+    consts = [_required_consts(one, root) for one in alternatives] if isinstance(alternatives, list) else []
+    shared = set.intersection(*(set(given) for given in consts)) if consts else set()
+    return any(
+        not any(_same_json(a[name], b[name]) for i, a in enumerate(consts) for b in consts[i + 1 :])
+        for name in shared
+    )
+
+
+def _required_consts(schema: Any, root: Any) -> dict[str, Any]:
+    """The const of each required property of an object schema that gives one (a $ref's target's)."""
+    if isinstance(schema, dict) and "$ref" in schema:
+        schema = _target(root, schema["$ref"])
+    if not isinstance(schema, dict) or not isinstance(schema.get("required"), list):
+        return {}
+    properties = _properties(schema)
+    return {
+        name: properties[name]["const"]
+        for name in schema["required"]
+        if isinstance(name, str) and isinstance(properties.get(name), dict) and "const" in properties[name]
+    }
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two values are one JSON value (Python's True == 1 is not; 1 == 1.0 is)."""
+    return a == b and _json_type(a) == _json_type(b)
+
+
 def _held_beside(node: dict[str, Any], first: str, key: str, root: Any) -> bool:
     """Whether a keyword beside the one the converter reads first (``read_first``), which it drops, holds
     all the same: a type every answer to that one has, an enum that holds the const."""
     if key == "enum" and first == "const":
         enum, const = node["enum"], node["const"]
-        return isinstance(enum, list) and any(
-            one == const and _json_type(one) == _json_type(const) for one in enum
-        )
+        return isinstance(enum, list) and any(_same_json(one, const) for one in enum)
     types = _type_names(node["type"]) if key == "type" else None
     answers = _answer_types({first: node[first]}, root)
     return types is not None and answers is not None and all(
@@ -476,12 +507,19 @@ def _check_strict(schema: dict[str, Any]) -> None:
     """A 400 for a strict schema (every keyword to hold, as OpenAI's structured outputs promise) with a
     keyword the grammar would not hold; a schema that is not strict guides the answer as far as it can."""
     where = _unheld(schema, "response_format.json_schema.schema", schema)
-    if where is not None:
-        message = (
-            f"{where}: the grammar does not hold {where.rpartition('.')[2]}, and strict: true asks for every "
-            "keyword to hold: leave it out, or send strict: false for an answer it guides"
-        )
-        raise ApiError(400, message, code="invalid_value", param="response_format")
+    if where is None:
+        return
+    keyword = where.rpartition(".")[2]
+    if keyword == "oneOf":
+        held = "holds oneOf as anyOf (an answer may meet more than one of its alternatives)"
+        advice = "send anyOf, or strict: false"
+    else:
+        held, advice = f"does not hold {keyword}", "leave it out, or send strict: false"
+    message = (
+        f"{where}: the grammar {held}, and strict: true asks for every keyword to hold: {advice} for an "
+        "answer it guides"
+    )
+    raise ApiError(400, message, code="invalid_value", param="response_format")
 
 
 class ResponseFormat(BaseModel):
