@@ -145,7 +145,8 @@ class Sampler:
 
 
 class ParsedGrammars:
-    """One vocabulary's grammars, each text parsed by llama.cpp once while it is among the last few used.
+    """One vocabulary's grammars, each text parsed by llama.cpp once while it is among the last few used
+    (``KEPT`` of them, of ``KEPT_CHARS`` characters together).
 
     A parse takes stderr for the call (see ``shared_stderr``) and milliseconds for a large schema; ead
     serve checks a request's grammar when it arrives and samples with it when its turn comes, and clients
@@ -154,10 +155,14 @@ class ParsedGrammars:
     """
 
     KEPT = 16  # distinct grammars: a copy of a parsed one costs microseconds, a parse up to ~10 ms
+    # and their characters together: a parsed grammar holds ~16 bytes a character (a 16 MiB one, which a
+    # schema's may reach, ~260 MB); the last used is kept whatever its size
+    KEPT_CHARS = 2**22
 
     def __init__(self, vocab: llama_cpp.llama_vocab_p) -> None:
         self._vocab: llama_cpp.llama_vocab_p | None = vocab  # None once closed: the model is freed next
         self._parsed: OrderedDict[str, llama_cpp.llama_sampler_p] = OrderedDict()
+        self._chars = 0  # of the grammars in _parsed
         self._lock = threading.Lock()  # ead serve's preparing threads check, its engine thread samples
 
     def check(self, grammar: str, start: Sequence[int] = ()) -> None:
@@ -185,16 +190,21 @@ class ParsedGrammars:
             self._parsed.move_to_end(grammar)
             return parsed
         parsed = self._parsed[grammar] = _parse(self._vocab, grammar)
-        if len(self._parsed) > self.KEPT:
-            llama_cpp.llama_sampler_free(self._parsed.popitem(last=False)[1])
+        self._chars += len(grammar)
+        while len(self._parsed) > 1 and (len(self._parsed) > self.KEPT or self._chars > self.KEPT_CHARS):
+            self._free(*self._parsed.popitem(last=False))  # the least recently used
         return parsed
+
+    def _free(self, grammar: str, parsed: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_free(parsed)
+        self._chars -= len(grammar)
 
     def close(self) -> None:
         """Free the parsed grammars (before the model: safe to call twice); none is parsed after."""
         with self._lock:
             self._vocab = None
             while self._parsed:
-                llama_cpp.llama_sampler_free(self._parsed.popitem()[1])
+                self._free(*self._parsed.popitem())
 
 
 # llama_grammar_parser::parse (llama-grammar.cpp) refuses a grammar with one fprintf to stderr:

@@ -58,6 +58,33 @@ def test_a_grammar_checked_once_is_not_parsed_again_for_its_answers(grammars: Pa
     assert not finishes_while_stderr_is_held(new, wait=0.5)  # a grammar not seen before: parsed, stderr taken
 
 
+def kept(grammars: ParsedGrammars, grammar: str) -> bool:
+    """Whether ``grammar`` is among those kept parsed: a check of it does not wait for stderr (a parse
+    takes it). One that is not kept is parsed, and kept, by the check."""
+    return finishes_while_stderr_is_held(threading.Thread(target=grammars.check, args=(grammar,)), wait=0.5)
+
+
+def test_the_grammars_kept_parsed_are_bounded_by_their_size_as_well_as_their_count(runner: Runner) -> None:
+    """Sixteen grammars were kept whatever their size: a few near the 16 MiB a schema's grammar may reach
+    held hundreds of MB between requests. Those kept now add up to KEPT_CHARS at most, the least recently
+    used let go first, except the last used, kept whatever its size (its request checks it, then samples
+    with it)."""
+    grammars = ParsedGrammars(runner.vocab)
+    try:
+        small = 'root ::= "small"'
+        first, second = (f'root ::= "{letter * (ParsedGrammars.KEPT_CHARS * 3 // 5)}"' for letter in "ab")
+        for grammar in (first, small, second):
+            grammars.check(grammar)
+        assert kept(grammars, small) and kept(grammars, second)  # the two most recent fit
+        assert not kept(grammars, first)  # three of sixteen, but over KEPT_CHARS together
+        huge = f'root ::= "{"c" * ParsedGrammars.KEPT_CHARS}"'
+        grammars.check(huge)
+        assert kept(grammars, huge)
+        assert not kept(grammars, small)  # the huge one is kept alone
+    finally:
+        grammars.close()
+
+
 # a line as uvicorn's access log writes one, with llama.cpp's words in another client's path
 OTHER_THREADS_LINE = 'INFO:     10.0.0.9:5555 - "GET /v1/error parsing grammar: secret HTTP/1.1" 404'
 
