@@ -75,7 +75,7 @@ class ToolCallReader:
         self.parallel = parallel
         self._pending = prefill
         self._unshown = len(prefill)  # the characters of the text read that are the prefill's
-        self._released = 0  # the characters of the text read that are out of _pending: shown, or a call
+        self._released = 0  # the characters of the text read that are out of _pending
         self._bare: bool | None = None  # undecided until the answer's first character that is not space
         self.calls: list[ToolCall] = []
 
@@ -101,8 +101,7 @@ class ToolCallReader:
             if call is None:
                 out += self._release(end - start + len(CLOSE))
                 continue
-            self._pending = self._pending[end - start + len(CLOSE) :]
-            self._released += end - start + len(CLOSE)
+            self._take(end - start + len(CLOSE))
             if self.calls and not self.parallel:
                 continue  # one call at most: a later one is neither a call nor text
             self.calls.append(call)
@@ -112,7 +111,7 @@ class ToolCallReader:
         """What is still held at the end: a bare call, or text (an unclosed block stays text)."""
         call = _read_call(self._pending.strip(), self.names) if self._bare else None
         if call is not None:
-            self._released, self._pending = self._released + len(self._pending), ""
+            self._take(len(self._pending))
             self.calls.append(call)
             return [call]
         if self._bare:  # held whole: it may still hold tagged calls after all
@@ -122,10 +121,15 @@ class ToolCallReader:
 
     def _release(self, count: int) -> list[str]:
         """The text of the first ``count`` characters held, taken out of them: none of it the prefill's."""
-        text, self._pending = self._pending[:count], self._pending[count:]
-        shown = text[max(0, self._unshown - self._released) :]
-        self._released += count
+        unshown = max(0, self._unshown - self._released)
+        shown = self._take(count)[unshown:]
         return [shown] if shown else []
+
+    def _take(self, count: int) -> str:
+        """The first ``count`` characters held, out of them (shown, or a call's markup)."""
+        text, self._pending = self._pending[:count], self._pending[count:]
+        self._released += count
+        return text
 
 
 def _partial_suffix(text: str, marker: str) -> int:
