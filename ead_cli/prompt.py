@@ -8,6 +8,7 @@ from typing import Any
 
 import jinja2
 import llama_cpp
+import numpy as np
 from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -182,17 +183,52 @@ TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN = 32
 C_WHITESPACE = " \t\n\v\f\r"  # what a special token's lstrip/rstrip swallows (C's isspace)
 
 
-def fewest_tokens(runner: Runner, text: str) -> int:
-    """A lower bound on the tokens of ``text``, from its length alone (0 where the tokenizer rewrites
-    text first): a token stands for at most ``token_reach.longest`` bytes and a character is at least
-    one, so every character counts but whitespace that a special token may swallow."""
+def fewest_tokens(runner: Runner, text: str, enough: int) -> int:
+    """A lower bound on the tokens of ``text`` (0 where the tokenizer rewrites text first). From its
+    length: a token stands for at most ``token_reach.longest`` bytes and a character is at least one, so
+    every character counts but whitespace that a special token may swallow. Tighter where the tokens
+    spell the text's bytes as they stand (``token_reach.by_pair``): from the longest piece each pair of
+    bytes can start (``_fewest_by_pairs``), counted up to ``enough`` (the count that settles the question)
+    over the text's first ``enough`` longest pieces, however long the rest."""
     reach = runner.token_reach
     if reach is None:
         return 0
     kept = len(text)
     if reach.strips_whitespace:
         kept -= sum(text.count(space) for space in C_WHITESPACE)
-    return -(-kept // reach.longest)
+    by_length = -(-kept // reach.longest)
+    if reach.by_pair is None or reach.strips_whitespace or by_length >= enough:
+        return by_length
+    head = text[: enough * reach.longest + 1].encode("utf-8")  # enough tokens end within it
+    return max(by_length, _fewest_by_pairs(head, reach.by_pair, reach.longest, enough))
+
+
+# Bytes read at a time by _fewest_by_pairs: its arrays take a few hundred KiB, whatever the text.
+PAIR_BLOCK = 1 << 16
+
+
+def _fewest_by_pairs(data: bytes, by_pair: np.ndarray, longest: int, enough: int) -> int:
+    """A lower bound on the tokens that spell ``data``, counted up to ``enough``. A token that starts at
+    byte i ends by i + reach(i), the longest piece starting with bytes i and i + 1 (``longest`` at the
+    last byte), so the k-th token starts by e(k), where e(0) = 0 and e(k + 1) is the furthest i + reach(i)
+    for any i up to e(k): the k for which e(k) first reaches the end is at most the count. Bytes that no
+    piece longer than one starts (a run of 'z') are a token each, where the length alone says 1/longest."""
+    furthest = count = end = 0
+    for start in range(0, len(data), PAIR_BLOCK):
+        stop = min(start + PAIR_BLOCK, len(data))
+        block = np.frombuffer(data, dtype=np.uint8, count=min(stop + 1, len(data)) - start, offset=start)
+        reach = np.full(stop - start, longest, dtype=np.int64)
+        pairs = block[:-1].astype(np.int64) << 8 | block[1:]
+        reach[: len(pairs)] = by_pair[pairs]
+        ends = np.maximum.accumulate(np.arange(start, stop) + reach)
+        ends = np.maximum(ends, furthest)
+        furthest = int(ends[-1])
+        while start <= end < stop and count < enough:
+            end = int(ends[end - start])
+            count += 1
+        if count >= enough:
+            break
+    return count
 
 
 def check_length_fits(runner: Runner, text: str, n_ctx: int, what: str = "the prompt") -> None:
@@ -202,7 +238,7 @@ def check_length_fits(runner: Runner, text: str, n_ctx: int, what: str = "the pr
     ``what`` is what is too long."""
     if len(text) < n_ctx * TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN:
         return
-    fewest = fewest_tokens(runner, text)
+    fewest = fewest_tokens(runner, text, n_ctx)
     if fewest >= n_ctx:
         raise EadError(
             f"{what} is at least {fewest} tokens ({len(text)} characters), {_past_the_context(n_ctx, what)}",

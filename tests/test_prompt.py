@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
-from tiny_models import write_tiny_model
+from tiny_models import LONG_TOKEN, write_tiny_model
 
 from ead_cli.errors import EadError
 from ead_cli.prompt import (
+    PAIR_BLOCK,
     TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN,
     check_length_fits,
     encode_fitting,
@@ -27,12 +29,15 @@ TEXTS = [
     "<|im_start|>user\n" * 100,
     "<|im_end|>" * 300,
     "<|im_end|>" + " " * 1000 + "<|im_start|>\n\n\n" * 50,
+    "▁" * 1000,
+    "a ▁▁ b" * 100,
 ]
 
 
 def assert_a_lower_bound(runner: Runner) -> None:
     for text in TEXTS:
-        assert fewest_tokens(runner, text) <= len(encode_rendered(runner, text)), text[:20]
+        count = len(encode_rendered(runner, text))
+        assert fewest_tokens(runner, text, len(text)) <= count, text[:20]
 
 
 def test_the_bound_never_exceeds_the_count(tiny_small: Path) -> None:
@@ -40,7 +45,7 @@ def test_the_bound_never_exceeds_the_count(tiny_small: Path) -> None:
     assert runner.token_reach == TokenReach(len("<|endoftext|>"), strips_whitespace=False)
     assert_a_lower_bound(runner)
     longest = "<|endoftext|>" * 100  # the vocabulary's longest token, over and over: the bound is exact
-    assert fewest_tokens(runner, longest) == len(encode_rendered(runner, longest)) == 100
+    assert fewest_tokens(runner, longest, 1000) == len(encode_rendered(runner, longest)) == 100
 
 
 def test_whitespace_a_special_token_swallows_is_not_counted(tmp_path: Path) -> None:
@@ -51,8 +56,33 @@ def test_whitespace_a_special_token_swallows_is_not_counted(tmp_path: Path) -> N
     assert runner.token_reach is not None and runner.token_reach.strips_whitespace
     swallowed = "<|im_end|>" + " " * 10_000
     assert len(encode_rendered(runner, swallowed)) == 1
-    assert fewest_tokens(runner, swallowed) == 1
+    assert fewest_tokens(runner, swallowed, 256) == 1
     assert_a_lower_bound(runner)
+
+
+def test_pairs_of_bytes_bound_the_count_across_blocks(tmp_path: Path) -> None:
+    """The bound from pairs of bytes, read PAIR_BLOCK bytes at a time, never exceeds llama.cpp's count,
+    and is the count where each byte is a token."""
+    long = write_tiny_model(tmp_path / "long.gguf", vocab="long")
+    runner = Runner(long, name="long", n_ctx=256, n_threads=1)
+    assert_a_lower_bound(runner)
+    zs = "z" * (2 * PAIR_BLOCK + 5)
+    assert fewest_tokens(runner, zs, len(zs)) == len(encode_rendered(runner, zs)) == len(zs)
+    mixed = ("z" * 1000 + LONG_TOKEN * 3 + "<|im_end|> the " * 10) * 200
+    assert len(mixed) > 3 * PAIR_BLOCK
+    fewest = fewest_tokens(runner, mixed, len(mixed))
+    assert len(mixed) // len(LONG_TOKEN) < fewest <= len(encode_rendered(runner, mixed))
+
+
+def test_a_tokenizer_that_reads_a_marker_as_a_space_is_bounded_by_its_length(tmp_path: Path) -> None:
+    """Gemma 4's BPE, as SPM, reads "▁" as a space: three bytes that its token spells as one (and the
+    tiny vocabulary, which has no "▁", as none), which bytes taken in pairs would count as three tokens.
+    Its prompts are bounded by their length alone."""
+    gemma = write_tiny_model(tmp_path / "gemma.gguf", tokenizer_pre="gemma4")
+    runner = Runner(gemma, name="gemma", n_ctx=256, n_threads=1)
+    text = "z▁" * 500
+    assert fewest_tokens(runner, text, len(text)) <= len(encode_rendered(runner, text)) < len(text.encode())
+    assert runner.token_reach is not None and runner.token_reach.by_pair is None
 
 
 def test_a_text_too_long_by_its_length_is_refused_before_tokenizing(tiny_small: Path) -> None:
@@ -68,3 +98,31 @@ def test_a_text_too_long_by_its_length_is_refused_before_tokenizing(tiny_small: 
     with pytest.raises(EadError, match=r"^the prompt is 8191 tokens, too many for the context of 256 tokens"):
         encode_fitting(runner, text[1:], 256)
     assert encode_fitting(runner, "z" * 255, 256) == encode_rendered(runner, "z" * 255)
+
+
+class CountingRunner(Runner):
+    """A runner that keeps the texts its tokenizer is given."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tokenized: list[str] = []
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        self.tokenized.append(text)
+        return super().tokenize(text, add_special=add_special, parse_special=parse_special)
+
+
+def test_a_long_piece_does_not_let_a_text_too_long_through_to_the_tokenizer(tmp_path: Path) -> None:
+    """A piece 64 bytes long divides a text's length by 64: up to 64 characters a context token passed
+    that bound and were tokenized whole (Qwen2's longest piece is 128 bytes: a 4 MB prompt for a 32k
+    context). The longest piece that starts with each pair of bytes bounds it tighter: none starts
+    with "zz", so every z is a token, and the prompt is refused untokenized."""
+    long = write_tiny_model(tmp_path / "long.gguf", vocab="long")
+    runner = CountingRunner(long, name="long", n_ctx=256, n_threads=1)
+    assert runner.token_reach is not None and runner.token_reach.longest == len(LONG_TOKEN)
+    text = "z" * (40 * 256)
+    with pytest.raises(EadError, match=r"^the prompt is at least 256 tokens \(10240 characters\), too many"):
+        encode_fitting(runner, text, 256)
+    assert text not in runner.tokenized
+    fits = LONG_TOKEN * 254  # long pieces: as long by its length, but tokenized, and fitting
+    assert len(encode_fitting(runner, fits, 256)) == 254 and runner.tokenized[-1] == fits

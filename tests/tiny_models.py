@@ -38,7 +38,9 @@ Vocabularies (``vocab=``): ``"base"``; ``"other"`` (same size, but token 258 is 
 ``er``: same-size, different tokenizer); ``"bigger"`` (64 more merged tokens: a size far off);
 ``"padded"`` (``base`` plus 2 unused padding ids at the end, as Qwen2.5 7B pads its vocabulary);
 ``"phi-3"`` (``base`` plus ``<unk>``, ``<s>``, ``</s>``: the model's name then holds "phi-3", for which
-llama.cpp gives control tokens RSTRIP, so that they swallow the whitespace after them).
+llama.cpp gives control tokens RSTRIP, so that they swallow the whitespace after them); ``"long"``
+(``base`` plus ``LONG_TOKEN``, 64 ``=`` as one user-defined token: a piece as long as real vocabularies'
+longest, such as Qwen2's 128-byte runs).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ MIDDLE_ENTROPY_BITS = 3.0
 BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PHI3_SPECIALS = ("<unk>", "<s>", "</s>")  # llama.cpp's Phi-3 rule sets their attributes: they must exist
+LONG_TOKEN = "=" * 64
 N_PADDING = 2
 # The median row gain: control tokens are no likelier than typical ones, so generations run on.
 CONTROL_ROW_GAIN = 1.0
@@ -87,14 +90,14 @@ def byte_tokens() -> list[str]:
 
 
 def _merges(vocab: str) -> list[str]:
-    if vocab in ("base", "padded", "phi-3"):
+    if vocab in ("base", "padded", "phi-3", "long"):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
     if vocab == "bigger":
         letters = "abcdfgjk"  # none of these pairs is already a base merge
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
-    raise ValueError(f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded' or 'phi-3'")
+    raise ValueError(f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3' or 'long'")
 
 
 def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
@@ -108,6 +111,9 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "phi-3":
         tokens += PHI3_SPECIALS
         types += [gguf.TokenType.CONTROL] * len(PHI3_SPECIALS)
+    if vocab == "long":
+        tokens.append(LONG_TOKEN)
+        types.append(gguf.TokenType.USER_DEFINED)
     return tokens, [int(t) for t in types], merges
 
 
@@ -121,6 +127,7 @@ def write_tiny_model(
     n_ctx_train: int = 2048,
     eot_token: str = "<|im_end|>",
     split_max_tensors: int = 0,
+    tokenizer_pre: str = "default",
     n_layer: int = N_LAYER,
     keep_layers: int | None = None,
 ) -> Path:
@@ -132,6 +139,7 @@ def write_tiny_model(
     truncated copy of the ``n_layer`` model, for ``ead depth``'s fixed-depth check).
     ``split_max_tensors`` > 0 writes a split GGUF as llama.cpp's gguf-split does (21 tensors in all:
     11 gives two shards, ``<stem>-00001-of-00002.gguf`` and ``-00002-``); the first shard is returned.
+    ``tokenizer_pre`` names llama.cpp's pre-tokenizer ("gemma4": "▁" read as a space, as Gemma 4 does).
     """
     tokens, types, merges = vocabulary(vocab)
     n_vocab = len(tokens)
@@ -182,7 +190,7 @@ def write_tiny_model(
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre(tokenizer_pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
