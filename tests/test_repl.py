@@ -28,7 +28,7 @@ from ead_cli.runner import Runner
 
 EAD = Path(sys.executable).with_name("ead")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-SUMMARY = re.compile(r"(\d+) tokens · large share [\d.]+% · [\d.]+ tok/s")
+SUMMARY = re.compile(r"(\d+) tokens? · large share [\d.]+% · [\d.]+ tok/s")
 UP = "\x1b[A"
 
 
@@ -239,6 +239,10 @@ def test_stats_at_a_narrow_terminal_wrap_at_spaces_and_cut_no_figure(spawn) -> N
     settings = "mode ead · policy gate · tau 3 · window default · min-run 10 · lookup 12 · lookup-draft 31 · "
     assert settings + "temp 0 · max-tokens 8" in joined
     assert re.search(r"small: written \d+ · prefill \d+ in [\d.]+s · decode", joined), lines
+    reply(child, "/max-tokens 1")
+    assert re.search(r"^1 token · large share [\d.]+%", plain(send(child, "again")), re.M)
+    joined = " ".join(line.rstrip() for line in reply(child, "/stats"))
+    assert "1 token (length)" in joined and "session: 2 answers · 9 tokens · large share" in joined
     assert leave(child) == 0
 
 
@@ -254,7 +258,7 @@ def test_ctrl_c_stops_the_answer_only_and_clears_a_line_at_the_prompt(
     type_line(child, "hello")
     child.expect(r"\x1b\[(36|1;33)m")  # the answer is streaming
     child.sendcontrol("c")
-    child.expect(r"(\d+) tokens · large share [\d.]+% · [\d.]+ tok/s · cut \(interrupted\)")
+    child.expect(r"(\d+) tokens? · large share [\d.]+% · [\d.]+ tok/s · cut \(interrupted\)")
     child.expect_exact(PROMPT)
 
     assert reply(child, "/max-tokens 5")[0].endswith("max-tokens 5 (from the next answer)")

@@ -34,7 +34,7 @@ from .groups import (
     parse_list,
     read_prompt,
 )
-from .output import check_stdout, print_rows, print_table, say_progress, stderr
+from .output import check_stdout, counted, print_rows, print_table, say_progress, stderr
 from .render import RESET, Renderer, model_style, print_lines, stream_answer, wants_color
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ def depth_stats_lines(summary: DepthSummary) -> list[str]:
     histogram = "  ".join(f"{layer}:{count}" for layer, count in summary.histogram.items())
     per_token = summary.decode_s / max(summary.generated - 1, 1) * 1000
     return [
-        f"{summary.generated} tokens ({summary.finish_reason}), prompt {summary.prompt_tokens} · "
+        f"{counted(summary.generated, 'token')} ({summary.finish_reason}), prompt {summary.prompt_tokens} · "
         f"{summary.rule}",
         f"mean depth {summary.mean_depth:.1f}/{summary.n_layer} "
         f"({summary.mean_depth / summary.n_layer:.1%}) · "

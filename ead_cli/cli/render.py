@@ -15,7 +15,7 @@ from rich.table import Table
 from ..errors import EadError
 from ..option_table import DEFAULT_MODE
 from ..signals import Terminated
-from .output import silence_stdout
+from .output import counted, silence_stdout
 
 if TYPE_CHECKING:
     from ..decoder import ModelReport, Summary, TokenEvent
@@ -206,14 +206,14 @@ def _seconds(value: float) -> str:
 def stats_headline(summary: Summary) -> str:
     """Two lines: what was produced, and what it cost."""
     return (
-        f"{summary.generated} tokens ({summary.finish_reason}), prompt {summary.prompt_tokens} · "
+        f"{counted(summary.generated, 'token')} ({summary.finish_reason}), prompt {summary.prompt_tokens} · "
         f"large share {summary.large_share:.1%} · switches {summary.switches}\n"
         f"param cost {summary.param_cost:.3f} · {summary.flops / 1e9:,.1f} GFLOP · "
         f"{_seconds(summary.wall_s)} wall · {summary.tokens_per_s:.1f} tok/s"
         + (f"\nchecked {summary.checked} small tokens" if summary.checked else "")
         + (
             f"{' · ' if summary.checked else chr(10)}rollbacks {summary.rollbacks} "
-            f"({summary.rolled_back} tokens discarded)"
+            f"({counted(summary.rolled_back, 'token')} discarded)"
             if summary.checked or summary.rollbacks
             else ""
         )

@@ -28,7 +28,7 @@ from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import Terminated
-from .output import at_its_width, silence_stdout, spelled
+from .output import at_its_width, counted, silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
@@ -88,17 +88,12 @@ def _as_command(message: str, option: DecodingOption) -> str:
     return message if message.startswith(option.command + " ") else f"{option.command}: {message}"
 
 
-def counted(number: int, noun: str) -> str:
-    """'1 answer', '2 answers': a reply's count reads as a sentence."""
-    return f"{number} {noun}{'' if number == 1 else 's'}"
-
-
 def summary_line(turn: Turn) -> str:
     """The one line after each answer: tokens, large-model share, speed, and why it was cut."""
     summary = turn.summary
     cut = f" · cut ({summary.finish_reason})" if turn.cut else ""
     return (
-        f"{summary.generated} tokens · large share {summary.large_share:.1%} · "
+        f"{counted(summary.generated, 'token')} · large share {summary.large_share:.1%} · "
         f"{summary.tokens_per_s:.1f} tok/s{cut}"
     )
 
@@ -304,9 +299,9 @@ class Repl:
             self.note("no answer yet in this conversation")
         totals = conversation.totals
         self.console.print(
-            f"session: {counted(totals.answers, 'answer')} · {totals.generated} tokens · large share "
-            f"{totals.large_share:.1%} · {totals.switches} switches · {totals.flops / 1e9:,.1f} GFLOP · "
-            f"{totals.wall_s:.2f}s"
+            f"session: {counted(totals.answers, 'answer')} · {counted(totals.generated, 'token')} · "
+            f"large share {totals.large_share:.1%} · {counted(totals.switches, 'switch', 'switches')} · "
+            f"{totals.flops / 1e9:,.1f} GFLOP · {totals.wall_s:.2f}s"
         )
         self.console.print(
             f"context: {len(conversation.tokens)} of {conversation.n_ctx} tokens · "
