@@ -344,6 +344,11 @@ def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> Non
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 JSON = {"Content-Type": "application/json"}
+# what a 404 names, as OpenAI's names the method and path it does not serve ("Invalid URL (POST /v1/x)")
+SERVED = (
+    "GET /, GET /health, GET /v1/models, GET /v1/models/{name}, POST /v1/chat/completions, "
+    "POST /v1/completions"
+)
 
 
 @pytest.mark.parametrize(
@@ -383,8 +388,9 @@ JSON = {"Content-Type": "application/json"}
         (CHAT, {"messages": HI, "stop": [1]}, 400, "stop.0: Input should be a valid string"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs: Input should be less than or"),
         (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "a text part needs its"),
-        ("/v1/nothing", {}, 404, "Not Found"),
-        (f"{CHAT}/", {"messages": HI}, 404, "Not Found"),  # had been a bare 307 to the path without it
+        ("/v1/nothing", {}, 404, f"Invalid URL (POST /v1/nothing): this server serves {SERVED}"),
+        # had been a bare 307 to the path without it
+        (f"{CHAT}/", {"messages": HI}, 404, f"Invalid URL (POST {CHAT}/): this server serves {SERVED}"),
     ],
 )
 def test_bad_requests_get_an_error_object_and_one_log_line(
@@ -439,15 +445,39 @@ def test_a_boolean_is_no_integer(server: Server, path: str, field: str) -> None:
 
 
 def test_a_wrong_method_is_a_405_that_names_the_allowed_one(server: Server) -> None:
-    for method, path, allowed in (("GET", CHAT, {"POST"}), ("POST", "/health", {"GET", "HEAD"})):
+    """Its message had been Starlette's bare "Method Not Allowed": it names what was asked, and what the
+    path takes, as the Allow header does."""
+    for method, path, allowed in (("GET", CHAT, "POST"), ("POST", "/health", "GET, HEAD")):
         reply = httpx.request(method, f"{server.url}{path}", timeout=60)
         assert reply.status_code == 405  # and HTTP requires Allow:
-        assert set(reply.headers["allow"].split(", ")) == allowed
-        assert reply.json()["error"]["message"] == "Method Not Allowed"
+        assert reply.headers["allow"] == allowed
+        assert reply.json()["error"] == {
+            "message": f"Invalid method for URL ({method} {path}): it takes {allowed}",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
     for path, kind in (("/health", "application/json"), ("/", "text/html")):  # monitors, curl -I
         head = httpx.head(f"{server.url}{path}", timeout=60)
         assert head.status_code == 200 and head.headers["content-type"].startswith(kind)
         assert head.content == b""
+
+
+def test_a_base_url_without_v1_gets_openais_invalid_url_naming_what_is_served(server: Server) -> None:
+    """The usual slip (base_url without /v1): the openai client had shown Starlette's bare "Not Found",
+    of type not_found_error; OpenAI says "Invalid URL (POST /chat/completions)", an invalid request."""
+    before = server.log().splitlines()
+    slipped = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.NotFoundError) as missing:
+        slipped.chat.completions.create(model="ead", messages=HI, max_tokens=2)  # type: ignore[arg-type]
+    message = f"Invalid URL (POST /chat/completions): this server serves {SERVED}"
+    assert missing.value.body == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    assert server.log().splitlines()[len(before) :] == [f"error: POST /chat/completions 404: {message}"]
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(server: Server) -> None:

@@ -19,7 +19,7 @@ import openai
 import pytest
 from serve_process import Server
 from test_cli import pair_args
-from test_serve import CTX, HI, JSON, LONG, PROMPT, TAU, frames, serving, stream_request
+from test_serve import CTX, HI, JSON, LONG, PROMPT, SERVED, TAU, frames, serving, stream_request
 
 from ead_cli.errors import quoted
 from ead_cli.serve.app import SEND_TIMEOUT_S
@@ -358,7 +358,7 @@ def test_a_page_elsewhere_cannot_drive_a_loopback_server(
             assert answered.headers.get("access-control-allow-private-network") == granted
         put = httpx.put(f"{server.url}{CHAT}", json=body, headers={"Origin": allowed})
         assert put.status_code == 405 and put.headers["access-control-allow-origin"] == allowed
-        assert put.json()["error"]["message"] == "Method Not Allowed"
+        assert put.json()["error"]["message"] == f"Invalid method for URL (PUT {CHAT}): it takes POST"
         cors = post(server, CHAT, body, headers={"Origin": allowed})
         assert cors.status_code == 200 and cors.headers["access-control-allow-origin"] == allowed
         assert server.stop() == 0
@@ -404,7 +404,8 @@ def test_a_path_cannot_write_control_characters_into_the_log(server: Server) -> 
     before = server.log().splitlines()
     port = server.url.rsplit(":", 1)[1]
     missing = httpx.get(f"{server.url}/v1/x%1b[2Jy%08", timeout=60)
-    assert missing.status_code == 404 and missing.json()["error"]["message"] == "Not Found"
+    not_served = f"Invalid URL (GET /v1/x\\x1b[2Jy\\x08): this server serves {SERVED}"
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == not_served
     foreign = httpx.get(f"{server.url}/v1/%1b]0;owned%07", headers={"Host": f"evil.example:{port}"})
     assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "invalid_host"
     with socket.create_connection(("127.0.0.1", int(port)), timeout=60) as raw:  # httpx sends no ESC
@@ -413,7 +414,7 @@ def test_a_path_cannot_write_control_characters_into_the_log(server: Server) -> 
     new = server.log().splitlines()[len(before) :]
     origin = "pages at 'http://x\\x1b[2J' may not use this server"
     assert new == [
-        "error: GET /v1/x\\x1b[2Jy\\x08 404: Not Found",
+        f"error: GET /v1/x\\x1b[2Jy\\x08 404: {not_served}",
         f"error: GET /v1/\\x1b]0;owned\\x07 403: {foreign.json()['error']['message']}",
         f"error: GET /health 403: {origin}: start it with --cors-origin 'http://x\\x1b[2J' to allow them",
     ]
@@ -639,7 +640,7 @@ def test_a_broken_body_the_app_would_answer_unread_gets_only_the_400(server: Ser
     assert json.loads(body)["error"]["message"] == BROKEN_CHUNK
     assert server.log().splitlines()[len(before) :] == [
         f"error: 400: {BROKEN_CHUNK}",
-        "error: GET /v1/nothing 404: Not Found",
+        f"error: GET /v1/nothing 404: Invalid URL (GET /v1/nothing): this server serves {SERVED}",
     ]
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200
 
@@ -664,9 +665,10 @@ def test_a_long_path_or_request_line_is_cut_in_the_answer_and_the_log(
     head, body = exchange(server, data.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
     assert head[0].split()[1] == status
     message = json.loads(body)["error"]["message"]
-    assert len(message) < 300, message[:300]
+    assert len(message) < 400, message[:400]  # a 404's names the request line (cut) and what is served
     new = server.log().splitlines()[len(before) :]
-    assert len(new) == 1 and len(new[0]) < 300 and "characters)" in new[0], [line[:300] for line in new]
+    # a 404's or 405's line names the request line twice: as every line does, and in its message
+    assert len(new) == 1 and len(new[0]) < 600 and "characters)" in new[0], [line[:600] for line in new]
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 

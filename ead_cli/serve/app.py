@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import h11
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.datastructures import Headers
@@ -234,6 +235,16 @@ def _request_line(method: str, path: str) -> str:
     return f"{cut(loggable(method))} {cut(loggable(path))}"
 
 
+def _served(app: FastAPI) -> str:
+    """The routes a 404 names, in the order they are declared: each method but HEAD (every GET's) and
+    its path."""
+    return ", ".join(
+        f"{', '.join(sorted(route.methods - {'HEAD'}))} {route.path_format}"
+        for route in app.routes
+        if isinstance(route, APIRoute) and route.include_in_schema
+    )
+
+
 def _names_loopback(host: str) -> bool:
     """Whether ``Host`` names this machine; one that is no URL authority at all ("[::1") names nothing."""
     try:
@@ -286,10 +297,19 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        """Routing's refusals as OpenAI words them, "Invalid URL (POST /v1/x)", with what is served: the
+        path not served (404) and the method a path does not take (405, its Allow kept) had been
+        Starlette's bare "Not Found" and "Method Not Allowed", which named neither."""
+        asked = _request_line(request.method, request.url.path)
         headers = dict(error.headers) if error.headers else None  # a 405's Allow
-        failure = ApiError(error.status_code, str(error.detail), kind=kind, headers=headers)
-        return await api_error(request, failure)
+        if error.status_code == 404:
+            message = f"Invalid URL ({asked}): this server serves {_served(app)}"
+        elif headers is not None and "Allow" in headers:  # Starlette's is in a set's order, run to run
+            headers["Allow"] = ", ".join(sorted(headers["Allow"].split(", ")))
+            message = f"Invalid method for URL ({asked}): it takes {headers['Allow']}"
+        else:
+            message = str(error.detail)
+        return await api_error(request, ApiError(error.status_code, message, headers=headers))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:
@@ -314,7 +334,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         text = resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8")
         return HTMLResponse(text, headers=PAGE_HEADERS)
 
-    @get("/favicon.ico")
+    @get("/favicon.ico", include_in_schema=False)  # no part of what a 404 lists
     async def icon() -> Response:
         return Response(status_code=204)  # browsers ask for one; the page has none
 
