@@ -409,6 +409,21 @@ def test_bad_requests_get_an_error_object_and_one_log_line(
     assert ok.status_code == 200  # and the server keeps serving
 
 
+def test_a_body_that_starts_with_a_byte_order_mark_is_json_all_the_same(server: Server) -> None:
+    """A body read from a file saved as "UTF-8 with BOM" (curl -d @request.json, PowerShell's
+    Invoke-RestMethod): llama-server's parser takes the mark and JSON allows a parser to ignore it (RFC
+    8259, 8.1); it had been a 400 "expected value at line 1 column 1". A mark is no body, nor is a second."""
+    bom = "\ufeff".encode()
+    body = json.dumps({"messages": HI, "max_tokens": 2, "temperature": 0}).encode()
+    marked = httpx.post(f"{server.url}{CHAT}", content=bom + body, headers=JSON, timeout=60)
+    plain = httpx.post(f"{server.url}{CHAT}", content=body, headers=JSON, timeout=60)
+    assert marked.status_code == 200, marked.text
+    assert marked.json()["choices"] == plain.json()["choices"]
+    for refused in (bom, bom + bom + body, b" " + bom + body):
+        reply = httpx.post(f"{server.url}{CHAT}", content=refused, headers=JSON, timeout=60)
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_json", reply.text
+
+
 def integer_fields(schema: type[BaseModel]) -> list[str]:
     """The fields of a request that take an integer (alone or among other types), its ``ead`` object's
     too, read from its JSON schema: every one the server would take a number of."""

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ..errors import ECHOED_CHARS, EadError, cut, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
+from ..paths import BOM
 from ..policies import BURST_KINDS, parse_tau
 from .converter import BOUNDS, holds_bounds, read_first, schema_grammar
 from .patterns import portable_patterns
@@ -829,9 +830,11 @@ def _most_telling(errors: list[Any]) -> Any:
 
 
 def parse(model: type[BaseModel], data: bytes) -> Any:
-    """A request body into its schema; pydantic's first complaint as one line otherwise."""
+    """A request body into its schema; pydantic's first complaint as one line otherwise. A byte-order mark
+    at its start (a file saved as "UTF-8 with BOM", sent as it is) marks the encoding, as llama-server's
+    parser takes it: pydantic's had refused it as no JSON value."""
     try:
-        return model.model_validate_json(data)
+        return model.model_validate_json(data.removeprefix(BOM))
     except ValidationError as error:
         first = _most_telling(error.errors())
         if first["type"] == "json_invalid":
