@@ -559,15 +559,21 @@ def test_a_chunked_body_over_the_limit_is_a_413(server: Server) -> None:
     assert reply.json()["error"]["code"] == "body_too_large"
 
 
+def read_to_close(raw: socket.socket) -> bytes:
+    """What the server sends until it closes the connection."""
+    answer = b""
+    while chunk := raw.recv(65536):
+        answer += chunk
+    return answer
+
+
 def exchange(server: Server, data: bytes) -> tuple[list[bytes], bytes]:
     """``data`` sent as it is on a socket of its own: the answer's head (its lines) and its body, read
     until the server closes the connection."""
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
-    answer = b""
     with socket.create_connection((host, int(port)), timeout=60) as raw:
         raw.sendall(data.replace(b"HOST", f"{host}:{port}".encode()))
-        while chunk := raw.recv(65536):
-            answer += chunk
+        answer = read_to_close(raw)
     head, _, body = answer.partition(b"\r\n\r\n")
     return head.split(b"\r\n"), body
 
@@ -691,6 +697,50 @@ def test_headers_past_the_limit_are_a_431_that_says_so(server: Server) -> None:
     assert error["code"] == "headers_too_large" and "16 KiB" in error["message"], error
     assert server.log().splitlines()[len(before) :] == [f"error: 431: {error['message']}"]
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
+
+
+def test_a_request_head_not_whole_within_the_head_timeout_is_a_408_and_closed(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A client that opened a connection and sent its request line and headers a byte at a time, or began
+    them and stopped, had held the connection forever (uvicorn times out only the wait between requests):
+    past --head-timeout it gets a 408 and the connection is closed; one that sent nothing is closed
+    without a word, as a kept-alive one is. A request under way is no head: its answer is not cut."""
+    with serving([*pair_args(tiny_pair), *TAU, "--head-timeout", "1"], tmp_path / "server.log") as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        health = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+        before = server.log().splitlines()
+        with socket.create_connection((host, int(port)), timeout=60) as silent:
+            assert read_to_close(silent) == b""
+        with socket.create_connection((host, int(port)), timeout=60) as trickling:
+            with contextlib.suppress(OSError):  # closed by the server while it still sends
+                for byte in health:
+                    trickling.sendall(bytes([byte]))
+                    time.sleep(0.2)
+            trickled = read_to_close(trickling)
+        with socket.create_connection((host, int(port)), timeout=60) as kept:  # a second request's head
+            kept.sendall(health + b"\r\n")
+            first = b""
+            while not first.endswith(b"}"):  # its JSON read whole
+                first += kept.recv(65536)
+            kept.sendall(health)  # the second's head begun, never ended
+            second = read_to_close(kept)
+        message = "the request line and headers did not all come within 1 s (--head-timeout)"
+        error = {"message": message, "type": "invalid_request_error", "param": None}
+        assert first.startswith(b"HTTP/1.1 200 OK")
+        for answer in (trickled, second):
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.split(b"\r\n")[0].removeprefix(b"HTTP/1.1 ") == b"408 Request Timeout", answer
+            assert b"connection: close" in head.split(b"\r\n")
+            assert json.loads(body) == {"error": {**error, "code": "request_timeout"}}
+        assert server.log().splitlines()[len(before) :] == [f"error: 408: {message}"] * 2
+        client, reply = stream_request(server.url, 64)
+        received = frames(reply)
+        assert next(received)["ead"]["index"] == 0
+        time.sleep(1.5)  # past the head timeout, while the answer is written: not cut
+        assert list(received)[-1] == "[DONE]"
+        client.close()
+        assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200  # still serving
 
 
 @pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])

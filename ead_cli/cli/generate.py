@@ -182,6 +182,10 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="Seconds a stop waits for open requests before cutting them off.")
     ] = 30.0,
+    head_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds a request's line and headers may take to come whole; past them, 408."),
+    ] = 30.0,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
@@ -193,7 +197,15 @@ def serve(
         message = f"ead serve needs the serve extra ({error.name} is missing): pip install 'ead-cli[serve]'"
         raise EadError(message) from None
     options = serving.ServeOptions(
-        host, port, api_key, queue, reuse, tuple(cors_origin or ()), any_model, shutdown_timeout
+        host,
+        port,
+        api_key,
+        queue,
+        reuse,
+        tuple(cors_origin or ()),
+        any_model,
+        shutdown_timeout,
+        head_timeout,
     )
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)

@@ -53,6 +53,7 @@ class ServeOptions:
     cors_origins: tuple[str, ...] = ()  # web pages (scheme://host[:port]) that may use the server
     any_model: bool = False  # answer a request whatever model it names (as llama-server does)
     shutdown_timeout: float = 30.0  # seconds a stop waits for open requests before it cuts them off
+    head_timeout: float = 30.0  # seconds a request's line and headers may take to come whole
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -65,10 +66,12 @@ class ServeOptions:
             raise EadError("--api-key must be printable ASCII: an HTTP header carries it", exit_code=2)
         if self.api_key is not None and self.api_key != self.api_key.strip():
             raise EadError("--api-key starts or ends with a space, which clients do not send", exit_code=2)
-        if not 0 < self.shutdown_timeout <= 86400:
-            raise EadError(
-                f"--shutdown-timeout must be in (0, 86400] seconds, got {self.shutdown_timeout}", 2
-            )
+        for flag, seconds in (
+            ("--shutdown-timeout", self.shutdown_timeout),
+            ("--head-timeout", self.head_timeout),
+        ):
+            if not 0 < seconds <= 86400:
+                raise EadError(f"{flag} must be in (0, 86400] seconds, got {seconds}", exit_code=2)
         for origin in self.cors_origins:
             if origin != "*" and not PAGE_ORIGIN.fullmatch(origin):
                 raise EadError(
@@ -143,7 +146,7 @@ def serve(
     AppStatus.disable_automatic_graceful_drain()
     config = uvicorn.Config(
         app,
-        http=http_protocol(say),  # h11 wherever httptools is installed too: its 400s are ours
+        http=http_protocol(say, options.head_timeout),  # h11 wherever httptools is installed too
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         log_level="warning",
         access_log=False,

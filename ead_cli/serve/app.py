@@ -192,13 +192,53 @@ class Guard:
         )
 
 
-def http_protocol(log: Log) -> type[H11Protocol]:
+def http_protocol(log: Log, head_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol, except that a request it cannot parse (a Content-Length of "abc", a bad
     request line or header) is answered as every other 400 is, with OpenAI's error object and one log
     line, not uvicorn's plain text (which an OpenAI client cannot read), and a head past h11's buffer
-    with a 431 that says so; an Upgrade is ignored."""
+    with a 431 that says so; a request line and headers not whole within ``head_timeout`` seconds (of the
+    connection, or of their first byte after an answer) are a 408, and a connection that sent nothing by
+    then is closed (uvicorn times out only the wait between requests: a client that sent a byte a minute
+    held its connection forever); an Upgrade is ignored."""
 
     class Protocol(H11Protocol):
+        head_timer: asyncio.TimerHandle | None = None  # while a request's head is awaited
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)  # type: ignore[arg-type]
+            self._await_head()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._await_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def _await_head(self) -> None:
+            """The head timer running while h11 awaits a request (its line and headers not whole), from the
+            first call that finds it so; stopped once the request is read."""
+            if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+                self._stop_head_timer()
+            elif self.head_timer is None:
+                self.head_timer = self.loop.call_later(head_timeout, self._head_late)
+
+        def _stop_head_timer(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _head_late(self) -> None:
+            self.head_timer = None
+            if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+                return
+            if not self.conn.trailing_data[0]:  # nothing of a request: closed as a kept-alive one is
+                self.transport.close()
+                return
+            late = f"did not all come within {head_timeout:g} s (--head-timeout)"
+            self._refuse(ApiError(408, f"the request line and headers {late}", code="request_timeout"))
+
         def send_400_response(self, msg: str) -> None:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
             if getattr(failure, "error_status_hint", 400) == 431:  # h11's buffer full, the head unended
@@ -211,14 +251,20 @@ def http_protocol(log: Log) -> type[H11Protocol]:
                 self.cycle.disconnected = True
             if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # a body refused unread, then
                 log(f"error: {error.message}: the connection is closed")  # broken: its answer went out
+                self.transport.close()
             else:
-                log(f"error: {error.status}: {error.message}")
-                answer = error.response()
-                headers = [*answer.raw_headers, (b"connection", b"close")]
-                reason = HTTPStatus(error.status).phrase.encode()
-                response = h11.Response(status_code=error.status, headers=headers, reason=reason)
-                for event in (response, h11.Data(data=answer.body), h11.EndOfMessage()):
-                    self.transport.write(self.conn.send(event))
+                self._refuse(error)
+
+        def _refuse(self, error: ApiError) -> None:
+            """``error`` answered (OpenAI's object) and logged, the connection closed: what h11 read is no
+            request the app could answer."""
+            log(f"error: {error.status}: {error.message}")
+            answer = error.response()
+            headers = [*answer.raw_headers, (b"connection", b"close")]
+            reason = HTTPStatus(error.status).phrase.encode()
+            response = h11.Response(status_code=error.status, headers=headers, reason=reason)
+            for event in (response, h11.Data(data=answer.body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
             self.transport.close()
 
         def _unsupported_upgrade_warning(self) -> None:
