@@ -559,8 +559,8 @@ def test_a_bind_beyond_loopback_without_a_key_warns(tiny_pair: tuple[Path, Path]
         (["--api-key", "s3cret "], "--api-key starts or ends with a space"),
         (["--cors-origin", "evil.example/path"], "--cors-origin takes scheme://host[:port]"),
         (["--shutdown-timeout", "0"], "--shutdown-timeout"),
-        (["--head-timeout", "0"], "--head-timeout must be in (0, 86400] seconds"),
-        (["--head-timeout", "nan"], "--head-timeout must be in (0, 86400] seconds"),
+        (["--read-timeout", "0"], "--read-timeout must be in (0, 86400] seconds"),
+        (["--read-timeout", "nan"], "--read-timeout must be in (0, 86400] seconds"),
     ],
 )
 def test_bad_serve_options_are_one_line(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:

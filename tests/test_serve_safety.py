@@ -699,48 +699,76 @@ def test_headers_past_the_limit_are_a_431_that_says_so(server: Server) -> None:
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
-def test_a_request_head_not_whole_within_the_head_timeout_is_a_408_and_closed(
-    tiny_pair: tuple[Path, Path], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def impatient(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server that waits 1 s for what a client has yet to send."""
+    log = tmp_path_factory.mktemp("serve-impatient") / "server.log"
+    with serving([*pair_args(tiny_pair), *TAU, "--read-timeout", "1"], log) as running:
+        yield running
+
+
+def test_a_request_head_not_whole_within_the_read_timeout_is_a_408_and_closed(impatient: Server) -> None:
     """A client that opened a connection and sent its request line and headers a byte at a time, or began
     them and stopped, had held the connection forever (uvicorn times out only the wait between requests):
-    past --head-timeout it gets a 408 and the connection is closed; one that sent nothing is closed
+    past --read-timeout it gets a 408 and the connection is closed; one that sent nothing is closed
     without a word, as a kept-alive one is. A request under way is no head: its answer is not cut."""
-    with serving([*pair_args(tiny_pair), *TAU, "--head-timeout", "1"], tmp_path / "server.log") as server:
-        host, port = server.url.removeprefix("http://").rsplit(":", 1)
-        health = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
-        before = server.log().splitlines()
-        with socket.create_connection((host, int(port)), timeout=60) as silent:
-            assert read_to_close(silent) == b""
-        with socket.create_connection((host, int(port)), timeout=60) as trickling:
-            with contextlib.suppress(OSError):  # closed by the server while it still sends
-                for byte in health:
-                    trickling.sendall(bytes([byte]))
-                    time.sleep(0.2)
-            trickled = read_to_close(trickling)
-        with socket.create_connection((host, int(port)), timeout=60) as kept:  # a second request's head
-            kept.sendall(health + b"\r\n")
-            first = b""
-            while not first.endswith(b"}"):  # its JSON read whole
-                first += kept.recv(65536)
-            kept.sendall(health)  # the second's head begun, never ended
-            second = read_to_close(kept)
-        message = "the request line and headers did not all come within 1 s (--head-timeout)"
-        error = {"message": message, "type": "invalid_request_error", "param": None}
-        assert first.startswith(b"HTTP/1.1 200 OK")
-        for answer in (trickled, second):
-            head, _, body = answer.partition(b"\r\n\r\n")
-            assert head.split(b"\r\n")[0].removeprefix(b"HTTP/1.1 ") == b"408 Request Timeout", answer
-            assert b"connection: close" in head.split(b"\r\n")
-            assert json.loads(body) == {"error": {**error, "code": "request_timeout"}}
-        assert server.log().splitlines()[len(before) :] == [f"error: 408: {message}"] * 2
-        client, reply = stream_request(server.url, 64)
-        received = frames(reply)
-        assert next(received)["ead"]["index"] == 0
-        time.sleep(1.5)  # past the head timeout, while the answer is written: not cut
-        assert list(received)[-1] == "[DONE]"
-        client.close()
-        assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200  # still serving
+    host, port = impatient.url.removeprefix("http://").rsplit(":", 1)
+    health = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+    before = impatient.log().splitlines()
+    with socket.create_connection((host, int(port)), timeout=60) as silent:
+        assert read_to_close(silent) == b""
+    with socket.create_connection((host, int(port)), timeout=60) as trickling:
+        with contextlib.suppress(OSError):  # closed by the server while it still sends
+            for byte in health:
+                trickling.sendall(bytes([byte]))
+                time.sleep(0.2)
+        trickled = read_to_close(trickling)
+    with socket.create_connection((host, int(port)), timeout=60) as kept:  # a second request's head
+        kept.sendall(health + b"\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # its JSON read whole
+            first += kept.recv(65536)
+        kept.sendall(health)  # the second's head begun, never ended
+        second = read_to_close(kept)
+    message = "the request line and headers did not all come within 1 s (--read-timeout)"
+    error = {"message": message, "type": "invalid_request_error", "param": None}
+    assert first.startswith(b"HTTP/1.1 200 OK")
+    for answer in (trickled, second):
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n")[0].removeprefix(b"HTTP/1.1 ") == b"408 Request Timeout", answer
+        assert b"connection: close" in head.split(b"\r\n")
+        assert json.loads(body) == {"error": {**error, "code": "request_timeout"}}
+    assert impatient.log().splitlines()[len(before) :] == [f"error: 408: {message}"] * 2
+    client, reply = stream_request(impatient.url, 64)
+    received = frames(reply)
+    assert next(received)["ead"]["index"] == 0
+    time.sleep(1.5)  # past the head timeout, while the answer is written: not cut
+    assert list(received)[-1] == "[DONE]"
+    client.close()
+    assert httpx.get(f"{impatient.url}/health", timeout=60).status_code == 200  # still serving
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_that_stops_coming_for_the_read_timeout_is_a_408_and_closed(
+    impatient: Server, chunked: bool
+) -> None:
+    """A body that stops short of its Content-Length (or of its last chunk) had been awaited forever, its
+    connection held: after --read-timeout without a byte of it, a 408 that says so, the connection closed."""
+    host, port = impatient.url.removeprefix("http://").rsplit(":", 1)
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    framing = "Transfer-Encoding: chunked\r\n\r\n6\r\n" if chunked else "Content-Length: 100\r\n\r\n"
+    before = impatient.log().splitlines()
+    with socket.create_connection((host, int(port)), timeout=60) as stalled:
+        stalled.sendall(f"{head}{framing}{{\"mes".encode())  # then nothing more
+        answer = read_to_close(stalled)
+    head_lines, _, body = answer.partition(b"\r\n\r\n")
+    assert head_lines.split(b"\r\n")[0] == b"HTTP/1.1 408 Request Timeout", answer
+    assert b"connection: close" in head_lines.lower().split(b"\r\n")
+    message = "the request body stopped: none of it came for 1 s (--read-timeout)"
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": "request_timeout"}
+    assert json.loads(body) == {"error": error}
+    assert impatient.log().splitlines()[len(before) :] == [f"error: POST {CHAT} 408: {message}"]
+    assert post(impatient, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
 @pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])

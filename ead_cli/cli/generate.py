@@ -182,9 +182,12 @@ def serve(
     shutdown_timeout: Annotated[
         float, typer.Option(help="Seconds a stop waits for open requests before cutting them off.")
     ] = 30.0,
-    head_timeout: Annotated[
+    read_timeout: Annotated[
         float,
-        typer.Option(help="Seconds a request's line and headers may take to come whole; past them, 408."),
+        typer.Option(
+            help="Seconds a request's line and headers may take to come whole, and its body between two "
+            "parts; past them, 408."
+        ),
     ] = 30.0,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
@@ -205,7 +208,7 @@ def serve(
         tuple(cors_origin or ()),
         any_model,
         shutdown_timeout,
-        head_timeout,
+        read_timeout,
     )
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)

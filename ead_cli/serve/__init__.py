@@ -53,7 +53,7 @@ class ServeOptions:
     cors_origins: tuple[str, ...] = ()  # web pages (scheme://host[:port]) that may use the server
     any_model: bool = False  # answer a request whatever model it names (as llama-server does)
     shutdown_timeout: float = 30.0  # seconds a stop waits for open requests before it cuts them off
-    head_timeout: float = 30.0  # seconds a request's line and headers may take to come whole
+    read_timeout: float = 30.0  # seconds a request's head may take to come whole, its body between parts
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -68,7 +68,7 @@ class ServeOptions:
             raise EadError("--api-key starts or ends with a space, which clients do not send", exit_code=2)
         for flag, seconds in (
             ("--shutdown-timeout", self.shutdown_timeout),
-            ("--head-timeout", self.head_timeout),
+            ("--read-timeout", self.read_timeout),
         ):
             if not 0 < seconds <= 86400:
                 raise EadError(f"{flag} must be in (0, 86400] seconds, got {seconds}", exit_code=2)
@@ -146,7 +146,7 @@ def serve(
     AppStatus.disable_automatic_graceful_drain()
     config = uvicorn.Config(
         app,
-        http=http_protocol(say, options.head_timeout),  # h11 wherever httptools is installed too
+        http=http_protocol(say, options.read_timeout),  # h11 wherever httptools is installed too
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         log_level="warning",
         access_log=False,

@@ -98,7 +98,8 @@ class Guard:
     """The app's outermost layer. A loopback server answers only requests that name it in ``Host`` (a
     DNS-rebinding page names its own domain) and, from a web page, only those whose ``Origin`` is the
     server itself or a ``--cors-origin``; a body over ``limit`` bytes is refused (413) before it is read
-    whole, chunked or not; whatever fails unforeseen is OpenAI's error object (500) and one log line."""
+    whole, chunked or not, and one that stops coming for the read timeout (408); whatever fails
+    unforeseen is OpenAI's error object (500) and one log line."""
 
     def __init__(
         self, app: Any, options: ServeOptions, limit: int, log: Log, stopping: Callable[[], bool]
@@ -115,14 +116,22 @@ class Guard:
         if refusal is not None:
             self.log(f"error: {where} {refusal.status}: {refusal.message}")  # Origin, Host
             return await refusal.response()(scope, receive, send)
-        seen = 0
+        seen, whole = 0, False
 
         async def counted() -> dict:
-            nonlocal seen
-            message = await receive()
+            """The body's next part, each within the read timeout (a client that stopped sending it had held
+            its connection forever), counted against the limit; then whatever comes (a disconnect)."""
+            nonlocal seen, whole
+            if whole:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.options.read_timeout)
+            except asyncio.TimeoutError:
+                raise self._body_late() from None
             seen += len(message.get("body", b""))
             if seen > self.limit:
                 raise self._too_large()
+            whole = not message.get("more_body", False)
             return message
 
         started, streaming = False, False
@@ -156,6 +165,12 @@ class Guard:
             if not started:
                 await _internal_error().response()(scope, receive, send)
         return None
+
+    def _body_late(self) -> ApiError:
+        late = f"none of it came for {self.options.read_timeout:g} s (--read-timeout)"
+        # the rest of the body would be read as the next request: its connection is closed
+        headers = {"Connection": "close"}
+        return ApiError(408, f"the request body stopped: {late}", code="request_timeout", headers=headers)
 
     def _too_large(self) -> ApiError:
         return ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
@@ -192,11 +207,11 @@ class Guard:
         )
 
 
-def http_protocol(log: Log, head_timeout: float) -> type[H11Protocol]:
+def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol, except that a request it cannot parse (a Content-Length of "abc", a bad
     request line or header) is answered as every other 400 is, with OpenAI's error object and one log
     line, not uvicorn's plain text (which an OpenAI client cannot read), and a head past h11's buffer
-    with a 431 that says so; a request line and headers not whole within ``head_timeout`` seconds (of the
+    with a 431 that says so; a request line and headers not whole within ``read_timeout`` seconds (of the
     connection, or of their first byte after an answer) are a 408, and a connection that sent nothing by
     then is closed (uvicorn times out only the wait between requests: a client that sent a byte a minute
     held its connection forever); an Upgrade is ignored."""
@@ -222,7 +237,7 @@ def http_protocol(log: Log, head_timeout: float) -> type[H11Protocol]:
             if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
                 self._stop_head_timer()
             elif self.head_timer is None:
-                self.head_timer = self.loop.call_later(head_timeout, self._head_late)
+                self.head_timer = self.loop.call_later(read_timeout, self._head_late)
 
         def _stop_head_timer(self) -> None:
             if self.head_timer is not None:
@@ -236,7 +251,7 @@ def http_protocol(log: Log, head_timeout: float) -> type[H11Protocol]:
             if not self.conn.trailing_data[0]:  # nothing of a request: closed as a kept-alive one is
                 self.transport.close()
                 return
-            late = f"did not all come within {head_timeout:g} s (--head-timeout)"
+            late = f"did not all come within {read_timeout:g} s (--read-timeout)"
             self._refuse(ApiError(408, f"the request line and headers {late}", code="request_timeout"))
 
         def send_400_response(self, msg: str) -> None:
