@@ -384,6 +384,9 @@ SERVED = (
         ("/v1/completions", {"prompt": []}, 400, "prompt"),
         ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
         ("/v1/completions", {"prompt": [[1], [2]]}, 400, "prompt"),
+        # token ids, one not an integer: had been "prompt: List should have at most 1 item" (of strings)
+        ("/v1/completions", {"prompt": [1, 2, 3.5]}, 400, "prompt.2: Input should be a valid integer"),
+        ("/v1/completions", {"prompt": [1.5]}, 400, "prompt.0: Input should be a valid integer"),
         (CHAT, {"messages": HI, "stop": ["a"] * 17}, 400, "stop: List should have at most 16 items"),
         (CHAT, {"messages": HI, "stop": [1]}, 400, "stop.0: Input should be a valid string"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs: Input should be less than or"),

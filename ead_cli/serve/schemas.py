@@ -10,7 +10,16 @@ from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
 from llama_cpp.llama_grammar import JSON_GBNF
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    create_model,
+)
 
 from ..errors import ECHOED_CHARS, EadError, cut, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
@@ -742,16 +751,28 @@ class ChatRequest(CompletionBase):
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
 
 
+def _prompt_form(value: Any) -> str:
+    """Which form of a prompt a value is meant as, by its first item: so a complaint is about that form
+    alone (token ids with a 3.5 among them had been told a list of strings takes at most one item)."""
+    if not isinstance(value, list):
+        return "str"
+    first = value[0] if value else None
+    if isinstance(first, list):
+        return "list[list]"
+    return "list[str]" if isinstance(first, str) else "list[int]"
+
+
 class CompletionRequest(CompletionBase):
     """A text completion's prompt: a string, or token ids as llama-server and OpenAI take them (one prompt
     either way, in a list of one or alone: a list of several is a batch, which ead serve does not do)."""
 
-    prompt: (
-        str
-        | Annotated[list[str], Field(min_length=1, max_length=1)]
-        | TokenIds
-        | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
-    )
+    prompt: Annotated[
+        Annotated[str, Tag("str")]
+        | Annotated[list[str], Field(min_length=1, max_length=1), Tag("list[str]")]
+        | Annotated[TokenIds, Tag("list[int]")]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=1), Tag("list[list]")],
+        Discriminator(_prompt_form),
+    ]
     # OpenAI's legacy count of alternatives (chat's is a boolean and top_logprobs): a boolean here is a
     # 400, not the count 0 that Python's bool, an int, had passed for
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
