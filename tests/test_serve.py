@@ -389,6 +389,8 @@ SERVED = (
         ("/v1/completions", {"prompt": [1.5]}, 400, "prompt.0: Input should be a valid integer"),
         (CHAT, {"messages": HI, "stop": ["a"] * 17}, 400, "stop: List should have at most 16 items"),
         (CHAT, {"messages": HI, "stop": [1]}, 400, "stop.0: Input should be a valid string"),
+        # a named choice without its function: had been "tool_choice.NamedToolChoice.function", a class's name
+        (CHAT, {"messages": HI, "tool_choice": {"type": "function"}}, 400, "tool_choice.function: Field req"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs: Input should be less than or"),
         (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "a text part needs its"),
         ("/v1/nothing", {}, 404, f"Invalid URL (POST /v1/nothing): this server serves {SERVED}"),

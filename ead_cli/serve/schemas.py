@@ -833,9 +833,10 @@ def _step(part: str | int) -> str:
 
 
 def _is_field(part: str | int) -> bool:
-    """Whether a part of pydantic's error location names a field or an index (not a union's member)."""
+    """Whether a part of pydantic's error location names a field or an index, not a union's member: a
+    type's name ("str"), or a model's (CamelCase, where every field's name is lower case)."""
     return isinstance(part, int) or (
-        part.isidentifier() and part not in {"str", "int", "float", "bool", "list"}
+        part.isidentifier() and not part[0].isupper() and part not in {"str", "int", "float", "bool", "list"}
     )
 
 
