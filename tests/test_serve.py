@@ -344,6 +344,7 @@ def test_curl_sees_each_frame_while_the_answer_is_written(server: Server) -> Non
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 JSON = {"Content-Type": "application/json"}
+HI_JSON = json.dumps({"messages": HI}).encode()
 # what a 404 names, as OpenAI's names the method and path it does not serve ("Invalid URL (POST /v1/x)")
 SERVED = (
     "GET /, GET /health, GET /v1/models, GET /v1/models/{name}, POST /v1/chat/completions, "
@@ -356,6 +357,10 @@ SERVED = (
     [
         (CHAT, b'{"messages": [', 400, "not valid JSON"),
         (CHAT, b"[1, 2]", 400, "must be a JSON object"),
+        # JSON has no NaN nor Infinity (Python's json reads them), and a parser's depth is bounded
+        (CHAT, HI_JSON[:-1] + b', "temperature": NaN}', 400, "temperature: Input should be a finite number"),
+        (CHAT, HI_JSON[:-1] + b', "top_p": -Infinity}', 400, "top_p: Input should be a finite number"),
+        (CHAT, b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "recursion limit exceeded"),
         (CHAT, {"messages": "hi"}, 400, "messages"),
         (CHAT, {"messages": []}, 400, "messages"),
         (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
