@@ -1,6 +1,7 @@
 """The README's commands stay honest: each ``ead ...`` line in the code blocks of the README and the docs/
 pages names a real subcommand and only options that subcommand's ``--help`` lists (read from the real
-CLI); the README's docs/ links are files."""
+CLI); every relative link of the README and the docs/ pages names a file that exists, and its anchor a
+heading there."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ README = ROOT / "README.md"
 EAD = str(Path(sys.executable).with_name("ead"))
 CODE_BLOCK = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+FENCED = re.compile(r"^```.*?^```", re.S | re.M)
+INLINE_CODE = re.compile(r"`[^`]*`")
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+LINK = re.compile(r"\]\(([^()\s]+)\)")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHELL_BREAK = {"|", "||", "&&", ";", ">", "<", "2>"}
 
@@ -116,9 +121,57 @@ def test_the_check_catches_what_does_not_exist() -> None:
     ]
 
 
-def test_readme_docs_links_resolve() -> None:
-    text = HTML_COMMENT.sub("", README.read_text())  # pages other branches add are listed in a comment
-    links = re.findall(r"\]\(((?:docs/)[^)#\s]+)", text)
-    assert len(links) >= 8
-    missing = [link for link in links if not (ROOT / link).is_file()]
-    assert missing == []
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens, a
+    repeated one numbered (``step``, ``step-1``)."""
+    seen: dict[str, int] = {}
+    for heading in HEADING.findall(FENCED.sub("", text)):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link of a markdown page (outside code and comments) whose file or folder is missing,
+    or whose anchor no heading of its target gives."""
+    text = INLINE_CODE.sub("", FENCED.sub("", HTML_COMMENT.sub("", page.read_text())))
+    problems = []
+    for link in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", link):
+            continue  # https:, mailto:: not a file here
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path) if path else page
+        if not target.exists():
+            problems.append(f"{page}: {link}: no such file")
+        elif anchor and target.suffix == ".md" and anchor not in anchors(target.read_text()):
+            problems.append(f"{page}: {link}: no such heading")
+    return problems
+
+
+def test_every_relative_link_and_anchor_resolves() -> None:
+    """Each relative link of the README and of every page under docs/ names a file or folder that exists,
+    and its ``#anchor`` a heading of the page it points to."""
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    assert sum(len(LINK.findall(page.read_text())) for page in pages) >= 80
+    assert [problem for page in pages for problem in broken_links(page)] == []
+
+
+def test_the_link_check_catches_what_does_not_resolve(tmp_path: Path) -> None:
+    """The check must be able to fail: a missing file, a missing anchor in another page or the same one."""
+    (tmp_path / "other.md").write_text(
+        "# Other page\n\n## The `ead` object, step by step\n\n## Step\n\n## Step\n"
+    )
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n[ok](other.md#the-ead-object-step-by-step), [twice](other.md#step-1), [self](#page), "
+        "[web](https://example.com/x.md), `[code](nowhere.md)`\n"
+        "[gone](gone.md) [no anchor](other.md#nowhere) [own](#missing)\n"
+        "```text\n# not a heading\n[in a block](nowhere.md)\n```\n<!-- [commented](nowhere.md) -->\n"
+    )
+    assert broken_links(page) == [
+        f"{page}: gone.md: no such file",
+        f"{page}: other.md#nowhere: no such heading",
+        f"{page}: #missing: no such heading",
+    ]
