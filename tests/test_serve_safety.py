@@ -491,6 +491,21 @@ def test_two_sampled_requests_without_a_seed_differ(server: Server) -> None:
     assert again["choices"][0]["message"] == first["choices"][0]["message"]
 
 
+def test_a_server_started_with_a_seed_draws_requests_without_one_with_it(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``ead serve --seed N`` is each request's seed unless it sends its own, as llama-server's ``--seed``:
+    the option had been taken and never used, every request drawn afresh."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 1.0}
+    with serving([*pair_args(tiny_pair), *TAU, *CTX, "--seed", "7"], tmp_path / "server.log") as seeded:
+        first, second = (post(seeded, CHAT, body).json() for _ in range(2))
+        own, fresh = (post(seeded, CHAT, {**body, "seed": seed}).json() for seed in (8, -1))
+    assert first["ead"]["seed"] == second["ead"]["seed"] == 7
+    assert first["choices"][0]["message"] == second["choices"][0]["message"]
+    assert own["ead"]["seed"] == 8
+    assert fresh["ead"]["seed"] != 7  # -1 asks for a fresh draw whatever the server's seed
+
+
 def test_an_unknown_model_name_is_a_404_unless_any_model(
     server: Server, tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:

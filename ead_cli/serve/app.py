@@ -550,8 +550,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 top_k=base.top_k if top_k is None else top_k,
                 top_p=base.top_p if not body.top_p else body.top_p,
                 min_p=base.min_p if min_p is None else min_p,
-                # as OpenAI and llama-server: a fresh draw per request unless the request names its seed
-                seed=body.seed if body.seed is not None and body.seed >= 0 else secrets.randbelow(2**32 - 1),
+                seed=_request_seed(body.seed, base.seed if "seed" in defaults.policy.given else None),
             )
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(
@@ -599,6 +598,17 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return await request.body()
 
     return app
+
+
+def _request_seed(asked: int | None, served: int | None) -> int:
+    """The seed a request draws with, as llama-server's: its own (``asked``; -1 a fresh one), else the
+    server's ``--seed`` (``served``) if it was started with one, else a fresh one, so that a sampled
+    "regenerate" differs."""
+    if asked is not None and asked >= 0:
+        return asked
+    if asked is None and served is not None:
+        return served
+    return secrets.randbelow(2**32 - 1)
 
 
 def _prefill(messages: list[dict[str, Any]]) -> str | None:
