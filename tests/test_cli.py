@@ -214,13 +214,17 @@ def test_a_dumb_terminal_gets_no_colour_unless_forced(tiny_pair: tuple[Path, Pat
     assert ANSI in forced and ANSI_CODES.sub("", forced) == plain
 
 
-def test_stats_fit_a_narrow_terminal_without_cutting_a_figure(tiny_pair: tuple[Path, Path]) -> None:
-    """At 40 columns the table's columns cannot fit (rich had cut them to 'writ…' and '0.1…'): each model's
-    figures are a line of named figures instead, and every line is wrapped at spaces, not mid-word."""
+@pytest.mark.parametrize("columns", [40, 50])
+def test_stats_fit_a_narrow_terminal_without_cutting_a_figure(
+    tiny_pair: tuple[Path, Path], columns: int
+) -> None:
+    """At 40 columns the table's columns cannot fit (rich had cut them to 'writ…' and '0.1…'), nor whole at
+    50 (rich had wrapped its figures and cut 'catch-up' to 'catch-…'): each model's figures are a line of
+    named figures instead, and every line is wrapped at spaces, not mid-word."""
     args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "30", "--stats", "hi"]
-    narrow = ANSI_CODES.sub("", at_a_terminal(*args, columns=40, stream=2).decode())
+    narrow = ANSI_CODES.sub("", at_a_terminal(*args, columns=columns, stream=2).decode())
     lines = narrow.splitlines()
-    assert "…" not in narrow and max(map(len, lines)) <= 40, narrow
+    assert "…" not in narrow and max(map(len, lines)) <= columns, narrow
     joined = " ".join(line.rstrip() for line in lines)  # a word broken across two lines: two words here
     assert "mode ead (a switching option or a cascade turns the pair on) 30 tokens (length)" in joined
     figures = r"[\d.]+% · switches \d+ param cost [\d.]+ · [\d.]+ GFLOP · [\d.]+s wall · [\d.]+ tok/s"

@@ -274,8 +274,8 @@ def stats_table(summary: Summary) -> Table:
 
 
 def stats_lines(summary: Summary) -> list[str]:
-    """The table's rows as lines, each figure named: for a terminal too narrow for its columns, where
-    rich would cut headers and figures short (``writ…``, ``0.1…``)."""
+    """The table's rows as lines, each figure named: for a terminal too narrow for the whole table, where
+    rich would wrap figures and cut headers and figures short (``catch-…``, ``0.1…``)."""
     lines = []
     for report in summary.models:
         named = zip(_MODEL_COLUMNS, _model_figures(report), strict=True)
@@ -305,7 +305,7 @@ def print_stats(console: Console, summary: Summary) -> None:
         print_lines(console, network)
     table = stats_table(summary)
     unbounded = console.options.update_width(10_000)  # measured whole, not clamped to the console
-    if console.measure(table, options=unbounded).minimum <= console.width:
+    if console.measure(table, options=unbounded).maximum <= console.width:  # squeezed, rich cuts and wraps
         console.print(table)
     else:
         for line in stats_lines(summary):
