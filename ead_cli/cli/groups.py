@@ -58,8 +58,8 @@ Cascade = Annotated[
     str | None,
     typer.Option(
         "--models",
-        help="Two or more models, smallest first, comma-separated (aliases or paths): a cascade, "
-        "instead of --small and --large.",
+        help="Two or more models, smallest first, comma-separated (aliases, paths, or a llama-server's "
+        "http://HOST:PORT above the first): a cascade, instead of --small and --large.",
     ),
 ]
 ModelsFile = Annotated[
