@@ -788,6 +788,26 @@ def test_a_body_that_stops_coming_for_the_read_timeout_is_a_408_and_closed(
     assert post(impatient, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
+def test_a_whole_head_past_the_limit_is_a_431_too(server: Server) -> None:
+    """Headers past 16 KiB that arrive whole, in one read: h11 holds to its limit only a head whose end
+    it has not seen, so a 20 KiB one sent at once had been answered as any request (its 431 depended on
+    how the bytes came)."""
+    before = server.log().splitlines()
+    filler = (b"X-Filler: " + b"a" * 1000 + b"\r\n") * 20
+    head, body = exchange(
+        server, b"GET /health HTTP/1.1\r\nHost: HOST\r\nConnection: close\r\n" + filler + b"\r\n"
+    )
+    assert head[0] == b"HTTP/1.1 431 Request Header Fields Too Large"
+    error = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large" and "16 KiB" in error["message"], error
+    assert server.log().splitlines()[len(before) :] == [f"error: GET /health 431: {error['message']}"]
+    fits = (b"X-Filler: " + b"a" * 1000 + b"\r\n") * 12
+    head, _ = exchange(
+        server, b"GET /health HTTP/1.1\r\nHost: HOST\r\nConnection: close\r\n" + fits + b"\r\n"
+    )
+    assert head[0] == b"HTTP/1.1 200 OK"
+
+
 @pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
 def test_an_upgrade_the_server_does_not_take_is_answered_as_http_without_a_log_line(
     server: Server, upgrade: bytes

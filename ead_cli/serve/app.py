@@ -76,7 +76,8 @@ MODEL_ID = (
     "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
-MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers that h11 holds unended past this: a 431
+MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this: a 431
+HEAD_TOO_LARGE = f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
 # The page in no other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which
@@ -97,9 +98,10 @@ class Defaults:
 class Guard:
     """The app's outermost layer. A loopback server answers only requests that name it in ``Host`` (a
     DNS-rebinding page names its own domain) and, from a web page, only those whose ``Origin`` is the
-    server itself or a ``--cors-origin``; a body over ``limit`` bytes is refused (413) before it is read
-    whole, chunked or not, and one that stops coming for the read timeout (408); whatever fails
-    unforeseen is OpenAI's error object (500) and one log line."""
+    server itself or a ``--cors-origin``; a request line and headers over ``MAX_HEAD_BYTES`` are refused
+    (431), a body over ``limit`` bytes (413) before it is read whole, chunked or not, and one that stops
+    coming for the read timeout (408); whatever fails unforeseen is OpenAI's error object (500) and one
+    log line."""
 
     def __init__(
         self, app: Any, options: ServeOptions, limit: int, log: Log, stopping: Callable[[], bool]
@@ -112,9 +114,9 @@ class Guard:
             return await self.app(scope, receive, send)
         where = _request_line(scope["method"], scope["path"])
         headers = Headers(scope=scope)
-        refusal = self._refusal(headers)
+        refusal = self._refusal(scope, headers)
         if refusal is not None:
-            self.log(f"error: {where} {refusal.status}: {refusal.message}")  # Origin, Host
+            self.log(f"error: {where} {refusal.status}: {refusal.message}")  # Origin, Host, size
             return await refusal.response()(scope, receive, send)
         seen, whole = 0, False
 
@@ -175,7 +177,9 @@ class Guard:
     def _too_large(self) -> ApiError:
         return ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
 
-    def _refusal(self, headers: Headers) -> ApiError | None:
+    def _refusal(self, scope: dict, headers: Headers) -> ApiError | None:
+        if _head_bytes(scope) > MAX_HEAD_BYTES:  # one that came whole: h11 bounds only an unended head
+            return ApiError(431, HEAD_TOO_LARGE, code="headers_too_large")
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.limit:
             return self._too_large()
@@ -257,8 +261,7 @@ def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
         def send_400_response(self, msg: str) -> None:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
             if getattr(failure, "error_status_hint", 400) == 431:  # h11's buffer full, the head unended
-                message = f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"
-                error = ApiError(431, message, code="headers_too_large")
+                error = ApiError(431, HEAD_TOO_LARGE, code="headers_too_large")
             else:
                 reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes what it refuses
                 error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
@@ -288,6 +291,12 @@ def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
             WebSocket library the server never uses."""
 
     return Protocol
+
+
+def _head_bytes(scope: dict) -> int:
+    """About the size of a request's line and headers as sent: method, target, and each header line."""
+    target = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
+    return len(scope["method"]) + target + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
 def _request_line(method: str, path: str) -> str:
