@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ EAD = str(Path(sys.executable).with_name("ead"))
 CODE_BLOCK = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 FENCED = re.compile(r"^```.*?^```", re.S | re.M)
+INDENTED_BLOCK = re.compile(r"^[ \t]*\n((?:^ {4}.*\n|^[ \t]*\n(?= {4}))+)", re.M)  # after a blank line
 INLINE_CODE = re.compile(r"`[^`]*`")
 HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
 LINK = re.compile(r"\]\(([^()\s]+)\)")
@@ -30,11 +32,17 @@ OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 SHELL_BREAK = {"|", "||", "&&", ";", ">", "<", "2>"}
 
 
+def code_blocks(text: str) -> list[str]:
+    """The text's fenced code blocks, then its indented ones (four spaces, after a blank line), dedented."""
+    indented = INDENTED_BLOCK.findall(FENCED.sub("", text))
+    return [*CODE_BLOCK.findall(text), *(textwrap.dedent(block) for block in indented)]
+
+
 def shown_commands(text: str) -> list[list[str]]:
     """Each ``ead`` (or ``python -m ead_cli``) command in the text's code blocks, as argv after the program
     name, up to a pipe or redirection; comments dropped, ``\\`` continuations joined."""
     commands = []
-    for block in CODE_BLOCK.findall(text):
+    for block in code_blocks(text):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.removeprefix("$ ").strip()
             words = shlex.split(line, comments=True) if line else []
@@ -119,6 +127,8 @@ def test_the_check_catches_what_does_not_exist() -> None:
         ["generate", "--x", "1"],
         ["chat", "--tau", "1"],
     ]
+    indented = "Prose.\n\n    ead bench speed --small a \\\n      --json x.json\n\n    ead --version\n\nOn.\n"
+    assert shown_commands(indented) == [["bench", "speed", "--small", "a", "--json", "x.json"], ["--version"]]
 
 
 def anchors(text: str) -> set[str]:
