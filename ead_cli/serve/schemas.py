@@ -865,5 +865,7 @@ def parse(model: type[BaseModel], data: bytes) -> Any:
         where = ".".join(_step(part) for part in first["loc"] if _is_field(part))
         if first["type"] == "model_type" and not where:
             raise ApiError(400, "the body must be a JSON object", code="invalid_json") from None
-        message = f"{where}: {first['msg']}" if where else first["msg"]
+        # a check's own ValueError, as it worded it (pydantic's msg puts "Value error, " before it)
+        said = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
+        message = f"{where}: {said}" if where else said
         raise ApiError(400, message, code="invalid_value", param=where or None) from None
