@@ -301,7 +301,7 @@ class RemoteRunner:
         """On a new connection, before its first request: whether the server still serves the model it
         was checked with. A server restarted on the same port with another model (the old connection
         dies with it) had answered with another vocabulary, silently; a model with another fingerprint
-        (two requests per connection, none per token) is checked again, and refused with the reason as
+        (three requests per connection, none per token) is checked again, and refused with the reason as
         long as it is served. A model that shares the tokenizer is taken, with its sizes."""
         if self._served is None or self._checking_again:
             return  # still starting, or this is the check's own new connection
@@ -327,9 +327,11 @@ class RemoteRunner:
 
     def _fingerprint(self, listed: dict[str, Any]) -> str:
         """What tells the served model from another: the listing's id and sizes (``served_model``), and
-        the server's tokens for the probes, which tell another tokenizer under the same name and sizes
-        (a file replaced in place, an alias kept)."""
-        return json.dumps([served_model(listed), self._tokenize(PROBE_TEXT)])
+        the server's tokens for the probes and its end-of-generation ids, which tell another tokenizer
+        under the same name and sizes (a file replaced in place, an alias kept; a model whose end of turn
+        is another token, which /props does not say: it names the end-of-sequence token alone)."""
+        end_of_generation_ids = sorted(self._end_of_generation())
+        return json.dumps([served_model(listed), self._tokenize(PROBE_TEXT), end_of_generation_ids])
 
     def _wait_until_ready(self) -> None:
         """GET /health until the server has loaded its model (503 while loading), up to the timeout."""

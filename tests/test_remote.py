@@ -8,6 +8,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import pytest
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 from test_repl import PROMPT, SUMMARY, plain, send, type_line
 from test_serve import http_server, serving
+from tiny_models import write_tiny_model
 
 from ead_cli.bench import native
 from ead_cli.remote import OpenAIRunner, RemoteError, RemoteRunner, built_server, topk_entropy
@@ -145,6 +147,15 @@ def test_a_server_with_another_tokenizer_is_refused(tiny_pair, tiny_other_vocab,
     assert_one_line_error(result, 1, "do not share a tokenizer", "tokenizes differently")
 
 
+def test_a_server_whose_model_ends_generations_at_another_token_is_refused(tiny_pair, tmp_path) -> None:
+    """Every token the same, but <|im_start|> ends a turn there: the large model would stop where the
+    small one writes on."""
+    model = write_tiny_model(tmp_path / "eog.gguf", seed=1, eot_token="<|im_start|>")
+    with llama_server(model, tmp_path) as (_, url):
+        result = ead("generate", *models(tiny_pair[0], url), "hi")
+    assert_one_line_error(result, 1, "do not share a tokenizer", "token 265 ends a generation only in")
+
+
 def test_a_server_restarted_with_another_model_is_refused_per_request(
     tiny_pair, tiny_other_vocab, tmp_path
 ) -> None:
@@ -175,12 +186,24 @@ def test_a_server_restarted_with_another_model_is_refused_per_request(
                 assert ask().status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("other", "reason"),
+    [
+        ("vocabulary", "tokenizes differently"),
+        # every token the same but one more ending a generation: the ids were not in the fingerprint
+        ("end of generation", "token 265 ends a generation only in the server's model"),
+    ],
+)
 def test_another_tokenizer_under_the_same_name_and_sizes_is_refused(
-    tiny_pair, tiny_other_vocab, tmp_path
+    tiny_pair, tiny_other_vocab, tmp_path, other: str, reason: str
 ) -> None:
     """A llama-server restarted with a model of another tokenizer under the same alias and sizes lists
-    the same model: it had been taken, silently. The server's tokens for the probes, asked with the
-    listing on each new connection, tell it."""
+    the same model: it had been taken, silently. The server's tokens for the probes and its
+    end-of-generation ids, asked with the listing on each new connection, tell it."""
+    if other == "vocabulary":
+        model = tiny_other_vocab
+    else:  # the large model's weights and sizes, with <|im_start|> ending a turn
+        model = write_tiny_model(tmp_path / "eog.gguf", seed=1, eot_token="<|im_start|>")
     small = Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1)
     tokens = small.tokenize("hello", add_special=False)
     with llama_server(tiny_pair[1], tmp_path, alias="large") as (first, url):
@@ -192,8 +215,8 @@ def test_another_tokenizer_under_the_same_name_and_sizes_is_refused(
             remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
             native.stop(first)
             with (
-                llama_server(tiny_other_vocab, tmp_path, port=port, alias="large"),
-                pytest.raises(RemoteError, match=f"^{url} now serves another model .* do not share"),
+                llama_server(model, tmp_path, port=port, alias="large"),
+                pytest.raises(RemoteError, match=f"^{url} now serves another model .* {re.escape(reason)}"),
             ):
                 remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
         finally:
