@@ -19,11 +19,14 @@ against the exact entropy on the demo pair.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import math
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import Any, Protocol
@@ -108,6 +111,48 @@ def server_address(url: str) -> tuple[str, int, str]:
 
 class RemoteError(EadError):
     """The server failed: unreachable, too slow, an HTTP error, or a reply that makes no sense."""
+
+
+class TimedReply(http.client.HTTPResponse):
+    """A reply that must come whole, head and body, by ``deadline``: the socket's timeout bounds each
+    read alone, so a server sending a byte now and then had held ead for as long as it liked (in the
+    head, until the server stopped; the body had been checked between reads)."""
+
+    def __init__(
+        self, sock: socket.socket, *args: Any, deadline: float, timeout_s: float, **kwargs: Any
+    ) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # the base class's reader, whose reads each wait as long as the timeout
+        self.fp = io.BufferedReader(ReadsUntil(sock, deadline, timeout_s))
+
+
+class ReadsUntil(io.RawIOBase):
+    """A socket's bytes, each read waiting only for what is left until ``deadline`` (TimeoutError past
+    it), the socket's own timeout put back after (the next request's send has the whole of it)."""
+
+    def __init__(self, sock: socket.socket, deadline: float, timeout_s: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._reader = sock.makefile("rb", buffering=0)  # counted by the socket, which stays open for it
+        self._deadline = deadline
+        self._timeout_s = timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self._sock.settimeout(left)
+        try:
+            return self._reader.readinto(buffer)
+        finally:
+            self._sock.settimeout(self._timeout_s)
+
+    def close(self) -> None:
+        self._reader.close()
+        super().close()
 
 
 class Tokenizer(Protocol):
@@ -263,9 +308,11 @@ class RemoteRunner:
                 if new:  # refused: the connection is dropped below, so the next request checks again
                     self._check_again()
                 deadline = time.monotonic() + self.timeout_s
+                timed = partial(TimedReply, deadline=deadline, timeout_s=self.timeout_s)
+                self._connection.response_class = timed
                 self._connection.request(method, path, body=data, headers=headers)
                 response = self._connection.getresponse()
-                return response, self._body(response, path, deadline)
+                return response, self._body(response, path)
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
                 self._drop_connection()
                 if not reused:
@@ -275,18 +322,15 @@ class RemoteRunner:
                 self._drop_connection()
                 raise
 
-    def _body(self, response: http.client.HTTPResponse, path: str, deadline: float) -> bytes:
-        """The reply's body, a piece at a time: the timeout bounds the whole reply, not each read (a
-        server sending a byte now and then had held ead for as long as it liked), and ``MAX_REPLY_BYTES``
-        its size (an endless one had filled the memory)."""
+    def _body(self, response: http.client.HTTPResponse, path: str) -> bytes:
+        """The reply's body, a piece at a time: ``MAX_REPLY_BYTES`` bounds its size (an endless one had
+        filled the memory), as ``TimedReply`` bounds its time."""
         body = bytearray()
         while piece := response.read1(1 << 16):
             body += piece
             if len(body) > MAX_REPLY_BYTES:
                 limit = f"{MAX_REPLY_BYTES >> 20} MiB"
                 raise RemoteError(f"{self._origin}{path} sent a reply of more than {limit}")
-            if time.monotonic() > deadline:
-                raise TimeoutError
         if response.length:  # read1 takes a connection closed early for the end of the body
             raise http.client.IncompleteRead(bytes(body), response.length)
         response.close()  # read1 leaves a reply read to its length open, and the connection waiting on it

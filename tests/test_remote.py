@@ -557,6 +557,14 @@ def trickle(connection: socket.socket) -> None:
         time.sleep(0.1)
 
 
+def trickle_head(connection: socket.socket) -> None:
+    """As ``trickle``, in the reply's head: its status line, then a header a byte every 0.1 s."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    for _ in range(200):
+        connection.sendall(b"y")
+        time.sleep(0.1)
+
+
 def flood(connection: socket.socket) -> None:
     """A reply with no length whose body runs on (64 MiB here, then it closes)."""
     connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
@@ -566,12 +574,17 @@ def flood(connection: socket.socket) -> None:
 
 @pytest.mark.parametrize(
     ("answer", "message"),
-    [(trickle, "did not answer /health within 1 s"), (flood, "/health sent a reply of more than 16 MiB")],
-    ids=["trickle", "flood"],
+    [
+        (trickle, "did not answer /health within 1 s"),
+        (trickle_head, "did not answer /health within 1 s"),
+        (flood, "/health sent a reply of more than 16 MiB"),
+    ],
+    ids=["trickle", "trickle head", "flood"],
 )
 def test_a_reply_that_never_ends_is_cut_off(tiny_pair, answer, message: str) -> None:
-    """--remote-timeout bounds the whole reply, not each read of it, and a reply's size is bounded: a
-    byte every 0.1 s had held ead for as long as the server liked, an endless body had filled memory."""
+    """--remote-timeout bounds the whole reply, its head too, not each read of it, and a reply's size is
+    bounded: a byte every 0.1 s had held ead for as long as the server liked (in the head, until the
+    server stopped), an endless body had filled memory."""
     with raw_server(answer) as url:
         result = ead("generate", *models(tiny_pair[0], url), "--remote-timeout", "1", "hi")
     assert message in assert_one_line_error(result, 1, url)
