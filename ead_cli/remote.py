@@ -86,11 +86,13 @@ def server_address(url: str) -> tuple[str, int, str]:
     http://HOST:PORT[/PREFIX][/v1] is a usage error, an unclosed IPv6 bracket or a bad port too (urlsplit
     checks the port only when asked for it). So are the parts ead would not use, rather than dropped
     without a word: port 0, a query or fragment, a user and password, spaces in the host or path, and a
-    path with v1 before its end (an endpoint, such as /v1/completions, not where the API starts)."""
+    path with v1 before its end (an endpoint, such as /v1/completions, not where the API starts), and a
+    host name the resolver cannot encode (a label past 63 characters or empty: a traceback had followed)."""
     bad = EadError(f"{url}: {ADDRESS_FORM}", exit_code=2)
     try:
         parts = urlsplit(url)
         port = 80 if parts.port is None else parts.port
+        (parts.hostname or "").encode("idna")  # as getaddrinfo encodes it; UnicodeError is a ValueError
     except ValueError:
         raise bad from None
     path = parts.path.rstrip("/")

@@ -266,6 +266,9 @@ def test_a_server_that_is_down_at_start_is_one_line(tiny_pair, scheme: str) -> N
         "http://127.0.0.1:8080/?key=1",
         "http://127.0.0.1:8080/v1#models",
         "http:// 127.0.0.1:8080",  # it had been 'unreachable (URL can't contain control characters...)'
+        # a host name the resolver cannot encode (a label past 63 characters, an empty one): tracebacks
+        f"http://{'a' * 64}:8080",
+        "http://gpu..box:8080",
     ],
 )
 def test_a_malformed_server_address_is_a_usage_error_before_loading(tiny_pair, url: str) -> None:
