@@ -9,7 +9,7 @@ from pathlib import Path
 from . import registry
 from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder
-from .errors import EadError
+from .errors import EadError, cut
 from .hardware import repack_choice
 from .options import GenerationOptions, ModelOptions, PolicyOptions
 from .remote import RemoteRunner, connect, is_remote, server_address
@@ -127,7 +127,7 @@ def build_decoder(
     checker_remote = isinstance(runners[-1], RemoteRunner)
     if checker_remote and (verify is not None or policy_options.mode == "spec"):
         raise EadError(
-            f"{runners[-1].label}: --verify and speculative decoding need logits at every position of a "
+            f"{cut(runners[-1].label)}: --verify and speculative decoding need logits at every position of a "
             "batch, which llama-server does not return; use a local model as the largest",
             exit_code=2,
         )

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from .errors import EadError
+from .errors import EadError, cut, quoted
 from .options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, check_remote_settings
 from .paths import ead_cache_dir
 from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
@@ -88,7 +88,7 @@ def server_address(url: str) -> tuple[str, int, str]:
     without a word: port 0, a query or fragment, a user and password, spaces in the host or path, and a
     path with v1 before its end (an endpoint, such as /v1/completions, not where the API starts), and a
     host name the resolver cannot encode (a label past 63 characters or empty: a traceback had followed)."""
-    bad = EadError(f"{url}: {ADDRESS_FORM}", exit_code=2)
+    bad = EadError(f"{quoted(url)}: {ADDRESS_FORM}", exit_code=2)
     try:
         parts = urlsplit(url)
         port = 80 if parts.port is None else parts.port
@@ -231,7 +231,7 @@ class RemoteRunner:
         0 is not read as 'unknown'."""
         n_ctx = int(meta["n_ctx"])
         if n_ctx < 2:  # llama-server refuses a prompt that fills its context, and a prompt has a token
-            where = f"{self._origin}{self._listing_path()}"
+            where = self._at(self._listing_path())
             raise RemoteError(f"{where} reports a context of {n_ctx} tokens: no prompt fits")
         self._described = meta
         self.n_vocab = int(meta["n_vocab"])
@@ -252,7 +252,8 @@ class RemoteRunner:
         except TimeoutError:
             self._drop_connection()
             # the origin: an OpenAI address's /v1 is in the path (it had been '.../v1 did not answer /v1/...')
-            raise RemoteError(f"{self._origin} did not answer {path} within {self.timeout_s:g} s") from None
+            waited = f"did not answer {cut(path)} within {self.timeout_s:g} s"
+            raise RemoteError(f"{cut(self._origin)} {waited}") from None
         except (OSError, http.client.HTTPException) as error:
             self._drop_connection()
             raise RemoteError(self._failure(path, error)) from None
@@ -268,10 +269,10 @@ class RemoteRunner:
         except (ValueError, RecursionError):  # nested past Python's limit: not JSON ead can read
             reply = None
             if response.status < 400:
-                raise RemoteError(f"{self._origin}{path} sent a reply that is not JSON") from None
+                raise RemoteError(f"{self._at(path)} sent a reply that is not JSON") from None
         if response.status >= 400:
             message = _error_message(reply)
-            raise RemoteError(f"{self._origin}{path} failed with HTTP {response.status}: {message}")
+            raise RemoteError(f"{self._at(path)} failed with HTTP {response.status}: {message}")
         return reply
 
     def _redirect(self, path: str, response: http.client.HTTPResponse) -> str:
@@ -280,20 +281,20 @@ class RemoteRunner:
         then 'did not describe the model' followed."""
         location = response.getheader("Location")
         where = f"to {one_line(location)}: give that address" if location else "without saying where"
-        return f"{self._origin}{path} redirects (HTTP {response.status}) {where}"
+        return f"{self._at(path)} redirects (HTTP {response.status}) {where}"
 
     def _failure(self, path: str, error: OSError | http.client.HTTPException) -> str:
         """Why an exchange failed, in one line: a connection refused or lost is 'unreachable'; a reply
         cut short, or not HTTP at all (an https server, another service: what it sent, quoted), is
         said as such (both had been 'unreachable', the latter with the raw bytes and their newline)."""
         if isinstance(error, http.client.IncompleteRead):
-            return f"{self._origin}{path} sent an incomplete reply"
+            return f"{self._at(path)} sent an incomplete reply"
         if isinstance(error, http.client.BadStatusLine) and not isinstance(error, ConnectionError):
-            return f"{self._origin}{path} did not answer in HTTP: it sent {error.line[:40]!r}"
+            return f"{self._at(path)} did not answer in HTTP: it sent {error.line[:40]!r}"
         if isinstance(error, http.client.HTTPException) and not isinstance(error, ConnectionError):
-            return f"{self._origin}{path} sent a malformed HTTP reply ({one_line(str(error))})"
+            return f"{self._at(path)} sent a malformed HTTP reply ({one_line(str(error))})"
         reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
-        return f"{self.url} is unreachable ({one_line(reason)})"
+        return f"{cut(self.url)} is unreachable ({one_line(reason)})"
 
     def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
         """Send on the kept-alive connection; if the server had closed it while idle (llama-server does
@@ -332,7 +333,7 @@ class RemoteRunner:
             body += piece
             if len(body) > MAX_REPLY_BYTES:
                 limit = f"{MAX_REPLY_BYTES >> 20} MiB"
-                raise RemoteError(f"{self._origin}{path} sent a reply of more than {limit}")
+                raise RemoteError(f"{self._at(path)} sent a reply of more than {limit}")
         if response.length:  # read1 takes a connection closed early for the end of the body
             raise http.client.IncompleteRead(bytes(body), response.length)
         response.close()  # read1 leaves a reply read to its length open, and the connection waiting on it
@@ -365,8 +366,8 @@ class RemoteRunner:
                 self._describe(described)  # and checked again on the next connection
                 if isinstance(error, RemoteError):
                     raise
-                now = listed.get("id")
-                raise RemoteError(f"{self.url} now serves another model ({now!r}): {error}") from None
+                now = quoted(str(listed.get("id")))
+                raise RemoteError(f"{cut(self.url)} now serves another model ({now}): {error}") from None
             self._served = served
         finally:
             self._checking_again = False
@@ -407,7 +408,7 @@ class RemoteRunner:
                 int(meta[key])
         except MALFORMED:
             raise RemoteError(
-                f"{self._origin}{self._listing_path()} did not describe the model (is it llama-server?)"
+                f"{self._at(self._listing_path())} did not describe the model (is it llama-server?)"
             ) from None
         return meta, model
 
@@ -420,7 +421,7 @@ class RemoteRunner:
         try:
             return [int(token) for token in reply["tokens"]]
         except MALFORMED:
-            raise RemoteError(f"{self._origin}{path} sent a malformed reply") from None
+            raise RemoteError(f"{self._at(path)} sent a malformed reply") from None
 
     # ----------------------------------------------------------------------------- the runner interface
 
@@ -430,7 +431,8 @@ class RemoteRunner:
         self._local_name = local_name
 
         def refuse(reason: str) -> EadError:
-            return EadError(f"models {local_name!r} and {self.url!r} do not share a tokenizer: {reason}")
+            pair = f"models {quoted(local_name)} and {quoted(self.url)}"
+            return EadError(f"{pair} do not share a tokenizer: {reason}")
 
         local = self._tokenizer
         if self.n_vocab != local.n_vocab and abs(self.n_vocab - local.n_vocab) > 0.01 * local.n_vocab:
@@ -468,7 +470,7 @@ class RemoteRunner:
             return frozenset(int(entry["token"]) for entry in biases)
         except MALFORMED:
             message = "did not report its end-of-generation tokens"
-            raise RemoteError(f"{self._origin}{self._step_path()} {message}") from None
+            raise RemoteError(f"{self._at(self._step_path())} {message}") from None
 
     def sync(
         self,
@@ -485,7 +487,7 @@ class RemoteRunner:
             raise EadError(f"{n} tokens do not fit the server's context of {self.n_ctx} tokens")
         began = perf_counter()
         ids, logprobs, computed, server_ms = self._next_token(tokens)
-        step = f"{self._origin}{self._step_path()}"
+        step = self._at(self._step_path())
         if not len(ids) or ids.min() < 0 or ids.max() >= len(self._row):
             raise RemoteError(f"{step} sent probabilities for tokens that do not exist here")
         check_probabilities(logprobs, step)
@@ -501,6 +503,11 @@ class RemoteRunner:
 
     def _step_path(self) -> str:
         return f"{self._root}/completion"
+
+    def _at(self, path: str) -> str:
+        """An endpoint's address as a message names it, cut (a 10,000-character prefix had been echoed
+        whole in every error)."""
+        return cut(f"{self._origin}{path}")
 
     def _next_token(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int, float]:
         """One completion call: (top-k ids, their log-probabilities, tokens computed, server ms)."""
@@ -523,7 +530,7 @@ class RemoteRunner:
             ids, logprobs = _top_entries(reply["completion_probabilities"][0]["top_logprobs"])
         except MALFORMED:
             raise RemoteError(
-                f"{self._origin}{self._step_path()} sent a malformed reply (no top probabilities)"
+                f"{self._at(self._step_path())} sent a malformed reply (no top probabilities)"
             ) from None
         return ids, logprobs, *self._timings(reply, len(tokens))
 
@@ -538,7 +545,7 @@ class RemoteRunner:
             if not (0 <= computed <= n and 0 <= server_ms < math.inf):
                 raise ValueError
         except MALFORMED:
-            raise RemoteError(f"{self.url} sent malformed timings") from None
+            raise RemoteError(f"{cut(self.url)} sent malformed timings") from None
         return computed, server_ms
 
     def _count(
@@ -648,7 +655,7 @@ class OpenAIRunner(RemoteRunner):
             self._model_id = str(model["id"])
         except (KeyError, IndexError, TypeError):
             message = "lists no model (is it OpenAI-compatible?)"
-            raise RemoteError(f"{self._origin}{self._listing_path()} {message}") from None
+            raise RemoteError(f"{self._at(self._listing_path())} {message}") from None
         meta = model.get("meta") if isinstance(model.get("meta"), dict) else {}
         local = self._tokenizer
         try:  # checked here as llama-server's are: a null, text or a number past 64 bits had been a traceback
@@ -660,7 +667,7 @@ class OpenAIRunner(RemoteRunner):
             }
         except MALFORMED:
             message = "did not describe the model (is it OpenAI-compatible?)"
-            raise RemoteError(f"{self._origin}{self._listing_path()} {message}") from None
+            raise RemoteError(f"{self._at(self._listing_path())} {message}") from None
         return sizes, model
 
     def _end_of_generation(self) -> frozenset[int]:
@@ -687,7 +694,7 @@ class OpenAIRunner(RemoteRunner):
             ids, logprobs = self._parse_logprobs(reply["choices"][0]["logprobs"])
         except MALFORMED:
             raise RemoteError(
-                f"{self._origin}{self._step_path()} sent a malformed reply (no log-probabilities)"
+                f"{self._at(self._step_path())} sent a malformed reply (no log-probabilities)"
             ) from None
         return ids, logprobs, *self._timings(reply, len(tokens))
 

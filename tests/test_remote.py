@@ -31,6 +31,7 @@ from test_serve import http_server, serving
 from tiny_models import write_tiny_model
 
 from ead_cli.bench import native
+from ead_cli.errors import quoted
 from ead_cli.remote import OpenAIRunner, RemoteError, RemoteRunner, built_server, topk_entropy
 from ead_cli.runner import Runner
 
@@ -269,13 +270,15 @@ def test_a_server_that_is_down_at_start_is_one_line(tiny_pair, scheme: str) -> N
         # a host name the resolver cannot encode (a label past 63 characters, an empty one): tracebacks
         f"http://{'a' * 64}:8080",
         "http://gpu..box:8080",
+        "http://127.0.0.1:0/" + "p" * 10_000,  # echoed whole, it had been a 10 kB line
     ],
+    ids=lambda url: url[:60],
 )
 def test_a_malformed_server_address_is_a_usage_error_before_loading(tiny_pair, url: str) -> None:
     """Whatever urlsplit makes of it (an unclosed IPv6 bracket, a port out of range or not a number,
     parts ead would not use): one line and exit 2, before the small model loads (here it is a file that
-    is not there)."""
-    message = f"error: {url}: {ADDRESS_FORM}"
+    is not there), the address echoed as any bad value is."""
+    message = f"error: {quoted(url)}: {ADDRESS_FORM}"
     assert assert_one_line_error(ead("generate", *models(tiny_pair[0], url), "hi"), 2) == message
     assert assert_one_line_error(ead("generate", *models(Path("absent.gguf"), url), "hi"), 2) == message
 
@@ -845,18 +848,56 @@ def test_a_listed_context_too_small_for_a_prompt_is_refused_at_start(
 
 
 class _Prefixed(_Proxy):
-    """A reverse proxy that serves the llama-server under ``/proxy``; a request elsewhere is a 404,
+    """A reverse proxy that serves the llama-server under ``prefix``; a request elsewhere is a 404,
     recorded in ``stray``."""
 
+    prefix: ClassVar[str] = "/proxy"
     stray: ClassVar[list[str]]
 
     def _forward(self, body: bytes | None) -> None:
-        if not self.path.startswith("/proxy/"):
+        if not self.path.startswith(f"{self.prefix}/"):
             self.stray.append(self.path)
             self._answer(404, b'{"error": {"message": "not found"}}')
             return
-        self.path = self.path.removeprefix("/proxy")
+        self.path = self.path.removeprefix(self.prefix)
         self._answer(*self._ask(body))
+
+
+LONG_PREFIX = "/" + "p" * 10_000  # a 10,000-character address: each error had echoed it whole
+
+
+@pytest.mark.parametrize("failure", ["unreachable", "HTTP error", "no answer"])
+def test_a_long_server_address_is_cut_in_errors(tiny_pair, failure: str) -> None:
+    with contextlib.ExitStack() as stack:
+        if failure == "unreachable":
+            origin = f"http://127.0.0.1:{closed_port()}"
+        elif failure == "HTTP error":
+            origin = stack.enter_context(wrong_server({}))
+        else:
+            listener = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+            origin = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        result = ead("generate", *models(tiny_pair[0], origin + LONG_PREFIX), "--remote-timeout", "1", "hi")
+    line = assert_one_line_error(result, 1, origin, "characters)")
+    assert len(line) < 400, line
+
+
+@pytest.mark.parametrize("served", ["large", "another tokenizer"])
+def test_a_long_server_address_is_cut_where_it_is_refused(
+    tiny_pair, tiny_other_vocab, served_large, tmp_path, served: str
+) -> None:
+    """A server behind a long prefix that answers: refused by the tokenizer check, or for --verify."""
+    with contextlib.ExitStack() as stack:
+        if served == "large":
+            upstream = served_large
+        else:
+            upstream = stack.enter_context(llama_server(tiny_other_vocab, tmp_path))[1]
+        parts = urlsplit(upstream)
+        fields = {"upstream": (parts.hostname, parts.port), "prefix": LONG_PREFIX, "stray": []}
+        url = stack.enter_context(http_server(type("Handler", (_Prefixed,), fields)))
+        result = ead("generate", *models(tiny_pair[0], url + LONG_PREFIX), "--verify", "0.1", "hi")
+    fragment = "llama-server does not return" if served == "large" else "do not share a tokenizer"
+    line = assert_one_line_error(result, 2 if served == "large" else 1, url, fragment, "characters)")
+    assert len(line) < 400, line
 
 
 @pytest.mark.parametrize("suffix", ["", "/", "/v1"])
