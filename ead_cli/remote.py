@@ -267,9 +267,9 @@ class RemoteRunner:
         try:
             reply = json.loads(payload) if payload else None
         except (ValueError, RecursionError):  # nested past Python's limit: not JSON ead can read
-            reply = None
             if response.status < 400:
                 raise RemoteError(f"{self._at(path)} sent a reply that is not JSON") from None
+            reply = payload.decode("utf-8", "replace")  # an error page (a proxy's): its text says why
         if response.status >= 400:
             message = _error_message(reply)
             raise RemoteError(f"{self._at(path)} failed with HTTP {response.status}: {message}")
@@ -619,9 +619,10 @@ def _top_entries(entries: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndar
 
 def _error_message(reply: Any) -> str:
     """The server's own words from an error reply, on one line and at most ``MESSAGE_CHARS``: OpenAI's
-    ``{"error": {"message": ...}}`` or the bare ``{"error": "..."}`` others send (it had been a
-    traceback), its lines joined (they had broken the one-line error) and a long one cut."""
-    error = reply.get("error") if isinstance(reply, dict) else None
+    ``{"error": {"message": ...}}``, the bare ``{"error": "..."}`` others send (it had been a
+    traceback) or a text that is not JSON (a proxy's error page: it had been 'no message'), its lines
+    joined (they had broken the one-line error) and a long one cut."""
+    error = reply.get("error") if isinstance(reply, dict) else reply if isinstance(reply, str) else None
     message = error.get("message") if isinstance(error, dict) else error
     return one_line(str(message)) if message else "no message"
 

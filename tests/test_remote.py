@@ -363,6 +363,9 @@ NO_SUCH_SIZE = b'{"data": [{"meta": {"n_vocab": 1e999, "n_ctx": 512, "n_params":
         # a message of several lines, and one of 100 kB: it had been printed whole
         ({"/health": (500, b'{"error": {"message": "line one\\nline two"}}')}, "HTTP 500: line one line two"),
         ({"/health": (500, b'{"error": {"message": "%s"}}' % (b"x" * 100_000))}, "HTTP 500: xxx"),
+        # an error page that is not JSON (a proxy's): its text, where it had been 'no message'
+        ({"/health": (502, b"upstream went away\r\n")}, "HTTP 502: upstream went away"),
+        ({"/health": (502, b"<html><h1>502 Bad Gateway</h1></html>")}, "HTTP 502: <html><h1>502 Bad Gateway"),
         # JSON nested past Python's recursion limit, and a number past a 64-bit one: tracebacks before
         ({"/health": (200, b"[" * 100_000)}, "sent a reply that is not JSON"),
         ({"/health": (200, b"{}"), "/v1/models": (200, NO_SUCH_SIZE)}, "did not describe the model"),
