@@ -283,14 +283,19 @@ def test_a_malformed_server_address_is_a_usage_error_before_loading(tiny_pair, u
     assert assert_one_line_error(ead("generate", *models(Path("absent.gguf"), url), "hi"), 2) == message
 
 
-def test_a_server_that_never_answers_times_out(tiny_pair) -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
+@pytest.mark.parametrize(("family", "host"), [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "[::1]")])
+def test_a_server_that_never_answers_times_out(tiny_pair, family: socket.AddressFamily, host: str) -> None:
+    """An IPv6 literal is asked at its address and named as given."""
+    with socket.socket(family) as listener:
+        try:
+            listener.bind((host.strip("[]"), 0))
+        except OSError:
+            pytest.skip(f"no {host} loopback here")
         listener.listen()
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        url = f"http://{host}:{listener.getsockname()[1]}"
         began = time.monotonic()
         result = ead("generate", *models(tiny_pair[0], url), "--remote-timeout", "1", "hi")
-    assert_one_line_error(result, 1, "did not answer /health within 1 s")
+    assert assert_one_line_error(result, 1) == f"error: {url} did not answer /health within 1 s"
     assert time.monotonic() - began < 30
 
 
