@@ -125,12 +125,21 @@ class TimedReply(http.client.HTTPResponse):
     ) -> None:
         super().__init__(sock, *args, **kwargs)
         self.fp.close()  # the base class's reader, whose reads each wait as long as the timeout
-        self.fp = io.BufferedReader(ReadsUntil(sock, deadline, timeout_s))
+        self._reads = ReadsUntil(sock, deadline, timeout_s)
+        self.fp = io.BufferedReader(self._reads)
+
+    def begin(self) -> None:
+        """Read the head; one the connection closed in (before its blank line) is an incomplete reply,
+        where http.client had taken it for a whole one with an empty body (a healthy server's)."""
+        super().begin()
+        if self._reads.ended:  # the head is read a line at a time: its end is never read past
+            raise http.client.IncompleteRead(b"")
 
 
 class ReadsUntil(io.RawIOBase):
     """A socket's bytes, each read waiting only for what is left until ``deadline`` (TimeoutError past
-    it), the socket's own timeout put back after (the next request's send has the whole of it)."""
+    it), the socket's own timeout put back after (the next request's send has the whole of it);
+    ``ended``: the connection closed."""
 
     def __init__(self, sock: socket.socket, deadline: float, timeout_s: float) -> None:
         super().__init__()
@@ -138,6 +147,7 @@ class ReadsUntil(io.RawIOBase):
         self._reader = sock.makefile("rb", buffering=0)  # counted by the socket, which stays open for it
         self._deadline = deadline
         self._timeout_s = timeout_s
+        self.ended = False
 
     def readable(self) -> bool:
         return True
@@ -148,9 +158,11 @@ class ReadsUntil(io.RawIOBase):
             raise TimeoutError
         self._sock.settimeout(left)
         try:
-            return self._reader.readinto(buffer)
+            count = self._reader.readinto(buffer)
         finally:
             self._sock.settimeout(self._timeout_s)
+        self.ended = count == 0
+        return count
 
     def close(self) -> None:
         self._reader.close()

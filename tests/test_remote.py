@@ -552,9 +552,11 @@ CUT = "/health sent an incomplete reply"
         # half a reply, then the connection closed: it had been 'unreachable (IncompleteRead(...))'
         (b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"status": ', CUT),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", CUT),
+        # the head cut short: it had been taken for a healthy server's empty reply
+        (b"HTTP/1.1 200 OK\r\nContent-Le", CUT),
         (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 200 + b"\r\n", "/health sent a malformed HTTP reply"),
     ],
-    ids=["tls", "ssh", "cut", "chunks", "headers"],
+    ids=["tls", "ssh", "cut", "chunks", "cut head", "headers"],
 )
 def test_a_reply_that_is_not_http_or_is_cut_is_one_line(tiny_pair, reply: bytes, message: str) -> None:
     with raw_server(lambda connection: connection.sendall(reply)) as url:
