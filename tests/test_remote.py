@@ -788,6 +788,32 @@ def test_ctrl_c_while_a_slow_server_answers_lets_the_chat_ask_again(tiny_pair, s
             child.close(force=True)
 
 
+def test_ctrl_c_while_a_slow_server_answers_ends_generate_in_one_line(tiny_pair, served_large) -> None:
+    """A real SIGINT while ead generate waits for a token step: the tokens written stay, then one line
+    and exit 130, with no wait for the reply."""
+    parts = urlsplit(served_large)
+    fields = {"upstream": (parts.hostname, parts.port), "hold_at": 3, "completions": []}
+    handler = type("Handler", (_Slow,), fields | {"held": threading.Event(), "release": threading.Event()})
+    with http_server(handler) as url:
+        args = ["--mode", "large", "--max-tokens", "20", "--format", "jsonl", "hi"]
+        process = subprocess.Popen(
+            [EAD, "generate", *models(tiny_pair[0], url), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=interruptible,
+        )
+        try:
+            assert handler.held.wait(30)
+            process.send_signal(signal.SIGINT)
+            out, err = read_to_the_end(process)
+        finally:
+            handler.release.set()
+    assert process.returncode == 130, err
+    assert err.decode() == "error: interrupted\n"
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["index"] for line in lines if line["type"] == "token"] == [0, 1], lines
+
+
 class _DropThenSlow(_Proxy):
     """The second token step is held ``hold`` seconds, then its connection closed unanswered (a proxy
     whose upstream went away), and the third, the client's retry on a new connection, answered ``delay``
