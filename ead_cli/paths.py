@@ -39,12 +39,13 @@ def env_path(name: str, default: str | None = None) -> Path | None:
     return expand_home(value, f"{name}={value}" if os.environ.get(name) else f"{value} (the default {name})")
 
 
-def lookup(path: Path) -> os.stat_result | None:
-    """``path``'s stat through links, or None where nothing is there (Path.exists's False). A folder on its
-    way that this user may not enter is a PermissionError pathlib's exists, is_file and is_dir raise: one
-    line naming the path instead (models kept by another user: ollama's service install, a shared cache)."""
+def lookup(path: Path, *, follow_links: bool = True) -> os.stat_result | None:
+    """``path``'s stat through links (of the link itself with ``follow_links=False``), or None where nothing
+    is there (Path.exists's False). A folder on its way that this user may not enter is a PermissionError
+    pathlib's exists, is_file and is_dir raise: one line naming the path instead (models kept by another
+    user: ollama's service install, a shared cache)."""
     try:
-        return path.stat()
+        return path.stat(follow_symlinks=follow_links)
     except PermissionError as error:
         raise EadError(
             f"cannot reach {path}: {error.strerror} (a folder on its way is closed to this user)"

@@ -10,6 +10,7 @@ an ``EadError`` with a one-line message.
 from __future__ import annotations
 
 import difflib
+import errno
 import fcntl
 import hashlib
 import importlib.util
@@ -17,11 +18,13 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from glob import escape as escape_glob
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
@@ -37,6 +40,7 @@ from ead_cli.paths import (
     lookup,
     read_file_text,
     unreadable,
+    write_whole,
     xdg_cache_home,
 )
 from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX, resolve_lmstudio, resolve_ollama
@@ -352,17 +356,52 @@ def _sidecar(target: Path) -> Path:
     return target.with_name(target.name + ".sha256")
 
 
+def _record(target: Path) -> Any:
+    """The checksum record an assembly wrote beside ``target``, or None where there is none that reads."""
+    try:
+        return json.loads(_sidecar(target).read_text())
+    except (OSError, ValueError, RecursionError):  # gone, garbled, or nested past the JSON parser
+        return None
+
+
 def _verified(target: Path, sha256: str) -> bool:
     """Whether ``target`` is the file a past assembly verified: its sidecar records this hash, size and mtime.
 
     Trusting the sidecar spares hashing a gigabyte on every run; any change to the file changes its mtime.
     """
     try:
-        record = json.loads(_sidecar(target).read_text())
-        stat = target.stat()
-    except (OSError, ValueError, RecursionError):  # gone, garbled, or nested past the JSON parser
+        found = target.stat()
+    except OSError:
         return False
-    return record == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return _record(target) == {"sha256": sha256, "size": found.st_size, "mtime_ns": found.st_mtime_ns}
+
+
+def _unfinished(target: Path) -> list[Path]:
+    """The temporaries of assemblies of ``target`` that were killed before their rename (each a model's size).
+
+    Only while the lock is held: another process's assembly in progress writes one too.
+    """
+    pattern = f".{escape_glob(target.name)}.*.tmp"  # a '*' or '[' in the name is itself, not a wildcard
+    return sorted(
+        path
+        for path in target.parent.glob(pattern)
+        if (found := lookup(path, follow_links=False)) is not None and stat.S_ISREG(found.st_mode)
+    )
+
+
+def _open_lock(target: Path) -> IO[str]:
+    """The lock file an assembly or a removal of ``target`` holds, created if need be. Never through a link:
+    it would have ead create or append to a file outside its folder."""
+    lock = target.with_name(f".{target.name}.lock")
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise EadError(
+                f"the lock file {lock} is a link, which ead does not follow; delete the link"
+            ) from None
+        raise
+    return os.fdopen(fd, "a")
 
 
 def _ead_cached(spec: ModelSpec) -> Path | None:
@@ -413,7 +452,7 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
     try:
         models_dir.mkdir(parents=True, exist_ok=True)
         # The lock file stays behind: deleting it would let a third process lock a fresh file meanwhile.
-        lock = (models_dir / f".{source.file}.lock").open("a")
+        lock = _open_lock(target)
     except OSError as err:
         raise EadError(
             f"cannot write to the ead cache folder {models_dir} ({err.strerror}); "
@@ -422,7 +461,7 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
     with lock, _exclusive_lock(lock, lambda: say(f"waiting for another process assembling {alias}...")):
         if _verified(target, source.sha256):
             return target
-        for leftover in models_dir.glob(f".{source.file}.*.tmp"):  # from a run killed mid-assembly
+        for leftover in _unfinished(target):
             leftover.unlink()
         chunks = _chunk_files(source, package_dirs)
         size_mib = sum(chunk.stat().st_size for chunk in chunks) / 2**20
@@ -444,11 +483,14 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
                     f"offline package data for {alias} failed its SHA-256 check "
                     f"(expected {source.sha256}, got {digest.hexdigest()})"
                 )
+            # The record first (the rename keeps the size and mtime it names): every copy ead puts in place
+            # has one, and `ead models rm` removes only a file with one. The old record goes first, so a link
+            # there is not followed out of the folder.
+            written = tmp.stat()
+            record = {"sha256": source.sha256, "size": written.st_size, "mtime_ns": written.st_mtime_ns}
+            _sidecar(target).unlink(missing_ok=True)
+            write_whole(_sidecar(target), json.dumps(record))
             os.replace(tmp, target)
-            stat = target.stat()
-            _sidecar(target).write_text(
-                json.dumps({"sha256": source.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
-            )
         except BaseException as err:
             tmp.unlink(missing_ok=True)
             if isinstance(err, OSError):
@@ -459,31 +501,62 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
     return target
 
 
-def remove_cached(ref: str, catalog: Catalog) -> Path:
-    """Delete the ead cache's own copy of an alias (assembled from the offline packages) and return its path.
+def remove_cached(ref: str, catalog: Catalog) -> list[Path]:
+    """Delete the copy ead assembled for an alias (and its record), and any assembly of it left unfinished;
+    return what went.
 
-    Refuses everything else: ollama's blobs, LM Studio's and other users' files, the hub's cache.
+    Refuses everything else, as ``ollama rm`` removes only what ollama fetched: a file of the copy's name
+    that ead has no record of assembling (put there by hand), a link (never followed), ollama's blobs, LM
+    Studio's and other users' files, the hub's cache.
     """
     _refuse_user_model(ref, "ead removes only the copies in its own cache", "rm", "deletes")
     spec = catalog.spec(ref)
-    target = _ead_models_dir() / spec.offline.file if spec.offline else None
-    if target is None or lookup(target) is None:
-        elsewhere = (
-            " (its copy is in the Hugging Face hub cache, which ead leaves alone)"
-            if _hub_cached(spec)
-            else ""
-        )
-        raise EadError(f"model '{ref}' has no copy in the ead cache {_ead_models_dir()}{elsewhere}")
-    lock_path = target.parent / f".{target.name}.lock"
+    if spec.offline is None:
+        raise _no_copy_error(spec)
+    target = _ead_models_dir() / spec.offline.file
+    if lookup(target, follow_links=False) is None and not _unfinished(target):
+        raise _no_copy_error(spec)
     try:
-        with lock_path.open("a") as lock, _exclusive_lock(lock, lambda: None):
-            _sidecar(target).unlink(missing_ok=True)  # first, so a half-done removal never looks verified
-            target.unlink(missing_ok=True)
+        with _open_lock(target) as lock, _exclusive_lock(lock, lambda: None):
+            return _remove_assembled(ref, target, spec.offline.sha256)
     except OSError as err:  # a cache that takes no change (mounted read-only, another user's)
         raise EadError(
             f"cannot remove {target} from the ead cache: {err.strerror} ({err.filename})"
         ) from None
-    return target
+
+
+def _no_copy_error(spec: ModelSpec) -> EadError:
+    in_hub = _hub_cached(spec) is not None
+    elsewhere = " (its copy is in the Hugging Face hub cache, which ead leaves alone)" if in_hub else ""
+    return EadError(f"model '{spec.alias}' has no copy in the ead cache {_ead_models_dir()}{elsewhere}")
+
+
+def _remove_assembled(ref: str, target: Path, sha256: str) -> list[Path]:
+    """Under the lock: ``target`` if an assembly of ``sha256`` put it there (whole, or nothing goes), and the
+    temporaries of assemblies killed before their rename."""
+    removed = []
+    found = lookup(target, follow_links=False)
+    if found is not None:
+        if stat.S_ISLNK(found.st_mode):
+            why = "is a link"
+        elif not stat.S_ISREG(found.st_mode):
+            why = "is not a file"
+        elif not isinstance(record := _record(target), dict) or record.get("sha256") != sha256:
+            why = "has no record of ead assembling it"
+        else:
+            why = None
+        if why is not None:
+            raise EadError(
+                f"{target} {why}, so it is not ead's copy of '{ref}': "
+                "ead leaves it; delete it yourself if you no longer want it"
+            )
+        _sidecar(target).unlink(missing_ok=True)  # first, so a half-done removal never looks verified
+        target.unlink()
+        removed.append(target)
+    for leftover in _unfinished(target):
+        leftover.unlink()
+        removed.append(leftover)
+    return removed
 
 
 def _chunk_files(source: OfflineSource, package_dirs: list[Path]) -> list[Path]:

@@ -22,7 +22,15 @@ from test_cli import assert_one_line_error, ead
 
 import ead_cli
 from ead_cli.errors import EadError
-from ead_cli.registry import ModelSpec, OfflineSource, load_catalog, local_status, pull, resolve
+from ead_cli.registry import (
+    ModelSpec,
+    OfflineSource,
+    load_catalog,
+    local_status,
+    pull,
+    remove_cached,
+    resolve,
+)
 
 REPO_ROOT = Path(ead_cli.__file__).resolve().parent.parent
 Q14B_OFFLINE = (
@@ -656,6 +664,109 @@ def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
     assert sum(err.count("assembling tiny (") for _, err in outputs) == 1
     assert target.read_bytes() == tiny.data
     assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
+
+
+# --- ead models rm ---------------------------------------------------------------------------------------
+
+
+def remove_tiny(tiny: Tiny) -> list[Path]:
+    return remove_cached("tiny", load_catalog(tiny.models_file))
+
+
+def test_rm_removes_the_assembled_copy_its_record_and_unfinished_assemblies(
+    tiny: Tiny, models_dir: Path
+) -> None:
+    """A killed assembly leaves its hidden temporary (a model's size) behind: rm takes it with the copy, and
+    alone where no copy was finished; files of the user's in the folder stay."""
+    path = resolve_tiny(tiny)
+    unfinished = models_dir / ".tiny.gguf.k1ll3d00.tmp"
+    unfinished.write_bytes(tiny.data[:1000])
+    theirs = [models_dir / "notes.txt", models_dir / "other.gguf", models_dir / ".other.gguf.k1ll3d00.tmp"]
+    for file in theirs:
+        file.write_bytes(b"GGUF")
+    assert remove_tiny(tiny) == [path, unfinished]
+    assert sorted(os.listdir(models_dir)) == sorted([".tiny.gguf.lock", *(file.name for file in theirs)])
+    unfinished.write_bytes(tiny.data[:1000])
+    assert remove_tiny(tiny) == [unfinished]
+    with pytest.raises(EadError) as caught:
+        remove_tiny(tiny)
+    assert str(caught.value) == f"model 'tiny' has no copy in the ead cache {models_dir}"
+
+
+@pytest.mark.parametrize("record", [None, "other"], ids=["no-record", "other-record"])
+def test_rm_leaves_a_file_ead_did_not_assemble(tiny: Tiny, models_dir: Path, record: str | None) -> None:
+    """A file of the alias's name that ead has no record of assembling (put there by hand, or assembled for
+    another file) is the user's: rm had deleted whatever the folder held under that name."""
+    models_dir.mkdir(parents=True)
+    target = models_dir / "tiny.gguf"
+    target.write_bytes(b"GGUF mine")
+    if record is not None:
+        other = {"sha256": "0" * 64, "size": 9, "mtime_ns": target.stat().st_mtime_ns}
+        (models_dir / "tiny.gguf.sha256").write_text(json.dumps(other))
+    with pytest.raises(EadError) as caught:
+        remove_tiny(tiny)
+    assert str(caught.value) == (
+        f"{target} has no record of ead assembling it, so it is not ead's copy of 'tiny': "
+        "ead leaves it; delete it yourself if you no longer want it"
+    )
+    assert target.read_bytes() == b"GGUF mine"
+
+
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_rm_leaves_a_link_or_a_folder_in_the_copys_place(
+    tiny: Tiny, models_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """A link there (to a model kept elsewhere) is not ead's copy, even beside ead's record: rm removes
+    neither the link nor what it points to."""
+    path = resolve_tiny(tiny)
+    outside = tmp_path / "elsewhere.gguf"
+    path.rename(outside)  # the record still fits the file the link leads to
+    if kind == "link":
+        path.symlink_to(outside)
+    else:
+        path.mkdir()
+    with pytest.raises(EadError) as caught:
+        remove_tiny(tiny)
+    what = "a link" if kind == "link" else "not a file"
+    assert str(caught.value) == (
+        f"{path} is {what}, so it is not ead's copy of 'tiny': "
+        "ead leaves it; delete it yourself if you no longer want it"
+    )
+    assert outside.read_bytes() == tiny.data
+    assert path.is_symlink() if kind == "link" else path.is_dir()
+
+
+def test_rm_does_not_follow_a_lock_that_links_out_of_the_folder(
+    tiny: Tiny, models_dir: Path, tmp_path: Path
+) -> None:
+    """Opening the lock through a link had created (or appended to) a file outside ead's folder."""
+    path = resolve_tiny(tiny)
+    lock = models_dir / ".tiny.gguf.lock"
+    lock.unlink()
+    lock.symlink_to(tmp_path / "outside")
+    with pytest.raises(EadError) as caught:
+        remove_tiny(tiny)
+    assert str(caught.value) == f"the lock file {lock} is a link, which ead does not follow; delete the link"
+    assert not (tmp_path / "outside").exists()
+    assert path.read_bytes() == tiny.data
+
+
+@pytest.mark.parametrize(
+    ("ref", "problem"),
+    [
+        ("..", "unknown model alias '..'"),
+        ("../models/tiny.gguf", "is a file of yours, not ead's"),
+        ("{models_dir}/tiny.gguf", "is a file of yours, not ead's"),
+        ("{models_dir}", "is a file of yours, not ead's"),
+    ],
+)
+def test_rm_of_a_path_removes_nothing(tiny: Tiny, models_dir: Path, ref: str, problem: str) -> None:
+    path = resolve_tiny(tiny)
+    with pytest.raises(EadError) as caught:
+        remove_cached(ref.format(models_dir=models_dir), load_catalog(tiny.models_file))
+    assert problem in str(caught.value)
+    assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
+    assert path.read_bytes() == tiny.data
 
 
 @pytest.mark.real

@@ -81,8 +81,9 @@ def models_rm(
     alias: Annotated[str, typer.Argument(help="An alias whose copy in the ead cache is to go.")],
     catalog_file: ModelsFile = None,
 ) -> None:
-    """Remove an alias's copy from the ead cache; never a file of yours, ollama's or the hub cache's."""
+    """Remove the copy ead assembled for an alias in its cache; never a file of yours, ollama's or the hub
+    cache's."""
     from .. import registry
 
-    removed = registry.remove_cached(alias, registry.load_catalog(catalog_file))
-    print(f"removed {removed}")
+    for removed in registry.remove_cached(alias, registry.load_catalog(catalog_file)):
+        print(f"removed {removed}")
