@@ -28,7 +28,7 @@ from glob import escape as escape_glob
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
-from ead_cli.errors import EadError, quoted
+from ead_cli.errors import ECHOED_CHARS, EadError, cut, quoted
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
 from ead_cli.paths import (
     cannot_save,
@@ -144,7 +144,9 @@ def load_catalog(user_file: Path | None = None) -> Catalog:
         if role not in defaults:
             raise EadError(f"models file {origin}: [defaults] has no '{role}' entry")
         if defaults[role] not in models:
-            raise EadError(f"models file {origin}: default {role} model '{defaults[role]}' is not an alias")
+            raise EadError(
+                f"models file {origin}: default {role} model {quoted(defaults[role])} is not an alias"
+            )
     return Catalog(models, defaults["small"], defaults["large"])
 
 
@@ -629,6 +631,12 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def _echoed(value: Any) -> str:
+    """A bad value of a models file as its message echoes it: a string through ``quoted``, another (an
+    array, a table) as Python writes it, cut as long text is cut."""
+    return quoted(value) if isinstance(value, str) else cut(repr(value))
+
+
 class _Table:
     """One TOML table under validation: errors name the file and the key, and unknown keys are typos."""
 
@@ -640,8 +648,8 @@ class _Table:
 
     def key(self, key: str) -> str:
         """``key`` as it would be written in TOML under this table."""
-        quoted = key if _BARE_KEY.fullmatch(key) else f'"{key}"'
-        return f"{self.prefix}.{quoted}" if self.prefix else quoted
+        spelled = key if _BARE_KEY.fullmatch(key) and len(key) <= ECHOED_CHARS else quoted(key)
+        return f"{self.prefix}.{spelled}" if self.prefix else spelled
 
     def fail(self, problem: str) -> NoReturn:
         raise EadError(f"models file {self.path}: {problem}")
@@ -656,7 +664,7 @@ class _Table:
         value = self.data.pop(key)
         check, expected = _KINDS[kind]
         if not check(value):
-            self.fail(f"{self.key(key)} must be {expected}, not {value!r}")
+            self.fail(f"{self.key(key)} must be {expected}, not {_echoed(value)}")
         return value
 
     def finish(self) -> None:
@@ -699,11 +707,12 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
         or alias.lower().endswith(".gguf")
     ):
         table.fail(
-            f"alias {alias!r} must be non-empty, printable, without spaces or slashes, and not end in .gguf"
+            f"alias {quoted(alias)} must be non-empty, printable, without spaces or slashes, and not end in "
+            ".gguf"
         )
     if alias.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX)):  # resolve reads those as other tools' models
         table.fail(
-            f"alias {alias!r} cannot start with {OLLAMA_PREFIX} or {LMSTUDIO_PREFIX}: they name "
+            f"alias {quoted(alias)} cannot start with {OLLAMA_PREFIX} or {LMSTUDIO_PREFIX}: they name "
             "the models of ollama and LM Studio"
         )
     repo = table.take("repo", "text")
@@ -715,14 +724,14 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
         )
     pattern = table.take("pattern", "text")
     if not pattern.endswith(".gguf"):
-        table.fail(f"{table.key('pattern')} must end in .gguf, not {pattern!r}")
+        table.fail(f"{table.key('pattern')} must end in .gguf, not {quoted(pattern)}")
     glob = PurePosixPath(pattern)
     # Globbed in the repo's snapshot folder, and only there; pathlib's glob (before Python 3.13) raises
     # ValueError for a '**' inside a part.
     if glob.is_absolute() or ".." in glob.parts or any("**" in part and part != "**" for part in glob.parts):
         table.fail(
             f"{table.key('pattern')} must be a glob over the repo's files: relative, without '..', and with "
-            f"'**' only as a whole part (as in '**/x.gguf'), not {pattern!r}"
+            f"'**' only as a whole part (as in '**/x.gguf'), not {quoted(pattern)}"
         )
     description = table.take("description", "text", required=False) or ""
     params = table.take("params", "number", required=False)
@@ -744,10 +753,14 @@ def _parse_offline(table: _Table) -> OfflineSource:
     packages = table.take("packages", "names")
     version = table.take("version", "text")
     file = table.take("file", "text")
-    if "/" in file or "\\" in file or not file.endswith(".gguf"):
-        table.fail(f"{table.key('file')} must be a bare file name ending in .gguf, not {file!r}")
+    # The name of a file ead makes: a NUL byte is no name the system takes (a ValueError), a control
+    # character one no progress line shows as it is
+    if "/" in file or "\\" in file or not file.isprintable() or not file.endswith(".gguf"):
+        table.fail(
+            f"{table.key('file')} must be a bare, printable file name ending in .gguf, not {quoted(file)}"
+        )
     sha256 = table.take("sha256", "text").lower()
     if not SHA256.fullmatch(sha256):
-        table.fail(f"{table.key('sha256')} must be 64 hex digits, not {sha256!r}")
+        table.fail(f"{table.key('sha256')} must be 64 hex digits, not {quoted(sha256)}")
     table.finish()
     return OfflineSource(tuple(packages), version, file, sha256)

@@ -265,6 +265,45 @@ def test_bad_user_file_is_a_one_line_error_naming_the_file(tmp_path: Path, text:
     assert "\n" not in message
 
 
+LONG = "x" * 100_000
+SHA = "0" * 64
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"[models.a]\nrepo = 'a/b'\npattern = '{LONG}'\n",
+        f"[models.a]\nrepo = 'a/b'\npattern = 'x.gguf'\ndescription = ['{LONG}']\n",
+        f"[models.'{LONG} x']\nrepo = 'a/b'\npattern = 'x.gguf'\n",
+        f"[models.a]\nrepo = 'a/b'\npattern = 'x.gguf'\n{LONG} = 1\n",
+        f"[models.{LONG}]\nrepo = 3\n",
+        f"[models.a]\nrepo = 'a/b'\npattern = 'x.gguf'\n[models.a.offline]\npackages = ['p']\n"
+        f"version = '1'\nfile = '{LONG}'\nsha256 = '{SHA}'\n",
+        f"[defaults]\nsmall = '{LONG}'\n",
+    ],
+    ids=["pattern", "description", "alias", "unknown-key", "key", "file", "default"],
+)
+def test_a_long_bad_value_is_echoed_cut(tmp_path: Path, text: str) -> None:
+    """A 100 kB value (or key) had been echoed whole: a line of error no one could read."""
+    models_file = write_models(tmp_path, text)
+    with pytest.raises(EadError) as caught:
+        load_catalog(models_file)
+    assert "... (100" in str(caught.value)
+    assert len(str(caught.value)) < 500
+
+
+@pytest.mark.parametrize("name", ["a\\u0000.gguf", "a\\u001b[31m.gguf", "a\\n.gguf"])
+def test_an_offline_file_name_with_a_control_character_is_refused(tmp_path: Path, name: str) -> None:
+    """A NUL byte in the name had been a ValueError traceback from every command that read the file."""
+    models_file = write_models(
+        tmp_path,
+        "[models.a]\nrepo = 'a/b'\npattern = 'x.gguf'\n[models.a.offline]\npackages = ['p']\n"
+        f'version = "1"\nfile = "{name}"\nsha256 = "{SHA}"\n',
+    )
+    line = assert_one_line_error(ead("models", "list", "--catalog", str(models_file)), 1)
+    assert ": models.a.offline.file must be a bare, printable file name ending in .gguf, not 'a\\" in line
+
+
 @pytest.mark.parametrize(
     "repo",
     [
