@@ -494,6 +494,7 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
         say(f"assembling {alias} ({size_mib:.0f} MiB) from {len(chunks)} offline packages into {target}")
         fd, tmp_name = tempfile.mkstemp(dir=models_dir, prefix=f".{source.file}.", suffix=".tmp")
         tmp = Path(tmp_name)
+        recorded = False
         try:
             digest = hashlib.sha256()
             with os.fdopen(fd, "wb") as out:
@@ -516,9 +517,12 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
             record = {"sha256": source.sha256, "size": written.st_size, "mtime_ns": written.st_mtime_ns}
             _sidecar(target).unlink(missing_ok=True)
             write_whole(_sidecar(target), json.dumps(record))
+            recorded = True
             os.replace(tmp, target)
         except BaseException as err:
             tmp.unlink(missing_ok=True)
+            if recorded:  # the rename failed: no record of a file that is not there
+                _sidecar(target).unlink(missing_ok=True)
             if isinstance(err, OSError):
                 if err.filename == str(tmp):  # the temporary's random name means nothing to the user
                     err.filename = str(target)
