@@ -531,7 +531,7 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
     return target
 
 
-def remove_cached(ref: str, catalog: Catalog) -> list[Path]:
+def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) -> list[Path]:
     """Delete the copy ead assembled for an alias (and its record), and any assembly of it left unfinished;
     return what went.
 
@@ -546,13 +546,19 @@ def remove_cached(ref: str, catalog: Catalog) -> list[Path]:
     target = _ead_models_dir() / spec.offline.file
     if lookup(target, follow_links=False) is None and not _unfinished(target):
         raise _no_copy_error(spec)
+    say = progress or (lambda _message: None)
     try:
-        with _open_lock(target) as lock, _exclusive_lock(lock, lambda: None):
-            return _remove_assembled(ref, target, spec.offline.sha256)
+        with _open_lock(target) as lock, _exclusive_lock(
+            lock, lambda: say(f"waiting for another process using {ref}'s copy in the ead cache...")
+        ):
+            removed = _remove_assembled(ref, target, spec.offline.sha256)
     except OSError as err:  # a cache that takes no change (mounted read-only, another user's)
         raise EadError(
             f"cannot remove {target} from the ead cache: {err.strerror} ({err.filename})"
         ) from None
+    if not removed:  # another removal, waited on, took it
+        raise _no_copy_error(spec)
+    return removed
 
 
 def _no_copy_error(spec: ModelSpec) -> EadError:

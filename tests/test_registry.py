@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -802,6 +803,31 @@ def test_rm_does_not_follow_a_lock_that_links_out_of_the_folder(
     assert str(caught.value) == f"the lock file {lock} is a link, which ead does not follow; delete the link"
     assert not (tmp_path / "outside").exists()
     assert path.read_bytes() == tiny.data
+
+
+def test_rm_waiting_on_another_process_says_so_and_what_it_found(tiny: Tiny, models_dir: Path) -> None:
+    """Two removals at once: the second had waited without a word, then printed nothing and exited 0."""
+    resolve_tiny(tiny)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)])}
+    command = [sys.executable, "-m", "ead_cli", "models", "rm", "tiny", "--catalog", str(tiny.models_file)]
+    with (models_dir / ".tiny.gguf.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waiting = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert waiting.stderr is not None
+        watchdog = threading.Timer(120, waiting.kill)  # a silent wait ends the read, not the test run
+        watchdog.start()
+        said = waiting.stderr.readline()
+        watchdog.cancel()
+        assert said == "waiting for another process using tiny's copy in the ead cache...\n"
+        for name in ("tiny.gguf.sha256", "tiny.gguf"):  # as the other process removes them
+            (models_dir / name).unlink()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    out, err = waiting.communicate(timeout=120)
+    assert (waiting.returncode, out, err) == (
+        1, "", f"error: model 'tiny' has no copy in the ead cache {models_dir}\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -85,5 +85,6 @@ def models_rm(
     cache's."""
     from .. import registry
 
-    for removed in registry.remove_cached(alias, registry.load_catalog(catalog_file)):
+    catalog = registry.load_catalog(catalog_file)
+    for removed in registry.remove_cached(alias, catalog, progress=say_progress):
         print(f"removed {removed}")
