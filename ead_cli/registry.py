@@ -139,6 +139,7 @@ def load_catalog(user_file: Path | None = None) -> Catalog:
         user_models, user_defaults = _read_models_file(user_file)
         models |= user_models
         defaults |= user_defaults
+        _check_offline_files(models, user_file)
     for role in ("small", "large"):
         origin = user_file if role in user_defaults else builtin
         if role not in defaults:
@@ -148,6 +149,22 @@ def load_catalog(user_file: Path | None = None) -> Catalog:
                 f"models file {origin}: default {role} model {quoted(defaults[role])} is not an alias"
             )
     return Catalog(models, defaults["small"], defaults["large"])
+
+
+def _check_offline_files(models: dict[str, ModelSpec], path: Path) -> None:
+    """Refuse two aliases whose offline copies are one file of the ead cache with different hashes: each
+    pull would assemble over the other's copy, and each rm refuse the other's as not its own."""
+    owners: dict[str, tuple[str, str]] = {}  # file -> the first alias naming it, and its hash
+    for alias, spec in models.items():
+        if spec.offline is None:
+            continue
+        owner, sha256 = owners.setdefault(spec.offline.file, (alias, spec.offline.sha256))
+        if sha256 != spec.offline.sha256:
+            key = _Table({}, "models", path).key(alias)
+            raise EadError(
+                f"models file {path}: {key}.offline.file names {quoted(spec.offline.file)}, the ead cache "
+                f"file of '{owner}' with another sha256: each alias would assemble over the other's copy"
+            )
 
 
 def resolve(

@@ -296,6 +296,31 @@ def test_a_long_bad_value_is_echoed_cut(tmp_path: Path, text: str) -> None:
     assert len(str(caught.value)) < 500
 
 
+def test_two_aliases_assembling_one_file_differently_are_refused(tmp_path: Path) -> None:
+    """Each pull had assembled over the other alias's copy, and its rm refused the other's as not its own."""
+    offline = "[models.{alias}.offline]\npackages = ['p']\nversion = '1'\nfile = '{file}'\nsha256 = '{sha}'\n"
+    builtin_file = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    models_file = write_models(
+        tmp_path,
+        "[models.mine]\nrepo = 'a/b'\npattern = 'x.gguf'\n"
+        + offline.format(alias="mine", file=builtin_file, sha=SHA),
+    )
+    with pytest.raises(EadError) as caught:
+        load_catalog(models_file)
+    assert str(caught.value) == (
+        f"models file {models_file}: models.mine.offline.file names {builtin_file!r}, the ead cache file of "
+        "'qc0.5b' with another sha256: each alias would assemble over the other's copy"
+    )
+    same = load_catalog().spec("qc0.5b").offline
+    assert same is not None  # the same file and hash under a second name is the same copy
+    write_models(
+        tmp_path,
+        "[models.mine]\nrepo = 'a/b'\npattern = 'x.gguf'\n"
+        + offline.format(alias="mine", file=builtin_file, sha=same.sha256),
+    )
+    assert load_catalog(models_file).spec("mine").offline.file == builtin_file
+
+
 @pytest.mark.parametrize("name", ["a\\u0000.gguf", "a\\u001b[31m.gguf", "a\\n.gguf"])
 def test_an_offline_file_name_with_a_control_character_is_refused(tmp_path: Path, name: str) -> None:
     """A NUL byte in the name had been a ValueError traceback from every command that read the file."""
