@@ -704,7 +704,8 @@ class _Table:
 def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]:
     """The aliases and the [defaults] entries of one models file."""
     try:
-        data = tomllib.loads(read_file_text(path))
+        # A byte-order mark (a file saved as "UTF-8 with BOM") marks the encoding, it is no TOML
+        data = tomllib.loads(read_file_text(path).removeprefix("\ufeff"))
     except FileNotFoundError:
         raise EadError(f"models file not found: {path}") from None
     except OSError as err:

@@ -384,6 +384,14 @@ def test_a_parameter_count_that_is_no_positive_number_is_one_line(
     assert line == f"error: models file {models_file}: models.x.params must be a positive number, not {shown}"
 
 
+def test_a_user_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """A file saved as 'UTF-8 with BOM' (Notepad's choice) had been 'not valid TOML: Invalid statement (at
+    line 1, column 1)', which names nothing a user sees in the file."""
+    models_file = tmp_path / "models.toml"
+    models_file.write_bytes(b"\xef\xbb\xbf[models.mine]\nrepo = 'a/b'\npattern = 'x.gguf'\n")
+    assert load_catalog(models_file).spec("mine") == ModelSpec("mine", "a/b", "x.gguf")
+
+
 def test_missing_user_file(tmp_path: Path) -> None:
     with pytest.raises(EadError) as caught:
         load_catalog(tmp_path / "absent.toml")
