@@ -65,6 +65,8 @@ _REPO = re.compile(
     re.ASCII | re.VERBOSE,
 )
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# A version the install hint pins with '==' (PEP 440's characters, and a '*' for a prefix): one word pip reads
+_PIP_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_*-]*")
 # Connection-level failures of the HTTP client a huggingface_hub version uses (httpx2, httpx or requests):
 # looked up only among modules already imported, since only those can have raised.
 _TRANSPORT_ERRORS = {
@@ -650,8 +652,10 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf,
         "a positive number",
     ),
-    "names": (
-        lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) and x.isidentifier() for x in v),
+    "names": (  # ASCII, as the package index names them
+        lambda v: isinstance(v, list)
+        and bool(v)
+        and all(isinstance(x, str) and x.isascii() and x.isidentifier() for x in v),
         "a non-empty list of package import names",
     ),
     "table": (lambda v: isinstance(v, dict), "a table"),
@@ -780,6 +784,10 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
 def _parse_offline(table: _Table) -> OfflineSource:
     packages = table.take("packages", "names")
     version = table.take("version", "text")
+    if not _PIP_VERSION.fullmatch(version):
+        table.fail(
+            f"{table.key('version')} must be a version pip pins (such as '1.0'), not {quoted(version)}"
+        )
     file = table.take("file", "text")
     # The name of a file ead makes: a NUL byte is no name the system takes (a ValueError), a control
     # character one no progress line shows as it is

@@ -227,6 +227,16 @@ pattern = "mine-*.gguf"
             "packages = ['p1']\nversion = '1'\nfile = 'x.gguf'\nsha256 = 'abc'\n",
             ": models.x.offline.sha256 must be 64 hex digits, not 'abc'",
         ),
+        (  # the install hint had been 'pip install p==1 2', a command pip reads as two requirements
+            "[models.x]\nrepo = 'a/b'\npattern = 'x.gguf'\n[models.x.offline]\n"
+            f"packages = ['p1']\nversion = '1 2'\nfile = 'x.gguf'\nsha256 = '{'0' * 64}'\n",
+            ": models.x.offline.version must be a version pip pins (such as '1.0'), not '1 2'",
+        ),
+        (  # no package on the index has such a name
+            "[models.x]\nrepo = 'a/b'\npattern = 'x.gguf'\n[models.x.offline]\n"
+            f"packages = ['caf\u00e9']\nversion = '1'\nfile = 'x.gguf'\nsha256 = '{'0' * 64}'\n",
+            ": models.x.offline.packages must be a non-empty list of package import names, not ['caf\u00e9']",
+        ),
         ("[model.x]\nrepo = 'a/b'\n", ": unknown key model (known here: defaults, models)"),
         ("[defaults]\nsmall = 'nope'\n", ": default small model 'nope' is not an alias"),
         (  # --small ollama:mine would be ollama's model: the alias could never be reached
