@@ -45,16 +45,6 @@ def q14b_unreachable(why: str) -> str:
     )
 
 
-# Run in a subprocess: resolves alias argv[2] with models file argv[1]; progress to stderr, path to stdout.
-RESOLVE_SNIPPET = """
-import sys
-from pathlib import Path
-from ead_cli.registry import load_catalog, resolve
-say = lambda message: print(message, file=sys.stderr, flush=True)
-print(resolve(sys.argv[2], load_catalog(Path(sys.argv[1])), progress=say))
-"""
-
-
 @pytest.fixture(autouse=True)
 def models_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point every cache at tmp_path, so no test reads or writes the real ones; the ead cache's models dir."""
@@ -795,10 +785,11 @@ def test_a_full_disk_or_a_read_only_cache_is_one_line_and_leaves_nothing(
 
 
 def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
-    """Both wait on the lock held here, then race for it: one assembles, the other uses its result."""
+    """Two 'ead models pull' at once: both wait on the lock held here, then race for it: one assembles, the
+    other uses its result."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)])}
     models_dir.mkdir(parents=True)
-    command = [sys.executable, "-c", RESOLVE_SNIPPET, str(tiny.models_file), "tiny"]
+    command = [sys.executable, "-m", "ead_cli", "models", "pull", "tiny", "--catalog", str(tiny.models_file)]
     with (models_dir / ".tiny.gguf.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         procs = [
