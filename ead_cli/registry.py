@@ -363,7 +363,12 @@ def _download(spec: ModelSpec, progress: Progress | None) -> Path:
         why = f"the Hugging Face hub at {api.endpoint} cannot be reached ({_first_cause(err)})"
         raise _unreachable_error(spec, why) from None
     except OSError as err:  # the local side: disk full, read-only cache, ...
-        raise EadError(f"cannot download model '{spec.alias}': {_first_line(err)}") from None
+        raise cannot_save(cache, f"model '{spec.alias}', downloaded from {spec.repo},", err) from None
+    except (ValueError, LookupError, TypeError, AttributeError) as err:  # not the hub: a portal's page
+        raise EadError(
+            f"cannot download model '{spec.alias}': the server at {api.endpoint} does not answer as the hub "
+            f"does ({cut(_first_line(err))})"
+        ) from None
     found = _first_complete_match(Path(folder), spec.pattern)
     if found is None:
         raise EadError(f"the Hugging Face repo {spec.repo} has no complete file matching '{spec.pattern}'")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import http.server
 import importlib
 import importlib.util
 import json
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import assert_one_line_error, ead
+from test_serve import http_server
 
 import ead_cli
 from ead_cli.errors import EadError
@@ -540,6 +542,104 @@ def test_an_unreachable_hub_is_one_line_saying_why(tmp_path: Path, listening: bo
         line = assert_one_line_error(ead("models", "pull", "q14b", env=env), 1)
     why = f"the Hugging Face hub at {endpoint} cannot be reached ({reason})"
     assert line == "error: " + q14b_unreachable(why)
+
+
+class _NotAHub(http.server.BaseHTTPRequestHandler):
+    """A server that answers every request 200 with ``body``: a captive portal's page, another API."""
+
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Hub(_NotAHub):
+    """The few routes of the hub that huggingface_hub's snapshot_download reads, serving one file."""
+
+    data = b"GGUF" + bytes(range(256)) * 40
+    commit = "0123456789abcdef0123456789abcdef01234567"
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        etag = hashlib.sha256(self.data).hexdigest()
+        headers = {}
+        if "/tree/" in self.path:
+            lfs = {"oid": etag, "size": len(self.data), "pointerSize": 130}
+            body = json.dumps(
+                [{"type": "file", "path": "tiny.gguf", "size": len(self.data), "oid": "1" * 40, "lfs": lfs}]
+            )
+        elif self.path.startswith("/api/models/"):
+            body = json.dumps(
+                {"id": "ead-test/tiny-GGUF", "sha": self.commit, "siblings": [{"rfilename": "tiny.gguf"}]}
+            )
+        else:  # the file, by its commit
+            headers = {"X-Repo-Commit": self.commit, "ETag": f'"{etag}"', "X-Linked-Etag": f'"{etag}"'}
+            body = self.data.decode("latin-1")
+        self.send_response(200)
+        for name, value in {**headers, "Content-Length": str(len(body.encode("latin-1")))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body.encode("latin-1"))
+
+
+@pytest.mark.parametrize("body", [b"<html>Sign in to the Wi-Fi</html>", b'{"models": []}', b"[1, 2]"])
+def test_a_server_that_is_no_hub_is_one_line(tiny: Tiny, body: bytes) -> None:
+    """HF_ENDPOINT at a server that is not the hub (a captive portal's page for every address, another API)
+    had been a JSONDecodeError, KeyError or TypeError traceback from inside huggingface_hub."""
+    with http_server(type("Handler", (_NotAHub,), {"body": body})) as url:
+        result = ead("models", "pull", "tiny", "--catalog", str(tiny.models_file), env={"HF_ENDPOINT": url})
+    line = assert_one_line_error(result, 1)
+    expected = f"error: cannot download model 'tiny': the server at {url} does not answer as the hub does ("
+    assert line.startswith(expected)
+
+
+def test_a_hub_download_says_so_once_the_hub_answers(tiny: Tiny, tmp_path: Path, models_dir: Path) -> None:
+    """The file lands in the hub cache, which rm then leaves alone."""
+    with http_server(_Hub) as url:
+        pulled = ead("models", "pull", "tiny", "--catalog", str(tiny.models_file), env={"HF_ENDPOINT": url})
+    assert pulled.returncode == 0, pulled.stderr.decode()
+    assert pulled.stderr.decode().startswith(
+        "downloading tiny (tiny*.gguf) from the Hugging Face hub repo ead-test/tiny-GGUF\n"
+    )
+    snapshot = tmp_path / "hf-home" / "hub" / "models--ead-test--tiny-GGUF" / "snapshots" / _Hub.commit
+    assert pulled.stdout.decode() == f"{snapshot / 'tiny.gguf'}\n"
+    assert (snapshot / "tiny.gguf").read_bytes() == _Hub.data
+    line = assert_one_line_error(ead("models", "rm", "tiny", "--catalog", str(tiny.models_file)), 1)
+    assert line == (
+        f"error: model 'tiny' has no copy in the ead cache {models_dir} (its copy is in the Hugging Face hub "
+        "cache, which ead leaves alone)"
+    )
+
+
+def test_a_hub_download_to_a_full_or_read_only_cache_is_one_line(tiny: Tiny, small_disk: Path) -> None:
+    """huggingface_hub's OSError had been passed on as Python wrote it: '[Errno 28] No space left on device',
+    naming no folder."""
+    hub_cache = small_disk / "hub"
+    env = {"HF_HUB_CACHE": str(hub_cache)}
+    with http_server(type("Handler", (_Hub,), {"data": b"GGUF" + bytes(300_000)})) as url:
+        env["HF_ENDPOINT"] = url
+        full = ead("models", "pull", "tiny", "--catalog", str(tiny.models_file), env=env)
+        assert full.stderr.decode().splitlines()[-1] == (
+            f"error: cannot save model 'tiny', downloaded from ead-test/tiny-GGUF, to {hub_cache}: "
+            "No space left on device"
+        )
+        subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+        env["HF_HUB_CACHE"] = str(small_disk / "other-hub")
+        line = ead("models", "pull", "tiny", "--catalog", str(tiny.models_file), env=env).stderr.decode()
+        assert line.splitlines()[-1] == (
+            "error: cannot save model 'tiny', downloaded from ead-test/tiny-GGUF, to "
+            f"{small_disk / 'other-hub'}: Read-only file system"
+        )
+    assert full.returncode == 1
 
 
 @pytest.mark.parametrize(
