@@ -348,10 +348,12 @@ def _download(spec: ModelSpec, progress: Progress | None) -> Path:
     cache = _hub_cache_dir()
     timeout = _hub_timeout()
     api = HfApi()
+    answered = False
     try:
         # snapshot_download's own first request has no timeout and hangs on a stalled connection,
         # so a probe with one comes first: an unreachable hub then fails in seconds.
         api.repo_info(spec.repo, timeout=timeout)
+        answered = True
         if progress is not None:
             progress(f"downloading {spec.alias} ({spec.pattern}) from the Hugging Face hub repo {spec.repo}")
         folder = snapshot_download(
@@ -360,6 +362,11 @@ def _download(spec: ModelSpec, progress: Progress | None) -> Path:
     except HfHubHTTPError as err:  # the hub answered, but not with the repo
         raise EadError(f"cannot download model '{spec.alias}' from {spec.repo}: {_first_line(err)}") from None
     except (ConnectionError, TimeoutError, LocalEntryNotFoundError, *_transport_errors()) as err:
+        if answered:  # the connection was lost after the hub answered: mid-file, say
+            raise EadError(
+                f"the download of model '{spec.alias}' from the hub at {api.endpoint} broke off "
+                f"({cut(_first_cause(err))}); run 'ead models pull {spec.alias}' again"
+            ) from None
         why = f"the Hugging Face hub at {api.endpoint} cannot be reached ({_first_cause(err)})"
         raise _unreachable_error(spec, why) from None
     except OSError as err:  # the local side: disk full, read-only cache, ...

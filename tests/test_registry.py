@@ -560,10 +560,12 @@ class _NotAHub(http.server.BaseHTTPRequestHandler):
 
 
 class _Hub(_NotAHub):
-    """The few routes of the hub that huggingface_hub's snapshot_download reads, serving one file."""
+    """The few routes of the hub that huggingface_hub's snapshot_download reads, serving one file (its
+    first ``sent`` bytes, where set, before the connection closes)."""
 
     data = b"GGUF" + bytes(range(256)) * 40
     commit = "0123456789abcdef0123456789abcdef01234567"
+    sent: int | None = None
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -588,7 +590,8 @@ class _Hub(_NotAHub):
             self.send_header(name, value)
         self.end_headers()
         if self.command == "GET":
-            self.wfile.write(body.encode("latin-1"))
+            self.wfile.write(body.encode("latin-1")[: self.sent if headers else None])
+            self.close_connection = True
 
 
 @pytest.mark.parametrize("body", [b"<html>Sign in to the Wi-Fi</html>", b'{"models": []}', b"[1, 2]"])
@@ -618,6 +621,17 @@ def test_a_hub_download_says_so_once_the_hub_answers(tiny: Tiny, tmp_path: Path,
         f"error: model 'tiny' has no copy in the ead cache {models_dir} (its copy is in the Hugging Face hub "
         "cache, which ead leaves alone)"
     )
+
+
+def test_a_download_that_breaks_off_says_so(tiny: Tiny, tmp_path: Path) -> None:
+    """A connection lost mid-file had been called a hub that 'cannot be reached', after its download began."""
+    with http_server(type("Handler", (_Hub,), {"sent": 1000})) as url:
+        result = ead("models", "pull", "tiny", "--catalog", str(tiny.models_file), env={"HF_ENDPOINT": url})
+    assert result.returncode == 1
+    line = result.stderr.decode().splitlines()[-1]
+    assert line.startswith(f"error: the download of model 'tiny' from the hub at {url} broke off (")
+    assert line.endswith("); run 'ead models pull tiny' again")
+    assert not list((tmp_path / "hf-home" / "hub").rglob("tiny.gguf"))
 
 
 def test_a_hub_download_to_a_full_or_read_only_cache_is_one_line(tiny: Tiny, small_disk: Path) -> None:
