@@ -476,7 +476,10 @@ def _locate_packages(source: OfflineSource) -> tuple[list[Path], list[str]]:
     found: list[Path] = []
     missing: list[str] = []
     for name in source.packages:
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except ValueError:  # a module loaded without a spec ('__main__' under a script): no package of chunks
+            spec = None
         if spec is None or not spec.submodule_search_locations:
             missing.append(name)
         else:

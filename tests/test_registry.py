@@ -812,6 +812,19 @@ def test_altered_chunk_fails_the_sha_check_and_leaves_no_file(tiny: Tiny, models
     assert os.listdir(models_dir) == [".tiny.gguf.lock"]  # no model, no sidecar, no temporary file
 
 
+def test_a_package_name_of_a_module_without_a_spec_is_not_installed(tmp_path: Path) -> None:
+    """importlib's find_spec raises ValueError for a module loaded without a spec ('__main__' under the ead
+    script): a traceback from every command that read the file."""
+    models_file = write_models(
+        tmp_path,
+        "[models.a]\nrepo = 'a/b'\npattern = 'x.gguf'\n[models.a.offline]\npackages = ['__main__']\n"
+        f"version = '1'\nfile = 'a.gguf'\nsha256 = '{SHA}'\n",
+    )
+    listed = ead("models", "list", "--json", "--catalog", str(models_file))
+    assert listed.returncode == 0, listed.stderr.decode()
+    assert {row["ref"]: row["local"] for row in json.loads(listed.stdout)}["a"] is None
+
+
 def test_missing_chunk_package_is_named_with_the_install_command(tiny: Tiny) -> None:
     shutil.rmtree(tiny.chunks[1].parent.parent)
     importlib.invalidate_caches()
