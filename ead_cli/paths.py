@@ -54,6 +54,12 @@ def lookup(path: Path, *, follow_links: bool = True) -> os.stat_result | None:
         return None
 
 
+def same_file(first: Path, second: Path) -> bool:
+    """Whether two paths name one file (through links); False where either names nothing."""
+    one, other = lookup(first), lookup(second)
+    return one is not None and other is not None and (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+
+
 def is_file(path: Path) -> bool:
     """Path.is_file, with ``lookup``'s line where a folder on the way is closed."""
     found = lookup(path)

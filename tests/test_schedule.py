@@ -462,6 +462,25 @@ def test_bench_speed_checks_a_replay_only_against_its_own_models(
     assert not out.exists()
 
 
+def test_bench_speed_writes_its_figures_over_no_file_it_reads(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--json naming the replay --check reads, or a model, had replaced it with the figures (a model
+    file gone, a replay's hours of wall-clock lost), exit 0: refused before the measurement."""
+    small, large = tmp_path / "small.gguf", tmp_path / "large.gguf"
+    for copy, source in zip((small, large), tiny_pair, strict=True):
+        shutil.copy(source, copy)
+    pair = ["--small", str(small), "--large", str(large), "--threads", "1"]
+    assert ead("bench", "replay", str(recorded), *pair, "--out", str(tmp_path)).returncode == 0
+    pair += ["--context", "16"]
+    file = tmp_path / replay.REPLAY_FILE
+    kept = {path: path.read_bytes() for path in (small, large, file)}
+    for check, out in ((tmp_path, file), (file, file), (None, large), (tmp_path, small)):
+        result = ead("bench", "speed", *pair, *(["--check", str(check)] if check else []), "--json", str(out))
+        assert_one_line_error(result, 2, f"--json {out} is a file ead bench speed reads")
+    assert {path: path.read_bytes() for path in kept} == kept
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

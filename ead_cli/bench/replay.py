@@ -301,11 +301,16 @@ def replay_bench(
     return report
 
 
+def replay_file(path: Path) -> Path:
+    """A replay report's file: ``path``, or the replay.json in the folder ``path`` names."""
+    return path / REPLAY_FILE if is_dir(path) else path
+
+
 def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
     """A replay report (replay.json, or the folder holding it) and its strategies' figures, each checked
     to be of its type: a report edited or damaged past reading is one line saying what is wrong, not a
     traceback where a table formats the figure."""
-    file = path / REPLAY_FILE if is_dir(path) else path
+    file = replay_file(path)
     try:
         report = json.loads(read_file(file))
     except OSError as error:

@@ -33,10 +33,11 @@ from typing import Any
 
 from ..engine import close_all, load_runners
 from ..errors import EadError
+from ..gguf_files import shard_paths
 from ..options import ModelOptions
-from ..paths import is_dir
+from ..paths import same_file
 from ..runner import Runner
-from .replay import REPLAY_FILE, read_report, replayed_models
+from .replay import read_report, replay_file, replayed_models
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
@@ -296,9 +297,11 @@ def speed_report(
     *,
     context: int = 256,
     replay_path: Path | None = None,
+    json_out: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> SpeedReport:
-    """Measure a pair's rates here; the cost model's expectations; with a replay.json, its check."""
+    """Measure a pair's rates here; the cost model's expectations; with a replay.json, its check.
+    ``json_out``, where the figures will go, is checked to be none of the files read."""
     replay_report = read_replay(replay_path) if replay_path is not None else None
     runners = load_runners(model_options, progress=progress)
     try:
@@ -310,6 +313,9 @@ def speed_report(
             raise EadError(str(error), exit_code=2) from None
         if replay_report is not None and replay_path is not None:
             check_replayed_models(replay_path, replay_report, runners)
+        if json_out is not None:
+            read = [shard for runner in runners for shard in shard_paths(runner.path)]
+            check_not_read(json_out, [*read, *([replay_file(replay_path)] if replay_path else [])])
         small, large = measure_pair(runners, context, progress)
     finally:
         close_all(runners)
@@ -327,13 +333,19 @@ def check_replayed_models(path: Path, report: Mapping[str, Any], runners: Sequen
         return  # a hand-made report that names no models: nothing to hold the pair to
     measured = [(runner.label, runner.file_bytes) for runner in runners]
     if replayed != measured:
-        file = path / REPLAY_FILE if is_dir(path) else path
+        file = replay_file(path)
         sized = [name for name, _ in replayed] == [name for name, _ in measured]  # another file, same name
         names, given = (
             " and ".join(f"{name} ({size} bytes)" if sized else str(name) for name, size in pair)
             for pair in (replayed, measured)
         )
         raise EadError(f"{file} is a replay on {names}, not {given}: check it with the models it ran on", 2)
+
+
+def check_not_read(out: Path, read: Sequence[Path]) -> None:
+    """--json naming a model or the replay checked would replace it with the figures: refused."""
+    if any(same_file(out, path) for path in read):
+        raise EadError(f"--json {out} is a file ead bench speed reads: write the figures to another", 2)
 
 
 def read_replay(path: Path) -> dict[str, Any]:

@@ -312,7 +312,9 @@ def bench_speed(
 
     if json_out is not None:
         check_out(json_out, folder=False)
-    report = speed_report(model_options, context=context, replay_path=check, progress=say_progress)
+    report = speed_report(
+        model_options, context=context, replay_path=check, json_out=json_out, progress=say_progress
+    )
     sizes = sorted(report.rates[0].tokens_per_s)
     print_figures(
         ["model", "params", *(("decode" if size == 1 else f"batch {size}") for size in sizes)],
