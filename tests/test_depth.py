@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import shlex
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -592,6 +594,26 @@ def test_eval_out_is_a_file_and_an_empty_one_holds_no_previous_results(
     result = ead(*args, "--out", str(empty), env=config)
     assert result.returncode == 0, result.stderr.decode()
     assert "perplexity" in json.loads(empty.read_text())
+
+
+def test_eval_without_out_refuses_a_closed_stdout(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """Without --out the tables and the verdict on stdout are all an eval leaves: with stdout closed
+    (``>&-``) it had run to the end, shown nothing, exit 0. With --out the figures still go to the file."""
+    args = [EAD, "depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing"]
+
+    env = {**os.environ, **config}
+
+    def without_stdout(*extra: str) -> subprocess.CompletedProcess:
+        line = f"{shlex.join([*args, *extra])} >&-"
+        return subprocess.run(["bash", "-c", line], capture_output=True, env=env, timeout=120)
+
+    assert_one_line_error(without_stdout(), 1, "cannot write the evaluation: stdout is closed")
+    out = tmp_path / "eval.json"
+    saved = without_stdout("--out", str(out))
+    assert saved.returncode == 0, saved.stderr.decode()
+    assert "verdict" in json.loads(out.read_text())
 
 
 def test_the_wall_clock_reference_stops_at_a_full_context_as_depths_loop_does(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, ead
+from test_cli import EAD, assert_one_line_error, ead
 from tiny_models import MIDDLE_ENTROPY_BITS, write_tiny_model
 
 from ead_cli.bench import replay, schedule, speed
@@ -696,6 +698,19 @@ def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path,
     assert_one_line_error(too_long, 2, "--context must be in [1, 120]")
     with pytest.raises(EadError, match="not a replay report"):
         speed.read_replay(Path(__file__))
+
+
+def test_speed_without_json_refuses_a_closed_stdout(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Without --json the tables on stdout are all bench speed leaves: with stdout closed (``>&-``) it had
+    measured both models, shown nothing, exit 0. With --json the figures still go to the file."""
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1", "--context", "16"]
+    line = shlex.join([EAD, "bench", "speed", *pair])
+    closed = subprocess.run(["bash", "-c", f"{line} >&-"], capture_output=True, timeout=120)
+    assert_one_line_error(closed, 1, "cannot write the speed figures: stdout is closed")
+    out = tmp_path / "speed.json"
+    saved = subprocess.run(["bash", "-c", f"{line} --json {out} >&-"], capture_output=True, timeout=120)
+    assert saved.returncode == 0, saved.stderr.decode()
+    assert json.loads(out.read_text())["verdict"]
 
 
 def test_speed_json_through_a_link_is_checked_and_written_where_the_link_points(

@@ -27,7 +27,7 @@ from .groups import (
     given_path,
     with_options,
 )
-from .output import live_progress, print_figures, print_rows, progress_bar, say_progress, stderr
+from .output import check_stdout, live_progress, print_figures, print_rows, progress_bar, say_progress, stderr
 
 if TYPE_CHECKING:
     from ..bench.report import Aggregate
@@ -312,6 +312,8 @@ def bench_speed(
 
     if json_out is not None:
         check_out(json_out, folder=False)
+    else:  # the tables are all it leaves
+        check_stdout("the speed figures")
     report = speed_report(
         model_options, context=context, replay_path=check, json_out=json_out, progress=say_progress
     )

@@ -250,6 +250,8 @@ def depth_eval(
             raise EadError(f"cannot read {out}: {unreadable(error)}", exit_code=2) from None
     if out is not None:
         check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval
+    else:  # the tables and the verdict are all it leaves
+        check_stdout("the evaluation")
     loaded = open_model(
         model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=say_progress
     )
