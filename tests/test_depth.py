@@ -295,6 +295,21 @@ def test_a_profile_whose_tables_are_not_an_object_is_corrupt(
             load_profile(deep_model, path)
 
 
+def test_a_profile_whose_probe_layers_calibrate_never_writes_is_corrupt(
+    model: DepthModel, tmp_path: Path, deep_model: Path
+) -> None:
+    """Edited probe layers had been taken as they were: none was an IndexError traceback in generate,
+    ValueError in eval; a first one of 0 a '--probe-every must be at least 1' nobody typed; layers past
+    the model's or out of order paired the tables' values with other layers, exit 0."""
+    path = save_profile(model.profile, tmp_path / "p.json")
+    saved = json.loads(path.read_text())
+    for probes in ([], [0, 2, 4, 8], [8, 6, 4, 2], [4, 8, 12, 16], [2, 4, 6, 7]):
+        rows = {name: [[1.0] * len(probes)] * len(table) for name, table in saved["tables"].items()}
+        path.write_text(json.dumps(saved | {"probes": probes, "raw": [1.0] * len(probes), "tables": rows}))
+        with pytest.raises(EadError, match=r"corrupt \(bad probe layers\)"):
+            load_profile(deep_model, path)
+
+
 def test_probe_spacing_outside_the_model_is_refused() -> None:
     with pytest.raises(EadError, match=r"--probe-every must be in \[1, 8\]"):
         probe_layers(N_LAYER, 9)

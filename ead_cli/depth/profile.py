@@ -134,6 +134,11 @@ class Profile:
             raise EadError(
                 f"the depth profile {where} is corrupt (bad tables): run ead depth calibrate again"
             )
+        first = profile.probes[0] if profile.probes else 0
+        if not 1 <= first <= profile.n_layer or profile.probes != probe_layers(profile.n_layer, first):
+            raise EadError(  # the layers calibrate probes: every probes[0] blocks and the last
+                f"the depth profile {where} is corrupt (bad probe layers): run ead depth calibrate again"
+            )
         return profile
 
 
