@@ -1145,6 +1145,8 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
         ([str(out), variant("fewer", lines[:-1])], "on other tasks than"),
         ([variant("damaged", [*lines, '{"type": "sample", "strategy": "x"}'])],
          "holds a sample record ead cannot read (KeyError"),
+        ([variant("models", [*lines[:-1], json.dumps({**json.loads(lines[-1]), "models": 5})])],
+         "holds a sample record ead cannot read (AttributeError"),  # it had been a traceback
         ([variant("listed", [*lines, "[1, 2]"])], f"line {len(lines) + 1} is not a record"),
         ([str(tmp_path / "no-such")], "no-such is not a folder"),
         ([str(out / "results.jsonl")], "results.jsonl is not a folder"),

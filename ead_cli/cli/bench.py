@@ -221,7 +221,7 @@ def bench_report(
                 raise EadError(f"no samples in {path}", exit_code=2)
             try:
                 runs.append(aggregate(records))
-            except (KeyError, TypeError, ValueError) as error:  # an edited or damaged sample record
+            except (KeyError, TypeError, ValueError, AttributeError) as error:  # an edited or damaged record
                 raise unreadable_record(path, error) from None
         check_repeats(read)
         if len(runs) == 1:
