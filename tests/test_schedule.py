@@ -691,6 +691,19 @@ def test_the_formula_prices_large_only_as_the_large_model_alone() -> None:
     assert switching.formula_rel == pytest.approx(switching.formula_s / (100 / 4))
 
 
+def test_a_large_only_replay_of_no_tokens_gives_no_formula_ratio() -> None:
+    """Large-only answers of no token (an end at once) are priced 0 s: the ratios to it had been a
+    ZeroDivisionError traceback after the measurement; they are not given, as for a replay without it."""
+    small, large = rates(50.0, 75.0, 140.0), rates(4.0, 6.0, 12.0)
+    rows = [
+        {"strategy": name, "large_share": share, "generated": 0, "wall_s": 0.5, "wall_rel": 1.0,
+         "batches": {"small": {"prefill": {"8": 1}} if share < 1 else {}, "large": {"prefill": {"8": 1}}}}
+        for name, share in (("large-only", 1.0), ("gate tau=1", 0.0))
+    ]  # fmt: skip
+    checks = speed.check_replay({"strategies": rows}, small, large)
+    assert [check.formula_rel for check in checks] == [None, None]
+
+
 def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path, Path]) -> None:
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
     assert_one_line_error(ead("bench", "speed", *pair, "--context", "0"), 2, "--context must be in")

@@ -233,6 +233,8 @@ def check_replay(replay: Mapping[str, Any], small: Rates, large: Rates) -> list[
     """Predicted against measured for every strategy of a replay report (replay.json)."""
     rows = replay["strategies"]
     reference = next((row for row in rows if row["strategy"] == "large-only"), None)
+    # no ratio to a large-only of no tokens (priced 0 s), as to none at all
+    reference_s = formula_seconds(reference, small, large) if reference else 0.0
     checks = []
     for row in rows:
         formula = formula_seconds(row, small, large)
@@ -245,7 +247,7 @@ def check_replay(replay: Mapping[str, Any], small: Rates, large: Rates) -> list[
                 priced_s=price_batches(row["batches"], (small, large)),
                 formula_s=formula,
                 measured_rel=row["wall_rel"],
-                formula_rel=formula / formula_seconds(reference, small, large) if reference else None,
+                formula_rel=formula / reference_s if reference_s else None,
             )
         )
     return checks
