@@ -611,6 +611,21 @@ def test_eval_out_is_a_file_and_an_empty_one_holds_no_previous_results(
     assert "perplexity" in json.loads(empty.read_text())
 
 
+def test_eval_out_and_its_plot_are_two_files_said_before_the_eval(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """--out eval.png had written the figures there, then the plot over them ('wrote eval.png and
+    eval.png'), exit 0: the figures lost. A folder where the plot goes had been an error after the whole
+    eval, its verdict unshown. Both are one line before the model loads (no such model here)."""
+    args = ("depth", "eval", str(tmp_path / "no-such.gguf"), "--no-timing", "--out")
+    png = tmp_path / "eval.png"
+    assert_one_line_error(ead(*args, str(png), env=config), 2, f"--out {png} is where the plot goes")
+    (tmp_path / "eval.png").mkdir()
+    out = tmp_path / "eval.json"
+    assert_one_line_error(ead(*args, str(out), env=config), 2, f"cannot save the plot to {png}: ")
+    assert not out.exists()
+
+
 def test_eval_without_out_refuses_a_closed_stdout(
     config: dict[str, str], deep_model: Path, tmp_path: Path
 ) -> None:

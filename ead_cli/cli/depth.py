@@ -231,7 +231,7 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import evaluate, plot
     from ..depth.model import open_model
-    from ..paths import check_can_save, is_file, lookup, read_file_text, save_json, unreadable
+    from ..paths import check_can_save, is_dir, is_file, lookup, read_file_text, save_json, unreadable
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
@@ -240,15 +240,19 @@ def depth_eval(
         if task_ids is not None:
             select_tasks(load_humaneval(), ids=task_ids, option=option)
     previous = None
-    if out is not None and lookup(out) is not None:
-        if not is_file(out):  # a device was read for previous figures: /dev/zero until memory ran out
+    if out is not None:
+        found = lookup(out) is not None
+        if found and not is_file(out):  # a device was read for previous figures: /dev/zero until OOM
             raise EadError(f"--out {out} is not a file: the figures go to a JSON file, the plot beside it", 2)
+        if out.with_suffix(".png") == out:  # the plot would be written over the figures
+            raise EadError(f"--out {out} is where the plot goes: name the figures' JSON file", 2)
+        if is_dir(out.with_suffix(".png")):
+            raise EadError(f"cannot save the plot to {out.with_suffix('.png')}: it is a folder", 2)
         try:
-            text = read_file_text(out)
+            text = read_file_text(out) if found else ""
             previous = json.loads(text) if text.strip() else None  # empty (mktemp's): nothing to reuse
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise EadError(f"cannot read {out}: {unreadable(error)}", exit_code=2) from None
-    if out is not None:
         check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval
     else:  # the tables and the verdict are all it leaves
         check_stdout("the evaluation")
