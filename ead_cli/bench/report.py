@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ..paths import save_text
 from .grid import LARGE_ONLY
-from .results import Record
+from .results import Record, unreadable_record
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 PHASES = ("prefill", "decode", "catchup")
@@ -155,6 +155,15 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
             )
         )
     return aggregates
+
+
+def aggregate_read(path: Path, records: Sequence[Record]) -> list[Aggregate]:
+    """``aggregate`` of the records read from ``path``: one edited or damaged past reading (a figure
+    missing or of another type, an object made a number) is one line naming the file, not a traceback."""
+    try:
+        return aggregate(records)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise unreadable_record(path, error) from None
 
 
 # --------------------------------------------------------------------------------------------- report

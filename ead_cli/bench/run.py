@@ -32,8 +32,8 @@ from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
 from .native import NativePeers, server_binary
 from .replay import REPLAY_FILE
-from .report import aggregate
-from .results import RESULTS_FILE, Record, Results, check_out, config_record, read_results, unreadable_record
+from .report import aggregate_read
+from .results import RESULTS_FILE, Record, Results, check_out, config_record, read_results
 from .sandbox import check_solution, sandbox_note
 from .schedule import ScheduleRecorder, Step
 from .tasks import (
@@ -156,11 +156,7 @@ def check_resumable(path: Path) -> None:
     """The results a resume would add to read back as the report reads them: a record edited or damaged
     past reading is one line naming the file now, not a traceback as the models load or after every new
     sample has run."""
-    _, records = read_results(path)
-    try:
-        aggregate(records)
-    except (KeyError, TypeError, ValueError) as error:
-        raise unreadable_record(path, error) from None
+    aggregate_read(path, read_results(path)[1])
 
 
 def humaneval_bench(

@@ -192,8 +192,8 @@ def bench_report(
     wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.replay import check_repeats as check_replay_repeats
-    from ..bench.report import aggregate, repeats_table, write_report
-    from ..bench.results import RESULTS_FILE, check_distinct, check_repeats, read_results, unreadable_record
+    from ..bench.report import aggregate_read, repeats_table, write_report
+    from ..bench.results import RESULTS_FILE, check_distinct, check_repeats, read_results
     from ..paths import is_dir, is_file, lookup, save_text
 
     for folder in folders:
@@ -219,10 +219,7 @@ def bench_report(
         for path, _, records in read:
             if not records:
                 raise EadError(f"no samples in {path}", exit_code=2)
-            try:
-                runs.append(aggregate(records))
-            except (KeyError, TypeError, ValueError, AttributeError) as error:  # an edited or damaged record
-                raise unreadable_record(path, error) from None
+            runs.append(aggregate_read(path, records))
         check_repeats(read)
         if len(runs) == 1:
             _show_report(folders[0], runs[0])
