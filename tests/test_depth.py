@@ -559,13 +559,22 @@ def test_eval_measures_a_damaged_quality_part_again(
         whole | {"perplexity": {"code": [{"rule": "emad m=0"}], "prose": []}},
         whole | {"perplexity": {c: rows[1:] for c, rows in whole["perplexity"].items()}},
         whole | {"estimators": {"topk": 1}},
+        # read by no table, they had been carried into the new file as edited
+        whole | {"stability": "x"},
+        whole | {"stability": []},
+        whole | {"stability": [{"margin": "x"}]},
+        whole | {"profiles": 5},
+        whole | {"profiles": {**whole["profiles"], "code": [1.0]}},
     ]
     for edit in damaged:
         out.write_text(json.dumps(edit))
         again = ead(*args, "--no-timing", env=config)
         assert again.returncode == 0, again.stderr.decode()
         assert "reused" not in again.stderr.decode()
-        assert json.loads(out.read_text())["perplexity"] == whole["perplexity"]
+        measured = json.loads(out.read_text())
+        assert [measured[key] for key in ("perplexity", "stability", "profiles")] == [
+            whole[key] for key in ("perplexity", "stability", "profiles")
+        ]
 
 
 def test_a_ctrl_c_while_the_plot_is_written_leaves_the_old_plot_whole(tmp_path: Path) -> None:

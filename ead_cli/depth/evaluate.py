@@ -5,7 +5,7 @@ strategy, and the verdict and plot that the results pages show.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from time import perf_counter
@@ -239,12 +239,16 @@ def evaluate(
 
 
 ROW_FIGURES = ("perplexity", "ppl_rise", "flop_ratio", "flop_reduction", "mean_depth_frac")
+STABILITY_FIGURES = (
+    "margin", "ppl_rise_cross", "ppl_rise_same", "flop_reduction_cross", "flop_reduction_same",
+)
 
 
 def _reusable(previous: dict, points: list[DepthOptions]) -> bool:
     """Whether ``previous``'s quality part is what ``quality_part`` writes for these operating points:
     one edited, damaged or made for other points (an older ead) is measured again, not read into a
-    traceback by the verdict, the tables, the plot or the HumanEval choice (zipped with the points)."""
+    traceback by the verdict, the tables, the plot or the HumanEval choice (zipped with the points), nor
+    carried into the new file as it was (the stability rows and profiles, which nothing else reads)."""
     labels = [options.label for options in points]
     perplexity, estimators = previous["perplexity"], previous["estimators"]
     if not isinstance(perplexity, dict) or set(perplexity) != {"code", "prose"}:
@@ -252,11 +256,28 @@ def _reusable(previous: dict, points: list[DepthOptions]) -> bool:
     for rows in perplexity.values():
         if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
             return False
-        if [row.get("rule") for row in rows] != labels or not all(
-            type(row.get(key)) in (int, float) for row in rows for key in ROW_FIGURES
+        if [row.get("rule") for row in rows] != labels or not _numbers(
+            row.get(key) for row in rows for key in ROW_FIGURES
         ):
             return False
+    stability, profiles = previous["stability"], previous["profiles"]
+    if not isinstance(stability, list) or len(stability) != 2 * len(EVAL_MARGINS) or not all(
+        isinstance(row, dict) and _numbers(row.get(key) for key in STABILITY_FIGURES) for row in stability
+    ):
+        return False
+    if not isinstance(profiles, dict) or set(profiles) != {"saved", "code", "prose"}:
+        return False
+    if not all(
+        isinstance(values, list) and len(values) == len(previous["probes"]) and _numbers(values)
+        for values in profiles.values()
+    ):
+        return False
     return isinstance(estimators, dict) and all(isinstance(entry, dict) for entry in estimators.values())
+
+
+def _numbers(values: Iterable[object]) -> bool:
+    """Whether every value is a number as JSON gives one (not a bool, a string or null)."""
+    return all(type(value) in (int, float) for value in values)
 
 
 def quality_part(
