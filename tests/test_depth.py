@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -554,11 +555,14 @@ def test_eval_measures_a_damaged_quality_part_again(
     first = ead(*args, "--no-timing", env=config)
     assert first.returncode == 0, first.stderr.decode()
     whole = json.loads(out.read_text())
+    code = whole["perplexity"]["code"]
     damaged = [
         whole | {"perplexity": 5},
         whole | {"perplexity": {"code": [{"rule": "emad m=0"}], "prose": []}},
         whole | {"perplexity": {c: rows[1:] for c, rows in whole["perplexity"].items()}},
         whole | {"estimators": {"topk": 1}},
+        # NaN (Python's JSON reads it) had been reused and written again: no JSON for other readers
+        whole | {"perplexity": whole["perplexity"] | {"code": [r | {"perplexity": math.nan} for r in code]}},
         # read by no table, they had been carried into the new file as edited
         whole | {"stability": "x"},
         whole | {"stability": []},

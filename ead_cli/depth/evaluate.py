@@ -5,6 +5,7 @@ strategy, and the verdict and plot that the results pages show.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -276,8 +277,8 @@ def _reusable(previous: dict, points: list[DepthOptions]) -> bool:
 
 
 def _numbers(values: Iterable[object]) -> bool:
-    """Whether every value is a number as JSON gives one (not a bool, a string or null)."""
-    return all(type(value) in (int, float) for value in values)
+    """Whether every value is a finite number (not a bool, a string, null or NaN, which is no JSON)."""
+    return all(type(value) in (int, float) and math.isfinite(value) for value in values)  # type: ignore[arg-type]
 
 
 def quality_part(
