@@ -20,12 +20,16 @@ ECHOED_CHARS = 80  # of a bad value, at most, in the message that refuses it
 
 def quoted(value: str) -> str:
     """``value`` as a message that refuses it echoes it: quoted as Python quotes it, and past
-    ECHOED_CHARS characters cut, with its full length (``'xxx'... (100000 characters)``): a 100 kB
+    ECHOED_CHARS printed characters cut, with its full length (``'xxx'... (100000 characters)``): a 100 kB
     argument, request field or chat command had been echoed whole, a line of error no one could read.
-    Every surface echoes through this: the command line's options, chat's commands, serve's errors."""
-    if len(value) <= ECHOED_CHARS:
-        return repr(value)
-    return f"{value[:ECHOED_CHARS]!r}... ({len(value)} characters)"
+    Cut where it prints, not where it has characters: an escape prints as four (``\\x1b``), and 80 of
+    them had been a 320-character echo. Every surface echoes through this: the command line's options,
+    chat's commands, serve's errors."""
+    shown = repr(value)
+    if len(shown) <= ECHOED_CHARS + 2:  # the quotes besides
+        return shown
+    kept = next(end for end in range(ECHOED_CHARS, -1, -1) if len(repr(value[:end])) <= ECHOED_CHARS + 2)
+    return f"{value[:kept]!r}... ({len(value)} characters)"
 
 
 REASON_CHARS = 120  # of another library's complaint, at most, in the message that passes it on

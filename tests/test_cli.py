@@ -391,10 +391,12 @@ def test_a_closed_stderr_loses_the_notes_not_the_answers(tiny_pair: tuple[Path, 
 
 def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Path, Path]) -> None:
     """A 100 kB argument had been echoed whole in its error line (ours and typer's alike): cut to 80
-    characters, its full length said."""
+    printed characters, its full length said."""
     junk = "x" * 100_000
     cut = f"{junk[:80]!r}... (100000 characters)"
     cut_longer = f"{junk[:80]!r}... (100001 characters)"
+    escapes = "\x1b" * 200
+    escapes_cut = f"{escapes[:20]!r}... (200 characters)"
     pair = pair_args(tiny_pair)
     for args, code, fragment in [
         ([*pair, "--tau", junk], 2, f"one per cascade level, got {cut}"),
@@ -405,6 +407,10 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
         (["--models", f"{junk},"], 2, f"got {cut_longer}"),
         # a long argument inside the echoed one is not cut there: the echo is cut once, its length its own
         ([*pair, "--system", junk, "--mode", f"{junk}b"], 2, f"{cut_longer} is not one of"),
+        # cut where it prints: an escape prints as four characters, and 200 had been an 800-character echo
+        ([*pair, "--tau", escapes], 2, f"got {escapes_cut}"),
+        ([*pair, "--policy", escapes], 2, f"Value error, {escapes_cut} is not one of"),
+        ([*pair, "--policy", escapes[:30]], 2, f"Value error, {escapes[:20]!r}... (30 characters) is not"),
     ]:
         line = assert_one_line_error(ead("generate", *args, "hi"), code, fragment)
         assert len(line) < 300, line

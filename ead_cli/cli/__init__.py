@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from .. import __version__
-from ..errors import ECHOED_CHARS, EadError, quoted
+from ..errors import EadError, quoted
 from ..signals import Terminated, main_thread_signals, terminate_on_sigterm
 from . import generate
 from .bench import bench_app
@@ -123,12 +123,13 @@ _REFUSED_OUTPUT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors:
 
 
 def _cut_echoes(message: str, argv: list[str]) -> str:
-    """typer's ``message`` with each long argument it echoes (``'xxx' is not one of...``, ``No such
-    option: --xxx``, a value given as ``--mode=xxx``) cut as ``quoted`` cuts a bad value. One pass, the
-    longest first: a long argument that is part of the echoed one (``--system X --mode Xb``) is not cut
-    inside it."""
+    """typer's ``message`` with each argument it echoes (``'xxx' is not one of...``, ``No such option:
+    --xxx``, a value given as ``--mode=xxx``) cut as ``quoted`` cuts a bad value, by the length it prints
+    (thirty escapes print as 120 characters). One pass, the longest first: a long argument that is part of
+    the echoed one (``--system X --mode Xb``) is not cut inside it."""
     values = (value for given in argv for value in (given.partition("=")[2], given))
-    echoes = {echo: value for value in values if len(value) > ECHOED_CHARS for echo in (value, repr(value))}
+    cut = (value for value in values if quoted(value) != repr(value))
+    echoes = {echo: value for value in cut for echo in (value, repr(value))}
     if not echoes:
         return message
     pattern = "|".join(re.escape(echo) for echo in sorted(echoes, key=len, reverse=True))
