@@ -1165,6 +1165,7 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
     [
         (["humaneval", "--out", ""], "'--out'"),
         (["prompts", "prompts.txt", "--out", ""], "'--out'"),
+        (["prompts", ""], "'file'"),  # had been "cannot read .: Is a directory"
         (["replay", ""], "'results'"),
         (["replay", "results.jsonl", "--out", ""], "'--out'"),
         (["speed", "--json", ""], "'--json'"),

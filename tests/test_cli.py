@@ -561,6 +561,22 @@ def test_invalid_option_values(tmp_path: Path, args: list[str], fragment: str) -
 
 
 @pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["calibrate", "--small", "a.gguf", "--large", "b.gguf", "--prompts", ""], "'--prompts'"),
+        (["generate", "--small", "a.gguf", "--large", "b.gguf", "--catalog", "", "hi"], "'--catalog'"),
+        (["models", "list", "--catalog", ""], "'--catalog'"),
+        (["depth", "generate", "missing.gguf", "--catalog", "", "hi"], "'--catalog'"),
+    ],
+)
+def test_an_empty_file_name_is_refused_naming_the_option(tmp_path: Path, args: list[str], named: str) -> None:
+    """'' is Path('.'), the current folder: these had said "cannot read .: Is a directory", naming
+    neither the option nor the empty name."""
+    result = subprocess.run([EAD, *args], capture_output=True, timeout=120, cwd=tmp_path)
+    assert_one_line_error(result, 2, f"Invalid value for {named}", ": an empty path names no file or folder")
+
+
+@pytest.mark.parametrize(
     "command",
     [
         ("generate", "--small", "missing.gguf", "--large", "missing.gguf", "hi"),

@@ -151,7 +151,10 @@ def bench_humaneval(
 @with_options(MODEL_OPTIONS)
 @with_options(SWEEP_OPTIONS)
 def bench_prompts(
-    file: Annotated[Path, typer.Argument(help='Prompts, one per line, or a .jsonl file of {"prompt": ...}.')],
+    file: Annotated[
+        Path,
+        typer.Argument(help='Prompts, one per line, or a .jsonl file of {"prompt": ...}.', parser=given_path),
+    ],
     model_options: ModelOptions,
     sweep: Sweep,
     limit: BenchLimit = None,

@@ -26,6 +26,7 @@ from .groups import (
     Stats,
     Stop,
     System,
+    given_path,
     read_prompt,
     with_options,
 )
@@ -250,7 +251,10 @@ def calibrate(
     ] = None,
     prompts: Annotated[
         Path | None,
-        typer.Option(help="A prompt file instead (one per line): odd lines calibrate, even lines check."),
+        typer.Option(
+            help="A prompt file instead (one per line): odd lines calibrate, even lines check.",
+            parser=given_path,
+        ),
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 96,
     check: Annotated[

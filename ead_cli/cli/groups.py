@@ -64,7 +64,12 @@ Cascade = Annotated[
 ]
 ModelsFile = Annotated[
     Path | None,
-    typer.Option("--catalog", envvar="EAD_MODELS", help="A TOML file of extra or overriding aliases."),
+    typer.Option(
+        "--catalog",
+        envvar="EAD_MODELS",
+        help="A TOML file of extra or overriding aliases.",
+        parser=given_path,
+    ),
 ]
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repeatable); it is not printed.")]
 System = Annotated[str | None, typer.Option(help="System message for the chat template.")]
