@@ -163,6 +163,22 @@ def test_no_colour_means_no_escape_code_in_a_table_on_stdout() -> None:
     assert shown == ANSI_CODES.sub("", styled)
 
 
+def test_an_empty_colour_variable_is_no_variable(tiny_pair: tuple[Path, Path]) -> None:
+    """FORCE_COLOR and NO_COLOR count when present and not empty (force-color.org, no-color.org): rich had
+    read an empty FORCE_COLOR as "not a terminal", so a table and the stats lost their styles and the
+    terminal's width (a 40-column table unfitted), while the answer beside them stayed coloured."""
+    for columns in (40, 80):
+        styled = at_a_terminal("models", "list", env={"TERM": "xterm"}, columns=columns)
+        assert ANSI.encode() in styled
+        for env in ({"FORCE_COLOR": ""}, {"NO_COLOR": ""}):
+            assert at_a_terminal("models", "list", env={"TERM": "xterm", **env}, columns=columns) == styled
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "4", "--stats", "hi"]
+    notes = at_a_terminal(*args, env={"TERM": "xterm", "FORCE_COLOR": ""}, stream=2).decode()
+    assert ANSI_CODES.search(notes), notes
+    plain = spell_controls(ead(*args).stdout.decode())
+    assert at_a_terminal(*args, env={"TERM": "dumb", "FORCE_COLOR": ""}).decode() == plain
+
+
 def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair: tuple[Path, Path]) -> None:
     """A model's text cannot drive the terminal: its control characters (here a backspace, which would
     rub out the character before it, and ^A ^D ^E) show as less shows them; a pipe gets them as written."""

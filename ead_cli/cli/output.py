@@ -37,6 +37,16 @@ def color_system() -> Literal["auto"] | None:
     return None if os.environ.get("NO_COLOR") else "auto"
 
 
+def _drop_empty_force_color() -> None:
+    """FORCE_COLOR forces colour when present and not empty (https://force-color.org), so an empty one is
+    none at all: rich (and typer's help) had read it as "not a terminal", taking a terminal's styles and
+    width off the notes and tables while the answer beside them, which ead colours itself, kept its
+    colours. Dropped before the first console is made; an empty NO_COLOR every reader already ignores."""
+    if os.environ.get("FORCE_COLOR") == "":
+        del os.environ["FORCE_COLOR"]
+
+
+_drop_empty_force_color()
 # Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
 # name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
 stderr = at_its_width(
