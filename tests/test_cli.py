@@ -126,6 +126,8 @@ def test_piped_output_is_plain_text_and_colour_is_opt_in(tiny_pair: tuple[Path, 
     assert no_color.stdout == plain.stdout
     flag = ead(*args, "--no-color", env={"FORCE_COLOR": "1"})
     assert flag.stdout == plain.stdout
+    before = ead("--no-color", *args, env={"FORCE_COLOR": "1"})  # git-style, before the command
+    assert before.stdout == plain.stdout and before.stderr == plain.stderr
 
 
 def at_a_terminal(*args: str, env: dict[str, str] | None = None, columns: int = 80, stream: int = 1) -> bytes:
@@ -147,20 +149,26 @@ def test_no_colour_means_no_escape_code_on_stderr_either(tiny_pair: tuple[Path, 
     args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "4", "--stats", "hi"]
     styled = at_a_terminal(*args, env={"TERM": "xterm"}, stream=2).decode()
     assert ANSI in styled  # what the test would see
-    for flag, env in [(("--no-color",), {}), ((), {"NO_COLOR": "1"})]:
-        shown = at_a_terminal(*args, *flag, env={"TERM": "xterm", **env}, stream=2).decode()
+    no_flag: tuple[str, ...] = ()
+    for before, after, env in [
+        (no_flag, ("--no-color",), {}),
+        (("--no-color",), no_flag, {}),  # git-style, before the command
+        (no_flag, no_flag, {"NO_COLOR": "1"}),
+    ]:
+        shown = at_a_terminal(*before, *args, *after, env={"TERM": "xterm", **env}, stream=2).decode()
         assert "\x1b" not in shown
         assert shown.splitlines()[:2] == re.sub(r"\x1b\[[0-9;]*m", "", styled).splitlines()[:2]
 
 
 def test_no_colour_means_no_escape_code_in_a_table_on_stdout() -> None:
     """NO_COLOR had left a table's header on stdout bold (ead models list, bench report, depth eval):
-    rich's own reading of it drops colours alone."""
+    rich's own reading of it drops colours alone. ead --no-color, before any command, does the same."""
     styled = at_a_terminal("models", "list", env={"TERM": "xterm"}).decode()
     assert ANSI in styled
     shown = at_a_terminal("models", "list", env={"TERM": "xterm", "NO_COLOR": "1"}).decode()
     assert "\x1b" not in shown
     assert shown == ANSI_CODES.sub("", styled)
+    assert at_a_terminal("--no-color", "models", "list", env={"TERM": "xterm"}).decode() == shown
 
 
 def test_an_empty_colour_variable_is_no_variable(tiny_pair: tuple[Path, Path]) -> None:

@@ -26,6 +26,7 @@ from ..signals import Terminated, main_thread_signals, terminate_on_sigterm
 from . import generate
 from .bench import bench_app
 from .depth import depth_app
+from .groups import NoColor
 from .models import models_app
 from .output import open_closed_stderr, silence_stdout, spelled
 
@@ -50,6 +51,7 @@ def _root(
         bool,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
     ] = False,
+    no_color: NoColor = False,
 ) -> None:
     """Entropy-adaptive decoding: a small and a large GGUF model write one answer together."""
     # A command runs (--help and --version have exited): numpy's OpenBLAS starts its thread pool at

@@ -184,7 +184,7 @@ def depth_generate(
         if output_format is OutputFormat.jsonl:
             renderer: DepthTextRenderer | DepthJsonlRenderer = DepthJsonlRenderer(sys.stdout)
         else:
-            color = wants_color(sys.stdout, no_color)
+            color = wants_color(sys.stdout)
             renderer = DepthTextRenderer(sys.stdout, color=color, n_layer=loaded.n_layer)
             if renderer.color:
                 print(depth_legend(layers, loaded.n_layer, options.label, True), file=sys.stderr, flush=True)

@@ -87,7 +87,7 @@ def generate(
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:
-            renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout, no_color))
+            renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout))
             if renderer.color:
                 # Written as is: rich would count its escape codes as text and wrap the line early.
                 legend = renderer.legend({r.name: r.label for r in runners})
@@ -139,9 +139,7 @@ def chat(
     try:
         _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
         lazy = load_pair if len(runners) == 1 else None
-        exit_code = run_chat(
-            runners, policy_options, generation, system=system, no_color=no_color, load_pair=lazy
-        )
+        exit_code = run_chat(runners, policy_options, generation, system=system, load_pair=lazy)
     finally:
         close_all(loaded)
     if exit_code:

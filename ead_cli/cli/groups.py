@@ -19,7 +19,7 @@ from ..errors import EadError
 from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, on
 from ..options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, GenerationOptions, ModelOptions, PolicyOptions
 from ..paths import BOM, read_bounded, unreadable
-from .output import no_styles_on_stderr
+from .output import turn_colour_off
 
 # The options with choices (mode, policy, switch point) as the enums typer offers them.
 CHOICES: dict[str, Any] = {
@@ -96,13 +96,14 @@ Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOP
 
 
 def _no_color(value: bool) -> bool:
-    """--no-color given: stderr takes no style from the start (a model's load notes come before the
-    command's body runs)."""
+    """--no-color given: colour is off from the start (a model's load notes come before the command's
+    body runs), so the option's callback does all its work."""
     if value:
-        no_styles_on_stderr()
+        turn_colour_off()
     return value
 
 
+# Taken before the command too (ead --no-color models list), as git takes its global options
 NoColor = Annotated[
     bool, typer.Option("--no-color", callback=_no_color, help="No colours (NO_COLOR does the same).")
 ]

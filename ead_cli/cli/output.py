@@ -30,11 +30,14 @@ def at_its_width(console: Console) -> Console:
     return console
 
 
+_colour_off = False  # --no-color, given before the command or after it
+
+
 def color_system() -> Literal["auto"] | None:
-    """A console's colour system: NO_COLOR (https://no-color.org) takes every style off, dim and bold
-    too: rich's own reading of it drops colours alone, and a terminal that shows no colours may show the
-    other escape codes as text."""
-    return None if os.environ.get("NO_COLOR") else "auto"
+    """A console's colour system: --no-color or NO_COLOR (https://no-color.org) takes every style off,
+    dim and bold too: rich's own reading of NO_COLOR drops colours alone, and a terminal that shows no
+    colours may show the other escape codes as text."""
+    return None if _colour_off or os.environ.get("NO_COLOR") else "auto"
 
 
 def _drop_empty_force_color() -> None:
@@ -54,8 +57,11 @@ stderr = at_its_width(
 )
 
 
-def no_styles_on_stderr() -> None:
-    """--no-color: stderr's notes, figures and bars as NO_COLOR leaves them, not one escape code."""
+def turn_colour_off() -> None:
+    """--no-color, wherever given: every output as NO_COLOR leaves it, the answer and stderr's notes,
+    figures and bars, not one escape code."""
+    global _colour_off
+    _colour_off = True
     stderr._color_system = None  # rich takes a colour system only when a console is made
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from ..errors import EadError
 from ..option_table import DEFAULT_MODE
 from ..signals import Terminated
-from .output import counted, silence_stdout
+from .output import color_system, counted, silence_stdout
 
 if TYPE_CHECKING:
     from ..decoder import ModelReport, Summary, TokenEvent
@@ -50,11 +50,11 @@ def model_style(role: str) -> str:
     return _STYLE.get(role, _MIDDLE if role.startswith("mid") else ("", ""))[0]
 
 
-def wants_color(stream: TextIO, no_color: bool) -> bool:
+def wants_color(stream: TextIO) -> bool:
     """Colour on a terminal unless --no-color or NO_COLOR (https://no-color.org); FORCE_COLOR forces it.
     A terminal that says it is dumb (TERM=dumb) may show escape codes as text: no colour there, as rich
     gives the figures of --stats none (it reads TERM=unknown, in any case, as dumb too)."""
-    if no_color or os.environ.get("NO_COLOR"):
+    if color_system() is None:
         return False
     if os.environ.get("FORCE_COLOR"):
         return True

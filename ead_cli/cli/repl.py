@@ -394,7 +394,6 @@ def run_chat(
     generation: GenerationOptions,
     *,
     system: str | None = None,
-    no_color: bool = False,
     load_pair: Callable[[], Sequence[Runner]] | None = None,
 ) -> int:
     """Hold a conversation on this process's terminal, or over its pipes; returns the exit status, 141
@@ -403,7 +402,7 @@ def run_chat(
     conversation = Conversation(runners, policy, generation, system=system, load_pair=load_pair)
     interactive = sys.stdin.isatty()
     read_line = _line_editor() if interactive else _pipe_reader(sys.stdin.buffer)
-    color = interactive and wants_color(sys.stdout, no_color)
+    color = interactive and wants_color(sys.stdout)
     repl = Repl(conversation, read_line, out=sys.stdout, err=sys.stderr, color=color, interactive=interactive)
     try:
         return repl.loop()
