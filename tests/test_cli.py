@@ -187,6 +187,18 @@ def test_an_empty_colour_variable_is_no_variable(tiny_pair: tuple[Path, Path]) -
     assert at_a_terminal(*args, env={"TERM": "dumb", "FORCE_COLOR": ""}).decode() == plain
 
 
+@pytest.mark.parametrize("command", [("models", "list"), ("bench", "report", "x")])
+def test_an_option_of_ead_itself_after_a_command_that_lacks_it_says_where(command: tuple[str, ...]) -> None:
+    """--no-color is ead's own, and generate's, chat's and depth generate's: after another command it had
+    been only 'No such option', not where it is taken."""
+    path = " ".join(command[:2])
+    assert_one_line_error(
+        ead(*command, "--no-color"),
+        2,
+        f"--no-color is an option of ead itself: it goes before the command, 'ead --no-color {path} ...'",
+    )
+
+
 def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair: tuple[Path, Path]) -> None:
     """A model's text cannot drive the terminal: its control characters (here a backspace, which would
     rub out the character before it, and ^A ^D ^E) show as less shows them; a pipe gets them as written."""

@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         context = getattr(error, "ctx", None)
         hint = f" (see '{context.command_path} --help')" if context else ""
-        _fail(f"{_cut_echoes(message, sys.argv[1:] if argv is None else argv)}{hint}", error.exit_code)
+        message = f"{_cut_echoes(message, sys.argv[1:] if argv is None else argv)}{hint}"
+        misplaced = _where_it_goes(command, getattr(error, "option_name", None), context)
+        _fail(misplaced or message, error.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 130)
     except Terminated:
@@ -136,6 +138,16 @@ def _cut_echoes(message: str, argv: list[str]) -> str:
         return message
     pattern = "|".join(re.escape(echo) for echo in sorted(echoes, key=len, reverse=True))
     return re.sub(pattern, lambda echo: quoted(echoes[echo.group()]), message)
+
+
+def _where_it_goes(root: TyperGroup, option: str | None, context: typer.Context | None) -> str | None:
+    """For an option of ead itself given after a command that does not take it (``ead models list
+    --no-color``), where it goes: typer had said only 'No such option'."""
+    if context is None or context.parent is None or option not in {o for p in root.params for o in p.opts}:
+        return None
+    program, _, command = context.command_path.partition(" ")
+    where = f"'{program} {option} {command} ...'"
+    return f"{option} is an option of {program} itself: it goes before the command, {where}"
 
 
 def _misopened() -> str | None:
