@@ -250,6 +250,18 @@ def test_a_dumb_terminal_gets_no_colour_unless_forced(tiny_pair: tuple[Path, Pat
     assert ANSI in forced and ANSI_CODES.sub("", forced) == plain
 
 
+def test_a_terminal_size_of_zero_is_no_size(tiny_pair: tuple[Path, Path]) -> None:
+    """COLUMNS=0 says no width, as a pseudo-terminal's 0 does (rich takes 80 for that one): rich had
+    drawn every line at width 0, so ead --help printed one empty line and --stats nothing at all."""
+    at_80 = ead("--help", stdin=b"", env={"COLUMNS": "80"}).stdout
+    assert b"generate" in at_80
+    for zero in ("0", "00"):
+        assert ead("--help", stdin=b"", env={"COLUMNS": zero}).stdout == at_80
+    args = ["generate", *pair_args(tiny_pair), "--tau", "3", "--max-tokens", "4", "--stats", "hi"]
+    figures = ead(*args, stdin=b"", env={"COLUMNS": "0"}).stderr.decode()
+    assert "large share" in figures and "written" in figures, figures
+
+
 @pytest.mark.parametrize("columns", [40, 50])
 def test_stats_fit_a_narrow_terminal_without_cutting_a_figure(
     tiny_pair: tuple[Path, Path], columns: int

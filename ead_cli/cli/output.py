@@ -40,16 +40,21 @@ def color_system() -> Literal["auto"] | None:
     return None if _colour_off or os.environ.get("NO_COLOR") else "auto"
 
 
-def _drop_empty_force_color() -> None:
-    """FORCE_COLOR forces colour when present and not empty (https://force-color.org), so an empty one is
-    none at all: rich (and typer's help) had read it as "not a terminal", taking a terminal's styles and
-    width off the notes and tables while the answer beside them, which ead colours itself, kept its
-    colours. Dropped before the first console is made; an empty NO_COLOR every reader already ignores."""
+def _drop_variables_that_say_nothing() -> None:
+    """An empty FORCE_COLOR is none at all: it forces colour when present and not empty
+    (https://force-color.org), and rich (and typer's help) had read it as "not a terminal", taking a
+    terminal's styles and width off the notes and tables while the answer beside them, which ead
+    colours itself, kept its colours. A COLUMNS of 0 gives no width, as a pseudo-terminal's 0 does
+    (rich takes 80 columns for that one): rich had drawn every line at width 0, so --help and
+    --stats printed nothing. Dropped before the first console is made; an empty NO_COLOR every reader
+    already ignores."""
     if os.environ.get("FORCE_COLOR") == "":
         del os.environ["FORCE_COLOR"]
+    if os.environ.get("COLUMNS", "").isdigit() and int(os.environ["COLUMNS"]) == 0:
+        del os.environ["COLUMNS"]
 
 
-_drop_empty_force_color()
+_drop_variables_that_say_nothing()
 # Lines and tables hold names and paths as they are: rich's markup would read '[backup]' in a folder's
 # name as a style and drop it ('[/]' was a traceback), its emoji codes ':tiger:' in a file's as an emoji.
 stderr = at_its_width(
