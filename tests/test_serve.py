@@ -563,6 +563,9 @@ def test_a_bind_beyond_loopback_without_a_key_warns(tiny_pair: tuple[Path, Path]
     ("args", "fragment"),
     [
         (["--port", "70000"], "--port"),
+        # '' had listened on every interface, its warning naming no address ('listening on  without')
+        (["--host", "", "--port", "0"], "--host is empty: give an address (0.0.0.0: every interface)"),
+        (["--host", " ", "--port", "0"], "--host is empty"),
         (["--queue", "-1"], "--queue"),
         (["--api-key", " "], "--api-key"),
         (["--api-key", "sékret"], "--api-key must be printable ASCII"),

@@ -56,6 +56,8 @@ class ServeOptions:
     read_timeout: float = 30.0  # seconds a request's head may take to come whole, its body between parts
 
     def __post_init__(self) -> None:
+        if not self.host.strip():  # '' had listened on every interface, its warning naming no address
+            raise EadError("--host is empty: give an address (0.0.0.0: every interface)", exit_code=2)
         if not 0 <= self.port <= 65535:
             raise EadError(f"--port must be in [0, 65535], got {self.port}", exit_code=2)
         if self.queue < 0:
