@@ -152,6 +152,7 @@ def test_a_policy_that_cannot_be_calibrated_leaves_the_others_shown_and_saved(
         (["--target-share", "0"], "--target-share must be in (0, 1)"),
         (["--target-share", "1"], "--target-share must be in (0, 1)"),
         (["--domain", "poetry"], "--domain must be one of"),
+        (["--domain", ""], "--domain must be one of code, prose, maths, all, got ''"),  # had been all
         # the file's prompts replaced the domain's without a word
         (
             ["--domain", "code", "--prompts", "/dev/null"],

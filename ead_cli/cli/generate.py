@@ -278,7 +278,7 @@ def calibrate(
     if prompts and domain is not None:  # the file's prompts replace the built-in ones: it went unused
         raise EadError("--domain picks built-in prompts, which --prompts replaces: give one of them", 2)
     file_prompts = load_prompts(prompts, None) if prompts else None
-    split = calibration.split_prompts(domain or "all", file_prompts)
+    split = calibration.split_prompts("all" if domain is None else domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
     policies = [PolicyOptions(mode="ead", policy=name) for name in names]
     saving = calibration.check_saving() if save else None
