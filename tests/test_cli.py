@@ -13,10 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pexpect
 import pytest
+import typer
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from ead_cli.cli import app
@@ -854,6 +858,31 @@ def test_help_lists_the_commands() -> None:
     result = ead("--help")
     assert result.returncode == 0
     assert b"generate" in result.stdout and b"models" in result.stdout
+
+
+def every_command(group: TyperGroup, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(its words on the command line, the command) for every command and group under ``group``."""
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if isinstance(command, TyperGroup):
+            yield from every_command(command, (*path, name))
+
+
+def test_help_in_a_narrow_terminal_names_every_option_whole() -> None:
+    """Below 80 columns typer's tables cut what did not fit with an ellipsis, option names too (at 40,
+    '--mode…' was --models, beside --mode): there the help is click's plain one, which wraps instead;
+    from 80 columns on, the tables."""
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    for path, command in every_command(root):
+        narrow = ead(*path, "--help", stdin=b"", env={"COLUMNS": "40"})
+        assert narrow.returncode == 0, narrow.stderr
+        shown = narrow.stdout.decode()
+        assert "…" not in shown, (path, shown)
+        for parameter in command.params:
+            for name in (*parameter.opts, *parameter.secondary_opts):
+                assert name in shown, (path, name)
+    assert "╭" in ead("generate", "--help", stdin=b"", env={"COLUMNS": "80"}).stdout.decode()
 
 
 def summary_lines(help_text: str) -> list[tuple[str, str, int]]:

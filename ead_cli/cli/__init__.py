@@ -28,7 +28,7 @@ from .bench import bench_app
 from .depth import depth_app
 from .groups import NoColor
 from .models import models_app
-from .output import open_closed_stderr, silence_stdout, spelled
+from .output import open_closed_stderr, silence_stdout, spelled, stderr
 
 app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
@@ -65,15 +65,23 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(depth_app, name="depth")
 
 
-def flow_summaries(group: TyperGroup) -> None:
+TABLES_MIN_WIDTH = 80  # columns below which typer's tables of options cut names with an ellipsis
+
+
+def readable_help(group: TyperGroup, plain: bool) -> None:
     """Give each command under ``group`` its summary (its help's first paragraph) as one line of text:
     typer's rich help lists a command by that paragraph with the docstring's own line breaks kept, each
-    cutting the summary mid-sentence in ``ead --help``."""
+    cutting the summary mid-sentence in ``ead --help``. With ``plain``, click's plain help, which wraps
+    what does not fit where typer's tables cut it (at 40 columns '--mode…' was --models, beside --mode)."""
+    if plain:
+        group.rich_markup_mode = None
     for command in group.commands.values():
         if command.short_help is None and command.help:
             command.short_help = " ".join(inspect.cleandoc(command.help).split("\n\n", 1)[0].split())
+        if plain:
+            command.rich_markup_mode = None  # type: ignore[attr-defined]
         if isinstance(command, TyperGroup):
-            flow_summaries(command)
+            readable_help(command, plain)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     open_closed_stderr()
     command = typer.main.get_command(app)
     assert isinstance(command, TyperGroup)  # the app has commands and groups
-    flow_summaries(command)
+    readable_help(command, plain=stderr.width < TABLES_MIN_WIDTH)
     terminate_on_sigterm()
     try:
         code = command.main(args=argv, prog_name="ead", standalone_mode=False)
