@@ -175,6 +175,19 @@ def test_no_colour_means_no_escape_code_in_a_table_on_stdout() -> None:
     assert at_a_terminal("--no-color", "models", "list", env={"TERM": "xterm"}).decode() == shown
 
 
+def test_with_colour_off_help_has_no_escape_code() -> None:
+    """typer's help makes its own console: NO_COLOR and --no-color had left it bold, dim and coloured."""
+    styled = at_a_terminal("generate", "--help", env={"TERM": "xterm"}, columns=100).decode()
+    assert ANSI in styled
+    for args, env in [
+        (("generate", "--help"), {"NO_COLOR": "1"}),
+        (("--no-color", "generate", "--help"), {}),
+        (("generate", "--no-color", "--help"), {}),
+    ]:
+        shown = at_a_terminal(*args, env={"TERM": "xterm", **env}, columns=100).decode()
+        assert shown == ANSI_CODES.sub("", styled), args
+
+
 def test_an_empty_colour_variable_is_no_variable(tiny_pair: tuple[Path, Path]) -> None:
     """FORCE_COLOR and NO_COLOR count when present and not empty (force-color.org, no-color.org): rich had
     read an empty FORCE_COLOR as "not a terminal", so a table and the stats lost their styles and the

@@ -28,7 +28,7 @@ from .bench import bench_app
 from .depth import depth_app
 from .groups import NoColor
 from .models import models_app
-from .output import open_closed_stderr, silence_stdout, spelled, stderr
+from .output import color_system, open_closed_stderr, silence_stdout, spelled, stderr, turn_colour_off
 
 app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     assert isinstance(command, TyperGroup)  # the app has commands and groups
     readable_help(command, plain=stderr.width < TABLES_MIN_WIDTH)
+    if color_system() is None:  # NO_COLOR, for what does not read it (typer's help)
+        turn_colour_off()
     terminate_on_sigterm()
     try:
         code = command.main(args=argv, prog_name="ead", standalone_mode=False)

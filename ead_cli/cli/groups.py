@@ -105,7 +105,13 @@ def _no_color(value: bool) -> bool:
 
 # Taken before the command too (ead --no-color models list), as git takes its global options
 NoColor = Annotated[
-    bool, typer.Option("--no-color", callback=_no_color, help="No colours (NO_COLOR does the same).")
+    bool,
+    typer.Option(
+        "--no-color",
+        callback=_no_color,
+        is_eager=True,  # before a --help after it
+        help="No colours (NO_COLOR does the same).",
+    ),
 ]
 
 

@@ -63,11 +63,14 @@ stderr = at_its_width(
 
 
 def turn_colour_off() -> None:
-    """--no-color, wherever given: every output as NO_COLOR leaves it, the answer and stderr's notes,
-    figures and bars, not one escape code."""
+    """--no-color, wherever given, or NO_COLOR: not one escape code in the answer, stderr's notes,
+    figures and bars, or typer's help, which makes its own console (it had kept bold, dim and colours)."""
+    from typer import rich_utils  # loaded by typer only to show help or an error
+
     global _colour_off
     _colour_off = True
     stderr._color_system = None  # rich takes a colour system only when a console is made
+    rich_utils.COLOR_SYSTEM = None  # typer's own switch for its consoles
 
 
 def say_progress(message: str) -> None:
