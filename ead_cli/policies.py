@@ -441,11 +441,17 @@ class Lookahead(Policy):
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
-    """A pattern that must match up to the end of the text (so it fires once, where it completes)."""
+    """A pattern that must match up to the end of the text (so it fires once, where it completes). One
+    that matches the empty text ('', 'x*', '$') matches at the end of every text: it fires at every token."""
     try:
-        return re.compile(f"(?:{pattern})\\Z", re.MULTILINE)
+        compiled = re.compile(f"(?:{pattern})\\Z", re.MULTILINE)
     except re.error as error:
         raise ValueError(f"pattern {quoted(pattern)} is not a valid regular expression: {error}") from None
+    if compiled.search(""):
+        raise ValueError(
+            f"pattern {quoted(pattern)} matches the empty text: it would hand every token to the large model"
+        )
+    return compiled
 
 
 MODES = ("ead", "small", "large", "spec")

@@ -584,6 +584,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--burst", "0"], "--burst must be a count of at least 1"),
         (["--burst", "often"], "--burst must be a count, 'line' or 'adaptive'"),
         (["--pattern", "(x"], "is not a valid regular expression"),
+        (["--pattern", ""], "pattern '' matches the empty text"),
         (["--tau-range", "1"], "--tau-range must be LOW:HIGH"),
         (["--tau-range", "2:1"], "--tau-range must satisfy 0 <= low < high"),
         (["--tau-range", "0:inf"], "both finite, got 0.0:inf"),  # --tau inf is refused too

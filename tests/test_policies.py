@@ -212,6 +212,8 @@ def test_a_policy_with_a_tau_range_reports_and_uses_the_moving_tau() -> None:
         ({"switch_point": "during"}, "--switch-point must be"),
         ({"burst": "sometimes"}, "--burst must be a count of at least 1, 'line' or 'adaptive'"),
         ({"patterns": ["(unclosed"]}, "pattern '\\(unclosed' is not a valid regular expression"),
+        ({"patterns": [""]}, "pattern '' matches the empty text: it would hand every token to the large"),
+        ({"patterns": ["def", "x*"]}, "pattern 'x\\*' matches the empty text"),
         ({"policy": "ead", "patterns": ["def"]}, "--pattern and --burst apply to --policy gate"),
         ({"policy": "ead", "burst": "line"}, "--pattern and --burst apply to --policy gate"),
         ({"tau_range": (1.0, 0.5)}, "--tau-range must satisfy 0 <= low < high"),
