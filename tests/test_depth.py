@@ -24,6 +24,7 @@ from test_cli import EAD, assert_one_line_error, at_a_terminal, ead, interruptib
 from tiny_models import write_tiny_model
 
 from ead_cli.bench.sandbox import sandbox_note
+from ead_cli.cli.output import counted
 from ead_cli.depth.evaluate import plain_greedy_ms, plot
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
@@ -443,7 +444,8 @@ def test_ctrl_c_keeps_the_partial_answer_its_summary_and_stats(deep_model: Path)
     assert summary["type"] == "summary" and summary["finish_reason"] == "interrupted"
     assert 1 <= summary["generated"] == len(lines) - 1 < 4000
     errors = err.decode().splitlines()
-    assert f"{summary['generated']} tokens (interrupted)" in errors[0] and "Traceback" not in err.decode()
+    assert f"{counted(summary['generated'], 'token')} (interrupted)" in errors[0]
+    assert "Traceback" not in err.decode()
     assert errors[-1] == "error: interrupted"
 
 
@@ -458,6 +460,9 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     for option in ("--probe-every", "--estimator-k", "--rank", "--fixed-depth"):
         assert_one_line_error(ead(*base, option, "0", env=missing), 2, f"{option} must be at least 1, got 0")
     assert_one_line_error(ead(*base, "--ctx", "8", env=missing), 2, "--ctx must be at least 16, got 8")
+    for command in ("generate", "calibrate", "eval"):  # a blank model is a usage error, as --large '' is
+        blank = ead("depth", command, " ", env=missing)
+        assert "unknown model alias" not in assert_one_line_error(blank, 2, "a blank name names no model")
     empty = tmp_path / "empty.txt"
     empty.write_text(" \n")
     # calibrate's values, before the model loads (the missing model file would be the error otherwise)

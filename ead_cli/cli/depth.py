@@ -30,6 +30,7 @@ from .groups import (
     Stop,
     Temp,
     Threads,
+    given_model,
     given_path,
     parse_list,
     read_prompt,
@@ -49,7 +50,9 @@ depth_app = typer.Typer(
 )
 
 
-DepthModelArg = Annotated[str, typer.Argument(help="The model: an alias from models.toml or a .gguf path.")]
+DepthModelArg = Annotated[
+    str, typer.Argument(help="The model: an alias from models.toml or a .gguf path.", parser=given_model)
+]
 ProbeEvery = Annotated[int, typer.Option(help="Probe every this many blocks (the last block always).")]
 
 

@@ -43,6 +43,14 @@ def given_path(text: str) -> Path:
     return Path(text)
 
 
+def given_model(text: str) -> str:
+    """A model argument as given, refused when blank: it names no alias or file ('' had been looked up as
+    an alias, exit 1, where --large '' is a usage error)."""
+    if not text.strip():
+        raise typer.BadParameter("a blank name names no model (an alias, a .gguf path)")
+    return text
+
+
 Small = Annotated[str | None, typer.Option(help="Small model: an alias from models.toml or a .gguf path.")]
 Large = Annotated[
     str | None,
