@@ -122,6 +122,21 @@ def test_a_call_the_prefill_opens_is_read_with_the_answer() -> None:
     )
 
 
+def test_a_call_the_prefill_holds_whole_is_the_clients_not_the_answers() -> None:
+    """A call the prefill holds whole (its closing tag, or the bare object, in the client's text) is the
+    client's, as the rest of its text is: it had come back as the answer's call, and without parallel
+    calls it had been the one kept, the call the model made left out."""
+    mine = '<tool_call>{"name": "multiply", "arguments": {"a": 6}}</tool_call>'
+    answer = '\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    call = ToolCall("get_weather", '{"city": "Paris"}')
+    for parallel in (True, False):
+        assert split_answer(answer, NAMES, parallel, prefill=mine) == ("", [call])
+    reader = ToolCallReader(NAMES, parallel=False, prefill=mine)
+    pieces = [piece for i in range(0, len(answer), 4) for piece in reader.push(answer[i : i + 4])]
+    assert [*pieces, *reader.finish()] == ["\n", call]
+    assert split_answer(" ", NAMES, prefill=CALL) == ("", [])  # a bare call, the answer space alone
+
+
 TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
     "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message.role }}\n"

@@ -67,8 +67,8 @@ class ToolCallReader:
     without the markup. Without ``parallel`` (``parallel_tool_calls: false``) a call after the first is
     left out: the client asked for one at most, and no grammar kept the model from writing more.
     A ``prefill`` (the assistant message the answer continues) is read first, as the answer's start, so a
-    call it opens and the answer finishes is one call (as llama-server reads it); its own text is the
-    client's and is not shown again."""
+    call it opens and the answer finishes is one call (as llama-server reads it); its own text, and a call
+    it holds whole, are the client's: not shown again, nor the answer's call."""
 
     def __init__(self, names: frozenset[str], parallel: bool = True, prefill: str = "") -> None:
         self.names = names
@@ -102,6 +102,8 @@ class ToolCallReader:
                 out += self._release(end - start + len(CLOSE))
                 continue
             self._take(end - start + len(CLOSE))
+            if self._released <= self._unshown:
+                continue  # the prefill holds it whole: the client's call, as its text is
             if self.calls and not self.parallel:
                 continue  # one call at most: a later one is neither a call nor text
             self.calls.append(call)
@@ -111,7 +113,10 @@ class ToolCallReader:
         """What is still held at the end: a bare call, or text (an unclosed block stays text)."""
         call = _read_call(self._pending.strip(), self.names) if self._bare else None
         if call is not None:
+            whole_in_prefill = self._released + len(self._pending.rstrip()) <= self._unshown
             self._take(len(self._pending))
+            if whole_in_prefill:  # the client's call, as its text is
+                return []
             self.calls.append(call)
             return [call]
         if self._bare:  # held whole: it may still hold tagged calls after all
