@@ -766,6 +766,24 @@ def test_a_request_head_not_whole_within_the_read_timeout_is_a_408_and_closed(im
     assert httpx.get(f"{impatient.url}/health", timeout=60).status_code == 200  # still serving
 
 
+def test_a_pipelined_head_not_whole_within_the_read_timeout_is_a_408_too(impatient: Server) -> None:
+    """A second request begun in the same write as the first (pipelined), its head never ended: once the
+    first is answered, it gets the 408 a head begun after the answer gets; it had been closed without a
+    word by uvicorn's keep-alive timer (5 s, whatever --read-timeout said)."""
+    host, port = impatient.url.removeprefix("http://").rsplit(":", 1)
+    health = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+    before = impatient.log().splitlines()
+    with socket.create_connection((host, int(port)), timeout=60) as pipelining:
+        pipelining.sendall(health + b"\r\n" + health)
+        answer = read_to_close(pipelining)
+    first, _, rest = answer.partition(b"}")  # the first answer's JSON ends at its only brace
+    assert first.startswith(b"HTTP/1.1 200 OK"), answer
+    message = "the request line and headers did not all come within 1 s (--read-timeout)"
+    assert rest.startswith(b"HTTP/1.1 408 Request Timeout"), answer
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["message"] == message
+    assert impatient.log().splitlines()[len(before) :] == [f"error: 408: {message}"]
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_a_body_that_stops_coming_for_the_read_timeout_is_a_408_and_closed(
     impatient: Server, chunked: bool

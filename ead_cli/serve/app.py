@@ -216,9 +216,9 @@ def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
     request line or header) is answered as every other 400 is, with OpenAI's error object and one log
     line, not uvicorn's plain text (which an OpenAI client cannot read), and a head past h11's buffer
     with a 431 that says so; a request line and headers not whole within ``read_timeout`` seconds (of the
-    connection, or of their first byte after an answer) are a 408, and a connection that sent nothing by
-    then is closed (uvicorn times out only the wait between requests: a client that sent a byte a minute
-    held its connection forever); an Upgrade is ignored."""
+    connection, of their first byte after an answer, or of the answer a pipelined one began before) are
+    a 408, and a connection that sent nothing by then is closed (uvicorn times out only the wait between
+    requests: a client that sent a byte a minute held its connection forever); an Upgrade is ignored."""
 
     class Protocol(H11Protocol):
         head_timer: asyncio.TimerHandle | None = None  # while a request's head is awaited
@@ -234,6 +234,14 @@ def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_head_timer()
             super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            """A pipelined request's head begun before this answer is timed from it, as one begun after:
+            uvicorn's keep-alive timer had closed its connection without a word."""
+            super().on_response_complete()
+            if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+                self._unset_keepalive_if_required()
+                self._await_head()
 
         def _await_head(self) -> None:
             """The head timer running while h11 awaits a request (its line and headers not whole), from the
