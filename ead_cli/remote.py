@@ -311,23 +311,28 @@ class RemoteRunner:
     def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
         """Send on the kept-alive connection; if the server had closed it while idle (llama-server does
         after a few seconds), send once more on a new one. Every request here can safely be repeated.
+        A connection the server closes after its reply is dropped here, so the next one is checked.
         Each attempt has the whole timeout: the retry had kept the first's deadline, so a connection
         that died after a while cut short a reply that came within the timeout of its own request."""
         headers = {"Content-Type": "application/json"} if data is not None else {}
         reused = self._connection is not None
         while True:
-            new = self._connection is None
-            if new:
-                self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
             try:
-                if new:  # refused: the connection is dropped below, so the next request checks again
-                    self._check_again()
+                if self._connection is None:  # refused: none is kept, so the next request checks again
+                    self._check_again()  # its requests may leave one open, which this one takes
+                if self._connection is None:
+                    self._connection = http.client.HTTPConnection(
+                        self._host, self._port, timeout=self.timeout_s
+                    )
                 deadline = time.monotonic() + self.timeout_s
                 timed = partial(TimedReply, deadline=deadline, timeout_s=self.timeout_s)
                 self._connection.response_class = timed
                 self._connection.request(method, path, body=data, headers=headers)
                 response = self._connection.getresponse()
-                return response, self._body(response, path)
+                body = self._body(response, path)
+                if response.will_close:  # http.client would open the next one itself, unchecked
+                    self._drop_connection()
+                return response, body
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
                 self._drop_connection()
                 if not reused:

@@ -725,6 +725,46 @@ class _Proxy(BaseHTTPRequestHandler):
         pass
 
 
+class _Closing(_Proxy):
+    """Answers each request, then closes the connection (HTTP/1.0, as some proxies do)."""
+
+    protocol_version = "HTTP/1.0"
+
+    def _forward(self, body: bytes | None) -> None:
+        self._answer(*self._ask(body))
+
+
+def test_a_server_that_closes_every_connection_is_checked_again_on_each(tiny_pair, tmp_path) -> None:
+    """Behind a server that closes the connection after each reply, http.client opened the next one by
+    itself, so the check on each new connection never ran: a model of another tokenizer put behind the
+    same address was answered with, silently."""
+    small = Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1)
+    tokens = small.tokenize("hello", add_special=False)
+    other = write_tiny_model(tmp_path / "eog.gguf", seed=1, eot_token="<|im_start|>")
+    with (
+        llama_server(tiny_pair[1], tmp_path, alias="large") as (_, first),
+        llama_server(other, tmp_path, alias="large") as (_, second),
+    ):
+        handler = type("Handler", (_Closing,), {"upstream": address(first)})
+        with http_server(handler) as url:
+            remote = RemoteRunner(url, name="large", tokenizer=small)
+            try:
+                remote.check_tokenizer("small")
+                remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
+                handler.upstream = address(second)
+                with pytest.raises(RemoteError, match=f"^{url} now serves another model .* token 265 ends"):
+                    remote.sync(tokens, prompt_len=len(tokens), own_tail=False)
+            finally:
+                remote.close()
+                small.close()
+
+
+def address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    return parts.hostname, parts.port
+
+
 class _Slow(_Proxy):
     """Holds the reply to the ``hold_at``-th token step until ``release`` (a server that answers
     slowly); ``held`` says it holds."""
