@@ -23,9 +23,13 @@ rebuild=
 if [ -n "${CMAKE_ARGS:-}" ] && [ "$(cat "$built" 2>/dev/null)" != "$CMAKE_ARGS" ]; then
   rebuild=yes
 fi
-if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ -n "$rebuild" ]; then
-  # Made anew where it has no pip: venv's own failure without ensurepip (Debian's python3-venv missing)
-  # leaves one so, as does a pip upgrade stopped between removing the old pip and installing the new.
+# A .venv whose python is gone (its link dangling once the Python that made it was removed) is installed
+# anew: its ead script and stamp outlive it.
+if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ -n "$rebuild" ] \
+  || ! .venv/bin/python -c '' 2> /dev/null; then
+  # Made anew where it has no pip (or no python): venv's own failure without ensurepip (Debian's
+  # python3-venv missing) leaves one so, as does a pip upgrade stopped between removing the old pip and
+  # installing the new.
   .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >&2

@@ -49,9 +49,10 @@ def stand_in_tree(root: Path) -> Path:
         '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
         '[project]\nname = "ead-cli-stand-in"\nversion = "0"\n'
         '[tool.setuptools]\npackages = ["ead_cli"]\n'
+        '[project.scripts]\nead = "ead_cli:main"\n'
     )
     (root / "ead_cli").mkdir()
-    (root / "ead_cli" / "__init__.py").write_text("")
+    (root / "ead_cli" / "__init__.py").write_text("def main() -> None:\n    pass\n")
     (root / "ead_cli" / "smoke.py").write_text("print('smoke stand-in ran')\n")
     return root / "scripts" / "setup.sh"
 
@@ -73,6 +74,21 @@ def test_setup_remakes_a_venv_left_without_pip(tmp_path: Path) -> None:
     assert b"smoke stand-in ran" in result.stdout  # installed, then the smoke module ran
     stamp = (venv / ".ead-installed").read_text().strip()
     assert stamp == hashlib.sha256((tmp_path / "tree" / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def test_setup_remakes_a_venv_whose_python_is_gone(tmp_path: Path) -> None:
+    """A .venv whose python link dangles (the Python that made it uninstalled or upgraded away, or a
+    .venv copied from another machine) still has its ead script and stamp: set-up had taken it as
+    installed and stopped at '.venv/bin/python: No such file or directory'. In a folder with a space."""
+    setup = stand_in_tree(tmp_path / "a tree")
+    assert run([str(setup)], PYTHON=sys.executable).returncode == 0
+    python = tmp_path / "a tree" / ".venv" / "bin" / "python"
+    python.unlink()
+    python.symlink_to(tmp_path / "uninstalled-python")
+    result = run([str(setup)], PYTHON=sys.executable)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert b"smoke stand-in ran" in result.stdout
+    assert subprocess.run([python, "-c", ""], timeout=60).returncode == 0
 
 
 def test_build_llama_server_finds_its_cache_with_home_unset() -> None:
