@@ -19,6 +19,7 @@
 #                       llama_cpp_python-<version>.tar.gz (skips pip download)
 #   EAD_BUILD_JOBS      parallel compile jobs (default: nproc)
 #   TMPDIR              where the temporary source and build trees go
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"  # `sh script.sh` (dash): no pipefail, no [[
 set -euo pipefail
 
 VERSION=0.3.36

@@ -4,6 +4,7 @@
 # large model alone) with any arguments you pass: ./scripts/demo.sh ["prompt"] [options]
 # (without a prompt, or when the first argument is an option, it asks its own question; a prompt that
 # starts with - goes after --, as ead generate's does: ./scripts/demo.sh --max-tokens 9 -- "-v or -q?").
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"  # `sh script.sh` (dash): no pipefail, no [[
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Headless Chromium for the page test of `ead serve` (tests/test_serve.py), from Debian's packages where
 # apt-get can be used; elsewhere the test is skipped and says why. Never fails the test run.
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"  # `sh script.sh` (dash): no pipefail, no [[
 set -euo pipefail
 if command -v chromium > /dev/null || command -v chromium-browser > /dev/null; then
   exit 0  # either name, as the page test looks for both (Ubuntu's is chromium-browser)

@@ -4,6 +4,7 @@
 # smoke decode. The first run compiles llama-cpp-python (~4 minutes on 2 cores; pip caches the wheel,
 # later runs take seconds).
 # Set CMAKE_ARGS for a GPU build, e.g. CMAKE_ARGS="-DGGML_CUDA=on" ./scripts/setup.sh
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"  # `sh script.sh` (dash): no pipefail, no [[
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, then pytest (tiny generated models, the real demo pair, a real llama-server).
 # Extra arguments go to pytest, e.g. ./scripts/test.sh -m "not real" -x
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"  # `sh script.sh` (dash): no pipefail, no [[
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

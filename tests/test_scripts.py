@@ -91,6 +91,24 @@ def test_setup_remakes_a_venv_whose_python_is_gone(tmp_path: Path) -> None:
     assert subprocess.run([python, "-c", ""], timeout=60).returncode == 0
 
 
+@pytest.mark.parametrize("script", ["setup.sh", "demo.sh", "test.sh", "build_llama_server.sh"])
+def test_scripts_run_when_started_with_sh(tmp_path: Path, script: str) -> None:
+    """`sh scripts/demo.sh` (dash, not bash, where sh is Debian's) had stopped at 'set: Illegal option
+    -o pipefail'. Each script starts again under bash and then refuses a bad setting in its own words:
+    a PYTHON that does not run (setup.sh, with which demo.sh and test.sh begin), a missing sdist in an
+    empty cache (build_llama_server.sh, so nothing builds)."""
+    missing = tmp_path / "missing"
+    env = {"PYTHON": str(missing), "EAD_CACHE": str(tmp_path / "cache"), "EAD_LLAMA_SDIST": str(missing)}
+    result = run(["sh", str(SCRIPTS / script)], **env)
+    if script == "build_llama_server.sh":
+        assert (result.returncode, result.stdout) == (1, b"")
+        assert result.stderr.decode().splitlines() == [
+            f"[build_llama_server] error: EAD_LLAMA_SDIST={missing} does not exist"
+        ]
+    else:
+        assert_one_line_error(result, 1, f"{missing} does not run here")
+
+
 def test_build_llama_server_finds_its_cache_with_home_unset() -> None:
     """As ead does (Path.home() reads the passwd entry): the script had stopped at 'HOME: unbound
     variable', so test.sh failed before any test. Only where the binary is built, so nothing builds."""
