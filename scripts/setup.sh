@@ -16,6 +16,14 @@ fi
 stamp=.venv/.ead-installed
 # Hashed by Python: sha256sum is GNU's (macOS has none).
 want=$("$python" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
+# pip's own lines say what it could not get or build; the last line says what to do (the stamp is not
+# written, so the next run installs again).
+pip_install() {
+  .venv/bin/python -m pip install --quiet "$@" >&2 && return
+  echo "error: pip could not install ead-cli into .venv (its messages above): a package it cannot find" \
+    "needs the package index within reach (or PIP_INDEX_URL at a mirror); then run ./scripts/setup.sh again" >&2
+  exit 1
+}
 # A CMAKE_ARGS other than the one llama-cpp-python was built with (a GPU build asked for after a CPU
 # set-up) builds it again: pip would keep the installed one, and its wheel cache keys a built wheel by the
 # sdist alone, so a CPU wheel from any earlier set-up would come back. No CMAKE_ARGS keeps what was built.
@@ -33,14 +41,14 @@ if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ -
   # installing the new.
   .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
-  .venv/bin/python -m pip install --quiet --upgrade pip >&2
+  pip_install --upgrade pip
   if [ -n "$rebuild" ]; then
     pin=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
     echo "building $pin with CMAKE_ARGS=$CMAKE_ARGS..." >&2
-    .venv/bin/python -m pip install --quiet --force-reinstall --no-deps --no-cache-dir "$pin" >&2
+    pip_install --force-reinstall --no-deps --no-cache-dir "$pin"
     echo "$CMAKE_ARGS" > "$built"
   fi
-  .venv/bin/python -m pip install --quiet -e ".[demo,test,plot,serve]" >&2
+  pip_install -e ".[demo,test,plot,serve]"
   echo "$want" > "$stamp"
 fi
 # A smoke decode of the default pair in a child process, once per model file, CPU and library version

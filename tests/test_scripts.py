@@ -91,6 +91,26 @@ def test_setup_remakes_a_venv_whose_python_is_gone(tmp_path: Path) -> None:
     assert subprocess.run([python, "-c", ""], timeout=60).returncode == 0
 
 
+def test_setup_ends_a_failed_install_with_what_to_do(tmp_path: Path) -> None:
+    """A package pip cannot get (offline, the index out of reach; here a dependency on a file that is not
+    there, so nothing asks an index): pip's lines say what is missing, and set-up's last line had been
+    nothing at all. It now says what to do, exits 1 and leaves no stamp, so the next run installs."""
+    setup = stand_in_tree(tmp_path / "tree")
+    pyproject = tmp_path / "tree" / "pyproject.toml"
+    missing = tmp_path / "missing-package"
+    pyproject.write_text(
+        pyproject.read_text().replace(
+            'version = "0"\n', f'version = "0"\ndependencies = ["gone @ file://{missing}"]\n'
+        )
+    )
+    result = run([str(setup)], PYTHON=sys.executable)
+    last = result.stderr.decode().strip().splitlines()[-1]
+    assert (result.returncode, result.stdout) == (1, b""), result.stderr.decode()[-2000:]
+    assert last.startswith("error: pip could not install ead-cli into .venv"), last
+    assert "run ./scripts/setup.sh again" in last
+    assert not (tmp_path / "tree" / ".venv" / ".ead-installed").exists()
+
+
 @pytest.mark.parametrize("script", ["setup.sh", "demo.sh", "test.sh", "build_llama_server.sh"])
 def test_scripts_run_when_started_with_sh(tmp_path: Path, script: str) -> None:
     """`sh scripts/demo.sh` (dash, not bash, where sh is Debian's) had stopped at 'set: Illegal option
