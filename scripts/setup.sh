@@ -27,14 +27,12 @@ pip_install() {
 # A CMAKE_ARGS other than the one llama-cpp-python was built with (a GPU build asked for after a CPU
 # set-up) builds it again: pip would keep the installed one, and its wheel cache keys a built wheel by the
 # sdist alone, so a CPU wheel from any earlier set-up would come back. No CMAKE_ARGS keeps what was built.
+# Asked again once .venv is ready: one made anew has forgotten what it was built with.
 built=.venv/.ead-cmake-args
-rebuild=
-if [ -n "${CMAKE_ARGS:-}" ] && [ "$(cat "$built" 2>/dev/null)" != "$CMAKE_ARGS" ]; then
-  rebuild=yes
-fi
+wants_build() { [ -n "${CMAKE_ARGS:-}" ] && [ "$(cat "$built" 2>/dev/null)" != "$CMAKE_ARGS" ]; }
 # A .venv whose python is gone (its link dangling once the Python that made it was removed) is installed
 # anew: its ead script and stamp outlive it.
-if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ -n "$rebuild" ] \
+if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || wants_build \
   || ! .venv/bin/python -c '' 2> /dev/null; then
   # Made anew where it has no pip (or no python): venv's own failure without ensurepip (Debian's
   # python3-venv missing) leaves one so, as does a pip upgrade stopped between removing the old pip and
@@ -42,7 +40,7 @@ if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ -
   .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
   pip_install --upgrade pip
-  if [ -n "$rebuild" ]; then
+  if wants_build; then
     pin=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
     echo "building $pin with CMAKE_ARGS=$CMAKE_ARGS..." >&2
     pip_install --force-reinstall --no-deps --no-cache-dir "$pin"

@@ -10,6 +10,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,36 @@ def test_setup_ends_a_failed_install_with_what_to_do(tmp_path: Path) -> None:
     assert last.startswith("error: pip could not install ead-cli into .venv"), last
     assert "run ./scripts/setup.sh again" in last
     assert not (tmp_path / "tree" / ".venv" / ".ead-installed").exists()
+
+
+def test_setup_builds_again_for_cmake_args_when_it_remakes_the_venv(tmp_path: Path) -> None:
+    """CMAKE_ARGS said once is remembered in .venv; a .venv made anew (its python gone) forgets it, so the
+    same CMAKE_ARGS must build again: set-up had decided before remaking the .venv, skipped the build and
+    let pip take llama-cpp-python from its wheel cache (a CPU wheel for a GPU set-up). llama-cpp-python is
+    a stand-in wheel here, so 'building' takes a second."""
+    setup = stand_in_tree(tmp_path / "tree")
+    pyproject = tmp_path / "tree" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + "# pins llama-cpp-python==0.0.1\n")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    dist = "llama_cpp_python-0.0.1"
+    with zipfile.ZipFile(wheels / f"{dist}-py3-none-any.whl", "w") as wheel:
+        metadata = "Metadata-Version: 2.1\nName: llama-cpp-python\nVersion: 0.0.1\n"
+        wheel.writestr(f"{dist}.dist-info/METADATA", metadata)
+        tags = "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        wheel.writestr(f"{dist}.dist-info/WHEEL", tags)
+        wheel.writestr(f"{dist}.dist-info/RECORD", "")
+    env = {"PYTHON": sys.executable, "PIP_FIND_LINKS": str(wheels), "CMAKE_ARGS": "-DGGML_CUDA=on"}
+    for remade in (False, True):
+        if remade:
+            python = tmp_path / "tree" / ".venv" / "bin" / "python"
+            python.unlink()
+            python.symlink_to(tmp_path / "uninstalled-python")
+        result = run([str(setup)], **env)
+        assert result.returncode == 0, result.stderr.decode()[-2000:]
+        assert b"building llama-cpp-python==0.0.1 with CMAKE_ARGS=-DGGML_CUDA=on" in result.stderr
+        assert (tmp_path / "tree" / ".venv" / ".ead-cmake-args").read_text() == "-DGGML_CUDA=on\n"
+    assert b"building" not in run([str(setup)], **env).stderr  # the same CMAKE_ARGS again: nothing to do
 
 
 @pytest.mark.parametrize("script", ["setup.sh", "demo.sh", "test.sh", "build_llama_server.sh"])
