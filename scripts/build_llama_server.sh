@@ -78,7 +78,10 @@ else
     log "downloading llama-cpp-python==$VERSION sdist with $PY -m pip"
     mkdir -p "$WORK/dl"
     "$PY" -m pip download --no-deps --no-binary :all: --disable-pip-version-check \
-        "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2
+        "llama-cpp-python==$VERSION" -d "$WORK/dl" >&2 \
+        || { log "error: pip could not download llama-cpp-python==$VERSION's sdist (its messages above):" \
+                 "it needs the package index within reach, or EAD_LLAMA_SDIST at a llama_cpp_python-$VERSION.tar.gz"
+             exit 1; }
     SDIST="$(ls "$WORK"/dl/llama_cpp_python-"$VERSION".tar.gz 2>/dev/null | head -n 1 || true)"
     [[ -n "$SDIST" ]] || { log "error: pip did not produce llama_cpp_python-$VERSION.tar.gz"; exit 1; }
 fi

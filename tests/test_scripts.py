@@ -175,6 +175,29 @@ def test_build_llama_server_finds_its_cache_with_home_unset() -> None:
     assert Path(result.stdout.strip()) in built
 
 
+@pytest.mark.skipif(
+    shutil.which("cmake") is None or (shutil.which("c++") is None and shutil.which("g++") is None),
+    reason="without cmake or a C++ compiler the script stops before the download",
+)
+def test_build_llama_server_says_what_to_do_without_the_sdist(tmp_path: Path) -> None:
+    """Offline (here: no index and an empty folder of links, so pip cannot find the sdist and nothing
+    builds), pip's 'No matching distribution' had been the last line and test.sh stopped there; the
+    script's own line says the index or EAD_LLAMA_SDIST is needed."""
+    (tmp_path / "links").mkdir()
+    links = str(tmp_path / "links")
+    result = run(
+        [str(SCRIPTS / "build_llama_server.sh")],
+        EAD_CACHE=str(tmp_path / "cache"),
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=links,
+    )
+    assert (result.returncode, result.stdout) == (1, b""), result.stderr.decode()
+    last = result.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("[build_llama_server] error: pip could not download llama-cpp-python==0.3.36")
+    assert "EAD_LLAMA_SDIST" in last
+    assert not (tmp_path / "cache" / "llama-server" / "0.3.36" / "llama-server").exists()
+
+
 def test_install_chromium_takes_chromium_browser_as_installed(tmp_path: Path) -> None:
     """Ubuntu's name, which the page test accepts: the script had asked apt-get for Debian's chromium on
     every test run (as root; elsewhere it said the page test would be skipped, which it was not)."""
