@@ -18,10 +18,13 @@ stamp=.venv/.ead-installed
 want=$("$python" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
 # pip's own lines say what it could not get or build; the last line says what to do (the stamp is not
 # written, so the next run installs again).
-pip_install() {
+offline="a package it cannot find needs the package index within reach (or PIP_INDEX_URL at a mirror)"
+pip_install() {  # $1: what to do where pip fails; the rest: pip install's arguments
+  local advice=$1
+  shift
   .venv/bin/python -m pip install --quiet "$@" >&2 && return
-  echo "error: pip could not install ead-cli into .venv (its messages above): a package it cannot find" \
-    "needs the package index within reach (or PIP_INDEX_URL at a mirror); then run ./scripts/setup.sh again" >&2
+  echo "error: pip could not install ead-cli into .venv (its messages above): $advice;" \
+    "then run ./scripts/setup.sh again" >&2
   exit 1
 }
 # A CMAKE_ARGS other than the one llama-cpp-python was built with (a GPU build asked for after a CPU
@@ -39,14 +42,16 @@ if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || wan
   # installing the new.
   .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
-  pip_install --upgrade pip
+  pip_install "$offline" --upgrade pip
   if wants_build; then
     pin=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
     echo "building $pin with CMAKE_ARGS=$CMAKE_ARGS..." >&2
-    pip_install --force-reinstall --no-deps --no-cache-dir "$pin"
+    advice="the build with CMAKE_ARGS=$CMAKE_ARGS failed: change CMAKE_ARGS or give the build what it lacks"
+    advice+=" (without CMAKE_ARGS, set-up keeps the llama-cpp-python it has)"
+    pip_install "$advice" --force-reinstall --no-deps --no-cache-dir "$pin"
     echo "$CMAKE_ARGS" > "$built"
   fi
-  pip_install -e ".[demo,test,plot,serve]"
+  pip_install "$offline" -e ".[demo,test,plot,serve]"
   echo "$want" > "$stamp"
 fi
 # A smoke decode of the default pair in a child process, once per model file, CPU and library version

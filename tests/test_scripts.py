@@ -140,6 +140,12 @@ def test_setup_builds_again_for_cmake_args_when_it_remakes_the_venv(tmp_path: Pa
         assert b"building llama-cpp-python==0.0.1 with CMAKE_ARGS=-DGGML_CUDA=on" in result.stderr
         assert (tmp_path / "tree" / ".venv" / ".ead-cmake-args").read_text() == "-DGGML_CUDA=on\n"
     assert b"building" not in run([str(setup)], **env).stderr  # the same CMAKE_ARGS again: nothing to do
+    (wheels / f"{dist}-py3-none-any.whl").unlink()  # a build that fails: its own advice, not the offline one
+    result = run([str(setup)], **{**env, "CMAKE_ARGS": "-DGGML_VULKAN=on"})
+    last = result.stderr.decode().strip().splitlines()[-1]
+    assert (result.returncode, result.stdout) == (1, b""), result.stderr.decode()[-2000:]
+    assert "the build with CMAKE_ARGS=-DGGML_VULKAN=on failed: change CMAKE_ARGS" in last
+    assert (tmp_path / "tree" / ".venv" / ".ead-cmake-args").read_text() == "-DGGML_CUDA=on\n"
 
 
 @pytest.mark.parametrize("script", ["setup.sh", "demo.sh", "test.sh", "build_llama_server.sh"])
