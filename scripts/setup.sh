@@ -33,14 +33,15 @@ pip_install() {  # $1: what to do where pip fails; the rest: pip install's argum
 # Asked again once .venv is ready: one made anew has forgotten what it was built with.
 built=.venv/.ead-cmake-args
 wants_build() { [ -n "${CMAKE_ARGS:-}" ] && [ "$(cat "$built" 2>/dev/null)" != "$CMAKE_ARGS" ]; }
-# A .venv whose python is gone (its link dangling once the Python that made it was removed) is installed
-# anew: its ead script and stamp outlive it.
+# A .venv whose python is gone (its link dangling once the Python that made it was removed) or too old
+# (another tool's .venv) is installed anew: its ead script and stamp would outlive it.
+venv_python_fits() { .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2> /dev/null; }
 if ! [ -x .venv/bin/ead ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || wants_build \
-  || ! .venv/bin/python -c '' 2> /dev/null; then
-  # Made anew where it has no pip (or no python): venv's own failure without ensurepip (Debian's
+  || ! venv_python_fits; then
+  # Made anew where it has no pip (or no fitting python): venv's own failure without ensurepip (Debian's
   # python3-venv missing) leaves one so, as does a pip upgrade stopped between removing the old pip and
   # installing the new.
-  .venv/bin/python -m pip --version > /dev/null 2>&1 || "$python" -m venv --clear .venv
+  { venv_python_fits && .venv/bin/python -m pip --version > /dev/null 2>&1; } || "$python" -m venv --clear .venv
   echo "setting up .venv (the first time compiles llama-cpp-python: a few minutes)..." >&2
   pip_install "$offline" --upgrade pip
   if wants_build; then

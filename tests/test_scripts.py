@@ -92,6 +92,40 @@ def test_setup_remakes_a_venv_whose_python_is_gone(tmp_path: Path) -> None:
     assert subprocess.run([python, "-c", ""], timeout=60).returncode == 0
 
 
+def older_python() -> str | None:
+    """A Python older than ead-cli's 3.10 (on PATH or pyenv's), to make a .venv of another project with."""
+    pyenv = sorted(str(p) for p in (Path.home() / ".pyenv" / "versions").glob("3.[89].*/bin/python3"))
+    for found in [shutil.which("python3.9"), shutil.which("python3.8"), *pyenv]:
+        if found and subprocess.run([found, "-c", ""], capture_output=True, timeout=60).returncode == 0:
+            return found
+    return None
+
+
+def test_setup_remakes_a_venv_of_an_older_python(tmp_path: Path) -> None:
+    """A .venv some other tool made with Python 3.9 has a working pip, so set-up had installed into it and
+    stopped at pip's 'requires a different Python', with advice about the package index. It is made
+    anew with PYTHON, which set-up has checked."""
+    old = older_python()
+    if old is None:
+        pytest.skip("no Python older than 3.10 here")
+    setup = stand_in_tree(tmp_path / "tree")
+    pyproject = tmp_path / "tree" / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace('version = "0"\n', 'version = "0"\nrequires-python = ">=3.10"\n')
+    )
+    venv = tmp_path / "tree" / ".venv"
+    subprocess.run([old, "-m", "venv", str(venv)], check=True, timeout=300)
+    result = run([str(setup)], PYTHON=sys.executable)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    version = subprocess.run(
+        [venv / "bin" / "python", "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert version.strip() == str(sys.version_info[:2])
+
+
 def test_setup_ends_a_failed_install_with_what_to_do(tmp_path: Path) -> None:
     """A package pip cannot get (offline, the index out of reach; here a dependency on a file that is not
     there, so nothing asks an index): pip's lines say what is missing, and set-up's last line had been
