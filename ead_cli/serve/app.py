@@ -77,7 +77,6 @@ MODEL_ID = (
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
 MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this: a 431
-HEAD_TOO_LARGE = f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
 # The page in no other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which
@@ -179,7 +178,7 @@ class Guard:
 
     def _refusal(self, scope: dict, headers: Headers) -> ApiError | None:
         if _head_bytes(scope) > MAX_HEAD_BYTES:  # one that came whole: h11 bounds only an unended head
-            return ApiError(431, HEAD_TOO_LARGE, code="headers_too_large")
+            return _head_too_large()
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.limit:
             return self._too_large()
@@ -269,7 +268,7 @@ def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
         def send_400_response(self, msg: str) -> None:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
             if getattr(failure, "error_status_hint", 400) == 431:  # h11's buffer full, the head unended
-                error = ApiError(431, HEAD_TOO_LARGE, code="headers_too_large")
+                error = _head_too_large()
             else:
                 reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes what it refuses
                 error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
@@ -299,6 +298,13 @@ def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
             WebSocket library the server never uses."""
 
     return Protocol
+
+
+def _head_too_large() -> ApiError:
+    """The 431 of a request line and headers past ``MAX_HEAD_BYTES``, however they came (whole: the Guard;
+    unended in h11's buffer: the protocol)."""
+    message = f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"
+    return ApiError(431, message, code="headers_too_large")
 
 
 def _head_bytes(scope: dict) -> int:
