@@ -552,12 +552,13 @@ class Runner:
             piece = self._pieces[token] = self._token_to_piece(token)
         return piece
 
-    def _token_to_piece(self, token: int) -> bytes:
+    def _token_to_piece(self, token: int, special: bool = False) -> bytes:
+        """A token's bytes; ``special``: a control token's as its text, not as nothing."""
         buffer = ctypes.create_string_buffer(64)
-        size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
+        size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, special)
         if size < 0:
             buffer = ctypes.create_string_buffer(-size)
-            size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, -size, 0, False)
+            size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, -size, 0, special)
         return buffer.raw[:size]
 
     @cached_property
@@ -573,17 +574,13 @@ class Runner:
         for token in range(self.n_vocab):
             size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, True)
             longest = max(longest, abs(size))
-            if abs(size) >= 2:  # a piece's first two bytes are in the buffer, however long it is
-                pair = buffer.raw[0] << 8 | buffer.raw[1] if size > 0 else self._first_pair(token, -size)
+            if abs(size) >= 2:  # a longer piece than the buffer holds is not written: read it whole
+                piece = buffer.raw if size > 0 else self._token_to_piece(token, special=True)
+                pair = piece[0] << 8 | piece[1]
                 by_pair[pair] = max(by_pair[pair], abs(size))
             attributes = llama_cpp.llama_vocab_get_attr(self.vocab, token)
             strips_whitespace = strips_whitespace or bool(attributes & _STRIP_ATTRIBUTES)
         return TokenReach(longest, strips_whitespace, by_pair if self._keeps_bytes() else None)
-
-    def _first_pair(self, token: int, size: int) -> int:
-        buffer = ctypes.create_string_buffer(size)
-        llama_cpp.llama_token_to_piece(self.vocab, token, buffer, size, 0, True)
-        return buffer.raw[0] << 8 | buffer.raw[1]
 
     def _keeps_bytes(self) -> bool:
         """Whether the tokens of a text spell its bytes as they stand: not where the tokenizer reads a
