@@ -23,7 +23,7 @@ from test_cli import pair_args
 from test_serve import CTX, HI, JSON, LONG, PROMPT, SERVED, TAU, frames, serving, stream_request
 
 from ead_cli.errors import quoted
-from ead_cli.serve.app import SEND_TIMEOUT_S
+from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES, SEND_TIMEOUT_S
 
 CHAT = "/v1/chat/completions"
 LENGTH = "context_length_exceeded"
@@ -606,6 +606,11 @@ POST_JSON = b"POST /v1/chat/completions HTTP/1.1\r\nHost: HOST\r\nContent-Type: 
             POST_JSON + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
             "conflicting Content-Length headers",
         ),
+        (
+            # a smuggling shape (RFC 9112 §6.1): it had been read by its chunks and its connection kept
+            POST_JSON + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+            "Transfer-Encoding and Content-Length together",
+        ),
         (b"GARBAGE\r\n\r\n", "illegal request line: bytearray(b'GARBAGE')"),
         (
             b"GET /health HTTP/1.1\r\nHost: HOST\r\nno colon\r\n\r\n",
@@ -807,6 +812,79 @@ def test_a_body_that_stops_coming_for_the_read_timeout_is_a_408_and_closed(
     assert post(impatient, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
+@pytest.mark.parametrize("size", [b"400001", b"ffffffffffff"])
+def test_a_chunk_declared_past_the_body_limit_is_a_413_at_once_and_closed(
+    impatient: Server, size: bytes
+) -> None:
+    """A chunk whose size line alone passes the 4 MiB limit had been awaited, a 408 after --read-timeout:
+    it is the 413 a body over the limit gets, when its size line comes, and the connection is closed. One
+    of the limit exactly is awaited as any other (here cut short: the 408)."""
+    exact = "the request body stopped: none of it came for 1 s (--read-timeout)"
+    for chunk, status, message in (
+        (size, b"413 Request Entity Too Large", f"the request body is over {MAX_BODY_BYTES} bytes"),
+        (b"%x" % MAX_BODY_BYTES, b"408 Request Timeout", exact),
+    ):
+        before = impatient.log().splitlines()
+        head, body = exchange(
+            impatient, POST_JSON + CHUNKED.removeprefix(b"Host: HOST\r\n") + chunk + b"\r\n"
+        )
+        assert head[0] == b"HTTP/1.1 " + status and b"connection: close" in head, head
+        assert json.loads(body)["error"]["message"] == message
+        logged = impatient.log().splitlines()[len(before) :]
+        assert logged in (
+            [f"error: {status.split()[0].decode()}: {message}"],
+            [f"error: POST {CHAT} 408: {message}"],
+        )
+    assert post(impatient, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
+
+
+def test_a_chunk_that_breaks_while_its_body_is_read_is_one_log_line(server: Server) -> None:
+    """The 400 of a broken chunk had been followed in the log by "the client went away while sending its
+    body", which it had not: the server closed the connection on it."""
+    before = server.log().splitlines()
+    head, body = exchange(
+        server, POST_JSON + CHUNKED.removeprefix(b"Host: HOST\r\n") + b'5\r\n{"mes\r\nzz\r\n'
+    )
+    assert head[0] == b"HTTP/1.1 400 Bad Request"
+    assert json.loads(body)["error"]["message"] == BROKEN_CHUNK
+    wait_until(lambda: len(server.log().splitlines()) > len(before), 30)
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # after what it logs
+    errors = [line for line in server.log().splitlines()[len(before) :] if line.startswith("error")]
+    assert errors == [f"error: 400: {BROKEN_CHUNK}"]
+
+
+def head_of(size: int, host: str) -> bytes:
+    """A request line and headers of exactly ``size`` bytes, the blank line that ends them included."""
+    start = f"GET /health HTTP/1.1\r\nHost: {host}\r\nX-Filler: ".encode()
+    end = b"\r\nConnection: close\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+@pytest.mark.parametrize("pieces", [1, 7])
+def test_the_head_limit_is_exact_however_the_head_arrives(server: Server, pieces: int) -> None:
+    """16 KiB of request line and headers, the blank line included, is served; a byte more is the 431,
+    whether the head comes in one read or in several (h11 had held an unended head to one byte more, the
+    whole one to an estimate some bytes short), alone or behind a request in the same write."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    first = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    for size, status in ((MAX_HEAD_BYTES, b"200"), (MAX_HEAD_BYTES + 1, b"431")):
+        for pipelined in (b"", first):
+            data = pipelined + head_of(size, f"{host}:{port}")
+            with socket.create_connection((host, int(port)), timeout=60) as raw:
+                cuts = range(0, len(data), -(-len(data) // pieces))
+                for at in cuts:
+                    with contextlib.suppress(OSError):  # a 431 may close the connection before the rest
+                        raw.sendall(data[at : at + -(-len(data) // pieces)])
+                    time.sleep(0.05 if pieces > 1 else 0)  # apart, so that the server reads them apart
+                answer = b""
+                with contextlib.suppress(OSError):
+                    while chunk := raw.recv(65536):
+                        answer += chunk
+            statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", answer)  # one answer after another
+            assert statuses == ([b"200"] if pipelined else []) + [status], (size, pipelined, answer[-300:])
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
+
+
 def test_a_whole_head_past_the_limit_is_a_431_too(server: Server) -> None:
     """Headers past 16 KiB that arrive whole, in one read: h11 holds to its limit only a head whose end
     it has not seen, so a 20 KiB one sent at once had been answered as any request (its 431 depended on
@@ -819,7 +897,7 @@ def test_a_whole_head_past_the_limit_is_a_431_too(server: Server) -> None:
     assert head[0] == b"HTTP/1.1 431 Request Header Fields Too Large"
     error = json.loads(body)["error"]
     assert error["code"] == "headers_too_large" and "16 KiB" in error["message"], error
-    assert server.log().splitlines()[len(before) :] == [f"error: GET /health 431: {error['message']}"]
+    assert server.log().splitlines()[len(before) :] == [f"error: 431: {error['message']}"]  # as unended
     fits = (b"X-Filler: " + b"a" * 1000 + b"\r\n") * 12
     head, _ = exchange(
         server, b"GET /health HTTP/1.1\r\nHost: HOST\r\nConnection: close\r\n" + fits + b"\r\n"

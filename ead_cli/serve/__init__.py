@@ -25,7 +25,6 @@ from ..errors import EadError, quoted
 from ..runner import Runner
 from .app import (
     MAX_BODY_BYTES,
-    MAX_HEAD_BYTES,
     MODEL_ID,
     PAGE_ORIGIN,
     Defaults,
@@ -148,8 +147,7 @@ def serve(
     AppStatus.disable_automatic_graceful_drain()
     config = uvicorn.Config(
         app,
-        http=http_protocol(say, options.read_timeout),  # h11 wherever httptools is installed too
-        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        http=http_protocol(say, options.read_timeout, MAX_BODY_BYTES),  # h11 wherever httptools is too
         log_level="warning",
         access_log=False,
         lifespan="off",

@@ -76,7 +76,9 @@ MODEL_ID = (
     "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
 )
 MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
-MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this: a 431
+MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this (the blank line after them counted): 431
+# Set in a request's scope by the protocol that answered it itself (a broken body): its app is cut off.
+REFUSED_BY_PROTOCOL = "ead.refused_by_protocol"
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
 # The page in no other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which
@@ -97,10 +99,10 @@ class Defaults:
 class Guard:
     """The app's outermost layer. A loopback server answers only requests that name it in ``Host`` (a
     DNS-rebinding page names its own domain) and, from a web page, only those whose ``Origin`` is the
-    server itself or a ``--cors-origin``; a request line and headers over ``MAX_HEAD_BYTES`` are refused
-    (431), a body over ``limit`` bytes (413) before it is read whole, chunked or not, and one that stops
-    coming for the read timeout (408); whatever fails unforeseen is OpenAI's error object (500) and one
-    log line."""
+    server itself or a ``--cors-origin``; a body over ``limit`` bytes is refused (413) before it is read
+    whole, chunked or not, and one that stops coming for the read timeout (408); whatever fails
+    unforeseen is OpenAI's error object (500) and one log line. (What h11 reads, the head's size
+    included, the protocol checks: ``http_protocol``.)"""
 
     def __init__(
         self, app: Any, options: ServeOptions, limit: int, log: Log, stopping: Callable[[], bool]
@@ -113,11 +115,20 @@ class Guard:
             return await self.app(scope, receive, send)
         where = _request_line(scope["method"], scope["path"])
         headers = Headers(scope=scope)
-        refusal = self._refusal(scope, headers)
+        seen, whole = 0, False
+        started, streaming = False, False
+
+        async def watched(message: dict) -> None:
+            nonlocal started, streaming
+            if message["type"] == "http.response.start":
+                started = True
+                streaming = Headers(raw=message["headers"]).get("content-type", "").startswith(SSE)
+            await send(message)
+
+        refusal = self._refusal(headers)
         if refusal is not None:
             self.log(f"error: {where} {refusal.status}: {refusal.message}")  # Origin, Host, size
-            return await refusal.response()(scope, receive, send)
-        seen, whole = 0, False
+            return await refusal.response()(scope, receive, watched)
 
         async def counted() -> dict:
             """The body's next part, each within the read timeout (a client that stopped sending it had held
@@ -135,15 +146,6 @@ class Guard:
             whole = not message.get("more_body", False)
             return message
 
-        started, streaming = False, False
-
-        async def watched(message: dict) -> None:
-            nonlocal started, streaming
-            if message["type"] == "http.response.start":
-                started = True
-                streaming = Headers(raw=message["headers"]).get("content-type", "").startswith(SSE)
-            await send(message)
-
         try:
             return await self.app(scope, counted, watched)
         except asyncio.CancelledError:  # a stream's client left, or a forced stop (its timeout, a second
@@ -157,8 +159,9 @@ class Guard:
                 event = f"data: {json.dumps({'error': cut.body()})}\r\n\r\n".encode()
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             return None
-        except ClientDisconnect:  # it left while sending its body: nobody to answer
-            self.log(f"error: {where}: the client went away while sending its body")
+        except ClientDisconnect:  # it left while sending its body (or the protocol refused the body, and
+            if not scope.get(REFUSED_BY_PROTOCOL):  # said so): nobody to answer
+                self.log(f"error: {where}: the client went away while sending its body")
         except SendTimeoutError:
             self.log(f"error: {where}: the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped")
         except Exception as error:  # after the app's own handler answered it (below): one line here
@@ -174,11 +177,9 @@ class Guard:
         return ApiError(408, f"the request body stopped: {late}", code="request_timeout", headers=headers)
 
     def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
+        return _body_too_large(self.limit)
 
-    def _refusal(self, scope: dict, headers: Headers) -> ApiError | None:
-        if _head_bytes(scope) > MAX_HEAD_BYTES:  # one that came whole: h11 bounds only an unended head
-            return _head_too_large()
+    def _refusal(self, headers: Headers) -> ApiError | None:
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.limit:
             return self._too_large()
@@ -210,17 +211,54 @@ class Guard:
         )
 
 
-def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
+class _CheckedConnection(h11.Connection):
+    """h11's server side, refusing besides what h11 refuses (as h11 does, a ``RemoteProtocolError`` whose
+    ``error_status_hint`` is the status): a request line and headers over ``MAX_HEAD_BYTES``, counted
+    exactly as they came (the blank line that ends them included), in one read or many; a request with
+    both Transfer-Encoding and Content-Length (a request-smuggling shape, RFC 9112 §6.1); and a chunk
+    whose size line alone passes ``body_limit``, when that line comes (its bytes had been awaited)."""
+
+    def __init__(self, body_limit: int) -> None:
+        # an unended head of MAX_HEAD_BYTES is over it once whole: h11 refuses a buffer past its bound
+        super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES - 1)
+        self.body_limit = body_limit
+
+    def next_event(self) -> Any:
+        unread = len(self.trailing_data[0]) if self.their_state is h11.IDLE else 0
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            if unread - len(self.trailing_data[0]) > MAX_HEAD_BYTES:
+                raise h11.RemoteProtocolError("head too large", error_status_hint=431)
+            names = {name for name, _ in event.headers}  # lower case: h11's
+            if {b"transfer-encoding", b"content-length"} <= names:
+                raise h11.RemoteProtocolError("Transfer-Encoding and Content-Length together")
+        elif self.their_state is h11.SEND_BODY:
+            # the bytes of the chunk under way that h11 has yet to hand on (its reader's count: h11 says
+            # nothing of a chunk's size), with those of its first part, handed on now
+            chunk = getattr(self._reader, "_bytes_in_chunk", 0)
+            if isinstance(event, h11.Data) and event.chunk_start:
+                chunk += len(event.data)
+            if chunk > self.body_limit:
+                raise h11.RemoteProtocolError("chunk too large", error_status_hint=413)
+        return event
+
+
+def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol, except that a request it cannot parse (a Content-Length of "abc", a bad
     request line or header) is answered as every other 400 is, with OpenAI's error object and one log
-    line, not uvicorn's plain text (which an OpenAI client cannot read), and a head past h11's buffer
-    with a 431 that says so; a request line and headers not whole within ``read_timeout`` seconds (of the
+    line, not uvicorn's plain text (which an OpenAI client cannot read), a head past ``MAX_HEAD_BYTES``
+    with a 431 that says so and a chunk past ``body_limit`` with the 413 (``_CheckedConnection``); a
+    request line and headers not whole within ``read_timeout`` seconds (of the
     connection, of their first byte after an answer, or of the answer a pipelined one began before) are
     a 408, and a connection that sent nothing by then is closed (uvicorn times out only the wait between
     requests: a client that sent a byte a minute held its connection forever); an Upgrade is ignored."""
 
     class Protocol(H11Protocol):
         head_timer: asyncio.TimerHandle | None = None  # while a request's head is awaited
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = _CheckedConnection(body_limit)
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)  # type: ignore[arg-type]
@@ -267,13 +305,17 @@ def http_protocol(log: Log, read_timeout: float) -> type[H11Protocol]:
 
         def send_400_response(self, msg: str) -> None:
             failure = sys.exc_info()[1]  # uvicorn calls this from its handler of h11's complaint
-            if getattr(failure, "error_status_hint", 400) == 431:  # h11's buffer full, the head unended
+            status = getattr(failure, "error_status_hint", 400)
+            if status == 431:
                 error = _head_too_large()
+            elif status == 413:
+                error = _body_too_large(body_limit)
             else:
                 reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes what it refuses
                 error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
             if self.cycle is not None:  # its app answers nobody now (h11 would refuse the answer: a 500)
                 self.cycle.disconnected = True
+                self.scope[REFUSED_BY_PROTOCOL] = True  # the Guard's "went away" would be untrue
             if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # a body refused unread, then
                 log(f"error: {error.message}: the connection is closed")  # broken: its answer went out
                 self.transport.close()
@@ -307,10 +349,10 @@ def _head_too_large() -> ApiError:
     return ApiError(431, message, code="headers_too_large")
 
 
-def _head_bytes(scope: dict) -> int:
-    """About the size of a request's line and headers as sent: method, target, and each header line."""
-    target = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
-    return len(scope["method"]) + target + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+def _body_too_large(limit: int) -> ApiError:
+    """The 413 of a body past ``limit``: declared, counted as it comes (the Guard), or one chunk's size
+    (the protocol)."""
+    return ApiError(413, f"the request body is over {limit} bytes", code="body_too_large")
 
 
 def _request_line(method: str, path: str) -> str:
