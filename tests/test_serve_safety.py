@@ -363,6 +363,9 @@ def test_a_page_elsewhere_cannot_drive_a_loopback_server(
         assert put.json()["error"]["message"] == f"Invalid method for URL (PUT {CHAT}): it takes POST"
         cors = post(server, CHAT, body, headers={"Origin": allowed})
         assert cors.status_code == 200 and cors.headers["access-control-allow-origin"] == allowed
+        head, _ = exchange(server, b"OPTIONS * HTTP/1.1\r\nHost: HOST\r\nOrigin: " + allowed.encode() + CLOSE)
+        assert head[0] == b"HTTP/1.1 204 No Content"
+        assert f"access-control-allow-origin: {allowed}".encode() in head
         assert server.stop() == 0
     assert "Traceback" not in server.log()
 
@@ -634,6 +637,52 @@ def test_a_request_that_is_not_http_gets_openais_error_object(
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
+CLOSE = b"\r\nConnection: close\r\n\r\n"
+
+
+def test_an_absolute_form_target_is_served_as_its_path_its_authority_the_host(server: Server) -> None:
+    """RFC 9112 §3.2.2: a server MUST accept a request target in absolute-form (what a client sends a proxy);
+    it had been a 404 naming "/http://...". Its authority, not the Host header, names the server (the RFC
+    says to ignore Host then): a DNS-rebinding name there is refused as it is in Host."""
+    head, body = exchange(server, b"GET http://HOST/v1/models?x=1 HTTP/1.1\r\nHost: HOST" + CLOSE)
+    assert head[0] == b"HTTP/1.1 200 OK" and json.loads(body)["data"][0]["id"] == "ead"
+    head, body = exchange(server, b"GET http://evil.example/health HTTP/1.1\r\nHost: HOST" + CLOSE)
+    assert head[0] == b"HTTP/1.1 403 Forbidden" and json.loads(body)["error"]["code"] == "invalid_host"
+    before = server.log().splitlines()
+    head, body = exchange(server, b"GET http://HOST HTTP/1.1\r\nHost: HOST" + CLOSE)  # no path: "/"
+    assert head[0] == b"HTTP/1.1 200 OK" and body.startswith(b"<!doctype html>")
+    assert server.log().splitlines()[len(before) :] == []
+
+
+def test_options_asterisk_names_the_methods_served_and_other_targets_are_a_400(server: Server) -> None:
+    """``OPTIONS *`` (the server as a whole, RFC 9110 §9.3.7) had been a 404 naming "/*"; the asterisk with
+    another method, and a target that is neither a path, an http URL nor the asterisk, are no request
+    this server can route: a 400 that says so, not a 404 that names a path never asked for."""
+    for target in (b"*", b"http://HOST"):  # an absolute URL without a path asks OPTIONS of the server too
+        head, body = exchange(server, b"OPTIONS " + target + b" HTTP/1.1\r\nHost: HOST" + CLOSE)
+        assert head[0] == b"HTTP/1.1 204 No Content" and body == b""
+        assert b"allow: GET, HEAD, OPTIONS, POST" in head
+    for request, target in (
+        (b"GET *", "'*'"),
+        (b"GET health", "'health'"),
+        (b"GET ftp://x/y", "'ftp://x/y'"),
+    ):
+        before = server.log().splitlines()
+        head, body = exchange(server, request + b" HTTP/1.1\r\nHost: HOST" + CLOSE)
+        assert head[0] == b"HTTP/1.1 400 Bad Request"
+        message = (
+            f"the request target {target} is not a path (/v1/...), an http URL, nor * (of OPTIONS alone)"
+        )
+        assert json.loads(body)["error"] == {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_http",
+        }
+        method, path = request.decode().split(" ")
+        assert server.log().splitlines()[len(before) :] == [f"error: {method} {path} 400: {message}"]
+
+
 CHUNKED = b"Host: HOST\r\nTransfer-Encoding: chunked\r\n\r\n"
 BROKEN_CHUNK = "the request is not valid HTTP: illegal chunk header: bytearray(b'zz\\r\\n')"
 
@@ -851,6 +900,23 @@ def test_a_chunk_that_breaks_while_its_body_is_read_is_one_log_line(server: Serv
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # after what it logs
     errors = [line for line in server.log().splitlines()[len(before) :] if line.startswith("error")]
     assert errors == [f"error: 400: {BROKEN_CHUNK}"]
+
+
+def test_a_request_refused_before_its_100_continue_closes_its_connection(server: Server) -> None:
+    """A client that asked ``Expect: 100-continue`` and got a refusal instead may send no body; the next
+    request it sent on the connection had been read as that body (and never answered): the refusal says
+    ``Connection: close`` and the connection is closed (RFC 9110 §10.1.1)."""
+    asks = b"Expect: 100-continue\r\nContent-Length: 50\r\n\r\n"
+    head, body = exchange(server, POST_JSON.replace(b"application/json", b"text/plain") + asks)
+    assert head[0] == b"HTTP/1.1 415 Unsupported Media Type" and b"connection: close" in head, head
+    assert json.loads(body)["error"]["code"] == "unsupported_media_type"
+    asks = b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1)
+    head, body = exchange(server, POST_JSON + asks)
+    assert head[0] == b"HTTP/1.1 413 Request Entity Too Large" and b"connection: close" in head, head
+    body = json.dumps({"messages": HI, "max_tokens": 2}).encode()
+    asks = b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+    head, answer = exchange(server, POST_JSON + asks + body)  # taken: the 100 first, then the answer
+    assert head == [b"HTTP/1.1 100 Continue"] and answer.startswith(b"HTTP/1.1 200 OK"), head
 
 
 def head_of(size: int, host: str) -> bytes:

@@ -99,10 +99,11 @@ class Defaults:
 class Guard:
     """The app's outermost layer. A loopback server answers only requests that name it in ``Host`` (a
     DNS-rebinding page names its own domain) and, from a web page, only those whose ``Origin`` is the
-    server itself or a ``--cors-origin``; a body over ``limit`` bytes is refused (413) before it is read
-    whole, chunked or not, and one that stops coming for the read timeout (408); whatever fails
-    unforeseen is OpenAI's error object (500) and one log line. (What h11 reads, the head's size
-    included, the protocol checks: ``http_protocol``.)"""
+    server itself or a ``--cors-origin``; a target in absolute-form is served as its path; a body over
+    ``limit`` bytes is refused (413) before it is read whole, chunked or not, and one that stops coming
+    for the read timeout (408); an answer to a client still waiting for its 100 Continue closes the
+    connection; whatever fails unforeseen is OpenAI's error object (500) and one log line. (What h11
+    reads, the head's size included, the protocol checks: ``http_protocol``.)"""
 
     def __init__(
         self, app: Any, options: ServeOptions, limit: int, log: Log, stopping: Callable[[], bool]
@@ -114,8 +115,12 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         where = _request_line(scope["method"], scope["path"])
+        refusal = _in_origin_form(scope)
         headers = Headers(scope=scope)
-        seen, whole = 0, False
+        # A client that waits for a 100 Continue (uvicorn sends it when the body is first asked for) may
+        # send no body after an answer without one: its next request would be read as that body.
+        continuing = headers.get("expect", "").lower() == "100-continue"
+        seen, whole, asked = 0, False, False
         started, streaming = False, False
 
         async def watched(message: dict) -> None:
@@ -123,9 +128,11 @@ class Guard:
             if message["type"] == "http.response.start":
                 started = True
                 streaming = Headers(raw=message["headers"]).get("content-type", "").startswith(SSE)
+                if continuing and not asked:
+                    message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
             await send(message)
 
-        refusal = self._refusal(headers)
+        refusal = refusal or self._refusal(headers)
         if refusal is not None:
             self.log(f"error: {where} {refusal.status}: {refusal.message}")  # Origin, Host, size
             return await refusal.response()(scope, receive, watched)
@@ -133,7 +140,8 @@ class Guard:
         async def counted() -> dict:
             """The body's next part, each within the read timeout (a client that stopped sending it had held
             its connection forever), counted against the limit; then whatever comes (a disconnect)."""
-            nonlocal seen, whole
+            nonlocal seen, whole, asked
+            asked = True
             if whole:
                 return await receive()
             try:
@@ -355,6 +363,34 @@ def _body_too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body is over {limit} bytes", code="body_too_large")
 
 
+def _in_origin_form(scope: dict) -> ApiError | None:
+    """A request target in absolute-form (``GET http://host/v1/models``: what a client sends a proxy, which
+    a server must take, RFC 9112 §3.2.2) made the path it names, its authority the ``Host`` (the RFC has
+    the received one ignored), in ``scope``; a target that is no path, no http URL and no ``*`` (OPTIONS's
+    alone: the app answers it) is a 400 (it had been a 404 naming "/" and the target)."""
+    target = scope["raw_path"]
+    if target.startswith(b"/") or (target == b"*" and scope["method"] == "OPTIONS"):
+        return None
+    try:
+        url = urllib.parse.urlsplit(target.decode("ascii"))
+    except ValueError:  # a bracket left open in its authority
+        url = None
+    if url is None or url.scheme.lower() not in ("http", "https") or not url.netloc or "@" in url.netloc:
+        message = (
+            f"the request target {quoted(scope['path'])} is not a path (/v1/...), an http URL, "
+            "nor * (of OPTIONS alone)"
+        )
+        return ApiError(400, message, code="invalid_http")
+    path = url.path or ("*" if scope["method"] == "OPTIONS" else "/")  # RFC 9112 §3.2.4
+    host = [(b"host", url.netloc.encode())]
+    scope.update(
+        path=urllib.parse.unquote(path),
+        raw_path=path.encode(),
+        headers=[(name, value) for name, value in scope["headers"] if name != b"host"] + host,
+    )
+    return None
+
+
 def _request_line(method: str, path: str) -> str:
     """A request's method and path as its log lines name it: a client's text, escaped, and cut past a
     readable length (a 10 kB path had been written whole into each line)."""
@@ -369,6 +405,12 @@ def _served(app: FastAPI) -> str:
         for route in app.routes
         if isinstance(route, APIRoute) and route.include_in_schema
     )
+
+
+def _methods(app: FastAPI) -> str:
+    """Every method the server answers (OPTIONS, ``OPTIONS *``'s, too), as an ``Allow`` names them."""
+    methods = {"OPTIONS"}.union(*(route.methods for route in app.routes if isinstance(route, APIRoute)))
+    return ", ".join(sorted(methods))
 
 
 def _names_loopback(host: str) -> bool:
@@ -426,6 +468,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         """Routing's refusals as OpenAI words them, "Invalid URL (POST /v1/x)", with what is served: the
         path not served (404) and the method a path does not take (405, its Allow kept) had been
         Starlette's bare "Not Found" and "Method Not Allowed", which named neither."""
+        if error.status_code == 404 and request.scope["path"] == "*":  # OPTIONS *, the Guard's one asterisk:
+            # the server as a whole (RFC 9110 §9.3.7), no route: the methods it serves, with CORS headers
+            # where --cors-origin gives them (this handler is inside the CORS middleware)
+            return Response(status_code=204, headers={"Allow": _methods(app)})
         asked = _request_line(request.method, request.url.path)
         headers = dict(error.headers) if error.headers else None  # a 405's Allow
         if error.status_code == 404:
