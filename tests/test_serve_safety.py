@@ -1146,6 +1146,29 @@ def test_a_reader_that_stalls_loses_its_answer_and_frees_the_engine_with_one_lin
     assert not [line for line in new if line.startswith(("ERROR", "WARNING"))], new  # uvicorn's own
 
 
+def test_a_reader_that_stalls_holds_the_engine_no_longer_than_its_generation(server: Server) -> None:
+    """A streaming client that reads nothing (its window full): the engine hands each token to the
+    request's queue without waiting on the client, so it generates the answer whole and is free, and
+    the next request is served, while the stalled stream is still open and unwritten (its send timeout
+    has yet to drop it). Were the engine held by the client, it would be stopped by that timeout."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    before = len(server.log().splitlines())
+    with socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        # 20 alternatives a token, some 3 kB a chunk: 9 MB, past the server's 4 MiB send buffer and more
+        body = b'{"prompt": "hi", "max_tokens": 3000, "logprobs": 20, "stream": true}'
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        stalled.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)  # then reads nothing
+        wait_until(lambda: generating(server), 60)
+        wait_until(lambda: not generating(server), 300)
+        served = post(server, CHAT, {"messages": HI, "max_tokens": 2})
+        assert served.status_code == 200
+        new = server.log().splitlines()[before:]
+        assert len(new) == 1 and new[0].startswith("POST /v1/chat/completions 200: 2 tokens"), new
+    # the stalled answer was not written whole (its line comes at its end), nor cut short
+
+
 def test_a_stop_past_its_timeout_cuts_requests_off_with_a_503_that_says_so(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
