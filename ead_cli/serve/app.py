@@ -351,8 +351,8 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
 
 
 def _head_too_large() -> ApiError:
-    """The 431 of a request line and headers past ``MAX_HEAD_BYTES``, however they came (whole: the Guard;
-    unended in h11's buffer: the protocol)."""
+    """The 431 of a request line and headers past ``MAX_HEAD_BYTES``, however they came (unended in h11's
+    buffer, or counted whole by ``_CheckedConnection``)."""
     message = f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB"
     return ApiError(431, message, code="headers_too_large")
 
