@@ -951,6 +951,35 @@ def test_the_head_limit_is_exact_however_the_head_arrives(server: Server, pieces
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
 
 
+def test_the_rest_of_a_body_answered_unread_must_come_within_the_read_timeout(impatient: Server) -> None:
+    """A request answered before its body is read (a 404, a 413 by its Content-Length): uvicorn reads the
+    rest of the body and drops it, and a client that sent it a byte at a time had held the connection
+    forever (the 408 of a body cut short is the app's, which has answered): it is closed once the rest
+    has not all come within --read-timeout. One that sends the rest at once keeps its connection."""
+    host, port = impatient.url.removeprefix("http://").rsplit(":", 1)
+    head = f"POST /v1/nothing HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port)), timeout=60) as trickling:
+        trickling.sendall(f"{head}Content-Length: 1000\r\n\r\n".encode())
+        answer = b""
+        while not answer.endswith(b"}}"):
+            answer += trickling.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 404 Not Found")
+        closed = False
+        for _ in range(100):  # 30 s of a byte each 0.3 s, 30 times the read timeout
+            time.sleep(0.3)
+            with contextlib.suppress(OSError):
+                trickling.sendall(b"x")
+            if select.select([trickling], [], [], 0)[0]:
+                closed = trickling.recv(65536) == b""
+                break
+        assert closed
+    with socket.create_connection((host, int(port)), timeout=60) as prompt:
+        prompt.sendall(f"{head}Content-Length: 5\r\n\r\nhello".encode())
+        prompt.sendall(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+        statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", read_to_close(prompt))
+    assert statuses == [b"404", b"200"]
+
+
 def test_a_whole_head_past_the_limit_is_a_431_too(server: Server) -> None:
     """Headers past 16 KiB that arrive whole, in one read: h11 holds to its limit only a head whose end
     it has not seen, so a 20 KiB one sent at once had been answered as any request (its 431 depended on

@@ -282,11 +282,21 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
 
         def on_response_complete(self) -> None:
             """A pipelined request's head begun before this answer is timed from it, as one begun after:
-            uvicorn's keep-alive timer had closed its connection without a word."""
+            uvicorn's keep-alive timer had closed its connection without a word. The rest of a body the
+            answer did not read (a 404, a 413 by its Content-Length), which uvicorn reads and drops, must
+            come within the read timeout, or the connection is closed: the app that timed the body has
+            answered, and a client that sent it a byte at a time had held the connection forever."""
             super().on_response_complete()
             if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
                 self._unset_keepalive_if_required()
                 self._await_head()
+            elif self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                answered = self.cycle
+                self.loop.call_later(read_timeout, lambda: self._close_if_unread(answered))
+
+        def _close_if_unread(self, answered: object) -> None:
+            if self.cycle is answered and self.conn.their_state is h11.SEND_BODY:
+                self.transport.close()
 
         def _await_head(self) -> None:
             """The head timer running while h11 awaits a request (its line and headers not whole), from the
