@@ -611,6 +611,24 @@ def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Pa
     assert sorted(path.name for path in tmp_path.iterdir()) == ["my chat.json", "our chat.json"]
 
 
+def test_a_save_name_that_names_a_folder_writes_no_file_in_its_place(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """/save notes/ (a folder not made yet) had written a file named 'notes', and /save chat.json/ had
+    overwritten chat.json: the name lost its trailing / (or /.) on its way to a path. A name that ends
+    as a folder's is refused in the words of a folder that exists (a shell's '> notes/'), writing nothing."""
+    existing = tmp_path / "chat.json"
+    existing.write_text("kept", encoding="utf-8")
+    names = [f"{tmp_path}/notes/", f"{tmp_path}/notes/.", f"{existing}/"]
+    result = pipe(tiny_pair, "".join(f"/save {name}\n" for name in names).encode())
+    assert result.returncode == 1
+    assert result.stderr.decode().splitlines() == [
+        f"error: cannot write {name}: Is a directory" for name in names
+    ]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["chat.json"]
+    assert existing.read_text(encoding="utf-8") == "kept"
+
+
 def test_sigterm_at_the_prompt_says_so_on_a_line_of_its_own(spawn) -> None:
     """SIGTERM while a line is read (at >>> with words typed, at ... inside a block): the error had been
     glued to the prompt's line (">>> typederror: terminated")."""

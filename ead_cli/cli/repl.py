@@ -8,6 +8,7 @@ errors) to stderr.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import shlex
@@ -313,7 +314,8 @@ class Repl:
         self.note("new conversation")
 
     def _save(self, argument: str) -> None:
-        """One file name, split as a shell splits it: '/save chat.json now' must not write 'chat.json now'."""
+        """One file name, split as a shell splits it: '/save chat.json now' must not write 'chat.json now';
+        a name ending as a folder's ('notes/') is refused, not written as the file 'notes'."""
         try:
             names = shlex.split(argument)
         except ValueError as error:  # a quote left open, a backslash at the end
@@ -325,6 +327,8 @@ class Repl:
         name = "".join(names)
         if not name:  # nothing, or "" (which would name the current folder)
             raise EadError("/save takes a file name")
+        if os.path.basename(name) in ("", "."):  # a Path drops its / (or /.): it would write a file there
+            raise EadError(f"cannot write {name}: {os.strerror(errno.EISDIR)}")  # as a shell says it
         path = expand_home(name, f"cannot write {name}")
         self.conversation.save(path)
         self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {path}")
