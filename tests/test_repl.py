@@ -586,6 +586,36 @@ def test_a_command_that_takes_no_argument_refuses_words_and_does_nothing(
     assert any(line.startswith("session: 1 answer · 4 tokens · ") for line in lines)
 
 
+def test_an_unknown_command_names_the_one_a_near_miss_or_another_chats_spelling_meant(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """A typo (/hlep), another case (/EXIT), an = for a space (/tau=2) and what ollama's users type
+    (/bye, /?, /clear) had each been only 'unknown command': the line names the command meant. A
+    space after the / had run the command after it (/ reset reset the conversation) and echoed a name
+    no one typed (/ hello: '/hello'): the name is what follows the / at once."""
+    meant = {
+        "/hlep": "/help",
+        "/EXIT": "/exit",
+        "/tau=2": "/tau",
+        "/max_tokens 3": "/max-tokens",
+        "/bye": "/exit",
+        "/quit": "/exit",
+        "/?": "/help",
+        "/clear": "/reset",
+    }
+    unknown = ["/frobnicate", "/ reset", "/ hello", "/"]
+    typed = "".join(f"{line}\n" for line in [*meant, *unknown])
+    result = pipe(tiny_pair, f"hi\n{typed}/stats\n".encode())
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines()
+    said = [f"(did you mean {name}?)" for name in meant.values()] + ["(/help lists the commands)"] * 4
+    assert lines[1:13] == [
+        f"error: unknown command {quoted(line.split()[0])} {hint}"
+        for line, hint in zip([*meant, *unknown], said, strict=True)
+    ]
+    assert lines[13] == "last answer:"  # nothing ran: the conversation was not reset, the chat went on
+
+
 def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """/save chat.json now had written a file named 'chat.json now': two words are refused, a name with
     spaces is quoted (or its spaces escaped), and a quote left open or an empty name is one line."""

@@ -8,9 +8,11 @@ errors) to stderr.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import io
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -37,6 +39,8 @@ MORE = "... "
 FENCE = '"""'
 ESCAPE = "//"  # a line's start that sends the rest, from its /, as a message
 RESET_HINT = "/reset starts a new conversation"
+# what other REPLs (ollama's /bye, /?, /clear) and habit (/quit, /q) call a command here: a hint
+OTHER_CHATS = {"bye": "exit", "quit": "exit", "q": "exit", "?": "help", "clear": "reset"}
 ReadLine = Callable[[str], str]
 
 
@@ -200,9 +204,12 @@ class Repl:
         return True
 
     def _command(self, line: str) -> bool:
-        name, argument = (*line[1:].split(maxsplit=1), "", "")[:2]  # any whitespace after the name
+        # the name is what follows the / at once ('/ reset' is no /reset); any whitespace after it
+        name, argument = (*re.split(r"\s+", line[1:], maxsplit=1), "")[:2]
         if name not in self.commands:
-            self.error(f"unknown command {quoted('/' + name)} (/help lists the commands)")
+            meant = self._meant(name)
+            hint = f"did you mean /{meant}?" if meant else "/help lists the commands"
+            self.error(f"unknown command {quoted('/' + name)} ({hint})")
             return True
         handler, usage, _ = self.commands[name]
         if argument and not usage:  # refused, not dropped: /reset now must not pass for /reset
@@ -258,6 +265,14 @@ class Repl:
         if conversation.full:
             used = f"{len(conversation.tokens)} of {conversation.n_ctx} tokens"
             self.note(f"the context is full ({used}): {RESET_HINT}")
+
+    def _meant(self, name: str) -> str | None:
+        """The command an unknown name likely meant: a near miss (/hlep, /EXIT, /tau=2), or another REPL's
+        spelling (/bye, /?, /clear); None where none is close."""
+        name = name.lower()
+        if name in OTHER_CHATS:
+            return OTHER_CHATS[name]
+        return next(iter(difflib.get_close_matches(name, self.commands, n=1)), None)
 
     def _configure(
         self, policy: PolicyOptions | None = None, generation: GenerationOptions | None = None
