@@ -154,7 +154,7 @@ class Policy(ABC):
         self.levels = len(taus) + 1  # the models, from 0 (smallest) to levels - 1
         self._level = start  # the model whose entropy was observed last
         self._window: deque[float] = deque(maxlen=window)
-        self._window_sum = 0.0
+        self._rolling = 0.0
         self._taus = taus
         self._adaptive = AdaptiveTau(taus[0], *tau_range) if taus and tau_range else None
 
@@ -171,18 +171,20 @@ class Policy(ABC):
     @property
     def rolling(self) -> float:
         """Mean of the last ``window`` entropies; before the window fills, of those seen so far."""
-        return self._window_sum / len(self._window) if self._window else 0.0
+        return self._rolling
+
+    def _average(self) -> None:
+        """The window's mean summed anew (math.fsum, correctly rounded) at each step: a running sum drifted
+        by the values that left it, so a tie with tau (0, 2, 1 against 1) fell under it."""
+        self._rolling = math.fsum(self._window) / len(self._window)
 
     def observe(self, entropy: float) -> int:
         """Take the entropy of the active model at this step; return the model that writes the token."""
         self._level = self.active
         first = not self.escalating  # the step's first entropy; a cascade's chained ones stay out
         if first:
-            window = self._window
-            if len(window) == window.maxlen:
-                self._window_sum -= window[0]
-            window.append(entropy)
-            self._window_sum += entropy
+            self._window.append(entropy)
+            self._average()
         writer, self.active = self._step(entropy, self.active)
         if self._adaptive and first:
             self._adaptive.update(entropy)
@@ -191,9 +193,8 @@ class Policy(ABC):
     def amend(self, entropy: float) -> None:
         """Put the measured entropy in place of the stand-in observed last, where ``settled`` held for
         every value (its decisions stay; the rolling mean shown becomes the measured one)."""
-        window = self._window
-        self._window_sum += entropy - window[-1]
-        window[-1] = entropy
+        self._window[-1] = entropy
+        self._average()
 
     @property
     def may_settle(self) -> bool:

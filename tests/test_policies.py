@@ -1,5 +1,7 @@
 """Policies are pure state machines: every rule and edge case on hand-written entropy sequences."""
 
+import itertools
+import math
 import random
 
 import pytest
@@ -422,3 +424,101 @@ def test_a_settled_step_decides_alike_for_any_entropy_in_its_range(name: str) ->
     else:
         assert settled_steps > 300
         assert exact.may_settle
+
+
+def random_entropies(rng: random.Random, steps: int) -> list[float]:
+    """Stretches of calm and of uncertain steps, with ties at the thresholds the tests below use."""
+    entropies: list[float] = []
+    while len(entropies) < steps:
+        level = rng.choice((0.0, 0.2, 0.5, 1.0, 2.0, 4.0))
+        entropies += [level * rng.choice((0.5, 1.0, 1.0, 1.5)) for _ in range(rng.randint(1, 15))]
+    return entropies[:steps]
+
+
+def mean_of_last(seen: list[float], window: int) -> float:
+    """The mean of the last ``window`` values (of all, before as many), correctly rounded: a tie with tau
+    must be a tie whatever entropies went through the window before."""
+    return math.fsum(seen[-window:]) / len(seen[-window:])
+
+
+def runs(writers: list[int]) -> list[int]:
+    """The lengths of the stretches one model writes without a break."""
+    return [len(list(stretch)) for _, stretch in itertools.groupby(writers)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_ead_follows_the_documented_rule_on_random_entropies(seed: int) -> None:
+    """docs/switching.md's rule, restated plainly and run beside the policy: the mean H of the last w
+    entropies (of the steps seen, before w) and c, the steps since the last switch (from 0 on the small
+    model): large if H >= tau and c >= d_min, small if H < tau and c >= d_min, else keep; 'before': the
+    model switched to writes the trigger token, 'after': from the next one."""
+    rng = random.Random(seed)
+    tau, window, min_run = rng.choice((0.2, 0.5, 1.0, 2.0)), rng.randint(1, 8), rng.randint(0, 12)
+    switch_point = rng.choice(("before", "after"))
+    policy = EAD(tau, window=window, min_run=min_run, switch_point=switch_point)
+    entropies = random_entropies(rng, 300)
+    model, since_switch, seen = 0, 0, []
+    for step, entropy in enumerate(entropies):
+        seen.append(entropy)
+        mean = mean_of_last(seen, window)
+        since_switch += 1
+        wanted = 1 if mean >= tau else 0
+        writer = model
+        if wanted != model and since_switch >= min_run:
+            model, since_switch = wanted, 0
+            writer = model if switch_point == "before" else writer
+        assert policy.observe(entropy) == writer, f"step {step}"
+        assert policy.active == model, f"step {step}"
+        assert policy.rolling == mean
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_ead_a_model_keeps_the_pen_at_least_min_run_tokens(seed: int) -> None:
+    """d_min, whatever the entropies: every stretch between two switches holds at least --min-run tokens
+    (at least one); the first may be one shorter with 'before', whose switch token is the new model's."""
+    rng = random.Random(seed)
+    min_run, switch_point = rng.randint(0, 12), rng.choice(("before", "after"))
+    policy = EAD(rng.choice((0.5, 1.0)), window=rng.randint(1, 6), min_run=min_run, switch_point=switch_point)
+    writers, _ = drive(policy, random_entropies(rng, 400))
+    lengths = runs(writers)
+    assert len(lengths) > 2, "the entropies should make the policy switch back and forth"
+    assert min(lengths[1:-1]) >= max(min_run, 1)
+    assert lengths[0] >= min_run - (switch_point == "before")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda w: EAD(1.0, window=w, min_run=3), lambda w: Gate(1.0, window=w), lambda w: Fixed(1, window=w)],
+)
+@pytest.mark.parametrize("window", [1, 2, 5, 17])
+def test_rolling_is_the_mean_of_the_last_window_entropies(make, window: int) -> None:
+    """--window: the rolling mean (what the policy compares and JSON lines show as ``rolling``) is over
+    the last w entropies observed, or every one seen before w, whichever model gave them."""
+    rng = random.Random(window)
+    policy, seen = make(window), []
+    for entropy in random_entropies(rng, 200):
+        policy.observe(entropy)
+        seen.append(entropy)
+        assert policy.rolling == mean_of_last(seen, window)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_gate_bursts_of_n_start_at_a_sure_small_step_and_last_n_tokens(seed: int) -> None:
+    """--burst N (window 1): the large model writes exactly where the small model's entropy reached tau
+    ('before': that token and the N - 1 after it; 'after': the N after it), whatever its own entropies."""
+    rng = random.Random(seed)
+    burst, switch_point = rng.randint(1, 5), rng.choice(("before", "after"))
+    policy = Gate(1.0, burst=burst, switch_point=switch_point)
+    writers, _ = drive(policy, entropies := random_entropies(rng, 300))
+    expected, left = [], 0
+    for entropy in entropies:
+        if left:
+            expected.append(1)
+            left -= 1
+        elif entropy >= 1.0:
+            expected.append(1 if switch_point == "before" else 0)
+            left = burst - 1 if switch_point == "before" else burst
+        else:
+            expected.append(0)
+    assert writers == expected
+    assert 1 in writers and 0 in writers
