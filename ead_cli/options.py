@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EadError, check_int32, quoted
-from .option_table import OPTIONS, SWITCHING, resolve_mode
-from .policies import Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
+from .option_table import DECODING, OPTIONS, SWITCHING, resolve_mode
+from .policies import POLICY_KINDS, SHAPING, Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 
 if TYPE_CHECKING:
     from .sampling import SamplingParams
@@ -196,6 +196,25 @@ class PolicyOptions:
         }
         return {_FIELD_NAMES.get(name, name) for name in moved} | (set(self.given) & SWITCHING)
 
+    def unused(self, *, greedy: bool) -> dict[str, str]:
+        """The options given by name that this run leaves unused (flag: what leaves it so), to be said,
+        not refused (one command line serves every mode): a mode other than ead the switching ones, a
+        policy the options only others read (the gate --min-run), any mode but spec
+        --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...)."""
+        mode = f"--mode {self.mode}"
+        if self.mode == "ead":
+            policy = f"--policy {self.policy}"
+            unused = dict.fromkeys(SHAPING - POLICY_KINDS[self.policy].reads, policy)
+            unused["draft_entropy_stop"] = mode
+        else:
+            unused = dict.fromkeys(SWITCHING, mode)
+            if self.mode != "spec":
+                unused |= dict.fromkeys(("draft", "draft_entropy_stop"), mode)
+        if greedy:
+            unused |= dict.fromkeys(_SAMPLERS, "--temp 0")
+        named = unused.keys() & set(self.given)
+        return {option.flag: unused[name] for name, option in OPTIONS.items() if name in named}
+
     def changed(self, **changes: object) -> PolicyOptions:
         """These options given (a chat command, a request's ``ead`` object) over this run's: a mode among
         them is given; otherwise the mode is resolved again with them."""
@@ -225,6 +244,7 @@ class PolicyOptions:
 
 _FIELD_NAMES = {option.attribute: option.name for option in OPTIONS.values()}  # patterns -> pattern
 _SWITCHING_FIELDS = {OPTIONS[name].attribute for name in SWITCHING}
+_SAMPLERS = {option.name for option in DECODING if option.target == "sampling"} - {"temp"}
 
 
 def _default_sampling() -> SamplingParams:

@@ -499,6 +499,7 @@ class PolicyKind:
     window: int
     build: Callable[[Settings], Policy]
     text_options: frozenset[str] = frozenset()
+    reads: frozenset[str] = frozenset()  # of SHAPING, the options it reads: given to another, unused
     sweeps: tuple[str, ...] = ()
     bench_taus: tuple[float, ...] = ()
 
@@ -509,6 +510,8 @@ class PolicyKind:
 
 
 POLICY_KINDS: dict[str, PolicyKind] = {}
+# The options that shape one policy or another, by the option table's names: a policy reads its ``reads``.
+SHAPING = frozenset({"window", "min_run", "switch_point", "draft"})
 
 
 def register(kind: PolicyKind) -> PolicyKind:
@@ -543,6 +546,7 @@ register(
             tau_range=s.tau_range,
         ),
         text_options=frozenset({"burst", "patterns"}),
+        reads=frozenset({"window", "switch_point"}),
         sweeps=("switch_point", "verify", "burst"),
     )
 )
@@ -555,6 +559,7 @@ register(
         build=lambda s: EAD(
             s.taus, window=s.window, min_run=s.min_run, switch_point=s.switch_point, tau_range=s.tau_range
         ),
+        reads=frozenset({"window", "min_run", "switch_point"}),
         sweeps=("window", "min_run", "switch_point", "verify"),
         bench_taus=(0.125, 0.25, 0.5, 1.0),
     )
@@ -567,6 +572,7 @@ register(
         tau=1.0,
         window=1,
         build=lambda s: Lookahead(s.taus, span=s.span, tau_range=s.tau_range),
+        reads=frozenset({"draft"}),
         sweeps=("draft", "verify"),
     )
 )

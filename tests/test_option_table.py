@@ -179,6 +179,36 @@ def test_generate_resolves_the_mode_from_the_options_given(tiny_pair: tuple[Path
     assert writers(*pair, "--mode", "large", "--policy", "lookahead", "--verify", "1")[0] == {"large"}
 
 
+def test_generate_says_in_one_line_which_given_options_go_unused(tiny_pair: tuple[Path, Path]) -> None:
+    """Not refused (one command line serves every mode) but not silent: a mode's switching options, the
+    options only another policy reads, spec's draft stop, greedy decoding's samplers."""
+    from test_cli import ead, pair_args
+
+    def notes(*args: str) -> list[str]:
+        result = ead("generate", *pair_args(tiny_pair), "--max-tokens", "2", *args, "hi")
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stderr.decode().splitlines() if line.startswith("note:")]
+
+    assert notes("--mode", "large", "--tau", "1", "--min-run", "4", "--seed", "3") == [
+        "note: --mode large leaves --tau, --min-run unused; --temp 0 leaves --seed unused"
+    ]
+    assert notes("--policy", "gate", "--min-run", "4", "--draft", "8", "--draft-entropy-stop", "1") == [
+        "note: --policy gate leaves --min-run, --draft unused; --mode ead leaves --draft-entropy-stop unused"
+    ]
+    assert notes("--policy", "lookahead", "--window", "3", "--switch-point", "after") == [
+        "note: --policy lookahead leaves --window, --switch-point unused"
+    ]
+    spec = ["note: --mode spec leaves --policy unused"]
+    assert notes("--mode", "spec", "--policy", "ead", "--draft", "2") == spec
+    for read in (
+        ["--policy", "ead", "--min-run", "4", "--window", "3", "--switch-point", "after"],
+        ["--policy", "lookahead", "--draft", "8", "--verify", "0.5"],
+        ["--mode", "spec", "--draft", "2", "--draft-entropy-stop", "1", "--temp", "0.7", "--top-p", "0.9"],
+        ["--mode", "small", "--lookup", "0", "--temp", "0", "--max-tokens", "2"],
+    ):
+        assert notes(*read) == [], read
+
+
 def test_chat_commands_resolve_the_mode(tiny_pair: tuple[Path, Path]) -> None:
     from test_cli import ead, pair_args
 

@@ -72,6 +72,7 @@ def generate(
     check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=tuple(stop or ()))
+    _say_unused(policy_options.unused(greedy=generation.sampling.temp == 0))
     # The large model alone for the whole answer (the default mode): the small one never loads.
     large_only = policy_options.mode == "large"
     runners = load_runners(model_options, progress=say_progress, large_only=large_only)
@@ -216,6 +217,17 @@ def serve(
         serving.serve(runners, serving.Defaults(policy_options, generation), options, say=say)
     finally:
         close_all(runners)
+
+
+def _say_unused(unused: dict[str, str]) -> None:
+    """One line for the options given that go unused, by what leaves them so: a mode's, a policy's or
+    greedy decoding's, they are not refused (docs/switching.md), but a typo'd combination is not silent."""
+    by_reason: dict[str, list[str]] = {}
+    for flag, reason in unused.items():
+        by_reason.setdefault(reason, []).append(flag)
+    if by_reason:
+        parts = [f"{reason} leaves {', '.join(flags)} unused" for reason, flags in by_reason.items()]
+        say_progress("note: " + "; ".join(parts))
 
 
 def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:
