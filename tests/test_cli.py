@@ -763,14 +763,19 @@ def test_a_system_message_longer_than_the_context_is_named(tiny_pair: tuple[Path
     )
 
 
-def test_a_full_context_finishes_with_length(tiny_pair: tuple[Path, Path]) -> None:
-    result = ead(
-        "generate", *pair_args(tiny_pair), "--ctx", "256", "--max-tokens", "5000", "--format", "jsonl", "hi"
-    )
+def test_a_full_context_finishes_with_length_and_says_so(tiny_pair: tuple[Path, Path]) -> None:
+    """A length stop (OpenAI's reason) short of --max-tokens: one line says the context ran out, where a
+    stop at --max-tokens says nothing."""
+    args = ["generate", *pair_args(tiny_pair), "--ctx", "256", "--format", "jsonl", "hi"]
+    result = ead(*args, "--max-tokens", "5000")
     summary = json.loads(result.stdout.decode().splitlines()[-1])
     assert result.returncode == 0
     assert summary["finish_reason"] == "length"
     assert summary["prompt_tokens"] + summary["generated"] == 257
+    note = f"the context (256 tokens) is full: the answer stops at {summary['generated']} tokens"
+    assert result.stderr.decode().splitlines() == [note + " of the 5000 asked (raise --ctx)"]
+    whole = ead(*args, "--max-tokens", "5")
+    assert whole.returncode == 0 and whole.stderr == b"", whole.stderr
 
 
 @pytest.mark.real

@@ -101,6 +101,12 @@ def generate(
             if summary.fallback:
                 note = f"{summary.fallback}: the small model wrote the rest"
                 stderr.print(note, style="dim", soft_wrap=True)
+            if summary.finish_reason == "length" and summary.generated < generation.max_tokens:
+                note = (  # a length stop short of --max-tokens: the context ran out, which "length" hides
+                    f"the context ({decoder.n_ctx} tokens) is full: the answer stops at {summary.generated} "
+                    f"tokens of the {generation.max_tokens} asked (raise --ctx)"
+                )
+                stderr.print(note, style="dim", soft_wrap=True)
             if stats:
                 print_lines(stderr, mode_line(policy_options))
                 print_stats(stderr, summary)
