@@ -200,7 +200,8 @@ class PolicyOptions:
         """The options given by name that this run leaves unused (flag: what leaves it so), to be said,
         not refused (one command line serves every mode): a mode other than ead the switching ones, a
         policy the options only others read (the gate --min-run), any mode but spec
-        --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...)."""
+        --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...), --lookup 0
+        --lookup-draft."""
         mode = f"--mode {self.mode}"
         if self.mode == "ead":
             policy = f"--policy {self.policy}"
@@ -212,6 +213,8 @@ class PolicyOptions:
                 unused |= dict.fromkeys(("draft", "draft_entropy_stop"), mode)
         if greedy:
             unused |= dict.fromkeys(_SAMPLERS, "--temp 0")
+        if not self.lookup:
+            unused["lookup_draft"] = "--lookup 0"
         named = unused.keys() & set(self.given)
         return {option.flag: unused[name] for name, option in OPTIONS.items() if name in named}
 

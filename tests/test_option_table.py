@@ -181,7 +181,8 @@ def test_generate_resolves_the_mode_from_the_options_given(tiny_pair: tuple[Path
 
 def test_generate_says_in_one_line_which_given_options_go_unused(tiny_pair: tuple[Path, Path]) -> None:
     """Not refused (one command line serves every mode) but not silent: a mode's switching options, the
-    options only another policy reads, spec's draft stop, greedy decoding's samplers."""
+    options only another policy reads, spec's draft stop, greedy decoding's samplers, lookup's guess
+    length with lookup off."""
     from test_cli import ead, pair_args
 
     def notes(*args: str) -> list[str]:
@@ -198,6 +199,7 @@ def test_generate_says_in_one_line_which_given_options_go_unused(tiny_pair: tupl
     assert notes("--policy", "lookahead", "--window", "3", "--switch-point", "after") == [
         "note: --policy lookahead leaves --window, --switch-point unused"
     ]
+    assert notes("--lookup", "0", "--lookup-draft", "8") == ["note: --lookup 0 leaves --lookup-draft unused"]
     spec = ["note: --mode spec leaves --policy unused"]
     assert notes("--mode", "spec", "--policy", "ead", "--draft", "2") == spec
     for read in (
