@@ -589,6 +589,36 @@ class Runner:
         pieces = b"".join(self._token_to_piece(token) for token in self.tokenize(probe, add_special=False))
         return pieces == probe.encode()
 
+    def spelling(self, text: str) -> list[int] | None:
+        """Tokens whose bytes are the text's exactly, for a grammar to follow (it reads their bytes); None
+        where the vocabulary has none. The tokenizer's own where they spell it; else, where it rewrites
+        the text (SPM puts a space first and reads a "▁" as one), the longest piece at each point."""
+        tokens = self.tokenize(text, add_special=False, parse_special=False)
+        data = text.encode()
+        if b"".join(map(self.token_bytes, tokens)) == data:
+            return tokens
+        pieces, longest = self._piece_tokens
+        spelled, at = [], 0
+        while at < len(data):
+            end = next(
+                (end for end in range(min(len(data), at + longest), at, -1) if data[at:end] in pieces), None
+            )
+            if end is None:
+                return None
+            spelled.append(pieces[data[at:end]])
+            at = end
+        return spelled
+
+    @cached_property
+    def _piece_tokens(self) -> tuple[dict[bytes, int], int]:
+        """A token for each text a token stands for (control tokens, which stand for none, left out), and
+        the longest such text's bytes: a pass over the vocabulary, made when ``spelling`` first needs it."""
+        pieces: dict[bytes, int] = {}
+        for token in range(self.n_vocab):
+            pieces.setdefault(self.token_bytes(token), token)
+        pieces.pop(b"", None)
+        return pieces, max(map(len, pieces), default=1)
+
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 16

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, TAU, serving
+from tiny_models import write_tiny_model
 
 from ead_cli.errors import quoted
 from ead_cli.serve.converter import LARGEST, integer_bounds
@@ -807,3 +808,43 @@ def test_the_openai_helpers_unions_are_taken_strict(server: Server, model: type[
     assert values
     for value in values:
         model.model_validate(value)
+
+
+def test_an_assistant_prefill_opens_the_json_answer_on_a_sentencepiece_vocabulary(
+    tmp_path: Path,
+) -> None:
+    """A SentencePiece tokenizer puts a space before a text and reads a "▁" as one, so the prefill's own
+    tokens spelled ' {"name"' and JSON mode with a prefill was a 400 on such models (Llama 2, Mistral,
+    Phi-3). The grammar now follows tokens that spell the prefill exactly, as on a byte-level BPE: the
+    prefill opens the value, "▁" and all, and one the format rules out is still a 400 saying where."""
+    pair = tuple(write_tiny_model(tmp_path / f"spm{seed}.gguf", seed=seed, vocab="spm") for seed in (0, 1))
+    with serving([*pair_args(pair), *TAU], tmp_path / "server.log") as running:
+        client = openai.OpenAI(base_url=running.base_url, api_key="unused", max_retries=0, timeout=120)
+        for response_format, prefill, check in (
+            (SCHEMA_FORMAT, '{"name": "Al', lambda value: value["name"].startswith("Al") and "age" in value),
+            ({"type": "json_object"}, '{"a▁b": "▁é', lambda value: value["a▁b"].startswith("▁é")),
+        ):
+            finished = []
+            for seed in range(6):
+                reply = client.chat.completions.create(
+                    model="ead",
+                    messages=[*HI, {"role": "assistant", "content": prefill}],
+                    response_format=response_format,  # type: ignore[arg-type]
+                    max_tokens=80,
+                    temperature=0.8,
+                    seed=seed,
+                )
+                if reply.choices[0].finish_reason == "stop":
+                    finished.append(json.loads(prefill + reply.choices[0].message.content, strict=False))
+            assert finished and all(check(value) for value in finished), finished
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="ead",
+                messages=[*HI, {"role": "assistant", "content": '{"a▁b": 1}}'}],
+                response_format={"type": "json_object"},
+                max_tokens=4,
+            )
+        assert refused.value.body["message"] == (  # type: ignore[index]
+            "messages.1.content: the assistant prefill breaks response_format at character 10 "
+            "('}'): an answer of the format cannot start with it"
+        )

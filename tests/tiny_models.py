@@ -40,7 +40,9 @@ Vocabularies (``vocab=``): ``"base"``; ``"other"`` (same size, but token 258 is 
 ``"phi-3"`` (``base`` plus ``<unk>``, ``<s>``, ``</s>``: the model's name then holds "phi-3", for which
 llama.cpp gives control tokens RSTRIP, so that they swallow the whitespace after them); ``"long"``
 (``base`` plus ``LONG_TOKEN``, 64 ``=`` as one user-defined token: a piece as long as real vocabularies'
-longest, such as Qwen2's 128-byte runs).
+longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, llama.cpp's "llama": the
+256 ``<0xNN>`` byte tokens, ``SPM_PIECES`` and the control tokens; it puts a space before a text and reads
+"▁" as one, as Llama 2's, Mistral's and Phi-3's do).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PHI3_SPECIALS = ("<unk>", "<s>", "</s>")  # llama.cpp's Phi-3 rule sets their attributes: they must exist
 LONG_TOKEN = "=" * 64
+# A SentencePiece vocabulary's pieces ("▁" a space): a text's other characters are spelled in byte tokens
+SPM_PIECES = ("▁", "{", "}", '"', ":", ",", "a", "e", "t", "▁{", '▁"', "▁t", "th", "▁th", "er", "in")
 N_PADDING = 2
 # The median row gain: control tokens are no likelier than typical ones, so generations run on.
 CONTROL_ROW_GAIN = 1.0
@@ -90,6 +94,8 @@ def byte_tokens() -> list[str]:
 
 
 def _merges(vocab: str) -> list[str]:
+    if vocab == "spm":
+        return []  # SentencePiece merges by the scores of the tokens it forms
     if vocab in ("base", "padded", "phi-3", "long"):
         return list(BASE_MERGES)
     if vocab == "other":
@@ -97,12 +103,18 @@ def _merges(vocab: str) -> list[str]:
     if vocab == "bigger":
         letters = "abcdfgjk"  # none of these pairs is already a base merge
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
-    raise ValueError(f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3' or 'long'")
+    raise ValueError(
+        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long' or 'spm'"
+    )
 
 
 def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     """Token texts, token types and merges of one of the test vocabularies."""
     merges = _merges(vocab)
+    if vocab == "spm":
+        tokens = [f"<0x{byte:02X}>" for byte in range(256)] + list(SPM_PIECES) + list(SPECIALS)
+        types = [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(SPM_PIECES)
+        return tokens, [int(t) for t in types + [gguf.TokenType.CONTROL] * len(SPECIALS)], merges
     tokens = byte_tokens() + [m.replace(" ", "") for m in merges] + list(SPECIALS)
     types = [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIALS)) + [gguf.TokenType.CONTROL] * len(SPECIALS)
     if vocab == "padded":
@@ -189,11 +201,17 @@ def write_tiny_model(
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model("llama" if vocab == "spm" else "gpt2")
     writer.add_tokenizer_pre(tokenizer_pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    if vocab == "spm":  # the longer a piece, the likelier: the pieces merge wherever they can
+        normal = int(gguf.TokenType.NORMAL)
+        writer.add_token_scores(
+            [len(token) if kind == normal else 0.0 for token, kind in zip(tokens, types, strict=True)]
+        )
+    else:
+        writer.add_token_merges(merges)
     writer.add_eos_token_id(eos)
     writer.add_eot_token_id(tokens.index(eot_token))
     writer.add_bos_token_id(tokens.index("<|endoftext|>"))

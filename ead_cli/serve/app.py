@@ -743,15 +743,15 @@ def _prefill(messages: list[dict[str, Any]]) -> str | None:
 
 
 def _followed_prefill(runner: Runner, grammar: str, prefill: str, where: str) -> tuple[int, ...]:
-    """The tokens of an assistant prefill (at ``where``), which opens the answer, so the grammar follows
-    it before the answer's first token; a 400 where the grammar rules one out (checked token by token:
-    llama.cpp aborts the process on a token its grammar rules out) or where they do not spell the text
-    back as it is (a tokenizer that puts a space before a text, as SentencePiece's do)."""
-    start = runner.tokenize(prefill, add_special=False, parse_special=False)
-    if b"".join(map(runner.token_bytes, start)) != prefill.encode():
+    """Tokens that spell an assistant prefill (at ``where``), which opens the answer, so the grammar
+    follows its text before the answer's first token; a 400 where the grammar rules one out (checked token
+    by token: llama.cpp aborts the process on a token its grammar rules out) or where the vocabulary has
+    no tokens for it."""
+    start = runner.spelling(prefill)
+    if start is None:
         message = (
-            f"{where}: {runner.label}'s tokenizer does not spell the assistant prefill back as it is, "
-            "so response_format cannot follow it: send the prefill or the format, not both"
+            f"{where}: {runner.label}'s vocabulary has no tokens that spell the assistant prefill as it "
+            "is, so response_format cannot follow it: send the prefill or the format, not both"
         )
         raise ApiError(400, message, code="invalid_value", param=where)
     try:
