@@ -208,7 +208,7 @@ def write_tiny_model(
     if vocab == "spm":  # the longer a piece, the likelier: the pieces merge wherever they can
         normal = int(gguf.TokenType.NORMAL)
         writer.add_token_scores(
-            [len(token) if kind == normal else 0.0 for token, kind in zip(tokens, types, strict=True)]
+            [float(len(token)) if kind == normal else 0.0 for token, kind in zip(tokens, types, strict=True)]
         )
     else:
         writer.add_token_merges(merges)
