@@ -414,8 +414,8 @@ LONG_VALUE = "x" * 100000
     [
         ({"type": "integer", "minimum": LONG_VALUE}, "minimum must be a finite number, got 'xxx"),
         ({"type": "integer", "minimum": 10**200, "maximum": 5}, "no integer of up to 16 digits is within"),
-        ({"$ref": "#/$defs/a", "$defs": {"b": LONG_VALUE}}, "Error resolving ref stdin#/$defs/a: a not in"),
-        ({"$ref": "http://" + LONG_VALUE}, "Unsupported ref http://xxx"),
+        ({"$ref": "#/$defs/" + LONG_VALUE, "$defs": {"b": {}}}, "$ref '#/$defs/xxx"),
+        ({"$ref": "http://" + LONG_VALUE}, "$ref 'http://xxx"),
     ],
 )
 def test_a_converter_complaint_that_quotes_the_schema_is_cut(
@@ -848,3 +848,118 @@ def test_an_assistant_prefill_opens_the_json_answer_on_a_sentencepiece_vocabular
             "messages.1.content: the assistant prefill breaks response_format at character 10 "
             "('}'): an answer of the format cannot start with it"
         )
+
+
+ODD_STRINGS = ['a"b', "c\\d", "e\nf", "\u0001", "名前", ""]
+
+
+def test_keys_and_constants_with_quotes_backslashes_and_control_characters_are_held_as_json(
+    server: Server,
+) -> None:
+    """The converter wrote a key's or a constant's JSON text into the grammar without escaping its
+    backslashes: a quote or a backslash in it was a 400 from llama.cpp's parser, a newline's ``\\n`` let
+    the answer hold a raw newline (not JSON), and a key "" took the root's rule (the answer a bare
+    constant). Every finished answer is now JSON (parsed strictly) of the values asked."""
+    keyed = {
+        "type": "object",
+        "properties": {text: {"const": text} for text in ODD_STRINGS},
+        "required": ODD_STRINGS,
+        "additionalProperties": False,
+    }
+    for schema, check in (
+        ({"enum": ODD_STRINGS}, lambda value: value in ODD_STRINGS),
+        (keyed, lambda value: value == {text: text for text in ODD_STRINGS}),
+    ):
+        finished = []
+        for seed in range(4):
+            choice = chat(
+                server,
+                messages=HI,
+                response_format=schema_named(schema, strict=True),
+                max_tokens=200,
+                temperature=0.8,
+                seed=seed,
+            )["choices"][0]
+            if choice["finish_reason"] == "stop":
+                finished.append(json.loads(choice["message"]["content"]))
+        assert finished and all(check(value) for value in finished), finished
+
+
+class Tree(BaseModel):
+    value: int
+    children: list[Tree]
+
+
+def is_tree(value: object) -> bool:
+    return isinstance(Tree.model_validate(value), Tree)
+
+
+def is_chain(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and set(value) == {"value", "next"}
+        and (value["next"] is None or is_chain(value["next"]))
+    )
+
+
+def test_recursive_schemas_are_grammars(server: Server) -> None:
+    """pydantic writes a recursive model as a $ref to its $defs beside them at the root, and OpenAI's
+    structured outputs take "#" for the root itself: the converter read no further into a node with a
+    $ref (the $defs' own refs left unresolved, a 400 naming '#/$defs/Tree') and did not take "#". Both
+    are grammars: a prefill three levels deep is followed (the tiny models' noise nests without end),
+    one that breaks the shape at depth is a 400, and a $ref that names only itself is a 400."""
+    chain = {
+        "type": "object",
+        "properties": {"value": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+        "required": ["value", "next"],
+        "additionalProperties": False,
+    }
+    tree = Tree.model_json_schema()  # as instructor and LangChain send it (the openai helper unwraps it)
+    assert tree["$ref"] == "#/$defs/Tree"
+    # pydantic names a generic model's definition Node_int_: no rule name spells it, and the converter
+    # had named the rule of a recursive ref by it as it stands
+    node = json.loads(json.dumps(chain).replace('"#"', '"#/$defs/Node_int_"'))
+    generic = {"$ref": "#/$defs/Node_int_", "$defs": {"Node_int_": node}}
+    chained = '{"value": 1, "next": {"value": 2, "next": {"value": 3, "next": null}}'
+    nested = '{"value": 1, "children": [{"value": 2, "children": [{"value": 3, "children": []}]}]'
+    for schema, prefill, check in (
+        (tree, nested, is_tree),
+        (chain, chained, is_chain),
+        (generic, chained, is_chain),
+    ):
+        values = finished_answers(server, schema_named(schema, strict=True), 6, 40, prefill)
+        assert values and all(check(value) for value in values), values
+        broken = [*HI, {"role": "assistant", "content": prefill.replace("3", '"3"')}]
+        for messages, status in ((broken, 400), ([*HI], 200)):
+            body = {
+                "messages": messages,
+                "response_format": schema_named(schema, strict=True),
+                "max_tokens": 8,
+            }
+            reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+            assert reply.status_code == status, reply.text
+    looped = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
+    reply = httpx.post(
+        f"{server.base_url}/chat/completions",
+        json={"messages": HI, "response_format": schema_named(looped, strict=False)},
+        headers=JSON,
+        timeout=60,
+    )
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "response_format", reply.text
+
+
+def test_a_ref_is_its_definition_whatever_else_shares_its_name(server: Server) -> None:
+    """The converter wrote a $ref's target under the ref's last part unless a rule had that name, and
+    a property's rule may: "t", a $ref to the integer Tree, was held as the object of the property Tree."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "Tree": {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]},
+            "t": {"$ref": "#/$defs/Tree"},
+        },
+        "required": ["Tree", "t"],
+        "additionalProperties": False,
+        "$defs": {"Tree": {"type": "integer"}},
+    }
+    values = finished_answers(server, schema_named(schema, strict=False), seeds=6, max_tokens=60)
+    assert values and all(isinstance(value["t"], int) for value in values), values

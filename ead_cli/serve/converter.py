@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, SchemaConverter
 
 MAX_DIGITS = 16  # the converter's integral-part rule: an integer of up to 16 digits
 LARGEST = 10**MAX_DIGITS - 1
@@ -50,8 +50,72 @@ def read_first(schema: dict[str, Any]) -> str | None:
     return next((key for key in ("const", "enum") if key in schema), None)
 
 
+def local_target(root: Any, ref: Any) -> Any:
+    """The part of the schema ``root`` that a local $ref names: "#" the whole (the root's recursion, which
+    OpenAI's structured outputs take), "#/$defs/a" a part; None where it names none."""
+    if ref == "#":
+        return root
+    if not (isinstance(ref, str) and ref.startswith("#/")):
+        return None
+    target = root
+    for name in ref[2:].split("/"):
+        if not (isinstance(target, dict) and name in target):
+            return None
+        target = target[name]
+    return target
+
+
 class _Converter(SchemaConverter):  # type: ignore[misc]
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._ref_rules: dict[str, str] = {}  # each $ref's rule
+        self._root_named = False  # whether the root's visit has begun: a property "" is visited as ""
+
+    def resolve_refs(self, schema: dict[str, Any], url: str) -> dict[str, Any]:
+        """Each local $ref's target noted, wherever the $ref sits: the converter's own walk read no further
+        into a node with one (a root $ref beside the $defs it names, as pydantic writes a recursive model,
+        left the $defs' own refs unresolved), and did not take "#". Nothing is fetched (``url`` unused)."""
+
+        def walk(node: Any) -> None:
+            if isinstance(node, list):
+                for item in node:
+                    walk(item)
+            elif isinstance(node, dict):
+                ref = node.get("$ref")
+                if ref is not None and ref not in self._refs:
+                    target = local_target(schema, ref)
+                    if target is None:
+                        raise ValueError(f"$ref {ref!r} names no part of the schema ('#' or '#/...')")
+                    self._refs[ref] = target
+                for value in node.values():
+                    walk(value)
+
+        walk(schema)
+        return schema
+
+    def _resolve_ref(self, ref: str) -> str:
+        """The rule of a $ref's target, written once under a name of its own: the converter named it by the
+        ref's last part as it stands, so a recursive one that a rule name cannot spell ("#", pydantic's
+        "Node_int_") broke the grammar, and a rule of that name written before stood in for it."""
+        rule = self._ref_rules.get(ref)
+        if rule is None:
+            base = "ref-" + INVALID_RULE_CHARS_RE.sub("-", ref.rpartition("/")[2].strip("#") or "root")
+            taken = {*self._rules, *self._ref_rules.values()}
+            rule = next(f"{base}{i or ''}" for i in range(len(taken) + 1) if f"{base}{i or ''}" not in taken)
+            self._ref_rules[ref] = rule  # before the visit: a recursive ref names it within
+            # the rule the visit writes: a primitive's own (integer), never one a recursive ref names
+            rule = self._ref_rules[ref] = self.visit(self._refs[ref], rule)
+        return rule
+
+    def _format_literal(self, literal: str) -> str:
+        """A literal as the grammar reads it, its backslashes escaped too, as llama.cpp's own converter
+        escapes them: it is a key's or a constant's JSON text, whose escapes the grammar read as its own
+        (an escaped quote ended the literal, a newline's \\n put a raw newline in the answer)."""
+        return super()._format_literal(literal.replace("\\", "\\\\"))  # type: ignore[no-any-return]
+
     def visit(self, schema: Any, name: str) -> str:
+        if name == "":  # the root's; a property "" of the root would take the root's rule
+            name, self._root_named = ("-" if self._root_named else ""), True
         if not (isinstance(schema, dict) and BOUNDS & schema.keys() and holds_bounds(schema)):
             return super().visit(schema, name)  # type: ignore[no-any-return]
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the converter names it

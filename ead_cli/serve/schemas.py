@@ -26,7 +26,7 @@ from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..paths import BOM
 from ..policies import BURST_KINDS, parse_tau
-from .converter import BOUNDS, holds_bounds, read_first, schema_grammar
+from .converter import BOUNDS, holds_bounds, local_target, read_first, schema_grammar
 from .patterns import portable_patterns
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
@@ -356,7 +356,7 @@ def _told_apart(alternatives: Any, root: Any) -> bool:
 def _required_consts(schema: Any, root: Any) -> dict[str, Any]:
     """The const of each required property of an object schema that gives one (a $ref's target's)."""
     if isinstance(schema, dict) and "$ref" in schema:
-        schema = _target(root, schema["$ref"])
+        schema = local_target(root, schema["$ref"])
     if not isinstance(schema, dict) or not isinstance(schema.get("required"), list):
         return {}
     properties = _properties(schema)
@@ -380,8 +380,10 @@ def _held_beside(node: dict[str, Any], first: str, key: str, root: Any) -> bool:
         return isinstance(enum, list) and any(_same_json(one, const) for one in enum)
     types = _type_names(node["type"]) if key == "type" else None
     answers = _answer_types({first: node[first]}, root)
-    return types is not None and answers is not None and all(
-        kind in types or (kind == "integer" and "number" in types) for kind in answers
+    return (
+        types is not None
+        and answers is not None
+        and all(kind in types or (kind == "integer" and "number" in types) for kind in answers)
     )
 
 
@@ -392,7 +394,7 @@ def _answer_types(schema: Any, root: Any, follow: bool = True) -> set[str] | Non
         return None
     first = read_first(schema)
     if first == "$ref":
-        return _answer_types(_target(root, schema["$ref"]), root, follow=False) if follow else None
+        return _answer_types(local_target(root, schema["$ref"]), root, follow=False) if follow else None
     if first in ("oneOf", "anyOf"):
         alternatives = schema[first] if isinstance(schema[first], list) else [None]
         found = [_answer_types(one, root, follow) for one in alternatives]
@@ -464,7 +466,7 @@ def _all_of_unheld(node: dict[str, Any], where: str, root: Any) -> str | None:
         if behind_ref:
             if extra := next((key for key in part if key in CONSTRAINTS and key != "$ref"), None):
                 return f"{at}.{extra}"
-            part, at = _target(root, part["$ref"]), f"{at}.$ref"  # what its target drops, the $ref drops
+            part, at = local_target(root, part["$ref"]), f"{at}.$ref"  # what its target drops, the $ref drops
         if isinstance(part, dict):  # anything else the converter refuses
             read.append((part, required, at, behind_ref))
     first_of: dict[str, str] = {}  # each property name, where it is first given
@@ -498,19 +500,6 @@ def _properties(schema: dict[str, Any]) -> dict[str, Any]:
     """A schema's properties by name (none where they are not an object, which the converter refuses)."""
     properties = schema.get("properties")
     return properties if isinstance(properties, dict) else {}
-
-
-def _target(root: Any, ref: Any) -> Any:
-    """The part of the schema a local $ref names, looked up as the converter looks it up (None: not found,
-    which the converter refuses)."""
-    if not (isinstance(ref, str) and ref.startswith("#/")):
-        return None
-    target = root
-    for name in ref[2:].split("/"):
-        if not (isinstance(target, dict) and name in target):
-            return None
-        target = target[name]
-    return target
 
 
 def _check_strict(schema: dict[str, Any]) -> None:
