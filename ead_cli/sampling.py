@@ -211,6 +211,8 @@ class ParsedGrammars:
 # "%s: error parsing grammar: %s\n\n%s\n" of __func__, its reason, the grammar whole
 PARSER_WORDS = b"parse: error parsing grammar: "
 PARSER_PRINT = re.compile(b"^" + re.escape(PARSER_WORDS), re.MULTILINE)  # at a line's start only
+# llama_grammar_init_impl's refusals of a text its parser took
+UNPARSED_REFUSALS = "it has no rule 'root', or a rule that reaches itself before any text (left recursion)"
 
 
 def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:
@@ -223,8 +225,9 @@ def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_samp
     if sampler:
         return sampler
     reason = caught.printed.removeprefix(PARSER_WORDS).partition(b"\n")[0]
-    reason = cut(reason.decode("utf-8", "replace"))
-    raise EadError(f"llama.cpp could not parse the grammar{': ' if reason else ''}{reason}")
+    # where its parser took the text, llama.cpp refuses in a log line of its own, which ead keeps quiet
+    reason = cut(reason.decode("utf-8", "replace")) or UNPARSED_REFUSALS
+    raise EadError(f"llama.cpp could not parse the grammar: {reason}")
 
 
 def _parser_print(received: bytes, grammar: bytes) -> shared_stderr.Span:
