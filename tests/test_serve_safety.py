@@ -268,6 +268,32 @@ def test_parts_that_are_not_text_are_refused_by_name(server: Server) -> None:
     assert "image_url parts are not supported" in error["message"]
 
 
+def test_an_assistants_refusal_sent_back_is_its_text(server: Server) -> None:
+    """OpenAI answers a refusal as the assistant message's ``refusal`` (content null), and takes it back in
+    a conversation as that field or as a ``refusal`` part: it was a 400 (refusal parts not supported), or
+    dropped (an empty turn). It is the turn's text; a user's refusal part is still a 400."""
+    said = "I can't help with that."
+    request = {"max_tokens": 6, "temperature": 0}
+
+    def answer(assistant: dict) -> dict:
+        messages = [*HI, {"role": "assistant", **assistant}, {"role": "user", "content": "Why?"}]
+        reply = post(server, CHAT, {"messages": messages, **request})
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    expected = answer({"content": said})
+    for assistant in (
+        {"content": [{"type": "refusal", "refusal": said}]},
+        {"content": None, "refusal": said},
+    ):
+        got = answer(assistant)
+        assert got["choices"] == expected["choices"]
+        assert got["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]  # the same prompt
+    refusal = [{"role": "user", "content": [{"type": "refusal", "refusal": said}]}]
+    reply = post(server, CHAT, {"messages": refusal, **request})
+    assert reply.status_code == 400 and "refusal parts are not supported" in reply.json()["error"]["message"]
+
+
 def test_valid_values_once_refused_are_taken(server: Server) -> None:
     """stream and n null, seed -1 (a fresh one), top_p 0 (the likeliest token: greedy), a developer
     message (OpenAI's newer name for system), the neutral values of unsupported fields, and a max_tokens

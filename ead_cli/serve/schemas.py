@@ -626,6 +626,7 @@ class ContentPart(BaseModel):
 
     type: Annotated[str, Field(max_length=64)]
     text: str | None = None
+    refusal: str | None = None  # an assistant's refusal, as OpenAI writes it in a part
 
 
 class FunctionCall(BaseModel):
@@ -669,21 +670,29 @@ class ChatMessage(BaseModel):
     tool_calls: Annotated[list[ToolCallMessage], Field(max_length=128)] | None = None
     tool_call_id: Annotated[str, Field(max_length=256)] | None = None
     name: Annotated[str, Field(max_length=256)] | None = None
+    refusal: str | None = None  # an assistant's refusal, where OpenAI answers it (content null)
 
     def text(self, where: str) -> str:
-        """The message's text; a part that is not text (an image, audio, a file) is a 400."""
+        """The message's text; a part that is not text (an image, audio, a file) is a 400. An assistant's
+        refusal, in its field or a part, is what it said: its text."""
+        assistant = self.role == "assistant"
         if not isinstance(self.content, list):
-            return self.content or ""
+            return self.content or (self.refusal if assistant else None) or ""
+        fields = {"text": "text", "refusal": "refusal"} if assistant else {"text": "text"}
+        texts = []
         for part in self.content:
-            if part.type == "text" and part.text is None:
-                message = f"{where}.content: a text part needs its text"
-                raise ApiError(400, message, code="invalid_value", param=f"{where}.content")
-            if part.type != "text":
+            field = fields.get(part.type)
+            if field is None:
                 # the client's text: quoted unless a plain name, so a newline in it cannot split the line
                 kind = part.type if part.type.isidentifier() else repr(part.type)
                 message = f"{kind} parts are not supported (the models read text)"
                 raise unsupported(f"{where}.content", message)
-        return "".join(part.text or "" for part in self.content)
+            text = getattr(part, field)
+            if text is None:
+                message = f"{where}.content: a {part.type} part needs its {field}"
+                raise ApiError(400, message, code="invalid_value", param=f"{where}.content")
+            texts.append(text)
+        return "".join(texts)
 
     def as_template_message(self, where: str) -> dict[str, Any]:
         """As the chat template takes it: OpenAI's ``developer`` role is the older ``system`` one; an
