@@ -262,6 +262,18 @@ def test_bounds_the_grammar_does_not_hold_stay_refused_in_a_strict_schema(schema
     assert re.search(r"response_format\.json_schema\.schema\.(minimum|maximum): ", str(refused.value))
 
 
+def test_a_ref_reads_json_pointers_escapes() -> None:
+    """A $ref is a JSON pointer: ``~1`` stands for "/" and ``~0`` for "~" in a name (RFC 6901), which the
+    lookup read as they stand (a 400: the ref named no part of the schema)."""
+    schema = {
+        "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/a~0b"}, "y": {"$ref": "#/$defs/c~1d"}},
+        "$defs": {"a~b": {"type": "integer"}, "c/d": {"type": "boolean"}},
+    }
+    grammar = ResponseFormat.model_validate(schema_named(schema, strict=True)).grammar()
+    assert grammar is not None and "integer" in grammar and "boolean" in grammar
+
+
 @pytest.mark.parametrize(
     ("response_format", "prefill", "check"),
     [

@@ -52,13 +52,14 @@ def read_first(schema: dict[str, Any]) -> str | None:
 
 def local_target(root: Any, ref: Any) -> Any:
     """The part of the schema ``root`` that a local $ref names: "#" the whole (the root's recursion, which
-    OpenAI's structured outputs take), "#/$defs/a" a part; None where it names none."""
+    OpenAI's structured outputs take), "#/$defs/a" a part, a JSON pointer (``~1`` a "/" in a name, ``~0``
+    a "~"); None where it names none."""
     if ref == "#":
         return root
     if not (isinstance(ref, str) and ref.startswith("#/")):
         return None
     target = root
-    for name in ref[2:].split("/"):
+    for name in (part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/")):
         if not (isinstance(target, dict) and name in target):
             return None
         target = target[name]
