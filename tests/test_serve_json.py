@@ -262,6 +262,26 @@ def test_bounds_the_grammar_does_not_hold_stay_refused_in_a_strict_schema(schema
     assert re.search(r"response_format\.json_schema\.schema\.(minimum|maximum): ", str(refused.value))
 
 
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"enum": []}, "enum"),
+        ({"type": "string", "enum": []}, "enum"),
+        ({"type": []}, "type"),
+        ({"anyOf": []}, "anyOf"),
+        ({"type": "object", "properties": {"a": {"oneOf": []}}}, "oneOf"),
+    ],
+)
+def test_an_empty_list_of_alternatives_is_a_400_that_says_so(schema: dict, keyword: str) -> None:
+    """The converter wrote an empty rule for it, which llama.cpp's parser refused in its own words
+    (``expecting newline or end at ::= " "?``): no value meets the schema, and the 400 says which."""
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    assert str(refused.value) == (
+        f"response_format.json_schema.schema cannot be a grammar: {keyword}: [] allows no value"
+    )
+
+
 def test_a_ref_reads_json_pointers_escapes() -> None:
     """A $ref is a JSON pointer: ``~1`` stands for "/" and ``~0`` for "~" in a name (RFC 6901), which the
     lookup read as they stand (a 400: the ref named no part of the schema)."""

@@ -117,6 +117,9 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
     def visit(self, schema: Any, name: str) -> str:
         if name == "":  # the root's; a property "" of the root would take the root's rule
             name, self._root_named = ("-" if self._root_named else ""), True
+        first = read_first(schema) if isinstance(schema, dict) else None
+        if first in ("anyOf", "oneOf", "type", "enum") and schema[first] == []:  # an empty rule, which
+            raise ValueError(f"{first}: [] allows no value")  # llama.cpp's parser refuses in its words
         if not (isinstance(schema, dict) and BOUNDS & schema.keys() and holds_bounds(schema)):
             return super().visit(schema, name)  # type: ignore[no-any-return]
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the converter names it
