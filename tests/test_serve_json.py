@@ -282,6 +282,30 @@ def test_an_empty_list_of_alternatives_is_a_400_that_says_so(schema: dict, keywo
     )
 
 
+@pytest.mark.parametrize(
+    ("schema", "got"),
+    [
+        ({"type": "object", "properties": {"a": 5}}, "5"),
+        ({"type": "array", "items": "integer"}, '"integer"'),
+        ({"anyOf": [{"type": "string"}, None]}, "null"),
+        ({"$ref": "#/$defs/a", "$defs": {"a": False}}, "false"),
+    ],
+)
+def test_a_part_of_a_schema_that_is_no_schema_is_a_400_that_says_so(schema: dict, got: str) -> None:
+    """The converter's complaint was Python's (``'int' object has no attribute 'get'``)."""
+    with pytest.raises(ApiError) as refused:
+        ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+    assert str(refused.value) == (
+        f"response_format.json_schema.schema cannot be a grammar: a schema is an object or true, got {got}"
+    )
+
+
+def test_a_schema_true_is_any_value() -> None:
+    """JSON Schema's ``true`` (any value), as a property's schema: it was a 400, Python's complaint."""
+    schema = {"type": "object", "properties": {"a": True}, "required": ["a"]}
+    assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
+
+
 def test_a_ref_reads_json_pointers_escapes() -> None:
     """A $ref is a JSON pointer: ``~1`` stands for "/" and ``~0`` for "~" in a name (RFC 6901), which the
     lookup read as they stand (a 400: the ref named no part of the schema)."""

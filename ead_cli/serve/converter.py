@@ -115,12 +115,16 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
         return super()._format_literal(literal.replace("\\", "\\\\"))  # type: ignore[no-any-return]
 
     def visit(self, schema: Any, name: str) -> str:
+        if schema is True:  # JSON Schema's any value
+            schema = {}
+        elif not isinstance(schema, dict):  # the converter's complaint was Python's ('int' object has...)
+            raise ValueError(f"a schema is an object or true, got {json.dumps(schema)}")
         if name == "":  # the root's; a property "" of the root would take the root's rule
             name, self._root_named = ("-" if self._root_named else ""), True
-        first = read_first(schema) if isinstance(schema, dict) else None
+        first = read_first(schema)
         if first in ("anyOf", "oneOf", "type", "enum") and schema[first] == []:  # an empty rule, which
             raise ValueError(f"{first}: [] allows no value")  # llama.cpp's parser refuses in its words
-        if not (isinstance(schema, dict) and BOUNDS & schema.keys() and holds_bounds(schema)):
+        if not (BOUNDS & schema.keys() and holds_bounds(schema)):
             return super().visit(schema, name)  # type: ignore[no-any-return]
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the converter names it
         low, high = integer_bounds(schema)
