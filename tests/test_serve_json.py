@@ -939,6 +939,9 @@ def test_keys_and_constants_with_quotes_backslashes_and_control_characters_are_h
             if choice["finish_reason"] == "stop":
                 finished.append(json.loads(choice["message"]["content"]))
         assert finished and all(check(value) for value in finished), finished
+    # characters beyond ASCII as they are, as llama-server writes them: a model seldom writes \u540d
+    raw = chat(server, messages=HI, response_format=schema_named({"const": {"名前": "é"}}, strict=True))
+    assert raw["choices"][0]["message"]["content"].strip() == '{"名前": "é"}'
 
 
 class Tree(BaseModel):

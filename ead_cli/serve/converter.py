@@ -109,10 +109,13 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
         return rule
 
     def _format_literal(self, literal: str) -> str:
-        """A literal as the grammar reads it, its backslashes escaped too, as llama.cpp's own converter
-        escapes them: it is a key's or a constant's JSON text, whose escapes the grammar read as its own
-        (an escaped quote ended the literal, a newline's \\n put a raw newline in the answer)."""
-        return super()._format_literal(literal.replace("\\", "\\\\"))  # type: ignore[no-any-return]
+        """A key's or a constant's JSON text (the converter's only literals) as the grammar reads it: its
+        characters beyond ASCII as they are, as llama-server writes them (a model writes 名前, seldom
+        \\u540d\\u524d), and its backslashes escaped too, as llama.cpp's own converter escapes them (the
+        grammar read the text's escapes as its own: an escaped quote ended the literal, a newline's \\n
+        put a raw newline in the answer)."""
+        text = json.dumps(json.loads(literal), ensure_ascii=False)
+        return super()._format_literal(text.replace("\\", "\\\\"))  # type: ignore[no-any-return]
 
     def visit(self, schema: Any, name: str) -> str:
         if schema is True:  # JSON Schema's any value
