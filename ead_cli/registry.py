@@ -22,7 +22,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from glob import escape as escape_glob
 from pathlib import Path, PurePosixPath
@@ -223,12 +223,18 @@ def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does
 
 
 def local_status(spec: ModelSpec) -> str | None:
-    """Where the alias is available right now without a download, for ``ead models list``; cheap."""
+    """Where the alias is available right now without a download, for ``ead models list``; cheap (a copy
+    whose modification time is no longer the recorded one is hashed at its next use, not here)."""
     if _hub_cached(spec) is not None:
         return "hub cache"
-    if _ead_cached(spec) is not None:
+    if spec.offline is None:
+        return None
+    target = _ead_models_dir() / spec.offline.file
+    if _verified(target, spec.offline.sha256):
         return "ead cache"
-    if spec.offline is not None and not _locate_packages(spec.offline)[1]:
+    if _touched(target, spec.offline.sha256):
+        return "ead cache (to re-check)"
+    if not _locate_packages(spec.offline)[1]:
         return "offline packages (not assembled)"
     return None
 
@@ -237,7 +243,7 @@ def local_status(spec: ModelSpec) -> str | None:
 
 
 def _fetch(spec: ModelSpec, *, allow_download: bool, progress: Progress | None) -> Path:
-    found = _hub_cached(spec) or _ead_cached(spec)
+    found = _hub_cached(spec) or _ead_cached(spec, progress)
     if found is not None:
         return found
     if spec.offline is not None:
@@ -421,6 +427,19 @@ def _record(target: Path) -> Any:
         return None
 
 
+def _record_of(sha256: str, found: os.stat_result) -> dict[str, Any]:
+    return {"sha256": sha256, "size": found.st_size, "mtime_ns": found.st_mtime_ns}
+
+
+def _write_record(target: Path, record: dict[str, Any]) -> None:
+    """The record beside ``target``, written whole over the old one (which stays where the write fails); a
+    link in its place goes first, so it is not followed out of the folder."""
+    sidecar = _sidecar(target)
+    if sidecar.is_symlink():
+        sidecar.unlink()
+    write_whole(sidecar, json.dumps(record))
+
+
 def _verified(target: Path, sha256: str) -> bool:
     """Whether ``target`` is the file a past assembly verified: its sidecar records this hash, size and mtime.
 
@@ -430,7 +449,32 @@ def _verified(target: Path, sha256: str) -> bool:
         found = target.stat()
     except OSError:
         return False
-    return _record(target) == {"sha256": sha256, "size": found.st_size, "mtime_ns": found.st_mtime_ns}
+    return _record(target) == _record_of(sha256, found)
+
+
+def _touched(target: Path, sha256: str) -> bool:
+    """Whether ``target``'s record names this hash and its size but another mtime: a file system whose rename
+    sets the mtime, a cache copied without its times, a touch. Its bytes are likely the verified ones, so it
+    is hashed once (``_rehashed``) rather than assembled or downloaded again."""
+    try:
+        found = target.stat()
+    except OSError:
+        return False
+    record = _record(target)
+    return (
+        isinstance(record, dict)
+        and record.get("sha256") == sha256
+        and record.get("size") == found.st_size
+        and record != _record_of(sha256, found)
+    )
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _unfinished(target: Path) -> list[Path]:
@@ -461,11 +505,51 @@ def _open_lock(target: Path) -> IO[str]:
     return os.fdopen(fd, "a")
 
 
-def _ead_cached(spec: ModelSpec) -> Path | None:
+def _ead_cached(spec: ModelSpec, progress: Progress | None) -> Path | None:
     if spec.offline is None:
         return None
     target = _ead_models_dir() / spec.offline.file
-    return target if _verified(target, spec.offline.sha256) else None
+    if _verified(target, spec.offline.sha256):
+        return target
+    if _touched(target, spec.offline.sha256) and _rehashed(spec.alias, target, spec.offline.sha256, progress):
+        return target
+    return None
+
+
+def _rehashed(alias: str, target: Path, sha256: str, progress: Progress | None) -> bool:
+    """Whether a touched copy (``_touched``) still has the pinned hash; if so its record is written anew with
+    its mtime, under the lock, so later runs trust it without hashing. A cache that takes no writes (mounted
+    read-only) keeps the old record: the copy is hashed at each use, but never assembled again."""
+    say = progress or (lambda _message: None)
+    try:
+        lock = _open_lock(target)
+    except OSError:
+        return _hashed_as_pinned(alias, target, sha256, say) is not None
+    with lock, _exclusive_lock(lock, lambda: say(_waiting_for(alias))):
+        if _verified(target, sha256):  # another process checked it meanwhile
+            return True
+        if not _touched(target, sha256):
+            return False
+        hashed = _hashed_as_pinned(alias, target, sha256, say)
+        if hashed is None:
+            return False
+        with suppress(OSError):  # a full disk: the old record stays, and the copy is hashed at its next use
+            _write_record(target, _record_of(sha256, hashed))
+    return True
+
+
+def _hashed_as_pinned(alias: str, target: Path, sha256: str, say: Progress) -> os.stat_result | None:
+    """``target``'s stat from before it was hashed, where its bytes have the pinned hash, else None."""
+    say(f"checking {alias}'s copy in the ead cache, whose modification time changed: {target}")
+    try:
+        found = target.stat()
+        return found if _sha256_of(target) == sha256 else None
+    except OSError:  # gone meanwhile, or unreadable: not a copy to use
+        return None
+
+
+def _waiting_for(alias: str) -> str:
+    return f"waiting for another process using {alias}'s copy in the ead cache..."
 
 
 def _locate_packages(source: OfflineSource) -> tuple[list[Path], list[str]]:
@@ -544,13 +628,9 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
                     f"offline package data for {alias} failed its SHA-256 check "
                     f"(expected {source.sha256}, got {digest.hexdigest()})"
                 )
-            # The record first (the rename keeps the size and mtime it names): every copy ead puts in place
-            # has one, and `ead models rm` removes only a file with one. The old record goes first, so a link
-            # there is not followed out of the folder.
-            written = tmp.stat()
-            record = {"sha256": source.sha256, "size": written.st_size, "mtime_ns": written.st_mtime_ns}
-            _sidecar(target).unlink(missing_ok=True)
-            write_whole(_sidecar(target), json.dumps(record))
+            # The record first (the rename keeps the size and mtime it names, or `_touched` finds it hashed
+            # again): every copy ead puts in place has one, and `ead models rm` removes only a file with one.
+            _write_record(target, _record_of(source.sha256, tmp.stat()))
             recorded = True
             os.replace(tmp, target)
         except BaseException as err:
@@ -582,9 +662,7 @@ def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) 
         raise _no_copy_error(spec)
     say = progress or (lambda _message: None)
     try:
-        with _open_lock(target) as lock, _exclusive_lock(
-            lock, lambda: say(f"waiting for another process using {ref}'s copy in the ead cache...")
-        ):
+        with _open_lock(target) as lock, _exclusive_lock(lock, lambda: say(_waiting_for(ref))):
             removed = _remove_assembled(ref, target, spec.offline.sha256)
     except OSError as err:  # a cache that takes no change (mounted read-only, another user's)
         raise EadError(

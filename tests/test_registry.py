@@ -786,7 +786,38 @@ def test_cached_file_changed_after_assembly_is_assembled_again(tiny: Tiny) -> No
     messages: list[str] = []
     assert resolve_tiny(tiny, messages) == path
     assert path.read_bytes() == tiny.data
-    assert len(messages) == 1 and messages[0].startswith("assembling tiny")
+    assert len(messages) == 2 and messages[0] == checking_tiny(path) and messages[1].startswith("assembling")
+
+
+def checking_tiny(path: Path) -> str:
+    return f"checking tiny's copy in the ead cache, whose modification time changed: {path}"
+
+
+def touch(path: Path) -> None:
+    """Move a file's mtime a second on, as a file system whose rename sets the mtime, or a copy, would."""
+    found = path.stat()
+    os.utime(path, ns=(found.st_atime_ns, found.st_mtime_ns + 10**9))
+
+
+def test_a_copy_whose_mtime_changed_is_hashed_once_not_assembled_or_downloaded(
+    tiny: Tiny, models_dir: Path
+) -> None:
+    """A copy with its recorded hash and size but another mtime had been assembled again on every run (or,
+    its packages gone, downloaded): it is hashed once and its record written anew."""
+    path = resolve_tiny(tiny)
+    touch(path)
+    shutil.rmtree(tiny.site)  # no packages to assemble from: only the copy can answer
+    importlib.invalidate_caches()
+    catalog = load_catalog(tiny.models_file)
+    assert local_status(catalog.spec("tiny")) == "ead cache (to re-check)"
+    messages: list[str] = []
+    for _ in range(2):
+        assert resolve("tiny", catalog, allow_download=False, progress=messages.append) == path
+    assert messages == [checking_tiny(path)]
+    record = json.loads((models_dir / "tiny.gguf.sha256").read_text())
+    assert record == {"sha256": tiny.sha256, "size": len(tiny.data), "mtime_ns": path.stat().st_mtime_ns}
+    assert local_status(catalog.spec("tiny")) == "ead cache"
+    assert path.read_bytes() == tiny.data
 
 
 @pytest.mark.parametrize("record", ["{not json", "[" * 100_000, '"a string"'], ids=["garbled", "deep", "str"])
@@ -909,6 +940,25 @@ def test_a_full_disk_or_a_read_only_cache_is_one_line_and_leaves_nothing(
         f"error: cannot write to the ead cache folder {small_disk / 'never-made' / 'models'} "
         "(Read-only file system); set EAD_CACHE to a writable folder"
     )
+
+
+def test_a_touched_copy_in_a_read_only_cache_is_hashed_at_each_use(tiny: Tiny, small_disk: Path) -> None:
+    """Where no record can be written anew, the copy is still used once its bytes are checked: it had been a
+    'cannot write to the ead cache folder' error."""
+    subprocess.run(["mount", "-o", "remount,size=1m", str(small_disk)], check=True)
+    env = {
+        "EAD_CACHE": str(small_disk / "ead"),
+        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
+    }
+    pull_tiny = ("models", "pull", "tiny", "--catalog", str(tiny.models_file))
+    assert ead(*pull_tiny, env=env).returncode == 0
+    path = small_disk / "ead" / "models" / "tiny.gguf"
+    touch(path)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    for _ in range(2):
+        pulled = ead(*pull_tiny, env=env)
+        assert (pulled.returncode, pulled.stdout.decode()) == (0, f"{path}\n"), pulled.stderr.decode()
+        assert pulled.stderr.decode() == f"{checking_tiny(path)}\n"
 
 
 def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
