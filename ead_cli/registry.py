@@ -480,7 +480,8 @@ def _sha256_of(path: Path) -> str:
 def _unfinished(target: Path) -> list[Path]:
     """The temporaries of assemblies of ``target`` that were killed before their rename (each a model's size).
 
-    Only while the lock is held: another process's assembly in progress writes one too.
+    Only while the lock is held (unlocked, only whether there are any): another process's assembly in
+    progress writes one too.
     """
     pattern = f".{escape_glob(target.name)}.*.tmp"  # a '*' or '[' in the name is itself, not a wildcard
     return sorted(
@@ -658,6 +659,9 @@ def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) 
     if spec.offline is None:
         raise _no_copy_error(spec)
     target = _ead_models_dir() / spec.offline.file
+    # Unlocked, so that nothing (no cache folder, no lock file) is made to say there is nothing, and a
+    # read-only cache without a copy says so. A concurrent assembly leaves no other answer: one not yet
+    # writing its temporary ends after this rm, one writing it is waited for and its copy removed.
     if lookup(target, follow_links=False) is None and not _unfinished(target):
         raise _no_copy_error(spec)
     say = progress or (lambda _message: None)
