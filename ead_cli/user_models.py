@@ -9,7 +9,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, quoted
 from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
 from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup, read_file, unreadable
 
@@ -68,7 +68,9 @@ def _ollama_name(name: str) -> tuple[tuple[str, str, str], str]:
         head, tag = name, "latest"
     parts = head.split("/")
     if len(parts) > 3 or any(part in ("", ".", "..") for part in (*parts, tag)):
-        raise EadError(f"not an ollama model name: '{name}' (expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])")
+        raise EadError(
+            f"not an ollama model name: {quoted(name)} (expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])"
+        )
     defaults = (_OLLAMA_REGISTRY, _OLLAMA_NAMESPACE)[: 3 - len(parts)]
     registry_, namespace, model = (*defaults, *parts)
     return (registry_, namespace, model), tag
@@ -89,13 +91,13 @@ def resolve_ollama(name: str) -> Path:
     manifest = root / "manifests" / registry_ / namespace / model / tag
     if not is_file(manifest):
         have = [found.ref for found in _ollama_models(root)]
-        raise EadError(f"no ollama model '{name}' in {root}{_listing(have)}; see 'ollama list'")
+        raise EadError(f"no ollama model {quoted(name)} in {root}{_listing(have)}; see 'ollama list'")
     return _ollama_blob(manifest, root, name)
 
 
 def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
     """The GGUF blob the manifest's model layer names, checked to be there, whole, and GGUF."""
-    where = f"ollama model '{name}'"
+    where = f"ollama model {quoted(name)}"
     try:
         data = json.loads(read_file(manifest))
     except OSError as err:
@@ -205,18 +207,20 @@ def resolve_lmstudio(name: str) -> Path:
         return matches[0].path
     if matches:
         raise EadError(
-            f"'{LMSTUDIO_PREFIX}{name}' matches {len(matches)} models{_listing([m.ref for m in matches])}"
+            f"{quoted(LMSTUDIO_PREFIX + name)} matches {len(matches)} models"
+            f"{_listing([m.ref for m in matches])}"
         )
     if not roots:
         raise _no_folder("LM Studio", name, f"here ({', '.join(_LMSTUDIO_DEFAULTS)})", "LMSTUDIO_MODELS")
     where = ", ".join(str(root) for root in roots)
-    raise EadError(f"no LM Studio model '{name}' in {where}{_listing([m.ref for m in models])}")
+    raise EadError(f"no LM Studio model {quoted(name)} in {where}{_listing([m.ref for m in models])}")
 
 
 def _no_folder(source: str, name: str, where: str, variable: str) -> EadError:
     """A model asked of a tool whose models folder is not there: said so, not as a folder that has none."""
     return EadError(
-        f"no {source} model '{name}': there is no {source} models folder {where}; set {variable} to yours"
+        f"no {source} model {quoted(name)}: there is no {source} models folder {where}; "
+        f"set {variable} to yours"
     )
 
 
@@ -228,7 +232,7 @@ def _under_the_folder(name: str) -> str:
     normal = posixpath.normpath(name)
     if normal.startswith("/") or normal == ".." or normal.startswith("../"):
         raise EadError(
-            f"'{LMSTUDIO_PREFIX}{name}' leaves LM Studio's models folder: name a model under it, "
+            f"{quoted(LMSTUDIO_PREFIX + name)} leaves LM Studio's models folder: name a model under it, "
             "or pass the file's own path"
         )
     return normal

@@ -13,6 +13,7 @@ import pytest
 from test_cli import assert_one_line_error, ead
 
 from ead_cli import registry, user_models
+from ead_cli.errors import quoted
 
 PROMPT = "hello"
 
@@ -177,6 +178,24 @@ def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) ->
     assert "(it has none)" in assert_one_line_error(empty, 1)
 
 
+def test_a_long_name_is_echoed_cut(
+    env: dict[str, str], ollama_root: Path, lmstudio_root: Path, tiny_large: Path
+) -> None:
+    """A name that finds no model is echoed as every refused value is (errors.quoted): a 100,000-character
+    one had been echoed whole, a line no one could read."""
+    long = "x" * 100_000
+    echoed = f"'{'x' * 80}'... (100000 characters)"
+    assert refused(env, f"ollama:{long}", tiny_large).startswith(f"error: no ollama model {echoed} in ")
+    assert refused(env, f"ollama:{long}/a/b/c", tiny_large) == (
+        f"error: not an ollama model name: '{'x' * 80}'... (100006 characters) "
+        "(expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])"
+    )
+    assert refused(env, f"lmstudio:{long}", tiny_large).startswith(f"error: no LM Studio model {echoed} in ")
+    assert refused(env, f"lmstudio:/{long}", tiny_large).startswith(
+        f"error: 'lmstudio:/{'x' * 70}'... (100010 characters) leaves LM Studio's models folder"
+    )
+
+
 @pytest.mark.parametrize("what", ["nothing", "a file"])
 def test_a_models_folder_that_is_not_there_is_said_so(
     env: dict[str, str], tmp_path: Path, tiny_large: Path, what: str
@@ -237,7 +256,7 @@ def test_an_lmstudio_name_that_leaves_its_folder_is_refused(
     for name in (str(outside), "../outside.gguf", "someone/../../outside.gguf", ".."):
         line = refused(env, f"lmstudio:{name}", tiny_large)
         assert line == (
-            f"error: 'lmstudio:{name}' leaves LM Studio's models folder: name a model under it, "
+            f"error: {quoted('lmstudio:' + name)} leaves LM Studio's models folder: name a model under it, "
             "or pass the file's own path"
         )
     expected = generate(env, str(tiny_small), str(tiny_large))
