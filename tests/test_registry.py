@@ -942,6 +942,32 @@ def test_a_full_disk_or_a_read_only_cache_is_one_line_and_leaves_nothing(
     )
 
 
+def test_a_touched_copy_another_process_checks_meanwhile_is_not_hashed_again(
+    tiny: Tiny, models_dir: Path
+) -> None:
+    """Two runs finding one touched copy: the second waits on the lock, then trusts the record the first
+    wrote rather than hashing the copy again (without the packages, so only the copy can answer)."""
+    path = resolve_tiny(tiny)
+    touch(path)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "ead_cli", "models", "pull", "tiny", "--catalog", str(tiny.models_file)]
+    with (models_dir / ".tiny.gguf.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        waiting = subprocess.Popen(command, env=env, **pipes)
+        assert waiting.stderr is not None
+        watchdog = threading.Timer(120, waiting.kill)  # a silent wait ends the read, not the test run
+        watchdog.start()
+        said = waiting.stderr.readline()
+        watchdog.cancel()
+        assert said == "waiting for another process using tiny's copy in the ead cache...\n"
+        record = {"sha256": tiny.sha256, "size": len(tiny.data), "mtime_ns": path.stat().st_mtime_ns}
+        (models_dir / "tiny.gguf.sha256").write_text(json.dumps(record))  # as the other process does
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    out, err = waiting.communicate(timeout=120)
+    assert (waiting.returncode, out, err) == (0, f"{path}\n", "")
+
+
 def test_a_touched_copy_in_a_read_only_cache_is_hashed_at_each_use(tiny: Tiny, small_disk: Path) -> None:
     """Where no record can be written anew, the copy is still used once its bytes are checked: it had been a
     'cannot write to the ead cache folder' error."""
