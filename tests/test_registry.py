@@ -906,6 +906,23 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(point)], check=True)
 
 
+@pytest.mark.parametrize("in_the_way", ["ead-cache/models", "ead-cache"])
+def test_a_file_in_the_way_of_the_cache_folder_is_named(tiny: Tiny, tmp_path: Path, in_the_way: str) -> None:
+    """A file where the ead cache's models folder goes had read '(File exists)'; rm finds no copy there."""
+    (tmp_path / in_the_way).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / in_the_way).write_text("a file")
+    models = tmp_path / "ead-cache" / "models"
+    with pytest.raises(EadError) as caught:
+        resolve_tiny(tiny)
+    assert str(caught.value) == (
+        f"cannot write to the ead cache folder {models}: {tmp_path / in_the_way} is not a folder; "
+        "set EAD_CACHE to a writable folder"
+    )
+    with pytest.raises(EadError) as caught:
+        remove_tiny(tiny)
+    assert str(caught.value) == f"model 'tiny' has no copy in the ead cache {models}"
+
+
 def test_a_full_disk_or_a_read_only_cache_is_one_line_and_leaves_nothing(
     tiny: Tiny, small_disk: Path
 ) -> None:
@@ -937,8 +954,8 @@ def test_a_full_disk_or_a_read_only_cache_is_one_line_and_leaves_nothing(
     assert sorted(os.listdir(models)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
     env["EAD_CACHE"] = str(small_disk / "never-made")
     assert assert_one_line_error(ead(*pull_tiny, env=env), 1) == (
-        f"error: cannot write to the ead cache folder {small_disk / 'never-made' / 'models'} "
-        "(Read-only file system); set EAD_CACHE to a writable folder"
+        f"error: cannot write to the ead cache folder {small_disk / 'never-made' / 'models'}: "
+        f"Read-only file system ({small_disk / 'never-made'}); set EAD_CACHE to a writable folder"
     )
 
 
