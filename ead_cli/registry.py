@@ -421,7 +421,10 @@ def _sidecar(target: Path) -> Path:
 
 
 def _record(target: Path) -> Any:
-    """The checksum record an assembly wrote beside ``target``, or None where there is none that reads."""
+    """The checksum record an assembly wrote beside ``target``, or None where there is none that reads (a
+    pipe or a device there is none: reading it could wait for ever)."""
+    if not is_file(_sidecar(target)):
+        return None
     try:
         return json.loads(_sidecar(target).read_text())
     except (OSError, ValueError, RecursionError):  # gone, garbled, or nested past the JSON parser
@@ -433,10 +436,12 @@ def _record_of(sha256: str, found: os.stat_result) -> dict[str, Any]:
 
 
 def _write_record(target: Path, record: dict[str, Any]) -> None:
-    """The record beside ``target``, written whole over the old one (which stays where the write fails); a
-    link in its place goes first, so it is not followed out of the folder."""
+    """The record beside ``target``, written whole over the old one (which stays where the write fails); what
+    is in its place and no file goes first: a link, not to be followed out of the folder, a pipe, not to
+    be written into (a folder stays, and is named)."""
     sidecar = _sidecar(target)
-    if sidecar.is_symlink():
+    found = lookup(sidecar, follow_links=False)
+    if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISDIR(found.st_mode):
         sidecar.unlink()
     write_whole(sidecar, json.dumps(record))
 

@@ -832,6 +832,26 @@ def test_a_damaged_sidecar_means_assemble_again(tiny: Tiny, models_dir: Path, re
     assert len(messages) == 1 and messages[0].startswith("assembling tiny")
 
 
+def test_a_pipe_in_place_of_the_record_is_no_record(tiny: Tiny, models_dir: Path) -> None:
+    """A pipe of the record's name had hung list (reading it) and the assembly (writing into it): it vouches
+    for nothing, and the assembly puts a record in its place."""
+    path = resolve_tiny(tiny)
+    sidecar = models_dir / "tiny.gguf.sha256"
+    sidecar.unlink()
+    os.mkfifo(sidecar)
+    env = {
+        "EAD_CACHE": str(models_dir.parent),
+        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
+    }
+    listed = ead("models", "list", "--json", "--catalog", str(tiny.models_file), env=env)
+    assert listed.returncode == 0, listed.stderr.decode()
+    local = {row["ref"]: row["local"] for row in json.loads(listed.stdout)}
+    assert local["tiny"] == "offline packages (not assembled)"
+    pulled = ead("models", "pull", "tiny", "--catalog", str(tiny.models_file), env=env)
+    assert (pulled.returncode, pulled.stdout.decode()) == (0, f"{path}\n"), pulled.stderr.decode()
+    assert json.loads(sidecar.read_text())["sha256"] == tiny.sha256
+
+
 def test_altered_chunk_fails_the_sha_check_and_leaves_no_file(tiny: Tiny, models_dir: Path) -> None:
     overwrite_same_size(tiny.chunks[0])
     altered = hashlib.sha256(b"".join(chunk.read_bytes() for chunk in tiny.chunks)).hexdigest()
