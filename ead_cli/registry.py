@@ -499,17 +499,28 @@ def _unfinished(target: Path) -> list[Path]:
 
 def _open_lock(target: Path) -> IO[str]:
     """The lock file an assembly or a removal of ``target`` holds, created if need be. Never through a link:
-    it would have ead create or append to a file outside its folder."""
+    it would have ead create or append to a file outside its folder; never a pipe, whose opening waits
+    for a reader (O_NONBLOCK: ENXIO instead)."""
     lock = target.with_name(f".{target.name}.lock")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+        fd = os.open(lock, flags, 0o666)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise EadError(
                 f"the lock file {lock} is a link, which ead does not follow; delete the link"
             ) from None
+        if err.errno == errno.ENXIO:
+            raise _not_a_lock_file(lock) from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe with a reader, a device
+        os.close(fd)
+        raise _not_a_lock_file(lock)
     return os.fdopen(fd, "a")
+
+
+def _not_a_lock_file(lock: Path) -> EadError:
+    return EadError(f"the lock file {lock} is not a file; delete it")
 
 
 def _ead_cached(spec: ModelSpec, progress: Progress | None) -> Path | None:

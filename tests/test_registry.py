@@ -1134,6 +1134,24 @@ def test_rm_does_not_follow_a_lock_that_links_out_of_the_folder(
     assert path.read_bytes() == tiny.data
 
 
+def test_a_pipe_in_place_of_the_lock_is_one_line(tiny: Tiny, models_dir: Path) -> None:
+    """Opening a pipe there to write had waited for ever for a reader, in pull and rm alike."""
+    path = resolve_tiny(tiny)
+    lock = models_dir / ".tiny.gguf.lock"
+    lock.unlink()
+    os.mkfifo(lock)
+    env = {
+        "EAD_CACHE": str(models_dir.parent),
+        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
+    }
+    expected = f"error: the lock file {lock} is not a file; delete it"
+    touch(path)  # so that pull takes the lock, to check the copy again
+    for command in ("pull", "rm"):
+        result = ead("models", command, "tiny", "--catalog", str(tiny.models_file), env=env)
+        assert assert_one_line_error(result, 1) == expected
+    assert path.read_bytes() == tiny.data
+
+
 def test_rm_waiting_on_another_process_says_so_and_what_it_found(tiny: Tiny, models_dir: Path) -> None:
     """Two removals at once: the second had waited without a word, then printed nothing and exited 0."""
     resolve_tiny(tiny)
