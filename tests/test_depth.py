@@ -644,6 +644,28 @@ def test_eval_out_and_its_plot_are_two_files_said_before_the_eval(
     assert not out.exists()
 
 
+def test_eval_refuses_an_out_that_is_the_profile_it_reads(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """--out naming the model's own depth profile (or a link to it) had been read as previous figures,
+    then written over with the evaluation: the next depth command found a corrupt profile. Refused in one
+    line before the evaluation, the profile as it was (a copy: the module's config stays whole)."""
+    folder = tmp_path / "cfg"
+    (folder / "depth").mkdir(parents=True)
+    env = {"EAD_CONFIG": str(folder / "calibration.json")}
+    profile = profile_path(deep_model).name
+    saved = Path(config["EAD_CONFIG"]).parent / "depth" / profile
+    (folder / "depth" / profile).write_bytes(saved.read_bytes())
+    link = tmp_path / "eval.json"
+    link.symlink_to(folder / "depth" / profile)
+    args = ("depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing", "--out")
+    for out in (folder / "depth" / profile, link):
+        refused = ead(*args, str(out), env=env)
+        assert_one_line_error(refused, 2, f"--out {out} is the depth profile ead depth eval reads")
+        assert (folder / "depth" / profile).read_bytes() == saved.read_bytes()
+        assert not out.with_suffix(".png").exists()
+
+
 def test_eval_without_out_refuses_a_closed_stdout(
     config: dict[str, str], deep_model: Path, tmp_path: Path
 ) -> None:

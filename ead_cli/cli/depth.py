@@ -232,7 +232,7 @@ def depth_eval(
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
     from ..bench.tasks import load_humaneval, select_tasks
-    from ..depth.evaluate import evaluate, plot
+    from ..depth.evaluate import check_out, evaluate, plot
     from ..depth.model import open_model
     from ..paths import check_can_save, is_dir, is_file, lookup, read_file_text, save_json, unreadable
 
@@ -263,6 +263,8 @@ def depth_eval(
         model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=say_progress
     )
     try:
+        if out is not None:
+            check_out(out, loaded.path)
         result = evaluate(
             loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,
             previous=previous if isinstance(previous, dict) else None, progress=say_progress,

@@ -13,13 +13,14 @@ from time import perf_counter
 
 import numpy as np
 
-from ..paths import save_text
+from ..errors import EadError
+from ..paths import same_file, save_text
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from ..text import TextStream
 from .corpus import corpus_windows, read_corpus
 from .model import DepthModel, DepthOptions
-from .profile import ESTIMATORS, Profile, build_profile
+from .profile import ESTIMATORS, Profile, build_profile, profile_file
 from .teacher import Capture, replay, teacher_force
 
 EVAL_MARGINS = (0.0, 0.5, 1.0, 2.0, 4.0, 6.0)
@@ -27,6 +28,15 @@ EVAL_CONFIDENCE = (0.5, 1.0, 2.0)
 FLOP_FLOOR = 0.15  # the falsification rule: operating points with at least this FLOP reduction
 PPL_RISE = 0.01  # ... where perplexity may rise by at most 1% relative
 WALL_GAIN = 0.10  # not practically relevant if wall-clock improves by less than 10%
+
+
+def check_out(out: Path, model: Path) -> None:
+    """--out naming the model's depth profile (through a link) had been read as previous figures and
+    replaced with the evaluation, the profile lost: refused, as bench speed refuses a --json it reads."""
+    if same_file(out, profile_file(model)):
+        raise EadError(
+            f"--out {out} is the depth profile ead depth eval reads: write the figures to another file", 2
+        )
 
 
 def operating_points(model: DepthModel, layers: Sequence[int]) -> list[DepthOptions]:

@@ -190,12 +190,18 @@ def save_profile(profile: Profile, path: Path) -> Path:
     return save_json(path, profile.to_json(), "the depth profile", indent=1)
 
 
+def profile_file(model: Path) -> Path:
+    """The file ``load_profile`` reads for this model: keyed by digest, else one saved by name alone."""
+    path = profile_path(model)
+    if not path.exists() and _profile_by_name(model).exists():
+        return _profile_by_name(model)
+    return path
+
+
 def load_profile(model: Path, path: Path | None = None) -> Profile:
     """The profile of this model file, or a one-line error (missing, corrupt, made for another file)."""
     if path is None:
-        path = profile_path(model)
-        if not path.exists() and _profile_by_name(model).exists():
-            path = _profile_by_name(model)
+        path = profile_file(model)
     if not path.exists():
         raise EadError(
             f"no depth profile for {model.name} (looked for {path}): run ead depth calibrate {model}"
