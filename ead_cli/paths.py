@@ -4,6 +4,7 @@ another just for a path."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -133,16 +134,27 @@ def ead_cache_dir() -> Path:
 
 def check_can_save(path: Path, what: str) -> None:
     """Make the folder ``path`` goes in and write a scratch file there: tried before minutes of work (a
-    calibration) that a file in the folder's way or a folder it cannot write would throw away."""
+    calibration) that a file in the folder's way or a folder it cannot write would throw away. The folders
+    it made are removed again (the save makes them), so a run refused or stopped later leaves none."""
+    made = []
+    folder = path.parent
+    while lookup(folder, follow_links=False) is None and folder != folder.parent:
+        made.append(folder)  # deepest first, the order they are removed in
+        folder = folder.parent
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise cannot_save(path, what, error) from None
-    try:
-        tempfile.TemporaryFile(dir=path.parent).close()
-    except OSError as error:  # the scratch file's random name means nothing to the user: the folder does
-        error.filename = str(path.parent)
-        raise cannot_save(path, what, error) from None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise cannot_save(path, what, error) from None
+        try:
+            tempfile.TemporaryFile(dir=path.parent).close()
+        except OSError as error:  # the scratch file's random name means nothing to the user: the folder does
+            error.filename = str(path.parent)
+            raise cannot_save(path, what, error) from None
+    finally:
+        for folder in made:
+            with contextlib.suppress(OSError):  # another's file there now: its folder is not ours to remove
+                folder.rmdir()
 
 
 def cannot_save(path: Path, what: str, error: OSError) -> EadError:

@@ -190,6 +190,17 @@ def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json"]
 
 
+def test_a_calibration_refused_after_its_save_was_checked_leaves_no_folder(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The check that the taus can be saved had made their folders, left behind when the run was refused
+    afterwards (here a missing large model)."""
+    config = tmp_path / "new" / "ead-cli" / "calibration.json"
+    args = ["calibrate", "--small", str(tiny_pair[0]), "--large", str(tmp_path / "no-such.gguf"), "--save"]
+    assert_one_line_error(ead(*args, env={"EAD_CONFIG": str(config)}), 1, "no-such.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_a_folder_that_takes_no_file_is_named(tiny_pair: tuple[Path, Path]) -> None:
     """/proc takes no new file, even from root: the line names the folder, not the random name of the

@@ -215,6 +215,8 @@ def test_a_damaged_low_rank_cache_is_computed_again_and_one_that_cannot_be_saved
         assert np.array_equal(again[0], a) and np.array_equal(again[1], b)
         assert np.array_equal(np.load(cache)["a"], a)  # whole again
     assert sorted(path.name for path in tmp_path.iterdir()) == ["factors.npz"]
+    fresh = tmp_path / "fresh" / "depth" / "factors.npz"  # the cache's folders are made as it is saved
+    assert np.array_equal(low_rank_factors(model.head, 4, fresh)[0], a) and fresh.exists()
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(EadError, match=f"cannot save the low-rank factors to {re.escape(str(blocker))}/"):
@@ -449,6 +451,31 @@ def test_ctrl_c_keeps_the_partial_answer_its_summary_and_stats(deep_model: Path)
     assert errors[-1] == "error: interrupted"
 
 
+def test_ctrl_c_in_calibration_saves_nothing_and_leaves_no_folder(deep_model: Path, tmp_path: Path) -> None:
+    """Ctrl-C during the teacher forcing: 'interrupted', exit 130, no profile, and not the folders the
+    check that it could be saved had made (they had been left behind)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(f"word{index} hello wörld" for index in range(20000)))
+    config = tmp_path / "cfg" / "calibration.json"
+    args = ["depth", "calibrate", str(deep_model), "--corpus", str(corpus), "--tokens", "60000"]
+    process = subprocess.Popen(
+        [EAD, *args, "--probe-every", "2", "--threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "EAD_CONFIG": str(config)},
+        preexec_fn=interruptible,
+    )
+    assert process.stderr is not None
+    while not (line := process.stderr.readline()).startswith(b"window 1/"):  # teacher forcing has begun
+        assert line, "the calibration ended before its first window"
+    process.send_signal(signal.SIGINT)
+    rest, err = read_to_the_end(process)
+    assert process.returncode == 130, err.decode()
+    assert rest == b"" and "Traceback" not in err.decode()
+    assert err.decode().splitlines()[-1] == "error: interrupted"
+    assert not config.parent.exists()
+
+
 def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:
     base = ("depth", "generate", str(deep_model), PROMPT, "--threads", "1")
     assert_one_line_error(ead(*base, "--probe-every", "9", env=config), 2, "--probe-every")
@@ -510,6 +537,10 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(
         ead(*evaluate, "--out", str(out), env=missing), 1, f"cannot save the evaluation to {out}: "
     )
+    # its folders are made to check they take a file, and removed again when the run stops (no model)
+    fresh = tmp_path / "fresh" / "eval.json"
+    assert_one_line_error(ead(*evaluate, "--out", str(fresh), env=missing), 1, "no-such.gguf")
+    assert not fresh.parent.exists()
 
 
 def test_eval_reports_every_operating_point_and_a_verdict(

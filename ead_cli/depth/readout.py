@@ -224,6 +224,7 @@ def low_rank_factors(head: Head, rank: int, cache: Path) -> tuple[np.ndarray, np
         a[start : start + 8192] = block @ b.T
     partial = cache.with_suffix(f".{os.getpid()}.tmp.npz")
     try:
+        cache.parent.mkdir(parents=True, exist_ok=True)  # check_can_save leaves no folder behind
         np.savez(partial, a=a, b=b)
         os.replace(partial, cache)
     except BaseException as error:  # a full disk or a Ctrl-C: no temporary left behind
