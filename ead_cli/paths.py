@@ -133,28 +133,34 @@ def ead_cache_dir() -> Path:
 
 
 def check_can_save(path: Path, what: str) -> None:
-    """Make the folder ``path`` goes in and write a scratch file there: tried before minutes of work (a
-    calibration) that a file in the folder's way or a folder it cannot write would throw away. The folders
-    it made are removed again (the save makes them), so a run refused or stopped later leaves none."""
-    made = []
-    folder = path.parent
-    while lookup(folder, follow_links=False) is None and folder != folder.parent:
-        made.append(folder)  # deepest first, the order they are removed in
-        folder = folder.parent
+    """Whether ``path`` can be saved (``try_writing`` its folder): tried before minutes of work (a
+    calibration) that a file in the folder's way or a folder it cannot write would throw away."""
     try:
+        try_writing(path.parent)
+    except OSError as error:
+        raise cannot_save(path, what, error) from None
+
+
+def try_writing(folder: Path) -> None:
+    """Make ``folder`` and write a scratch file in it, then remove the folders it made (the save makes
+    them again): a run refused or stopped after the check leaves none. Raises the OSError that says why
+    not, the scratch file's named by the folder (its random name means nothing to the user)."""
+    made = []
+    part = folder
+    while lookup(part, follow_links=False) is None and part != part.parent:
+        made.append(part)  # the deepest first, the order they are removed in
+        part = part.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
         except OSError as error:
-            raise cannot_save(path, what, error) from None
-        try:
-            tempfile.TemporaryFile(dir=path.parent).close()
-        except OSError as error:  # the scratch file's random name means nothing to the user: the folder does
-            error.filename = str(path.parent)
-            raise cannot_save(path, what, error) from None
+            error.filename = str(folder)
+            raise
     finally:
-        for folder in made:
-            with contextlib.suppress(OSError):  # another's file there now: its folder is not ours to remove
-                folder.rmdir()
+        for part in made:
+            with contextlib.suppress(OSError):  # another's file there now: the folder is not ours to remove
+                part.rmdir()
 
 
 def cannot_save(path: Path, what: str, error: OSError) -> EadError:

@@ -25,12 +25,10 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +37,7 @@ from typing import Any
 from ..compat import tokenizer_record
 from ..errors import EadError
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions
-from ..paths import read_file_text, unreadable
+from ..paths import read_file_text, try_writing, unreadable
 from ..runner import Runner
 from .grid import Strategy
 from .tasks import Item
@@ -138,16 +136,10 @@ def check_out(path: Path, *, folder: bool) -> None:
     if not folder and path.is_dir():
         raise EadError(f"{path} is a folder: the figures go to a file", exit_code=2)
     target = path if folder else Path(os.path.realpath(path)).parent  # a link's file goes beside its target
-    made = [part for part in (target, *target.parents) if not part.exists()]  # the deepest first
     try:
-        target.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=target).close()
+        try_writing(target)
     except OSError as error:
         raise EadError(f"cannot write to {target}: {error.strerror}", exit_code=2) from None
-    finally:
-        for part in made:
-            with contextlib.suppress(OSError):
-                part.rmdir()
 
 
 def unreadable_record(path: Path, error: Exception) -> EadError:
