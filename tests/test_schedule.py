@@ -122,11 +122,15 @@ def test_a_schedule_replays_on_other_models_of_the_tokenizer(
         ([[0, "p", 0, [], 1]], "step 0 is malformed"),
         ([[0, "c", 0, [1, 2], 3]], "step 0 is malformed"),  # more rows than tokens
         ([[0, "p", 0, [1], 1], [1, "t", -1]], "step 1 is malformed"),
+        ([[0, "p", 0, [1, 2], 1], [0, "d", 3, [1], 1]], "step 1 starts at position 3, where model 0 has"),
+        ([[0, "p", 0, [1, 2], 1], [0, "t", 5], [0, "c", 1, [1], 1]], "step 2 starts at position 1"),
     ],
 )
 def test_malformed_schedules_are_refused(steps: object, message: str) -> None:
     with pytest.raises(schedule.ScheduleError, match=message):
         schedule.check_schedule(steps, 2)
+    rolled_back = [[0, "p", 0, [1, 2], 1], [0, "t", 1], [0, "c", 1, [3, 4], 2], [1, "t", 9]]
+    assert schedule.check_schedule(rolled_back, 2) == rolled_back
 
 
 def test_batch_counts_split_long_feeds_and_count_each_decode() -> None:
@@ -195,7 +199,7 @@ def test_a_replay_checks_that_the_schedule_reads_what_the_record_counted(
 ) -> None:
     """Speculative decoding's first check reads the prompt's last token in the draft's batch: live and
     replayed, it counts as prefill. A record from before that (the token as catch-up) still replays;
-    a schedule missing a step is refused in one line."""
+    a schedule missing a step is refused in one line, before the models load."""
     config, records = read_results(recorded / RESULTS_FILE)
     spec = next(r for r in records if r["strategy"].startswith("spec"))
     large = spec["models"]["large"]
@@ -214,7 +218,7 @@ def test_a_replay_checks_that_the_schedule_reads_what_the_record_counted(
     sample = json.loads((tmp_path / "out" / replay.REPLAY_FILE).read_text())["samples"][0]
     assert sample["models"]["large"]["prefill_tokens"] == spec["prompt_tokens"]
     result = ead("bench", "replay", str(tmp_path / "missing"), *pair)
-    assert_one_line_error(result, 1, "the replay read", "prefill and catchup tokens with the large model")
+    assert_one_line_error(result, 2, f"{tmp_path / 'missing' / RESULTS_FILE} holds a sample record")
 
 
 def test_a_report_that_cannot_be_saved_is_one_line(recorded: Path, tmp_path: Path) -> None:
@@ -545,15 +549,47 @@ def test_a_replay_of_no_results_file_says_so(tmp_path: Path) -> None:
     assert_one_line_error(ead("bench", "replay", str(tmp_path), *missing), 2, "no samples in")
 
 
+def large(sample: dict) -> dict:
+    """A sample record's figures of the large model."""
+    return sample["models"]["large"]
+
+
 @pytest.mark.parametrize(
     ("damage", "error"),
     [
         (lambda sample: sample.pop("strategy"), "KeyError: 'strategy'"),
         (lambda sample: sample.pop("models"), "KeyError: 'models'"),
         (lambda sample: sample["models"].pop("small"), "KeyError: 'small'"),
-        (lambda sample: sample.update(wall_s="fast"), "ValueError: could not convert string to float"),
+        (lambda sample: sample.update(wall_s="fast"), "wall_s is 'fast', not seconds (a number, at least 0)"),
+        # the figures' values, read where they had been summed into a report of nonsense or a traceback
+        (lambda sample: sample.update(strategy=5), "strategy is 5, not text"),
+        (lambda sample: sample.update(wall_s=-1.0), "wall_s is -1.0, not seconds (a number, at least 0)"),
+        (lambda sample: sample.update(wall_s=True), "wall_s is True, not seconds"),
+        (lambda sample: sample.update(large_share=2), "large_share is 2, not a share (from 0 to 1)"),
+        (lambda sample: sample.update(generated=3.5), "generated is 3.5, not a count"),
+        (lambda sample: sample.update(generated="16"), "generated is '16', not a count"),
+        (lambda sample: large(sample).update(decode_tokens=-1), "models.large.decode_tokens is -1, not a"),
+        (lambda sample: large(sample).update(decode_tokens="15"), "models.large.decode_tokens is '15'"),
+        (
+            lambda sample: large(sample).update(decode_tokens=999),
+            "its schedule reads 23 decode tokens with the large model, the record 999",
+        ),
+        (  # a step past the end of what its model has read: an IndexError traceback after both models loaded
+            lambda sample: sample["schedule"][1].__setitem__(2, 600),
+            "step 1 starts at position 600, where model 1 has read 515 tokens",
+        ),
+        (  # a step over what its model has read: llama.cpp's 'failed to decode' once both had loaded
+            lambda sample: sample["schedule"][1].__setitem__(2, 3),
+            "step 1 starts at position 3, where model 1 has read 515 tokens",
+        ),
+        (lambda sample: sample["schedule"][1].__setitem__(1, "x"), "step 1 is malformed"),
     ],
-    ids=["no strategy", "no models", "no small model", "a wall time in words"],
+    ids=[
+        "no strategy", "no models", "no small model", "a wall time in words", "a number for a strategy",
+        "negative seconds", "a boolean for seconds", "a share of 2", "half a token", "a count in words",
+        "a negative count", "a count in words in a model", "counts the schedule does not read",
+        "a gap in the schedule", "an overlap in the schedule", "an unknown step",
+    ],
 )
 def test_a_damaged_sample_record_is_one_line_before_any_model_loads(
     recorded: Path, tmp_path: Path, damage: Callable[[dict], object], error: str
@@ -569,6 +605,20 @@ def test_a_damaged_sample_record_is_one_line_before_any_model_loads(
     line = assert_one_line_error(result, 2, "holds a sample record ead cannot read", error)
     assert line.startswith(f"error: {tmp_path / RESULTS_FILE} holds")
     assert not (tmp_path / replay.REPLAY_FILE).exists()
+
+
+def test_a_token_past_the_vocabulary_is_refused_before_the_replay(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """It had been llama.cpp's 'failed to decode', exit 1, once the replay had begun."""
+    lines = (recorded / RESULTS_FILE).read_text().splitlines()
+    sample = json.loads(lines[1])
+    sample["schedule"][-1][3][-1] = 10**6
+    (tmp_path / RESULTS_FILE).write_text("\n".join([lines[0], json.dumps(sample)]) + "\n")
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    result = ead("bench", "replay", str(tmp_path), *pair, "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, "feeds token 1000000, past the 267 tokens of the models' vocabulary")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_schedule_past_the_context_is_refused(

@@ -99,17 +99,50 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
 
 
 def _read_names(record: Record) -> None:
-    """What selecting a sample reads of it."""
-    str(record["strategy"]), str(record["task_id"])
+    """What selecting a sample reads of it: a number for a name had gone into the report as it was."""
+    for key in ("strategy", "task_id"):
+        if not isinstance(record[key], str):
+            raise TypeError(f"{key} is {record[key]!r}, not text")
+
+
+# What a replayed sample's figures must be: an edited record's -1 s, share of 2 or count of 3.5 had gone
+# into the report as nonsense, a count in words into a traceback where the figures are summed.
+_SAMPLE_FIGURES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "wall_s": (lambda value: _is_figure(value) and value >= 0, "seconds (a number, at least 0)"),
+    "large_share": (lambda value: _is_figure(value) and 0 <= value <= 1, "a share (from 0 to 1)"),
+    "generated": (lambda value: _is_count(value), "a count"),
+}
 
 
 def _read_figures(record: Record, roles: Sequence[str]) -> None:
-    """What replaying a sample reads of it, besides its schedule (checked step by step later)."""
-    float(record["wall_s"]), float(record["large_share"]), int(record["generated"])
+    """What replaying a sample reads of it, each figure checked to be what it stands for, and its schedule:
+    well formed for these models, and reading the tokens the record counts (else the replay's counts
+    could not be set against the record's)."""
+    where = f"{record['strategy']} on {record['task_id']}"
+    figures = [(key, record[key], *check) for key, check in _SAMPLE_FIGURES.items()] + [
+        (f"models.{role}.{phase}_tokens", record["models"][role][f"{phase}_tokens"], _is_count, "a count")
+        for role in roles
+        for phase in PHASES
+    ]
+    for name, value, check, expected in figures:
+        if not check(value):
+            raise ValueError(f"{where}: {name} is {value!r}, not {expected}")
     passes([record])
-    for role in roles:
-        for phase in PHASES:
-            int(record["models"][role][f"{phase}_tokens"])
+    try:
+        steps = check_schedule(record["schedule"], len(roles))
+    except ScheduleError as error:
+        raise ValueError(f"{where}: {error}") from None
+    for model, role in enumerate(roles):
+        # Prefill and catch-up together: records made before a draft's batch counted the prompt's last
+        # token as prefill (2026-11-26) have that token as catch-up.
+        for codes, phases in (("pc", ("prefill", "catchup")), ("d", ("decode",))):
+            read = sum(len(step[3]) for step in steps if step[0] == model and step[1] in codes)
+            recorded = sum(record["models"][role][f"{phase}_tokens"] for phase in phases)
+            if read != recorded:
+                raise ValueError(
+                    f"{where}: its schedule reads {read} {' and '.join(phases)} tokens with the {role} "
+                    f"model, the record {recorded}"
+                )
 
 
 def _check_readable(path: Path, records: Sequence[Record], read: Callable[[Record], None]) -> None:
@@ -140,11 +173,14 @@ def check_models(config: Record, runners: Sequence[Runner]) -> None:
         check_recorded_tokenizer(config["tokenizer"], runner.label, runner.model)
 
 
-def _checked_steps(record: Record, models: int, n_ctx: int) -> list:
-    try:
-        steps = check_schedule(record["schedule"], models)
-    except ScheduleError as error:
-        raise EadError(f"{record['strategy']} on {record['task_id']}: {error}", exit_code=2) from None
+def _checked_steps(record: Record, n_ctx: int, n_vocab: int) -> list:
+    """A sample's schedule (well formed: checked as it was read), within these models' context and
+    vocabulary: a token past it had been llama.cpp's failure to decode, mid-replay."""
+    steps = record["schedule"]
+    fed = [token for step in steps if step[1] != "t" for token in step[3]]
+    if fed and max(fed) >= n_vocab:
+        vocabulary = f"past the {n_vocab} tokens of the models' vocabulary"
+        raise EadError(f"{record['strategy']} on {record['task_id']} feeds token {max(fed)}, {vocabulary}", 2)
     end = max((step[2] + len(step[3]) for step in steps if step[1] != "t"), default=0)
     if end > n_ctx:
         raise EadError(
@@ -161,10 +197,10 @@ def replay_records(
     *,
     on_sample: Callable[[ReplayedSample], None] | None = None,
 ) -> list[ReplayedSample]:
-    """Re-execute each record's schedule; the token counts must come out as recorded."""
+    """Re-execute each record's schedule (its token counts checked against the record's as it was read)."""
     roles = role_names(len(runners))
-    n_ctx = min(runner.n_ctx for runner in runners)
-    plan = [(record, _checked_steps(record, len(runners), n_ctx)) for record in _by_task(records)]
+    n_ctx, n_vocab = min(runner.n_ctx for runner in runners), min(runner.n_vocab for runner in runners)
+    plan = [(record, _checked_steps(record, n_ctx, n_vocab)) for record in _by_task(records)]
     first_prefill = next((step[3] for _, steps in plan for step in steps if step[1] == "p"), None)
     if first_prefill:
         warm_up(runners, first_prefill)
@@ -182,18 +218,6 @@ def replay_records(
             }
             for role, stat in zip(roles, stats, strict=True)
         }
-        for role, figures in models.items():
-            # Prefill and catch-up together: records made before a draft's batch counted the prompt's
-            # last token as prefill (2026-11-26) have that token as catch-up.
-            for phases in (("prefill", "catchup"), ("decode",)):
-                read = sum(figures[f"{phase}_tokens"] for phase in phases)
-                recorded = sum(record["models"][role][f"{phase}_tokens"] for phase in phases)
-                if read != recorded:  # a step the recorder missed
-                    raise EadError(
-                        f"{record['strategy']} on {record['task_id']}: the replay read {read} "
-                        f"{' and '.join(phases)} tokens with the {role} model, the record says "
-                        f"{recorded}: the schedule is incomplete"
-                    )
         sample = ReplayedSample(
             record["strategy"], record["task_id"], wall, record["wall_s"], record["generated"], models
         )

@@ -81,9 +81,12 @@ class ScheduleError(ValueError):
 
 
 def check_schedule(steps: Any, models: int) -> list[Step]:
-    """The steps, if every one is well formed for ``models`` models (a results file may be edited)."""
+    """The steps, if every one is well formed for ``models`` models (a results file may be edited), each
+    feed starting where its model's tokens end: a gap had been an IndexError in the replay, an overlap
+    llama.cpp's failure to decode."""
     if not isinstance(steps, list):
         raise ScheduleError("the schedule is not a list of steps")
+    read = [0] * models  # each model's tokens so far
     for number, step in enumerate(steps):
         ok = isinstance(step, list) and len(step) >= 3 and isinstance(step[0], int) and 0 <= step[0] < models
         if ok and step[1] == "t":
@@ -103,6 +106,14 @@ def check_schedule(steps: Any, models: int) -> list[Step]:
             ok = False
         if not ok:
             raise ScheduleError(f"step {number} is malformed: {str(step)[:80]}")
+        model = step[0]
+        if step[1] == "t":
+            read[model] = min(read[model], step[2])
+            continue
+        if step[2] != read[model]:
+            where = f"where model {model} has read {read[model]} tokens"
+            raise ScheduleError(f"step {number} starts at position {step[2]}, {where}")
+        read[model] += len(step[3])
     return steps
 
 
