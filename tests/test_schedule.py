@@ -341,10 +341,39 @@ def a_report(without: str = "", **changed: object) -> str:
         ('{"strategies": []}', "it holds no strategies"),
         ('{"strategies": [1]}', "its strategy 1 is not an object"),
         (a_report(without="batches"), "its strategy 1 has no batches"),
-        (a_report(wall_rel="x"), "its strategy 1's wall_rel is 'x', not a number or null"),
-        (a_report(wall_s=float("nan")), "its strategy 1's wall_s is nan, not a number"),
-        (a_report(samples=True), "its strategy 1's samples is True, not a count"),
+        (a_report(wall_rel="x"), "its strategy 1's wall_rel is 'x', not a ratio (above 0) or null"),
+        (a_report(wall_s=float("nan")), "its strategy 1's wall_s is nan, not seconds (a number, at least 0)"),
+        (a_report(samples=True), "its strategy 1's samples is True, not a count of at least 1"),
         (a_report(passed=0.5), "its strategy 1's passed is 0.5, not a count or null"),
+        # values no replay writes, which the median table and bench speed --check had shown as figures
+        (a_report(wall_s=-1.0), "its strategy 1's wall_s is -1.0, not seconds (a number, at least 0)"),
+        (
+            a_report(recorded_wall_s=-1),
+            "its strategy 1's recorded_wall_s is -1, not seconds (a number, at least 0)",
+        ),
+        (a_report(wall_rel=0), "its strategy 1's wall_rel is 0, not a ratio (above 0) or null"),
+        (
+            a_report(recorded_wall_rel=-1.0),
+            "its strategy 1's recorded_wall_rel is -1.0, not a ratio (above 0) or null",
+        ),
+        (
+            a_report(tokens_per_s=-5.0),
+            "its strategy 1's tokens_per_s is -5.0, not a rate (a number, at least 0)",
+        ),
+        (a_report(large_share=2.0), "its strategy 1's large_share is 2.0, not a share (from 0 to 1)"),
+        (a_report(pass_at_1=1.5), "its strategy 1's pass_at_1 is 1.5, not a share (from 0 to 1) or null"),
+        (a_report(samples=0), "its strategy 1's samples is 0, not a count of at least 1"),
+        (a_report(passed=2), "its strategy 1 passed 2 of its 1 samples"),
+        (
+            a_report(batches={"large": {"decode": {"0": 8}}}),
+            "its strategy 1's batches is {'large': {'decode': {'0': 8}}}, "
+            "not batch counts by model and phase",
+        ),
+        (
+            a_report(batches={"large": {"warp": {"1": 8}}}),
+            "its strategy 1's batches is {'large': {'warp': {'1': 8}}}, "
+            "not batch counts by model and phase",
+        ),
         (
             a_report(batches={"large": {"decode": {"one": 8}}}),
             "its strategy 1's batches is {'large': {'decode': {'one': 8}}}, "

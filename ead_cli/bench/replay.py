@@ -105,12 +105,34 @@ def _read_names(record: Record) -> None:
             raise TypeError(f"{key} is {record[key]!r}, not text")
 
 
+def _is_figure(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_seconds(value: Any) -> bool:
+    """A duration or a rate: a finite number, at least 0."""
+    return _is_figure(value) and value >= 0
+
+
+def _is_share(value: Any) -> bool:
+    return _is_figure(value) and 0 <= value <= 1
+
+
+def _is_ratio(value: Any) -> bool:
+    """A relative figure: None where there is no large-only to set it against, else above 0."""
+    return value is None or (_is_figure(value) and value > 0)
+
+
 # What a replayed sample's figures must be: an edited record's -1 s, share of 2 or count of 3.5 had gone
 # into the report as nonsense, a count in words into a traceback where the figures are summed.
 _SAMPLE_FIGURES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "wall_s": (lambda value: _is_figure(value) and value >= 0, "seconds (a number, at least 0)"),
-    "large_share": (lambda value: _is_figure(value) and 0 <= value <= 1, "a share (from 0 to 1)"),
-    "generated": (lambda value: _is_count(value), "a count"),
+    "wall_s": (_is_seconds, "seconds (a number, at least 0)"),
+    "large_share": (_is_share, "a share (from 0 to 1)"),
+    "generated": (_is_count, "a count"),
 }
 
 
@@ -391,33 +413,34 @@ def replayed_models(report: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:
     return [(model.get("file"), model.get("bytes")) for model in models.values()]
 
 
-def _is_figure(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _is_batch_counts(value: Any) -> bool:
-    """role -> phase -> batch size (JSON's text of a number) -> count."""
+    """role -> phase -> batch size (JSON's text of a number, at least 1) -> count."""
     if not isinstance(value, dict) or not all(isinstance(phases, dict) for phases in value.values()):
         return False
-    by_phase = [sizes for phases in value.values() for sizes in phases.values()]
+    phases = [(phase, sizes) for by_phase in value.values() for phase, sizes in by_phase.items()]
     return all(
-        isinstance(sizes, dict) and all(size.isdecimal() and _is_count(n) for size, n in sizes.items())
-        for sizes in by_phase
+        phase in PHASES
+        and isinstance(sizes, dict)
+        and all(size.isdecimal() and int(size) >= 1 and _is_count(n) for size, n in sizes.items())
+        for phase, sizes in phases
     )
 
 
-# ReplayedStrategy's field types (annotations, as text) -> (check, what the figure must be)
+# ReplayedStrategy's fields -> (check, what the figure must be): values no replay writes (negative
+# seconds, a ratio of 0, a share of 2) had been shown as figures by the median table and bench speed.
 _STRATEGY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "str": (lambda value: isinstance(value, str), "text"),
-    "int": (_is_count, "a count"),
-    "int | None": (lambda value: value is None or _is_count(value), "a count or null"),
-    "float": (_is_figure, "a number"),
-    "float | None": (lambda value: value is None or _is_figure(value), "a number or null"),
-    "dict[str, dict[str, dict[int, int]]]": (_is_batch_counts, "batch counts by model and phase"),
+    "strategy": (lambda value: isinstance(value, str), "text"),
+    "samples": (lambda value: _is_count(value) and value >= 1, "a count of at least 1"),
+    "generated": (_is_count, "a count"),
+    "large_share": (_is_share, "a share (from 0 to 1)"),
+    "pass_at_1": (lambda value: value is None or _is_share(value), "a share (from 0 to 1) or null"),
+    "passed": (lambda value: value is None or _is_count(value), "a count or null"),
+    "wall_s": (_is_seconds, "seconds (a number, at least 0)"),
+    "wall_rel": (_is_ratio, "a ratio (above 0) or null"),
+    "recorded_wall_s": (_is_seconds, "seconds (a number, at least 0)"),
+    "recorded_wall_rel": (_is_ratio, "a ratio (above 0) or null"),
+    "tokens_per_s": (_is_seconds, "a rate (a number, at least 0)"),
+    "batches": (_is_batch_counts, "batch counts by model and phase"),
 }
 
 
@@ -435,9 +458,11 @@ def _report_problem(report: Any) -> str | None:
                 if field.name == "passed":  # a report written before passes were counted: _with_passes
                     continue
                 return f"its strategy {number} has no {field.name}"
-            check, expected = _STRATEGY_FIELDS[str(field.type)]
+            check, expected = _STRATEGY_FIELDS[field.name]
             if not check(row[field.name]):
                 return f"its strategy {number}'s {field.name} is {row[field.name]!r}, not {expected}"
+        if row.get("passed") is not None and row["passed"] > row["samples"]:
+            return f"its strategy {number} passed {row['passed']} of its {row['samples']} samples"
     samples = report.get("samples", [])
     if not isinstance(samples, list):
         return "its samples are not a list"
@@ -445,7 +470,7 @@ def _report_problem(report: Any) -> str | None:
         if not (
             isinstance(sample, dict)
             and all(isinstance(sample.get(key), str) for key in ("strategy", "task_id"))
-            and _is_figure(sample.get("recorded_wall_s"))
+            and _is_seconds(sample.get("recorded_wall_s"))
             and _is_count(sample.get("generated"))
         ):
             return f"its sample {number} is not a replayed sample (strategy, task_id, recorded s, generated)"
