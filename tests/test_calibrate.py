@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, ead, pair_args
+from test_cli import assert_one_line_error, ead, ead_to_a_closed_pipe, pair_args
 
 from ead_cli import calibrate as calibration
 from ead_cli.errors import EadError
@@ -199,6 +199,18 @@ def test_a_calibration_refused_after_its_save_was_checked_leaves_no_folder(
     args = ["calibrate", "--small", str(tiny_pair[0]), "--large", str(tmp_path / "no-such.gguf"), "--save"]
     assert_one_line_error(ead(*args, env={"EAD_CONFIG": str(config)}), 1, "no-such.gguf")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_calibrate_saves_the_taus_when_the_tables_reader_is_gone(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``ead calibrate --save | head``: the table had come first, and the closed pipe ended the run there
+    (141), the calibration not saved."""
+    config = tmp_path / "calibration.json"
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "40", "--no-check", "--policy", "gate"]
+    result = ead_to_a_closed_pipe(*args, "--save", env={"EAD_CONFIG": str(config)})
+    assert result.returncode == 141, result.stderr.decode()
+    assert "gate" in json.loads(config.read_text())[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")

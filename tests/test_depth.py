@@ -20,7 +20,15 @@ import llama_cpp
 import numpy as np
 import pytest
 from ctrl_c import ctrl_c_at_return, indices_before_ctrl_c
-from test_cli import EAD, assert_one_line_error, at_a_terminal, ead, interruptible, read_to_the_end
+from test_cli import (
+    EAD,
+    assert_one_line_error,
+    at_a_terminal,
+    ead,
+    ead_to_a_closed_pipe,
+    interruptible,
+    read_to_the_end,
+)
 from tiny_models import write_tiny_model
 
 from ead_cli.bench.sandbox import sandbox_note
@@ -715,6 +723,18 @@ def test_eval_without_out_refuses_a_closed_stdout(
     saved = without_stdout("--out", str(out))
     assert saved.returncode == 0, saved.stderr.decode()
     assert "verdict" in json.loads(out.read_text())
+
+
+def test_eval_saves_its_figures_when_the_tables_reader_is_gone(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """``ead depth eval --out F | head``: the tables had come first, and the closed pipe ended the run
+    there (141), the figures of the whole evaluation not saved."""
+    out = tmp_path / "eval.json"
+    args = ("depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing")
+    result = ead_to_a_closed_pipe(*args, "--out", str(out), env=config)
+    assert result.returncode == 141, result.stderr.decode()
+    assert "verdict" in json.loads(out.read_text()) and out.with_suffix(".png").exists()
 
 
 def test_the_wall_clock_reference_stops_at_a_full_context_as_depths_loop_does(

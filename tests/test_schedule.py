@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_cli import EAD, assert_one_line_error, ead
+from test_cli import EAD, assert_one_line_error, ead, ead_to_a_closed_pipe
 from tiny_models import MIDDLE_ENTROPY_BITS, write_tiny_model
 
 from ead_cli.bench import replay, schedule, speed
@@ -794,7 +794,8 @@ def test_speed_needs_a_local_pair_and_a_context_that_fits(tiny_pair: tuple[Path,
 
 def test_speed_without_json_refuses_a_closed_stdout(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """Without --json the tables on stdout are all bench speed leaves: with stdout closed (``>&-``) it had
-    measured both models, shown nothing, exit 0. With --json the figures still go to the file."""
+    measured both models, shown nothing, exit 0. With --json the figures still go to the file, also where
+    the tables' reader is gone."""
     pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1", "--context", "16"]
     line = shlex.join([EAD, "bench", "speed", *pair])
     closed = subprocess.run(["bash", "-c", f"{line} >&-"], capture_output=True, timeout=120)
@@ -802,6 +803,11 @@ def test_speed_without_json_refuses_a_closed_stdout(tiny_pair: tuple[Path, Path]
     out = tmp_path / "speed.json"
     saved = subprocess.run(["bash", "-c", f"{line} --json {out} >&-"], capture_output=True, timeout=120)
     assert saved.returncode == 0, saved.stderr.decode()
+    assert json.loads(out.read_text())["verdict"]
+    # a reader gone (``| head``): the tables had come first and the closed pipe ended the run, unsaved
+    out.unlink()
+    piped = ead_to_a_closed_pipe("bench", "speed", *pair, "--json", str(out))
+    assert piped.returncode == 141, piped.stderr.decode()
     assert json.loads(out.read_text())["verdict"]
 
 

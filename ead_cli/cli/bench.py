@@ -317,6 +317,8 @@ def bench_speed(
     report = speed_report(
         model_options, context=context, replay_path=check, json_out=json_out, progress=say_progress
     )
+    if json_out is not None:  # before the tables: a reader gone (`| head`) ends the run where they are shown
+        save_json(json_out, report.as_json(), "the speed figures", indent=1)
     sizes = sorted(report.rates[0].tokens_per_s)
     print_figures(
         ["model", "params", *(("decode" if size == 1 else f"batch {size}") for size in sizes)],
@@ -360,8 +362,6 @@ def bench_speed(
             ),
             [asdict(row) for row in report.checks],
         )
-    if json_out is not None:
-        save_json(json_out, report.as_json(), "the speed figures", indent=1)
 
 
 def _run_bench(job: Bench, model_options: ModelOptions) -> None:

@@ -271,6 +271,9 @@ def depth_eval(
         )
     finally:
         loaded.close()
+    if out is not None:  # before the tables: a reader gone (`| head`) ends the run where they are shown
+        save_json(out, result, "the evaluation", indent=1)
+        why = plot(result, out.with_suffix(".png"))
     columns = (
         ("operating point", "rule", ""),
         ("mean depth", "mean_depth_frac", ".0%"),
@@ -295,8 +298,6 @@ def depth_eval(
     )
     print_rows(stop_columns, result.get("stop_timing", []))
     if out is not None:
-        save_json(out, result, "the evaluation", indent=1)
-        why = plot(result, out.with_suffix(".png"))
         stderr.print(why or f"wrote {out} and {out.with_suffix('.png')}", style="dim", soft_wrap=True)
     print(result["verdict"])
 

@@ -309,6 +309,8 @@ def calibrate(
         )
         if not results:
             raise failures[0]
+        if saving is not None:  # before the table: a reader gone (`| head`) ends the run where it is shown
+            path = calibration.save(runners[0].label, runners[1].label, results, saving)
         table = Table(box=None, pad_edge=False)
         for column in ("policy", "tau (bits)", "predicted share", "measured share (held out)"):
             table.add_column(column, justify="left" if column == "policy" else "right")
@@ -317,7 +319,6 @@ def calibrate(
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
         print_table(table)
         if saving is not None:
-            path = calibration.save(runners[0].label, runners[1].label, results, saving)
             say_progress(f"saved to {path}")
     finally:
         close_all(runners)
