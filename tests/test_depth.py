@@ -539,6 +539,9 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(no_tokens, 2, "--max-tokens must be at least 1, got 0")
     assert_one_line_error(ead(*evaluate, "--ids", "1-", env=missing), 2, "--ids: '1-' is not a number")
     assert_one_line_error(ead(*evaluate, "--tune-ids", "0,999", env=missing), 2, "--tune-ids: no task 999")
+    # a margin tuned on a task it is then reported on: the verdict had been measured on what was tuned
+    shared = ead(*evaluate, "--ids", "1,3,5", "--tune-ids", "0-3", env=missing)
+    assert_one_line_error(shared, 2, "--tune-ids and --ids share HumanEval/1: tune on other tasks")
     empty = ead(*evaluate, "--out", "", env=missing)  # it had been the current folder: "is not a file"
     assert_one_line_error(empty, 2, "Invalid value for '--out': an empty path names no file or folder")
     out = blocked / "depth" / "eval.json"  # it had been a FileExistsError traceback after the whole eval

@@ -239,9 +239,14 @@ def depth_eval(
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
     check_max_tokens(max_tokens)  # now, not in a ZeroDivisionError after the quality part
-    for option, task_ids in (("--ids", ids), ("--tune-ids", tune_ids)):  # now, not after teacher forcing
-        if task_ids is not None:
-            select_tasks(load_humaneval(), ids=task_ids, option=option)
+    chosen = {  # now, not after teacher forcing
+        option: [task.task_id for task in select_tasks(load_humaneval(), ids=task_ids, option=option)]
+        for option, task_ids in (("--ids", ids), ("--tune-ids", tune_ids))
+        if task_ids is not None
+    }
+    shared = [task for task in chosen["--ids"] if task in chosen.get("--tune-ids", [])]
+    if shared:  # the margin would be tuned on a task the verdict is then measured on
+        raise EadError(f"--tune-ids and --ids share {shared[0]}: tune on other tasks than those reported", 2)
     previous = None
     if out is not None:
         found = lookup(out) is not None
