@@ -636,17 +636,44 @@ def test_a_damaged_sample_record_is_one_line_before_any_model_loads(
     assert not (tmp_path / replay.REPLAY_FILE).exists()
 
 
-def test_a_token_past_the_vocabulary_is_refused_before_the_replay(
-    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda config: config.update(tokenizer=5), "tokenizer is 5, not a token count and a fingerprint"),
+        (lambda config: config.update(tokenizer="x"), "tokenizer is \"x\", not a token count and a"),
+        (lambda config: config["tokenizer"].pop("sha256"), "tokenizer is {\"tokens\": 267}, not a token"),
+        (lambda config: config["tokenizer"].update(tokens="267"), "tokenizer is {\"tokens\": \"267\", "),
+        (lambda config: config.update(models=5), "models is 5, not the models by role"),
+        (lambda config: config.update(models={}), "models is {}, not the models by role"),
+    ],
+    ids=["a number", "text", "no fingerprint", "a count in words", "models a number", "no models"],
+)
+def test_a_damaged_config_record_is_one_line_before_any_model_loads(
+    recorded: Path, tmp_path: Path, damage: Callable[[dict], object], problem: str
+) -> None:
+    """The tokenizer's record had been a traceback where it is compared, once the models had loaded; the
+    models' a 'sample record ead cannot read'."""
+    lines = (recorded / RESULTS_FILE).read_text().splitlines()
+    config = json.loads(lines[0])
+    damage(config)
+    (tmp_path / RESULTS_FILE).write_text("\n".join([json.dumps(config), *lines[1:]]) + "\n")
+    missing = ["--small", str(tmp_path / "none.gguf"), "--large", str(tmp_path / "none.gguf")]
+    result = ead("bench", "replay", str(tmp_path), *missing)
+    line = assert_one_line_error(result, 2, problem)
+    assert line.startswith(f"error: {tmp_path / RESULTS_FILE}'s config record is not one ead bench writes: ")
+
+
+def test_a_token_past_the_vocabulary_is_refused_before_any_model_loads(
+    recorded: Path, tmp_path: Path
 ) -> None:
     """It had been llama.cpp's 'failed to decode', exit 1, once the replay had begun."""
     lines = (recorded / RESULTS_FILE).read_text().splitlines()
     sample = json.loads(lines[1])
-    sample["schedule"][-1][3][-1] = 10**6
+    sample["schedule"][-1][3][-1] = 267
     (tmp_path / RESULTS_FILE).write_text("\n".join([lines[0], json.dumps(sample)]) + "\n")
-    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
-    result = ead("bench", "replay", str(tmp_path), *pair, "--out", str(tmp_path / "out"))
-    assert_one_line_error(result, 2, "feeds token 1000000, past the 267 tokens of the models' vocabulary")
+    missing = ["--small", str(tmp_path / "none.gguf"), "--large", str(tmp_path / "none.gguf")]
+    result = ead("bench", "replay", str(tmp_path), *missing, "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, "feeds token 267, past the 267 tokens of the recorded tokenizer")
     assert not (tmp_path / "out").exists()
 
 

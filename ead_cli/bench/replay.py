@@ -21,7 +21,7 @@ from typing import Any
 
 from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
-from ..errors import EadError, quoted
+from ..errors import EadError, cut, quoted
 from ..options import ModelOptions
 from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
@@ -74,6 +74,7 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
             f"{path} was recorded without a tokenizer fingerprint (by an older ead): run the bench again",
             exit_code=2,
         )
+    _check_config(path, config)
     _check_readable(path, records, _read_names)
     if strategies is None:
         chosen = [record for record in records if record.get("schedule") is not None]
@@ -94,8 +95,27 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
                     "server strategy, or an older ead recorded it): it cannot be replayed",
                     exit_code=2,
                 )
-    _check_readable(path, chosen, lambda record: _read_figures(record, list(config["models"])))
+    roles, tokens = list(config["models"]), config["tokenizer"]["tokens"]
+    _check_readable(path, chosen, lambda record: _read_figures(record, roles, tokens))
     return config, chosen
+
+
+def _check_config(path: Path, config: Record) -> None:
+    """The config record's models and tokenizer, as a bench writes them: an edited tokenizer had been a
+    traceback where it is compared, once the models had loaded."""
+    models, tokenizer = config.get("models"), config["tokenizer"]
+    if not isinstance(models, dict) or not models or not all(isinstance(m, dict) for m in models.values()):
+        problem = f"models is {cut(json.dumps(models))}, not the models by role"
+    elif not (
+        isinstance(tokenizer, dict)
+        and _is_count(tokenizer.get("tokens"))
+        and tokenizer["tokens"] >= 1
+        and isinstance(tokenizer.get("sha256"), str)
+    ):
+        problem = f"tokenizer is {cut(json.dumps(tokenizer))}, not a token count and a fingerprint"
+    else:
+        return
+    raise EadError(f"{path}'s config record is not one ead bench writes: {problem}", 2)
 
 
 def _read_names(record: Record) -> None:
@@ -136,10 +156,11 @@ _SAMPLE_FIGURES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _read_figures(record: Record, roles: Sequence[str]) -> None:
+def _read_figures(record: Record, roles: Sequence[str], tokens: int) -> None:
     """What replaying a sample reads of it, each figure checked to be what it stands for, and its schedule:
-    well formed for these models, and reading the tokens the record counts (else the replay's counts
-    could not be set against the record's)."""
+    well formed for these models, of the recorded tokenizer's ``tokens`` (a token past them had been
+    llama.cpp's failure to decode, mid-replay), and reading the tokens the record counts (else the replay's
+    counts could not be set against the record's)."""
     where = f"{record['strategy']} on {record['task_id']}"
     figures = [(key, record[key], *check) for key, check in _SAMPLE_FIGURES.items()] + [
         (f"models.{role}.{phase}_tokens", record["models"][role][f"{phase}_tokens"], _is_count, "a count")
@@ -154,6 +175,10 @@ def _read_figures(record: Record, roles: Sequence[str]) -> None:
         steps = check_schedule(record["schedule"], len(roles))
     except ScheduleError as error:
         raise ValueError(f"{where}: {error}") from None
+    fed = max((token for step in steps if step[1] != "t" for token in step[3]), default=0)
+    if fed >= tokens:
+        past = f"past the {tokens} tokens of the recorded tokenizer"
+        raise ValueError(f"{where}: its schedule feeds token {fed}, {past}")
     for model, role in enumerate(roles):
         # Prefill and catch-up together: records made before a draft's batch counted the prompt's last
         # token as prefill (2026-11-26) have that token as catch-up.
@@ -195,14 +220,9 @@ def check_models(config: Record, runners: Sequence[Runner]) -> None:
         check_recorded_tokenizer(config["tokenizer"], runner.label, runner.model)
 
 
-def _checked_steps(record: Record, n_ctx: int, n_vocab: int) -> list:
-    """A sample's schedule (well formed: checked as it was read), within these models' context and
-    vocabulary: a token past it had been llama.cpp's failure to decode, mid-replay."""
+def _checked_steps(record: Record, n_ctx: int) -> list:
+    """A sample's schedule (checked as it was read), within these models' context."""
     steps = record["schedule"]
-    fed = [token for step in steps if step[1] != "t" for token in step[3]]
-    if fed and max(fed) >= n_vocab:
-        vocabulary = f"past the {n_vocab} tokens of the models' vocabulary"
-        raise EadError(f"{record['strategy']} on {record['task_id']} feeds token {max(fed)}, {vocabulary}", 2)
     end = max((step[2] + len(step[3]) for step in steps if step[1] != "t"), default=0)
     if end > n_ctx:
         raise EadError(
@@ -221,8 +241,8 @@ def replay_records(
 ) -> list[ReplayedSample]:
     """Re-execute each record's schedule (its token counts checked against the record's as it was read)."""
     roles = role_names(len(runners))
-    n_ctx, n_vocab = min(runner.n_ctx for runner in runners), min(runner.n_vocab for runner in runners)
-    plan = [(record, _checked_steps(record, n_ctx, n_vocab)) for record in _by_task(records)]
+    n_ctx = min(runner.n_ctx for runner in runners)
+    plan = [(record, _checked_steps(record, n_ctx)) for record in _by_task(records)]
     first_prefill = next((step[3] for _, steps in plan for step in steps if step[1] == "p"), None)
     if first_prefill:
         warm_up(runners, first_prefill)
