@@ -516,6 +516,17 @@ def test_bench_speed_writes_its_figures_over_no_file_it_reads(
     assert {path: path.read_bytes() for path in kept} == kept
 
 
+def test_a_replay_report_that_would_be_a_folder_is_refused_before_any_model_loads(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """A folder where replay.json goes had been said once the whole replay had run, its table unshown."""
+    (tmp_path / replay.REPLAY_FILE).mkdir()
+    missing = ["--small", str(tmp_path / "none.gguf"), "--large", str(tmp_path / "none.gguf")]
+    result = ead("bench", "replay", str(recorded), *missing, "--out", str(tmp_path))
+    file = tmp_path / replay.REPLAY_FILE
+    assert_one_line_error(result, 2, f"cannot save the replay report to {file}: it is a folder")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

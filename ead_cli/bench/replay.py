@@ -336,6 +336,8 @@ def replay_bench(
 ) -> dict[str, Any]:
     """Replay a results file's schedules on these models; write and return the report (replay.json)."""
     config, records = select_records(path, strategies)
+    if is_dir(out / REPLAY_FILE):  # said now, not once the whole replay has run
+        raise EadError(f"cannot save the replay report to {out / REPLAY_FILE}: it is a folder", 2)
     runners = load_runners(model_options, progress=progress)
     try:
         check_models(config, runners)
