@@ -133,9 +133,12 @@ def ead_cache_dir() -> Path:
 
 
 def check_can_save(path: Path, what: str) -> None:
-    """Whether ``path`` can be saved (``try_writing`` its folder): tried before minutes of work (a
-    calibration) that a file in the folder's way or a folder it cannot write would throw away."""
+    """Whether ``path`` can be saved (not a folder; ``try_writing`` its folder): tried before minutes of
+    work (a calibration) that a folder in its place, a file in the folder's way or a folder it cannot
+    write would throw away."""
     try:
+        if is_dir(path):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         try_writing(path.parent)
     except OSError as error:
         raise cannot_save(path, what, error) from None

@@ -523,6 +523,14 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
         f"cannot save the depth profile to {blocked}/depth/deep.gguf-{file_digest(deep_model)}.json: "
         f"{blocked}/depth is not a folder",
     )
+    folder = {"EAD_CONFIG": str(tmp_path / "folder" / "calibration.json")}
+    profile = tmp_path / "folder" / "depth" / profile_path(deep_model).name
+    profile.mkdir(parents=True)  # a folder where the profile goes: said after the teacher forcing, too
+    assert_one_line_error(
+        ead("depth", "calibrate", str(deep_model), "--corpus", "prose", "--threads", "1", env=folder),
+        1,
+        f"cannot save the depth profile to {profile}: Is a directory",
+    )
     headless = tmp_path / "headless.gguf"
     writer = gguf.GGUFWriter(headless, "llama")
     writer.add_block_count(1)
