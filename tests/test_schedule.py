@@ -447,6 +447,15 @@ def test_repeats_of_a_replay_are_replays_of_the_same_samples_on_the_same_models(
     assert ead("bench", "report", *hand_made).returncode == 0
 
 
+def test_the_median_table_is_written_when_its_reader_is_gone(tmp_path: Path) -> None:
+    """``ead bench report A B | head``: the table had come first and the closed pipe ended the run there
+    (141), median-of-2.md not written."""
+    first = a_replay(tmp_path / "first")
+    result = ead_to_a_closed_pipe("bench", "report", first, a_replay(tmp_path / "repeat"))
+    assert result.returncode == 141, result.stderr.decode()
+    assert "large-only" in (tmp_path / "first" / "median-of-2.md").read_text()
+
+
 def test_a_replay_given_twice_is_not_two_repeats(tmp_path: Path) -> None:
     """The same replay folder twice (however spelled) had been the median of two runs, its table written."""
     (tmp_path / replay.REPLAY_FILE).write_text(a_report())

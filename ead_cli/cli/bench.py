@@ -230,12 +230,13 @@ def bench_report(
         for folder, run in zip(folders, runs, strict=True):
             write_report(folder, run)
     table = repeats_table(runs)
+    median = folders[0] / f"median-of-{len(runs)}.md" if len(runs) > 1 else None
+    if median is not None:  # before the table: a reader gone (`| head`) ends the run where it is shown
+        save_text(median, "".join(f"{folder / source}\n" for folder in folders) + table, "the median table")
     typer.echo(table, nl=False)
-    if len(runs) > 1:
-        path = folders[0] / f"median-of-{len(runs)}.md"
-        save_text(path, "".join(f"{folder / source}\n" for folder in folders) + table, "the median table")
+    if median is not None:
         also = "" if replays else " and each folder's report"
-        stderr.print(f"wrote {path}{also}", style="dim", soft_wrap=True)
+        stderr.print(f"wrote {median}{also}", style="dim", soft_wrap=True)
 
 
 @bench_app.command("replay")
