@@ -686,6 +686,9 @@ def test_a_strategy_the_engine_refuses_stops_the_bench_before_any_model_loads() 
         lambda record: record.update(wall_s="x"),  # a TypeError in the report, after every new sample
         lambda record: record.update(passed="yes"),
         lambda record: record.update(models=5),  # an AttributeError traceback before any model loaded
+        lambda record: record.update(wall_s=-1.0),  # values no bench writes: summed into the report as read
+        lambda record: record.update(large_share=2),
+        lambda record: record.update(switches=-1),
     ],
 )
 def test_a_damaged_sample_record_stops_a_resume_before_any_model_loads(

@@ -697,6 +697,34 @@ def test_a_token_past_the_vocabulary_is_refused_before_any_model_loads(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        (lambda sample: sample.update(wall_s=-1.0), "wall_s is -1.0, not seconds (a number, at least 0)"),
+        (lambda sample: sample.update(large_share=1.5), "large_share is 1.5, not a share (from 0 to 1)"),
+        (lambda sample: sample.update(generated=-16), "generated is -16, not a count"),
+        (lambda sample: sample.update(switches=0.5), "switches is 0.5, not a count"),
+        (lambda sample: sample.update(flops=-1.0), "flops is -1.0, not a figure (a number, at least 0)"),
+        (lambda sample: sample.update(acceptance_rate=2.0), "acceptance_rate is 2.0, not a share (from 0"),
+        (lambda sample: large(sample).update(decode_s=-0.5), "models.large.decode_s is -0.5, not seconds"),
+    ],
+    ids=["negative seconds", "a share above 1", "a negative count", "half a switch", "negative flops",
+         "an acceptance above 1", "negative model seconds"],
+)  # fmt: skip
+def test_bench_report_names_a_figure_no_bench_writes(
+    recorded: Path, tmp_path: Path, damage: Callable[[dict], object], error: str
+) -> None:
+    """A results file edited to figures no bench writes had been reported as they were: -1 s and a
+    negative rate, a large share of 150%, a negative switch count."""
+    lines = (recorded / RESULTS_FILE).read_text().splitlines()
+    sample = json.loads(lines[1])
+    damage(sample)
+    (tmp_path / RESULTS_FILE).write_text("\n".join([lines[0], json.dumps(sample), *lines[2:]]) + "\n")
+    line = assert_one_line_error(ead("bench", "report", str(tmp_path)), 2, error)
+    assert line.startswith(f"error: {tmp_path / RESULTS_FILE} holds a sample record ead cannot read")
+    assert sorted(path.name for path in tmp_path.iterdir()) == [RESULTS_FILE]
+
+
 def test_a_schedule_past_the_context_is_refused(
     recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -11,7 +11,6 @@ the recorded run; only the costs are new.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 from collections.abc import Callable, Mapping, Sequence
@@ -26,8 +25,23 @@ from ..options import ModelOptions
 from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
-from .report import PHASES, paired_ratio, passes
-from .results import Record, check_same_tasks, read_results, tasks_by_strategy, unreadable_record
+from .report import paired_ratio, passes
+from .results import (
+    COUNT,
+    PHASES,
+    SECONDS,
+    Record,
+    check_names,
+    check_same_tasks,
+    check_sample,
+    is_amount,
+    is_count,
+    is_figure,
+    is_share,
+    read_results,
+    tasks_by_strategy,
+    unreadable_record,
+)
 from .schedule import BatchCounts, ScheduleError, batch_counts, check_schedule, replay
 
 REPLAY_FILE = "replay.json"
@@ -75,7 +89,7 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
             exit_code=2,
         )
     _check_config(path, config)
-    _check_readable(path, records, _read_names)
+    _check_readable(path, records, check_names)
     if strategies is None:
         chosen = [record for record in records if record.get("schedule") is not None]
         if not chosen:
@@ -108,7 +122,7 @@ def _check_config(path: Path, config: Record) -> None:
         problem = f"models is {cut(json.dumps(models))}, not the models by role"
     elif not (
         isinstance(tokenizer, dict)
-        and _is_count(tokenizer.get("tokens"))
+        and is_count(tokenizer.get("tokens"))
         and tokenizer["tokens"] >= 1
         and isinstance(tokenizer.get("sha256"), str)
     ):
@@ -118,42 +132,9 @@ def _check_config(path: Path, config: Record) -> None:
     raise EadError(f"{path}'s config record is not one ead bench writes: {problem}", 2)
 
 
-def _read_names(record: Record) -> None:
-    """What selecting a sample reads of it: a number for a name had gone into the report as it was."""
-    for key in ("strategy", "task_id"):
-        if not isinstance(record[key], str):
-            raise TypeError(f"{key} is {record[key]!r}, not text")
-
-
-def _is_figure(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_seconds(value: Any) -> bool:
-    """A duration or a rate: a finite number, at least 0."""
-    return _is_figure(value) and value >= 0
-
-
-def _is_share(value: Any) -> bool:
-    return _is_figure(value) and 0 <= value <= 1
-
-
 def _is_ratio(value: Any) -> bool:
     """A relative figure: None where there is no large-only to set it against, else above 0."""
-    return value is None or (_is_figure(value) and value > 0)
-
-
-# What a replayed sample's figures must be: an edited record's -1 s, share of 2 or count of 3.5 had gone
-# into the report as nonsense, a count in words into a traceback where the figures are summed.
-_SAMPLE_FIGURES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "wall_s": (_is_seconds, "seconds (a number, at least 0)"),
-    "large_share": (_is_share, "a share (from 0 to 1)"),
-    "generated": (_is_count, "a count"),
-}
+    return value is None or (is_figure(value) and value > 0)
 
 
 def _read_figures(record: Record, roles: Sequence[str], tokens: int) -> None:
@@ -161,16 +142,9 @@ def _read_figures(record: Record, roles: Sequence[str], tokens: int) -> None:
     well formed for these models, of the recorded tokenizer's ``tokens`` (a token past them had been
     llama.cpp's failure to decode, mid-replay), and reading the tokens the record counts (else the replay's
     counts could not be set against the record's)."""
-    where = f"{record['strategy']} on {record['task_id']}"
-    figures = [(key, record[key], *check) for key, check in _SAMPLE_FIGURES.items()] + [
-        (f"models.{role}.{phase}_tokens", record["models"][role][f"{phase}_tokens"], _is_count, "a count")
-        for role in roles
-        for phase in PHASES
-    ]
-    for name, value, check, expected in figures:
-        if not check(value):
-            raise ValueError(f"{where}: {name} is {value!r}, not {expected}")
+    check_sample(record)
     passes([record])
+    where = f"{record['strategy']} on {record['task_id']}"
     try:
         steps = check_schedule(record["schedule"], len(roles))
     except ScheduleError as error:
@@ -443,7 +417,7 @@ def _is_batch_counts(value: Any) -> bool:
     return all(
         phase in PHASES
         and isinstance(sizes, dict)
-        and all(size.isdecimal() and int(size) >= 1 and _is_count(n) for size, n in sizes.items())
+        and all(size.isdecimal() and int(size) >= 1 and is_count(n) for size, n in sizes.items())
         for phase, sizes in phases
     )
 
@@ -452,16 +426,16 @@ def _is_batch_counts(value: Any) -> bool:
 # seconds, a ratio of 0, a share of 2) had been shown as figures by the median table and bench speed.
 _STRATEGY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "strategy": (lambda value: isinstance(value, str), "text"),
-    "samples": (lambda value: _is_count(value) and value >= 1, "a count of at least 1"),
-    "generated": (_is_count, "a count"),
-    "large_share": (_is_share, "a share (from 0 to 1)"),
-    "pass_at_1": (lambda value: value is None or _is_share(value), "a share (from 0 to 1) or null"),
-    "passed": (lambda value: value is None or _is_count(value), "a count or null"),
-    "wall_s": (_is_seconds, "seconds (a number, at least 0)"),
+    "samples": (lambda value: is_count(value) and value >= 1, "a count of at least 1"),
+    "generated": COUNT,
+    "large_share": (is_share, "a share (from 0 to 1)"),
+    "pass_at_1": (lambda value: value is None or is_share(value), "a share (from 0 to 1) or null"),
+    "passed": (lambda value: value is None or is_count(value), "a count or null"),
+    "wall_s": SECONDS,
     "wall_rel": (_is_ratio, "a ratio (above 0) or null"),
-    "recorded_wall_s": (_is_seconds, "seconds (a number, at least 0)"),
+    "recorded_wall_s": SECONDS,
     "recorded_wall_rel": (_is_ratio, "a ratio (above 0) or null"),
-    "tokens_per_s": (_is_seconds, "a rate (a number, at least 0)"),
+    "tokens_per_s": (is_amount, "a rate (a number, at least 0)"),
     "batches": (_is_batch_counts, "batch counts by model and phase"),
 }
 
@@ -492,8 +466,8 @@ def _report_problem(report: Any) -> str | None:
         if not (
             isinstance(sample, dict)
             and all(isinstance(sample.get(key), str) for key in ("strategy", "task_id"))
-            and _is_seconds(sample.get("recorded_wall_s"))
-            and _is_count(sample.get("generated"))
+            and is_amount(sample.get("recorded_wall_s"))
+            and is_count(sample.get("generated"))
         ):
             return f"its sample {number} is not a replayed sample (strategy, task_id, recorded s, generated)"
     return None

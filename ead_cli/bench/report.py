@@ -23,10 +23,9 @@ from typing import Any, Protocol
 
 from ..paths import save_text
 from .grid import LARGE_ONLY
-from .results import Record, unreadable_record
+from .results import PHASES, Record, check_sample, unreadable_record
 
 _WORD = re.compile(r"\w+|[^\w\s]")
-PHASES = ("prefill", "decode", "catchup")
 
 
 def agreement(text: str, reference: str) -> float:
@@ -159,8 +158,11 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
 
 def aggregate_read(path: Path, records: Sequence[Record]) -> list[Aggregate]:
     """``aggregate`` of the records read from ``path``: one edited or damaged past reading (a figure
-    missing or of another type, an object made a number) is one line naming the file, not a traceback."""
+    missing, of another type or a value no bench writes, an object made a number) is one line naming the
+    file, not a traceback or a report of it."""
     try:
+        for record in records:
+            check_sample(record)
         return aggregate(records)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise unreadable_record(path, error) from None

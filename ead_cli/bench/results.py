@@ -29,7 +29,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,71 @@ def check_out(path: Path, *, folder: bool) -> None:
         try_writing(target)
     except OSError as error:
         raise EadError(f"cannot write to {target}: {error.strerror}", exit_code=2) from None
+
+
+PHASES = ("prefill", "decode", "catchup")  # what a model's figures are counted by in a sample record
+
+
+def is_figure(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_amount(value: Any) -> bool:
+    """Seconds, a rate, FLOPs: a finite number, at least 0."""
+    return is_figure(value) and value >= 0
+
+
+def is_share(value: Any) -> bool:
+    return is_figure(value) and 0 <= value <= 1
+
+
+# A sample record's figures that the report and the replay read -> (check, what the figure must be):
+# values no bench writes (-1 s, a share of 2, a count of 3.5) had been reported as they were.
+SECONDS = (is_amount, "seconds (a number, at least 0)")
+COUNT = (is_count, "a count")
+_SAMPLE_FIGURES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "wall_s": SECONDS,
+    "large_share": (is_share, "a share (from 0 to 1)"),
+    "param_cost": (is_amount, "a figure (a number, at least 0)"),
+    "generated": COUNT,
+    "flops": (is_amount, "a figure (a number, at least 0)"),
+    "switches": COUNT,
+}
+_OPTIONAL_FIGURES: dict[str, tuple[Callable[[Any], bool], str]] = {  # absent or null where they do not apply
+    "acceptance_rate": (is_share, "a share (from 0 to 1)"),
+    "rollbacks": COUNT,
+}
+
+
+def check_names(record: Record) -> None:
+    """A sample record's strategy and task are text: a number had gone into reports as it was."""
+    for key in ("strategy", "task_id"):
+        if not isinstance(record[key], str):
+            raise TypeError(f"{key} is {record[key]!r}, not text")
+
+
+def check_sample(record: Record) -> None:
+    """Each figure of a sample record that the report and the replay read is what it stands for, else a
+    ValueError naming the sample and the figure (``unreadable_record`` then names the file)."""
+    check_names(record)
+    figures = [(key, record[key], *check) for key, check in _SAMPLE_FIGURES.items()]
+    figures += [
+        (key, record[key], *check) for key, check in _OPTIONAL_FIGURES.items() if record.get(key) is not None
+    ]
+    figures += [
+        (f"models.{role}.{phase}_{unit}", counts[f"{phase}_{unit}"], *check)
+        for role, counts in record["models"].items()
+        for phase in PHASES
+        for unit, check in (("tokens", COUNT), ("s", SECONDS))
+    ]
+    for name, value, check, expected in figures:
+        if not check(value):
+            where = f"{record['strategy']} on {record['task_id']}"
+            raise ValueError(f"{where}: {name} is {value!r}, not {expected}")
 
 
 def unreadable_record(path: Path, error: Exception) -> EadError:
