@@ -177,14 +177,14 @@ def test_no_colour_means_no_escape_code_in_a_table_on_stdout() -> None:
 
 def test_with_colour_off_help_has_no_escape_code() -> None:
     """typer's help makes its own console: NO_COLOR and --no-color had left it bold, dim and coloured."""
-    styled = at_a_terminal("generate", "--help", env={"TERM": "xterm"}, columns=100).decode()
+    styled = at_a_terminal("generate", "--help", env={"TERM": "xterm"}, columns=120).decode()
     assert ANSI in styled
     for args, env in [
         (("generate", "--help"), {"NO_COLOR": "1"}),
         (("--no-color", "generate", "--help"), {}),
         (("generate", "--no-color", "--help"), {}),
     ]:
-        shown = at_a_terminal(*args, env={"TERM": "xterm", **env}, columns=100).decode()
+        shown = at_a_terminal(*args, env={"TERM": "xterm", **env}, columns=120).decode()
         assert shown == ANSI_CODES.sub("", styled), args
 
 
@@ -895,21 +895,22 @@ def every_command(group: TyperGroup, path: tuple[str, ...] = ()) -> Iterator[tup
             yield from every_command(command, (*path, name))
 
 
-def test_help_in_a_narrow_terminal_names_every_option_whole() -> None:
-    """Below 80 columns typer's tables cut what did not fit with an ellipsis, option names too (at 40,
-    '--mode…' was --models, beside --mode): there the help is click's plain one, which wraps instead;
-    from 80 columns on, the tables."""
+@pytest.mark.parametrize("columns", [40, 80, 100, 119, 120])
+def test_help_at_any_width_names_every_option_whole(columns: int) -> None:
+    """typer's tables cut what did not fit with an ellipsis, option names too (at 40, '--mode…' was
+    --models, beside --mode; up to 114, '--draft-entropy-stop,--dra…' hid --draft-stop): below 120 columns
+    the help is click's plain one, which wraps instead; from 120 on, the tables, which hold every name."""
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)
-    for path, command in every_command(root):
-        narrow = ead(*path, "--help", stdin=b"", env={"COLUMNS": "40"})
-        assert narrow.returncode == 0, narrow.stderr
-        shown = narrow.stdout.decode()
+    for path, command in [((), root), *every_command(root)]:
+        result = ead(*path, "--help", stdin=b"", env={"COLUMNS": str(columns)})
+        assert result.returncode == 0, result.stderr
+        shown = result.stdout.decode()
         assert "…" not in shown, (path, shown)
+        assert ("╭" in shown) == (columns >= 120), (path, shown)
         for parameter in command.params:
             for name in (*parameter.opts, *parameter.secondary_opts):
                 assert name in shown, (path, name)
-    assert "╭" in ead("generate", "--help", stdin=b"", env={"COLUMNS": "80"}).stdout.decode()
 
 
 def summary_lines(help_text: str) -> list[tuple[str, str, int]]:
@@ -930,7 +931,7 @@ def summary_lines(help_text: str) -> list[tuple[str, str, int]]:
 def test_help_summaries_flow_as_text(group: list[str]) -> None:
     """A command's summary in the list wraps only where its next word does not fit: the docstring's own
     line breaks (typer's rich help keeps those of a first paragraph) cut it mid-sentence."""
-    result = ead(*group, "--help", env={"COLUMNS": "100"})
+    result = ead(*group, "--help", env={"COLUMNS": "120"})
     assert result.returncode == 0, result.stderr
     rows = summary_lines(result.stdout.decode())
     assert len({command for command, _, _ in rows}) >= 3

@@ -65,7 +65,9 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(depth_app, name="depth")
 
 
-TABLES_MIN_WIDTH = 80  # columns below which typer's tables of options cut names with an ellipsis
+# Columns below which typer's tables of options cut names with an ellipsis (up to 114,
+# '--draft-entropy-stop,--dra…' hid --draft-stop): click's plain help wraps them instead
+TABLES_MIN_WIDTH = 120
 
 
 def readable_help(group: TyperGroup, plain: bool) -> None:
