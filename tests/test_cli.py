@@ -913,6 +913,15 @@ def test_help_at_any_width_names_every_option_whole(columns: int) -> None:
                 assert name in shown, (path, name)
 
 
+def test_help_in_a_huge_terminal_is_as_wide_as_at_most_200_columns() -> None:
+    """A width past any screen (COLUMNS=99999999) had typer's tables padded to it: minutes and gigabytes
+    for one --help. The help is drawn at most 200 columns wide."""
+    for path in [(), ("generate",)]:
+        at_most = ead(*path, "--help", stdin=b"", env={"COLUMNS": "200"})
+        assert at_most.returncode == 0, at_most.stderr
+        assert ead(*path, "--help", stdin=b"", env={"COLUMNS": "20000"}).stdout == at_most.stdout, path
+
+
 def summary_lines(help_text: str) -> list[tuple[str, str, int]]:
     """The Commands panel of a rendered --help as (command, text, room) per line: the command the line
     belongs to, the line's text, and the columns its text could fill."""

@@ -68,6 +68,7 @@ app.add_typer(depth_app, name="depth")
 # Columns below which typer's tables of options cut names with an ellipsis (up to 114,
 # '--draft-entropy-stop,--dra…' hid --draft-stop): click's plain help wraps them instead
 TABLES_MIN_WIDTH = 120
+HELP_MAX_WIDTH = 200  # columns: typer pads its tables to the width, and COLUMNS=99999999 took minutes
 
 
 def readable_help(group: TyperGroup, plain: bool) -> None:
@@ -92,6 +93,10 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     assert isinstance(command, TyperGroup)  # the app has commands and groups
     readable_help(command, plain=stderr.width < TABLES_MIN_WIDTH)
+    if stderr.width > HELP_MAX_WIDTH:
+        from typer import rich_utils  # loaded by typer only to show help or an error
+
+        rich_utils.MAX_WIDTH = HELP_MAX_WIDTH
     if color_system() is None:  # NO_COLOR, for what does not read it (typer's help)
         turn_colour_off()
     terminate_on_sigterm()
