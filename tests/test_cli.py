@@ -635,6 +635,28 @@ def test_invalid_option_values(tmp_path: Path, args: list[str], fragment: str) -
 
 
 @pytest.mark.parametrize(
+    ("args", "meant"),
+    [
+        (["generate", "\u2014small", "qc0.5b", "hi"], "--small"),  # an em dash: a word processor's "--"
+        (["generate", "\u2013-max-tokens", "5", "hi"], "--max-tokens"),  # an en dash then a hyphen
+        (["generate", "\u2014mode=spec", "hi"], "--mode"),
+        (["depth", "generate", "missing.gguf", "\u2013\u2013stats", "hi"], "--stats"),
+        (["\u2014no-color", "models", "list"], "--no-color"),
+    ],
+)
+def test_an_option_pasted_with_a_typographic_dash_suggests_the_real_one(args: list[str], meant: str) -> None:
+    """A pasted '\u2014small' had been taken as the prompt: 'Got unexpected extra argument(s) (qc0.5b hi)'."""
+    pasted = next(arg for arg in args if arg[0] in "\u2013\u2014")
+    assert_one_line_error(ead(*args), 2, repr(pasted), f"did you mean {meant}?")
+
+
+def test_after_a_double_dash_a_typographic_dash_is_text(tmp_path: Path) -> None:
+    absent = (tmp_path / "small.gguf", tmp_path / "large.gguf")
+    result = ead("generate", *pair_args(absent), "--", "\u2014small")
+    assert_one_line_error(result, 1, "model file not found")
+
+
+@pytest.mark.parametrize(
     ("args", "named"),
     [
         (["calibrate", "--small", "a.gguf", "--large", "b.gguf", "--prompts", ""], "'--prompts'"),

@@ -10,12 +10,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import inspect
+import itertools
 import os
 import re
 import signal
 import sys
 from typing import Annotated
 
+import click
 import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
@@ -99,9 +101,13 @@ def main(argv: list[str] | None = None) -> None:
         rich_utils.MAX_WIDTH = HELP_MAX_WIDTH
     if color_system() is None:  # NO_COLOR, for what does not read it (typer's help)
         turn_colour_off()
+    arguments = sys.argv[1:] if argv is None else argv
+    dashed = _dashed_option(command, arguments)
+    if dashed is not None:
+        _fail(dashed, 2)
     terminate_on_sigterm()
     try:
-        code = command.main(args=argv, prog_name="ead", standalone_mode=False)
+        code = command.main(args=arguments, prog_name="ead", standalone_mode=False)
         if sys.stdout is not None:
             sys.stdout.flush()  # what is still buffered fails here, where it can be said in one line
     except TyperException as error:
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         context = getattr(error, "ctx", None)
         hint = f" (see '{context.command_path} --help')" if context else ""
-        message = f"{_cut_echoes(message, sys.argv[1:] if argv is None else argv)}{hint}"
+        message = f"{_cut_echoes(message, arguments)}{hint}"
         misplaced = _where_it_goes(command, getattr(error, "option_name", None), context)
         _fail(misplaced or message, error.exit_code)
     except (typer.Abort, KeyboardInterrupt):
@@ -155,6 +161,29 @@ def _cut_echoes(message: str, argv: list[str]) -> str:
         return message
     pattern = "|".join(re.escape(echo) for echo in sorted(echoes, key=len, reverse=True))
     return re.sub(pattern, lambda echo: quoted(echoes[echo.group()]), message)
+
+
+TYPOGRAPHIC_DASHES = "\u2013\u2014"  # en and em dash: what a word processor or a web page makes of "--"
+
+
+def _option_names(command: click.Command) -> set[str]:
+    """Every option's spellings, of ``command`` and of every command under it."""
+    names = {name for parameter in command.params for name in (*parameter.opts, *parameter.secondary_opts)}
+    for subcommand in command.commands.values() if isinstance(command, TyperGroup) else ():
+        names |= _option_names(subcommand)
+    return names
+
+
+def _dashed_option(root: TyperGroup, argv: list[str]) -> str | None:
+    """For an option pasted with a typographic dash (``\u2014small``, ``\u2013-max-tokens``), which click
+    took for the prompt or an extra argument, the option meant. Arguments after ``--`` are text."""
+    names = _option_names(root)
+    for given in itertools.takewhile(lambda argument: argument != "--", argv):
+        if given[:1] in TYPOGRAPHIC_DASHES:
+            meant = "--" + given.partition("=")[0].lstrip("-" + TYPOGRAPHIC_DASHES)
+            if meant in names:
+                return f"{quoted(given)} starts with a typographic dash, not '--': did you mean {meant}?"
+    return None
 
 
 def _where_it_goes(root: TyperGroup, option: str | None, context: typer.Context | None) -> str | None:
