@@ -96,6 +96,13 @@ def check_ctx(n_ctx: int | None) -> None:
     check_int32(n_ctx, "--ctx")
 
 
+def check_model_name(name: str, flag: str, kinds: str) -> None:
+    """A usage error for a blank model name: it names no alias or file (looked up as an alias, the default
+    model would answer in its place)."""
+    if not name.strip():
+        raise EadError(f"{flag} must name a model ({kinds}), got {quoted(name)}", exit_code=2)
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """Which models, and how llama.cpp runs them. ``None`` means the default. ``models``: a cascade of
@@ -121,9 +128,8 @@ class ModelOptions:
             raise EadError(f"--n-gpu-layers must be -1 (every layer) or at least 0, got {layers}", 2)
         check_int32(layers, "--n-gpu-layers")
         for flag, name in (("--small", self.small), ("--large", self.large)):
-            if name is not None and not name.strip():  # else the default model would answer in its place
-                what = "an alias, a .gguf path or a server"
-                raise EadError(f"{flag} must name a model ({what}), got {quoted(name)}", exit_code=2)
+            if name is not None:
+                check_model_name(name, flag, "an alias, a .gguf path or a server")
         if self.models and (self.small or self.large):
             raise EadError("--models names every model: leave out --small and --large", exit_code=2)
         if self.models and (len(self.models) < 2 or not all(self.models)):

@@ -497,7 +497,7 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(ead(*base, "--ctx", "8", env=missing), 2, "--ctx must be at least 16, got 8")
     for command in ("generate", "calibrate", "eval"):  # a blank model is a usage error, as --large '' is
         blank = ead("depth", command, " ", env=missing)
-        assert "unknown model alias" not in assert_one_line_error(blank, 2, "a blank name names no model")
+        assert "unknown model alias" not in assert_one_line_error(blank, 2, "MODEL must name a model")
     empty = tmp_path / "empty.txt"
     empty.write_text(" \n")
     # calibrate's values, before the model loads (the missing model file would be the error otherwise)

@@ -17,7 +17,14 @@ import typer
 
 from ..errors import EadError
 from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, on
-from ..options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, GenerationOptions, ModelOptions, PolicyOptions
+from ..options import (
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_TOP_K,
+    GenerationOptions,
+    ModelOptions,
+    PolicyOptions,
+    check_model_name,
+)
 from ..paths import BOM, read_bounded, unreadable
 from .output import turn_colour_off
 
@@ -44,10 +51,9 @@ def given_path(text: str) -> Path:
 
 
 def given_model(text: str) -> str:
-    """A model argument as given, refused when blank: it names no alias or file ('' had been looked up as
-    an alias, exit 1, where --large '' is a usage error)."""
-    if not text.strip():
-        raise typer.BadParameter("a blank name names no model (an alias, a .gguf path)")
+    """A model argument as given, refused when blank, as --small and --large are ('' had been looked up as
+    an alias, exit 1)."""
+    check_model_name(text, "MODEL", "an alias or a .gguf path")
     return text
 
 
