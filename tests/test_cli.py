@@ -667,9 +667,10 @@ def test_after_a_double_dash_a_typographic_dash_is_text(tmp_path: Path) -> None:
 )
 def test_an_empty_file_name_is_refused_naming_the_option(tmp_path: Path, args: list[str], named: str) -> None:
     """'' is Path('.'), the current folder: these had said "cannot read .: Is a directory", naming
-    neither the option nor the empty name."""
+    neither the option nor the empty name. The option alone: --catalog's had named $EAD_MODELS beside it,
+    which was not given."""
     result = subprocess.run([EAD, *args], capture_output=True, timeout=120, cwd=tmp_path)
-    assert_one_line_error(result, 2, f"Invalid value for {named}", ": an empty path names no file or folder")
+    assert_one_line_error(result, 2, f"Invalid value for {named}: an empty path names no file or folder")
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,7 @@ NO_HOME = "~nouser-ead"  # a ~name of no user here: pathlib raised RuntimeError,
     [
         (None, ("--large", f"{NO_HOME}/m.gguf"), f"the model path {NO_HOME}/m.gguf"),
         (None, ("--catalog", f"{NO_HOME}/m.toml"), f"the models file {NO_HOME}/m.toml"),
-        ("EAD_MODELS", (), f"the models file {NO_HOME}/m"),
+        ("EAD_MODELS", (), f"EAD_MODELS={NO_HOME}/m"),
         ("OLLAMA_MODELS", ("--large", "ollama:qwen"), f"OLLAMA_MODELS={NO_HOME}/m"),
         ("LMSTUDIO_MODELS", ("--large", "lmstudio:qwen"), f"LMSTUDIO_MODELS={NO_HOME}/m"),
         ("XDG_CACHE_HOME", ("--large", "qc0.5b"), f"XDG_CACHE_HOME={NO_HOME}/m"),

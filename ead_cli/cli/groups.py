@@ -76,13 +76,12 @@ Cascade = Annotated[
         "http://HOST:PORT above the first): a cascade, instead of --small and --large.",
     ),
 ]
+# $EAD_MODELS is read by the registry, as every variable that names a file or folder is: declared here too,
+# click had named it in --catalog's errors ("Invalid value for '--catalog' (env var: 'EAD_MODELS')")
 ModelsFile = Annotated[
     Path | None,
     typer.Option(
-        "--catalog",
-        envvar="EAD_MODELS",
-        help="A TOML file of extra or overriding aliases.",
-        parser=given_path,
+        "--catalog", help="A TOML file of extra or overriding aliases (env EAD_MODELS).", parser=given_path
     ),
 ]
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repeatable); it is not printed.")]
