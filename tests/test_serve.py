@@ -1187,6 +1187,52 @@ def test_a_page_of_another_site_cannot_drive_the_server(tiny_pair: tuple[Path, P
         browser.close()
 
 
+# Markup put into the page as markup (as a page that rendered an answer's HTML would): whether its inline
+# handler ran once the image failed to load.
+INJECTED = """new Promise((done) => {
+  const log = document.getElementById('log');
+  log.insertAdjacentHTML('beforeend', '<img id="injected" src="x" onerror="window.ran = 1">');
+  const image = document.getElementById('injected');
+  image.addEventListener('error', () => setTimeout(() => done(window.ran ?? null)));
+})"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_runs_no_script_but_its_own(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A question in HTML is shown as its text; and markup that ever reached the page as markup (a model's
+    answer rendered, a regression) runs nothing: the page's Content-Security-Policy allows its own script
+    and style alone (it had named only frame-ancestors), and none of the page's own is refused. The page's
+    type is never sniffed, and its URL (a /?q=PROMPT) goes to no other site as a referrer."""
+    question = '<img src=x onerror="window.ran = 2"><script>window.ran = 3</script> **bold**'
+    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", "4"], tmp_path / "server.log") as server:
+        head = httpx.get(f"{server.url}/").headers
+        browser = Browser(tmp_path / "chromium-profile")
+        try:
+            browser.call("Page.enable")
+            browser.call(  # every policy violation, from the page's first line on
+                "Page.addScriptToEvaluateOnNewDocument",
+                source="window.refused = []; document.addEventListener('securitypolicyviolation',"
+                " (event) => refused.push(event.effectiveDirective))",
+            )
+            browser.call("Page.navigate", url=f"{server.url}/")
+            browser.wait_for("document.getElementById('legend').textContent.includes('small: ')")
+            browser.evaluate(f"{PRESS_ENTER}({json.dumps(question)})")
+            browser.wait_for("document.querySelector('.figures').textContent.startsWith('4 tokens')")
+            shown = browser.evaluate("document.querySelector('.user').textContent")
+            markup = browser.evaluate("document.querySelectorAll('#log img, #log script').length")
+            refused = browser.evaluate("refused")  # none of the page's own
+            ran = browser.call("Runtime.evaluate", expression=INJECTED, awaitPromise=True, returnByValue=True)
+            refused_injected = browser.evaluate("refused")
+        finally:
+            browser.close()
+        assert server.stop() == 0
+    assert shown == question and markup == 0
+    assert refused == [] and ran["result"]["value"] is None
+    assert sorted(refused_injected) == ["img-src", "script-src-attr"]  # type: ignore[arg-type]
+    assert head["x-content-type-options"] == "nosniff" and head["referrer-policy"] == "no-referrer"
+    assert "frame-ancestors 'self'" in head["content-security-policy"]
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_the_page_says_when_the_server_is_lost(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """A server killed mid-answer, then none at all, then one back on the port: each is said under its turn,

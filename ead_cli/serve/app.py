@@ -4,7 +4,10 @@ server-sent events), each token with the ``ead`` fields that say which model wro
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
+import functools
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -81,9 +84,6 @@ MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this (the blank l
 REFUSED_BY_PROTOCOL = "ead.refused_by_protocol"
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
-# The page in no other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which
-# the Origin check lets through (any site the user opened had made the server generate).
-PAGE_HEADERS = {"Content-Security-Policy": "frame-ancestors 'self'", "X-Frame-Options": "SAMEORIGIN"}
 SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
 
@@ -437,6 +437,34 @@ def _names_loopback(host: str) -> bool:
         return False
 
 
+@functools.cache
+def _page() -> tuple[str, dict[str, str]]:
+    """The page and its headers. Its own inline script and style alone run (named by their hashes), and it
+    calls this server alone: markup that ever reached it as markup (an answer's HTML) runs nothing. In no
+    other site's frame: a hidden frame of /?q=PROMPT asks from the server's own origin, which the Origin
+    check lets through (any site the user opened had made the server generate). Never sniffed as another
+    type, and its URL (a /?q=PROMPT) sent to no other site as a referrer."""
+    text = resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8")
+
+    def inline(tag: str) -> str:
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)
+        return " ".join(
+            f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'" for body in bodies
+        )
+
+    policy = (
+        f"default-src 'none'; script-src {inline('script')}; style-src {inline('style')}; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'"
+    )
+    headers = {
+        "Content-Security-Policy": policy,
+        "X-Frame-Options": "SAMEORIGIN",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+    return text, headers
+
+
 def _internal_error() -> ApiError:
     return ApiError(500, "the server failed on this request (its log says why)", kind="server_error")
 
@@ -513,8 +541,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
-        text = resources.files("ead_cli").joinpath("static/index.html").read_text("utf-8")
-        return HTMLResponse(text, headers=PAGE_HEADERS)
+        text, headers = _page()
+        return HTMLResponse(text, headers=headers)
 
     @get("/favicon.ico", include_in_schema=False)  # no part of what a 404 lists
     async def icon() -> Response:
