@@ -1187,6 +1187,37 @@ def test_a_page_of_another_site_cannot_drive_the_server(tiny_pair: tuple[Path, P
         browser.close()
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_a_link_from_another_site_fills_the_box_without_asking(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """/?q=PROMPT opened by another site's link or script (not framed: a page of its own) had asked its
+    question at once, from the server's own origin: any site the user visited made the server generate, and
+    put its words in the user's conversation. It fills the box now, for the user to send or not; opened by
+    the user (typed, a bookmark, another program) it still asks at once."""
+    pages: dict[str, str] = {}
+    browser = Browser(tmp_path / "chromium-profile")
+    try:
+        with another_site(pages) as site:
+            args = [*pair_args(tiny_pair), *TAU, "--max-tokens", "3"]
+            with Server(args, tmp_path / "server.log") as server:
+                asked = f"{server.url}/?q=asked%20by%20another%20site"
+                pages["/"] = f"<!doctype html><script>location = {json.dumps(asked)}</script>"
+                browser.call("Page.navigate", url=f"{site}/")
+                browser.wait_for(
+                    f"location.href === {json.dumps(asked)} && document.readyState === 'complete'"
+                )
+                box = browser.evaluate("document.getElementById('prompt').value")
+                turns = browser.evaluate("document.querySelectorAll('.turn').length")
+                browser.call("Page.navigate", url=asked)  # the user's own: asked at once
+                browser.wait_for("document.querySelector('.figures')?.textContent.startsWith('3 tokens')")
+                assert server.stop() == 0
+    finally:
+        browser.close()
+    assert box == "asked by another site" and turns == 0
+    assert server.log().count("POST /v1/chat/completions 200") == 1
+
+
 # Markup put into the page as markup (as a page that rendered an answer's HTML would): whether its inline
 # handler ran once the image failed to load.
 INJECTED = """new Promise((done) => {

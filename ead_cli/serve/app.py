@@ -540,9 +540,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return app.api_route(path, methods=["GET", "HEAD"], **route)
 
     @get("/", response_class=HTMLResponse)
-    async def page() -> HTMLResponse:
+    async def page(request: Request) -> HTMLResponse:
+        """/?q=PROMPT asks at once only where the user opened the page (typed, a bookmark, another program:
+        the browser says none) or the page itself did; another site's link or script fills the box alone,
+        or any site the user visited would make the server generate, its words in the conversation."""
         text, headers = _page()
-        return HTMLResponse(text, headers=headers)
+        if request.headers.get("sec-fetch-site") in ("none", "same-origin"):
+            text = text.replace("<body>", "<body data-ask-at-once>", 1)
+        return HTMLResponse(text, headers={**headers, "Vary": "Sec-Fetch-Site"})
 
     @get("/favicon.ico", include_in_schema=False)  # no part of what a 404 lists
     async def icon() -> Response:
