@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 from ctrl_c import ctrl_c_at_return
+from test_cli import assert_one_line_error
 
+from ead_cli.bench import native
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
 from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
 from ead_cli.bench.results import Record, check_repeats, read_results
@@ -39,6 +41,7 @@ from ead_cli.bench.tasks import (
 )
 from ead_cli.errors import EadError
 from ead_cli.options import ModelOptions, PolicyOptions
+from ead_cli.remote import built_server
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
@@ -1259,3 +1262,43 @@ def test_a_range_of_ids_past_the_last_task_is_refused_without_counting_it_out() 
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr == "error: --ids: no task 164 (the tasks are 0-163)\n"
+
+
+
+# ------------------------------------------------------------------------- server strategies, no server
+
+
+def unusable_server(cache: Path, content: str, mode: int) -> Path:
+    """A file where ``scripts/build_llama_server.sh`` puts llama-server, under the cache root EAD_CACHE
+    names, that cannot run as one."""
+    binary = cache / built_server().relative_to(built_server().parents[2])
+    binary.parent.mkdir(parents=True)
+    binary.write_text(content)
+    binary.chmod(mode)
+    return binary
+
+
+def test_a_server_binary_that_is_not_executable_is_one_line_before_any_model_loads(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    binary = unusable_server(tmp_path / "cache", "#!/bin/sh\n", 0o644)
+    models = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    out = tmp_path / "out"
+    args = ["bench", "humaneval", "--ids", "1", *models, "--strategies", "server-large", "--out", str(out)]
+    env = {key: value for key, value in os.environ.items() if key != "FORCE_COLOR"}
+    env["EAD_CACHE"] = str(tmp_path / "cache")
+    result = subprocess.run([EAD, *args], capture_output=True, env=env)
+    assert_one_line_error(result, 1, f"llama-server at {binary} cannot run (not executable)", "build_llama")
+    assert not out.exists()
+
+
+def test_a_server_binary_the_system_cannot_run_is_one_line(
+    tmp_path: Path, tiny_large: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file with the execute bit that is no program (a build cut short, another machine's binary): the
+    system's reason, not an OSError's traceback."""
+    binary = unusable_server(tmp_path / "cache", "not a program\n", 0o755)
+    monkeypatch.setenv("EAD_CACHE", str(tmp_path / "cache"))
+    expected = rf"^cannot start llama-server at {re.escape(str(binary))}: Exec format error$"
+    with pytest.raises(EadError, match=expected), native.llama_server(tiny_large, [], tmp_path / "log"):
+        pass

@@ -28,6 +28,7 @@ one-token greedy decoding; ``agreement`` and ``same text`` in the report show ho
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -54,10 +55,15 @@ STOP_TIMEOUT_S = 10.0
 
 
 def server_binary() -> Path:
-    """The built llama-server, or a one-line error saying how to build it."""
+    """The built llama-server, or a one-line error saying how to build it (one that is there but cannot run
+    too, before any model loads; EAD_CACHE moves where it is looked for)."""
     binary = built_server()
     if not binary.is_file():
         raise EadError(f"no llama-server at {binary}: ./scripts/build_llama_server.sh builds it")
+    if not os.access(binary, os.X_OK):
+        raise EadError(
+            f"llama-server at {binary} cannot run (not executable): ./scripts/build_llama_server.sh builds it"
+        )
     return binary
 
 
@@ -88,7 +94,12 @@ def llama_server(
     with open(log, "wb") as handle:
         command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-np", "1"]
         command += ["--no-webui", *server_repack_args(repack or repack_choice()), *args]
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
+        try:  # a file that is no program for this system (a build cut short): its reason, one line
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT
+            )
+        except OSError as error:
+            raise EadError(f"cannot start llama-server at {binary}: {error.strerror}") from None
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
