@@ -258,6 +258,23 @@ def add(a, b):
     assert wait_gone(pid_file.read_text()), "the daemon outlived the sample"
 
 
+
+def test_a_program_dies_with_a_bench_killed_mid_sample(tmp_path: Path) -> None:
+    """A bench killed outright (kill -9, the OOM killer) cannot end its program at the time limit: the
+    program, in a session of its own, had slept on for good, adopted by init."""
+    pid_file = tmp_path / "program.pid"
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    bench = f"from ead_cli.bench.sandbox import run_program\nrun_program({code!r}, timeout_s=600)\n"
+    process = subprocess.Popen([sys.executable, "-c", bench])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and process.poll() is None:
+        assert time.monotonic() < deadline, "the program did not start"
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    assert wait_gone(pid_file.read_text()), "the program outlived its bench"
+
+
 REAL_TIME = signal.SIGRTMIN + 2  # no name in signal.Signals
 
 

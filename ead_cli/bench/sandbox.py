@@ -8,7 +8,8 @@ via ``resource`` limits, 2 GiB of address space, CPU seconds, 16 MiB of output f
 no new processes or threads (the kernel counts both; not enforced for root, whose program may start as
 many as it likes until the limit ends them). On Linux the caller adopts, for the run, what the program's
 processes leave behind as they die (a subreaper), so a daemon in a session or process group of its own
-is found and killed too when the program ends.
+is found and killed too when the program ends; and the program is killed with the bench, should the
+bench be killed outright (kill -9) before it can end it.
 Whom it runs as. A bench run as root runs each program as nobody (its uid and gid, no supplementary
 groups, dropped in the child before exec), the folder and program handed to it: the limit of no new
 processes holds, and the program can neither signal the bench (or any process of root's) nor write root's
@@ -79,12 +80,15 @@ class Outcome:
         return self.status == "passed"
 
 
-def _apply_limits(limits: Sequence[tuple[int, int]]) -> None:
-    """In the child before exec: lower each limit (never above an existing hard limit)."""
+def _apply_limits(limits: Sequence[tuple[int, int]], bench: int) -> None:
+    """In the child before exec: lower each limit (never above an existing hard limit), and die with the
+    bench (pid ``bench``), which a kill -9 keeps from ending the program at its time limit."""
     for which, value in limits:
         hard = resource.getrlimit(which)[1]
         capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (capped, capped))
+    if _set_parent_death_signal() and os.getppid() != bench:  # the bench died before it was set
+        os._exit(1)
 
 
 def _has_line(handle: BinaryIO, line: str) -> bool:
@@ -115,17 +119,30 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    """Linux's prctl with one argument: whether it took; elsewhere nothing, and False."""
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    return False
 
 
 def _set_subreaper(on: bool) -> bool:
     """Linux: whether this process now adopts its orphaned descendants (a daemon the program starts) in
-    place of init, so that they can be found and ended; elsewhere nothing, and False."""
-    if not sys.platform.startswith("linux"):
-        return False
-    with contextlib.suppress(OSError, AttributeError):
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-    return False
+    place of init, so that they can be found and ended."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, int(on))
+
+
+def _set_parent_death_signal() -> bool:
+    """Linux: whether this process is now killed when its parent dies. Set after the drop to nobody, which
+    clears it, and kept across exec; not inherited by the program's own children (which only root's
+    program may start)."""
+    return _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class User(NamedTuple):
@@ -245,7 +262,7 @@ def _run(source: str, *, timeout_s: float, mark: str | None, user: User | None) 
                     user=uid,  # dropped in the child before exec: supplementary groups, group, then user
                     group=gid,
                     extra_groups=groups,
-                    preexec_fn=partial(_apply_limits, limits),  # runs after the drop
+                    preexec_fn=partial(_apply_limits, limits, os.getpid()),  # runs after the drop
                 )
             except OSError as error:
                 if adopting:
