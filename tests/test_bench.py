@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ctrl_c import ctrl_c_at_return
@@ -42,7 +43,7 @@ from ead_cli.bench.tasks import (
 from ead_cli.errors import EadError
 from ead_cli.options import ModelOptions, PolicyOptions
 from ead_cli.remote import built_server
-from ead_cli.runner import Runner
+from ead_cli.runner import Runner, gpu_offload_available
 from ead_cli.sampling import SamplingParams
 
 EAD = str(Path(sys.executable).with_name("ead"))
@@ -557,9 +558,10 @@ def test_unknown_families_are_refused() -> None:
 
 
 def run(
-    job: Bench, pair: tuple[Path, Path], plans: list[list[tuple[str, str]]] | None = None
+    job: Bench, pair: tuple[Path, Path], plans: list[list[tuple[str, str]]] | None = None, **models: Any
 ) -> list[Record]:
-    """Run a bench on the tiny pair, noting each plan as (strategy, task id) pairs."""
+    """Run a bench on the tiny pair (one thread, unless ``models`` says otherwise), noting each plan as
+    (strategy, task id) pairs."""
 
     def watch(plan: Plan, records: Iterator[Record]) -> None:
         if plans is not None:
@@ -567,8 +569,8 @@ def run(
         for _ in records:
             pass
 
-    models = ModelOptions(str(pair[0]), str(pair[1]), threads=1)
-    return run_bench(job, models, watch=watch)
+    options = ModelOptions(str(pair[0]), str(pair[1]), **{"threads": 1} | models)
+    return run_bench(job, options, watch=watch)
 
 
 def baselines() -> list[Strategy]:
@@ -637,6 +639,44 @@ def test_a_results_file_of_another_setup_is_refused(
         run(humaneval_job(humaneval[:1], tmp_path, timeout_s=5.0), tiny_pair)
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
+
+@pytest.mark.parametrize(
+    ("options", "differs"), [({"threads": 2}, "threads"), ({"n_ctx": 1024}, "n_ctx")]
+)
+def test_a_resume_under_other_threads_or_another_context_is_refused(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task], options: dict, differs: str
+) -> None:
+    """The threads set every sample's wall-clock, and the context where an answer must stop: a resume
+    under others had mixed both kinds of sample in one table without a word."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    before = (tmp_path / "results.jsonl").read_bytes()
+    with pytest.raises(EadError, match=rf"holds results of another setup \(differs in: {differs}\)"):
+        run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, **options)
+    assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
+def test_gpu_layers_part_a_setup_where_llama_cpp_offloads_them(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """Where it cannot (a CPU build), --n-gpu-layers changes nothing, and a resume under another is let be."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    if gpu_offload_available():
+        with pytest.raises(EadError, match=r"differs in: gpu_layers\)"):
+            run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, n_gpu_layers=0)
+    else:
+        assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, n_gpu_layers=5)) == 4
+
+def test_a_results_file_from_before_threads_and_context_were_recorded_resumes(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A config without them (an older ead's) resumes as it did, unchecked there."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    path = tmp_path / "results.jsonl"
+    config, *samples = path.read_text().splitlines()
+    older = {key: value for key, value in json.loads(config).items() if key not in ("threads", "n_ctx")}
+    path.write_text("\n".join([json.dumps(older), *samples]) + "\n")
+    assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, threads=2)) == 4
+    assert json.loads(path.read_text().splitlines()[0]) == older
 
 def test_a_results_file_from_before_the_time_limit_was_recorded_resumes_at_the_default(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]

@@ -1,9 +1,9 @@
 """The resumable results file of ``ead bench``.
 
 Results. ``results.jsonl`` starts with a config record (models, their tokenizer's fingerprint, max
-tokens, sampling, prompt format, a hash of the task source); a file written with another config is
-refused. Then one record per sample, appended and flushed as it finishes; a rerun skips the
-(strategy, task) pairs already there::
+tokens, sampling, prompt format, a hash of the task source, the tests' time limit, the context, threads
+and GPU layers); a file written with another config is refused. Then one record per sample, appended and
+flushed as it finishes; a rerun skips the (strategy, task) pairs already there::
 
     {"type": "sample", "strategy": "ead tau=0.5", "params": {PolicyOptions fields}, "task_id": "HumanEval/1",
      "passed": true | false | null, "outcome": "passed" | "failed" | "timeout" | null, "error": str | null,
@@ -36,9 +36,9 @@ from typing import Any
 
 from ..compat import tokenizer_record
 from ..errors import EadError
-from ..options import SAMPLE_TIMEOUT_S, GenerationOptions
+from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
 from ..paths import read_file_text, try_writing, unreadable
-from ..runner import Runner
+from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
 
@@ -48,6 +48,7 @@ Record = dict[str, Any]
 
 RESULTS_FILE = "results.jsonl"
 FORMAT_VERSION = 1
+RUN_KEYS = ("n_ctx", "threads", "gpu_layers")  # how the models ran: an older ead's config lacks them
 
 
 def config_record(
@@ -57,9 +58,13 @@ def config_record(
     source: Path,
     prompt: dict[str, Any],
     timeout_s: float = SAMPLE_TIMEOUT_S,
+    *,
+    models: ModelOptions,
 ) -> Record:
-    """What must match for samples to share a results file: models, generation, prompt format, tasks, and
-    the time a solution's tests may take (what passes depends on it)."""
+    """What must match for samples to share a results file: models, generation, prompt format, tasks, the
+    time a solution's tests may take (what passes depends on it), the context (where an answer must stop),
+    and the threads and GPU layers (every wall-clock figure depends on them; none on a build without GPU
+    offload)."""
     config = {
         "type": "config",
         "format": FORMAT_VERSION,
@@ -79,6 +84,9 @@ def config_record(
         "prompt": prompt,
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
         "timeout_s": timeout_s,
+        "n_ctx": min(runner.n_ctx for runner in runners),
+        "threads": resolve_threads(models.threads),
+        "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
     }
     return json.loads(json.dumps(config))  # as it reads back from the file
 
@@ -273,6 +281,8 @@ class Results:
         if path.exists():
             self._drop_unfinished_line(path)
         stored, self.records = read_results(path)
+        if stored is not None:  # a file from before the config held how the models ran resumes as it did
+            stored = {key: config[key] for key in RUN_KEYS} | stored
         if stored is not None and stored != config:
             raise EadError(
                 f"{path} holds results of another setup (differs in: {differing(config, stored)}); "

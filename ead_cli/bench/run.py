@@ -227,7 +227,13 @@ def run_bench(
                 build_decoder(runners, strategy.policy, bench.generation)
         items = bench.items_for(runners)
         config = config_record(
-            bench.name, runners, bench.generation, bench.source, bench.prompt_format, bench.timeout_s
+            bench.name,
+            runners,
+            bench.generation,
+            bench.source,
+            bench.prompt_format,
+            bench.timeout_s,
+            models=models,
         )
         servers = NativePeers(runners, bench.generation) if native else None
         with (
