@@ -3,9 +3,12 @@ itself) on the tiny GGUF pair, and once on the real demo pair."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -196,6 +199,40 @@ def test_a_server_that_stops_at_start_is_one_error_with_its_last_log_line(tiny_p
         native.llama_server(tiny_pair[1], ["--no-such-flag"], tmp_path / "log"),
     ):
         pass
+
+
+def children(pid: int, named: str) -> list[int]:
+    """The processes ``pid`` started whose command line holds ``named``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):
+            parent = int((entry / "stat").read_bytes().rpartition(b")")[2].split()[1])
+            if parent == pid and named.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_server_that_dies_mid_bench_is_named_with_its_end_and_the_samples_kept(tiny_pair, tmp_path) -> None:
+    """Killed under the bench (the OOM killer, a crash): which server and how it ended, not an address
+    on loopback that refused a connection; the samples it wrote stay, for the same command to resume."""
+    out = tmp_path / "out"
+    bench = subprocess.Popen(
+        [EAD, "bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
+         "--threads", "1", "--ids", "0-40", "--strategies", "server-large", "--max-tokens", "32",
+         "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while '"sample"' not in ((out / RESULTS_FILE).read_text() if (out / RESULTS_FILE).exists() else ""):
+        assert bench.poll() is None and time.monotonic() < deadline, "no sample was written"
+        time.sleep(0.05)
+    for server in children(bench.pid, "llama-server"):
+        os.kill(server, signal.SIGKILL)
+    err = bench.communicate(timeout=120)[1].decode().replace("\r", "\n")
+    assert bench.returncode == 1 and "Traceback" not in err
+    said = "error: the llama-server of server-large stopped (killed by SIGKILL): "
+    assert err.strip().splitlines()[-1].startswith(said)
+    assert samples(out)
 
 
 def test_the_ngram_types_are_the_ones_this_build_offers() -> None:

@@ -28,6 +28,7 @@ one-token greedy decoding; ``agreement`` and ``same text`` in the report show ho
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -44,10 +45,11 @@ from ..decoder import ModelReport, Summary
 from ..errors import EadError
 from ..hardware import Repack, repack_choice, server_repack_args
 from ..options import GenerationOptions
-from ..remote import RemoteRunner, built_server
+from ..remote import RemoteError, RemoteRunner, built_server
 from ..runner import Runner, forward_flops
 from ..text import TextStream
 from .grid import NativeOptions
+from .sandbox import signal_name
 
 START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 3600.0  # a whole answer in one reply, on a busy machine
@@ -104,14 +106,19 @@ def llama_server(
         deadline = time.monotonic() + START_TIMEOUT_S
         while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):
             if process.poll() is not None:
-                lines = log.read_text(errors="replace").strip().splitlines() or ["no output"]
-                raise EadError(f"llama-server stopped at start: {lines[-1][:200]}")
+                raise EadError(f"llama-server stopped at start: {last_log_line(log)}")
             if time.monotonic() > deadline:
                 raise EadError(f"llama-server did not start within {START_TIMEOUT_S:g} s")
             time.sleep(0.05)
         yield Server(process, found.group(1).decode(), log)
     finally:
         stop(process)
+
+
+def last_log_line(log: Path) -> str:
+    """What a server that stopped said last (an assertion, a refused option), cut to a line's length."""
+    lines = log.read_text(errors="replace").strip().splitlines() or ["no output"]
+    return lines[-1][:200]
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -149,6 +156,7 @@ class NativePeers:
         self._stack = ExitStack()
         self._logs = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ead-native-")))
         self._clients: dict[NativeOptions, RemoteRunner] = {}
+        self._servers: dict[NativeOptions, Server] = {}
 
     def client(self, options: NativeOptions, warm_prompt: Sequence[int]) -> RemoteRunner:
         """The server of a configuration, started (and warmed with one short request) on first use."""
@@ -166,6 +174,7 @@ class NativePeers:
                 server.url, name=options.name, tokenizer=self.small, timeout_s=REPLY_TIMEOUT_S
             )
             self._stack.callback(client.close)
+            self._servers[options] = server
             self._complete(client, warm_prompt, 1)
             self._clients[options] = client
         return self._clients[options]
@@ -193,7 +202,11 @@ class NativePeers:
         """One sample: its text, a Summary like the Python loop's, and the server's own timings."""
         client = self.client(options, prompt)
         began = perf_counter()
-        reply = self._complete(client, prompt, self.generation.max_tokens)
+        try:
+            reply = self._complete(client, prompt, self.generation.max_tokens)
+        except RemoteError:
+            self._check_running(options)
+            raise
         wall = perf_counter() - began
         text, generated, finish = self._text(reply, len(prompt))
         timings = reply.get("timings") if isinstance(reply.get("timings"), dict) else {}
@@ -202,6 +215,18 @@ class NativePeers:
             for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted")
         }
         return text, self._summary(options, len(prompt), generated, finish, wall, server), server
+
+    def _check_running(self, options: NativeOptions) -> None:
+        """A request that failed because the server died under the bench (a crash, the OOM killer): which
+        server and how it ended, not the loopback address that refused the connection."""
+        server = self._servers[options]
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a connection cut as it dies: its end follows
+            server.process.wait(timeout=1)
+        code = server.process.returncode
+        if code is not None:
+            ended = f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
+            message = f"the llama-server of {options.name} stopped ({ended}): {last_log_line(server.log)}"
+            raise EadError(message) from None
 
     def _text(self, reply: dict[str, Any], prompt_len: int) -> tuple[str, int, str]:
         """The text, tokens generated and finish reason, by the Python loop's rules: a token that ends

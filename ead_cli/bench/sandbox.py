@@ -111,7 +111,7 @@ def _last_line(text: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
     """SIGKILL, SIGXCPU...; a real-time signal has no name in ``signal.Signals``, so its number."""
     try:
         return signal.Signals(number).name
@@ -297,7 +297,7 @@ def check_solution(
         return Outcome("passed")
     error = _last_line(result.stderr)
     if error is None and result.returncode < 0:
-        error = f"killed by {_signal_name(-result.returncode)}"
+        error = f"killed by {signal_name(-result.returncode)}"
     elif error is None:
         error = f"exit status {result.returncode} before the checks finished"
     return Outcome("failed", error[:300])
