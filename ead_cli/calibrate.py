@@ -64,7 +64,8 @@ class Calibration:
 
 
 def split_prompts(domain: str, file_prompts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
-    """(calibration prompts, held-out prompts): a file alternates lines; built-ins split each domain."""
+    """(calibration prompts, held-out prompts): a file's prompts alternate (blank lines skipped, so not
+    its line numbers); built-ins split each domain."""
     if file_prompts is not None:
         if len(file_prompts) < 2:
             raise EadError("calibration needs at least 2 prompts (half to calibrate, half to check)", 2)

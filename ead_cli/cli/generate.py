@@ -268,7 +268,8 @@ def calibrate(
     prompts: Annotated[
         Path | None,
         typer.Option(
-            help="A prompt file instead (one per line): odd lines calibrate, even lines check.",
+            help="A prompt file instead (one per line, blank lines skipped, or .jsonl): the 1st, 3rd... "
+            "calibrate, the 2nd, 4th... check.",
             parser=given_path,
         ),
     ] = None,
