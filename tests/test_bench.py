@@ -776,6 +776,33 @@ def test_a_results_file_that_cannot_be_opened_to_append_is_one_line(
         run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
 
 
+@pytest.fixture
+def read_only(request: pytest.FixtureRequest) -> Callable[[Path], None]:
+    """Makes a file no one may write to: root too (immutable), who may write any file whatever its mode."""
+
+    def make(path: Path) -> None:
+        if os.geteuid() != 0:
+            path.chmod(0o444)
+        elif subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0:
+            request.addfinalizer(lambda: subprocess.run(["chattr", "-i", str(path)], check=True))
+        else:
+            pytest.skip("no immutable files here (chattr)")
+
+    return make
+
+
+def test_a_results_file_that_cannot_take_more_is_refused_before_any_model_loads(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task], read_only: Callable[[Path], None]
+) -> None:
+    """A results.jsonl closed to writing in a folder open to it: found once the models had loaded."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    read_only(tmp_path / "results.jsonl")
+    path = re.escape(str(tmp_path / "results.jsonl"))
+    refused = f"^cannot write to {path}: (Operation not permitted|Permission denied)$"
+    with pytest.raises(EadError, match=refused) as error:
+        humaneval_job(humaneval[:2], tmp_path)
+    assert error.value.exit_code == 2
+
 def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:

@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..compat import tokenizer_record
 from ..errors import EadError
@@ -274,6 +274,15 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     return config, [record for record in records[1:] if record.get("type") == "sample"]
 
 
+def open_to_append(path: Path) -> TextIO:
+    """The results file, opened to take more records; one that cannot (read-only, a link to a folder that
+    is not there) is one line, as check_out words it."""
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError as error:
+        raise EadError(f"cannot write to {path}: {error.strerror}", exit_code=2) from None
+
+
 class Results:
     """An append-only results file bound to one config; ``done`` holds the (strategy, task) pairs in it."""
 
@@ -291,10 +300,7 @@ class Results:
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         self.done = {(record["strategy"], record["task_id"]) for record in self.records}
-        try:  # a link to a folder that is not there: one line, as check_out words it
-            self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the whole run
-        except OSError as error:
-            raise EadError(f"cannot write to {path}: {error.strerror}", exit_code=2) from None
+        self._handle = open_to_append(path)
         if stored is None:
             self._write(config)
 

@@ -33,7 +33,15 @@ from .grid import NativeOptions, Strategy
 from .native import NativePeers, server_binary
 from .replay import REPLAY_FILE
 from .report import aggregate_read
-from .results import RESULTS_FILE, Record, Results, check_out, config_record, read_results
+from .results import (
+    RESULTS_FILE,
+    Record,
+    Results,
+    check_out,
+    config_record,
+    open_to_append,
+    read_results,
+)
 from .sandbox import check_solution, sandbox_note
 from .schedule import ScheduleRecorder, Step
 from .tasks import (
@@ -155,8 +163,10 @@ class Bench:
 def check_resumable(path: Path) -> None:
     """The results a resume would add to read back as the report reads them: a record edited or damaged
     past reading is one line naming the file now, not a traceback as the models load or after every new
-    sample has run."""
+    sample has run; and a file that cannot take more (read-only) is one line now, not once they have."""
     aggregate_read(path, read_results(path)[1])
+    if path.exists():
+        open_to_append(path).close()
 
 
 def humaneval_bench(
