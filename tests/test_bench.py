@@ -715,6 +715,15 @@ def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_load
     assert not (tmp_path / "replayed" / "results.jsonl").exists()
 
 
+def test_a_bench_resumes_beside_the_replay_that_bench_replay_writes_there_by_default(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """``bench replay`` writes replay.json beside the results it replays: the bench's folder had then been
+    refused as a replay's, so the bench could be neither resumed nor extended."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    (tmp_path / "replay.json").write_text("{}")
+    assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -27,6 +27,7 @@ from ..options import (
     check_max_tokens,
     check_timeout,
 )
+from ..paths import lookup
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
@@ -154,7 +155,9 @@ class Bench:
     def __post_init__(self) -> None:
         """Refused before any model loads: answers of no tokens, or an --out that cannot take results."""
         check_max_tokens(self.generation.max_tokens)
-        if (self.out / REPLAY_FILE).exists():  # beside it, results.jsonl would make the replay unreportable
+        # a replay's own folder: results.jsonl beside it would make the replay unreportable; beside results
+        # (where bench replay writes by default) it is no bar to resuming them
+        if lookup(self.out / REPLAY_FILE) is not None and lookup(self.out / RESULTS_FILE) is None:
             raise EadError(f"{self.out} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
         check_out(self.out, folder=True)
         check_resumable(self.out / RESULTS_FILE)
