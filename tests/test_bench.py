@@ -27,7 +27,7 @@ from test_cli import assert_one_line_error
 from ead_cli.bench import native
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
 from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
-from ead_cli.bench.results import Record, check_repeats, read_results
+from ead_cli.bench.results import Record, Results, check_repeats, read_results
 from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
 from ead_cli.bench.sandbox import Outcome, check_solution, run_program, sandbox_note
 from ead_cli.bench.tasks import (
@@ -811,6 +811,22 @@ def test_a_results_file_that_cannot_take_more_is_refused_before_any_model_loads(
     with pytest.raises(EadError, match=refused) as error:
         humaneval_job(humaneval[:2], tmp_path)
     assert error.value.exit_code == 2
+
+def test_a_second_bench_on_the_same_folder_is_refused_while_the_first_runs(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """The same command in a second terminal had run the first one's pending samples again, its records
+    interleaved with the first's (and a line the first was writing taken for one cut short)."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    path = tmp_path / "results.jsonl"
+    config, _ = read_results(path)
+    refused = f"^another bench is writing {re.escape(str(path))}: wait for it to end, or use another --out$"
+    with Results(path, config):  # a bench running: before any model loads, and as its results open
+        with pytest.raises(EadError, match=refused):
+            humaneval_job(humaneval[:2], tmp_path)
+        with pytest.raises(EadError, match=refused):
+            Results(path, config)
+    assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
 
 def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]

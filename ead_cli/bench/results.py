@@ -25,6 +25,8 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -283,24 +285,38 @@ def open_to_append(path: Path) -> TextIO:
         raise EadError(f"cannot write to {path}: {error.strerror}", exit_code=2) from None
 
 
+def hold_results(handle: TextIO, path: Path) -> None:
+    """Lock the open results file for this bench (released as it closes): a second bench on the same --out,
+    the same command in another terminal, would run the pending samples again and interleave its records."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        message = f"another bench is writing {path}: wait for it to end, or use another --out"
+        raise EadError(message, exit_code=2) from None
+
+
 class Results:
     """An append-only results file bound to one config; ``done`` holds the (strategy, task) pairs in it."""
 
     def __init__(self, path: Path, config: Record) -> None:
-        if path.exists():
-            self._drop_unfinished_line(path)
-        stored, self.records = read_results(path)
-        if stored is not None:  # a file from before the config held how the models ran resumes as it did
-            stored = {key: config[key] for key in RUN_KEYS} | stored
-        if stored is not None and stored != config:
-            raise EadError(
-                f"{path} holds results of another setup (differs in: {differing(config, stored)}); "
-                f"use another --out or move the file away",
-                exit_code=2,
-            )
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.done = {(record["strategy"], record["task_id"]) for record in self.records}
         self._handle = open_to_append(path)
+        try:  # the file read, and a line cut short dropped, under the lock, not while another bench writes
+            hold_results(self._handle, path)
+            self._drop_unfinished_line(path)
+            stored, self.records = read_results(path)
+            if stored is not None:  # a file from before the config held how the models ran resumes as it did
+                stored = {key: config[key] for key in RUN_KEYS} | stored
+            if stored is not None and stored != config:
+                raise EadError(
+                    f"{path} holds results of another setup (differs in: {differing(config, stored)}); "
+                    f"use another --out or move the file away",
+                    exit_code=2,
+                )
+        except BaseException:
+            self._handle.close()
+            raise
+        self.done = {(record["strategy"], record["task_id"]) for record in self.records}
         if stored is None:
             self._write(config)
 

@@ -40,6 +40,7 @@ from .results import (
     Results,
     check_out,
     config_record,
+    hold_results,
     open_to_append,
     read_results,
 )
@@ -166,10 +167,12 @@ class Bench:
 def check_resumable(path: Path) -> None:
     """The results a resume would add to read back as the report reads them: a record edited or damaged
     past reading is one line naming the file now, not a traceback as the models load or after every new
-    sample has run; and a file that cannot take more (read-only) is one line now, not once they have."""
+    sample has run; and a file that cannot take more (read-only) or that another bench is writing is one
+    line now, not once they have."""
     aggregate_read(path, read_results(path)[1])
     if path.exists():
-        open_to_append(path).close()
+        with open_to_append(path) as handle:
+            hold_results(handle, path)
 
 
 def humaneval_bench(
