@@ -43,7 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -123,13 +123,21 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def _prctl(option: int, value: int) -> bool:
-    """Linux's prctl with one argument: whether it took; elsewhere nothing, and False."""
+@functools.cache
+def _libc_prctl() -> Callable[..., int] | None:
+    """Linux's prctl, found once in the bench (the subreaper's first call): never first in the forked child,
+    where the loader's lock may be held by a thread that fork left behind."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     with contextlib.suppress(OSError, AttributeError):
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    return False
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+def _prctl(option: int, value: int) -> bool:
+    """prctl with one argument: whether it took; False where there is no prctl."""
+    prctl = _libc_prctl()
+    return prctl is not None and prctl(option, value, 0, 0, 0) == 0
 
 
 def _set_subreaper(on: bool) -> bool:
