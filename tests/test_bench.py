@@ -6,12 +6,14 @@ tiny models write garbage code, so every HumanEval sample fails, but every file 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,21 +262,40 @@ def add(a, b):
 
 
 
-def test_a_program_dies_with_a_bench_killed_mid_sample(tmp_path: Path) -> None:
+def children(pid: int, named: str) -> list[int]:
+    """The processes ``pid`` started whose command line holds ``named``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parent = int((entry / "stat").read_bytes().rpartition(b")")[2].split()[1])
+            if parent == pid and named.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_program_dies_with_a_bench_killed_mid_sample(either_user: None) -> None:
     """A bench killed outright (kill -9, the OOM killer) cannot end its program at the time limit: the
     program, in a session of its own, had slept on for good, adopted by init."""
-    pid_file = tmp_path / "program.pid"
-    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
-    bench = f"from ead_cli.bench.sandbox import run_program\nrun_program({code!r}, timeout_s=600)\n"
-    process = subprocess.Popen([sys.executable, "-c", bench])
+    bench = f"import sys\nsys.executable = {sys.executable!r}  # the sandbox's interpreter, as the test's\n"
+    bench += "from ead_cli.bench.sandbox import run_program\n"
+    bench += "run_program('import time; time.sleep(600)', timeout_s=600)\n"
+    process = subprocess.Popen([PYTHON, "-c", bench])
     deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()) and process.poll() is None:
-        assert time.monotonic() < deadline, "the program did not start"
+    while not (programs := [pid for pid in children(process.pid, "program.py") if sleeps(pid)]):
+        assert process.poll() is None and time.monotonic() < deadline, "the program did not start"
         time.sleep(0.05)
+    folder = os.readlink(f"/proc/{programs[0]}/cwd")  # which the bench, killed, cannot remove
     process.kill()
     process.wait()
-    assert wait_gone(pid_file.read_text()), "the program outlived its bench"
+    assert wait_gone(str(programs[0])), "the program outlived its bench"
+    shutil.rmtree(folder)
 
+
+def sleeps(pid: int) -> bool:
+    """Whether the sandboxed program ``pid`` is the one that sleeps, not the probe of whom programs run as."""
+    with contextlib.suppress(OSError):
+        return "sleep" in Path(f"/proc/{pid}/cwd/program.py").read_text()
+    return False
 
 REAL_TIME = signal.SIGRTMIN + 2  # no name in signal.Signals
 

@@ -3,7 +3,6 @@ itself) on the tiny GGUF pair, and once on the real demo pair."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_bench import children
 from test_cli import EAD, assert_one_line_error
 
 from ead_cli.bench import grid, native
@@ -199,17 +199,6 @@ def test_a_server_that_stops_at_start_is_one_error_with_its_last_log_line(tiny_p
         native.llama_server(tiny_pair[1], ["--no-such-flag"], tmp_path / "log"),
     ):
         pass
-
-
-def children(pid: int, named: str) -> list[int]:
-    """The processes ``pid`` started whose command line holds ``named``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, IndexError):
-            parent = int((entry / "stat").read_bytes().rpartition(b")")[2].split()[1])
-            if parent == pid and named.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-    return found
 
 
 def test_a_server_that_dies_mid_bench_is_named_with_its_end_and_the_samples_kept(tiny_pair, tmp_path) -> None:
