@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from test_bench import children
+from test_bench import children, wait_gone
 from test_cli import EAD, assert_one_line_error
 
 from ead_cli.bench import grid, native
@@ -222,6 +223,27 @@ def test_a_server_that_dies_mid_bench_is_named_with_its_end_and_the_samples_kept
     said = "error: the llama-server of server-large stopped (killed by SIGKILL): "
     assert err.strip().splitlines()[-1].startswith(said)
     assert samples(out)
+
+
+def test_a_bench_killed_outright_takes_its_servers_with_it(tiny_pair, tmp_path) -> None:
+    """kill -9 (the OOM killer) leaves a bench no time to stop its servers: each had served on, orphaned,
+    holding its model's memory."""
+    out = tmp_path / "out"
+    bench = subprocess.Popen(
+        [EAD, "bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
+         "--threads", "1", "--ids", "0-40", "--strategies", "server-large", "--max-tokens", "32",
+         "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (servers := children(bench.pid, "llama-server")):
+        assert bench.poll() is None and time.monotonic() < deadline, "no server started"
+        time.sleep(0.05)
+    logs = Path(os.readlink(f"/proc/{servers[0]}/fd/1")).parent  # which the bench, killed, cannot remove
+    bench.kill()
+    bench.wait()
+    assert wait_gone(str(servers[0])), "the server outlived its bench"
+    shutil.rmtree(logs)
 
 
 def test_the_ngram_types_are_the_ones_this_build_offers() -> None:

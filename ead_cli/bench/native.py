@@ -49,7 +49,7 @@ from ..remote import RemoteError, RemoteRunner, built_server
 from ..runner import Runner, forward_flops
 from ..text import TextStream
 from .grid import NativeOptions
-from .sandbox import signal_name
+from .sandbox import dying_with_this_process, signal_name
 
 START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 3600.0  # a whole answer in one reply, on a busy machine
@@ -98,7 +98,11 @@ def llama_server(
         command += ["--no-webui", *server_repack_args(repack or repack_choice()), *args]
         try:  # a file that is no program for this system (a build cut short): its reason, one line
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                preexec_fn=dying_with_this_process(),  # not left serving by a bench killed outright
             )
         except OSError as error:
             raise EadError(f"cannot start llama-server at {binary}: {error.strerror}") from None

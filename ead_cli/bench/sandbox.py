@@ -80,15 +80,14 @@ class Outcome:
         return self.status == "passed"
 
 
-def _apply_limits(limits: Sequence[tuple[int, int]], bench: int) -> None:
+def _apply_limits(limits: Sequence[tuple[int, int]], die_with_bench: Callable[[], None]) -> None:
     """In the child before exec: lower each limit (never above an existing hard limit), and die with the
-    bench (pid ``bench``), which a kill -9 keeps from ending the program at its time limit."""
+    bench, which a kill -9 keeps from ending the program at its time limit."""
     for which, value in limits:
         hard = resource.getrlimit(which)[1]
         capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (capped, capped))
-    if _set_parent_death_signal() and os.getppid() != bench:  # the bench died before it was set
-        os._exit(1)
+    die_with_bench()
 
 
 def _has_line(handle: BinaryIO, line: str) -> bool:
@@ -125,8 +124,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 @functools.cache
 def _libc_prctl() -> Callable[..., int] | None:
-    """Linux's prctl, found once in the bench (the subreaper's first call): never first in the forked child,
-    where the loader's lock may be held by a thread that fork left behind."""
+    """Linux's prctl, found once in the bench: never first in a forked child, where the loader's lock may be
+    held by a thread that fork left behind."""
     if not sys.platform.startswith("linux"):
         return None
     with contextlib.suppress(OSError, AttributeError):
@@ -146,11 +145,19 @@ def _set_subreaper(on: bool) -> bool:
     return _prctl(_PR_SET_CHILD_SUBREAPER, int(on))
 
 
-def _set_parent_death_signal() -> bool:
-    """Linux: whether this process is now killed when its parent dies. Set after the drop to nobody, which
-    clears it, and kept across exec; not inherited by the program's own children (which only root's
-    program may start)."""
-    return _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def dying_with_this_process() -> Callable[[], None]:
+    """A child's last step before exec (Linux): to be killed when this process dies, which a kill -9 (the
+    OOM killer) leaves no time to end its children; a child whose parent died already exits. Kept across
+    exec, cleared by a change of user (so taken after the drop to nobody), not inherited by the child's
+    own children. prctl is found here, in the parent."""
+    parent = os.getpid()
+    _libc_prctl()
+
+    def in_child() -> None:
+        if _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != parent:
+            os._exit(1)
+
+    return in_child
 
 
 class User(NamedTuple):
@@ -270,7 +277,8 @@ def _run(source: str, *, timeout_s: float, mark: str | None, user: User | None) 
                     user=uid,  # dropped in the child before exec: supplementary groups, group, then user
                     group=gid,
                     extra_groups=groups,
-                    preexec_fn=partial(_apply_limits, limits, os.getpid()),  # runs after the drop
+                    # runs after the drop
+                    preexec_fn=partial(_apply_limits, limits, dying_with_this_process()),
                 )
             except OSError as error:
                 if adopting:
