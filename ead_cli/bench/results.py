@@ -25,7 +25,6 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
