@@ -41,12 +41,12 @@ def load_runners(
     ``reuse``: the largest, loaded before (by a ``large_only`` call), taken as is: the others join it."""
     catalog = registry.load_catalog(options.models_file)
     refs = options.models or (options.small or catalog.small, options.large or catalog.large)
+    for ref in filter(is_remote, refs):
+        server_address(ref)  # a malformed one is a usage error before any model loads
     if is_remote(refs[0]):
         raise EadError(
             "the smallest model must be local: it tokenizes the prompt and renders the chat template", 2
         )
-    for ref in filter(is_remote, refs):
-        server_address(ref)  # a malformed one is a usage error before any model loads
     roles = role_names(len(refs))
     if large_only and not is_remote(refs[-1]):
         for ref in refs[:-1]:

@@ -22,6 +22,7 @@ import http.client
 import io
 import json
 import math
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from .errors import EadError, cut, quoted
 from .options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, check_remote_settings
 from .paths import ead_cache_dir
 from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
+from .user_models import is_user_model
 
 # The server's own pick is unused, but it must be a whole character: for a token that ends inside a
 # UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
@@ -46,6 +48,9 @@ UNUSED_PICK_BIAS = 100
 ADDRESS_FORM = (
     "a server address must look like http://HOST:PORT[/PREFIX], or the same ending in /v1 (OpenAI-compatible)"
 )
+# A model reference meant as an address: a URL's scheme (two characters or more: C:/ is a drive) and a
+# slash, or http:// mistyped (http:/HOST, http//HOST, http:HOST)
+ADDRESS_LIKE = re.compile(r"[a-z][a-z0-9+.-]+:/|https?(:|//)", re.IGNORECASE)
 # What reading a reply that is not as documented raises; OverflowError: a number past a float or 64 bits
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 # The largest reply read: a token step's at --remote-top-k 1000 is 83 kB on Qwen2.5-Coder 1.5B
@@ -75,9 +80,10 @@ def built_server() -> Path:
 
 
 def is_remote(reference: str) -> bool:
-    """Whether a model reference is a server address rather than an alias or a file (a scheme is the
-    same in any case: 'HTTP://' had been taken for a file)."""
-    return reference.lower().startswith(("http://", "https://"))
+    """Whether a model reference is meant as a server address rather than an alias or a file: any URL,
+    its scheme in any case ('HTTP://' had been taken for a file), or http:// mistyped, so that
+    ``server_address`` refuses it as an address ('ftp://x/y' had been 'model file not found: ftp:/x/y')."""
+    return not is_user_model(reference) and ADDRESS_LIKE.match(reference) is not None
 
 
 def server_address(url: str) -> tuple[str, int, str]:
@@ -87,10 +93,16 @@ def server_address(url: str) -> tuple[str, int, str]:
     checks the port only when asked for it). So are the parts ead would not use, rather than dropped
     without a word: port 0, a query or fragment, a user and password, spaces in the host or path, and a
     path with v1 before its end (an endpoint, such as /v1/completions, not where the API starts), and a
-    host name the resolver cannot encode (a label past 63 characters or empty: a traceback had followed)."""
+    host name the resolver cannot encode (a label past 63 characters or empty: a traceback had followed).
+    Another scheme (https, ftp, file) is named as such."""
     bad = EadError(f"{quoted(url)}: {ADDRESS_FORM}", exit_code=2)
     try:
         parts = urlsplit(url)
+        if parts.scheme not in ("", "http"):  # '' where http:// is mistyped: http//HOST
+            why = "ead reaches a server over plain http:// only"
+            if parts.scheme == "file":
+                why = "a model file is given by its path, not as a file:// address"
+            raise EadError(f"{quoted(url)}: {why}; {ADDRESS_FORM}", exit_code=2)
         port = 80 if parts.port is None else parts.port
         (parts.hostname or "").encode("idna")  # as getaddrinfo encodes it; UnicodeError is a ValueError
     except ValueError:

@@ -251,7 +251,11 @@ def test_a_server_that_is_down_at_start_is_one_line(tiny_pair, scheme: str) -> N
     "url",
     [
         "http://",
-        "https://127.0.0.1:8080",
+        # http:// mistyped: these had been taken for files ('model file not found: http:/host')
+        "http:/127.0.0.1:8080",
+        "HTTP:/127.0.0.1:8080",
+        "http//127.0.0.1:8080",
+        "http:127.0.0.1:8080",
         "http://[::1",
         "http://127.0.0.1:99999",
         "http://127.0.0.1:x/v1",
@@ -281,6 +285,31 @@ def test_a_malformed_server_address_is_a_usage_error_before_loading(tiny_pair, u
     message = f"error: {quoted(url)}: {ADDRESS_FORM}"
     assert assert_one_line_error(ead("generate", *models(tiny_pair[0], url), "hi"), 2) == message
     assert assert_one_line_error(ead("generate", *models(Path("absent.gguf"), url), "hi"), 2) == message
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        # another scheme: it had been taken for a file ('model file not found: ftp:/x/y'), https for a
+        # malformed address
+        ("ftp://x/y", "ead reaches a server over plain http:// only"),
+        ("WS://gpu-box:8080", "ead reaches a server over plain http:// only"),
+        ("htp://gpu-box:8080", "ead reaches a server over plain http:// only"),
+        ("https://127.0.0.1:8080", "ead reaches a server over plain http:// only"),
+        ("file:///tmp/large.gguf", "a model file is given by its path, not as a file:// address"),
+    ],
+)
+def test_an_address_of_another_scheme_is_a_usage_error_naming_the_one_taken(tiny_pair, url, reason) -> None:
+    for small in (tiny_pair[0], Path("absent.gguf")):  # before the small model loads
+        result = ead("generate", *models(small, url), "hi")
+        assert assert_one_line_error(result, 2) == f"error: {quoted(url)}: {reason}; {ADDRESS_FORM}"
+
+
+@pytest.mark.parametrize("reference", ["C:/models/large.gguf", "lmstudio:/x/large.gguf"])
+def test_a_drive_letter_or_another_tool_s_prefix_is_no_address(tiny_pair, reference: str) -> None:
+    """A scheme is two characters or more, and the prefixes of ollama's and LM Studio's models are theirs."""
+    result = ead("generate", *models(tiny_pair[0], reference), "hi")
+    assert ADDRESS_FORM not in assert_one_line_error(result, 1)
 
 
 @pytest.mark.parametrize(("family", "host"), [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "[::1]")])
