@@ -18,6 +18,7 @@ against the exact entropy on the demo pair.
 
 from __future__ import annotations
 
+import html
 import http.client
 import io
 import json
@@ -55,8 +56,12 @@ ADDRESS_LIKE = re.compile(r"[a-z][a-z0-9+.-]+:/|https?(:|//)", re.IGNORECASE)
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 # The largest reply read: a token step's at --remote-top-k 1000 is 83 kB on Qwen2.5-Coder 1.5B
 MAX_REPLY_BYTES = 16 << 20
-# The most of a server's own message an error quotes
+# The most of a server's own message an error quotes; of a 404's page, which says only what is not there
 MESSAGE_CHARS = 200
+NOT_FOUND_CHARS = 60
+# An HTML page's parts that are no words of it: its head (the title the body repeats), scripts, comments
+PAGE_NOISE = re.compile(r"<(head|script|style)\b.*?</\1\s*>|<!--.*?-->", re.IGNORECASE | re.DOTALL)
+TAG = re.compile(r"<[^>]*>")
 # How far above 1 the top-k probabilities may add up: float32 rounding, never a real excess
 PROBABILITY_SLACK = 1e-3
 # Strings whose tokenization must agree on both sides: ASCII, code, whitespace runs, accents, CJK,
@@ -124,7 +129,12 @@ def server_address(url: str) -> tuple[str, int, str]:
 
 
 class RemoteError(EadError):
-    """The server failed: unreachable, too slow, an HTTP error, or a reply that makes no sense."""
+    """The server failed: unreachable, too slow, an HTTP error (its ``status``), or a reply that makes
+    no sense."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class TimedReply(http.client.HTTPResponse):
@@ -208,6 +218,7 @@ class RemoteRunner:
     """A llama-server at ``url`` as a runner: ``sync`` returns a logits row that holds the top-k
     log-probabilities of the next token (-inf elsewhere), ``entropy`` the top-k estimate."""
 
+    kind = "a llama-server"  # what a server that has not the endpoints ead asks is not
     ctx = None  # no local llama.cpp context: the sampler draws from the row itself
     logits_row = -1  # the one row it keeps
     model = None
@@ -293,10 +304,13 @@ class RemoteRunner:
         except (ValueError, RecursionError):  # nested past Python's limit: not JSON ead can read
             if response.status < 400:
                 raise RemoteError(f"{self._at(path)} sent a reply that is not JSON") from None
-            reply = payload.decode("utf-8", "replace")  # an error page (a proxy's): its text says why
+            reply = page_text(payload.decode("utf-8", "replace"))  # an error page (a proxy's) says why
+        if response.status == 404:  # llama-server has every endpoint ead asks
+            asked = f"{method} {cut(path)} answered HTTP 404 ({_error_message(reply, NOT_FOUND_CHARS)})"
+            raise RemoteError(f"{cut(self.url)} is not {self.kind}: {asked}", 404)
         if response.status >= 400:
-            message = _error_message(reply)
-            raise RemoteError(f"{self._at(path)} failed with HTTP {response.status}: {message}")
+            message = f"failed with HTTP {response.status}: {_error_message(reply)}"
+            raise RemoteError(f"{self._at(path)} {message}", response.status)
         return reply
 
     def _redirect(self, path: str, response: http.client.HTTPResponse) -> str:
@@ -417,7 +431,7 @@ class RemoteRunner:
                 self.request("GET", self._health_path())
                 return
             except RemoteError as error:
-                if "HTTP 503" not in str(error) or time.monotonic() > deadline:
+                if error.status != 503 or time.monotonic() > deadline:
                     raise
             time.sleep(0.2)
 
@@ -446,7 +460,14 @@ class RemoteRunner:
         vLLM's (``prompt``, ``add_special_tokens``) in one body, each server ignoring the other's."""
         path = f"{self._root}/tokenize"
         body = {"content": text, "prompt": text, "add_special": False, "add_special_tokens": False}
-        reply = self.request("POST", path, body | {"parse_special": True})
+        try:
+            reply = self.request("POST", path, body | {"parse_special": True})
+        except RemoteError as error:
+            if error.status != 404:
+                raise
+            # an OpenAI-compatible server without it (LM Studio's, ollama's): not 'not OpenAI-compatible'
+            message = "not found (HTTP 404): ead's tokenizer check needs it (llama-server and vLLM have one)"
+            raise RemoteError(f"{self._at(path)} {message}", 404) from None
         try:
             return [int(token) for token in reply["tokens"]]
         except MALFORMED:
@@ -646,21 +667,29 @@ def _top_entries(entries: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndar
     return ids, np.array([float(entry["logprob"]) for entry in entries], dtype=np.float64)
 
 
-def _error_message(reply: Any) -> str:
-    """The server's own words from an error reply, on one line and at most ``MESSAGE_CHARS``: OpenAI's
+def _error_message(reply: Any, limit: int = MESSAGE_CHARS) -> str:
+    """The server's own words from an error reply, on one line and at most ``limit`` characters: OpenAI's
     ``{"error": {"message": ...}}``, the bare ``{"error": "..."}`` others send (it had been a
     traceback) or a text that is not JSON (a proxy's error page: it had been 'no message'), its lines
-    joined (they had broken the one-line error) and a long one cut."""
+    joined (they had broken the one-line error) and one past ``limit`` characters cut."""
     error = reply.get("error") if isinstance(reply, dict) else reply if isinstance(reply, str) else None
     message = error.get("message") if isinstance(error, dict) else error
-    return one_line(str(message)) if message else "no message"
+    return one_line(str(message), limit) if message else "no message"
 
 
-def one_line(text: str) -> str:
+def page_text(text: str) -> str:
+    """An error page's words: an HTML one (a web server's, a proxy's) without its markup, which had
+    been quoted with them ('HTTP 404: <!DOCTYPE HTML> <html lang="en"> <head> ...')."""
+    if "<" not in text:
+        return text
+    return html.unescape(TAG.sub(" ", PAGE_NOISE.sub(" ", text)))
+
+
+def one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
     """Text a server sent, as a part of a one-line message: whitespace runs (newlines) as one space, and
-    at most ``MESSAGE_CHARS`` characters."""
+    at most ``limit`` characters."""
     text = " ".join(text.split())
-    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class OpenAIRunner(RemoteRunner):
@@ -674,6 +703,8 @@ class OpenAIRunner(RemoteRunner):
     tokenizer check needs the server's ``/tokenize`` (vLLM and llama-server have one); the server's
     end-of-generation ids and parameter count are not compared or known unless it reports them.
     """
+
+    kind = "an OpenAI-compatible server"
 
     def _health_path(self) -> str:
         return self._listing_path()  # no /health in the OpenAI API; listing the models needs one loaded

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -373,6 +373,10 @@ class _Wrong(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.do_GET()
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -383,6 +387,14 @@ def wrong_server(replies: dict[str, tuple[int, bytes]]) -> Iterator[str]:
         yield url
 
 
+NGINX_502 = b"""<html>
+<head><title>502 Bad Gateway</title></head>
+<body>
+<center><h1>502 Bad Gateway</h1></center>
+<hr><center>nginx/1.24.0</center>
+</body>
+</html>
+"""
 NO_SUCH_SIZE = b'{"data": [{"meta": {"n_vocab": 1e999, "n_ctx": 512, "n_params": 1, "n_embd": 64}}]}'
 
 
@@ -399,7 +411,11 @@ NO_SUCH_SIZE = b'{"data": [{"meta": {"n_vocab": 1e999, "n_ctx": 512, "n_params":
         ({"/health": (500, b'{"error": {"message": "%s"}}' % (b"x" * 100_000))}, "HTTP 500: xxx"),
         # an error page that is not JSON (a proxy's): its text, where it had been 'no message'
         ({"/health": (502, b"upstream went away\r\n")}, "HTTP 502: upstream went away"),
-        ({"/health": (502, b"<html><h1>502 Bad Gateway</h1></html>")}, "HTTP 502: <html><h1>502 Bad Gateway"),
+        # an HTML one (nginx's) by its words: its markup had been quoted
+        (
+            {"/health": (502, NGINX_502)},
+            "/health failed with HTTP 502: 502 Bad Gateway nginx/1.24.0",
+        ),
         # JSON nested past Python's recursion limit, and a number past a 64-bit one: tracebacks before
         ({"/health": (200, b"[" * 100_000)}, "sent a reply that is not JSON"),
         ({"/health": (200, b"{}"), "/v1/models": (200, NO_SUCH_SIZE)}, "did not describe the model"),
@@ -409,6 +425,43 @@ def test_http_errors_and_malformed_replies_are_one_line(tiny_pair, replies, frag
     with wrong_server(replies) as url:
         result = ead("generate", *models(tiny_pair[0], url), "hi")
     assert len(assert_one_line_error(result, 1, fragment)) < 500
+
+
+class _Files(SimpleHTTPRequestHandler):
+    """``python -m http.server`` serving an empty folder: every path a 404 with an HTML page."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, directory=str(Path(__file__).parent / "no such folder"), **kwargs)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+PYTHON_404 = "(Error response Error code: 404 Message: File not found. E...)"
+
+
+@pytest.mark.parametrize(
+    ("suffix", "message"),
+    [
+        ("", " is not a llama-server: GET /health answered HTTP 404 " + PYTHON_404),
+        ("/v1", "/v1 is not an OpenAI-compatible server: GET /v1/models answered HTTP 404 " + PYTHON_404),
+    ],
+)
+def test_a_server_that_is_not_a_llama_server_is_named_so(tiny_pair, suffix: str, message: str) -> None:
+    """Any other HTTP server (a file server, a web site): its 404 page had been quoted as the error, HTML
+    and all, 'failed with HTTP 404: <!DOCTYPE HTML> <html lang="en"> <head> ...'."""
+    with http_server(_Files) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}{suffix}"), "hi")
+    assert assert_one_line_error(result, 1) == f"error: {url}{message}"
+
+
+def test_an_openai_server_without_tokenize_is_named_so(tiny_pair) -> None:
+    """An OpenAI-compatible server lacking llama-server's /tokenize (ollama's, LM Studio's) is not 'not
+    OpenAI-compatible': what is missing, and why ead asks for it."""
+    with wrong_server({"/v1/models": (200, b'{"data": [{"id": "m"}]}')}) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}/v1"), "hi")
+    message = "not found (HTTP 404): ead's tokenizer check needs it (llama-server and vLLM have one)"
+    assert assert_one_line_error(result, 1) == f"error: {url}/tokenize {message}"
 
 
 @pytest.mark.parametrize("size", [b"null", b'"4k"', b"1e999"])
