@@ -308,6 +308,9 @@ class RemoteRunner:
         if response.status == 404:  # llama-server has every endpoint ead asks
             asked = f"{method} {cut(path)} answered HTTP 404 ({_error_message(reply, NOT_FOUND_CHARS)})"
             raise RemoteError(f"{cut(self.url)} is not {self.kind}: {asked}", 404)
+        if response.status == 401:  # a llama-server started with --api-key
+            asked = f"{method} {cut(path)} answered HTTP 401: {_error_message(reply)}"
+            raise RemoteError(f"{cut(self.url)} asks for an API key ({asked}), which ead does not send", 401)
         if response.status >= 400:
             message = f"failed with HTTP {response.status}: {_error_message(reply)}"
             raise RemoteError(f"{self._at(path)} {message}", response.status)
@@ -424,15 +427,19 @@ class RemoteRunner:
         return json.dumps([served_model(listed), self._tokenize(PROBE_TEXT), end_of_generation_ids])
 
     def _wait_until_ready(self) -> None:
-        """GET /health until the server has loaded its model (503 while loading), up to the timeout."""
+        """GET /health until the server has loaded its model (503 while loading), up to the timeout; past
+        it, said as such (the last 503 had been quoted as any failure)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 self.request("GET", self._health_path())
                 return
             except RemoteError as error:
-                if error.status != 503 or time.monotonic() > deadline:
+                if error.status != 503:
                     raise
+                if time.monotonic() > deadline:
+                    waited = f"was still not ready after {self.timeout_s:g} s (--remote-timeout)"
+                    raise RemoteError(f"{cut(self.url)} {waited}: {error}", 503) from None
             time.sleep(0.2)
 
     def _health_path(self) -> str:

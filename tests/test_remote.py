@@ -225,6 +225,28 @@ def test_another_tokenizer_under_the_same_name_and_sizes_is_refused(
             small.close()
 
 
+@pytest.mark.parametrize("suffix", ["", "/v1"])
+def test_a_server_that_asks_for_an_api_key_is_named_so(tiny_pair, tmp_path, suffix: str) -> None:
+    """A llama-server started with --api-key: its 401 had read as any failure ('failed with HTTP 401')."""
+    args = ["-c", "512", "-t", "1", "--api-key", "k"]
+    with native.llama_server(tiny_pair[1], args, tmp_path / "server.log") as server:
+        result = ead("generate", *models(tiny_pair[0], f"{server.url}{suffix}"), "hi")
+    asked = "GET /v1/models answered HTTP 401: Invalid API Key"
+    expected = f"error: {server.url}{suffix} asks for an API key ({asked}), which ead does not send"
+    assert assert_one_line_error(result, 1) == expected
+
+
+def test_a_server_still_loading_its_model_past_the_timeout_says_so(tiny_pair) -> None:
+    """llama-server answers /health with 503 while it loads: ead waits up to --remote-timeout, then says
+    so (it had quoted the last 503, 'failed with HTTP 503: Loading model')."""
+    loading = b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}'
+    with wrong_server({"/health": (503, loading)}) as url:
+        result = ead("generate", *models(tiny_pair[0], url), "--remote-timeout", "1", "hi")
+    waited = "was still not ready after 1 s (--remote-timeout)"
+    expected = f"error: {url} {waited}: {url}/health failed with HTTP 503: Loading model"
+    assert assert_one_line_error(result, 1) == expected
+
+
 def test_the_smallest_model_must_be_local(tiny_pair, served_large) -> None:
     result = ead("generate", "--small", served_large, "--large", str(tiny_pair[1]), "hi")
     assert_one_line_error(result, 2, "the smallest model must be local")
