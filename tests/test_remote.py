@@ -247,6 +247,18 @@ def test_a_server_still_loading_its_model_past_the_timeout_says_so(tiny_pair) ->
     assert assert_one_line_error(result, 1) == expected
 
 
+def test_an_answer_stopped_by_the_server_s_context_says_to_raise_that(tiny_pair, tmp_path) -> None:
+    """The server's context is the run's where it is the smallest: '(raise --ctx)' had been the advice
+    when it filled, where --ctx was already past it."""
+    with llama_server(tiny_pair[1], tmp_path, n_ctx=256) as (_, url):  # llama-server's least per slot
+        args = ["--mode", "large", "--ctx", "4096", "--max-tokens", "400", "--format", "jsonl", "hi"]
+        result = ead("generate", *models(tiny_pair[0], url), *args)
+    assert result.returncode == 0, result.stderr
+    note = result.stderr.decode().strip()
+    assert note.startswith("the context (255 tokens) is full: the answer stops at "), note
+    assert note.endswith(f"of the 400 asked ({url} serves the smallest: start it with a larger one)"), note
+
+
 def test_the_smallest_model_must_be_local(tiny_pair, served_large) -> None:
     result = ead("generate", "--small", served_large, "--large", str(tiny_pair[1]), "hi")
     assert_one_line_error(result, 2, "the smallest model must be local")

@@ -52,7 +52,7 @@ def generate(
     """Generate one answer: by default the large model alone (the fastest way to its quality here);
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy."""
-    from ..engine import build_decoder, close_all, load_runners
+    from ..engine import build_decoder, close_all, context_advice, load_runners
     from ..prompt import check_prompt_text, check_system_fits, check_text, encode_fitting, render_prompt
     from .render import (
         JsonlRenderer,
@@ -104,7 +104,7 @@ def generate(
             if summary.finish_reason == "length" and summary.generated < generation.max_tokens:
                 note = (  # a length stop short of --max-tokens: the context ran out, which "length" hides
                     f"the context ({decoder.n_ctx} tokens) is full: the answer stops at {summary.generated} "
-                    f"tokens of the {generation.max_tokens} asked (raise --ctx)"
+                    f"tokens of the {generation.max_tokens} asked ({context_advice(runners)})"
                 )
                 stderr.print(note, style="dim", soft_wrap=True)
             if stats:
