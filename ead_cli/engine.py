@@ -87,6 +87,7 @@ def load_runners(
                     tokenizer=runners[0],
                     top_k=options.remote_top_k,
                     timeout_s=options.remote_timeout,
+                    progress=progress,
                 )
             )
             runners[-1].check_tokenizer(runners[0].label)

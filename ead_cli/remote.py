@@ -132,9 +132,10 @@ class RemoteError(EadError):
     """The server failed: unreachable, too slow, an HTTP error (its ``status``), or a reply that makes
     no sense."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, answer: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.answer = answer  # the server's own words, with the status: 'HTTP 503: Loading model'
 
 
 class TimedReply(http.client.HTTPResponse):
@@ -231,6 +232,7 @@ class RemoteRunner:
         tokenizer: Tokenizer,
         top_k: int = DEFAULT_TOP_K,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self._host, self._port, path = server_address(url)
         check_remote_settings(top_k, timeout_s)
@@ -251,7 +253,7 @@ class RemoteRunner:
         self._served: str | None = None  # the served model's fingerprint when it was last checked
         self._local_name = "the local model"  # check_tokenizer's, for a check again
         self._checking_again = False
-        self._wait_until_ready()
+        self._wait_until_ready(progress)
         meta, listed = self._meta()
         self._describe(meta)
         self._served = self._fingerprint(listed)
@@ -312,8 +314,8 @@ class RemoteRunner:
             asked = f"{method} {cut(path)} answered HTTP 401: {_error_message(reply)}"
             raise RemoteError(f"{cut(self.url)} asks for an API key ({asked}), which ead does not send", 401)
         if response.status >= 400:
-            message = f"failed with HTTP {response.status}: {_error_message(reply)}"
-            raise RemoteError(f"{self._at(path)} {message}", response.status)
+            answer = f"HTTP {response.status}: {_error_message(reply)}"
+            raise RemoteError(f"{self._at(path)} failed with {answer}", response.status, answer)
         return reply
 
     def _redirect(self, path: str, response: http.client.HTTPResponse) -> str:
@@ -426,10 +428,12 @@ class RemoteRunner:
         end_of_generation_ids = sorted(self._end_of_generation())
         return json.dumps([served_model(listed), self._tokenize(PROBE_TEXT), end_of_generation_ids])
 
-    def _wait_until_ready(self) -> None:
-        """GET /health until the server has loaded its model (503 while loading), up to the timeout; past
-        it, said as such (the last 503 had been quoted as any failure)."""
+    def _wait_until_ready(self, progress: Callable[[str], None] | None) -> None:
+        """GET /health until the server has loaded its model (503 while loading), up to the timeout: the
+        wait said through ``progress`` (it had been a minute without a word), and past it, the server
+        named as not ready (the last 503 had been quoted as any failure)."""
         deadline = time.monotonic() + self.timeout_s
+        waited = False
         while True:
             try:
                 self.request("GET", self._health_path())
@@ -438,8 +442,12 @@ class RemoteRunner:
                 if error.status != 503:
                     raise
                 if time.monotonic() > deadline:
-                    waited = f"was still not ready after {self.timeout_s:g} s (--remote-timeout)"
-                    raise RemoteError(f"{cut(self.url)} {waited}: {error}", 503) from None
+                    still = f"was still not ready after {self.timeout_s:g} s ({error.answer}"
+                    raise RemoteError(f"{cut(self.url)} {still}; --remote-timeout sets the wait)") from None
+                if progress is not None and not waited:
+                    wait = f"for up to {self.timeout_s:g} s (--remote-timeout)"
+                    progress(f"waiting for {cut(self.url)}: not ready ({error.answer}), {wait}")
+                waited = True
             time.sleep(0.2)
 
     def _health_path(self) -> str:

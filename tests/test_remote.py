@@ -236,15 +236,21 @@ def test_a_server_that_asks_for_an_api_key_is_named_so(tiny_pair, tmp_path, suff
     assert assert_one_line_error(result, 1) == expected
 
 
+LOADING = "HTTP 503: Loading model"
+
+
 def test_a_server_still_loading_its_model_past_the_timeout_says_so(tiny_pair) -> None:
-    """llama-server answers /health with 503 while it loads: ead waits up to --remote-timeout, then says
-    so (it had quoted the last 503, 'failed with HTTP 503: Loading model')."""
+    """llama-server answers /health with 503 while it loads: ead says it waits (it had waited up to a
+    minute without a word), up to --remote-timeout, then says so (it had quoted the last 503, 'failed
+    with HTTP 503: Loading model')."""
     loading = b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}'
     with wrong_server({"/health": (503, loading)}) as url:
         result = ead("generate", *models(tiny_pair[0], url), "--remote-timeout", "1", "hi")
-    waited = "was still not ready after 1 s (--remote-timeout)"
-    expected = f"error: {url} {waited}: {url}/health failed with HTTP 503: Loading model"
-    assert assert_one_line_error(result, 1) == expected
+    assert result.returncode == 1 and result.stdout == b""
+    assert result.stderr.decode().splitlines() == [
+        f"waiting for {url}: not ready ({LOADING}), for up to 1 s (--remote-timeout)",
+        f"error: {url} was still not ready after 1 s ({LOADING}; --remote-timeout sets the wait)",
+    ]
 
 
 def test_an_answer_stopped_by_the_server_s_context_says_to_raise_that(tiny_pair, tmp_path) -> None:
