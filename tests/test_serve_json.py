@@ -318,6 +318,22 @@ def test_a_ref_reads_json_pointers_escapes() -> None:
     assert grammar is not None and "integer" in grammar and "boolean" in grammar
 
 
+def test_a_ref_key_that_is_a_name_or_data_is_no_ref(server: Server) -> None:
+    """A $ref is a keyword of a schema only: a property named "$ref" (a map of names, not a schema) was a
+    400 in Python's words ("unhashable type: 'dict'"), and a const or an enum holding an object with a
+    "$ref" key (a value, not a schema) was a 400 saying the ref named no part of the schema."""
+    schema = {
+        "type": "object",
+        "properties": {"$ref": {"type": "boolean"}, "c": {"const": {"$ref": "#/nowhere"}}},
+        "required": ["$ref", "c"],
+        "additionalProperties": False,
+    }
+    values = finished_answers(server, schema_named(schema, strict=True), seeds=4, max_tokens=60)
+    assert values and all(
+        isinstance(value["$ref"], bool) and value["c"] == {"$ref": "#/nowhere"} for value in values
+    ), values
+
+
 @pytest.mark.parametrize(
     ("response_format", "prefill", "check"),
     [

@@ -22,6 +22,10 @@ LARGEST = 10**MAX_DIGITS - 1
 LOWER_BOUNDS = ("minimum", "exclusiveMinimum")
 UPPER_BOUNDS = ("maximum", "exclusiveMaximum")
 BOUNDS = frozenset({*LOWER_BOUNDS, *UPPER_BOUNDS})
+# Keywords whose value maps names to schemas (a "$ref" there is a name), and those whose value is an
+# answer's value, not a schema (a "$ref" there is data)
+SCHEMAS_BY_NAME = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
+VALUES = ("const", "enum", "default", "examples")
 
 
 def schema_grammar(text: str) -> str:
@@ -75,21 +79,26 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
     def resolve_refs(self, schema: dict[str, Any], url: str) -> dict[str, Any]:
         """Each local $ref's target noted, wherever the $ref sits: the converter's own walk read no further
         into a node with one (a root $ref beside the $defs it names, as pydantic writes a recursive model,
-        left the $defs' own refs unresolved), and did not take "#". Nothing is fetched (``url`` unused)."""
+        left the $defs' own refs unresolved), and did not take "#". Only a schema's "$ref" is one: not a
+        property's name, nor a key of a const's value. Nothing is fetched (``url`` unused)."""
 
-        def walk(node: Any) -> None:
+        def walk(node: Any, names: bool = False) -> None:
             if isinstance(node, list):
                 for item in node:
                     walk(item)
+            elif isinstance(node, dict) and names:
+                for value in node.values():
+                    walk(value)
             elif isinstance(node, dict):
                 ref = node.get("$ref")
-                if ref is not None and ref not in self._refs:
+                if ref is not None and not (isinstance(ref, str) and ref in self._refs):
                     target = local_target(schema, ref)
                     if target is None:
                         raise ValueError(f"$ref {ref!r} names no part of the schema ('#' or '#/...')")
                     self._refs[ref] = target
-                for value in node.values():
-                    walk(value)
+                for key, value in node.items():
+                    if key not in VALUES:
+                        walk(value, names=key in SCHEMAS_BY_NAME)
 
         walk(schema)
         return schema

@@ -26,7 +26,14 @@ from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..paths import BOM
 from ..policies import BURST_KINDS, parse_tau
-from .converter import BOUNDS, holds_bounds, local_target, read_first, schema_grammar
+from .converter import (
+    BOUNDS,
+    SCHEMAS_BY_NAME,
+    holds_bounds,
+    local_target,
+    read_first,
+    schema_grammar,
+)
 from .patterns import portable_patterns
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
@@ -274,7 +281,6 @@ UNHELD_KEYWORDS = frozenset(
     }
 )
 HELD_FORMATS = frozenset({"date", "time", "date-time", "uuid", *(f"uuid{n}" for n in range(1, 6))})
-SCHEMAS_BY_NAME = ("properties", "$defs", "definitions")
 SCHEMAS = ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems")
 # Keywords that say what an answer may be; any other (an annotation, a word JSON Schema does not know)
 # says nothing, so the converter may drop it
