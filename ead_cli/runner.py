@@ -38,6 +38,7 @@ _QUIET_LEVEL = logging.CRITICAL + 1
 # length bounds its token count; strip attributes are the exception, which TokenReach records.
 _LENGTH_BOUNDED_VOCABS = (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE)
 _STRIP_ATTRIBUTES = llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
+_PIECE_ATTRIBUTES = llama_cpp.LLAMA_TOKEN_ATTR_NORMAL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
 
 
 def _init_backend() -> None:
@@ -611,11 +612,19 @@ class Runner:
 
     @cached_property
     def _piece_tokens(self) -> tuple[dict[bytes, int], int]:
-        """A token for each text a token stands for (control tokens, which stand for none, left out), and
-        the longest such text's bytes: a pass over the vocabulary, made when ``spelling`` first needs it."""
+        """A token for each text a token stands for, and the longest such text's bytes: a pass over the
+        vocabulary, made when ``spelling`` first needs it. A piece's token comes before a byte token of
+        the same bytes (SentencePiece writes a <0xNN> only where no piece spells the character, and its
+        byte tokens' ids come first); control, unused and unknown tokens (SPM's "▅") stand for none."""
         pieces: dict[bytes, int] = {}
+        byte_tokens: dict[bytes, int] = {}
         for token in range(self.n_vocab):
-            pieces.setdefault(self.token_bytes(token), token)
+            attributes = llama_cpp.llama_vocab_get_attr(self.vocab, token)
+            if attributes & _PIECE_ATTRIBUTES:
+                pieces.setdefault(self.token_bytes(token), token)
+            elif attributes & llama_cpp.LLAMA_TOKEN_ATTR_BYTE:
+                byte_tokens.setdefault(self.token_bytes(token), token)
+        pieces = byte_tokens | pieces
         pieces.pop(b"", None)
         return pieces, max(map(len, pieces), default=1)
 

@@ -17,9 +17,10 @@ from pydantic import BaseModel, Field
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, TAU, serving
-from tiny_models import write_tiny_model
+from tiny_models import SPM_PIECES, write_tiny_model
 
 from ead_cli.errors import quoted
+from ead_cli.runner import Runner
 from ead_cli.serve.converter import LARGEST, integer_bounds
 from ead_cli.serve.patterns import portable_pattern, portable_patterns
 from ead_cli.serve.schemas import ApiError, ResponseFormat
@@ -920,6 +921,24 @@ def test_an_assistant_prefill_opens_the_json_answer_on_a_sentencepiece_vocabular
             "messages.1.content: the assistant prefill breaks response_format at character 10 "
             "('}'): an answer of the format cannot start with it"
         )
+
+
+def test_a_prefill_on_a_sentencepiece_vocabulary_is_spelled_in_its_pieces_not_its_byte_tokens(
+    tmp_path: Path,
+) -> None:
+    """SentencePiece writes a character as a <0xNN> byte token only where no piece spells it; the spelling
+    that the grammar follows had taken the byte token wherever one had a piece's bytes ("{" as <0x7B>,
+    the byte tokens' ids coming first): tokens the model never reads for that text."""
+    path = write_tiny_model(tmp_path / "spm.gguf", seed=0, vocab="spm")
+
+    def piece(text: str) -> int:
+        return 256 + SPM_PIECES.index(text)  # after the 256 byte tokens
+
+    with Runner(path, name="spm", n_ctx=256, n_threads=1) as runner:
+        assert runner.spelling('{"the": "né') == [
+            *map(piece, ["{", '"', "th", "e", '"', ":", '▁"']),  # "▁" reads as a space
+            *"né".encode(),  # no piece spells them
+        ]
 
 
 ODD_STRINGS = ['a"b', "c\\d", "e\nf", "\u0001", "名前", ""]
