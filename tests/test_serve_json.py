@@ -301,6 +301,24 @@ def test_a_part_of_a_schema_that_is_no_schema_is_a_400_that_says_so(schema: dict
     )
 
 
+@pytest.mark.parametrize("schema", ['{"const": 1e400}', '{"enum": [2, {"a": [-1e999]}]}', '{"const": NaN}'])
+def test_a_constant_nan_or_number_past_a_floats_range_is_a_400_not_an_answer_of_infinity(
+    server: Server, schema: str
+) -> None:
+    """The request's parser reads 1e400 as a float's infinity and takes NaN, which the converter wrote
+    back as ``Infinity`` and ``NaN``: the answer held to them was no JSON (as RFC 8259 has it)."""
+    body = (
+        '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "response_format": '
+        f'{{"type": "json_schema", "json_schema": {{"name": "x", "schema": {schema}}}}}}}'
+    )
+    reply = httpx.post(f"{server.base_url}/chat/completions", content=body, headers=JSON, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"] == (
+        "response_format.json_schema.schema cannot be a grammar: a const or an enum value holds NaN or a "
+        "number past a float's range (1e400), which no JSON answer can hold"
+    )
+
+
 def test_a_schema_true_is_any_value() -> None:
     """JSON Schema's ``true`` (any value), as a property's schema: it was a 400, Python's complaint."""
     schema = {"type": "object", "properties": {"a": True}, "required": ["a"]}

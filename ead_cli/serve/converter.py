@@ -122,8 +122,15 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
         characters beyond ASCII as they are, as llama-server writes them (a model writes 名前, seldom
         \\u540d\\u524d), and its backslashes escaped too, as llama.cpp's own converter escapes them (the
         grammar read the text's escapes as its own: an escaped quote ended the literal, a newline's \\n
-        put a raw newline in the answer)."""
-        text = json.dumps(json.loads(literal), ensure_ascii=False)
+        put a raw newline in the answer). A NaN or a number past a float's range (1e400, read as infinity),
+        which the request's parser takes, is refused: it had been written ``NaN`` or ``Infinity``, no JSON."""
+        try:
+            text = json.dumps(json.loads(literal), ensure_ascii=False, allow_nan=False)
+        except ValueError:
+            raise ValueError(
+                "a const or an enum value holds NaN or a number past a float's range (1e400), which no "
+                "JSON answer can hold"
+            ) from None
         return super()._format_literal(text.replace("\\", "\\\\"))  # type: ignore[no-any-return]
 
     def visit(self, schema: Any, name: str) -> str:
