@@ -319,6 +319,15 @@ def test_a_constant_nan_or_number_past_a_floats_range_is_a_400_not_an_answer_of_
     )
 
 
+def test_an_array_of_any_items_or_of_none_is_held(server: Server) -> None:
+    """``items: {}`` (any item: pydantic's ``list[Any]``) and ``items: false`` (no item) were a 400 in
+    Python's words ("'prefixItems'"): the converter took an empty or false ``items`` for none given."""
+    for items, check in (({}, lambda value: isinstance(value, list)), (False, lambda value: value == [])):
+        schema = {"type": "object", "properties": {"a": {"type": "array", "items": items}}, "required": ["a"]}
+        values = finished_answers(server, schema_named(schema, strict=True), seeds=4, max_tokens=60)
+        assert values and all(check(value["a"]) for value in values), values
+
+
 def test_a_schema_true_is_any_value() -> None:
     """JSON Schema's ``true`` (any value), as a property's schema: it was a 400, Python's complaint."""
     schema = {"type": "object", "properties": {"a": True}, "required": ["a"]}

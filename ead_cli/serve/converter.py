@@ -138,6 +138,10 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
             schema = {}
         elif not isinstance(schema, dict):  # the converter's complaint was Python's ('int' object has...)
             raise ValueError(f"a schema is an object or true, got {json.dumps(schema)}")
+        items = schema.get("items")
+        if (items == {} or items is False) and "prefixItems" not in schema:  # the converter read a falsy
+            # items as none given (Python's KeyError 'prefixItems'): any item, or none
+            schema = {**schema, "items": True, **({"maxItems": 0} if items is False else {})}
         if name == "":  # the root's; a property "" of the root would take the root's rule
             name, self._root_named = ("-" if self._root_named else ""), True
         first = read_first(schema)
