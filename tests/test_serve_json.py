@@ -250,6 +250,26 @@ def test_integer_bounds_no_answer_can_meet_are_a_400(bounds: dict, reason: str) 
 
 
 @pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        ({"type": "string", "minLength": 3, "maxLength": 1}, "no string is within minLength 3, maxLength 1"),
+        (
+            {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 1},
+            "no array is within minItems 2, maxItems 1",
+        ),
+        ({"type": "array", "items": False, "minItems": 1}, "no array is within minItems 1, maxItems 0"),
+    ],
+)
+def test_counts_no_answer_can_meet_are_a_400(schema: dict, reason: str) -> None:
+    """The converter wrote the least count alone where it passes the greatest (a string of exactly 3
+    characters for maxLength 1): the grammar held answers the schema refuses."""
+    response_format = ResponseFormat.model_validate(schema_named(schema, strict=False))
+    with pytest.raises(ApiError) as refused:
+        response_format.grammar()
+    assert str(refused.value) == f"response_format.json_schema.schema cannot be a grammar: {reason}"
+
+
+@pytest.mark.parametrize(
     "schema",
     [
         {"type": ["integer", "null"], "minimum": 1},  # the converter keeps the list's types alone

@@ -26,6 +26,7 @@ BOUNDS = frozenset({*LOWER_BOUNDS, *UPPER_BOUNDS})
 # answer's value, not a schema (a "$ref" there is data)
 SCHEMAS_BY_NAME = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
 VALUES = ("const", "enum", "default", "examples")
+COUNTS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"))  # least, greatest, of
 
 
 def schema_grammar(text: str) -> str:
@@ -142,6 +143,10 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
         if (items == {} or items is False) and "prefixItems" not in schema:  # the converter read a falsy
             # items as none given (Python's KeyError 'prefixItems'): any item, or none
             schema = {**schema, "items": True, **({"maxItems": 0} if items is False else {})}
+        for least, greatest, kind in COUNTS:  # the converter wrote the least alone
+            low, high = schema.get(least), schema.get(greatest)
+            if type(low) is int and type(high) is int and low > high:
+                raise ValueError(f"no {kind} is within {least} {low}, {greatest} {high}")
         if name == "":  # the root's; a property "" of the root would take the root's rule
             name, self._root_named = ("-" if self._root_named else ""), True
         first = read_first(schema)
