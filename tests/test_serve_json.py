@@ -354,6 +354,20 @@ def test_a_schema_true_is_any_value() -> None:
     assert ResponseFormat.model_validate(schema_named(schema, strict=False)).grammar()
 
 
+@pytest.mark.parametrize("any_value", [True, {}])
+def test_a_schema_true_or_empty_holds_any_value_not_only_an_object(server: Server, any_value: object) -> None:
+    """The converter wrote ``{}`` (and so ``true``) as an object alone, as llama.cpp's converter does: a
+    property of any value, or pydantic's ``list[Any]`` items, could only be an object."""
+    schema = {
+        "type": "object",
+        "properties": {"a": any_value, "b": {"type": "array", "items": any_value}},
+        "required": ["a", "b"],
+    }
+    prefill = '{"a": 1, "b": ["x", null, [true]'
+    values = finished_answers(server, schema_named(schema, strict=False), 4, 60, prefill)
+    assert values and all(value["a"] == 1 and value["b"][:3] == ["x", None, [True]] for value in values)
+
+
 def test_a_ref_reads_json_pointers_escapes() -> None:
     """A $ref is a JSON pointer: ``~1`` stands for "/" and ``~0`` for "~" in a name (RFC 6901), which the
     lookup read as they stand (a 400: the ref named no part of the schema)."""

@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, SchemaConverter
+from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
 
 MAX_DIGITS = 16  # the converter's integral-part rule: an integer of up to 16 digits
 LARGEST = 10**MAX_DIGITS - 1
@@ -152,9 +152,12 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
         first = read_first(schema)
         if first in ("anyOf", "oneOf", "type", "enum") and schema[first] == []:  # an empty rule, which
             raise ValueError(f"{first}: [] allows no value")  # llama.cpp's parser refuses in its words
+        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the converter names it
+        if not schema:  # any value: the converter wrote an object alone, as llama.cpp's does
+            value = self._add_primitive("value", PRIMITIVE_RULES["value"])
+            return self._add_rule(rule_name, value)  # type: ignore[no-any-return]
         if not (BOUNDS & schema.keys() and holds_bounds(schema)):
             return super().visit(schema, name)  # type: ignore[no-any-return]
-        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"  # as the converter names it
         low, high = integer_bounds(schema)
         return self._add_rule(rule_name, f"({integer_range(low, high)}) space")  # type: ignore[no-any-return]
 
