@@ -28,6 +28,18 @@ def expand_home(path: str, where: str) -> Path:
         raise EadError(f"{where}: {reason}") from None
 
 
+def folder_ending(name: str) -> str | None:
+    """Why ``name``, given for a file ead writes, names none, as a shell says it ("Is a directory", or
+    "Not a directory" after a file's name), or None: a name that ends as a folder's ('notes/',
+    'notes/.') loses its '/' on its way to a Path, which would write the file 'notes' (or over
+    'chat.json' for 'chat.json/')."""
+    if os.path.basename(name) not in ("", "."):
+        return None
+    found = lookup(Path(os.path.expanduser(name)))
+    after_a_file = found is not None and not stat.S_ISDIR(found.st_mode)
+    return os.strerror(errno.ENOTDIR if after_a_file else errno.EISDIR)
+
+
 @overload
 def env_path(name: str) -> Path | None: ...
 @overload

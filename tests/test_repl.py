@@ -646,14 +646,16 @@ def test_a_save_name_that_names_a_folder_writes_no_file_in_its_place(
 ) -> None:
     """/save notes/ (a folder not made yet) had written a file named 'notes', and /save chat.json/ had
     overwritten chat.json: the name lost its trailing / (or /.) on its way to a path. A name that ends
-    as a folder's is refused in the words of a folder that exists (a shell's '> notes/'), writing nothing."""
+    as a folder's is refused in a shell's words ('> notes/'; '> chat.json/' after a file), writing nothing."""
     existing = tmp_path / "chat.json"
     existing.write_text("kept", encoding="utf-8")
     names = [f"{tmp_path}/notes/", f"{tmp_path}/notes/.", f"{existing}/"]
     result = pipe(tiny_pair, "".join(f"/save {name}\n" for name in names).encode())
     assert result.returncode == 1
     assert result.stderr.decode().splitlines() == [
-        f"error: cannot write {name}: Is a directory" for name in names
+        f"error: cannot write {names[0]}: Is a directory",
+        f"error: cannot write {names[1]}: Is a directory",
+        f"error: cannot write {names[2]}: Not a directory",
     ]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["chat.json"]
     assert existing.read_text(encoding="utf-8") == "kept"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import errno
 import io
 import os
 import re
@@ -26,7 +25,7 @@ from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError, quoted
 from ..option_table import CHAT, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
-from ..paths import BOM, MAX_READ_BYTES, expand_home
+from ..paths import BOM, MAX_READ_BYTES, expand_home, folder_ending
 from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
@@ -342,8 +341,8 @@ class Repl:
         name = "".join(names)
         if not name:  # nothing, or "" (which would name the current folder)
             raise EadError("/save takes a file name")
-        if os.path.basename(name) in ("", "."):  # a Path drops its / (or /.): it would write a file there
-            raise EadError(f"cannot write {name}: {os.strerror(errno.EISDIR)}")  # as a shell says it
+        if why := folder_ending(name):
+            raise EadError(f"cannot write {name}: {why}")
         path = expand_home(name, f"cannot write {name}")
         self.conversation.save(path)
         self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {path}")
