@@ -674,6 +674,36 @@ def test_an_empty_file_name_is_refused_naming_the_option(tmp_path: Path, args: l
 
 
 @pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["bench", "speed", "--small", "a.gguf", "--large", "b.gguf", "--json"], "'--json'"),
+        (["depth", "eval", "missing.gguf", "--no-timing", "--out"], "'--out'"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("figures/", "figures/: Is a directory"),
+        ("figures/.", "figures/.: Is a directory"),
+        ("kept.json/", "kept.json/: Not a directory"),
+        ("-", "'-' is no file here, not stdout: name a file"),
+    ],
+)
+def test_a_file_output_named_as_a_folder_or_stdout_is_refused(
+    tmp_path: Path, args: list[str], named: str, name: str, reason: str
+) -> None:
+    """A Path drops a trailing / (or /.): 'figures/' had been written as the file 'figures' once the run
+    was done, and 'kept.json/' over kept.json; '-' had been a file named '-'. Refused before any model
+    loads (a missing one would be the error otherwise), in a shell's words, nothing written."""
+    kept = tmp_path / "kept.json"
+    kept.write_text("kept", encoding="utf-8")
+    result = subprocess.run([EAD, *args, name], capture_output=True, timeout=120, cwd=tmp_path)
+    assert_one_line_error(result, 2, f"Invalid value for {named}: {reason}")
+    assert [path.name for path in tmp_path.iterdir()] == ["kept.json"]
+    assert kept.read_text(encoding="utf-8") == "kept"
+
+
+@pytest.mark.parametrize(
     "command",
     [
         ("generate", "--small", "missing.gguf", "--large", "missing.gguf", "hi"),

@@ -24,6 +24,7 @@ from .groups import (
     Seed,
     TauRange,
     Temp,
+    given_file,
     given_path,
     with_options,
 )
@@ -302,7 +303,7 @@ def bench_speed(
         ),
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write every figure to this file.", parser=given_path)
+        Path | None, typer.Option("--json", help="Also write every figure to this file.", parser=given_file)
     ] = None,
 ) -> None:
     """This machine's decode and prefill rates for the pair, the speed each large-model share should

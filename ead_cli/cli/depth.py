@@ -30,8 +30,8 @@ from .groups import (
     Stop,
     Temp,
     Threads,
+    given_file,
     given_model,
-    given_path,
     parse_list,
     read_prompt,
 )
@@ -220,7 +220,7 @@ def depth_eval(
             "--out",
             help="Write every figure to this JSON file; its quality part is reused when it was made with "
             "the same profile and --tokens.",
-            parser=given_path,
+            parser=given_file,
         ),
     ] = None,
     timing: Annotated[

@@ -25,7 +25,7 @@ from ..options import (
     PolicyOptions,
     check_model_name,
 )
-from ..paths import BOM, read_bounded, unreadable
+from ..paths import BOM, folder_ending, read_bounded, unreadable
 from .output import turn_colour_off
 
 # The options with choices (mode, policy, switch point) as the enums typer offers them.
@@ -48,6 +48,18 @@ def given_path(text: str) -> Path:
     if not text:
         raise typer.BadParameter("an empty path names no file or folder ('.' is the current folder)")
     return Path(text)
+
+
+def given_file(text: str) -> Path:
+    """A file a command writes, as given: ``given_path``'s check, then a name that ends as a folder's
+    (``folder_ending``) and '-', which names no file here and stdout only in other tools (the tables go
+    there), refused before the work whose figures it would hold."""
+    path = given_path(text)
+    if why := folder_ending(text):
+        raise typer.BadParameter(f"{text}: {why}")
+    if text == "-":
+        raise typer.BadParameter("'-' is no file here, not stdout: name a file")
+    return path
 
 
 def given_model(text: str) -> str:
