@@ -216,6 +216,13 @@ def save_text(path: Path, text: str | bytes, what: str) -> Path:
     return path
 
 
+def written_in_place(path: Path) -> bool:
+    """Whether ``path`` names a device or a pipe (through links: ``/dev/null``, ``/dev/stdout`` into a
+    pipe), which ``write_whole`` writes as it is: there is no folder beside it to write a file in."""
+    found = lookup(path)
+    return found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISDIR(found.st_mode)
+
+
 def write_whole(path: Path, text: str | bytes) -> None:
     """``text`` (or bytes: a plot) written whole or not at all: to a new file beside ``path`` (beside a
     link's target, so the link stays), with an existing file's permissions, renamed over it, so a failed
@@ -226,8 +233,9 @@ def write_whole(path: Path, text: str | bytes) -> None:
     if target.is_dir():  # said before a temporary is written beside it ("/" has no side to write on)
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     data = text.encode("utf-8") if isinstance(text, str) else text
-    if target.exists() and not target.is_file() and not target.is_dir():
-        target.write_bytes(data)
+    if written_in_place(path):
+        with open(path, "wb") as handle:  # the name as given: /dev/stdout's pipe has no other (realpath's)
+            handle.write(data)
         return
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:

@@ -748,7 +748,7 @@ def test_a_bench_resumes_beside_the_replay_that_bench_replay_writes_there_by_def
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--json", "/tmp"], "is a folder: the figures go to a file"),  # '.' ends as a folder's name: given_file
+        (["--json", "/tmp"], "is a folder: the figures go to a file"),  # "." is refused as given: given_file
         (["--json", "/proc/ead/figures.json"], "cannot write to /proc/ead"),
     ],
 )

@@ -641,6 +641,16 @@ def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Pa
     assert sorted(path.name for path in tmp_path.iterdir()) == ["my chat.json", "our chat.json"]
 
 
+def test_save_to_dev_stdout_writes_the_transcript_to_a_piped_stdout(tiny_pair: tuple[Path, Path]) -> None:
+    """/dev/stdout into a pipe is written in place: its file had been taken for a name to replace
+    (/proc/PID/fd/pipe:[N]), and the save failed ('No such file or directory')."""
+    result = pipe(tiny_pair, b"hi\n/save /dev/stdout\n")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stderr.decode().splitlines()[-1] == "saved 1 turn to /dev/stdout"
+    transcript = json.loads(result.stdout.decode()[result.stdout.decode().index("{") :])
+    assert len(transcript["turns"]) == 1
+
+
 def test_a_save_name_that_names_a_folder_writes_no_file_in_its_place(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:

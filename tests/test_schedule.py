@@ -904,6 +904,16 @@ def test_speed_json_through_a_link_is_checked_and_written_where_the_link_points(
     assert assert_one_line_error(refused, 2) == f"error: cannot write to {tmp_path / 'blocker'}: File exists"
 
 
+def test_speed_json_to_dev_stdout_is_written_into_the_pipe(tiny_pair: tuple[Path, Path]) -> None:
+    """--json /dev/stdout with stdout a pipe: its check had tried to write a scratch file in /proc/PID/fd
+    (the pipe's 'folder') and refused it, and the save would have replaced a file of no name there."""
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1", "--context", "16"]
+    result = ead("bench", "speed", *pair, "--json", "/dev/stdout")
+    assert result.returncode == 0, result.stderr
+    figures, _ = json.JSONDecoder().raw_decode(result.stdout.decode())  # saved before the tables
+    assert figures["rates"]
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("name", ["gate verify", "spec"])
 def test_the_demo_pair_replays_its_own_schedule_exactly(

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from ..compat import tokenizer_record
 from ..errors import EadError
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import read_file_text, try_writing, unreadable
+from ..paths import read_file_text, try_writing, unreadable, written_in_place
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -144,6 +144,8 @@ def check_out(path: Path, *, folder: bool) -> None:
         raise EadError(f"{path} is a file: results go to a folder", exit_code=2)
     if not folder and path.is_dir():
         raise EadError(f"{path} is a folder: the figures go to a file", exit_code=2)
+    if not folder and written_in_place(path):  # /dev/stdout: nothing is written beside it
+        return
     target = path if folder else Path(os.path.realpath(path)).parent  # a link's file goes beside its target
     try:
         try_writing(target)
