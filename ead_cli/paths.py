@@ -130,8 +130,11 @@ def unreadable(error: OSError | ValueError | RecursionError) -> str:
 
 
 def config_file() -> Path:
-    """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default)."""
+    """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default); an EAD_CONFIG
+    that ends as a folder's name (``folder_ending``) is refused, not read and saved without its /."""
     given = env_path("EAD_CONFIG")
+    if given is not None and (why := folder_ending(os.environ["EAD_CONFIG"])):
+        raise EadError(f"EAD_CONFIG={os.environ['EAD_CONFIG']}: {why}")
     return given or env_path("XDG_CONFIG_HOME", "~/.config") / "ead-cli" / "calibration.json"
 
 

@@ -146,6 +146,20 @@ def test_a_policy_that_cannot_be_calibrated_leaves_the_others_shown_and_saved(
     assert alone.stderr.decode().splitlines()[-1] == errors[0]
 
 
+@pytest.mark.parametrize(("name", "reason"), [("conf/", "Is a directory"), ("kept.json/", "Not a directory")])
+def test_a_config_named_as_a_folder_is_refused_before_the_calibration(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, name: str, reason: str
+) -> None:
+    """EAD_CONFIG=conf/ lost its / on its way to a Path: calibrate --save had written the file conf (and
+    over kept.json for kept.json/). Refused as a shell refuses '> conf/', before any model loads."""
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    value = f"{tmp_path}/{name}"
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "1", "--no-check", "--save"]
+    assert_one_line_error(ead(*args, env={"EAD_CONFIG": value}), 1, f"EAD_CONFIG={value}: {reason}")
+    assert [path.name for path in tmp_path.iterdir()] == ["kept.json"] and kept.read_text() == "{}"
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
