@@ -720,12 +720,19 @@ def test_a_results_file_from_before_the_time_limit_was_recorded_resumes_at_the_d
 def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_loads(
     tmp_path: Path, humaneval: list[Task]
 ) -> None:
-    """Checked as the bench is made, before ``run_bench`` loads a model: one line each, exit 2."""
+    """Checked as the bench is made, before ``run_bench`` loads a model: one line each, exit 2. A FIFO
+    where results.jsonl goes had been read for a resume, waiting for ever for a writer; a folder there had
+    been said with exit 1."""
     (tmp_path / "a-file").write_text("")
     (tmp_path / "replayed").mkdir()
     (tmp_path / "replayed" / "replay.json").write_text("{}")
+    (tmp_path / "piped").mkdir()
+    os.mkfifo(tmp_path / "piped" / "results.jsonl")
+    (tmp_path / "nested" / "results.jsonl").mkdir(parents=True)
     for out, max_tokens, message in (
         (tmp_path / "a-file", 8, "is a file: results go to a folder"),
+        (tmp_path / "piped", 8, "results.jsonl is not a file: a bench keeps its results in one, read back"),
+        (tmp_path / "nested", 8, "results.jsonl is not a file: a bench keeps its results in one, read back"),
         (tmp_path / "a-file" / "below", 8, "cannot write to"),
         (tmp_path / "replayed", 8, "holds a replay (replay.json): use another --out"),
         (tmp_path / "fine", 0, "--max-tokens must be at least 1, got 0"),
