@@ -154,7 +154,7 @@ def check_can_save(path: Path, what: str) -> None:
     try:
         if is_dir(path):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        try_writing(path.parent)
+        try_writing(Path(os.path.realpath(path)).parent)  # a link's file is saved beside its target
     except OSError as error:
         raise cannot_save(path, what, error) from None
 

@@ -704,6 +704,28 @@ def test_a_file_output_named_as_a_folder_or_stdout_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["bench", "speed", "--small", "a.gguf", "--large", "b.gguf", "--json"], 2),
+        (["depth", "eval", "missing.gguf", "--no-timing", "--out"], 1),
+    ],
+)
+@pytest.mark.parametrize("name", ["kept.json/figures.json", "link.json"])
+def test_a_file_output_below_a_file_is_refused_naming_the_file(
+    tmp_path: Path, args: list[str], code: int, name: str
+) -> None:
+    """A file where the output's folder goes, named or reached through a link, is said before any model
+    loads (a missing one would be the error otherwise) and named: bench speed had said 'File exists', and
+    depth eval had checked the link's own folder, its figures then lost after the whole evaluation."""
+    kept = tmp_path / "kept.json"
+    kept.write_text("kept", encoding="utf-8")
+    (tmp_path / "link.json").symlink_to(kept / "figures.json")
+    result = subprocess.run([EAD, *args, name], capture_output=True, timeout=120, cwd=tmp_path)
+    assert_one_line_error(result, code, "kept.json is not a folder")
+    assert kept.read_text(encoding="utf-8") == "kept"
+
+
+@pytest.mark.parametrize(
     "command",
     [
         ("generate", "--small", "missing.gguf", "--large", "missing.gguf", "hi"),

@@ -901,7 +901,9 @@ def test_speed_json_through_a_link_is_checked_and_written_where_the_link_points(
     blocked = tmp_path / "blocked.json"
     blocked.symlink_to(tmp_path / "blocker" / "speed.json")
     refused = ead("bench", "speed", *pair, "--json", str(blocked))
-    assert assert_one_line_error(refused, 2) == f"error: cannot write to {tmp_path / 'blocker'}: File exists"
+    assert assert_one_line_error(refused, 2) == (
+        f"error: cannot write to {tmp_path / 'blocker'}: {tmp_path / 'blocker'} is not a folder"
+    )
 
 
 def test_speed_json_to_dev_stdout_is_written_into_the_pipe(tiny_pair: tuple[Path, Path]) -> None:

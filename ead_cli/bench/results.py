@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from ..compat import tokenizer_record
 from ..errors import EadError
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import read_file_text, try_writing, unreadable, written_in_place
+from ..paths import read_file_text, try_writing, unreadable, why_not_saved, written_in_place
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -150,7 +150,7 @@ def check_out(path: Path, *, folder: bool) -> None:
     try:
         try_writing(target)
     except OSError as error:
-        raise EadError(f"cannot write to {target}: {error.strerror}", exit_code=2) from None
+        raise EadError(f"cannot write to {target}: {why_not_saved(target, error)}", exit_code=2) from None
 
 
 PHASES = ("prefill", "decode", "catchup")  # what a model's figures are counted by in a sample record
