@@ -729,7 +729,9 @@ def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_load
     (tmp_path / "piped").mkdir()
     os.mkfifo(tmp_path / "piped" / "results.jsonl")
     (tmp_path / "nested" / "results.jsonl").mkdir(parents=True)
+    (tmp_path / "reported" / "report.md").mkdir(parents=True)  # said after every sample had run
     for out, max_tokens, message in (
+        (tmp_path / "reported", 8, "report.md is a folder: the report goes to a file"),
         (tmp_path / "a-file", 8, "is a file: results go to a folder"),
         (tmp_path / "piped", 8, "results.jsonl is not a file: a bench keeps its results in one, read back"),
         (tmp_path / "nested", 8, "results.jsonl is not a file: a bench keeps its results in one, read back"),
@@ -1129,6 +1131,15 @@ def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
     assert markdown[3].startswith("| ead | 2 | 100.0% | 0.875 | 37.5% | 0.583 |")
     assert files.plot == tmp_path / "plot.png" and files.note is None
     assert files.plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_folder_where_a_report_file_goes_is_refused_before_any_is_written(tmp_path: Path) -> None:
+    """report.md a folder: report.csv had been written before the failure, a report of one file."""
+    (tmp_path / "report.md").mkdir()
+    message = f"{tmp_path / 'report.md'} is a folder: the report goes to a file"
+    with pytest.raises(EadError, match=re.escape(message)):
+        write_report(tmp_path, aggregate(RECORDS))
+    assert [path.name for path in tmp_path.iterdir()] == ["report.md"]
 
 
 def test_a_ctrl_c_while_the_plot_is_written_leaves_the_old_plot_whole(tmp_path: Path) -> None:

@@ -223,12 +223,12 @@ def test_a_replay_checks_that_the_schedule_reads_what_the_record_counted(
 
 def test_a_report_that_cannot_be_saved_is_one_line(recorded: Path, tmp_path: Path) -> None:
     """``ead bench report`` where report.md is a folder: it had ended in an IsADirectoryError traceback.
-    Now one line naming the file asked for (not the temporary it was written to), and nothing beside it."""
+    Now one line naming the file asked for, said before any report file is written (report.csv had been)."""
     shutil.copy(recorded / RESULTS_FILE, tmp_path / RESULTS_FILE)
     (tmp_path / "report.md").mkdir()
     result = ead("bench", "report", str(tmp_path))
-    assert_one_line_error(result, 1, f"cannot save the report to {tmp_path / 'report.md'}: Is a directory")
-    assert not [path for path in tmp_path.iterdir() if path.name.endswith(".tmp")]
+    assert_one_line_error(result, 2, f"{tmp_path / 'report.md'} is a folder: the report goes to a file")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["report.md", RESULTS_FILE]
     (tmp_path / "report.md").rmdir()
     assert ead("bench", "report", str(tmp_path)).returncode == 0
     assert (tmp_path / "report.md").read_text().startswith("| strategy")

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..paths import save_text
+from ..errors import EadError
+from ..paths import is_dir, save_text
 from .grid import LARGE_ONLY
 from .results import PHASES, Record, check_sample, unreadable_record
 
@@ -267,16 +268,29 @@ class ReportFiles:
     note: str | None  # why there is no plot
 
 
+REPORT_FILES = ("report.csv", "report.md", "plot.png")
+
+
+def check_report_files(folder: Path) -> None:
+    """A folder where a report file goes, refused before any is written and before a bench runs: the
+    report had been written in part, the rest said only after every sample had run."""
+    for name in REPORT_FILES:
+        if is_dir(folder / name):
+            raise EadError(f"{folder / name} is a folder: the report goes to a file", exit_code=2)
+
+
 def write_report(folder: Path, aggregates: Sequence[Aggregate]) -> ReportFiles:
     """report.csv (every figure, full precision), report.md (the table) and plot.png (if matplotlib)."""
+    check_report_files(folder)
     rows = [a.row() for a in aggregates]
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
     writer.writeheader()
     writer.writerows(rows)
-    csv_path = save_text(folder / "report.csv", table.getvalue(), "the report")
-    markdown = save_text(folder / "report.md", markdown_table(aggregates), "the report")
-    plot, note = _plot(folder / "plot.png", aggregates)
+    csv_name, markdown_name, plot_name = REPORT_FILES
+    csv_path = save_text(folder / csv_name, table.getvalue(), "the report")
+    markdown = save_text(folder / markdown_name, markdown_table(aggregates), "the report")
+    plot, note = _plot(folder / plot_name, aggregates)
     return ReportFiles(csv_path, markdown, plot, note)
 
 

@@ -33,7 +33,7 @@ from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
 from .native import NativePeers, server_binary
 from .replay import REPLAY_FILE
-from .report import aggregate_read
+from .report import aggregate_read, check_report_files
 from .results import (
     RESULTS_FILE,
     Record,
@@ -162,6 +162,7 @@ class Bench:
             raise EadError(f"{self.out} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
         check_out(self.out, folder=True)
         check_resumable(self.out / RESULTS_FILE)
+        check_report_files(self.out)
 
 
 def check_resumable(path: Path) -> None:
