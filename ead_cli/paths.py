@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, overload
@@ -219,25 +220,59 @@ def save_text(path: Path, text: str | bytes, what: str) -> Path:
     return path
 
 
+def own_descriptor(path: Path) -> int | None:
+    """The descriptor of this process that ``path`` names through links (``/dev/stdout``, ``/dev/fd/3``,
+    ``/proc/self/fd/1``), or None. Such a file is written there, after what the descriptor holds: its
+    name resolved to a file would replace the file that stdout, redirected to it, goes on writing."""
+    name = os.path.abspath(path)
+    for _ in range(40):  # Linux's most links in one lookup
+        folder, base = os.path.split(name)
+        folder = os.path.realpath(folder)
+        if folder == f"/proc/{os.getpid()}/fd" and base.isdecimal():
+            return int(base)
+        name = os.path.join(folder, base)
+        if not os.path.islink(name):
+            return None
+        name = os.path.join(folder, os.readlink(name))
+    return None
+
+
+def write_to_descriptor(descriptor: int, data: bytes) -> None:
+    """``data`` written whole to one of this process's descriptors, after what Python's own streams hold."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]
+
+
 def written_in_place(path: Path) -> bool:
-    """Whether ``path`` names a device or a pipe (through links: ``/dev/null``, ``/dev/stdout`` into a
-    pipe), which ``write_whole`` writes as it is: there is no folder beside it to write a file in."""
+    """Whether ``path`` names a device, a pipe (through links: ``/dev/null``, ``/dev/stdout`` into a pipe)
+    or a descriptor of this process (``own_descriptor``), which ``write_whole`` writes as it is: there is
+    no folder beside it to write a file in."""
     found = lookup(path)
-    return found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISDIR(found.st_mode)
+    in_place = found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISDIR(found.st_mode)
+    return in_place or own_descriptor(path) is not None
 
 
 def write_whole(path: Path, text: str | bytes) -> None:
     """``text`` (or bytes: a plot) written whole or not at all: to a new file beside ``path`` (beside a
     link's target, so the link stays), with an existing file's permissions, renamed over it, so a failed
     write (a full disk, a Ctrl-C) leaves the old file as it was and no temporary. A device or a pipe
-    (``/dev/null``, ``/dev/stdout``) is written in place, never replaced. Raises what the writes raise
-    (OSError; ValueError for a name with a NUL byte)."""
+    (``/dev/null``) is written in place, never replaced, and a descriptor of this process (``/dev/stdout``,
+    ``/dev/fd/3``) where it stands. Raises what the writes raise (OSError; ValueError for a name with a
+    NUL byte)."""
     target = Path(os.path.realpath(path))  # a link loop stays itself, and fails as a file would
     if target.is_dir():  # said before a temporary is written beside it ("/" has no side to write on)
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     data = text.encode("utf-8") if isinstance(text, str) else text
+    descriptor = own_descriptor(path)
+    if descriptor is not None:
+        write_to_descriptor(descriptor, data)
+        return
     if written_in_place(path):
-        with open(path, "wb") as handle:  # the name as given: /dev/stdout's pipe has no other (realpath's)
+        with open(path, "wb") as handle:  # the name as given: realpath's may name nothing (another's pipe)
             handle.write(data)
         return
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")

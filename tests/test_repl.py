@@ -651,6 +651,26 @@ def test_save_to_dev_stdout_writes_the_transcript_to_a_piped_stdout(tiny_pair: t
     assert len(transcript["turns"]) == 1
 
 
+def test_save_to_dev_stdout_into_a_file_writes_where_stdout_is(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """/dev/stdout with stdout a file (``ead chat > answers.txt``): the transcript had replaced the file,
+    the answers before it lost and those after it written to the old file, unlinked. Written to stdout's
+    own descriptor, it lands in the file between the answers."""
+    out = tmp_path / "answers.txt"
+    with open(out, "wb") as handle:
+        inode = os.fstat(handle.fileno()).st_ino
+        args = [str(EAD), *chat_args(tiny_pair, "--max-tokens", "4")]
+        talk = b"hi\n/save /dev/stdout\nhello\n"
+        result = subprocess.run(args, input=talk, stdout=handle, stderr=subprocess.PIPE, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+    assert os.stat(out).st_ino == inode and [path.name for path in tmp_path.iterdir()] == ["answers.txt"]
+    text = out.read_text(encoding="utf-8")
+    start = text.index('{\n "')
+    transcript, end = json.JSONDecoder().raw_decode(text, start)
+    assert len(transcript["turns"]) == 1 and start > 0 and len(text) > end  # an answer either side
+
+
 def test_a_save_name_that_names_a_folder_writes_no_file_in_its_place(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
