@@ -87,6 +87,7 @@ def load_runners(
                     tokenizer=runners[0],
                     top_k=options.remote_top_k,
                     timeout_s=options.remote_timeout,
+                    api_key=options.remote_api_key,
                     progress=progress,
                 )
             )

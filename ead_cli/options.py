@@ -23,12 +23,27 @@ MAX_TIMEOUT_S = 86400  # a day, as ead serve's --shutdown-timeout
 SAMPLE_TIMEOUT_S = 10.0  # ead bench humaneval's --timeout: the wall-clock limit of one solution's tests
 
 
-def check_remote_settings(top_k: int, timeout_s: float) -> None:
-    """The one check of --remote-top-k and --remote-timeout: the options (before any model loads) and
-    a runner made directly both use it."""
+def check_remote_settings(top_k: int, timeout_s: float, api_key: str | None = None) -> None:
+    """The one check of --remote-top-k, --remote-timeout and --remote-api-key: the options (before any
+    model loads) and a runner made directly both use it."""
     if not 1 <= top_k <= 1000:
         raise EadError(f"--remote-top-k must be in [1, 1000], got {top_k}", exit_code=2)
     check_timeout(timeout_s, "--remote-timeout")  # past it (inf), socket.settimeout raised OverflowError
+    check_api_key(api_key, "--remote-api-key")
+
+
+def check_api_key(key: str | None, option: str) -> None:
+    """An API key an HTTP header carries (``Authorization: Bearer KEY``), ead serve's or a server's it
+    asks: not empty, printable ASCII (http.client had raised a traceback for a line break), no space
+    around it (clients strip it). The key itself is never echoed."""
+    if key is None:
+        return
+    if not key.strip():
+        raise EadError(f"{option} is empty", exit_code=2)
+    if not (key.isascii() and key.isprintable()):
+        raise EadError(f"{option} must be printable ASCII: an HTTP header carries it", exit_code=2)
+    if key != key.strip():
+        raise EadError(f"{option} starts or ends with a space, which clients do not send", exit_code=2)
 
 
 def check_timeout(seconds: float, option: str) -> None:
@@ -118,6 +133,7 @@ class ModelOptions:
     models: tuple[str, ...] = ()
     remote_top_k: int = DEFAULT_TOP_K  # a model on a llama-server: top-k probabilities per token
     remote_timeout: float = DEFAULT_TIMEOUT_S
+    remote_api_key: str | None = field(default=None, repr=False)  # sent to a llama-server, never shown
     repack: bool | None = None  # weight repacking: None decides by EAD_REPACK, then the CPU (hardware.py)
 
     def __post_init__(self) -> None:
@@ -136,7 +152,7 @@ class ModelOptions:
             given = ",".join(self.models)
             message = f"--models takes two or more models, comma-separated, none empty, got {quoted(given)}"
             raise EadError(message, exit_code=2)
-        check_remote_settings(self.remote_top_k, self.remote_timeout)
+        check_remote_settings(self.remote_top_k, self.remote_timeout, self.remote_api_key)
 
     @property
     def count(self) -> int:

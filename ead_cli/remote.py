@@ -232,10 +232,13 @@ class RemoteRunner:
         tokenizer: Tokenizer,
         top_k: int = DEFAULT_TOP_K,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        api_key: str | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self._host, self._port, path = server_address(url)
-        check_remote_settings(top_k, timeout_s)
+        check_remote_settings(top_k, timeout_s, api_key)
+        # on every request, as llama.cpp's own clients send a llama-server's --api-key; never shown
+        self._authorization = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
         self.url = url.rstrip("/")
         parts = urlsplit(url)
         self._origin = f"{parts.scheme}://{parts.netloc}"  # a request's path follows it (with any prefix)
@@ -312,7 +315,10 @@ class RemoteRunner:
             raise RemoteError(f"{cut(self.url)} is not {self.kind}: {asked}", 404)
         if response.status == 401:  # a llama-server started with --api-key
             asked = f"{method} {cut(path)} answered HTTP 401: {_error_message(reply)}"
-            raise RemoteError(f"{cut(self.url)} asks for an API key ({asked}), which ead does not send", 401)
+            if self._authorization:
+                raise RemoteError(f"{cut(self.url)} refused the API key given ({asked})", 401)
+            how = "give it with --remote-api-key or EAD_REMOTE_API_KEY"
+            raise RemoteError(f"{cut(self.url)} asks for an API key ({asked}): {how}", 401)
         if response.status >= 400:
             answer = f"HTTP {response.status}: {_error_message(reply)}"
             raise RemoteError(f"{self._at(path)} failed with {answer}", response.status, answer)
@@ -345,7 +351,7 @@ class RemoteRunner:
         A connection the server closes after its reply is dropped here, so the next one is checked.
         Each attempt has the whole timeout: the retry had kept the first's deadline, so a connection
         that died after a while cut short a reply that came within the timeout of its own request."""
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers = self._authorization | ({"Content-Type": "application/json"} if data is not None else {})
         reused = self._connection is not None
         while True:
             try:

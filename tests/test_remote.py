@@ -225,15 +225,45 @@ def test_another_tokenizer_under_the_same_name_and_sizes_is_refused(
             small.close()
 
 
+KEY = "k3y-0f-the-server"
+REFUSED = "GET /v1/models answered HTTP 401: Invalid API Key"
+
+
+@contextmanager
+def keyed_server(model: Path, tmp_path: Path) -> Iterator[str]:
+    """A llama-server started with --api-key KEY; yields its address."""
+    args = ["-c", "512", "-t", "1", "--api-key", KEY]
+    with native.llama_server(model, args, tmp_path / "server.log") as server:
+        yield server.url
+
+
+def given_key(key: str, given: str) -> tuple[list[str], dict[str, str] | None]:
+    """The key as --remote-api-key (the options, no environment) or as EAD_REMOTE_API_KEY."""
+    return (["--remote-api-key", key], None) if given == "option" else ([], {"EAD_REMOTE_API_KEY": key})
+
+
+def assert_key_unsaid(result: subprocess.CompletedProcess) -> None:
+    assert KEY.encode() not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("suffix", ["", "/v1"])
-def test_a_server_that_asks_for_an_api_key_is_named_so(tiny_pair, tmp_path, suffix: str) -> None:
-    """A llama-server started with --api-key: its 401 had read as any failure ('failed with HTTP 401')."""
-    args = ["-c", "512", "-t", "1", "--api-key", "k"]
-    with native.llama_server(tiny_pair[1], args, tmp_path / "server.log") as server:
-        result = ead("generate", *models(tiny_pair[0], f"{server.url}{suffix}"), "hi")
-    asked = "GET /v1/models answered HTTP 401: Invalid API Key"
-    expected = f"error: {server.url}{suffix} asks for an API key ({asked}), which ead does not send"
-    assert assert_one_line_error(result, 1) == expected
+def test_a_server_that_asks_for_an_api_key_says_how_to_give_it(tiny_pair, tmp_path, suffix: str) -> None:
+    """A llama-server started with --api-key and no key given: its 401 had read as any failure ('failed
+    with HTTP 401'), then as a key ead does not send."""
+    with keyed_server(tiny_pair[1], tmp_path) as url:
+        result = ead("generate", *models(tiny_pair[0], f"{url}{suffix}"), "hi")
+    how = "give it with --remote-api-key or EAD_REMOTE_API_KEY"
+    assert assert_one_line_error(result, 1) == f"error: {url}{suffix} asks for an API key ({REFUSED}): {how}"
+
+
+@pytest.mark.parametrize("given", ["option", "environment"])
+def test_a_wrong_api_key_is_said_refused_without_being_said(tiny_pair, tmp_path, given: str) -> None:
+    wrong = "not-" + KEY
+    option, env = given_key(wrong, given)
+    with keyed_server(tiny_pair[1], tmp_path) as url:
+        result = ead("generate", *models(tiny_pair[0], url), *option, "hi", env=env)
+    assert assert_one_line_error(result, 1) == f"error: {url} refused the API key given ({REFUSED})"
+    assert b"k3y" not in result.stderr
 
 
 LOADING = "HTTP 503: Loading model"
@@ -830,7 +860,10 @@ class _Proxy(BaseHTTPRequestHandler):
 
     def _ask(self, body: bytes | None) -> tuple[int, bytes]:
         upstream = http.client.HTTPConnection(*self.upstream, timeout=30)
-        upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if "Authorization" in self.headers:
+            headers["Authorization"] = self.headers["Authorization"]
+        upstream.request(self.command, self.path, body=body, headers=headers)
         reply = upstream.getresponse()
         payload = reply.read()
         upstream.close()
@@ -885,6 +918,55 @@ def address(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None
     return parts.hostname, parts.port
+
+
+class _Keys(_Proxy):
+    """Passes each request on with its Authorization header, noting the header and the endpoint."""
+
+    seen: ClassVar[list[tuple[str, str | None]]]
+
+    def _forward(self, body: bytes | None) -> None:
+        self.seen.append((self.path, self.headers["Authorization"]))
+        self._answer(*self._ask(body))
+
+
+@pytest.mark.parametrize(("suffix", "given"), [("", "environment"), ("/v1", "option")])
+def test_the_api_key_goes_with_every_request_and_is_never_said(tiny_pair, tmp_path, suffix, given) -> None:
+    """The key as llama.cpp's clients send it, Authorization: Bearer KEY, on each request (the health
+    check and the listing too); not in the tokens, the stats, nor --help."""
+    option, env = given_key(KEY, given)
+    args = ["generate", "--mode", "large", "--max-tokens", "8", "--format", "jsonl", "--stats", "hi"]
+    with keyed_server(tiny_pair[1], tmp_path) as upstream:
+        handler = type("Handler", (_Keys,), {"upstream": address(upstream), "seen": []})
+        with http_server(handler) as url:
+            result = ead(*args, *models(tiny_pair[0], f"{url}{suffix}"), *option, env=env)
+    assert result.returncode == 0, result.stderr
+    assert len(jsonl_tokens(result)) == 8
+    assert_key_unsaid(result)
+    paths = {path.split("?")[0] for path, _ in handler.seen}
+    assert {"/health" if not suffix else "/v1/models", "/tokenize"} <= paths
+    assert {"/completion" if not suffix else "/v1/completions"} <= paths
+    assert {header for _, header in handler.seen} == {f"Bearer {KEY}"}
+    helped = ead("generate", "--help", env={"EAD_REMOTE_API_KEY": KEY, "COLUMNS": "200"})
+    assert b"--remote-api-key" in helped.stdout
+    assert_key_unsaid(helped)
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "--remote-api-key is empty"),
+        ("s\u00e9kret", "--remote-api-key must be printable ASCII: an HTTP header carries it"),
+        ("line\nbreak", "--remote-api-key must be printable ASCII: an HTTP header carries it"),
+        ("s3cret ", "--remote-api-key starts or ends with a space, which clients do not send"),
+    ],
+)
+def test_a_key_no_header_can_carry_is_a_usage_error(tiny_pair, key: str, message: str) -> None:
+    """Checked as ead serve's --api-key is, before any model loads: http.client had raised a traceback
+    for a key with a line break; the key itself is not echoed."""
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = ead("generate", *models(tiny_pair[0], url), "--remote-api-key", key, "hi")
+    assert assert_one_line_error(result, 2) == f"error: {message}"
 
 
 class _Slow(_Proxy):

@@ -80,6 +80,14 @@ RemoteTopK = Annotated[
     int, typer.Option(help="A model on a llama-server: top-k probabilities per token (entropy estimate).")
 ]
 RemoteTimeout = Annotated[float, typer.Option(help="A model on a llama-server: seconds to wait for a reply.")]
+RemoteApiKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="EAD_REMOTE_API_KEY",
+        help="A model on a llama-server started with --api-key: that key, sent as Authorization: Bearer "
+        "KEY (the env var keeps it out of ps).",
+    ),
+]
 Cascade = Annotated[
     str | None,
     typer.Option(
@@ -189,6 +197,7 @@ MODEL_OPTIONS = OptionGroup(
         ("repack", RepackOpt, None),
         ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
+        ("remote_api_key", RemoteApiKey, None),
     ),
     lambda models, catalog, **options: ModelOptions(
         models=parse_list(models), models_file=catalog, **options

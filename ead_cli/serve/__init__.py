@@ -22,6 +22,7 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from ..errors import EadError, quoted
+from ..options import check_api_key
 from ..runner import Runner
 from .app import (
     MAX_BODY_BYTES,
@@ -61,12 +62,7 @@ class ServeOptions:
             raise EadError(f"--port must be in [0, 65535], got {self.port}", exit_code=2)
         if self.queue < 0:
             raise EadError(f"--queue must be at least 0, got {self.queue}", exit_code=2)
-        if self.api_key is not None and not self.api_key.strip():
-            raise EadError("--api-key is empty", exit_code=2)
-        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
-            raise EadError("--api-key must be printable ASCII: an HTTP header carries it", exit_code=2)
-        if self.api_key is not None and self.api_key != self.api_key.strip():
-            raise EadError("--api-key starts or ends with a space, which clients do not send", exit_code=2)
+        check_api_key(self.api_key, "--api-key")
         for flag, seconds in (
             ("--shutdown-timeout", self.shutdown_timeout),
             ("--read-timeout", self.read_timeout),
