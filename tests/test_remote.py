@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 import pexpect
 import pytest
+from serve_process import Server
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 from test_repl import PROMPT, SUMMARY, plain, send, type_line
 from test_serve import http_server, serving
@@ -232,7 +233,7 @@ REFUSED = "GET /v1/models answered HTTP 401: Invalid API Key"
 @contextmanager
 def keyed_server(model: Path, tmp_path: Path) -> Iterator[str]:
     """A llama-server started with --api-key KEY; yields its address."""
-    args = ["-c", "512", "-t", "1", "--api-key", KEY]
+    args = ["-c", "2048", "-t", "1", "--api-key", KEY]
     with native.llama_server(model, args, tmp_path / "server.log") as server:
         yield server.url
 
@@ -950,6 +951,30 @@ def test_the_api_key_goes_with_every_request_and_is_never_said(tiny_pair, tmp_pa
     helped = ead("generate", "--help", env={"EAD_REMOTE_API_KEY": KEY, "COLUMNS": "200"})
     assert b"--remote-api-key" in helped.stdout
     assert_key_unsaid(helped)
+
+
+def test_serve_and_the_bench_take_the_key_and_record_none_of_it(tiny_pair, tmp_path) -> None:
+    """The model options are every command's: ead serve answers through a keyed server (the key from
+    the environment, out of ps), and a bench's results (its config record names the models) and output
+    hold no key."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ead": {"mode": "large"}}
+    with keyed_server(tiny_pair[1], tmp_path) as url:
+        env = {"EAD_REMOTE_API_KEY": KEY}
+        with Server(models(tiny_pair[0], url), tmp_path / "serve.log", env=env) as server:
+            reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+            assert server.stop() == 0
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 4
+        assert KEY not in server.log() + reply.text
+        out = tmp_path / "bench"
+        bench = ["bench", "humaneval", "--ids", "0", "--strategies", "large", "--max-tokens", "4"]
+        result = ead(*bench, *models(tiny_pair[0], url), "--remote-api-key", KEY, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert_key_unsaid(result)
+    written = [path.read_bytes() for path in out.iterdir()]
+    assert b'"type": "config"' in written[0] + written[-1] and not any(
+        KEY.encode() in data for data in written
+    )
 
 
 @pytest.mark.parametrize(
