@@ -33,6 +33,7 @@ from tiny_models import write_tiny_model
 
 from ead_cli.bench import native
 from ead_cli.errors import quoted
+from ead_cli.options import ModelOptions
 from ead_cli.remote import OpenAIRunner, RemoteError, RemoteRunner, built_server, topk_entropy
 from ead_cli.runner import Runner
 
@@ -992,6 +993,12 @@ def test_a_key_no_header_can_carry_is_a_usage_error(tiny_pair, key: str, message
     url = f"http://127.0.0.1:{closed_port()}"
     result = ead("generate", *models(tiny_pair[0], url), "--remote-api-key", key, "hi")
     assert assert_one_line_error(result, 2) == f"error: {message}"
+
+
+def test_the_model_options_keep_the_key_out_of_their_repr() -> None:
+    """A repr in a log line or a debugger's view of the options: the key is left out of it."""
+    options = ModelOptions(large="http://gpu-box:8080", remote_api_key=KEY)
+    assert options.remote_api_key == KEY and KEY not in repr(options)
 
 
 class _Slow(_Proxy):
