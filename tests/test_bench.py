@@ -1354,6 +1354,19 @@ def test_results_of_another_format_are_refused(tmp_path: Path, config: Record, w
     assert sorted(tmp_path.iterdir()) == [path]
 
 
+def test_a_pipe_in_place_of_the_results_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A pipe named results.jsonl had been read (and, to resume, opened to append) until a writer (a
+    reader) came: bench report and a bench on that --out hung for ever. One line, before any model loads."""
+    path = tmp_path / "results.jsonl"
+    os.mkfifo(path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    expected = f"error: {path} is not a file: move it away\n"
+    for args in (["report", str(tmp_path)], ["prompts", str(prompts), "--out", str(tmp_path)]):
+        result = ead("bench", *args)
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", expected)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

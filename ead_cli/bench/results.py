@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from ..compat import tokenizer_record
 from ..errors import EadError
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import read_file_text, try_writing, unreadable, why_not_saved, written_in_place
+from ..paths import is_dir, is_file, read_file_text, try_writing, unreadable, why_not_saved, written_in_place
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -242,6 +242,8 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     blank lines skipped)."""
     if not path.exists():
         return None, []
+    if not is_file(path) and not is_dir(path):  # a pipe: read (or appended to) until a writer came, for ever
+        raise EadError(f"{path} is not a file: move it away")
     try:
         text = read_file_text(path)
     except (OSError, UnicodeDecodeError) as error:
