@@ -73,6 +73,12 @@ def check_taus(taus: Sequence[float], tau_range: tuple[float, float] | None = No
         )
 
 
+def mean(entropies: Sequence[float]) -> float:
+    """Their mean, summed at once (math.fsum, correctly rounded), not as they came: a sum rounded at each
+    step can fall under a tie with tau (0.1 + 0.6 + 0.2 + 0.1 is 0.9999999999999999), which goes large."""
+    return math.fsum(entropies) / len(entropies)
+
+
 def check_window(window: int) -> None:
     if window < 1:
         raise ValueError(f"--window must be at least 1, got {window}")
@@ -174,9 +180,9 @@ class Policy(ABC):
         return self._rolling
 
     def _average(self) -> None:
-        """The window's mean summed anew (math.fsum, correctly rounded) at each step: a running sum drifted
-        by the values that left it, so a tie with tau (0, 2, 1 against 1) fell under it."""
-        self._rolling = math.fsum(self._window) / len(self._window)
+        """The window's mean summed anew at each step (``mean``): a running sum drifted by the values that
+        left it, so a tie with tau (0, 2, 1 against 1) fell under it."""
+        self._rolling = mean(self._window)
 
     def observe(self, entropy: float) -> int:
         """Take the entropy of the active model at this step; return the model that writes the token."""
@@ -402,8 +408,7 @@ class Lookahead(Policy):
         if self.levels != 2:
             raise ValueError("--policy lookahead takes two models")
         self.span = span
-        self._drafted = 0  # tokens in the open draft
-        self._draft_sum = 0.0
+        self._draft: list[float] = []  # the open draft's entropies
         self._mean = 0.0
         self._take_back = 0
         self._rewrite_left = 0
@@ -411,7 +416,7 @@ class Lookahead(Policy):
     @property
     def holding(self) -> bool:  # type: ignore[override]
         """The newest token may still be taken back."""
-        return self._drafted > 0 or self._take_back > 0
+        return bool(self._draft) or self._take_back > 0
 
     @property
     def rolling(self) -> float:
@@ -421,21 +426,20 @@ class Lookahead(Policy):
         if evaluated == 1:
             self._rewrite_left -= 1
             return 1, 1 if self._rewrite_left > 0 else 0
-        self._drafted += 1
-        self._draft_sum += entropy
-        self._mean = self._draft_sum / self._drafted
-        if self._drafted == self.span:
+        self._draft.append(entropy)
+        self._mean = mean(self._draft)
+        if len(self._draft) == self.span:
             self._decide()
         return 0, self.active
 
     def _decide(self) -> None:
         if self._mean >= self._tau_at(0):
-            self._take_back = self._rewrite_left = self._drafted
+            self._take_back = self._rewrite_left = len(self._draft)
             self.active = 1
-        self._drafted, self._draft_sum = 0, 0.0
+        self._draft = []
 
     def take_back(self, now: bool = False) -> int:
-        if now and self._drafted:
+        if now and self._draft:
             self._decide()
         count, self._take_back = self._take_back, 0
         return count

@@ -297,6 +297,14 @@ def test_lookahead_lets_one_unsure_token_stand_when_confident_ones_follow() -> N
     assert not policy.holding
 
 
+def test_lookahead_rewrites_a_draft_whose_mean_is_tau_however_its_sum_rounds() -> None:
+    """The tie goes to the large model, as in the ead rule: 0.1 + 0.6 + 0.2 + 0.1 is 1 exactly, but summed
+    as it came (each addition rounded down) it had been 0.9999999999999999, and the span stood."""
+    policy = Lookahead(0.25, span=4)
+    assert drive_lookahead(policy, [0.1, 0.6, 0.2, 0.1]) == ([], [0, 0, 0, 4])  # the span taken back
+    assert policy.rolling == 0.25
+
+
 def test_lookahead_holds_the_draft_until_it_is_decided() -> None:
     policy = Lookahead(1.0, span=3)
     holding = []
