@@ -73,10 +73,62 @@ def check_taus(taus: Sequence[float], tau_range: tuple[float, float] | None = No
         )
 
 
-def mean(entropies: Sequence[float]) -> float:
-    """Their mean, summed at once (math.fsum, correctly rounded), not as they came: a sum rounded at each
-    step can fall under a tie with tau (0.1 + 0.6 + 0.2 + 0.1 is 0.9999999999999999), which goes large."""
-    return math.fsum(entropies) / len(entropies)
+class ExactMean:
+    """The mean of the last ``maxlen`` floats (of all, without one), rounded once from the exact sum: a sum
+    rounded at each step falls under a tie with tau (0.1 + 0.6 + 0.2 + 0.1 is 0.9999999999999999; fsum
+    over 0.2, 0.2, 0.3 then divided by 3 rounds twice, under 0.23333333333333334), and summing the
+    window anew each step costs its length. Each value is held as an integer count of 2**-1074 (every
+    finite float is one), so a step adds one and takes one away; NaN and infinities are counted aside
+    and rule the mean only while in the window."""
+
+    _SCALE = 1074  # the smallest float is 2**-1074
+
+    def __init__(self, maxlen: int | None = None) -> None:
+        self._values: deque[float] = deque(maxlen=maxlen)
+        self._sum = 0  # of the finite values, in units of 2**-1074
+        self._nan = self._inf = self._minus_inf = 0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def maxlen(self) -> int | None:
+        return self._values.maxlen
+
+    def append(self, value: float) -> None:
+        if len(self._values) == self._values.maxlen:
+            self._count(self._values[0], -1)
+        self._values.append(value)
+        self._count(value, 1)
+
+    def replace_last(self, value: float) -> None:
+        self._count(self._values[-1], -1)
+        self._values[-1] = value
+        self._count(value, 1)
+
+    def clear(self) -> None:
+        self._values.clear()
+        self._sum = self._nan = self._inf = self._minus_inf = 0
+
+    @property
+    def value(self) -> float:
+        """The mean, correctly rounded (int / int is, in Python); 0.0 of no values."""
+        if self._nan or (self._inf and self._minus_inf):
+            return math.nan
+        if self._inf or self._minus_inf:
+            return math.inf if self._inf else -math.inf
+        return self._sum / (len(self._values) << self._SCALE) if self._values else 0.0
+
+    def _count(self, value: float, sign: int) -> None:
+        if math.isnan(value):
+            self._nan += sign
+        elif value == math.inf:
+            self._inf += sign
+        elif value == -math.inf:
+            self._minus_inf += sign
+        else:
+            numerator, denominator = value.as_integer_ratio()  # the denominator a power of 2, <= 2**1074
+            self._sum += sign * numerator * ((1 << self._SCALE) // denominator)
 
 
 def check_window(window: int) -> None:
@@ -159,8 +211,7 @@ class Policy(ABC):
         self.active = start
         self.levels = len(taus) + 1  # the models, from 0 (smallest) to levels - 1
         self._level = start  # the model whose entropy was observed last
-        self._window: deque[float] = deque(maxlen=window)
-        self._rolling = 0.0
+        self._window = ExactMean(maxlen=window)
         self._taus = taus
         self._adaptive = AdaptiveTau(taus[0], *tau_range) if taus and tau_range else None
 
@@ -177,12 +228,7 @@ class Policy(ABC):
     @property
     def rolling(self) -> float:
         """Mean of the last ``window`` entropies; before the window fills, of those seen so far."""
-        return self._rolling
-
-    def _average(self) -> None:
-        """The window's mean summed anew at each step (``mean``): a running sum drifted by the values that
-        left it, so a tie with tau (0, 2, 1 against 1) fell under it."""
-        self._rolling = mean(self._window)
+        return self._window.value
 
     def observe(self, entropy: float) -> int:
         """Take the entropy of the active model at this step; return the model that writes the token."""
@@ -190,7 +236,6 @@ class Policy(ABC):
         first = not self.escalating  # the step's first entropy; a cascade's chained ones stay out
         if first:
             self._window.append(entropy)
-            self._average()
         writer, self.active = self._step(entropy, self.active)
         if self._adaptive and first:
             self._adaptive.update(entropy)
@@ -199,8 +244,7 @@ class Policy(ABC):
     def amend(self, entropy: float) -> None:
         """Put the measured entropy in place of the stand-in observed last, where ``settled`` held for
         every value (its decisions stay; the rolling mean shown becomes the measured one)."""
-        self._window[-1] = entropy
-        self._average()
+        self._window.replace_last(entropy)
 
     @property
     def may_settle(self) -> bool:
@@ -408,7 +452,7 @@ class Lookahead(Policy):
         if self.levels != 2:
             raise ValueError("--policy lookahead takes two models")
         self.span = span
-        self._draft: list[float] = []  # the open draft's entropies
+        self._draft = ExactMean()  # the open draft's entropies
         self._mean = 0.0
         self._take_back = 0
         self._rewrite_left = 0
@@ -427,7 +471,7 @@ class Lookahead(Policy):
             self._rewrite_left -= 1
             return 1, 1 if self._rewrite_left > 0 else 0
         self._draft.append(entropy)
-        self._mean = mean(self._draft)
+        self._mean = self._draft.value
         if len(self._draft) == self.span:
             self._decide()
         return 0, self.active
@@ -436,7 +480,7 @@ class Lookahead(Policy):
         if self._mean >= self._tau_at(0):
             self._take_back = self._rewrite_left = len(self._draft)
             self.active = 1
-        self._draft = []
+        self._draft.clear()
 
     def take_back(self, now: bool = False) -> int:
         if now and self._draft:

@@ -3,10 +3,11 @@
 import itertools
 import math
 import random
+from fractions import Fraction
 
 import pytest
 
-from ead_cli.policies import EAD, AdaptiveTau, Fixed, Gate, Lookahead, Policy, make_policy
+from ead_cli.policies import EAD, AdaptiveTau, ExactMean, Fixed, Gate, Lookahead, Policy, make_policy
 
 
 def drive(policy: Policy, entropies: list[float]) -> tuple[list[int], list[int]]:
@@ -50,6 +51,43 @@ def test_ead_low_entropy_stays_small() -> None:
 def test_ead_tie_goes_to_the_large_model() -> None:
     policy = EAD(0.5, window=1, min_run=0, switch_point="before")
     assert drive(policy, [0.5])[0] == [1]
+
+
+def test_ead_tie_is_the_exact_mean_rounded_once() -> None:
+    """0.2, 0.2 and 0.3 have the mean 0.23333333333333334 (the exact sum of the three floats, divided by 3,
+    rounded once); summed correctly (fsum) and then divided, it rounds twice, to 0.2333333333333333, under
+    that tau: the tie had gone to the small model."""
+    tau = float(sum(map(Fraction, (0.2, 0.2, 0.3))) / 3)
+    policy = EAD(tau, window=3, min_run=0, switch_point="before")
+    assert drive(policy, [0.2, 0.2, 0.3])[0] == [0, 0, 1]
+    assert policy.rolling == tau
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_exact_mean_is_the_exact_mean_of_the_window_rounded_once(seed: int) -> None:
+    """Against the mean of the window's floats in exact fractions, step by step, values entering and
+    leaving it, the last replaced now and then (amend), NaN and infinities ruling it only while in it."""
+    rng = random.Random(seed)
+    window = rng.randint(1, 9)
+    exact, seen = ExactMean(maxlen=window), []
+    specials = (math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 1.7976931348623157e308)
+    for _ in range(300):
+        value = rng.choice(specials) if rng.random() < 0.1 else rng.uniform(0, 4) * rng.choice((1, 1e-300))
+        if seen and rng.random() < 0.2:
+            exact.replace_last(value)
+            seen[-1] = value
+        else:
+            exact.append(value)
+            seen.append(value)
+        last = seen[-window:]
+        if any(math.isnan(v) for v in last) or {math.inf, -math.inf} <= set(last):
+            assert math.isnan(exact.value)
+        elif math.inf in last or -math.inf in last:
+            assert exact.value == (math.inf if math.inf in last else -math.inf)
+        else:
+            assert exact.value == float(sum(map(Fraction, last)) / len(last))
+    exact.clear()
+    assert (len(exact), exact.value) == (0, 0.0)
 
 
 def test_ead_uses_the_window_mean_not_the_last_value() -> None:
@@ -446,7 +484,8 @@ def random_entropies(rng: random.Random, steps: int) -> list[float]:
 def mean_of_last(seen: list[float], window: int) -> float:
     """The mean of the last ``window`` values (of all, before as many), correctly rounded: a tie with tau
     must be a tie whatever entropies went through the window before."""
-    return math.fsum(seen[-window:]) / len(seen[-window:])
+    last = seen[-window:]
+    return float(sum(map(Fraction, last)) / len(last))
 
 
 def runs(writers: list[int]) -> list[int]:
