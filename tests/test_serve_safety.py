@@ -780,14 +780,10 @@ def test_headers_past_the_limit_are_a_431_that_says_so(server: Server) -> None:
     a 400 saying "the request is not valid HTTP: Receive buffer too long", h11's words."""
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
     before = server.log().splitlines()
-    answer = b""
     with socket.create_connection((host, int(port)), timeout=60) as raw:
         raw.sendall(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode())
-        with contextlib.suppress(OSError):  # the server may close before the last one; the head never ends
-            raw.sendall((b"X-Filler: " + b"a" * 1000 + b"\r\n") * 40)
-        with contextlib.suppress(OSError):
-            while chunk := raw.recv(65536):
-                answer += chunk
+        raw.sendall((b"X-Filler: " + b"a" * 1000 + b"\r\n") * 40)  # the head never ends
+        answer = read_to_close(raw)  # the rest dropped, not reset
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0] == b"HTTP/1.1 431 Request Header Fields Too Large"
     error = json.loads(body)["error"]
@@ -928,6 +924,34 @@ def test_a_chunk_that_breaks_while_its_body_is_read_is_one_log_line(server: Serv
     assert errors == [f"error: 400: {BROKEN_CHUNK}"]
 
 
+BIG = 2 * MAX_BODY_BYTES  # bytes more than the socket buffers between client and server hold
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        # a chunk's size line past the limit, its bytes behind it: the 413 when the line comes
+        (POST_JSON + CHUNKED.removeprefix(b"Host: HOST\r\n") + b"%x\r\n" % BIG + b"x" * BIG, b"413"),
+        (b"GET /health HTTP/1.1\r\nHost: HOST\r\nX-Filler: " + b"a" * BIG + b"\r\n\r\n", b"431"),
+    ],
+)
+def test_a_refusal_that_closes_is_read_whole_by_a_client_still_sending(
+    server: Server, data: bytes, status: bytes
+) -> None:
+    """A refusal that closes the connection while the client still sends its request (a 413 by a chunk's
+    size, a 431) had closed it with the client's bytes unread, which is a reset (RST): the client's send
+    failed before it could read the answer (one on Windows loses an answer already received too). The
+    server shuts its side and drops what still comes (RFC 9112 §9.6): the request is sent whole, the
+    answer read whole, and the connection ends cleanly."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as raw:
+        raw.sendall(data.replace(b"HOST", f"{host}:{port}".encode()))
+        answer = read_to_close(raw)
+    assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [status], answer[:300]
+    assert b"connection: close" in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
+
+
 def test_a_request_refused_before_its_100_continue_closes_its_connection(server: Server) -> None:
     """A client that asked ``Expect: 100-continue`` and got a refusal instead may send no body; the next
     request it sent on the connection had been read as that body (and never answered): the refusal says
@@ -964,14 +988,10 @@ def test_the_head_limit_is_exact_however_the_head_arrives(server: Server, pieces
             data = pipelined + head_of(size, f"{host}:{port}")
             with socket.create_connection((host, int(port)), timeout=60) as raw:
                 cuts = range(0, len(data), -(-len(data) // pieces))
-                for at in cuts:
-                    with contextlib.suppress(OSError):  # a 431 may close the connection before the rest
-                        raw.sendall(data[at : at + -(-len(data) // pieces)])
+                for at in cuts:  # after a 431, the rest is dropped, not reset
+                    raw.sendall(data[at : at + -(-len(data) // pieces)])
                     time.sleep(0.05 if pieces > 1 else 0)  # apart, so that the server reads them apart
-                answer = b""
-                with contextlib.suppress(OSError):
-                    while chunk := raw.recv(65536):
-                        answer += chunk
+                answer = read_to_close(raw)
             statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", answer)  # one answer after another
             assert statuses == ([b"200"] if pipelined else []) + [status], (size, pipelined, answer[-300:])
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving

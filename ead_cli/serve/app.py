@@ -251,6 +251,52 @@ class _CheckedConnection(h11.Connection):
         return event
 
 
+class _LingeringTransport:
+    """A connection's transport whose first close is the staged one RFC 9112 §9.6 asks of a server: what
+    is written goes out, then its side is shut (a FIN), and what the client still sends is read and
+    dropped (``_Drain``) until the client shuts its own side or ``linger`` seconds pass. Closed at once
+    with the client's bytes unread, the connection is reset (RST): a client still sending its request (a
+    431's head, a chunk a 413 refused by its size) had its send fail before it read the answer, and one
+    whose last bytes raced a 408 got the reset after it. A second close (the server stopping) is at once."""
+
+    def __init__(self, transport: asyncio.Transport, linger: float) -> None:
+        self._transport, self._linger = transport, linger
+        self._lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self._lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._lingering or self._transport.is_closing():
+            self._transport.close()
+            return
+        self._lingering = True
+        _Drain(self._transport, self._linger)
+
+
+class _Drain(asyncio.Protocol):
+    """A lingering connection's protocol: the client's bytes dropped, the connection closed once the client
+    has shut its side (asyncio's way with an EOF) or after ``linger`` seconds; its loss told to the
+    protocol that served it (uvicorn counts its connections by it)."""
+
+    def __init__(self, transport: asyncio.Transport, linger: float) -> None:
+        self.served = transport.get_protocol()
+        transport.set_protocol(self)
+        transport.write_eof()  # once what is written has gone
+        transport.resume_reading()
+        self.timer = asyncio.get_running_loop().call_later(linger, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.timer.cancel()
+        self.served.connection_lost(exc)
+
+
 def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol, except that a request it cannot parse (a Content-Length of "abc", a bad
     request line or header) is answered as every other 400 is, with OpenAI's error object and one log
@@ -259,7 +305,8 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
     request line and headers not whole within ``read_timeout`` seconds (of the
     connection, of their first byte after an answer, or of the answer a pipelined one began before) are
     a 408, and a connection that sent nothing by then is closed (uvicorn times out only the wait between
-    requests: a client that sent a byte a minute held its connection forever); an Upgrade is ignored."""
+    requests: a client that sent a byte a minute held its connection forever); an Upgrade is ignored; a
+    close lingers (``_LingeringTransport``)."""
 
     class Protocol(H11Protocol):
         head_timer: asyncio.TimerHandle | None = None  # while a request's head is awaited
@@ -269,7 +316,8 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
             self.conn = _CheckedConnection(body_limit)
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)  # type: ignore[arg-type]
+            lingering = _LingeringTransport(transport, read_timeout)  # type: ignore[arg-type]
+            super().connection_made(lingering)  # type: ignore[arg-type]
             self._await_head()
 
         def data_received(self, data: bytes) -> None:
