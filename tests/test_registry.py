@@ -1211,3 +1211,11 @@ def test_real_default_small_model_from_the_installed_packages(models_dir: Path) 
         while block := f.read(8 << 20):
             digest.update(block)
     assert digest.hexdigest() == offline.sha256
+
+
+@pytest.mark.parametrize("command", ["pull", "rm"])
+def test_a_blank_alias_is_a_usage_error(command: str) -> None:
+    """``ead models pull ''`` had been looked up as an alias (exit 1, "unknown model alias ''"): it names
+    none, a usage error as ``--small ''`` is."""
+    line = assert_one_line_error(ead("models", command, " "), 2, "ALIAS must name a model")
+    assert "unknown model alias" not in line

