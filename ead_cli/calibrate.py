@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .decoder import Decoder
-from .errors import EadError, quoted
+from .errors import EadError, counted, quoted
 from .options import PolicyOptions
 from .paths import check_can_save, config_file, lookup, read_file_text, save_json, unreadable
 from .policies import Fixed
@@ -138,8 +138,8 @@ def tau_for_share(
     if share_low == 0.0:
         tokens = sum(len(stream) for stream in streams)
         raise EadError(
-            f"the {options.policy} policy hands the large model no token of these {tokens} at any tau: "
-            "calibrate on longer answers (--max-tokens) or more prompts"
+            f"the {options.policy} policy hands the large model no token at any tau over "
+            f"{counted(tokens, 'answer token')}: calibrate on longer answers (--max-tokens) or more prompts"
         )
     for _ in range(BISECTIONS):
         middle = (low + high) / 2

@@ -35,6 +35,11 @@ def quoted(value: str) -> str:
 REASON_CHARS = 120  # of another library's complaint, at most, in the message that passes it on
 
 
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """'1 answer', '2 answers': a count reads as a sentence."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
 def cut(reason: str) -> str:
     """Another library's complaint as a message passes it on: past REASON_CHARS characters cut, its full
     length said. llama.cpp's grammar parser and the schema converter quote a client's text in theirs, a

@@ -47,8 +47,12 @@ def test_answers_too_short_to_switch_find_no_tau() -> None:
     """The paper's rule waits min_run (10) tokens before a switch: over 4-token answers every τ hands
     the large model nothing, and a τ of 0 would hand it everything once answers are longer."""
     streams = [[5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]]
-    with pytest.raises(EadError, match="the ead policy hands the large model no token of these 8 at any tau"):
+    too_short = "the ead policy hands the large model no token at any tau over 8 answer tokens"
+    with pytest.raises(EadError, match=too_short):
         calibration.tau_for_share(streams, PolicyOptions(policy="ead"), 0.1)
+    # one token is a sentence too ('no token of these 1' had read badly)
+    with pytest.raises(EadError, match="hands the large model no token at any tau over 1 answer token:"):
+        calibration.tau_for_share([[5.0]], PolicyOptions(policy="ead"), 0.1)
     assert calibration.tau_for_share(streams, PolicyOptions(policy="gate"), 0.5)[1] == 0.5  # gate switches
 
 
@@ -137,8 +141,8 @@ def test_a_policy_that_cannot_be_calibrated_leaves_the_others_shown_and_saved(
     rows = [line.split()[0] for line in result.stdout.decode().splitlines()[1:]]
     assert rows == ["gate"]
     errors = [line for line in result.stderr.decode().splitlines() if line.startswith("error: ")]
-    assert errors == ["error: the ead policy hands the large model no token of these 6 at any tau: calibrate "
-                      "on longer answers (--max-tokens) or more prompts"]
+    assert errors == ["error: the ead policy hands the large model no token at any tau over 6 answer tokens: "
+                      "calibrate on longer answers (--max-tokens) or more prompts"]
     saved = json.loads(config.read_text())[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
     assert list(saved) == ["gate"]
     alone = ead("calibrate", *pair_args(tiny_pair), "--max-tokens", "1", "--no-check", "--policy", "ead")

@@ -32,7 +32,6 @@ from test_cli import (
 from tiny_models import write_tiny_model
 
 from ead_cli.bench.sandbox import sandbox_note
-from ead_cli.cli.output import counted
 from ead_cli.depth.evaluate import plain_greedy_ms, plot
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
@@ -46,7 +45,7 @@ from ead_cli.depth.profile import (
 )
 from ead_cli.depth.readout import Head, entropy_bits, file_digest, load_head, low_rank_factors, read_rows
 from ead_cli.depth.teacher import calibrate, calibration_corpus
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, counted
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 

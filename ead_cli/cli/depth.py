@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from ..depth import CALIBRATION_TOKENS
-from ..errors import EadError
+from ..errors import EadError, counted
 from ..options import check_max_tokens
 from .groups import (
     Ctx,
@@ -35,7 +35,7 @@ from .groups import (
     parse_list,
     read_prompt,
 )
-from .output import check_stdout, counted, print_rows, print_table, say_progress, stderr
+from .output import check_stdout, print_rows, print_table, say_progress, stderr
 from .render import RESET, Renderer, model_style, print_lines, stream_answer, wants_color
 
 if TYPE_CHECKING:

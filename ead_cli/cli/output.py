@@ -185,8 +185,3 @@ def spelled(text: str) -> str:
     or in a file's name, a newline, a bidi override) spelled as Python spells it (``\\x1b``), the rest
     as it is."""
     return "".join(repr(char)[1:-1] if _acted_on(char) else char for char in text)
-
-
-def counted(number: int, noun: str, plural: str | None = None) -> str:
-    """'1 answer', '2 answers': a count reads as a sentence."""
-    return f"{number} {noun if number == 1 else plural or noun + 's'}"

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import EadError
+from ..errors import EadError, counted
 from ..option_table import DEFAULT_MODE
 from ..signals import Terminated
-from .output import color_system, counted, silence_stdout
+from .output import color_system, silence_stdout
 
 if TYPE_CHECKING:
     from ..decoder import ModelReport, Summary, TokenEvent

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..chat import ContextFull, Conversation, Turn
-from ..errors import EadError, quoted
+from ..errors import EadError, counted, quoted
 from ..option_table import CHAT, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
 from ..paths import BOM, MAX_READ_BYTES, expand_home, folder_ending
@@ -30,7 +30,7 @@ from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import Terminated
-from .output import at_its_width, counted, silence_stdout, spelled
+from .output import at_its_width, silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
 PROMPT = ">>> "
