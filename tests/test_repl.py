@@ -409,6 +409,16 @@ def test_a_system_message_longer_than_the_context_is_refused_by_name_at_once(
     assert json.loads(path.read_text(encoding="utf-8"))["system"] == "be brief"
 
 
+def test_a_system_message_removed_says_whether_there_was_one(tiny_pair: tuple[Path, Path]) -> None:
+    """``/system`` with no text had said 'removed' with no system message set."""
+    result = pipe(tiny_pair, b"/system\n/system be brief\n/system\n")
+    assert result.stderr.decode().splitlines()[:3] == [
+        "there was no system message to remove",
+        "system message set (from the next answer)",
+        "system message removed (from the next answer)",
+    ]
+
+
 def test_text_the_user_typed_comes_back_literally(spawn, tmp_path: Path) -> None:
     """rich read an emoji code in a /save file name or in input an error echoes (':smile:' came back as a
     smiling face, another file's name than the one written): every line shows such text as typed, rich's

@@ -302,6 +302,9 @@ class Repl:
         return set_option
 
     def _system(self, argument: str) -> None:
+        if not argument and self.conversation.system is None:
+            self.note("there was no system message to remove")
+            return
         self.conversation.system = argument or None
         self.note(f"system message {'set' if argument else 'removed'} (from the next answer)")
 
