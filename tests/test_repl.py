@@ -294,7 +294,8 @@ def test_a_full_context_is_reported_and_reset_recovers(spawn) -> None:
     child = spawn("--ctx", "64", "--max-tokens", "1000")  # llama.cpp rounds the context up to 256
     first = plain(send(child, "hello"))
     assert "cut (length)" in first
-    assert "the context is full (259 of 256 tokens): /reset starts a new conversation" in first
+    # the cut answer's closing tokens go past the context: said as such, not as '259 of 256 tokens'
+    assert "the context is full (3 tokens over the 256 it holds): /reset starts a new conversation" in first
     [refused] = reply(child, "more")
     assert re.fullmatch(
         r"error: the context is full: the conversation with this message is \d+ tokens, the context "

@@ -113,6 +113,15 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
     )
 
 
+def context_use(conversation: Conversation) -> str:
+    """'200 of 256 tokens'; past the context (a cut answer's closing tokens), by how much, not '259 of
+    256'."""
+    used, holds = len(conversation.tokens), conversation.n_ctx
+    if used <= holds:
+        return f"{used} of {holds} tokens"
+    return f"{counted(used - holds, 'token')} over the {holds} it holds"
+
+
 class Repl:
     """Reads messages and commands, streams answers. ``interactive``: a person at a terminal, so
     Ctrl-C stops only the answer (or clears the line) and errors never end the session."""
@@ -262,8 +271,7 @@ class Repl:
         if stop is not None:
             raise stop
         if conversation.full:
-            used = f"{len(conversation.tokens)} of {conversation.n_ctx} tokens"
-            self.note(f"the context is full ({used}): {RESET_HINT}")
+            self.note(f"the context is full ({context_use(conversation)}): {RESET_HINT}")
 
     def _meant(self, name: str) -> str | None:
         """The command an unknown name likely meant: a near miss (/hlep, /EXIT, /tau=2), or another REPL's
@@ -322,7 +330,7 @@ class Repl:
             f"{totals.flops / 1e9:,.1f} GFLOP · {totals.wall_s:.2f}s"
         )
         self.console.print(
-            f"context: {len(conversation.tokens)} of {conversation.n_ctx} tokens · "
+            f"context: {context_use(conversation)} · "
             + settings_line(conversation.effective_policy, conversation.generation)
         )
 
