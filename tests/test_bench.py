@@ -29,7 +29,7 @@ from test_cli import assert_one_line_error
 from ead_cli.bench import native
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
 from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
-from ead_cli.bench.results import Record, Results, check_repeats, read_results
+from ead_cli.bench.results import Record, Results, check_repeats, differing, read_results
 from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
 from ead_cli.bench.sandbox import Outcome, check_solution, run_program, sandbox_note
 from ead_cli.bench.tasks import (
@@ -651,18 +651,18 @@ def test_a_results_file_of_another_setup_is_refused(
 ) -> None:
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     before = (tmp_path / "results.jsonl").read_bytes()
-    with pytest.raises(EadError, match=r"holds results of another setup \(differs in: max_tokens\)"):
+    with pytest.raises(EadError, match=r"holds results of another setup \(differs in: --max-tokens\)"):
         run(humaneval_job(humaneval[:1], tmp_path, max_tokens=9), tiny_pair)
-    with pytest.raises(EadError, match=r"differs in: models"):
+    with pytest.raises(EadError, match=r"differs in: the models"):
         run(humaneval_job(humaneval[:1], tmp_path), (tiny_pair[0], tiny_pair[0]))
     # what passes depends on the tests' time limit: a resume under another had mixed them without a word
-    with pytest.raises(EadError, match=r"differs in: timeout_s"):
+    with pytest.raises(EadError, match=r"differs in: --timeout"):
         run(humaneval_job(humaneval[:1], tmp_path, timeout_s=5.0), tiny_pair)
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
 
 @pytest.mark.parametrize(
-    ("options", "differs"), [({"threads": 2}, "threads"), ({"n_ctx": 1024}, "n_ctx")]
+    ("options", "differs"), [({"threads": 2}, "--threads"), ({"n_ctx": 1024}, "--ctx")]
 )
 def test_a_resume_under_other_threads_or_another_context_is_refused(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task], options: dict, differs: str
@@ -676,13 +676,21 @@ def test_a_resume_under_other_threads_or_another_context_is_refused(
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
 
+def test_a_setup_differs_in_what_a_user_knows() -> None:
+    """A refused resume or repeat had named the config's keys ('source_sha256, gpu_layers'): each is said
+    as the option or the file a user would change."""
+    stored = {"source_sha256": "a", "gpu_layers": 0, "sampling": {"temp": 0.0}, "threads": 1}
+    config = {"source_sha256": "b", "gpu_layers": 99, "sampling": {"temp": 0.5}, "threads": 1}
+    assert differing(config, stored) == "--n-gpu-layers, --temp or --seed, the tasks or prompts file changed"
+
+
 def test_gpu_layers_part_a_setup_where_llama_cpp_offloads_them(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:
     """Where it cannot (a CPU build), --n-gpu-layers changes nothing, and a resume under another is let be."""
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     if gpu_offload_available():
-        with pytest.raises(EadError, match=r"differs in: gpu_layers\)"):
+        with pytest.raises(EadError, match=r"differs in: --n-gpu-layers\)"):
             run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, n_gpu_layers=0)
     else:
         assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, n_gpu_layers=5)) == 4
@@ -713,7 +721,7 @@ def test_a_results_file_from_before_the_time_limit_was_recorded_resumes_at_the_d
     assert [json.loads(line)["task_id"] for line in path.read_text().splitlines()[1:]] == [
         "HumanEval/0", "HumanEval/0", "HumanEval/1", "HumanEval/1"
     ]
-    with pytest.raises(EadError, match=r"differs in: timeout_s"):
+    with pytest.raises(EadError, match=r"differs in: --timeout"):
         run(humaneval_job(humaneval[:2], tmp_path, timeout_s=5.0), tiny_pair)
 
 
@@ -1296,7 +1304,7 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
     for folders, message in (
         ([str(out), str(out)], "a folder is given twice"),
         ([str(out), variant("longer", [json.dumps({**config, "max_tokens": 32}), *lines[1:]])],
-         "is not a repeat of"),
+         "(differs in: --max-tokens)"),
         ([str(out), variant("fewer", lines[:-1])], "on other tasks than"),
         ([variant("damaged", [*lines, '{"type": "sample", "strategy": "x"}'])],
          "holds a sample record ead cannot read (KeyError"),

@@ -92,9 +92,28 @@ def config_record(
     return json.loads(json.dumps(config))  # as it reads back from the file
 
 
+# each key of the config record as a user knows it: the option given, or what changed
+SETUP_NAMES = {
+    "format": "the results file's format (another ead version)",
+    "bench": "the bench (HumanEval or a prompts file)",
+    "models": "the models",
+    "tokenizer": "the models' tokenizer",
+    "max_tokens": "--max-tokens",
+    "stop": "the stop strings (another ead version)",
+    "sampling": "--temp or --seed",
+    "prompt": "the prompt format (another ead version)",
+    "source_sha256": "the tasks or prompts file changed",
+    "timeout_s": "--timeout",
+    "n_ctx": "--ctx",
+    "threads": "--threads",
+    "gpu_layers": "--n-gpu-layers",
+}
+
+
 def differing(one: Record, other: Record) -> str:
-    """The keys two records disagree on, in order."""
-    return ", ".join(sorted(key for key in one.keys() | other.keys() if one.get(key) != other.get(key)))
+    """What two config records disagree on, in order, named as a user knows it (``SETUP_NAMES``)."""
+    keys = sorted(key for key in one.keys() | other.keys() if one.get(key) != other.get(key))
+    return ", ".join(SETUP_NAMES.get(key, key) for key in keys)
 
 
 def check_distinct(folders: Sequence[Path]) -> None:
