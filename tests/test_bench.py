@@ -575,6 +575,20 @@ def test_unknown_families_are_refused() -> None:
         build_strategies(" , ", Grid())
 
 
+def test_strategies_as_the_report_names_them() -> None:
+    """``--strategies large-only`` had been refused though the report names the strategy so: a lone
+    model's name is its family; a swept strategy's name says which family and options to give."""
+    names = [strategy.name for strategy in build_strategies("large-only,small-only", Grid())]
+    assert names == ["small-only", "large-only"]
+    expected = (
+        "--strategies: 'ead tau=0.5' is a strategy as the report names it: give its family, ead, "
+        "and set its values by their options"
+    )
+    with pytest.raises(EadError, match=f"^{re.escape(expected)}$") as error:
+        build_strategies("ead tau=0.5", Grid())
+    assert error.value.exit_code == 2
+
+
 # ---------------------------------------------------------------------------------- running, resume
 
 

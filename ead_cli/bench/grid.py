@@ -90,6 +90,7 @@ def check_ngram_type(name: str) -> None:
 
 
 LARGE_ONLY = "large-only"
+LONE_MODELS = {"small-only": "small", LARGE_ONLY: "large"}  # the lone models' strategies: their families
 
 
 @dataclass(frozen=True)
@@ -305,11 +306,19 @@ def _parse_verify(spec: str) -> tuple[float | None, ...]:
 def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
     """The strategies of the comma-separated families (in ``families()`` order), each named once."""
     known = families()
-    wanted = [part.strip() for part in wanted_families.split(",") if part.strip()]
+    parts = [part.strip() for part in wanted_families.split(",") if part.strip()]
+    wanted = [LONE_MODELS.get(name, name) for name in parts]  # large-only, as the report names it
     unknown = [name for name in wanted if name not in known]
     if not wanted:  # as ``ead bench speed`` says it
         raise EadError(f"--strategies: {quoted(wanted_families)} names no strategy", exit_code=2)
     if unknown:
+        family = unknown[0].split()[0]
+        if family in known:  # a swept strategy's name, copied from the report
+            raise EadError(
+                f"--strategies: {quoted(unknown[0])} is a strategy as the report names it: give its family, "
+                f"{family}, and set its values by their options",
+                exit_code=2,
+            )
         raise EadError(f"--strategies: {quoted(unknown[0])} is not one of {', '.join(known)}", exit_code=2)
     strategies: dict[str, Strategy] = {}
     for family, make in known.items():

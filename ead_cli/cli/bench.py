@@ -42,7 +42,11 @@ bench_app = typer.Typer(
 
 
 Strategies = Annotated[
-    str, typer.Option("--strategies", help=f"Comma-separated families: {', '.join(families())}.")
+    str,
+    typer.Option(
+        "--strategies",
+        help=f"Comma-separated families: {', '.join(families())} (or small-only, large-only, as reported).",
+    ),
 ]
 OLDER_TAU_SPELLING = {"ead": "--tau"}  # before each policy's thresholds had their own option
 
