@@ -14,6 +14,12 @@ SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 SHA256 = re.compile(r"[0-9a-f]{64}")  # a hex SHA-256 digest (ollama's blob names, models.toml's pins)
 
 
+def is_gguf_name(name: str) -> bool:
+    """A model file's name: ``.gguf`` in any case (LM Studio keeps files saved as ``.GGUF``; llama.cpp
+    reads a file whatever its name). Shards keep llama.cpp's own lower-case spelling (``SHARD``)."""
+    return name.lower().endswith(".gguf")
+
+
 def shard_paths(path: Path) -> list[Path]:
     """The files of a model: the path itself, or every shard of a split GGUF (name-0000k-of-0000n.gguf),
     in order, whether or not they exist: llama.cpp loads a split model from its first shard and finds

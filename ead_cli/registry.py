@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
 from ead_cli.errors import ECHOED_CHARS, EadError, cut, quoted
-from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
+from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, shard_paths
 from ead_cli.paths import (
     cannot_save,
     ead_cache_dir,
@@ -199,7 +199,7 @@ def check(ref: str, catalog: Catalog) -> None:
 
 
 def _is_path(ref: str) -> bool:
-    return ref.lower().endswith(".gguf") or any(sep in ref for sep in (os.sep, os.altsep) if sep)
+    return is_gguf_name(ref) or any(sep in ref for sep in (os.sep, os.altsep) if sep)
 
 
 def pull(alias: str, catalog: Catalog, progress: Progress | None = None) -> Path:
@@ -850,7 +850,7 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
         not alias
         or not alias.isprintable()  # listed and echoed: an escape would reach the terminal
         or any(c.isspace() or c in "/\\" for c in alias)
-        or alias.lower().endswith(".gguf")
+        or is_gguf_name(alias)
     ):
         table.fail(
             f"alias {quoted(alias)} must be non-empty, printable, without spaces or slashes, and not end in "
@@ -869,7 +869,7 @@ def _parse_spec(alias: str, table: _Table) -> ModelSpec:
             f"or '.'), not {quoted(repo)}"
         )
     pattern = table.take("pattern", "text")
-    if not pattern.endswith(".gguf"):
+    if not is_gguf_name(pattern):
         table.fail(f"{table.key('pattern')} must end in .gguf, not {quoted(pattern)}")
     glob = PurePosixPath(pattern)
     # Globbed in the repo's snapshot folder, and only there; pathlib's glob (before Python 3.13) raises
@@ -905,7 +905,7 @@ def _parse_offline(table: _Table) -> OfflineSource:
     file = table.take("file", "text")
     # The name of a file ead makes: a NUL byte is no name the system takes (a ValueError), a control
     # character one no progress line shows as it is
-    if "/" in file or "\\" in file or not file.isprintable() or not file.endswith(".gguf"):
+    if "/" in file or "\\" in file or not file.isprintable() or not is_gguf_name(file):
         table.fail(
             f"{table.key('file')} must be a bare, printable file name ending in .gguf, not {quoted(file)}"
         )

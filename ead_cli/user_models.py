@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ead_cli.errors import EadError, quoted
-from ead_cli.gguf_files import SHA256, checked_gguf, shard_paths
+from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, shard_paths
 from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup, read_file, unreadable
 
 OLLAMA_PREFIX = "ollama:"
@@ -178,7 +178,7 @@ def _gguf_files(root: Path) -> list[Path]:
             subfolders.clear()
             continue
         seen.add((stat.st_dev, stat.st_ino))
-        found += [Path(folder, name) for name in files if name.endswith(".gguf")]
+        found += [Path(folder, name) for name in files if is_gguf_name(name)]
     return sorted(found)
 
 
