@@ -441,6 +441,26 @@ def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
     assert_one_line_error(listed, 1, "cannot write the models: stdout is closed")
 
 
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["--help"], "the help"),
+        (["--version"], "the version"),
+        (["generate", "--help"], "the help"),
+        (["models", "--help"], "the help"),
+        (["models", "pull", "--help"], "the help"),
+        (["bench", "humaneval", "--help"], "the help"),
+        (["--no-color", "depth", "eval", "--help"], "the help"),
+    ],
+)
+def test_help_and_version_with_stdout_closed_say_so(args: list[str], what: str) -> None:
+    """``ead --help >&-`` had printed nothing, exit 0: with nowhere to show it, one line, as every command
+    says it."""
+    line = f"{shlex.join([EAD, *args])} >&-"
+    closed = subprocess.run(["bash", "-c", line], capture_output=True, timeout=120)
+    assert_one_line_error(closed, 1, f"cannot write {what}: stdout is closed")
+
+
 def test_a_closed_stderr_loses_the_notes_not_the_answers(tiny_pair: tuple[Path, Path]) -> None:
     """With stderr closed (``2>&-``) Python's sys.stderr is None: generate failed on it with a traceback
     no one saw (exit 1, no answer), and chat wrote its notes and summaries among the answers on stdout.

@@ -30,7 +30,15 @@ from .bench import bench_app
 from .depth import depth_app
 from .groups import NoColor
 from .models import models_app
-from .output import color_system, open_closed_stderr, silence_stdout, spelled, stderr, turn_colour_off
+from .output import (
+    check_stdout,
+    color_system,
+    open_closed_stderr,
+    silence_stdout,
+    spelled,
+    stderr,
+    turn_colour_off,
+)
 
 app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
@@ -43,6 +51,7 @@ for command in (generate.generate, generate.chat, generate.serve, generate.calib
 
 def _show_version(value: bool) -> None:
     if value:
+        check_stdout("the version")
         print(f"ead {__version__}")
         raise typer.Exit()
 
@@ -89,12 +98,31 @@ def readable_help(group: TyperGroup, plain: bool) -> None:
             readable_help(command, plain)
 
 
+def refuse_help_without_stdout(command: click.Command) -> None:
+    """With stdout closed (``>&-``), ``--help`` of ``command`` and of every command under it says so in one
+    line, as each command says it: click's help had gone nowhere, exit 0."""
+    option = command.get_help_option(click.Context(command))
+    if option is not None and option.callback is not None:
+        show = option.callback
+
+        def show_if_it_can(context: click.Context, parameter: click.Parameter, value: bool) -> object:
+            if value and not context.resilient_parsing:
+                check_stdout("the help")
+            return show(context, parameter, value)
+
+        option.callback = show_if_it_can
+    for subcommand in command.commands.values() if isinstance(command, TyperGroup) else ():
+        refuse_help_without_stdout(subcommand)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure a user can cause ends in one line on stderr and a non-zero exit."""
     open_closed_stderr()
     command = typer.main.get_command(app)
     assert isinstance(command, TyperGroup)  # the app has commands and groups
     readable_help(command, plain=stderr.width < TABLES_MIN_WIDTH)
+    if sys.stdout is None:
+        refuse_help_without_stdout(command)
     if stderr.width > HELP_MAX_WIDTH:
         from typer import rich_utils  # loaded by typer only to show help or an error
 
