@@ -1300,6 +1300,91 @@ def test_the_page_says_when_the_server_is_lost(tiny_pair: tuple[Path, Path], tmp
     ]
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_legend_says_when_the_server_is_gone(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """The legend asks again when the API key changes: with the server gone its unhandled failure had left
+    the legend as it was, 'loading…' on a page opened then."""
+    server = Server([*pair_args(tiny_pair), "--max-tokens", "4"], tmp_path / "server.log")
+    browser = open_page(server, tmp_path / "chromium-profile")
+    try:
+        with server:
+            assert server.stop() == 0
+        browser.evaluate("document.getElementById('legend').textContent = 'loading…'")
+        browser.evaluate("document.getElementById('key').dispatchEvent(new Event('change'))")
+        shown = browser.wait_for(
+            "!document.getElementById('legend').textContent.includes('loading')"
+            " && document.getElementById('legend').textContent"
+        )
+    finally:
+        browser.close()
+    assert str(shown).startswith("models: no answer from the server (")
+
+
+def a_proxy(refusal: dict[str, Any]) -> type[http.server.BaseHTTPRequestHandler]:
+    """A proxy in front of the server: the page itself, and every API call refused with ``refusal``'s
+    status, content type and body (which may be no OpenAI error object: a proxy's own page)."""
+    page = (Path(__file__).parents[1] / "ead_cli" / "static" / "index.html").read_bytes()
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def answer(self, status: int, kind: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/":
+                self.answer(200, "text/html; charset=utf-8", page)
+            else:
+                self.answer(refusal["status"], refusal["type"], refusal["body"].encode())
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.answer(refusal["status"], refusal["type"], refusal["body"].encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Proxy
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_a_refusal_that_is_no_openai_error_shows_its_status_and_text(tmp_path: Path) -> None:
+    """A 4xx whose body is a proxy's page, not OpenAI's error object: JSON of another shape had been an
+    unhandled exception (nothing said under the question), HTML the status text alone."""
+    last_notes = "[...document.querySelectorAll('.figures')].at(-1)"
+    refusal = {
+        "status": 403,
+        "type": "text/html",
+        "body": "<html><body><h1>Blocked</h1> by the proxy</body></html>",
+    }
+    browser = Browser(tmp_path / "chromium-profile")
+    try:
+        with http_server(a_proxy(refusal)) as url:
+            browser.call("Page.navigate", url=f"{url}/")
+            browser.wait_for("document.getElementById('legend').textContent.includes('403')")
+            shown = []
+            for body, kind in (
+                (refusal["body"], "text/html"),
+                ('{"detail": "Not authenticated"}', "application/json"),
+                ("x" * 500, "text/plain"),
+            ):
+                refusal.update(body=body, type=kind)
+                browser.evaluate(f"{PRESS_ENTER}('hi')")
+                shown.append(
+                    browser.wait_for(f"{last_notes}.classList.contains('error') && {last_notes}.textContent")
+                )
+                browser.evaluate(f"{last_notes}.parentNode.remove()")
+    finally:
+        browser.close()
+    assert shown[:2] == [
+        "403 Forbidden: Blocked by the proxy",
+        '403 Forbidden: {"detail": "Not authenticated"}',
+    ]
+    assert shown[2] == "403 Forbidden: " + "x" * 200 + "… (500 characters)"
+
+
 @pytest.mark.real
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
 def test_the_page_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
