@@ -976,7 +976,10 @@ def test_the_page_follows_a_long_answer_until_the_reader_scrolls_up(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """An answer taller than the window had grown out of view below it while it streamed, Stop and the box
-    to type in with it: the page follows it down now, and stays where the reader scrolls up to read."""
+    to type in with it: the page follows it down now, and stays where the reader scrolls up to read. Stop
+    stays in one place meanwhile, at the window's foot: it had moved down a line with each line the answer
+    grew, from under the pointer of the person about to press it (a test's click, pressed where it had
+    just been, missed it)."""
 
     def after_frames() -> list:
         reply = browser.call(
@@ -991,13 +994,17 @@ def test_the_page_follows_a_long_answer_until_the_reader_scrolls_up(
             size = {"width": 800, "height": 400, "deviceScaleFactor": 1, "mobile": False}
             browser.call("Emulation.setDeviceMetricsOverride", **size)
             browser.evaluate(f"{PRESS_ENTER}('first')")
+            stop = "document.getElementById('stop').getBoundingClientRect().bottom"
+            at_first = browser.evaluate(stop)
             browser.wait_for("document.documentElement.scrollHeight > 4 * innerHeight")
             scrolled, below = after_frames()
             assert scrolled > 2 * 400 and below < 400  # not 3 windows further down: followed
+            assert browser.evaluate(stop) == at_first
             browser.evaluate("scrollTo(0, 0)")  # the reader goes up to read the question again
             count = "document.querySelector('.answer').children.length"
             browser.wait_for(f"{count} > {browser.evaluate(count)} + 200")
             assert after_frames()[0] == 0
+            assert browser.evaluate(stop) == at_first
             assert browser.evaluate("document.getElementById('stop').hidden") is False  # still streaming
         finally:
             browser.close()
