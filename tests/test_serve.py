@@ -885,7 +885,8 @@ def test_stop_ends_an_answer_and_keeps_what_came(tiny_pair: tuple[Path, Path], t
     """A long answer can be stopped mid-stream: the server stops generating it, what came stays in the
     conversation, the next question goes out. (The page had no way to stop one but a reload, which loses
     the whole conversation.)"""
-    with Server([*pair_args(tiny_pair), *TAU, "--max-tokens", str(LONG)], tmp_path / "server.log") as server:
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--max-tokens", str(LONG)]  # the context no cap on its length
+    with Server(args, tmp_path / "server.log") as server:
         browser = open_page(server, tmp_path / "chromium-profile")
         try:
             browser.evaluate(f"{PRESS_ENTER}('first')")
