@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import http.server
@@ -66,6 +67,32 @@ class Tiny:
     chunks: list[Path]
     data: bytes  # the joined chunks: the file an assembly must produce
     sha256: str
+
+    def env(self, cache: Path | None = None) -> dict[str, str]:
+        """What a subprocess of ead needs to find the chunk packages (and this cache, where given)."""
+        found = {"PYTHONPATH": os.pathsep.join([str(self.site), str(REPO_ROOT)])}
+        return found if cache is None else {"EAD_CACHE": str(cache), **found}
+
+
+@contextlib.contextmanager
+def waiting_on_the_lock(
+    models_dir: Path, command: list[str], env: dict[str, str]
+) -> Iterator[subprocess.Popen[str]]:
+    """``command`` started while the test holds the tiny copy's lock, its first line (that it waits) read;
+    the lock let go on leaving, for the process to go on."""
+    with (models_dir / ".tiny.gguf.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waiting = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert waiting.stderr is not None
+        watchdog = threading.Timer(120, waiting.kill)  # a silent wait ends the read, not the test run
+        watchdog.start()
+        said = waiting.stderr.readline()
+        watchdog.cancel()
+        assert said == "waiting for another process using tiny's copy in the ead cache...\n"
+        yield waiting
+        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def write_models(tmp_path: Path, text: str, name: str = "models.toml") -> Path:
@@ -839,10 +866,7 @@ def test_a_pipe_in_place_of_the_record_is_no_record(tiny: Tiny, models_dir: Path
     sidecar = models_dir / "tiny.gguf.sha256"
     sidecar.unlink()
     os.mkfifo(sidecar)
-    env = {
-        "EAD_CACHE": str(models_dir.parent),
-        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
-    }
+    env = tiny.env(models_dir.parent)
     listed = ead("models", "list", "--json", "--catalog", str(tiny.models_file), env=env)
     assert listed.returncode == 0, listed.stderr.decode()
     local = {row["ref"]: row["local"] for row in json.loads(listed.stdout)}
@@ -949,10 +973,7 @@ def test_a_full_disk_or_a_read_only_cache_is_one_line_and_leaves_nothing(
     """A full disk fails the assembly in one line with nothing half-written; once the cache is read-only,
     pull still finds the copy there, rm says why it cannot remove it, and a cache that was read-only from the
     start is named with what to do."""
-    env = {
-        "EAD_CACHE": str(small_disk / "ead"),
-        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
-    }
+    env = tiny.env(small_disk / "ead")
     models = small_disk / "ead" / "models"
     pull_tiny, rm_tiny = (
         ("models", command, "tiny", "--catalog", str(tiny.models_file)) for command in ("pull", "rm")
@@ -988,19 +1009,9 @@ def test_a_touched_copy_another_process_checks_meanwhile_is_not_hashed_again(
     touch(path)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "ead_cli", "models", "pull", "tiny", "--catalog", str(tiny.models_file)]
-    with (models_dir / ".tiny.gguf.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        waiting = subprocess.Popen(command, env=env, **pipes)
-        assert waiting.stderr is not None
-        watchdog = threading.Timer(120, waiting.kill)  # a silent wait ends the read, not the test run
-        watchdog.start()
-        said = waiting.stderr.readline()
-        watchdog.cancel()
-        assert said == "waiting for another process using tiny's copy in the ead cache...\n"
+    with waiting_on_the_lock(models_dir, command, env) as waiting:
         record = {"sha256": tiny.sha256, "size": len(tiny.data), "mtime_ns": path.stat().st_mtime_ns}
         (models_dir / "tiny.gguf.sha256").write_text(json.dumps(record))  # as the other process does
-        fcntl.flock(lock, fcntl.LOCK_UN)
     out, err = waiting.communicate(timeout=120)
     assert (waiting.returncode, out, err) == (0, f"{path}\n", "")
 
@@ -1009,10 +1020,7 @@ def test_a_touched_copy_in_a_read_only_cache_is_hashed_at_each_use(tiny: Tiny, s
     """Where no record can be written anew, the copy is still used once its bytes are checked: it had been a
     'cannot write to the ead cache folder' error."""
     subprocess.run(["mount", "-o", "remount,size=1m", str(small_disk)], check=True)
-    env = {
-        "EAD_CACHE": str(small_disk / "ead"),
-        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
-    }
+    env = tiny.env(small_disk / "ead")
     pull_tiny = ("models", "pull", "tiny", "--catalog", str(tiny.models_file))
     assert ead(*pull_tiny, env=env).returncode == 0
     path = small_disk / "ead" / "models" / "tiny.gguf"
@@ -1027,7 +1035,7 @@ def test_a_touched_copy_in_a_read_only_cache_is_hashed_at_each_use(tiny: Tiny, s
 def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
     """Two 'ead models pull' at once: both wait on the lock held here, then race for it: one assembles, the
     other uses its result."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)])}
+    env = {**os.environ, **tiny.env()}
     models_dir.mkdir(parents=True)
     command = [sys.executable, "-m", "ead_cli", "models", "pull", "tiny", "--catalog", str(tiny.models_file)]
     with (models_dir / ".tiny.gguf.lock").open("a") as lock:
@@ -1140,10 +1148,7 @@ def test_a_pipe_in_place_of_the_lock_is_one_line(tiny: Tiny, models_dir: Path) -
     lock = models_dir / ".tiny.gguf.lock"
     lock.unlink()
     os.mkfifo(lock)
-    env = {
-        "EAD_CACHE": str(models_dir.parent),
-        "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)]),
-    }
+    env = tiny.env(models_dir.parent)
     expected = f"error: the lock file {lock} is not a file; delete it"
     touch(path)  # so that pull takes the lock, to check the copy again
     for command in ("pull", "rm"):
@@ -1155,22 +1160,11 @@ def test_a_pipe_in_place_of_the_lock_is_one_line(tiny: Tiny, models_dir: Path) -
 def test_rm_waiting_on_another_process_says_so_and_what_it_found(tiny: Tiny, models_dir: Path) -> None:
     """Two removals at once: the second had waited without a word, then printed nothing and exited 0."""
     resolve_tiny(tiny)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tiny.site), str(REPO_ROOT)])}
+    env = {**os.environ, **tiny.env()}
     command = [sys.executable, "-m", "ead_cli", "models", "rm", "tiny", "--catalog", str(tiny.models_file)]
-    with (models_dir / ".tiny.gguf.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        waiting = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert waiting.stderr is not None
-        watchdog = threading.Timer(120, waiting.kill)  # a silent wait ends the read, not the test run
-        watchdog.start()
-        said = waiting.stderr.readline()
-        watchdog.cancel()
-        assert said == "waiting for another process using tiny's copy in the ead cache...\n"
+    with waiting_on_the_lock(models_dir, command, env) as waiting:
         for name in ("tiny.gguf.sha256", "tiny.gguf"):  # as the other process removes them
             (models_dir / name).unlink()
-        fcntl.flock(lock, fcntl.LOCK_UN)
     out, err = waiting.communicate(timeout=120)
     assert (waiting.returncode, out, err) == (
         1,

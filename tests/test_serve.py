@@ -1125,6 +1125,21 @@ def another_site(pages: dict[str, str]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def a_browser_and_another_site(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> Iterator[tuple[Browser, dict[str, str], str, list[str]]]:
+    """A browser, another site (``another_site``) serving the pages put in the dict, and the arguments of a
+    server that answers 3 tokens: what a test of another site's reach starts from."""
+    pages: dict[str, str] = {}
+    browser = Browser(tmp_path / "chromium-profile")
+    try:
+        with another_site(pages) as site:
+            yield browser, pages, site, [*pair_args(tiny_pair), *TAU, "--max-tokens", "3"]
+    finally:
+        browser.close()
+
+
+@contextlib.contextmanager
 def http_server(handler: type[http.server.BaseHTTPRequestHandler], name: str = "127.0.0.1") -> Iterator[str]:
     """A Python HTTP server on a free loopback port, in a thread; yields its address, the host as ``name``
     (localhost: another origin than 127.0.0.1's)."""
@@ -1160,39 +1175,33 @@ post("text/plain", {mode: "no-cors"})
 def test_a_page_of_another_site_cannot_drive_the_server(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """A foreign page's calls are refused, and so is framing the page: a hidden frame of /?q=PROMPT had asked
     the question from the server's own origin (the server generated for any site the user opened)."""
-    pages: dict[str, str] = {}
-    browser = Browser(tmp_path / "chromium-profile")
-    try:
-        with another_site(pages) as site:
-            args = [*pair_args(tiny_pair), *TAU, "--max-tokens", "3"]
-            with Server(args, tmp_path / "server.log") as server:
-                pages["/"] = FOREIGN_PAGE.replace("SERVER", server.url)
-                browser.call("Page.navigate", url=f"{site}/")
-                results = browser.wait_for("results.framed && results.json && results.plain && results")
-                targets = browser.call("Target.getTargets")["targetInfos"]
-                (frame,) = [target for target in targets if target["type"] == "iframe"]
-                session = browser.call("Target.attachToTarget", targetId=frame["targetId"], flatten=True)
-                framed = browser.call(  # what the frame shows: Chromium's error page, or the server's page
-                    "Runtime.evaluate",
-                    session=session["sessionId"],
-                    expression="[location.href, document.title]",
-                    returnByValue=True,
-                )["result"]["value"]
-                assert server.stop() == 0
-            log = server.log()
-            assert results == {"framed": True, "json": "refused: Failed to fetch", "plain": "opaque"}
-            assert framed[1] != "ead serve" and not framed[0].startswith(server.url), framed  # refused
-            assert "POST /v1/chat/completions 200" not in log, log
-            assert log.count(f"403: pages at {site!r} may not use this server") == 2, log
-            # the same page where the server names the site with --cors-origin: its JSON call is answered
-            with Server([*args, "--cors-origin", site], tmp_path / "allowed.log") as allowed:
-                pages["/"] = FOREIGN_PAGE.replace("SERVER", allowed.url)
-                browser.call("Page.navigate", url=f"{site}/")
-                results = browser.wait_for("results.framed && results.json && results.plain && results")
-                assert allowed.stop() == 0
-            assert json.loads(results["json"])["usage"]["completion_tokens"] == 3  # type: ignore[index]
-    finally:
-        browser.close()
+    with a_browser_and_another_site(tiny_pair, tmp_path) as (browser, pages, site, args):
+        with Server(args, tmp_path / "server.log") as server:
+            pages["/"] = FOREIGN_PAGE.replace("SERVER", server.url)
+            browser.call("Page.navigate", url=f"{site}/")
+            results = browser.wait_for("results.framed && results.json && results.plain && results")
+            targets = browser.call("Target.getTargets")["targetInfos"]
+            (frame,) = [target for target in targets if target["type"] == "iframe"]
+            session = browser.call("Target.attachToTarget", targetId=frame["targetId"], flatten=True)
+            framed = browser.call(  # what the frame shows: Chromium's error page, or the server's page
+                "Runtime.evaluate",
+                session=session["sessionId"],
+                expression="[location.href, document.title]",
+                returnByValue=True,
+            )["result"]["value"]
+            assert server.stop() == 0
+        log = server.log()
+        assert results == {"framed": True, "json": "refused: Failed to fetch", "plain": "opaque"}
+        assert framed[1] != "ead serve" and not framed[0].startswith(server.url), framed  # refused
+        assert "POST /v1/chat/completions 200" not in log, log
+        assert log.count(f"403: pages at {site!r} may not use this server") == 2, log
+        # the same page where the server names the site with --cors-origin: its JSON call is answered
+        with Server([*args, "--cors-origin", site], tmp_path / "allowed.log") as allowed:
+            pages["/"] = FOREIGN_PAGE.replace("SERVER", allowed.url)
+            browser.call("Page.navigate", url=f"{site}/")
+            results = browser.wait_for("results.framed && results.json && results.plain && results")
+            assert allowed.stop() == 0
+        assert json.loads(results["json"])["usage"]["completion_tokens"] == 3  # type: ignore[index]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
@@ -1203,25 +1212,19 @@ def test_a_link_from_another_site_fills_the_box_without_asking(
     question at once, from the server's own origin: any site the user visited made the server generate, and
     put its words in the user's conversation. It fills the box now, for the user to send or not; opened by
     the user (typed, a bookmark, another program) it still asks at once."""
-    pages: dict[str, str] = {}
-    browser = Browser(tmp_path / "chromium-profile")
-    try:
-        with another_site(pages) as site:
-            args = [*pair_args(tiny_pair), *TAU, "--max-tokens", "3"]
-            with Server(args, tmp_path / "server.log") as server:
-                asked = f"{server.url}/?q=asked%20by%20another%20site"
-                pages["/"] = f"<!doctype html><script>location = {json.dumps(asked)}</script>"
-                browser.call("Page.navigate", url=f"{site}/")
-                browser.wait_for(
-                    f"location.href === {json.dumps(asked)} && document.readyState === 'complete'"
-                )
-                box = browser.evaluate("document.getElementById('prompt').value")
-                turns = browser.evaluate("document.querySelectorAll('.turn').length")
-                browser.call("Page.navigate", url=asked)  # the user's own: asked at once
-                browser.wait_for("document.querySelector('.figures')?.textContent.startsWith('3 tokens')")
-                assert server.stop() == 0
-    finally:
-        browser.close()
+    with (
+        a_browser_and_another_site(tiny_pair, tmp_path) as (browser, pages, site, args),
+        Server(args, tmp_path / "server.log") as server,
+    ):
+        asked = f"{server.url}/?q=asked%20by%20another%20site"
+        pages["/"] = f"<!doctype html><script>location = {json.dumps(asked)}</script>"
+        browser.call("Page.navigate", url=f"{site}/")
+        browser.wait_for(f"location.href === {json.dumps(asked)} && document.readyState === 'complete'")
+        box = browser.evaluate("document.getElementById('prompt').value")
+        turns = browser.evaluate("document.querySelectorAll('.turn').length")
+        browser.call("Page.navigate", url=asked)  # the user's own: asked at once
+        browser.wait_for("document.querySelector('.figures')?.textContent.startsWith('3 tokens')")
+        assert server.stop() == 0
     assert box == "asked by another site" and turns == 0
     assert server.log().count("POST /v1/chat/completions 200") == 1
 
