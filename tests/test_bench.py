@@ -755,8 +755,8 @@ def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_load
     for out, max_tokens, message in (
         (tmp_path / "reported", 8, "report.md is a folder: the report goes to a file"),
         (tmp_path / "a-file", 8, "is a file: results go to a folder"),
-        (tmp_path / "piped", 8, "results.jsonl is not a file: a bench keeps its results in one, read back"),
-        (tmp_path / "nested", 8, "results.jsonl is not a file: a bench keeps its results in one, read back"),
+        (tmp_path / "piped", 8, "results.jsonl is not a file: a bench keeps its results in one;"),
+        (tmp_path / "nested", 8, "results.jsonl is not a file: a bench keeps its results in one;"),
         (tmp_path / "a-file" / "below", 8, "cannot write to"),
         (tmp_path / "replayed", 8, "holds a replay (replay.json): use another --out"),
         (tmp_path / "fine", 0, "--max-tokens must be at least 1, got 0"),
@@ -1383,10 +1383,10 @@ def test_a_pipe_in_place_of_the_results_is_refused_not_waited_on(tmp_path: Path)
     os.mkfifo(path)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\n")
-    expected = f"error: {path} is not a file: move it away\n"
+    expected = f"error: {path} is not a file: a bench keeps its results in one; move it away\n"
     for args in (["report", str(tmp_path)], ["prompts", str(prompts), "--out", str(tmp_path)]):
         result = ead("bench", *args)
-        assert (result.returncode, result.stdout, result.stderr) == (1, "", expected)
+        assert (result.returncode, result.stdout, result.stderr) == (2, "", expected)
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from ..compat import tokenizer_record
 from ..errors import EadError
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import is_dir, is_file, read_file_text, try_writing, unreadable, why_not_saved, written_in_place
+from ..paths import is_file, lookup, read_file_text, try_writing, unreadable, why_not_saved, written_in_place
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -258,11 +258,12 @@ def non_finite(value: Any, name: str = "") -> tuple[str, float] | None:
 
 def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     """The config record and the sample records of a results file (an unfinished last line is dropped,
-    blank lines skipped)."""
-    if not path.exists():
+    blank lines skipped). A folder, a pipe or a device in its place is refused: a pipe was read (or, to
+    resume, appended to) until a writer came, for ever."""
+    if lookup(path) is None:
         return None, []
-    if not is_file(path) and not is_dir(path):  # a pipe: read (or appended to) until a writer came, for ever
-        raise EadError(f"{path} is not a file: move it away")
+    if not is_file(path):
+        raise EadError(f"{path} is not a file: a bench keeps its results in one; move it away", exit_code=2)
     try:
         text = read_file_text(path)
     except (OSError, UnicodeDecodeError) as error:

@@ -27,7 +27,7 @@ from ..options import (
     check_max_tokens,
     check_timeout,
 )
-from ..paths import is_file, lookup
+from ..paths import lookup
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
@@ -169,10 +169,7 @@ def check_resumable(path: Path) -> None:
     """The results a resume would add to read back as the report reads them: a record edited or damaged
     past reading is one line naming the file now, not a traceback as the models load or after every new
     sample has run; and a file that cannot take more (read-only) or that another bench is writing is one
-    line now, not once they have. A FIFO there (read, it waits for a writer for ever), a folder or a
-    device is refused."""
-    if lookup(path) is not None and not is_file(path):
-        raise EadError(f"{path} is not a file: a bench keeps its results in one, read back to resume", 2)
+    line now, not once they have (a FIFO, a folder or a device there: ``read_results``)."""
     aggregate_read(path, read_results(path)[1])
     if path.exists():
         with open_to_append(path) as handle:
