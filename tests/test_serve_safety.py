@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import http.client
 import itertools
 import json
 import re
@@ -950,6 +951,31 @@ def test_a_refusal_that_closes_is_read_whole_by_a_client_still_sending(
     assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [status], answer[:300]
     assert b"connection: close" in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200  # still serving
+
+
+def test_a_stop_closes_idle_and_refused_connections_at_once_however_long_the_read_timeout(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A stop closes a kept-alive connection between requests, one that sent nothing and one a refusal
+    closed, though none of their clients closes its side: a close that lingered for the client's (RFC 9112
+    §9.6) had held the stop for --read-timeout, an hour here, with the clients still open."""
+    args = [*pair_args(tiny_pair), "--read-timeout", "3600", "--shutdown-timeout", "3600"]
+    with Server(args, tmp_path / "server.log") as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        client = http.client.HTTPConnection(host, int(port), timeout=60)
+        client.request("GET", "/health")
+        assert client.getresponse().read()
+        kept = client.sock  # the answer read whole, the connection kept alive
+        silent, refused = (socket.create_connection((host, int(port)), timeout=60) for _ in range(2))
+        refused.sendall(b"GARBAGE\r\n\r\n")
+        assert read_to_close(refused).startswith(b"HTTP/1.1 400 Bad Request")  # its side open still
+        server.process.terminate()
+        assert server.process.wait(timeout=60) == 0
+        assert read_to_close(kept) == read_to_close(silent) == b""  # closed cleanly
+        for raw in (kept, silent, refused):
+            raw.close()
+    assert server.log().splitlines()[-1] == "ead serve: stopped"
+    assert "Traceback" not in server.log()
 
 
 def test_a_request_refused_before_its_100_continue_closes_its_connection(server: Server) -> None:

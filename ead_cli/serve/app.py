@@ -257,11 +257,13 @@ class _LingeringTransport:
     dropped (``_Drain``) until the client shuts its own side or ``linger`` seconds pass. Closed at once
     with the client's bytes unread, the connection is reset (RST): a client still sending its request (a
     431's head, a chunk a 413 refused by its size) had its send fail before it read the answer, and one
-    whose last bytes raced a 408 got the reset after it. A second close (the server stopping) is at once."""
+    whose last bytes raced a 408 got the reset after it. A second close (the server stopping) is at once,
+    as is any close once ``lingers`` is off."""
 
     def __init__(self, transport: asyncio.Transport, linger: float) -> None:
         self._transport, self._linger = transport, linger
         self._lingering = False
+        self.lingers = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -270,7 +272,7 @@ class _LingeringTransport:
         return self._lingering or self._transport.is_closing()
 
     def close(self) -> None:
-        if self._lingering or self._transport.is_closing():
+        if self._lingering or not self.lingers or self._transport.is_closing():
             self._transport.close()
             return
         self._lingering = True
@@ -327,6 +329,13 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_head_timer()
             super().connection_lost(exc)
+
+        def shutdown(self) -> None:
+            """The server stopping closes a connection between requests at once: its client, who does not
+            know to close its side, had held the stop for the read timeout with the close lingering."""
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.lingers = False  # type: ignore[attr-defined]
+            super().shutdown()
 
         def on_response_complete(self) -> None:
             """A pipelined request's head begun before this answer is timed from it, as one begun after:
