@@ -239,6 +239,7 @@ class RemoteRunner:
         check_remote_settings(top_k, timeout_s, api_key)
         # on every request, as llama.cpp's own clients send a llama-server's --api-key; never shown
         self._authorization = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
+        self._api_key = api_key
         self.url = url.rstrip("/")
         parts = urlsplit(url)
         self._origin = f"{parts.scheme}://{parts.netloc}"  # a request's path follows it (with any prefix)
@@ -311,16 +312,17 @@ class RemoteRunner:
                 raise RemoteError(f"{self._at(path)} sent a reply that is not JSON") from None
             reply = page_text(payload.decode("utf-8", "replace"))  # an error page (a proxy's) says why
         if response.status == 404:  # llama-server has every endpoint ead asks
-            asked = f"{method} {cut(path)} answered HTTP 404 ({_error_message(reply, NOT_FOUND_CHARS)})"
+            said = _error_message(reply, self._api_key, NOT_FOUND_CHARS)
+            asked = f"{method} {cut(path)} answered HTTP 404 ({said})"
             raise RemoteError(f"{cut(self.url)} is not {self.kind}: {asked}", 404)
         if response.status == 401:  # a llama-server started with --api-key
-            asked = f"{method} {cut(path)} answered HTTP 401: {_error_message(reply)}"
+            asked = f"{method} {cut(path)} answered HTTP 401: {_error_message(reply, self._api_key)}"
             if self._authorization:
                 raise RemoteError(f"{cut(self.url)} refused the API key given ({asked})", 401)
             how = "give it with --remote-api-key or EAD_REMOTE_API_KEY"
             raise RemoteError(f"{cut(self.url)} asks for an API key ({asked}): {how}", 401)
         if response.status >= 400:
-            answer = f"HTTP {response.status}: {_error_message(reply)}"
+            answer = f"HTTP {response.status}: {_error_message(reply, self._api_key)}"
             raise RemoteError(f"{self._at(path)} failed with {answer}", response.status, answer)
         return reply
 
@@ -688,14 +690,17 @@ def _top_entries(entries: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndar
     return ids, np.array([float(entry["logprob"]) for entry in entries], dtype=np.float64)
 
 
-def _error_message(reply: Any, limit: int = MESSAGE_CHARS) -> str:
+def _error_message(reply: Any, api_key: str | None, limit: int = MESSAGE_CHARS) -> str:
     """The server's own words from an error reply, on one line and at most ``limit`` characters: OpenAI's
     ``{"error": {"message": ...}}``, the bare ``{"error": "..."}`` others send (it had been a
     traceback) or a text that is not JSON (a proxy's error page: it had been 'no message'), its lines
-    joined (they had broken the one-line error) and one past ``limit`` characters cut."""
+    joined (they had broken the one-line error) and one past ``limit`` characters cut; ``api_key`` as
+    ***, where a server quotes the Authorization header it got (it had been said)."""
     error = reply.get("error") if isinstance(reply, dict) else reply if isinstance(reply, str) else None
     message = error.get("message") if isinstance(error, dict) else error
-    return one_line(str(message), limit) if message else "no message"
+    if not message:
+        return "no message"
+    return one_line(str(message).replace(api_key, "***") if api_key else str(message), limit)
 
 
 def page_text(text: str) -> str:

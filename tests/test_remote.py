@@ -268,6 +268,17 @@ def test_a_wrong_api_key_is_said_refused_without_being_said(tiny_pair, tmp_path,
     assert b"k3y" not in result.stderr
 
 
+@pytest.mark.parametrize("status", [401, 403, 404, 500])
+def test_a_server_that_quotes_the_key_it_was_sent_has_it_masked(tiny_pair, status: int) -> None:
+    """A server (a proxy, a gateway) whose refusal quotes the Authorization header it got: ead quotes the
+    server's words, and the key had been said in them."""
+    said = json.dumps({"error": {"message": f"Authorization: Bearer {KEY} is not valid here"}}).encode()
+    with wrong_server({"/health": (status, said)}) as url:
+        result = ead("generate", *models(tiny_pair[0], url), "--remote-api-key", KEY, "hi")
+    assert "Authorization: Bearer *** is not valid here" in assert_one_line_error(result, 1)
+    assert_key_unsaid(result)
+
+
 LOADING = "HTTP 503: Loading model"
 
 
