@@ -1,6 +1,10 @@
 """The one exception type the CLI turns into a one-line message and a non-zero exit, the one way a
-message echoes a bad value (and passes on another library's complaint), and the one check every layer
-shares: a number llama.cpp keeps in 32 bits."""
+message echoes a bad value (and passes on another library's complaint), the one way it shows a path, and
+the one check every layer shares: a number llama.cpp keeps in 32 bits."""
+
+import os
+import shlex
+import unicodedata
 
 
 class EadError(Exception):
@@ -30,6 +34,45 @@ def quoted(value: str) -> str:
         return shown
     kept = next(end for end in range(ECHOED_CHARS, -1, -1) if len(repr(value[:end])) <= ECHOED_CHARS + 2)
     return f"{value[:kept]!r}... ({len(value)} characters)"
+
+
+# What a shell takes unquoted in a word (shlex's set): a path of only these is shown bare
+_SHELL_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@%+=:,./-_")
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_C_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def acted_on(char: str) -> bool:
+    """A character a terminal acts on or breaks the line at (C0/C1 controls, DEL, line and paragraph
+    separators, bidi embeddings, overrides and isolates), or a lone surrogate (a name's undecodable byte)."""
+    return unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI_CONTROLS
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a message shows it: as a shell would need it typed, never cut (a Hugging Face cache
+    path runs to 150 characters). Bare when it has only safe characters, the common case; else quoted as
+    shlex.quote quotes it ('/tmp/my figures.json'), or, where it holds a character a terminal acts on (a
+    newline would split the one-line message in two), in bash's $'...' with that character escaped
+    ($'/tmp/a\\nb'; a byte that is not UTF-8, kept by Python as a lone surrogate, as \\xNN)."""
+    text = os.fspath(path)
+    if text and all(char in _SHELL_SAFE for char in text):
+        return text
+    if not any(acted_on(char) for char in text):
+        return shlex.quote(text)
+    return "$'" + "".join(_c_escaped(char) for char in text) + "'"
+
+
+def _c_escaped(char: str) -> str:
+    """One character as bash's $'...' spells it: a quote, a backslash and what a terminal acts on
+    escaped, the rest as it is."""
+    if char in _C_ESCAPES:
+        return _C_ESCAPES[char]
+    if not acted_on(char):
+        return char
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte surrogateescape kept
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"  # U+0080 and on as characters
 
 
 REASON_CHARS = 120  # of another library's complaint, at most, in the message that passes it on

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import unicodedata
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -14,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import shared_stderr
-from ..errors import EadError
+from ..errors import EadError, acted_on
 from ..signals import main_thread_signals
 
 
@@ -171,17 +170,8 @@ def _to_devnull(fd: int) -> None:
         os.close(devnull)
 
 
-_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
-def _acted_on(char: str) -> bool:
-    """A character a terminal acts on or breaks the line at (C0/C1 controls, DEL, line and paragraph
-    separators, bidi embeddings, overrides and isolates), or a lone surrogate (a name's undecodable byte)."""
-    return unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI_CONTROLS
-
-
 def spelled(text: str) -> str:
-    """``text`` for one line of a terminal: a character it would act on (``_acted_on``: an escape typed
+    """``text`` for one line of a terminal: a character it would act on (``acted_on``: an escape typed
     or in a file's name, a newline, a bidi override) spelled as Python spells it (``\\x1b``), the rest
     as it is."""
-    return "".join(repr(char)[1:-1] if _acted_on(char) else char for char in text)
+    return "".join(repr(char)[1:-1] if acted_on(char) else char for char in text)
