@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .decoder import Decoder
-from .errors import EadError, counted, quoted
+from .errors import EadError, counted, quoted, shown_path
 from .options import PolicyOptions
 from .paths import check_can_save, config_file, lookup, read_file_text, save_json, unreadable
 from .policies import Fixed
@@ -226,13 +226,13 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
     try:
         data = json.loads(read_file_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise EadError(f"cannot read the calibration file {path}: {unreadable(error)}") from None
+        raise EadError(f"cannot read the calibration file {shown_path(path)}: {unreadable(error)}") from None
     if not isinstance(data, dict):
-        raise EadError(f"the calibration file {path} is not a JSON object")
+        raise EadError(f"the calibration file {shown_path(path)} is not a JSON object")
     for pair, policies in data.items():
         if not isinstance(policies, dict) or not all(isinstance(entry, dict) for entry in policies.values()):
             shape = "is not an object of policies, each an object"
-            raise EadError(f"the calibration file {path}: {pair!r} {shape}")
+            raise EadError(f"the calibration file {shown_path(path)}: {pair!r} {shape}")
     return data
 
 
@@ -272,7 +272,7 @@ def saved_tau(small: str, large: str, policy: str) -> float | None:
     tau = entry.get("tau")
     if isinstance(tau, bool) or not isinstance(tau, int | float) or not 0 <= tau < math.inf:
         raise EadError(
-            f"the calibration file {path} holds {policy} tau {json.dumps(tau)} for {pair}: "
+            f"the calibration file {shown_path(path)} holds {policy} tau {json.dumps(tau)} for {pair}: "
             "a tau is a finite number of bits, at least 0"
         )
     return float(tau)

@@ -20,7 +20,7 @@ from pathlib import Path
 from .calibrate import with_saved_tau
 from .decoder import Summary, TokenEvent
 from .engine import build_decoder
-from .errors import EadError
+from .errors import EadError, shown_path
 from .options import GenerationOptions, PolicyOptions
 from .paths import write_whole
 from .prompt import (
@@ -124,7 +124,7 @@ class Conversation:
         self._text_model = self.runners[0]  # renders and tokenizes the whole conversation, whoever joins
         if not self._text_model.metadata("tokenizer.chat_template"):
             raise EadError(
-                f"{self._text_model.path.name} has no chat template, which ead chat needs "
+                f"{shown_path(self._text_model.path.name)} has no chat template, which ead chat needs "
                 "(ead generate --raw works without one)",
                 exit_code=2,
             )
@@ -300,6 +300,6 @@ class Conversation:
         try:
             write_whole(path, text)
         except OSError as error:
-            raise EadError(f"cannot write {path}: {error.strerror or error}") from None
+            raise EadError(f"cannot write {shown_path(path)}: {error.strerror or error}") from None
         except ValueError as error:  # a name no file can have: a NUL byte in it
-            raise EadError(f"cannot write {str(path)!r}: {error}") from None
+            raise EadError(f"cannot write {shown_path(path)}: {error}") from None

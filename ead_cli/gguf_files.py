@@ -6,7 +6,7 @@ import re
 import stat
 from pathlib import Path
 
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, shown_path
 from ead_cli.paths import lookup, unreadable
 
 GGUF_MAGIC = b"GGUF"
@@ -44,7 +44,7 @@ def checked_gguf(path: Path) -> Path:
     missing = [str(shard.absolute()) for shard in shards if lookup(shard) is None]
     if missing:
         raise EadError(
-            f"split model {path.name} is missing {len(missing)} of its {len(shards)} shards: "
+            f"split model {shown_path(path.name)} is missing {len(missing)} of its {len(shards)} shards: "
             f"{', '.join(missing)}"
         )
     for shard in shards:
@@ -57,17 +57,17 @@ def _check_gguf_file(path: Path) -> None:
     """Refuse anything but a readable, non-empty regular file that starts with the GGUF magic."""
     found = lookup(path)
     if found is None:
-        raise EadError(f"model file not found: {path}")
+        raise EadError(f"model file not found: {shown_path(path)}")
     if stat.S_ISDIR(found.st_mode):
-        raise EadError(f"model path is a directory, not a GGUF file: {path}")
+        raise EadError(f"model path is a directory, not a GGUF file: {shown_path(path)}")
     if not stat.S_ISREG(found.st_mode):
-        raise EadError(f"model path is not a regular file: {path}")
+        raise EadError(f"model path is not a regular file: {shown_path(path)}")
     try:
         with path.open("rb") as f:
             magic = f.read(len(GGUF_MAGIC))
     except OSError as err:
-        raise EadError(f"cannot read model file ({unreadable(err)}): {path}") from None
+        raise EadError(f"cannot read model file ({unreadable(err)}): {shown_path(path)}") from None
     if not magic:
-        raise EadError(f"model file is empty (0 bytes): {path}")
+        raise EadError(f"model file is empty (0 bytes): {shown_path(path)}")
     if magic != GGUF_MAGIC:
-        raise EadError(f"not a GGUF file (bad magic): {path}")
+        raise EadError(f"not a GGUF file (bad magic): {shown_path(path)}")

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, overload
 
-from .errors import EadError
+from .errors import EadError, shown_path
 
 
 def expand_home(path: str, where: str) -> Path:
@@ -62,7 +62,7 @@ def lookup(path: Path, *, follow_links: bool = True) -> os.stat_result | None:
         return path.stat(follow_symlinks=follow_links)
     except PermissionError as error:
         raise EadError(
-            f"cannot reach {path}: {error.strerror} (a folder on its way is closed to this user)"
+            f"cannot reach {shown_path(path)}: {error.strerror} (a folder on its way is closed to this user)"
         ) from None
     except (OSError, ValueError):  # not there, a dangling or looping link, a NUL in the name
         return None
@@ -184,7 +184,7 @@ def try_writing(folder: Path) -> None:
 
 def cannot_save(path: Path, what: str, error: OSError) -> EadError:
     """One line saying why ``what`` could not be saved to ``path`` (``why_not_saved``)."""
-    return EadError(f"cannot save {what} to {path}: {why_not_saved(path, error)}")
+    return EadError(f"cannot save {what} to {shown_path(path)}: {why_not_saved(path, error)}")
 
 
 def why_not_saved(path: Path, error: OSError) -> str:
@@ -192,15 +192,15 @@ def why_not_saved(path: Path, error: OSError) -> str:
     (mkdir's "File exists" for the folder itself, "Not a directory" for one above it), else the system's
     reason, with the path it names where that is another."""
     if isinstance(error, FileExistsError):
-        return f"{error.filename} is not a folder"
+        return f"{shown_path(error.filename or path)} is not a folder"
     if isinstance(error, NotADirectoryError) and error.filename:
         named = Path(error.filename)
         for place in (*reversed(named.parents), named):
             found = lookup(place)
             if found is not None and not stat.S_ISDIR(found.st_mode):
-                return f"{place} is not a folder"
+                return f"{shown_path(place)} is not a folder"
     if error.filename and error.filename != str(path):
-        return f"{error.strerror} ({error.filename})"
+        return f"{error.strerror} ({shown_path(error.filename)})"
     return str(error.strerror)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from .errors import EadError
+from .errors import EadError, shown_path
 from .runner import Runner
 
 Message = dict[str, Any]  # role and content; with tools, an assistant's tool_calls, a tool's tool_call_id
@@ -73,10 +73,10 @@ def render_chat(
         rendered = formatter(messages=messages, tools=tools).prompt
     except Exception as error:  # the template is a program from the file: whatever it raises is its fault
         raise EadError(
-            f"the chat template of {runner.path.name} failed: {_template_failure(error)}"
+            f"the chat template of {shown_path(runner.path.name)} failed: {_template_failure(error)}"
         ) from None
     if not rendered or rendered.isspace():  # the messages are never empty: a template dropping them is broken
-        raise EadError(f"the chat template of {runner.path.name} rendered no text")
+        raise EadError(f"the chat template of {shown_path(runner.path.name)} rendered no text")
     return rendered
 
 

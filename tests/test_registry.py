@@ -457,7 +457,7 @@ def test_a_name_with_a_newline_or_an_escape_is_refused_in_one_line(tmp_path: Pat
     bad = tmp_path / "two\nlines.gguf"
     bad.write_bytes(b"PK\x03\x04")
     cases = {
-        str(bad): f"error: not a GGUF file (bad magic): {tmp_path}/two\\nlines.gguf",
+        str(bad): f"error: not a GGUF file (bad magic): $'{tmp_path}/two\\nlines.gguf'",
         "qc\n0.5b": "error: unknown model alias 'qc\\n0.5b' (did you mean: qc0.5b, q0.5b?)",
         "ollama:x\ny": "no ollama model 'x\\ny'",
         "zz\x1b[2J": "error: unknown model alias 'zz\\x1b[2J'; see 'ead models list'",

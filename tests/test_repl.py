@@ -427,7 +427,7 @@ def test_text_the_user_typed_comes_back_literally(spawn, tmp_path: Path) -> None
     typed = ":smile:[red]x[/red]"
     child = spawn()
     path = tmp_path / ":smile:[bold]x.json"  # a name holds no '/', so no closing tag
-    assert reply(child, f"/save {path}") == [f"saved 0 turns to {path}"]
+    assert reply(child, f"/save {path}") == [f"saved 0 turns to '{path}'"]
     assert path.exists()
     assert reply(child, f"/{typed}") == [f"error: unknown command '/{typed}' (/help lists the commands)"]
     assert reply(child, f"/temp {typed}") == [f"error: /temp takes a finite number, got '{typed}'"]
@@ -488,7 +488,7 @@ def test_a_file_name_that_cannot_be_is_one_line_and_a_save_counts_its_turns(
     lines = result.stderr.decode().splitlines()
     assert lines[:4] == [
         "error: cannot write ~nouser-ead/x.json: ~nouser-ead is no user's home",
-        "error: cannot write 'a\\x00b.json': embedded null byte",
+        "error: cannot write $'a\\x00b.json': embedded null byte",
         "error: cannot write /: Is a directory",  # had been "PosixPath('/') has an empty name"
         f"saved 0 turns to {tmp_path}/t.json",  # the chat went on
     ]
@@ -645,8 +645,8 @@ def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Pa
         + quoted(f"{tmp_path}/chat.json now"),
         "error: /save takes one file name, quoted as in a shell: no closing quotation in "
         + quoted(f"{tmp_path}/it's.json"),
-        f"saved 1 turn to {tmp_path}/my chat.json",
-        f"saved 1 turn to {tmp_path}/our chat.json",
+        f"saved 1 turn to '{tmp_path}/my chat.json'",
+        f"saved 1 turn to '{tmp_path}/our chat.json'",
         "error: /save takes a file name",
     ]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["my chat.json", "our chat.json"]
@@ -857,7 +857,7 @@ def test_control_characters_the_user_brought_in_are_shown_spelled_not_acted_on(s
     ]
     name = f"a{erase}b.json"
     saved = lines_after_echo(f"/save {tmp_path}/a{quoted}b.json")
-    assert saved == [f"saved 0 turns to {tmp_path}/a\\x1b[2K\\x1b[1Gb.json"]
+    assert saved == [f"saved 0 turns to $'{tmp_path}/a\\x1b[2K\\x1b[1Gb.json'"]
     assert (tmp_path / name).exists()  # the file has the name typed
     assert leave(child) == 0
 

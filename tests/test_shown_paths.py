@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
+from test_cli import assert_one_line_error, ead, pair_args
 
 from ead_cli.errors import shown_path
 
@@ -47,3 +49,43 @@ def test_a_long_path_is_never_cut() -> None:
     """A Hugging Face cache path runs to 150 characters: quoted's cut at 80 would lose its file name."""
     path = "/root/.cache/huggingface/hub/" + "x" * 200 + "/model q4.gguf"
     assert shown_path(path) == f"'{path}'"
+
+
+def _missing_with_a_space_and_a_newline(tmp_path: Path, name: str) -> list[tuple[Path, str]]:
+    return [
+        (tmp_path / f"my {name}", f"'{tmp_path}/my {name}'"),
+        (tmp_path / f"a\n{name}", f"$'{tmp_path}/a\\n{name}'"),
+    ]
+
+
+def test_a_missing_prompts_file_is_named_quoted(tmp_path: Path) -> None:
+    for path, shown in _missing_with_a_space_and_a_newline(tmp_path, "prompts.txt"):
+        result = ead("bench", "prompts", str(path))
+        assert_one_line_error(result, 2, f"cannot read {shown}: No such file or directory")
+
+
+def test_a_missing_catalog_is_named_quoted(tmp_path: Path) -> None:
+    for path, shown in _missing_with_a_space_and_a_newline(tmp_path, "models.toml"):
+        assert_one_line_error(
+            ead("models", "list", "--catalog", str(path)), 1, f"models file not found: {shown}"
+        )
+
+
+def test_a_missing_model_is_named_quoted(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    for path, shown in _missing_with_a_space_and_a_newline(tmp_path, "model.gguf"):
+        args = ["generate", *pair_args(tiny_pair), "--small", str(path), "hi"]
+        assert_one_line_error(ead(*args), 1, f"model file not found: {shown}")
+
+
+def test_a_save_under_a_file_whose_name_has_a_space_names_both_quoted(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "my folder"
+    blocker.write_text("")
+    config = blocker / "calibration.json"
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "4", "--no-check", "--save"]
+    assert_one_line_error(
+        ead(*args, env={"EAD_CONFIG": str(config)}),
+        1,
+        f"cannot save the calibration to '{config}': '{blocker}' is not a folder",
+    )

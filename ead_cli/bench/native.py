@@ -42,7 +42,7 @@ from time import perf_counter
 from typing import Any
 
 from ..decoder import ModelReport, Summary
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..hardware import Repack, repack_choice, server_repack_args
 from ..options import GenerationOptions
 from ..remote import RemoteError, RemoteRunner, built_server
@@ -61,10 +61,11 @@ def server_binary() -> Path:
     too, before any model loads; EAD_CACHE moves where it is looked for)."""
     binary = built_server()
     if not binary.is_file():
-        raise EadError(f"no llama-server at {binary}: ./scripts/build_llama_server.sh builds it")
+        raise EadError(f"no llama-server at {shown_path(binary)}: ./scripts/build_llama_server.sh builds it")
     if not os.access(binary, os.X_OK):
         raise EadError(
-            f"llama-server at {binary} cannot run (not executable): ./scripts/build_llama_server.sh builds it"
+            f"llama-server at {shown_path(binary)} cannot run (not executable): "
+            "./scripts/build_llama_server.sh builds it"
         )
     return binary
 
@@ -105,7 +106,7 @@ def llama_server(
                 preexec_fn=dying_with_this_process(),  # not left serving by a bench killed outright
             )
         except OSError as error:
-            raise EadError(f"cannot start llama-server at {binary}: {error.strerror}") from None
+            raise EadError(f"cannot start llama-server at {shown_path(binary)}: {error.strerror}") from None
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not (found := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", log.read_bytes())):

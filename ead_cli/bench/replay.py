@@ -20,7 +20,7 @@ from typing import Any
 
 from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
-from ..errors import EadError, cut, quoted
+from ..errors import EadError, cut, quoted, shown_path
 from ..options import ModelOptions
 from ..paths import is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
@@ -79,13 +79,16 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
     """The config and the samples to replay: every sample with a schedule, or the named strategies
     (each must have one); each read whole here, before any model loads."""
     if not path.exists():
-        raise EadError(f"{path} does not exist: give a bench's results.jsonl or its --out folder", 2)
+        raise EadError(
+            f"{shown_path(path)} does not exist: give a bench's results.jsonl or its --out folder", 2
+        )
     config, records = read_results(path)
     if config is None or not records:
-        raise EadError(f"no samples in {path}", exit_code=2)
+        raise EadError(f"no samples in {shown_path(path)}", exit_code=2)
     if not config.get("tokenizer"):
         raise EadError(
-            f"{path} was recorded without a tokenizer fingerprint (by an older ead): run the bench again",
+            f"{shown_path(path)} was recorded without a tokenizer fingerprint (by an older ead): "
+            "run the bench again",
             exit_code=2,
         )
     _check_config(path, config)
@@ -93,13 +96,15 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
     if strategies is None:
         chosen = [record for record in records if record.get("schedule") is not None]
         if not chosen:
-            raise EadError(f"no sample in {path} has a schedule to replay", exit_code=2)
+            raise EadError(f"no sample in {shown_path(path)} has a schedule to replay", exit_code=2)
     else:
         known = {record["strategy"] for record in records}
         for name in strategies:
             if name not in known:
                 raise EadError(
-                    f"--strategies: {quoted(name)} is not in {path} (it has: {', '.join(sorted(known))})", 2
+                    f"--strategies: {quoted(name)} is not in {shown_path(path)} (it has: "
+                    f"{', '.join(sorted(known))})",
+                    2,
                 )
         chosen = [record for record in records if record["strategy"] in set(strategies)]
         for record in chosen:
@@ -129,7 +134,7 @@ def _check_config(path: Path, config: Record) -> None:
         problem = f"tokenizer is {cut(json.dumps(tokenizer))}, not a token count and a fingerprint"
     else:
         return
-    raise EadError(f"{path}'s config record is not one ead bench writes: {problem}", 2)
+    raise EadError(f"{shown_path(path)}'s config record is not one ead bench writes: {problem}", 2)
 
 
 def _is_ratio(value: Any) -> bool:
@@ -311,7 +316,7 @@ def replay_bench(
     """Replay a results file's schedules on these models; write and return the report (replay.json)."""
     config, records = select_records(path, strategies)
     if is_dir(out / REPLAY_FILE):  # said now, not once the whole replay has run
-        raise EadError(f"cannot save the replay report to {out / REPLAY_FILE}: it is a folder", 2)
+        raise EadError(f"cannot save the replay report to {shown_path(out / REPLAY_FILE)}: it is a folder", 2)
     runners = load_runners(model_options, progress=progress)
     try:
         check_models(config, runners)
@@ -356,12 +361,14 @@ def read_report(path: Path) -> tuple[dict[str, Any], list[ReplayedStrategy]]:
     try:
         report = json.loads(read_file(file))
     except OSError as error:
-        raise EadError(f"cannot read {file}: {unreadable(error)}", 2) from None
+        raise EadError(f"cannot read {shown_path(file)}: {unreadable(error)}", 2) from None
     except (ValueError, RecursionError) as error:
-        raise EadError(f"{file} is not a replay report (ead bench replay): {unreadable(error)}", 2) from None
+        raise EadError(
+            f"{shown_path(file)} is not a replay report (ead bench replay): {unreadable(error)}", 2
+        ) from None
     problem = _report_problem(report)
     if problem:
-        raise EadError(f"{file} is not a replay report (ead bench replay): {problem}", 2)
+        raise EadError(f"{shown_path(file)} is not a replay report (ead bench replay): {problem}", 2)
     names = [field.name for field in fields(ReplayedStrategy)]
     rows = [_with_passes(row) for row in report["strategies"]]
     return report, [ReplayedStrategy(**{name: row[name] for name in names}) for row in rows]
@@ -385,7 +392,11 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
         models, theirs = replayed_models(first), replayed_models(report)
         if models is not None and theirs is not None and models != theirs:
             names, given = (" and ".join(str(name) for name, _ in pair) for pair in (theirs, models))
-            raise EadError(f"{path} is not a repeat of {first_path} (replayed on {names}, not {given})", 2)
+            raise EadError(
+                f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (replayed on {names}, "
+                f"not {given})",
+                2,
+            )
     recorded: dict[tuple[str, str], tuple[Path, tuple[Any, Any]]] = {}
     for path, report in runs:
         for sample in report.get("samples", []):
@@ -394,7 +405,8 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
             seen_path, seen = recorded.setdefault((strategy, task), (path, figures))
             if seen != figures:
                 raise EadError(
-                    f"{path} replays {strategy} on {task} as recorded otherwise than {seen_path}: "
+                    f"{shown_path(path)} replays {strategy} on {task} as recorded otherwise than "
+                    f"{shown_path(seen_path)}: "
                     "not a repeat",
                     exit_code=2,
                 )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..compat import tokenizer_record
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
 from ..paths import is_file, lookup, read_file_text, try_writing, unreadable, why_not_saved, written_in_place
 from ..runner import Runner, gpu_layers, gpu_offload_available
@@ -129,7 +129,10 @@ def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> N
     for path, config, _ in runs[1:]:
         if config != first_config:
             detail = differing(first_config or {}, config or {})
-            raise EadError(f"{path} is not a repeat of {first_path} (differs in: {detail})", exit_code=2)
+            raise EadError(
+                f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (differs in: {detail})",
+                exit_code=2,
+            )
     check_same_tasks([(path, tasks_by_strategy(records)) for path, _, records in runs])
 
 
@@ -142,7 +145,9 @@ def check_same_tasks(runs: Sequence[tuple[Path, dict[str, set[str]]]]) -> None:
             first_path, first_tasks = first.setdefault(strategy, (path, tasks))
             if first_tasks != tasks:
                 raise EadError(
-                    f"{path} ran {strategy} on other tasks than {first_path}: not a repeat", exit_code=2
+                    f"{shown_path(path)} ran {strategy} on other tasks than {shown_path(first_path)}: not "
+                    "a repeat",
+                    exit_code=2,
                 )
 
 
@@ -160,16 +165,18 @@ def check_out(path: Path, *, folder: bool) -> None:
     made or written to, is one line, not a traceback once the run is done. Tried, then left as it was:
     a bench refused later makes no folder."""
     if folder and path.exists() and not path.is_dir():
-        raise EadError(f"{path} is a file: results go to a folder", exit_code=2)
+        raise EadError(f"{shown_path(path)} is a file: results go to a folder", exit_code=2)
     if not folder and path.is_dir():
-        raise EadError(f"{path} is a folder: the figures go to a file", exit_code=2)
+        raise EadError(f"{shown_path(path)} is a folder: the figures go to a file", exit_code=2)
     if not folder and written_in_place(path):  # /dev/stdout: nothing is written beside it
         return
     target = path if folder else Path(os.path.realpath(path)).parent  # a link's file goes beside its target
     try:
         try_writing(target)
     except OSError as error:
-        raise EadError(f"cannot write to {target}: {why_not_saved(target, error)}", exit_code=2) from None
+        raise EadError(
+            f"cannot write to {shown_path(target)}: {why_not_saved(target, error)}", exit_code=2
+        ) from None
 
 
 PHASES = ("prefill", "decode", "catchup")  # what a model's figures are counted by in a sample record
@@ -240,7 +247,9 @@ def check_sample(record: Record) -> None:
 def unreadable_record(path: Path, error: Exception) -> EadError:
     """A sample record edited or damaged past reading (a key missing, a figure of the wrong type): one
     line naming its file, where the traceback of the first read of it would have been."""
-    return EadError(f"{path} holds a sample record ead cannot read ({type(error).__name__}: {error})", 2)
+    return EadError(
+        f"{shown_path(path)} holds a sample record ead cannot read ({type(error).__name__}: {error})", 2
+    )
 
 
 def non_finite(value: Any, name: str = "") -> tuple[str, float] | None:
@@ -263,11 +272,12 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     if lookup(path) is None:
         return None, []
     if not is_file(path):
-        raise EadError(f"{path} is not a file: a bench keeps its results in one; move it away", exit_code=2)
+        message = f"{shown_path(path)} is not a file: a bench keeps its results in one; move it away"
+        raise EadError(message, exit_code=2)
     try:
         text = read_file_text(path)
     except (OSError, UnicodeDecodeError) as error:
-        raise EadError(f"cannot read {path}: {unreadable(error)}") from None
+        raise EadError(f"cannot read {shown_path(path)}: {unreadable(error)}") from None
     # split at newlines alone: records are written unescaped, so a text may hold U+2028 or a form feed,
     # which splitlines() splits at; the last piece is empty, or a write cut short by a kill
     lines = text.split("\n")[:-1]
@@ -279,20 +289,24 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
             records.append(json.loads(line))
             not_finite = non_finite(records[-1])
         except (json.JSONDecodeError, RecursionError):  # nested past Python's limit: not JSON ead reads
-            raise EadError(f"{path} line {number} is not JSON: move the file away to start over") from None
+            raise EadError(
+                f"{shown_path(path)} line {number} is not JSON: move the file away to start over"
+            ) from None
         if not isinstance(records[-1], dict):  # first: a bare NaN has no field to name
-            raise EadError(f"{path} line {number} is not a record (a JSON object)")
+            raise EadError(f"{shown_path(path)} line {number} is not a record (a JSON object)")
         if not_finite is not None:  # Python's json reads NaN, Infinity and 1e999: ead writes none of them
             field, value = not_finite
-            raise EadError(f"{path} line {number}: {field} is {value}, not a finite number")
+            raise EadError(f"{shown_path(path)} line {number}: {field} is {value}, not a finite number")
     if not records:
         return None, []
     if records[0].get("type") != "config":
-        raise EadError(f"{path} does not start with a config record: move the file away to start over")
+        raise EadError(
+            f"{shown_path(path)} does not start with a config record: move the file away to start over"
+        )
     written = records[0].get("format")
     if written != FORMAT_VERSION:  # its records may mean other things under the same keys
         what = "no format" if written is None else f"format {written!r}"
-        raise EadError(f"{path} holds results of {what}; this ead reads format {FORMAT_VERSION}")
+        raise EadError(f"{shown_path(path)} holds results of {what}; this ead reads format {FORMAT_VERSION}")
     # a file written before the config held the tests' time limit ran under its default (or was resumed
     # under another, unsaid): read as the default's, so that it stays a repeat and resumable as it was
     config = {**records[0], "timeout_s": records[0].get("timeout_s", SAMPLE_TIMEOUT_S)}
@@ -305,7 +319,7 @@ def open_to_append(path: Path) -> TextIO:
     try:
         return open(path, "a", encoding="utf-8")
     except OSError as error:
-        raise EadError(f"cannot write to {path}: {error.strerror}", exit_code=2) from None
+        raise EadError(f"cannot write to {shown_path(path)}: {error.strerror}", exit_code=2) from None
 
 
 def hold_results(handle: TextIO, path: Path) -> None:
@@ -314,7 +328,7 @@ def hold_results(handle: TextIO, path: Path) -> None:
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        message = f"another bench is writing {path}: wait for it to end, or use another --out"
+        message = f"another bench is writing {shown_path(path)}: wait for it to end, or use another --out"
         raise EadError(message, exit_code=2) from None
 
 
@@ -332,7 +346,8 @@ class Results:
                 stored = {key: config[key] for key in RUN_KEYS} | stored
             if stored is not None and stored != config:
                 raise EadError(
-                    f"{path} holds results of another setup (differs in: {differing(config, stored)}); "
+                    f"{shown_path(path)} holds results of another setup (differs in: "
+                    f"{differing(config, stored)}); "
                     f"use another --out or move the file away",
                     exit_code=2,
                 )

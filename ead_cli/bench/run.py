@@ -18,7 +18,7 @@ from typing import Any
 
 from ..decoder import Summary
 from ..engine import build_decoder, close_all, load_runners
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..options import (
     SAMPLE_TIMEOUT_S,
     GenerationOptions,
@@ -159,7 +159,9 @@ class Bench:
         # a replay's own folder: results.jsonl beside it would make the replay unreportable; beside results
         # (where bench replay writes by default) it is no bar to resuming them
         if lookup(self.out / REPLAY_FILE) is not None and lookup(self.out / RESULTS_FILE) is None:
-            raise EadError(f"{self.out} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
+            raise EadError(
+                f"{shown_path(self.out)} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2
+            )
         check_out(self.out, folder=True)
         check_resumable(self.out / RESULTS_FILE)
         check_report_files(self.out)

@@ -49,7 +49,7 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..options import SAMPLE_TIMEOUT_S
 from .tasks import Task
 
@@ -195,8 +195,9 @@ def _program_user(executable: str) -> tuple[User | None, str | None]:
         ended = "no answer in time" if probe.returncode is None else f"exit status {probe.returncode}"
         reason = _last_line(probe.stderr) or ended
     return None, (
-        f"note: the programs run as root: {nobody.name} cannot run {executable} here ({reason}); with a "
-        f"Python {nobody.name} can run, they would run as {nobody.name}, away from root's files and processes"
+        f"note: the programs run as root: {nobody.name} cannot run {shown_path(executable)} here "
+        f"({reason}); with a Python {nobody.name} can run, they would run as {nobody.name}, away from root's "
+        "files and processes"
     )
 
 

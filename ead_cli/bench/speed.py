@@ -32,7 +32,7 @@ from time import perf_counter
 from typing import Any
 
 from ..engine import close_all, load_runners
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..gguf_files import shard_paths
 from ..options import ModelOptions
 from ..paths import same_file
@@ -341,18 +341,24 @@ def check_replayed_models(path: Path, report: Mapping[str, Any], runners: Sequen
             " and ".join(f"{name} ({size} bytes)" if sized else str(name) for name, size in pair)
             for pair in (replayed, measured)
         )
-        raise EadError(f"{file} is a replay on {names}, not {given}: check it with the models it ran on", 2)
+        raise EadError(
+            f"{shown_path(file)} is a replay on {names}, not {given}: check it with the models it ran on", 2
+        )
 
 
 def check_not_read(out: Path, read: Sequence[Path]) -> None:
     """--json naming a model or the replay checked would replace it with the figures: refused."""
     if any(same_file(out, path) for path in read):
-        raise EadError(f"--json {out} is a file ead bench speed reads: write the figures to another", 2)
+        raise EadError(
+            f"--json {shown_path(out)} is a file ead bench speed reads: write the figures to another", 2
+        )
 
 
 def read_replay(path: Path) -> dict[str, Any]:
     """A replay report (replay.json, or the folder holding it) of a pair: what the cost model prices."""
     report, strategies = read_report(path)
     if any(len(row.batches) != 2 for row in strategies):
-        raise EadError(f"{path} is a replay of {len(strategies[0].batches)} models, not of a pair", 2)
+        raise EadError(
+            f"{shown_path(path)} is a replay of {len(strategies[0].batches)} models, not of a pair", 2
+        )
     return report

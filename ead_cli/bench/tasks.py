@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EadError, quoted
+from ..errors import EadError, quoted, shown_path
 from ..paths import read_file_text, unreadable
 from ..prompt import check_fits, check_prompt_text, encode_prompt, render_chat
 from ..runner import Runner
@@ -189,7 +189,7 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
         text = read_file_text(path).removeprefix("\ufeff")
         lines = [line.removesuffix("\r") for line in text.split("\n")]
     except (OSError, UnicodeDecodeError) as error:
-        raise EadError(f"cannot read {path}: {unreadable(error)}", exit_code=2) from None
+        raise EadError(f"cannot read {shown_path(path)}: {unreadable(error)}", exit_code=2) from None
     prompts: list[str] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -201,12 +201,14 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
             except (json.JSONDecodeError, RecursionError):  # nested past Python's limit
                 row = None
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                raise EadError(f'{path} line {number}: not a JSON object with a "prompt" string', exit_code=2)
+                raise EadError(
+                    f'{shown_path(path)} line {number}: not a JSON object with a "prompt" string', exit_code=2
+                )
             prompt = row["prompt"]
         try:  # an empty one, a NUL byte: named by its line now, not once the models have loaded
             prompts.append(check_prompt_text(prompt))
         except EadError as error:
-            raise EadError(f"{path} line {number}: {error}", exit_code=2) from None
+            raise EadError(f"{shown_path(path)} line {number}: {error}", exit_code=2) from None
     if not prompts:
-        raise EadError(f"no prompts in {path}", exit_code=2)
+        raise EadError(f"no prompts in {shown_path(path)}", exit_code=2)
     return prompts[:limit]

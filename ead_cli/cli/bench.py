@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
-from ..errors import EadError, quoted
+from ..errors import EadError, quoted, shown_path
 from ..option_table import BENCH, OPTIONS, DecodingOption, on
 from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
@@ -206,11 +206,15 @@ def bench_report(
 
     for folder in folders:
         if not is_dir(folder):
-            raise EadError(f"{folder} is not a folder: give a bench's or a replay's --out", exit_code=2)
+            raise EadError(
+                f"{shown_path(folder)} is not a folder: give a bench's or a replay's --out", exit_code=2
+            )
         if lookup(folder / RESULTS_FILE) is None and lookup(folder / REPLAY_FILE) is None:
             # said of the folder: it had been "no samples in FOLDER/results.jsonl", a file it does not hold
             what = f"{RESULTS_FILE} or {REPLAY_FILE}"
-            raise EadError(f"{folder} holds no {what}: give a bench's or a replay's --out", exit_code=2)
+            raise EadError(
+                f"{shown_path(folder)} holds no {what}: give a bench's or a replay's --out", exit_code=2
+            )
     check_distinct(folders)
     kinds = {is_file(f / REPLAY_FILE) and lookup(f / RESULTS_FILE) is None for f in folders}
     if len(kinds) > 1:
@@ -226,7 +230,7 @@ def bench_report(
         runs = []
         for path, _, records in read:
             if not records:
-                raise EadError(f"no samples in {path}", exit_code=2)
+                raise EadError(f"no samples in {shown_path(path)}", exit_code=2)
             runs.append(aggregate_read(path, records))
         check_repeats(read)
         if len(runs) == 1:
@@ -241,7 +245,7 @@ def bench_report(
     typer.echo(table, nl=False)
     if median is not None:
         also = "" if replays else " and each folder's report"
-        stderr.print(f"wrote {median}{also}", style="dim", soft_wrap=True)
+        stderr.print(f"wrote {shown_path(median)}{also}", style="dim", soft_wrap=True)
 
 
 @bench_app.command("replay")
@@ -292,7 +296,7 @@ def bench_replay(
     )
     print_rows(columns, report["strategies"])
     stderr.print(report["note"], style="dim")
-    stderr.print(f"wrote {(out or path.parent) / REPLAY_FILE}", style="dim", soft_wrap=True)
+    stderr.print(f"wrote {shown_path((out or path.parent) / REPLAY_FILE)}", style="dim", soft_wrap=True)
 
 
 @bench_app.command("speed")
@@ -406,6 +410,6 @@ def _show_report(folder: Path, aggregates: list[Aggregate]) -> None:
     files = write_report(folder, aggregates)
     print_figures(*report_table(aggregates))
     written = [files.csv, files.markdown, *([files.plot] if files.plot else [])]
-    stderr.print(f"wrote {', '.join(str(path) for path in written)}", style="dim", soft_wrap=True)
+    stderr.print(f"wrote {', '.join(shown_path(path) for path in written)}", style="dim", soft_wrap=True)
     if files.note:
         stderr.print(files.note, style="dim")

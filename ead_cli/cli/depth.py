@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from ..depth import CALIBRATION_TOKENS
-from ..errors import EadError, counted
+from ..errors import EadError, counted, shown_path
 from ..options import check_max_tokens
 from .groups import (
     Ctx,
@@ -110,7 +110,7 @@ def depth_calibrate(
     for layer, raw, smooth in zip(profile.probes, profile.raw, profile.smooth, strict=True):
         table.add_row(str(layer), f"{raw:.3f}", f"{smooth:.3f}")
     print_table(table)
-    stderr.print(f"{profile.tokens} tokens of {profile.corpus} · saved {path}", soft_wrap=True)
+    stderr.print(f"{profile.tokens} tokens of {profile.corpus} · saved {shown_path(path)}", soft_wrap=True)
 
 
 @depth_app.command("generate")
@@ -251,16 +251,20 @@ def depth_eval(
     if out is not None:
         found = lookup(out) is not None
         if found and not is_file(out):  # a device was read for previous figures: /dev/zero until OOM
-            raise EadError(f"--out {out} is not a file: the figures go to a JSON file, the plot beside it", 2)
+            raise EadError(
+                f"--out {shown_path(out)} is not a file: the figures go to a JSON file, the plot beside it", 2
+            )
         if out.with_suffix(".png") == out:  # the plot would be written over the figures
-            raise EadError(f"--out {out} is where the plot goes: name the figures' JSON file", 2)
+            raise EadError(f"--out {shown_path(out)} is where the plot goes: name the figures' JSON file", 2)
         if is_dir(out.with_suffix(".png")):
-            raise EadError(f"cannot save the plot to {out.with_suffix('.png')}: it is a folder", 2)
+            raise EadError(
+                f"cannot save the plot to {shown_path(out.with_suffix('.png'))}: it is a folder", 2
+            )
         try:
             text = read_file_text(out) if found else ""
             previous = json.loads(text) if text.strip() else None  # empty (mktemp's): nothing to reuse
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-            raise EadError(f"cannot read {out}: {unreadable(error)}", exit_code=2) from None
+            raise EadError(f"cannot read {shown_path(out)}: {unreadable(error)}", exit_code=2) from None
         check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval
     else:  # the tables and the verdict are all it leaves
         check_stdout("the evaluation")
@@ -303,7 +307,11 @@ def depth_eval(
     )
     print_rows(stop_columns, result.get("stop_timing", []))
     if out is not None:
-        stderr.print(why or f"wrote {out} and {out.with_suffix('.png')}", style="dim", soft_wrap=True)
+        stderr.print(
+            why or f"wrote {shown_path(out)} and {shown_path(out.with_suffix('.png'))}",
+            style="dim",
+            soft_wrap=True,
+        )
     print(result["verdict"])
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..options import ModelOptions, PolicyOptions, check_max_tokens
 from .groups import (
     DECODING_OPTIONS,
@@ -248,7 +248,9 @@ def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -
 
     options, applied = calibration.with_saved_tau(options, runners)
     if applied and announce:
-        say_progress(f"tau {options.tau:.3f}: calibrated for this pair ({config_file()}); --tau overrides")
+        say_progress(
+            f"tau {options.tau:.3f}: calibrated for this pair ({shown_path(config_file())}); --tau overrides"
+        )
     return options
 
 
@@ -320,7 +322,7 @@ def calibrate(
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
         print_table(table)
         if saving is not None:
-            say_progress(f"saved to {path}")
+            say_progress(f"saved to {shown_path(path)}")
     finally:
         close_all(runners)
     if failures:  # the others are shown (and saved): one line for the first that could not be calibrated

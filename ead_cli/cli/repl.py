@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..chat import ContextFull, Conversation, Turn
-from ..errors import EadError, counted, quoted
+from ..errors import EadError, counted, quoted, shown_path
 from ..option_table import CHAT, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
 from ..paths import BOM, MAX_READ_BYTES, expand_home, folder_ending
@@ -353,10 +353,10 @@ class Repl:
         if not name:  # nothing, or "" (which would name the current folder)
             raise EadError("/save takes a file name")
         if why := folder_ending(name):
-            raise EadError(f"cannot write {name}: {why}")
+            raise EadError(f"cannot write {shown_path(name)}: {why}")
         path = expand_home(name, f"cannot write {name}")
         self.conversation.save(path)
-        self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {path}")
+        self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {shown_path(path)}")
 
     def _help(self, argument: str) -> None:
         for name, (_, usage, description) in self.commands.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..paths import read_file_text, unreadable
 from ..runner import Runner
 from .profile import PROMPT_ROWS, WINDOW
@@ -38,7 +38,7 @@ def read_corpus(spec: Sequence[str]) -> tuple[list[str], str]:
         try:
             texts.append(read_file_text(path))
         except (OSError, UnicodeDecodeError) as error:
-            raise EadError(f"cannot read corpus file {item}: {unreadable(error)}", 2) from None
+            raise EadError(f"cannot read corpus file {shown_path(item)}: {unreadable(error)}", 2) from None
     texts = [text for text in texts if text.strip()]
     if not texts:
         raise EadError(f"the corpus {','.join(spec)} is empty", 2)

@@ -13,7 +13,7 @@ from time import perf_counter
 
 import numpy as np
 
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..paths import same_file, save_text
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
@@ -35,7 +35,9 @@ def check_out(out: Path, model: Path) -> None:
     replaced with the evaluation, the profile lost: refused, as bench speed refuses a --json it reads."""
     if same_file(out, profile_file(model)):
         raise EadError(
-            f"--out {out} is the depth profile ead depth eval reads: write the figures to another file", 2
+            f"--out {shown_path(out)} is the depth profile ead depth eval reads: write the figures to "
+            "another file",
+            2,
         )
 
 

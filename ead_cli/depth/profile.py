@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..paths import config_file, read_file_text, save_json, unreadable
 from .readout import (
     file_digest,
@@ -204,19 +204,22 @@ def load_profile(model: Path, path: Path | None = None) -> Profile:
         path = profile_file(model)
     if not path.exists():
         raise EadError(
-            f"no depth profile for {model.name} (looked for {path}): run ead depth calibrate {model}"
+            f"no depth profile for {shown_path(model.name)} (looked for {shown_path(path)}): run ead "
+            f"depth calibrate {shown_path(model)}"
         )
     try:
         data = json.loads(read_file_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise EadError(f"cannot read the depth profile {path}: {unreadable(error)}") from None
+        raise EadError(f"cannot read the depth profile {shown_path(path)}: {unreadable(error)}") from None
     if not isinstance(data, dict):
         raise EadError(
-            f"the depth profile {path} is corrupt (not a JSON object): run ead depth calibrate again"
+            f"the depth profile {shown_path(path)} is corrupt (not a JSON object): run ead depth "
+            "calibrate again"
         )
-    profile = Profile.from_json(data, str(path))
+    profile = Profile.from_json(data, shown_path(path))
     if profile.digest != file_digest(model):
         raise EadError(
-            f"the depth profile {path} was made for another model file ({profile.model}): calibrate again"
+            f"the depth profile {shown_path(path)} was made for another model file ({profile.model}): "
+            "calibrate again"
         )
     return profile

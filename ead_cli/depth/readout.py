@@ -22,7 +22,7 @@ import gguf
 import llama_cpp
 import numpy as np
 
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..gguf_files import shard_paths
 from ..paths import cannot_save, check_can_save
 
@@ -125,8 +125,8 @@ def load_head(path: Path) -> HeadWeights:
     blocks = fields.get(f"{arch}.block_count")
     if norm is None or matrix is None or eps_field is None or blocks is None:
         raise EadError(
-            f"{path.name} has no usable readout (needs output_norm.weight, an output or token embedding "
-            "matrix and an RMSNorm epsilon): ead depth reads hidden states out through them"
+            f"{shown_path(path.name)} has no usable readout (needs output_norm.weight, an output or token "
+            "embedding matrix and an RMSNorm epsilon): ead depth reads hidden states out through them"
         )
     n_embd, n_vocab = (int(n) for n in matrix.shape[:2])
     return HeadWeights(
