@@ -188,9 +188,12 @@ def test_calibrate_refuses_bad_settings_before_loading(
 def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """A calibration whose result could not be saved never starts: one line, and no table on stdout."""
+    """A calibration whose result could not be saved never starts: one line, and no table on stdout. Paths
+    that need quotes in a shell are shown quoted (``shown_path``)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    spaced = tmp_path / "my folder"
+    spaced.write_text("")
     garbled = tmp_path / "garbled.json"
     garbled.write_text("{not json")
     args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "4", "--no-check", "--save"]
@@ -201,11 +204,12 @@ def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
         ),
         (blocker / "sub" / "calibration.json", f"calibration.json: {blocker} is not a folder"),
         (garbled, f"cannot read the calibration file {garbled}"),
+        (spaced / "calibration.json", f"to '{spaced}/calibration.json': '{spaced}' is not a folder"),
     ]:
         result = ead(*args, env={"EAD_CONFIG": str(config)})
         assert_one_line_error(result, 1, fragment)
     assert garbled.read_text() == "{not json"  # left as it was
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json", "my folder"]
 
 
 def test_a_calibration_refused_after_its_save_was_checked_leaves_no_folder(

@@ -75,17 +75,3 @@ def test_a_missing_model_is_named_quoted(tiny_pair: tuple[Path, Path], tmp_path:
     for path, shown in _missing_with_a_space_and_a_newline(tmp_path, "model.gguf"):
         args = ["generate", *pair_args(tiny_pair), "--small", str(path), "hi"]
         assert_one_line_error(ead(*args), 1, f"model file not found: {shown}")
-
-
-def test_a_save_under_a_file_whose_name_has_a_space_names_both_quoted(
-    tiny_pair: tuple[Path, Path], tmp_path: Path
-) -> None:
-    blocker = tmp_path / "my folder"
-    blocker.write_text("")
-    config = blocker / "calibration.json"
-    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "4", "--no-check", "--save"]
-    assert_one_line_error(
-        ead(*args, env={"EAD_CONFIG": str(config)}),
-        1,
-        f"cannot save the calibration to '{config}': '{blocker}' is not a folder",
-    )
