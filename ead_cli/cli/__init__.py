@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import inspect
-import itertools
 import os
 import re
 import signal
@@ -19,7 +18,7 @@ from typing import Annotated
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import TyperException
 
 from .. import __version__
@@ -191,10 +190,10 @@ def _cut_echoes(message: str, argv: list[str]) -> str:
     return re.sub(pattern, lambda echo: quoted(echoes[echo.group()]), message)
 
 
-TYPOGRAPHIC_DASHES = "\u2013\u2014"  # en and em dash: what a word processor or a web page makes of "--"
+TYPOGRAPHIC_DASHES = ("\u2013", "\u2014")  # en and em dash: what a word processor or a web page makes of "--"
 
 
-def _option_names(command: click.Command) -> set[str]:
+def _option_names(command: TyperCommand | TyperGroup) -> set[str]:
     """Every option's spellings, of ``command`` and of every command under it."""
     names = {name for parameter in command.params for name in (*parameter.opts, *parameter.secondary_opts)}
     for subcommand in command.commands.values() if isinstance(command, TyperGroup) else ():
@@ -204,14 +203,34 @@ def _option_names(command: click.Command) -> set[str]:
 
 def _dashed_option(root: TyperGroup, argv: list[str]) -> str | None:
     """For an option pasted with a typographic dash (``\u2014small``, ``\u2013-max-tokens``), which click
-    took for the prompt or an extra argument, the option meant. Arguments after ``--`` are text."""
+    took for the prompt or an extra argument, the option meant. Only where click reads an option's name:
+    an option's value (``--stop \u2014small``) and what follows ``--`` are text."""
     names = _option_names(root)
-    for given in itertools.takewhile(lambda argument: argument != "--", argv):
-        if given[:1] in TYPOGRAPHIC_DASHES:
-            meant = "--" + given.partition("=")[0].lstrip("-" + TYPOGRAPHIC_DASHES)
+    command: TyperCommand | TyperGroup = root
+    words = iter(argv)
+    for given in words:
+        if given == "--":
+            break
+        if given.startswith(TYPOGRAPHIC_DASHES):
+            meant = "--" + given.partition("=")[0].lstrip("-" + "".join(TYPOGRAPHIC_DASHES))
             if meant in names:
                 return f"{quoted(given)} starts with a typographic dash, not '--': did you mean {meant}?"
+        elif given.startswith("-"):
+            for _ in range(_values_taken(command, given)):
+                next(words, None)
+        elif isinstance(command, TyperGroup):
+            command = command.commands.get(given, command)
     return None
+
+
+def _values_taken(command: TyperCommand | TyperGroup, given: str) -> int:
+    """How many of the arguments after the option ``given`` click reads as its value, as they are ('--'
+    too): one after ``--stop``, none after a flag, ``--stop=X`` or an option ``command`` does not have."""
+    name, equals, _ = given.partition("=")
+    for parameter in command.params:
+        if isinstance(parameter, TyperOption) and name in parameter.opts and not equals:
+            return 0 if parameter.is_flag else parameter.nargs
+    return 0
 
 
 def _where_it_goes(root: TyperGroup, option: str | None, context: typer.Context | None) -> str | None:
