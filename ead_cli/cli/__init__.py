@@ -204,7 +204,10 @@ def _option_names(command: TyperCommand | TyperGroup) -> set[str]:
 def _dashed_option(root: TyperGroup, argv: list[str]) -> str | None:
     """For an option pasted with a typographic dash (``\u2014small``, ``\u2013-max-tokens``), which click
     took for the prompt or an extra argument, the option meant. Only where click reads an option's name:
-    an option's value (``--stop \u2014small``) and what follows ``--`` are text."""
+    an option's value (``--stop \u2014small``) and what follows ``--`` are text. The commands' options are
+    gathered only when an argument starts with such a dash, not at every start."""
+    if not any(given.startswith(TYPOGRAPHIC_DASHES) for given in argv):
+        return None
     names = _option_names(root)
     command: TyperCommand | TyperGroup = root
     words = iter(argv)
