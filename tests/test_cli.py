@@ -23,9 +23,10 @@ import typer
 from typer.core import TyperGroup
 from typer.testing import CliRunner
 
-from ead_cli.cli import app
+from ead_cli.cli import app, refuse_help_without_stdout
 from ead_cli.cli.output import say_progress
 from ead_cli.cli.render import spell_controls
+from ead_cli.errors import EadError
 
 EAD = str(Path(sys.executable).with_name("ead"))
 ANSI = "\x1b["
@@ -444,21 +445,51 @@ def test_closed_standard_streams(tiny_pair: tuple[Path, Path]) -> None:
 @pytest.mark.parametrize(
     ("args", "what"),
     [
-        (["--help"], "the help"),
         (["--version"], "the version"),
-        (["generate", "--help"], "the help"),
-        (["models", "--help"], "the help"),
-        (["models", "pull", "--help"], "the help"),
-        (["bench", "humaneval", "--help"], "the help"),
         (["--no-color", "depth", "eval", "--help"], "the help"),
     ],
 )
 def test_help_and_version_with_stdout_closed_say_so(args: list[str], what: str) -> None:
     """``ead --help >&-`` had printed nothing, exit 0: with nowhere to show it, one line, as every command
-    says it."""
+    says it. Every command's help: ``test_every_commands_help_with_stdout_closed_says_so``."""
     line = f"{shlex.join([EAD, *args])} >&-"
     closed = subprocess.run(["bash", "-c", line], capture_output=True, timeout=120)
     assert_one_line_error(closed, 1, f"cannot write {what}: stdout is closed")
+
+
+def test_the_help_refused_is_the_help_option_click_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The help option wrapped is the one click makes when it runs a command: each command's context made
+    as click makes it (the command's context class and settings, its parent's), and click keeps the first
+    help option it makes. A bare click.Context had made a '--help' alone, so '-h', which an app's settings
+    give every command, was 'No such option: -h' with stdout closed."""
+    two = typer.Typer(context_settings={"help_option_names": ["-h", "--help"]})
+    two.command("first")(lambda: None)
+    two.command("second")(lambda: None)
+    command = typer.main.get_command(two)
+    refuse_help_without_stdout(command)
+    monkeypatch.setattr(sys, "stdout", None)  # what Python makes of a stdout the shell closed
+    for args in (["-h"], ["second", "-h"], ["second", "--help"]):
+        with pytest.raises(EadError, match=r"^cannot write the help: stdout is closed$"):
+            command.main(args=args, prog_name="two", standalone_mode=False)
+
+
+RUN_WITHOUT_CLICK = (
+    "import sys, typer.main; sys.modules.setdefault('click', None); import ead_cli.cli; ead_cli.cli.main()"
+)
+
+
+def test_the_command_line_needs_no_click_beside_typer() -> None:
+    """typer 0.2x carries its own click and installs none: ead had imported click, there only because
+    uvicorn (the serve extra) brings it, so without that extra every command, --version too, was a
+    ModuleNotFoundError traceback. click is hidden unless typer itself imports it (an older typer)."""
+    version = subprocess.run(
+        [sys.executable, "-c", RUN_WITHOUT_CLICK, "--version"], capture_output=True, timeout=120
+    )
+    assert (version.returncode, version.stderr) == (0, b"")
+    assert version.stdout.startswith(b"ead ")
+    line = f"{shlex.join([sys.executable, '-c', RUN_WITHOUT_CLICK, 'models', 'pull', '--help'])} >&-"
+    closed = subprocess.run(["bash", "-c", line], capture_output=True, timeout=120)
+    assert_one_line_error(closed, 1, "cannot write the help: stdout is closed")
 
 
 def test_a_closed_stderr_loses_the_notes_not_the_answers(tiny_pair: tuple[Path, Path]) -> None:
@@ -1019,6 +1050,17 @@ def test_help_at_any_width_names_every_option_whole(columns: int) -> None:
         for parameter in command.params:
             for name in (*parameter.opts, *parameter.secondary_opts):
                 assert name in shown, (path, name)
+
+
+def test_every_commands_help_with_stdout_closed_says_so() -> None:
+    """``ead --help >&-`` had printed nothing, exit 0; every group's and command's help, the nested ones
+    (``ead models pull``, ``ead bench humaneval``) too, says in one line that it has nowhere to go."""
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    for path in [(), *(path for path, _ in every_command(root))]:
+        line = f"{shlex.join([EAD, *path, '--help'])} >&-"
+        closed = subprocess.run(["bash", "-c", line], capture_output=True, timeout=120)
+        assert_one_line_error(closed, 1, "cannot write the help: stdout is closed")
 
 
 def test_help_in_a_huge_terminal_is_as_wide_as_at_most_200_columns() -> None:

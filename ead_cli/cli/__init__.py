@@ -16,7 +16,6 @@ import signal
 import sys
 from typing import Annotated
 
-import click
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import TyperException
@@ -97,21 +96,26 @@ def readable_help(group: TyperGroup, plain: bool) -> None:
             readable_help(command, plain)
 
 
-def refuse_help_without_stdout(command: click.Command) -> None:
+def refuse_help_without_stdout(
+    command: TyperCommand | TyperGroup, parent: typer.Context | None = None
+) -> None:
     """With stdout closed (``>&-``), ``--help`` of ``command`` and of every command under it says so in one
-    line, as each command says it: click's help had gone nowhere, exit 0."""
-    option = command.get_help_option(click.Context(command))
+    line, as each command says it: click's help had gone nowhere, exit 0. Each context is made as click
+    makes it to run the command (its class and settings, under its parent's), since click keeps the help
+    option first made for a command: the names it answers to come from there (``-h`` set on the app)."""
+    context = command.context_class(command, parent=parent, **command.context_settings)
+    option = command.get_help_option(context)
     if option is not None and option.callback is not None:
         show = option.callback
 
-        def show_if_it_can(context: click.Context, parameter: click.Parameter, value: bool) -> object:
+        def show_if_it_can(context: typer.Context, parameter: typer.CallbackParam, value: bool) -> object:
             if value and not context.resilient_parsing:
                 check_stdout("the help")
             return show(context, parameter, value)
 
         option.callback = show_if_it_can
     for subcommand in command.commands.values() if isinstance(command, TyperGroup) else ():
-        refuse_help_without_stdout(subcommand)
+        refuse_help_without_stdout(subcommand, context)
 
 
 def main(argv: list[str] | None = None) -> None:
