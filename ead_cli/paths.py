@@ -148,16 +148,19 @@ def ead_cache_dir() -> Path:
     return env_path("EAD_CACHE") or xdg_cache_home() / "ead-cli"
 
 
-def check_can_save(path: Path, what: str) -> None:
-    """Whether ``path`` can be saved (not a folder; ``try_writing`` its folder): tried before minutes of
-    work (a calibration) that a folder in its place, a file in the folder's way or a folder it cannot
-    write would throw away."""
+def check_can_save(path: Path, what: str, exit_code: int = 1) -> None:
+    """Whether ``what`` can be saved to ``path``, tried before the work it would throw away (a calibration,
+    a bench, a measurement): a folder in its place, a file in its folder's way, a folder that cannot be made
+    or written to. A device, a pipe or ``/dev/stdout`` (``written_in_place``) has no folder beside it to
+    try. The one check of every file ead writes, so each problem reads alike whichever command meets it;
+    ``exit_code`` 2 where ``path`` is an option the user gave, 1 where it is ead's own place."""
     try:
         if is_dir(path):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        try_writing(Path(os.path.realpath(path)).parent)  # a link's file is saved beside its target
+        if not written_in_place(path):
+            try_writing(Path(os.path.realpath(path)).parent)  # a link's file is saved beside its target
     except OSError as error:
-        raise cannot_save(path, what, error) from None
+        raise cannot_save(path, what, error, exit_code) from None
 
 
 def try_writing(folder: Path) -> None:
@@ -182,15 +185,18 @@ def try_writing(folder: Path) -> None:
                 part.rmdir()
 
 
-def cannot_save(path: Path, what: str, error: OSError) -> EadError:
+def cannot_save(path: Path, what: str, error: OSError, exit_code: int = 1) -> EadError:
     """One line saying why ``what`` could not be saved to ``path`` (``why_not_saved``)."""
-    return EadError(f"cannot save {what} to {shown_path(path)}: {why_not_saved(path, error)}")
+    return EadError(f"cannot save {what} to {shown_path(path)}: {why_not_saved(path, error)}", exit_code)
 
 
 def why_not_saved(path: Path, error: OSError) -> str:
-    """Why ``path`` could not be made or written, naming what is in the way: a file where a folder should be
-    (mkdir's "File exists" for the folder itself, "Not a directory" for one above it), else the system's
-    reason, with the path it names where that is another."""
+    """Why ``path`` could not be made or written, naming what is in the way: a folder where a file should be
+    ("it is a folder"), a file where a folder should be (mkdir's "File exists" for the folder itself, "Not
+    a directory" for one above it), else the system's reason, with the path it names where that is another."""
+    if isinstance(error, IsADirectoryError):
+        in_the_way = error.filename or str(path)
+        return "it is a folder" if in_the_way == str(path) else f"{shown_path(in_the_way)} is a folder"
     if isinstance(error, FileExistsError):
         return f"{shown_path(error.filename or path)} is not a folder"
     if isinstance(error, NotADirectoryError) and error.filename:

@@ -753,15 +753,15 @@ def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_load
     (tmp_path / "nested" / "results.jsonl").mkdir(parents=True)
     (tmp_path / "reported" / "report.md").mkdir(parents=True)  # said after every sample had run
     for out, max_tokens, message in (
-        (tmp_path / "reported", 8, "report.md is a folder: the report goes to a file"),
-        (tmp_path / "a-file", 8, "is a file: results go to a folder"),
+        (tmp_path / "reported", 8, "cannot save the report to {tmp}/reported/report.md: it is a folder"),
+        (tmp_path / "a-file", 8, "results to {tmp}/a-file/results.jsonl: {tmp}/a-file is not a folder"),
         (tmp_path / "piped", 8, "results.jsonl is not a file: a bench keeps its results in one;"),
-        (tmp_path / "nested", 8, "results.jsonl is not a file: a bench keeps its results in one;"),
-        (tmp_path / "a-file" / "below", 8, "cannot write to"),
+        (tmp_path / "nested", 8, "nested/results.jsonl: it is a folder"),
+        (tmp_path / "a-file" / "below", 8, "below/results.jsonl: {tmp}/a-file is not a folder"),
         (tmp_path / "replayed", 8, "holds a replay (replay.json): use another --out"),
         (tmp_path / "fine", 0, "--max-tokens must be at least 1, got 0"),
     ):
-        with pytest.raises(EadError, match=re.escape(message)) as error:
+        with pytest.raises(EadError, match=re.escape(message.format(tmp=tmp_path))) as error:
             humaneval_job(humaneval[:1], out, max_tokens=max_tokens)
         assert error.value.exit_code == 2
     assert not (tmp_path / "replayed" / "results.jsonl").exists()
@@ -779,8 +779,8 @@ def test_a_bench_resumes_beside_the_replay_that_bench_replay_writes_there_by_def
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--json", "/tmp"], "is a folder: the figures go to a file"),  # "." is refused as given: given_file
-        (["--json", "/proc/ead/figures.json"], "cannot write to /proc/ead"),
+        (["--json", "/tmp"], "cannot save the speed figures to /tmp: it is a folder"),  # "." is: given_file
+        (["--json", "/proc/ead/figures.json"], "the speed figures to /proc/ead/figures.json: No such file"),
     ],
 )
 def test_bench_speeds_json_path_is_checked_before_the_measurement(args: list[str], message: str) -> None:
@@ -833,7 +833,7 @@ def test_a_results_file_that_cannot_be_opened_to_append_is_one_line(
     """A dangling link as results.jsonl (to a folder that is not there): it had been a traceback."""
     (tmp_path / "results.jsonl").symlink_to(tmp_path / "gone" / "results.jsonl")
     path = re.escape(str(tmp_path / "results.jsonl"))
-    with pytest.raises(EadError, match=f"cannot write to {path}: No such file or directory"):
+    with pytest.raises(EadError, match=f"cannot save the results to {path}: No such file or directory"):
         run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
 
 
@@ -859,7 +859,7 @@ def test_a_results_file_that_cannot_take_more_is_refused_before_any_model_loads(
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     read_only(tmp_path / "results.jsonl")
     path = re.escape(str(tmp_path / "results.jsonl"))
-    refused = f"^cannot write to {path}: (Operation not permitted|Permission denied)$"
+    refused = f"^cannot save the results to {path}: (Operation not permitted|Permission denied)$"
     with pytest.raises(EadError, match=refused) as error:
         humaneval_job(humaneval[:2], tmp_path)
     assert error.value.exit_code == 2
@@ -1158,7 +1158,7 @@ def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
 def test_a_folder_where_a_report_file_goes_is_refused_before_any_is_written(tmp_path: Path) -> None:
     """report.md a folder: report.csv had been written before the failure, a report of one file."""
     (tmp_path / "report.md").mkdir()
-    message = f"{tmp_path / 'report.md'} is a folder: the report goes to a file"
+    message = f"cannot save the report to {tmp_path / 'report.md'}: it is a folder"
     with pytest.raises(EadError, match=re.escape(message)):
         write_report(tmp_path, aggregate(RECORDS))
     assert [path.name for path in tmp_path.iterdir()] == ["report.md"]

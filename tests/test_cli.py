@@ -1209,3 +1209,28 @@ def test_a_progress_line_spells_what_a_terminal_would_act_on(capsys: pytest.Capt
     the terminal as it was, colouring what followed, as error lines and tables no longer do."""
     say_progress("measuring sm\x1b[31mall.gguf\u2026")
     assert capsys.readouterr().err == "measuring sm\\x1b[31mall.gguf\u2026\n"
+
+
+def test_a_file_that_cannot_be_saved_is_refused_in_one_wording_by_every_command(tmp_path: Path) -> None:
+    """One check (``check_can_save``) for every file a command writes, before any model loads: a file in
+    its folder's way and a folder in its place read alike, exit 2 where the path is an option given (1
+    for ead's own places: test_calibrate). They had been two checks that said one problem apart: bench
+    speed 'cannot write to FOLDER' and 'X is a folder: the figures go to a file', a bench's and a
+    replay's --out 'X is a file: results go to a folder', depth eval's --out exit 1, not its other 2."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    (tmp_path / "folder").mkdir()
+    missing = str(tmp_path / "none.gguf")
+    pair = ["--small", missing, "--large", missing]
+    for args, given, what, saved in (
+        (["bench", "speed", *pair, "--json"], blocker / "speed.json", "the speed figures", "speed.json"),
+        (["depth", "eval", missing, "--out"], blocker / "eval.json", "the evaluation", "eval.json"),
+        (["bench", "prompts", *pair, __file__, "--out"], blocker, "the results", "results.jsonl"),
+        (["bench", "replay", str(tmp_path), *pair, "--out"], blocker, "the replay report", "replay.json"),
+    ):
+        line = assert_one_line_error(ead(*args, str(given)), 2)
+        assert line == f"error: cannot save {what} to {blocker / saved}: {blocker} is not a folder"
+    folder = tmp_path / "folder"
+    line = assert_one_line_error(ead("bench", "speed", *pair, "--json", str(folder)), 2)
+    assert line == f"error: cannot save the speed figures to {folder}: it is a folder"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["blocker", "folder"]

@@ -528,7 +528,7 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(
         ead("depth", "calibrate", str(deep_model), "--corpus", "prose", "--threads", "1", env=folder),
         1,
-        f"cannot save the depth profile to {profile}: Is a directory",
+        f"cannot save the depth profile to {profile}: it is a folder",
     )
     headless = tmp_path / "headless.gguf"
     writer = gguf.GGUFWriter(headless, "llama")
@@ -553,7 +553,7 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(empty, 2, "Invalid value for '--out': an empty path names no file or folder")
     out = blocked / "depth" / "eval.json"  # it had been a FileExistsError traceback after the whole eval
     assert_one_line_error(
-        ead(*evaluate, "--out", str(out), env=missing), 1, f"cannot save the evaluation to {out}: "
+        ead(*evaluate, "--out", str(out), env=missing), 2, f"cannot save the evaluation to {out}: "
     )
     # its folders are made to check they take a file, and removed again when the run stops (no model)
     fresh = tmp_path / "fresh" / "eval.json"

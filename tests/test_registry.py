@@ -788,10 +788,10 @@ def test_a_folder_in_the_way_of_an_assembly_is_named_and_no_temporary_stays(
     (models_dir / in_the_way).mkdir(parents=True)
     with pytest.raises(EadError) as caught:
         resolve_tiny(tiny)
-    beside = "" if in_the_way == "tiny.gguf" else f" ({models_dir / in_the_way})"
+    folder = "it" if in_the_way == "tiny.gguf" else str(models_dir / in_the_way)
     assert str(caught.value) == (
         f"cannot save tiny, assembled from its offline packages, to {models_dir / 'tiny.gguf'}: "
-        f"Is a directory{beside}"
+        f"{folder} is a folder"
     )
     assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", in_the_way]
 

@@ -227,7 +227,7 @@ def test_a_report_that_cannot_be_saved_is_one_line(recorded: Path, tmp_path: Pat
     shutil.copy(recorded / RESULTS_FILE, tmp_path / RESULTS_FILE)
     (tmp_path / "report.md").mkdir()
     result = ead("bench", "report", str(tmp_path))
-    assert_one_line_error(result, 2, f"{tmp_path / 'report.md'} is a folder: the report goes to a file")
+    assert_one_line_error(result, 2, f"cannot save the report to {tmp_path / 'report.md'}: it is a folder")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["report.md", RESULTS_FILE]
     (tmp_path / "report.md").rmdir()
     assert ead("bench", "report", str(tmp_path)).returncode == 0
@@ -902,7 +902,7 @@ def test_speed_json_through_a_link_is_checked_and_written_where_the_link_points(
     blocked.symlink_to(tmp_path / "blocker" / "speed.json")
     refused = ead("bench", "speed", *pair, "--json", str(blocked))
     assert assert_one_line_error(refused, 2) == (
-        f"error: cannot write to {tmp_path / 'blocker'}: {tmp_path / 'blocker'} is not a folder"
+        f"error: cannot save the speed figures to {blocked}: {tmp_path / 'blocker'} is not a folder"
     )
 
 

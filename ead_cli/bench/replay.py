@@ -22,7 +22,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError, cut, quoted, shown_path
 from ..options import ModelOptions
-from ..paths import is_dir, read_file, save_json, unreadable
+from ..paths import check_can_save, is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import paired_ratio, passes
@@ -314,9 +314,8 @@ def replay_bench(
     on_sample: Callable[[ReplayedSample], None] | None = None,
 ) -> dict[str, Any]:
     """Replay a results file's schedules on these models; write and return the report (replay.json)."""
+    check_can_save(out / REPLAY_FILE, "the replay report", exit_code=2)  # now, not once the replay has run
     config, records = select_records(path, strategies)
-    if is_dir(out / REPLAY_FILE):  # said now, not once the whole replay has run
-        raise EadError(f"cannot save the replay report to {shown_path(out / REPLAY_FILE)}: it is a folder", 2)
     runners = load_runners(model_options, progress=progress)
     try:
         check_models(config, runners)

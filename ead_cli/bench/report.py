@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import EadError
-from ..paths import is_dir, save_text
+from ..paths import check_can_save, save_text
 from .grid import LARGE_ONLY
 from .results import PHASES, Record, check_sample, unreadable_record
 
@@ -268,15 +267,14 @@ class ReportFiles:
     note: str | None  # why there is no plot
 
 
-REPORT_FILES = ("report.csv", "report.md", "plot.png")
+REPORT_FILES = {"report.csv": "the report", "report.md": "the report", "plot.png": "the plot"}  # name: what
 
 
 def check_report_files(folder: Path) -> None:
-    """A folder where a report file goes, refused before any is written and before a bench runs: the
-    report had been written in part, the rest said only after every sample had run."""
-    for name in REPORT_FILES:
-        if is_dir(folder / name):
-            raise EadError(f"{folder / name} is a folder: the report goes to a file", exit_code=2)
+    """Each report file checked (``check_can_save``) before any is written and before a bench runs: a
+    folder in the place of one had left the report written in part, the rest said after every sample."""
+    for name, what in REPORT_FILES.items():
+        check_can_save(folder / name, what, exit_code=2)
 
 
 def write_report(folder: Path, aggregates: Sequence[Aggregate]) -> ReportFiles:

@@ -29,7 +29,6 @@ import fcntl
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any, TextIO
 from ..compat import tokenizer_record
 from ..errors import EadError, shown_path
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import is_file, lookup, read_file_text, try_writing, unreadable, why_not_saved, written_in_place
+from ..paths import cannot_save, is_file, lookup, read_file_text, unreadable
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -157,26 +156,6 @@ def tasks_by_strategy(records: Sequence[Mapping[str, Any]]) -> dict[str, set[str
     for record in records:
         tasks.setdefault(record["strategy"], set()).add(record["task_id"])
     return tasks
-
-
-def check_out(path: Path, *, folder: bool) -> None:
-    """Before any model loads: where a bench, a replay or ``bench speed --json`` will write can be written.
-    A file where its folder should be (or a folder where its file should be), or a folder that cannot be
-    made or written to, is one line, not a traceback once the run is done. Tried, then left as it was:
-    a bench refused later makes no folder."""
-    if folder and path.exists() and not path.is_dir():
-        raise EadError(f"{shown_path(path)} is a file: results go to a folder", exit_code=2)
-    if not folder and path.is_dir():
-        raise EadError(f"{shown_path(path)} is a folder: the figures go to a file", exit_code=2)
-    if not folder and written_in_place(path):  # /dev/stdout: nothing is written beside it
-        return
-    target = path if folder else Path(os.path.realpath(path)).parent  # a link's file goes beside its target
-    try:
-        try_writing(target)
-    except OSError as error:
-        raise EadError(
-            f"cannot write to {shown_path(target)}: {why_not_saved(target, error)}", exit_code=2
-        ) from None
 
 
 PHASES = ("prefill", "decode", "catchup")  # what a model's figures are counted by in a sample record
@@ -315,11 +294,11 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
 
 def open_to_append(path: Path) -> TextIO:
     """The results file, opened to take more records; one that cannot (read-only, a link to a folder that
-    is not there) is one line, as check_out words it."""
+    is not there) is one line, as ``check_can_save`` words it."""
     try:
         return open(path, "a", encoding="utf-8")
     except OSError as error:
-        raise EadError(f"cannot write to {shown_path(path)}: {error.strerror}", exit_code=2) from None
+        raise cannot_save(path, "the results", error, exit_code=2) from None
 
 
 def hold_results(handle: TextIO, path: Path) -> None:

@@ -27,7 +27,7 @@ from ..options import (
     check_max_tokens,
     check_timeout,
 )
-from ..paths import lookup
+from ..paths import check_can_save, lookup
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
@@ -38,7 +38,6 @@ from .results import (
     RESULTS_FILE,
     Record,
     Results,
-    check_out,
     config_record,
     hold_results,
     open_to_append,
@@ -162,7 +161,7 @@ class Bench:
             raise EadError(
                 f"{shown_path(self.out)} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2
             )
-        check_out(self.out, folder=True)
+        check_can_save(self.out / RESULTS_FILE, "the results", exit_code=2)
         check_resumable(self.out / RESULTS_FILE)
         check_report_files(self.out)
 

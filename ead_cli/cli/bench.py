@@ -265,10 +265,9 @@ def bench_replay(
     """Re-execute a bench's recorded schedules on other models of the same tokenizer (e.g. twins):
     the recorded tokens forced, every batch paid again; wall-clock per strategy against large-only."""
     from ..bench.replay import REPLAY_FILE, replay_bench
-    from ..bench.results import RESULTS_FILE, check_out
+    from ..bench.results import RESULTS_FILE
 
     path = results / RESULTS_FILE if results.is_dir() else results
-    check_out(out or path.parent, folder=True)
     names = None if strategies is None else [name.strip() for name in strategies.split(",") if name.strip()]
     if names == []:  # not all of them: that is the option left out
         raise EadError(f"--strategies: {quoted(strategies)} names no strategy", exit_code=2)
@@ -316,12 +315,11 @@ def bench_speed(
 ) -> None:
     """This machine's decode and prefill rates for the pair, the speed each large-model share should
     give against the large model alone, and the share below which switching pays."""
-    from ..bench.results import check_out
     from ..bench.speed import ANSWER_TOKENS, PROMPT_TOKENS, speed_report
-    from ..paths import save_json
+    from ..paths import check_can_save, save_json
 
     if json_out is not None:
-        check_out(json_out, folder=False)
+        check_can_save(json_out, "the speed figures", exit_code=2)
     else:  # the tables are all it leaves
         check_stdout("the speed figures")
     report = speed_report(

@@ -234,7 +234,7 @@ def depth_eval(
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import check_out, evaluate, plot
     from ..depth.model import open_model
-    from ..paths import check_can_save, is_dir, is_file, lookup, read_file_text, save_json, unreadable
+    from ..paths import check_can_save, is_file, lookup, read_file_text, save_json, unreadable
 
     if tokens < 1:
         raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
@@ -256,16 +256,13 @@ def depth_eval(
             )
         if out.with_suffix(".png") == out:  # the plot would be written over the figures
             raise EadError(f"--out {shown_path(out)} is where the plot goes: name the figures' JSON file", 2)
-        if is_dir(out.with_suffix(".png")):
-            raise EadError(
-                f"cannot save the plot to {shown_path(out.with_suffix('.png'))}: it is a folder", 2
-            )
         try:
             text = read_file_text(out) if found else ""
             previous = json.loads(text) if text.strip() else None  # empty (mktemp's): nothing to reuse
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise EadError(f"cannot read {shown_path(out)}: {unreadable(error)}", exit_code=2) from None
-        check_can_save(out, "the evaluation")  # now, not after the teacher forcing and HumanEval
+        for path, what in ((out, "the evaluation"), (out.with_suffix(".png"), "the plot")):
+            check_can_save(path, what, exit_code=2)  # now, not after the teacher forcing and HumanEval
     else:  # the tables and the verdict are all it leaves
         check_stdout("the evaluation")
     loaded = open_model(
