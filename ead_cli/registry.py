@@ -15,7 +15,6 @@ import fcntl
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import re
 import stat
@@ -29,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
 from ead_cli.errors import ECHOED_CHARS, EadError, cut, quoted, shown_path
+from ead_cli.figures import is_figure
 from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, shard_paths
 from ead_cli.paths import (
     cannot_save,
@@ -773,10 +773,8 @@ def _builtin_models_file() -> Path:
 # What a value of each kind of field must be, and how an error message describes that.
 _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "text": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
-    "number": (  # finite: TOML's inf would reach `ead models list --json` as Infinity, which is not JSON
-        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf,
-        "a positive number",
-    ),
+    # finite: TOML's inf would reach `ead models list --json` as Infinity, which is not JSON
+    "number": (lambda v: is_figure(v) and v > 0, "a positive number"),
     "names": (  # ASCII, as the package index names them
         lambda v: isinstance(v, list)
         and bool(v)

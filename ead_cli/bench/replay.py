@@ -21,6 +21,7 @@ from typing import Any
 from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError, cut, quoted, shown_path
+from ..figures import is_amount, is_count, is_figure, is_share
 from ..options import ModelOptions
 from ..paths import check_can_save, is_dir, read_file, save_json, unreadable
 from ..runner import Runner, warm_up
@@ -34,10 +35,6 @@ from .results import (
     check_names,
     check_same_tasks,
     check_sample,
-    is_amount,
-    is_count,
-    is_figure,
-    is_share,
     read_results,
     tasks_by_strategy,
     unreadable_record,

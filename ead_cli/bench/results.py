@@ -36,6 +36,7 @@ from typing import Any, TextIO
 
 from ..compat import tokenizer_record
 from ..errors import EadError, shown_path
+from ..figures import is_amount, is_count, is_share
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
 from ..paths import cannot_save, is_file, lookup, read_file_text, unreadable
 from ..runner import Runner, gpu_layers, gpu_offload_available
@@ -159,23 +160,6 @@ def tasks_by_strategy(records: Sequence[Mapping[str, Any]]) -> dict[str, set[str
 
 
 PHASES = ("prefill", "decode", "catchup")  # what a model's figures are counted by in a sample record
-
-
-def is_figure(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def is_amount(value: Any) -> bool:
-    """Seconds, a rate, FLOPs: a finite number, at least 0."""
-    return is_figure(value) and value >= 0
-
-
-def is_share(value: Any) -> bool:
-    return is_figure(value) and 0 <= value <= 1
 
 
 # A sample record's figures that the report and the replay read -> (check, what the figure must be):

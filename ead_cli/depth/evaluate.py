@@ -5,8 +5,7 @@ strategy, and the verdict and plot that the results pages show.
 from __future__ import annotations
 
 import io
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from time import perf_counter
@@ -14,6 +13,7 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError, shown_path
+from ..figures import is_figure
 from ..paths import same_file, save_text
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
@@ -269,28 +269,24 @@ def _reusable(previous: dict, points: list[DepthOptions]) -> bool:
     for rows in perplexity.values():
         if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
             return False
-        if [row.get("rule") for row in rows] != labels or not _numbers(
-            row.get(key) for row in rows for key in ROW_FIGURES
+        if [row.get("rule") for row in rows] != labels or not all(
+            is_figure(row.get(key)) for row in rows for key in ROW_FIGURES
         ):
             return False
     stability, profiles = previous["stability"], previous["profiles"]
     if not isinstance(stability, list) or len(stability) != 2 * len(EVAL_MARGINS) or not all(
-        isinstance(row, dict) and _numbers(row.get(key) for key in STABILITY_FIGURES) for row in stability
+        isinstance(row, dict) and all(is_figure(row.get(key)) for key in STABILITY_FIGURES)
+        for row in stability
     ):
         return False
     if not isinstance(profiles, dict) or set(profiles) != {"saved", "code", "prose"}:
         return False
     if not all(
-        isinstance(values, list) and len(values) == len(previous["probes"]) and _numbers(values)
+        isinstance(values, list) and len(values) == len(previous["probes"]) and all(map(is_figure, values))
         for values in profiles.values()
     ):
         return False
     return isinstance(estimators, dict) and all(isinstance(entry, dict) for entry in estimators.values())
-
-
-def _numbers(values: Iterable[object]) -> bool:
-    """Whether every value is a finite number (not a bool, a string, null or NaN, which is no JSON)."""
-    return all(type(value) in (int, float) and math.isfinite(value) for value in values)  # type: ignore[arg-type]
 
 
 def quality_part(
