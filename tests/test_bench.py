@@ -880,6 +880,44 @@ def test_a_second_bench_on_the_same_folder_is_refused_while_the_first_runs(
             Results(path, config)
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
 
+NO_LOCKS = """
+import errno
+import sys
+from ead_cli.bench import results
+from ead_cli.cli import main
+
+
+def no_locks(*args):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+
+results.fcntl.flock = no_locks
+main(sys.argv[1:])
+"""
+
+
+def test_a_results_file_on_a_filesystem_without_locks_is_written_unlocked_with_a_warning(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    """NFS without its lock daemon or a FUSE filesystem refuses flock (ENOLCK, EOPNOTSUPP): the bench had
+    ended in a traceback there. No such filesystem is at hand, so the child's flock alone raises as theirs
+    does. The lock only stops a second bench on the same --out, so the bench runs on, and says that."""
+    out = tmp_path / "out"
+    args = ["bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    args += ["--threads", "1", "--ids", "0", "--strategies", "large", "--max-tokens", "4", "--out", str(out)]
+    warning = (
+        f"warning: cannot lock {out / 'results.jsonl'} (No locks available): nothing stops a second "
+        "bench on the same --out"
+    )
+    for _ in ("a first run", "a resume"):  # a resume locks the file before the models load as well
+        result = subprocess.run(
+            [sys.executable, "-c", NO_LOCKS, *args], capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.count(warning) == 1, result.stderr
+    assert [record["task_id"] for record in read_results(out / "results.jsonl")[1]] == ["HumanEval/0"]
+
+
 def test_a_line_cut_short_by_a_kill_is_dropped_and_rerun(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:

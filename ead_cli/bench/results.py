@@ -285,24 +285,34 @@ def open_to_append(path: Path) -> TextIO:
         raise cannot_save(path, "the results", error, exit_code=2) from None
 
 
-def hold_results(handle: TextIO, path: Path) -> None:
+def hold_results(handle: TextIO, path: Path) -> str | None:
     """Lock the open results file for this bench (released as it closes): a second bench on the same --out,
-    the same command in another terminal, would run the pending samples again and interleave its records."""
+    the same command in another terminal, would run the pending samples again and interleave its records.
+
+    On a filesystem that takes no locks (NFS without its lock daemon, some FUSE ones) the warning to show
+    instead: the lock only guards against that second bench, and refusing would bar every bench there."""
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         message = f"another bench is writing {shown_path(path)}: wait for it to end, or use another --out"
         raise EadError(message, exit_code=2) from None
+    except OSError as error:  # ENOLCK, EOPNOTSUPP: no bench holds it, none can
+        return (
+            f"warning: cannot lock {shown_path(path)} ({error.strerror}): nothing stops a second bench on "
+            "the same --out"
+        )
+    return None
 
 
 class Results:
-    """An append-only results file bound to one config; ``done`` holds the (strategy, task) pairs in it."""
+    """An append-only results file bound to one config; ``done`` holds the (strategy, task) pairs in it;
+    ``unlocked``, the warning to show where its filesystem takes no lock (``hold_results``)."""
 
     def __init__(self, path: Path, config: Record) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = open_to_append(path)
         try:  # the file read, and a line cut short dropped, under the lock, not while another bench writes
-            hold_results(self._handle, path)
+            self.unlocked = hold_results(self._handle, path)
             self._drop_unfinished_line(path)
             stored, self.records = read_results(path)
             if stored is not None:  # a file from before the config held how the models ran resumes as it did

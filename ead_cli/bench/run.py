@@ -174,7 +174,7 @@ def check_resumable(path: Path) -> None:
     aggregate_read(path, read_results(path)[1])
     if path.exists():
         with open_to_append(path) as handle:
-            hold_results(handle, path)
+            hold_results(handle, path)  # a filesystem without locks: warned of as the results open
 
 
 def humaneval_bench(
@@ -258,6 +258,8 @@ def run_bench(
             servers or contextlib.nullcontext(),
             Results(bench.out / RESULTS_FILE, config) as results,
         ):
+            if results.unlocked is not None and progress is not None:
+                progress(results.unlocked)
             plan = results.pending(bench.strategies, items)
             if plan and bench.note is not None and progress is not None:  # a bench refused says that alone
                 progress(bench.note)
