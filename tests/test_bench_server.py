@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -244,6 +245,99 @@ def test_a_bench_killed_outright_takes_its_servers_with_it(tiny_pair, tmp_path) 
     bench.wait()
     assert wait_gone(str(servers[0])), "the server outlived its bench"
     shutil.rmtree(logs)
+
+
+TIMINGS_PROXY = """#!{python}
+# llama-server behind a proxy that changes the timings of each sample's reply (not the warm-up's, of one
+# token) as EAD_TEST_TIMINGS says: null drops them, an object sets its fields (a null field dropped)
+import http.client, http.server, json, os, re, subprocess, sys, tempfile, time
+from ead_cli.bench.sandbox import dying_with_this_process
+
+log = tempfile.TemporaryFile()
+real = subprocess.Popen(
+    [{server!r}, *sys.argv[1:]], stdout=log, stderr=subprocess.STDOUT, preexec_fn=dying_with_this_process()
+)
+while not (found := re.search(rb"listening on http://127\\.0\\.0\\.1:(\\d+)", log.read())):
+    log.seek(0)
+    time.sleep(0.05)
+upstream = ("127.0.0.1", int(found.group(1)))
+change = json.loads(os.environ["EAD_TEST_TIMINGS"])
+
+
+class Proxy(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self.forward(None)
+
+    def do_POST(self):
+        self.forward(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def forward(self, body):
+        connection = http.client.HTTPConnection(*upstream, timeout=600)
+        connection.request(self.command, self.path, body=body, headers={{"Content-Type": "application/json"}})
+        reply = connection.getresponse()
+        status, payload = reply.status, reply.read()
+        if self.path == "/completion" and json.loads(body)["n_predict"] > 1:
+            answer = json.loads(payload)
+            if change is None:
+                del answer["timings"]
+            for key, value in (change or {{}}).items():
+                answer["timings"].pop(key) if value is None else answer["timings"].update({{key: value}})
+            payload = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+print(f"listening on http://127.0.0.1:{{proxy.server_port}}", flush=True)
+try:
+    proxy.serve_forever()
+finally:
+    real.terminate()
+"""
+
+
+@pytest.mark.parametrize(
+    ("timings", "said"),
+    [
+        (None, "sent no timings"),
+        ({"prompt_n": None}, "sent timings without prompt_n"),
+        ({"prompt_ms": -5.0}, "sent prompt_ms -5.0: not a time (a number above 0)"),
+        ({"predicted_ms": 0}, "sent predicted_ms 0: not a time (a number above 0)"),
+        ({"predicted_n": "4"}, 'sent predicted_n "4": not a count of at least 1'),
+        ({"draft_n": 2, "draft_n_accepted": 3}, "sent draft_n_accepted 3: more than its draft_n 2"),
+    ],
+)
+def test_a_server_reply_without_sensible_timings_is_refused_in_one_line(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, timings: dict | None, said: str
+) -> None:
+    """A sample's figures are llama-server's own timings: a reply without them had been recorded as 0
+    ms, silently, and one with a count or a time that is no such thing recorded as sent (-5 ms) or ended
+    the bench in a traceback (a count sent as text). The real server's replies, changed on their way."""
+    cache = tmp_path / "cache"
+    binary = cache / built_server().relative_to(built_server().parents[2])
+    binary.parent.mkdir(parents=True)
+    binary.write_text(TIMINGS_PROXY.format(python=sys.executable, server=str(built_server())))
+    binary.chmod(0o755)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hi there\n")
+    out = tmp_path / "out"
+    result = ead(
+        "bench", "prompts", str(prompts), "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
+        "--threads", "1", "--max-tokens", "4", "--strategies", "server-large", "--out", str(out),
+        env={"EAD_CACHE": str(cache), "EAD_TEST_TIMINGS": json.dumps(timings), "NO_COLOR": "1"},
+    )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == f"error: the llama-server of server-large {said}"
+    assert samples(out) == {}  # nothing recorded of the sample
 
 
 def test_the_ngram_types_are_the_ones_this_build_offers() -> None:

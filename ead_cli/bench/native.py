@@ -18,8 +18,8 @@ the Python loop, so both sides' texts and token counts mean the same.
 
 Figures: wall-clock is what the client waits for the reply; the server's own ``timings`` (prompt and
 generation milliseconds, and for speculation ``draft_n`` and ``draft_n_accepted``) go in the record's
-``server`` field. FLOPs are estimated from those counts (2 x parameters per token each model reads),
-since the server does not report what it computed.
+``server`` field, each checked (``server_timings``). FLOPs are estimated from those counts (2 x
+parameters per token each model reads), since the server does not report what it computed.
 
 Greedy speculative decoding is lossless in exact arithmetic, but llama.cpp computes a verification batch
 with other kernels than a one-token step, so at near-ties the argmax can differ and the text part from
@@ -29,12 +29,13 @@ one-token greedy decoding; ``agreement`` and ``same text`` in the report show ho
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +43,14 @@ from time import perf_counter
 from typing import Any
 
 from ..decoder import ModelReport, Summary
-from ..errors import EadError, shown_path
+from ..errors import EadError, cut, shown_path
 from ..hardware import Repack, repack_choice, server_repack_args
 from ..options import GenerationOptions
 from ..remote import RemoteError, RemoteRunner, built_server
 from ..runner import Runner, forward_flops
 from ..text import TextStream
 from .grid import NativeOptions
+from .results import is_count, is_figure
 from .sandbox import dying_with_this_process, signal_name
 
 START_TIMEOUT_S = 120.0
@@ -140,6 +142,46 @@ def stop(process: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------------------------ the peers
 
 
+def _is_some_count(value: Any) -> bool:
+    return is_count(value) and value >= 1
+
+
+def _is_some_time(value: Any) -> bool:
+    return is_figure(value) and value > 0
+
+
+# llama-server's timings of a sample -> (check, what each must be): every reply reads a prompt (cache_prompt
+# off) and writes a token, each in some time (a generation's at least 1 us: llama-server clamps it there)
+_TIMINGS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "prompt_n": (_is_some_count, "a count of at least 1"),
+    "prompt_ms": (_is_some_time, "a time (a number above 0)"),
+    "predicted_n": (_is_some_count, "a count of at least 1"),
+    "predicted_ms": (_is_some_time, "a time (a number above 0)"),
+    "draft_n": (is_count, "a count"),
+    "draft_n_accepted": (is_count, "a count"),
+}
+_UNDRAFTED = {"draft_n": 0, "draft_n_accepted": 0}  # llama-server leaves them out where it drafted none
+
+
+def server_timings(reply: dict[str, Any], server: str) -> dict[str, Any]:
+    """A sample's own figures from llama-server's ``timings``, each checked: a reply without them had been
+    recorded as 0 ms without a word, and one with nonsense (-5 ms, a count as text) as sent, or ended the
+    bench in a traceback; now one line naming ``server`` and the field, and no record."""
+    timings = reply.get("timings")
+    if not isinstance(timings, dict):
+        raise RemoteError(f"{server} sent no timings")
+    given = _UNDRAFTED | timings
+    for key, (check, expected) in _TIMINGS.items():
+        if key not in given:
+            raise RemoteError(f"{server} sent timings without {key}")
+        if not check(given[key]):
+            raise RemoteError(f"{server} sent {key} {cut(json.dumps(given[key]))}: not {expected}")
+    if given["draft_n_accepted"] > given["draft_n"]:
+        accepted, drafted = given["draft_n_accepted"], given["draft_n"]
+        raise RemoteError(f"{server} sent draft_n_accepted {accepted}: more than its draft_n {drafted}")
+    return {key: given[key] for key in _TIMINGS}
+
+
 class NativePeers:
     """The servers of a bench run, started on first use and stopped together at the end.
 
@@ -213,12 +255,8 @@ class NativePeers:
             self._check_running(options)
             raise
         wall = perf_counter() - began
+        server = server_timings(reply, f"the llama-server of {options.name}")
         text, generated, finish = self._text(reply, len(prompt))
-        timings = reply.get("timings") if isinstance(reply.get("timings"), dict) else {}
-        server = {
-            key: timings.get(key, 0)
-            for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted")
-        }
         return text, self._summary(options, len(prompt), generated, finish, wall, server), server
 
     def _check_running(self, options: NativeOptions) -> None:
