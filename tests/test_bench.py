@@ -402,19 +402,37 @@ for _ in range(20):
     assert all(wait_gone(pid) for pid in result.stdout.split())
 
 
-def test_as_nobody_a_program_cannot_signal_the_bench(unprivileged: str) -> None:
-    """A bench of its own, so that a program which can kill its parent kills that one, not pytest."""
+def judged_by_a_bench_of_its_own(code: str) -> subprocess.CompletedProcess:
+    """ADD's tests run on ``code`` by a bench in a process and session of its own (the sandbox's
+    interpreter as the test's), so that a program which can kill its parent, or its parent's group,
+    kills that bench, not pytest."""
     bench = f"""import sys
-sys.executable = {unprivileged!r}
+sys.executable = {sys.executable!r}
 from ead_cli.bench.sandbox import check_solution
 from ead_cli.bench.tasks import Task
 task = Task(*{dataclasses.astuple(ADD)!r})
-print(check_solution(task, "import os, signal\\nos.kill(os.getppid(), signal.SIGKILL)\\n"))
+print(check_solution(task, {code!r}))
 """
-    result = subprocess.run([PYTHON, "-c", bench], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [PYTHON, "-c", bench], capture_output=True, text=True, timeout=120, start_new_session=True
+    )
+
+
+@pytest.mark.parametrize("parent", ["os.kill(os.getppid(), 9)", "os.killpg(os.getpgid(os.getppid()), 9)"])
+def test_as_nobody_a_program_cannot_signal_the_bench(unprivileged: str, parent: str) -> None:
+    result = judged_by_a_bench_of_its_own(f"import os\ndef add(a, b):\n    {parent}\n    return a + b\n")
     assert (result.returncode, result.stderr) == (0, "")
     refused = "PermissionError: [Errno 1] Operation not permitted"
     assert result.stdout == f"{Outcome('failed', refused)}\n"
+
+
+@pytest.mark.parametrize("group", ["os.killpg(0, 9)", "os.kill(0, 9)", "os.killpg(os.getpgid(0), 9)"])
+def test_a_program_that_kills_its_process_group_ends_itself_alone(either_user: None, group: str) -> None:
+    """The program runs in a session of its own: its process group is not the bench's, so killing it (a
+    cleanup that ends 'everything of ours') ends the program, a failed sample, and the bench judges on."""
+    result = judged_by_a_bench_of_its_own(f"import os\ndef add(a, b):\n    {group}\n    return a + b\n")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == f"{Outcome('failed', 'killed by SIGKILL')}\n"
 
 
 def test_a_python_nobody_cannot_run_runs_the_programs_as_root_with_a_note(

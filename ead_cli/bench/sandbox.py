@@ -3,7 +3,8 @@
 Sandbox. The program ``code + test + check(entry_point) + print(<random sentinel>)`` runs as
 ``python -I`` in a fresh temporary directory that holds only ``program.py`` (its output goes to unnamed
 files elsewhere, so a program that deletes files or its folder cannot take it away), with stdin closed,
-a minimal environment, a wall-clock limit (10 s by default; the whole process group is killed at it) and,
+a minimal environment, a session and process group of its own (a program that kills its group ends
+itself, not the bench), a wall-clock limit (10 s by default; the whole process group is killed at it) and,
 via ``resource`` limits, 2 GiB of address space, CPU seconds, 16 MiB of output files, no core files and
 no new processes or threads (the kernel counts both; not enforced for root, whose program may start as
 many as it likes until the limit ends them). On Linux the caller adopts, for the run, what the program's
