@@ -44,13 +44,13 @@ from typing import Any
 
 from ..decoder import ModelReport, Summary
 from ..errors import EadError, cut, shown_path
+from ..figures import is_count, is_figure
 from ..hardware import Repack, repack_choice, server_repack_args
 from ..options import GenerationOptions
 from ..remote import RemoteError, RemoteRunner, built_server
 from ..runner import Runner, forward_flops
 from ..text import TextStream
 from .grid import NativeOptions
-from .results import is_count, is_figure
 from .sandbox import dying_with_this_process, signal_name
 
 START_TIMEOUT_S = 120.0
