@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import EadError, quoted
@@ -38,10 +39,25 @@ DEFAULT_MODE = "large"
 DEFAULT_LOOKUP = 12
 DEFAULT_LOOKUP_DRAFT = 31
 
+# How help shows a value of a type, in the words of llama.cpp's own help: never a Python type's name
+PLACEHOLDERS: dict[type, str] = {int: "N", float: "X", Path: "PATH"}
+
 CLI = "cli"  # ead generate, chat and serve's command line
 SERVE = "serve"  # a field of a request's ``ead`` object
 BENCH = "bench"  # ead bench sweeps it: a comma-separated list
 CHAT = "chat"  # a slash command of ead chat
+
+
+def placeholder(kind: type, choices: Iterable[str] = ()) -> str:
+    """A value in help: its choices (``gate|ead|lookahead``), else its type's word (N, X, PATH, TEXT)."""
+    return "|".join(choices) or PLACEHOLDERS.get(kind, "TEXT")
+
+
+def listed(word: str) -> str:
+    """A comma-separated list of ``word`` in help: ``N,N,...``; ``VALUE,VALUE,...`` where ``word`` is
+    alternatives (``before|after``), which the option's help names."""
+    item = "VALUE" if "|" in word else word
+    return f"{item},{item},..."
 
 
 @dataclass(frozen=True)
@@ -52,8 +68,9 @@ class DecodingOption:
     policy's own, or off); ``minimum``/``maximum``: bounds every surface holds it to (a request's
     integers also to serve's MAX_COUNT); ``switching``: giving it asks for the pair (``resolve_mode``);
     ``parse``: its value from text (the command line's strings, chat, the bench's lists), raising
-    ValueError, said as ``what``; ``older``: spellings that still parse; ``sweep``: the bench's help
-    for its list, ``bench_default`` the list when not given if not ``default``."""
+    ValueError, said as ``what``; ``older``: spellings that still parse; ``metavar``: its value in help
+    where its type's word (``placeholder``) says too little; ``sweep``: the bench's help for its list,
+    ``bench_default`` the list when not given if not ``default``."""
 
     name: str
     kind: type
@@ -87,6 +104,11 @@ class DecodingOption:
     @property
     def attribute(self) -> str:
         return self.field or self.name
+
+    @property
+    def placeholder(self) -> str:
+        """Its value in help: its metavar, else its choices or its type's word."""
+        return self.metavar or placeholder(self.kind, self.choices)
 
     @property
     def shown_default(self) -> str | None:
@@ -194,7 +216,6 @@ DECODING: tuple[DecodingOption, ...] = (
         maximum=MAX_WINDOW,
         surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
         switching=True,
-        metavar="N",
         sweep="ead windows, comma-separated (default: 5).",
     ),
     DecodingOption(
@@ -206,7 +227,6 @@ DECODING: tuple[DecodingOption, ...] = (
         minimum=0,
         surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
         switching=True,
-        metavar="N",
         sweep="ead minimum runs, comma-separated.",
     ),
     DecodingOption(
@@ -219,6 +239,7 @@ DECODING: tuple[DecodingOption, ...] = (
         switching=True,
         parse=parse_burst,
         what="a count, 'line' or 'adaptive'",
+        metavar="N|line|adaptive",
         sweep="gate: bursts, comma-separated: counts, 'line', 'adaptive'.",
     ),
     DecodingOption(
@@ -271,7 +292,6 @@ DECODING: tuple[DecodingOption, ...] = (
         minimum=0,
         maximum=64,
         surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
-        metavar="N",
         sweep="Prompt-lookup match lengths, comma-separated (0: off).",
         bench_default="0",  # the bench's strategy names stay comparable with earlier runs
     ),
@@ -285,7 +305,6 @@ DECODING: tuple[DecodingOption, ...] = (
         minimum=1,
         maximum=64,
         surfaces=frozenset({CLI, SERVE, CHAT, BENCH}),
-        metavar="N",
         sweep="Prompt-lookup guess lengths, comma-separated (with each --lookup above 0).",
         bench_default="16",  # the length of every earlier run's guesses: their names stay comparable
     ),
@@ -310,6 +329,7 @@ DECODING: tuple[DecodingOption, ...] = (
         surfaces=frozenset({CLI, SERVE}),
         switching=True,
         repeatable=True,
+        metavar="REGEX",
     ),
     DecodingOption(
         "tau_range",
@@ -321,6 +341,7 @@ DECODING: tuple[DecodingOption, ...] = (
         switching=True,
         parse=parse_tau_range,
         what="LOW:HIGH in bits",
+        metavar="LOW:HIGH",
     ),
     DecodingOption(
         "temp",
@@ -360,7 +381,6 @@ DECODING: tuple[DecodingOption, ...] = (
         short="stop each answer after N tokens",
         target="generation",
         surfaces=frozenset({CLI, CHAT}),
-        metavar="N",
     ),
     DecodingOption(
         "fallback",
@@ -370,6 +390,7 @@ DECODING: tuple[DecodingOption, ...] = (
         target="generation",
         parse=parse_fallback,
         what="'small'",
+        metavar="small",
     ),
 )
 

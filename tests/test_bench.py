@@ -1397,12 +1397,12 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
     [
         (["humaneval", "--out", ""], "'--out'"),
         (["prompts", "prompts.txt", "--out", ""], "'--out'"),
-        (["prompts", ""], "'file'"),  # had been "cannot read .: Is a directory"
-        (["replay", ""], "'results'"),
+        (["prompts", ""], "'FILE'"),  # had been "cannot read .: Is a directory"
+        (["replay", ""], "'RESULTS'"),
         (["replay", "results.jsonl", "--out", ""], "'--out'"),
         (["speed", "--json", ""], "'--json'"),
         (["speed", "--check", ""], "'--check'"),
-        (["report", "bench-results", ""], "'folders'"),
+        (["report", "bench-results", ""], "'FOLDERS...'"),
     ],
 )
 def test_an_empty_path_is_refused_naming_the_option(tmp_path: Path, args: list[str], named: str) -> None:

@@ -1063,6 +1063,51 @@ def test_every_commands_help_with_stdout_closed_says_so() -> None:
         assert_one_line_error(closed, 1, "cannot write the help: stdout is closed")
 
 
+TYPE_NAME = re.compile(r"<[\w|\[\], ]+>")  # typer's <str>, <Path>, <list[str]>, <gate|ead|lookahead>
+IN_WORDS = {
+    ("generate",): (
+        ("--small", "MODEL"),
+        ("--models", "MODEL,MODEL,..."),
+        ("--catalog", "PATH"),
+        ("--ctx", "N"),
+        ("--temp", "X"),
+        ("--policy", "gate|ead|lookahead"),
+        ("--stop", "TEXT"),
+        ("--tau-range", "LOW:HIGH"),
+        ("--remote-api-key", "KEY"),
+        ("Usage: ead generate [OPTIONS]", "[PROMPT]"),
+    ),
+    ("bench", "humaneval"): (
+        ("--window", "N,N,..."),
+        ("--tau", "X,X,..."),
+        ("--switch-point", "VALUE,VALUE,..."),
+        ("--strategies", "NAME,NAME,..."),
+    ),
+    ("bench", "report"): (("Usage: ead bench report [OPTIONS]", "FOLDERS..."),),
+    ("models", "pull"): (("Usage: ead models pull [OPTIONS]", "ALIAS"),),
+    ("serve",): (("--host", "HOST"), ("--port", "PORT"), ("--api-key", "KEY")),
+}
+
+
+@pytest.mark.parametrize("columns", [100, 200])
+def test_help_says_each_value_in_words(columns: int) -> None:
+    """typer's help showed a value as a Python type (<str>, <list[str]>, <int>), a required argument as
+    {alias}, and a default the command settles itself in parentheses ('[default: (gate)]'), in click's
+    plain help below 120 columns and in the tables from 120 on: each value is a word, as in llama.cpp's
+    help (MODEL, N, X, PATH, TEXT, the choices, A,B,... for a list), and a default is said as given."""
+    root = typer.main.get_command(app)
+    for path, _ in [((), root), *every_command(root)]:
+        result = ead(*path, "--help", stdin=b"", env={"COLUMNS": str(columns)})
+        assert result.returncode == 0, result.stderr
+        shown = result.stdout.decode()
+        usage = shown.split("Usage:", 1)[1].splitlines()[0]
+        assert not TYPE_NAME.search(shown) and "default: (" not in shown and "{" not in usage, (path, shown)
+        for option, word in IN_WORDS.get(path, ()):
+            assert re.search(rf"{re.escape(option)}\s+{re.escape(word)}(\s|$)", shown, re.M), (path, option)
+    generate = ead("generate", "--help", stdin=b"", env={"COLUMNS": str(columns)}).stdout.decode()
+    assert "[default: gate]" in generate and "[default: 512]" in generate
+
+
 def test_help_in_a_huge_terminal_is_as_wide_as_at_most_200_columns() -> None:
     """A width past any screen (COLUMNS=99999999) had typer's tables padded to it: minutes and gigabytes
     for one --help. The help is drawn at most 200 columns wide."""

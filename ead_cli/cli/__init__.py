@@ -14,14 +14,18 @@ import os
 import re
 import signal
 import sys
-from typing import Annotated
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import TyperException
 
 from .. import __version__
 from ..errors import EadError, quoted
+from ..option_table import placeholder
 from ..signals import Terminated, main_thread_signals, terminate_on_sigterm
 from . import generate
 from .bench import bench_app
@@ -96,26 +100,83 @@ def readable_help(group: TyperGroup, plain: bool) -> None:
             readable_help(command, plain)
 
 
-def refuse_help_without_stdout(
+def every_command(
     command: TyperCommand | TyperGroup, parent: typer.Context | None = None
-) -> None:
-    """With stdout closed (``>&-``), ``--help`` of ``command`` and of every command under it says so in one
-    line, as each command says it: click's help had gone nowhere, exit 0. Each context is made as click
-    makes it to run the command (its class and settings, under its parent's), since click keeps the help
-    option first made for a command: the names it answers to come from there (``-h`` set on the app)."""
+) -> Iterator[tuple[TyperCommand | TyperGroup, typer.Context]]:
+    """``command`` and every command under it, each with a context made as click makes it to run the
+    command (its class and settings, under its parent's): click keeps the help option first made for a
+    command, and the names it answers to come from that context (``-h`` set on the app)."""
     context = command.context_class(command, parent=parent, **command.context_settings)
-    option = command.get_help_option(context)
-    if option is not None and option.callback is not None:
-        show = option.callback
-
-        def show_if_it_can(context: typer.Context, parameter: typer.CallbackParam, value: bool) -> object:
-            if value and not context.resilient_parsing:
-                check_stdout("the help")
-            return show(context, parameter, value)
-
-        option.callback = show_if_it_can
+    yield command, context
     for subcommand in command.commands.values() if isinstance(command, TyperGroup) else ():
-        refuse_help_without_stdout(subcommand, context)
+        yield from every_command(subcommand, context)
+
+
+class WordedOption(TyperOption):
+    """An option whose default the command settles itself (None on the command line: "not given", the
+    default declared as ``show_default``) says it as any default is said, ``[default: gate]``: click puts
+    such a default in parentheses, as it does a description, ``(gate)``."""
+
+    def _get_default_string(self, *, show_default_is_str: bool, **given: Any) -> str:
+        if show_default_is_str:
+            return str(self.show_default)
+        return super()._get_default_string(show_default_is_str=show_default_is_str, **given)
+
+
+class WordedArgument(TyperArgument):
+    """An argument as click's help shows one, by its metavar alone (``PROMPT``): required, bare in the
+    usage line, else in brackets; typer had added its type (``<str>``) and put a required one in braces."""
+
+    def display_type_rich(self, ctx: typer.Context) -> str | None:
+        return None
+
+    def get_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return [self.metavar if self.required else f"[{self.metavar}]"]
+
+
+def say_values_in_words(root: TyperGroup) -> None:
+    """Every parameter's value in the help as a word, in llama.cpp's manner (N, X, PATH, TEXT, the choices,
+    or the word its declaration gives, MODEL), where typer shows the Python type it is parsed as
+    (``<int>``, ``<list[str]>``); an argument by its name in capitals; a flag by its name alone. typer
+    makes its parameters' classes itself, with no hook for others: each is given its Worded subclass here."""
+    for command, context in every_command(root):
+        for parameter in command.get_params(context):  # --help's option too
+            if isinstance(parameter, TyperArgument):
+                parameter.__class__ = WordedArgument
+                many = "..." if parameter.nargs != 1 else ""
+                parameter.metavar = parameter.metavar or f"{(parameter.name or '').upper()}{many}"
+            elif isinstance(parameter, TyperOption):
+                parameter.__class__ = WordedOption
+                if parameter.is_flag:  # takes no value: typer had shown <bool>
+                    parameter.metavar = ""
+                elif parameter.metavar is None:
+                    parameter.metavar = _value_word(parameter)
+
+
+def _value_word(option: TyperOption) -> str:
+    """The word for an option's value, from the type typer parses it as (one item's, for a list)."""
+    described = option.type_descriptor
+    kind = typing.get_args(described.annotation)[0] if described.is_list else described.annotation
+    choices = (getattr(choice, "value", choice) for choice in described.choices or ())
+    return placeholder(Path if described.is_path else kind, choices)
+
+
+def refuse_help_without_stdout(root: TyperGroup) -> None:
+    """With stdout closed (``>&-``), ``--help`` of ``root`` and of every command under it says so in one
+    line, as each command says it: click's help had gone nowhere, exit 0."""
+    for command, context in every_command(root):
+        option = command.get_help_option(context)
+        if option is not None and option.callback is not None:
+            option.callback = _refused_without_stdout(option.callback)
+
+
+def _refused_without_stdout(show: Callable[..., object]) -> Callable[..., object]:
+    def show_if_it_can(context: typer.Context, parameter: typer.CallbackParam, value: bool) -> object:
+        if value and not context.resilient_parsing:
+            check_stdout("the help")
+        return show(context, parameter, value)
+
+    return show_if_it_can
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     assert isinstance(command, TyperGroup)  # the app has commands and groups
     readable_help(command, plain=stderr.width < TABLES_MIN_WIDTH)
+    say_values_in_words(command)
     if sys.stdout is None:
         refuse_help_without_stdout(command)
     if stderr.width > HELP_MAX_WIDTH:
@@ -199,10 +261,8 @@ TYPOGRAPHIC_DASHES = ("\u2013", "\u2014")  # en and em dash: what a word process
 
 def _option_names(command: TyperCommand | TyperGroup) -> set[str]:
     """Every option's spellings, of ``command`` and of every command under it."""
-    names = {name for parameter in command.params for name in (*parameter.opts, *parameter.secondary_opts)}
-    for subcommand in command.commands.values() if isinstance(command, TyperGroup) else ():
-        names |= _option_names(subcommand)
-    return names
+    every = (parameter for each, _ in every_command(command) for parameter in each.params)
+    return {name for parameter in every for name in (*parameter.opts, *parameter.secondary_opts)}
 
 
 def _dashed_option(root: TyperGroup, argv: list[str]) -> str | None:

@@ -12,7 +12,7 @@ import typer
 
 from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
 from ..errors import EadError, quoted, shown_path
-from ..option_table import BENCH, OPTIONS, DecodingOption, on
+from ..option_table import BENCH, OPTIONS, DecodingOption, listed, on
 from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
 from ..signals import Terminated
@@ -45,6 +45,7 @@ Strategies = Annotated[
     str,
     typer.Option(
         "--strategies",
+        metavar=listed("NAME"),
         help=f"Comma-separated families: {', '.join(families())} (or small-only, large-only, as reported).",
     ),
 ]
@@ -56,7 +57,9 @@ def _tau_option(kind: PolicyKind) -> tuple[str, Any, str]:
     older = OLDER_TAU_SPELLING.get(kind.name)
     note = f" ({older} is the older spelling)" if older else ""
     spellings = [f"--{kind.name}-tau", *([older] if older else [])]
-    option = typer.Option(*spellings, help=f"{kind.name} thresholds in bits, comma-separated{note}.")
+    option = typer.Option(
+        *spellings, metavar=listed("X"), help=f"{kind.name} thresholds in bits, comma-separated{note}."
+    )
     default = ",".join(f"{tau:g}" for tau in kind.swept_taus)
     return f"{_identifier(kind.name)}_tau", Annotated[str, option], default
 
@@ -68,18 +71,22 @@ def _identifier(name: str) -> str:
 def _sweep_option(option: DecodingOption) -> tuple[str, Any, str | None]:
     """A decoding option the bench sweeps (``option_table``'s BENCH surface): its values, comma-separated,
     under its one spelling (and any older one)."""
-    declared = typer.Option(option.flag, *option.older, help=option.sweep)
+    declared = typer.Option(option.flag, *option.older, metavar=listed(option.placeholder), help=option.sweep)
     default = option.bench_list
     return option.name, Annotated[str if default is not None else str | None, declared], default
 
 
 ServerDraftList = Annotated[
-    str, typer.Option("--server-draft", help="server-spec: llama.cpp's draft lengths, comma-separated.")
+    str,
+    typer.Option(
+        "--server-draft", metavar=listed("N"), help="server-spec: llama.cpp's draft lengths, comma-separated."
+    ),
 ]
 ServerNgramList = Annotated[
     str,
     typer.Option(
         "--server-ngram",
+        metavar=listed("NAME"),
         help=f"server-ngram: llama.cpp's n-gram types, comma-separated: {', '.join(NGRAM_TYPES)}.",
     ),
 ]
@@ -126,8 +133,12 @@ SWEEP_OPTIONS = OptionGroup(
 def bench_humaneval(
     model_options: ModelOptions,
     sweep: Sweep,
-    ids: Annotated[str | None, typer.Option(help="Task numbers, e.g. 1,3,10-20 (default: all).")] = None,
-    split: Annotated[str, typer.Option(help="even (tuning thresholds), odd (reporting) or all.")] = "all",
+    ids: Annotated[
+        str | None, typer.Option(metavar=listed("N"), help="Task numbers, e.g. 1,3,10-20 (default: all).")
+    ] = None,
+    split: Annotated[
+        str, typer.Option(metavar="even|odd|all", help="even (tuning thresholds), odd (reporting) or all.")
+    ] = "all",
     limit: BenchLimit = None,
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
@@ -256,7 +267,10 @@ def bench_replay(
     ],
     model_options: ModelOptions,
     strategies: Annotated[
-        str | None, typer.Option(help="Strategy names to replay, comma-separated (default: all recorded).")
+        str | None,
+        typer.Option(
+            metavar=listed("NAME"), help="Strategy names to replay, comma-separated (default: all recorded)."
+        ),
     ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Folder for replay.json (default: beside results).", parser=given_path)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..depth import CALIBRATION_TOKENS
 from ..errors import EadError, counted, shown_path
+from ..option_table import listed
 from ..options import check_max_tokens
 from .groups import (
     Ctx,
@@ -78,7 +79,11 @@ class EstimatorName(str, Enum):
 def depth_calibrate(
     model: DepthModelArg,
     corpus: Annotated[
-        str, typer.Option(help="Built-in corpora (code, prose) and/or text files, comma-separated.")
+        str,
+        typer.Option(
+            metavar=listed("CORPUS"),
+            help="Built-in corpora (code, prose) and/or text files, comma-separated.",
+        ),
     ] = "code,prose",
     probe_every: ProbeEvery = 4,
     tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = CALIBRATION_TOKENS,
@@ -134,8 +139,12 @@ def depth_generate(
     ] = EstimatorName.full,
     estimator_k: Annotated[int, typer.Option("--estimator-k", help="topk: candidate tokens per probe.")] = 64,
     rank: Annotated[int, typer.Option(help="lowrank: rank of the output matrix's factors.")] = 64,
-    fixed_depth: Annotated[int | None, typer.Option(help="Baseline: every token at K blocks.")] = None,
-    confidence: Annotated[float | None, typer.Option(help="Baseline: exit where H <= H0 bits.")] = None,
+    fixed_depth: Annotated[
+        int | None, typer.Option(metavar="K", help="Baseline: every token at K blocks.")
+    ] = None,
+    confidence: Annotated[
+        float | None, typer.Option(metavar="H0", help="Baseline: exit where H <= H0 bits.")
+    ] = None,
     simulate: Annotated[
         bool, typer.Option(help="Run full depth, probes only observed (exactness check).")
     ] = False,
@@ -208,10 +217,14 @@ def depth_generate(
 def depth_eval(
     model: DepthModelArg,
     tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
-    ids: Annotated[str, typer.Option(help="HumanEval task numbers (odd ids report).")] = "1,3,5,7,9",
+    ids: Annotated[
+        str, typer.Option(metavar=listed("N"), help="HumanEval task numbers (odd ids report).")
+    ] = "1,3,5,7,9",
     tune_ids: Annotated[
         str | None,
-        typer.Option(help="HumanEval task numbers to tune the margin on (even ids), before --ids."),
+        typer.Option(
+            metavar=listed("N"), help="HumanEval task numbers to tune the margin on (even ids), before --ids."
+        ),
     ] = None,
     max_tokens: MaxTokens = 160,
     out: Annotated[

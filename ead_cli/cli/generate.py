@@ -159,12 +159,18 @@ def serve(
     model_options: ModelOptions,
     decoding: Decoding,
     host: Annotated[
-        str, typer.Option(help="Address to listen on (any but loopback: see --api-key).")
+        str, typer.Option(metavar="HOST", help="Address to listen on (any but loopback: see --api-key).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one, said on stderr).")] = 8080,
+    port: Annotated[
+        int, typer.Option(metavar="PORT", help="Port to listen on (0: any free one, said on stderr).")
+    ] = 8080,
     api_key: Annotated[
         str | None,
-        typer.Option(envvar="EAD_API_KEY", help="Every /v1 request must carry Authorization: Bearer KEY."),
+        typer.Option(
+            envvar="EAD_API_KEY",
+            metavar="KEY",
+            help="Every /v1 request must carry Authorization: Bearer KEY.",
+        ),
     ] = None,
     queue: Annotated[
         int, typer.Option(help="Requests that may wait while one generates; past them, 503 and Retry-After.")
@@ -179,7 +185,8 @@ def serve(
     cors_origin: Annotated[
         list[str] | None,
         typer.Option(
-            help="A web page's origin (scheme://host[:port], or *) that may use the server (repeatable)."
+            metavar="ORIGIN",
+            help="A web page's origin (scheme://host[:port], or *) that may use the server (repeatable).",
         ),
     ] = None,
     any_model: Annotated[
@@ -265,7 +272,8 @@ def calibrate(
         typer.Option(help="Policies to calibrate (repeatable; default: gate and ead)."),
     ] = None,
     domain: Annotated[
-        str | None, typer.Option(help="Built-in prompts: code, prose, maths or all (default: all).")
+        str | None,
+        typer.Option(metavar="DOMAIN", help="Built-in prompts: code, prose, maths or all (default: all)."),
     ] = None,
     prompts: Annotated[
         Path | None,

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import EadError
-from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, on
+from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, listed, on
 from ..options import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_TOP_K,
@@ -75,11 +75,15 @@ def given_alias(text: str) -> str:
     return text
 
 
-Small = Annotated[str | None, typer.Option(help="Small model: an alias from models.toml or a .gguf path.")]
+Small = Annotated[
+    str | None,
+    typer.Option(metavar="MODEL", help="Small model: an alias from models.toml or a .gguf path."),
+]
 Large = Annotated[
     str | None,
     typer.Option(
-        help="Large model: an alias from models.toml, a .gguf path, or a llama-server's http://HOST:PORT."
+        metavar="MODEL",
+        help="Large model: an alias from models.toml, a .gguf path, or a llama-server's http://HOST:PORT.",
     ),
 ]
 RemoteTopK = Annotated[
@@ -90,6 +94,7 @@ RemoteApiKey = Annotated[
     str | None,
     typer.Option(
         envvar="EAD_REMOTE_API_KEY",
+        metavar="KEY",
         help="A model on a llama-server started with --api-key: that key, sent as Authorization: Bearer "
         "KEY (the env var keeps it out of ps).",
     ),
@@ -98,6 +103,7 @@ Cascade = Annotated[
     str | None,
     typer.Option(
         "--models",
+        metavar=listed("MODEL"),
         help="Two or more models, smallest first, comma-separated (aliases, paths, or a llama-server's "
         "http://HOST:PORT above the first): a cascade, instead of --small and --large.",
     ),
@@ -229,7 +235,7 @@ def decoding_option(option: DecodingOption, *, given_only: bool = True) -> tuple
         option.flag,
         *option.older,
         help=option.help,
-        metavar=option.metavar,
+        metavar=option.placeholder,
         show_default=shown if shown is not None else default is not None,
     )
     annotation = base | None if default is None else base

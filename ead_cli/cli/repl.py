@@ -79,8 +79,8 @@ def _more(read_line: ReadLine, inside: str) -> str:
 
 
 def _usage(option: DecodingOption) -> str:
-    """A command's argument in /help: its metavar, else NAME, N or X."""
-    return option.metavar or ("NAME" if option.choices else "N" if option.kind is int else "X")
+    """A command's argument in /help: NAME for one of choices (its line names them), else its value's word."""
+    return "NAME" if option.choices else option.placeholder
 
 
 def _as_command(message: str, option: DecodingOption) -> str:
