@@ -10,26 +10,27 @@ from ead_cli.errors import EadError, shown_path
 from ead_cli.paths import lookup, unreadable
 
 GGUF_MAGIC = b"GGUF"
-SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+# A split model's shard, its suffix in any case: ``checked_gguf`` refuses those llama.cpp does not find
+SHARD = re.compile(r"-(\d{5})-of-(\d{5})(\.gguf)$", re.IGNORECASE)
 SHA256 = re.compile(r"[0-9a-f]{64}")  # a hex SHA-256 digest (ollama's blob names, models.toml's pins)
 
 
 def is_gguf_name(name: str) -> bool:
     """A model file's name: ``.gguf`` in any case (LM Studio keeps files saved as ``.GGUF``; llama.cpp
-    reads a file whatever its name). Shards keep llama.cpp's own lower-case spelling (``SHARD``)."""
+    reads a file whatever its name)."""
     return name.lower().endswith(".gguf")
 
 
 def shard_paths(path: Path) -> list[Path]:
     """The files of a model: the path itself, or every shard of a split GGUF (name-0000k-of-0000n.gguf),
-    in order, whether or not they exist: llama.cpp loads a split model from its first shard and finds
-    the others beside it by these names."""
+    in order, with the suffix spelled as in ``path``, whether or not they exist: llama.cpp loads a split
+    model from its first shard and finds the others beside it by these names."""
     match = SHARD.search(path.name)
     if match is None or not 1 <= int(match[1]) <= int(match[2]):
         return [path]
-    total = match[2]
+    total, suffix = match[2], match[3]
     return [
-        path.with_name(SHARD.sub(f"-{i:05d}-of-{total}.gguf", path.name)) for i in range(1, int(total) + 1)
+        path.with_name(SHARD.sub(f"-{i:05d}-of-{total}{suffix}", path.name)) for i in range(1, int(total) + 1)
     ]
 
 
@@ -41,6 +42,11 @@ def checked_gguf(path: Path) -> Path:
     """
     _check_gguf_file(path)
     shards = shard_paths(path)
+    if len(shards) > 1 and not path.name.endswith(".gguf"):
+        raise EadError(
+            f"split model {shown_path(path.name)}: llama.cpp finds a split model's shards only by names that "
+            f"end in '.gguf', in lower case; rename its {len(shards)} shards to end in '.gguf'"
+        )
     missing = [str(shard.absolute()) for shard in shards if lookup(shard) is None]
     if missing:
         raise EadError(

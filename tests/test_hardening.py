@@ -121,6 +121,22 @@ def test_a_split_model_with_a_shard_missing(split_small: list[Path], tiny_large:
     )
 
 
+def test_a_split_model_named_in_upper_case_is_refused_for_its_names(
+    split_small: list[Path], tiny_large: Path
+) -> None:
+    """llama.cpp finds the shards of a split model only by names ending in '-0000k-of-0000n.gguf' in lower
+    case: shards saved as '.GGUF' failed to load as 'truncated, corrupt or unsupported GGUF'."""
+    shards = [shard.rename(shard.with_suffix(".GGUF")) for shard in split_small]
+    for shard in shards:
+        result = ead("generate", *pair_args((shard, tiny_large)), "--mode", "ead", "hi")
+        assert_one_line_error(
+            result,
+            1,
+            f"split model {shard.name}: llama.cpp finds a split model's shards only by names that end in "
+            "'.gguf', in lower case; rename its 2 shards to end in '.gguf'",
+        )
+
+
 def test_an_empty_shard_is_refused(split_small: list[Path], tiny_large: Path) -> None:
     split_small[1].write_bytes(b"")
     result = ead("generate", *pair_args((split_small[0], tiny_large)), "hi")

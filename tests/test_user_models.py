@@ -300,6 +300,19 @@ def test_a_split_lmstudio_model_is_listed_once_with_the_size_of_all_its_shards(t
     assert (listed.path, listed.size) == (folder / "big-00001-of-00003.gguf", 4500)
 
 
+def test_a_split_lmstudio_model_saved_as_upper_case_gguf_is_listed_once_with_why_it_cannot_load(
+    tmp_path: Path,
+) -> None:
+    """Its shards had been listed as two models, each usable: llama.cpp loads neither by these names."""
+    folder = tmp_path / "someone" / "Big-GGUF"
+    folder.mkdir(parents=True)
+    for index in (1, 2):
+        (folder / f"big-0000{index}-of-00002.GGUF").write_bytes(b"GGUF")
+    (listed,) = user_models._lmstudio_models([tmp_path])
+    assert (listed.ref, listed.path) == ("lmstudio:someone/Big-GGUF/big-00001-of-00002.GGUF", None)
+    assert listed.problem.startswith("split model big-00001-of-00002.GGUF: llama.cpp finds a split model's ")
+
+
 def test_a_split_lmstudio_model_without_its_first_shard_is_listed_with_that_problem(
     env: dict[str, str], tiny_small: Path, tiny_large: Path
 ) -> None:
