@@ -90,9 +90,31 @@ def resolve_ollama(name: str) -> Path:
         raise _no_folder("ollama", name, str(root), "OLLAMA_MODELS")
     manifest = root / "manifests" / registry_ / namespace / model / tag
     if not is_file(manifest):
-        have = [found.ref for found in _ollama_models(root)]
-        raise EadError(f"no ollama model {quoted(name)} in {root}{_listing(have)}; see 'ollama list'")
+        manifest = _ollama_manifest_in_any_case(root, (registry_, namespace, model, tag), name)
     return _ollama_blob(manifest, root, name)
+
+
+def _ollama_manifest_in_any_case(root: Path, parts: tuple[str, str, str, str], name: str) -> Path:
+    """The one manifest whose name is ``parts`` in another case: ollama matches a name to the models it
+    has case-insensitively (its server's ``getExistingName``: ``ollama run Qwen2.5:0.5B`` runs
+    ``qwen2.5:0.5b``)."""
+    wanted = [part.lower() for part in parts]
+    manifests = root / "manifests"
+    found = [
+        manifest
+        for manifest in _ollama_manifests(manifests)
+        if [part.lower() for part in manifest.relative_to(manifests).parts] == wanted
+    ]
+    if len(found) == 1:
+        return found[0]
+    if found:  # spellings ollama keeps as one file (put there by hand): which is meant is not guessed
+        refs = [_ollama_ref(*manifest.relative_to(manifests).parts) for manifest in found]
+        raise EadError(
+            f"{quoted(OLLAMA_PREFIX + name)} matches {len(found)} ollama models{_listing(refs)}; "
+            "name one as 'ollama list' spells it"
+        )
+    have = [model.ref for model in _ollama_models(root)]
+    raise EadError(f"no ollama model {quoted(name)} in {root}{_listing(have)}; see 'ollama list'")
 
 
 def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
@@ -135,14 +157,17 @@ def _ollama_blob(manifest: Path, root: Path, name: str) -> Path:
     return path
 
 
+def _ollama_manifests(manifests: Path) -> list[Path]:
+    """The manifest files under ollama's ``manifests`` folder, one per model name, sorted."""
+    if not is_dir(manifests):  # pathlib's glob raised where the folder was closed to this user
+        return []
+    return [manifest for manifest in sorted(manifests.glob("*/*/*/*")) if manifest.is_file()]
+
+
 def _ollama_models(root: Path) -> list[UserModel]:
     manifests = root / "manifests"
     found: list[UserModel] = []
-    if not is_dir(manifests):  # pathlib's glob raised where the folder was closed to this user
-        return found
-    for manifest in sorted(manifests.glob("*/*/*/*")):
-        if not manifest.is_file():
-            continue
+    for manifest in _ollama_manifests(manifests):
         ref = _ollama_ref(*manifest.relative_to(manifests).parts)
         try:
             blob = _ollama_blob(manifest, root, ref.removeprefix(OLLAMA_PREFIX))

@@ -13,7 +13,7 @@ import pytest
 from test_cli import assert_one_line_error, ead
 
 from ead_cli import registry, user_models
-from ead_cli.errors import quoted
+from ead_cli.errors import EadError, quoted
 
 PROMPT = "hello"
 
@@ -167,6 +167,48 @@ def test_broken_ollama_blobs_are_one_line(
     manifest.write_text('{"layers": [{"mediaType": "application/vnd.ollama.image.template"}]}')
     line = refused(env, "ollama:garbled", tiny_large)
     assert line.endswith(f"ollama model 'garbled': its manifest {manifest} has no model layer with a digest")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "qwen2.5:0.5b",
+        "Qwen2.5:0.5B",
+        "library/qwen2.5:0.5b",
+        "Library/QWEN2.5:0.5b",
+        "Registry.Ollama.AI/library/Qwen2.5:0.5B",
+        "someone/MyModel",
+        "SOMEONE/mymodel:Latest",
+    ],
+)
+def test_an_ollama_name_is_found_in_any_case_as_ollama_finds_it(
+    env: dict[str, str], tiny_small: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """ollama matches a name to the models it has case-insensitively (its server's getExistingName), so
+    'ollama run Qwen2.5:0.5B' runs qwen2.5:0.5b; ead had looked for the manifest as spelled and found none."""
+    root = Path(env["OLLAMA_MODELS"])
+    blob = add_ollama_model(root, "qwen2.5", "0.5b", tiny_small.read_bytes())
+    assert add_ollama_model(root, "MyModel", "latest", tiny_small.read_bytes(), namespace="someone") == blob
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    assert user_models.resolve_ollama(name) == blob
+
+
+def test_ollama_names_that_differ_only_in_case_are_each_found_by_their_own_spelling(
+    env: dict[str, str], tiny_small: Path, tiny_large: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two manifests whose names differ only in case (ollama keeps one file per name, so put there by
+    hand): each is found as spelled, and another spelling names both rather than one by chance."""
+    root = Path(env["OLLAMA_MODELS"])
+    lower = add_ollama_model(root, "tiny", "latest", tiny_small.read_bytes())
+    upper = add_ollama_model(root, "Tiny", "latest", tiny_large.read_bytes())
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    assert (user_models.resolve_ollama("tiny"), user_models.resolve_ollama("Tiny")) == (lower, upper)
+    with pytest.raises(EadError) as caught:
+        user_models.resolve_ollama("TINY")
+    assert str(caught.value) == (
+        "'ollama:TINY' matches 2 ollama models (has: ollama:Tiny:latest, ollama:tiny:latest); "
+        "name one as 'ollama list' spells it"
+    )
 
 
 def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) -> None:
