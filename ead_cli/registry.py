@@ -187,6 +187,7 @@ def resolve(
     if ref.startswith(LMSTUDIO_PREFIX):
         return resolve_lmstudio(ref.removeprefix(LMSTUDIO_PREFIX))
     if _is_path(ref):
+        _refuse_hub_repo(ref, catalog, f"model file not found: {shown_path(ref)}")
         return checked_gguf(expand_home(ref, f"the model path {ref}"))
     return _fetch(catalog.spec(ref), allow_download=allow_download, progress=progress)
 
@@ -206,6 +207,7 @@ def _is_path(ref: str) -> bool:
 
 def pull(alias: str, catalog: Catalog, progress: Progress | None = None) -> Path:
     """Make an alias available locally (offline packages first, else the hub) and return its file."""
+    _refuse_hub_repo(alias, catalog, f"{quoted(alias)} is no alias")
     _refuse_user_model(
         alias, "ead pulls only the aliases of models.toml, and uses others where they lie", "pull", "fetches"
     )
@@ -223,6 +225,26 @@ def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does
         )
     if ref.startswith(LMSTUDIO_PREFIX) or _is_path(ref):
         raise EadError(f"'{ref}' is a file of yours, not ead's: {ead_does}")
+
+
+def _refuse_hub_repo(ref: str, catalog: Catalog, lead: str) -> None:
+    """Refuse a Hugging Face repo id (``owner/name``, or llama.cpp's ``owner/name:QUANT``) that names no
+    file here, after ``lead``, saying that ead takes a repo through an alias, and which: it had read as a
+    missing file, or to ``pull`` and ``rm`` as a file of the user's."""
+    repo = ref.partition(":")[0]
+    if is_gguf_name(ref) or not _REPO.fullmatch(repo) or lookup(Path(ref)) is not None:
+        return
+    aliases = [alias for alias, spec in catalog.models.items() if spec.repo.lower() == repo.lower()]
+    if len(aliases) == 1:
+        advice = f"name it by its alias, {aliases[0]}"
+    elif aliases:
+        advice = f"name it by one of its aliases, {', '.join(aliases)}"
+    else:
+        advice = (
+            f"add one for {repo} to a models file (a [models.NAME] table with its repo and a .gguf pattern; "
+            "--catalog FILE or $EAD_MODELS)"
+        )
+    raise EadError(f"{lead}, and ead takes a Hugging Face repo only through an alias: {advice}")
 
 
 def local_status(spec: ModelSpec) -> str | None:
@@ -679,6 +701,7 @@ def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) 
     that ead has no record of assembling (put there by hand), a link (never followed), ollama's blobs, LM
     Studio's and other users' files, the hub's cache.
     """
+    _refuse_hub_repo(ref, catalog, f"{quoted(ref)} is no alias")
     _refuse_user_model(ref, "ead removes only the copies in its own cache", "rm", "deletes")
     spec = catalog.spec(ref)
     if spec.offline is None:

@@ -1213,3 +1213,51 @@ def test_a_blank_alias_is_a_usage_error(command: str) -> None:
     none, a usage error as ``--small ''`` is."""
     line = assert_one_line_error(ead("models", command, " "), 2, "ALIAS must name a model")
     assert "unknown model alias" not in line
+
+
+def test_a_hugging_face_repo_id_given_for_a_model_says_ead_takes_it_through_an_alias(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub repo id had read as a missing file ('model file not found: Qwen/Qwen2.5-0.5B-Instruct-GGUF')
+    or, to pull and rm, as 'a file of yours': ead fetches a repo only through an alias, the catalog's
+    one for it where there is one; llama.cpp's REPO:QUANT spelling too."""
+    models_file = tmp_path / "models.toml"
+    models_file.write_text(
+        "".join(
+            f'[models.{alias}]\nrepo = "{repo}"\npattern = "{alias}-*.gguf"\n'
+            for alias, repo in (("mine", "Someone/Tiny-GGUF"), ("a", "Two/Both-GGUF"), ("b", "Two/Both-GGUF"))
+        )
+    )
+    catalog = load_catalog(models_file)
+    monkeypatch.chdir(tmp_path)
+    add = (
+        "add one for someone/Other-GGUF to a models file (a [models.NAME] table with its repo and a .gguf "
+        "pattern; --catalog FILE or $EAD_MODELS)"
+    )
+    cases = {
+        "Qwen/Qwen2.5-0.5B-Instruct-GGUF": "name it by its alias, q0.5b",
+        "qwen/qwen2.5-0.5b-instruct-gguf:Q4_K_M": "name it by its alias, q0.5b",
+        "someone/tiny-gguf": "name it by its alias, mine",
+        "Two/Both-GGUF": "name it by one of its aliases, a, b",
+        "someone/Other-GGUF": add,
+    }
+    for ref, advice in cases.items():
+        how = f", and ead takes a Hugging Face repo only through an alias: {advice}"
+        for refuse, lead in (
+            (resolve, f"model file not found: {ref}"),
+            (pull, f"'{ref}' is no alias"),
+            (remove_cached, f"'{ref}' is no alias"),
+        ):
+            with pytest.raises(EadError) as caught:
+                refuse(ref, catalog)
+            assert str(caught.value) == lead + how
+    (tmp_path / "someone").mkdir()
+    (tmp_path / "someone" / "Other-GGUF").write_bytes(b"PK")  # a file of that name is taken as the file
+    with pytest.raises(EadError) as caught:
+        resolve("someone/Other-GGUF", catalog)
+    assert str(caught.value) == "not a GGUF file (bad magic): someone/Other-GGUF"
+    result = ead("generate", "--large", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "hi")
+    assert assert_one_line_error(result, 1) == (
+        "error: model file not found: Qwen/Qwen2.5-0.5B-Instruct-GGUF, and ead takes a Hugging Face repo "
+        "only through an alias: name it by its alias, q0.5b"
+    )
