@@ -217,7 +217,7 @@ def _gguf_files(root: Path) -> list[Path]:
 
 def resolve_lmstudio(name: str) -> Path:
     """A path under an LM Studio models folder (a file, or a folder holding one model), else a file name
-    with or without ``.gguf``, matched case-insensitively."""
+    with or without ``.gguf``, each matched case-insensitively."""
     name = _under_the_folder(name)
     roots = lmstudio_models_dirs()
     for root in roots:
@@ -232,6 +232,7 @@ def resolve_lmstudio(name: str) -> Path:
         model
         for model in models
         if wanted in (_file_name(model), _file_name(model).removesuffix(".gguf"))
+        or model.ref.lower() == f"{LMSTUDIO_PREFIX}{wanted}"
         or model.ref.lower().startswith(f"{LMSTUDIO_PREFIX}{wanted}/")
     ]
     if len(matches) == 1:

@@ -392,18 +392,25 @@ def test_lmstudio_models_in_a_linked_folder_are_found_and_a_link_loop_ends(
         assert user_models.resolve_lmstudio(name) == listed.path
 
 
-def test_an_lmstudio_model_file_ending_in_upper_case_gguf_is_listed_and_found_by_its_name(
+def test_an_lmstudio_model_file_ending_in_upper_case_gguf_is_listed_and_found_in_any_case(
     tmp_path: Path, tiny_small: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The suffix is taken in any case, as a model named is (``lmstudio:TINY-Q4.gguf``): a file saved as
-    ``tiny-q4.GGUF`` loaded when its path was given but was left out of ``ead models list``."""
+    ``tiny-q4.GGUF`` loaded when its path was given but was left out of ``ead models list``. Its path in
+    another case is found as its name and its folder are (it had been 'no LM Studio model')."""
     folder = tmp_path / "someone" / "Tiny-GGUF"
     folder.mkdir(parents=True)
     shutil.copyfile(tiny_small, folder / "tiny-q4.GGUF")
     monkeypatch.setenv("LMSTUDIO_MODELS", str(tmp_path))
     (listed,) = user_models._lmstudio_models([tmp_path])
     assert (listed.ref, listed.path) == ("lmstudio:someone/Tiny-GGUF/tiny-q4.GGUF", folder / "tiny-q4.GGUF")
-    for name in ("tiny-q4", "tiny-q4.gguf", "someone/Tiny-GGUF"):
+    for name in (
+        "tiny-q4",
+        "tiny-q4.gguf",
+        "someone/Tiny-GGUF",
+        "someone/tiny-gguf",
+        "SOMEONE/Tiny-GGUF/TINY-Q4.gguf",
+    ):
         assert user_models.resolve_lmstudio(name) == listed.path
 
 
