@@ -62,12 +62,16 @@ def user_models() -> list[UserModel]:
 
 
 def _ollama_name(name: str) -> tuple[tuple[str, str, str], str]:
-    """(registry, namespace, model) and tag of ``NAME[:TAG]``, as ollama fills them in."""
+    """(registry, namespace, model) and tag of ``NAME[:TAG]``, as ollama fills them in; a registry may
+    come with the scheme ollama reaches it by (``https://registry.ollama.ai/library/qwen2.5``), which
+    no manifest's path holds."""
     head, colon, tag = name.rpartition(":")
     if not colon or "/" in tag:  # the colon, if any, belongs to a registry's port
         head, tag = name, "latest"
-    parts = head.split("/")
-    if len(parts) > 3 or any(part in ("", ".", "..") for part in (*parts, tag)):
+    _, scheme, address = head.partition("://")
+    parts = (address if scheme else head).split("/")
+    too_many_or_few = len(parts) != 3 if scheme else len(parts) > 3  # a scheme comes with a registry
+    if too_many_or_few or any(part in ("", ".", "..") for part in (*parts, tag)):
         raise EadError(
             f"not an ollama model name: {quoted(name)} (expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])"
         )

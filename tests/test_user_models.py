@@ -177,6 +177,7 @@ def test_broken_ollama_blobs_are_one_line(
         "library/qwen2.5:0.5b",
         "Library/QWEN2.5:0.5b",
         "Registry.Ollama.AI/library/Qwen2.5:0.5B",
+        "https://registry.ollama.ai/library/qwen2.5:0.5b",
         "someone/MyModel",
         "SOMEONE/mymodel:Latest",
     ],
@@ -185,7 +186,8 @@ def test_an_ollama_name_is_found_in_any_case_as_ollama_finds_it(
     env: dict[str, str], tiny_small: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """ollama matches a name to the models it has case-insensitively (its server's getExistingName), so
-    'ollama run Qwen2.5:0.5B' runs qwen2.5:0.5b; ead had looked for the manifest as spelled and found none."""
+    'ollama run Qwen2.5:0.5B' runs qwen2.5:0.5b; ead had looked for the manifest as spelled and found none.
+    A registry given with its scheme, as ollama reads one (ParseNameBare), is the same model."""
     root = Path(env["OLLAMA_MODELS"])
     blob = add_ollama_model(root, "qwen2.5", "0.5b", tiny_small.read_bytes())
     assert add_ollama_model(root, "MyModel", "latest", tiny_small.read_bytes(), namespace="someone") == blob
@@ -212,7 +214,7 @@ def test_ollama_names_that_differ_only_in_case_are_each_found_by_their_own_spell
 
 
 def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) -> None:
-    for name in ("a/b/c/d", "../x", "x:", "x//y"):
+    for name in ("a/b/c/d", "../x", "x:", "x//y", "https://library/x", "https://x"):
         line = refused(env, f"ollama:{name}", tiny_large)
         assert f"not an ollama model name: '{name}'" in line
     (Path(env["OLLAMA_MODELS"]) / "manifests").mkdir(parents=True)
