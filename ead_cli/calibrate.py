@@ -81,12 +81,11 @@ def split_prompts(domain: str, file_prompts: Sequence[str] | None = None) -> tup
 def _encode_each(runners: Sequence[Runner], prompts: Sequence[str], kind: str) -> list[list[int]]:
     """Each prompt's token ids, each checked to leave the context room for an answer: a prompt too long
     is one line naming it before any answer runs, not after minutes of calibration."""
-    n_ctx = min(runner.n_ctx for runner in runners)
     encoded = []
     for number, prompt in enumerate(prompts, 1):
         rendered = render_prompt(runners[0], prompt)
         try:
-            tokens = encode_fitting(runners[0], rendered, n_ctx)
+            tokens = encode_fitting(runners[0], rendered, runners)
         except EadError as error:
             excerpt = prompt if len(prompt) <= 30 else f"{prompt[:30]}..."
             raise EadError(f"{kind} prompt {number} ({excerpt!r}): {error}", error.exit_code) from None

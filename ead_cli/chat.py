@@ -147,7 +147,7 @@ class Conversation:
         room for a message and an answer: said now, not as a prompt too long at the next message."""
         if text:
             check_text(text, "the system message")
-            check_system_fits(self._text_model, text, self.n_ctx)
+            check_system_fits(self._text_model, text, self.runners)
         self._system = text or None
 
     @property
@@ -190,16 +190,16 @@ class Conversation:
         # The message alone, as the template writes it (which may trim it): too long by its length, no
         # new conversation would help.
         alone = self._render(messages[-1:], add_generation_prompt=True)
-        check_length_fits(self._text_model, alone, self.n_ctx)
+        check_length_fits(self._text_model, alone, self.runners)
         rendered = self._render(messages, add_generation_prompt=True) if self.messages else alone
         prompt = self._extend(self.tokens, self._text, rendered)
         if len(prompt) >= self.n_ctx and self.turns:
-            check_fits(encode_rendered(self._text_model, alone), self.n_ctx)  # a new one would not help
+            check_fits(encode_rendered(self._text_model, alone), self.runners)  # a new one would not help
             raise ContextFull(
                 f"the context is full: the conversation with this message is {len(prompt)} tokens, "
                 f"the context holds {self.n_ctx}"
             )
-        check_fits(prompt, self.n_ctx)
+        check_fits(prompt, self.runners)
         policy = self.effective_policy
         decoder = build_decoder(self.runners, policy, self.generation)
         request = _Request(messages, prompt, rendered, policy, self.generation, self.system)

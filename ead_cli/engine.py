@@ -164,15 +164,6 @@ def build_decoder(
         raise EadError(str(error), exit_code=2) from None
 
 
-def context_advice(runners: Sequence[Runner | RemoteRunner]) -> str:
-    """How to make the context larger: --ctx sizes the local models', a server its own, which is the run's
-    where it is the smallest ('raise --ctx' had been the advice there, which changed nothing)."""
-    narrowest = min(runners, key=lambda runner: runner.n_ctx)  # the first, a local one, in a tie
-    if isinstance(narrowest, RemoteRunner):
-        return f"{cut(narrowest.url)} serves the smallest: start it with a larger one"
-    return "raise --ctx"
-
-
 def close_all(runners: Sequence[Runner]) -> None:
     for runner in runners:
         runner.close()

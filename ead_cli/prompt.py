@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import jinja2
@@ -12,10 +13,12 @@ import numpy as np
 from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from .errors import EadError, shown_path
+from .errors import EadError, cut, shown_path
+from .remote import RemoteRunner
 from .runner import Runner
 
 Message = dict[str, Any]  # role and content; with tools, an assistant's tool_calls, a tool's tool_call_id
+Runners = Sequence[Runner | RemoteRunner]  # a run's models, whose smallest context is the run's
 
 
 def _token_text(runner: Runner, token: int) -> str:
@@ -114,21 +117,22 @@ def _render_prompt(runner: Runner, text: str, *, system: str | None, raw: bool) 
     return rendered
 
 
-def check_system_fits(runner: Runner, system: str, n_ctx: int) -> None:
+def check_system_fits(runner: Runner, system: str, runners: Runners) -> None:
     """Refuse a system message that leaves no room for a message and an answer, naming it rather than
     the prompt it would make too long: the tokens counted are those of the prompt it opens with an empty
     message, the template's text around it included."""
     opened = _render_prompt(runner, "", system=system, raw=False)
-    check_length_fits(runner, opened, n_ctx, "the system message")
-    check_fits(encode_rendered(runner, opened), n_ctx, "the system message")
+    check_length_fits(runner, opened, runners, "the system message")
+    check_fits(encode_rendered(runner, opened), runners, "the system message")
 
 
-def encode_fitting(runner: Runner, rendered: str, n_ctx: int) -> list[int]:
-    """``encode_rendered`` for a prompt that must leave the context room for an answer: one too long is
-    refused, and one too long by its length alone before it is tokenized (``check_length_fits``)."""
-    check_length_fits(runner, rendered, n_ctx)
+def encode_fitting(runner: Runner, rendered: str, runners: Runners) -> list[int]:
+    """``encode_rendered`` for a prompt that must leave the context of ``runners`` room for an answer: one
+    too long is refused, and one too long by its length alone before it is tokenized
+    (``check_length_fits``)."""
+    check_length_fits(runner, rendered, runners)
     prompt = encode_rendered(runner, rendered)
-    check_fits(prompt, n_ctx)
+    check_fits(prompt, runners)
     return prompt
 
 
@@ -231,29 +235,45 @@ def _fewest_by_pairs(data: bytes, by_pair: np.ndarray, longest: int, enough: int
     return count
 
 
-def check_length_fits(runner: Runner, text: str, n_ctx: int, what: str = "the prompt") -> None:
-    """Refuse, before tokenizing it, a text too long for the context by its length alone: llama.cpp's
-    tokenizer holds every token of the whole text (~75 bytes each, ~750 MB for 10 MB of text) whatever
-    the buffer it is given. A text short enough to tokenize cheaply skips the vocabulary pass this takes.
-    ``what`` is what is too long."""
+def check_length_fits(runner: Runner, text: str, runners: Runners, what: str = "the prompt") -> None:
+    """Refuse, before tokenizing it with ``runner``, a text too long for the context of ``runners`` by its
+    length alone: llama.cpp's tokenizer holds every token of the whole text (~75 bytes each, ~750 MB for
+    10 MB of text) whatever the buffer it is given. A text short enough to tokenize cheaply skips the
+    vocabulary pass this takes. ``what`` is what is too long."""
+    n_ctx = context_size(runners)
     if len(text) < n_ctx * TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN:
         return
     fewest = fewest_tokens(runner, text, n_ctx)
     if fewest >= n_ctx:
-        raise EadError(
-            f"{what} is at least {fewest} tokens ({len(text)} characters), {_past_the_context(n_ctx, what)}",
-            exit_code=2,
-        )
+        past = _past_the_context(runners, what)
+        raise EadError(f"{what} is at least {fewest} tokens ({len(text)} characters), {past}", exit_code=2)
 
 
-def check_fits(prompt: list[int], n_ctx: int, what: str = "the prompt") -> None:
-    """A prompt must leave room for at least one generated token; ``what`` is what is too long."""
-    if len(prompt) >= n_ctx:
-        raise EadError(f"{what} is {len(prompt)} tokens, {_past_the_context(n_ctx, what)}", exit_code=2)
+def check_fits(prompt: list[int], runners: Runners, what: str = "the prompt") -> None:
+    """A prompt must leave room in the context of ``runners`` for at least one generated token; ``what``
+    is what is too long."""
+    if len(prompt) >= context_size(runners):
+        raise EadError(f"{what} is {len(prompt)} tokens, {_past_the_context(runners, what)}", exit_code=2)
 
 
-def _past_the_context(n_ctx: int, what: str = "the prompt") -> str:
+def context_size(runners: Runners) -> int:
+    """The run's context: every model holds the whole sequence."""
+    return min(runner.n_ctx for runner in runners)
+
+
+def context_advice(runners: Runners) -> str:
+    """How to make the context larger: --ctx sizes the local models', a server its own, which is the run's
+    where it is the smallest ('raise --ctx' had been the advice there, which changed nothing)."""
+    narrowest = min(runners, key=lambda runner: runner.n_ctx)  # the first, a local one, in a tie
+    if isinstance(narrowest, RemoteRunner):
+        where = f"start the server at {cut(narrowest.url)} with a larger -c"
+        return f"{where}, llama-server's context size, which --ctx does not set"
+    return "raise --ctx"
+
+
+def _past_the_context(runners: Runners, what: str) -> str:
+    n_ctx = context_size(runners)
     return (
         f"too many for the context of {n_ctx} tokens: it takes at most {n_ctx - 1}, to leave room for "
-        f"the answer (raise --ctx or shorten {what})"
+        f"the answer ({context_advice(runners)} or shorten {what})"
     )

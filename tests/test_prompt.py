@@ -93,11 +93,11 @@ def test_a_text_too_long_by_its_length_is_refused_before_tokenizing(tiny_small: 
         "takes at most 255, to leave room for the answer (raise --ctx or shorten the prompt)"
     )
     with pytest.raises(EadError, match=f"^{re.escape(message)}$"):
-        check_length_fits(runner, text, 256)
-    check_length_fits(runner, text[1:], 256)  # shorter: tokenized, which check_fits then refuses
+        check_length_fits(runner, text, [runner])
+    check_length_fits(runner, text[1:], [runner])  # shorter: tokenized, which check_fits then refuses
     with pytest.raises(EadError, match=r"^the prompt is 8191 tokens, too many for the context of 256 tokens"):
-        encode_fitting(runner, text[1:], 256)
-    assert encode_fitting(runner, "z" * 255, 256) == encode_rendered(runner, "z" * 255)
+        encode_fitting(runner, text[1:], [runner])
+    assert encode_fitting(runner, "z" * 255, [runner]) == encode_rendered(runner, "z" * 255)
 
 
 class CountingRunner(Runner):
@@ -122,7 +122,7 @@ def test_a_long_piece_does_not_let_a_text_too_long_through_to_the_tokenizer(tmp_
     assert runner.token_reach is not None and runner.token_reach.longest == len(LONG_TOKEN)
     text = "z" * (40 * 256)
     with pytest.raises(EadError, match=r"^the prompt is at least 256 tokens \(10240 characters\), too many"):
-        encode_fitting(runner, text, 256)
+        encode_fitting(runner, text, [runner])
     assert text not in runner.tokenized
     fits = LONG_TOKEN * 254  # long pieces: as long by its length, but tokenized, and fitting
-    assert len(encode_fitting(runner, fits, 256)) == 254 and runner.tokenized[-1] == fits
+    assert len(encode_fitting(runner, fits, [runner])) == 254 and runner.tokenized[-1] == fits

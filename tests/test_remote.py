@@ -296,16 +296,30 @@ def test_a_server_still_loading_its_model_past_the_timeout_says_so(tiny_pair) ->
     ]
 
 
-def test_an_answer_stopped_by_the_server_s_context_says_to_raise_that(tiny_pair, tmp_path) -> None:
-    """The server's context is the run's where it is the smallest: '(raise --ctx)' had been the advice
-    when it filled, where --ctx was already past it."""
+SERVER_CONTEXT_ADVICE = (
+    "start the server at {url} with a larger -c, llama-server's context size, which --ctx does not set"
+)
+
+
+def test_a_context_the_server_s_makes_too_small_says_to_raise_that(tiny_pair, tmp_path) -> None:
+    """The server's context is the run's where it is the smallest: 'raise --ctx' had been the advice
+    when an answer filled it and when a prompt did not fit it, where --ctx was already past it."""
     with llama_server(tiny_pair[1], tmp_path, n_ctx=256) as (_, url):  # llama-server's least per slot
-        args = ["--mode", "large", "--ctx", "4096", "--max-tokens", "400", "--format", "jsonl", "hi"]
-        result = ead("generate", *models(tiny_pair[0], url), *args)
-    assert result.returncode == 0, result.stderr
-    note = result.stderr.decode().strip()
+        args = ["--mode", "large", "--ctx", "4096", "--max-tokens", "400", "--format", "jsonl"]
+        answer = ead("generate", *models(tiny_pair[0], url), *args, "hi")
+        # each 'z' one token of the tiny vocabulary
+        prompt = ead("generate", *models(tiny_pair[0], url), *args, "--raw", "z" * 255)
+        system = ead("chat", *models(tiny_pair[0], url), "--ctx", "4096", "--system", "z" * 300, stdin=b"")
+    advice = SERVER_CONTEXT_ADVICE.format(url=url)
+    assert answer.returncode == 0, answer.stderr
+    note = answer.stderr.decode().strip()
     assert note.startswith("the context (255 tokens) is full: the answer stops at "), note
-    assert note.endswith(f"of the 400 asked ({url} serves the smallest: start it with a larger one)"), note
+    assert note.endswith(f"of the 400 asked ({advice})"), note
+    assert assert_one_line_error(prompt, 2) == (
+        "error: the prompt is 255 tokens, too many for the context of 255 tokens: it takes at most 254, to "
+        f"leave room for the answer ({advice} or shorten the prompt)"
+    )
+    assert assert_one_line_error(system, 2).endswith(f"({advice} or shorten the system message)")
 
 
 def test_the_smallest_model_must_be_local(tiny_pair, served_large) -> None:

@@ -157,9 +157,8 @@ class Item:
 
 def _fitting(runners: Sequence[Runner], items: list[Item]) -> list[Item]:
     """Refuse the whole bench up front if any prompt leaves no room to generate."""
-    n_ctx = min(runner.n_ctx for runner in runners)
     for item in items:
-        check_fits(item.prompt, n_ctx)
+        check_fits(item.prompt, runners)
     return items
 
 

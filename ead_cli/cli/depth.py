@@ -191,7 +191,7 @@ def depth_generate(
         options = replace(options, probe_every=loaded.profile.probes[0])
     try:
         rendered = render_prompt(loaded.runner, text, raw=raw)
-        tokens = encode_fitting(loaded.runner, rendered, loaded.runner.n_ctx)
+        tokens = encode_fitting(loaded.runner, rendered, [loaded.runner])
         layers = loaded.probes(options)
         if output_format is OutputFormat.jsonl:
             renderer: DepthTextRenderer | DepthJsonlRenderer = DepthJsonlRenderer(sys.stdout)

@@ -52,8 +52,15 @@ def generate(
     """Generate one answer: by default the large model alone (the fastest way to its quality here);
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy."""
-    from ..engine import build_decoder, close_all, context_advice, load_runners
-    from ..prompt import check_prompt_text, check_system_fits, check_text, encode_fitting, render_prompt
+    from ..engine import build_decoder, close_all, load_runners
+    from ..prompt import (
+        check_prompt_text,
+        check_system_fits,
+        check_text,
+        context_advice,
+        encode_fitting,
+        render_prompt,
+    )
     from .render import (
         JsonlRenderer,
         TextRenderer,
@@ -83,8 +90,8 @@ def generate(
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
         rendered = render_prompt(runners[0], text, system=system, raw=raw)
         if system:  # a system message too long is named, not the prompt it makes too long
-            check_system_fits(runners[0], system, decoder.n_ctx)
-        tokens = encode_fitting(runners[0], rendered, decoder.n_ctx)
+            check_system_fits(runners[0], system, runners)
+        tokens = encode_fitting(runners[0], rendered, runners)
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:

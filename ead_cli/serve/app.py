@@ -697,9 +697,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         try:
             if isinstance(given, str):
                 check_special_tokens_fit(given, specials, engine.n_ctx)
-                prompt = encode_fitting(engine.runners[0], given, engine.n_ctx)
+                prompt = encode_fitting(engine.runners[0], given, engine.runners)
             else:
-                check_fits(given, engine.n_ctx)
+                check_fits(given, engine.runners)
                 prompt = given
         except EadError as error:
             field = "messages" if isinstance(body, ChatRequest) else "prompt"
