@@ -49,6 +49,12 @@ UNUSED_PICK_BIAS = 100
 ADDRESS_FORM = (
     "a server address must look like http://HOST:PORT[/PREFIX], or the same ending in /v1 (OpenAI-compatible)"
 )
+# An endpoint of llama-server's own (an OpenAI one is what follows /v1) that ends an address given where
+# the server's is meant: llama.cpp's docs show each as a full URL (http://localhost:8080/completion)
+LLAMA_SERVER_ENDPOINT = re.compile(
+    r"/(chat/completions|completions?|(de)?tokenize|embeddings?|infill|rerank(ing)?|apply-template"
+    r"|health|props|slots|metrics|models)$"
+)
 # A model reference meant as an address: a URL's scheme (two characters or more: C:/ is a drive) and a
 # slash, or http:// mistyped (http:/HOST, http//HOST, http:HOST)
 ADDRESS_LIKE = re.compile(r"[a-z][a-z0-9+.-]+:/|https?(:|//)", re.IGNORECASE)
@@ -97,9 +103,9 @@ def server_address(url: str) -> tuple[str, int, str]:
     http://HOST:PORT[/PREFIX][/v1] is a usage error, an unclosed IPv6 bracket or a bad port too (urlsplit
     checks the port only when asked for it). So are the parts ead would not use, rather than dropped
     without a word: port 0, a query or fragment, a user and password, spaces in the host or path, and a
-    path with v1 before its end (an endpoint, such as /v1/completions, not where the API starts), and a
     host name the resolver cannot encode (a label past 63 characters or empty: a traceback had followed).
-    Another scheme (https, ftp, file) is named as such."""
+    Another scheme (https, ftp, file) is named as such, and a path that ends in an endpoint (anything
+    after /v1, or one of llama-server's own) with the server's address to give instead."""
     bad = EadError(f"{quoted(url)}: {ADDRESS_FORM}", exit_code=2)
     try:
         parts = urlsplit(url)
@@ -117,7 +123,6 @@ def server_address(url: str) -> tuple[str, int, str]:
         parts.scheme != "http"
         or not parts.hostname
         or port == 0
-        or "v1" in path.split("/")[:-1]
         or parts.query
         or parts.fragment
         or "@" in parts.netloc
@@ -125,7 +130,22 @@ def server_address(url: str) -> tuple[str, int, str]:
         or not all(char.isprintable() and not char.isspace() for char in parts.netloc + path)
     ):
         raise bad
+    ending = _endpoint(path)
+    if ending is not None:
+        served, endpoint = ending
+        address = cut(f"{parts.scheme}://{parts.netloc}{served}")
+        message = f"{quoted(url)} ends in the endpoint {cut(endpoint)}: give the server's address, {address}"
+        raise EadError(message, exit_code=2)
     return parts.hostname, port, path
+
+
+def _endpoint(path: str) -> tuple[str, str] | None:
+    """(the server's path, the endpoint after it) where an address's ``path`` ends in an endpoint."""
+    api, v1, after = path.partition("/v1/")
+    if v1:
+        return f"{api}/v1", f"/{after}"
+    found = LLAMA_SERVER_ENDPOINT.search(path)
+    return (path[: found.start()], found.group()) if found else None
 
 
 class RemoteError(EadError):

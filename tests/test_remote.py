@@ -359,8 +359,6 @@ def test_a_server_that_is_down_at_start_is_one_line(tiny_pair, scheme: str) -> N
         # parts that had been dropped without a word (port 0 had become 80, a path other than /v1 had
         # been ignored but named in every error, a user and password were never sent but printed)
         "http://127.0.0.1:0",
-        "http://127.0.0.1:8080/v1/completions",  # an endpoint, not where the API starts
-        "http://127.0.0.1:8080/proxy/v1/models",
         # a path http.client cannot send: it had been a traceback once a path was taken as a prefix
         "http://127.0.0.1:8080/a b",
         "http://127.0.0.1:8080/café",
@@ -382,6 +380,34 @@ def test_a_malformed_server_address_is_a_usage_error_before_loading(tiny_pair, u
     message = f"error: {quoted(url)}: {ADDRESS_FORM}"
     assert assert_one_line_error(ead("generate", *models(tiny_pair[0], url), "hi"), 2) == message
     assert assert_one_line_error(ead("generate", *models(Path("absent.gguf"), url), "hi"), 2) == message
+
+
+@pytest.mark.parametrize(
+    ("path", "endpoint", "address"),
+    [
+        ("/completion", "/completion", ""),
+        ("/chat/completions/", "/chat/completions", ""),
+        ("/health", "/health", ""),
+        ("/proxy/tokenize", "/tokenize", "/proxy"),
+        ("/v1/completions", "/completions", "/v1"),
+        ("/v1/chat/completions", "/chat/completions", "/v1"),
+        ("/proxy/v1/models/", "/models", "/proxy/v1"),
+    ],
+)
+def test_an_address_that_ends_in_an_endpoint_says_which_address_to_give(
+    tiny_pair, path: str, endpoint: str, address: str
+) -> None:
+    """An endpoint copied from llama-server's or OpenAI's docs: one in /v1 had been refused as malformed,
+    with no word of what was wrong, and one of llama-server's own taken as a proxy's prefix ('is not a
+    llama-server: GET /completion/health answered HTTP 404'). The line names the address to give,
+    before the small model loads (here it is a file that is not there)."""
+    url = f"http://127.0.0.1:8080{path}"
+    expected = (
+        f"error: {quoted(url)} ends in the endpoint {endpoint}: give the server's address, "
+        f"http://127.0.0.1:8080{address}"
+    )
+    for small in (tiny_pair[0], Path("absent.gguf")):
+        assert assert_one_line_error(ead("generate", *models(small, url), "hi"), 2) == expected
 
 
 @pytest.mark.parametrize(
@@ -1237,7 +1263,7 @@ def test_a_long_server_address_is_cut_where_it_is_refused(
     assert len(line) < 400, line
 
 
-@pytest.mark.parametrize("suffix", ["", "/", "/v1"])
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
 def test_a_server_behind_a_path_prefix_is_asked_there(tiny_pair, served_large, suffix: str) -> None:
     """Behind a reverse proxy at http://HOST/proxy every request goes under /proxy: llama-server's own
     endpoints (/tokenize) had been asked at the root for an address with /v1, and an address with
