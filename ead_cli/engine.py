@@ -12,7 +12,8 @@ from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError, cut
 from .hardware import repack_choice
 from .options import GenerationOptions, ModelOptions, PolicyOptions
-from .remote import RemoteRunner, connect, is_remote, server_address
+from .registry import is_remote
+from .remote import RemoteRunner, connect, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .smoke import check_models
 from .user_models import is_user_model
@@ -30,6 +31,7 @@ def load_runners(
     *,
     large_only: bool = False,
     reuse: Runner | None = None,
+    local_only: bool = False,
 ) -> list[Runner | RemoteRunner]:
     """Resolve and load the models (small and large, or a cascade), smallest first, and refuse them
     unless they all share a tokenizer. A model given as http://HOST:PORT is a llama-server; the
@@ -38,9 +40,14 @@ def load_runners(
     ``large_only`` (the large model alone for a whole run, as ``ead generate``'s default mode): only the
     largest loads, the others' memory and load time spared; a remote largest still needs the smallest (it
     tokenizes), so there all load. ``--mode small`` loads both: its costs are stated against the large.
-    ``reuse``: the largest, loaded before (by a ``large_only`` call), taken as is: the others join it."""
+    ``reuse``: the largest, loaded before (by a ``large_only`` call), taken as is: the others join it.
+    ``local_only``: the command runs every model itself (bench replay and speed): a server's address is
+    refused before any model loads."""
     catalog = registry.load_catalog(options.models_file)
     refs = options.models or (options.small or catalog.small, options.large or catalog.large)
+    if local_only:
+        for ref in refs:
+            registry.check_not_address(ref)
     for ref in filter(is_remote, refs):
         server_address(ref)  # a malformed one is a usage error before any model loads
     if is_remote(refs[0]):

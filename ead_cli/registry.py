@@ -44,7 +44,13 @@ from ead_cli.paths import (
     write_whole,
     xdg_cache_home,
 )
-from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX, resolve_lmstudio, resolve_ollama
+from ead_cli.user_models import (
+    LMSTUDIO_PREFIX,
+    OLLAMA_PREFIX,
+    is_user_model,
+    resolve_lmstudio,
+    resolve_ollama,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -66,6 +72,9 @@ _REPO = re.compile(
     re.ASCII | re.VERBOSE,
 )
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# A model reference meant as an address: a URL's scheme (two characters or more: C:/ is a drive) and a
+# slash, or http:// mistyped (http:/HOST, http//HOST, http:HOST)
+_ADDRESS_LIKE = re.compile(r"[a-z][a-z0-9+.-]+:/|https?(:|//)", re.IGNORECASE)
 # A version the install hint pins with '==' (PEP 440's characters, and a '*' for a prefix): one word pip reads
 _PIP_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_*-]*")
 # Connection-level failures of the HTTP client a huggingface_hub version uses (httpx2, httpx or requests):
@@ -172,6 +181,22 @@ def _check_offline_files(models: dict[str, ModelSpec], path: Path) -> None:
             )
 
 
+def is_remote(reference: str) -> bool:
+    """Whether a model reference is meant as a server address rather than an alias or a file: any URL,
+    its scheme in any case ('HTTP://' had been taken for a file), or http:// mistyped, so that
+    ``remote.server_address`` refuses it as an address ('ftp://x/y' had been 'model file not found:
+    ftp:/x/y')."""
+    return not is_user_model(reference) and _ADDRESS_LIKE.match(reference) is not None
+
+
+def check_not_address(ref: str) -> None:
+    """Refuse a server's address to a command that runs its models itself (ead depth, bench replay and
+    speed): it had been looked up as a file ('model file not found: ftp:/x/y') or connected to."""
+    if is_remote(ref):
+        uses = "it runs the model itself (an alias, a .gguf path, ollama:NAME or lmstudio:PATH)"
+        raise EadError(f"{quoted(ref)} is a server's address, which this command cannot use: {uses}", 2)
+
+
 def resolve(
     ref: str, catalog: Catalog, *, allow_download: bool = True, progress: Progress | None = None
 ) -> Path:
@@ -180,8 +205,10 @@ def resolve(
 
     The two prefixes come first, as their names may contain slashes. Anything else with a path separator
     or a ``.gguf`` suffix is a path, so a typo in a path never turns into a download. With
-    ``allow_download=False`` an alias that is not available locally is an error.
+    ``allow_download=False`` an alias that is not available locally is an error. A server's address
+    is none of these (``check_not_address``).
     """
+    check_not_address(ref)
     if ref.startswith(OLLAMA_PREFIX):
         return resolve_ollama(ref.removeprefix(OLLAMA_PREFIX))
     if ref.startswith(LMSTUDIO_PREFIX):
@@ -216,7 +243,9 @@ def pull(alias: str, catalog: Catalog, progress: Progress | None = None) -> Path
 
 def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does: str) -> None:
     """Refuse a model of ollama, LM Studio or the user (a path) to a command that takes aliases only,
-    saying so rather than calling it an unknown alias."""
+    saying so rather than calling it an unknown alias (a server's address had been 'a file of yours')."""
+    if is_remote(ref):
+        raise EadError(f"{quoted(ref)} is a server's address, not an alias: {ead_does}", 2)
     if ref.startswith(OLLAMA_PREFIX):
         name = ref.removeprefix(OLLAMA_PREFIX)
         raise EadError(

@@ -40,7 +40,6 @@ from .errors import EadError, cut, quoted
 from .options import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, check_remote_settings
 from .paths import ead_cache_dir
 from .runner import Phase, PhaseCounter, RunnerStats, forward_flops
-from .user_models import is_user_model
 
 # The server's own pick is unused, but it must be a whole character: for a token that ends inside a
 # UTF-8 sequence llama-server holds the text back, and its probabilities with it. A logit bias (not
@@ -55,9 +54,6 @@ LLAMA_SERVER_ENDPOINT = re.compile(
     r"/(chat/completions|completions?|(de)?tokenize|embeddings?|infill|rerank(ing)?|apply-template"
     r"|health|props|slots|metrics|models)$"
 )
-# A model reference meant as an address: a URL's scheme (two characters or more: C:/ is a drive) and a
-# slash, or http:// mistyped (http:/HOST, http//HOST, http:HOST)
-ADDRESS_LIKE = re.compile(r"[a-z][a-z0-9+.-]+:/|https?(:|//)", re.IGNORECASE)
 # What reading a reply that is not as documented raises; OverflowError: a number past a float or 64 bits
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, OverflowError)
 # The largest reply read: a token step's at --remote-top-k 1000 is 83 kB on Qwen2.5-Coder 1.5B
@@ -88,13 +84,6 @@ PROBE_TEXT = "\n".join(PROBES)
 def built_server() -> Path:
     """Where ``scripts/build_llama_server.sh`` puts the llama-server it builds from the vendored llama.cpp."""
     return ead_cache_dir() / "llama-server" / "0.3.36" / "llama-server"
-
-
-def is_remote(reference: str) -> bool:
-    """Whether a model reference is meant as a server address rather than an alias or a file: any URL,
-    its scheme in any case ('HTTP://' had been taken for a file), or http:// mistyped, so that
-    ``server_address`` refuses it as an address ('ftp://x/y' had been 'model file not found: ftp:/x/y')."""
-    return not is_user_model(reference) and ADDRESS_LIKE.match(reference) is not None
 
 
 def server_address(url: str) -> tuple[str, int, str]:

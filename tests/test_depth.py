@@ -45,7 +45,7 @@ from ead_cli.depth.profile import (
 )
 from ead_cli.depth.readout import Head, entropy_bits, file_digest, load_head, low_rank_factors, read_rows
 from ead_cli.depth.teacher import calibrate, calibration_corpus
-from ead_cli.errors import EadError, counted
+from ead_cli.errors import EadError, counted, quoted
 from ead_cli.runner import Runner
 from ead_cli.sampling import SamplingParams
 
@@ -398,6 +398,20 @@ def test_stats_at_a_narrow_terminal_are_wrapped_at_spaces(config: dict[str, str]
     timeless = re.compile(r"\d[\d.,]*")  # the timings differ between the two runs
     piped_words = " ".join(piped).split()
     assert [timeless.sub("#", word) for word in words] == [timeless.sub("#", word) for word in piped_words]
+
+
+@pytest.mark.parametrize("command", ["generate", "calibrate", "eval"])
+@pytest.mark.parametrize("address", ["ftp://x/y", "http://127.0.0.1:8080", "HTTP:/gpu-box"])
+def test_a_server_address_is_refused_as_no_model_depth_can_run(
+    tmp_path: Path, command: str, address: str
+) -> None:
+    """ead depth runs the model's layers itself: an address had been looked up as a file, 'model file not
+    found: ftp:/x/y' (its slashes collapsed)."""
+    args = ["depth", command, address, *(["hi"] if command == "generate" else [])]
+    result = ead(*args, env={"EAD_CONFIG": str(tmp_path / "calibration.json")})
+    expected = f"{quoted(address)} is a server's address, which this command cannot use: it runs the model"
+    assert assert_one_line_error(result, 2).startswith(f"error: {expected}")
+    assert not list(tmp_path.iterdir())
 
 
 def test_generate_takes_the_context_size_its_error_names(config: dict[str, str], deep_model: Path) -> None:

@@ -25,7 +25,7 @@ from test_cli import assert_one_line_error, ead
 from test_serve import http_server
 
 import ead_cli
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, quoted
 from ead_cli.registry import (
     ModelSpec,
     OfflineSource,
@@ -1205,6 +1205,14 @@ def test_real_default_small_model_from_the_installed_packages(models_dir: Path) 
         while block := f.read(8 << 20):
             digest.update(block)
     assert digest.hexdigest() == offline.sha256
+
+
+@pytest.mark.parametrize("command", ["pull", "rm"])
+@pytest.mark.parametrize("address", ["http://127.0.0.1:8080", "ftp://x"])
+def test_a_server_address_is_no_alias(command: str, address: str) -> None:
+    """It had been 'a file of yours, not ead's'."""
+    line = assert_one_line_error(ead("models", command, address), 2)
+    assert line.startswith(f"error: {quoted(address)} is a server's address, not an alias: ead ")
 
 
 @pytest.mark.parametrize("command", ["pull", "rm"])

@@ -22,7 +22,7 @@ from ead_cli.bench import replay, schedule, speed
 from ead_cli.bench.report import PHASES
 from ead_cli.bench.results import RESULTS_FILE, read_results
 from ead_cli.engine import build_decoder
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, quoted
 from ead_cli.options import GenerationOptions, PolicyOptions
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
@@ -219,6 +219,19 @@ def test_a_replay_checks_that_the_schedule_reads_what_the_record_counted(
     assert sample["models"]["large"]["prefill_tokens"] == spec["prompt_tokens"]
     result = ead("bench", "replay", str(tmp_path / "missing"), *pair)
     assert_one_line_error(result, 2, f"{tmp_path / 'missing' / RESULTS_FILE} holds a sample record")
+
+
+@pytest.mark.parametrize("address", ["ftp://x/y", "http://127.0.0.1:8080"])
+def test_replay_and_speed_refuse_a_server_address_before_any_model_loads(
+    recorded: Path, tmp_path: Path, address: str
+) -> None:
+    """Both time llama.cpp's own calls, which a server's model has none of: an address had been connected
+    to, and refused once it answered (or named as unreachable, or as not http://). Here the small model
+    is a file that is not there: the address is said first."""
+    pair = ["--small", "absent.gguf", "--large", address]
+    for args in (["replay", str(recorded), *pair, "--out", str(tmp_path)], ["speed", *pair]):
+        line = assert_one_line_error(ead("bench", *args), 2)
+        assert line.startswith(f"error: {quoted(address)} is a server's address, which this command cannot")
 
 
 def test_a_report_that_cannot_be_saved_is_one_line(recorded: Path, tmp_path: Path) -> None:

@@ -191,8 +191,6 @@ def check_models(config: Record, runners: Sequence[Runner]) -> None:
     if len(runners) != recorded:
         raise EadError(f"the schedules were recorded with {recorded} models; {len(runners)} were given", 2)
     for runner in runners:
-        if runner.model is None:
-            raise EadError(f"{runner.label}: a remote model cannot replay a schedule (no llama.cpp calls)", 2)
         check_recorded_tokenizer(config["tokenizer"], runner.label, runner.model)
 
 
@@ -313,7 +311,7 @@ def replay_bench(
     """Replay a results file's schedules on these models; write and return the report (replay.json)."""
     check_can_save(out / REPLAY_FILE, "the replay report", exit_code=2)  # now, not once the replay has run
     config, records = select_records(path, strategies)
-    runners = load_runners(model_options, progress=progress)
+    runners = load_runners(model_options, progress=progress, local_only=True)
     try:
         check_models(config, runners)
         samples = replay_records(runners, records, on_sample=on_sample)

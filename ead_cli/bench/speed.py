@@ -305,9 +305,9 @@ def speed_report(
     """Measure a pair's rates here; the cost model's expectations; with a replay.json, its check.
     ``json_out``, where the figures will go, is checked to be none of the files read."""
     replay_report = read_replay(replay_path) if replay_path is not None else None
-    runners = load_runners(model_options, progress=progress)
+    runners = load_runners(model_options, progress=progress, local_only=True)
     try:
-        if len(runners) != 2 or any(runner.model is None for runner in runners):
+        if len(runners) != 2:
             raise EadError("ead bench speed measures a pair of local models: give --small and --large", 2)
         try:
             check_context(context, min(runner.n_ctx for runner in runners))
