@@ -68,9 +68,11 @@ class DecodingOption:
     policy's own, or off); ``minimum``/``maximum``: bounds every surface holds it to (a request's
     integers also to serve's MAX_COUNT); ``switching``: giving it asks for the pair (``resolve_mode``);
     ``parse``: its value from text (the command line's strings, chat, the bench's lists), raising
-    ValueError, said as ``what``; ``older``: spellings that still parse; ``metavar``: its value in help
-    where its type's word (``placeholder``) says too little; ``sweep``: the bench's help for its list,
-    ``bench_default`` the list when not given if not ``default``."""
+    ValueError, said as ``what``; ``older``: spellings that still parse; ``llama_spellings``: llama.cpp's
+    spellings of the same option (common/arg.cpp: ``-n``, ``--n-predict``), which its users type from
+    habit, on the command line only; ``metavar``: its value in help where its type's word (``placeholder``)
+    says too little; ``sweep``: the bench's help for its list, ``bench_default`` the list when not given if
+    not ``default``."""
 
     name: str
     kind: type
@@ -87,6 +89,7 @@ class DecodingOption:
     parse: Callable[[str], Any] | None = None
     what: str = ""
     older: tuple[str, ...] = ()
+    llama_spellings: tuple[str, ...] = ()
     repeatable: bool = False
     metavar: str | None = None
     sweep: str = ""
@@ -372,7 +375,9 @@ DECODING: tuple[DecodingOption, ...] = (
         maximum=1,
         surfaces=frozenset({CLI, SERVE}),
     ),
-    DecodingOption("seed", int, 0, "Sampling seed (same seed, same text).", target="sampling"),
+    DecodingOption(
+        "seed", int, 0, "Sampling seed (same seed, same text).", target="sampling", llama_spellings=("-s",)
+    ),
     DecodingOption(
         "max_tokens",
         int,
@@ -381,6 +386,7 @@ DECODING: tuple[DecodingOption, ...] = (
         short="stop each answer after N tokens",
         target="generation",
         surfaces=frozenset({CLI, CHAT}),
+        llama_spellings=("-n", "--n-predict"),
     ),
     DecodingOption(
         "fallback",

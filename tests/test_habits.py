@@ -1,16 +1,22 @@
 """Habits users bring, through real subprocesses: ``ead --version``, shell completion as Typer offers it,
-and ``python -m ead_cli`` behaving like ``ead``."""
+``python -m ead_cli`` behaving like ``ead``, and llama.cpp's spellings of the options they share."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from test_cli import EAD, assert_one_line_error, ead
+import pytest
+import typer
+from test_cli import EAD, assert_one_line_error, ead, every_command, pair_args
+from typer.core import TyperGroup
+
+from ead_cli.cli import app
 
 PYTHON_M = [sys.executable, "-m", "ead_cli"]
 
@@ -82,3 +88,80 @@ def test_install_completion_writes_the_script_and_it_completes(tmp_path: Path) -
         )
         assert completed.returncode == 0, completed.stderr
         assert expected in completed.stdout.split(), (words, completed.stdout)
+
+
+# --- llama.cpp's spellings (common/arg.cpp), typed from llama-cli and llama-server habits ---------------
+
+# ead's spelling -> llama.cpp's spellings of the same option, on every command that takes it
+LLAMA_SPELLINGS = {
+    "--ctx": ("-c", "--ctx-size"),
+    "--threads": ("-t",),
+    "--n-gpu-layers": ("-ngl", "--gpu-layers"),
+    "--max-tokens": ("-n", "--n-predict"),
+    "--seed": ("-s",),
+}
+
+
+def test_every_command_takes_llama_cpps_spellings_beside_its_own() -> None:
+    """Declared once, where ead's option is: every command with ``--ctx`` takes ``-c`` too (calibrate's
+    --max-tokens had a declaration of its own), and no spelling names two options of one command."""
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    commands = [command for _, command in every_command(root)]
+    for command in commands:
+        names = [name for p in command.params for name in (*p.opts, *p.secondary_opts)]
+        assert len(names) == len(set(names)), (command.name, names)
+        for parameter in command.params:
+            for ours, theirs in LLAMA_SPELLINGS.items():
+                if ours in parameter.opts:
+                    assert set(theirs) <= set(parameter.opts), (command.name, parameter.opts)
+    taking = {ours: sum(ours in p.opts for c in commands for p in c.params) for ours in LLAMA_SPELLINGS}
+    assert min(taking.values()) >= 3, taking  # generate, chat and serve at least
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["-c", "8"], "--ctx must be at least 16, got 8"),
+        (["--ctx-size", "8"], "--ctx must be at least 16, got 8"),
+        (["-t", "0"], "--threads must be at least 1, got 0"),
+        (["-ngl", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
+        (["--gpu-layers", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
+        (["-n", "-1"], "--max-tokens must be at least 0"),
+        (["--n-predict", "-1"], "--max-tokens must be at least 0"),
+        (["-s", "-1"], "--seed must be in"),  # llama.cpp's -1 is a random seed: ead refuses it
+    ],
+)
+def test_llama_cpps_spellings_are_checked_as_eads(tmp_path: Path, args: list[str], fragment: str) -> None:
+    absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
+    assert_one_line_error(ead("generate", *absent, *args, "hi"), 2, fragment)
+
+
+def answer_tokens(*args: str) -> list[dict]:
+    """The token objects of ``ead generate ARGS --format jsonl`` (the summary left out: it has timings)."""
+    result = ead("generate", *args, "--format", "jsonl")
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.decode().splitlines()[:-1]]
+
+
+def test_llama_cpps_spellings_run_as_eads(tiny_pair: tuple[Path, Path]) -> None:
+    sampled = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--temp", "1"]
+    ours = ["--threads", "1", "--n-gpu-layers", "0", "--ctx", "512", "--max-tokens", "3"]
+    answer = answer_tokens(*sampled, *ours, "--seed", "7", "hi")
+    assert len(answer) == 3
+    assert answer_tokens(*sampled, "-t", "1", "-ngl", "0", "-c", "512", "-n", "3", "-s", "7", "hi") == answer
+    longer = ["--gpu-layers", "0", "--ctx-size", "512", "--n-predict", "3", "-s", "7"]
+    assert answer_tokens(*sampled, "-t", "1", *longer, "hi") == answer
+    assert answer_tokens(*sampled, *ours, "hi") != answer  # the seed decided it
+
+
+@pytest.mark.parametrize("spelling", ["-c", "--ctx-size"])
+def test_llama_cpps_context_size_reaches_the_context_check(
+    tiny_pair: tuple[Path, Path], spelling: str
+) -> None:
+    """Each 'z' is one token; llama.cpp rounds a context up to 256 tokens: 256 of them fill it."""
+    args = ["generate", *pair_args(tiny_pair), "--raw", "--max-tokens", "1"]
+    assert ead(*args, "z" * 256).returncode == 0  # the default context holds them
+    refused = ead(*args, spelling, "64", "z" * 256)
+    assert_one_line_error(refused, 2, "too many for the context of 256 tokens")
+

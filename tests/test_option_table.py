@@ -47,7 +47,7 @@ def test_the_decoding_group_is_the_tables_cli_options(command: str) -> None:
     options = command_options(command)
     for option in on(CLI):
         assert options[option.name][0] == option.flag
-        assert set(option.older) <= set(options[option.name])
+        assert {*option.older, *option.llama_spellings} <= set(options[option.name])
 
 
 def test_the_bench_sweeps_every_option_a_policy_multiplies_under_its_one_spelling() -> None:

@@ -19,6 +19,7 @@ from .groups import (
     MODEL_OPTIONS,
     Decoding,
     FormatOpt,
+    MaxTokens,
     NoColor,
     OutputFormat,
     PolicyName,
@@ -290,7 +291,7 @@ def calibrate(
             parser=given_path,
         ),
     ] = None,
-    max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 96,
+    max_tokens: MaxTokens = 96,
     check: Annotated[
         bool, typer.Option(help="Check the prediction with real runs on the held-out prompts.")
     ] = True,

@@ -119,13 +119,20 @@ ModelsFile = Annotated[
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repeatable); it is not printed.")]
 System = Annotated[str | None, typer.Option(help="System message for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
+# After ead's spelling, llama.cpp's for the same option (common/arg.cpp), which its users type from habit
 Ctx = Annotated[
-    int | None, typer.Option("--ctx", help="Context size in tokens (default: 4096 or the model's).")
+    int | None,
+    typer.Option("--ctx", "-c", "--ctx-size", help="Context size in tokens (default: 4096 or the model's)."),
 ]
-Threads = Annotated[int | None, typer.Option(help="CPU threads (default: all cores).")]
+Threads = Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads (default: all cores).")]
 GpuLayers = Annotated[
     int | None,
-    typer.Option("--n-gpu-layers", help="Layers to offload; -1 all (default: all if a GPU backend)."),
+    typer.Option(
+        "--n-gpu-layers",
+        "-ngl",
+        "--gpu-layers",
+        help="Layers to offload; -1 all (default: all if a GPU backend).",
+    ),
 ]
 RepackOpt = Annotated[
     bool | None,
@@ -233,6 +240,7 @@ def decoding_option(option: DecodingOption, *, given_only: bool = True) -> tuple
     shown = option.shown_default if default is None and option.shown_default is not None else None
     declared = typer.Option(
         option.flag,
+        *option.llama_spellings,
         *option.older,
         help=option.help,
         metavar=option.placeholder,
