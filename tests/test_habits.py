@@ -165,3 +165,43 @@ def test_llama_cpps_context_size_reaches_the_context_check(
     refused = ead(*args, spelling, "64", "z" * 256)
     assert_one_line_error(refused, 2, "too many for the context of 256 tokens")
 
+
+def test_the_prompt_by_option_or_file_is_the_arguments(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """llama-cli's -p TEXT and -f FILE: the same answer as the argument; a file is read as stdin is
+    (whole, a byte-order mark dropped), '-' is stdin."""
+    base = ["generate", *pair_args(tiny_pair), "--max-tokens", "10"]
+    argument = ead(*base, "tell me")
+    assert argument.returncode == 0 and argument.stdout.strip(), argument.stderr
+    prompt = tmp_path / "my prompt.txt"
+    prompt.write_text("\ufefftell me")
+    for spelled in (["-p", "tell me"], ["--prompt", "tell me"], ["-f", str(prompt)], ["--file", str(prompt)]):
+        assert ead(*base, *spelled).stdout == argument.stdout, spelled
+    assert ead(*base, "-f", "-", stdin="tell me").stdout == argument.stdout
+    assert ead(*base, "-p", "-", stdin="tell me").stdout == argument.stdout  # as the argument '-' is
+
+
+@pytest.mark.parametrize(
+    "given",
+    [["-p", "a", "b"], ["--prompt", "a", "-"], ["-f", "x.txt", "b"], ["-p", "a", "-f", "x.txt"]],
+)
+def test_the_prompt_given_two_ways_is_refused(tmp_path: Path, given: list[str]) -> None:
+    """Which was meant is unknown: refused before any model is looked for (the models named are absent),
+    by depth generate as by generate."""
+    absent = str(tmp_path / "absent.gguf")
+    for command in (["generate", "--small", absent, "--large", absent], ["depth", "generate", absent]):
+        result = subprocess.run([EAD, *command, *given], capture_output=True, timeout=120, cwd=tmp_path)
+        assert_one_line_error(result, 2, "the prompt is given twice", "give it once")
+
+
+def test_an_unreadable_prompt_file_is_named(tmp_path: Path) -> None:
+    absent = str(tmp_path / "absent.gguf")
+    generate = ["generate", "--small", absent, "--large", absent]
+    not_utf8 = tmp_path / "latin 1.txt"
+    not_utf8.write_bytes(b"caf\xe9")
+    for path, fragment in [
+        (tmp_path / "missing.txt", f"cannot read the prompt file {tmp_path}/missing.txt: No such file"),
+        (tmp_path, f"cannot read the prompt file {tmp_path}: Is a directory"),
+        (not_utf8, f"the prompt file '{not_utf8}' is not valid UTF-8 (byte 3)"),
+    ]:
+        assert_one_line_error(ead(*generate, "-f", str(path)), 2, fragment)
+    assert_one_line_error(ead(*generate, "-f", ""), 2, "'--file'", "an empty path names no file")

@@ -24,6 +24,9 @@ from .groups import (
     ModelsFile,
     NoColor,
     OutputFormat,
+    PromptArg,
+    PromptFile,
+    PromptOpt,
     Raw,
     RepackOpt,
     Seed,
@@ -121,7 +124,9 @@ def depth_calibrate(
 @depth_app.command("generate")
 def depth_generate(
     model: DepthModelArg,
-    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
+    prompt: PromptArg = None,
+    prompt_option: PromptOpt = None,
+    prompt_file: PromptFile = None,
     margin: Annotated[float, typer.Option(help="Bits below the profile a probe must reach to exit.")] = 0.0,
     probe_every: Annotated[
         int | None,
@@ -166,7 +171,7 @@ def depth_generate(
     from ..prompt import check_prompt_text, encode_fitting, render_prompt
     from ..sampling import SamplingParams
 
-    text = check_prompt_text(read_prompt(prompt))
+    text = check_prompt_text(read_prompt(prompt, prompt_option, prompt_file))
     check_stdout("the answer")
     options = DepthOptions(
         margin=margin,

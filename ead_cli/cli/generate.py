@@ -23,6 +23,9 @@ from .groups import (
     NoColor,
     OutputFormat,
     PolicyName,
+    PromptArg,
+    PromptFile,
+    PromptOpt,
     Raw,
     Stats,
     Stop,
@@ -42,7 +45,9 @@ if TYPE_CHECKING:
 def generate(
     model_options: ModelOptions,
     decoding: Decoding,
-    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads stdin.")] = None,
+    prompt: PromptArg = None,
+    prompt_option: PromptOpt = None,
+    prompt_file: PromptFile = None,
     stop: Stop = None,
     system: System = None,
     raw: Raw = False,
@@ -74,7 +79,7 @@ def generate(
 
     if raw and system:  # the template is what places a system message: --raw dropped it unsaid
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
-    text = check_prompt_text(read_prompt(prompt))
+    text = check_prompt_text(read_prompt(prompt, prompt_option, prompt_file))
     for string in stop or ():  # an argument's bytes that are not UTF-8 would never match the text
         check_text(string, "the stop string")
     check_stdout("the answer")

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import typer
 
-from ..errors import EadError
+from ..errors import EadError, shown_path
 from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, listed, on
 from ..options import (
     DEFAULT_TIMEOUT_S,
@@ -25,7 +25,7 @@ from ..options import (
     PolicyOptions,
     check_model_name,
 )
-from ..paths import BOM, folder_ending, read_bounded, unreadable
+from ..paths import BOM, folder_ending, read_bounded, read_file, unreadable
 from .output import turn_colour_off
 
 # The options with choices (mode, policy, switch point) as the enums typer offers them.
@@ -297,22 +297,52 @@ def parse_list(text: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",")) if text is not None else ()
 
 
-def read_prompt(prompt: str | None) -> str:
-    """The prompt argument, or stdin when it is '-' or absent and stdin is not a terminal. A byte-order
-    mark at stdin's start (a file saved as "UTF-8 with BOM") marks the encoding: it is not prompt text."""
+PromptArg = Annotated[
+    str | None, typer.Argument(help="The prompt (or --prompt, --file); '-' or nothing reads stdin.")
+]
+# llama-cli's spellings of the prompt: -p TEXT, the argument's twin, and -f FILE, read as stdin is
+PromptOpt = Annotated[
+    str | None, typer.Option("--prompt", "-p", help="The prompt, as the argument gives it.")
+]
+PromptFile = Annotated[
+    Path | None,
+    typer.Option("--file", "-f", help="Read the prompt from this file ('-': stdin).", parser=given_path),
+]
+
+
+def read_prompt(prompt: str | None, option: str | None, file: Path | None) -> str:
+    """The prompt: the argument or --prompt, else --file's text, else stdin when it is '-' or none is
+    given and stdin is not a terminal. Given two ways it is refused: which one was meant is unknown."""
+    ways = {"the argument": prompt, "--prompt": option, "--file": file}
+    given = [way for way, value in ways.items() if value is not None]
+    if len(given) > 1:
+        raise EadError(f"the prompt is given twice ({' and '.join(given)}): give it once", exit_code=2)
+    if file is not None:
+        if str(file) != "-":
+            return _prompt_text(file, f"file {shown_path(file)}")
+        prompt = "-"  # stdin, as the argument's '-'
+    elif prompt is None:
+        prompt = option  # the argument's twin: its '-' reads stdin too
     if prompt is not None and prompt != "-":
         return prompt
     if sys.stdin is None:  # the shell closed it (<&-)
         raise EadError("no prompt: stdin is closed; pass the prompt as an argument", exit_code=2)
     if prompt is None and sys.stdin.isatty():
         raise EadError("no prompt: pass it as an argument, or '-' to read it from stdin", exit_code=2)
+    return _prompt_text(sys.stdin.buffer, "on stdin")
+
+
+def _prompt_text(source: BinaryIO | Path, named: str) -> str:
+    """The text of a prompt read whole from stdin or a file (``named`` in a message: 'on stdin', 'file
+    NAME'). A byte-order mark at its start (a file saved as "UTF-8 with BOM") marks the encoding: it is
+    not prompt text."""
     try:
-        data = read_bounded(sys.stdin.buffer)
+        data = read_file(source) if isinstance(source, Path) else read_bounded(source)
     except OSError as error:
-        raise EadError(f"cannot read the prompt on stdin: {unreadable(error)}", exit_code=2) from None
+        raise EadError(f"cannot read the prompt {named}: {unreadable(error)}", exit_code=2) from None
     text = data.removeprefix(BOM)
     try:
         return text.decode("utf-8")
     except UnicodeDecodeError as error:
         byte = len(data) - len(text) + error.start  # counted in the input, the mark included
-        raise EadError(f"the prompt on stdin is not valid UTF-8 (byte {byte})", exit_code=2) from None
+        raise EadError(f"the prompt {named} is not valid UTF-8 (byte {byte})", exit_code=2) from None
