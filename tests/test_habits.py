@@ -99,6 +99,7 @@ LLAMA_SPELLINGS = {
     "--n-gpu-layers": ("-ngl", "--gpu-layers"),
     "--max-tokens": ("-n", "--n-predict"),
     "--seed": ("-s",),
+    "--system": ("-sys", "--system-prompt"),
 }
 
 
@@ -116,6 +117,7 @@ def test_every_command_takes_llama_cpps_spellings_beside_its_own() -> None:
                 if ours in parameter.opts:
                     assert set(theirs) <= set(parameter.opts), (command.name, parameter.opts)
     taking = {ours: sum(ours in p.opts for c in commands for p in c.params) for ours in LLAMA_SPELLINGS}
+    assert taking.pop("--system") >= 2, taking  # generate and chat
     assert min(taking.values()) >= 3, taking  # generate, chat and serve at least
 
 
@@ -153,6 +155,14 @@ def test_llama_cpps_spellings_run_as_eads(tiny_pair: tuple[Path, Path]) -> None:
     longer = ["--gpu-layers", "0", "--ctx-size", "512", "--n-predict", "3", "-s", "7"]
     assert answer_tokens(*sampled, "-t", "1", *longer, "hi") == answer
     assert answer_tokens(*sampled, *ours, "hi") != answer  # the seed decided it
+
+
+@pytest.mark.parametrize("spelling", ["-sys", "--system-prompt"])
+def test_llama_cpps_system_prompt_is_the_system_message(tiny_pair: tuple[Path, Path], spelling: str) -> None:
+    greedy = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--max-tokens", "8"]
+    answer = answer_tokens(*greedy, "--system", "be brief", "hi")
+    assert answer_tokens(*greedy, spelling, "be brief", "hi") == answer
+    assert answer_tokens(*greedy, "hi") != answer  # the system message reached the prompt
 
 
 @pytest.mark.parametrize("spelling", ["-c", "--ctx-size"])

@@ -117,7 +117,10 @@ ModelsFile = Annotated[
     ),
 ]
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repeatable); it is not printed.")]
-System = Annotated[str | None, typer.Option(help="System message for the chat template.")]
+System = Annotated[
+    str | None,
+    typer.Option("--system", "-sys", "--system-prompt", help="System message for the chat template."),
+]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
 # After ead's spelling, llama.cpp's for the same option (common/arg.cpp), which its users type from habit
 Ctx = Annotated[
