@@ -170,15 +170,24 @@ def check_special_tokens_fit(text: str, specials: re.Pattern[str] | None, n_ctx:
     for: each is a token, and llama.cpp's tokenizer takes time quadratic in their number (20,000 take
     ~0.7 s, the ~400,000 of a 4 MiB request minutes), which a server must not spend on a prompt that
     ``check_fits`` would refuse anyway."""
+    special = nth_special_token(text, specials, n_ctx)
+    if special is not None:
+        raise EadError(
+            f"the prompt holds {n_ctx} or more special tokens (such as {special!r}) and does not "
+            f"fit the context of {n_ctx} tokens",
+            exit_code=2,
+        )
+
+
+def nth_special_token(text: str, specials: re.Pattern[str] | None, n: int) -> str | None:
+    """The text of the ``n``-th special token in ``text``, found without tokenizing it (None if it holds
+    fewer): a bound on them is checked before llama.cpp's tokenizer spends time quadratic in their number."""
     if specials is None:
-        return
+        return None
     for count, special in enumerate(specials.finditer(text), 1):
-        if count >= n_ctx:
-            raise EadError(
-                f"the prompt holds {n_ctx} or more special tokens (such as {special.group()!r}) and does not "
-                f"fit the context of {n_ctx} tokens",
-                exit_code=2,
-            )
+        if count >= n:
+            return special.group()
+    return None
 
 
 # A text with fewer characters than this per token of the context is tokenized outright (ordinary text

@@ -271,6 +271,7 @@ class Runner:
         self._logits_view: np.ndarray | None = None  # the last row's numpy view, while llama.cpp keeps it
         self._logits_address = 0  # where that view points
         self._pieces: dict[int, bytes] = {}  # token_bytes' answers: the vocabulary never changes
+        self._pieces_with_control: dict[int, bytes] = {}  # token_piece's
         self._ends: dict[int, bool] = {}  # is_end_of_generation's answers
         self.label = self.path.name
         self.location = str(self.path)
@@ -555,6 +556,14 @@ class Runner:
         piece = self._pieces.get(token)
         if piece is None:
             piece = self._pieces[token] = self._token_to_piece(token)
+        return piece
+
+    def token_piece(self, token: int) -> bytes:
+        """The bytes a token stands for, a control token's its text (``<|im_end|>``): as llama-server's
+        /tokenize and /detokenize show tokens, so a text tokenized with its special tokens comes back."""
+        piece = self._pieces_with_control.get(token)
+        if piece is None:
+            piece = self._pieces_with_control[token] = self._token_to_piece(token, special=True)
         return piece
 
     def _token_to_piece(self, token: int, special: bool = False) -> bytes:

@@ -182,7 +182,7 @@ def serve(
         typer.Option(
             envvar="EAD_API_KEY",
             metavar="KEY",
-            help="Every /v1 request must carry Authorization: Bearer KEY.",
+            help="Every request but /health and the page must carry Authorization: Bearer KEY.",
         ),
     ] = None,
     queue: Annotated[

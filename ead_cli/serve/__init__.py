@@ -1,7 +1,7 @@
 """``ead serve``: the loaded models behind an OpenAI-compatible HTTP API, and a page that shows them.
 
-Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``, on
-FastAPI and uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
+Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``,
+llama-server's ``/tokenize`` and ``/detokenize`` (``tokens.py``), on FastAPI and uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
 over the runners loaded once, on one engine thread (``engine.py``). A request is checked before it queues
 (a bad one never waits): its JSON (``schemas.py``), its ``ead`` options (by the rules of the command
 line's), its prompt against the context (``app.py``). The engine keeps whatever prefix the previous

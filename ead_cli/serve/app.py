@@ -61,6 +61,7 @@ from .schemas import (
     parse,
     unsupported,
 )
+from .tokens import detokenize, known_tokens, tokenize
 from .tools import (
     ToolCall,
     ToolCallReader,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from . import ServeOptions
 
 Body = TypeVar("Body", bound=CompletionBase)
+Prepared = TypeVar("Prepared")
 
 MODEL_ID = (
     "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
@@ -550,7 +552,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     preparing = engine.preparing
     specials = special_token_pattern(engine.runners[0])  # the prompts are tokenized by the smallest model
 
-    async def prepared(prepare: Callable[[bytes], tuple[Body, Job]], data: bytes) -> tuple[Body, Job]:
+    async def prepared(prepare: Callable[[bytes], Prepared], data: bytes) -> Prepared:
         return await asyncio.get_running_loop().run_in_executor(preparing, prepare, data)
 
     @app.exception_handler(ApiError)
@@ -644,6 +646,18 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         data = await _json_body(request)
         return await _answer(request, *await prepared(_prepare_text, data), "text_completion")
 
+    # llama-server's utility routes: the smallest model's tokenizer (every model's).
+
+    @app.post("/tokenize", dependencies=[Depends(authorized)])
+    async def tokenize_text(request: Request) -> Response:
+        data = await _json_body(request)
+        return await prepared(functools.partial(tokenize, engine.runners[0], specials), data)
+
+    @app.post("/detokenize", dependencies=[Depends(authorized)])
+    async def detokenize_tokens(request: Request) -> dict[str, Any]:
+        data = await _json_body(request)
+        return await prepared(functools.partial(detokenize, engine.runners[0]), data)
+
     # On the preparing threads: parse, check, render, tokenize.
 
     def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
@@ -668,17 +682,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         body = _accepted(CompletionRequest, data)
         text = body.text()
         if text is None:
-            return body, _job(body, _known_tokens(body.token_ids()))
+            return body, _job(body, known_tokens(body.token_ids(), engine.runners[0].n_vocab, "prompt"))
         return body, _job(body, _check(lambda: check_prompt_text(text), "prompt"))
-
-    def _known_tokens(ids: list[int]) -> list[int]:
-        """A prompt given as token ids, read as they are (no BOS added), each in the models' vocabulary."""
-        n_vocab = engine.runners[0].n_vocab
-        unknown = next((token for token in ids if token >= n_vocab), None)
-        if unknown is not None:
-            message = f"prompt: token id {unknown} is not in the vocabulary (ids 0-{n_vocab - 1})"
-            raise ApiError(400, message, code="invalid_value", param="prompt")
-        return ids
 
     def _accepted(schema: type[Body], data: bytes) -> Body:
         body = parse(schema, data)

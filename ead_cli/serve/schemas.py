@@ -752,7 +752,8 @@ class ChatRequest(CompletionBase):
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]  # llama.cpp's llama_token: an int32_t
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 def _prompt_form(value: Any) -> str:
