@@ -215,6 +215,13 @@ def serve(
             "parts; past them, 408."
         ),
     ] = 30.0,
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            "--metrics",
+            help="Serve GET /metrics: Prometheus's text format, llama-server's names and ead's (off: 501).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
@@ -235,6 +242,7 @@ def serve(
         any_model,
         shutdown_timeout,
         read_timeout,
+        metrics,
     )
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)

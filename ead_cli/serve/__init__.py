@@ -1,7 +1,8 @@
 """``ead serve``: the loaded models behind an OpenAI-compatible HTTP API, and a page that shows them.
 
 Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``,
-llama-server's ``/tokenize`` and ``/detokenize`` (``tokens.py``), on FastAPI and uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
+llama-server's ``/tokenize``, ``/detokenize`` and ``/metrics`` (``tokens.py``, ``metrics.py``), on FastAPI
+and uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
 over the runners loaded once, on one engine thread (``engine.py``). A request is checked before it queues
 (a bad one never waits): its JSON (``schemas.py``), its ``ead`` options (by the rules of the command
 line's), its prompt against the context (``app.py``). The engine keeps whatever prefix the previous
@@ -54,6 +55,7 @@ class ServeOptions:
     any_model: bool = False  # answer a request whatever model it names (as llama-server does)
     shutdown_timeout: float = 30.0  # seconds a stop waits for open requests before it cuts them off
     read_timeout: float = 30.0  # seconds a request's head may take to come whole, its body between parts
+    metrics: bool = False  # GET /metrics answers (else a 501, as llama-server's without --metrics)
 
     def __post_init__(self) -> None:
         if not self.host.strip():  # '' had listened on every interface, its warning naming no address

@@ -51,6 +51,7 @@ from ..prompt import (
 from ..remote import RemoteRunner
 from ..sampling import GrammarRefusal, SamplingParams
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
+from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
     ApiError,
     ChatRequest,
@@ -646,7 +647,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         data = await _json_body(request)
         return await _answer(request, *await prepared(_prepare_text, data), "text_completion")
 
-    # llama-server's utility routes: the smallest model's tokenizer (every model's).
+    # llama-server's utility routes: the smallest model's tokenizer (every model's), and --metrics.
 
     @app.post("/tokenize", dependencies=[Depends(authorized)])
     async def tokenize_text(request: Request) -> Response:
@@ -657,6 +658,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     async def detokenize_tokens(request: Request) -> dict[str, Any]:
         data = await _json_body(request)
         return await prepared(functools.partial(detokenize, engine.runners[0]), data)
+
+    @get("/metrics", dependencies=[Depends(authorized)])
+    async def metrics() -> Response:
+        if not options.metrics:  # as llama-server answers it
+            raise ApiError(501, "metrics are off: start ead serve with --metrics", kind="not_supported_error")
+        waiting = max(engine.pending - 1, 0)
+        exposition = engine.metrics.exposition(processing=engine.pending - waiting, deferred=waiting)
+        return Response(exposition, media_type=CONTENT_TYPE)
 
     # On the preparing threads: parse, check, render, tokenize.
 
@@ -1164,7 +1173,7 @@ class _Reply:
     def _done(self, summary: Summary) -> None:
         self.log(
             f"POST {self.path} 200: {summary.generated} tokens ({summary.finish_reason}), "
-            f"prompt {summary.prompt_tokens} ({_cached_tokens(summary)} cached), "
+            f"prompt {summary.prompt_tokens} ({cached_tokens(summary)} cached), "
             f"large share {summary.large_share:.1%}, {summary.wall_s:.2f} s"
         )
 
@@ -1188,15 +1197,8 @@ def _usage(summary: Summary) -> dict[str, Any]:
         "prompt_tokens": summary.prompt_tokens,
         "completion_tokens": summary.generated,
         "total_tokens": summary.prompt_tokens + summary.generated,
-        "prompt_tokens_details": {"cached_tokens": _cached_tokens(summary)},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(summary)},
     }
-
-
-def _cached_tokens(summary: Summary) -> int:
-    """The prompt tokens the caches kept from the request before (not read again): of the model that
-    read the most, as one alone may leave another idle. None below 0: a llama-server that lost its cache
-    books the answer's tokens it reads again with the prompt's."""
-    return max(0, summary.prompt_tokens - max(model.prefill_tokens for model in summary.models))
 
 
 def _finish(summary: Summary, called: bool = False) -> str:

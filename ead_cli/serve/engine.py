@@ -25,6 +25,7 @@ from ..errors import EadError
 from ..options import GenerationOptions, PolicyOptions
 from ..runner import Abandoned, Runner, never_abandoned
 from ..sampling import GrammarDeadEnd
+from .metrics import Metrics
 
 PREPARE_THREADS = 2  # requests parsed, checked and tokenized at once, while one generates
 Log = Callable[[str], None]  # one line per request, and one per error: never a traceback
@@ -149,6 +150,7 @@ class Engine:
         self._stopped = threading.Event()
         # Set when a stop begins (the first signal): a job cut off from then on was cut off by the stop.
         self.stopping = threading.Event()
+        self.metrics = Metrics([runner.name for runner in self.runners])  # every answer's figures, added up
 
     @property
     def n_ctx(self) -> int:
@@ -176,17 +178,20 @@ class Engine:
 
     def _run(self, job: Job, ticket: Ticket) -> None:
         began = time.perf_counter()
+        answer: Finished | Failed | None = None
         try:
             if self._stopped.is_set():
                 self.log("skipped a waiting request: the server is stopping")
                 return
-            ticket.send(self._generate(job, ticket))
+            answer = self._generate(job, ticket)
         except Exception as error:  # the thread must live on: whatever failed is this job's answer
-            ticket.send(Failed(str(error) or type(error).__name__))
+            answer = Failed(str(error) or type(error).__name__)
         finally:
             with self._lock:
                 self._pending -= 1
                 self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - began)
+            if answer is not None:  # once the job is out of the queue: a client that has its answer finds
+                ticket.send(answer)  # it no longer pending (/health, /metrics)
 
     def _generate(self, job: Job, ticket: Ticket) -> Finished | Failed:
         if not self.reuse:  # read every prompt whole, as ead generate does: the same logits to the bit
@@ -221,6 +226,7 @@ class Engine:
             for runner in local:
                 runner.abandoned = never_abandoned
         summary = response.summary()
+        self.metrics.record(summary)  # before the answer goes out: a client that has it finds it counted
         if self._stopped.is_set() or ticket.cancelled.is_set():
             self.log(f"stopped after {summary.generated} tokens: {self._why_cut_off()}")
         return failure or Finished(summary)
