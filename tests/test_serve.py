@@ -348,7 +348,8 @@ HI_JSON = json.dumps({"messages": HI}).encode()
 # what a 404 names, as OpenAI's names the method and path it does not serve ("Invalid URL (POST /v1/x)")
 SERVED = (
     "GET /, GET /health, GET /v1/models, GET /v1/models/{name}, POST /v1/chat/completions, "
-    "POST /v1/completions, POST /tokenize, POST /detokenize, GET /metrics"
+    "POST /v1/completions, POST /tokenize, POST /detokenize, GET /metrics, GET /api/version, GET /api/tags, "
+    "POST /api/show, POST /api/chat, POST /api/generate"
 )
 
 

@@ -35,6 +35,7 @@ from .app import (
     http_protocol,
 )
 from .engine import Engine
+from .ollama import add_routes as add_ollama_routes
 
 if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
     raise ImportError("ead serve needs sse-starlette 3.2 or newer", name="sse-starlette>=3.2")
@@ -140,6 +141,7 @@ def serve(
     """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
     engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse)
     api = create_app(engine, defaults, options, say)
+    add_ollama_routes(api, engine, options.any_model)
     app = Guard(api, options, MAX_BODY_BYTES, say, stopping=engine.stopping.is_set)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()

@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from http import HTTPStatus
 from importlib import resources
@@ -85,6 +85,7 @@ MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
 MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this (the blank line after them counted): 431
 # Set in a request's scope by the protocol that answered it itself (a broken body): its app is cut off.
 REFUSED_BY_PROTOCOL = "ead.refused_by_protocol"
+OLLAMA_PATHS = "/api/"  # ollama's API (serve/ollama.py): its errors are ollama's {"error": "..."}
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
 SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
@@ -97,6 +98,21 @@ class Defaults:
 
     policy: PolicyOptions
     generation: GenerationOptions
+
+
+@dataclass(frozen=True)
+class Requests:
+    """The steps of a request that another API's routes (serve/ollama.py) share with OpenAI's, so they
+    check, prepare and answer it alike: the key, the body's media type, parsing, rendering, tokenizing
+    (on the preparing threads) and the engine's queue."""
+
+    authorized: Callable[[Request], Awaitable[None]]
+    json_body: Callable[[Request], Awaitable[bytes]]
+    chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
+    text: Callable[[bytes], Awaitable[tuple[CompletionRequest, Job]]]  # a text completion's
+    submit: Callable[[Job], Ticket]
+    served_model: Callable[[], dict[str, Any]]  # the one model, as /v1/models lists it
+    log: Log
 
 
 class Guard:
@@ -559,7 +575,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
         log(f"error: {_request_line(request.method, request.url.path)} {error.status}: {error.message}")
-        return error.response()
+        return error.response(ollama=request.url.path.startswith(OLLAMA_PATHS))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -726,7 +742,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
         return Job(prompt, policy, generation, logprobs, prefill or "")
 
-    async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
+    def _submitted(job: Job) -> Ticket:
+        """The job queued for the engine, its ticket to read the answer from; a 503 if the queue is full."""
         ticket = Ticket(asyncio.get_running_loop())
         try:
             engine.submit(job, ticket)
@@ -738,6 +755,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 code="queue_full",
                 headers={"Retry-After": str(full.retry_after)},
             ) from None
+        return ticket
+
+    async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
+        ticket = _submitted(job)
         names = body.tool_names() if isinstance(body, ChatRequest) else None
         reply = _Reply(
             kind,
@@ -822,6 +843,16 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
         return await request.body()
 
+    # serve/ollama.py's routes take the same steps as OpenAI's: see Requests
+    app.state.requests = Requests(
+        authorized=authorized,
+        json_body=_json_body,
+        chat=functools.partial(prepared, _prepare_chat),
+        text=functools.partial(prepared, _prepare_text),
+        submit=_submitted,
+        served_model=served_model,
+        log=log,
+    )
     return app
 
 
@@ -1013,7 +1044,7 @@ class _Reply:
         """A token's chunks: its text; with tools, the text and calls it completes (text that may open a
         call is held), the first carrying the token's ``ead`` fields and log-probabilities, an empty one
         if it completes none."""
-        first = {"ead": _token_fields(token.event), "logprobs": self._logprobs(self._scored.add(token))}
+        first = {"ead": token_fields(token.event), "logprobs": self._logprobs(self._scored.add(token))}
         if reader is None:
             return [self._chunk(token.event.text, None, **first)]
         # a token that completes nothing yet (text that may open a call) says nothing of the content: an
@@ -1092,9 +1123,9 @@ class _Reply:
                         yield {"data": chunk}
                     continue
                 if isinstance(message, Failed):
-                    failure = _failure(message)
-                    self.log(f"error: POST {self.path}: {failure.message}")
-                    yield {"data": json.dumps({"error": failure.body()})}
+                    error = error_of(message)
+                    self.log(f"error: POST {self.path}: {error.message}")
+                    yield {"data": json.dumps({"error": error.body()})}
                     ended = True
                     return
                 self._done(message.summary)
@@ -1118,31 +1149,10 @@ class _Reply:
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         """The whole answer at once; a client that leaves while it waits cancels it."""
-        tokens: list[Token] = []
-        looked = time.monotonic()
-        message: Token | Finished | Failed | None = None
-        try:
-            while True:
-                try:
-                    message = await asyncio.wait_for(ticket.messages.get(), POLL_S)
-                except asyncio.TimeoutError:
-                    message = None
-                if time.monotonic() - looked >= POLL_S:  # tokens may come faster: look by the clock
-                    looked = time.monotonic()
-                    if await request.is_disconnected():
-                        return JSONResponse({}, status_code=499)
-                if message is None:
-                    continue
-                if isinstance(message, Token):
-                    tokens.append(message)
-                elif isinstance(message, Failed):
-                    raise _failure(message)
-                else:
-                    break
-        finally:
-            if not isinstance(message, Finished):  # the client left, or a stop cut the request off
-                ticket.cancel()
-        summary = message.summary
+        answer = await collected(ticket, request)
+        if answer is None:
+            return JSONResponse({}, status_code=499)
+        tokens, summary = answer
         self._done(summary)
         events = [token.event for token in tokens]
         text = "".join(event.text for event in events)
@@ -1164,28 +1174,62 @@ class _Reply:
                     finish = _finish(summary, called=True)
             choice = {"message": answer, "finish_reason": finish, "logprobs": logprobs}
         ead = {
-            "tokens": [_token_fields(event) for event in events],
+            "tokens": [token_fields(event) for event in events],
             "summary": asdict(summary),
             "seed": self.seed,
         }
         return JSONResponse(self._envelope(self.kind, choice, usage=_usage(summary), ead=ead))
 
     def _done(self, summary: Summary) -> None:
-        self.log(
-            f"POST {self.path} 200: {summary.generated} tokens ({summary.finish_reason}), "
-            f"prompt {summary.prompt_tokens} ({cached_tokens(summary)} cached), "
-            f"large share {summary.large_share:.1%}, {summary.wall_s:.2f} s"
-        )
+        log_answered(self.log, self.path, summary)
 
 
-def _failure(failed: Failed) -> ApiError:
+async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summary] | None:
+    """A whole answer's tokens and figures; None where its client left while it waited (the job then
+    cancelled, as it is where a stop cuts the request off); a failed generation raised as its error."""
+    tokens: list[Token] = []
+    looked = time.monotonic()
+    message: Token | Finished | Failed | None = None
+    try:
+        while True:
+            try:
+                message = await asyncio.wait_for(ticket.messages.get(), POLL_S)
+            except asyncio.TimeoutError:
+                message = None
+            if time.monotonic() - looked >= POLL_S:  # tokens may come faster: look by the clock
+                looked = time.monotonic()
+                if await request.is_disconnected():
+                    return None
+            if message is None:
+                continue
+            if isinstance(message, Token):
+                tokens.append(message)
+            elif isinstance(message, Failed):
+                raise error_of(message)
+            else:
+                return tokens, message.summary
+    finally:
+        if not isinstance(message, Finished):  # the client left, or a stop cut the request off
+            ticket.cancel()
+
+
+def log_answered(log: Log, path: str, summary: Summary) -> None:
+    """The one log line of an answered request."""
+    log(
+        f"POST {path} 200: {summary.generated} tokens ({summary.finish_reason}), "
+        f"prompt {summary.prompt_tokens} ({cached_tokens(summary)} cached), "
+        f"large share {summary.large_share:.1%}, {summary.wall_s:.2f} s"
+    )
+
+
+def error_of(failed: Failed) -> ApiError:
     """A generation that could not go on: the request's fault (a 400 naming its field), or the server's."""
     if failed.param is not None:
         return ApiError(400, failed.message, code="invalid_value", param=failed.param)
     return ApiError(502, failed.message, kind="server_error", code="generation_failed")
 
 
-def _token_fields(event: TokenEvent) -> dict[str, Any]:
+def token_fields(event: TokenEvent) -> dict[str, Any]:
     """What a streamed chunk says of its token beside the text: which model wrote it, at what entropy."""
     fields = asdict(event)
     del fields["text"]

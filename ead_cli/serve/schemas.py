@@ -826,8 +826,10 @@ class ApiError(Exception):
         """OpenAI's error object (the value of the response's ``error``)."""
         return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
+    def response(self, ollama: bool = False) -> JSONResponse:
+        """The error as OpenAI sends it, or as ollama's API does: ``{"error": "message"}``."""
+        body = self.message if ollama else self.body()
+        return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
 
 
 def _step(part: str | int) -> str:

@@ -1,0 +1,376 @@
+"""ollama's API (``/api/...``), for the clients that speak it (Open WebUI, Enchanted, editor plugins), over
+the same engine and the same request preparation as OpenAI's: an ollama request is checked in its own
+shape, then spelled as the OpenAI request it means and prepared as one (``app.Requests``: the same
+checks, template, tokenizing and decoding options), and its answer written in ollama's shapes, NDJSON
+lines when streamed, each token with the ``ead`` fields that say which model wrote it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..decoder import Summary
+from ..errors import quoted
+from .app import MODEL_ID, Requests, collected, error_of, log_answered, token_fields
+from .engine import Engine, Failed, Ticket, Token
+from .schemas import (
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    UNSUPPORTED,
+    ApiError,
+    Fraction,
+    MinP,
+    Positive,
+    TopK,
+    parse,
+)
+
+# The ollama release whose docs/api.md these shapes follow: clients read it to know what they may ask.
+OLLAMA_VERSION = "0.33.0"
+LISTED_NAME = f"{MODEL_ID}:latest"  # as /api/tags lists it; a name without its tag is its ':latest'
+NDJSON = "application/x-ndjson"
+NS = 10**9  # ollama's durations are nanoseconds
+
+
+class OllamaOptions(BaseModel):
+    """``options``: those whose meaning is the OpenAI field's, with its bounds; the runtime's own
+    (num_gpu, num_thread, use_mmap...) are ignored, as they do not change an answer; those that would
+    and that ead serve does not do (repeat_penalty, mirostat...) go on to the OpenAI check, which refuses
+    any value but the one that means "off"."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    num_predict: Annotated[int, Field(ge=-2)] | None = None  # -1 no limit, -2 fill the context: both n_ctx
+    num_ctx: Positive | None = None  # a context past the served one is a 400 (ead serve --ctx sets it)
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_k: TopK | None = None
+    top_p: Fraction | None = None
+    min_p: MinP | None = None
+    seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None
+    stop: (
+        Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)] | None
+    ) = None
+
+    def openai_fields(self, n_ctx: int) -> dict[str, Any]:
+        """These options as an OpenAI request's fields."""
+        if self.num_ctx is not None and self.num_ctx > n_ctx:
+            message = (
+                f"options.num_ctx {self.num_ctx} is past the context served, {n_ctx} tokens "
+                "(ead serve --ctx sets it)"
+            )
+            raise ApiError(400, message, param="options.num_ctx")
+        fields = self.model_dump(exclude_none=True, exclude={"num_predict", "num_ctx"})
+        fields = {name: value for name, value in fields.items() if name not in (self.model_extra or {})}
+        fields |= {name: value for name, value in (self.model_extra or {}).items() if name in UNSUPPORTED}
+        if self.num_predict is not None:  # 0 or less: as far as the context goes (clamped there)
+            fields["max_tokens"] = self.num_predict if self.num_predict > 0 else n_ctx
+        return fields
+
+
+class _OllamaRequest(BaseModel):
+    """What /api/chat and /api/generate both take. Fields not named here are ignored, as ollama
+    ignores them (``keep_alive``: the models stay loaded)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    model: Annotated[str, Field(max_length=256)]
+    stream: bool = True  # ollama streams unless told not to
+    format: Literal["", "json"] | dict[str, Any] | None = None
+    options: OllamaOptions | None = None
+    think: bool | str | None = None
+    ead: dict[str, Any] | None = None  # ead's options, as the OpenAI routes take them (checked there)
+
+    def openai_fields(self, n_ctx: int) -> dict[str, Any]:
+        """The OpenAI request's fields for the options, the format and ``ead``."""
+        if self.think not in (None, False):
+            raise ApiError(400, f"think: the models served here do not think ({MODEL_ID!r})", param="think")
+        fields = (self.options or OllamaOptions()).openai_fields(n_ctx)
+        if self.format == "json":
+            fields["response_format"] = {"type": "json_object"}
+        elif isinstance(self.format, dict):
+            schema = {"name": "format", "schema": self.format}
+            fields["response_format"] = {"type": "json_schema", "json_schema": schema}
+        if self.ead is not None:
+            fields["ead"] = self.ead
+        return fields
+
+
+class OllamaMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[str] | None = None
+    tool_calls: list[Any] | None = None
+    tool_name: Annotated[str, Field(max_length=256)] | None = None
+
+
+class OllamaChat(_OllamaRequest):
+    messages: list[OllamaMessage] = []
+    tools: list[Any] | None = None
+
+    def loads_only(self) -> bool:
+        """No messages: ollama's request to load the model, answered at once."""
+        return not self.messages
+
+    def openai_body(self, n_ctx: int) -> dict[str, Any]:
+        if self.tools:
+            raise _elsewhere("tools", "tool calling")
+        messages = []
+        for i, message in enumerate(self.messages):
+            if message.images:
+                message_text = f"messages.{i}.images: images are not supported (the models read text)"
+                raise ApiError(400, message_text, param=f"messages.{i}.images")
+            if message.tool_calls:
+                raise _elsewhere(f"messages.{i}.tool_calls", "tool calling")
+            named = {"name": message.tool_name} if message.tool_name is not None else {}
+            messages.append({"role": message.role, "content": message.content, **named})
+        return {"messages": messages, **self.openai_fields(n_ctx)}
+
+
+class OllamaGenerate(_OllamaRequest):
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    suffix: str | None = None
+    template: str | None = None
+    images: list[str] | None = None
+    context: list[int] | None = None
+
+    def loads_only(self) -> bool:
+        """No prompt: ollama's request to load the model, answered at once."""
+        return not self.prompt
+
+    def openai_body(self, n_ctx: int) -> dict[str, Any]:
+        """A chat of the system text and the prompt (rendered with the model's template), or with
+        ``raw`` the prompt as it is, a text completion."""
+        for field, why in (
+            ("suffix", "a fill-in-the-middle suffix is not supported"),
+            ("template", "the prompt is rendered with the model's own template"),
+            ("images", "images are not supported (the models read text)"),
+            ("context", "an earlier answer's context is not kept: send the conversation to /api/chat"),
+        ):
+            if getattr(self, field):
+                raise ApiError(400, f"{field}: {why} by ead serve", param=field)
+        fields = self.openai_fields(n_ctx)
+        if self.raw:
+            if self.system:
+                message = (
+                    "system: a raw prompt is sent as it is, with no template to place a system text: "
+                    "put it in the prompt"
+                )
+                raise ApiError(400, message, param="system")
+            return {"prompt": self.prompt, **fields}
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return {"messages": [*system, {"role": "user", "content": self.prompt}], **fields}
+
+
+SCHEMA_PATH = "response_format.json_schema.schema"
+# The OpenAI fields an ollama request's own are spelled as, for the OpenAI checks' 400s
+OLLAMA_SPELLING = {
+    "response_format": "format",
+    "max_tokens": "options.num_predict",
+    **{name: f"options.{name}" for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop")},
+    **{name: f"options.{name}" for name in UNSUPPORTED},
+}
+
+
+def _respelled(error: ApiError) -> ApiError:
+    """An OpenAI check's 400 naming the field as the ollama request spelled it."""
+    field = (error.param or "").partition(".")[0]
+    if field not in OLLAMA_SPELLING:
+        return error
+    ollama = OLLAMA_SPELLING[field] + error.param[len(field) :]
+    # the schema's own complaints name where in response_format it sits: in ollama's, format itself
+    message = error.message.replace(SCHEMA_PATH, "format").replace(error.param, ollama, 1)
+    return ApiError(
+        error.status, message, kind=error.kind, code=error.code, param=ollama, headers=error.headers
+    )
+
+
+def _elsewhere(param: str, what: str) -> ApiError:
+    return ApiError(400, f"{param}: {what} is served at /v1/chat/completions, not here", param=param)
+
+
+def _now() -> str:
+    """A time as ollama writes it: RFC 3339, UTC."""
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _durations(summary: Summary, started_ns: int) -> dict[str, int]:
+    """ollama's figures of an answer, in nanoseconds (the models are loaded once: no load time)."""
+    prompt_ns = round(sum(model.prefill_s for model in summary.models) * NS)
+    return {
+        "total_duration": time.monotonic_ns() - started_ns,
+        "load_duration": 0,
+        "prompt_eval_count": summary.prompt_tokens,
+        "prompt_eval_duration": prompt_ns,
+        "eval_count": summary.generated,
+        "eval_duration": max(round(summary.wall_s * NS) - prompt_ns, 0),
+    }
+
+
+class _Answer:
+    """One request's answer in ollama's shapes: a line per token, then the last, ``done: true``, with the
+    figures; or all of it in one object."""
+
+    def __init__(self, chat: bool, model: str, path: str, requests: Requests) -> None:
+        self.chat, self.model, self.path, self.log = chat, model, path, requests.log
+        self.started_ns = time.monotonic_ns()
+
+    def part(self, text: str, **extra: Any) -> dict[str, Any]:
+        said = {"message": {"role": "assistant", "content": text}} if self.chat else {"response": text}
+        return {"model": self.model, "created_at": _now(), **said, "done": False, **extra}
+
+    def last(self, text: str, summary: Summary | None, ead: dict[str, Any]) -> dict[str, Any]:
+        """The answer's end; ``summary`` None where nothing was generated (a request to load the model)."""
+        if summary is None:
+            return {**self.part(text), "done": True, "done_reason": "load"}
+        log_answered(self.log, self.path, summary)
+        reason = "length" if summary.finish_reason == "length" else "stop"
+        figures = _durations(summary, self.started_ns)
+        ead = {**ead, "summary": asdict(summary)}
+        return {**self.part(text), "done": True, "done_reason": reason, **figures, "ead": ead}
+
+    async def lines(self, ticket: Ticket, seed: int) -> AsyncIterator[str]:
+        """NDJSON: a line per token with its ``ead`` fields, then the last; a failure mid-answer is an
+        ``{"error": ...}`` line, as ollama ends a stream it cannot finish."""
+        ended = False
+        try:
+            while True:
+                message = await ticket.messages.get()
+                if isinstance(message, Token):
+                    yield _line(self.part(message.event.text, ead=token_fields(message.event)))
+                    continue
+                ended = True
+                if isinstance(message, Failed):
+                    error = error_of(message)
+                    self.log(f"error: POST {self.path}: {error.message}")
+                    yield _line({"error": error.message})
+                else:
+                    yield _line(self.last("", message.summary, {"seed": seed}))
+                return
+        finally:
+            if not ended:  # the client went away: the engine stops after the token it is on
+                ticket.cancel()
+
+    async def whole(self, ticket: Ticket, seed: int, request: Request) -> JSONResponse:
+        answer = await collected(ticket, request)
+        if answer is None:
+            return JSONResponse({}, status_code=499)
+        tokens, summary = answer
+        text = "".join(token.event.text for token in tokens)
+        ead = {"tokens": [token_fields(token.event) for token in tokens], "seed": seed}
+        return JSONResponse(self.last(text, summary, ead))
+
+
+def _line(value: dict[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False) + "\n"
+
+
+def _served_name(name: str, any_model: bool) -> None:
+    """A 404 in ollama's words for a model not served: ``ead`` (``ead:latest``), or any with --any-model."""
+    if not any_model and name not in (MODEL_ID, LISTED_NAME):
+        message = (
+            f"model {quoted(name)} not found: this server serves {LISTED_NAME!r} "
+            "(ead serve --any-model answers any name)"
+        )
+        raise ApiError(404, message, param="model")
+
+
+def _tag(engine: Engine, served: dict[str, Any], started: str) -> dict[str, Any]:
+    """The served model as /api/tags lists it, its ``details`` ollama's, ``ead`` as /v1/models says it."""
+    labels = "\n".join(runner.label for runner in engine.runners)
+    largest = max(runner.n_params for runner in engine.runners)
+    details = {
+        "parent_model": "",
+        "format": "gguf",
+        "family": MODEL_ID,
+        "families": [MODEL_ID],
+        "parameter_size": f"{largest / 1e9:.1f}B",
+        "quantization_level": "",
+    }
+    return {
+        "name": LISTED_NAME,
+        "model": LISTED_NAME,
+        "modified_at": started,  # when the server loaded it
+        "size": 0,
+        "digest": hashlib.sha256(labels.encode()).hexdigest(),  # which models: a name for the pair
+        "details": details,
+        "ead": served["ead"],
+    }
+
+
+class _Named(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: Annotated[str, Field(max_length=256)]
+
+
+def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
+    """ollama's routes on ``app``, with its ``Requests``; a key (--api-key) is asked of them as of /v1."""
+    requests: Requests = app.state.requests
+    keyed = [Depends(requests.authorized)]
+    started = _now()
+
+    @app.api_route("/api/version", methods=["GET", "HEAD"], dependencies=keyed)
+    async def version() -> dict[str, Any]:
+        return {"version": OLLAMA_VERSION}
+
+    @app.api_route("/api/tags", methods=["GET", "HEAD"], dependencies=keyed)
+    async def tags() -> dict[str, Any]:
+        return {"models": [_tag(engine, requests.served_model(), started)]}
+
+    @app.post("/api/show", dependencies=keyed)
+    async def show(request: Request) -> dict[str, Any]:
+        named = parse(_Named, await requests.json_body(request))
+        _served_name(named.model, any_model)
+        tag = _tag(engine, requests.served_model(), started)
+        info = {"general.architecture": MODEL_ID, f"{MODEL_ID}.context_length": engine.n_ctx}
+        return {
+            "license": "",
+            "modelfile": "",
+            "parameters": "",
+            "template": "",
+            "details": tag["details"],
+            "model_info": info,
+            "capabilities": ["completion"],
+            "modified_at": tag["modified_at"],
+            "ead": tag["ead"],
+        }
+
+    @app.post("/api/chat", dependencies=keyed)
+    async def chat(request: Request) -> Any:
+        asked = parse(OllamaChat, await requests.json_body(request))
+        return await _answered(request, asked)
+
+    @app.post("/api/generate", dependencies=keyed)
+    async def generate(request: Request) -> Any:
+        asked = parse(OllamaGenerate, await requests.json_body(request))
+        return await _answered(request, asked)
+
+    async def _answered(request: Request, asked: OllamaChat | OllamaGenerate) -> Any:
+        _served_name(asked.model, any_model)
+        body = asked.openai_body(engine.n_ctx)
+        answer = _Answer(isinstance(asked, OllamaChat), asked.model, request.url.path, requests)
+        if asked.loads_only():
+            return answer.last("", None, {})
+        prepare = requests.chat if "messages" in body else requests.text
+        try:
+            job = (await prepare(json.dumps(body).encode()))[1]
+        except ApiError as error:
+            raise _respelled(error) from None
+        ticket = requests.submit(job)
+        seed = job.generation.sampling.seed
+        if asked.stream:
+            return StreamingResponse(answer.lines(ticket, seed), media_type=NDJSON)
+        return await answer.whole(ticket, seed, request)

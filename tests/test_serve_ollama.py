@@ -1,0 +1,186 @@
+"""ollama's API on `ead serve`: a real server on the tiny pair, real HTTP, NDJSON read line by line, each
+answer the same as the OpenAI route's for the same greedy request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import CTX, HI, JSON, TAU, serving
+from test_serve_json import PERSON
+
+GREEDY = {"temperature": 0, "num_predict": 16}
+OPENAI_GREEDY = {"temperature": 0, "max_tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(
+        [*pair_args(tiny_pair), *TAU, *CTX], tmp_path_factory.mktemp("serve-ollama") / "server.log"
+    ) as running:
+        yield running
+
+
+def ollama(server: Server, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/api/{path}", json=body, headers={**JSON, **headers}, timeout=120)
+
+
+def ndjson(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed answer's lines, each parsed as it comes: every line one JSON object."""
+    lines = []
+    with httpx.stream("POST", f"{server.url}/api/{path}", json=body, headers=JSON, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        assert reply.headers["content-type"] == "application/x-ndjson"
+        for line in reply.iter_lines():
+            lines.append(json.loads(line))
+    return lines
+
+
+def openai_chat(server: Server, **body: Any) -> dict[str, Any]:
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def attribution(tokens: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(token["token"], token["model"]) for token in tokens]
+
+
+def test_version_and_tags_list_the_one_model(server: Server) -> None:
+    version = httpx.get(f"{server.url}/api/version").json()["version"]
+    assert [int(part) for part in version.split(".")] >= [0, 1, 0]
+    (model,) = httpx.get(f"{server.url}/api/tags").json()["models"]
+    assert model["name"] == model["model"] == "ead:latest"
+    assert model["details"]["format"] == "gguf" and model["digest"]
+    assert set(model["ead"]["models"]) == {"small", "large"}
+    shown = ollama(server, "show", {"model": "ead"}).json()
+    assert shown["details"] == model["details"] and "completion" in shown["capabilities"]
+    assert shown["model_info"]["ead.context_length"] == 16384
+
+
+def test_chat_streamed_and_whole_equal_the_openai_route(server: Server) -> None:
+    expected = openai_chat(server, messages=HI, **OPENAI_GREEDY)
+    text = expected["choices"][0]["message"]["content"]
+
+    lines = ndjson(server, "chat", {"model": "ead", "messages": HI, "options": GREEDY})  # streamed by default
+    *parts, last = lines
+    assert all(part["done"] is False and part["message"]["role"] == "assistant" for part in parts)
+    assert "".join(part["message"]["content"] for part in parts) == text
+    assert attribution([part["ead"] for part in parts]) == attribution(expected["ead"]["tokens"])
+    assert {part["ead"]["model"] for part in parts} == {"small", "large"}
+    assert last["done"] is True and last["done_reason"] == "length" and last["message"]["content"] == ""
+    assert last["eval_count"] == 16 and last["prompt_eval_count"] == expected["usage"]["prompt_tokens"]
+    assert all(isinstance(last[key], int) for key in ("total_duration", "eval_duration", "load_duration"))
+    assert last["model"] == "ead" and last["ead"]["summary"]["generated"] == 16
+
+    whole = ollama(
+        server, "chat", {"model": "ead:latest", "messages": HI, "options": GREEDY, "stream": False}
+    )
+    answer = whole.json()
+    assert answer["message"] == {"role": "assistant", "content": text} and answer["done"] is True
+    assert answer["model"] == "ead:latest" and answer["done_reason"] == "length"
+    assert attribution(answer["ead"]["tokens"]) == attribution(expected["ead"]["tokens"])
+
+
+def test_generate_is_a_chat_turn_or_with_raw_the_prompt_as_is(server: Server) -> None:
+    system = {"role": "system", "content": "Be brief."}
+    chat = openai_chat(server, messages=[system, *HI], **OPENAI_GREEDY)["choices"][0]["message"]["content"]
+    body = {"model": "ead", "prompt": "hi", "system": "Be brief.", "options": GREEDY}
+    *parts, last = ndjson(server, "generate", body)
+    assert "".join(part["response"] for part in parts) == chat and last["response"] == ""
+    assert ollama(server, "generate", {**body, "stream": False}).json()["response"] == chat
+
+    reply = httpx.post(
+        f"{server.base_url}/completions",
+        json={"prompt": "def fib(n):", **OPENAI_GREEDY},
+        headers=JSON,
+        timeout=120,
+    )
+    raw = {"model": "ead", "prompt": "def fib(n):", "raw": True, "options": GREEDY, "stream": False}
+    assert ollama(server, "generate", raw).json()["response"] == reply.json()["choices"][0]["text"]
+
+
+def test_format_takes_the_json_grammar_as_response_format_does(server: Server) -> None:
+    for ollama_format, openai_format in (
+        ("json", {"type": "json_object"}),
+        (PERSON, {"type": "json_schema", "json_schema": {"name": "format", "schema": PERSON}}),
+    ):
+        expected = openai_chat(server, messages=HI, response_format=openai_format, **OPENAI_GREEDY)
+        body = {"model": "ead", "messages": HI, "format": ollama_format, "options": GREEDY, "stream": False}
+        content = ollama(server, "chat", body).json()["message"]["content"]
+        assert content == expected["choices"][0]["message"]["content"] and content.lstrip().startswith("{")
+
+
+def test_an_empty_request_loads_the_model_as_ollama_answers_it(server: Server) -> None:
+    loaded = ollama(server, "chat", {"model": "ead", "messages": []}).json()
+    assert loaded["done"] is True and loaded["done_reason"] == "load"
+    assert ollama(server, "generate", {"model": "ead"}).json()["done_reason"] == "load"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"),
+    [
+        ("chat", {"model": "llama3.2", "messages": HI}, 404, "model 'llama3.2' not found"),
+        ("show", {"model": "llama3.2"}, 404, "not found"),
+        ("generate", {"prompt": "hi"}, 400, "model: Field required"),
+        ("chat", {"model": "ead", "messages": HI, "options": {"num_ctx": 32768}}, 400, "options.num_ctx"),
+        (
+            "chat",
+            {"model": "ead", "messages": HI, "options": {"temperature": "hot"}},
+            400,
+            "options.temperature",
+        ),
+        (
+            "chat",
+            {"model": "ead", "messages": HI, "options": {"repeat_penalty": 1.3}},
+            400,
+            "options.repeat_penalty",
+        ),
+        ("chat", {"model": "ead", "messages": HI, "format": "yaml"}, 400, "format"),
+        ("chat", {"model": "ead", "messages": HI, "format": {"$ref": "#/nowhere"}}, 400, "format cannot be"),
+        ("chat", {"model": "ead", "messages": HI, "think": True}, 400, "think"),
+        (
+            "chat",
+            {"model": "ead", "messages": HI, "tools": [{"type": "function"}]},
+            400,
+            "/v1/chat/completions",
+        ),
+        ("chat", {"model": "ead", "messages": [{"role": "user", "images": ["AA=="]}]}, 400, "images"),
+        ("generate", {"model": "ead", "prompt": "hi", "raw": True, "system": "x"}, 400, "system"),
+        ("generate", {"model": "ead", "prompt": "hi", "context": [1, 2]}, 400, "context"),
+        ("generate", {"model": "ead", "prompt": "x", "ead": {"mode": "nope"}}, 400, "ead.mode"),
+    ],
+)
+def test_bad_requests_get_ollamas_error_object(
+    server: Server, path: str, body: dict[str, Any], status: int, fragment: str
+) -> None:
+    reply = ollama(server, path, body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert isinstance(error, str) and "\n" not in error and fragment in error, error
+
+
+def test_a_body_that_is_no_json_is_a_400_in_ollamas_shape(server: Server) -> None:
+    reply = httpx.post(f"{server.url}/api/chat", content=b"{nope", headers=JSON)
+    assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]
+    assert "Traceback" not in server.log()
+
+
+def test_the_api_key_guards_ollamas_routes_as_openais(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with Server([*pair_args(tiny_pair), "--api-key", "s3cret"], tmp_path / "server.log") as server:
+        for path in ("version", "tags"):
+            refused = httpx.get(f"{server.url}/api/{path}")
+            assert refused.status_code == 401 and "API key" in refused.json()["error"]
+        refused = ollama(server, "chat", {"model": "ead", "messages": HI})
+        assert refused.status_code == 401 and "API key" in refused.json()["error"]
+        key = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(f"{server.url}/api/tags", headers=key).status_code == 200
+        body = {"model": "ead", "messages": HI, "options": {"num_predict": 2}, "stream": False}
+        assert ollama(server, "chat", body, **key).json()["done"] is True
+        assert server.stop() == 0
