@@ -12,7 +12,7 @@ import httpx
 import pytest
 from serve_process import Server
 from test_cli import pair_args
-from test_serve import CTX, HI, JSON, TAU, serving
+from test_serve import CTX, HI, JSON, LONG, TAU, serving
 from test_serve_json import PERSON
 
 GREEDY = {"temperature": 0, "num_predict": 16}
@@ -184,3 +184,26 @@ def test_the_api_key_guards_ollamas_routes_as_openais(tiny_pair: tuple[Path, Pat
         body = {"model": "ead", "messages": HI, "options": {"num_predict": 2}, "stream": False}
         assert ollama(server, "chat", body, **key).json()["done"] is True
         assert server.stop() == 0
+
+
+def test_a_null_field_is_one_left_out_as_on_the_openai_routes(server: Server) -> None:
+    message = {"role": "user", "content": "hi", "images": None, "tool_calls": None}
+    body = {"model": "ead", "messages": [message], "stream": None, "options": {"num_predict": 2}}
+    lines = ndjson(server, "chat", body)  # streamed: the default
+    assert lines[-1]["done"] is True and lines[-1]["eval_count"] == 2
+    generate = {"model": "ead", "prompt": "hi", "raw": None, "stream": False, "options": {"num_predict": 2}}
+    assert ollama(server, "generate", generate).json()["done"] is True
+
+
+def test_a_client_that_leaves_a_stream_stops_its_generation(server: Server) -> None:
+    before = len(server.log().splitlines())
+    body = {"model": "ead", "messages": HI, "options": {"num_predict": LONG}}
+    with httpx.stream("POST", f"{server.url}/api/chat", json=body, headers=JSON, timeout=120) as reply:
+        assert json.loads(next(reply.iter_lines()))["done"] is False  # generating
+    answered = ollama(
+        server, "chat", {"model": "ead", "messages": HI, "options": {"num_predict": 3}, "stream": False}
+    )
+    assert answered.json()["eval_count"] == 3
+    new = server.log().splitlines()[before:]
+    stopped = [line for line in new if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new

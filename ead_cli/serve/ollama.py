@@ -83,7 +83,7 @@ class _OllamaRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     model: Annotated[str, Field(max_length=256)]
-    stream: bool = True  # ollama streams unless told not to
+    stream: bool | None = None  # ollama streams unless told not to (a null, as every field's, is left out)
     format: Literal["", "json"] | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     think: bool | str | None = None
@@ -108,7 +108,7 @@ class OllamaMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
+    content: str | None = None
     images: list[str] | None = None
     tool_calls: list[Any] | None = None
     tool_name: Annotated[str, Field(max_length=256)] | None = None
@@ -133,14 +133,14 @@ class OllamaChat(_OllamaRequest):
             if message.tool_calls:
                 raise _elsewhere(f"messages.{i}.tool_calls", "tool calling")
             named = {"name": message.tool_name} if message.tool_name is not None else {}
-            messages.append({"role": message.role, "content": message.content, **named})
+            messages.append({"role": message.role, "content": message.content or "", **named})
         return {"messages": messages, **self.openai_fields(n_ctx)}
 
 
 class OllamaGenerate(_OllamaRequest):
-    prompt: str = ""
+    prompt: str | None = None
     system: str | None = None
-    raw: bool = False
+    raw: bool | None = None
     suffix: str | None = None
     template: str | None = None
     images: list[str] | None = None
@@ -169,9 +169,9 @@ class OllamaGenerate(_OllamaRequest):
                     "put it in the prompt"
                 )
                 raise ApiError(400, message, param="system")
-            return {"prompt": self.prompt, **fields}
+            return {"prompt": self.prompt or "", **fields}
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return {"messages": [*system, {"role": "user", "content": self.prompt}], **fields}
+        return {"messages": [*system, {"role": "user", "content": self.prompt or ""}], **fields}
 
 
 SCHEMA_PATH = "response_format.json_schema.schema"
@@ -371,6 +371,6 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             raise _respelled(error) from None
         ticket = requests.submit(job)
         seed = job.generation.sampling.seed
-        if asked.stream:
+        if asked.stream is not False:
             return StreamingResponse(answer.lines(ticket, seed), media_type=NDJSON)
         return await answer.whole(ticket, seed, request)
