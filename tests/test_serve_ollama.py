@@ -207,3 +207,14 @@ def test_a_client_that_leaves_a_stream_stops_its_generation(server: Server) -> N
     new = server.log().splitlines()[before:]
     stopped = [line for line in new if line.startswith("stopped after")]
     assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
+
+
+def test_a_format_no_answer_can_meet_is_ollamas_error_whole_and_streamed(server: Server) -> None:
+    """The grammar leaves no token after the opening quote: a 400 whole, an error line ending a stream,
+    each naming the request's field as ollama spells it; the server goes on serving."""
+    body = {"model": "ead", "messages": HI, "format": {"type": "string", "pattern": "^[b-a]$"}}
+    whole = ollama(server, "chat", {**body, "stream": False})
+    assert whole.status_code == 400 and whole.json()["error"].startswith("format: "), whole.text
+    *_, last = ndjson(server, "chat", body)
+    assert last["error"].startswith("format: ") and "allows no token" in last["error"], last
+    assert ollama(server, "chat", {"model": "ead", "messages": HI, "stream": False}).json()["done"] is True

@@ -253,7 +253,7 @@ class _Answer:
                     continue
                 ended = True
                 if isinstance(message, Failed):
-                    error = error_of(message)
+                    error = _respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield _line({"error": error.message})
                 else:
@@ -264,7 +264,10 @@ class _Answer:
                 ticket.cancel()
 
     async def whole(self, ticket: Ticket, seed: int, request: Request) -> JSONResponse:
-        answer = await collected(ticket, request)
+        try:
+            answer = await collected(ticket, request)
+        except ApiError as error:  # the generation failed
+            raise _respelled(error) from None
         if answer is None:
             return JSONResponse({}, status_code=499)
         tokens, summary = answer
