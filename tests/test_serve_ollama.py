@@ -14,6 +14,7 @@ from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, LONG, TAU, serving
 from test_serve_json import PERSON
+from test_serve_tools import CALL_SCHEMA, TOOLS, tools_server  # noqa: F401 (a fixture)
 
 GREEDY = {"temperature": 0, "num_predict": 16}
 OPENAI_GREEDY = {"temperature": 0, "max_tokens": 16}
@@ -149,7 +150,7 @@ def test_an_empty_request_loads_the_model_as_ollama_answers_it(server: Server) -
             "chat",
             {"model": "ead", "messages": HI, "tools": [{"type": "function"}]},
             400,
-            "/v1/chat/completions",
+            "tools.0.function: Field required",
         ),
         ("chat", {"model": "ead", "messages": [{"role": "user", "images": ["AA=="]}]}, 400, "images"),
         ("generate", {"model": "ead", "prompt": "hi", "raw": True, "system": "x"}, 400, "system"),
@@ -218,3 +219,49 @@ def test_a_format_no_answer_can_meet_is_ollamas_error_whole_and_streamed(server:
     *_, last = ndjson(server, "chat", body)
     assert last["error"].startswith("format: ") and "allows no token" in last["error"], last
     assert ollama(server, "chat", {"model": "ead", "messages": HI, "stream": False}).json()["done"] is True
+
+
+def test_tool_calls_come_back_in_ollamas_shape_whole_and_streamed(tools_server: Server) -> None:  # noqa: F811
+    """JSON mode makes the tiny model write a bare call of a tool offered: ``message.tool_calls`` with the
+    arguments as an object, as ollama sends them, the same whole and streamed and as the OpenAI route
+    reads it; a conversation with the call and the tool's answer sent back is taken."""
+    ask = [{"role": "user", "content": "What is 6 times 7?"}]
+    body = {
+        "model": "ead",
+        "messages": ask,
+        "tools": TOOLS,
+        "format": CALL_SCHEMA,
+        "options": {"temperature": 0, "num_predict": 60},
+    }
+    expected = openai_chat(
+        tools_server,
+        messages=ask,
+        tools=TOOLS,
+        response_format={"type": "json_schema", "json_schema": {"name": "format", "schema": CALL_SCHEMA}},
+        temperature=0,
+        max_tokens=60,
+    )
+    (openai_call,) = expected["choices"][0]["message"]["tool_calls"]
+    call = {
+        "function": {
+            "index": 0,
+            "name": "multiply",
+            "arguments": json.loads(openai_call["function"]["arguments"]),
+        }
+    }
+    whole = ollama(tools_server, "chat", {**body, "stream": False}).json()
+    assert whole["message"] == {"role": "assistant", "content": "", "tool_calls": [call]}, whole
+    lines = ndjson(tools_server, "chat", body)
+    assert [c for line in lines for c in line["message"].get("tool_calls", [])] == [call]
+    assert "".join(line["message"]["content"] for line in lines) == ""
+    turn = [
+        *ask,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_name": "multiply", "content": "42"},
+    ]
+    answered = ollama(
+        tools_server,
+        "chat",
+        {"model": "ead", "messages": turn, "tools": TOOLS, "options": {"num_predict": 2}, "stream": False},
+    )
+    assert answered.status_code == 200 and answered.json()["done"] is True, answered.text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
@@ -21,18 +21,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decoder import Summary
 from ..errors import quoted
 from .app import MODEL_ID, Requests, collected, error_of, log_answered, token_fields
-from .engine import Engine, Failed, Ticket, Token
+from .engine import Engine, Failed, Log, Ticket, Token
 from .schemas import (
     MAX_STOP_CHARS,
     MAX_STOPS,
     UNSUPPORTED,
     ApiError,
+    ChatRequest,
     Fraction,
     MinP,
     Positive,
     TopK,
     parse,
 )
+from .tools import ToolCall, ToolCallReader, split_answer
 
 # The ollama release whose docs/api.md these shapes follow: clients read it to know what they may ask.
 OLLAMA_VERSION = "0.33.0"
@@ -104,37 +106,66 @@ class _OllamaRequest(BaseModel):
         return fields
 
 
+class OllamaFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: Annotated[str, Field(max_length=256)]
+    arguments: dict[str, Any]  # an object, where OpenAI sends a JSON text
+
+
+class OllamaToolCall(BaseModel):
+    """A call an assistant made in an earlier turn, as ollama's clients send it back."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: Annotated[str, Field(max_length=256)] | None = None
+    function: OllamaFunction
+
+    def as_openai(self) -> dict[str, Any]:
+        function = {"name": self.function.name, "arguments": json.dumps(self.function.arguments)}
+        called = {"id": self.id} if self.id is not None else {}
+        return {**called, "type": "function", "function": function}
+
+
 class OllamaMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     images: list[str] | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: Annotated[list[OllamaToolCall], Field(max_length=128)] | None = None
     tool_name: Annotated[str, Field(max_length=256)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        """The message as OpenAI's chat takes it: a tool's answer named by ``name``, calls' arguments as
+        JSON texts."""
+        fields: dict[str, Any] = {"role": self.role, "content": self.content or ""}
+        if self.tool_calls:
+            fields["tool_calls"] = [call.as_openai() for call in self.tool_calls]
+        if self.tool_name is not None:
+            fields["name"] = self.tool_name
+        if self.tool_call_id is not None:
+            fields["tool_call_id"] = self.tool_call_id
+        return fields
 
 
 class OllamaChat(_OllamaRequest):
     messages: list[OllamaMessage] = []
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # OpenAI's shape: checked as /v1/chat/completions checks them
 
     def loads_only(self) -> bool:
         """No messages: ollama's request to load the model, answered at once."""
         return not self.messages
 
     def openai_body(self, n_ctx: int) -> dict[str, Any]:
-        if self.tools:
-            raise _elsewhere("tools", "tool calling")
-        messages = []
         for i, message in enumerate(self.messages):
             if message.images:
                 message_text = f"messages.{i}.images: images are not supported (the models read text)"
                 raise ApiError(400, message_text, param=f"messages.{i}.images")
-            if message.tool_calls:
-                raise _elsewhere(f"messages.{i}.tool_calls", "tool calling")
-            named = {"name": message.tool_name} if message.tool_name is not None else {}
-            messages.append({"role": message.role, "content": message.content or "", **named})
-        return {"messages": messages, **self.openai_fields(n_ctx)}
+        messages = [message.as_openai() for message in self.messages]
+        tools = {"tools": self.tools} if self.tools is not None else {}
+        return {"messages": messages, **tools, **self.openai_fields(n_ctx)}
 
 
 class OllamaGenerate(_OllamaRequest):
@@ -180,7 +211,12 @@ OLLAMA_SPELLING = {
     "response_format": "format",
     "max_tokens": "options.num_predict",
     **{name: f"options.{name}" for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop")},
-    **{name: f"options.{name}" for name in UNSUPPORTED},
+    # those options passes on (a request's own fields, tools and suffix, keep their names)
+    **{
+        name: f"options.{name}"
+        for name in UNSUPPORTED
+        if name not in OllamaChat.model_fields and name not in OllamaGenerate.model_fields
+    },
 }
 
 
@@ -195,10 +231,6 @@ def _respelled(error: ApiError) -> ApiError:
     return ApiError(
         error.status, message, kind=error.kind, code=error.code, param=ollama, headers=error.headers
     )
-
-
-def _elsewhere(param: str, what: str) -> ApiError:
-    return ApiError(400, f"{param}: {what} is served at /v1/chat/completions, not here", param=param)
 
 
 def _now() -> str:
@@ -223,15 +255,31 @@ class _Answer:
     """One request's answer in ollama's shapes: a line per token, then the last, ``done: true``, with the
     figures; or all of it in one object."""
 
-    def __init__(self, chat: bool, model: str, path: str, requests: Requests) -> None:
-        self.chat, self.model, self.path, self.log = chat, model, path, requests.log
+    def __init__(
+        self,
+        chat: bool,
+        model: str,
+        path: str,
+        log: Log,
+        tools: frozenset[str] | None = None,
+        prefill: str = "",
+    ) -> None:
+        self.chat, self.model, self.path, self.log = chat, model, path, log
         self.started_ns = time.monotonic_ns()
+        self.tools = tools  # the names of the tools offered: calls are read back out of the answer
+        self.prefill = prefill  # the assistant message the answer continues: a call it opens is read whole
 
-    def part(self, text: str, **extra: Any) -> dict[str, Any]:
-        said = {"message": {"role": "assistant", "content": text}} if self.chat else {"response": text}
+    def part(self, text: str, calls: Sequence[dict[str, Any]] = (), **extra: Any) -> dict[str, Any]:
+        """A line of the answer: its text, and the calls it completes (ollama's shape)."""
+        said: dict[str, Any] = {"response": text}
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            said = {"message": {**message, "tool_calls": list(calls)} if calls else message}
         return {"model": self.model, "created_at": _now(), **said, "done": False, **extra}
 
-    def last(self, text: str, summary: Summary | None, ead: dict[str, Any]) -> dict[str, Any]:
+    def last(
+        self, text: str, summary: Summary | None, ead: dict[str, Any], calls: Sequence[dict[str, Any]] = ()
+    ) -> dict[str, Any]:
         """The answer's end; ``summary`` None where nothing was generated (a request to load the model)."""
         if summary is None:
             return {**self.part(text), "done": True, "done_reason": "load"}
@@ -239,25 +287,52 @@ class _Answer:
         reason = "length" if summary.finish_reason == "length" else "stop"
         figures = _durations(summary, self.started_ns)
         ead = {**ead, "summary": asdict(summary)}
-        return {**self.part(text), "done": True, "done_reason": reason, **figures, "ead": ead}
+        return {**self.part(text, calls), "done": True, "done_reason": reason, **figures, "ead": ead}
+
+    def _token_lines(self, text: str, reader: ToolCallReader | None, **extra: Any) -> list[str]:
+        """A token's lines, the first with ``extra`` (its ``ead`` fields); with tools, a line per piece of
+        text or call the reader lets through (text that may open a call is held), one of no text if none."""
+        if reader is None:
+            return [_line(self.part(text, **extra))]
+        return self._piece_lines(reader.push(text), reader, **extra) or [_line(self.part("", **extra))]
+
+    def _piece_lines(self, pieces: list[str | ToolCall], reader: ToolCallReader, **extra: Any) -> list[str]:
+        """A line per piece of text or call the reader let through, the first with ``extra``."""
+        lines = []
+        # the first of these calls' place among the answer's: counted, as two calls alike are equal
+        index = len(reader.calls) - sum(isinstance(piece, ToolCall) for piece in pieces)
+        for piece in pieces:
+            first = {} if lines else extra
+            if isinstance(piece, ToolCall):
+                lines.append(_line(self.part("", [_ollama_call(piece, index)], **first)))
+                index += 1
+            else:
+                lines.append(_line(self.part(piece, **first)))
+        return lines
 
     async def lines(self, ticket: Ticket, seed: int) -> AsyncIterator[str]:
         """NDJSON: a line per token with its ``ead`` fields, then the last; a failure mid-answer is an
         ``{"error": ...}`` line, as ollama ends a stream it cannot finish."""
         ended = False
+        reader = ToolCallReader(self.tools, True, self.prefill) if self.tools else None
         try:
             while True:
                 message = await ticket.messages.get()
                 if isinstance(message, Token):
-                    yield _line(self.part(message.event.text, ead=token_fields(message.event)))
+                    for line in self._token_lines(
+                        message.event.text, reader, ead=token_fields(message.event)
+                    ):
+                        yield line
                     continue
                 ended = True
                 if isinstance(message, Failed):
                     error = _respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield _line({"error": error.message})
-                else:
-                    yield _line(self.last("", message.summary, {"seed": seed}))
+                    return
+                for line in [] if reader is None else self._piece_lines(reader.finish(), reader):
+                    yield line
+                yield _line(self.last("", message.summary, {"seed": seed}))
                 return
         finally:
             if not ended:  # the client went away: the engine stops after the token it is on
@@ -272,8 +347,17 @@ class _Answer:
             return JSONResponse({}, status_code=499)
         tokens, summary = answer
         text = "".join(token.event.text for token in tokens)
+        calls: list[ToolCall] = []
+        if self.tools:
+            text, calls = split_answer(text, self.tools, True, self.prefill)
         ead = {"tokens": [token_fields(token.event) for token in tokens], "seed": seed}
-        return JSONResponse(self.last(text, summary, ead))
+        said = [_ollama_call(call, index) for index, call in enumerate(calls)]
+        return JSONResponse(self.last(text, summary, ead, said))
+
+
+def _ollama_call(call: ToolCall, index: int) -> dict[str, Any]:
+    """A call as ollama sends it: its arguments an object, not a JSON text."""
+    return {"function": {"index": index, "name": call.name, "arguments": json.loads(call.arguments)}}
 
 
 def _line(value: dict[str, Any]) -> str:
@@ -364,14 +448,16 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
     async def _answered(request: Request, asked: OllamaChat | OllamaGenerate) -> Any:
         _served_name(asked.model, any_model)
         body = asked.openai_body(engine.n_ctx)
-        answer = _Answer(isinstance(asked, OllamaChat), asked.model, request.url.path, requests)
+        chat = isinstance(asked, OllamaChat)
         if asked.loads_only():
-            return answer.last("", None, {})
+            return _Answer(chat, asked.model, request.url.path, requests.log).last("", None, {})
         prepare = requests.chat if "messages" in body else requests.text
         try:
-            job = (await prepare(json.dumps(body).encode()))[1]
+            prepared, job = await prepare(json.dumps(body).encode())
         except ApiError as error:
             raise _respelled(error) from None
+        tools = prepared.tool_names() if isinstance(prepared, ChatRequest) else None
+        answer = _Answer(chat, asked.model, request.url.path, requests.log, tools, job.prefill)
         ticket = requests.submit(job)
         seed = job.generation.sampling.seed
         if asked.stream is not False:
