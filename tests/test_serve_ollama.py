@@ -16,6 +16,9 @@ from test_serve import CTX, HI, JSON, LONG, TAU, serving
 from test_serve_json import PERSON
 from test_serve_tools import CALL_SCHEMA, TOOLS, tools_server  # noqa: F401 (a fixture)
 
+from ead_cli.serve.ollama import _ollama_call
+from ead_cli.serve.tools import ToolCall
+
 GREEDY = {"temperature": 0, "num_predict": 16}
 OPENAI_GREEDY = {"temperature": 0, "max_tokens": 16}
 
@@ -265,3 +268,12 @@ def test_tool_calls_come_back_in_ollamas_shape_whole_and_streamed(tools_server: 
         {"model": "ead", "messages": turn, "tools": TOOLS, "options": {"num_predict": 2}, "stream": False},
     )
     assert answered.status_code == 200 and answered.json()["done"] is True, answered.text
+
+
+def test_a_call_whose_arguments_are_no_json_object_is_sent_as_written() -> None:
+    """A model may write its arguments as a string ("arguments": "6 and 7"), which the reader keeps as
+    written: it goes out as that string, where reading it as JSON had been a 500."""
+    assert _ollama_call(ToolCall("multiply", "6 and 7"), 1) == {
+        "function": {"index": 1, "name": "multiply", "arguments": "6 and 7"}
+    }
+    assert _ollama_call(ToolCall("multiply", '{"a": 6}'), 0)["function"]["arguments"] == {"a": 6}

@@ -356,8 +356,19 @@ class _Answer:
 
 
 def _ollama_call(call: ToolCall, index: int) -> dict[str, Any]:
-    """A call as ollama sends it: its arguments an object, not a JSON text."""
-    return {"function": {"index": index, "name": call.name, "arguments": json.loads(call.arguments)}}
+    """A call as ollama sends it: its arguments an object, not a JSON text; arguments the model wrote as
+    a string that is no JSON object, as it wrote them."""
+    try:
+        arguments = json.loads(call.arguments)
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's limit
+        arguments = None
+    return {
+        "function": {
+            "index": index,
+            "name": call.name,
+            "arguments": arguments if isinstance(arguments, dict) else call.arguments,
+        }
+    }
 
 
 def _line(value: dict[str, Any]) -> str:
