@@ -64,7 +64,7 @@ def test_version_and_tags_list_the_one_model(server: Server) -> None:
     assert model["details"]["format"] == "gguf" and model["digest"]
     assert set(model["ead"]["models"]) == {"small", "large"}
     shown = ollama(server, "show", {"model": "ead"}).json()
-    assert shown["details"] == model["details"] and "completion" in shown["capabilities"]
+    assert shown["details"] == model["details"] and shown["capabilities"] == ["completion"]
     assert shown["model_info"]["ead.context_length"] == 16384
 
 
@@ -228,6 +228,8 @@ def test_tool_calls_come_back_in_ollamas_shape_whole_and_streamed(tools_server: 
     """JSON mode makes the tiny model write a bare call of a tool offered: ``message.tool_calls`` with the
     arguments as an object, as ollama sends them, the same whole and streamed and as the OpenAI route
     reads it; a conversation with the call and the tool's answer sent back is taken."""
+    shown = ollama(tools_server, "show", {"model": "ead"}).json()
+    assert shown["capabilities"] == ["completion", "tools"]  # the template renders tools
     ask = [{"role": "user", "content": "What is 6 times 7?"}]
     body = {
         "model": "ead",

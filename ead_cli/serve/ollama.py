@@ -34,7 +34,7 @@ from .schemas import (
     TopK,
     parse,
 )
-from .tools import ToolCall, ToolCallReader, split_answer
+from .tools import ToolCall, ToolCallReader, split_answer, template_takes_tools
 
 # The ollama release whose docs/api.md these shapes follow: clients read it to know what they may ask.
 OLLAMA_VERSION = "0.33.0"
@@ -441,7 +441,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             "template": "",
             "details": tag["details"],
             "model_info": info,
-            "capabilities": ["completion"],
+            "capabilities": ["completion", *(["tools"] if template_takes_tools(engine.runners[0]) else [])],
             "modified_at": tag["modified_at"],
             "ead": tag["ead"],
         }
