@@ -4,6 +4,7 @@ answer the same as the OpenAI route's for the same greedy request."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,23 @@ def test_a_call_whose_arguments_are_no_json_object_is_sent_as_written() -> None:
         "function": {"index": 1, "name": "multiply", "arguments": "6 and 7"}
     }
     assert _ollama_call(ToolCall("multiply", '{"a": 6}'), 0)["function"]["arguments"] == {"a": 6}
+
+
+def test_ollamas_curl_example_without_a_content_type_is_answered(server: Server) -> None:
+    """ollama's docs post with a bare ``curl -d`` (``application/x-www-form-urlencoded``), which ollama
+    takes: so does ead where no web page sent it (no Origin). From a page, only JSON, as on /v1: a page
+    may post a form anywhere without asking first."""
+    body = json.dumps({"model": "ead", "prompt": "hi", "stream": False, "options": GREEDY})
+    command = ["curl", "-sS", f"{server.url}/api/generate", "-d", body]
+    curl = subprocess.run(command, capture_output=True, timeout=120, check=True)
+    answer = json.loads(curl.stdout)
+    assert answer["done"] is True and answer["eval_count"] >= 1
+    assert answer["response"] == ollama(server, "generate", json.loads(body)).json()["response"]
+    from_page = httpx.post(
+        f"{server.url}/api/generate",
+        content=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded", "Origin": server.url},
+        timeout=120,
+    )
+    assert from_page.status_code == 415
+    assert "application/json" in from_page.json()["error"]

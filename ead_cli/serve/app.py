@@ -86,6 +86,7 @@ MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this (the blank l
 # Set in a request's scope by the protocol that answered it itself (a broken body): its app is cut off.
 REFUSED_BY_PROTOCOL = "ead.refused_by_protocol"
 OLLAMA_PATHS = "/api/"  # ollama's API (serve/ollama.py): its errors are ollama's {"error": "..."}
+FORM = "application/x-www-form-urlencoded"  # what curl -d sends without -H
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
 SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
@@ -107,7 +108,7 @@ class Requests:
     (on the preparing threads) and the engine's queue."""
 
     authorized: Callable[[Request], Awaitable[None]]
-    json_body: Callable[[Request], Awaitable[bytes]]
+    json_body: Callable[[Request], Awaitable[bytes]]  # as ollama takes it: a bare curl -d's too
     chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
     text: Callable[[bytes], Awaitable[tuple[CompletionRequest, Job]]]  # a text completion's
     submit: Callable[[Job], Ticket]
@@ -827,11 +828,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return ()
         return _followed_prefill(runner, grammar, prefill, f"messages.{len(body.messages) - 1}.content")
 
-    async def _json_body(request: Request) -> bytes:
-        """The body, if it says it is JSON: a web page can POST text/plain anywhere without asking; and if
-        it is sent as is (a gzip body read as JSON was a 400 that called it invalid JSON)."""
+    async def _json_body(request: Request, as_curl_sends: bool = False) -> bytes:
+        """The body, if it says it is JSON: a web page can POST text/plain or a form anywhere without
+        asking; and if it is sent as is (a gzip body read as JSON was a 400 that called it invalid JSON).
+        ``as_curl_sends``: also a bare ``curl -d``'s form type, or none, where no page sent it (no Origin),
+        as ollama takes its API's bodies (its docs' examples send no Content-Type)."""
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if media != "application/json":
+        from_curl = as_curl_sends and "origin" not in request.headers and media in ("", FORM)
+        if media != "application/json" and not from_curl:
             sent = quoted(media or "none")
             message = f"the body must be JSON sent as Content-Type: application/json, not {sent}"
             raise ApiError(415, message, code="unsupported_media_type")
@@ -846,7 +850,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     # serve/ollama.py's routes take the same steps as OpenAI's: see Requests
     app.state.requests = Requests(
         authorized=authorized,
-        json_body=_json_body,
+        json_body=functools.partial(_json_body, as_curl_sends=True),
         chat=functools.partial(prepared, _prepare_chat),
         text=functools.partial(prepared, _prepare_text),
         submit=_submitted,
