@@ -667,6 +667,31 @@ def test_a_request_that_is_not_http_gets_openais_error_object(
 CLOSE = b"\r\nConnection: close\r\n\r\n"
 
 
+@pytest.mark.parametrize(
+    ("request_line", "version"),
+    [
+        (b"GET /health HTTP/2.0", "2.0"),
+        (b"GET /health HTTP/3.0", "3.0"),
+        (b"GET /health HTTP/0.9", "0.9"),
+        (b"PRI * HTTP/2.0", "2.0"),  # an HTTP/2 client's preface (prior knowledge) on this HTTP/1 port
+    ],
+)
+def test_an_http_version_other_than_1_is_a_505(server: Server, request_line: bytes, version: str) -> None:
+    """h11 reads any one-digit major version; HTTP/2.0 had been answered as if it were 1.1 (and the HTTP/2
+    preface was a 400 naming its target '*'): RFC 9110 §15.6.6, a major version the server does not
+    speak is a 505, the connection closed."""
+    before = server.log().splitlines()
+    head, body = exchange(server, request_line + b"\r\nHost: HOST" + CLOSE)
+    assert head[0] == b"HTTP/1.1 505 HTTP Version Not Supported", head
+    assert b"connection: close" in [line.lower() for line in head], head
+    message = f"HTTP/{version} is not served: this server speaks HTTP/1.1 (and 1.0)"
+    error = {"message": message, "type": "invalid_request_error", "param": None}
+    assert json.loads(body) == {"error": {**error, "code": "http_version_not_supported"}}
+    assert server.log().splitlines()[len(before) :] == [f"error: 505: {message}"]
+    head, _ = exchange(server, b"GET /health HTTP/1.1\r\nHost: HOST" + CLOSE)
+    assert head[0] == b"HTTP/1.1 200 OK"  # still serving
+
+
 def test_an_absolute_form_target_is_served_as_its_path_its_authority_the_host(server: Server) -> None:
     """RFC 9112 §3.2.2: a server MUST accept a request target in absolute-form (what a client sends a proxy);
     it had been a 404 naming "/http://...". Its authority, not the Host header, names the server (the RFC

@@ -242,7 +242,8 @@ class Guard:
 class _CheckedConnection(h11.Connection):
     """h11's server side, refusing besides what h11 refuses (as h11 does, a ``RemoteProtocolError`` whose
     ``error_status_hint`` is the status): a request line and headers over ``MAX_HEAD_BYTES``, counted
-    exactly as they came (the blank line that ends them included), in one read or many; a request with
+    exactly as they came (the blank line that ends them included), in one read or many; an HTTP version
+    whose major is not 1 (h11 reads any digit: HTTP/2.0 had been answered as 1.1), a 505; a request with
     both Transfer-Encoding and Content-Length (a request-smuggling shape, RFC 9112 §6.1); and a chunk
     whose size line alone passes ``body_limit``, when that line comes (its bytes had been awaited)."""
 
@@ -257,6 +258,10 @@ class _CheckedConnection(h11.Connection):
         if isinstance(event, h11.Request):
             if unread - len(self.trailing_data[0]) > MAX_HEAD_BYTES:
                 raise h11.RemoteProtocolError("head too large", error_status_hint=431)
+            if not event.http_version.startswith(b"1."):
+                version = event.http_version.decode()
+                message = f"HTTP/{version} is not served: this server speaks HTTP/1.1 (and 1.0)"
+                raise h11.RemoteProtocolError(message, error_status_hint=505)
             names = {name for name, _ in event.headers}  # lower case: h11's
             if {b"transfer-encoding", b"content-length"} <= names:
                 raise h11.RemoteProtocolError("Transfer-Encoding and Content-Length together")
@@ -405,6 +410,8 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
                 error = _head_too_large()
             elif status == 413:
                 error = _body_too_large(body_limit)
+            elif status == 505:
+                error = ApiError(505, str(failure), code="http_version_not_supported")
             else:
                 reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes what it refuses
                 error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
