@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ from ead_cli.errors import quoted
 from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES, SEND_TIMEOUT_S
 
 CHAT = "/v1/chat/completions"
+HI_BODY = json.dumps({"messages": HI, "max_tokens": 2}).encode()
 LENGTH = "context_length_exceeded"
 
 
@@ -665,6 +667,50 @@ def test_a_request_that_is_not_http_gets_openais_error_object(
 
 
 CLOSE = b"\r\nConnection: close\r\n\r\n"
+
+NOT_VALID = "the request is not valid HTTP: Transfer-Encoding"
+UNKNOWN_CODING = "is not implemented: send the body chunked alone, or with a Content-Length"
+UNFRAMED = "does not end in chunked: where the body ends is unknown"
+
+
+@pytest.mark.parametrize(
+    ("framing", "status", "message"),
+    [
+        (b"Transfer-Encoding: gzip, chunked", 501, f"Transfer-Encoding 'gzip' {UNKNOWN_CODING}"),
+        (
+            b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
+            501,
+            f"Transfer-Encoding 'gzip' {UNKNOWN_CODING}",
+        ),
+        (b"Transfer-Encoding: br, foo,, chunked", 501, f"Transfer-Encoding 'br, foo' {UNKNOWN_CODING}"),
+        # chunked not last: where the body ends cannot be known (RFC 9112 §6.3, a 400, not 6.1's 501)
+        (b"Transfer-Encoding: foo", 400, f"{NOT_VALID} 'foo' {UNFRAMED}"),
+        (b"Transfer-Encoding: chunked, gzip", 400, f"{NOT_VALID} 'chunked, gzip' {UNFRAMED}"),
+        (b"Transfer-Encoding: chunked, chunked", 400, f"{NOT_VALID} 'chunked, chunked' names chunked twice"),
+        (
+            b"Transfer-Encoding: gzip, chunked\r\nContent-Length: 2",
+            400,
+            "the request is not valid HTTP: Transfer-Encoding and Content-Length together",
+        ),
+    ],
+)
+def test_a_transfer_coding_not_implemented_is_a_501_and_a_malformed_one_a_400(
+    server: Server, framing: bytes, status: int, message: str
+) -> None:
+    """RFC 9112 §6.1: a transfer coding the server does not implement is a 501 (h11's own hint, which had
+    been answered as a 400 in h11's words, "Only Transfer-Encoding: chunked is supported"). A list that
+    does not end in chunked, or names it twice, is a request whose body cannot be framed: a 400."""
+    before = server.log().splitlines()
+    head, body = exchange(server, POST_JSON + framing + b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert head[0] == b"HTTP/1.1 %d %s" % (status, HTTPStatus(status).phrase.encode()), head
+    assert b"connection: close" in [line.lower() for line in head], head
+    code = "unsupported_transfer_encoding" if status == 501 else "invalid_http"
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    assert json.loads(body) == {"error": error}
+    assert server.log().splitlines()[len(before) :] == [f"error: {status}: {message}"]
+    chunked = POST_JSON + b"Transfer-Encoding: Chunked\r\nConnection: close\r\n\r\n"
+    head, body = exchange(server, chunked + b"%x\r\n%s\r\n0\r\n\r\n" % (len(HI_BODY), HI_BODY))
+    assert head[0] == b"HTTP/1.1 200 OK", body  # chunked alone, in any case, is read
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,8 @@ MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this (the blank l
 REFUSED_BY_PROTOCOL = "ead.refused_by_protocol"
 OLLAMA_PATHS = "/api/"  # ollama's API (serve/ollama.py): its errors are ollama's {"error": "..."}
 FORM = "application/x-www-form-urlencoded"  # what curl -d sends without -H
+# Both framings of a body in one request: a request-smuggling shape (RFC 9112 §6.1), a 400.
+FRAMED_TWICE = "Transfer-Encoding and Content-Length together"
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
 SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
@@ -253,10 +255,15 @@ class _CheckedConnection(h11.Connection):
         self.body_limit = body_limit
 
     def next_event(self) -> Any:
-        unread = len(self.trailing_data[0]) if self.their_state is h11.IDLE else 0
-        event = super().next_event()
+        unread = self.trailing_data[0] if self.their_state is h11.IDLE else b""
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as refused:
+            if refused.error_status_hint == 501:  # h11's one word for every Transfer-Encoding but chunked
+                raise _transfer_coding_refusal(unread) from None
+            raise
         if isinstance(event, h11.Request):
-            if unread - len(self.trailing_data[0]) > MAX_HEAD_BYTES:
+            if len(unread) - len(self.trailing_data[0]) > MAX_HEAD_BYTES:
                 raise h11.RemoteProtocolError("head too large", error_status_hint=431)
             if not event.http_version.startswith(b"1."):
                 version = event.http_version.decode()
@@ -264,7 +271,7 @@ class _CheckedConnection(h11.Connection):
                 raise h11.RemoteProtocolError(message, error_status_hint=505)
             names = {name for name, _ in event.headers}  # lower case: h11's
             if {b"transfer-encoding", b"content-length"} <= names:
-                raise h11.RemoteProtocolError("Transfer-Encoding and Content-Length together")
+                raise h11.RemoteProtocolError(FRAMED_TWICE)
         elif self.their_state is h11.SEND_BODY:
             # the bytes of the chunk under way that h11 has yet to hand on (its reader's count: h11 says
             # nothing of a chunk's size), with those of its first part, handed on now
@@ -274,6 +281,33 @@ class _CheckedConnection(h11.Connection):
             if chunk > self.body_limit:
                 raise h11.RemoteProtocolError("chunk too large", error_status_hint=413)
         return event
+
+
+def _transfer_coding_refusal(unread: bytes) -> h11.RemoteProtocolError:
+    """What a request whose Transfer-Encoding h11 refused (any but chunked alone, with a 501 that names
+    none) is, from its head among the ``unread`` bytes: with Content-Length too, the 400 of the two
+    together; a list of codings that does not end in chunked, or names it twice, a body whose end cannot
+    be known (RFC 9112 §6.3: a 400); else codings this server does not implement (§6.1: a 501)."""
+    head = re.split(rb"\r?\n\r?\n", unread, maxsplit=1)[0]
+    lines = re.split(rb"\r?\n", re.sub(rb"\r?\n[ \t]+", b" ", head))[1:]  # unfolded, as h11 reads them
+    fields = []  # each header's name (lower case) and value
+    for line in lines:
+        name, _, value = line.partition(b":")
+        fields.append((name.lower(), value.strip().decode("latin-1")))
+    if b"content-length" in {name for name, _ in fields}:
+        return h11.RemoteProtocolError(FRAMED_TWICE)
+    given = ", ".join(value for name, value in fields if name == b"transfer-encoding")
+    codings = [coding.strip() for coding in given.split(",") if coding.strip()]
+    named = [coding.lower() for coding in codings]
+    if named[-1:] != ["chunked"]:
+        reason = f"Transfer-Encoding {quoted(given)} does not end in chunked: where the body ends is unknown"
+        return h11.RemoteProtocolError(reason)
+    if named.count("chunked") > 1:
+        return h11.RemoteProtocolError(f"Transfer-Encoding {quoted(given)} names chunked twice")
+    unknown = ", ".join(coding for coding in codings if coding.lower() != "chunked")
+    advice = "send the body chunked alone, or with a Content-Length"
+    message = f"Transfer-Encoding {quoted(unknown)} is not implemented: {advice}"
+    return h11.RemoteProtocolError(message, error_status_hint=501)
 
 
 class _LingeringTransport:
@@ -410,8 +444,9 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
                 error = _head_too_large()
             elif status == 413:
                 error = _body_too_large(body_limit)
-            elif status == 505:
-                error = ApiError(505, str(failure), code="http_version_not_supported")
+            elif status in (501, 505):  # _CheckedConnection's words, whole
+                code = "unsupported_transfer_encoding" if status == 501 else "http_version_not_supported"
+                error = ApiError(status, str(failure), code=code)
             else:
                 reason = "" if failure is None else f": {cut(str(failure))}"  # h11 quotes what it refuses
                 error = ApiError(400, f"the request is not valid HTTP{reason}", code="invalid_http")
