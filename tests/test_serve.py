@@ -262,6 +262,25 @@ def test_stream_options_without_stream_is_a_400(client: openai.OpenAI) -> None:
             )
 
 
+def test_max_completion_tokens_is_max_tokens_and_different_limits_are_a_400(client: openai.OpenAI) -> None:
+    """OpenAI's newer spelling, which the openai client sends as it is given (its reasoning models take no
+    other): the same limit. Both, with different values, had been answered with the newer one's in
+    silence: a 400 that names both, neither guessed to win; the same value in both is taken."""
+    create = client.chat.completions.create
+    assert create(model="ead", messages=HI, max_completion_tokens=3).usage.completion_tokens == 3
+    both = create(model="ead", messages=HI, max_tokens=2, max_completion_tokens=2)
+    assert both.usage.completion_tokens == 2
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(model="ead", messages=HI, max_tokens=2, max_completion_tokens=5)
+    message = "max_tokens 2 and max_completion_tokens 5 differ: give one, or the same value in both"
+    assert refused.value.body == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "max_tokens",
+        "code": "invalid_value",
+    }
+
+
 def test_a_last_assistant_message_is_continued_as_llama_server_does(
     client: openai.OpenAI, tiny_pair: tuple[Path, Path]
 ) -> None:

@@ -821,7 +821,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _settings(body: CompletionBase, prefill: str | None) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
-        max_tokens = body.max_completion_tokens or body.max_tokens or defaults.generation.max_tokens
+        max_tokens = body.token_limit() or defaults.generation.max_tokens
         base = defaults.generation.sampling
         temp = base.temp if body.temperature is None else body.temperature
         grammar = body.response_format.grammar() if body.response_format is not None else None

@@ -595,13 +595,13 @@ class CompletionBase(BaseModel):
 
     def sampling_value(self, name: str) -> Any:
         """``top_k`` or ``min_p``, given at the top level (llama-server's spelling) or in ``ead``; None if
-        neither. Two different values are a 400: neither is guessed to win."""
-        top = getattr(self, name)
+        neither."""
         inner = None if self.ead is None else getattr(self.ead, name)
-        if top is not None and inner is not None and top != inner:
-            message = f"{name} {top!r} and ead.{name} {inner!r} differ: give one, or the same value in both"
-            raise ApiError(400, message, code="invalid_value", param=name)
-        return inner if top is None else top
+        return _either(name, getattr(self, name), f"ead.{name}", inner)
+
+    def token_limit(self) -> int | None:
+        """``max_tokens`` or OpenAI's newer ``max_completion_tokens``, one limit; None if neither."""
+        return _either("max_tokens", self.max_tokens, "max_completion_tokens", self.max_completion_tokens)
 
     def logprobs_count(self) -> int | None:
         """How many alternatives each token's log-probabilities list; None: no log-probabilities."""
@@ -621,6 +621,15 @@ class CompletionBase(BaseModel):
                     message = f"{name}: {CHAT_ONLY[name]}"
                     raise ApiError(400, message, param=name, code="unsupported_parameter")
                 raise unsupported(name, f"{name} is not supported")
+
+
+def _either(name: str, value: Any, other_name: str, other: Any) -> Any:
+    """The value of a field two names spell, ``value`` or ``other``; None if neither is given. Two
+    different values are a 400 naming both: neither is guessed to win."""
+    if value is not None and other is not None and value != other:
+        message = f"{name} {value!r} and {other_name} {other!r} differ: give one, or the same value in both"
+        raise ApiError(400, message, code="invalid_value", param=name)
+    return other if value is None else value
 
 
 def unsupported(param: str, message: str) -> ApiError:
