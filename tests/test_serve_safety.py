@@ -1051,6 +1051,47 @@ def test_a_stop_closes_idle_and_refused_connections_at_once_however_long_the_rea
     assert "Traceback" not in server.log()
 
 
+def tcp_state(raw: socket.socket) -> int:
+    """The kernel's state of a TCP connection (Linux's TCP_INFO): 1 established, 7 closed (reset)."""
+    return raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="needs Linux's TCP_INFO")
+def test_an_answer_its_client_never_reads_holds_neither_its_connection_nor_the_stop(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Two clients that send a request for a large answer (some 5 MB, past what the sockets' buffers
+    hold) and read none of it. The server's close (the first's, kept alive, when its keep-alive ends;
+    the second's when the server stops) had waited for what was still unwritten, forever: the first's
+    connection was held, and the stop for its --shutdown-timeout (an hour here). A close lingers
+    (--read-timeout) while the client takes what is written; one that takes nothing for as long loses
+    the rest, its connection reset."""
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--read-timeout", "1", "--shutdown-timeout", "3600"]
+    with Server(args, tmp_path / "server.log") as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        body = json.dumps({"messages": HI, "max_tokens": 4000, "logprobs": True, "top_logprobs": 20})
+        head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        request = f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        clients = []
+        for _ in range(2):  # the second waits its turn
+            unread = socket.socket()
+            unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            unread.connect((host, int(port)))
+            unread.sendall(request)  # then reads nothing
+            clients.append(unread)
+        first, second = clients
+        wait_until(lambda: f"POST {CHAT} 200" in server.log(), 300)
+        wait_until(lambda: tcp_state(first) == 7, 60)  # reset, its answer's rest dropped
+        wait_until(lambda: server.log().count(f"POST {CHAT} 200") == 2, 300)
+        server.process.terminate()
+        assert server.process.wait(timeout=60) == 0
+        assert tcp_state(second) == 7
+        for unread in clients:
+            unread.close()
+    assert server.log().splitlines()[-1] == "ead serve: stopped"
+    assert "Traceback" not in server.log()
+
+
 def test_a_request_refused_before_its_100_continue_closes_its_connection(server: Server) -> None:
     """A client that asked ``Expect: 100-continue`` and got a refusal instead may send no body; the next
     request it sent on the connection had been read as that body (and never answered): the refusal says

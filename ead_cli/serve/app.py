@@ -13,6 +13,8 @@ import ipaddress
 import json
 import re
 import secrets
+import socket
+import struct
 import sys
 import time
 import urllib.parse
@@ -317,38 +319,57 @@ class _LingeringTransport:
     with the client's bytes unread, the connection is reset (RST): a client still sending its request (a
     431's head, a chunk a 413 refused by its size) had its send fail before it read the answer, and one
     whose last bytes raced a 408 got the reset after it. A second close (the server stopping) is at once,
-    as is any close once ``lingers`` is off."""
+    as is any close once ``lingers`` is off, where all that was written has gone; else the drain closes
+    it when it has, or resets it if the client stops taking it."""
 
     def __init__(self, transport: asyncio.Transport, linger: float) -> None:
         self._transport, self._linger = transport, linger
-        self._lingering = False
+        self._drain: _Drain | None = None
         self.lingers = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
     def is_closing(self) -> bool:
-        return self._lingering or self._transport.is_closing()
+        return self._drain is not None or self._transport.is_closing()
 
     def close(self) -> None:
-        if self._lingering or not self.lingers or self._transport.is_closing():
+        if self._drain is None and not self._transport.is_closing():
+            self._drain = _Drain(self._transport, self._linger)
+            if self.lingers:
+                return
+        if not self._transport.get_write_buffer_size():
             self._transport.close()
-            return
-        self._lingering = True
-        _Drain(self._transport, self._linger)
 
 
 class _Drain(asyncio.Protocol):
-    """A lingering connection's protocol: the client's bytes dropped, the connection closed once the client
-    has shut its side (asyncio's way with an EOF) or after ``linger`` seconds; its loss told to the
-    protocol that served it (uvicorn counts its connections by it)."""
+    """A closing connection's protocol: the client's bytes dropped, and a look every ``linger`` seconds:
+    the connection closed once what was written has gone (the client has had a look's time to shut its
+    side; asyncio closes it at the client's EOF), reset once the client has taken none of it since the
+    last look (a close waits for what is unwritten: a client that read nothing had held its connection
+    forever, and a stop for its --shutdown-timeout); its loss told to the protocol that served it
+    (uvicorn counts its connections by it)."""
 
     def __init__(self, transport: asyncio.Transport, linger: float) -> None:
         self.served = transport.get_protocol()
         transport.set_protocol(self)
         transport.write_eof()  # once what is written has gone
         transport.resume_reading()
-        self.timer = asyncio.get_running_loop().call_later(linger, transport.close)
+        self.transport, self.linger = transport, linger
+        self.unsent = transport.get_write_buffer_size()
+        self.timer = asyncio.get_running_loop().call_later(linger, self._look)
+
+    def _look(self) -> None:
+        unsent = self.transport.get_write_buffer_size()
+        if not unsent:
+            self.transport.close()
+        elif unsent == self.unsent:  # a reset (no linger): the kernel's unsent bytes are dropped too
+            reset = struct.pack("ii", 1, 0)
+            self.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+            self.transport.abort()
+        else:
+            self.unsent = unsent
+            self.timer = asyncio.get_running_loop().call_later(self.linger, self._look)
 
     def data_received(self, data: bytes) -> None:
         pass
