@@ -1056,40 +1056,65 @@ def tcp_state(raw: socket.socket) -> int:
     return raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
 
 
+def unread_answers(server: Server, requests: int) -> socket.socket:
+    """A connection that sends ``requests`` requests in one write, each for a large answer (some 5 MB of
+    log-probabilities, past what the sockets' buffers hold), and reads nothing."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"messages": HI, "max_tokens": 4000, "logprobs": True, "top_logprobs": 20})
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    unread = socket.socket()
+    unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    unread.connect((host, int(port)))
+    unread.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode() * requests)
+    return unread
+
+
+UNREAD_ARGS = ["--read-timeout", "1", "--shutdown-timeout", "3600"]
+
+
 @pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="needs Linux's TCP_INFO")
 def test_an_answer_its_client_never_reads_holds_neither_its_connection_nor_the_stop(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """Two clients that send a request for a large answer (some 5 MB, past what the sockets' buffers
-    hold) and read none of it. The server's close (the first's, kept alive, when its keep-alive ends;
-    the second's when the server stops) had waited for what was still unwritten, forever: the first's
-    connection was held, and the stop for its --shutdown-timeout (an hour here). A close lingers
-    (--read-timeout) while the client takes what is written; one that takes nothing for as long loses
-    the rest, its connection reset."""
-    args = [*pair_args(tiny_pair), *TAU, *CTX, "--read-timeout", "1", "--shutdown-timeout", "3600"]
-    with Server(args, tmp_path / "server.log") as server:
-        host, port = server.url.removeprefix("http://").rsplit(":", 1)
-        body = json.dumps({"messages": HI, "max_tokens": 4000, "logprobs": True, "top_logprobs": 20})
-        head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        request = f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode()
-        clients = []
-        for _ in range(2):  # the second waits its turn
-            unread = socket.socket()
-            unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            unread.connect((host, int(port)))
-            unread.sendall(request)  # then reads nothing
-            clients.append(unread)
-        first, second = clients
+    """Two clients that send a request for a large answer and read none of it. The server's close (the
+    first's, kept alive, when its keep-alive ends; the second's when the server stops) had waited for
+    what was still unwritten, forever: the first's connection was held, and the stop for its
+    --shutdown-timeout (an hour here). A close lingers (--read-timeout) while the client takes what is
+    written; one that takes nothing for as long loses the rest, its connection reset."""
+    with Server([*pair_args(tiny_pair), *TAU, *CTX, *UNREAD_ARGS], tmp_path / "server.log") as server:
+        first, second = (unread_answers(server, 1) for _ in range(2))  # the second waits its turn
         wait_until(lambda: f"POST {CHAT} 200" in server.log(), 300)
         wait_until(lambda: tcp_state(first) == 7, 60)  # reset, its answer's rest dropped
         wait_until(lambda: server.log().count(f"POST {CHAT} 200") == 2, 300)
         server.process.terminate()
         assert server.process.wait(timeout=60) == 0
         assert tcp_state(second) == 7
-        for unread in clients:
-            unread.close()
+        first.close()
+        second.close()
     assert server.log().splitlines()[-1] == "ead serve: stopped"
     assert "Traceback" not in server.log()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="needs Linux's TCP_INFO")
+def test_a_pipelined_answer_its_client_never_reads_is_dropped_after_the_send_timeout(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Two requests in one write, none of their answers read: the first fills what the sockets hold, and
+    the second's send had waited for room forever (uvicorn times no send, and sse-starlette's send
+    timeout was a stream's alone): its connection held, and a stop for its --shutdown-timeout. Every
+    send of an answer is timed: the second is dropped after the send timeout, said as a stream's is,
+    the connection reset after --read-timeout, and the stop is not held."""
+    with Server([*pair_args(tiny_pair), *TAU, *CTX, *UNREAD_ARGS], tmp_path / "server.log") as server:
+        pipelining = unread_answers(server, 2)
+        dropped = f"the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped"
+        read_nothing = f"error: POST {CHAT}: {dropped}"
+        wait_until(lambda: read_nothing in server.log().splitlines(), 200)
+        wait_until(lambda: tcp_state(pipelining) == 7, 60)
+        pipelining.close()
+        server.process.terminate()
+        assert server.process.wait(timeout=60) == 0
+    assert server.log().count(f"POST {CHAT} 200") == 2
+    assert "Traceback" not in server.log() and "ERROR" not in server.log(), server.log()
 
 
 def test_a_request_refused_before_its_100_continue_closes_its_connection(server: Server) -> None:
@@ -1340,7 +1365,7 @@ def test_a_stalled_reader_does_not_hold_the_stop_past_its_timeout(
 
 def test_a_reader_that_stalls_loses_its_answer_and_frees_the_engine_with_one_line(server: Server) -> None:
     """A streaming client that reads nothing (its window full) for the send timeout: its answer is dropped
-    and the engine stops it and serves the next; the Guard's line says why, and uvicorn's "ERROR: ASGI
+    and the engine stops it and serves the next; one line says why, and uvicorn's "ERROR: ASGI
     callable returned without completing response." had followed it."""
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
     before = len(server.log().splitlines())

@@ -119,8 +119,7 @@ def _not_the_plain_400(record: logging.LogRecord) -> bool:
 
 def _not_an_unfinished_answer(record: logging.LogRecord) -> bool:
     """uvicorn's error when the app returns before its answer's end, which it then closes: the Guard does so
-    only after its own line that says why (a client that read nothing for the send timeout, a failure
-    mid-stream)."""
+    only after its own line that says why (a failure mid-stream)."""
     return record.getMessage() != "ASGI callable returned without completing response."
 
 

@@ -30,11 +30,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from sse_starlette import EventSourceResponse
-from sse_starlette.sse import SendTimeoutError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..calibrate import with_saved_tau
@@ -93,7 +93,7 @@ FORM = "application/x-www-form-urlencoded"  # what curl -d sends without -H
 FRAMED_TWICE = "Transfer-Encoding and Content-Length together"
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
-SEND_TIMEOUT_S = 30.0  # a streaming client that reads nothing for this long loses its answer
+SEND_TIMEOUT_S = 30.0  # a client that reads nothing for this long loses its answer (streamed or not)
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
 
 
@@ -194,8 +194,6 @@ class Guard:
         except ClientDisconnect:  # it left while sending its body (or the protocol refused the body, and
             if not scope.get(REFUSED_BY_PROTOCOL):  # said so): nobody to answer
                 self.log(f"error: {where}: the client went away while sending its body")
-        except SendTimeoutError:
-            self.log(f"error: {where}: the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped")
         except Exception as error:  # after the app's own handler answered it (below): one line here
             self.log(f"error: {where} 500: {type(error).__name__}: {' '.join(str(error).split())}")
             if not started:
@@ -312,6 +310,22 @@ def _transfer_coding_refusal(unread: bytes) -> h11.RemoteProtocolError:
     return h11.RemoteProtocolError(message, error_status_hint=501)
 
 
+class _TimedFlow(FlowControl):
+    """uvicorn's flow control, whose wait for room to write ends after ``SEND_TIMEOUT_S`` in ``stalled``:
+    uvicorn waits forever, and a client that read nothing (an answer pipelined behind a large one it had
+    not read) held its connection, and a stop for its --shutdown-timeout."""
+
+    def __init__(self, transport: asyncio.Transport, stalled: Callable[[], None]) -> None:
+        super().__init__(transport)
+        self.stalled = stalled
+
+    async def drain(self) -> None:
+        try:
+            await asyncio.wait_for(super().drain(), SEND_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.stalled()
+
+
 class _LingeringTransport:
     """A connection's transport whose first close is the staged one RFC 9112 §9.6 asks of a server: what
     is written goes out, then its side is shut (a FIN), and what the client still sends is read and
@@ -400,7 +414,20 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             lingering = _LingeringTransport(transport, read_timeout)  # type: ignore[arg-type]
             super().connection_made(lingering)  # type: ignore[arg-type]
+            self.flow = _TimedFlow(lingering, self._drop_stalled)  # type: ignore[arg-type]
             self._await_head()
+
+        def _drop_stalled(self) -> None:
+            """A send that found no room for ``SEND_TIMEOUT_S``: its client reads nothing. It is taken as
+            gone (its app's sends dropped, a stream's generation stopped), with one line, and the
+            connection closed."""
+            cycle = self.cycle
+            assert cycle is not None  # a send waits within its request's cycle
+            where = _request_line(cycle.scope["method"], cycle.scope["path"])
+            log(f"error: {where}: the client read nothing for {SEND_TIMEOUT_S:g} s: its answer dropped")
+            cycle.disconnected = True
+            cycle.message_event.set()  # a receive that waits learns it
+            self.transport.close()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -836,7 +863,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
         )
         if body.stream:
-            return EventSourceResponse(reply.stream(ticket), ping=15, send_timeout=SEND_TIMEOUT_S)
+            return EventSourceResponse(reply.stream(ticket), ping=15)  # its sends timed by the protocol
         return await reply.whole(ticket, request)
 
     def _settings(body: CompletionBase, prefill: str | None) -> tuple[PolicyOptions, GenerationOptions]:
