@@ -20,6 +20,7 @@ from ead_cli.bench import grid, native
 from ead_cli.bench.results import RESULTS_FILE, read_results
 from ead_cli.errors import EadError
 from ead_cli.remote import built_server
+from ead_cli.runner import Runner
 
 pytestmark = pytest.mark.skipif(
     not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh builds it (CI does)"
@@ -247,9 +248,10 @@ def test_a_bench_killed_outright_takes_its_servers_with_it(tiny_pair, tmp_path) 
     shutil.rmtree(logs)
 
 
-TIMINGS_PROXY = """#!{python}
-# llama-server behind a proxy that changes the timings of each sample's reply (not the warm-up's, of one
-# token) as EAD_TEST_TIMINGS says: null drops them, an object sets its fields (a null field dropped)
+CHANGING_PROXY = """#!{python}
+# llama-server behind a proxy that changes each sample's reply (not the warm-up's, of one token): its
+# timings as EAD_TEST_TIMINGS says (null drops them, an object sets their fields, a null field dropped),
+# its token ids to EAD_TEST_TOKENS where given
 import http.client, http.server, json, os, re, subprocess, sys, tempfile, time
 from ead_cli.bench.sandbox import dying_with_this_process
 
@@ -262,6 +264,7 @@ while not (found := re.search(rb"listening on http://127\\.0\\.0\\.1:(\\d+)", lo
     time.sleep(0.05)
 upstream = ("127.0.0.1", int(found.group(1)))
 change = json.loads(os.environ["EAD_TEST_TIMINGS"])
+tokens = json.loads(os.environ.get("EAD_TEST_TOKENS", "null"))
 
 
 class Proxy(http.server.BaseHTTPRequestHandler):
@@ -284,6 +287,8 @@ class Proxy(http.server.BaseHTTPRequestHandler):
                 del answer["timings"]
             for key, value in (change or {{}}).items():
                 answer["timings"].pop(key) if value is None else answer["timings"].update({{key: value}})
+            if tokens is not None:
+                answer["tokens"] = tokens
             payload = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -321,10 +326,38 @@ def test_a_server_reply_without_sensible_timings_is_refused_in_one_line(
     """A sample's figures are llama-server's own timings: a reply without them had been recorded as 0
     ms, silently, and one with a count or a time that is no such thing recorded as sent (-5 ms) or ended
     the bench in a traceback (a count sent as text). The real server's replies, changed on their way."""
+    assert_refused_reply(tiny_pair, tmp_path, {"EAD_TEST_TIMINGS": json.dumps(timings)}, said)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "said"),
+    [
+        ([1, "7"], 'sent token id "7": not a token id of its model (0 to {last})'),
+        ([1.5], "sent token id 1.5: not a token id of its model (0 to {last})"),
+        ([-1], "sent token id -1: not a token id of its model (0 to {last})"),
+        ([1, 10**9], "sent token id 1000000000: not a token id of its model (0 to {last})"),
+    ],
+)
+def test_a_server_reply_with_token_ids_of_no_token_is_refused_in_one_line(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, tokens: list, said: str
+) -> None:
+    """The text is made from the token ids llama-server returns: one sent as text had ended the bench in a
+    traceback, a fraction had been cut to an integer, and one past the vocabulary read outside it."""
+    with Runner(tiny_pair[1], name="large", n_ctx=64, n_threads=1) as large:
+        last = large.n_vocab - 1
+    env = {"EAD_TEST_TIMINGS": "{}", "EAD_TEST_TOKENS": json.dumps(tokens)}
+    assert_refused_reply(tiny_pair, tmp_path, env, said.format(last=last))
+
+
+def assert_refused_reply(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, env: dict[str, str], said: str
+) -> None:
+    """A bench of server-large whose llama-server's replies are changed as ``env`` tells ``CHANGING_PROXY``
+    ends on the one line that its server ``said`` it, and records nothing of the sample."""
     cache = tmp_path / "cache"
     binary = cache / built_server().relative_to(built_server().parents[2])
     binary.parent.mkdir(parents=True)
-    binary.write_text(TIMINGS_PROXY.format(python=sys.executable, server=str(built_server())))
+    binary.write_text(CHANGING_PROXY.format(python=sys.executable, server=str(built_server())))
     binary.chmod(0o755)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hi there\n")
@@ -332,7 +365,7 @@ def test_a_server_reply_without_sensible_timings_is_refused_in_one_line(
     result = ead(
         "bench", "prompts", str(prompts), "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]),
         "--threads", "1", "--max-tokens", "4", "--strategies", "server-large", "--out", str(out),
-        env={"EAD_CACHE": str(cache), "EAD_TEST_TIMINGS": json.dumps(timings), "NO_COLOR": "1"},
+        env={"EAD_CACHE": str(cache), "NO_COLOR": "1", **env},
     )  # fmt: skip
     err = result.stderr.decode()
     assert result.returncode == 1 and "Traceback" not in err, err

@@ -182,6 +182,17 @@ def server_timings(reply: dict[str, Any], server: str) -> dict[str, Any]:
     return {key: given[key] for key in _TIMINGS}
 
 
+def server_tokens(reply: dict[str, Any], server: str, n_vocab: int) -> list[int]:
+    """The token ids of llama-server's reply, each checked to be one of its model's: one sent as text had
+    ended the bench in a traceback, a fraction had been cut to an integer, and one past the vocabulary had
+    been read outside it (a negative one aborts llama.cpp); now one line naming ``server`` and the id."""
+    for token in reply["tokens"]:
+        if not (is_count(token) and token < n_vocab):
+            given, ids = cut(json.dumps(token)), f"0 to {n_vocab - 1}"
+            raise RemoteError(f"{server} sent token id {given}: not a token id of its model ({ids})")
+    return reply["tokens"]
+
+
 class NativePeers:
     """The servers of a bench run, started on first use and stopped together at the end.
 
@@ -255,8 +266,10 @@ class NativePeers:
             self._check_running(options)
             raise
         wall = perf_counter() - began
-        server = server_timings(reply, f"the llama-server of {options.name}")
-        text, generated, finish = self._text(reply, len(prompt))
+        name = f"the llama-server of {options.name}"
+        server = server_timings(reply, name)
+        tokens = server_tokens(reply, name, self.large.n_vocab)
+        text, generated, finish = self._text(tokens, reply.get("stop_type"), len(prompt))
         return text, self._summary(options, len(prompt), generated, finish, wall, server), server
 
     def _check_running(self, options: NativeOptions) -> None:
@@ -271,20 +284,20 @@ class NativePeers:
             message = f"the llama-server of {options.name} stopped ({ended}): {last_log_line(server.log)}"
             raise EadError(message) from None
 
-    def _text(self, reply: dict[str, Any], prompt_len: int) -> tuple[str, int, str]:
+    def _text(self, tokens: list[int], stop_type: Any, prompt_len: int) -> tuple[str, int, str]:
         """The text, tokens generated and finish reason, by the Python loop's rules: a token that ends
         the generation or completes a stop string is counted, nothing after it."""
         stream, pieces, generated, finish = TextStream(self.generation.stop), [], 0, "length"
-        for token in reply["tokens"]:
+        for token in tokens:
             generated += 1
-            pieces.append(stream.push(self.large.token_bytes(int(token))))
-            if self.large.is_end_of_generation(int(token)) or stream.stopped:
+            pieces.append(stream.push(self.large.token_bytes(token)))
+            if self.large.is_end_of_generation(token) or stream.stopped:
                 finish = "stop"
                 break
             if generated >= self.generation.max_tokens or prompt_len + generated > self.n_ctx:
                 break
         else:
-            if reply.get("stop_type") in ("eos", "word"):  # an end-of-generation token it did not return
+            if stop_type in ("eos", "word"):  # an end-of-generation token it did not return
                 finish = "stop"
         pieces.append(stream.flush())
         return "".join(pieces), generated, finish
