@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -210,6 +212,26 @@ def test_calibrate_save_refuses_a_file_it_cannot_use_before_loading(
         assert_one_line_error(result, 1, fragment)
     assert garbled.read_text() == "{not json"  # left as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "garbled.json", "my folder"]
+
+
+@pytest.mark.parametrize("command", ["calibrate", "generate"])
+def test_a_calibration_file_that_is_no_file_is_refused_unread(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, command: str
+) -> None:
+    """EAD_CONFIG naming a pipe (mkfifo) had calibrate --save wait for ever for a writer before its run,
+    and generate --mode ead before its answer (the saved taus read); a folder had been read, and failed
+    as 'Is a directory'. Each is refused unread, in one line, and left as it was."""
+    pipe, folder = tmp_path / "pipe.json", tmp_path / "folder.json"
+    os.mkfifo(pipe)
+    folder.mkdir()
+    if command == "calibrate":
+        args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "1", "--no-check", "--save"]
+    else:
+        args = ["generate", *pair_args(tiny_pair), "--mode", "ead", "--max-tokens", "1", "hi"]
+    for config in (pipe, folder):
+        line = assert_one_line_error(ead(*args, env={"EAD_CONFIG": str(config)}), 1)
+        assert line == f"error: {config} is not a file: ead keeps its calibration in one; move it away"
+    assert stat.S_ISFIFO(pipe.stat().st_mode) and list(folder.iterdir()) == []
 
 
 def test_a_calibration_refused_after_its_save_was_checked_leaves_no_folder(
