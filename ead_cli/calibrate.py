@@ -20,7 +20,7 @@ from pathlib import Path
 from .decoder import Decoder
 from .errors import EadError, counted, quoted, shown_path
 from .options import PolicyOptions
-from .paths import check_can_save, config_file, is_file, lookup, read_file_text, save_json, unreadable
+from .paths import check_can_save, check_kept_file, config_file, lookup, read_file_text, save_json, unreadable
 from .policies import Fixed
 from .prompt import encode_fitting, render_prompt
 from .runner import Runner
@@ -221,10 +221,9 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
     """The saved pairs, each an object of policies, each an object (what ``save`` writes); none without
     a file. Any other shape is one line naming the file, not a failure of the code that reads it; so is
     a pipe, a device or a folder in its place, refused unread: a pipe was waited on for ever for a writer."""
+    check_kept_file(path, "ead keeps its calibration")
     if lookup(path) is None:
         return {}
-    if not is_file(path):
-        raise EadError(f"{shown_path(path)} is not a file: ead keeps its calibration in one; move it away")
     try:
         data = json.loads(read_file_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:

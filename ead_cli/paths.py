@@ -88,6 +88,14 @@ def is_dir(path: Path) -> bool:
     return found is not None and stat.S_ISDIR(found.st_mode)
 
 
+def check_kept_file(path: Path, keeper: str, exit_code: int = 1) -> None:
+    """Refuse, unread, a folder, a pipe or a device where ``keeper`` ('a bench keeps its results') keeps a
+    file that it reads and writes again: a pipe (mkfifo) had been read until a writer came, for ever, or
+    written, after all the work, until a reader came. Nothing there is a file not yet made."""
+    if lookup(path) is not None and not is_file(path):
+        raise EadError(f"{shown_path(path)} is not a file: {keeper} in one; move it away", exit_code)
+
+
 # The most ead reads of a prompt or of a file it is given (settings, prompts, results): more than any
 # context or file of its own holds. An endless input (/dev/zero, `yes`) had filled the memory until the
 # kernel killed ead, or ended in a MemoryError traceback.

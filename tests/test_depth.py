@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -495,6 +496,27 @@ def test_ctrl_c_in_calibration_saves_nothing_and_leaves_no_folder(deep_model: Pa
     assert rest == b"" and "Traceback" not in err.decode()
     assert err.decode().splitlines()[-1] == "error: interrupted"
     assert not config.parent.exists()
+
+
+def test_a_depth_profile_that_is_no_file_is_refused_unread(deep_model: Path, tmp_path: Path) -> None:
+    """A pipe (mkfifo) where the model's profile is kept had depth generate wait for ever for a writer,
+    and depth calibrate, after all its teacher forcing, for a reader; a folder had been read by depth
+    generate, and failed as 'Is a directory' (calibrate's 'it is a folder': test_bad_inputs_are_one_line).
+    Each is refused before any work, in one line, and left as it was."""
+    config = {"EAD_CONFIG": str(tmp_path / "calibration.json")}
+    path = tmp_path / "depth" / f"{deep_model.name}-{file_digest(deep_model)}.json"
+    path.parent.mkdir()
+    generate = ("generate", str(deep_model), PROMPT, "--threads", "1")
+    calibrate = ("calibrate", str(deep_model), "--corpus", "prose", "--threads", "1")
+    refused = f"error: {path} is not a file: ead keeps a depth profile in one; move it away"
+    os.mkfifo(path)
+    for command in (generate, calibrate):
+        assert assert_one_line_error(ead("depth", *command, env=config), 1) == refused  # no 'window 1/4'
+    assert stat.S_ISFIFO(path.stat().st_mode)
+    path.unlink()
+    path.mkdir()
+    assert assert_one_line_error(ead("depth", *generate, env=config), 1) == refused
+    assert path.is_dir() and not any(path.iterdir())
 
 
 def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:

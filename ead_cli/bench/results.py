@@ -37,7 +37,7 @@ from ..compat import tokenizer_record
 from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import cannot_save, is_file, lock_or_why_not, lookup, read_file_text, unreadable
+from ..paths import cannot_save, check_kept_file, lock_or_why_not, lookup, read_file_text, unreadable
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -231,11 +231,9 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     """The config record and the sample records of a results file (an unfinished last line is dropped,
     blank lines skipped). A folder, a pipe or a device in its place is refused: a pipe was read (or, to
     resume, appended to) until a writer came, for ever."""
+    check_kept_file(path, "a bench keeps its results", exit_code=2)
     if lookup(path) is None:
         return None, []
-    if not is_file(path):
-        message = f"{shown_path(path)} is not a file: a bench keeps its results in one; move it away"
-        raise EadError(message, exit_code=2)
     try:
         text = read_file_text(path)
     except (OSError, UnicodeDecodeError) as error:

@@ -96,15 +96,16 @@ def depth_calibrate(
 ) -> None:
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
     from ..depth.model import open_model
-    from ..depth.profile import profile_path, save_profile
+    from ..depth.profile import PROFILE_KEEPER, profile_path, save_profile
     from ..depth.teacher import calibrate, calibration_corpus
-    from ..paths import check_can_save
+    from ..paths import check_can_save, check_kept_file
 
     texts = calibration_corpus(parse_list(corpus), probe_every=probe_every, tokens=tokens)
     loaded = open_model(model, catalog=catalog, threads=threads, repack=repack, progress=say_progress)
     try:
         path = profile_path(loaded.path)
         check_can_save(path, "the depth profile")  # before the teacher forcing it would throw away
+        check_kept_file(path, PROFILE_KEEPER)  # a pipe, which check_can_save would write in place
         profile = calibrate(
             loaded, texts, probe_every=probe_every, tokens=tokens,
             progress=lambda done, total: stderr.print(f"window {done}/{total}", style="dim"),

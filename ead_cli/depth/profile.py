@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EadError, shown_path
-from ..paths import config_file, read_file_text, save_json, unreadable
+from ..paths import check_kept_file, config_file, read_file_text, save_json, unreadable
 from .readout import (
     file_digest,
 )
@@ -185,6 +185,9 @@ def _profile_by_name(model: Path) -> Path:
     return profile_dir() / f"{model.name}.json"
 
 
+PROFILE_KEEPER = "ead keeps a depth profile"  # check_kept_file: depth generate reads it, calibrate writes
+
+
 def save_profile(profile: Profile, path: Path) -> Path:
     """Written whole to a temporary name, then renamed: never half a profile, nor a temporary left."""
     return save_json(path, profile.to_json(), "the depth profile", indent=1)
@@ -202,6 +205,7 @@ def load_profile(model: Path, path: Path | None = None) -> Profile:
     """The profile of this model file, or a one-line error (missing, corrupt, made for another file)."""
     if path is None:
         path = profile_file(model)
+    check_kept_file(path, PROFILE_KEEPER)
     if not path.exists():
         raise EadError(
             f"no depth profile for {shown_path(model.name)} (looked for {shown_path(path)}): run ead "
