@@ -519,6 +519,21 @@ def test_a_depth_profile_that_is_no_file_is_refused_unread(deep_model: Path, tmp
     assert path.is_dir() and not any(path.iterdir())
 
 
+def test_a_pipe_in_place_of_the_low_rank_factors_is_computed_over(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """The factors' cache is ead's own: a pipe (mkfifo) there had been waited on for ever for a writer; it
+    is not read, and the factors computed are saved in its place, as over a damaged cache."""
+    cache = tmp_path / "cache"
+    factors = cache / "depth" / f"{deep_model.name}-{file_digest(deep_model)}-r4.npz"
+    factors.parent.mkdir(parents=True)
+    os.mkfifo(factors)
+    args = ("depth", "generate", str(deep_model), PROMPT, "--estimator", "lowrank", "--rank", "4")
+    result = ead(*args, "--threads", "1", "--max-tokens", "2", env={**config, "EAD_CACHE": str(cache)})
+    assert result.returncode == 0, result.stderr.decode()
+    assert np.load(factors)["a"].shape[1] == 4
+
+
 def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:
     base = ("depth", "generate", str(deep_model), PROMPT, "--threads", "1")
     assert_one_line_error(ead(*base, "--probe-every", "9", env=config), 2, "--probe-every")

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import EadError, shown_path
 from ..gguf_files import shard_paths
-from ..paths import cannot_save, check_can_save
+from ..paths import cannot_save, check_can_save, is_file
 
 _LIB = Path(llama_cpp.__file__).parent / "lib"
 
@@ -203,7 +203,7 @@ def low_rank_factors(head: Head, rank: int, cache: Path) -> tuple[np.ndarray, np
     """W ~ A @ B with A (n_vocab, r) and B (r, n_embd): the top r singular directions of the output
     matrix, from the eigenvectors of W^T W (n_embd x n_embd), computed once per model file and cached."""
     weights = head.weights
-    if os.path.exists(cache):
+    if is_file(cache):  # a pipe there is not read (it waits for a writer): replaced as a damaged cache is
         try:
             with np.load(cache) as saved:
                 if saved["a"].shape == (weights.n_vocab, rank):
