@@ -1062,6 +1062,27 @@ def test_a_stopped_bench_says_which_samples_it_kept(
     assert [json.loads(line)["type"] for line in results.read_text().splitlines()] == ["config", "sample"]
 
 
+def test_a_prompts_file_is_read_once_so_a_pipe_gives_it(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
+    """The prompts were read, then the file read again after the models loaded, for its hash in the
+    results' config: a named pipe, written once, had been waited on for ever for a second writer (and
+    `<(...)` hashed as empty). Its one read gives both, so the run resumes from the same file's bytes."""
+    text = "Say hi\nName a colour\n"
+    fifo, file, out = tmp_path / "prompts.txt", tmp_path / "file" / "prompts.txt", tmp_path / "out"
+    os.mkfifo(fifo)
+    file.parent.mkdir()
+    file.write_text(text)
+    args = ["bench", "prompts", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    args += ["--strategies", "large", "--max-tokens", "2", "--out", str(out)]
+    writer = subprocess.Popen(["sh", "-c", 'printf "$0" > "$1"', text, str(fifo)])
+    piped = subprocess.run([EAD, *args[:2], str(fifo), *args[2:]], capture_output=True, timeout=120)
+    writer.wait(timeout=120)
+    assert piped.returncode == 0, piped.stderr.decode()
+    resumed = subprocess.run([EAD, *args[:2], str(file), *args[2:]], capture_output=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr.decode()  # the same bytes: the same config, no refusal
+    samples = read_results(out / "results.jsonl")[1]
+    assert [record["task_id"] for record in samples] == ["prompt/0", "prompt/1"]
+
+
 def test_prompt_lists_measure_agreement_with_the_large_model(
     tmp_path: Path, tiny_pair: tuple[Path, Path]
 ) -> None:
@@ -1070,7 +1091,6 @@ def test_prompt_lists_measure_agreement_with_the_large_model(
     strategies = build_strategies("small,large", Grid())
     job = prompts_bench(
         prompts,
-        load_prompts(prompts),
         strategies,
         sampling=SamplingParams(),
         max_tokens=12,

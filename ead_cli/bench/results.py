@@ -25,7 +25,6 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -55,7 +54,7 @@ def config_record(
     bench: str,
     runners: Sequence[Runner],
     generation: GenerationOptions,
-    source: Path,
+    source_sha256: str,
     prompt: dict[str, Any],
     timeout_s: float = SAMPLE_TIMEOUT_S,
     *,
@@ -82,7 +81,7 @@ def config_record(
         "stop": list(generation.stop),
         "sampling": asdict(generation.sampling),
         "prompt": prompt,
-        "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "source_sha256": source_sha256,
         "timeout_s": timeout_s,
         "n_ctx": min(runner.n_ctx for runner in runners),
         "threads": resolve_threads(models.threads),

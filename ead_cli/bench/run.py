@@ -9,6 +9,7 @@ interrupted bench leaves comparable partial results.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -55,6 +56,7 @@ from .tasks import (
     humaneval_items,
     humaneval_path,
     prompt_items,
+    read_prompts,
 )
 
 
@@ -146,7 +148,7 @@ class Bench:
     strategies: Sequence[Strategy]
     generation: GenerationOptions
     items_for: Callable[[Sequence[Runner]], list[Item]]
-    source: Path
+    source_sha256: str
     prompt_format: dict[str, Any]
     out: Path
     timeout_s: float = SAMPLE_TIMEOUT_S
@@ -192,7 +194,7 @@ def humaneval_bench(
         strategies,
         GenerationOptions(sampling, max_tokens, (STOP,)),
         partial(humaneval_items, tasks=tasks),
-        humaneval_path(),
+        hashlib.sha256(humaneval_path().read_bytes()).hexdigest(),
         {"user": USER_MESSAGE, "prefill": PREFILL},
         out,
         timeout_s,
@@ -202,19 +204,20 @@ def humaneval_bench(
 
 def prompts_bench(
     path: Path,
-    prompts: Sequence[str],
     strategies: Sequence[Strategy],
     *,
+    limit: int | None = None,
     sampling: SamplingParams,
     max_tokens: int,
     out: Path,
 ) -> Bench:
+    prompts, source_sha256 = read_prompts(path, limit)
     return Bench(
         "prompts",
         strategies,
         GenerationOptions(sampling, max_tokens),
         partial(prompt_items, prompts=prompts),
-        path,
+        source_sha256,
         {"chat_template": True},
         out,
     )
@@ -248,7 +251,7 @@ def run_bench(
             bench.name,
             runners,
             bench.generation,
-            bench.source,
+            bench.source_sha256,
             bench.prompt_format,
             bench.timeout_s,
             models=models,

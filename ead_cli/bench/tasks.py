@@ -23,6 +23,7 @@ at most 512 new tokens by default.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.resources
 import json
 import re
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EadError, quoted, shown_path
-from ..paths import read_file_text, unreadable
+from ..paths import read_file, unreadable
 from ..prompt import check_fits, check_prompt_text, encode_prompt, render_chat
 from ..runner import Runner
 
@@ -180,12 +181,19 @@ def _check_limit(limit: int | None) -> None:
 
 def load_prompts(path: Path, limit: int | None = None) -> list[str]:
     """Prompts from a text file (one per line, blank lines skipped) or a .jsonl file ({"prompt": ...})."""
+    return read_prompts(path, limit)[0]
+
+
+def read_prompts(path: Path, limit: int | None = None) -> tuple[list[str], str]:
+    """``load_prompts``'s prompts, and the SHA-256 of the bytes they were read from, for a bench's config:
+    the file is read once, as a pipe gives it (read again, a named pipe had waited for a second writer)."""
     _check_limit(limit)
     try:
         # a line ends at a newline alone (splitlines() also splits at a form feed, U+0085 or U+2028, which
         # a prompt may hold), and a Windows line end's carriage return is taken off
         # and a byte-order mark at its start (a file saved as "UTF-8 with BOM") is no prompt's text
-        text = read_file_text(path).removeprefix("\ufeff")
+        data = read_file(path)
+        text = data.decode("utf-8").removeprefix("\ufeff")
         lines = [line.removesuffix("\r") for line in text.split("\n")]
     except (OSError, UnicodeDecodeError) as error:
         raise EadError(f"cannot read {shown_path(path)}: {unreadable(error)}", exit_code=2) from None
@@ -210,4 +218,4 @@ def load_prompts(path: Path, limit: int | None = None) -> list[str]:
             raise EadError(f"{shown_path(path)} line {number}: {error}", exit_code=2) from None
     if not prompts:
         raise EadError(f"no prompts in {shown_path(path)}", exit_code=2)
-    return prompts[:limit]
+    return prompts[:limit], hashlib.sha256(data).hexdigest()

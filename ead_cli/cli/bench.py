@@ -181,14 +181,12 @@ def bench_prompts(
 ) -> None:
     """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
     from ..bench.run import prompts_bench
-    from ..bench.tasks import load_prompts
     from ..sampling import SamplingParams
 
-    prompts = load_prompts(file, limit)
     job = prompts_bench(
         file,
-        prompts,
         sweep,
+        limit=limit,
         sampling=SamplingParams(temp=temp, seed=seed),
         max_tokens=max_tokens,
         out=out or Path("bench-results") / f"prompts-{file.stem}",
