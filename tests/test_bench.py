@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from ctrl_c import ctrl_c_at_return
-from test_cli import assert_one_line_error
+from test_cli import NO_LOCKS, assert_one_line_error
 
 from ead_cli.bench import native
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
@@ -897,22 +897,6 @@ def test_a_second_bench_on_the_same_folder_is_refused_while_the_first_runs(
         with pytest.raises(EadError, match=refused):
             Results(path, config)
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
-
-NO_LOCKS = """
-import errno
-import fcntl
-import sys
-from ead_cli.cli import main
-
-
-def no_locks(*args):
-    raise OSError(errno.ENOLCK, "No locks available")
-
-
-fcntl.flock = no_locks
-main(sys.argv[1:])
-"""
-
 
 def test_a_results_file_on_a_filesystem_without_locks_is_written_unlocked_with_a_warning(
     tmp_path: Path, tiny_pair: tuple[Path, Path]

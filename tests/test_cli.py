@@ -33,6 +33,24 @@ ANSI = "\x1b["
 ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")  # the colours ead writes
 
 
+# ead in a child whose flock fails as on a filesystem without locks (NFS without its lock daemon, some FUSE
+# ones: ENOLCK): none is at hand, so flock alone is made to raise as theirs does. ``python -c NO_LOCKS ARGS``
+NO_LOCKS = """
+import errno
+import fcntl
+import sys
+from ead_cli.cli import main
+
+
+def no_locks(*args):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+
+fcntl.flock = no_locks
+main(sys.argv[1:])
+"""
+
+
 def ead(
     *args: str, stdin: str | bytes | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

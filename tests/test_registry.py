@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, ead
+from test_cli import NO_LOCKS, assert_one_line_error, ead
 from test_serve import http_server
 
 import ead_cli
@@ -1055,22 +1055,6 @@ def test_two_processes_assembling_at_once(tiny: Tiny, models_dir: Path) -> None:
     assert sum(err.count("assembling tiny (") for _, err in outputs) == 1
     assert target.read_bytes() == tiny.data
     assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
-
-
-NO_LOCKS = """
-import errno
-import fcntl
-import sys
-from ead_cli.cli import main
-
-
-def no_locks(*args):
-    raise OSError(errno.ENOLCK, "No locks available")
-
-
-fcntl.flock = no_locks
-main(sys.argv[1:])
-"""
 
 
 def test_a_cache_on_a_filesystem_without_locks_is_used_unlocked_with_a_warning(
