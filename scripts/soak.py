@@ -121,7 +121,7 @@ def generate(runners: list[Runner], index: int, max_tokens: int) -> int:
         runners, POLICIES[index % len(POLICIES)], GenerationOptions(sampling, max_tokens=max_tokens)
     )
     tokens = encode_prompt(runners[0], PROMPTS[index % len(PROMPTS)])
-    check_fits(tokens, decoder.n_ctx)
+    check_fits(tokens, runners)
     for _ in decoder.run(tokens):
         pass
     return decoder.summary().generated

@@ -159,7 +159,7 @@ def test_a_full_context_ends_with_length(tiny_pair: tuple[Path, Path]) -> None:
 def test_a_prompt_longer_than_the_context_is_refused(runners: list[Runner]) -> None:
     prompt = encode_prompt(runners[0], "word " * 600)
     with pytest.raises(EadError, match=r"the prompt is \d+ tokens, too many for the context of 512 tokens"):
-        check_fits(prompt, 512)
+        check_fits(prompt, runners)
 
 
 def test_sampling_is_reproducible_with_a_seed(runners: list[Runner]) -> None:
