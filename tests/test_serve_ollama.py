@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import ollama as ollama_client
 import pytest
 from serve_process import Server
 from test_cli import pair_args
@@ -300,3 +301,105 @@ def test_ollamas_curl_example_without_a_content_type_is_answered(server: Server)
     )
     assert from_page.status_code == 415
     assert "application/json" in from_page.json()["error"]
+
+
+def client(server: Server) -> ollama_client.Client:
+    return ollama_client.Client(host=server.url, timeout=120)
+
+
+def test_the_official_client_lists_shows_and_answers(server: Server) -> None:
+    """ollama's own Python client reads every answer into its pydantic models: the list (modified_at a
+    datetime), show, a chat whole and streamed, generate, each the same as the raw route's answer."""
+    talk = client(server)
+    (listed,) = talk.list().models
+    assert listed.model == "ead:latest" and listed.modified_at is not None and listed.details.format == "gguf"
+    shown = talk.show("ead")
+    assert shown.modified_at is not None and shown.capabilities == ["completion"]
+    assert shown.modelinfo["ead.context_length"] == 16384
+
+    expected = ollama(server, "chat", {"model": "ead", "messages": HI, "options": GREEDY, "stream": False})
+    whole = talk.chat(model="ead", messages=HI, options=GREEDY)
+    assert whole.message.content == expected.json()["message"]["content"] and whole.eval_count == 16
+    assert whole.done and whole.done_reason == "length"
+    parts = list(talk.chat(model="ead", messages=HI, options=GREEDY, stream=True))
+    assert "".join(part.message.content or "" for part in parts) == whole.message.content
+    assert parts[-1].done and not any(part.done for part in parts[:-1])
+
+    generated = talk.generate(model="ead", prompt="hi", options=GREEDY)
+    assert (
+        generated.response
+        == ollama(
+            server, "generate", {"model": "ead", "prompt": "hi", "options": GREEDY, "stream": False}
+        ).json()["response"]
+    )
+    streamed = talk.generate(model="ead", prompt="hi", options=GREEDY, stream=True)
+    assert "".join(part.response or "" for part in streamed) == generated.response
+
+
+def test_the_official_clients_options_and_format_are_taken(server: Server) -> None:
+    """Its Options (num_predict, temperature, seed, stop) and format="json" mean what they mean to ollama:
+    a seed's answer the same twice, a stop string cuts the answer before it, JSON mode writes JSON."""
+    talk = client(server)
+    sampled = {"num_predict": 12, "temperature": 0.9, "seed": 7}
+    first = talk.chat(model="ead", messages=HI, options=sampled).message.content
+    assert (
+        first == talk.chat(model="ead", messages=HI, options=ollama_client.Options(**sampled)).message.content
+    )
+    text = talk.generate(model="ead", prompt="hi", options=GREEDY).response
+    stop = text.strip()[len(text.strip()) // 2 :][:2]
+    assert stop and stop in text
+    stopped = talk.generate(model="ead", prompt="hi", options={**GREEDY, "stop": [stop]})
+    assert stopped.response == text[: text.index(stop)] and stopped.done_reason == "stop"
+    as_json = talk.chat(model="ead", messages=HI, format="json", options=GREEDY).message.content
+    assert (
+        as_json
+        == ollama(
+            server,
+            "chat",
+            {"model": "ead", "messages": HI, "format": "json", "options": GREEDY, "stream": False},
+        ).json()["message"]["content"]
+    )
+    assert as_json.lstrip().startswith("{")
+
+
+def test_the_official_client_raises_its_error_for_an_unknown_model(server: Server) -> None:
+    with pytest.raises(ollama_client.ResponseError) as raised:
+        client(server).chat(model="llama3.2", messages=HI)
+    assert raised.value.status_code == 404 and "model 'llama3.2' not found" in raised.value.error
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+      a: the first factor
+      b: the second factor
+
+    Returns:
+      the product
+    """
+    return a * b
+
+
+def test_the_official_client_passes_a_python_function_as_a_tool(tools_server: Server) -> None:  # noqa: F811
+    """A function given as a tool (the client writes its schema from the signature and docstring) is
+    offered, and the call the model writes comes back in the client's ToolCall, its arguments a mapping
+    the function takes; the tool's answer sent back as the client builds it is taken."""
+    talk = client(tools_server)
+    ask = [{"role": "user", "content": "What is 6 times 7?"}]
+    factor = {"type": "integer", "minimum": 0, "maximum": 99}  # the tiny model's digits cut short
+    arguments = {**CALL_SCHEMA["properties"]["arguments"], "properties": {"a": factor, "b": factor}}
+    call_schema = {**CALL_SCHEMA, "properties": {**CALL_SCHEMA["properties"], "arguments": arguments}}
+    answer = talk.chat(
+        model="ead",
+        messages=ask,
+        tools=[multiply],
+        format=call_schema,
+        options={"temperature": 0, "num_predict": 60},
+    )
+    (call,) = answer.message.tool_calls
+    assert call.function.name == "multiply"
+    result = multiply(**call.function.arguments)
+    turn = [*ask, answer.message, {"role": "tool", "tool_name": "multiply", "content": str(result)}]
+    final = talk.chat(model="ead", messages=turn, tools=[multiply], options={"num_predict": 2})
+    assert final.done and final.eval_count == 2
