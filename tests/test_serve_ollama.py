@@ -403,3 +403,20 @@ def test_the_official_client_passes_a_python_function_as_a_tool(tools_server: Se
     turn = [*ask, answer.message, {"role": "tool", "tool_name": "multiply", "content": str(result)}]
     final = talk.chat(model="ead", messages=turn, tools=[multiply], options={"num_predict": 2})
     assert final.done and final.eval_count == 2
+
+
+def test_ps_lists_the_loaded_model_and_keep_alive_is_taken_and_ignored(server: Server) -> None:
+    """Open WebUI asks /api/ps which models are loaded, and clients send keep_alive (0: unload now): the
+    one model is listed as loaded for good, and keep_alive, any of the client's spellings, changes
+    nothing: the answer is given and the model stays listed."""
+    talk = client(server)
+    (loaded,) = talk.ps().models
+    (listed,) = talk.list().models
+    assert loaded.model == loaded.name == "ead:latest" and loaded.digest == listed.digest
+    assert loaded.details == listed.details and loaded.context_length == 16384
+    assert loaded.expires_at is not None and loaded.expires_at.year == 9999
+    for keep_alive in (0, "5m", -1, 2.5):
+        answer = talk.chat(model="ead", messages=HI, options={"num_predict": 2}, keep_alive=keep_alive)
+        assert answer.done and answer.eval_count == 2
+    assert talk.generate(model="ead", keep_alive=0).done_reason == "load"  # ollama's "unload": still 200
+    assert [model.model for model in talk.ps().models] == ["ead:latest"]

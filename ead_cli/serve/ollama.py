@@ -41,6 +41,8 @@ OLLAMA_VERSION = "0.33.0"
 LISTED_NAME = f"{MODEL_ID}:latest"  # as /api/tags lists it; a name without its tag is its ':latest'
 NDJSON = "application/x-ndjson"
 NS = 10**9  # ollama's durations are nanoseconds
+# When /api/ps says the model unloads: never (keep_alive is ignored), as the latest time a client can read
+NEVER = "9999-12-31T23:59:59Z"
 
 
 class OllamaOptions(BaseModel):
@@ -427,6 +429,15 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
     @app.api_route("/api/tags", methods=["GET", "HEAD"], dependencies=keyed)
     async def tags() -> dict[str, Any]:
         return {"models": [_tag(engine, requests.served_model(), started)]}
+
+    @app.api_route("/api/ps", methods=["GET", "HEAD"], dependencies=keyed)
+    async def loaded() -> dict[str, Any]:
+        """The models loaded: the one served, for as long as the server runs (the sizes, ollama's bytes in
+        memory and on the GPU, are not known: 0, as /api/tags says)."""
+        tag = _tag(engine, requests.served_model(), started)
+        kept = ("name", "model", "size", "digest", "details", "ead")
+        placed = {"expires_at": NEVER, "size_vram": 0, "context_length": engine.n_ctx}
+        return {"models": [{**{key: tag[key] for key in kept}, **placed}]}
 
     @app.post("/api/show", dependencies=keyed)
     async def show(request: Request) -> dict[str, Any]:
