@@ -368,7 +368,7 @@ HI_JSON = json.dumps({"messages": HI}).encode()
 SERVED = (
     "GET /, GET /health, GET /v1/models, GET /v1/models/{name}, POST /v1/chat/completions, "
     "POST /v1/completions, POST /tokenize, POST /detokenize, GET /metrics, GET /api/version, GET /api/tags, "
-    "POST /api/show, POST /api/chat, POST /api/generate"
+    "GET /api/ps, POST /api/show, POST /api/chat, POST /api/generate"
 )
 
 
