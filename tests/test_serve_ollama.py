@@ -16,8 +16,10 @@ from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, HI, JSON, LONG, TAU, serving
 from test_serve_json import PERSON
+from test_serve_safety import exchange
 from test_serve_tools import CALL_SCHEMA, TOOLS, tools_server  # noqa: F401 (a fixture)
 
+from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES
 from ead_cli.serve.ollama import _ollama_call
 from ead_cli.serve.tools import ToolCall
 
@@ -420,3 +422,64 @@ def test_ps_lists_the_loaded_model_and_keep_alive_is_taken_and_ignored(server: S
         assert answer.done and answer.eval_count == 2
     assert talk.generate(model="ead", keep_alive=0).done_reason == "load"  # ollama's "unload": still 200
     assert [model.model for model in talk.ps().models] == ["ead:latest"]
+
+
+CLOSE = b"Connection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "fragment"),
+    [
+        (
+            b"POST /api/chat HTTP/1.1\r\nHost: HOST\r\nContent-Length: %d\r\n" % (MAX_BODY_BYTES + 1) + CLOSE,
+            b"413",
+            "over",
+        ),
+        (
+            b"POST /api/chat HTTP/1.1\r\nHost: HOST\r\nOrigin: https://evil.example\r\n" + CLOSE,
+            b"403",
+            "may not use",
+        ),
+        (b"POST /api/chat HTTP/1.1\r\nHost: evil.example\r\n" + CLOSE, b"403", "not a loopback name"),
+        (b"POST /api/chat HTTP/2.0\r\nHost: HOST\r\n\r\n", b"505", "HTTP/2.0 is not served"),
+        (
+            b"POST http://HOST/api/chat HTTP/1.1\r\nHost: HOST\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"501",
+            "not implemented",
+        ),
+        (
+            b"GET /api/tags HTTP/1.1\r\nHost: HOST\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n",
+            b"431",
+            "over 16 KiB",
+        ),
+        (b"GET /api/tags HTTP/1.1\r\nHost: HOST\r\nContent-Length: abc\r\n\r\n", b"400", "not valid HTTP"),
+    ],
+)
+def test_refusals_before_the_routes_are_ollamas_error_on_its_api(
+    server: Server, data: bytes, status: bytes, fragment: str
+) -> None:
+    """The Guard's refusals (a body too large by its Content-Length, a page's Origin, a foreign Host) and
+    the protocol's own (an HTTP version, a transfer coding, a head too large, no HTTP at all) answer
+    /api/* in ollama's one-line shape, as the routes' errors do: its clients read ``error`` as a text."""
+    head, body = exchange(server, data)
+    assert head[0].split()[1] == status, head
+    error = json.loads(body)["error"]
+    assert isinstance(error, str) and fragment in error, error
+
+
+def test_a_stop_past_its_timeout_ends_an_ollama_stream_with_its_error_line(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--shutdown-timeout runs out while an NDJSON stream is written: its last line is ollama's error
+    line, which its clients raise, not an SSE event it cannot read (nor a stream cut without a word)."""
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--shutdown-timeout", "1"]
+    with Server(args, tmp_path / "server.log") as server:
+        body = {"model": "ead", "messages": HI, "options": {"num_predict": LONG}}
+        with httpx.stream("POST", f"{server.url}/api/chat", json=body, headers=JSON, timeout=120) as reply:
+            lines = reply.iter_lines()
+            assert json.loads(next(lines))["done"] is False  # generating
+            server.process.terminate()
+            *_, last = [json.loads(line) for line in lines]
+        assert last == {"error": "the server is stopping: this request was cut off"}, last
+        assert server.process.wait(timeout=60) == 0
+    assert "Traceback" not in server.log()

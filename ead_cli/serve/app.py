@@ -93,6 +93,7 @@ FORM = "application/x-www-form-urlencoded"  # what curl -d sends without -H
 FRAMED_TWICE = "Transfer-Encoding and Content-Length together"
 PAGE_ORIGIN = re.compile(r"https?://[^/\s]+")  # what --cors-origin names (or *): a web page's origin
 SSE = "text/event-stream"  # a streamed answer's content type
+NDJSON = "application/x-ndjson"  # ollama's: a JSON object a line
 SEND_TIMEOUT_S = 30.0  # a client that reads nothing for this long loses its answer (streamed or not)
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
 
@@ -151,7 +152,8 @@ class Guard:
             nonlocal started, streaming
             if message["type"] == "http.response.start":
                 started = True
-                streaming = Headers(raw=message["headers"]).get("content-type", "").startswith(SSE)
+                content_type = Headers(raw=message["headers"]).get("content-type", "")
+                streaming = content_type.startswith((SSE, NDJSON))
                 if continuing and not asked:
                     message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
             await send(message)
@@ -159,7 +161,7 @@ class Guard:
         refusal = refusal or self._refusal(headers)
         if refusal is not None:
             self.log(f"error: {where} {refusal.status}: {refusal.message}")  # Origin, Host, size
-            return await refusal.response()(scope, receive, watched)
+            return await error_answer(refusal, scope["path"])(scope, receive, watched)
 
         async def counted() -> dict:
             """The body's next part, each within the read timeout (a client that stopped sending it had held
@@ -186,9 +188,9 @@ class Guard:
             cut = ApiError(503, "the server is stopping: this request was cut off", kind="server_error")
             self.log(f"error: {where} {cut.status}: {cut.message}")
             if not started:
-                await cut.response()(scope, receive, send)
-            elif streaming:  # an error event ends the stream, as a failure mid-answer does
-                event = f"data: {json.dumps({'error': cut.body()})}\r\n\r\n".encode()
+                await error_answer(cut, scope["path"])(scope, receive, send)
+            elif streaming:  # an error event (ollama's: line) ends the stream, as a failure mid-answer does
+                event = _stream_end(cut, scope["path"])
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             return None
         except ClientDisconnect:  # it left while sending its body (or the protocol refused the body, and
@@ -197,7 +199,7 @@ class Guard:
         except Exception as error:  # after the app's own handler answered it (below): one line here
             self.log(f"error: {where} 500: {type(error).__name__}: {' '.join(str(error).split())}")
             if not started:
-                await _internal_error().response()(scope, receive, send)
+                await error_answer(_internal_error(), scope["path"])(scope, receive, send)
         return None
 
     def _body_late(self) -> ApiError:
@@ -253,9 +255,12 @@ class _CheckedConnection(h11.Connection):
         # an unended head of MAX_HEAD_BYTES is over it once whole: h11 refuses a buffer past its bound
         super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES - 1)
         self.body_limit = body_limit
+        self.request_head = b""
 
     def next_event(self) -> Any:
         unread = self.trailing_data[0] if self.their_state is h11.IDLE else b""
+        if self.their_state is h11.IDLE:
+            self.request_head = unread  # what has come of the request read now: its path, for a refusal
         try:
             event = super().next_event()
         except h11.RemoteProtocolError as refused:
@@ -508,10 +513,10 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
                 self._refuse(error)
 
         def _refuse(self, error: ApiError) -> None:
-            """``error`` answered (OpenAI's object) and logged, the connection closed: what h11 read is no
-            request the app could answer."""
+            """``error`` answered (in the words of the API the request's path names) and logged, the
+            connection closed: what h11 read is no request the app could answer."""
             log(f"error: {error.status}: {error.message}")
-            answer = error.response()
+            answer = error_answer(error, _requested_path(self.conn.request_head))
             headers = [*answer.raw_headers, (b"connection", b"close")]
             reason = HTTPStatus(error.status).phrase.encode()
             response = h11.Response(status_code=error.status, headers=headers, reason=reason)
@@ -525,6 +530,33 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
             WebSocket library the server never uses."""
 
     return Protocol
+
+
+def error_answer(error: ApiError, path: str) -> JSONResponse:
+    """``error`` as the API ``path`` belongs to words it, whoever refused the request (a route, the Guard,
+    the protocol): ollama's ``{"error": "..."}`` on its ``/api/*`` (its clients read a text there, and
+    had read OpenAI's object as none), OpenAI's error object elsewhere."""
+    return error.response(ollama=path.startswith(OLLAMA_PATHS))
+
+
+def _stream_end(error: ApiError, path: str) -> bytes:
+    """The last of a stream that ``error`` cuts: ollama's error line on its API, else an error event."""
+    if path.startswith(OLLAMA_PATHS):
+        return (json.dumps({"error": error.message}) + "\n").encode()
+    return f"data: {json.dumps({'error': error.body()})}\r\n\r\n".encode()
+
+
+def _requested_path(head: bytes) -> str:
+    """The path a request's head names (in absolute-form too), for a refusal the protocol gives before
+    any app sees the request; "" where its first line names none."""
+    parts = head.split(b"\n", 1)[0].split(b" ")
+    target = parts[1].decode("latin-1") if len(parts) > 1 else ""
+    if target.startswith("/"):
+        return target
+    try:
+        return urllib.parse.urlsplit(target).path
+    except ValueError:  # a bracket left open in its authority
+        return ""
 
 
 def _head_too_large() -> ApiError:
@@ -666,7 +698,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
         log(f"error: {_request_line(request.method, request.url.path)} {error.status}: {error.message}")
-        return error.response(ollama=request.url.path.startswith(OLLAMA_PATHS))
+        return error_answer(error, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -690,7 +722,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:
-        return _internal_error().response()  # Starlette raises it on to the Guard, which logs it
+        # Starlette raises it on to the Guard, which logs it
+        return error_answer(_internal_error(), request.url.path)
 
     async def authorized(request: Request) -> None:
         if options.api_key is None:

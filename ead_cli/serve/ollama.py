@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..decoder import Summary
 from ..errors import quoted
-from .app import MODEL_ID, Requests, collected, error_of, log_answered, token_fields
+from .app import MODEL_ID, NDJSON, Requests, collected, error_of, log_answered, token_fields
 from .engine import Engine, Failed, Log, Ticket, Token
 from .schemas import (
     MAX_STOP_CHARS,
@@ -39,7 +39,6 @@ from .tools import ToolCall, ToolCallReader, split_answer, template_takes_tools
 # The ollama release whose docs/api.md these shapes follow: clients read it to know what they may ask.
 OLLAMA_VERSION = "0.33.0"
 LISTED_NAME = f"{MODEL_ID}:latest"  # as /api/tags lists it; a name without its tag is its ':latest'
-NDJSON = "application/x-ndjson"
 NS = 10**9  # ollama's durations are nanoseconds
 # When /api/ps says the model unloads: never (keep_alive is ignored), as the latest time a client can read
 NEVER = "9999-12-31T23:59:59Z"
