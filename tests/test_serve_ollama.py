@@ -21,8 +21,9 @@ from test_serve_tools import CALL_SCHEMA, TOOLS, tools_server  # noqa: F401 (a f
 
 from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES
 from ead_cli.serve.ollama import _ollama_call
-from ead_cli.serve.tools import ToolCall
+from ead_cli.serve.tools import ToolCall, split_answer
 
+NAMES = frozenset({"multiply"})
 GREEDY = {"temperature": 0, "num_predict": 16}
 OPENAI_GREEDY = {"temperature": 0, "max_tokens": 16}
 
@@ -276,13 +277,19 @@ def test_tool_calls_come_back_in_ollamas_shape_whole_and_streamed(tools_server: 
     assert answered.status_code == 200 and answered.json()["done"] is True, answered.text
 
 
-def test_a_call_whose_arguments_are_no_json_object_is_sent_as_written() -> None:
-    """A model may write its arguments as a string ("arguments": "6 and 7"), which the reader keeps as
-    written: it goes out as that string, where reading it as JSON had been a 500."""
-    assert _ollama_call(ToolCall("multiply", "6 and 7"), 1) == {
-        "function": {"index": 1, "name": "multiply", "arguments": "6 and 7"}
-    }
-    assert _ollama_call(ToolCall("multiply", '{"a": 6}'), 0)["function"]["arguments"] == {"a": 6}
+def test_a_call_whose_arguments_are_no_json_object_stays_text() -> None:
+    """ollama's clients read a call's arguments as an object (the official client's model refused the
+    whole answer over a string): a call whose arguments the model wrote as a string that is no JSON
+    object stays the answer's text, bare or tagged, as ollama leaves what it cannot read as a call; a
+    JSON text of an object is a call, its arguments that object. The OpenAI routes' reading is unchanged."""
+    written = '{"name": "multiply", "arguments": "6 and 7"}'
+    for answer in (written, f"<tool_call>{written}</tool_call>"):
+        assert split_answer(answer, NAMES, objects_only=True) == (answer, [])
+    assert split_answer(written, NAMES) == ("", [ToolCall("multiply", "6 and 7")])
+    encoded = json.dumps({"name": "multiply", "arguments": json.dumps({"a": 6})})
+    _, (call,) = split_answer(encoded, NAMES, objects_only=True)
+    read = ollama_client.Message.ToolCall.model_validate(_ollama_call(call, 0))
+    assert read.function.name == "multiply" and read.function.arguments == {"a": 6}
 
 
 def test_ollamas_curl_example_without_a_content_type_is_answered(server: Server) -> None:

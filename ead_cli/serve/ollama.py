@@ -315,7 +315,7 @@ class _Answer:
         """NDJSON: a line per token with its ``ead`` fields, then the last; a failure mid-answer is an
         ``{"error": ...}`` line, as ollama ends a stream it cannot finish."""
         ended = False
-        reader = ToolCallReader(self.tools, True, self.prefill) if self.tools else None
+        reader = ToolCallReader(self.tools, True, self.prefill, objects_only=True) if self.tools else None
         try:
             while True:
                 message = await ticket.messages.get()
@@ -350,26 +350,16 @@ class _Answer:
         text = "".join(token.event.text for token in tokens)
         calls: list[ToolCall] = []
         if self.tools:
-            text, calls = split_answer(text, self.tools, True, self.prefill)
+            text, calls = split_answer(text, self.tools, True, self.prefill, objects_only=True)
         ead = {"tokens": [token_fields(token.event) for token in tokens], "seed": seed}
         said = [_ollama_call(call, index) for index, call in enumerate(calls)]
         return JSONResponse(self.last(text, summary, ead, said))
 
 
 def _ollama_call(call: ToolCall, index: int) -> dict[str, Any]:
-    """A call as ollama sends it: its arguments an object, not a JSON text; arguments the model wrote as
-    a string that is no JSON object, as it wrote them."""
-    try:
-        arguments = json.loads(call.arguments)
-    except (ValueError, RecursionError):  # RecursionError: nested past the parser's limit
-        arguments = None
-    return {
-        "function": {
-            "index": index,
-            "name": call.name,
-            "arguments": arguments if isinstance(arguments, dict) else call.arguments,
-        }
-    }
+    """A call as ollama sends it: its arguments an object (its reader's ``objects_only``), not a JSON
+    text."""
+    return {"function": {"index": index, "name": call.name, "arguments": json.loads(call.arguments)}}
 
 
 def _line(value: dict[str, Any]) -> str:

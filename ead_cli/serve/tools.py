@@ -44,9 +44,11 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-def _read_call(body: str, names: frozenset[str] | None = None) -> ToolCall | None:
+def _read_call(body: str, names: frozenset[str] | None = None, objects_only: bool = False) -> ToolCall | None:
     """The call a block of JSON makes; with ``names``, only a call of one of them (a bare JSON answer is
-    a call only if it names a tool offered: otherwise it is text, e.g. JSON the user asked for)."""
+    a call only if it names a tool offered: otherwise it is text, e.g. JSON the user asked for); with
+    ``objects_only``, only one whose arguments are an object (or a JSON text of one): ollama's calls
+    have no place for others, which stay text, as ollama leaves them."""
     try:
         parsed = json.loads(body)
     except (ValueError, RecursionError):  # nested past Python's recursion limit: not a call either
@@ -57,7 +59,17 @@ def _read_call(body: str, names: frozenset[str] | None = None) -> ToolCall | Non
         return None
     arguments = parsed.get("arguments", {})
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    if objects_only and not isinstance(_loaded(text), dict):
+        return None
     return ToolCall(parsed["name"], text)
+
+
+def _loaded(text: str) -> Any:
+    """The JSON value ``text`` holds; None where it holds none."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # nested past Python's recursion limit
+        return None
 
 
 class ToolCallReader:
@@ -70,9 +82,12 @@ class ToolCallReader:
     call it opens and the answer finishes is one call (as llama-server reads it); its own text, and a call
     it holds whole, are the client's: not shown again, nor the answer's call."""
 
-    def __init__(self, names: frozenset[str], parallel: bool = True, prefill: str = "") -> None:
+    def __init__(
+        self, names: frozenset[str], parallel: bool = True, prefill: str = "", objects_only: bool = False
+    ) -> None:
         self.names = names
         self.parallel = parallel
+        self.objects_only = objects_only  # a call's arguments an object, or it is text (_read_call)
         self._pending = prefill
         self._unshown = len(prefill)  # the characters of the text read that are the prefill's
         self._released = 0  # the characters of the text read that are out of _pending
@@ -97,7 +112,7 @@ class ToolCallReader:
                 return [*out, *self._release(start)]
             out += self._release(start)
             block = self._pending[len(OPEN) : end - start]
-            call = _read_call(block.strip())
+            call = _read_call(block.strip(), objects_only=self.objects_only)
             if call is None:
                 out += self._release(end - start + len(CLOSE))
                 continue
@@ -111,7 +126,7 @@ class ToolCallReader:
 
     def finish(self) -> list[str | ToolCall]:
         """What is still held at the end: a bare call, or text (an unclosed block stays text)."""
-        call = _read_call(self._pending.strip(), self.names) if self._bare else None
+        call = _read_call(self._pending.strip(), self.names, self.objects_only) if self._bare else None
         if call is not None:
             whole_in_prefill = self._released + len(self._pending.rstrip()) <= self._unshown
             self._take(len(self._pending))
@@ -146,11 +161,11 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 
 def split_answer(
-    text: str, names: frozenset[str], parallel: bool = True, prefill: str = ""
+    text: str, names: frozenset[str], parallel: bool = True, prefill: str = "", objects_only: bool = False
 ) -> tuple[str, list[ToolCall]]:
     """A whole answer: its text outside the calls (stripped of the blank lines around them), and its calls,
-    read after the ``prefill`` it continues."""
-    reader = ToolCallReader(names, parallel, prefill)
+    read after the ``prefill`` it continues (``objects_only``: as ``_read_call``)."""
+    reader = ToolCallReader(names, parallel, prefill, objects_only)
     pieces = [*reader.push(text), *reader.finish()]
     shown = "".join(piece for piece in pieces if isinstance(piece, str))
     return (shown.strip() if reader.calls else shown), reader.calls
