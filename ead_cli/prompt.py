@@ -272,11 +272,11 @@ def context_size(runners: Runners) -> int:
 
 def context_advice(runners: Runners) -> str:
     """How to make the context larger: --ctx sizes the local models', a server its own, which is the run's
-    where it is the smallest ('raise --ctx' had been the advice there, which changed nothing)."""
+    where it is the smallest ('raise --ctx' had been the advice there, which changed nothing). The
+    server's -c is named as llama-server's: ead's own -c is --ctx."""
     narrowest = min(runners, key=lambda runner: runner.n_ctx)  # the first, a local one, in a tie
     if isinstance(narrowest, RemoteRunner):
-        where = f"start the server at {cut(narrowest.url)} with a larger -c"
-        return f"{where}, llama-server's context size, which --ctx does not set"
+        return f"start the llama-server at {cut(narrowest.url)} with a larger context, llama-server -c N"
     return "raise --ctx"
 
 

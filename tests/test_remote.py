@@ -296,9 +296,9 @@ def test_a_server_still_loading_its_model_past_the_timeout_says_so(tiny_pair) ->
     ]
 
 
-SERVER_CONTEXT_ADVICE = (
-    "start the server at {url} with a larger -c, llama-server's context size, which --ctx does not set"
-)
+# Its -c named as llama-server's: ead takes -c too, for --ctx, which sizes only its own models ('a larger -c,
+# llama-server's context size, which --ctx does not set or shorten the prompt' had read as ead's -c)
+SERVER_CONTEXT_ADVICE = "start the llama-server at {url} with a larger context, llama-server -c N"
 
 
 def test_a_context_the_server_s_makes_too_small_says_to_raise_that(tiny_pair, tmp_path) -> None:
