@@ -121,6 +121,14 @@ def test_every_command_takes_llama_cpps_spellings_beside_its_own() -> None:
     assert min(taking.values()) >= 3, taking  # generate, chat and serve at least
 
 
+def test_h_is_the_help_as_in_llama_cpp() -> None:
+    """llama.cpp's -h is its --help, at every command, a group's too: it had been 'No such option: -h'."""
+    for command in ([], ["generate"], ["bench"], ["bench", "humaneval"], ["depth", "eval"]):
+        long, short = ead(*command, "--help"), ead(*command, "-h")
+        assert long.returncode == short.returncode == 0, short.stderr
+        assert short.stdout == long.stdout and b"-h, --help" in long.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -46,6 +46,7 @@ app = typer.Typer(
     help="Entropy-adaptive decoding: a small and a large GGUF model write one answer together.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # llama.cpp's -h too; every command inherits it
 )
 for command in (generate.generate, generate.chat, generate.serve, generate.calibrate):
     app.command()(command)
