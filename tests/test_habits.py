@@ -147,6 +147,29 @@ def test_llama_cpps_spellings_are_checked_as_eads(tmp_path: Path, args: list[str
     assert_one_line_error(ead("generate", *absent, *args, "hi"), 2, fragment)
 
 
+@pytest.mark.parametrize(
+    ("command", "spelling"),
+    [
+        (["serve"], "-sys"),
+        (["calibrate"], "-sys"),
+        (["bench", "humaneval"], "-sys"),
+        (["models", "list"], "-ngl"),
+    ],
+)
+def test_a_llama_cpp_spelling_a_command_lacks_is_named_as_typed(command: list[str], spelling: str) -> None:
+    """click reads a word of one dash it does not know as a shorter option with the rest glued on as its
+    value: serve's '-sys x' had been 'Invalid value for '--seed' / '-s'' (-s with 'ys'), calibrate's 'No
+    such option: -s'."""
+    expected = f"error: No such option: {spelling} (see 'ead {' '.join(command)} --help')"
+    assert assert_one_line_error(ead(*command, spelling, "1"), 2) == expected
+
+
+def test_a_value_glued_to_a_short_option_is_still_its_value(tmp_path: Path) -> None:
+    absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
+    assert_one_line_error(ead("generate", *absent, "-c8", "hi"), 2, "--ctx must be at least 16, got 8")
+    assert_one_line_error(ead("serve", *absent, "-s-1"), 2, "--seed must be in")
+
+
 def answer_tokens(*args: str) -> list[dict]:
     """The token objects of ``ead generate ARGS --format jsonl`` (the summary left out: it has timings)."""
     result = ead("generate", *args, "--format", "jsonl")

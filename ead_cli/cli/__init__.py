@@ -196,9 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     if color_system() is None:  # NO_COLOR, for what does not read it (typer's help)
         turn_colour_off()
     arguments = sys.argv[1:] if argv is None else argv
-    dashed = _dashed_option(command, arguments)
-    if dashed is not None:
-        _fail(dashed, 2)
+    misspelt = _dashed_option(command, arguments) or _misread_option(command, arguments)
+    if misspelt is not None:
+        _fail(misspelt, 2)
     terminate_on_sigterm()
     try:
         code = command.main(args=arguments, prog_name="ead", standalone_mode=False)
@@ -268,27 +268,56 @@ def _option_names(command: TyperCommand | TyperGroup) -> set[str]:
 
 def _dashed_option(root: TyperGroup, argv: list[str]) -> str | None:
     """For an option pasted with a typographic dash (``\u2014small``, ``\u2013-max-tokens``), which click
-    took for the prompt or an extra argument, the option meant. Only where click reads an option's name:
-    an option's value (``--stop \u2014small``) and what follows ``--`` are text. The commands' options are
-    gathered only when an argument starts with such a dash, not at every start."""
+    took for the prompt or an extra argument, the option meant. Only where click reads an option's name
+    (``_option_words``). The commands' options are gathered only when an argument starts with such a
+    dash, not at every start."""
     if not any(given.startswith(TYPOGRAPHIC_DASHES) for given in argv):
         return None
     names = _option_names(root)
-    command: TyperCommand | TyperGroup = root
-    words = iter(argv)
-    for given in words:
-        if given == "--":
-            break
+    for _, _, given in _option_words(root, argv):
         if given.startswith(TYPOGRAPHIC_DASHES):
             meant = "--" + given.partition("=")[0].lstrip("-" + "".join(TYPOGRAPHIC_DASHES))
             if meant in names:
                 return f"{quoted(given)} starts with a typographic dash, not '--': did you mean {meant}?"
-        elif given.startswith("-"):
+    return None
+
+
+def _misread_option(root: TyperGroup, argv: list[str]) -> str | None:
+    """For an option of ead spelt with one dash and more than one letter (llama.cpp's ``-sys``, ``-ngl``)
+    given to a command that lacks it, typer's 'No such option' naming it: click reads such a word as its
+    first letter's option with the rest as that option's value (``ead serve -sys x`` had been 'Invalid
+    value for --seed', -s given 'ys')."""
+    if not any(_is_one_dash_word(given) for given in argv):
+        return None
+    names = _option_names(root)
+    for path, command, given in _option_words(root, argv):
+        name = given.partition("=")[0]
+        if _is_one_dash_word(name) and name in names and not any(name in p.opts for p in command.params):
+            return f"No such option: {name} (see '{path} --help')"
+    return None
+
+
+def _is_one_dash_word(given: str) -> bool:
+    return len(given) > 2 and given.startswith("-") and not given.startswith("--")
+
+
+def _option_words(root: TyperGroup, argv: list[str]) -> Iterator[tuple[str, TyperCommand | TyperGroup, str]]:
+    """Each argument where click reads an option's name, with the command that reads it and its path
+    (``ead bench humaneval``), as click parses them: an option's value skipped (``--stop \u2014small`` is
+    text), a subcommand followed, nothing after ``--``."""
+    command: TyperCommand | TyperGroup = root
+    path = "ead"
+    words = iter(argv)
+    for given in words:
+        if given == "--":
+            return
+        if given.startswith(("-", *TYPOGRAPHIC_DASHES)):
+            yield path, command, given
             for _ in range(_values_taken(command, given)):
                 next(words, None)
-        elif isinstance(command, TyperGroup):
-            command = command.commands.get(given, command)
-    return None
+        elif isinstance(command, TyperGroup) and given in command.commands:
+            command = command.commands[given]
+            path = f"{path} {given}"
 
 
 def _values_taken(command: TyperCommand | TyperGroup, given: str) -> int:
