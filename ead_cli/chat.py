@@ -30,6 +30,7 @@ from .prompt import (
     check_prompt_text,
     check_system_fits,
     check_text,
+    context_size,
     encode_rendered,
     render_chat,
 )
@@ -152,7 +153,7 @@ class Conversation:
 
     @property
     def n_ctx(self) -> int:
-        return min(runner.n_ctx for runner in self.runners)
+        return context_size(self.runners)
 
     @property
     def full(self) -> bool:

@@ -22,6 +22,7 @@ from .entropy import EntropyMeter, max_entropy_bits
 from .lookup import propose
 from .options import check_draft, check_lookup, check_verify_ratio
 from .policies import Fixed, Policy
+from .prompt import context_size
 from .remote import RemoteError
 from .response import Response
 from .runner import Runner, RunnerStats
@@ -175,7 +176,7 @@ class _Generation:
         self.max_tokens = max_tokens
         self.stop = tuple(stop)
         self.tokens: list[int] = []
-        self._n_ctx = min(runner.n_ctx for runner in self.runners)  # asked every token
+        self._n_ctx = context_size(self.runners)  # asked every token
         self._written = [0] * len(self.runners)
         self._prompt_len = 0
         self._generated = 0

@@ -24,6 +24,7 @@ from ..errors import EadError, cut, quoted, shown_path
 from ..figures import is_amount, is_count, is_figure, is_share
 from ..options import ModelOptions
 from ..paths import check_can_save, is_dir, read_file, save_json, unreadable
+from ..prompt import context_size
 from ..runner import Runner, warm_up
 from .grid import LARGE_ONLY
 from .report import paired_ratio, passes
@@ -215,7 +216,7 @@ def replay_records(
 ) -> list[ReplayedSample]:
     """Re-execute each record's schedule (its token counts checked against the record's as it was read)."""
     roles = role_names(len(runners))
-    n_ctx = min(runner.n_ctx for runner in runners)
+    n_ctx = context_size(runners)
     plan = [(record, _checked_steps(record, n_ctx)) for record in _by_task(records)]
     first_prefill = next((step[3] for _, steps in plan for step in steps if step[1] == "p"), None)
     if first_prefill:

@@ -36,6 +36,7 @@ from ..errors import EadError, shown_path
 from ..gguf_files import shard_paths
 from ..options import ModelOptions
 from ..paths import same_file
+from ..prompt import context_size
 from ..runner import Runner
 from .replay import read_report, replay_file, replayed_models
 
@@ -310,7 +311,7 @@ def speed_report(
         if len(runners) != 2:
             raise EadError("ead bench speed measures a pair of local models: give --small and --large", 2)
         try:
-            check_context(context, min(runner.n_ctx for runner in runners))
+            check_context(context, context_size(runners))
         except ValueError as error:
             raise EadError(str(error), exit_code=2) from None
         if replay_report is not None and replay_path is not None:

@@ -23,6 +23,7 @@ from ..decoder import Decoder, Summary, TokenEvent
 from ..engine import build_decoder
 from ..errors import EadError
 from ..options import GenerationOptions, PolicyOptions
+from ..prompt import context_size
 from ..runner import Abandoned, Runner, never_abandoned
 from ..sampling import GrammarDeadEnd
 from .metrics import Metrics
@@ -154,7 +155,7 @@ class Engine:
 
     @property
     def n_ctx(self) -> int:
-        return min(runner.n_ctx for runner in self.runners)
+        return context_size(self.runners)
 
     @property
     def pending(self) -> int:
