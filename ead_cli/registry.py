@@ -260,9 +260,11 @@ def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does
 def _refuse_hub_repo(ref: str, catalog: Catalog, lead: str) -> None:
     """Refuse a Hugging Face repo id (``owner/name``, or llama.cpp's ``owner/name:QUANT``) that names no
     file here, after ``lead``, saying that ead takes a repo through an alias, and which: it had read as a
-    missing file, or to ``pull`` and ``rm`` as a file of the user's."""
+    missing file, or to ``pull`` and ``rm`` as a file of the user's. One whose owner is a folder here
+    (``models/tiny``) is a path, its ``.gguf`` left out."""
     repo = ref.partition(":")[0]
-    if is_gguf_name(ref) or not _REPO.fullmatch(repo) or lookup(Path(ref)) is not None:
+    here = (Path(ref), Path(repo).parent)
+    if is_gguf_name(ref) or not _REPO.fullmatch(repo) or any(lookup(path) is not None for path in here):
         return
     aliases = [alias for alias, spec in catalog.models.items() if spec.repo.lower() == repo.lower()]
     if len(aliases) == 1:

@@ -1291,6 +1291,10 @@ def test_a_hugging_face_repo_id_given_for_a_model_says_ead_takes_it_through_an_a
     with pytest.raises(EadError) as caught:
         resolve("someone/Other-GGUF", catalog)
     assert str(caught.value) == "not a GGUF file (bad magic): someone/Other-GGUF"
+    (tmp_path / "models").mkdir()  # a path in a folder here, its .gguf left out: no repo's advice
+    with pytest.raises(EadError) as caught:
+        resolve("models/tiny", catalog)
+    assert str(caught.value) == "model file not found: models/tiny"
     result = ead("generate", "--large", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "hi")
     assert assert_one_line_error(result, 1) == (
         "error: model file not found: Qwen/Qwen2.5-0.5B-Instruct-GGUF, and ead takes a Hugging Face repo "
