@@ -898,6 +898,96 @@ def test_a_second_bench_on_the_same_folder_is_refused_while_the_first_runs(
             Results(path, config)
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
 
+def test_a_resumed_bench_whose_models_fail_to_load_lets_its_results_go(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A resumed bench holds its results locked from its check into its run: a run that ends before they
+    open lets them go, not only as the bench is dropped."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    job = humaneval_job(humaneval[:2], tmp_path)
+    missing = tmp_path / "missing.gguf"
+    with pytest.raises(EadError, match="not found"):
+        run(job, (missing, missing))
+    assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
+
+
+# ``python -c HELD_AT_LOADING GATE ARGS``: ead, its bench saying on stderr that its models load, and held
+# there until GATE (a FIFO another process writes) ends: a bench between its check of the results and their
+# opening. With /dev/null for GATE it is only said.
+HELD_AT_LOADING = """
+import sys
+from ead_cli.bench import run
+from ead_cli.cli import main
+
+load_runners = run.load_runners
+
+
+def held(*args, **kwargs):
+    print("loading the models", file=sys.stderr, flush=True)
+    with open(sys.argv[1]) as gate:
+        gate.read()
+    return load_runners(*args, **kwargs)
+
+
+run.load_runners = held
+main(sys.argv[2:])
+"""
+
+
+def open_when_read(fifo: Path, reader: subprocess.Popen) -> int:
+    """The FIFO's write end, once ``reader`` has opened it to read (ENXIO until then); the test failed with
+    the reader's stderr if it ends first."""
+    while True:
+        with contextlib.suppress(OSError):  # ENXIO: no reader yet
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        if reader.poll() is not None:
+            pytest.fail(reader.communicate()[1].decode())
+        time.sleep(0.05)
+
+
+def test_a_second_bench_started_while_the_first_loads_its_models_is_refused_before_loading_its_own(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    """The check of a resumed bench's results locked the file and let it go, to lock it again once the
+    models had loaded: a second bench on the same --out started between the two passed its check as well,
+    loaded its models and ran the first one's pending samples. The first is held at its loading by a FIFO
+    it reads; the second, run alike, says so if it loads its models."""
+    out = tmp_path / "out"
+    args = ["bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    args += ["--threads", "1", "--strategies", "large", "--max-tokens", "4", "--out", str(out)]
+    started = subprocess.run([EAD, *args, "--ids", "0"], capture_output=True, timeout=300)
+    assert started.returncode == 0, started.stderr.decode()
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    first = subprocess.Popen(
+        [sys.executable, "-c", HELD_AT_LOADING, str(gate), *args, "--ids", "0,1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        writer = open_when_read(gate, first)
+        try:
+            second = subprocess.run(
+                [sys.executable, "-c", HELD_AT_LOADING, os.devnull, *args, "--ids", "0,1"],
+                capture_output=True,
+                timeout=300,
+            )
+        finally:
+            os.close(writer)  # the first goes on
+        _, first_err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    path = out / "results.jsonl"
+    assert_one_line_error(
+        second, 2, f"another bench is writing {path}: wait for it to end, or use another --out"
+    )
+    assert first.returncode == 0, first_err.decode()
+    assert first_err.decode().count("loading the models") == 1
+    assert [record["task_id"] for record in read_results(path)[1]] == ["HumanEval/0", "HumanEval/1"]
+
+
 def test_a_results_file_on_a_filesystem_without_locks_is_written_unlocked_with_a_warning(
     tmp_path: Path, tiny_pair: tuple[Path, Path]
 ) -> None:

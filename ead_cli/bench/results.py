@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -296,15 +296,42 @@ def hold_results(handle: TextIO, path: Path) -> str | None:
     return unlocked and f"warning: {unlocked}: nothing stops a second bench on the same --out"
 
 
+@dataclass(frozen=True)
+class HeldResults:
+    """A results file open to append and locked for one bench (``hold_results``), from the check before its
+    models load until its ``Results`` close: let go between the two, a second bench on the same --out had
+    passed its check as well and loaded its models. ``unlocked``: ``hold_results``'s warning, or None."""
+
+    handle: TextIO
+    unlocked: str | None
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def held_results(path: Path) -> HeldResults:
+    """The results file opened to append (``open_to_append``) and locked (``hold_results``); closed again
+    where it is refused."""
+    handle = open_to_append(path)
+    try:
+        return HeldResults(handle, hold_results(handle, path))
+    except BaseException:
+        handle.close()
+        raise
+
+
 class Results:
     """An append-only results file bound to one config; ``done`` holds the (strategy, task) pairs in it;
-    ``unlocked``, the warning to show where its filesystem takes no lock (``hold_results``)."""
+    ``unlocked``, the warning to show where its filesystem takes no lock (``hold_results``). ``held``: the
+    file as the bench's check opened and locked it (``HeldResults``), else it is opened and locked now;
+    closed as the results close."""
 
-    def __init__(self, path: Path, config: Record) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open_to_append(path)
+    def __init__(self, path: Path, config: Record, held: HeldResults | None = None) -> None:
+        if held is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            held = held_results(path)
+        self._handle, self.unlocked = held.handle, held.unlocked
         try:  # the file read, and a line cut short dropped, under the lock, not while another bench writes
-            self.unlocked = hold_results(self._handle, path)
             self._drop_unfinished_line(path)
             stored, self.records = read_results(path)
             if stored is not None:  # a file from before the config held how the models ran resumes as it did

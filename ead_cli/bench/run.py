@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,11 +37,11 @@ from .replay import REPLAY_FILE
 from .report import aggregate_read, check_report_files
 from .results import (
     RESULTS_FILE,
+    HeldResults,
     Record,
     Results,
     config_record,
-    hold_results,
-    open_to_append,
+    held_results,
     read_results,
 )
 from .sandbox import check_solution, sandbox_note
@@ -142,7 +142,8 @@ def run_plan(
 class Bench:
     """One bench: strategies, generation options, the items (made once the tokenizer is loaded), the
     task file (hashed into the config) and the prompt format, the folder the results go to, and a note
-    shown before the first sample runs (the sandbox's, where its programs run as root)."""
+    shown before the first sample runs (the sandbox's, where its programs run as root). ``held``: results
+    to resume, locked by the check as the bench is made and held until ``run_bench`` ends (it runs once)."""
 
     name: str
     strategies: Sequence[Strategy]
@@ -153,6 +154,7 @@ class Bench:
     out: Path
     timeout_s: float = SAMPLE_TIMEOUT_S
     note: str | None = None
+    held: HeldResults | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Refused before any model loads: answers of no tokens, or an --out that cannot take results."""
@@ -164,19 +166,20 @@ class Bench:
                 f"{shown_path(self.out)} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2
             )
         check_can_save(self.out / RESULTS_FILE, "the results", exit_code=2)
-        check_resumable(self.out / RESULTS_FILE)
         check_report_files(self.out)
+        # last: no refusal after it leaves the file locked
+        object.__setattr__(self, "held", check_resumable(self.out / RESULTS_FILE))
 
 
-def check_resumable(path: Path) -> None:
+def check_resumable(path: Path) -> HeldResults | None:
     """The results a resume would add to read back as the report reads them: a record edited or damaged
     past reading is one line naming the file now, not a traceback as the models load or after every new
     sample has run; and a file that cannot take more (read-only) or that another bench is writing is one
-    line now, not once they have (a FIFO, a folder or a device there: ``read_results``)."""
+    line now, not once they have (a FIFO, a folder or a device there: ``read_results``). The file, where
+    there is one, is held locked from now into the bench's ``Results`` (a filesystem without locks: warned
+    of as they open)."""
     aggregate_read(path, read_results(path)[1])
-    if path.exists():
-        with open_to_append(path) as handle:
-            hold_results(handle, path)  # a filesystem without locks: warned of as the results open
+    return held_results(path) if path.exists() else None
 
 
 def humaneval_bench(
@@ -239,39 +242,42 @@ def run_bench(
     (one record per finished sample); it must exhaust the iterator (showing progress as it goes).
     """
     native = any(isinstance(strategy.policy, NativeOptions) for strategy in bench.strategies)
-    if native:
-        server_binary()  # missing: say so before any model loads
-    runners = load_runners(models, progress=progress)
-    try:
-        for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
-            if isinstance(strategy.policy, PolicyOptions):
-                build_decoder(runners, strategy.policy, bench.generation)
-        items = bench.items_for(runners)
-        config = config_record(
-            bench.name,
-            runners,
-            bench.generation,
-            bench.source_sha256,
-            bench.prompt_format,
-            bench.timeout_s,
-            models=models,
-        )
-        servers = NativePeers(runners, bench.generation) if native else None
-        with (
-            servers or contextlib.nullcontext(),
-            Results(bench.out / RESULTS_FILE, config) as results,
-        ):
-            if results.unlocked is not None and progress is not None:
-                progress(results.unlocked)
-            plan = results.pending(bench.strategies, items)
-            if plan and bench.note is not None and progress is not None:  # a bench refused says that alone
-                progress(bench.note)
-            if plan:
-                warm_up(runners, plan[0][1].prompt)
-            samples = run_plan(
-                runners, plan, bench.generation, results, timeout_s=bench.timeout_s, peers=servers
+    # the check's lock let go where the bench ends before its results open (Results close it otherwise)
+    with contextlib.closing(bench.held) if bench.held else contextlib.nullcontext():
+        if native:
+            server_binary()  # missing: say so before any model loads
+        runners = load_runners(models, progress=progress)
+        try:
+            for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
+                if isinstance(strategy.policy, PolicyOptions):
+                    build_decoder(runners, strategy.policy, bench.generation)
+            items = bench.items_for(runners)
+            config = config_record(
+                bench.name,
+                runners,
+                bench.generation,
+                bench.source_sha256,
+                bench.prompt_format,
+                bench.timeout_s,
+                models=models,
             )
-            watch(plan, samples)
-            return results.selection(bench.strategies, items)
-    finally:
-        close_all(runners)
+            servers = NativePeers(runners, bench.generation) if native else None
+            with (
+                servers or contextlib.nullcontext(),
+                Results(bench.out / RESULTS_FILE, config, bench.held) as results,
+            ):
+                if results.unlocked is not None and progress is not None:
+                    progress(results.unlocked)
+                plan = results.pending(bench.strategies, items)
+                # a bench refused says that alone
+                if plan and bench.note is not None and progress is not None:
+                    progress(bench.note)
+                if plan:
+                    warm_up(runners, plan[0][1].prompt)
+                samples = run_plan(
+                    runners, plan, bench.generation, results, timeout_s=bench.timeout_s, peers=servers
+                )
+                watch(plan, samples)
+                return results.selection(bench.strategies, items)
+        finally:
+            close_all(runners)
