@@ -704,6 +704,24 @@ def test_invalid_option_values(tmp_path: Path, args: list[str], fragment: str) -
 
 
 @pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["-ngl", "all"], "Invalid value for '--n-gpu-layers': 'all' is not a whole number"),
+        (["--ctx", "1.5"], "Invalid value for '--ctx': '1.5' is not a whole number"),
+        (["--temp", "warm"], "Invalid value for '--temp': 'warm' is not a number"),
+        (["--top-k", "9" * 5000], f"Invalid value for '--top-k': {'9' * 80!r}... (5000 characters) is too"),
+        (["--top-p", "x" * 1000], f"Invalid value for '--top-p': {'x' * 80!r}... (1000 characters) is not a"),
+    ],
+)
+def test_a_value_that_is_not_a_number_is_echoed(tmp_path: Path, args: list[str], line: str) -> None:
+    """typer had said 'Invalid value for '--n-gpu-layers' / '-ngl' / '--gpu-layers': Input should be a
+    valid integer, unable to parse string as an integer': every spelling of the option, never the value."""
+    absent = (tmp_path / "small.gguf", tmp_path / "large.gguf")
+    said = assert_one_line_error(ead("generate", *pair_args(absent), *args, "hi"), 2, f"error: {line}")
+    assert said.endswith(" (see 'ead generate --help')")
+
+
+@pytest.mark.parametrize(
     ("args", "meant"),
     [
         (["generate", "\u2014small", "qc0.5b", "hi"], "--small"),  # an em dash: a word processor's "--"

@@ -123,6 +123,41 @@ class WordedOption(TyperOption):
             return str(self.show_default)
         return super()._get_default_string(show_default_is_str=show_default_is_str, **given)
 
+    def get_error_hint(self, ctx: typer.Context | None = None) -> str:
+        """The option by its first name, as its help lists it: click named every spelling of it, "Invalid
+        value for '--n-gpu-layers' / '-ngl' / '--gpu-layers'"."""
+        return f"'{self.opts[0]}'"
+
+    def process_value(self, ctx: typer.Context, value: Any) -> Any:
+        """A number that does not parse is refused with the value echoed: pydantic, which typer parses
+        with, had said 'Input should be a valid integer, unable to parse string as an integer'."""
+        try:
+            return super().process_value(ctx, value)
+        except typer.BadParameter as error:
+            unread = _unread_number(error.__cause__)
+            if unread is None:
+                raise
+            raise typer.BadParameter(unread, ctx=ctx, param=self) from None
+
+
+_NOT_READ = {
+    "int_parsing": "is not a whole number",
+    "int_parsing_size": "is too long a number",
+    "float_parsing": "is not a number",
+}
+
+
+def _unread_number(cause: BaseException | None) -> str | None:
+    """Why the value in pydantic's complaint ``cause`` is no number, the value cut as ``quoted`` cuts
+    it; None for any other complaint (typer's own wording stands)."""
+    from pydantic import ValidationError  # loaded already: typer parsed the value with it
+
+    if not isinstance(cause, ValidationError):
+        return None
+    first = cause.errors()[0]
+    why = _NOT_READ.get(first["type"])
+    return f"{quoted(first['input'])} {why}" if why else None
+
 
 class WordedArgument(TyperArgument):
     """An argument as click's help shows one, by its metavar alone (``PROMPT``): required, bare in the
