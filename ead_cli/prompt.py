@@ -28,11 +28,12 @@ def _token_text(runner: Runner, token: int) -> str:
     return ctypes.string_at(text).decode("utf-8", errors="replace") if text else ""
 
 
-def check_prompt_text(text: str) -> str:
-    """Refuse prompts nothing sensible can come of."""
+def check_prompt_text(text: str, what: str = "the prompt") -> str:
+    """Refuse prompts nothing sensible can come of; ``what`` names where one came from in a message
+    ('the prompt file NAME')."""
     if not text or text.isspace():  # not strip(): a copy of a long prompt
-        raise EadError("the prompt is empty", exit_code=2)
-    check_text(text, "the prompt")
+        raise EadError(f"{what} is empty", exit_code=2)
+    check_text(text, what)
     return text
 
 

@@ -845,10 +845,10 @@ def test_every_command_refuses_zero_threads_before_looking_for_a_model(command: 
 @pytest.mark.parametrize(
     ("prompt", "fragment"),
     [
-        (b"", "the prompt is empty"),
-        (b"  \n\t ", "the prompt is empty"),
-        (b"\xef\xbb\xbf", "the prompt is empty"),  # a byte-order mark alone had been a prompt
-        (b"\xef\xbb\xbf \r\n", "the prompt is empty"),
+        (b"", "the prompt on stdin is empty"),
+        (b"  \n\t ", "the prompt on stdin is empty"),
+        (b"\xef\xbb\xbf", "the prompt on stdin is empty"),  # a byte-order mark alone had been a prompt
+        (b"\xef\xbb\xbf \r\n", "the prompt on stdin is empty"),
         (b"a\x00b", "NUL byte"),
         (b"caf\xe9", "not valid UTF-8"),
         (b"\xef\xbb\xbfcaf\xe9", "the prompt on stdin is not valid UTF-8 (byte 6)"),  # the input's byte

@@ -246,3 +246,22 @@ def test_an_unreadable_prompt_file_is_named(tmp_path: Path) -> None:
     ]:
         assert_one_line_error(ead(*generate, "-f", str(path)), 2, fragment)
     assert_one_line_error(ead(*generate, "-f", ""), 2, "'--file'", "an empty path names no file")
+
+
+def test_an_empty_prompt_file_is_named(tmp_path: Path) -> None:
+    """'-f /dev/null' had said 'the prompt is empty', naming neither the file nor that one was read; by
+    depth generate as by generate, before any model is looked for (the models named are absent)."""
+    absent = str(tmp_path / "absent.gguf")
+    empty, spaces, nul = tmp_path / "empty.txt", tmp_path / "my spaces.txt", tmp_path / "nul.txt"
+    empty.write_bytes(b"")
+    spaces.write_bytes(b"\xef\xbb\xbf \r\n\t")
+    nul.write_bytes(b"hi\x00")
+    for command in (["generate", "--small", absent, "--large", absent], ["depth", "generate", absent]):
+        for path, line in [
+            ("/dev/null", "the prompt file /dev/null is empty"),
+            (str(empty), f"the prompt file {empty} is empty"),
+            (str(spaces), f"the prompt file '{spaces}' is empty"),
+            (str(nul), f"the prompt file {nul} contains a NUL byte"),
+        ]:
+            assert assert_one_line_error(ead(*command, "-f", path), 2) == f"error: {line}"
+        assert assert_one_line_error(ead(*command, "-"), 2) == "error: the prompt on stdin is empty"

@@ -169,10 +169,10 @@ def depth_generate(
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
     from ..depth.model import DEFAULT_PROBE_EVERY, DepthOptions, open_model
-    from ..prompt import check_prompt_text, encode_fitting, render_prompt
+    from ..prompt import encode_fitting, render_prompt
     from ..sampling import SamplingParams
 
-    text = check_prompt_text(read_prompt(prompt, prompt_option, prompt_file))
+    text = read_prompt(prompt, prompt_option, prompt_file)
     check_stdout("the answer")
     options = DepthOptions(
         margin=margin,

@@ -60,7 +60,6 @@ def generate(
     model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
     from ..prompt import (
-        check_prompt_text,
         check_system_fits,
         check_text,
         context_advice,
@@ -79,7 +78,7 @@ def generate(
 
     if raw and system:  # the template is what places a system message: --raw dropped it unsaid
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
-    text = check_prompt_text(read_prompt(prompt, prompt_option, prompt_file))
+    text = read_prompt(prompt, prompt_option, prompt_file)
     for string in stop or ():  # an argument's bytes that are not UTF-8 would never match the text
         check_text(string, "the stop string")
     check_stdout("the answer")

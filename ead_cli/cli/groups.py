@@ -314,25 +314,34 @@ PromptFile = Annotated[
 
 
 def read_prompt(prompt: str | None, option: str | None, file: Path | None) -> str:
-    """The prompt: the argument or --prompt, else --file's text, else stdin when it is '-' or none is
-    given and stdin is not a terminal. Given two ways it is refused: which one was meant is unknown."""
+    """The prompt, checked (``check_prompt_text``), a file's or stdin's named in a refusal of it."""
+    from ..prompt import check_prompt_text  # loads llama.cpp: only when a command runs
+
+    return check_prompt_text(*_given_prompt(prompt, option, file))
+
+
+def _given_prompt(prompt: str | None, option: str | None, file: Path | None) -> tuple[str, str]:
+    """The prompt and where it came from ('the prompt file NAME'): the argument or --prompt, else
+    --file's text, else stdin when it is '-' or none is given and stdin is not a terminal. Given two ways
+    it is refused: which one was meant is unknown."""
     ways = {"the argument": prompt, "--prompt": option, "--file": file}
     given = [way for way, value in ways.items() if value is not None]
     if len(given) > 1:
         raise EadError(f"the prompt is given twice ({' and '.join(given)}): give it once", exit_code=2)
     if file is not None:
         if str(file) != "-":
-            return _prompt_text(file, f"file {shown_path(file)}")
+            named = f"file {shown_path(file)}"
+            return _prompt_text(file, named), f"the prompt {named}"
         prompt = "-"  # stdin, as the argument's '-'
     elif prompt is None:
         prompt = option  # the argument's twin: its '-' reads stdin too
     if prompt is not None and prompt != "-":
-        return prompt
+        return prompt, "the prompt"
     if sys.stdin is None:  # the shell closed it (<&-)
         raise EadError("no prompt: stdin is closed; pass the prompt as an argument", exit_code=2)
     if prompt is None and sys.stdin.isatty():
         raise EadError("no prompt: pass it as an argument, or '-' to read it from stdin", exit_code=2)
-    return _prompt_text(sys.stdin.buffer, "on stdin")
+    return _prompt_text(sys.stdin.buffer, "on stdin"), "the prompt on stdin"
 
 
 def _prompt_text(source: BinaryIO | Path, named: str) -> str:
