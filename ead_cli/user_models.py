@@ -73,7 +73,8 @@ def _ollama_name(name: str) -> tuple[tuple[str, str, str], str]:
     too_many_or_few = len(parts) != 3 if scheme else len(parts) > 3  # a scheme comes with a registry
     if too_many_or_few or any(part in ("", ".", "..") for part in (*parts, tag)):
         raise EadError(
-            f"not an ollama model name: {quoted(name)} (expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])"
+            f"not an ollama model name: {quoted(name)} "
+            "(expected [REGISTRY/][NAMESPACE/]MODEL[:TAG], or https://REGISTRY/NAMESPACE/MODEL[:TAG])"
         )
     defaults = (_OLLAMA_REGISTRY, _OLLAMA_NAMESPACE)[: 3 - len(parts)]
     registry_, namespace, model = (*defaults, *parts)

@@ -213,10 +213,14 @@ def test_ollama_names_that_differ_only_in_case_are_each_found_by_their_own_spell
     )
 
 
+EXPECTED_OLLAMA_NAME = "expected [REGISTRY/][NAMESPACE/]MODEL[:TAG], or https://REGISTRY/NAMESPACE/MODEL[:TAG]"
+
+
 def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) -> None:
     for name in ("a/b/c/d", "../x", "x:", "x//y", "https://library/x", "https://x"):
         line = refused(env, f"ollama:{name}", tiny_large)
         assert f"not an ollama model name: '{name}'" in line
+        assert line.endswith(f"({EXPECTED_OLLAMA_NAME})")  # the form with a scheme said too
     (Path(env["OLLAMA_MODELS"]) / "manifests").mkdir(parents=True)
     empty = ead("generate", "--small", "ollama:x", "--large", str(tiny_large), PROMPT, env=env)
     assert "(it has none)" in assert_one_line_error(empty, 1)
@@ -232,7 +236,7 @@ def test_a_long_name_is_echoed_cut(
     assert refused(env, f"ollama:{long}", tiny_large).startswith(f"error: no ollama model {echoed} in ")
     assert refused(env, f"ollama:{long}/a/b/c", tiny_large) == (
         f"error: not an ollama model name: '{'x' * 80}'... (100006 characters) "
-        "(expected [REGISTRY/][NAMESPACE/]MODEL[:TAG])"
+        f"({EXPECTED_OLLAMA_NAME})"
     )
     assert refused(env, f"lmstudio:{long}", tiny_large).startswith(f"error: no LM Studio model {echoed} in ")
     assert refused(env, f"lmstudio:/{long}", tiny_large).startswith(
