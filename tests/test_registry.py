@@ -1254,7 +1254,8 @@ def test_a_hugging_face_repo_id_given_for_a_model_says_ead_takes_it_through_an_a
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hub repo id had read as a missing file ('model file not found: Qwen/Qwen2.5-0.5B-Instruct-GGUF')
-    or, to pull and rm, as 'a file of yours': ead fetches a repo only through an alias, the catalog's
+    or, to pull and rm, as 'a file of yours', then as a missing file or no alias 'and' a repo: it is a
+    repo, said so to all three in one wording; ead fetches a repo only through an alias, the catalog's
     one for it where there is one; llama.cpp's REPO:QUANT spelling too."""
     models_file = tmp_path / "models.toml"
     models_file.write_text(
@@ -1277,15 +1278,11 @@ def test_a_hugging_face_repo_id_given_for_a_model_says_ead_takes_it_through_an_a
         "someone/Other-GGUF": add,
     }
     for ref, advice in cases.items():
-        how = f", and ead takes a Hugging Face repo only through an alias: {advice}"
-        for refuse, lead in (
-            (resolve, f"model file not found: {ref}"),
-            (pull, f"'{ref}' is no alias"),
-            (remove_cached, f"'{ref}' is no alias"),
-        ):
+        said = f"'{ref}' is a Hugging Face repo, which ead takes only through an alias: {advice}"
+        for refuse in (resolve, pull, remove_cached):  # one wording: not a missing file, nor 'no alias'
             with pytest.raises(EadError) as caught:
                 refuse(ref, catalog)
-            assert str(caught.value) == lead + how
+            assert str(caught.value) == said
     (tmp_path / "someone").mkdir()
     (tmp_path / "someone" / "Other-GGUF").write_bytes(b"PK")  # a file of that name is taken as the file
     with pytest.raises(EadError) as caught:
@@ -1297,6 +1294,6 @@ def test_a_hugging_face_repo_id_given_for_a_model_says_ead_takes_it_through_an_a
     assert str(caught.value) == "model file not found: models/tiny"
     result = ead("generate", "--large", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "hi")
     assert assert_one_line_error(result, 1) == (
-        "error: model file not found: Qwen/Qwen2.5-0.5B-Instruct-GGUF, and ead takes a Hugging Face repo "
-        "only through an alias: name it by its alias, q0.5b"
+        "error: 'Qwen/Qwen2.5-0.5B-Instruct-GGUF' is a Hugging Face repo, which ead takes only through an "
+        "alias: name it by its alias, q0.5b"
     )
