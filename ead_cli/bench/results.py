@@ -37,6 +37,7 @@ from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
 from ..paths import cannot_save, check_kept_file, lock_or_why_not, lookup, read_file_text, unreadable
+from ..prompt import context_size
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
 from .tasks import Item
@@ -83,7 +84,7 @@ def config_record(
         "prompt": prompt,
         "source_sha256": source_sha256,
         "timeout_s": timeout_s,
-        "n_ctx": min(runner.n_ctx for runner in runners),
+        "n_ctx": context_size(runners),
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
     }
