@@ -542,7 +542,7 @@ def error_answer(error: ApiError, path: str) -> JSONResponse:
 def _stream_end(error: ApiError, path: str) -> bytes:
     """The last of a stream that ``error`` cuts: ollama's error line on its API, else an error event."""
     if path.startswith(OLLAMA_PATHS):
-        return (json.dumps({"error": error.message}) + "\n").encode()
+        return error.ndjson_line().encode()
     return f"data: {json.dumps({'error': error.body()})}\r\n\r\n".encode()
 
 

@@ -329,7 +329,7 @@ class _Answer:
                 if isinstance(message, Failed):
                     error = _respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
-                    yield _line({"error": error.message})
+                    yield error.ndjson_line()
                     return
                 for line in [] if reader is None else self._piece_lines(reader.finish(), reader):
                     yield line

@@ -835,6 +835,10 @@ class ApiError(Exception):
         """OpenAI's error object (the value of the response's ``error``)."""
         return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
 
+    def ndjson_line(self) -> str:
+        """The error as ollama ends a stream it cannot finish: a line ``{"error": "message"}``."""
+        return json.dumps({"error": self.message}, ensure_ascii=False) + "\n"
+
     def response(self, ollama: bool = False) -> JSONResponse:
         """The error as OpenAI sends it, or as ollama's API does: ``{"error": "message"}``."""
         body = self.message if ollama else self.body()
