@@ -1,7 +1,7 @@
 """The README's commands stay honest: each ``ead ...`` line in the code blocks of the README and the docs/
 pages names a real subcommand and only options that subcommand's ``--help`` lists (read from the real
 CLI); every relative link of the README and the docs/ pages names a file that exists, and its anchor a
-heading there."""
+heading there; every repository file they name in code (a script, a test, a result) exists."""
 
 from __future__ import annotations
 
@@ -184,4 +184,45 @@ def test_the_link_check_catches_what_does_not_resolve(tmp_path: Path) -> None:
         f"{page}: gone.md: no such file",
         f"{page}: other.md#nowhere: no such heading",
         f"{page}: #missing: no such heading",
+    ]
+
+
+REPO_PATH = re.compile(r"`((?:ead_cli|tests|scripts|docs)/[\w./*-]+)(?:::(\w+))?`")
+
+
+def missing_paths(page: Path) -> list[str]:
+    """Each repository file a page names in code (``scripts/soak.py``, ``docs/results/x/*.json``, a test
+    as ``tests/test_x.py::test_y``), outside fenced blocks, that is not there: a glob must match one."""
+    problems = []
+    shown = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name
+    for path, test in REPO_PATH.findall(FENCED.sub("", page.read_text())):
+        found = sorted(ROOT.glob(path.rstrip("/")))
+        if not found:
+            problems.append(f"{shown}: {path}: no such file")
+        elif test and not re.search(rf"^(async )?def {test}\(", found[0].read_text(), re.M):
+            problems.append(f"{shown}: {path}::{test}: no such test")
+    return problems
+
+
+def test_every_file_a_page_names_exists() -> None:
+    """The scripts, tests and results the README and the docs name in code exist, each test named by
+    ``::`` too: a page had cited a test under a name and file it never had."""
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    assert sum(len(REPO_PATH.findall(page.read_text())) for page in pages) >= 50
+    assert [problem for page in pages for problem in missing_paths(page)] == []
+
+
+def test_the_path_check_catches_what_is_not_there(tmp_path: Path) -> None:
+    """The check must be able to fail: a missing script, a glob matching nothing, a test renamed."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`scripts/soak.py`, `docs/results/lookup/*.json`, "
+        "`tests/test_readme.py::test_readme_has_commands_to_check`\n"
+        "`scripts/gone.py`, `docs/results/lookup/*.nothing`, `tests/test_readme.py::test_gone`\n"
+        "```text\n`scripts/in_a_block.py`\n```\n"
+    )
+    assert missing_paths(page) == [
+        "page.md: scripts/gone.py: no such file",
+        "page.md: docs/results/lookup/*.nothing: no such file",
+        "page.md: tests/test_readme.py::test_gone: no such test",
     ]
