@@ -28,7 +28,7 @@ INDENTED_BLOCK = re.compile(r"^[ \t]*\n((?:^ {4}.*\n|^[ \t]*\n(?= {4}))+)", re.M
 INLINE_CODE = re.compile(r"`[^`]*`")
 HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
 LINK = re.compile(r"\]\(([^()\s]+)\)")
-OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+OPTION = re.compile(r"(?<![\w-])--?[a-zA-Z][a-zA-Z0-9-]*")  # --ctx, and llama.cpp's -c, -ngl, -sys
 SHELL_BREAK = {"|", "||", "&&", ";", ">", "<", "2>"}
 
 
@@ -89,7 +89,7 @@ def problems(argv: list[str]) -> list[str]:
     return [
         f"'ead {' '.join(path)}' has no option {option}"
         for word in words
-        if word.startswith("--")
+        if OPTION.fullmatch(word.partition("=")[0])
         for option in [word.partition("=")[0]]
         if option not in known
     ]
@@ -123,6 +123,12 @@ def test_the_check_catches_what_does_not_exist() -> None:
         "'ead models list' has no option --strategies"
     ]
     assert problems(["bench", "humaneval", "--split=odd", "--tau", "0.5"]) == []
+    # llama.cpp's short spellings are checked too; a value that starts with a dash is none
+    assert problems(["generate", "-c", "8192", "-ngl", "1", "-x", "1", "-sys", "s"]) == [
+        "'ead generate' has no option -x"
+    ]
+    assert problems(["models", "list", "-c", "1"]) == ["'ead models list' has no option -c"]
+    assert problems(["generate", "--seed", "-1", "-"]) == []
     assert shown_commands("```bash\n$ ead generate --x 1 | jq . # note\nead chat \\\n  --tau 1\n```\n") == [
         ["generate", "--x", "1"],
         ["chat", "--tau", "1"],
