@@ -249,12 +249,11 @@ def _refuse_user_model(ref: str, ead_does: str, ollama_command: str, ollama_does
         raise EadError(f"{quoted(ref)} is a server's address, not an alias: {ead_does}", 2)
     if ref.startswith(OLLAMA_PREFIX):
         name = ref.removeprefix(OLLAMA_PREFIX)
-        raise EadError(
-            f"'{ref}' is ollama's model, not ead's: {ead_does} "
-            f"(ollama {ollama_command} {name} {ollama_does} it)"
-        )
+        whole = quoted(name) == repr(name)  # a name cut in the echo is not spelt out in the command either
+        command = f" (ollama {ollama_command} {name} {ollama_does} it)" if whole else ""
+        raise EadError(f"{quoted(ref)} is ollama's model, not ead's: {ead_does}{command}")
     if ref.startswith(LMSTUDIO_PREFIX) or _is_path(ref):
-        raise EadError(f"'{ref}' is a file of yours, not ead's: {ead_does}")
+        raise EadError(f"{quoted(ref)} is a file of yours, not ead's: {ead_does}")
 
 
 def _refuse_hub_repo(ref: str, catalog: Catalog) -> None:

@@ -563,3 +563,14 @@ def test_models_pull_of_a_model_that_is_no_alias_says_what_it_is(
         assert "unknown model alias" not in line
     line = assert_one_line_error(ead("models", "pull", "ollama:qwen2.5-coder:0.5b", env=env), 1)
     assert line.endswith("(ollama pull qwen2.5-coder:0.5b fetches it)")
+
+
+def test_models_pull_and_rm_echo_a_long_reference_cut(env: dict[str, str]) -> None:
+    """A 100 kB ollama name, LM Studio name or path given to pull or rm had been echoed whole (twice for
+    ollama's, in the pull it suggested), where every other refusal cuts a bad value (errors.quoted)."""
+    junk = "x" * 100_000
+    for command in ("pull", "rm"):
+        for ref in (f"ollama:{junk}", f"lmstudio:{junk}", f"./{junk}.gguf"):
+            line = assert_one_line_error(ead("models", command, ref, env=env), 1)
+            assert line.startswith(f"error: {quoted(ref)} is ")
+            assert len(line) < 300
