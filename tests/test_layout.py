@@ -97,6 +97,23 @@ def test_every_module_has_its_line() -> None:
     assert missing == []
 
 
+def gone_modules(design: str) -> list[str]:
+    """Each module the map names (``serve/app.py``, ``__init__.py``) that ``ead_cli/`` does not hold (a
+    test's file, ``tests/test_layout.py``, named from the repository's root)."""
+    named = re.findall(r"`([\w/]+\.py)`", design)
+    return [name for name in named if not (PACKAGE / name).is_file() and not (ROOT / name).is_file()]
+
+
+def test_no_module_the_map_names_is_gone() -> None:
+    """The other way round: a module removed or renamed leaves no line behind it."""
+    assert len(re.findall(r"`([\w/]+\.py)`", DESIGN)) >= len(MODULES)
+    assert gone_modules(DESIGN) == []
+
+
+def test_the_check_catches_a_module_that_is_gone() -> None:
+    assert gone_modules(DESIGN + "\n- `serve/gone.py`: a module since removed.\n") == ["serve/gone.py"]
+
+
 def test_the_design_cites_no_file_outside_the_repository() -> None:
     assert "../" not in DESIGN
 
