@@ -174,20 +174,21 @@ def check_special_tokens_fit(text: str, specials: re.Pattern[str] | None, n_ctx:
     special = nth_special_token(text, specials, n_ctx)
     if special is not None:
         raise EadError(
-            f"the prompt holds {n_ctx} or more special tokens (such as {special!r}) and does not "
+            f"the prompt holds {n_ctx} or more special tokens (such as {special.group()!r}) and does not "
             f"fit the context of {n_ctx} tokens",
             exit_code=2,
         )
 
 
-def nth_special_token(text: str, specials: re.Pattern[str] | None, n: int) -> str | None:
-    """The text of the ``n``-th special token in ``text``, found without tokenizing it (None if it holds
-    fewer): a bound on them is checked before llama.cpp's tokenizer spends time quadratic in their number."""
+def nth_special_token(text: str, specials: re.Pattern[str] | None, n: int) -> re.Match[str] | None:
+    """The ``n``-th special token's text in ``text`` and where it is, found without tokenizing it (None if
+    it holds fewer): a bound on them is checked before llama.cpp's tokenizer spends time quadratic in
+    their number, or the text cut there."""
     if specials is None:
         return None
     for count, special in enumerate(specials.finditer(text), 1):
         if count >= n:
-            return special.group()
+            return special
     return None
 
 

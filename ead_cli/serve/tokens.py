@@ -55,7 +55,8 @@ def tokenize(runner: Runner, specials: re.Pattern[str] | None, data: bytes) -> R
         special = nth_special_token(body.content, specials, MAX_SPECIAL_TOKENS + 1)
         if special is not None:
             message = (
-                f"content: it holds more than {MAX_SPECIAL_TOKENS} special tokens (such as {special!r}): "
+                f"content: it holds more than {MAX_SPECIAL_TOKENS} special tokens "
+                f"(such as {special.group()!r}): "
                 'send "parse_special": false to read their texts as text'
             )
             raise ApiError(400, message, code="invalid_value", param="content")
