@@ -13,16 +13,29 @@ tokens, and the mean is taken here: the same vector, with logits for 128 rows at
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import llama_cpp
 import numpy as np
 
 from .errors import EadError, shown_path
 from .prompt import check_text, context_advice, nth_special_token, special_token_pattern
+from .remote import RemoteRunner
 from .runner import Runner
 from .signals import main_thread_signals
 
 POOLING = "mean"  # Qwen2.5's GGUFs name no pooling of their own; llama-server's --pooling mean
 EMBED_BATCH = 128  # tokens read at a time: llama.cpp holds n_vocab logits for each (78 MB for Qwen2.5)
+
+
+class InputTooLong(EadError):
+    """An input past the embedding context (OpenAI's ``context_length_exceeded``)."""
+
+
+def model_to_embed(runners: Sequence[Runner | RemoteRunner]) -> Runner:
+    """The largest local model of a run (runners come smallest first): the one that answers in ead serve's
+    default mode, whose reading of a text is the most refined; the smallest is always local."""
+    return [runner for runner in runners if isinstance(runner, Runner)][-1]
 
 
 class Embedder:
@@ -57,26 +70,29 @@ class Embedder:
             self._batch.seq_id[i][0] = 0
             self._batch.logits[i] = True
 
-    def tokens(self, text: str, *, truncate: bool = False) -> list[int]:
+    def tokens(self, text: str, *, truncate: bool = False, what: str = "the input") -> list[int]:
         """The text's tokens as llama-server reads an input to embed (special tokens' texts as those
         tokens, a BOS where the vocabulary wants one). One longer than the context is refused, or with
         ``truncate`` cut to its first ``n_ctx`` tokens, as ollama cuts it; a text with more special
         tokens' texts than that is refused or cut before it is tokenized (llama.cpp's tokenizer takes
-        time quadratic in their number)."""
-        check_text(text, "the input")
+        time quadratic in their number). ``what`` names the input in a refusal."""
+        check_text(text, what)
         past = nth_special_token(text, self._specials, self.n_ctx + 1)
         if past is not None:
             if not truncate:
-                raise EadError(
-                    f"the input holds more than {self.n_ctx} special tokens (such as {past.group()!r}): "
+                raise InputTooLong(
+                    f"{what} holds more than {self.n_ctx} special tokens (such as {past.group()!r}): "
                     f"{self._too_long()}"
                 )
             text = text[: past.start()]  # a special token is a token of its own: the ones before it stay
-        ids = self.runner.tokenize(text, add_special=True)
+        return self.fitting(self.runner.tokenize(text, add_special=True), truncate=truncate, what=what)
+
+    def fitting(self, ids: list[int], *, truncate: bool = False, what: str = "the input") -> list[int]:
+        """An input's token ids, refused where there are none, and past the context refused or cut."""
         if not ids:
-            raise EadError("the input is empty")
+            raise EadError(f"{what} is empty")
         if len(ids) > self.n_ctx and not truncate:
-            raise EadError(f"the input is {len(ids)} tokens: {self._too_long()}")
+            raise InputTooLong(f"{what} is {len(ids)} tokens: {self._too_long()}")
         return ids[: self.n_ctx]
 
     def _too_long(self) -> str:
@@ -122,6 +138,7 @@ def normalized(vector: np.ndarray, norm: int = 2) -> np.ndarray:
         size = 1.0
     elif norm == 0:
         size = float(np.abs(values).max(initial=0.0)) / 32760.0
-    else:
-        size = float(np.sum(np.abs(values) ** norm) ** (1.0 / norm))
+    else:  # scaled by the largest first, so that no power overflows
+        largest = float(np.abs(values).max(initial=0.0))
+        size = largest * float(np.sum((np.abs(values) / largest) ** norm) ** (1.0 / norm)) if largest else 0.0
     return (values * (1.0 / size if size > 0 else 0.0)).astype(np.float32)

@@ -221,6 +221,15 @@ def serve(
             help="Serve GET /metrics: Prometheus's text format, llama-server's names and ead's (off: 501).",
         ),
     ] = False,
+    embeddings: Annotated[
+        bool,
+        typer.Option(
+            "--embeddings",
+            "--embedding",
+            help="Serve embeddings (/v1/embeddings, /embedding, /api/embed...): the largest local model, "
+            "mean-pooled (off: 501).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
@@ -242,6 +251,7 @@ def serve(
         shutdown_timeout,
         read_timeout,
         metrics,
+        embeddings,
     )
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)

@@ -1,7 +1,8 @@
 """``ead serve``: the loaded models behind an OpenAI-compatible HTTP API, and a page that shows them.
 
 Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``,
-llama-server's ``/tokenize``, ``/detokenize`` and ``/metrics`` (``tokens.py``, ``metrics.py``), on FastAPI
+llama-server's ``/tokenize``, ``/detokenize`` and ``/metrics`` (``tokens.py``, ``metrics.py``), embeddings
+with ``--embeddings`` (OpenAI's, llama-server's and ollama's routes; ``embedding.py``), on FastAPI
 and uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
 over the runners loaded once, on one engine thread (``engine.py``). A request is checked before it queues
 (a bad one never waits): its JSON (``schemas.py``), its ``ead`` options (by the rules of the command
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import uvicorn
 from sse_starlette.sse import AppStatus
 
+from ..embedding import Embedder, model_to_embed
 from ..errors import EadError, quoted
 from ..options import check_api_key
 from ..runner import Runner
@@ -57,6 +59,7 @@ class ServeOptions:
     shutdown_timeout: float = 30.0  # seconds a stop waits for open requests before it cuts them off
     read_timeout: float = 30.0  # seconds a request's head may take to come whole, its body between parts
     metrics: bool = False  # GET /metrics answers (else a 501, as llama-server's without --metrics)
+    embeddings: bool = False  # the embedding routes answer (else a 501, as llama-server's without it)
 
     def __post_init__(self) -> None:
         if not self.host.strip():  # '' had listened on every interface, its warning naming no address
@@ -138,7 +141,8 @@ def serve(
     say: Callable[[str], None],
 ) -> None:
     """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
-    engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse)
+    embedder = Embedder(model_to_embed(runners)) if options.embeddings else None
+    engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse, embedder=embedder)
     api = create_app(engine, defaults, options, say)
     add_ollama_routes(api, engine, options.any_model)
     app = Guard(api, options, MAX_BODY_BYTES, say, stopping=engine.stopping.is_set)

@@ -39,8 +39,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
+from ..embedding import Embedder, InputTooLong, normalized
 from ..engine import build_decoder
-from ..errors import EadError, cut, quoted
+from ..errors import EadError, counted, cut, quoted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import (
     check_fits,
@@ -60,6 +61,7 @@ from .schemas import (
     CompletionBase,
     CompletionRequest,
     EadOptions,
+    EmbeddingRequest,
     loggable,
     parse,
     unsupported,
@@ -74,6 +76,8 @@ from .tools import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..runner import Runner
     from . import ServeOptions
 
@@ -119,6 +123,9 @@ class Requests:
     submit: Callable[[Job], Ticket]
     served_model: Callable[[], dict[str, Any]]  # the one model, as /v1/models lists it
     log: Log
+    prepared: Callable[[Callable[[bytes], Any], bytes], Awaitable[Any]]  # a step on a preparing thread
+    embedder: Callable[[], Embedder]  # the server's, or a 501 (ead serve without --embeddings)
+    embedded: Callable[[list[list[int]]], Awaitable[list[np.ndarray]]]  # on the embedding thread (503)
 
 
 class Guard:
@@ -807,6 +814,57 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         exposition = engine.metrics.exposition(processing=engine.pending - waiting, deferred=waiting)
         return Response(exposition, media_type=CONTENT_TYPE)
 
+    # Embeddings (ead serve --embeddings; serve/ollama.py has ollama's): OpenAI's, and llama-server's own
+    # shape on its routes, each vector the mean of the tokens' (embedding.py), normalised as llama-server's.
+
+    def embedder() -> Embedder:
+        if engine.embedder is None:  # as llama-server answers without --embeddings
+            message = "embeddings are off: start ead serve with --embeddings"
+            raise ApiError(501, message, kind="not_supported_error")
+        return engine.embedder
+
+    @app.post("/v1/embeddings", dependencies=[Depends(authorized)])
+    async def embeddings(request: Request) -> dict[str, Any]:
+        body, tokens, vectors = await _embeddings_of(request)
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encoded(vector, body)}
+            for i, vector in enumerate(vectors)
+        ]
+        read = sum(map(len, tokens))
+        usage = {"prompt_tokens": read, "total_tokens": read}
+        return {"object": "list", "data": data, "model": body.model or MODEL_ID, "usage": usage}
+
+    @app.post("/embeddings", dependencies=[Depends(authorized)])
+    @app.post("/embedding", dependencies=[Depends(authorized)])  # llama-server's older name: listed first
+    async def llama_server_embeddings(request: Request) -> list[dict[str, Any]]:
+        """llama-server's own shape: a list of ``{"index", "embedding": [vector]}`` (a list of one vector:
+        a pooled model's; an unpooled one's lists every token's)."""
+        body, _, vectors = await _embeddings_of(request)
+        return [
+            {"index": i, "embedding": [normalized(vector, body.embd_normalize).tolist()]}
+            for i, vector in enumerate(vectors)
+        ]
+
+    async def _embeddings_of(request: Request) -> tuple[EmbeddingRequest, list[list[int]], list[np.ndarray]]:
+        embedder()
+        body, tokens = await prepared(_prepare_embeddings, await _json_body(request))
+        began = time.perf_counter()
+        vectors = await embedded(tokens)
+        log_embedded(log, request.url.path, tokens, time.perf_counter() - began)
+        return body, tokens, vectors
+
+    def _prepare_embeddings(data: bytes) -> tuple[EmbeddingRequest, list[list[int]]]:
+        body = parse(EmbeddingRequest, data)
+        _check_model(body.model)
+        body.check_dimensions(embedder().n_embd)
+        return body, input_tokens(embedder(), body.inputs(), truncate=False)
+
+    async def embedded(tokens: list[list[int]]) -> list[np.ndarray]:
+        try:
+            return await engine.embedded(tokens)
+        except QueueFull as full:
+            raise _busy(full) from None
+
     # On the preparing threads: parse, check, render, tokenize.
 
     def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
@@ -837,13 +895,16 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _accepted(schema: type[Body], data: bytes) -> Body:
         body = parse(schema, data)
         body.check_supported()
-        if body.model not in (None, "", MODEL_ID) and not options.any_model:
+        _check_model(body.model)
+        return body
+
+    def _check_model(name: str | None) -> None:
+        if name not in (None, "", MODEL_ID) and not options.any_model:
             message = (
-                f"the model {quoted(body.model)} is not served here: this server serves {MODEL_ID!r} "
+                f"the model {quoted(name)} is not served here: this server serves {MODEL_ID!r} "
                 "(ead serve --any-model answers any name)"
             )
             raise ApiError(404, message, code="model_not_found", param="model")
-        return body
 
     def _job(body: CompletionBase, given: str | list[int], prefill: str | None = None) -> Job:
         """The request's work: its prompt (rendered text, or token ids as given, ending with the
@@ -872,13 +933,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         try:
             engine.submit(job, ticket)
         except QueueFull as full:
-            raise ApiError(
-                503,
-                str(full),
-                kind="server_error",
-                code="queue_full",
-                headers={"Retry-After": str(full.retry_after)},
-            ) from None
+            raise _busy(full) from None
         return ticket
 
     async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
@@ -979,8 +1034,51 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         submit=_submitted,
         served_model=served_model,
         log=log,
+        prepared=prepared,
+        embedder=embedder,
+        embedded=embedded,
     )
     return app
+
+
+def _busy(full: QueueFull) -> ApiError:
+    """A full queue's 503, with when to try again."""
+    headers = {"Retry-After": str(full.retry_after)}
+    return ApiError(503, str(full), kind="server_error", code="queue_full", headers=headers)
+
+
+def input_tokens(
+    embedder: Embedder, inputs: list[tuple[str, str | list[int]]], *, truncate: bool
+) -> list[list[int]]:
+    """Each input's tokens to embed (``inputs``: where the request gives it, and a text or token ids), or a
+    400 naming the first at fault; ``truncate``: one past the context cut (ollama's), else refused."""
+
+    def read(where: str, given: str | list[int]) -> list[int]:
+        try:
+            if isinstance(given, str):
+                return embedder.tokens(given, truncate=truncate, what=where)
+            ids = known_tokens(given, embedder.runner.n_vocab, where)
+            return embedder.fitting(ids, truncate=truncate, what=where)
+        except EadError as error:
+            code = "context_length_exceeded" if isinstance(error, InputTooLong) else "invalid_value"
+            raise ApiError(400, str(error), code=code, param=where) from None
+
+    return [read(where, given) for where, given in inputs]
+
+
+def _encoded(vector: np.ndarray, body: EmbeddingRequest) -> list[float] | str:
+    """A vector normalised as asked (L2 by default) and written as asked: numbers, or OpenAI's base64 of
+    its little-endian float32 bytes (what the openai client asks for and decodes)."""
+    vector = normalized(vector, body.embd_normalize)
+    if body.encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+def log_embedded(log: Log, path: str, tokens: list[list[int]], seconds: float) -> None:
+    """The one log line of an answered embedding request."""
+    read = sum(map(len, tokens))
+    log(f"POST {path} 200: {counted(len(tokens), 'embedding')} of {read} tokens, {seconds:.2f} s")
 
 
 def _request_seed(asked: int | None, served: int | None) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..decoder import Decoder, Summary, TokenEvent
+from ..embedding import Embedder
 from ..engine import build_decoder
 from ..errors import EadError
 from ..options import GenerationOptions, PolicyOptions
@@ -137,12 +138,25 @@ class Engine:
     differ from a fresh run's; ``reuse=False`` reads every prompt whole, as ``ead generate`` does.
     """
 
-    def __init__(self, runners: Sequence[Runner], *, queue: int, log: Log, reuse: bool = True) -> None:
+    def __init__(
+        self,
+        runners: Sequence[Runner],
+        *,
+        queue: int,
+        log: Log,
+        reuse: bool = True,
+        embedder: Embedder | None = None,
+    ) -> None:
         self.runners = tuple(runners)
         self.queue = queue
         self.log = log
         self.reuse = reuse
         self._executor = ThreadPoolExecutor(1, "ead-engine", initializer=_hold_signals)
+        # ead serve --embeddings: a context of its own over a model's weights, on a thread of its own, so
+        # an embedding neither waits for a generation nor touches its cache (one embedding at a time).
+        self.embedder = embedder
+        self._embedding = ThreadPoolExecutor(1, "ead-embed", initializer=_hold_signals)
+        self._embeddings_pending = 0
         # The app's threads that prepare requests (tokenize, parse a grammar): they read the models too.
         self.preparing = ThreadPoolExecutor(PREPARE_THREADS, "ead-prepare")
         self._lock = threading.Lock()
@@ -232,6 +246,22 @@ class Engine:
             self.log(f"stopped after {summary.generated} tokens: {self._why_cut_off()}")
         return failure or Finished(summary)
 
+    async def embedded(self, inputs: list[list[int]]) -> list[np.ndarray]:
+        """Each input's embedding (unnormalised), one request after another on the embedding thread;
+        past ``queue`` requests waiting, ``QueueFull``. Only where there is an embedder."""
+        assert self.embedder is not None
+        embed = self.embedder.embed
+        with self._lock:
+            if self._embeddings_pending > self.queue:
+                raise QueueFull(1)
+            self._embeddings_pending += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._embedding, lambda: list(map(embed, inputs)))
+        finally:
+            with self._lock:
+                self._embeddings_pending -= 1
+
     def _why_cut_off(self, client: str = "the client") -> str:
         stopping = self.stopping.is_set() or self._stopped.is_set()
         return "the server is stopping" if stopping else f"{client} went away"
@@ -244,3 +274,6 @@ class Engine:
         self._stopped.set()
         self.preparing.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._embedding.shutdown(wait=True, cancel_futures=True)
+        if self.embedder is not None:
+            self.embedder.close()

@@ -19,10 +19,22 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..decoder import Summary
+from ..embedding import normalized
 from ..errors import quoted
-from .app import MODEL_ID, NDJSON, Requests, collected, error_of, log_answered, token_fields
+from .app import (
+    MODEL_ID,
+    NDJSON,
+    Requests,
+    collected,
+    error_of,
+    input_tokens,
+    log_answered,
+    log_embedded,
+    token_fields,
+)
 from .engine import Engine, Failed, Log, Ticket, Token
 from .schemas import (
+    MAX_EMBEDDING_INPUTS,
     MAX_STOP_CHARS,
     MAX_STOPS,
     UNSUPPORTED,
@@ -32,6 +44,7 @@ from .schemas import (
     MinP,
     Positive,
     TopK,
+    listed_inputs,
     parse,
 )
 from .tools import ToolCall, ToolCallReader, split_answer, template_takes_tools
@@ -63,14 +76,18 @@ class OllamaOptions(BaseModel):
         Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)] | None
     ) = None
 
-    def openai_fields(self, n_ctx: int) -> dict[str, Any]:
-        """These options as an OpenAI request's fields."""
+    def check_context(self, n_ctx: int) -> None:
+        """A 400 for a ``num_ctx`` past the context served, ``n_ctx`` tokens."""
         if self.num_ctx is not None and self.num_ctx > n_ctx:
             message = (
                 f"options.num_ctx {self.num_ctx} is past the context served, {n_ctx} tokens "
                 "(ead serve --ctx sets it)"
             )
             raise ApiError(400, message, param="options.num_ctx")
+
+    def openai_fields(self, n_ctx: int) -> dict[str, Any]:
+        """These options as an OpenAI request's fields."""
+        self.check_context(n_ctx)
         fields = self.model_dump(exclude_none=True, exclude={"num_predict", "num_ctx"})
         fields = {name: value for name, value in fields.items() if name not in (self.model_extra or {})}
         fields |= {name: value for name, value in (self.model_extra or {}).items() if name in UNSUPPORTED}
@@ -105,6 +122,31 @@ class _OllamaRequest(BaseModel):
         if self.ead is not None:
             fields["ead"] = self.ead
         return fields
+
+
+class OllamaEmbed(BaseModel):
+    """``/api/embed``: ``input`` a text or a list (none, or an empty text: a load request), ``truncate``
+    (default true: an input past the context is cut to it), ``dimensions`` (each vector cut to its
+    first N and normalised again, as ollama cuts a vector: 0, or N past the model's, leaves it whole)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    model: Annotated[str, Field(max_length=256)]
+    input: str | Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS)] | None = None
+    truncate: bool | None = None
+    dimensions: Annotated[int, Field(ge=0)] | None = None
+    options: OllamaOptions | None = None  # checked; num_ctx past the served context a 400
+
+
+class OllamaEmbeddings(BaseModel):
+    """``/api/embeddings``, ollama's older route: one ``prompt`` (none or empty: a load request), its
+    vector unnormalised, never cut (one past the context a 400)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    model: Annotated[str, Field(max_length=256)]
+    prompt: str | None = None
+    options: OllamaOptions | None = None
 
 
 class OllamaFunction(BaseModel):
@@ -455,6 +497,53 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
     async def generate(request: Request) -> Any:
         asked = parse(OllamaGenerate, await requests.json_body(request))
         return await _answered(request, asked)
+
+    @app.post("/api/embed", dependencies=keyed)
+    async def embed(request: Request) -> dict[str, Any]:
+        requests.embedder()  # a 501 before the body is read, without --embeddings
+        started = time.monotonic_ns()
+        asked, tokens = await requests.prepared(_prepare_embed, await requests.json_body(request))
+        vectors = await _embedded(request, tokens)
+        cut = asked.dimensions or None  # 0: the whole vector, as ollama's zero value says
+        return {
+            "model": asked.model,
+            "embeddings": [normalized(vector[:cut]).tolist() for vector in vectors],
+            "total_duration": time.monotonic_ns() - started,
+            "load_duration": 0,
+            "prompt_eval_count": sum(map(len, tokens)),
+        }
+
+    @app.post("/api/embeddings", dependencies=keyed)
+    async def embeddings(request: Request) -> dict[str, Any]:
+        requests.embedder()
+        tokens = await requests.prepared(_prepare_embeddings, await requests.json_body(request))
+        vectors = await _embedded(request, tokens)
+        return {"embedding": vectors[0].tolist() if vectors else []}
+
+    def _prepare_embed(data: bytes) -> tuple[OllamaEmbed, list[list[int]]]:
+        asked = parse(OllamaEmbed, data)
+        _served_name(asked.model, any_model)
+        embedder = requests.embedder()
+        (asked.options or OllamaOptions()).check_context(embedder.n_ctx)
+        inputs = listed_inputs("input", asked.input) if asked.input not in (None, "") else []
+        return asked, input_tokens(embedder, inputs, truncate=asked.truncate is not False)
+
+    def _prepare_embeddings(data: bytes) -> list[list[int]]:
+        asked = parse(OllamaEmbeddings, data)
+        _served_name(asked.model, any_model)
+        embedder = requests.embedder()
+        (asked.options or OllamaOptions()).check_context(embedder.n_ctx)
+        inputs = [("prompt", asked.prompt)] if asked.prompt else []
+        return input_tokens(embedder, inputs, truncate=False)
+
+    async def _embedded(request: Request, tokens: list[list[int]]) -> list[Any]:
+        """The inputs' vectors, one log line said; none asked, ollama's load request: none, no line."""
+        if not tokens:
+            return []
+        began = time.perf_counter()
+        vectors = await requests.embedded(tokens)
+        log_embedded(requests.log, request.url.path, tokens, time.perf_counter() - began)
+        return vectors
 
     async def _answered(request: Request, asked: OllamaChat | OllamaGenerate) -> Any:
         _served_name(asked.model, any_model)

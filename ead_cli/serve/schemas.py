@@ -806,6 +806,52 @@ class CompletionRequest(CompletionBase):
         return prompt[0] if isinstance(prompt[0], list) else prompt  # type: ignore[return-value]
 
 
+MAX_EMBEDDING_INPUTS = 2048  # inputs one embedding request may give (OpenAI's bound)
+# An input to embed: a text, or token ids (OpenAI's and llama-server's); several, a list of them.
+EmbeddingInput = str | TokenIds
+EmbeddingInputs = (
+    EmbeddingInput | Annotated[list[EmbeddingInput], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+)
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's ``/v1/embeddings`` and llama-server's ``/embedding`` and ``/embeddings``: ``input`` (or
+    llama-server's ``content``), ``encoding_format`` (OpenAI's ``base64``: the float32 bytes),
+    ``dimensions`` (the model's own count alone) and llama-server's ``embd_normalize``. Other fields are
+    ignored (``user``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: Annotated[str, Field(max_length=256)] | None = None
+    input: EmbeddingInputs | None = None
+    content: EmbeddingInputs | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Positive | None = None
+    embd_normalize: Annotated[int, Field(ge=-1, le=MAX_COUNT)] = 2  # llama.cpp's norms (embedding.py)
+
+    def inputs(self) -> list[tuple[str, str | list[int]]]:
+        """Each input, with where the request gives it (``input``, or ``input.N`` in a list; ``input`` is
+        read first, as llama-server reads it)."""
+        field, given = ("input", self.input) if self.input is not None else ("content", self.content)
+        if given is None:
+            raise ApiError(400, "input: Field required (or llama-server's content)", param="input")
+        return listed_inputs(field, given)
+
+    def check_dimensions(self, n_embd: int) -> None:
+        """A 400 for ``dimensions`` other than the model's own: its vectors cannot be shortened (a
+        Matryoshka-trained model's could), as OpenAI refuses them of its older models."""
+        if self.dimensions not in (None, n_embd):
+            message = f"dimensions: the model's embeddings have {n_embd} dimensions, and it takes no other"
+            raise ApiError(400, message, param="dimensions", code="unsupported_parameter")
+
+
+def listed_inputs(field: str, given: Any) -> list[tuple[str, str | list[int]]]:
+    """Inputs to embed, one or a list, each with where the request gives it: ``field``, or ``field.N``."""
+    if isinstance(given, str) or (given and isinstance(given[0], int)):
+        return [(field, given)]
+    return [(f"{field}.{i}", one) for i, one in enumerate(given)]
+
+
 def loggable(text: str) -> str:
     """A client's text (a path, a header, a value in an error) as a log line or an error shows it: control
     characters escaped (an escape sequence would drive a terminal, a newline or backspace forge a line)."""
