@@ -125,7 +125,8 @@ class Requests:
     log: Log
     prepared: Callable[[Callable[[bytes], Any], bytes], Awaitable[Any]]  # a step on a preparing thread
     embedder: Callable[[], Embedder]  # the server's, or a 501 (ead serve without --embeddings)
-    embedded: Callable[[list[list[int]]], Awaitable[list[np.ndarray]]]  # on the embedding thread (503)
+    # the inputs' vectors, on the embedding thread (a 503 past its queue), the request's log line said
+    embedded: Callable[[str, list[list[int]]], Awaitable[list[np.ndarray]]]
 
 
 class Guard:
@@ -846,12 +847,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         ]
 
     async def _embeddings_of(request: Request) -> tuple[EmbeddingRequest, list[list[int]], list[np.ndarray]]:
-        embedder()
+        embedder()  # a 501 before the body is read, without --embeddings
         body, tokens = await prepared(_prepare_embeddings, await _json_body(request))
-        began = time.perf_counter()
-        vectors = await embedded(tokens)
-        log_embedded(log, request.url.path, tokens, time.perf_counter() - began)
-        return body, tokens, vectors
+        return body, tokens, await embedded(request.url.path, tokens)
 
     def _prepare_embeddings(data: bytes) -> tuple[EmbeddingRequest, list[list[int]]]:
         body = parse(EmbeddingRequest, data)
@@ -859,11 +857,20 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         body.check_dimensions(embedder().n_embd)
         return body, input_tokens(embedder(), body.inputs(), truncate=False)
 
-    async def embedded(tokens: list[list[int]]) -> list[np.ndarray]:
+    async def embedded(path: str, tokens: list[list[int]]) -> list[np.ndarray]:
+        """The inputs' vectors (unnormalised), the request's log line said; none for no input (ollama's
+        load request: no line)."""
+        if not tokens:
+            return []
+        began = time.perf_counter()
         try:
-            return await engine.embedded(tokens)
+            vectors = await engine.embedded(tokens)
         except QueueFull as full:
             raise _busy(full) from None
+        read = sum(map(len, tokens))
+        seconds = time.perf_counter() - began
+        log(f"POST {path} 200: {counted(len(tokens), 'embedding')} of {read} tokens, {seconds:.2f} s")
+        return vectors
 
     # On the preparing threads: parse, check, render, tokenize.
 
@@ -1073,12 +1080,6 @@ def _encoded(vector: np.ndarray, body: EmbeddingRequest) -> list[float] | str:
     if body.encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
     return vector.tolist()
-
-
-def log_embedded(log: Log, path: str, tokens: list[list[int]], seconds: float) -> None:
-    """The one log line of an answered embedding request."""
-    read = sum(map(len, tokens))
-    log(f"POST {path} 200: {counted(len(tokens), 'embedding')} of {read} tokens, {seconds:.2f} s")
 
 
 def _request_seed(asked: int | None, served: int | None) -> int:

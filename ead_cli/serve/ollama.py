@@ -12,14 +12,14 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..decoder import Summary
-from ..embedding import normalized
+from ..embedding import Embedder, normalized
 from ..errors import quoted
 from .app import (
     MODEL_ID,
@@ -29,7 +29,6 @@ from .app import (
     error_of,
     input_tokens,
     log_answered,
-    log_embedded,
     token_fields,
 )
 from .engine import Engine, Failed, Log, Ticket, Token
@@ -48,6 +47,9 @@ from .schemas import (
     parse,
 )
 from .tools import ToolCall, ToolCallReader, split_answer, template_takes_tools
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # The ollama release whose docs/api.md these shapes follow: clients read it to know what they may ask.
 OLLAMA_VERSION = "0.33.0"
@@ -124,29 +126,55 @@ class _OllamaRequest(BaseModel):
         return fields
 
 
-class OllamaEmbed(BaseModel):
+class _OllamaEmbedding(BaseModel):
+    """What /api/embed and /api/embeddings both take; ``options`` checked (``num_ctx`` past the served
+    context a 400), and otherwise ignored: they sample, and an embedding draws nothing."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    model: Annotated[str, Field(max_length=256)]
+    options: OllamaOptions | None = None
+
+    def inputs(self) -> list[tuple[str, str | list[int]]]:
+        """Each input with where the request gives it; none: ollama's load request."""
+        raise NotImplementedError
+
+    def truncates(self) -> bool:
+        return False
+
+    def tokens(self, embedder: Embedder) -> list[list[int]]:
+        """Each input's tokens, or a 400 naming the first at fault."""
+        (self.options or OllamaOptions()).check_context(embedder.n_ctx)
+        return input_tokens(embedder, self.inputs(), truncate=self.truncates())
+
+
+class OllamaEmbed(_OllamaEmbedding):
     """``/api/embed``: ``input`` a text or a list (none, or an empty text: a load request), ``truncate``
     (default true: an input past the context is cut to it), ``dimensions`` (each vector cut to its
     first N and normalised again, as ollama cuts a vector: 0, or N past the model's, leaves it whole)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-    model: Annotated[str, Field(max_length=256)]
     input: str | Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS)] | None = None
     truncate: bool | None = None
     dimensions: Annotated[int, Field(ge=0)] | None = None
-    options: OllamaOptions | None = None  # checked; num_ctx past the served context a 400
+
+    def inputs(self) -> list[tuple[str, str | list[int]]]:
+        return listed_inputs("input", self.input) if self.input not in (None, "") else []
+
+    def truncates(self) -> bool:
+        return self.truncate is not False
 
 
-class OllamaEmbeddings(BaseModel):
+class OllamaEmbeddings(_OllamaEmbedding):
     """``/api/embeddings``, ollama's older route: one ``prompt`` (none or empty: a load request), its
     vector unnormalised, never cut (one past the context a 400)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-    model: Annotated[str, Field(max_length=256)]
     prompt: str | None = None
-    options: OllamaOptions | None = None
+
+    def inputs(self) -> list[tuple[str, str | list[int]]]:
+        return [("prompt", self.prompt)] if self.prompt else []
+
+
+Asked = TypeVar("Asked", bound=_OllamaEmbedding)
 
 
 class OllamaFunction(BaseModel):
@@ -500,10 +528,8 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
 
     @app.post("/api/embed", dependencies=keyed)
     async def embed(request: Request) -> dict[str, Any]:
-        requests.embedder()  # a 501 before the body is read, without --embeddings
         started = time.monotonic_ns()
-        asked, tokens = await requests.prepared(_prepare_embed, await requests.json_body(request))
-        vectors = await _embedded(request, tokens)
+        asked, tokens, vectors = await _embedded(request, OllamaEmbed)
         cut = asked.dimensions or None  # 0: the whole vector, as ollama's zero value says
         return {
             "model": asked.model,
@@ -515,35 +541,22 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
 
     @app.post("/api/embeddings", dependencies=keyed)
     async def embeddings(request: Request) -> dict[str, Any]:
-        requests.embedder()
-        tokens = await requests.prepared(_prepare_embeddings, await requests.json_body(request))
-        vectors = await _embedded(request, tokens)
+        _, _, vectors = await _embedded(request, OllamaEmbeddings)
         return {"embedding": vectors[0].tolist() if vectors else []}
 
-    def _prepare_embed(data: bytes) -> tuple[OllamaEmbed, list[list[int]]]:
-        asked = parse(OllamaEmbed, data)
-        _served_name(asked.model, any_model)
-        embedder = requests.embedder()
-        (asked.options or OllamaOptions()).check_context(embedder.n_ctx)
-        inputs = listed_inputs("input", asked.input) if asked.input not in (None, "") else []
-        return asked, input_tokens(embedder, inputs, truncate=asked.truncate is not False)
+    async def _embedded(
+        request: Request, schema: type[Asked]
+    ) -> tuple[Asked, list[list[int]], list[np.ndarray]]:
+        """The request, its inputs' tokens (parsed and read on a preparing thread) and their vectors."""
+        requests.embedder()  # a 501 before the body is read, without --embeddings
 
-    def _prepare_embeddings(data: bytes) -> list[list[int]]:
-        asked = parse(OllamaEmbeddings, data)
-        _served_name(asked.model, any_model)
-        embedder = requests.embedder()
-        (asked.options or OllamaOptions()).check_context(embedder.n_ctx)
-        inputs = [("prompt", asked.prompt)] if asked.prompt else []
-        return input_tokens(embedder, inputs, truncate=False)
+        def prepare(data: bytes) -> tuple[Asked, list[list[int]]]:
+            asked = parse(schema, data)
+            _served_name(asked.model, any_model)
+            return asked, asked.tokens(requests.embedder())
 
-    async def _embedded(request: Request, tokens: list[list[int]]) -> list[Any]:
-        """The inputs' vectors, one log line said; none asked, ollama's load request: none, no line."""
-        if not tokens:
-            return []
-        began = time.perf_counter()
-        vectors = await requests.embedded(tokens)
-        log_embedded(requests.log, request.url.path, tokens, time.perf_counter() - began)
-        return vectors
+        asked, tokens = await requests.prepared(prepare, await requests.json_body(request))
+        return asked, tokens, await requests.embedded(request.url.path, tokens)
 
     async def _answered(request: Request, asked: OllamaChat | OllamaGenerate) -> Any:
         _served_name(asked.model, any_model)
