@@ -67,7 +67,7 @@ def test_the_openai_client_gets_the_large_models_normalised_mean(server: Server,
     floats = client.embeddings.create(model="ead", input=TEXTS, encoding_format="float")
     assert batch.model == "ead" and [item.index for item in batch.data] == [0, 1, 2]
     vectors = np.array([item.embedding for item in batch.data])
-    assert vectors.shape == (3, N_EMBD)
+    assert vectors.shape == (3, embedder.n_embd) == (3, N_EMBD)  # the model's width
     np.testing.assert_array_equal(vectors, [item.embedding for item in floats.data])
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-6)
     expected = [normalized(raw(embedder, text)) for text in TEXTS]
