@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import threading
 import time
@@ -120,6 +121,11 @@ def test_llama_servers_routes_in_its_shape_and_norms(server: Server, embedder: E
         np.testing.assert_allclose(answer["embedding"][0], normalized(vector, norm), rtol=1e-5, atol=1e-6)
     (unnormalised,) = post(server, "/embedding", {"content": TEXTS[0], "embd_normalize": -1}).json()
     np.testing.assert_allclose(unnormalised["embedding"][0], vector, atol=1e-6)
+    assert post(server, "/embeddings", {"input": TEXTS}).status_code == 200
+    tokens = sum(len(embedder.tokens(text)) for text in TEXTS)
+    assert re.fullmatch(
+        rf"POST /embeddings 200: 3 embeddings of {tokens} tokens, \d+\.\d\d s", server.log().splitlines()[-1]
+    )
 
 
 @pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
@@ -363,3 +369,42 @@ def test_without_embeddings_every_route_is_a_501_in_its_apis_shape(
             assert server.log().splitlines()[len(before) :] == [f"error: POST {path} 501: {OFF}"]
         answer = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI}, headers=keyed)
         assert answer.status_code == 200
+
+
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_with_the_large_model_on_a_llama_server_the_small_one_embeds(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The largest local model embeds: here the small one, the large being on a llama-server."""
+    with native.llama_server(tiny_pair[1], ["-c", "512", "-t", "1"], tmp_path / "peer.log") as peer:
+        args = ["--small", str(tiny_pair[0]), "--large", peer.url, "--threads", "1", "--embeddings"]
+        with serving(args, tmp_path / "server.log") as server:
+            vector = post(server, "/embedding", {"content": TEXTS[0], "embd_normalize": -1}).json()[0]
+    with Runner(tiny_pair[0], name="small", n_ctx=512, n_threads=1) as runner:
+        embedder = Embedder(runner)
+        try:
+            expected = raw(embedder, TEXTS[0])
+        finally:
+            embedder.close()
+    np.testing.assert_allclose(vector["embedding"][0], expected, atol=1e-6)
+
+
+@pytest.mark.real
+def test_the_demo_pairs_vectors_put_a_function_nearer_its_description(
+    real_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The demo pair's large model (Qwen2.5-Coder 1.5B), mean-pooled: 1536 numbers, and a function
+    nearer its description than a question about bread (the figures docs/serve.md gives)."""
+    texts = [
+        "def fib(n): return n if n < 2 else fib(n-1) + fib(n-2)",
+        "Fibonacci numbers, recursively",
+        "How do I bake bread?",
+    ]
+    with serving([*pair_args(real_pair), "--embeddings"], tmp_path / "server.log") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
+        vectors = np.array(
+            [item.embedding for item in client.embeddings.create(model="ead", input=texts).data]
+        )
+    assert vectors.shape == (3, 1536)
+    code_and_words, code_and_bread = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
+    assert code_and_words == pytest.approx(0.48, abs=0.01) and code_and_bread == pytest.approx(0.27, abs=0.01)
