@@ -144,7 +144,8 @@ def test_the_vectors_are_llama_servers_pooling_mean(
         theirs = httpx.post(f"{peer.url}/v1/embeddings", json={"input": texts}, timeout=60).json()["data"]
     ours = post(server, "/v1/embeddings", {"input": texts}).json()["data"]
     for mine, other in zip(ours, theirs, strict=True):
-        np.testing.assert_allclose(mine["embedding"], other["embedding"], atol=2e-4)
+        # 3e-8 apart for a short text, 2.5e-5 for one of 150 tokens: batches of 128 and one of 512
+        np.testing.assert_allclose(mine["embedding"], other["embedding"], atol=1e-4)
 
 
 def test_the_ollama_client_embed_and_embeddings(server: Server, embedder: Embedder) -> None:
