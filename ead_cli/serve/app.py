@@ -549,9 +549,7 @@ def error_answer(error: ApiError, path: str) -> JSONResponse:
 
 def _stream_end(error: ApiError, path: str) -> bytes:
     """The last of a stream that ``error`` cuts: ollama's error line on its API, else an error event."""
-    if path.startswith(OLLAMA_PATHS):
-        return error.ndjson_line().encode()
-    return f"data: {json.dumps({'error': error.body()})}\r\n\r\n".encode()
+    return error.ndjson_line().encode() if path.startswith(OLLAMA_PATHS) else error.sse_event()
 
 
 def _requested_path(head: bytes) -> str:
@@ -1336,7 +1334,7 @@ class _Reply:
     def _entry(self, token: int, logprob: float) -> dict[str, Any]:
         return {"token": self._text(token), "logprob": logprob, "bytes": list(self.piece(token))}
 
-    async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str]]:
+    async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
         """Server-sent events: a chunk per token with its model, then the finish with usage and figures
         (with ``usage_chunk``, the usage in a chunk of its own after it)."""
         ended = False
@@ -1351,7 +1349,7 @@ class _Reply:
                 if isinstance(message, Failed):
                     error = error_of(message)
                     self.log(f"error: POST {self.path}: {error.message}")
-                    yield {"data": json.dumps({"error": error.body()})}
+                    yield error.sse_event()
                     ended = True
                     return
                 self._done(message.summary)

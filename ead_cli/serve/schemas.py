@@ -20,6 +20,7 @@ from pydantic import (
     ValidationError,
     create_model,
 )
+from sse_starlette import ServerSentEvent
 
 from ..errors import ECHOED_CHARS, EadError, cut, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
@@ -884,6 +885,12 @@ class ApiError(Exception):
     def ndjson_line(self) -> str:
         """The error as ollama ends a stream it cannot finish: a line ``{"error": "message"}``."""
         return json.dumps({"error": self.message}, ensure_ascii=False) + "\n"
+
+    def sse_event(self) -> bytes:
+        """The error as a stream of server-sent events ends when it cannot finish (OpenAI's and
+        llama-server's): ``data: {"error": {...}}``, framed as sse-starlette frames every event, so the
+        replies' own streams and the Guard's cut of one (a stop) end alike."""
+        return ServerSentEvent(data=json.dumps({"error": self.body()})).encode()
 
     def response(self, ollama: bool = False) -> JSONResponse:
         """The error as OpenAI sends it, or as ollama's API does: ``{"error": "message"}``."""
