@@ -22,7 +22,7 @@ import openai
 import pytest
 from serve_process import Server
 from test_cli import pair_args
-from test_serve import CTX, HI, JSON, LONG, PROMPT, SERVED, TAU, frames, serving, stream_request
+from test_serve import CTX, HI, JSON, LONG, PROMPT, TAU, frames, not_served, serving, stream_request
 
 from ead_cli.errors import quoted
 from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES, SEND_TIMEOUT_S
@@ -438,8 +438,8 @@ def test_a_path_cannot_write_control_characters_into_the_log(server: Server) -> 
     before = server.log().splitlines()
     port = server.url.rsplit(":", 1)[1]
     missing = httpx.get(f"{server.url}/v1/x%1b[2Jy%08", timeout=60)
-    not_served = f"Invalid URL (GET /v1/x\\x1b[2Jy\\x08): this server serves {SERVED}"
-    assert missing.status_code == 404 and missing.json()["error"]["message"] == not_served
+    missing_message = not_served("GET /v1/x\\x1b[2Jy\\x08")
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == missing_message
     foreign = httpx.get(f"{server.url}/v1/%1b]0;owned%07", headers={"Host": f"evil.example:{port}"})
     assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "invalid_host"
     with socket.create_connection(("127.0.0.1", int(port)), timeout=60) as raw:  # httpx sends no ESC
@@ -448,7 +448,7 @@ def test_a_path_cannot_write_control_characters_into_the_log(server: Server) -> 
     new = server.log().splitlines()[len(before) :]
     origin = "pages at 'http://x\\x1b[2J' may not use this server"
     assert new == [
-        f"error: GET /v1/x\\x1b[2Jy\\x08 404: {not_served}",
+        f"error: GET /v1/x\\x1b[2Jy\\x08 404: {missing_message}",
         f"error: GET /v1/\\x1b]0;owned\\x07 403: {foreign.json()['error']['message']}",
         f"error: GET /health 403: {origin}: start it with --cors-origin 'http://x\\x1b[2J' to allow them",
     ]
@@ -817,7 +817,7 @@ def test_a_broken_body_the_app_would_answer_unread_gets_only_the_400(server: Ser
     wait_until(lambda: len(server.log().splitlines()) >= len(before) + 2, 30)
     assert server.log().splitlines()[len(before) :] == [
         f"error: 400: {BROKEN_CHUNK}",
-        f"error: GET /v1/nothing 404: Invalid URL (GET /v1/nothing): this server serves {SERVED}",
+        f"error: GET /v1/nothing 404: {not_served('GET /v1/nothing', 'GET /v1/models')}",
     ]
     assert post(server, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
+import difflib
 import functools
 import hashlib
 import hmac
@@ -100,6 +101,7 @@ SSE = "text/event-stream"  # a streamed answer's content type
 NDJSON = "application/x-ndjson"  # ollama's: a JSON object a line
 SEND_TIMEOUT_S = 30.0  # a client that reads nothing for this long loses its answer (streamed or not)
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
+ROUTES_LISTED = "ead-cli's docs/serve.md#endpoints"  # where a 404 says every route served is listed
 
 
 @dataclass(frozen=True)
@@ -612,14 +614,19 @@ def _request_line(method: str, path: str) -> str:
     return f"{cut(loggable(method))} {cut(loggable(path))}"
 
 
-def _served(app: FastAPI) -> str:
-    """The routes a 404 names, in the order they are declared: each method but HEAD (every GET's) and
-    its path."""
-    return ", ".join(
-        f"{', '.join(sorted(route.methods - {'HEAD'}))} {route.path_format}"
+def _not_served(app: FastAPI, method: str, path: str) -> str:
+    """What a 404 says besides the request line: the route served whose method and path are nearest by
+    name to those asked (a base URL without /v1, a slip of a letter), if one is near, and where every route
+    is listed (the 404 had listed them all, some 420 characters, growing with every route added)."""
+    served = [
+        f"{served_method} {route.path_format}"
         for route in app.routes
         if isinstance(route, APIRoute) and route.include_in_schema
-    )
+        for served_method in sorted(route.methods - {"HEAD"})  # every GET's
+    ]
+    nearest = difflib.get_close_matches(f"{method} {path}", served, n=1)
+    listed = f"every route is in {ROUTES_LISTED}"
+    return f"the nearest route served is {nearest[0]}; {listed}" if nearest else listed
 
 
 def _methods(app: FastAPI) -> str:
@@ -718,7 +725,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         asked = _request_line(request.method, request.url.path)
         headers = dict(error.headers) if error.headers else None  # a 405's Allow
         if error.status_code == 404:
-            message = f"Invalid URL ({asked}): this server serves {_served(app)}"
+            message = f"Invalid URL ({asked}): {_not_served(app, request.method, request.url.path)}"
         elif headers is not None and "Allow" in headers:  # Starlette's is in a set's order, run to run
             headers["Allow"] = ", ".join(sorted(headers["Allow"].split(", ")))
             message = f"Invalid method for URL ({asked}): it takes {headers['Allow']}"
