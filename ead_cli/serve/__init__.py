@@ -1,9 +1,10 @@
 """``ead serve``: the loaded models behind an OpenAI-compatible HTTP API, and a page that shows them.
 
 Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``,
-llama-server's ``/tokenize``, ``/detokenize`` and ``/metrics`` (``tokens.py``, ``metrics.py``), embeddings
-with ``--embeddings`` (OpenAI's, llama-server's and ollama's routes; ``embedding.py``), on FastAPI
-and uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
+llama-server's ``/tokenize``, ``/detokenize`` and ``/metrics`` (``tokens.py``, ``metrics.py``) and its
+``/completion``, ``/props`` and ``/apply-template`` (``native.py``), ollama's API (``ollama.py``), embeddings
+with ``--embeddings`` (OpenAI's, llama-server's and ollama's routes; ``embedding.py``), on FastAPI and
+uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
 over the runners loaded once, on one engine thread (``engine.py``). A request is checked before it queues
 (a bad one never waits): its JSON (``schemas.py``), its ``ead`` options (by the rules of the command
 line's), its prompt against the context (``app.py``). The engine keeps whatever prefix the previous
@@ -37,6 +38,7 @@ from .app import (
     http_protocol,
 )
 from .engine import Engine
+from .native import add_routes as add_native_routes
 from .ollama import add_routes as add_ollama_routes
 
 if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
@@ -145,6 +147,7 @@ def serve(
     engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse, embedder=embedder)
     api = create_app(engine, defaults, options, say)
     add_ollama_routes(api, engine, options.any_model)
+    add_native_routes(api, engine, defaults, options)
     app = Guard(api, options, MAX_BODY_BYTES, say, stopping=engine.stopping.is_set)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()

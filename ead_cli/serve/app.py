@@ -114,13 +114,15 @@ class Defaults:
 
 @dataclass(frozen=True)
 class Requests:
-    """The steps of a request that another API's routes (serve/ollama.py) share with OpenAI's, so they
-    check, prepare and answer it alike: the key, the body's media type, parsing, rendering, tokenizing
-    (on the preparing threads) and the engine's queue."""
+    """The steps of a request that other APIs' routes (serve/ollama.py, serve/native.py) share with
+    OpenAI's, so they check, prepare and answer it alike: the key, the body's media type, parsing,
+    rendering, tokenizing (on the preparing threads) and the engine's queue."""
 
     authorized: Callable[[Request], Awaitable[None]]
-    json_body: Callable[[Request], Awaitable[bytes]]  # as ollama takes it: a bare curl -d's too
+    json_body: Callable[[Request], Awaitable[bytes]]  # sent as JSON (what a web page cannot send unasked)
+    curl_body: Callable[[Request], Awaitable[bytes]]  # as ollama takes it: a bare curl -d's too
     chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
+    template: Callable[[bytes], Awaitable[str]]  # a chat request's body: its prompt, rendered
     text: Callable[[bytes], Awaitable[tuple[CompletionRequest, Job]]]  # a text completion's
     submit: Callable[[Job], Ticket]
     served_model: Callable[[], dict[str, Any]]  # the one model, as /v1/models lists it
@@ -881,6 +883,16 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
         body = _accepted(ChatRequest, data)
+        prompt, prefill = _rendered(body)
+        return body, _job(body, prompt, prefill)
+
+    def _prepare_template(data: bytes) -> str:
+        """A chat request's prompt, as the model is given it (llama-server's /apply-template)."""
+        return _rendered(_accepted(ChatRequest, data))[0]
+
+    def _rendered(body: ChatRequest) -> tuple[str, str | None]:
+        """The chat's prompt as the template writes it, ending with the assistant prefill that opens the
+        answer if the conversation ends in one (as llama-server and ollama take it); and the prefill."""
         tools = body.tools_offered()
         if tools is not None and not template_takes_tools(engine.runners[0]):
             raise unsupported("tools", f"the chat template of {engine.runners[0].label} has no tool support")
@@ -895,7 +907,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
-        return body, _job(body, rendered + (prefill or ""), prefill)
+        return rendered + (prefill or ""), prefill
 
     def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
         body = _accepted(CompletionRequest, data)
@@ -1037,11 +1049,13 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
         return await request.body()
 
-    # serve/ollama.py's routes take the same steps as OpenAI's: see Requests
+    # serve/ollama.py's and serve/native.py's routes take the same steps as OpenAI's: see Requests
     app.state.requests = Requests(
         authorized=authorized,
-        json_body=functools.partial(_json_body, as_curl_sends=True),
+        json_body=_json_body,
+        curl_body=functools.partial(_json_body, as_curl_sends=True),
         chat=functools.partial(prepared, _prepare_chat),
+        template=functools.partial(prepared, _prepare_template),
         text=functools.partial(prepared, _prepare_text),
         submit=_submitted,
         served_model=served_model,

@@ -34,6 +34,17 @@ def cached_tokens(summary: Summary) -> int:
     return max(0, summary.prompt_tokens - max(model.prefill_tokens for model in summary.models))
 
 
+def prompt_seconds(summary: Summary) -> float:
+    """The seconds an answer's models spent reading its prompt (llama-server's prompt time)."""
+    return sum(model.prefill_s for model in summary.models)
+
+
+def generation_seconds(summary: Summary) -> float:
+    """The seconds an answer's models spent generating, a large model's catch-up included (llama-server's
+    predicted time)."""
+    return sum(model.decode_s + model.catchup_s for model in summary.models)
+
+
 @dataclass
 class _Totals:
     prompt_tokens: int = 0  # read (not kept in the caches)
@@ -60,9 +71,9 @@ class Metrics:
             totals = self._totals
             totals.prompt_tokens += summary.prompt_tokens - cached
             totals.cached_tokens += cached
-            totals.prompt_s += sum(model.prefill_s for model in summary.models)
+            totals.prompt_s += prompt_seconds(summary)
             totals.generated += summary.generated
-            totals.generation_s += sum(model.decode_s + model.catchup_s for model in summary.models)
+            totals.generation_s += generation_seconds(summary)
             totals.switches += summary.switches
             for model in summary.models:
                 self._written[model.role] += model.written

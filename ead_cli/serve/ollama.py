@@ -32,6 +32,7 @@ from .app import (
     token_fields,
 )
 from .engine import Engine, Failed, Log, Ticket, Token
+from .metrics import prompt_seconds
 from .schemas import (
     MAX_EMBEDDING_INPUTS,
     MAX_STOP_CHARS,
@@ -276,7 +277,6 @@ class OllamaGenerate(_OllamaRequest):
         return {"messages": [*system, {"role": "user", "content": self.prompt or ""}], **fields}
 
 
-SCHEMA_PATH = "response_format.json_schema.schema"
 # The OpenAI fields an ollama request's own are spelled as, for the OpenAI checks' 400s
 OLLAMA_SPELLING = {
     "response_format": "format",
@@ -293,15 +293,7 @@ OLLAMA_SPELLING = {
 
 def _respelled(error: ApiError) -> ApiError:
     """An OpenAI check's 400 naming the field as the ollama request spelled it."""
-    field = (error.param or "").partition(".")[0]
-    if field not in OLLAMA_SPELLING:
-        return error
-    ollama = OLLAMA_SPELLING[field] + error.param[len(field) :]
-    # the schema's own complaints name where in response_format it sits: in ollama's, format itself
-    message = error.message.replace(SCHEMA_PATH, "format").replace(error.param, ollama, 1)
-    return ApiError(
-        error.status, message, kind=error.kind, code=error.code, param=ollama, headers=error.headers
-    )
+    return error.respelled(OLLAMA_SPELLING, "format")
 
 
 def _now() -> str:
@@ -311,7 +303,7 @@ def _now() -> str:
 
 def _durations(summary: Summary, started_ns: int) -> dict[str, int]:
     """ollama's figures of an answer, in nanoseconds (the models are loaded once: no load time)."""
-    prompt_ns = round(sum(model.prefill_s for model in summary.models) * NS)
+    prompt_ns = round(prompt_seconds(summary) * NS)
     return {
         "total_duration": time.monotonic_ns() - started_ns,
         "load_duration": 0,
@@ -500,7 +492,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
 
     @app.post("/api/show", dependencies=keyed)
     async def show(request: Request) -> dict[str, Any]:
-        named = parse(_Named, await requests.json_body(request))
+        named = parse(_Named, await requests.curl_body(request))
         _served_name(named.model, any_model)
         tag = _tag(engine, requests.served_model(), started)
         info = {"general.architecture": MODEL_ID, f"{MODEL_ID}.context_length": engine.n_ctx}
@@ -518,12 +510,12 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
 
     @app.post("/api/chat", dependencies=keyed)
     async def chat(request: Request) -> Any:
-        asked = parse(OllamaChat, await requests.json_body(request))
+        asked = parse(OllamaChat, await requests.curl_body(request))
         return await _answered(request, asked)
 
     @app.post("/api/generate", dependencies=keyed)
     async def generate(request: Request) -> Any:
-        asked = parse(OllamaGenerate, await requests.json_body(request))
+        asked = parse(OllamaGenerate, await requests.curl_body(request))
         return await _answered(request, asked)
 
     @app.post("/api/embed", dependencies=keyed)

@@ -41,6 +41,7 @@ MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, fa
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
 MAX_STOP_CHARS = 512
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+SCHEMA_PATH = "response_format.json_schema.schema"  # where a JSON schema sits in a request
 Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 NAMED_PATTERNS = ("@code",)
@@ -598,11 +599,11 @@ class CompletionBase(BaseModel):
         """``top_k`` or ``min_p``, given at the top level (llama-server's spelling) or in ``ead``; None if
         neither."""
         inner = None if self.ead is None else getattr(self.ead, name)
-        return _either(name, getattr(self, name), f"ead.{name}", inner)
+        return either(name, getattr(self, name), f"ead.{name}", inner)
 
     def token_limit(self) -> int | None:
         """``max_tokens`` or OpenAI's newer ``max_completion_tokens``, one limit; None if neither."""
-        return _either("max_tokens", self.max_tokens, "max_completion_tokens", self.max_completion_tokens)
+        return either("max_tokens", self.max_tokens, "max_completion_tokens", self.max_completion_tokens)
 
     def logprobs_count(self) -> int | None:
         """How many alternatives each token's log-probabilities list; None: no log-probabilities."""
@@ -615,22 +616,29 @@ class CompletionBase(BaseModel):
         if self.stream_options is not None and not self.stream:  # OpenAI's 400, in its words
             message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
             raise ApiError(400, message, code="invalid_value", param="stream_options")
-        for name, neutral in UNSUPPORTED.items():
-            value = (self.model_extra or {}).get(name)
-            if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in neutral):
-                if name in CHAT_ONLY:
-                    message = f"{name}: {CHAT_ONLY[name]}"
-                    raise ApiError(400, message, param=name, code="unsupported_parameter")
-                raise unsupported(name, f"{name} is not supported")
+        refuse_unless_off(self.model_extra or {}, UNSUPPORTED, CHAT_ONLY)
 
 
-def _either(name: str, value: Any, other_name: str, other: Any) -> Any:
+def either(name: str, value: Any, other_name: str, other: Any) -> Any:
     """The value of a field two names spell, ``value`` or ``other``; None if neither is given. Two
     different values are a 400 naming both: neither is guessed to win."""
     if value is not None and other is not None and value != other:
         message = f"{name} {value!r} and {other_name} {other!r} differ: give one, or the same value in both"
         raise ApiError(400, message, code="invalid_value", param=name)
     return other if value is None else value
+
+
+def refuse_unless_off(
+    given: dict[str, Any], table: dict[str, tuple[Any, ...]], reasons: dict[str, str] | None = None
+) -> None:
+    """A 400 naming the first field of ``table`` given a value other than those that mean "off" (a
+    boolean is no number here: ``true`` is not 1), said as ``reasons`` says it where it does."""
+    for name, neutral in table.items():
+        value = given.get(name)
+        if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in neutral):
+            if reasons and name in reasons:
+                raise ApiError(400, f"{name}: {reasons[name]}", param=name, code="unsupported_parameter")
+            raise unsupported(name, f"{name} is not supported")
 
 
 def unsupported(param: str, message: str) -> ApiError:
@@ -891,6 +899,21 @@ class ApiError(Exception):
         llama-server's): ``data: {"error": {...}}``, framed as sse-starlette frames every event, so the
         replies' own streams and the Guard's cut of one (a stop) end alike."""
         return ServerSentEvent(data=json.dumps({"error": self.body()})).encode()
+
+    def respelled(self, spelling: dict[str, str], schema_as: str) -> ApiError:
+        """This error of the OpenAI checks naming the field as another API's request spelled it
+        (``spelling``: an OpenAI field's name to its own; the schema inside response_format as
+        ``schema_as``), for that API's routes, which are prepared as the OpenAI request they mean."""
+        asked = self.param or ""
+        field = asked.partition(".")[0]
+        if field not in spelling:
+            return self
+        param = spelling[field] + asked[len(field) :]
+        # the schema's own complaints name where in response_format it sits: the other API's field itself
+        message = self.message.replace(SCHEMA_PATH, schema_as).replace(asked, param, 1)
+        return ApiError(
+            self.status, message, kind=self.kind, code=self.code, param=param, headers=self.headers
+        )
 
     def response(self, ollama: bool = False) -> JSONResponse:
         """The error as OpenAI sends it, or as ollama's API does: ``{"error": "message"}``."""

@@ -85,5 +85,9 @@ def detokenize(runner: Runner, data: bytes) -> dict[str, Any]:
     """``{"content": text}``: the tokens' bytes joined (special tokens as their texts), a character left
     unfinished as U+FFFD."""
     body = parse(DetokenizeRequest, data)
-    ids = known_tokens(body.tokens, runner.n_vocab, "tokens")
-    return {"content": b"".join(map(runner.token_piece, ids)).decode("utf-8", errors="replace")}
+    return {"content": text_of(runner, known_tokens(body.tokens, runner.n_vocab, "tokens"))}
+
+
+def text_of(runner: Runner, ids: list[int]) -> str:
+    """The text of token ids (special tokens as their texts), a character left unfinished as U+FFFD."""
+    return b"".join(map(runner.token_piece, ids)).decode("utf-8", errors="replace")

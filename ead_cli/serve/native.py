@@ -1,0 +1,280 @@
+"""llama-server's own routes besides ``/tokenize``, ``/detokenize`` and ``/metrics``, for the scripts and
+tools written for it: ``POST /completion`` (its native completion, over the same engine, checks and
+preparation as ``/v1/completions``: a native request is spelled as the OpenAI request it means, as
+ollama.py does, and its answer written in llama-server's shapes), ``GET /props`` (the server's settings,
+as llama.cpp's web UI and tools read them) and ``POST /apply-template`` (the chat template applied to
+``messages``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Annotated, Any
+
+import llama_cpp
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
+
+from .. import __version__
+from ..decoder import Summary, TokenEvent
+from ..options import GenerationOptions
+from .app import MODEL_ID, Defaults, Requests, collected, error_of, log_answered, token_fields
+from .engine import Engine, Failed, Job, Log, Ticket, Token
+from .metrics import cached_tokens, generation_seconds, prompt_seconds
+from .schemas import (
+    EAD_SAMPLER_ORDERS,
+    MAX_COUNT,
+    ApiError,
+    CompletionRequest,
+    either,
+    parse,
+    refuse_unless_off,
+)
+from .tokens import text_of
+
+if TYPE_CHECKING:
+    from . import ServeOptions
+
+# llama-server's /completion fields of an answer's shape that ead serve does not write, with the values
+# that leave the shape as it is; any other is a 400 (the OpenAI check refuses the sampling ones).
+SHAPES_NOT_WRITTEN: dict[str, tuple[Any, ...]] = {
+    "n_probs": (None, 0),
+    "post_sampling_probs": (None, False),
+    "response_fields": (None, []),
+    "return_progress": (None, False),
+}
+NOT_WRITTEN_WHY = {
+    "n_probs": "token probabilities are not written here: /v1/completions gives them (logprobs: N)",
+    "response_fields": "the answer is written whole: pick its fields from it",
+}
+SAMPLERS = list(EAD_SAMPLER_ORDERS[0])  # ead's one sampler chain, in llama-server's names
+
+
+class NativeCompletion(BaseModel):
+    """The fields of llama-server's /completion that OpenAI's request spells otherwise (``n_predict``,
+    ``json_schema``) or that only its answer has (``return_tokens``). Every other field goes on to the
+    OpenAI request as it is, whose checks take it (``prompt``, ``stream``, ``temperature``, ``top_k``,
+    ``top_p``, ``min_p``, ``seed``, ``stop``, ``ead``), refuse it (samplers ead does not run, unless off)
+    or ignore it (``cache_prompt``, ``id_slot``...)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    n_predict: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | None = None  # -1: as far as the context goes
+    json_schema: dict[str, Any] | None = None
+    return_tokens: bool | None = None
+
+    def openai_body(self, n_ctx: int) -> dict[str, Any]:
+        """The OpenAI text completion's fields this request means."""
+        fields = dict(self.model_extra or {})
+        refuse_unless_off(fields, SHAPES_NOT_WRITTEN, NOT_WRITTEN_WHY)
+        if self.n_predict == 0:  # llama-server's: the prompt read into the cache, nothing generated
+            message = "n_predict: 0 (the prompt read, nothing generated) is not supported by ead serve"
+            raise ApiError(400, message, param="n_predict", code="unsupported_parameter")
+        if self.n_predict is not None:
+            either("n_predict", self.n_predict, "max_tokens", fields.get("max_tokens"))
+            fields["max_tokens"] = n_ctx if self.n_predict == -1 else self.n_predict  # clamped there
+        if self.json_schema is not None:
+            if fields.get("response_format") is not None:
+                message = "json_schema and response_format each give the answer's format: give one"
+                raise ApiError(400, message, code="invalid_value", param="json_schema")
+            schema = {"name": "json_schema", "schema": self.json_schema}
+            fields["response_format"] = {"type": "json_schema", "json_schema": schema}
+        return fields
+
+    def spelling(self) -> dict[str, str]:
+        """The OpenAI fields this request gave under llama-server's names: the checks' 400s name those."""
+        given = {"max_tokens": "n_predict"} if self.n_predict is not None else {}
+        return given | ({"response_format": "json_schema"} if self.json_schema is not None else {})
+
+
+def generation_settings(generation: GenerationOptions, seed: int, stream: bool) -> dict[str, Any]:
+    """llama-server's ``generation_settings`` (a /completion answer's; ``/props``' defaults) of the ones
+    ead's decoding has; ``seed`` -1 where each request draws a fresh one."""
+    sampling = generation.sampling
+    return {
+        "n_predict": generation.max_tokens,
+        "max_tokens": generation.max_tokens,
+        "seed": seed,
+        "temperature": sampling.temp,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "stop": list(generation.stop),
+        "stream": stream,
+        "n_probs": 0,
+        "samplers": SAMPLERS,
+        "grammar": sampling.grammar or "",
+    }
+
+
+def _timings(summary: Summary) -> dict[str, Any]:
+    """llama-server's ``timings`` of an answer: the prompt tokens read (those the caches kept aside) and
+    the tokens generated, in milliseconds, from the figures /metrics adds up."""
+    cached = cached_tokens(summary)
+    read = summary.prompt_tokens - cached
+    prompt_ms, predicted_ms = prompt_seconds(summary) * 1000, generation_seconds(summary) * 1000
+    return {
+        "cache_n": cached,
+        "prompt_n": read,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / read if read else 0.0,
+        "prompt_per_second": read * 1000 / prompt_ms if prompt_ms else 0.0,
+        "predicted_n": summary.generated,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / summary.generated if summary.generated else 0.0,
+        "predicted_per_second": summary.generated * 1000 / predicted_ms if predicted_ms else 0.0,
+    }
+
+
+class _Completion:
+    """One /completion answer in llama-server's shapes: whole, or a server-sent event per token (its
+    text and id) and a last one with the figures, without OpenAI's ``[DONE]``."""
+
+    def __init__(
+        self, engine: Engine, job: Job, body: CompletionRequest, asked: NativeCompletion, path: str, log: Log
+    ) -> None:
+        self.engine, self.job, self.path, self.log = engine, job, path, log
+        self.stream, self.return_tokens = body.stream is True, asked.return_tokens is True
+        self.spelling = asked.spelling()
+
+    def respelled(self, error: ApiError) -> ApiError:
+        """An OpenAI check's error naming the field as this request spelled it."""
+        return error.respelled(self.spelling, "json_schema")
+
+    def _final(self, events: list[TokenEvent], summary: Summary, **ead: Any) -> dict[str, Any]:
+        """The answer's last object; streamed, its text and tokens are the events' (llama-server's empty
+        ``content`` and ``tokens`` here)."""
+        log_answered(self.log, self.path, summary)
+        runner = self.engine.runners[0]  # every model's vocabulary
+        content = "".join(event.text for event in events)
+        ids = [event.token for event in events]
+        stop_type, word = "none", ""
+        if summary.finish_reason == "length":
+            stop_type = "limit"
+        elif summary.finish_reason == "stop":
+            ended = bool(ids) and runner.is_end_of_generation(ids[-1])
+            stop_type = "eos" if ended else "word"
+            word = "" if ended else self._stopping_word(content, text_of(runner, ids))
+        generation = self.job.generation
+        return {
+            "index": 0,
+            "content": "" if self.stream else content,
+            "tokens": ids if self.return_tokens and not self.stream else [],
+            "id_slot": 0,
+            "stop": True,
+            "model": MODEL_ID,
+            "tokens_predicted": summary.generated,
+            "tokens_evaluated": summary.prompt_tokens,
+            "generation_settings": generation_settings(generation, generation.sampling.seed, self.stream),
+            "prompt": text_of(runner, self.job.prompt),
+            "has_new_line": "\n" in content,
+            "truncated": False,  # ead serve never shifts the context
+            "stop_type": stop_type,
+            "stopping_word": word,
+            "stopped_eos": stop_type == "eos",  # llama-server's older spellings of stop_type
+            "stopped_word": stop_type == "word",
+            "stopped_limit": stop_type == "limit",
+            "tokens_cached": cached_tokens(summary),
+            "timings": _timings(summary),
+            "ead": {**ead, "summary": asdict(summary), "seed": generation.sampling.seed},
+        }
+
+    def _stopping_word(self, content: str, written: str) -> str:
+        """The stop string that ended the answer: the one the tokens wrote right after its text."""
+        after = written[len(content) :]
+        return next((stop for stop in self.job.generation.stop if after.startswith(stop)), "")
+
+    async def events(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
+        """A ``data: {...}`` event per token (``content``, ``tokens``, ``stop: false``), then the last
+        object; a failure mid-answer ends it with an error event."""
+        ended = False
+        events: list[TokenEvent] = []
+        try:
+            while True:
+                message = await ticket.messages.get()
+                if isinstance(message, Token):
+                    event = message.event
+                    events.append(event)
+                    part = {
+                        "index": 0,
+                        "content": event.text,
+                        "tokens": [event.token],
+                        "stop": False,
+                        "id_slot": 0,
+                        "tokens_predicted": event.index + 1,
+                        "tokens_evaluated": len(self.job.prompt),
+                        "ead": token_fields(event),
+                    }
+                    yield {"data": json.dumps(part, ensure_ascii=False)}
+                    continue
+                ended = True
+                if isinstance(message, Failed):
+                    error = self.respelled(error_of(message))
+                    self.log(f"error: POST {self.path}: {error.message}")
+                    yield error.sse_event()
+                    return
+                yield {"data": json.dumps(self._final(events, message.summary), ensure_ascii=False)}
+                return
+        finally:
+            if not ended:  # the client went away: the engine stops after the token it is on
+                ticket.cancel()
+
+    async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
+        try:
+            answer = await collected(ticket, request)
+        except ApiError as error:  # the generation failed (a schema no answer meets)
+            raise self.respelled(error) from None
+        if answer is None:
+            return JSONResponse({}, status_code=499)
+        tokens, summary = answer
+        events = [token.event for token in tokens]
+        return JSONResponse(self._final(events, summary, tokens=[token_fields(event) for event in events]))
+
+
+def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeOptions) -> None:
+    """llama-server's routes on ``app``, with its ``Requests``; a key (--api-key) is asked of them as of
+    /v1, as llama-server asks it of every route but /health."""
+    requests: Requests = app.state.requests
+    keyed = [Depends(requests.authorized)]
+
+    @app.post("/completion", dependencies=keyed)
+    async def completion(request: Request) -> Any:
+        asked = parse(NativeCompletion, await requests.json_body(request))
+        try:
+            body, job = await requests.text(json.dumps(asked.openai_body(engine.n_ctx)).encode())
+        except ApiError as error:
+            raise error.respelled(asked.spelling(), "json_schema") from None
+        answer = _Completion(engine, job, body, asked, request.url.path, requests.log)
+        ticket = requests.submit(job)
+        if body.stream:
+            return EventSourceResponse(answer.events(ticket), ping=15)
+        return await answer.whole(ticket, request)
+
+    @app.api_route("/props", methods=["GET", "HEAD"], dependencies=keyed)
+    async def props() -> dict[str, Any]:
+        """The server's settings as llama-server's /props gives them, ead's values: a request's defaults
+        (the command line's), the context, the models (the largest's path as ``model_path``, each in
+        ``ead.models``), the smallest model's chat template, which renders every prompt."""
+        generation = defaults.generation
+        seed = generation.sampling.seed if "seed" in defaults.policy.given else -1
+        settings = {"n_ctx": engine.n_ctx, "params": generation_settings(generation, seed, stream=False)}
+        return {
+            "default_generation_settings": settings,
+            "total_slots": 1,  # one generation at a time
+            "model_alias": MODEL_ID,
+            "model_path": engine.runners[-1].location,
+            "modalities": {"vision": False, "audio": False},
+            "endpoint_metrics": options.metrics,
+            "chat_template": engine.runners[0].metadata("tokenizer.chat_template") or "",
+            "build_info": f"ead-cli {__version__} (llama-cpp-python {llama_cpp.__version__})",
+            "is_sleeping": False,
+            "ead": requests.served_model()["ead"],
+        }
+
+    @app.post("/apply-template", dependencies=keyed)
+    async def apply_template(request: Request) -> dict[str, Any]:
+        """``{"prompt": TEXT}``: the chat's prompt as /v1/chat/completions gives the model it."""
+        return {"prompt": await requests.template(await requests.json_body(request))}
