@@ -15,7 +15,7 @@ import httpx
 import pytest
 from serve_process import Server
 from test_cli import pair_args
-from test_serve import CTX, HI, PROMPT, TAU, serving
+from test_serve import CTX, HI, LONG, PROMPT, TAU, serving
 
 from ead_cli import __version__
 from ead_cli.runner import Runner
@@ -150,6 +150,21 @@ def test_completion_streamed_through_curl(server: Server) -> None:
     )
     assert curl.returncode == 0, curl.stderr
     check_stream(events(curl.stdout.splitlines()), whole)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_a_client_that_leaves_a_stream_stops_its_generation(server: Server) -> None:
+    before = len(server.log().splitlines())
+    body = json.dumps({"prompt": PROMPT, "n_predict": LONG, "stream": True})
+    args = ["curl", "-sN", f"{server.url}/completion", "-H", "Content-Type: application/json", "-d", body]
+    curl = subprocess.Popen(args, stdout=subprocess.PIPE)
+    assert curl.stdout is not None and curl.stdout.readline().startswith(b'data: {"index": 0, "content": ')
+    curl.kill()
+    curl.wait(timeout=30)
+    assert native(server, prompt=PROMPT, n_predict=3)["tokens_predicted"] == 3  # the engine is free
+    new = server.log().splitlines()[before:]
+    stopped = [line for line in new if line.startswith("stopped after")]
+    assert len(stopped) == 1 and int(stopped[0].split()[2]) < LONG, new
 
 
 def test_json_schema_is_json_mode(server: Server) -> None:

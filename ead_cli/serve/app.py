@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -1358,11 +1359,9 @@ class _Reply:
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
         """Server-sent events: a chunk per token with its model, then the finish with usage and figures
         (with ``usage_chunk``, the usage in a chunk of its own after it)."""
-        ended = False
         reader = self.reader()
-        try:
-            while True:
-                message = await ticket.messages.get()
+        async with contextlib.aclosing(answer_messages(ticket)) as messages:
+            async for message in messages:
                 if isinstance(message, Token):
                     for chunk in self._token_chunks(message, reader):
                         yield {"data": chunk}
@@ -1371,7 +1370,6 @@ class _Reply:
                     error = error_of(message)
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield error.sse_event()
-                    ended = True
                     return
                 self._done(message.summary)
                 if reader is not None:
@@ -1385,12 +1383,7 @@ class _Reply:
                 if self.usage_chunk:
                     kind = "chat.completion.chunk" if self.chat else "text_completion"
                     yield {"data": json.dumps(self._envelope(kind, None, **usage))}
-                ended = True
                 yield {"data": "[DONE]"}
-                return
-        finally:
-            if not ended:  # the client went away: the engine stops after the token it is on
-                ticket.cancel()
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         """The whole answer at once; a client that leaves while it waits cancels it."""
@@ -1427,6 +1420,21 @@ class _Reply:
 
     def _done(self, summary: Summary) -> None:
         log_answered(self.log, self.path, summary)
+
+
+async def answer_messages(ticket: Ticket) -> AsyncIterator[Token | Finished | Failed]:
+    """A streamed answer's messages from the engine, to the last (``Finished`` or ``Failed``). Closed
+    before it (its client went away: read it in ``contextlib.aclosing``), it cancels the job, and the
+    engine stops after the token it is on."""
+    ended = False
+    try:
+        while not ended:
+            message = await ticket.messages.get()
+            ended = not isinstance(message, Token)
+            yield message
+    finally:
+        if not ended:
+            ticket.cancel()
 
 
 async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summary] | None:

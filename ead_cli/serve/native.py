@@ -7,6 +7,7 @@ as llama.cpp's web UI and tools read them) and ``POST /apply-template`` (the cha
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -21,7 +22,16 @@ from sse_starlette import EventSourceResponse
 from .. import __version__
 from ..decoder import Summary, TokenEvent
 from ..options import GenerationOptions
-from .app import MODEL_ID, Defaults, Requests, collected, error_of, log_answered, token_fields
+from .app import (
+    MODEL_ID,
+    Defaults,
+    Requests,
+    answer_messages,
+    collected,
+    error_of,
+    log_answered,
+    token_fields,
+)
 from .engine import Engine, Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens, generation_seconds, prompt_seconds
 from .schemas import (
@@ -190,11 +200,9 @@ class _Completion:
     async def events(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
         """A ``data: {...}`` event per token (``content``, ``tokens``, ``stop: false``), then the last
         object; a failure mid-answer ends it with an error event."""
-        ended = False
         events: list[TokenEvent] = []
-        try:
-            while True:
-                message = await ticket.messages.get()
+        async with contextlib.aclosing(answer_messages(ticket)) as messages:
+            async for message in messages:
                 if isinstance(message, Token):
                     event = message.event
                     events.append(event)
@@ -209,18 +217,12 @@ class _Completion:
                         "ead": token_fields(event),
                     }
                     yield {"data": json.dumps(part, ensure_ascii=False)}
-                    continue
-                ended = True
-                if isinstance(message, Failed):
+                elif isinstance(message, Failed):
                     error = self.respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield error.sse_event()
-                    return
-                yield {"data": json.dumps(self._final(events, message.summary), ensure_ascii=False)}
-                return
-        finally:
-            if not ended:  # the client went away: the engine stops after the token it is on
-                ticket.cancel()
+                else:
+                    yield {"data": json.dumps(self._final(events, message.summary), ensure_ascii=False)}
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         try:

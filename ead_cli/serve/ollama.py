@@ -6,6 +6,7 @@ lines when streamed, each token with the ``ead`` fields that say which model wro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -25,6 +26,7 @@ from .app import (
     MODEL_ID,
     NDJSON,
     Requests,
+    answer_messages,
     collected,
     error_of,
     input_tokens,
@@ -376,18 +378,15 @@ class _Answer:
     async def lines(self, ticket: Ticket, seed: int) -> AsyncIterator[str]:
         """NDJSON: a line per token with its ``ead`` fields, then the last; a failure mid-answer is an
         ``{"error": ...}`` line, as ollama ends a stream it cannot finish."""
-        ended = False
         reader = ToolCallReader(self.tools, True, self.prefill, objects_only=True) if self.tools else None
-        try:
-            while True:
-                message = await ticket.messages.get()
+        async with contextlib.aclosing(answer_messages(ticket)) as messages:
+            async for message in messages:
                 if isinstance(message, Token):
                     for line in self._token_lines(
                         message.event.text, reader, ead=token_fields(message.event)
                     ):
                         yield line
                     continue
-                ended = True
                 if isinstance(message, Failed):
                     error = _respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
@@ -396,10 +395,6 @@ class _Answer:
                 for line in [] if reader is None else self._piece_lines(reader.finish(), reader):
                     yield line
                 yield _line(self.last("", message.summary, {"seed": seed}))
-                return
-        finally:
-            if not ended:  # the client went away: the engine stops after the token it is on
-                ticket.cancel()
 
     async def whole(self, ticket: Ticket, seed: int, request: Request) -> JSONResponse:
         try:
