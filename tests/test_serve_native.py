@@ -152,6 +152,38 @@ def test_completion_streamed_through_curl(server: Server) -> None:
     check_stream(events(curl.stdout.splitlines()), whole)
 
 
+def test_n_probs_gives_each_tokens_probabilities_as_v1s_logprobs_do(server: Server) -> None:
+    """llama-server's completion_probabilities: each token's id, text, bytes and log-probability, and its
+    n likeliest alternatives', the values /v1/completions' logprobs give; streamed, with the parts."""
+    body = {"prompt": PROMPT, "n_predict": 10, "temperature": 0}
+    whole = native(server, **body, n_probs=3)
+    openai = openai_text(server, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=3)["choices"][0]
+    probabilities = whole["completion_probabilities"]
+    ids = [token["token"] for token in whole["ead"]["tokens"]]
+    assert [entry["id"] for entry in probabilities] == ids and len(ids) == 10
+    assert [entry["logprob"] for entry in probabilities] == openai["logprobs"]["token_logprobs"]
+    for entry, alternatives in zip(probabilities, openai["logprobs"]["top_logprobs"], strict=True):
+        top = entry["top_logprobs"]
+        assert [alternative["logprob"] for alternative in top] == list(alternatives.values())
+        assert top[0]["id"] == entry["id"] and top[0]["logprob"] == entry["logprob"]  # greedy: the likeliest
+        assert bytes(entry["bytes"]).decode("utf-8", errors="ignore") == entry["token"]
+    assert "completion_probabilities" not in native(server, **body)  # not asked: not written
+    with httpx.stream(
+        "POST", f"{server.url}/completion", json={**body, "n_probs": 3, "stream": True}
+    ) as reply:
+        parts = events(list(reply.iter_lines()))
+    assert [entry for part in parts for entry in part.get("completion_probabilities", [])] == probabilities
+    # a stop string's tokens, which the answer never shows, get none (as llama-server trims them)
+    longer = native(server, **{**body, "n_predict": 33}, n_probs=3)
+    stop = longer["content"][10:13]
+    stopped = native(server, **{**body, "n_predict": 33}, n_probs=3, stop=[stop])
+    shown = stopped["completion_probabilities"]
+    assert stopped["stop_type"] == "word" and shown == longer["completion_probabilities"][: len(shown)]
+    assert len(shown) < stopped["tokens_predicted"]
+    written = b"".join(bytes(entry["bytes"]) for entry in shown).decode("utf-8", errors="replace")
+    assert written.startswith(stopped["content"])
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
 def test_a_client_that_leaves_a_stream_stops_its_generation(server: Server) -> None:
     before = len(server.log().splitlines())
@@ -201,7 +233,13 @@ def test_json_schema_is_json_mode(server: Server) -> None:
             "n_predict",
             "n_predict 5 and max_tokens 6 differ",
         ),
-        ({"prompt": "hi", "n_probs": 3}, "n_probs", "n_probs: token probabilities are not written here"),
+        ({"prompt": "hi", "n_probs": 21}, "n_probs", "n_probs: Input should be less than or equal to 20"),
+        (
+            {"prompt": "hi", "n_probs": 2, "ead": {"verify": 0.5}},
+            "n_probs",
+            "n_probs: log-probabilities follow",
+        ),
+        ({"prompt": "hi", "n_probs": 2, "logprobs": 3}, "n_probs", "n_probs 2 and logprobs 3 differ"),
         ({"prompt": "hi", "response_fields": ["content"]}, "response_fields", "response_fields: the answer"),
         ({"prompt": "hi", "repeat_penalty": 1.3}, "repeat_penalty", "repeat_penalty is not supported"),
         ({"prompt": "hi", "grammar": 'root ::= "a"'}, "grammar", "grammar is not supported"),

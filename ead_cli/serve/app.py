@@ -1168,7 +1168,7 @@ def _check(make: Callable[[], Any], param: str | None = None) -> Any:
 Scored = tuple[TokenEvent, Logprobs, int]  # a token's event, its log-probabilities, where its text starts
 
 
-class _ScoredText:
+class ScoredText:
     """A request's scored tokens matched to the text it is shown. A token's log-probabilities go out once
     the text is released past its end (text held back as a possible stop string, or half a character,
     waits), with where its text starts in the answer (characters); tokens that wrote only a stop string,
@@ -1245,7 +1245,7 @@ class _Reply:
         # and llama-server send it (clients that asked for it read it there); else on the finish chunk
         self.usage_chunk = usage_chunk
         self.piece = piece  # a token id's bytes, for log-probabilities
-        self._scored = _ScoredText(piece)
+        self._scored = ScoredText(piece)
         self.tools = tools  # the names of the tools offered: read calls out of the answer
         self.parallel = parallel  # parallel_tool_calls: more than one call per answer
         self.prefill = prefill  # the assistant message the answer continues: a call it opens is read whole

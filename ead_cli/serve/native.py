@@ -26,6 +26,8 @@ from .app import (
     MODEL_ID,
     Defaults,
     Requests,
+    Scored,
+    ScoredText,
     answer_messages,
     collected,
     error_of,
@@ -37,6 +39,7 @@ from .metrics import cached_tokens, generation_seconds, prompt_seconds
 from .schemas import (
     EAD_SAMPLER_ORDERS,
     MAX_COUNT,
+    MAX_TOP_LOGPROBS,
     ApiError,
     CompletionRequest,
     either,
@@ -51,13 +54,12 @@ if TYPE_CHECKING:
 # llama-server's /completion fields of an answer's shape that ead serve does not write, with the values
 # that leave the shape as it is; any other is a 400 (the OpenAI check refuses the sampling ones).
 SHAPES_NOT_WRITTEN: dict[str, tuple[Any, ...]] = {
-    "n_probs": (None, 0),
     "post_sampling_probs": (None, False),
     "response_fields": (None, []),
     "return_progress": (None, False),
 }
 NOT_WRITTEN_WHY = {
-    "n_probs": "token probabilities are not written here: /v1/completions gives them (logprobs: N)",
+    "post_sampling_probs": "the probabilities are the model's, before sampling (n_probs gives them)",
     "response_fields": "the answer is written whole: pick its fields from it",
 }
 SAMPLERS = list(EAD_SAMPLER_ORDERS[0])  # ead's one sampler chain, in llama-server's names
@@ -65,15 +67,16 @@ SAMPLERS = list(EAD_SAMPLER_ORDERS[0])  # ead's one sampler chain, in llama-serv
 
 class NativeCompletion(BaseModel):
     """The fields of llama-server's /completion that OpenAI's request spells otherwise (``n_predict``,
-    ``json_schema``) or that only its answer has (``return_tokens``). Every other field goes on to the
-    OpenAI request as it is, whose checks take it (``prompt``, ``stream``, ``temperature``, ``top_k``,
-    ``top_p``, ``min_p``, ``seed``, ``stop``, ``ead``), refuse it (samplers ead does not run, unless off)
-    or ignore it (``cache_prompt``, ``id_slot``...)."""
+    ``json_schema``, ``n_probs``) or that only its answer has (``return_tokens``). Every other field goes
+    on to the OpenAI request as it is, whose checks take it (``prompt``, ``stream``, ``temperature``,
+    ``top_k``, ``top_p``, ``min_p``, ``seed``, ``stop``, ``ead``), refuse it (samplers ead does not run,
+    unless off) or ignore it (``cache_prompt``, ``id_slot``...)."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     n_predict: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | None = None  # -1: as far as the context goes
     json_schema: dict[str, Any] | None = None
+    n_probs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # a text completion's logprobs
     return_tokens: bool | None = None
 
     def openai_body(self, n_ctx: int) -> dict[str, Any]:
@@ -86,6 +89,8 @@ class NativeCompletion(BaseModel):
         if self.n_predict is not None:
             either("n_predict", self.n_predict, "max_tokens", fields.get("max_tokens"))
             fields["max_tokens"] = n_ctx if self.n_predict == -1 else self.n_predict  # clamped there
+        if self.n_probs:
+            fields["logprobs"] = either("n_probs", self.n_probs, "logprobs", fields.get("logprobs"))
         if self.json_schema is not None:
             if fields.get("response_format") is not None:
                 message = "json_schema and response_format each give the answer's format: give one"
@@ -97,10 +102,13 @@ class NativeCompletion(BaseModel):
     def spelling(self) -> dict[str, str]:
         """The OpenAI fields this request gave under llama-server's names: the checks' 400s name those."""
         given = {"max_tokens": "n_predict"} if self.n_predict is not None else {}
+        given |= {"logprobs": "n_probs"} if self.n_probs else {}
         return given | ({"response_format": "json_schema"} if self.json_schema is not None else {})
 
 
-def generation_settings(generation: GenerationOptions, seed: int, stream: bool) -> dict[str, Any]:
+def generation_settings(
+    generation: GenerationOptions, seed: int, stream: bool, n_probs: int = 0
+) -> dict[str, Any]:
     """llama-server's ``generation_settings`` (a /completion answer's; ``/props``' defaults) of the ones
     ead's decoding has; ``seed`` -1 where each request draws a fresh one."""
     sampling = generation.sampling
@@ -114,7 +122,7 @@ def generation_settings(generation: GenerationOptions, seed: int, stream: bool) 
         "min_p": sampling.min_p,
         "stop": list(generation.stop),
         "stream": stream,
-        "n_probs": 0,
+        "n_probs": n_probs,
         "samplers": SAMPLERS,
         "grammar": sampling.grammar or "",
     }
@@ -149,14 +157,38 @@ class _Completion:
         self.engine, self.job, self.path, self.log = engine, job, path, log
         self.stream, self.return_tokens = body.stream is True, asked.return_tokens is True
         self.spelling = asked.spelling()
+        self.scored = ScoredText(engine.runners[0].token_bytes)  # n_probs: each token's, once it shows
 
     def respelled(self, error: ApiError) -> ApiError:
         """An OpenAI check's error naming the field as this request spelled it."""
         return error.respelled(self.spelling, "json_schema")
 
-    def _final(self, events: list[TokenEvent], summary: Summary, **ead: Any) -> dict[str, Any]:
-        """The answer's last object; streamed, its text and tokens are the events' (llama-server's empty
-        ``content`` and ``tokens`` here)."""
+    def _probabilities(self, scored: list[Scored]) -> dict[str, Any]:
+        """llama-server's ``completion_probabilities`` of these tokens (none where the request asked for
+        none, or none is released yet): each its id, text (a character's bytes begun, not finished, left
+        out), bytes and log-probability, and its n likeliest alternatives'."""
+        piece = self.engine.runners[0].token_bytes
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            data = piece(token)
+            return {
+                "id": token,
+                "token": data.decode("utf-8", "ignore"),
+                "bytes": list(data),
+                "logprob": logprob,
+            }
+
+        listed = [
+            {**entry(event.token, scores.logprob), "top_logprobs": [entry(t, lp) for t, lp in scores.top]}
+            for event, scores, _ in scored
+        ]
+        return {"completion_probabilities": listed} if listed else {}
+
+    def _final(
+        self, events: list[TokenEvent], summary: Summary, scored: list[Scored], **ead: Any
+    ) -> dict[str, Any]:
+        """The answer's last object, with the probabilities of the ``scored`` tokens; streamed, its text
+        and tokens are the events' (llama-server's empty ``content`` and ``tokens`` here)."""
         log_answered(self.log, self.path, summary)
         runner = self.engine.runners[0]  # every model's vocabulary
         content = "".join(event.text for event in events)
@@ -178,7 +210,9 @@ class _Completion:
             "model": MODEL_ID,
             "tokens_predicted": summary.generated,
             "tokens_evaluated": summary.prompt_tokens,
-            "generation_settings": generation_settings(generation, generation.sampling.seed, self.stream),
+            "generation_settings": generation_settings(
+                generation, generation.sampling.seed, self.stream, self.job.logprobs or 0
+            ),
             "prompt": text_of(runner, self.job.prompt),
             "has_new_line": "\n" in content,
             "truncated": False,  # ead serve never shifts the context
@@ -189,6 +223,7 @@ class _Completion:
             "stopped_limit": stop_type == "limit",
             "tokens_cached": cached_tokens(summary),
             "timings": _timings(summary),
+            **self._probabilities(scored),
             "ead": {**ead, "summary": asdict(summary), "seed": generation.sampling.seed},
         }
 
@@ -214,6 +249,7 @@ class _Completion:
                         "id_slot": 0,
                         "tokens_predicted": event.index + 1,
                         "tokens_evaluated": len(self.job.prompt),
+                        **self._probabilities(self.scored.add(message)),
                         "ead": token_fields(event),
                     }
                     yield {"data": json.dumps(part, ensure_ascii=False)}
@@ -222,7 +258,8 @@ class _Completion:
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield error.sse_event()
                 else:
-                    yield {"data": json.dumps(self._final(events, message.summary), ensure_ascii=False)}
+                    last = self._final(events, message.summary, self.scored.finish())
+                    yield {"data": json.dumps(last, ensure_ascii=False)}
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         try:
@@ -233,7 +270,9 @@ class _Completion:
             return JSONResponse({}, status_code=499)
         tokens, summary = answer
         events = [token.event for token in tokens]
-        return JSONResponse(self._final(events, summary, tokens=[token_fields(event) for event in events]))
+        scored = [entry for token in tokens for entry in self.scored.add(token)] + self.scored.finish()
+        ead_tokens = [token_fields(event) for event in events]
+        return JSONResponse(self._final(events, summary, scored, tokens=ead_tokens))
 
 
 def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeOptions) -> None:
