@@ -331,3 +331,15 @@ def test_every_route_takes_the_api_key(tiny_pair: tuple[Path, Path], tmp_path: P
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
             keyed = {"Authorization": "Bearer s3cret"}
             assert httpx.request(method, f"{server.url}{path}", json=body, headers=keyed).status_code == 200
+
+
+def test_tokens_cached_counts_the_prompt_the_caches_kept(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """With the caches kept between requests (no --no-reuse), the same prompt again is read from them
+    (all but its last token, read again for its logits): tokens_cached and timings say so."""
+    with serving([*pair_args(tiny_pair), *TAU], tmp_path / "server.log") as server:
+        first, again = (native(server, prompt=PROMPT, n_predict=4, temperature=0) for _ in range(2))
+    assert first["tokens_cached"] == first["timings"]["cache_n"] == 0
+    assert again["tokens_cached"] == again["timings"]["cache_n"] == again["tokens_evaluated"] - 1 > 0
+    assert again["timings"]["prompt_n"] == 1
