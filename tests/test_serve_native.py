@@ -343,3 +343,22 @@ def test_tokens_cached_counts_the_prompt_the_caches_kept(
     assert first["tokens_cached"] == first["timings"]["cache_n"] == 0
     assert again["tokens_cached"] == again["timings"]["cache_n"] == again["tokens_evaluated"] - 1 > 0
     assert again["timings"]["prompt_n"] == 1
+
+
+@pytest.mark.real
+def test_apply_template_then_completion_is_the_chats_answer_on_the_real_pair(
+    real_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The way llama-server's docs build a chat by hand, on the demo pair switching: the template applied,
+    then /completion, gives the chat route's answer, ended by the model's end of turn (eos)."""
+    messages = [{"role": "user", "content": "Name the capital of France in one word."}]
+    with Server([*pair_args(real_pair), "--mode", "ead", "--no-reuse"], tmp_path / "server.log") as server:
+        prompt = post(server, "/apply-template", {"messages": messages}).json()["prompt"]
+        completed = native(server, prompt=prompt, n_predict=40, temperature=0)
+        chat = post(
+            server, "/v1/chat/completions", {"messages": messages, "max_tokens": 40, "temperature": 0}
+        )
+    assert completed["content"] == chat.json()["choices"][0]["message"]["content"]
+    assert "Paris" in completed["content"]
+    assert (completed["stop_type"], completed["stopped_eos"], completed["stopping_word"]) == ("eos", True, "")
+    assert completed["tokens_predicted"] == chat.json()["usage"]["completion_tokens"] < 40
