@@ -99,11 +99,13 @@ class NativeCompletion(BaseModel):
             fields["response_format"] = {"type": "json_schema", "json_schema": schema}
         return fields
 
-    def spelling(self) -> dict[str, str]:
-        """The OpenAI fields this request gave under llama-server's names: the checks' 400s name those."""
-        given = {"max_tokens": "n_predict"} if self.n_predict is not None else {}
-        given |= {"logprobs": "n_probs"} if self.n_probs else {}
-        return given | ({"response_format": "json_schema"} if self.json_schema is not None else {})
+    def respelled(self, error: ApiError) -> ApiError:
+        """An OpenAI check's error naming the field as this request spelled it, where it gave the field
+        under llama-server's name."""
+        spelling = {"max_tokens": "n_predict"} if self.n_predict is not None else {}
+        spelling |= {"logprobs": "n_probs"} if self.n_probs else {}
+        spelling |= {"response_format": "json_schema"} if self.json_schema is not None else {}
+        return error.respelled(spelling, "json_schema")
 
 
 def generation_settings(
@@ -156,12 +158,8 @@ class _Completion:
     ) -> None:
         self.engine, self.job, self.path, self.log = engine, job, path, log
         self.stream, self.return_tokens = body.stream is True, asked.return_tokens is True
-        self.spelling = asked.spelling()
+        self.respelled = asked.respelled
         self.scored = ScoredText(engine.runners[0].token_bytes)  # n_probs: each token's, once it shows
-
-    def respelled(self, error: ApiError) -> ApiError:
-        """An OpenAI check's error naming the field as this request spelled it."""
-        return error.respelled(self.spelling, "json_schema")
 
     def _probabilities(self, scored: list[Scored]) -> dict[str, Any]:
         """llama-server's ``completion_probabilities`` of these tokens (none where the request asked for
@@ -287,7 +285,7 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
         try:
             body, job = await requests.text(json.dumps(asked.openai_body(engine.n_ctx)).encode())
         except ApiError as error:
-            raise error.respelled(asked.spelling(), "json_schema") from None
+            raise asked.respelled(error) from None
         answer = _Completion(engine, job, body, asked, request.url.path, requests.log)
         ticket = requests.submit(job)
         if body.stream:
