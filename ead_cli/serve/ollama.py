@@ -542,7 +542,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             _served_name(asked.model, any_model)
             return asked, asked.tokens(requests.embedder())
 
-        asked, tokens = await requests.prepared(prepare, await requests.json_body(request))
+        asked, tokens = await requests.prepared(prepare, await requests.curl_body(request))
         return asked, tokens, await requests.embedded(request.url.path, tokens)
 
     async def _answered(request: Request, asked: OllamaChat | OllamaGenerate) -> Any:
