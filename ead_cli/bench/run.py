@@ -143,7 +143,8 @@ class Bench:
     """One bench: strategies, generation options, the items (made once the tokenizer is loaded), the
     task file (hashed into the config) and the prompt format, the folder the results go to, and a note
     shown before the first sample runs (the sandbox's, where its programs run as root). ``held``: results
-    to resume, locked by the check as the bench is made and held until ``run_bench`` ends (it runs once)."""
+    to resume, locked by ``hold_out`` as the bench is made and held until ``run_bench`` ends (it runs
+    once)."""
 
     name: str
     strategies: Sequence[Strategy]
@@ -152,23 +153,22 @@ class Bench:
     source_sha256: str
     prompt_format: dict[str, Any]
     out: Path
+    held: HeldResults | None = field(repr=False, compare=False)
     timeout_s: float = SAMPLE_TIMEOUT_S
     note: str | None = None
-    held: HeldResults | None = field(init=False, default=None, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        """Refused before any model loads: answers of no tokens, or an --out that cannot take results."""
-        check_max_tokens(self.generation.max_tokens)
-        # a replay's own folder: results.jsonl beside it would make the replay unreportable; beside results
-        # (where bench replay writes by default) it is no bar to resuming them
-        if lookup(self.out / REPLAY_FILE) is not None and lookup(self.out / RESULTS_FILE) is None:
-            raise EadError(
-                f"{shown_path(self.out)} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2
-            )
-        check_can_save(self.out / RESULTS_FILE, "the results", exit_code=2)
-        check_report_files(self.out)
-        # last: no refusal after it leaves the file locked
-        object.__setattr__(self, "held", check_resumable(self.out / RESULTS_FILE))
+
+def hold_out(out: Path) -> HeldResults | None:
+    """Refused before any model loads: an --out that cannot take results. Its results to resume, where
+    there are some, are locked from now (``check_resumable``): the last check, so that no refusal after
+    it leaves the file locked."""
+    # a replay's own folder: results.jsonl beside it would make the replay unreportable; beside results
+    # (where bench replay writes by default) it is no bar to resuming them
+    if lookup(out / REPLAY_FILE) is not None and lookup(out / RESULTS_FILE) is None:
+        raise EadError(f"{shown_path(out)} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
+    check_can_save(out / RESULTS_FILE, "the results", exit_code=2)
+    check_report_files(out)
+    return check_resumable(out / RESULTS_FILE)
 
 
 def check_resumable(path: Path) -> HeldResults | None:
@@ -191,17 +191,22 @@ def humaneval_bench(
     out: Path,
     timeout_s: float = SAMPLE_TIMEOUT_S,
 ) -> Bench:
-    check_timeout(timeout_s, "--timeout")  # before the models load, not mid-bench in the sandbox
+    """Checked before the models load: a time limit the sandbox refuses, answers of no tokens, --out."""
+    check_timeout(timeout_s, "--timeout")  # not mid-bench in the sandbox
+    generation = GenerationOptions(sampling, max_tokens, (STOP,))  # a negative count refused as it is made
+    check_max_tokens(max_tokens)
+    note = sandbox_note()  # decided now, before the models load: whom the programs will run as
     return Bench(
         "humaneval",
         strategies,
-        GenerationOptions(sampling, max_tokens, (STOP,)),
+        generation,
         partial(humaneval_items, tasks=tasks),
         hashlib.sha256(humaneval_path().read_bytes()).hexdigest(),
         {"user": USER_MESSAGE, "prefill": PREFILL},
         out,
+        hold_out(out),
         timeout_s,
-        sandbox_note(),  # decided now, before the models load: whom the programs will run as
+        note,
     )
 
 
@@ -214,15 +219,19 @@ def prompts_bench(
     max_tokens: int,
     out: Path,
 ) -> Bench:
+    """Checked before the models load: the prompts file (read once), answers of no tokens, --out."""
     prompts, source_sha256 = read_prompts(path, limit)
+    generation = GenerationOptions(sampling, max_tokens)
+    check_max_tokens(max_tokens)
     return Bench(
         "prompts",
         strategies,
-        GenerationOptions(sampling, max_tokens),
+        generation,
         partial(prompt_items, prompts=prompts),
         source_sha256,
         {"chat_template": True},
         out,
+        hold_out(out),
     )
 
 
