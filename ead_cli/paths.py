@@ -177,11 +177,7 @@ def try_writing(folder: Path) -> None:
     """Make ``folder`` and write a scratch file in it, then remove the folders it made (the save makes
     them again): a run refused or stopped after the check leaves none. Raises the OSError that says why
     not, the scratch file's named by the folder (its random name means nothing to the user)."""
-    made = []
-    part = folder
-    while lookup(part, follow_links=False) is None and part != part.parent:
-        made.append(part)  # the deepest first, the order they are removed in
-        part = part.parent
+    made = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -190,9 +186,26 @@ def try_writing(folder: Path) -> None:
             error.filename = str(folder)
             raise
     finally:
-        for part in made:
-            with contextlib.suppress(OSError):  # another's file there now: the folder is not ours to remove
-                part.rmdir()
+        remove_folders(made)
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """The folders of ``folder``'s path (itself included) that are not there, which making it makes: the
+    deepest first, the order to remove them in where what they were made for is given up."""
+    missing = []
+    part = folder
+    while lookup(part, follow_links=False) is None and part != part.parent:
+        missing.append(part)
+        part = part.parent
+    return missing
+
+
+def remove_folders(folders: list[Path]) -> None:
+    """Remove ``folders`` (``missing_folders``'s, the deepest first) where they are empty: another's file
+    there now makes its folder not ours to remove."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def cannot_save(path: Path, what: str, error: OSError, exit_code: int = 1) -> EadError:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from ctrl_c import ctrl_c_at_return
-from test_cli import NO_LOCKS, assert_one_line_error
+from test_cli import NO_LOCKS, assert_one_line_error, interruptible
 
 from ead_cli.bench import native
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
@@ -911,6 +911,61 @@ def test_a_resumed_bench_whose_models_fail_to_load_lets_its_results_go(
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
 
 
+def test_a_first_bench_whose_models_fail_to_load_leaves_nothing_behind(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A new --out is held from the bench's check by an empty results file: a bench that ends before it
+    writes its config record takes the file away again, and the folders made for it, so that nothing
+    looks like results; a folder that was there stays."""
+    missing = tmp_path / "missing.gguf"
+    new, given = tmp_path / "new" / "out", tmp_path / "given"
+    given.mkdir()
+    for out in (new, given):
+        job = humaneval_job(humaneval[:1], out)
+        assert (out / "results.jsonl").read_bytes() == b""  # held from the check on
+        with pytest.raises(EadError, match="not found"):
+            run(job, (missing, missing))
+    assert not (tmp_path / "new").exists()
+    assert list(given.iterdir()) == []
+    assert len(run(humaneval_job(humaneval[:1], new), tiny_pair)) == 2
+
+
+def test_a_first_bench_interrupted_as_its_models_load_leaves_nothing_behind(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    """Ctrl-C (SIGINT) in a real bench while it loads its models: exit 130, one line, no folder left, and
+    the same command then runs."""
+    out = tmp_path / "new" / "out"
+    args = ["bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    args += ["--threads", "1", "--strategies", "large", "--max-tokens", "4", "--ids", "0", "--out", str(out)]
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    bench = subprocess.Popen(
+        [sys.executable, "-c", HELD_AT_LOADING, str(gate), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
+    )
+    try:
+        writer = open_when_read(gate, bench)  # it is at its loading, its results held
+        try:
+            assert (out / "results.jsonl").read_bytes() == b""
+            bench.send_signal(signal.SIGINT)
+            _, err = bench.communicate(timeout=300)
+        finally:
+            os.close(writer)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 130 and "Traceback" not in err.decode(), err.decode()
+    assert err.decode().strip().splitlines()[-1] == "error: interrupted"
+    assert not (tmp_path / "new").exists()
+    again = subprocess.run([EAD, *args], capture_output=True, timeout=300)
+    assert again.returncode == 0, again.stderr.decode()
+    assert [record["task_id"] for record in read_results(out / "results.jsonl")[1]] == ["HumanEval/0"]
+
+
 # ``python -c HELD_AT_LOADING GATE ARGS``: ead, its bench saying on stderr that its models load, and held
 # there until GATE (a FIFO another process writes) ends: a bench between its check of the results and their
 # opening. With /dev/null for GATE it is only said.
@@ -945,18 +1000,21 @@ def open_when_read(fifo: Path, reader: subprocess.Popen) -> int:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("first_run", [False, True], ids=["a resume", "a first run"])
 def test_a_second_bench_started_while_the_first_loads_its_models_is_refused_before_loading_its_own(
-    tmp_path: Path, tiny_pair: tuple[Path, Path]
+    tmp_path: Path, tiny_pair: tuple[Path, Path], first_run: bool
 ) -> None:
     """The check of a resumed bench's results locked the file and let it go, to lock it again once the
     models had loaded: a second bench on the same --out started between the two passed its check as well,
-    loaded its models and ran the first one's pending samples. The first is held at its loading by a FIFO
-    it reads; the second, run alike, says so if it loads its models."""
+    loaded its models and ran the first one's pending samples. A first run into a new --out had no file to
+    lock before its models loaded: the second was refused only once its own had loaded. The first is held
+    at its loading by a FIFO it reads; the second, run alike, says so if it loads its models."""
     out = tmp_path / "out"
     args = ["bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
     args += ["--threads", "1", "--strategies", "large", "--max-tokens", "4", "--out", str(out)]
-    started = subprocess.run([EAD, *args, "--ids", "0"], capture_output=True, timeout=300)
-    assert started.returncode == 0, started.stderr.decode()
+    if not first_run:
+        started = subprocess.run([EAD, *args, "--ids", "0"], capture_output=True, timeout=300)
+        assert started.returncode == 0, started.stderr.decode()
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     first = subprocess.Popen(

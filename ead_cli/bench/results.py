@@ -25,8 +25,10 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +38,16 @@ from ..compat import tokenizer_record
 from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
-from ..paths import cannot_save, check_kept_file, lock_or_why_not, lookup, read_file_text, unreadable
+from ..paths import (
+    cannot_save,
+    check_kept_file,
+    lock_or_why_not,
+    lookup,
+    missing_folders,
+    read_file_text,
+    remove_folders,
+    unreadable,
+)
 from ..prompt import context_size
 from ..runner import Runner, gpu_layers, gpu_offload_available
 from .grid import Strategy
@@ -301,24 +312,54 @@ def hold_results(handle: TextIO, path: Path) -> str | None:
 class HeldResults:
     """A results file open to append and locked for one bench (``hold_results``), from the check before its
     models load until its ``Results`` close: let go between the two, a second bench on the same --out had
-    passed its check as well and loaded its models. ``unlocked``: ``hold_results``'s warning, or None."""
+    passed its check as well and loaded its models. A new --out is held by an empty file, made with the
+    folders ``made`` for it. ``unlocked``: ``hold_results``'s warning, or None."""
 
+    path: Path
     handle: TextIO
     unlocked: str | None
+    made: list[Path]
 
     def close(self) -> None:
-        self.handle.close()
+        """Let the file go; one still empty (a bench ended before its config record: its models failed to
+        load, a Ctrl-C) is removed first, with the folders made for it, so that nothing left looks like
+        results. Not where the file is unlocked: another bench may be holding it too."""
+        if self.handle.closed:
+            return
+        with self.handle:
+            empty = self.unlocked is None and os.fstat(self.handle.fileno()).st_size == 0
+            if empty and is_named_by(self.path, self.handle, follow_links=False):  # a link: the user's own
+                with contextlib.suppress(OSError):  # a refusal to remove it must not hide why the bench ended
+                    self.path.unlink()
+        if empty:
+            remove_folders(self.made)
 
 
 def held_results(path: Path) -> HeldResults:
-    """The results file opened to append (``open_to_append``) and locked (``hold_results``); closed again
-    where it is refused."""
-    handle = open_to_append(path)
-    try:
-        return HeldResults(handle, hold_results(handle, path))
-    except BaseException:
+    """The results file, made with its folder where there is none, opened to append (``open_to_append``)
+    and locked (``hold_results``); closed again where it is refused. A file that another bench removed
+    while this one waited to lock it (``HeldResults.close``) is opened again."""
+    while True:
+        made = missing_folders(path.parent)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise cannot_save(path, "the results", error, exit_code=2) from None
+        handle = open_to_append(path)
+        try:
+            held = HeldResults(path, handle, hold_results(handle, path), made)
+        except BaseException:
+            handle.close()
+            raise
+        if held.unlocked is not None or is_named_by(path, handle):
+            return held
         handle.close()
-        raise
+
+
+def is_named_by(path: Path, handle: TextIO, *, follow_links: bool = True) -> bool:
+    """Whether ``path`` names the file ``handle`` holds open (not one removed since it was opened)."""
+    found, held = lookup(path, follow_links=follow_links), os.fstat(handle.fileno())
+    return found is not None and (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
 
 
 class Results:
@@ -328,10 +369,8 @@ class Results:
     closed as the results close."""
 
     def __init__(self, path: Path, config: Record, held: HeldResults | None = None) -> None:
-        if held is None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            held = held_results(path)
-        self._handle, self.unlocked = held.handle, held.unlocked
+        self._held = held or held_results(path)
+        self._handle, self.unlocked = self._held.handle, self._held.unlocked
         try:  # the file read, and a line cut short dropped, under the lock, not while another bench writes
             self._drop_unfinished_line(path)
             stored, self.records = read_results(path)
@@ -345,7 +384,7 @@ class Results:
                     exit_code=2,
                 )
         except BaseException:
-            self._handle.close()
+            self._held.close()
             raise
         self.done = {(record["strategy"], record["task_id"]) for record in self.records}
         if stored is None:
@@ -377,7 +416,7 @@ class Results:
         return [r for r in self.records if r["strategy"] in names and r["task_id"] in ids]
 
     def close(self) -> None:
-        self._handle.close()
+        self._held.close()
 
     def __enter__(self) -> Results:
         return self

@@ -142,8 +142,8 @@ def run_plan(
 class Bench:
     """One bench: strategies, generation options, the items (made once the tokenizer is loaded), the
     task file (hashed into the config) and the prompt format, the folder the results go to, and a note
-    shown before the first sample runs (the sandbox's, where its programs run as root). ``held``: results
-    to resume, locked by ``hold_out`` as the bench is made and held until ``run_bench`` ends (it runs
+    shown before the first sample runs (the sandbox's, where its programs run as root). ``held``: its
+    results file, locked by ``hold_out`` as the bench is made and held until ``run_bench`` ends (it runs
     once)."""
 
     name: str
@@ -153,15 +153,15 @@ class Bench:
     source_sha256: str
     prompt_format: dict[str, Any]
     out: Path
-    held: HeldResults | None = field(repr=False, compare=False)
+    held: HeldResults = field(repr=False, compare=False)
     timeout_s: float = SAMPLE_TIMEOUT_S
     note: str | None = None
 
 
-def hold_out(out: Path) -> HeldResults | None:
-    """Refused before any model loads: an --out that cannot take results. Its results to resume, where
-    there are some, are locked from now (``check_resumable``): the last check, so that no refusal after
-    it leaves the file locked."""
+def hold_out(out: Path) -> HeldResults:
+    """Refused before any model loads: an --out that cannot take results. Its results file, made empty in
+    a new --out, is locked from now (``check_resumable``): the last check, so that no refusal after it
+    leaves the file locked."""
     # a replay's own folder: results.jsonl beside it would make the replay unreportable; beside results
     # (where bench replay writes by default) it is no bar to resuming them
     if lookup(out / REPLAY_FILE) is not None and lookup(out / RESULTS_FILE) is None:
@@ -171,15 +171,17 @@ def hold_out(out: Path) -> HeldResults | None:
     return check_resumable(out / RESULTS_FILE)
 
 
-def check_resumable(path: Path) -> HeldResults | None:
+def check_resumable(path: Path) -> HeldResults:
     """The results a resume would add to read back as the report reads them: a record edited or damaged
     past reading is one line naming the file now, not a traceback as the models load or after every new
     sample has run; and a file that cannot take more (read-only) or that another bench is writing is one
-    line now, not once they have (a FIFO, a folder or a device there: ``read_results``). The file, where
-    there is one, is held locked from now into the bench's ``Results`` (a filesystem without locks: warned
-    of as they open)."""
+    line now, not once they have (a FIFO, a folder or a device there: ``read_results``). The file, made
+    empty where there is none, is held locked from now into the bench's ``Results``, so that a second bench
+    on the same --out, a first run's too, is refused before its models load (a filesystem without locks:
+    warned of as they open); a bench that ends before it writes its config takes an empty file away
+    (``HeldResults.close``)."""
     aggregate_read(path, read_results(path)[1])
-    return held_results(path) if path.exists() else None
+    return held_results(path)
 
 
 def humaneval_bench(
@@ -252,7 +254,7 @@ def run_bench(
     """
     native = any(isinstance(strategy.policy, NativeOptions) for strategy in bench.strategies)
     # the check's lock let go where the bench ends before its results open (Results close it otherwise)
-    with contextlib.closing(bench.held) if bench.held else contextlib.nullcontext():
+    with contextlib.closing(bench.held):
         if native:
             server_binary()  # missing: say so before any model loads
         runners = load_runners(models, progress=progress)
