@@ -693,6 +693,39 @@ def test_a_results_file_of_another_setup_is_refused(
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
 
+def test_another_setup_that_the_options_give_is_refused_before_any_model_loads(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """Another --max-tokens, --timeout, --temp or --seed, or another bench's folder: the setup had been
+    compared only once the models had loaded, the user waiting through the load to be told. Refused as
+    the bench is made, before ``run_bench``; the same setup still resumes."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    before = (tmp_path / "results.jsonl").read_bytes()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    for make, differs in (
+        (lambda: humaneval_job(humaneval[:1], tmp_path, max_tokens=9), "--max-tokens"),
+        (lambda: humaneval_job(humaneval[:1], tmp_path, timeout_s=5.0), "--timeout"),
+        (
+            lambda: humaneval_bench(
+                humaneval[:1], baselines(), sampling=SamplingParams(temp=0.5), max_tokens=8, out=tmp_path
+            ),
+            "--temp or --seed",
+        ),
+        (
+            lambda: prompts_bench(
+                prompts, baselines(), sampling=SamplingParams(), max_tokens=8, out=tmp_path
+            ),
+            "the bench (HumanEval or a prompts file)",
+        ),
+    ):
+        refused = rf"holds results of another setup \(differs in: {re.escape(differs)}"
+        with pytest.raises(EadError, match=refused):
+            make()
+    assert (tmp_path / "results.jsonl").read_bytes() == before
+    assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
+
+
 @pytest.mark.parametrize(
     ("options", "differs"), [({"threads": 2}, "--threads"), ({"n_ctx": 1024}, "--ctx")]
 )

@@ -62,6 +62,30 @@ FORMAT_VERSION = 1
 RUN_KEYS = ("n_ctx", "threads", "gpu_layers")  # how the models ran: an older ead's config lacks them
 
 
+def setup_record(
+    bench: str,
+    generation: GenerationOptions,
+    source_sha256: str,
+    prompt: dict[str, Any],
+    timeout_s: float = SAMPLE_TIMEOUT_S,
+) -> Record:
+    """The part of a config record that the bench's own options give, known before any model loads, so
+    that a results file of another setup is refused then (``check_setup``): generation, prompt format,
+    tasks and the time a solution's tests may take (what passes depends on it)."""
+    setup = {
+        "type": "config",
+        "format": FORMAT_VERSION,
+        "bench": bench,
+        "max_tokens": generation.max_tokens,
+        "stop": list(generation.stop),
+        "sampling": asdict(generation.sampling),
+        "prompt": prompt,
+        "source_sha256": source_sha256,
+        "timeout_s": timeout_s,
+    }
+    return json.loads(json.dumps(setup))  # as it reads back from the file
+
+
 def config_record(
     bench: str,
     runners: Sequence[Runner],
@@ -72,14 +96,10 @@ def config_record(
     *,
     models: ModelOptions,
 ) -> Record:
-    """What must match for samples to share a results file: models, generation, prompt format, tasks, the
-    time a solution's tests may take (what passes depends on it), the context (where an answer must stop),
-    and the threads and GPU layers (every wall-clock figure depends on them; none on a build without GPU
-    offload)."""
+    """What must match for samples to share a results file: the setup (``setup_record``), the models, the
+    context (where an answer must stop), and the threads and GPU layers (every wall-clock figure depends
+    on them; none on a build without GPU offload)."""
     config = {
-        "type": "config",
-        "format": FORMAT_VERSION,
-        "bench": bench,
         "models": {
             runner.name: {
                 "file": runner.label,
@@ -89,17 +109,21 @@ def config_record(
             for runner in runners
         },
         "tokenizer": tokenizer_record(runners[0]),
-        "max_tokens": generation.max_tokens,
-        "stop": list(generation.stop),
-        "sampling": asdict(generation.sampling),
-        "prompt": prompt,
-        "source_sha256": source_sha256,
-        "timeout_s": timeout_s,
         "n_ctx": context_size(runners),
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
     }
-    return json.loads(json.dumps(config))  # as it reads back from the file
+    return setup_record(bench, generation, source_sha256, prompt, timeout_s) | json.loads(json.dumps(config))
+
+
+def check_setup(path: Path, config: Record, stored: Record) -> None:
+    """Refuse to add samples of ``config``'s setup to results of ``stored``'s: one table would mix them."""
+    if stored != config:
+        raise EadError(
+            f"{shown_path(path)} holds results of another setup (differs in: {differing(config, stored)}); "
+            "use another --out or move the file away",
+            exit_code=2,
+        )
 
 
 # each key of the config record as a user knows it: the option given, or what changed
@@ -376,13 +400,8 @@ class Results:
             stored, self.records = read_results(path)
             if stored is not None:  # a file from before the config held how the models ran resumes as it did
                 stored = {key: config[key] for key in RUN_KEYS} | stored
-            if stored is not None and stored != config:
-                raise EadError(
-                    f"{shown_path(path)} holds results of another setup (differs in: "
-                    f"{differing(config, stored)}); "
-                    f"use another --out or move the file away",
-                    exit_code=2,
-                )
+            if stored is not None:
+                check_setup(path, config, stored)
         except BaseException:
             self._held.close()
             raise

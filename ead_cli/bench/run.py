@@ -40,9 +40,11 @@ from .results import (
     HeldResults,
     Record,
     Results,
+    check_setup,
     config_record,
     held_results,
     read_results,
+    setup_record,
 )
 from .sandbox import check_solution, sandbox_note
 from .schedule import ScheduleRecorder, Step
@@ -158,29 +160,32 @@ class Bench:
     note: str | None = None
 
 
-def hold_out(out: Path) -> HeldResults:
-    """Refused before any model loads: an --out that cannot take results. Its results file, made empty in
-    a new --out, is locked from now (``check_resumable``): the last check, so that no refusal after it
-    leaves the file locked."""
+def hold_out(out: Path, setup: Record) -> HeldResults:
+    """Refused before any model loads: an --out that cannot take results, or whose results are of another
+    ``setup`` (``setup_record``). Its results file, made empty in a new --out, is locked from now
+    (``check_resumable``): the last check, so that no refusal after it leaves the file locked."""
     # a replay's own folder: results.jsonl beside it would make the replay unreportable; beside results
     # (where bench replay writes by default) it is no bar to resuming them
     if lookup(out / REPLAY_FILE) is not None and lookup(out / RESULTS_FILE) is None:
         raise EadError(f"{shown_path(out)} holds a replay ({REPLAY_FILE}): use another --out", exit_code=2)
     check_can_save(out / RESULTS_FILE, "the results", exit_code=2)
     check_report_files(out)
-    return check_resumable(out / RESULTS_FILE)
+    return check_resumable(out / RESULTS_FILE, setup)
 
 
-def check_resumable(path: Path) -> HeldResults:
+def check_resumable(path: Path, setup: Record) -> HeldResults:
     """The results a resume would add to read back as the report reads them: a record edited or damaged
     past reading is one line naming the file now, not a traceback as the models load or after every new
-    sample has run; and a file that cannot take more (read-only) or that another bench is writing is one
-    line now, not once they have (a FIFO, a folder or a device there: ``read_results``). The file, made
-    empty where there is none, is held locked from now into the bench's ``Results``, so that a second bench
-    on the same --out, a first run's too, is refused before its models load (a filesystem without locks:
-    warned of as they open); a bench that ends before it writes its config takes an empty file away
-    (``HeldResults.close``)."""
-    aggregate_read(path, read_results(path)[1])
+    sample has run; results of another ``setup``, and a file that cannot take more (read-only) or that
+    another bench is writing, are one line now, not once the models have loaded (a FIFO, a folder or a
+    device there: ``read_results``). The file, made empty where there is none, is held locked from now
+    into the bench's ``Results``, so that a second bench on the same --out, a first run's too, is refused
+    before its models load (a filesystem without locks: warned of as they open); a bench that ends before
+    it writes its config takes an empty file away (``HeldResults.close``)."""
+    stored, records = read_results(path)
+    if stored is not None:
+        check_setup(path, setup, {key: stored.get(key) for key in setup})
+    aggregate_read(path, records)
     return held_results(path)
 
 
@@ -198,7 +203,7 @@ def humaneval_bench(
     generation = GenerationOptions(sampling, max_tokens, (STOP,))  # a negative count refused as it is made
     check_max_tokens(max_tokens)
     note = sandbox_note()  # decided now, before the models load: whom the programs will run as
-    return Bench(
+    return held_bench(
         "humaneval",
         strategies,
         generation,
@@ -206,7 +211,6 @@ def humaneval_bench(
         hashlib.sha256(humaneval_path().read_bytes()).hexdigest(),
         {"user": USER_MESSAGE, "prefill": PREFILL},
         out,
-        hold_out(out),
         timeout_s,
         note,
     )
@@ -225,7 +229,7 @@ def prompts_bench(
     prompts, source_sha256 = read_prompts(path, limit)
     generation = GenerationOptions(sampling, max_tokens)
     check_max_tokens(max_tokens)
-    return Bench(
+    return held_bench(
         "prompts",
         strategies,
         generation,
@@ -233,7 +237,26 @@ def prompts_bench(
         source_sha256,
         {"chat_template": True},
         out,
-        hold_out(out),
+    )
+
+
+def held_bench(
+    name: str,
+    strategies: Sequence[Strategy],
+    generation: GenerationOptions,
+    items_for: Callable[[Sequence[Runner]], list[Item]],
+    source_sha256: str,
+    prompt_format: dict[str, Any],
+    out: Path,
+    timeout_s: float = SAMPLE_TIMEOUT_S,
+    note: str | None = None,
+) -> Bench:
+    """A ``Bench`` of these fields, its --out checked and its results held (``hold_out``) against the setup
+    they give."""
+    setup = setup_record(name, generation, source_sha256, prompt_format, timeout_s)
+    held = hold_out(out, setup)
+    return Bench(
+        name, strategies, generation, items_for, source_sha256, prompt_format, out, held, timeout_s, note
     )
 
 
