@@ -749,6 +749,19 @@ def test_a_setup_differs_in_what_a_user_knows() -> None:
     assert differing(config, stored) == "--n-gpu-layers, --temp or --seed, the tasks or prompts file changed"
 
 
+def test_another_bench_is_said_without_what_follows_from_it() -> None:
+    """A prompts bench's folder given to a HumanEval bench had been said to differ in the bench, the prompt
+    format and the stop strings ('another ead version', which it was not) and the tasks file: the bench
+    alone, with what differs beside it."""
+    humaneval = {"bench": "humaneval", "stop": ["```"], "prompt": {"user": "u"}, "source_sha256": "a"}
+    prompts = {"bench": "prompts", "stop": [], "prompt": {"chat_template": True}, "source_sha256": "b"}
+    assert differing(humaneval, prompts) == "the bench (HumanEval or a prompts file)"
+    assert differing(humaneval | {"max_tokens": 8}, prompts | {"max_tokens": 9}) == (
+        "the bench (HumanEval or a prompts file), --max-tokens"
+    )
+    assert differing(humaneval, humaneval | {"stop": []}) == "the stop strings (another ead version)"
+
+
 def test_gpu_layers_part_a_setup_where_llama_cpp_offloads_them(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:

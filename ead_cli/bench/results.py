@@ -144,9 +144,16 @@ SETUP_NAMES = {
 }
 
 
+# what a bench's kind sets (HumanEval's stop strings, prompt format and tasks file): said only where the
+# bench is the same, else a prompts bench's folder read as 'another ead version'
+OF_THE_BENCH = ("stop", "prompt", "source_sha256")
+
+
 def differing(one: Record, other: Record) -> str:
     """What two config records disagree on, in order, named as a user knows it (``SETUP_NAMES``)."""
     keys = sorted(key for key in one.keys() | other.keys() if one.get(key) != other.get(key))
+    if "bench" in keys:
+        keys = [key for key in keys if key not in OF_THE_BENCH]
     return ", ".join(SETUP_NAMES.get(key, key) for key in keys)
 
 
