@@ -976,11 +976,17 @@ def test_a_first_bench_whose_models_fail_to_load_leaves_nothing_behind(
     assert len(run(humaneval_job(humaneval[:1], new), tiny_pair)) == 2
 
 
-def test_a_first_bench_interrupted_as_its_models_load_leaves_nothing_behind(
-    tmp_path: Path, tiny_pair: tuple[Path, Path]
+@pytest.mark.parametrize(
+    ("stop", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"), (signal.SIGKILL, -9, None)],
+    ids=["SIGINT", "SIGTERM", "SIGKILL"],
+)
+def test_a_first_bench_stopped_as_its_models_load_leaves_nothing_that_looks_like_results(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], stop: signal.Signals, code: int, said: str | None
 ) -> None:
-    """Ctrl-C (SIGINT) in a real bench while it loads its models: exit 130, one line, no folder left, and
-    the same command then runs."""
+    """A real bench stopped while it loads its models: Ctrl-C or SIGTERM end it in one line and leave no
+    folder; killed outright, it leaves its empty results file, which ``bench report`` finds no samples in
+    and the next run takes as new. Either way the same command then runs."""
     out = tmp_path / "new" / "out"
     args = ["bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
     args += ["--threads", "1", "--strategies", "large", "--max-tokens", "4", "--ids", "0", "--out", str(out)]
@@ -996,7 +1002,7 @@ def test_a_first_bench_interrupted_as_its_models_load_leaves_nothing_behind(
         writer = open_when_read(gate, bench)  # it is at its loading, its results held
         try:
             assert (out / "results.jsonl").read_bytes() == b""
-            bench.send_signal(signal.SIGINT)
+            bench.send_signal(stop)
             _, err = bench.communicate(timeout=300)
         finally:
             os.close(writer)
@@ -1004,9 +1010,14 @@ def test_a_first_bench_interrupted_as_its_models_load_leaves_nothing_behind(
         if bench.poll() is None:
             bench.kill()
             bench.wait()
-    assert bench.returncode == 130 and "Traceback" not in err.decode(), err.decode()
-    assert err.decode().strip().splitlines()[-1] == "error: interrupted"
-    assert not (tmp_path / "new").exists()
+    assert bench.returncode == code and "Traceback" not in err.decode(), err.decode()
+    if said is not None:
+        assert err.decode().strip().splitlines()[-1] == f"error: {said}"
+        assert not (tmp_path / "new").exists()
+    else:
+        assert (out / "results.jsonl").read_bytes() == b""
+        report = subprocess.run([EAD, "bench", "report", str(out)], capture_output=True, timeout=300)
+        assert_one_line_error(report, 2, f"no samples in {out / 'results.jsonl'}")
     again = subprocess.run([EAD, *args], capture_output=True, timeout=300)
     assert again.returncode == 0, again.stderr.decode()
     assert [record["task_id"] for record in read_results(out / "results.jsonl")[1]] == ["HumanEval/0"]
