@@ -1251,6 +1251,41 @@ def test_a_stopped_bench_says_which_samples_it_kept(
     assert [json.loads(line)["type"] for line in results.read_text().splitlines()] == ["config", "sample"]
 
 
+def test_a_real_ctrl_c_mid_bench_keeps_whole_samples_and_the_same_command_runs_only_the_rest(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    """SIGINT sent to a real bench once its first samples are on disk, wherever it then is (a decode, a
+    program under test, a write): exit 130, the samples it says it kept are whole records in the file, and
+    the same command runs the others once each."""
+    out = tmp_path / "out"
+    args = ["bench", "humaneval", "--small", str(tiny_pair[0]), "--large", str(tiny_pair[1])]
+    args += ["--threads", "1", "--strategies", "small,large", "--max-tokens", "16", "--ids", "0-15"]
+    args += ["--out", str(out)]
+    results = out / "results.jsonl"
+    bench = subprocess.Popen([EAD, *args], stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+    try:
+        while bench.poll() is None and (not results.exists() or results.read_text().count("\n") < 3):
+            time.sleep(0.05)
+        bench.send_signal(signal.SIGINT)
+        _, err = bench.communicate(timeout=300)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 130 and "Traceback" not in err, err
+    kept = re.search(r"(\d+) of the 32 samples to run are kept in ", err)
+    assert kept is not None and err.strip().splitlines()[-1] == "error: interrupted", err
+    text = results.read_text()
+    assert text.endswith("\n")
+    _, records = read_results(results)
+    assert len(records) == int(kept.group(1)) >= 2
+    again = subprocess.run([EAD, *args], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"{32 - len(records)}/{32 - len(records)}" in again.stderr  # the progress bar: the rest alone
+    pairs = [(record["strategy"], record["task_id"]) for record in read_results(results)[1]]
+    assert len(pairs) == len(set(pairs)) == 32
+
+
 def test_a_prompts_file_is_read_once_so_a_pipe_gives_it(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
     """The prompts were read, then the file read again after the models loaded, for its hash in the
     results' config: a named pipe, written once, had been waited on for ever for a second writer (and
