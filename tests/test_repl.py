@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import _thread
+import io
 import json
 import os
 import re
@@ -13,13 +15,15 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import CodeType, FrameType
 
 import pexpect
 import pytest
 from test_cli import interruptible
 
 from ead_cli.chat import Conversation
-from ead_cli.cli.repl import MORE, PROMPT, read_message
+from ead_cli.cli.repl import MORE, PROMPT, Repl, read_message
+from ead_cli.decoder import Decoder
 from ead_cli.engine import close_all, load_runners
 from ead_cli.errors import EadError, quoted
 from ead_cli.option_table import CHAT, on
@@ -953,3 +957,55 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
     command_cut = f"{'/' + 'x' * 79!r}... (100001 characters)"
     assert lines[5] == f"error: unknown command {command_cut} (/help lists the commands)"
     assert all(len(line) < 300 for line in lines), lines
+
+
+def repl_on(runners: list[Runner], messages: list[str], *, max_tokens: int = 100) -> tuple[Repl, io.BytesIO]:
+    """The REPL of a person at a terminal, in this process, on the tiny pair: it reads ``messages`` then
+    ends; its answers go to a file (the bytes returned), its notes to a string (``repl.err``)."""
+    conversation = Conversation(runners, PolicyOptions(tau=3.0), GenerationOptions(max_tokens=max_tokens))
+    pending = list(messages)
+
+    def read_line(prompt: str) -> str:
+        if not pending:
+            raise EOFError
+        return pending.pop(0)
+
+    answers = io.BytesIO()
+    out = io.TextIOWrapper(answers, encoding="utf-8", write_through=True)
+    repl = Repl(conversation, read_line, out=out, err=io.StringIO(), color=False, interactive=True)
+    return repl, answers
+
+
+def ctrl_c_at(*points: tuple[CodeType, str, int]) -> Callable[[FrameType, str, object], None]:
+    """A profiler that trips a Ctrl-C at each point in turn, (a function's code, "call" or "return", the
+    nth such event of it): Python raises it at its next check, wherever the code then is
+    (``tests/ctrl_c.py``)."""
+    pending, seen = list(points), {}
+
+    def trip(frame: FrameType, event: str, _: object) -> None:
+        if pending and (frame.f_code, event) == pending[0][:2]:
+            seen[pending[0]] = seen.get(pending[0], 0) + 1
+            if seen[pending[0]] == pending[0][2]:
+                pending.pop(0)
+                _thread.interrupt_main()
+
+    return trip
+
+
+def test_a_token_counted_before_a_ctrl_c_is_shown_in_every_answer_not_only_the_first(
+    runners: list[Runner],
+) -> None:
+    """A Ctrl-C after the decoder counted a token but before the REPL showed it: the REPL shows it itself.
+    It had compared the token's index with the last one shown in the whole session, so a second answer's
+    first token, cut so, was in the turn (and in what the models read) but never on screen."""
+    repl, answers = repl_on(runners, ["hello", "again"], max_tokens=8)
+    sys.setprofile(ctrl_c_at((Decoder._announce.__code__, "return", 8 + 1)))  # the second answer's
+    try:
+        assert repl.loop() == 0
+    finally:
+        sys.setprofile(None)
+    first, second = repl.conversation.turns
+    assert first.summary.generated == 8 and [event.index for event in second.events] == [0]
+    assert second.events[0].text, "the token cut has text to show"
+    shown = "".join(event.text for event in first.events) + "\n" + second.events[0].text + "\n"
+    assert answers.getvalue().decode() == shown

@@ -246,6 +246,7 @@ class Repl:
         except EadError as error:
             self.error(str(error))
             return
+        self.renderer.shown = -1  # this answer's tokens count from 0: none of them shown yet
         stop: BaseException | None = None  # ends the session once the cut answer's line is closed
         lost: RemoteError | None = None  # said once the cut answer's line is closed
         try:
