@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType, FrameType
@@ -22,6 +23,7 @@ import pytest
 from test_cli import interruptible
 
 from ead_cli.chat import Conversation
+from ead_cli.cli.render import TextRenderer
 from ead_cli.cli.repl import MORE, PROMPT, Repl, read_message
 from ead_cli.decoder import Decoder
 from ead_cli.engine import close_all, load_runners
@@ -976,18 +978,30 @@ def repl_on(runners: list[Runner], messages: list[str], *, max_tokens: int = 100
     return repl, answers
 
 
-def ctrl_c_at(*points: tuple[CodeType, str, int]) -> Callable[[FrameType, str, object], None]:
-    """A profiler that trips a Ctrl-C at each point in turn, (a function's code, "call" or "return", the
-    nth such event of it): Python raises it at its next check, wherever the code then is
-    (``tests/ctrl_c.py``)."""
-    pending, seen = list(points), {}
+def raised() -> None:
+    """A Ctrl-C that Python raises at its next check, wherever the code then is (``tests/ctrl_c.py``)."""
+    _thread.interrupt_main()
 
-    def trip(frame: FrameType, event: str, _: object) -> None:
-        if pending and (frame.f_code, event) == pending[0][:2]:
-            seen[pending[0]] = seen.get(pending[0], 0) + 1
-            if seen[pending[0]] == pending[0][2]:
-                pending.pop(0)
-                _thread.interrupt_main()
+
+def sent() -> None:
+    """A real SIGINT to the main thread, which code that holds Ctrl-C back (``main_thread_signals``) holds."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+CtrlC = tuple[CodeType, str, int, Callable[[], None]]
+
+
+def ctrl_c_at(code: CodeType, event: str, nth: int, ctrl_c: Callable[[], None]) -> Callable[..., None]:
+    """For ``sys.setprofile`` (or ``sys.settrace``, which shows calls only): a Ctrl-C as the function of
+    ``code`` sees the nth ``event`` ("call" or "return"), ``raised`` or ``sent``. Python may raise it in
+    this function, which then ends the profiling (or tracing): a test that gives two uses one of each."""
+    seen = []
+
+    def trip(frame: FrameType, happening: str, _: object) -> None:
+        if frame.f_code is code and happening == event and len(seen) < nth:
+            seen.append(1)
+            if len(seen) == nth:
+                ctrl_c()
 
     return trip
 
@@ -999,7 +1013,7 @@ def test_a_token_counted_before_a_ctrl_c_is_shown_in_every_answer_not_only_the_f
     It had compared the token's index with the last one shown in the whole session, so a second answer's
     first token, cut so, was in the turn (and in what the models read) but never on screen."""
     repl, answers = repl_on(runners, ["hello", "again"], max_tokens=8)
-    sys.setprofile(ctrl_c_at((Decoder._announce.__code__, "return", 8 + 1)))  # the second answer's
+    sys.setprofile(ctrl_c_at(Decoder._announce.__code__, "return", 8 + 1, raised))  # the second answer's
     try:
         assert repl.loop() == 0
     finally:
@@ -1009,3 +1023,49 @@ def test_a_token_counted_before_a_ctrl_c_is_shown_in_every_answer_not_only_the_f
     assert second.events[0].text, "the token cut has text to show"
     shown = "".join(event.text for event in first.events) + "\n" + second.events[0].text + "\n"
     assert answers.getvalue().decode() == shown
+
+
+@pytest.mark.parametrize(
+    "second",
+    [(Conversation._close_turn.__code__, "call", 1, sent), (Repl.note.__code__, "call", 2, sent)],
+    ids=["while the turn is recorded", "while its summary is written"],
+)
+def test_a_second_ctrl_c_as_a_cut_answer_ends_keeps_its_summary(runners: list[Runner], second: CtrlC) -> None:
+    """An impatient second Ctrl-C that lands while the first one's answer is being recorded (the library
+    holds it back until the turn is whole, then raises it) or while its summary is written had left the
+    summary out or cut it short: the answer is stopped already, so the summary is written whole, then the
+    second Ctrl-C does what one at the prompt does (a fresh line)."""
+    repl, answers = repl_on(runners, ["hello", "/stats"])
+    sys.setprofile(ctrl_c_at(TextRenderer.event.__code__, "call", 3, raised))  # in the REPL, not the models
+    sys.settrace(ctrl_c_at(*second))
+    try:
+        assert repl.loop() == 0
+    finally:
+        sys.setprofile(None)
+        sys.settrace(None)
+    [turn] = repl.conversation.turns
+    summary, *notes = repl.err.getvalue().splitlines()[2:]  # after the legend and the hint
+    assert SUMMARY.fullmatch(summary.removesuffix(" · cut (interrupted)"))
+    assert summary.endswith(" · cut (interrupted)")
+    assert notes[:2] == ["", "last answer:"]  # a fresh line, then the /stats after it: the session went on
+    assert [event.index for event in turn.events] == [0, 1, 2]
+    assert answers.getvalue().decode() == "".join(event.text for event in turn.events) + "\n"
+
+
+def test_ctrl_c_twice_quickly_during_answers_keeps_each_summary_and_the_session(spawn) -> None:
+    """At a real terminal: Ctrl-C, then another as soon as the terminal echoes the first, over ten answers.
+    The second had often landed while the first one's answer was being closed, and its summary line was
+    never written (the in-process tests above trip each such point exactly)."""
+    child = spawn("--ctx", "32768", "--max-tokens", "100000")  # answers that run for a minute
+    for _ in range(10):
+        type_line(child, "hello")
+        child.expect(r"\x1b\[(36|1;33)m")  # the answer is streaming
+        child.sendcontrol("c")
+        child.expect_exact("^C")
+        child.sendcontrol("c")
+        assert child.expect([SUMMARY, PROMPT]) == 0, plain(child.before)
+        child.expect_exact(" · cut (interrupted)")
+        child.expect_exact(PROMPT)
+    assert "Traceback" not in plain(child.before)
+    assert "session: 10 answers · " in plain(send(child, "/stats"))  # the session went on, each answer in it
+    assert leave(child) == 0

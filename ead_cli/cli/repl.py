@@ -29,7 +29,7 @@ from ..paths import BOM, MAX_READ_BYTES, expand_home, folder_ending
 from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
-from ..signals import Terminated
+from ..signals import Terminated, main_thread_signals
 from .output import at_its_width, silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
@@ -261,14 +261,18 @@ class Repl:
         except RemoteError as error:  # the server went away mid-answer
             lost = error
         finally:
-            stream.close()
+            try:
+                stream.close()
+            except KeyboardInterrupt as again:  # a second Ctrl-C, held back while the turn was recorded
+                stop = stop or again  # the answer is stopped already: it acts once the notes are out
         turn = conversation.turns[-1]
         if turn.events and turn.events[-1].index > self.renderer.shown:  # counted before Ctrl-C came
             self.renderer.event(turn.events[-1])
         self.renderer.finish(turn.summary)
-        self.note(summary_line(turn))
-        if lost is not None:
-            self.error(str(lost))
+        with main_thread_signals():  # a Ctrl-C meanwhile waits for the lines to be whole
+            self.note(summary_line(turn))
+            if lost is not None:
+                self.error(str(lost))
         if stop is not None:
             raise stop
         if conversation.full:
