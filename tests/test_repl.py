@@ -23,6 +23,7 @@ import pytest
 from test_cli import interruptible
 
 from ead_cli.chat import Conversation
+from ead_cli.cli.output import spelled
 from ead_cli.cli.render import TextRenderer
 from ead_cli.cli.repl import MORE, PROMPT, Repl, read_message
 from ead_cli.decoder import Decoder
@@ -1069,3 +1070,23 @@ def test_ctrl_c_twice_quickly_during_answers_keeps_each_summary_and_the_session(
     assert "Traceback" not in plain(child.before)
     assert "session: 10 answers · " in plain(send(child, "/stats"))  # the session went on, each answer in it
     assert leave(child) == 0
+
+
+def test_a_ctrl_c_as_a_command_says_what_it_did_is_no_claim_that_nothing_changed(
+    runners: list[Runner],
+) -> None:
+    """A Ctrl-C while /tau wrote the settings it had just made had been reported as '/tau stopped
+    (Ctrl-C): nothing changed', and /stats then showed the new tau: a command's line is written whole,
+    then the Ctrl-C does what one at the prompt does."""
+    repl, _ = repl_on(runners, ["/tau 2.5", "/stats"])
+    sys.settrace(ctrl_c_at(spelled.__code__, "call", 2, sent))  # the first is the hint at the start
+    try:
+        assert repl.loop() == 0
+    finally:
+        sys.settrace(None)
+    changed, fresh, *stats = repl.err.getvalue().splitlines()[2:]
+    assert changed.startswith("settings: mode ead · policy gate · tau 2.5 · ")
+    assert changed.endswith(" (from the next answer)")
+    assert fresh == ""
+    assert stats[0] == "no answer yet in this conversation"
+    assert stats[2].startswith("context: 0 of 512 tokens · settings: mode ead · policy gate · tau 2.5 · ")

@@ -149,8 +149,9 @@ class Repl:
         self.console.soft_wrap = not self.console.is_terminal  # a terminal's lines wrap at spaces
         self.interactive = interactive
         self.failed = False
-        # name: (handler, argument, what it does); /exit has no handler, it ends the loop
-        self.commands: dict[str, tuple[Callable[[str], None] | None, str, str]] = {
+        # name: (handler, argument, what it does); /exit has no handler, it ends the loop. A handler returns
+        # the line that says what it changed, if any, for the REPL to write once the command is over.
+        self.commands: dict[str, tuple[Callable[[str], str | None] | None, str, str]] = {
             "help": (self._help, "", "this list"),
             **{
                 option.command[1:]: (self._setter(option), _usage(option), option.short or option.help)
@@ -189,12 +190,15 @@ class Repl:
         return 1 if self.failed else 0
 
     def note(self, message: str) -> None:
-        self.console.print(spelled(message), style="dim")  # what the user typed, never acted on
+        """A line of the REPL's own, written whole: a Ctrl-C meanwhile acts once it is out."""
+        with main_thread_signals():
+            self.console.print(spelled(message), style="dim")  # what the user typed, never acted on
 
     def error(self, message: str) -> None:
         if not self.interactive:
             self.failed = True
-        self.console.print(f"error: {spelled(message)}", style="red")
+        with main_thread_signals():  # written whole, as a note
+            self.console.print(f"error: {spelled(message)}", style="red")
 
     def _step(self) -> bool:
         """Read and handle one message or command; False to leave."""
@@ -226,14 +230,18 @@ class Repl:
         if handler is None:
             return False
         try:
-            handler(argument.strip())
+            done = handler(argument.strip())
         except EadError as error:
             self.error(str(error))
+            return True
         except KeyboardInterrupt:  # the small model's load, a /save to a FIFO no one reads: each command
             if not self.interactive:  # changes what it changes last, in one step
                 raise
             self.err.write("\n")  # after the ^C the terminal echoed
             self.note(f"/{name} stopped (Ctrl-C): nothing changed")
+            return True
+        if done:  # said here: a Ctrl-C while it is written stops no command, which is over
+            self.note(done)
         return True
 
     def _answer(self, text: str) -> None:
@@ -288,38 +296,36 @@ class Repl:
 
     def _configure(
         self, policy: PolicyOptions | None = None, generation: GenerationOptions | None = None
-    ) -> None:
+    ) -> str:
         conversation = self.conversation
         conversation.configure(policy or conversation.policy, generation or conversation.generation)
         settings = settings_line(conversation.effective_policy, conversation.generation)
-        self.note(settings + " (from the next answer)")
+        return settings + " (from the next answer)"
 
-    def _setter(self, option: DecodingOption) -> Callable[[str], None]:
+    def _setter(self, option: DecodingOption) -> Callable[[str], str]:
         """The command of a decoding option (the option table's CHAT surface): its value, read by the
         table, for the next answers; a policy option set so counts as given (``PolicyOptions.changed``)."""
 
-        def set_option(argument: str) -> None:
+        def set_option(argument: str) -> str:
             value = option.read(argument, option.command)
             policy, generation = self.conversation.policy, self.conversation.generation
             try:
                 if option.target == "policy":
-                    self._configure(policy.changed(**{option.attribute: value}))
-                elif option.target == "sampling":
+                    return self._configure(policy.changed(**{option.attribute: value}))
+                if option.target == "sampling":
                     sampling = replace(generation.sampling, **{option.attribute: value})
-                    self._configure(generation=replace(generation, sampling=sampling))
-                else:
-                    self._configure(generation=replace(generation, **{option.attribute: value}))
+                    return self._configure(generation=replace(generation, sampling=sampling))
+                return self._configure(generation=replace(generation, **{option.attribute: value}))
             except EadError as error:
                 raise EadError(_as_command(str(error), option), error.exit_code) from None
 
         return set_option
 
-    def _system(self, argument: str) -> None:
+    def _system(self, argument: str) -> str:
         if not argument and self.conversation.system is None:
-            self.note("there was no system message to remove")
-            return
+            return "there was no system message to remove"
         self.conversation.system = argument or None
-        self.note(f"system message {'set' if argument else 'removed'} (from the next answer)")
+        return f"system message {'set' if argument else 'removed'} (from the next answer)"
 
     def _stats(self, argument: str) -> None:
         conversation = self.conversation
@@ -339,11 +345,11 @@ class Repl:
             + settings_line(conversation.effective_policy, conversation.generation)
         )
 
-    def _reset(self, argument: str) -> None:
+    def _reset(self, argument: str) -> str:
         self.conversation.reset()
-        self.note("new conversation")
+        return "new conversation"
 
-    def _save(self, argument: str) -> None:
+    def _save(self, argument: str) -> str:
         """One file name, split as a shell splits it: '/save chat.json now' must not write 'chat.json now';
         a name ending as a folder's ('notes/') is refused, not written as the file 'notes'."""
         try:
@@ -361,7 +367,7 @@ class Repl:
             raise EadError(f"cannot write {shown_path(name)}: {why}")
         path = expand_home(name, f"cannot write {name}")
         self.conversation.save(path)
-        self.note(f"saved {counted(len(self.conversation.turns), 'turn')} to {shown_path(path)}")
+        return f"saved {counted(len(self.conversation.turns), 'turn')} to {shown_path(path)}"
 
     def _help(self, argument: str) -> None:
         for name, (_, usage, description) in self.commands.items():
