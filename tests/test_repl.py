@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType, FrameType
@@ -1090,3 +1091,54 @@ def test_a_ctrl_c_as_a_command_says_what_it_did_is_no_claim_that_nothing_changed
     assert fresh == ""
     assert stats[0] == "no answer yet in this conversation"
     assert stats[2].startswith("context: 0 of 512 tokens · settings: mode ead · policy gate · tau 2.5 · ")
+
+
+def test_ctrl_c_twice_at_the_prompt_never_ends_the_session(spawn) -> None:
+    """Two Ctrl-Cs at the prompt, 50 to 54 ms apart (pexpect pauses 50 ms before each send), forty times:
+    the second could come while readline cleaned up after the first (it waits for the terminal to take
+    its output) and was raised as the REPL wrote the fresh line, outside any handler: 'error:
+    interrupted', the session over (in 2 to 7 sessions of 10 on a loaded 2-core machine). Each now only
+    clears the line."""
+    child = spawn("--max-tokens", "4")
+    for pair in range(40):
+        child.sendcontrol("c")
+        time.sleep(pair % 8 / 2000)
+        child.sendcontrol("c")
+        assert child.expect_exact([PROMPT, pexpect.EOF]) == 0, plain(child.before)
+    assert "error:" not in plain(child.before)
+    assert SUMMARY.search(plain(send(child, "hello")))  # the session went on
+    assert leave(child) == 0
+
+
+def test_a_ctrl_c_as_the_fresh_line_after_one_is_written_never_ends_the_session(
+    runners: list[Runner],
+) -> None:
+    """The exact point of the test above: read_line raises KeyboardInterrupt as input() does on Ctrl-C, and
+    another Ctrl-C is raised as the REPL writes the fresh line for it."""
+    conversation = Conversation(runners, PolicyOptions(tau=3.0), GenerationOptions(max_tokens=4))
+    lines, armed = ["ctrl-c", "/stats"], []
+
+    def read_line(prompt: str) -> str:
+        if not lines:
+            raise EOFError
+        if lines.pop(0) == "ctrl-c":
+            armed.append(1)
+            raise KeyboardInterrupt
+        return "/stats"
+
+    err = io.StringIO()
+    repl = Repl(conversation, read_line, out=sys.stdout, err=err, color=False, interactive=True)
+
+    def trip(frame: FrameType, event: str, function: object) -> None:
+        if armed and event == "c_call" and getattr(function, "__self__", None) is err:
+            armed.clear()
+            _thread.interrupt_main()
+
+    sys.setprofile(trip)
+    try:
+        assert repl.loop() == 0
+    except KeyboardInterrupt:
+        pytest.fail("the second Ctrl-C ended the session")
+    finally:
+        sys.setprofile(None)
+    assert "no answer yet in this conversation" in err.getvalue()  # the /stats after it ran

@@ -173,21 +173,30 @@ class Repl:
             self.note("/help lists the commands; Ctrl-D leaves")
         while True:
             try:
-                if not self._step():
+                if not self._turn():
                     break
-            except KeyboardInterrupt:
-                if not self.interactive:
+            except KeyboardInterrupt:  # one more Ctrl-C, come while the last was handled (readline takes a
+                if not self.interactive:  # while to clean up after one): the line it clears is cleared
                     raise
-                self.err.write("\n")  # the line typed so far is dropped; a fresh prompt follows
-            except EOFError:
-                if self.interactive:
-                    self.err.write("\n")
-                break
-            except EadError as error:  # the input ended inside a message
-                if self.interactive:
-                    self.err.write("\n")  # Ctrl-D left the cursor after the ... prompt
-                self.error(str(error))
         return 1 if self.failed else 0
+
+    def _turn(self) -> bool:
+        """One step, and what ended it early: Ctrl-C drops the line, Ctrl-D leaves; False to leave."""
+        try:
+            return self._step()
+        except KeyboardInterrupt:
+            if not self.interactive:
+                raise
+            self.err.write("\n")  # the line typed so far is dropped; a fresh prompt follows
+        except EOFError:
+            if self.interactive:
+                self.err.write("\n")
+            return False
+        except EadError as error:  # the input ended inside a message
+            if self.interactive:
+                self.err.write("\n")  # Ctrl-D left the cursor after the ... prompt
+            self.error(str(error))
+        return True
 
     def note(self, message: str) -> None:
         """A line of the REPL's own, written whole: a Ctrl-C meanwhile acts once it is out."""
