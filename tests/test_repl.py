@@ -1142,3 +1142,15 @@ def test_a_ctrl_c_as_the_fresh_line_after_one_is_written_never_ends_the_session(
     finally:
         sys.setprofile(None)
     assert "no answer yet in this conversation" in err.getvalue()  # the /stats after it ran
+
+
+def test_a_terminal_opened_as_stdin_for_writing_only_is_one_line(tiny_pair: tuple[Path, Path]) -> None:
+    """``ead chat 0>/dev/tty``: isatty() holds, but readline's reads fail, which it takes for the input's
+    end: the prompt showed and the first key ended the chat, silently, exit 0. One line, before the
+    models load (a pipe opened so, ``0>file``, said the same only after the load)."""
+    command = shlex.join([str(EAD), *chat_args(tiny_pair)]) + " 0>/dev/tty"
+    child = pexpect.spawn("/bin/sh", ["-c", command], encoding="utf-8", timeout=30, dimensions=(40, 250))
+    child.expect(pexpect.EOF)
+    child.close()
+    assert plain(child.before) == "error: cannot read the input: stdin is not open for reading\n"
+    assert child.exitstatus == 1

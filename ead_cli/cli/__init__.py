@@ -8,9 +8,7 @@ Each command group lives in its own module (``generate``: generate, chat, serve,
 from __future__ import annotations
 
 import errno
-import fcntl
 import inspect
-import os
 import re
 import signal
 import sys
@@ -35,6 +33,7 @@ from .models import models_app
 from .output import (
     check_stdout,
     color_system,
+    misopened,
     open_closed_stderr,
     silence_stdout,
     spelled,
@@ -378,17 +377,7 @@ def _where_it_goes(root: TyperGroup, option: str | None, context: typer.Context 
 def _misopened() -> str | None:
     """Why a read or write of stdin or stdout failed with EBADF: the shell opened it the wrong way round
     (``1</dev/null``, ``0>file``), which had been a traceback in any command but generate."""
-    for fd, wanted, problem in (
-        (1, os.O_WRONLY, "cannot write the output: stdout is not open for writing"),
-        (0, os.O_RDONLY, "cannot read the input: stdin is not open for reading"),
-    ):
-        try:
-            mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
-        except OSError:  # closed: Python's own stream is None, which the commands say themselves
-            continue
-        if mode not in (wanted, os.O_RDWR):
-            return problem
-    return None
+    return misopened(1) or misopened(0)
 
 
 def _fail(message: str, code: int) -> None:

@@ -34,7 +34,7 @@ from .groups import (
     read_prompt,
     with_options,
 )
-from .output import check_stdout, print_table, say, say_progress, stderr
+from .output import check_stdout, misopened, print_table, say, say_progress, stderr
 
 if TYPE_CHECKING:
     from .render import JsonlRenderer, TextRenderer
@@ -144,6 +144,8 @@ def chat(
 
     if sys.stdin is None:  # the shell closed it (<&-)
         raise EadError("ead chat reads its turns from stdin, which is closed", exit_code=2)
+    if problem := misopened(0):  # 0>/dev/tty: readline would take its failing reads for the input's end
+        raise EadError(problem)
     check_stdout("the conversation")
     policy_options, generation = _for_models(decoding, model_options)
     # The default mode starts with the large model alone; a command that turns the pair on loads the rest.

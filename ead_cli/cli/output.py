@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sys
 from collections.abc import Iterator
@@ -145,6 +146,24 @@ def check_stdout(what: str) -> None:
     nowhere to put ``what``."""
     if sys.stdout is None:
         raise EadError(f"cannot write {what}: stdout is closed")
+
+
+# A standard stream the shell opened the wrong way round (``1</dev/null``, ``0>file``): what its use says.
+_WRONG_WAY = {
+    1: (os.O_WRONLY, "cannot write the output: stdout is not open for writing"),
+    0: (os.O_RDONLY, "cannot read the input: stdin is not open for reading"),
+}
+
+
+def misopened(fd: int) -> str | None:
+    """Why stdin (0) or stdout (1) cannot serve, opened the wrong way round; None where it can, or is
+    closed (Python's own stream is then None, which the commands say themselves)."""
+    wanted, problem = _WRONG_WAY[fd]
+    try:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        return None
+    return None if mode in (wanted, os.O_RDWR) else problem
 
 
 def silence_stdout() -> None:
