@@ -70,9 +70,10 @@ class DecodingOption:
     ``parse``: its value from text (the command line's strings, chat, the bench's lists), raising
     ValueError, said as ``what``; ``older``: spellings that still parse; ``llama_spellings``: llama.cpp's
     spellings of the same option (common/arg.cpp: ``-n``, ``--n-predict``), which its users type from
-    habit, on the command line only; ``metavar``: its value in help where its type's word (``placeholder``)
-    says too little; ``sweep``: the bench's help for its list, ``bench_default`` the list when not given if
-    not ``default``."""
+    habit, on the command line only; ``ollama_parameter``: ollama's name of the same parameter (a
+    Modelfile's PARAMETER), so chat takes ``/set parameter NAME VALUE`` as its command; ``metavar``: its
+    value in help where its type's word (``placeholder``) says too little; ``sweep``: the bench's help for
+    its list, ``bench_default`` the list when not given if not ``default``."""
 
     name: str
     kind: type
@@ -90,6 +91,7 @@ class DecodingOption:
     what: str = ""
     older: tuple[str, ...] = ()
     llama_spellings: tuple[str, ...] = ()
+    ollama_parameter: str = ""
     repeatable: bool = False
     metavar: str | None = None
     sweep: str = ""
@@ -354,6 +356,7 @@ DECODING: tuple[DecodingOption, ...] = (
         target="sampling",
         short="sampling temperature (0: greedy)",
         surfaces=frozenset({CLI, CHAT}),
+        ollama_parameter="temperature",
     ),
     DecodingOption(
         "top_k",
@@ -387,6 +390,7 @@ DECODING: tuple[DecodingOption, ...] = (
         target="generation",
         surfaces=frozenset({CLI, CHAT}),
         llama_spellings=("-n", "--n-predict"),
+        ollama_parameter="num_predict",
     ),
     DecodingOption(
         "fallback",

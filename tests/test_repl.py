@@ -608,31 +608,30 @@ def test_a_command_that_takes_no_argument_refuses_words_and_does_nothing(
 def test_an_unknown_command_names_the_one_a_near_miss_or_another_chats_spelling_meant(
     tiny_pair: tuple[Path, Path],
 ) -> None:
-    """A typo (/hlep), another case (/EXIT), an = for a space (/tau=2) and what ollama's users type
-    (/bye, /?, /clear) had each been only 'unknown command': the line names the command meant. A
-    space after the / had run the command after it (/ reset reset the conversation) and echoed a name
-    no one typed (/ hello: '/hello'): the name is what follows the / at once."""
+    """A typo (/hlep), another case (/EXIT), an = for a space (/tau=2), habit (/quit) and ollama's
+    commands that mean none of ead's (/show info; /set verbose names none) had each been only 'unknown
+    command': the line names the command meant. A space after the / had run the command after it
+    (/ reset reset the conversation) and echoed a name no one typed (/ hello: '/hello'): the name is
+    what follows the / at once."""
     meant = {
         "/hlep": "/help",
         "/EXIT": "/exit",
         "/tau=2": "/tau",
         "/max_tokens 3": "/max-tokens",
-        "/bye": "/exit",
         "/quit": "/exit",
-        "/?": "/help",
-        "/clear": "/reset",
+        "/show info": "/stats",
     }
-    unknown = ["/frobnicate", "/ reset", "/ hello", "/"]
+    unknown = ["/frobnicate", "/ reset", "/ hello", "/", "/set verbose"]
     typed = "".join(f"{line}\n" for line in [*meant, *unknown])
     result = pipe(tiny_pair, f"hi\n{typed}/stats\n".encode())
     assert result.returncode == 1
     lines = result.stderr.decode().splitlines()
-    said = [f"(did you mean {name}?)" for name in meant.values()] + ["(/help lists the commands)"] * 4
-    assert lines[1:13] == [
+    said = [f"(did you mean {name}?)" for name in meant.values()] + ["(/help lists the commands)"] * 5
+    assert lines[1:12] == [
         f"error: unknown command {quoted(line.split()[0])} {hint}"
         for line, hint in zip([*meant, *unknown], said, strict=True)
     ]
-    assert lines[13] == "last answer:"  # nothing ran: the conversation was not reset, the chat went on
+    assert lines[12] == "last answer:"  # nothing ran: the conversation was not reset, the chat went on
 
 
 def test_save_takes_one_file_name_quoted_as_in_a_shell(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
@@ -1154,3 +1153,30 @@ def test_a_terminal_opened_as_stdin_for_writing_only_is_one_line(tiny_pair: tupl
     child.close()
     assert plain(child.before) == "error: cannot read the input: stdin is not open for reading\n"
     assert child.exitstatus == 1
+
+
+def test_ollamas_spellings_of_eads_commands_run_them(spawn) -> None:
+    """What a user of ``ollama run`` types first: where ollama's command means one of ead's, it runs it (an
+    alias declared beside ead's command); where none matches, the line names the nearest, never a wrong
+    one ('/set' had been 'did you mean /reset?')."""
+    child = spawn("--max-tokens", "3")
+    [changed] = reply(child, "/set parameter temperature 0.7")
+    assert " · temp 0.7 · max-tokens 3 (from the next answer)" in changed
+    [changed] = reply(child, "/set  parameter  num_predict 5")
+    assert changed.endswith(" · temp 0.7 · max-tokens 5 (from the next answer)")
+    refused = "error: /max-tokens takes a whole number, got 'x'"
+    assert reply(child, "/set parameter num_predict x") == [refused]
+    assert reply(child, "/set system be brief") == ["system message set (from the next answer)"]
+    assert SUMMARY.search(plain(send(child, "hello")))
+    assert reply(child, "/clear") == ["new conversation"]
+    assert reply(child, "/?")[0].startswith("/help ")
+    unknown = "error: unknown command '/set' (/help lists the commands)"
+    assert reply(child, "/set parameter top_k 40") == [unknown]
+    assert reply(child, "/show info") == ["error: unknown command '/show' (did you mean /stats?)"]
+    assert reply(child, "/quit") == ["error: unknown command '/quit' (did you mean /exit?)"]
+    stats = " ".join(reply(child, "/stats"))
+    assert "no answer yet in this conversation" in stats and " · temp 0.7 · max-tokens 5" in stats
+    type_line(child, "/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0

@@ -16,7 +16,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, NamedTuple, TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -38,9 +38,21 @@ MORE = "... "
 FENCE = '"""'
 ESCAPE = "//"  # a line's start that sends the rest, from its /, as a message
 RESET_HINT = "/reset starts a new conversation"
-# what other REPLs (ollama's /bye, /?, /clear) and habit (/quit, /q) call a command here: a hint
-OTHER_CHATS = {"bye": "exit", "quit": "exit", "q": "exit", "?": "help", "clear": "reset"}
+# what habit (/quit, /q) and ollama's commands that mean none of ead's (/show info, /set verbose) are
+# nearest to here: a hint; None where none is (difflib's guess for /set was /reset)
+OTHER_CHATS = {"quit": "exit", "q": "exit", "show": "stats", "set": None}
 ReadLine = Callable[[str], str]
+
+
+class Command(NamedTuple):
+    """A slash command: what runs it (None for /exit, which ends the loop), returning the line that says
+    what it changed, if any; its argument and what it does, in /help; and other chats' spellings of it
+    (ollama's, words parted by any whitespace), which run it too."""
+
+    handler: Callable[[str], str | None] | None
+    usage: str
+    description: str
+    aliases: tuple[str, ...] = ()
 
 
 def read_message(read_line: ReadLine) -> tuple[str, bool]:
@@ -149,20 +161,39 @@ class Repl:
         self.console.soft_wrap = not self.console.is_terminal  # a terminal's lines wrap at spaces
         self.interactive = interactive
         self.failed = False
-        # name: (handler, argument, what it does); /exit has no handler, it ends the loop. A handler returns
-        # the line that says what it changed, if any, for the REPL to write once the command is over.
-        self.commands: dict[str, tuple[Callable[[str], str | None] | None, str, str]] = {
-            "help": (self._help, "", "this list"),
+        self.commands = {
+            "help": Command(self._help, "", "this list", ("?",)),
             **{
-                option.command[1:]: (self._setter(option), _usage(option), option.short or option.help)
+                option.command[1:]: Command(
+                    self._setter(option),
+                    _usage(option),
+                    option.short or option.help,
+                    (f"set parameter {option.ollama_parameter}",) if option.ollama_parameter else (),
+                )
                 for option in on(CHAT)
             },
-            "system": (self._system, "TEXT", "system message (nothing: none); the next answer re-reads all"),
-            "stats": (self._stats, "", "the last answer's and the session's figures"),
-            "reset": (self._reset, "", "start a new conversation"),
-            "save": (self._save, "FILE", "the transcript as JSON, each token with its model and entropy"),
-            "exit": (None, "", "leave (Ctrl-D too)"),
+            "system": Command(
+                self._system,
+                "TEXT",
+                "system message (nothing: none); the next answer re-reads all",
+                ("set system",),
+            ),
+            "stats": Command(self._stats, "", "the last answer's and the session's figures"),
+            "reset": Command(self._reset, "", "start a new conversation", ("clear",)),
+            "save": Command(
+                self._save, "FILE", "the transcript as JSON, each token with its model and entropy"
+            ),
+            "exit": Command(None, "", "leave (Ctrl-D too)", ("bye",)),
         }
+        # each alias as its words parted by any whitespace, then the argument's; the longest first
+        aliases = sorted(
+            ((alias, name) for name, command in self.commands.items() for alias in command.aliases),
+            key=lambda pair: -len(pair[0]),
+        )
+        self.aliases = [
+            (re.compile(r"\s+".join(map(re.escape, alias.split())) + r"(?:\s+|$)"), name)
+            for alias, name in aliases
+        ]
 
     def loop(self) -> int:
         """Run until Ctrl-D, /exit or the end of input; the exit status is 1 if anything failed on a pipe."""
@@ -224,15 +255,24 @@ class Repl:
         self._answer(text)
         return True
 
-    def _command(self, line: str) -> bool:
-        # the name is what follows the / at once ('/ reset' is no /reset); any whitespace after it
+    def _named(self, line: str) -> tuple[str, str]:
+        """The command a line names and its argument: an alias's command (its words parted by any
+        whitespace), else the name that follows the / at once ('/ reset' is no /reset), parted from the
+        argument by any whitespace."""
+        for alias, name in self.aliases:
+            if match := alias.match(line, 1):
+                return name, line[match.end() :]
         name, argument = (*re.split(r"\s+", line[1:], maxsplit=1), "")[:2]
+        return name, argument
+
+    def _command(self, line: str) -> bool:
+        name, argument = self._named(line)
         if name not in self.commands:
             meant = self._meant(name)
             hint = f"did you mean /{meant}?" if meant else "/help lists the commands"
             self.error(f"unknown command {quoted('/' + name)} ({hint})")
             return True
-        handler, usage, _ = self.commands[name]
+        handler, usage, *_ = self.commands[name]
         if argument and not usage:  # refused, not dropped: /reset now must not pass for /reset
             self.error(f"/{name} takes no argument, got {quoted(argument)}")
             return True
@@ -296,8 +336,8 @@ class Repl:
             self.note(f"the context is full ({context_use(conversation)}): {RESET_HINT}")
 
     def _meant(self, name: str) -> str | None:
-        """The command an unknown name likely meant: a near miss (/hlep, /EXIT, /tau=2), or another REPL's
-        spelling (/bye, /?, /clear); None where none is close."""
+        """The command an unknown name likely meant: a near miss (/hlep, /EXIT, /tau=2), or the nearest to a
+        habit (/quit) or to an ollama command that means none of ead's (/show info); None where none is."""
         name = name.lower()
         if name in OTHER_CHATS:
             return OTHER_CHATS[name]
@@ -379,7 +419,7 @@ class Repl:
         return f"saved {counted(len(self.conversation.turns), 'turn')} to {shown_path(path)}"
 
     def _help(self, argument: str) -> None:
-        for name, (_, usage, description) in self.commands.items():
+        for name, (_, usage, description, _) in self.commands.items():
             self.console.print(f"/{name} {usage}".ljust(17) + description)
         self.console.print(
             'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
