@@ -735,6 +735,15 @@ def test_help_lists_every_command_on_one_line_in_the_same_style(tiny_pair: tuple
     for line in commands:
         description = line[17:]
         assert description[:1].islower() and not description.endswith("."), line
+    # the other chats' spellings that run a command, and what Ctrl-C does, said as they are
+    assert lines[-2] == (
+        "ollama's /?, /set parameter temperature, /set parameter num_predict, /set system, /clear and /bye"
+        " run those commands too."
+    )
+    assert lines[-1] == (
+        "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or a command (which then"
+        " changes nothing), or clears the line."
+    )
 
 
 def test_ctrl_c_while_a_command_loads_the_small_model_changes_nothing(spawn, tmp_path: Path) -> None:

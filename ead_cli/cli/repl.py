@@ -423,8 +423,13 @@ class Repl:
             self.console.print(f"/{name} {usage}".ljust(17) + description)
         self.console.print(
             'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
-            "message, never a command; // at a line's start sends the rest, from its /, as a message.\n"
-            "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or clears the line."
+            "message, never a command; // at a line's start sends the rest, from its /, as a message."
+        )
+        aliases = [f"/{alias}" for command in self.commands.values() for alias in command.aliases]
+        self.console.print(f"ollama's {', '.join(aliases[:-1])} and {aliases[-1]} run those commands too.")
+        self.console.print(
+            "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or a command (which then "
+            "changes nothing), or clears the line."
         )
 
 
