@@ -229,15 +229,19 @@ class Repl:
             self.error(str(error))
         return True
 
+    def whole(self) -> contextlib.AbstractContextManager[None]:
+        """At a terminal, the REPL's own lines are written whole: a Ctrl-C meanwhile acts once they are out.
+        On a pipe Ctrl-C ends the chat, and a reader that stops reading must not hold it back."""
+        return main_thread_signals() if self.interactive else contextlib.nullcontext()
+
     def note(self, message: str) -> None:
-        """A line of the REPL's own, written whole: a Ctrl-C meanwhile acts once it is out."""
-        with main_thread_signals():
+        with self.whole():
             self.console.print(spelled(message), style="dim")  # what the user typed, never acted on
 
     def error(self, message: str) -> None:
         if not self.interactive:
             self.failed = True
-        with main_thread_signals():  # written whole, as a note
+        with self.whole():
             self.console.print(f"error: {spelled(message)}", style="red")
 
     def _step(self) -> bool:
@@ -326,7 +330,7 @@ class Repl:
         if turn.events and turn.events[-1].index > self.renderer.shown:  # counted before Ctrl-C came
             self.renderer.event(turn.events[-1])
         self.renderer.finish(turn.summary)
-        with main_thread_signals():  # a Ctrl-C meanwhile waits for the lines to be whole
+        with self.whole():  # the summary and the error that follows it, together
             self.note(summary_line(turn))
             if lost is not None:
                 self.error(str(lost))
