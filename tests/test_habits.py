@@ -100,6 +100,8 @@ LLAMA_SPELLINGS = {
     "--max-tokens": ("-n", "--n-predict"),
     "--seed": ("-s",),
     "--system": ("-sys", "--system-prompt"),
+    "--large": ("-m", "--model"),  # llama-server -m BIG -md SMALL: the model and its speculative draft
+    "--small": ("-md", "--model-draft"),
 }
 
 
@@ -140,6 +142,8 @@ def test_h_is_the_help_as_in_llama_cpp() -> None:
         (["-n", "-1"], "--max-tokens must be at least 0"),
         (["--n-predict", "-1"], "--max-tokens must be at least 0"),
         (["-s", "-1"], "--seed must be in"),  # llama.cpp's -1 is a random seed: ead refuses it
+        (["-m", " "], "--large must name a model"),
+        (["--model-draft", ""], "--small must name a model"),
     ],
 )
 def test_llama_cpps_spellings_are_checked_as_eads(tmp_path: Path, args: list[str], fragment: str) -> None:
@@ -186,6 +190,17 @@ def test_llama_cpps_spellings_run_as_eads(tiny_pair: tuple[Path, Path]) -> None:
     longer = ["--gpu-layers", "0", "--ctx-size", "512", "--n-predict", "3", "-s", "7"]
     assert answer_tokens(*sampled, "-t", "1", *longer, "hi") == answer
     assert answer_tokens(*sampled, *ours, "hi") != answer  # the seed decided it
+
+
+def test_llama_servers_model_and_draft_are_the_large_and_the_small(tiny_pair: tuple[Path, Path]) -> None:
+    """llama-server -m BIG -md SMALL: the pair switching writes the same tokens, each by the same model."""
+    small, large = (str(path) for path in tiny_pair)
+    switching = ["--tau", "4", "--max-tokens", "8", "-t", "1", "hi"]
+    answer = answer_tokens("--small", small, "--large", large, *switching)
+    assert {token["model"] for token in answer} == {"small", "large"}  # both wrote: the roles are seen
+    assert answer_tokens("-md", small, "-m", large, *switching) == answer
+    assert answer_tokens("--model-draft", small, "--model", large, *switching) == answer
+    assert answer_tokens("-md", large, "-m", small, *switching) != answer  # the roles, not the order
 
 
 @pytest.mark.parametrize("spelling", ["-sys", "--system-prompt"])

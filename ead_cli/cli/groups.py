@@ -75,13 +75,23 @@ def given_alias(text: str) -> str:
     return text
 
 
+# After ead's spelling, llama-server's for a model and its speculative draft (-m BIG -md SMALL)
 Small = Annotated[
     str | None,
-    typer.Option(metavar="MODEL", help="Small model: an alias from models.toml or a .gguf path."),
+    typer.Option(
+        "--small",
+        "-md",
+        "--model-draft",
+        metavar="MODEL",
+        help="Small model: an alias from models.toml or a .gguf path.",
+    ),
 ]
 Large = Annotated[
     str | None,
     typer.Option(
+        "--large",
+        "-m",
+        "--model",
         metavar="MODEL",
         help="Large model: an alias from models.toml, a .gguf path, or a llama-server's http://HOST:PORT.",
     ),
