@@ -203,6 +203,30 @@ def test_llama_servers_model_and_draft_are_the_large_and_the_small(tiny_pair: tu
     assert answer_tokens("-md", large, "-m", small, *switching) != answer  # the roles, not the order
 
 
+def test_llama_cpps_reverse_prompt_is_a_stop_string(tiny_pair: tuple[Path, Path]) -> None:
+    """llama-cli's -r PROMPT halts the answer there: ead's --stop, repeatable, in generate and in each answer
+    of chat; the stop string itself is not printed."""
+    generate = ["generate", *pair_args(tiny_pair), "--max-tokens", "12", "tell me"]
+    answer = ead(*generate).stdout.decode()
+    stop = answer[2:4]
+    assert len(answer.strip()) > 4 and stop.strip(), answer  # the stop string stands inside the answer
+    expected = answer[: answer.index(stop)] + "\n"
+    assert ead(*generate, "--stop", stop).stdout.decode() == expected
+    for spelled in (["-r", stop], ["--reverse-prompt", stop], ["-r", "never written", "-r", stop]):
+        assert ead(*generate, *spelled).stdout.decode() == expected, spelled
+    chat = ["chat", *pair_args(tiny_pair), "--max-tokens", "12"]
+    assert ead(*chat, stdin="tell me\n").stdout.decode() == answer
+    for spelled in (["--stop", stop], ["-r", stop], ["--reverse-prompt", stop]):
+        assert ead(*chat, *spelled, stdin="tell me\n").stdout.decode() == expected, spelled
+
+
+def test_a_stop_string_that_is_not_utf8_is_refused_by_chat_as_by_generate(tmp_path: Path) -> None:
+    absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
+    for command in (["generate", *absent, "hi"], ["chat", *absent]):
+        refused = ead(*command, "-r", "\udcff")
+        assert_one_line_error(refused, 2, "the stop string is not valid UTF-8 (byte 0)")
+
+
 @pytest.mark.parametrize("spelling", ["-sys", "--system-prompt"])
 def test_llama_cpps_system_prompt_is_the_system_message(tiny_pair: tuple[Path, Path], spelling: str) -> None:
     greedy = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--max-tokens", "8"]

@@ -32,6 +32,7 @@ from .groups import (
     System,
     given_path,
     read_prompt,
+    read_stops,
     with_options,
 )
 from .output import check_stdout, misopened, print_table, say, say_progress, stderr
@@ -59,13 +60,7 @@ def generate(
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy."""
     from ..engine import build_decoder, close_all, load_runners
-    from ..prompt import (
-        check_system_fits,
-        check_text,
-        context_advice,
-        encode_fitting,
-        render_prompt,
-    )
+    from ..prompt import check_system_fits, context_advice, encode_fitting, render_prompt
     from .render import (
         JsonlRenderer,
         TextRenderer,
@@ -79,11 +74,10 @@ def generate(
     if raw and system:  # the template is what places a system message: --raw dropped it unsaid
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
     text = read_prompt(prompt, prompt_option, prompt_file)
-    for string in stop or ():  # an argument's bytes that are not UTF-8 would never match the text
-        check_text(string, "the stop string")
+    stops = read_stops(stop)
     check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
-    generation = replace(generation, stop=tuple(stop or ()))
+    generation = replace(generation, stop=stops)
     _say_unused(policy_options.unused(greedy=generation.sampling.temp == 0))
     # The large model alone for the whole answer (the default mode): the small one never loads.
     large_only = policy_options.mode == "large"
@@ -134,6 +128,7 @@ def chat(
     model_options: ModelOptions,
     decoding: Decoding,
     system: System = None,
+    stop: Stop = None,
     no_color: NoColor = False,
 ) -> None:
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
@@ -146,8 +141,10 @@ def chat(
         raise EadError("ead chat reads its turns from stdin, which is closed", exit_code=2)
     if problem := misopened(0):  # 0>/dev/tty: readline would take its failing reads for the input's end
         raise EadError(problem)
+    stops = read_stops(stop)
     check_stdout("the conversation")
     policy_options, generation = _for_models(decoding, model_options)
+    generation = replace(generation, stop=stops)
     # The default mode starts with the large model alone; a command that turns the pair on loads the rest.
     runners = load_runners(model_options, progress=say_progress, large_only=policy_options.mode == "large")
     loaded = list(runners)

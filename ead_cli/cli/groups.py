@@ -126,7 +126,13 @@ ModelsFile = Annotated[
         "--catalog", help="A TOML file of extra or overriding aliases (env EAD_MODELS).", parser=given_path
     ),
 ]
-Stop = Annotated[list[str] | None, typer.Option(help="Stop at this string (repeatable); it is not printed.")]
+# llama-cli's -r/--reverse-prompt too, which halts its answer at the string
+Stop = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--stop", "-r", "--reverse-prompt", help="Stop at this string (repeatable); it is not printed."
+    ),
+]
 System = Annotated[
     str | None,
     typer.Option("--system", "-sys", "--system-prompt", help="System message for the chat template."),
@@ -321,6 +327,15 @@ PromptFile = Annotated[
     Path | None,
     typer.Option("--file", "-f", help="Read the prompt from this file ('-': stdin).", parser=given_path),
 ]
+
+
+def read_stops(stop: list[str] | None) -> tuple[str, ...]:
+    """The stop strings, each checked: an argument's bytes that are not UTF-8 would never match the text."""
+    from ..prompt import check_text  # loads llama.cpp: only when a command runs
+
+    for string in stop or ():
+        check_text(string, "the stop string")
+    return tuple(stop or ())
 
 
 def read_prompt(prompt: str | None, option: str | None, file: Path | None) -> str:
