@@ -120,6 +120,27 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
     return runner
 
 
+def check_grammar(
+    runners: Sequence[Runner], policy_options: PolicyOptions, grammar: str, option: str
+) -> None:
+    """A usage error, naming ``option`` (--grammar, --json-schema), for a grammar this run cannot follow:
+    one llama.cpp cannot parse, a model on a llama-server (no grammar reaches it), a step that takes
+    tokens back (a grammar cannot). Checked before the answer, which it binds whichever model writes."""
+    remote = next((runner for runner in runners if isinstance(runner, RemoteRunner)), None)
+    if remote is not None:
+        message = (
+            f"{option} needs every model local: a grammar cannot reach the llama-server {cut(remote.label)}"
+        )
+        raise EadError(message, exit_code=2)
+    step = policy_options.takes_tokens_back()
+    if step is not None:
+        raise EadError(f"{option} cannot go with {step}: a grammar cannot take a token back", exit_code=2)
+    try:
+        runners[0].grammars.check(grammar)
+    except EadError as error:
+        raise EadError(f"{option}: {error}", exit_code=2) from None
+
+
 def build_decoder(
     runners: Sequence[Runner],
     policy_options: PolicyOptions,

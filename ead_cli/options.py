@@ -240,6 +240,18 @@ class PolicyOptions:
         named = unused.keys() & set(self.given)
         return {option.flag: unused[name] for name, option in OPTIONS.items() if name in named}
 
+    def takes_tokens_back(self) -> str | None:
+        """The step of this run that takes tokens back, by its option (spec's rejected drafts, --verify's
+        rewrites, lookahead's dropped drafts): what a grammar, which cannot step back, refuses; None where
+        no step does (a mode other than ead leaves --verify and --policy unused)."""
+        if self.mode == "spec":
+            return "--mode spec"
+        if self.mode == "ead" and self.verify is not None:
+            return "--verify"
+        if self.mode == "ead" and self.policy == "lookahead":
+            return "--policy lookahead"
+        return None
+
     def changed(self, **changes: object) -> PolicyOptions:
         """These options given (a chat command, a request's ``ead`` object) over this run's: a mode among
         them is given; otherwise the mode is resolved again with them."""

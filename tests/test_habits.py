@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -304,3 +305,95 @@ def test_an_empty_prompt_file_is_named(tmp_path: Path) -> None:
         ]:
             assert assert_one_line_error(ead(*command, "-f", path), 2) == f"error: {line}"
         assert assert_one_line_error(ead(*command, "-"), 2) == "error: the prompt on stdin is empty"
+
+
+# --- llama-cli's structured output: --grammar, --grammar-file, -j/--json-schema, -jf/--json-schema-file ---
+
+LETTERS = 'root ::= [a-c]+ "."'  # GBNF: one or more of a, b, c, then a full stop
+
+
+def test_a_grammar_binds_every_token_whichever_model_writes(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    switching = [*pair_args(tiny_pair), "--tau", "4", "--max-tokens", "12", "hi"]
+    grammar_file = tmp_path / "letters.gbnf"
+    grammar_file.write_text(LETTERS)
+    tokens = answer_tokens(*switching, "--grammar", LETTERS)
+    assert answer_tokens(*switching, "--grammar-file", str(grammar_file)) == tokens
+    text = "".join(token["text"] for token in tokens)
+    assert re.fullmatch(r"[a-c]+\.?", text), text
+    assert {token["model"] for token in tokens} == {"small", "large"}  # the grammar held both
+    free = "".join(token["text"] for token in answer_tokens(*switching))
+    assert not re.fullmatch(r"[a-c]+\.?", free), free  # the grammar, not the models, kept the answer so
+
+
+def test_a_json_schema_is_met_by_the_answer(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    schema = '{"enum": ["yes", "no"]}'
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(schema)
+    base = ["generate", *pair_args(tiny_pair), "--max-tokens", "20", "hi"]
+    answers = {
+        ead(*base, *spelled).stdout
+        for spelled in (
+            ["-j", schema],
+            ["--json-schema", schema],
+            ["-jf", str(schema_file)],
+            ["--json-schema-file", str(schema_file)],
+        )
+    }
+    assert len(answers) == 1
+    assert json.loads(answers.pop()) in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["-j", "{"],
+            "--json-schema is not JSON: Expecting property name enclosed in double quotes (column 2)",
+        ),
+        (["-j", '{"type": "object", "properties": 5}'], "--json-schema cannot be a grammar:"),
+        (["-j", '{"type": "string", "maxLength": 5000}'], "--json-schema repeats an item 5000 times"),
+        (["--grammar-file", "missing.gbnf"], "cannot read the grammar file missing.gbnf: No such file"),
+        (["-jf", "missing.json"], "cannot read the JSON schema file missing.json: No such file"),
+        (["-jf", "latin1.json"], "the JSON schema file latin1.json is not valid UTF-8 (byte 14)"),
+        (["--grammar", " "], "--grammar is empty"),
+        (["--grammar", LETTERS, "-j", "{}"], "the grammar is given twice (--grammar and --json-schema)"),
+        (["-jf", "schema.json", "--json-schema", "{}"], "given twice (--json-schema and --json-schema-file)"),
+    ],
+)
+def test_a_bad_grammar_or_schema_is_one_line_before_any_model_loads(
+    tmp_path: Path, args: list[str], fragment: str
+) -> None:
+    (tmp_path / "latin1.json").write_bytes(b'{"enum": ["caf\xe9"]}')
+    (tmp_path / "schema.json").write_text("{}")
+    absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
+    result = subprocess.run(
+        [EAD, "generate", *absent, *args, "hi"], capture_output=True, timeout=120, cwd=tmp_path
+    )
+    assert_one_line_error(result, 2, fragment)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--grammar", "root ::= ("], "--grammar: llama.cpp could not parse the grammar: "),
+        (
+            ["--grammar", 'start ::= "a"'],
+            "--grammar: llama.cpp could not parse the grammar: it has no rule 'root'",
+        ),
+        (
+            ["-j", "{}", "--mode", "spec"],
+            "--json-schema cannot go with --mode spec: a grammar cannot take a token",
+        ),
+        (
+            ["--grammar", LETTERS, "--verify", "0.5"],
+            "--grammar cannot go with --verify: a grammar cannot take",
+        ),
+        (["--grammar", LETTERS, "--policy", "lookahead"], "--grammar cannot go with --policy lookahead"),
+    ],
+)
+def test_a_grammar_the_models_cannot_follow_is_one_line(
+    tiny_pair: tuple[Path, Path], args: list[str], fragment: str
+) -> None:
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2, fragment)

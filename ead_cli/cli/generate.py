@@ -19,6 +19,10 @@ from .groups import (
     MODEL_OPTIONS,
     Decoding,
     FormatOpt,
+    Grammar,
+    GrammarFile,
+    JsonSchema,
+    JsonSchemaFile,
     MaxTokens,
     NoColor,
     OutputFormat,
@@ -31,6 +35,7 @@ from .groups import (
     Stop,
     System,
     given_path,
+    read_grammar,
     read_prompt,
     read_stops,
     with_options,
@@ -50,6 +55,10 @@ def generate(
     prompt_option: PromptOpt = None,
     prompt_file: PromptFile = None,
     stop: Stop = None,
+    grammar: Grammar = None,
+    grammar_file: GrammarFile = None,
+    json_schema: JsonSchema = None,
+    json_schema_file: JsonSchemaFile = None,
     system: System = None,
     raw: Raw = False,
     output_format: FormatOpt = OutputFormat.text,
@@ -59,7 +68,7 @@ def generate(
     """Generate one answer: by default the large model alone (the fastest way to its quality here);
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy."""
-    from ..engine import build_decoder, close_all, load_runners
+    from ..engine import build_decoder, check_grammar, close_all, load_runners
     from ..prompt import check_system_fits, context_advice, encode_fitting, render_prompt
     from .render import (
         JsonlRenderer,
@@ -75,9 +84,12 @@ def generate(
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
     text = read_prompt(prompt, prompt_option, prompt_file)
     stops = read_stops(stop)
+    bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file)
     check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=stops)
+    if bound is not None:
+        generation = replace(generation, sampling=replace(generation.sampling, grammar=bound[0]))
     _say_unused(policy_options.unused(greedy=generation.sampling.temp == 0))
     # The large model alone for the whole answer (the default mode): the small one never loads.
     large_only = policy_options.mode == "large"
@@ -86,6 +98,8 @@ def generate(
         policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
         # Plain text shows no entropies: a step whose decision needs none skips it (JSON lines show them).
         entropy = "exact" if output_format is OutputFormat.jsonl else "needed"
+        if bound is not None:
+            check_grammar(runners, policy_options, *bound)
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
         rendered = render_prompt(runners[0], text, system=system, raw=raw)
         if system:  # a system message too long is named, not the prompt it makes too long

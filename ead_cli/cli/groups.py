@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -316,6 +317,73 @@ def parse_list(text: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",")) if text is not None else ()
 
 
+# llama-cli's structured output: a GBNF grammar or a JSON schema, given or in a file
+Grammar = Annotated[
+    str | None,
+    typer.Option(
+        "--grammar",
+        metavar="GBNF",
+        help="A llama.cpp grammar (GBNF, root rule 'root') that every token keeps the answer within, "
+        "whichever model writes it.",
+    ),
+]
+GrammarFile = Annotated[
+    Path | None, typer.Option("--grammar-file", help="The grammar, from this file.", parser=given_path)
+]
+JsonSchema = Annotated[
+    str | None,
+    typer.Option(
+        "--json-schema",
+        "-j",
+        metavar="SCHEMA",
+        help="A JSON schema the answer meets, as ead serve's JSON mode holds one ('{}': any JSON object).",
+    ),
+]
+JsonSchemaFile = Annotated[
+    Path | None,
+    typer.Option("--json-schema-file", "-jf", help="The JSON schema, from this file.", parser=given_path),
+]
+# What each file option's file holds, as a refusal to read it names it
+_FILE_HOLDS = {"--grammar-file": "the grammar", "--json-schema-file": "the JSON schema"}
+
+
+def read_grammar(
+    grammar: str | None, grammar_file: Path | None, schema: str | None, schema_file: Path | None
+) -> tuple[str, str] | None:
+    """The grammar the answer keeps within and the option that gave it, or None: a GBNF text, or a JSON
+    schema's grammar written as ead serve's JSON mode writes it. Given two ways it is refused: which one
+    was meant is unknown."""
+    ways = {
+        "--grammar": grammar,
+        "--grammar-file": grammar_file,
+        "--json-schema": schema,
+        "--json-schema-file": schema_file,
+    }
+    given = [way for way, value in ways.items() if value is not None]
+    if len(given) > 1:
+        raise EadError(f"the grammar is given twice ({' and '.join(given)}): give it once", exit_code=2)
+    if not given:
+        return None
+    option, value = given[0], ways[given[0]]
+    if isinstance(value, Path):
+        value = _read_text(value, f"{_FILE_HOLDS[option]} file {shown_path(value)}")
+    if not str(value).strip():
+        raise EadError(f"{option} is empty", exit_code=2)
+    if option.startswith("--grammar"):
+        return str(value), option
+    try:
+        schema_value = json.loads(str(value))
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno}, column {error.colno}" if error.lineno > 1 else f"column {error.colno}"
+        raise EadError(f"{option} is not JSON: {error.msg} ({where})", exit_code=2) from None
+    try:
+        from ..serve.converter import json_schema_grammar  # the serve extra: only for a schema
+    except ImportError as error:
+        message = f"{option} needs the serve extra ({error.name} is missing): pip install 'ead-cli[serve]'"
+        raise EadError(message) from None
+    return json_schema_grammar(schema_value, option), option
+
+
 PromptArg = Annotated[
     str | None, typer.Argument(help="The prompt (or --prompt, --file); '-' or nothing reads stdin.")
 ]
@@ -356,7 +424,7 @@ def _given_prompt(prompt: str | None, option: str | None, file: Path | None) -> 
     if file is not None:
         if str(file) != "-":
             named = f"file {shown_path(file)}"
-            return _prompt_text(file, named), f"the prompt {named}"
+            return _read_text(file, f"the prompt {named}"), f"the prompt {named}"
         prompt = "-"  # stdin, as the argument's '-'
     elif prompt is None:
         prompt = option  # the argument's twin: its '-' reads stdin too
@@ -366,20 +434,20 @@ def _given_prompt(prompt: str | None, option: str | None, file: Path | None) -> 
         raise EadError("no prompt: stdin is closed; pass the prompt as an argument", exit_code=2)
     if prompt is None and sys.stdin.isatty():
         raise EadError("no prompt: pass it as an argument, or '-' to read it from stdin", exit_code=2)
-    return _prompt_text(sys.stdin.buffer, "on stdin"), "the prompt on stdin"
+    return _read_text(sys.stdin.buffer, "the prompt on stdin"), "the prompt on stdin"
 
 
-def _prompt_text(source: BinaryIO | Path, named: str) -> str:
-    """The text of a prompt read whole from stdin or a file (``named`` in a message: 'on stdin', 'file
-    NAME'). A byte-order mark at its start (a file saved as "UTF-8 with BOM") marks the encoding: it is
-    not prompt text."""
+def _read_text(source: BinaryIO | Path, what: str) -> str:
+    """The text of an input read whole from stdin or a file (``what`` in a message: 'the prompt on stdin',
+    'the grammar file NAME'). A byte-order mark at its start (a file saved as "UTF-8 with BOM") marks the
+    encoding: it is not the text."""
     try:
         data = read_file(source) if isinstance(source, Path) else read_bounded(source)
     except OSError as error:
-        raise EadError(f"cannot read the prompt {named}: {unreadable(error)}", exit_code=2) from None
+        raise EadError(f"cannot read {what}: {unreadable(error)}", exit_code=2) from None
     text = data.removeprefix(BOM)
     try:
         return text.decode("utf-8")
     except UnicodeDecodeError as error:
         byte = len(data) - len(text) + error.start  # counted in the input, the mark included
-        raise EadError(f"the prompt {named} is not valid UTF-8 (byte {byte})", exit_code=2) from None
+        raise EadError(f"{what} is not valid UTF-8 (byte {byte})", exit_code=2) from None

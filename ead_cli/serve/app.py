@@ -1150,8 +1150,7 @@ def _followed_prefill(runner: Runner, grammar: str, prefill: str, where: str) ->
 
 def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
     """A 400 for the policies that take tokens back, which ``what`` cannot go with."""
-    switching = policy.mode == "ead"  # a given other mode leaves --verify and --policy unused
-    if policy.mode == "spec" or (switching and (policy.verify is not None or policy.policy == "lookahead")):
+    if policy.takes_tokens_back() is not None:
         steps = "ead.mode spec, ead.verify, ead.policy lookahead"
         message = f"{param}: {what} no step that takes tokens back ({steps})"
         raise ApiError(400, message, code="invalid_value", param=param)

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterator
 from typing import Any
 
 from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
+
+from ..errors import EadError, cut
+from .patterns import portable_patterns
 
 MAX_DIGITS = 16  # the converter's integral-part rule: an integer of up to 16 digits
 LARGEST = 10**MAX_DIGITS - 1
@@ -27,6 +32,79 @@ BOUNDS = frozenset({*LOWER_BOUNDS, *UPPER_BOUNDS})
 SCHEMAS_BY_NAME = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
 VALUES = ("const", "enum", "default", "examples")
 COUNTS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"))  # least, greatest, of
+
+
+# llama-cpp-python's converter spells out a schema's repetitions in the grammar: minLength 5 is five
+# copies of a character's rule, maxLength 5 five optional ones nested in each other.
+REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems")
+QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")  # a pattern's {m}, {m,}, {m,n}
+MAX_REPEAT = 1000  # llama.cpp's grammar parser refuses a longer optional run (maxLength 1100), and one
+# of ~20,000 overflows its stack: the process dies
+MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size (each copy is at most a rule's name),
+# and the grammar written: llama.cpp holds ~15 bytes a character of it while it is parsed and kept
+
+
+def json_schema_grammar(schema: Any, where: str) -> str:
+    """The grammar of a parsed JSON schema, its patterns spelled as llama.cpp reads them: the one path
+    from a schema to a grammar (ead serve's JSON mode, generate's --json-schema). A usage error, its
+    message opened by ``where`` (the schema's field or option), for a schema whose grammar would be too
+    large for llama.cpp or that the converter cannot express."""
+    schema = portable_patterns(schema)
+    text = json.dumps(schema)
+    _check_repetitions(schema, text, where)
+    try:
+        grammar = schema_grammar(text)
+    except Exception as error:  # the converter's own complaint about a schema it cannot express
+        raise EadError(f"{where} cannot be a grammar: {cut(' '.join(str(error).split()))}", 2) from None
+    if len(grammar) > MAX_GRAMMAR_CHARS:  # bounded integers (~800 characters each) pass the check above
+        message = (
+            f"{where}: the grammar written is {len(grammar)} characters, over the {MAX_GRAMMAR_CHARS} taken "
+            "(an integer's bounds spell its digits out)"
+        )
+        raise EadError(message, 2)
+    return grammar
+
+
+def _repetitions(node: Any) -> Iterator[int]:
+    """How many copies of an item each repetition of a schema (at any depth) spells out. A negative
+    count counts as its size: a negative minItems lengthens the nested run up to maxItems."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _repetitions(item)
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key in REPEAT_KEYS and type(value) is int:
+            yield abs(value)
+        elif key == "pattern" and isinstance(value, str):
+            yield from (max(_quantity(digits) for digits in bounds) for bounds in QUANTIFIER.findall(value))
+        else:
+            yield from _repetitions(value)
+
+
+def _quantity(digits: str) -> int:
+    """A pattern quantifier's number (none: 0); past nine digits, any number over the bounds will do
+    (int() refuses more than 4300)."""
+    return int(digits or 0) if len(digits) < 10 else 10**9
+
+
+def _check_repetitions(schema: Any, text: str, where: str) -> None:
+    """A usage error for a schema whose grammar would be too large for llama.cpp (a run past MAX_REPEAT,
+    or more than MAX_GRAMMAR_CHARS of copies), before the converter writes it: maxLength 30000 had killed
+    the server in llama.cpp's parser, minLength 10**9 asked for a 5 GB grammar."""
+    counts = list(_repetitions(schema))
+    if counts and max(counts) > MAX_REPEAT:
+        message = (
+            f"{where} repeats an item {max(counts)} times (minLength, maxLength, minItems, maxItems or a "
+            f"pattern's {{m,n}}): at most {MAX_REPEAT} are taken, as the grammar spells each copy out"
+        )
+        raise EadError(message, 2)
+    if sum(counts) * len(text) > MAX_GRAMMAR_CHARS:
+        message = (
+            f"{where} has {sum(counts)} repetitions in {len(text)} characters: its grammar, which spells "
+            f"each copy out, would be over {MAX_GRAMMAR_CHARS} characters"
+        )
+        raise EadError(message, 2)
 
 
 def schema_grammar(text: str) -> str:

@@ -4,8 +4,7 @@ OpenAI's error object for whatever is wrong with them."""
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -22,7 +21,7 @@ from pydantic import (
 )
 from sse_starlette import ServerSentEvent
 
-from ..errors import ECHOED_CHARS, EadError, cut, quoted
+from ..errors import ECHOED_CHARS, EadError, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..paths import BOM
@@ -31,11 +30,10 @@ from .converter import (
     BOUNDS,
     SCHEMAS_BY_NAME,
     holds_bounds,
+    json_schema_grammar,
     local_target,
     read_first,
-    schema_grammar,
 )
-from .patterns import portable_patterns
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
@@ -216,59 +214,6 @@ class JsonSchema(BaseModel):
     description: str | None = None
     json_schema: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None
-
-
-# llama-cpp-python's converter spells out a schema's repetitions in the grammar: minLength 5 is five
-# copies of a character's rule, maxLength 5 five optional ones nested in each other.
-REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems")
-QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")  # a pattern's {m}, {m,}, {m,n}
-MAX_REPEAT = 1000  # llama.cpp's grammar parser refuses a longer optional run (maxLength 1100), and one
-# of ~20,000 overflows its stack: the process dies
-MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size (each copy is at most a rule's name),
-# and the grammar written: llama.cpp holds ~15 bytes a character of it while it is parsed and kept
-
-
-def _repetitions(node: Any) -> Iterator[int]:
-    """How many copies of an item each repetition of a schema (at any depth) spells out. A negative
-    count counts as its size: a negative minItems lengthens the nested run up to maxItems."""
-    if isinstance(node, list):
-        for item in node:
-            yield from _repetitions(item)
-    if not isinstance(node, dict):
-        return
-    for key, value in node.items():
-        if key in REPEAT_KEYS and type(value) is int:
-            yield abs(value)
-        elif key == "pattern" and isinstance(value, str):
-            yield from (max(_quantity(digits) for digits in bounds) for bounds in QUANTIFIER.findall(value))
-        else:
-            yield from _repetitions(value)
-
-
-def _quantity(digits: str) -> int:
-    """A pattern quantifier's number (none: 0); past nine digits, any number over the bounds will do
-    (int() refuses more than 4300)."""
-    return int(digits or 0) if len(digits) < 10 else 10**9
-
-
-def _check_repetitions(schema: dict[str, Any], text: str) -> None:
-    """A 400 for a schema whose grammar would be too large for llama.cpp (a run past MAX_REPEAT, or more
-    than MAX_GRAMMAR_CHARS of copies), before the converter writes it: maxLength 30000 had killed the
-    server in llama.cpp's parser, minLength 10**9 asked for a 5 GB grammar."""
-    counts = list(_repetitions(schema))
-    where = "response_format.json_schema.schema"
-    if counts and max(counts) > MAX_REPEAT:
-        message = (
-            f"{where} repeats an item {max(counts)} times (minLength, maxLength, minItems, maxItems or a "
-            f"pattern's {{m,n}}): at most {MAX_REPEAT} are taken, as the grammar spells each copy out"
-        )
-        raise ApiError(400, message, code="invalid_value", param="response_format")
-    if sum(counts) * len(text) > MAX_GRAMMAR_CHARS:
-        message = (
-            f"{where} has {sum(counts)} repetitions in {len(text)} characters: its grammar, which spells "
-            f"each copy out, would be over {MAX_GRAMMAR_CHARS} characters"
-        )
-        raise ApiError(400, message, code="invalid_value", param="response_format")
 
 
 # Keywords llama-cpp-python's schema converter drops, so an answer may break them (bounds too, but an
@@ -546,22 +491,10 @@ class ResponseFormat(BaseModel):
             raise ApiError(400, message, code="invalid_value", param="response_format")
         if self.json_schema.strict:
             _check_strict(self.json_schema.json_schema)
-        schema = portable_patterns(self.json_schema.json_schema)
-        text = json.dumps(schema)
-        _check_repetitions(schema, text)
         try:
-            grammar = schema_grammar(text)
-        except Exception as error:  # the converter's own complaint about a schema it cannot express
-            reason = cut(" ".join(str(error).split()))
-            message = f"response_format.json_schema.schema cannot be a grammar: {reason}"
-            raise ApiError(400, message, code="invalid_value", param="response_format") from None
-        if len(grammar) > MAX_GRAMMAR_CHARS:  # bounded integers (~800 characters each) pass the check above
-            message = (
-                f"response_format.json_schema.schema: the grammar written is {len(grammar)} characters, over "
-                f"the {MAX_GRAMMAR_CHARS} taken (an integer's bounds spell its digits out)"
-            )
-            raise ApiError(400, message, code="invalid_value", param="response_format")
-        return grammar
+            return json_schema_grammar(self.json_schema.json_schema, "response_format.json_schema.schema")
+        except EadError as error:
+            raise ApiError(400, str(error), code="invalid_value", param="response_format") from None
 
 
 class StreamOptions(BaseModel):
