@@ -169,6 +169,34 @@ def test_a_llama_cpp_spelling_a_command_lacks_is_named_as_typed(command: list[st
     assert assert_one_line_error(ead(*command, spelling, "1"), 2) == expected
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["-a", "coder"],
+            "error: -a is llama-server's --alias, the name of the model it serves: ead serve's is always "
+            "'ead' (--any-model answers a request that names another)",
+        ),
+        (
+            ["--alias=coder"],
+            "error: --alias is llama-server's --alias, the name of the model it serves: ead serve's is "
+            "always 'ead' (--any-model answers a request that names another)",
+        ),
+        (
+            ["--api-key", "key-one,key-two"],
+            "error: --api-key holds a comma: llama-server reads a comma-separated list of keys there, ead "
+            "serve takes one key",
+        ),
+    ],
+)
+def test_a_llama_cpp_spelling_that_means_something_else_is_refused_with_the_difference(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    """Not taken another way: refused in one line that says how ead differs, before any model loads."""
+    absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
+    assert assert_one_line_error(ead("serve", *absent, *args), 2) == expected
+
+
 def test_a_value_glued_to_a_short_option_is_still_its_value(tmp_path: Path) -> None:
     absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
     assert_one_line_error(ead("generate", *absent, "-c8", "hi"), 2, "--ctx must be at least 16, got 8")

@@ -230,7 +230,11 @@ def main(argv: list[str] | None = None) -> None:
     if color_system() is None:  # NO_COLOR, for what does not read it (typer's help)
         turn_colour_off()
     arguments = sys.argv[1:] if argv is None else argv
-    misspelt = _dashed_option(command, arguments) or _misread_option(command, arguments)
+    misspelt = (
+        _dashed_option(command, arguments)
+        or _unlike_llama_cpp(command, arguments)
+        or _misread_option(command, arguments)
+    )
     if misspelt is not None:
         _fail(misspelt, 2)
     terminate_on_sigterm()
@@ -328,6 +332,27 @@ def _misread_option(root: TyperGroup, argv: list[str]) -> str | None:
         name = given.partition("=")[0]
         if _is_one_dash_word(name) and name in names and not any(name in p.opts for p in command.params):
             return f"No such option: {name} (see '{path} --help')"
+    return None
+
+
+# llama.cpp's spellings that mean something ead's command does not do, by the command they are typed to:
+# refused with the difference, where click had said only 'No such option'
+UNLIKE_LLAMA_CPP: dict[str, dict[str, str]] = {
+    "ead serve": dict.fromkeys(
+        ("-a", "--alias"),
+        "is llama-server's --alias, the name of the model it serves: ead serve's is always 'ead' "
+        "(--any-model answers a request that names another)",
+    ),
+}
+
+
+def _unlike_llama_cpp(root: TyperGroup, argv: list[str]) -> str | None:
+    """For a llama.cpp spelling whose meaning a command lacks (``UNLIKE_LLAMA_CPP``), how ead differs."""
+    for path, _, given in _option_words(root, argv):
+        name = given.partition("=")[0]
+        why = UNLIKE_LLAMA_CPP.get(path, {}).get(name)
+        if why is not None:
+            return f"{name} {why}"
     return None
 
 

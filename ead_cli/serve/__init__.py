@@ -71,6 +71,12 @@ class ServeOptions:
         if self.queue < 0:
             raise EadError(f"--queue must be at least 0, got {self.queue}", exit_code=2)
         check_api_key(self.api_key, "--api-key")
+        if self.api_key is not None and "," in self.api_key:  # not taken as one key unsaid
+            message = (
+                "--api-key holds a comma: llama-server reads a comma-separated list of keys there, ead serve "
+                "takes one key"
+            )
+            raise EadError(message, exit_code=2)
         for flag, seconds in (
             ("--shutdown-timeout", self.shutdown_timeout),
             ("--read-timeout", self.read_timeout),
