@@ -169,6 +169,16 @@ def test_a_llama_cpp_spelling_a_command_lacks_is_named_as_typed(command: list[st
     assert assert_one_line_error(ead(*command, spelling, "1"), 2) == expected
 
 
+def test_each_llama_cpp_spelling_shows_beside_eads_in_the_help() -> None:
+    """One declaration per option: its help line lists llama.cpp's spellings with ead's, not a copy."""
+    plain = {"COLUMNS": "100"}  # click's plain help: each option's spellings on one line
+    generate = ead("generate", "--help", env=plain).stdout.decode()
+    for spelled in ("-m, --large, --model", "-md, --small, --model-draft", "-r, --stop, --reverse-prompt"):
+        assert spelled in generate, spelled
+    assert "-j, --json-schema SCHEMA" in generate and "-jf, --json-schema-file PATH" in generate
+    assert "-r, --stop, --reverse-prompt" in ead("chat", "--help", env=plain).stdout.decode()
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
