@@ -207,6 +207,19 @@ def test_a_llama_cpp_spelling_that_means_something_else_is_refused_with_the_diff
     assert assert_one_line_error(ead("serve", *absent, *args), 2) == expected
 
 
+@pytest.mark.parametrize(
+    "spelled", [["-mg", "0"], ["-mu", "http://host/m.gguf"], ["-cnv"], ["-fa", "on"], ["-no-cnv"]]
+)
+def test_a_llama_cpp_word_that_starts_as_a_short_option_is_named_as_typed(
+    tmp_path: Path, spelled: list[str]
+) -> None:
+    """llama.cpp's -mg (main GPU) had been read as -m with 'g' for its value, the large model, and -cnv as
+    -c 'nv': a one-dash word of letters is an option's name, as llama.cpp reads it, never a glued value."""
+    absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
+    expected = f"error: No such option: {spelled[0]} (see 'ead generate --help')"
+    assert assert_one_line_error(ead("generate", *absent, *spelled, "hi"), 2) == expected
+
+
 def test_a_value_glued_to_a_short_option_is_still_its_value(tmp_path: Path) -> None:
     absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
     assert_one_line_error(ead("generate", *absent, "-c8", "hi"), 2, "--ctx must be at least 16, got 8")

@@ -320,17 +320,24 @@ def _dashed_option(root: TyperGroup, argv: list[str]) -> str | None:
     return None
 
 
+# A one-dash word of letters (and inner dashes): an option's name as llama.cpp spells its own (-mg, -cnv,
+# -no-cnv), never a short option with a value glued on (-c8, -s-1)
+LLAMA_WORD = re.compile(r"-[a-z][a-z-]*[a-z]")
+
+
 def _misread_option(root: TyperGroup, argv: list[str]) -> str | None:
-    """For an option of ead spelt with one dash and more than one letter (llama.cpp's ``-sys``, ``-ngl``)
-    given to a command that lacks it, typer's 'No such option' naming it: click reads such a word as its
-    first letter's option with the rest as that option's value (``ead serve -sys x`` had been 'Invalid
-    value for --seed', -s given 'ys')."""
+    """For an option spelt with one dash and more than one letter, an option of ead (llama.cpp's ``-sys``,
+    ``-ngl``) or a word of letters (llama.cpp's ``-mg``, ``-cnv``), given to a command that lacks it,
+    typer's 'No such option' naming it: click reads such a word as its first letter's option with the rest
+    as that option's value (``ead serve -sys x`` had been 'Invalid value for --seed', -s given 'ys';
+    ``-mg 0`` the large model 'g')."""
     if not any(_is_one_dash_word(given) for given in argv):
         return None
     names = _option_names(root)
     for path, command, given in _option_words(root, argv):
         name = given.partition("=")[0]
-        if _is_one_dash_word(name) and name in names and not any(name in p.opts for p in command.params):
+        named = name in names or LLAMA_WORD.fullmatch(name)
+        if _is_one_dash_word(name) and named and not any(name in p.opts for p in command.params):
             return f"No such option: {name} (see '{path} --help')"
     return None
 
