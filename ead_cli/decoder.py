@@ -460,7 +460,7 @@ class Decoder(_Generation):
                 continue
             last_writer = writer
             if best < 0:  # llama.cpp's sampler reads the row it is told: a confirmed guess's, not the last
-                token = sampler.sample(runners[writer].ctx, logits, runners[writer].logits_row)
+                token = sampler.sample(runners[writer].ctx, logits, runners[writer].logits_row, tokens)
             else:
                 token = best
             if self.on_sample is not None:
@@ -617,14 +617,14 @@ class Decoder(_Generation):
             rows = checker.verify(tokens[:end], prompt_len=self._prompt_len, rows=end - start)
             for i in range(min(end - start, end_of_text - 1 - start)):  # the last row predicts a new token
                 position = start + i + 1
-                row = rows[i]
+                row = self.sampling.penalised(rows[i], tokens, position)  # as a step there would see it
                 self._checked += 1
                 if row[tokens[position]] - row.max() >= self._log_ratio:
                     continue
                 yield from self._release(position - first)
                 self._truncate(position)
-                token = self._sampler.sample(checker.ctx, row, index=i)
-                entropy = checker.entropy(row) * self._entropy_scale
+                token = self._sampler.sample(checker.ctx, rows[i], index=i, tokens=tokens)
+                entropy = checker.entropy(rows[i]) * self._entropy_scale
                 self._tell_policy(token, self._checker)
                 yield self._emit(token, self._checker, entropy, self.policy.rolling, self.policy.tau)
                 return True
@@ -722,8 +722,9 @@ class SpeculativeDecoder(_Generation):
                         small, tokens, prompt_len, min(self.draft, room)
                     )
                 n = len(tokens)
-                rows = large.verify(tokens + drafts, prompt_len=prompt_len, rows=len(drafts) + 1)
-                accepted, correction, entropy = self._judge(drafts, draft_probs, rows)
+                read = tokens + drafts
+                rows = large.verify(read, prompt_len=prompt_len, rows=len(drafts) + 1)
+                accepted, correction, entropy = self._judge(read, drafts, draft_probs, rows)
                 large.truncate(n + accepted)
                 small.truncate(n + accepted)
                 if looked_up:
@@ -753,14 +754,16 @@ class SpeculativeDecoder(_Generation):
         dists: list[np.ndarray | None] = []
         entropies: list[float] = []
         for _ in range(count):
-            logits = small.sync(tokens + drafts, prompt_len=prompt_len, own_tail=bool(drafts))
-            entropy = small.entropy(logits)
+            read = tokens + drafts
+            logits = small.sync(read, prompt_len=prompt_len, own_tail=bool(drafts))
+            entropy = small.entropy(logits)  # of the raw row, as every entropy ead reads
             if self.entropy_stop is not None and entropy >= self.entropy_stop and drafts:
                 break
+            row = self.sampling.penalised(logits, read)
             if self.sampling.temp == 0:  # greedy: no distribution needed (see _judge)
-                dist, token = None, int(np.argmax(logits))
+                dist, token = None, int(np.argmax(row))
             else:
-                dist = probabilities(logits, self.sampling)
+                dist = probabilities(row, self.sampling)
                 token = self._draw(dist)
             drafts.append(token)
             dists.append(dist)
@@ -770,17 +773,21 @@ class SpeculativeDecoder(_Generation):
         return drafts, dists, entropies
 
     def _judge(
-        self, drafts: list[int], draft_probs: Sequence[np.ndarray | None], rows: np.ndarray
+        self, read: list[int], drafts: list[int], draft_probs: Sequence[np.ndarray | None], rows: np.ndarray
     ) -> tuple[int, int, float]:
         """How many draft tokens the large model accepts, the token it writes next, and its entropy there.
-        A draft probability of None is a proposal certain of its token (a lookup draft: q = 1 there)."""
+        ``read``: the tokens the rows were read for, the drafts last (row i is penalised for what comes
+        before draft i). A draft probability of None is a proposal certain of its token (a lookup draft:
+        q = 1 there)."""
+        before = len(read) - len(drafts)
         for i, (token, q) in enumerate(zip(drafts, draft_probs, strict=True)):
+            row = self.sampling.penalised(rows[i], read, before + i)
             if self.sampling.temp == 0:  # p and q are one-hot: the token stands if it is the argmax
-                best = int(np.argmax(rows[i]))
+                best = int(np.argmax(row))
                 if token == best:
                     continue
                 return i, best, self.runners[1].entropy(rows[i])
-            p = probabilities(rows[i], self.sampling)
+            p = probabilities(row, self.sampling)
             q_token = 1.0 if q is None else q[token]
             if p[token] >= q_token or self._rng.random() < p[token] / q_token:
                 continue
@@ -791,7 +798,8 @@ class SpeculativeDecoder(_Generation):
                 residual = np.maximum(p - q, 0.0)
             return i, self._draw(residual / residual.sum()), self.runners[1].entropy(rows[i])
         last = rows[len(drafts)]
-        return len(drafts), self._draw(probabilities(last, self.sampling)), self.runners[1].entropy(last)
+        chosen = self._draw(probabilities(self.sampling.penalised(last, read), self.sampling))
+        return len(drafts), chosen, self.runners[1].entropy(last)
 
     def _draw(self, dist: np.ndarray) -> int:
         if self.sampling.temp == 0:

@@ -27,7 +27,11 @@ class SamplingParams:
     ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
     model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it.
     ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
-    grammar follows before the first token is drawn."""
+    grammar follows before the first token is drawn.
+
+    Before all of these, as in llama.cpp's chain: ``logit_bias`` ((token, bias) pairs, added to the
+    logits) and the penalties of llama.cpp's penalties sampler over the last ``repeat_last_n`` tokens
+    (0: none), see ``penalised``. Their defaults are off, as llama.cpp's."""
 
     temp: float = 0.0
     top_k: int = 40
@@ -36,6 +40,11 @@ class SamplingParams:
     seed: int = 0
     grammar: str | None = None
     grammar_start: tuple[int, ...] = ()
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.temp < math.inf:  # written so, NaN fails it too
@@ -49,6 +58,68 @@ class SamplingParams:
             raise EadError(f"--min-p must be in [0, 1], got {self.min_p}", exit_code=2)
         if not 0 <= self.seed < 2**32 - 1:
             raise EadError(f"--seed must be in [0, 4294967294], got {self.seed}", exit_code=2)
+        if not 0 < self.repeat_penalty < math.inf:
+            message = f"--repeat-penalty must be above 0 and finite (1: off), got {self.repeat_penalty}"
+            raise EadError(message, exit_code=2)
+        if self.repeat_last_n < 0:
+            message = f"--repeat-last-n must be at least 0 (0: no penalties), got {self.repeat_last_n}"
+            raise EadError(message, exit_code=2)
+        check_int32(self.repeat_last_n, "--repeat-last-n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                flag = "--" + name.replace("_", "-")
+                message = f"{flag} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name)}"
+                raise EadError(message, exit_code=2)
+        for token, bias in self.logit_bias:
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                limits = f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+                message = f"--logit-bias must be in {limits}, got {bias} for token {token}"
+                raise EadError(message, exit_code=2)
+
+    @property
+    def penalises(self) -> bool:
+        """Whether ``penalised`` changes a row: a logit bias, or a penalty over a window of tokens."""
+        return bool(self.logit_bias) or self._penalties_on
+
+    @property
+    def _penalties_on(self) -> bool:
+        # llama_sampler_penalties_apply's own test of a no-op
+        off = self.repeat_penalty == 1 and self.frequency_penalty == 0 and self.presence_penalty == 0
+        return self.repeat_last_n != 0 and not off
+
+    def penalised(self, logits: np.ndarray, tokens: Sequence[int], end: int | None = None) -> np.ndarray:
+        """The row llama.cpp's chain samples from after its logit-bias and penalties samplers, for the
+        position after ``tokens[:end]`` (all of them if ``end`` is None): the prompt's tokens count, as
+        llama-server and llama-cli accept the prompt into the chain before the first draw. A copy, in
+        float32 as llama.cpp computes it (so a greedy choice is the same token); ``logits`` itself where
+        nothing is penalised.
+
+        Of each token that occurs ``count`` times in the window, a logit above 0 is divided by
+        ``repeat_penalty`` and one at or below 0 multiplied, then ``count x frequency_penalty +
+        presence_penalty`` is subtracted (llama_sampler_penalties_apply). Stateless: the window is read
+        from the tokens before the row, so a row of a verified draft is judged with the draft before it,
+        and a rollback leaves nothing to undo."""
+        if not self.penalises:
+            return logits
+        row = np.array(logits, dtype=np.float32)
+        for token, bias in self.logit_bias:
+            row[token] += np.float32(bias)
+        if self._penalties_on:
+            end = len(tokens) if end is None else end
+            start = max(0, end - self.repeat_last_n)
+            ids, counts = np.unique(np.asarray(tokens[start:end], dtype=np.int64), return_counts=True)
+            found = row[ids]
+            repeat = np.float32(self.repeat_penalty)
+            found = np.where(found <= 0, found * repeat, found / repeat)
+            found -= counts.astype(np.float32) * np.float32(self.frequency_penalty) + np.float32(
+                self.presence_penalty
+            )
+            row[ids] = found
+        return row
+
+
+MAX_PENALTY = 2.0  # OpenAI's bound of presence_penalty and frequency_penalty
+MAX_LOGIT_BIAS = 100.0  # and of a logit bias
 
 
 class GrammarDeadEnd(EadError):
@@ -71,10 +142,11 @@ CANDIDATE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)
 class Sampler:
     """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits. With a
     grammar (``grammars``, the writing model's, needed), it comes first in the chain and every token
-    sampled is accepted by it."""
+    sampled is accepted by it. The logit bias and the penalties are applied to the row before the chain
+    (``SamplingParams.penalised``), where llama.cpp's chain has them first."""
 
     def __init__(self, params: SamplingParams, grammars: ParsedGrammars | None = None) -> None:
-        self._greedy = params.temp == 0 and params.grammar is None
+        self._greedy = params.temp == 0 and params.grammar is None and not params.penalises
         self._params = params
         self._rng = np.random.default_rng(params.seed)
         grammar = None
@@ -100,11 +172,18 @@ class Sampler:
 
     @property
     def greedy(self) -> bool:
-        """Whether ``sample`` takes the row's argmax (temp 0, no grammar)."""
+        """Whether ``sample`` takes the row's argmax (temp 0, no grammar, nothing penalised)."""
         return self._greedy
 
-    def sample(self, ctx: llama_cpp.llama_context_p | None, logits: np.ndarray, index: int = -1) -> int:
-        """Choose a token from row ``index`` of ctx's last batch of logits (``logits`` is a view of it).
+    def sample(
+        self,
+        ctx: llama_cpp.llama_context_p | None,
+        logits: np.ndarray,
+        index: int = -1,
+        tokens: Sequence[int] = (),
+    ) -> int:
+        """Choose a token from row ``index`` of ctx's last batch of logits (``logits`` is a view of it),
+        the row that follows ``tokens`` (the prompt and the answer so far: the penalties' window).
 
         Greedy takes the argmax of the view: the same token as llama.cpp's greedy sampler (the first
         maximum), without building its 151,936-entry candidate array every token (~0.5 ms). Without a
@@ -112,19 +191,23 @@ class Sampler:
         """
         if self._greedy:
             return int(logits.argmax())  # the method: np.argmax's dispatch costs ~2 us a token
+        row = self._params.penalised(logits, tokens)
+        if self._params.temp == 0 and self._params.grammar is None:
+            return int(row.argmax())  # greedy over the penalised row
         if ctx is None:
             if self._params.grammar is not None:
                 raise EadError("a grammar needs a local model's context: not with a llama-server model")
-            dist = probabilities(logits, self._params)
+            dist = probabilities(row, self._params)
             return int(self._rng.choice(dist.shape[0], p=dist))
-        if self._params.grammar is not None:
-            return self._within_grammar(logits)
-        return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
+        if row is logits and self._params.grammar is None:
+            return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
+        return self._from_row(row)
 
-    def _within_grammar(self, logits: np.ndarray) -> int:
-        """llama_sampler_sample's steps (the chain applied to every token, the choice accepted), with a
-        look between them: where the grammar leaves no token, llama.cpp would accept one it ruled out,
-        and its grammar's exception, thrown through the C API, aborts the process."""
+    def _from_row(self, logits: np.ndarray) -> int:
+        """llama_sampler_sample's steps (the chain applied to every token, the choice accepted) on a row
+        of our own (penalised), with a look between them: where a grammar leaves no token, llama.cpp
+        would accept one it ruled out, and its grammar's exception, thrown through the C API, aborts the
+        process."""
         candidates = np.empty(len(logits), CANDIDATE)
         candidates["id"] = np.arange(len(logits))
         candidates["logit"] = logits

@@ -154,7 +154,7 @@ def test_a_sampled_lookup_token_is_kept_with_its_probability_and_the_law_stays_p
     counts = np.zeros(4)
     kept = 0
     for _ in range(4000):
-        accepted, correction, _ = spec._judge([1], [None], rows)
+        accepted, correction, _ = spec._judge([1], [1], [None], rows)
         kept += accepted
         counts[1 if accepted else correction] += 1
     assert abs(kept / 4000 - p[1]) < 0.03

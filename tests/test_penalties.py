@@ -1,0 +1,234 @@
+"""Repetition penalties and logit bias with llama.cpp's semantics: ead's text, token for token, against
+llama.cpp's own sampler chain (its penalties and logit-bias samplers, the prompt accepted first, as
+llama-server does) over the same tiny model, through every loop that chooses or checks a token."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from tiny_models import open_pair
+
+from ead_cli.decoder import Decoder, SpeculativeDecoder
+from ead_cli.errors import EadError
+from ead_cli.policies import Fixed, Gate, Policy
+from ead_cli.prompt import encode_prompt
+from ead_cli.runner import Runner
+from ead_cli.sampling import CANDIDATE, SamplingParams
+
+# Code that repeats itself: prompt lookup finds guesses in it, and the penalties have tokens to count.
+PROMPT = "def f(x):\n    return x + x + x + x\n\ndef g(x):\n    return x + x"
+COUNT = 60
+REPEAT = SamplingParams(repeat_penalty=1.3)
+# frequency and presence values whose products with a count are exact in float32, so no fused
+# multiply-add in llama.cpp's build can round them otherwise
+ALL = SamplingParams(repeat_penalty=1.3, repeat_last_n=16, frequency_penalty=0.5, presence_penalty=0.25)
+
+
+def chain(params: SamplingParams, n_vocab: int, prompt: Sequence[int]) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's chain as common_sampler_init builds it: the logit bias, the penalties, then greedy or
+    top-k, top-p, min-p, temperature and a seeded draw; the prompt accepted, as llama-server's slot does."""
+    sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    add = llama_cpp.llama_sampler_chain_add
+    if params.logit_bias:
+        biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))(*params.logit_bias)
+        add(sampler, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases))
+    add(
+        sampler,
+        llama_cpp.llama_sampler_init_penalties(
+            n_vocab,
+            params.repeat_last_n,
+            params.repeat_penalty,
+            params.frequency_penalty,
+            params.presence_penalty,
+        ),
+    )
+    if params.temp == 0:
+        add(sampler, llama_cpp.llama_sampler_init_greedy())
+    else:
+        add(sampler, llama_cpp.llama_sampler_init_top_k(params.top_k))
+        add(sampler, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        add(sampler, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        add(sampler, llama_cpp.llama_sampler_init_temp(params.temp))
+        add(sampler, llama_cpp.llama_sampler_init_dist(params.seed))
+    for token in prompt:
+        llama_cpp.llama_sampler_accept(sampler, token)
+    return sampler
+
+
+def llama_cpp_text(paths: Sequence[Path], params: SamplingParams, prompt: list[int], writers: Sequence[int]):
+    """llama.cpp's tokens for ``writers`` (the model that writes each step, an index into ``paths``):
+    every model reads every token, each step's token drawn by one chain from the writer's row."""
+    models = [llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=1, verbose=False) for path in paths]
+    sampler = chain(params, models[0].n_vocab(), prompt)
+    for model in models:
+        model.eval(prompt)
+    out: list[int] = []
+    for writer in writers:
+        token = llama_cpp.llama_sampler_sample(sampler, models[writer].ctx, -1)
+        out.append(token)
+        if llama_cpp.llama_vocab_is_eog(models[writer]._model.vocab, token):
+            break
+        for model in models:
+            model.eval([token])
+    llama_cpp.llama_sampler_free(sampler)
+    for model in models:
+        model.close()
+    return out
+
+
+@pytest.fixture
+def fresh(tiny_pair: tuple[Path, Path]) -> Iterator:
+    """Runners with cold caches, one pair per run compared."""
+    opened: list[list[Runner]] = []
+
+    def open_one(paths: tuple[Path, Path] = tiny_pair) -> list[Runner]:
+        opened.append(open_pair(paths))
+        return opened[-1]
+
+    yield open_one
+    for runners in opened:
+        for runner in runners:
+            runner.close()
+
+
+def decoded(runners: list[Runner], policy: Policy, params: SamplingParams, **kwargs) -> tuple[Decoder, list]:
+    decoder = Decoder(runners, ("small", "large"), policy, params, max_tokens=COUNT, **kwargs)
+    return decoder, list(decoder.run(encode_prompt(runners[0], PROMPT)))
+
+
+@pytest.mark.parametrize("params", [REPEAT, ALL], ids=["repeat", "all"])
+@pytest.mark.parametrize("lookup", [0, 2])
+@pytest.mark.parametrize("writer", [0, 1])
+def test_one_model_writes_llama_cpps_greedy_text_with_penalties(
+    fresh, tiny_pair: tuple[Path, Path], params: SamplingParams, lookup: int, writer: int
+) -> None:
+    runners = fresh()
+    prompt = encode_prompt(runners[0], PROMPT)
+    _, events = decoded(runners, Fixed(writer), params, lookup=lookup, lookup_draft=8)
+    expected = llama_cpp_text(tiny_pair, params, prompt, [writer] * COUNT)
+    assert [event.token for event in events] == expected
+    plain = llama_cpp_text(tiny_pair, SamplingParams(), prompt, [writer] * COUNT)
+    assert expected != plain  # the penalties changed the text
+    if lookup and params is REPEAT:
+        assert runners[writer].stats.guessed_kept > 0  # rows taken from a confirmed guess were penalised
+
+
+def test_the_pair_switching_writes_llama_cpps_text_for_its_schedule(
+    fresh, tiny_pair: tuple[Path, Path]
+) -> None:
+    """Each model's token drawn from its own row with the penalties of the text both wrote: the
+    schedule is ead's (the raw entropy decides it), every token then llama.cpp's."""
+    runners = fresh()
+    prompt = encode_prompt(runners[0], PROMPT)
+    _, events = decoded(runners, Gate(3.0), REPEAT, lookup=2, lookup_draft=8)
+    writers = [("small", "large").index(event.model) for event in events]
+    assert set(writers) == {0, 1}
+    assert [event.token for event in events] == llama_cpp_text(tiny_pair, REPEAT, prompt, writers)
+
+
+@pytest.mark.parametrize("params", [REPEAT, ALL], ids=["repeat", "all"])
+def test_verify_judges_each_held_token_with_the_penalties_of_its_own_history(
+    fresh, tiny_pair: tuple[Path, Path], tiny_large: Path, params: SamplingParams
+) -> None:
+    """At ratio 1 a small token stands only where it is the large model's penalised argmax, so the text
+    is llama.cpp's large model with penalties, rollbacks and all; and where the small model is the large
+    one, whose every token is that argmax, nothing is rolled back."""
+    runners = fresh()
+    prompt = encode_prompt(runners[0], PROMPT)
+    decoder, events = decoded(runners, Gate(3.0), params, verify=1.0)
+    expected = llama_cpp_text(tiny_pair, params, prompt, [1] * COUNT)
+    assert [event.token for event in events] == expected
+    assert decoder.summary().rollbacks > 0
+    decoder, events = decoded(fresh((tiny_large, tiny_large)), Gate(3.0), params, verify=1.0)
+    assert [event.token for event in events] == expected
+    summary = decoder.summary()
+    assert summary.checked > COUNT // 4 and summary.rollbacks == 0
+
+
+@pytest.mark.parametrize("params", [REPEAT, ALL], ids=["repeat", "all"])
+@pytest.mark.parametrize("lookup", [0, 2])
+def test_speculative_decoding_keeps_llama_cpps_text_with_penalties(
+    fresh, tiny_large: Path, params: SamplingParams, lookup: int
+) -> None:
+    """The large model drafting for itself: every draft is accepted, so each verified row after the
+    first must count the draft tokens before it to give llama.cpp's token."""
+    runners = fresh((tiny_large, tiny_large))
+    prompt = encode_prompt(runners[0], PROMPT)
+    decoder = SpeculativeDecoder(
+        runners, ("small", "large"), params, draft=4, max_tokens=COUNT, lookup=lookup, lookup_draft=8
+    )
+    tokens = [event.token for event in decoder.run(prompt)]
+    assert tokens == llama_cpp_text((tiny_large,), params, prompt, [0] * COUNT)
+    summary = decoder.summary()
+    assert summary.acceptance_rate == 1.0 and summary.drafted > COUNT // 2
+
+
+def test_a_logit_bias_is_llama_cpps(fresh, tiny_pair: tuple[Path, Path]) -> None:
+    runners = fresh()
+    prompt = encode_prompt(runners[0], PROMPT)
+    plain = llama_cpp_text(tiny_pair, SamplingParams(), prompt, [1] * COUNT)
+    favoured, banned = 97, plain[0]  # 'a'; the first token greedy chose
+    params = SamplingParams(repeat_penalty=1.1, logit_bias=((favoured, 7.5), (banned, -100.0)))
+    _, events = decoded(runners, Fixed(1), params, lookup=2)
+    tokens = [event.token for event in events]
+    assert tokens == llama_cpp_text(tiny_pair, params, prompt, [1] * COUNT)
+    assert banned not in tokens and favoured in tokens
+
+
+def test_sampled_text_with_penalties_is_llama_cpps_draw_for_draw(fresh, tiny_pair: tuple[Path, Path]) -> None:
+    """temp > 0: the penalised row goes through ead's chain, one draw of its seeded generator a token,
+    as llama_sampler_sample's would."""
+    params = SamplingParams(
+        temp=0.8, seed=7, repeat_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.25
+    )
+    runners = fresh()
+    prompt = encode_prompt(runners[0], PROMPT)
+    _, events = decoded(runners, Fixed(1), params)
+    assert [event.token for event in events] == llama_cpp_text(tiny_pair, params, prompt, [1] * COUNT)
+
+
+def test_penalised_is_llama_cpps_penalties_sampler_bit_for_bit() -> None:
+    """Positive and negative logits, tokens inside and outside the window, counts above one."""
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0, 4, 64).astype(np.float32)
+    history = [5, 9, 9, 1, 5, 5, 40, 9, 63, 0, 12, 9]
+    params = SamplingParams(repeat_penalty=1.7, repeat_last_n=8, frequency_penalty=-0.3, presence_penalty=1.9)
+    sampler = llama_cpp.llama_sampler_init_penalties(64, 8, 1.7, -0.3, 1.9)
+    for token in history:
+        llama_cpp.llama_sampler_accept(sampler, token)
+    candidates = np.empty(64, CANDIDATE)
+    candidates["id"], candidates["logit"], candidates["p"] = np.arange(64), logits, 0
+    data = candidates.ctypes.data_as(llama_cpp.llama_token_data_p)
+    array = llama_cpp.llama_token_data_array(data=data, size=64, selected=-1, sorted=False)
+    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+    llama_cpp.llama_sampler_free(sampler)
+    row = params.penalised(logits, history)
+    assert row.tobytes() == candidates["logit"].tobytes()
+    assert not np.array_equal(row, logits)
+    assert params.penalised(logits, history, 0) is not logits  # a copy, nothing counted before position 0
+    assert np.array_equal(params.penalised(logits, history, 0), logits)
+    assert SamplingParams().penalised(logits, history) is logits  # off: the row itself, no copy
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"repeat_penalty": 0.0}, "--repeat-penalty must be above 0 and finite (1: off), got 0.0"),
+        ({"repeat_penalty": float("inf")}, "--repeat-penalty must be above 0 and finite (1: off), got inf"),
+        ({"repeat_last_n": -1}, "--repeat-last-n must be at least 0 (0: no penalties), got -1"),
+        ({"presence_penalty": 2.5}, "--presence-penalty must be in [-2, 2], got 2.5"),
+        ({"frequency_penalty": -2.01}, "--frequency-penalty must be in [-2, 2], got -2.01"),
+        ({"frequency_penalty": float("nan")}, "--frequency-penalty must be in [-2, 2], got nan"),
+        ({"logit_bias": ((5, 101.0),)}, "--logit-bias must be in [-100, 100], got 101.0 for token 5"),
+    ],
+)
+def test_out_of_range_values_are_one_line_usage_errors(fields: dict, message: str) -> None:
+    with pytest.raises(EadError) as caught:
+        SamplingParams(**fields)
+    assert str(caught.value) == message
+    assert caught.value.exit_code == 2
