@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EadError, check_int32, quoted
-from .option_table import DECODING, OPTIONS, SWITCHING, resolve_mode
+from .option_table import OPTIONS, SWITCHING, resolve_mode
 from .policies import POLICY_KINDS, SHAPING, Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 
 if TYPE_CHECKING:
@@ -281,7 +281,9 @@ class PolicyOptions:
 
 _FIELD_NAMES = {option.attribute: option.name for option in OPTIONS.values()}  # patterns -> pattern
 _SWITCHING_FIELDS = {OPTIONS[name].attribute for name in SWITCHING}
-_SAMPLERS = {option.name for option in DECODING if option.target == "sampling"} - {"temp"}
+# the samplers that shape a draw, which greedy decoding makes none (the penalties and the logit bias act
+# on the row before it, greedy or not)
+_SAMPLERS = ("top_k", "top_p", "min_p", "seed")
 
 
 def _default_sampling() -> SamplingParams:

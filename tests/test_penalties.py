@@ -5,12 +5,18 @@ llama-server does) over the same tiny model, through every loop that chooses or 
 from __future__ import annotations
 
 import ctypes
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import httpx
 import llama_cpp
 import numpy as np
+import openai
 import pytest
+from serve_process import Server
+from test_cli import assert_one_line_error, ead, pair_args
+from test_serve import serving
 from tiny_models import open_pair
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
@@ -19,6 +25,7 @@ from ead_cli.policies import Fixed, Gate, Policy
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import CANDIDATE, SamplingParams
+from ead_cli.serve.schemas import PENALTIES
 
 # Code that repeats itself: prompt lookup finds guesses in it, and the penalties have tokens to count.
 PROMPT = "def f(x):\n    return x + x + x + x\n\ndef g(x):\n    return x + x"
@@ -232,3 +239,142 @@ def test_out_of_range_values_are_one_line_usage_errors(fields: dict, message: st
         SamplingParams(**fields)
     assert str(caught.value) == message
     assert caught.value.exit_code == 2
+
+
+def cli_tokens(pair: tuple[Path, Path], *args: str) -> list[int]:
+    result = ead("generate", *pair_args(pair), "--format", "jsonl", "--max-tokens", str(COUNT), *args, PROMPT)
+    assert result.returncode == 0, result.stderr
+    assert b"unused" not in result.stderr  # greedy decoding reads the penalties
+    return [json.loads(line)["token"] for line in result.stdout.decode().splitlines()[:-1]]
+
+
+def test_generate_takes_llama_clis_penalty_options(tiny_pair: tuple[Path, Path], tiny_small: Path) -> None:
+    with Runner(tiny_small, name="small", n_ctx=512, n_threads=1) as runner:
+        prompt = encode_prompt(runner, PROMPT)
+    options = ("--repeat-penalty", "1.3", "--repeat-last-n", "16", "--frequency-penalty", "0.5")
+    expected = llama_cpp_text(tiny_pair, ALL, prompt, [1] * COUNT)
+    assert (
+        cli_tokens(tiny_pair, *options, "--presence-penalty", "0.25") == expected
+    )  # the large model, lookup on
+    assert cli_tokens(tiny_pair, *options, "--presence-penalty", "0.25", "--mode", "spec") == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--repeat-penalty", "0"], "error: --repeat-penalty must be above 0 and finite (1: off), got 0.0"),
+        (["--repeat-penalty", "inf"], "error: --repeat-penalty must be above 0 and finite (1: off), got inf"),
+        (["--repeat-last-n", "-1"], "error: --repeat-last-n must be at least 0 (0: no penalties), got -1"),
+        (["--presence-penalty", "2.5"], "error: --presence-penalty must be in [-2, 2], got 2.5"),
+        (["--frequency-penalty", "-3"], "error: --frequency-penalty must be in [-2, 2], got -3.0"),
+    ],
+)
+def test_a_bad_penalty_is_one_line_on_the_command_line(
+    tiny_pair: tuple[Path, Path], args: list[str], message: str
+) -> None:
+    assert assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2) == message
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The large model alone with prompt lookup (serve's default mode), a context of 512."""
+    with serving(
+        [*pair_args(tiny_pair), "--ctx", "512"], tmp_path_factory.mktemp("serve") / "server.log"
+    ) as running:
+        yield running
+
+
+def completed(server: Server, prompt: list[int], **fields: object) -> list[int]:
+    """A text completion's tokens for a prompt of token ids, greedy."""
+    body = {"prompt": prompt, "max_tokens": COUNT, "temperature": 0, **fields}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return [token["token"] for token in reply.json()["ead"]["tokens"]]
+
+
+def test_openai_and_llama_server_fields_write_llama_cpps_text(server: Server, tiny_large: Path) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    with Runner(tiny_large, name="large", n_ctx=512, n_threads=1) as runner:
+        prompt = encode_prompt(runner, PROMPT)
+    reply = client.completions.create(
+        model="ead",
+        prompt=prompt,
+        max_tokens=COUNT,
+        temperature=0,
+        frequency_penalty=0.5,
+        presence_penalty=0.25,
+        extra_body={"repeat_penalty": 1.3, "repeat_last_n": 16},
+    )
+    tokens = [token["token"] for token in reply.model_extra["ead"]["tokens"]]
+    assert tokens == llama_cpp_text((tiny_large,), ALL, prompt, [0] * COUNT)
+    plain = llama_cpp_text((tiny_large,), SamplingParams(), prompt, [0] * COUNT)
+    favoured, banned = 97, plain[0]
+    biased = SamplingParams(repeat_penalty=1.1, logit_bias=((favoured, 7.5), (banned, -100.0)))
+    reply = client.completions.create(
+        model="ead",
+        prompt=prompt,
+        max_tokens=COUNT,
+        temperature=0,
+        logit_bias={str(favoured): 7.5, str(banned): -100},
+        extra_body={"repeat_penalty": 1.1},
+    )
+    tokens = [token["token"] for token in reply.model_extra["ead"]["tokens"]]
+    assert tokens == llama_cpp_text((tiny_large,), biased, prompt, [0] * COUNT)
+    assert banned not in tokens and favoured in tokens
+    assert completed(server, prompt) == plain  # nothing carried over from the requests before
+
+
+def ollama_chat(server: Server, options: dict[str, object]) -> list[int]:
+    body = {"model": "ead", "messages": [{"role": "user", "content": PROMPT}], "stream": False}
+    body["options"] = {"num_predict": COUNT, "temperature": 0, **options}
+    reply = httpx.post(f"{server.url}/api/chat", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return [token["token"] for token in reply.json()["ead"]["tokens"]]
+
+
+def test_ollamas_options_are_the_same_penalties(server: Server) -> None:
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": COUNT, "temperature": 0}
+    fields = {"repeat_penalty": 1.3, "presence_penalty": 0.25, "frequency_penalty": 0.5}
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json={**chat, **fields, "repeat_last_n": 512})
+    assert reply.status_code == 200, reply.text
+    expected = [token["token"] for token in reply.json()["ead"]["tokens"]]
+    assert ollama_chat(server, {**fields, "repeat_last_n": -1}) == expected  # -1: the whole context
+    assert ollama_chat(server, {**fields, "repeat_last_n": 16}) != expected
+    assert ollama_chat(server, {}) != expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "fragment"),
+    [
+        ({"repeat_penalty": 0}, "repeat_penalty", "greater than 0"),
+        ({"repeat_last_n": -1}, "repeat_last_n", "greater than or equal to 0"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty", "greater than or equal to -2"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "less than or equal to 100"),
+        ({"logit_bias": {"a": 1}}, "logit_bias", "logit_bias: its keys are token ids, got 'a'"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias", "logit_bias: its keys are token ids, got '-1'"),
+        (
+            {"logit_bias": {"267": 1}},
+            "logit_bias",
+            "logit_bias: token id 267 is not in the vocabulary (ids 0-266)",
+        ),
+    ],
+)
+def test_a_bad_penalty_is_a_400_and_the_server_serves_on(
+    server: Server, fields: dict, param: str, fragment: str
+) -> None:
+    for path, request in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ):
+        reply = httpx.post(f"{server.url}{path}", json={**request, "max_tokens": 2, **fields}, timeout=60)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"].startswith(param) and fragment in error["message"], error
+    if param in PENALTIES:  # ollama's own spelling, in ollama's shape (its repeat_last_n takes -1)
+        options = {param: -2} if param == "repeat_last_n" else fields
+        body = {"model": "ead", "prompt": "hi", "stream": False, "options": options}
+        reply = httpx.post(f"{server.url}/api/generate", json=body, timeout=60)
+        assert reply.status_code == 400, reply.text[:200]
+        assert f"options.{param}" in reply.json()["error"], reply.text
+    assert len(completed(server, [104, 105], max_tokens=2)) == 2

@@ -147,9 +147,9 @@ def test_an_empty_request_loads_the_model_as_ollama_answers_it(server: Server) -
         ),
         (
             "chat",
-            {"model": "ead", "messages": HI, "options": {"repeat_penalty": 1.3}},
+            {"model": "ead", "messages": HI, "options": {"mirostat": 2}},
             400,
-            "options.repeat_penalty",
+            "options.mirostat",
         ),
         ("chat", {"model": "ead", "messages": HI, "format": "yaml"}, 400, "format"),
         ("chat", {"model": "ead", "messages": HI, "format": {"$ref": "#/nowhere"}}, 400, "format cannot be"),

@@ -58,6 +58,7 @@ from ..sampling import GrammarRefusal, SamplingParams
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
 from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
+    PENALTIES,
     ApiError,
     ChatRequest,
     CompletionBase,
@@ -987,6 +988,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         temp = base.temp if body.temperature is None else body.temperature
         grammar = body.response_format.grammar() if body.response_format is not None else None
         top_k, min_p = body.sampling_value("top_k"), body.sampling_value("min_p")
+        penalties = {name: getattr(body, name) for name in PENALTIES if getattr(body, name) is not None}
+        biases = body.biases()
+        known_tokens([token for token, _ in biases], engine.runners[0].n_vocab, "logit_bias")
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             # the request's options given over the command line's: one of them may turn the pair on
@@ -1001,6 +1005,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 top_p=base.top_p if not body.top_p else body.top_p,
                 min_p=base.min_p if min_p is None else min_p,
                 seed=_request_seed(body.seed, base.seed if "seed" in defaults.policy.given else None),
+                **{name: getattr(base, name) for name in PENALTIES} | penalties,
+                logit_bias=biases if body.logit_bias is not None else base.logit_bias,
             )
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(

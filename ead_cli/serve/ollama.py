@@ -36,15 +36,19 @@ from .app import (
 from .engine import Engine, Failed, Log, Ticket, Token
 from .metrics import prompt_seconds
 from .schemas import (
+    MAX_COUNT,
     MAX_EMBEDDING_INPUTS,
     MAX_STOP_CHARS,
     MAX_STOPS,
+    PENALTIES,
     UNSUPPORTED,
     ApiError,
     ChatRequest,
     Fraction,
     MinP,
+    Penalty,
     Positive,
+    RepeatPenalty,
     TopK,
     listed_inputs,
     parse,
@@ -65,7 +69,7 @@ NEVER = "9999-12-31T23:59:59Z"
 class OllamaOptions(BaseModel):
     """``options``: those whose meaning is the OpenAI field's, with its bounds; the runtime's own
     (num_gpu, num_thread, use_mmap...) are ignored, as they do not change an answer; those that would
-    and that ead serve does not do (repeat_penalty, mirostat...) go on to the OpenAI check, which refuses
+    and that ead serve does not do (mirostat, typical_p...) go on to the OpenAI check, which refuses
     any value but the one that means "off"."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
@@ -77,6 +81,10 @@ class OllamaOptions(BaseModel):
     top_p: Fraction | None = None
     min_p: MinP | None = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None
+    repeat_penalty: RepeatPenalty | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | None = None  # -1: the whole context
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     stop: (
         Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)] | None
     ) = None
@@ -96,6 +104,8 @@ class OllamaOptions(BaseModel):
         fields = self.model_dump(exclude_none=True, exclude={"num_predict", "num_ctx"})
         fields = {name: value for name, value in fields.items() if name not in (self.model_extra or {})}
         fields |= {name: value for name, value in (self.model_extra or {}).items() if name in UNSUPPORTED}
+        if self.repeat_last_n == -1:
+            fields["repeat_last_n"] = n_ctx
         if self.num_predict is not None:  # 0 or less: as far as the context goes (clamped there)
             fields["max_tokens"] = self.num_predict if self.num_predict > 0 else n_ctx
         return fields
@@ -283,7 +293,10 @@ class OllamaGenerate(_OllamaRequest):
 OLLAMA_SPELLING = {
     "response_format": "format",
     "max_tokens": "options.num_predict",
-    **{name: f"options.{name}" for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop")},
+    **{
+        name: f"options.{name}"
+        for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop", *PENALTIES)
+    },
     # those options passes on (a request's own fields, tools and suffix, keep their names)
     **{
         name: f"options.{name}"

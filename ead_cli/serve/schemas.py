@@ -26,6 +26,7 @@ from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import PolicyOptions
 from ..paths import BOM
 from ..policies import BURST_KINDS, parse_tau
+from ..sampling import MAX_LOGIT_BIAS
 from .converter import (
     BOUNDS,
     SCHEMAS_BY_NAME,
@@ -150,6 +151,15 @@ EadOptions = create_model(
 # type for both spellings, so the same bounds and the same 400s (CompletionBase.sampling_value).
 TopK = _http_type(OPTIONS["top_k"])
 MinP = _http_type(OPTIONS["min_p"])
+# The penalties, at a request's top level as OpenAI, llama-server and ollama's options spell them (llama.cpp
+# takes any repeat_penalty above 0; OpenAI bounds the other two to [-2, 2]), over the command line's.
+RepeatPenalty = Annotated[float, Field(gt=0)]
+RepeatLastN = _http_type(OPTIONS["repeat_last_n"])
+Penalty = _http_type(OPTIONS["presence_penalty"])
+PENALTIES = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+MAX_LOGIT_BIASES = 1024  # tokens a logit_bias may name: each is applied to every row the answer reads
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+LogitBias = Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIASES)]
 
 # The sampler orders that are ead's chain: its own, and llama-server's defaults (the list its /completion
 # docs give, its --samplers and --sampler-seq), which run top-k, top-p, min-p, then temperature, as ead
@@ -164,16 +174,13 @@ EAD_SAMPLER_ORDERS = (
 # Fields of OpenAI's API, and of llama-server's (its /completion options, which its OpenAI endpoints take
 # too), that would change the answer and that ead serve does not do, with the values that change nothing
 # (what clients send when they mean "off"): any other value is a 400, never silence. llama-server's fields
-# that only tune one of these (mirostat_tau and _eta, dry_base, xtc_threshold, dynatemp_exponent,
-# repeat_last_n), or that do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token,
-# n_keep: ead never shifts the context), are ignored.
+# that only tune one of these (mirostat_tau and _eta, dry_base, xtc_threshold, dynatemp_exponent), or that
+# do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token, n_keep: ead never shifts
+# the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "echo": (None, False),
     "best_of": (None, 1),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
     "tools": (None, []),  # chat completions take them (ChatRequest); text completions do not
     "top_logprobs": (None, 0),  # chat's count (ChatRequest); text completions give theirs as logprobs: N
     "tool_choice": (None, "none", "auto"),
@@ -187,7 +194,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n_indent": (None, 0),
     "t_max_predict_ms": (None, 0),
     "ignore_eos": (None, False),
-    "repeat_penalty": (None, 1),
     "typical_p": (None, 1),
     "mirostat": (None, 0),
     "dynatemp_range": (None, 0),
@@ -526,6 +532,11 @@ class CompletionBase(BaseModel):
     response_format: ResponseFormat | None = None
     top_k: TopK | None = None  # llama-server's spelling of ead.top_k
     min_p: MinP | None = None
+    repeat_penalty: RepeatPenalty | None = None
+    repeat_last_n: RepeatLastN | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None  # OpenAI's: token ids (as the object's keys) to biases
     ead: EadOptions | None = None
 
     def sampling_value(self, name: str) -> Any:
@@ -533,6 +544,17 @@ class CompletionBase(BaseModel):
         neither."""
         inner = None if self.ead is None else getattr(self.ead, name)
         return either(name, getattr(self, name), f"ead.{name}", inner)
+
+    def biases(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as (token id, bias) pairs; a key that is no token id is a 400 (whether the ids
+        are in the vocabulary is the caller's check, ``tokens.known_tokens``)."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                message = f"logit_bias: its keys are token ids, got {quoted(key)}"
+                raise ApiError(400, message, code="invalid_value", param="logit_bias")
+            pairs.append((int(key), bias))
+        return tuple(pairs)
 
     def token_limit(self) -> int | None:
         """``max_tokens`` or OpenAI's newer ``max_completion_tokens``, one limit; None if neither."""
