@@ -378,3 +378,19 @@ def test_a_bad_penalty_is_a_400_and_the_server_serves_on(
         assert reply.status_code == 400, reply.text[:200]
         assert f"options.{param}" in reply.json()["error"], reply.text
     assert len(completed(server, [104, 105], max_tokens=2)) == 2
+
+
+def test_chat_takes_the_penalties_as_options_and_as_commands(tiny_pair: tuple[Path, Path]) -> None:
+    """``ead chat --repeat-penalty`` and ``/repeat-penalty`` answer a first message as ``ead generate``
+    does with the option; the settings line says the penalties in force."""
+    message = "def f(x): return x + x + x + x + x + x"
+    args = [*pair_args(tiny_pair), "--max-tokens", "30"]
+    generated = ead("generate", *args, "--repeat-penalty", "1.3", message)
+    assert generated.returncode == 0, generated.stderr
+    by_option = ead("chat", *args, "--repeat-penalty", "1.3", stdin=message + "\n")
+    by_command = ead("chat", *args, stdin=f"/repeat-penalty 1.3\n{message}\n")
+    plain = ead("chat", *args, stdin=message + "\n")
+    assert by_option.stdout == by_command.stdout == generated.stdout != plain.stdout
+    settings = "temp 0 · repeat-penalty 1.3 · repeat-last-n 64 · presence-penalty 0 · frequency-penalty 0 · "
+    assert f"{settings}max-tokens 30 (from the next answer)" in by_command.stderr.decode()
+    assert "repeat-penalty" not in plain.stderr.decode()

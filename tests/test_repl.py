@@ -383,6 +383,10 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
         "/lookup 65": "/lookup must be in [0, 64] tokens (0: off), got 65",
         "/lookup-draft 0": "/lookup-draft must be in [1, 64], got 0",
         "/temp -1": "/temp must be at least 0 and finite, got -1.0",
+        "/repeat-penalty 0": "/repeat-penalty must be above 0 and finite (1: off), got 0.0",
+        "/repeat-last-n -1": "/repeat-last-n must be at least 0 (0: no penalties), got -1",
+        "/presence-penalty 3": "/presence-penalty must be in [-2, 2], got 3.0",
+        "/frequency-penalty -3": "/frequency-penalty must be in [-2, 2], got -3.0",
         "/max-tokens -1": "/max-tokens must be at least 0, got -1",
     }
     assert {line.split()[0] for line in refusals} == {option.command for option in on(CHAT)}
@@ -732,8 +736,10 @@ def test_help_lists_every_command_on_one_line_in_the_same_style(tiny_pair: tuple
     commands = [line for line in lines if line.startswith("/")]
     assert [line.split()[0] for line in commands][:3] == ["/help", "/mode", "/policy"]
     assert "/temp X" in " ".join(commands) and len(commands) == len(set(commands)) >= 15
+    column = max(len(line.split("  ")[0]) for line in commands) + 2
     for line in commands:
-        description = line[17:]
+        usage, description = line[:column], line[column:]
+        assert usage.endswith("  ") and len(usage.split("  ")[0].split()) <= 2, line  # one column for all
         assert description[:1].islower() and not description.endswith("."), line
     # the other chats' spellings that run a command, and what Ctrl-C does, said as they are
     assert lines[-2] == (

@@ -118,10 +118,18 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
     """What the next answer runs with, defaults spelled out: shown on each change and in /stats."""
     tau = POLICY_KINDS[policy.policy].tau if policy.tau is None else policy.tau
     window = "default" if policy.window is None else policy.window
+    sampling = generation.sampling
+    penalties = (  # all four once one is on, none while they are off (the defaults)
+        f"repeat-penalty {sampling.repeat_penalty:g} · repeat-last-n {sampling.repeat_last_n} · "
+        f"presence-penalty {sampling.presence_penalty:g} · "
+        f"frequency-penalty {sampling.frequency_penalty:g} · "
+        if sampling.penalises
+        else ""
+    )
     return (
         f"settings: mode {policy.mode} · policy {policy.policy} · tau {format_tau(tau)} · window {window} · "
         f"min-run {policy.min_run} · lookup {policy.lookup} · lookup-draft {policy.lookup_draft} · "
-        f"temp {generation.sampling.temp:g} · max-tokens {generation.max_tokens}"
+        f"temp {sampling.temp:g} · {penalties}max-tokens {generation.max_tokens}"
     )
 
 
@@ -423,8 +431,10 @@ class Repl:
         return f"saved {counted(len(self.conversation.turns), 'turn')} to {shown_path(path)}"
 
     def _help(self, argument: str) -> None:
-        for name, (_, usage, description, _) in self.commands.items():
-            self.console.print(f"/{name} {usage}".ljust(17) + description)
+        usages = {name: f"/{name} {command.usage}" for name, command in self.commands.items()}
+        width = max(map(len, usages.values())) + 2  # the descriptions in one column after the longest
+        for name, command in self.commands.items():
+            self.console.print(usages[name].ljust(width) + command.description)
         self.console.print(
             'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
             "message, never a command; // at a line's start sends the rest, from its /, as a message."
