@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,7 @@ from tiny_models import open_pair
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
 from ead_cli.errors import EadError
-from ead_cli.policies import Fixed, Gate, Policy
+from ead_cli.policies import Fixed, Gate, Lookahead, Policy
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
 from ead_cli.sampling import CANDIDATE, SamplingParams
@@ -125,17 +125,23 @@ def test_one_model_writes_llama_cpps_greedy_text_with_penalties(
         assert runners[writer].stats.guessed_kept > 0  # rows taken from a confirmed guess were penalised
 
 
+@pytest.mark.parametrize(
+    "policy", [lambda: Gate(3.0), lambda: Lookahead(2.0, span=4)], ids=["gate", "lookahead"]
+)
 def test_the_pair_switching_writes_llama_cpps_text_for_its_schedule(
-    fresh, tiny_pair: tuple[Path, Path]
+    fresh, tiny_pair: tuple[Path, Path], policy: Callable[[], Policy]
 ) -> None:
     """Each model's token drawn from its own row with the penalties of the text both wrote: the
-    schedule is ead's (the raw entropy decides it), every token then llama.cpp's."""
+    schedule is ead's (the raw entropy decides it), every token then llama.cpp's; a lookahead draft
+    taken back leaves no count behind."""
     runners = fresh()
     prompt = encode_prompt(runners[0], PROMPT)
-    _, events = decoded(runners, Gate(3.0), REPEAT, lookup=2, lookup_draft=8)
+    decoder, events = decoded(runners, policy(), REPEAT, lookup=2, lookup_draft=8)
     writers = [("small", "large").index(event.model) for event in events]
     assert set(writers) == {0, 1}
     assert [event.token for event in events] == llama_cpp_text(tiny_pair, REPEAT, prompt, writers)
+    if isinstance(decoder.policy, Lookahead):
+        assert decoder.summary().rollbacks > 0
 
 
 @pytest.mark.parametrize("params", [REPEAT, ALL], ids=["repeat", "all"])
@@ -322,6 +328,17 @@ def test_openai_and_llama_server_fields_write_llama_cpps_text(server: Server, ti
     assert tokens == llama_cpp_text((tiny_large,), biased, prompt, [0] * COUNT)
     assert banned not in tokens and favoured in tokens
     assert completed(server, prompt) == plain  # nothing carried over from the requests before
+
+
+def test_the_servers_options_are_a_requests_defaults(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    options = ["--repeat-penalty", "1.3", "--repeat-last-n", "16", "--presence-penalty", "0.25"]
+    args = [*pair_args(tiny_pair), "--ctx", "512", *options, "--frequency-penalty", "0.5"]
+    with Runner(tiny_pair[1], name="large", n_ctx=512, n_threads=1) as runner:
+        prompt = encode_prompt(runner, PROMPT)
+    plain = llama_cpp_text(tiny_pair[1:], SamplingParams(), prompt, [0] * COUNT)
+    with serving(args, tmp_path / "server.log") as running:
+        assert completed(running, prompt) == llama_cpp_text(tiny_pair[1:], ALL, prompt, [0] * COUNT)
+        assert completed(running, prompt, repeat_penalty=1, presence_penalty=0, frequency_penalty=0) == plain
 
 
 def ollama_chat(server: Server, options: dict[str, object]) -> list[int]:
