@@ -15,6 +15,7 @@ from .options import GenerationOptions, ModelOptions, PolicyOptions
 from .registry import is_remote
 from .remote import RemoteRunner, connect, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
+from .sampling import unknown_token
 from .smoke import check_models
 from .user_models import is_user_model
 
@@ -151,6 +152,7 @@ def build_decoder(
     """A decoder over loaded runners; invalid policy values become a one-line usage error. ``entropy``
     "needed": where nothing shows each token's entropy (plain text, the bench), only the steps whose
     decision needs its value measure it (``Decoder``); the tokens and decisions are the same."""
+    check_biased_tokens(generation, runners)
     roles = [runner.name for runner in runners]
     policy_options = replace(policy_options, levels=len(runners))
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
@@ -190,6 +192,15 @@ def build_decoder(
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None
+
+
+def check_biased_tokens(generation: GenerationOptions, runners: Sequence[Runner]) -> None:
+    """A usage error for a --logit-bias token past the vocabulary the models share (llama-cli's -l
+    drops such a bias without a word)."""
+    biased = (token for token, _ in generation.sampling.logit_bias)
+    message = unknown_token(biased, runners[0].n_vocab, "--logit-bias")
+    if message is not None:
+        raise EadError(message, exit_code=2)
 
 
 def close_all(runners: Sequence[Runner]) -> None:

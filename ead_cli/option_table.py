@@ -171,6 +171,20 @@ def parse_tau_range(text: str) -> tuple[float, float]:
     return low, high
 
 
+LOGIT_BIAS = re.compile(r"(\d+)([+-])(.+)")
+
+
+def parse_logit_bias(text: str) -> tuple[int, float]:
+    """llama-cli's -l: ``TOKEN_ID+BIAS`` or ``TOKEN_ID-BIAS``."""
+    found = LOGIT_BIAS.fullmatch(text)
+    if found is None:
+        raise ValueError(text)
+    bias = float(found.group(3))
+    if not math.isfinite(bias):
+        raise ValueError(text)
+    return int(found.group(1)), -bias if found.group(2) == "-" else bias
+
+
 def parse_fallback(text: str) -> bool:
     if text != "small":
         raise ValueError(text)
@@ -423,6 +437,19 @@ DECODING: tuple[DecodingOption, ...] = (
         minimum=-2,
         maximum=2,
         surfaces=frozenset({CLI, CHAT}),
+    ),
+    DecodingOption(
+        "logit_bias",
+        str,
+        None,
+        "llama-cli's -l: add BIAS to the logit of token TOKEN_ID, before the penalties (repeatable; BIAS in "
+        "[-100, 100]: -100 all but bans the token).",
+        target="sampling",
+        parse=parse_logit_bias,
+        what="TOKEN_ID+BIAS or TOKEN_ID-BIAS",
+        llama_spellings=("-l",),
+        repeatable=True,
+        metavar="TOKEN_ID(+|-)BIAS",
     ),
     DecodingOption(
         "max_tokens",

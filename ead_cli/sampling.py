@@ -11,7 +11,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import llama_cpp
@@ -120,6 +120,15 @@ class SamplingParams:
 
 MAX_PENALTY = 2.0  # OpenAI's bound of presence_penalty and frequency_penalty
 MAX_LOGIT_BIAS = 100.0  # and of a logit bias
+
+
+def unknown_token(ids: Iterable[int], n_vocab: int, where: str) -> str | None:
+    """Why token ids given for ``where`` are refused: the first that is not in the vocabulary (ids 0 to
+    ``n_vocab`` - 1), said once for the command line and HTTP alike; None if each is in it."""
+    unknown = next((token for token in ids if token >= n_vocab), None)
+    if unknown is None:
+        return None
+    return f"{where}: token id {unknown} is not in the vocabulary (ids 0-{n_vocab - 1})"
 
 
 class GrammarDeadEnd(EadError):

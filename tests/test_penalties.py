@@ -263,6 +263,13 @@ def test_generate_takes_llama_clis_penalty_options(tiny_pair: tuple[Path, Path],
         cli_tokens(tiny_pair, *options, "--presence-penalty", "0.25") == expected
     )  # the large model, lookup on
     assert cli_tokens(tiny_pair, *options, "--presence-penalty", "0.25", "--mode", "spec") == expected
+    favoured, banned = 97, llama_cpp_text(tiny_pair, SamplingParams(), prompt, [1])[0]
+    biased = SamplingParams(repeat_penalty=1.1, logit_bias=((favoured, 7.5), (banned, -100.0)))
+    tokens = cli_tokens(
+        tiny_pair, "--repeat-penalty", "1.1", "-l", f"{favoured}+7.5", "--logit-bias", f"{banned}-100"
+    )
+    assert tokens == llama_cpp_text(tiny_pair, biased, prompt, [1] * COUNT)  # llama-cli's -l
+    assert banned not in tokens and favoured in tokens
 
 
 @pytest.mark.parametrize(
@@ -273,12 +280,18 @@ def test_generate_takes_llama_clis_penalty_options(tiny_pair: tuple[Path, Path],
         (["--repeat-last-n", "-1"], "error: --repeat-last-n must be at least 0 (0: no penalties), got -1"),
         (["--presence-penalty", "2.5"], "error: --presence-penalty must be in [-2, 2], got 2.5"),
         (["--frequency-penalty", "-3"], "error: --frequency-penalty must be in [-2, 2], got -3.0"),
+        (["-l", "300+1"], "error: --logit-bias: token id 300 is not in the vocabulary (ids 0-266)"),
+        (["--logit-bias", "30x1"], "error: --logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got '30x1'"),
+        (["-l", "3+inf"], "error: --logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got '3+inf'"),
+        (["-l", "3-101"], "error: --logit-bias must be in [-100, 100], got -101.0 for token 3"),
     ],
 )
 def test_a_bad_penalty_is_one_line_on_the_command_line(
     tiny_pair: tuple[Path, Path], args: list[str], message: str
 ) -> None:
     assert assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2) == message
+    if args[0] == "-l":  # serve refuses a token past the vocabulary at its start, not at each request
+        assert assert_one_line_error(ead("serve", *pair_args(tiny_pair), *args, "--port", "0"), 2) == message
 
 
 @pytest.fixture(scope="module")

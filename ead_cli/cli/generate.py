@@ -246,7 +246,7 @@ def serve(
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
-    from ..engine import close_all, load_runners
+    from ..engine import check_biased_tokens, close_all, load_runners
 
     try:
         from .. import serve as serving
@@ -269,6 +269,7 @@ def serve(
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)
     try:
+        check_biased_tokens(generation, runners)  # a request's decoder would refuse each request
         _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
         serving.serve(runners, serving.Defaults(policy_options, generation), options, say=say)
     finally:

@@ -277,7 +277,7 @@ def _value(option: DecodingOption, value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
     if option.repeatable:
-        return tuple(value)
+        return tuple(option.read(item) if option.parse else item for item in value)
     return option.read(value) if option.parse and isinstance(value, str) else value
 
 

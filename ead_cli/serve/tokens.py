@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..prompt import nth_special_token
 from ..runner import Runner
+from ..sampling import unknown_token
 from .schemas import ApiError, TokenId, parse
 
 # Special tokens a /tokenize content may hold (read as such): llama.cpp's tokenizer takes time quadratic
@@ -38,9 +39,8 @@ class DetokenizeRequest(BaseModel):
 def known_tokens(ids: list[int], n_vocab: int, param: str) -> list[int]:
     """Token ids each in the vocabulary (ids 0 to ``n_vocab`` - 1), or a 400 naming the first that is not
     and the request's field ``param`` that holds it."""
-    unknown = next((token for token in ids if token >= n_vocab), None)
-    if unknown is not None:
-        message = f"{param}: token id {unknown} is not in the vocabulary (ids 0-{n_vocab - 1})"
+    message = unknown_token(ids, n_vocab, param)
+    if message is not None:
         raise ApiError(400, message, code="invalid_value", param=param)
     return ids
 
