@@ -424,3 +424,34 @@ def test_chat_takes_the_penalties_as_options_and_as_commands(tiny_pair: tuple[Pa
     settings = "temp 0 · repeat-penalty 1.3 · repeat-last-n 64 · presence-penalty 0 · frequency-penalty 0 · "
     assert f"{settings}max-tokens 30 (from the next answer)" in by_command.stderr.decode()
     assert "repeat-penalty" not in plain.stderr.decode()
+
+
+def test_a_grammar_chooses_among_the_penalised_logits(fresh, tiny_large: Path) -> None:
+    """JSON mode's grammar heads ead's chain, the penalties act before it: the same tokens as llama.cpp's
+    chain of a grammar, the penalties (the prompt accepted into them) and greedy."""
+    grammar = 'root ::= [a-e ]+ "."'
+    params = SamplingParams(grammar=grammar, repeat_penalty=1.3, repeat_last_n=16, frequency_penalty=2.0)
+    runners = fresh((tiny_large, tiny_large))
+    prompt = encode_prompt(runners[0], PROMPT)
+    _, events = decoded(runners, Fixed(1), params)
+    model = llama_cpp.Llama(model_path=str(tiny_large), n_ctx=512, n_threads=1, verbose=False)
+    penalties = llama_cpp.llama_sampler_init_penalties(model.n_vocab(), 16, 1.3, 2.0, 0.0)
+    for token in prompt:
+        llama_cpp.llama_sampler_accept(penalties, token)  # the grammar takes the answer's tokens alone
+    sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(
+        sampler, llama_cpp.llama_sampler_init_grammar(model._model.vocab, grammar.encode(), b"root")
+    )
+    llama_cpp.llama_sampler_chain_add(sampler, penalties)
+    llama_cpp.llama_sampler_chain_add(sampler, llama_cpp.llama_sampler_init_greedy())
+    model.eval(prompt)
+    expected = []
+    for _ in events:
+        expected.append(llama_cpp.llama_sampler_sample(sampler, model.ctx, -1))
+        model.eval(expected[-1:])
+    llama_cpp.llama_sampler_free(sampler)
+    model.close()
+    tokens = [event.token for event in events]
+    assert tokens == expected and len(tokens) > 8
+    _, plain = decoded(fresh((tiny_large, tiny_large)), Fixed(1), SamplingParams(grammar=grammar))
+    assert [event.token for event in plain] != tokens  # the penalties moved the choice among the letters
