@@ -187,3 +187,33 @@ def test_the_demo_script_takes_a_prompt_after_double_dash() -> None:
     summary, _ = demo("--max-tokens", "2", "--threads", "1", "--format", "jsonl", "--", "-v or -q?")
     assert summary["generated"] == 2
     assert summary["prompt_tokens"] < 40  # this short prompt, not the default question
+
+
+def test_large_mode_with_penalties_equals_llama_cpps_own_chain(runners: list[Runner], real_pair) -> None:
+    """llama-cli's usual --repeat-penalty 1.1 with OpenAI-style presence and frequency penalties, against
+    llama.cpp's penalties sampler (the prompt accepted first, as llama-server does) on the real 1.5B."""
+    params = SamplingParams(repeat_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
+    for runner in runners:
+        runner.truncate(0)
+    decoder = Decoder(runners, ("small", "large"), Fixed(1), params, max_tokens=TOKENS)
+    prompt = encode_prompt(runners[0], PROMPT)
+    tokens = [event.token for event in decoder.run(prompt)]
+    llm = llama_cpp.Llama(model_path=str(real_pair[1]), n_ctx=1024, n_threads=1, verbose=False)
+    sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(
+        sampler, llama_cpp.llama_sampler_init_penalties(llm.n_vocab(), 64, 1.1, 0.5, 0.5)
+    )
+    llama_cpp.llama_sampler_chain_add(sampler, llama_cpp.llama_sampler_init_greedy())
+    for token in prompt:
+        llama_cpp.llama_sampler_accept(sampler, token)
+    llm.eval(prompt)
+    chain = []
+    for _ in range(TOKENS):
+        chain.append(llama_cpp.llama_sampler_sample(sampler, llm.ctx, -1))
+        if llama_cpp.llama_vocab_is_eog(llm._model.vocab, chain[-1]):
+            break
+        llm.eval(chain[-1:])
+    llama_cpp.llama_sampler_free(sampler)
+    llm.close()
+    assert tokens == chain
+    assert tokens != generate(runners, Fixed(1))[0]  # the penalties changed the answer
