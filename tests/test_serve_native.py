@@ -89,6 +89,17 @@ def test_completion_is_the_answer_of_v1_completions_in_llama_servers_shape(
     assert unbounded["stop_type"] == "word" and unbounded["generation_settings"]["n_predict"] == 16384
 
 
+def test_penalties_are_taken_as_llama_server_spells_them(server: Server) -> None:
+    """repeat_penalty and the others, llama-server's own fields, change the answer as on /v1/completions."""
+    penalties = {"repeat_penalty": 1.5, "repeat_last_n": 16, "frequency_penalty": 0.5}
+    penalties["presence_penalty"] = 0.5
+    plain = native(server, prompt=PROMPT, n_predict=24, temperature=0)
+    penalised = native(server, prompt=PROMPT, n_predict=24, temperature=0, **penalties)
+    assert penalised["content"] != plain["content"]
+    v1 = openai_text(server, prompt=PROMPT, max_tokens=24, temperature=0, **penalties)
+    assert penalised["content"] == v1["choices"][0]["text"]
+
+
 def test_a_stop_string_ends_it_as_a_word_and_the_server_default_as_a_limit(server: Server) -> None:
     free = native(server, prompt=PROMPT, temperature=0)  # no n_predict: the server's --max-tokens
     assert free["tokens_predicted"] == free["generation_settings"]["n_predict"] == 33
@@ -241,7 +252,7 @@ def test_json_schema_is_json_mode(server: Server) -> None:
         ),
         ({"prompt": "hi", "n_probs": 2, "logprobs": 3}, "n_probs", "n_probs 2 and logprobs 3 differ"),
         ({"prompt": "hi", "response_fields": ["content"]}, "response_fields", "response_fields: the answer"),
-        ({"prompt": "hi", "repeat_penalty": 1.3}, "repeat_penalty", "repeat_penalty is not supported"),
+        ({"prompt": "hi", "repeat_penalty": 0}, "repeat_penalty", "repeat_penalty: Input should be greater"),
         ({"prompt": "hi", "grammar": 'root ::= "a"'}, "grammar", "grammar is not supported"),
         ({"prompt": "hi", "temperature": 5}, "temperature", "temperature: Input should be less than or"),
         ({"prompt": "hi", "top_k": True}, "top_k", "top_k: Input should be a valid integer"),
