@@ -337,6 +337,7 @@ def test_every_route_takes_the_api_key(tiny_pair: tuple[Path, Path], tmp_path: P
             ("POST", "/completion", {"prompt": "hi", "n_predict": 2}),
             ("GET", "/props", None),
             ("POST", "/apply-template", {"messages": HI}),
+            ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 2}),
         ):
             refused = httpx.request(method, f"{server.url}{path}", json=body, timeout=60)
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"

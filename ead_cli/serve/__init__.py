@@ -2,7 +2,8 @@
 
 Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``,
 llama-server's ``/tokenize``, ``/detokenize`` and ``/metrics`` (``tokens.py``, ``metrics.py``) and its
-``/completion``, ``/props`` and ``/apply-template`` (``native.py``), ollama's API (``ollama.py``), embeddings
+``/completion``, ``/props`` and ``/apply-template`` (``native.py``), OpenAI's Responses API
+(``responses.py``), ollama's API (``ollama.py``), embeddings
 with ``--embeddings`` (OpenAI's, llama-server's and ollama's routes; ``embedding.py``), on FastAPI and
 uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
 over the runners loaded once, on one engine thread (``engine.py``). A request is checked before it queues
@@ -40,6 +41,7 @@ from .app import (
 from .engine import Engine
 from .native import add_routes as add_native_routes
 from .ollama import add_routes as add_ollama_routes
+from .responses import add_routes as add_responses_routes
 
 if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
     raise ImportError("ead serve needs sse-starlette 3.2 or newer", name="sse-starlette>=3.2")
@@ -154,6 +156,7 @@ def serve(
     api = create_app(engine, defaults, options, say)
     add_ollama_routes(api, engine, options.any_model)
     add_native_routes(api, engine, defaults, options)
+    add_responses_routes(api)
     app = Guard(api, options, MAX_BODY_BYTES, say, stopping=engine.stopping.is_set)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()

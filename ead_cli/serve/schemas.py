@@ -857,12 +857,14 @@ class ApiError(Exception):
 
     def respelled(self, spelling: dict[str, str], schema_as: str) -> ApiError:
         """This error of the OpenAI checks naming the field as another API's request spelled it
-        (``spelling``: an OpenAI field's name to its own; the schema inside response_format as
+        (``spelling``: an OpenAI field's name, or a path into it such as ``messages.2``, to its own, the
+        longest that the error's field starts with read; the schema inside response_format as
         ``schema_as``), for that API's routes, which are prepared as the OpenAI request they mean."""
         asked = self.param or ""
-        field = asked.partition(".")[0]
-        if field not in spelling:
+        named = [name for name in spelling if asked == name or asked.startswith(f"{name}.")]
+        if not named:
             return self
+        field = max(named, key=len)
         param = spelling[field] + asked[len(field) :]
         # the schema's own complaints name where in response_format it sits: the other API's field itself
         message = self.message.replace(SCHEMA_PATH, schema_as).replace(asked, param, 1)

@@ -1,0 +1,492 @@
+"""OpenAI's Responses API (``POST /v1/responses``), the one API some agents speak (Codex CLI, the openai
+client's ``responses.create``): a request is spelled as the chat request it means and prepared as one
+(``app.Requests``: the same checks, template, tools and JSON mode), a 400 naming the field as the
+Responses request spelled it; its answer is the Response object, or its typed events streamed. Stateless,
+as llama-server's: no response is kept, so one cannot be continued by its id."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
+
+from ..decoder import Summary
+from ..errors import quoted
+from .app import MODEL_ID, Requests, answer_messages, collected, error_of, log_answered, token_fields
+from .engine import Failed, Log, Ticket, Token
+from .metrics import cached_tokens
+from .schemas import SCHEMA_PATH, ApiError, ContentPart, parse, refuse_unless_off, unsupported
+from .tools import ToolCall, ToolCallReader, split_answer
+
+SCHEMA_AS = "text.format.schema"  # where a Responses request gives the JSON schema
+# Fields that ask for state the server does not keep, or for what it does not do, with the values that
+# ask for nothing; any other is a 400 with its reason.
+STATEFUL: dict[str, tuple[Any, ...]] = {
+    "previous_response_id": (None,),
+    "conversation": (None,),
+    "background": (None, False),
+    "prompt": (None,),
+    "top_logprobs": (None, 0),
+}
+NO_STATE = "ead serve keeps no responses (stateless, as llama-server): send the whole conversation in input"
+STATEFUL_REASONS = {
+    "previous_response_id": NO_STATE,
+    "conversation": NO_STATE,
+    "background": "a response is answered while the request waits (none is kept to poll)",
+    "prompt": "no stored prompt is kept: send instructions and input",
+    "top_logprobs": "log-probabilities are served by /v1/chat/completions (logprobs: true)",
+}
+# The chat route's fields whose meaning a Responses request gives under its own name: a 400 that says it,
+# never a second spelling read beside the first
+CHAT_SPELLINGS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+}
+ITEM_TYPES = ("message", "function_call", "function_call_output")
+TEXT_PARTS = ("input_text", "output_text")  # a part's text, as chat's {"type": "text"} part
+
+
+class InputItem(BaseModel):
+    """An item of ``input``: a message (its content a string or parts), a call the assistant made, or
+    the call's output."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Annotated[str, Field(max_length=64)] = "message"
+    role: Literal["user", "system", "developer", "assistant"] | None = None
+    content: str | Annotated[list[ContentPart], Field(max_length=1024)] | None = None
+    call_id: Annotated[str, Field(max_length=256)] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
+    arguments: str | None = None
+    output: str | Annotated[list[ContentPart], Field(max_length=1024)] | None = None
+
+    def chat_message(self, where: str) -> dict[str, Any]:
+        """The chat message this item means (a call: an assistant's message of one call)."""
+        if self.type not in ITEM_TYPES:
+            kind = self.type if self.type.isidentifier() else quoted(self.type)
+            raise unsupported(f"{where}.type", f"{kind} items are not supported")
+        if self.type == "message":
+            self._need(where, "role")
+            return {"role": self.role, "content": _chat_content(self.content)}
+        if self.type == "function_call":
+            self._need(where, "call_id", "name", "arguments")
+            function = {"name": self.name, "arguments": self.arguments}
+            return {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": self.call_id, "function": function}],
+            }
+        self._need(where, "call_id", "output")
+        return {"role": "tool", "tool_call_id": self.call_id, "content": _chat_content(self.output)}
+
+    def _need(self, where: str, *fields: str) -> None:
+        for field in fields:
+            if getattr(self, field) is None:
+                message = f"{where}.{field}: a {self.type} item needs its {field}"
+                raise ApiError(400, message, code="invalid_value", param=f"{where}.{field}")
+
+
+def _chat_content(content: str | list[ContentPart] | None) -> str | list[dict[str, Any]] | None:
+    """Content as the chat route takes it: input_text and output_text parts are its text parts; any other
+    part goes as it came, for the chat check to refuse by its type (an image: the models read text)."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "text", "text": part.text} if part.type in TEXT_PARTS else part.model_dump(exclude_none=True)
+        for part in content
+    ]
+
+
+class ResponsesTool(BaseModel):
+    """A tool in Responses' flat shape; its fields are checked as the chat route checks a function's."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Annotated[str, Field(max_length=64)]
+    name: Any = None
+    description: Any = None
+    parameters: Any = None
+    strict: Any = None
+
+    def chat_tool(self, where: str) -> dict[str, Any]:
+        if self.type != "function":
+            kind = self.type if self.type.isidentifier() else quoted(self.type)
+            raise unsupported(f"{where}.type", f"{kind} tools are not supported")
+        given = self.model_dump(exclude={"type"}, exclude_none=True)
+        return {"type": "function", "function": given}
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Any = None
+    json_schema: Any = Field(None, alias="schema")
+    strict: Any = None
+
+    def response_format(self) -> dict[str, Any]:
+        """The chat route's ``response_format`` of this format."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        given = self.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)
+        return {"type": "json_schema", "json_schema": given}
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """A Responses request. The fields it spells its own way are read here; every other (``model``,
+    ``temperature``, ``top_p``, ``parallel_tool_calls``, ead's ``ead`` object...) goes to the chat
+    request as it came, so it is checked, or ignored, as the chat route checks or ignores it."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    input: str | Annotated[list[InputItem], Field(max_length=4096)]
+    instructions: str | None = None
+    stream: bool | None = None
+    tools: Annotated[list[ResponsesTool], Field(max_length=128)] | None = None
+    tool_choice: Any = None
+    text: TextOptions | None = None
+    max_output_tokens: Any = None
+
+    def chat_body(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The chat request this one means, and how its fields are spelled here (for its 400s)."""
+        extra = dict(self.model_extra or {})
+        for name, ours in CHAT_SPELLINGS.items():
+            if name in extra:
+                message = f"{name}: /v1/responses takes {ours} (the chat route's {name} is not read here)"
+                raise ApiError(400, message, code="unsupported_parameter", param=name)
+        refuse_unless_off(extra, STATEFUL, STATEFUL_REASONS)
+        extra.pop("stream_options", None)  # Responses' own (its obfuscation padding): nothing to pad
+        messages, origins = self._messages()
+        body = {**extra, "messages": messages}
+        spelling = {
+            "messages": "input",
+            **{f"messages.{n}": origin for n, origin in enumerate(origins)},
+            "max_tokens": "max_output_tokens",
+            "response_format": "text.format",
+            "response_format.json_schema": "text.format",
+            SCHEMA_PATH: SCHEMA_AS,
+        }
+        if self.max_output_tokens is not None:
+            body["max_tokens"] = self.max_output_tokens
+        if self.tools is not None:
+            body["tools"] = [tool.chat_tool(f"tools.{i}") for i, tool in enumerate(self.tools)]
+            spelling |= {f"tools.{i}.function": f"tools.{i}" for i in range(len(self.tools))}
+        if self.tool_choice is not None:
+            body["tool_choice"] = self._chat_tool_choice()
+        if self.text is not None and self.text.format is not None:
+            body["response_format"] = self.text.format.response_format()
+        return body, spelling
+
+    def _messages(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The chat's messages, each with where this request gives it; calls in a row (or after the
+        assistant's text) are one assistant message's, as the chat route takes parallel calls."""
+        messages: list[dict[str, Any]] = []
+        origins: list[str] = []
+        if self.instructions is not None:
+            messages.append({"role": "system", "content": self.instructions})
+            origins.append("instructions")
+        if isinstance(self.input, str):
+            return [*messages, {"role": "user", "content": self.input}], [*origins, "input"]
+        for i, item in enumerate(self.input):
+            message = item.chat_message(f"input.{i}")
+            last = messages[-1] if messages else None
+            if "tool_calls" in message and last is not None and last["role"] == "assistant":
+                last["tool_calls"] = [*last.get("tool_calls", []), *message["tool_calls"]]
+                continue
+            messages.append(message)
+            origins.append(f"input.{i}")
+        return messages, origins
+
+    def _chat_tool_choice(self) -> Any:
+        """Responses' ``{"type": "function", "name": N}`` as the chat route spells a named function."""
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+            return {"type": "function", "function": {"name": choice["name"]}}
+        return choice
+
+
+def _usage(summary: Summary) -> dict[str, Any]:
+    return {
+        "input_tokens": summary.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached_tokens(summary)},
+        "output_tokens": summary.generated,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": summary.prompt_tokens + summary.generated,
+    }
+
+
+def _status(summary: Summary) -> str:
+    """'incomplete' where the token limit (or the context's end) cut the answer, else 'completed'."""
+    return "incomplete" if summary.finish_reason == "length" else "completed"
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """The assistant's message item; ``text`` None: as it is opened, before its part."""
+    content = [] if text is None else [_text_part(text)]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(item_id: str, call_id: str, call: ToolCall, arguments: str) -> dict[str, Any]:
+    status = "completed" if arguments == call.arguments else "in_progress"
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": call.name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class _Answer:
+    """One request's answer as a Response object, whole or as its typed events."""
+
+    def __init__(self, asked: ResponsesRequest, path: str, log: Log, spelling: dict[str, str]) -> None:
+        self.asked, self.path, self.log, self.spelling = asked, path, log, spelling
+        self.id = _new_id("resp")
+        self.created = int(time.time())
+        self.sequence = 0  # the next event's sequence_number
+        self.output: list[dict[str, Any]] = []  # the items done
+        self.message: dict[str, Any] | None = None  # the message item open, its text so far
+
+    def respelled(self, error: ApiError) -> ApiError:
+        return error.respelled(self.spelling, SCHEMA_AS)
+
+    def response(
+        self, status: str, summary: Summary | None = None, ead: dict[str, Any] | None = None
+    ) -> dict:
+        """The Response object; ``summary`` None while it is in progress."""
+        extra = self.asked.model_extra or {}
+        done = {} if summary is None else {"usage": _usage(summary), "ead": ead}
+        cut = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": cut,
+            "instructions": self.asked.instructions,
+            "max_output_tokens": self.asked.max_output_tokens,
+            "model": MODEL_ID,
+            "output": self.output,
+            "parallel_tool_calls": extra.get("parallel_tool_calls", True) is not False,
+            "previous_response_id": None,
+            "store": False,  # nothing is kept, whatever store asked
+            "temperature": extra.get("temperature"),
+            "top_p": extra.get("top_p"),
+            "tool_choice": self.asked.tool_choice or "auto",
+            "tools": [tool.model_dump(exclude_none=True) for tool in self.asked.tools or ()],
+            "text": {"format": {"type": "text"}}
+            if self.asked.text is None
+            else self.asked.text.model_dump(exclude_none=True, by_alias=True),
+            **done,
+        }
+
+    async def whole(
+        self,
+        ticket: Ticket,
+        request: Request,
+        tools: frozenset[str] | None,
+        parallel: bool,
+        prefill: str,
+        seed: int,
+    ) -> JSONResponse:
+        try:
+            answer = await collected(ticket, request)
+        except ApiError as error:  # the generation failed
+            raise self.respelled(error) from None
+        if answer is None:
+            return JSONResponse({}, status_code=499)
+        tokens, summary = answer
+        log_answered(self.log, self.path, summary)
+        text = "".join(token.event.text for token in tokens)
+        calls: list[ToolCall] = []
+        if tools:
+            text, calls = split_answer(text, tools, parallel, prefill)
+        status = _status(summary)
+        if text or not calls:
+            self.output.append(_message_item(_new_id("msg"), text, status))
+        for call in calls:
+            self.output.append(_call_item(_new_id("fc"), call.as_openai()["id"], call, call.arguments))
+        ead = {
+            "tokens": [token_fields(token.event) for token in tokens],
+            "summary": asdict(summary),
+            "seed": seed,
+        }
+        return JSONResponse(self.response(status, summary, ead))
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, str]:
+        """A server-sent event of its type, numbered."""
+        data = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
+
+    def _open_message(self) -> list[dict[str, str]]:
+        """The message item opened, with its one text part, if none is open."""
+        if self.message is not None:
+            return []
+        self.message = _message_item(_new_id("msg"), "", "in_progress")
+        where = {"output_index": len(self.output)}
+        return [
+            self._event(
+                "response.output_item.added",
+                **where,
+                item=_message_item(self.message["id"], None, "in_progress"),
+            ),
+            self._event(
+                "response.content_part.added",
+                item_id=self.message["id"],
+                **where,
+                content_index=0,
+                part=_text_part(""),
+            ),
+        ]
+
+    def _text_events(self, text: str, **extra: Any) -> list[dict[str, str]]:
+        """A piece of the answer's text: its delta, the message item opened first if none is."""
+        events = self._open_message()
+        assert self.message is not None
+        self.message["content"][0]["text"] += text
+        where = {"item_id": self.message["id"], "output_index": len(self.output), "content_index": 0}
+        return [*events, self._event("response.output_text.delta", **where, delta=text, logprobs=[], **extra)]
+
+    def _close_message(self, status: str) -> list[dict[str, str]]:
+        """The open message item's end (its text, its part, the item), if one is open."""
+        if self.message is None:
+            return []
+        message, self.message = self.message, None
+        message["status"] = status
+        index, part = len(self.output), message["content"][0]
+        self.output.append(message)
+        where = {"item_id": message["id"], "output_index": index, "content_index": 0}
+        return [
+            self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+            self._event("response.content_part.done", **where, part=part),
+            self._event("response.output_item.done", output_index=index, item=message),
+        ]
+
+    def _call_events(self, call: ToolCall) -> list[dict[str, str]]:
+        """A call: its item added, its arguments (whole: the call is read once it is), the item done."""
+        events = self._close_message("completed")
+        index, item_id, call_id = len(self.output), _new_id("fc"), call.as_openai()["id"]
+        item = _call_item(item_id, call_id, call, call.arguments)
+        self.output.append(item)
+        return [
+            *events,
+            self._event(
+                "response.output_item.added", output_index=index, item=_call_item(item_id, call_id, call, "")
+            ),
+            self._event(
+                "response.function_call_arguments.delta",
+                item_id=item_id,
+                output_index=index,
+                delta=call.arguments,
+            ),
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=item_id,
+                output_index=index,
+                name=call.name,
+                arguments=call.arguments,
+            ),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _piece_events(self, pieces: list[str | ToolCall], **extra: Any) -> list[dict[str, str]]:
+        events = []
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                events += self._call_events(piece)
+            elif piece:
+                events += self._text_events(piece, **({} if events else extra))
+        return events
+
+    async def events(
+        self, ticket: Ticket, tools: frozenset[str] | None, parallel: bool, prefill: str, seed: int
+    ) -> AsyncIterator[dict[str, str] | bytes]:
+        """The typed events: created, in progress, each item's (a text delta per token that shows text,
+        with its ``ead`` fields), then completed or incomplete with the whole Response; a failure
+        mid-answer is an error event, as the chat route ends a stream it cannot finish."""
+        reader = ToolCallReader(tools, parallel, prefill) if tools else None
+        yield self._event("response.created", response=self.response("in_progress"))
+        yield self._event("response.in_progress", response=self.response("in_progress"))
+        tokens = []
+        async with contextlib.aclosing(answer_messages(ticket)) as messages:
+            async for message in messages:
+                if isinstance(message, Token):
+                    fields = token_fields(message.event)
+                    tokens.append(fields)
+                    text = message.event.text
+                    pieces = [text] if reader is None else reader.push(text)
+                    for event in self._piece_events(pieces, ead=fields):
+                        yield event
+                    continue
+                if isinstance(message, Failed):
+                    error = self.respelled(error_of(message))
+                    self.log(f"error: POST {self.path}: {error.message}")
+                    yield error.sse_event()
+                    return
+                summary = message.summary
+                log_answered(self.log, self.path, summary)
+                for event in self._piece_events([] if reader is None else reader.finish()):
+                    yield event
+                status = _status(summary)
+                if not self.output:  # no text, no call: an empty message, as the whole answer has
+                    for event in self._open_message():
+                        yield event
+                for event in self._close_message(status):
+                    yield event
+                ead = {"tokens": tokens, "summary": asdict(summary), "seed": seed}
+                kind = "response.incomplete" if status == "incomplete" else "response.completed"
+                yield self._event(kind, response=self.response(status, summary, ead))
+
+
+def add_routes(app: FastAPI) -> None:
+    """``POST /v1/responses`` on ``app``, with its ``Requests``; the key (--api-key) asked as of /v1."""
+    requests: Requests = app.state.requests
+
+    @app.post("/v1/responses", dependencies=[Depends(requests.authorized)])
+    async def responses(request: Request) -> Any:
+        asked = parse(ResponsesRequest, await requests.json_body(request))
+        body, spelling = asked.chat_body()
+        answer = _Answer(asked, request.url.path, requests.log, spelling)
+        try:
+            prepared, job = await requests.chat(json.dumps(body).encode())
+        except ApiError as error:
+            raise answer.respelled(error) from None
+        ticket = requests.submit(job)
+        how = (
+            prepared.tool_names(),
+            prepared.parallel_tool_calls is not False,
+            job.prefill,
+            job.generation.sampling.seed,
+        )
+        if asked.stream:
+            return EventSourceResponse(answer.events(ticket, *how), ping=15)
+        return await answer.whole(ticket, request, *how)

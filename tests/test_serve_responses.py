@@ -1,0 +1,279 @@
+"""OpenAI's Responses API (`POST /v1/responses`) on `ead serve`: a real server on the tiny pair (the small
+model's template renders tools), driven by the openai client and curl; each answer the same as the chat
+route's for the same greedy request, the stream's typed events in OpenAI's order."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from bench_serve import TOOLS
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import HI, JSON, serving
+from test_serve_tools import CALL_SCHEMA, TOOLS_TEMPLATE
+from tiny_models import write_tiny_model
+
+FLAT_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]  # Responses' shape
+ASK = "What is 6 times 7?"
+MAKES_A_CALL = {  # JSON mode makes the tiny model write a bare call of multiply
+    "tools": FLAT_TOOLS,
+    "text": {"format": {"type": "json_schema", "name": "call", "schema": CALL_SCHEMA}},
+}
+TEXT_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("serve-responses")
+    small = write_tiny_model(folder / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE, n_ctx_train=4096)
+    with serving([*pair_args((small, tiny_pair[1])), "--ctx", "4096"], folder / "server.log") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def chat(server: Server, **body: Any) -> dict[str, Any]:
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def responses(server: Server, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/responses", json=body, headers=JSON, timeout=60)
+
+
+def collapsed(types: list[str]) -> list[str]:
+    """Event types with each run of one type as one (the deltas, a token or more each)."""
+    return [kind for i, kind in enumerate(types) if i == 0 or types[i - 1] != kind]
+
+
+def test_text_whole_and_streamed_equals_the_chat_route(server: Server, client: openai.OpenAI) -> None:
+    expected = chat(server, messages=HI, temperature=0, max_tokens=16)
+    text = expected["choices"][0]["message"]["content"]
+    assert text  # the tiny model writes something to compare
+    status = "incomplete" if expected["choices"][0]["finish_reason"] == "length" else "completed"
+
+    whole = client.responses.create(model="ead", input="hi", temperature=0, max_output_tokens=16)
+    assert whole.id.startswith("resp_") and whole.object == "response" and whole.status == status
+    assert whole.output_text == text
+    (message,) = whole.output
+    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert [part.type for part in message.content] == ["output_text"]
+    usage = expected["usage"]
+    assert whole.usage.input_tokens == usage["prompt_tokens"]
+    assert whole.usage.output_tokens == usage["completion_tokens"]
+    assert whole.usage.total_tokens == usage["total_tokens"]
+    ead = whole.model_extra["ead"]
+    tokens = [(token["token"], token["model"]) for token in ead["tokens"]]
+    assert tokens == [(token["token"], token["model"]) for token in expected["ead"]["tokens"]]
+
+    events = list(
+        client.responses.create(model="ead", input="hi", temperature=0, max_output_tokens=16, stream=True)
+    )
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    ending = "response.incomplete" if status == "incomplete" else "response.completed"
+    assert collapsed([event.type for event in events]) == [*TEXT_EVENTS, ending]
+    assert "".join(event.delta for event in events if event.type == "response.output_text.delta") == text
+    done = next(event for event in events if event.type == "response.output_text.done")
+    assert done.text == text
+    last = events[-1].response
+    assert last.output_text == text and last.status == status
+    assert (last.usage.input_tokens, last.usage.output_tokens) == (
+        whole.usage.input_tokens,
+        whole.usage.output_tokens,
+    )
+    assert last.model_extra["ead"]["summary"]["generated"] == usage["completion_tokens"]
+
+    # the client's stream helper adds the deltas up (its final response is a completed one's alone)
+    with client.responses.stream(model="ead", input="hi", temperature=0, max_output_tokens=16) as stream:
+        deltas = [event for event in stream if event.type == "response.output_text.delta"]
+    assert deltas[-1].snapshot == text
+
+
+def test_a_cut_off_answer_is_incomplete_with_its_reason(client: openai.OpenAI, server: Server) -> None:
+    expected = chat(server, messages=HI, temperature=0, max_tokens=3)
+    assert expected["choices"][0]["finish_reason"] == "length"
+    cut = client.responses.create(model="ead", input="hi", temperature=0, max_output_tokens=3)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.usage.output_tokens == 3 and cut.output[0].status == "incomplete"
+    assert cut.output_text == expected["choices"][0]["message"]["content"]
+
+
+def test_instructions_and_items_are_the_chat_they_mean(server: Server, client: openai.OpenAI) -> None:
+    """``instructions`` is the system message; a list of message items, their content a string or
+    input_text and output_text parts, the conversation; developer is system, as on the chat route."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": "again"},
+        {"role": "user", "content": "and you?"},
+    ]
+    expected = chat(server, messages=messages, temperature=0, max_tokens=8)
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+        {"role": "developer", "content": "again"},
+        {"role": "user", "content": "and you?"},
+    ]
+    answer = client.responses.create(
+        model="ead", instructions="Be brief.", input=items, temperature=0, max_output_tokens=8
+    )
+    assert answer.usage.input_tokens == expected["usage"]["prompt_tokens"]
+    assert answer.output_text == expected["choices"][0]["message"]["content"]
+
+
+def test_a_function_call_round_trip(server: Server, client: openai.OpenAI) -> None:
+    """Tools in Responses' flat shape: the call comes back as a function_call item, whole and streamed
+    (its argument events), and goes back with its output as the chat route's assistant call and tool
+    message (the same prompt)."""
+    asked = {"model": "ead", "input": ASK, "temperature": 0, "max_output_tokens": 60, **MAKES_A_CALL}
+    whole = client.responses.create(**asked)
+    (call,) = whole.output
+    assert call.type == "function_call" and call.name == "multiply" and call.status == "completed"
+    assert call.call_id.startswith("call_") and set(json.loads(call.arguments)) == {"a", "b"}
+    assert whole.status == "completed" and whole.output_text == ""
+    expected = chat(
+        server,
+        messages=[{"role": "user", "content": ASK}],
+        tools=TOOLS,
+        response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
+        temperature=0,
+        max_tokens=60,
+    )
+    (chat_call,) = expected["choices"][0]["message"]["tool_calls"]
+    assert (call.name, call.arguments) == (chat_call["function"]["name"], chat_call["function"]["arguments"])
+    assert whole.usage.input_tokens == expected["usage"]["prompt_tokens"]
+
+    events = list(client.responses.create(**asked, stream=True))
+    assert collapsed([event.type for event in events]) == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    (streamed,) = events[-1].response.output
+    assert (streamed.name, streamed.arguments) == (call.name, call.arguments)
+    added = events[2].item
+    assert added.id == streamed.id and added.call_id == streamed.call_id
+    with client.responses.stream(**asked) as stream:
+        (helped,) = stream.get_final_response().output
+    assert (helped.type, helped.name, helped.arguments) == ("function_call", call.name, call.arguments)
+
+    turn = [
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "42"},
+    ]
+    answered = client.responses.create(
+        model="ead", input=turn, tools=FLAT_TOOLS, temperature=0, max_output_tokens=8
+    )
+    chat_call = {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+    after = chat(
+        server,
+        messages=[
+            {"role": "user", "content": ASK},
+            {"role": "assistant", "content": None, "tool_calls": [chat_call]},
+            {"role": "tool", "tool_call_id": call.call_id, "content": "42"},
+        ],
+        tools=TOOLS,
+        temperature=0,
+        max_tokens=8,
+    )
+    assert answered.usage.input_tokens == after["usage"]["prompt_tokens"]
+    assert answered.output_text == after["choices"][0]["message"]["content"]
+
+
+def test_store_is_a_no_op_and_json_object_mode_is_taken(client: openai.OpenAI, server: Server) -> None:
+    kept = client.responses.create(model="ead", input="hi", store=True, temperature=0, max_output_tokens=4)
+    assert kept.store is False  # nothing is kept: the reply says so
+    data = client.responses.create(
+        model="ead", input="hi", text={"format": {"type": "json_object"}}, temperature=0, max_output_tokens=30
+    )
+    expected = chat(
+        server, messages=HI, response_format={"type": "json_object"}, temperature=0, max_tokens=30
+    )
+    assert data.output_text == expected["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/a.png"}]}
+                ]
+            },
+            "input.0.content",
+            "input_image parts are not supported",
+        ),
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type", "web_search tools are not supported"),
+        ({"tools": [{"type": "function", "name": ""}]}, "tools.0.name", "at least 1 character"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal to 1"),
+        ({"messages": HI}, "messages", "takes input"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type", "reasoning items"),
+        ({"input": [{"type": "function_call", "name": "multiply"}]}, "input.0.call_id", "needs its call_id"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", "'user'"),
+        ({"tool_choice": "required", "tools": FLAT_TOOLS}, "tool_choice", "only 'auto' and 'none'"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
+            "text.format",
+            "text.format.schema",
+        ),
+        ({"input": []}, "input", ""),
+    ],
+)
+def test_bad_requests_are_a_400_naming_the_responses_field(
+    server: Server, body: dict[str, Any], param: str, fragment: str
+) -> None:
+    reply = responses(server, {"model": "ead", "input": "hi", "max_output_tokens": 2, **body})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and fragment in error["message"]
+    assert "\n" not in error["message"] and "messages." not in error["message"]
+    assert responses(server, {"input": "hi", "max_output_tokens": 1}).status_code == 200  # still serving
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_curl_gets_named_events(server: Server) -> None:
+    body = json.dumps({"input": "hi", "max_output_tokens": 4, "temperature": 0, "stream": True})
+    url = f"{server.base_url}/responses"
+    out = subprocess.run(
+        ["curl", "-sN", url, "-H", "Content-Type: application/json", "-d", body],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout.decode()
+    frames = [frame for frame in out.replace("\r\n", "\n").split("\n\n") if frame.strip()]
+    named = [frame.split("\n")[0].removeprefix("event: ") for frame in frames]
+    assert named == [json.loads(frame.split("\n")[1].removeprefix("data: "))["type"] for frame in frames]
+    assert named[0] == "response.created" and named[-1] in ("response.completed", "response.incomplete")
