@@ -18,7 +18,7 @@ from bench_serve import TOOLS
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import HI, JSON, serving
-from test_serve_tools import CALL_SCHEMA, TOOLS_TEMPLATE
+from test_serve_tools import CALL_SCHEMA, QUESTION, TOOLS_TEMPLATE, multiply
 from tiny_models import write_tiny_model
 
 FLAT_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]  # Responses' shape
@@ -277,3 +277,31 @@ def test_curl_gets_named_events(server: Server) -> None:
     named = [frame.split("\n")[0].removeprefix("event: ") for frame in frames]
     assert named == [json.loads(frame.split("\n")[1].removeprefix("data: "))["type"] for frame in frames]
     assert named[0] == "response.created" and named[-1] in ("response.completed", "response.incomplete")
+
+
+@pytest.mark.real
+def test_an_agents_round_trip_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """As an agent speaks it: ask with instructions and tools, get a function_call item (the same
+    streamed), send the output items back with the call's output, get the answer that states it; both
+    models write along the way."""
+    with Server([*pair_args(real_pair), "--mode", "ead"], tmp_path / "server.log") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
+        system, user = QUESTION
+        asked = {"model": "ead", "instructions": system["content"], "tools": FLAT_TOOLS, "temperature": 0}
+        first = client.responses.create(**asked, input=user["content"], max_output_tokens=60)
+        (call,) = first.output
+        assert call.type == "function_call" and call.name == "multiply"
+        assert json.loads(call.arguments) == {"a": 1234, "b": 5678}
+        with client.responses.stream(**asked, input=user["content"], max_output_tokens=60) as stream:
+            (streamed,) = stream.get_final_response().output
+        assert (streamed.name, streamed.arguments) == (call.name, call.arguments)
+
+        turn = [
+            {"role": "user", "content": user["content"]},
+            *(item.model_dump(exclude_none=True) for item in first.output),
+            {"type": "function_call_output", "call_id": call.call_id, "output": multiply(call.arguments)},
+        ]
+        answer = client.responses.create(**asked, input=turn, max_output_tokens=60)
+        assert answer.status == "completed" and "7006652" in answer.output_text.replace(",", "")
+        assert {token["model"] for token in answer.model_extra["ead"]["tokens"]} == {"small", "large"}
+        assert server.stop() == 0
