@@ -236,6 +236,11 @@ def test_store_is_a_no_op_and_json_object_mode_is_taken(client: openai.OpenAI, s
             "input.0.content",
             "input_image parts are not supported",
         ),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]},
+            "input.0.output",
+            "input_file parts are not supported",
+        ),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "web_search tools are not supported"),
         ({"tools": [{"type": "function", "name": ""}]}, "tools.0.name", "at least 1 character"),
         ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal to 1"),

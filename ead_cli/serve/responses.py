@@ -178,6 +178,12 @@ class ResponsesRequest(BaseModel):
         spelling = {
             "messages": "input",
             **{f"messages.{n}": origin for n, origin in enumerate(origins)},
+            # a tool's message is a function_call_output item: its content, the item's output
+            **{
+                f"messages.{n}.content": f"{origins[n]}.output"
+                for n, message in enumerate(messages)
+                if message["role"] == "tool"
+            },
             "max_tokens": "max_output_tokens",
             "response_format": "text.format",
             "response_format.json_schema": "text.format",
