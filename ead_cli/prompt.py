@@ -56,12 +56,15 @@ def render_chat(
     *,
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str | None:
     """The conversation as the model's chat template writes it, or None if the GGUF has no template.
 
     ``add_generation_prompt``: end with the opening of an assistant turn (False: the conversation as
     it stands, e.g. to find the text a new turn adds); ``tools``: OpenAI's tool definitions, which a
-    template with tool support writes into the prompt. llama-cpp-python renders templates with
+    template with tool support writes into the prompt; ``template_kwargs``: more variables for the
+    template, as llama.cpp's ``chat_template_kwargs`` (``enable_thinking=False``: Qwen3's thinking off,
+    where the template reads it). llama-cpp-python renders templates with
     jinja2's immutable sandbox, so a hostile template cannot reach files or Python internals; any
     failure, and a rendering without text (which would leave nothing to decode), is a one-line error.
     """
@@ -74,7 +77,7 @@ def render_chat(
         formatter = Jinja2ChatFormatter(
             template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
         )
-        rendered = formatter(messages=messages, tools=tools).prompt
+        rendered = formatter(messages=messages, tools=tools, **(template_kwargs or {})).prompt
     except Exception as error:  # the template is a program from the file: whatever it raises is its fault
         raise EadError(
             f"the chat template of {shown_path(runner.path.name)} failed: {_template_failure(error)}"

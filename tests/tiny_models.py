@@ -42,7 +42,8 @@ llama.cpp gives control tokens RSTRIP, so that they swallow the whitespace after
 (``base`` plus ``LONG_TOKEN``, 64 ``=`` as one user-defined token: a piece as long as real vocabularies'
 longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, llama.cpp's "llama": the
 256 ``<0xNN>`` byte tokens, ``SPM_PIECES`` and the control tokens; it puts a space before a text and reads
-"▁" as one, as Llama 2's, Mistral's and Phi-3's do).
+"▁" as one, as Llama 2's, Mistral's and Phi-3's do); ``"think"`` (``base`` plus ``<think>`` and
+``</think>``, user-defined tokens as in Qwen3's vocabulary: text when detokenized), for ``QWEN3_LIKE``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+# Qwen3's template in short: ChatML, and with enable_thinking false an empty block after the assistant's
+# opening, so the answer starts past it; it names </think> as Qwen3's does (ead_cli.thinking.thinks)
+QWEN3_LIKE = CHATML + (
+    "{% if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% endif %}"
+)
+THINK_SPECIALS = ("<think>", "</think>")
 
 N_EMBD = 64
 N_HEAD = 4
@@ -96,7 +105,7 @@ def byte_tokens() -> list[str]:
 def _merges(vocab: str) -> list[str]:
     if vocab == "spm":
         return []  # SentencePiece merges by the scores of the tokens it forms
-    if vocab in ("base", "padded", "phi-3", "long"):
+    if vocab in ("base", "padded", "phi-3", "long", "think"):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
@@ -104,7 +113,7 @@ def _merges(vocab: str) -> list[str]:
         letters = "abcdfgjk"  # none of these pairs is already a base merge
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
     raise ValueError(
-        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long' or 'spm'"
+        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'think' or 'spm'"
     )
 
 
@@ -126,6 +135,9 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "long":
         tokens.append(LONG_TOKEN)
         types.append(gguf.TokenType.USER_DEFINED)
+    if vocab == "think":
+        tokens += THINK_SPECIALS
+        types += [gguf.TokenType.USER_DEFINED] * len(THINK_SPECIALS)
     return tokens, [int(t) for t in types], merges
 
 

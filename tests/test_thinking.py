@@ -1,0 +1,95 @@
+"""A thinking model's answer split into reasoning and content (ead_cli/thinking.py), without a model; and
+thinking turned off through the chat template (a tiny model whose template reads ``enable_thinking``)."""
+
+from pathlib import Path
+
+import pytest
+from tiny_models import QWEN3_LIKE, write_tiny_model
+
+from ead_cli.prompt import render_chat
+from ead_cli.runner import Runner
+from ead_cli.thinking import ReasoningSplitter, Split, opens_thinking, split_reasoning, thinks
+
+
+def pushed_apart(pieces: list[str], inside: bool = False) -> list[Split]:
+    """Each piece's split, then the flush's."""
+    splitter = ReasoningSplitter(inside)
+    return [splitter.push(piece) for piece in pieces] + [splitter.flush()]
+
+
+def joined(splits: list[Split]) -> Split:
+    return Split("".join(s.reasoning for s in splits), "".join(s.content for s in splits))
+
+
+@pytest.mark.parametrize(
+    ("text", "inside", "expected"),
+    [
+        ("<think>\nweigh it\n</think>\n\nThe answer.", False, Split("weigh it", "The answer.")),
+        ("  <think>a</think>b", False, Split("a", "b")),  # whitespace before the block is no content
+        ("weigh it</think>\n\nThe answer.", True, Split("weigh it", "The answer.")),  # opened by the prompt
+        ("<think>\n\n</think>\n\nThe answer.", False, Split("", "The answer.")),  # thinking off (Qwen3)
+        ("<think>cut off at the limi", False, Split("cut off at the limi", "")),  # an unfinished block
+        ("Just an answer.", False, Split("", "Just an answer.")),
+        ("\nJust an answer.", False, Split("", "\nJust an answer.")),  # no block: the text as it was
+        ("Say <think>x</think> here", False, Split("", "Say <think>x</think> here")),  # not at the start
+        ("<think>a</think>b</think>c", False, Split("a", "b</think>c")),  # the first close ends it
+        ("<thin", False, Split("", "<thin")),  # a marker's beginning that never finished
+        ("a <b> </thinker", True, Split("a <b> </thinker", "")),
+    ],
+)
+def test_an_answer_splits_as_llama_cpps_deepseek_format(text: str, inside: bool, expected: Split) -> None:
+    assert split_reasoning(text, inside) == expected
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_any_cut_into_tokens_gives_the_whole_answers_split(inside: bool) -> None:
+    """Markers and whitespace split across tokens anywhere: the pieces add up to the whole's split, and
+    no piece gives out text that a later one turns into something else."""
+    text = ("" if inside else " <think>") + "\nstep one\n\nstep two \n</think>\n\nThe answer: <think>."
+    whole = split_reasoning(text, inside)
+    assert whole == Split("step one\n\nstep two", "The answer: <think>.")
+    for size in (1, 2, 3, 5):
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
+        assert joined(pushed_apart(pieces, inside)) == whole
+    for cut in range(len(text) + 1):
+        assert joined(pushed_apart([text[:cut], text[cut:]], inside)) == whole
+
+
+def test_reasoning_is_given_out_as_it_comes_and_a_marker_is_held_until_known() -> None:
+    splits = pushed_apart(["<thi", "nk>Let me ", "see. </thi", "nk>", "\n", "Yes", "."])
+    assert splits == [
+        Split("", ""),  # maybe a marker
+        Split("Let me", ""),  # the space may be the reasoning's last
+        Split(" see.", ""),  # '</thi' may close the block
+        Split("", ""),
+        Split("", ""),  # whitespace after the block
+        Split("", "Yes"),
+        Split("", "."),
+        Split("", ""),
+    ]
+
+
+def test_thinking_templates_and_prompts_that_open_the_block_are_told_apart() -> None:
+    assert thinks(QWEN3_LIKE) and not thinks("{{ messages }}") and not thinks(None)
+    assert opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not opens_thinking("<|im_start|>assistant\n")
+
+
+def test_thinking_is_turned_off_through_the_template(tmp_path: Path) -> None:
+    """Qwen3's template reads ``enable_thinking``: off, it writes an empty block after the assistant's
+    opening, so the answer starts after it; a key the template does not read changes nothing."""
+    model = write_tiny_model(tmp_path / "think.gguf", vocab="think", chat_template=QWEN3_LIKE)
+    runner = Runner(model, name="small", n_threads=1)
+    try:
+        messages = [{"role": "user", "content": "hi"}]
+        on = render_chat(runner, messages)
+        off = render_chat(runner, messages, template_kwargs={"enable_thinking": False})
+        assert on == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        assert off == on + "<think>\n\n</think>\n\n"
+        assert render_chat(runner, messages, template_kwargs={"unread": 1}) == on
+        # each marker one token, as in Qwen3's vocabulary
+        markers = runner.tokenize("<think></think>", add_special=False)
+        assert markers == [runner.n_vocab - 2, runner.n_vocab - 1]
+    finally:
+        runner.close()
