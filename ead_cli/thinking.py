@@ -38,6 +38,14 @@ def opens_thinking(prompt: str) -> bool:
     return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
 
 
+def answer_start(template: str | None, prompt: str, reasoning_format: str = "auto") -> bool | None:
+    """How an answer to the rendered ``prompt`` is split: None, left whole (a model that does not think,
+    or the format 'none'); else whether it starts inside a block."""
+    if reasoning_format == "none" or not thinks(template):
+        return None
+    return opens_thinking(prompt)
+
+
 class ReasoningSplitter:
     """Text pushed as decoded, given back as the reasoning and content it is known to be: a possible
     marker's beginning and whitespace that may turn out to be the block's end are held back."""

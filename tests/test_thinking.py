@@ -4,7 +4,7 @@ thinking turned off through the chat template (a tiny model whose template reads
 from pathlib import Path
 
 import pytest
-from tiny_models import QWEN3_LIKE, write_tiny_model
+from tiny_models import THINKING_TEMPLATE, write_tiny_model
 
 from ead_cli.prompt import render_chat
 from ead_cli.runner import Runner
@@ -70,23 +70,25 @@ def test_reasoning_is_given_out_as_it_comes_and_a_marker_is_held_until_known() -
 
 
 def test_thinking_templates_and_prompts_that_open_the_block_are_told_apart() -> None:
-    assert thinks(QWEN3_LIKE) and not thinks("{{ messages }}") and not thinks(None)
+    assert thinks(THINKING_TEMPLATE) and not thinks("{{ messages }}") and not thinks(None)
     assert opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not opens_thinking("<|im_start|>assistant\n")
 
 
 def test_thinking_is_turned_off_through_the_template(tmp_path: Path) -> None:
-    """Qwen3's template reads ``enable_thinking``: off, it writes an empty block after the assistant's
-    opening, so the answer starts after it; a key the template does not read changes nothing."""
-    model = write_tiny_model(tmp_path / "think.gguf", vocab="think", chat_template=QWEN3_LIKE)
+    """A template that reads ``enable_thinking`` (Qwen3's): on, it opens the block, so the answer starts
+    inside it; off, it writes an empty block, so the answer starts after it; a key the template does not
+    read changes nothing."""
+    model = write_tiny_model(tmp_path / "think.gguf", vocab="think", chat_template=THINKING_TEMPLATE)
     runner = Runner(model, name="small", n_threads=1)
     try:
         messages = [{"role": "user", "content": "hi"}]
         on = render_chat(runner, messages)
         off = render_chat(runner, messages, template_kwargs={"enable_thinking": False})
-        assert on == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        assert off == on + "<think>\n\n</think>\n\n"
+        opening = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        assert on == opening + "<think>\n" and opens_thinking(on)
+        assert off == opening + "<think>\n\n</think>\n\n" and not opens_thinking(off)
         assert render_chat(runner, messages, template_kwargs={"unread": 1}) == on
         # each marker one token, as in Qwen3's vocabulary
         markers = runner.tokenize("<think></think>", add_special=False)

@@ -60,11 +60,12 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# Qwen3's template in short: ChatML, and with enable_thinking false an empty block after the assistant's
-# opening, so the answer starts past it; it names </think> as Qwen3's does (ead_cli.thinking.thinks)
-QWEN3_LIKE = CHATML + (
-    "{% if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}"
-    "<think>\n\n</think>\n\n{% endif %}"
+# A thinking model's template in short: ChatML whose assistant turn opens the block in the prompt, as
+# DeepSeek-R1's and Qwen3's thinking-only models' do (the answer starts inside it), and with Qwen3's
+# enable_thinking false an empty block instead, so the answer starts past it
+THINKING_TEMPLATE = CHATML + (
+    "{% if add_generation_prompt %}{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
 )
 THINK_SPECIALS = ("<think>", "</think>")
 

@@ -55,6 +55,7 @@ from ..prompt import (
 )
 from ..remote import RemoteRunner
 from ..sampling import GrammarRefusal, SamplingParams
+from ..thinking import ReasoningSplitter, answer_start, split_reasoning
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
 from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
@@ -886,7 +887,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
         body = _accepted(ChatRequest, data)
         prompt, prefill = _rendered(body)
-        return body, _job(body, prompt, prefill)
+        template = engine.runners[0].metadata("tokenizer.chat_template")
+        thinking = answer_start(template, prompt, body.reasoning_format or "auto")
+        return body, _job(body, prompt, prefill, thinking)
 
     def _prepare_template(data: bytes) -> str:
         """A chat request's prompt, as the model is given it (llama-server's /apply-template)."""
@@ -905,7 +908,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         _check(lambda: check_prompt_text("".join(message["content"] for message in messages)), "messages")
         prefill = _prefill(messages)
         earlier = messages if prefill is None else messages[:-1]
-        rendered = _check(lambda: render_chat(engine.runners[0], earlier, tools=tools), "messages")
+        variables = body.chat_template_kwargs  # Qwen3's enable_thinking
+        rendered = _check(
+            lambda: render_chat(engine.runners[0], earlier, tools=tools, template_kwargs=variables),
+            "messages",
+        )
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
@@ -932,9 +939,12 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             raise ApiError(404, message, code="model_not_found", param="model")
 
-    def _job(body: CompletionBase, given: str | list[int], prefill: str | None = None) -> Job:
+    def _job(
+        body: CompletionBase, given: str | list[int], prefill: str | None = None, thinking: bool | None = None
+    ) -> Job:
         """The request's work: its prompt (rendered text, or token ids as given, ending with the
-        ``prefill`` that opens the answer if any) and options, checked."""
+        ``prefill`` that opens the answer if any) and options, checked; how its answer is split
+        (``thinking``, ``thinking.answer_start``)."""
         try:
             if isinstance(given, str):
                 check_special_tokens_fit(given, specials, engine.n_ctx)
@@ -951,7 +961,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             _without_rollbacks(
                 policy, "logprobs", "log-probabilities follow the tokens as they are drawn: they need"
             )
-        return Job(prompt, policy, generation, logprobs, prefill or "")
+        return Job(prompt, policy, generation, logprobs, prefill or "", thinking)
 
     def _submitted(job: Job) -> Ticket:
         """The job queued for the engine, its ticket to read the answer from; a 503 if the queue is full."""
@@ -974,6 +984,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             tools=names,
             parallel=not isinstance(body, ChatRequest) or body.parallel_tool_calls is not False,
             prefill=job.prefill,
+            thinking=job.thinking,
             usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
         )
         if body.stream:
@@ -1243,6 +1254,7 @@ class _Reply:
         tools: frozenset[str] | None = None,
         parallel: bool = True,
         prefill: str = "",
+        thinking: bool | None = None,
         usage_chunk: bool = False,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
@@ -1259,6 +1271,8 @@ class _Reply:
         self.created = int(time.time())
         self.chat = kind == "chat.completion"
         self._role_sent = False  # a stream names the role in its first delta only, as OpenAI does
+        self.thinking = thinking  # a thinking model's answer: its reasoning given apart (Job.thinking)
+        self._splitter = None if thinking is None else ReasoningSplitter(thinking)
 
     def reader(self) -> ToolCallReader | None:
         """The reader of the calls in a streamed answer; None where no tools are offered."""
@@ -1296,13 +1310,27 @@ class _Reply:
         call is held), the first carrying the token's ``ead`` fields and log-probabilities, an empty one
         if it completes none."""
         first = {"ead": token_fields(token.event), "logprobs": self._logprobs(self._scored.add(token))}
+        if self._splitter is None:
+            return self._content_chunks(token.event.text, reader, first)
+        # a thinking model's: the reasoning it completes, then its content (held text: an empty delta)
+        reasoning, content = self._splitter.push(token.event.text)
+        return self._split_chunks(reasoning, content, reader, first) or [self._delta({}, None, **first)]
+
+    def _split_chunks(
+        self, reasoning: str, content: str, reader: ToolCallReader | None, first: dict[str, Any]
+    ) -> list[str]:
+        """A reasoning delta as llama-server's ``reasoning_content``, then the content's chunks."""
+        chunks = [self._delta({"reasoning_content": reasoning}, None, **first)] if reasoning else []
+        if content:
+            chunks += self._content_chunks(content, reader, {} if chunks else first)
+        return chunks
+
+    def _content_chunks(self, text: str, reader: ToolCallReader | None, first: dict[str, Any]) -> list[str]:
         if reader is None:
-            return [self._chunk(token.event.text, None, **first)]
+            return [self._chunk(text, None, **first)]
         # a token that completes nothing yet (text that may open a call) says nothing of the content: an
         # empty one made a call alone's content "" once a client added the deltas up (whole: null)
-        return self._piece_chunks(reader.push(token.event.text), reader, first) or [
-            self._delta({}, None, **first)
-        ]
+        return self._piece_chunks(reader.push(text), reader, first) or [self._delta({}, None, **first)]
 
     def _piece_chunks(
         self, pieces: list[str | ToolCall], reader: ToolCallReader, first: dict[str, Any]
@@ -1377,6 +1405,9 @@ class _Reply:
                     yield error.sse_event()
                     return
                 self._done(message.summary)
+                if self._splitter is not None:
+                    for chunk in self._split_chunks(*self._splitter.flush(), reader, {}):
+                        yield {"data": chunk}
                 if reader is not None:
                     for chunk in self._piece_chunks(reader.finish(), reader, {}):
                         yield {"data": chunk}
@@ -1405,6 +1436,9 @@ class _Reply:
         if not self.chat:
             choice = {"text": text, "finish_reason": finish, "logprobs": logprobs}
         else:
+            reasoning = ""
+            if self.thinking is not None:
+                reasoning, text = split_reasoning(text, self.thinking)
             answer: dict[str, Any] = {"role": "assistant", "content": text}
             if self.tools:
                 content, calls = split_answer(text, self.tools, self.parallel, self.prefill)
@@ -1415,6 +1449,8 @@ class _Reply:
                         "tool_calls": [call.as_openai() for call in calls],
                     }
                     finish = _finish(summary, called=True)
+            if reasoning:  # as llama-server: the field only where the model wrote reasoning
+                answer["reasoning_content"] = reasoning
             choice = {"message": answer, "finish_reason": finish, "logprobs": logprobs}
         ead = {
             "tokens": [token_fields(event) for event in events],

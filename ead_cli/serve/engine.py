@@ -43,6 +43,8 @@ class Job:
     logprobs: int | None = None  # None: none; else the log-probability of each token and its top N
     prefill: str = ""  # the answer's start, which the prompt ends with (an assistant prefill): read with
     # the answer for tool calls
+    thinking: bool | None = None  # a thinking model's answer: split into reasoning and content (True: it
+    # starts inside the block its prompt opened); None: left whole
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decoder import Summary
 from ..embedding import Embedder, normalized
 from ..errors import quoted
+from ..thinking import ReasoningSplitter, Split, split_reasoning, thinks
 from .app import (
     MODEL_ID,
     NDJSON,
@@ -126,9 +127,12 @@ class _OllamaRequest(BaseModel):
 
     def openai_fields(self, n_ctx: int) -> dict[str, Any]:
         """The OpenAI request's fields for the options, the format and ``ead``."""
-        if self.think not in (None, False):
-            raise ApiError(400, f"think: the models served here do not think ({MODEL_ID!r})", param="think")
+        if isinstance(self.think, str):
+            message = "think: levels ('high', 'medium', 'low') are not supported by ead serve: true or false"
+            raise ApiError(400, message, param="think")
         fields = (self.options or OllamaOptions()).openai_fields(n_ctx)
+        if self.think is False:  # as ollama turns Qwen3's thinking off: through its template
+            fields["chat_template_kwargs"] = {"enable_thinking": False}
         if self.format == "json":
             fields["response_format"] = {"type": "json_object"}
         elif isinstance(self.format, dict):
@@ -341,22 +345,34 @@ class _Answer:
         log: Log,
         tools: frozenset[str] | None = None,
         prefill: str = "",
+        thinking: bool | None = None,
     ) -> None:
         self.chat, self.model, self.path, self.log = chat, model, path, log
         self.started_ns = time.monotonic_ns()
         self.tools = tools  # the names of the tools offered: calls are read back out of the answer
         self.prefill = prefill  # the assistant message the answer continues: a call it opens is read whole
+        self.thinking = thinking  # a thinking model's answer: its reasoning given apart (Job.thinking)
+        self._splitter = None if thinking is None else ReasoningSplitter(thinking)
 
-    def part(self, text: str, calls: Sequence[dict[str, Any]] = (), **extra: Any) -> dict[str, Any]:
-        """A line of the answer: its text, and the calls it completes (ollama's shape)."""
-        said: dict[str, Any] = {"response": text}
+    def part(
+        self, text: str, calls: Sequence[dict[str, Any]] = (), thinking: str = "", **extra: Any
+    ) -> dict[str, Any]:
+        """A line of the answer: its text, the reasoning and the calls it completes (ollama's shape, its
+        ``thinking`` only where there is some)."""
+        thought = {"thinking": thinking} if thinking else {}
+        said: dict[str, Any] = {"response": text, **thought}
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message = {"role": "assistant", "content": text, **thought}
             said = {"message": {**message, "tool_calls": list(calls)} if calls else message}
         return {"model": self.model, "created_at": _now(), **said, "done": False, **extra}
 
     def last(
-        self, text: str, summary: Summary | None, ead: dict[str, Any], calls: Sequence[dict[str, Any]] = ()
+        self,
+        text: str,
+        summary: Summary | None,
+        ead: dict[str, Any],
+        calls: Sequence[dict[str, Any]] = (),
+        thinking: str = "",
     ) -> dict[str, Any]:
         """The answer's end; ``summary`` None where nothing was generated (a request to load the model)."""
         if summary is None:
@@ -365,11 +381,28 @@ class _Answer:
         reason = "length" if summary.finish_reason == "length" else "stop"
         figures = _durations(summary, self.started_ns)
         ead = {**ead, "summary": asdict(summary)}
-        return {**self.part(text, calls), "done": True, "done_reason": reason, **figures, "ead": ead}
+        said = self.part(text, calls, thinking)
+        return {**said, "done": True, "done_reason": reason, **figures, "ead": ead}
 
     def _token_lines(self, text: str, reader: ToolCallReader | None, **extra: Any) -> list[str]:
-        """A token's lines, the first with ``extra`` (its ``ead`` fields); with tools, a line per piece of
-        text or call the reader lets through (text that may open a call is held), one of no text if none."""
+        """A token's lines, the first with ``extra`` (its ``ead`` fields); a thinking model's reasoning
+        first, in a line of its own."""
+        if self._splitter is None:
+            return self._content_lines(text, reader, **extra)
+        lines = self._split_lines(*self._splitter.push(text), reader, **extra)
+        return lines or [_line(self.part("", **extra))]
+
+    def _split_lines(
+        self, reasoning: str, content: str, reader: ToolCallReader | None, **extra: Any
+    ) -> list[str]:
+        lines = [_line(self.part("", thinking=reasoning, **extra))] if reasoning else []
+        if content:
+            lines += self._content_lines(content, reader, **({} if lines else extra))
+        return lines
+
+    def _content_lines(self, text: str, reader: ToolCallReader | None, **extra: Any) -> list[str]:
+        """Text's lines; with tools, a line per piece of text or call the reader lets through (text that
+        may open a call is held), one of no text if none."""
         if reader is None:
             return [_line(self.part(text, **extra))]
         return self._piece_lines(reader.push(text), reader, **extra) or [_line(self.part("", **extra))]
@@ -405,6 +438,9 @@ class _Answer:
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield error.ndjson_line()
                     return
+                held = Split() if self._splitter is None else self._splitter.flush()
+                for line in self._split_lines(*held, reader):
+                    yield line
                 for line in [] if reader is None else self._piece_lines(reader.finish(), reader):
                     yield line
                 yield _line(self.last("", message.summary, {"seed": seed}))
@@ -418,12 +454,15 @@ class _Answer:
             return JSONResponse({}, status_code=499)
         tokens, summary = answer
         text = "".join(token.event.text for token in tokens)
+        thinking = ""
+        if self.thinking is not None:
+            thinking, text = split_reasoning(text, self.thinking)
         calls: list[ToolCall] = []
         if self.tools:
             text, calls = split_answer(text, self.tools, True, self.prefill, objects_only=True)
         ead = {"tokens": [token_fields(token.event) for token in tokens], "seed": seed}
         said = [_ollama_call(call, index) for index, call in enumerate(calls)]
-        return JSONResponse(self.last(text, summary, ead, said))
+        return JSONResponse(self.last(text, summary, ead, said, thinking))
 
 
 def _ollama_call(call: ToolCall, index: int) -> dict[str, Any]:
@@ -511,7 +550,11 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             "template": "",
             "details": tag["details"],
             "model_info": info,
-            "capabilities": ["completion", *(["tools"] if template_takes_tools(engine.runners[0]) else [])],
+            "capabilities": [
+                "completion",
+                *(["tools"] if template_takes_tools(engine.runners[0]) else []),
+                *(["thinking"] if thinks(engine.runners[0].metadata("tokenizer.chat_template")) else []),
+            ],
             "modified_at": tag["modified_at"],
             "ead": tag["ead"],
         }
@@ -570,7 +613,9 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
         except ApiError as error:
             raise _respelled(error) from None
         tools = prepared.tool_names() if isinstance(prepared, ChatRequest) else None
-        answer = _Answer(chat, asked.model, request.url.path, requests.log, tools, job.prefill)
+        if asked.think and job.thinking is None:  # ollama's 400 for a model that does not think
+            raise ApiError(400, f"think: {quoted(asked.model)} does not support thinking", param="think")
+        answer = _Answer(chat, asked.model, request.url.path, requests.log, tools, job.prefill, job.thinking)
         ticket = requests.submit(job)
         seed = job.generation.sampling.seed
         if asked.stream is not False:

@@ -27,6 +27,7 @@ from ..options import PolicyOptions
 from ..paths import BOM
 from ..policies import BURST_KINDS, parse_tau
 from ..sampling import MAX_LOGIT_BIAS
+from ..thinking import REASONING_FORMATS
 from .converter import (
     BOUNDS,
     SCHEMAS_BY_NAME,
@@ -697,6 +698,10 @@ class ChatRequest(CompletionBase):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # llama-server's: how a thinking model's answer is given (REASONING_FORMATS: the server's default
+    # 'auto'), and more variables for the chat template (Qwen3's enable_thinking)
+    reasoning_format: Literal[REASONING_FORMATS] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def logprobs_count(self) -> int | None:
         """Chat asks with ``logprobs: true`` and ``top_logprobs: N``."""

@@ -1,0 +1,160 @@
+"""A thinking model on `ead serve`: a real server on a tiny pair whose template opens a ``<think>`` block in
+the prompt (as DeepSeek-R1's does) and reads ``enable_thinking`` (as Qwen3's does). A logit bias on
+``</think>`` makes the tiny models close the block partway through a greedy answer; the raw text of the
+same request (``reasoning_format: none``) is what the split is checked against."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import HI, JSON, TAU, serving
+from tiny_models import THINKING_TEMPLATE, vocabulary, write_tiny_model
+
+CLOSE_ID = vocabulary("think")[0].index("</think>")
+# The server's defaults: greedy, and </think> favoured, so that it comes ~10 tokens into the answer to
+# "hi" and text follows it (on the routes of ollama too, which have no logit bias of their own)
+CLOSING = ["--temp", "0", "--max-tokens", "32", "--logit-bias", f"{CLOSE_ID}+5"]
+THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("serve-thinking")
+    pair = tuple(
+        write_tiny_model(
+            folder / f"think{seed}.gguf", seed=seed, vocab="think", chat_template=THINKING_TEMPLATE
+        )
+        for seed in (0, 1)
+    )
+    with serving([*pair_args(pair), *TAU, *CLOSING], folder / "server.log") as running:
+        yield running
+
+
+def chat(server: Server, **body: Any) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, **body}, timeout=120)
+
+
+def message(server: Server, **body: Any) -> dict[str, Any]:
+    reply = chat(server, **body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["message"]
+
+
+@pytest.fixture(scope="module")
+def raw(server: Server) -> str:
+    """The answer's text as the model wrote it: the block is opened by the prompt, closed in the text."""
+    unsplit = message(server, reasoning_format="none")
+    assert "reasoning_content" not in unsplit
+    text = unsplit["content"]
+    assert "</think>" in text and text.partition("</think>")[2].strip()  # a block that closes, then an answer
+    return text
+
+
+def test_chat_gives_the_reasoning_apart_as_llama_servers_default_format(server: Server, raw: str) -> None:
+    reasoning, _, content = raw.partition("</think>")
+    for asked in ({}, {"reasoning_format": "auto"}, {"reasoning_format": "deepseek"}):
+        answer = message(server, **asked)
+        assert answer["reasoning_content"] == reasoning.strip()
+        assert answer["content"] == content.lstrip()
+
+
+def test_a_stream_gives_reasoning_deltas_then_content_deltas(server: Server, raw: str) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(model="ead", messages=HI, stream=True)  # type: ignore[arg-type]
+    kinds, reasoning, content = [], "", ""
+    for chunk in stream:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is None:
+            continue
+        piece = (delta.model_extra or {}).get("reasoning_content")
+        if piece:
+            reasoning, kinds = reasoning + piece, [*kinds, "reasoning"]
+        if delta.content:
+            content, kinds = content + delta.content, [*kinds, "content"]
+    before, _, after = raw.partition("</think>")
+    assert (reasoning, content) == (before.strip(), after.lstrip())
+    assert kinds == sorted(kinds, key=["reasoning", "content"].index) and len(set(kinds)) == 2
+
+
+def test_an_answer_cut_inside_the_block_is_all_reasoning(server: Server, raw: str) -> None:
+    answer = message(server, max_tokens=4)
+    assert answer["content"] == "" and answer["reasoning_content"]
+    assert raw.lstrip().startswith(answer["reasoning_content"])
+
+
+def test_thinking_turned_off_through_the_template(server: Server) -> None:
+    """``enable_thinking: false``: the template closes an empty block in the prompt, so the answer starts
+    past it and is all content, the same text as the one unsplit."""
+    prompt = httpx.post(f"{server.url}/apply-template", json={"messages": HI, **THINKING_OFF}).json()[
+        "prompt"
+    ]
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    off = message(server, **THINKING_OFF)
+    assert "reasoning_content" not in off
+    assert off["content"] == message(server, **THINKING_OFF, reasoning_format="none")["content"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"reasoning_format": "deepseek-legacy"}, "reasoning_format"),
+        ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"messages": []}}, "messages"),  # a variable the template is given already
+    ],
+)
+def test_bad_reasoning_fields_are_400s(server: Server, body: dict[str, Any], param: str) -> None:
+    reply = chat(server, **body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and "\n" not in error["message"], error
+    assert message(server, max_tokens=2)["reasoning_content"]  # and the server serves on
+
+
+def ollama(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}/api/{path}", json={"model": "ead", **body}, headers=JSON, timeout=120)
+
+
+THINKING_AND_CONTENT = ("thinking", "content")
+
+
+def ndjson(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    reply = ollama(server, path, body)
+    assert reply.status_code == 200, reply.text
+    return [json.loads(line) for line in reply.text.splitlines()]
+
+
+def test_ollama_think_gives_thinking_apart_whole_and_streamed(server: Server, raw: str) -> None:
+    """ollama's ``think``: ``message.thinking`` on /api/chat and ``thinking`` on /api/generate, whole and
+    in the NDJSON lines (left out, the model's default: thinking); ``think: false`` turns it off through
+    the template."""
+    before, _, after = raw.partition("</think>")
+    split = (before.strip(), after.lstrip())
+    assert "thinking" in ollama(server, "show", {}).json()["capabilities"]
+    for think in ({"think": True}, {}):
+        whole = ollama(server, "chat", {"messages": HI, "stream": False, **think}).json()["message"]
+        assert (whole["thinking"], whole["content"]) == split
+        lines = ndjson(server, "chat", {"messages": HI, **think})
+        said = [
+            "".join(line["message"].get(field, "") for line in lines) for field in ("thinking", "content")
+        ]
+        assert tuple(said) == split
+    generated = ollama(server, "generate", {"prompt": "hi", "stream": False, "think": True}).json()
+    assert (generated["thinking"], generated["response"]) == split
+    lines = ndjson(server, "generate", {"prompt": "hi", "think": True})
+    assert (
+        tuple("".join(line.get(field, "") for line in lines) for field in ("thinking", "response")) == split
+    )
+    off = ollama(server, "chat", {"messages": HI, "stream": False, "think": False}).json()["message"]
+    assert "thinking" not in off and off["content"] == message(server, **THINKING_OFF)["content"]
+
+
+def test_ollama_think_levels_are_a_400_in_ollamas_shape(server: Server) -> None:
+    reply = ollama(server, "chat", {"messages": HI, "think": "high"})
+    assert reply.status_code == 400 and "think: levels" in reply.json()["error"]
