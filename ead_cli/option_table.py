@@ -29,6 +29,7 @@ from .policies import (
     defaults_by_policy,
     parse_tau,
 )
+from .thinking import REASONING_FORMATS
 
 # The mode of a run that names none and gives no switching option (docs/switching.md, "The default mode").
 DEFAULT_MODE = "large"
@@ -461,6 +462,25 @@ DECODING: tuple[DecodingOption, ...] = (
         surfaces=frozenset({CLI, CHAT}),
         llama_spellings=("-n", "--n-predict"),
         ollama_parameter="num_predict",
+    ),
+    DecodingOption(
+        "reasoning_budget",
+        int,
+        -1,
+        "llama.cpp's: a thinking model's thinking, -1 unrestricted, 0 off (through its chat template's "
+        "enable_thinking, where it reads it, as Qwen3's does).",
+        target="generation",
+        minimum=-1,
+        maximum=0,
+    ),
+    DecodingOption(
+        "reasoning_format",
+        str,
+        "auto",
+        "llama.cpp's: a thinking model's <think> block apart from the answer (auto, deepseek), or left in "
+        "it as written (none).",
+        target="generation",
+        choices=REASONING_FORMATS,
     ),
     DecodingOption(
         "fallback",

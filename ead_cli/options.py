@@ -299,7 +299,13 @@ class GenerationOptions:
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     fallback: bool = False  # a remote model lost mid-answer: the smallest model writes the rest
+    reasoning_budget: int = -1  # a thinking model's: -1 unrestricted, 0 off (llama.cpp's)
+    reasoning_format: str = "auto"  # a thinking model's block: apart from the answer, or "none"
 
     def __post_init__(self) -> None:
+        if self.reasoning_budget not in (-1, 0):  # llama.cpp's two values: a budget of N is not counted
+            budget = self.reasoning_budget
+            message = f"--reasoning-budget must be -1 (unrestricted) or 0 (thinking off), got {budget}"
+            raise EadError(message, exit_code=2)
         if self.max_tokens < 0:
             raise EadError(f"--max-tokens must be at least 0, got {self.max_tokens}", exit_code=2)

@@ -96,12 +96,20 @@ def _template_failure(error: Exception) -> str:
     return f"refused by the sandbox: {detail}" if isinstance(error, SecurityError) else detail
 
 
-def render_prompt(runner: Runner, text: str, *, system: str | None = None, raw: bool = False) -> str:
-    """The prompt's whole text: the chat template unless ``raw`` (or the model has none)."""
+def render_prompt(
+    runner: Runner,
+    text: str,
+    *,
+    system: str | None = None,
+    raw: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The prompt's whole text: the chat template unless ``raw`` (or the model has none), given
+    ``template_kwargs`` (``render_chat``)."""
     check_prompt_text(text)
     if system:
         check_text(system, "the system message")
-    return _render_prompt(runner, text, system=system, raw=raw)
+    return _render_prompt(runner, text, system=system, raw=raw, template_kwargs=template_kwargs)
 
 
 def encode_prompt(runner: Runner, text: str, *, raw: bool = False) -> list[int]:
@@ -109,13 +117,15 @@ def encode_prompt(runner: Runner, text: str, *, raw: bool = False) -> list[int]:
     return encode_rendered(runner, render_prompt(runner, text, raw=raw))
 
 
-def _render_prompt(runner: Runner, text: str, *, system: str | None, raw: bool) -> str:
+def _render_prompt(
+    runner: Runner, text: str, *, system: str | None, raw: bool, template_kwargs: dict[str, Any] | None = None
+) -> str:
     """A prompt's text: the chat template's rendering unless ``raw``; without a template the system
     message, if any, leads the text."""
     messages: list[Message] = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
     ]
-    rendered = None if raw else render_chat(runner, messages)
+    rendered = None if raw else render_chat(runner, messages, template_kwargs=template_kwargs)
     if rendered is None:
         rendered = text if raw or not system else f"{system}\n\n{text}"
     return rendered

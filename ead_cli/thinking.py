@@ -11,7 +11,7 @@ and content come apart as they are written. Pure Python: no model needed to test
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 OPEN, CLOSE = "<think>", "</think>"
 # llama.cpp's --reasoning-format: 'none' leaves the block in the content; 'deepseek' (and 'auto', its
@@ -24,6 +24,12 @@ class Split(NamedTuple):
 
     reasoning: str = ""
     content: str = ""
+
+
+def template_variables(reasoning_budget: int) -> dict[str, Any]:
+    """The chat template's variables for llama.cpp's ``--reasoning-budget``: 0 turns thinking off through
+    ``enable_thinking``, where a template reads it (Qwen3's); -1 leaves the template's default."""
+    return {"enable_thinking": False} if reasoning_budget == 0 else {}
 
 
 def thinks(template: str | None) -> bool:

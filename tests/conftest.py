@@ -7,7 +7,7 @@ from pathlib import Path
 
 import llama_cpp
 import pytest
-from tiny_models import open_pair, write_tiny_model
+from tiny_models import THINKING_TEMPLATE, open_pair, write_tiny_model
 
 from ead_cli import registry
 from ead_cli.hardware import repack_choice
@@ -51,6 +51,19 @@ def tiny_large(tiny_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pair(tiny_small: Path, tiny_large: Path) -> tuple[Path, Path]:
     return tiny_small, tiny_large
+
+
+@pytest.fixture(scope="session")
+def tiny_think_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    """A thinking pair: the <think> tokens, and a template that opens the block (the answer starts inside
+    it) and reads enable_thinking."""
+    small, large = (
+        write_tiny_model(
+            tiny_dir / f"think{seed}.gguf", seed=seed, vocab="think", chat_template=THINKING_TEMPLATE
+        )
+        for seed in (0, 1)
+    )
+    return small, large
 
 
 @pytest.fixture(scope="session")

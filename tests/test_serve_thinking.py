@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import HI, JSON, TAU, serving
-from tiny_models import THINKING_TEMPLATE, vocabulary, write_tiny_model
+from tiny_models import vocabulary
 
 CLOSE_ID = vocabulary("think")[0].index("</think>")
 # The server's defaults: greedy, and </think> favoured, so that it comes ~10 tokens into the answer to
@@ -25,15 +26,9 @@ THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = tmp_path_factory.mktemp("serve-thinking")
-    pair = tuple(
-        write_tiny_model(
-            folder / f"think{seed}.gguf", seed=seed, vocab="think", chat_template=THINKING_TEMPLATE
-        )
-        for seed in (0, 1)
-    )
-    with serving([*pair_args(pair), *TAU, *CLOSING], folder / "server.log") as running:
+def server(tiny_think_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve-thinking") / "server.log"
+    with serving([*pair_args(tiny_think_pair), *TAU, *CLOSING], log) as running:
         yield running
 
 
@@ -99,6 +94,23 @@ def test_thinking_turned_off_through_the_template(server: Server) -> None:
     off = message(server, **THINKING_OFF)
     assert "reasoning_content" not in off
     assert off["content"] == message(server, **THINKING_OFF, reasoning_format="none")["content"]
+
+
+def test_the_servers_options_are_the_requests_defaults(
+    tiny_think_pair: tuple[Path, Path], raw: str, tmp_path: Path
+) -> None:
+    """``ead serve --reasoning-budget 0 --reasoning-format none``, as llama-server takes them: thinking off
+    and the block left in the content unless a request asks otherwise."""
+    options = ["--reasoning-budget", "0", "--reasoning-format", "none"]
+    with serving([*pair_args(tiny_think_pair), *TAU, *CLOSING, *options], tmp_path / "server.log") as off:
+        prompt = httpx.post(f"{off.url}/apply-template", json={"messages": HI}).json()["prompt"]
+        assert prompt.endswith("<think>\n\n</think>\n\n")
+        assert "reasoning_content" not in message(off)
+        on = {"chat_template_kwargs": {"enable_thinking": True}}
+        assert message(off, **on)["content"] == raw  # the request's variable over the server's budget
+        before, _, after = raw.partition("</think>")
+        split = message(off, **on, reasoning_format="auto")
+        assert (split["reasoning_content"], split["content"]) == (before.strip(), after.lstrip())
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,14 @@
-"""A thinking model's answer split into reasoning and content (ead_cli/thinking.py), without a model; and
-thinking turned off through the chat template (a tiny model whose template reads ``enable_thinking``)."""
+"""A thinking model's answer split into reasoning and content (ead_cli/thinking.py), without a model;
+thinking turned off through the chat template (a tiny model whose template reads ``enable_thinking``);
+and `ead generate`'s --reasoning-format, --reasoning-budget and --hide-thinking on a tiny thinking pair."""
 
 from pathlib import Path
 
 import pytest
-from tiny_models import THINKING_TEMPLATE, write_tiny_model
+from test_cli import ANSI_CODES, at_a_terminal, ead, pair_args
+from tiny_models import THINKING_TEMPLATE, vocabulary, write_tiny_model
 
+from ead_cli.cli.render import DIM, DONE_THINKING, RESET, THINKING
 from ead_cli.prompt import render_chat
 from ead_cli.runner import Runner
 from ead_cli.thinking import ReasoningSplitter, Split, opens_thinking, split_reasoning, thinks
@@ -95,3 +98,82 @@ def test_thinking_is_turned_off_through_the_template(tmp_path: Path) -> None:
         assert markers == [runner.n_vocab - 2, runner.n_vocab - 1]
     finally:
         runner.close()
+
+
+CLOSE_ID = vocabulary("think")[0].index("</think>")
+
+
+def generate(pair: tuple[Path, Path], *options: str) -> str:
+    """`ead generate`'s answer to "hi", greedy, with </think> favoured so that the block closes ~10
+    tokens in and text follows it."""
+    args = [*pair_args(pair), "--tau", "3", "-n", "32", "--logit-bias", f"{CLOSE_ID}+5", *options, "hi"]
+    done = ead("generate", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
+def test_generate_shows_the_thinking_between_ollamas_lines_or_hides_it(
+    tiny_think_pair: tuple[Path, Path],
+) -> None:
+    raw = generate(tiny_think_pair, "--reasoning-format", "none")
+    before, closed, after = raw.partition("</think>")
+    assert closed and after.strip()
+    shown = THINKING + before.strip() + DONE_THINKING + after.lstrip()
+    assert generate(tiny_think_pair) == generate(tiny_think_pair, "--reasoning-format", "deepseek") == shown
+    assert (
+        generate(tiny_think_pair, "--hide-thinking")
+        == generate(tiny_think_pair, "--hidethinking")
+        == after.lstrip()
+    )
+
+
+def test_at_a_terminal_the_thinking_is_dimmed_and_the_answer_is_not(
+    tiny_think_pair: tuple[Path, Path],
+) -> None:
+    args = [
+        "generate",
+        *pair_args(tiny_think_pair),
+        "--tau",
+        "3",
+        "-n",
+        "32",
+        "--logit-bias",
+        f"{CLOSE_ID}+5",
+        "hi",
+    ]
+    styled = at_a_terminal(*args, env={"TERM": "xterm"}).decode()
+    plain = at_a_terminal(*args, "--no-color", env={"TERM": "xterm"}).decode()
+    assert ANSI_CODES.sub("", styled) == plain and plain.startswith(THINKING)
+    thinking, _, answer = styled.partition(DONE_THINKING.strip())
+    assert all(run.startswith(DIM) for run in thinking.split(RESET) if run)  # every run of it dimmed
+    assert DIM not in answer and ANSI_CODES.sub("", answer).strip()
+
+
+def test_a_reasoning_budget_of_0_turns_thinking_off_through_the_template(
+    tiny_think_pair: tuple[Path, Path],
+) -> None:
+    """The template writes an empty block, so the answer starts past it: no thinking, the text as written
+    (another text than with thinking on: the prompt is another)."""
+    off = generate(tiny_think_pair, "--reasoning-budget", "0")
+    assert not off.startswith(THINKING)
+    assert off == generate(tiny_think_pair, "--reasoning-budget", "0", "--reasoning-format", "none")
+    assert off != generate(tiny_think_pair, "--reasoning-format", "none")
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (
+            ["--reasoning-budget", "100"],
+            "--reasoning-budget must be -1 (unrestricted) or 0 (thinking off), got 100",
+        ),
+        (["--reasoning-format", "deepseek-legacy"], "--reasoning-format"),
+    ],
+)
+def test_bad_reasoning_options_are_one_line(
+    tiny_pair: tuple[Path, Path], option: list[str], message: str
+) -> None:
+    done = ead("generate", *pair_args(tiny_pair), *option, "hi")
+    assert done.returncode == 2 and done.stdout == b""
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines

@@ -21,6 +21,7 @@ from .groups import (
     FormatOpt,
     Grammar,
     GrammarFile,
+    HideThinking,
     JsonSchema,
     JsonSchemaFile,
     MaxTokens,
@@ -62,6 +63,7 @@ def generate(
     system: System = None,
     raw: Raw = False,
     output_format: FormatOpt = OutputFormat.text,
+    hide_thinking: HideThinking = False,
     stats: Stats = False,
     no_color: NoColor = False,
 ) -> None:
@@ -70,6 +72,7 @@ def generate(
     model by entropy."""
     from ..engine import build_decoder, check_grammar, close_all, load_runners
     from ..prompt import check_system_fits, context_advice, encode_fitting, render_prompt
+    from ..thinking import answer_start, template_variables
     from .render import (
         JsonlRenderer,
         TextRenderer,
@@ -101,14 +104,19 @@ def generate(
         if bound is not None:
             check_grammar(runners, policy_options, *bound)
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
-        rendered = render_prompt(runners[0], text, system=system, raw=raw)
+        variables = template_variables(generation.reasoning_budget)
+        rendered = render_prompt(runners[0], text, system=system, raw=raw, template_kwargs=variables)
         if system:  # a system message too long is named, not the prompt it makes too long
             check_system_fits(runners[0], system, runners)
         tokens = encode_fitting(runners[0], rendered, runners)
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:
-            renderer = TextRenderer(sys.stdout, color=wants_color(sys.stdout))
+            template = runners[0].metadata("tokenizer.chat_template")
+            thinking = answer_start(template, rendered, generation.reasoning_format)
+            renderer = TextRenderer(
+                sys.stdout, color=wants_color(sys.stdout), thinking=thinking, hide_thinking=hide_thinking
+            )
             if renderer.color:
                 # Written as is: rich would count its escape codes as text and wrap the line early.
                 legend = renderer.legend({r.name: r.label for r in runners})

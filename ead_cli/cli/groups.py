@@ -165,6 +165,15 @@ RepackOpt = Annotated[
 ]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
+HideThinking = Annotated[
+    bool,
+    typer.Option(
+        "--hide-thinking",
+        "--hidethinking",  # ollama run's spelling
+        help="A thinking model's thinking not shown, the answer alone (shown, dimmed at a terminal, by "
+        "default).",
+    ),
+]
 
 
 def _no_color(value: bool) -> bool:

@@ -15,6 +15,7 @@ from rich.table import Table
 from ..errors import EadError, counted
 from ..option_table import DEFAULT_MODE
 from ..signals import Terminated
+from ..thinking import ReasoningSplitter
 from .output import color_system, silence_stdout
 
 if TYPE_CHECKING:
@@ -162,12 +163,26 @@ def stream_answer(response: Response, renderer: Renderer) -> int:
     return 0
 
 
-class TextRenderer(Renderer):
-    """Streams token text as it comes, each token in its model's colour when ``color``."""
+DIM = "\x1b[2m"
+# ollama run's lines around a thinking model's thinking
+THINKING, DONE_THINKING = "Thinking...\n", "\n...done thinking.\n\n"
 
-    def __init__(self, out: TextIO, *, color: bool) -> None:
+
+class TextRenderer(Renderer):
+    """Streams token text as it comes, each token in its model's colour when ``color``. A thinking
+    model's answer (``thinking``: ``thinking.answer_start``) shows its thinking first, between ollama
+    run's lines and dimmed when ``color``, or not at all (``hide_thinking``), then the answer."""
+
+    def __init__(
+        self, out: TextIO, *, color: bool, thinking: bool | None = None, hide_thinking: bool = False
+    ) -> None:
         super().__init__(out)
         self.color = color
+        self._splitter = None if thinking is None else ReasoningSplitter(thinking)
+        self.hide_thinking = hide_thinking
+        self._thought = False  # some thinking shown
+        self._answering = False  # some of the answer shown
+        self._model = ""  # the last token's, for what the splitter held at the end
 
     def legend(self, names: dict[str, str]) -> str:
         """One line naming the colours, e.g. ``■ small: qwen-0.5b.gguf  ■ large: qwen-1.5b.gguf``."""
@@ -178,13 +193,34 @@ class TextRenderer(Renderer):
         return "  ".join(parts)
 
     def _text(self, event: TokenEvent) -> str:
-        text = self.visible(event.text)
+        if self._splitter is None:
+            return self._styled(event.text, event.model)
+        self._model = event.model
+        return self._split_text(*self._splitter.push(event.text))
+
+    def _styled(self, text: str, model: str, dim: bool = False) -> str:
+        text = self.visible(text)
         if self.color and text:
-            return f"{model_style(event.model)}{text}{RESET}"
+            return f"{DIM if dim else ''}{model_style(model)}{text}{RESET}"
         return text
 
+    def _split_text(self, reasoning: str, content: str) -> str:
+        shown = []
+        if reasoning and not self.hide_thinking:
+            if not self._thought:
+                shown.append(self._styled(THINKING, "", dim=True))
+            shown.append(self._styled(reasoning, self._model, dim=True))
+            self._thought = True
+        if content:
+            if self._thought and not self._answering:
+                shown.append(self._styled(DONE_THINKING, "", dim=True))
+            shown.append(self._styled(content, self._model))
+            self._answering = True
+        return "".join(shown)
+
     def finish(self, summary: Summary) -> None:
-        self.write("\n")
+        held = "" if self._splitter is None else self._split_text(*self._splitter.flush())
+        self.write(held + "\n")
 
 
 class JsonlRenderer(Renderer):

@@ -55,7 +55,7 @@ from ..prompt import (
 )
 from ..remote import RemoteRunner
 from ..sampling import GrammarRefusal, SamplingParams
-from ..thinking import ReasoningSplitter, answer_start, split_reasoning
+from ..thinking import ReasoningSplitter, answer_start, split_reasoning, template_variables
 from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
 from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
@@ -888,7 +888,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         body = _accepted(ChatRequest, data)
         prompt, prefill = _rendered(body)
         template = engine.runners[0].metadata("tokenizer.chat_template")
-        thinking = answer_start(template, prompt, body.reasoning_format or "auto")
+        reasoning_format = body.reasoning_format or defaults.generation.reasoning_format  # --reasoning-format
+        thinking = answer_start(template, prompt, reasoning_format)
         return body, _job(body, prompt, prefill, thinking)
 
     def _prepare_template(data: bytes) -> str:
@@ -908,7 +909,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         _check(lambda: check_prompt_text("".join(message["content"] for message in messages)), "messages")
         prefill = _prefill(messages)
         earlier = messages if prefill is None else messages[:-1]
-        variables = body.chat_template_kwargs  # Qwen3's enable_thinking
+        # Qwen3's enable_thinking: the request's over --reasoning-budget's, as llama-server takes them
+        budget = template_variables(defaults.generation.reasoning_budget)
+        variables = {**budget, **(body.chat_template_kwargs or {})}
         rendered = _check(
             lambda: render_chat(engine.runners[0], earlier, tools=tools, template_kwargs=variables),
             "messages",
