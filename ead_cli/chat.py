@@ -37,6 +37,7 @@ from .prompt import (
 from .response import Response
 from .runner import Runner
 from .signals import main_thread_signals
+from .thinking import answer_start, template_variables
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -133,6 +134,7 @@ class Conversation:
         self.system = system
         self.totals = Totals()
         self.messages: list[Message] = []
+        self.thinking: bool | None = None  # how the answer being written is split (thinking.answer_start)
         self.turns: list[Turn] = []
         self.tokens: list[int] = []
         self._text = ""  # the template's text that ``tokens`` stand for
@@ -203,6 +205,8 @@ class Conversation:
         check_fits(prompt, self.runners)
         policy = self.effective_policy
         decoder = build_decoder(self.runners, policy, self.generation)
+        template = self._text_model.metadata("tokenizer.chat_template")
+        self.thinking = answer_start(template, rendered, self.generation.reasoning_format)
         request = _Request(messages, prompt, rendered, policy, self.generation, self.system)
         return self._stream(decoder.generate(prompt), request)
 
@@ -255,7 +259,10 @@ class Conversation:
     def _render(self, messages: list[Message], *, add_generation_prompt: bool) -> str:
         system: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
         rendered = render_chat(
-            self._text_model, system + messages, add_generation_prompt=add_generation_prompt
+            self._text_model,
+            system + messages,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_variables(self.generation.reasoning_budget),
         )
         assert rendered is not None  # the template's presence is checked in __init__
         return rendered

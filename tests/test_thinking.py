@@ -1,6 +1,7 @@
 """A thinking model's answer split into reasoning and content (ead_cli/thinking.py), without a model;
 thinking turned off through the chat template (a tiny model whose template reads ``enable_thinking``);
-and `ead generate`'s --reasoning-format, --reasoning-budget and --hide-thinking on a tiny thinking pair."""
+and `ead generate`'s and `ead chat`'s --reasoning-format, --reasoning-budget and --hide-thinking on a tiny
+thinking pair."""
 
 from pathlib import Path
 
@@ -158,6 +159,18 @@ def test_a_reasoning_budget_of_0_turns_thinking_off_through_the_template(
     assert not off.startswith(THINKING)
     assert off == generate(tiny_think_pair, "--reasoning-budget", "0", "--reasoning-format", "none")
     assert off != generate(tiny_think_pair, "--reasoning-format", "none")
+
+
+def test_chat_shows_each_answers_thinking_as_generate_does(tiny_think_pair: tuple[Path, Path]) -> None:
+    """Each answer of a chat is split afresh; its first answer is generate's for the same prompt, with
+    thinking on, off, or hidden."""
+    args = [*pair_args(tiny_think_pair), "--tau", "3", "-n", "32", "--logit-bias", f"{CLOSE_ID}+5"]
+    for options in ([], ["--reasoning-budget", "0"], ["--hide-thinking"]):
+        done = ead("chat", *args, *options, stdin="hi\n")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.decode() == generate(tiny_think_pair, *options)
+    two = ead("chat", *args, stdin="hi\nhi again\n").stdout.decode()
+    assert two.count(THINKING) == two.count(DONE_THINKING) == 2 and two.startswith(generate(tiny_think_pair))
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,7 @@ def chat(
     decoding: Decoding,
     system: System = None,
     stop: Stop = None,
+    hide_thinking: HideThinking = False,
     no_color: NoColor = False,
 ) -> None:
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
@@ -179,7 +180,9 @@ def chat(
     try:
         _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
         lazy = load_pair if len(runners) == 1 else None
-        exit_code = run_chat(runners, policy_options, generation, system=system, load_pair=lazy)
+        exit_code = run_chat(
+            runners, policy_options, generation, system=system, load_pair=lazy, hide_thinking=hide_thinking
+        )
     finally:
         close_all(loaded)
     if exit_code:

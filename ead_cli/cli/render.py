@@ -178,8 +178,12 @@ class TextRenderer(Renderer):
     ) -> None:
         super().__init__(out)
         self.color = color
-        self._splitter = None if thinking is None else ReasoningSplitter(thinking)
         self.hide_thinking = hide_thinking
+        self.start(thinking)
+
+    def start(self, thinking: bool | None) -> None:
+        """A new answer (chat's next), split as ``thinking`` says."""
+        self._splitter = None if thinking is None else ReasoningSplitter(thinking)
         self._thought = False  # some thinking shown
         self._answering = False  # some of the answer shown
         self._model = ""  # the last token's, for what the splitter held at the end

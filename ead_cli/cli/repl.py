@@ -155,11 +155,12 @@ class Repl:
         err: TextIO,
         color: bool,
         interactive: bool,
+        hide_thinking: bool = False,
     ) -> None:
         self.conversation = conversation
         self.read_line = read_line
         self.err = err
-        self.renderer = TextRenderer(out, color=color)
+        self.renderer = TextRenderer(out, color=color, hide_thinking=hide_thinking)
         # Its lines hold what the user typed (a /save file name, an argument an error echoes) as typed:
         # rich's markup would read '[bold]' as a style, its emoji codes ':smile:' as an emoji.
         colors = "auto" if color else None
@@ -316,6 +317,7 @@ class Repl:
             self.error(str(error))
             return
         self.renderer.shown = -1  # this answer's tokens count from 0: none of them shown yet
+        self.renderer.start(conversation.thinking)
         stop: BaseException | None = None  # ends the session once the cut answer's line is closed
         lost: RemoteError | None = None  # said once the cut answer's line is closed
         try:
@@ -503,6 +505,7 @@ def run_chat(
     *,
     system: str | None = None,
     load_pair: Callable[[], Sequence[Runner]] | None = None,
+    hide_thinking: bool = False,
 ) -> int:
     """Hold a conversation on this process's terminal, or over its pipes; returns the exit status, 141
     where the answers' reader went away (``| head``), as generate ends then.
@@ -511,7 +514,15 @@ def run_chat(
     interactive = sys.stdin.isatty()
     read_line = _line_editor() if interactive else _pipe_reader(sys.stdin.buffer)
     color = interactive and wants_color(sys.stdout)
-    repl = Repl(conversation, read_line, out=sys.stdout, err=sys.stderr, color=color, interactive=interactive)
+    repl = Repl(
+        conversation,
+        read_line,
+        out=sys.stdout,
+        err=sys.stderr,
+        color=color,
+        interactive=interactive,
+        hide_thinking=hide_thinking,
+    )
     try:
         return repl.loop()
     except BrokenPipeError:
