@@ -477,7 +477,7 @@ DECODING: tuple[DecodingOption, ...] = (
         "reasoning_format",
         str,
         "auto",
-        "llama.cpp's: a thinking model's <think> block apart from the answer (auto, deepseek), or left in "
+        "llama.cpp's: a thinking model's thinking block apart from the answer (auto, deepseek), or left in "
         "it as written (none).",
         target="generation",
         choices=REASONING_FORMATS,
