@@ -111,6 +111,9 @@ def test_the_servers_options_are_the_requests_defaults(
         before, _, after = raw.partition("</think>")
         split = message(off, **on, reasoning_format="auto")
         assert (split["reasoning_content"], split["content"]) == (before.strip(), after.lstrip())
+        think = {"model": "ead", "messages": HI, "stream": False, "think": True}  # ollama's, over the format
+        thought = httpx.post(f"{off.url}/api/chat", json=think).json()["message"]
+        assert (thought["thinking"], thought["content"]) == (before.strip(), after.lstrip())
 
 
 @pytest.mark.parametrize(

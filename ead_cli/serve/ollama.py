@@ -131,8 +131,10 @@ class _OllamaRequest(BaseModel):
             message = "think: levels ('high', 'medium', 'low') are not supported by ead serve: true or false"
             raise ApiError(400, message, param="think")
         fields = (self.options or OllamaOptions()).openai_fields(n_ctx)
-        if self.think is False:  # as ollama turns Qwen3's thinking off: through its template
-            fields["chat_template_kwargs"] = {"enable_thinking": False}
+        if self.think is not None:  # as ollama turns Qwen3's thinking on and off: through its template,
+            # over the server's --reasoning-budget; on, apart whatever the server's --reasoning-format
+            fields["chat_template_kwargs"] = {"enable_thinking": self.think}
+            fields |= {"reasoning_format": "deepseek"} if self.think else {}
         if self.format == "json":
             fields["response_format"] = {"type": "json_object"}
         elif isinstance(self.format, dict):
