@@ -94,7 +94,9 @@ def test_a_message_whole_and_streamed_is_the_openai_routes_answer(
     assert whole.id.startswith("msg_") and whole.type == "message" and whole.role == "assistant"
     assert [(block.type, block.text) for block in whole.content] == [("text", text)]
     assert whole.model == "ead" and whole.stop_reason == "max_tokens" and whole.stop_sequence is None
-    assert whole.usage.input_tokens == expected["usage"]["prompt_tokens"]
+    # the prompt the OpenAI request read just before is kept in the caches: read from them
+    prompt = whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert prompt == expected["usage"]["prompt_tokens"] and whole.usage.cache_read_input_tokens > 0
     assert whole.usage.output_tokens == 16
     tokens = [(token["token"], token["model"]) for token in whole.model_extra["ead"]["tokens"]]
     assert tokens == [(token["token"], token["model"]) for token in expected["ead"]["tokens"]]
@@ -105,10 +107,11 @@ def test_a_message_whole_and_streamed_is_the_openai_routes_answer(
         streamed = stream.get_final_message()
     assert [(block.type, block.text) for block in streamed.content] == [("text", text)]
     assert streamed.stop_reason == "max_tokens" and streamed.id.startswith("msg_")
-    assert streamed.usage.output_tokens == 16 and streamed.usage.input_tokens == whole.usage.input_tokens
+    assert streamed.usage.output_tokens == 16
+    assert streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens == prompt
 
     counted = client.messages.count_tokens(model="ead", system=SYSTEM, messages=HI)
-    assert counted.input_tokens == whole.usage.input_tokens
+    assert counted.input_tokens == prompt
 
 
 def test_the_stream_is_anthropics_event_sequence(server: Server) -> None:
@@ -139,7 +142,9 @@ def test_the_stream_is_anthropics_event_sequence(server: Server) -> None:
     assert [data["ead"]["index"] for data in deltas] == list(range(8))
     end = read[-2][1]
     assert end["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert end["usage"] == {"input_tokens": start["usage"]["input_tokens"], "output_tokens": 8}
+    usage = end["usage"]  # the prompt's tokens as the caches kept them, known at the end
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == start["usage"]["input_tokens"]
+    assert usage["output_tokens"] == 8
     assert end["ead"]["summary"]["generated"] == 8
 
 
@@ -313,3 +318,31 @@ def test_the_guards_refusals_on_its_paths_are_anthropics_too(server: Server) -> 
         "type": "error",
         "error": {"type": "overloaded_error", "message": "the server is stopping"},
     }
+
+
+def test_a_format_no_answer_meets_ends_a_stream_with_an_error_event(server: Server) -> None:
+    """A failure mid-answer (a schema that allows no token) ends the stream with Anthropic's ``error``
+    event, naming the field as the request spelled it; whole, it is a 400; the server serves on."""
+    never = {"format": {"type": "json_schema", "schema": {"pattern": "^[b-a]$"}}}
+    body = {"model": "ead", "max_tokens": 8, "messages": HI, "output_config": never}
+    read = events(server, body)
+    assert [name for name, _ in read][:2] == ["message_start", "ping"]
+    name, error = read[-1]
+    assert name == "error" and error["error"]["type"] == "invalid_request_error"
+    assert (
+        "output_config.format" in error["error"]["message"] and "allows no token" in error["error"]["message"]
+    )
+    whole = post(server, "/v1/messages", body)
+    assert whole.status_code == 400 and whole.json()["error"]["message"] == error["error"]["message"]
+    assert post(server, "/v1/messages", {"model": "ead", "max_tokens": 2, "messages": HI}).status_code == 200
+
+
+def test_an_answer_a_stop_sequence_ends_at_once_has_no_content(client: anthropic.Anthropic) -> None:
+    """An empty answer is a message of no content blocks, whole and streamed alike (as llama-server's)."""
+    request = {"model": "ead", "messages": HI, "max_tokens": 8}
+    stop = client.messages.create(**request).content[0].text[:1]
+    whole = client.messages.create(**request, stop_sequences=[stop])
+    assert whole.content == [] and whole.stop_reason == "stop_sequence" and whole.stop_sequence == stop
+    with client.messages.stream(**request, stop_sequences=[stop]) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.content == [] and streamed.stop_sequence == stop

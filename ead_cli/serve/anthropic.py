@@ -22,6 +22,7 @@ from sse_starlette import EventSourceResponse
 from ..decoder import Summary, TokenEvent
 from .app import ANTHROPIC_PATH, Requests, answer_messages, collected, error_of, log_answered, token_fields
 from .engine import Failed, Job, Log, Ticket, Token
+from .metrics import cached_tokens
 from .native import stop_of
 from .schemas import ApiError, ChatRequest, parse, unsupported
 from .tools import ToolCall, ToolCallReader, split_answer
@@ -221,8 +222,15 @@ def _respelled(error: ApiError) -> ApiError:
     return error.respelled(ANTHROPIC_SPELLING, "output_config.format.schema")
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+def _usage(summary: Summary) -> dict[str, int]:
+    """An answer's usage as Anthropic counts it (and llama-server): ``input_tokens`` the prompt's tokens
+    read, ``cache_read_input_tokens`` those the caches kept (the prompt is the two together)."""
+    cached = cached_tokens(summary)
+    return {
+        "input_tokens": summary.prompt_tokens - cached,
+        "cache_read_input_tokens": cached,
+        "output_tokens": summary.generated,
+    }
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
@@ -281,7 +289,7 @@ class _Message:
         calls: list[ToolCall] = []
         if self.tools:
             text, calls = split_answer(text, self.tools, self.parallel, self.job.prefill, objects_only=True)
-        content = [{"type": "text", "text": text}] if text or not calls else []
+        content = [{"type": "text", "text": text}] if text else []
         content += [{**_tool_use(call), "input": json.loads(call.arguments)} for call in calls]
         ead = {
             "tokens": [token_fields(event) for event in events],
@@ -289,7 +297,7 @@ class _Message:
             "seed": self.seed,
         }
         stop = self._stop(events, summary, bool(calls))
-        usage = _usage(summary.prompt_tokens, summary.generated)
+        usage = _usage(summary)
         return JSONResponse(self._envelope(content, **stop, usage=usage, ead=ead))
 
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
@@ -297,7 +305,10 @@ class _Message:
         tool_use block of one input_json_delta), message_delta with the stop and usage, message_stop; a
         failure mid-answer ends it with an ``error`` event, as Anthropic's do."""
         start = self._envelope(
-            [], stop_reason=None, stop_sequence=None, usage=_usage(len(self.job.prompt), 0)
+            [],
+            stop_reason=None,
+            stop_sequence=None,
+            usage={"input_tokens": len(self.job.prompt), "output_tokens": 0},
         )
         yield _event("message_start", message=start)
         yield _event("ping")
@@ -328,14 +339,15 @@ class _Message:
                 summary = message.summary
                 stop = self._stop(events, summary, reader is not None and bool(reader.calls))
                 ead = {"summary": asdict(summary), "seed": self.seed}
-                usage = _usage(summary.prompt_tokens, summary.generated)
+                usage = _usage(summary)
                 yield _event("message_delta", delta=stop, usage=usage, ead=ead)
                 yield _event("message_stop")
 
 
 class _Blocks:
     """A streamed message's content blocks: text pieces into one text block, each call a block of its own,
-    a block stopped when the next starts; at the end, a text block where none came (an empty answer)."""
+    a block stopped when the next starts. No text opens no block (an empty answer's content is none, as
+    the whole message's): a token of no text (half a character) is a delta only in a text block open."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -351,6 +363,8 @@ class _Blocks:
                 _event("content_block_delta", index=self.count - 1, delta=delta, **extra),
                 *self._stopped(),
             ]
+        if self.open != "text" and not piece:
+            return []
         events = (
             [] if self.open == "text" else [*self._stopped(), self._started({"type": "text", "text": ""})]
         )
@@ -358,8 +372,6 @@ class _Blocks:
         return [*events, _event("content_block_delta", index=self.count - 1, delta=delta, **extra)]
 
     def end(self) -> list[dict[str, str]]:
-        if self.count == 0:
-            return [self._started({"type": "text", "text": ""}), *self._stopped()]
         return self._stopped()
 
     def _started(self, block: dict[str, Any]) -> dict[str, str]:
