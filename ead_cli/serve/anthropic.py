@@ -233,9 +233,10 @@ def _usage(summary: Summary) -> dict[str, int]:
     }
 
 
-def _tool_use(call: ToolCall) -> dict[str, Any]:
-    """A call as Anthropic's ``tool_use`` block: its input an object (the reader's ``objects_only``)."""
-    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name, "input": {}}
+def _tool_use(call: ToolCall, given: dict[str, Any]) -> dict[str, Any]:
+    """A call as Anthropic's ``tool_use`` block, its input ``given`` (whole: the call's arguments, an
+    object by the reader's ``objects_only``; a stream's block starts with {} and a delta of the JSON)."""
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name, "input": given}
 
 
 class _Message:
@@ -255,9 +256,10 @@ class _Message:
             else None
         )
 
-    def _stop(self, events: list[TokenEvent], summary: Summary, called: bool) -> dict[str, Any]:
-        """``stop_reason`` and ``stop_sequence``: the token limit (``max_tokens``, calls made before the cut
-        or not, as OpenAI's finish says ``length``), a call, a stop string, else the model's end."""
+    def _finished(self, events: list[TokenEvent], summary: Summary, called: bool) -> dict[str, Any]:
+        """The answer's log line said; its ``stop_reason`` and ``stop_sequence``: the token limit
+        (``max_tokens``, calls made before the cut or not, as OpenAI's finish says ``length``), a call, a
+        stop string, else the model's end."""
         log_answered(self.log, self.path, summary)
         stop_type, word = stop_of(self.runner, self.job.generation.stop, events, summary)
         reason = {"limit": "max_tokens", "word": "stop_sequence"}.get(stop_type, "end_turn")
@@ -290,13 +292,13 @@ class _Message:
         if self.tools:
             text, calls = split_answer(text, self.tools, self.parallel, self.job.prefill, objects_only=True)
         content = [{"type": "text", "text": text}] if text else []
-        content += [{**_tool_use(call), "input": json.loads(call.arguments)} for call in calls]
+        content += [_tool_use(call, json.loads(call.arguments)) for call in calls]
         ead = {
             "tokens": [token_fields(event) for event in events],
             "summary": asdict(summary),
             "seed": self.seed,
         }
-        stop = self._stop(events, summary, bool(calls))
+        stop = self._finished(events, summary, bool(calls))
         usage = _usage(summary)
         return JSONResponse(self._envelope(content, **stop, usage=usage, ead=ead))
 
@@ -334,10 +336,10 @@ class _Message:
                 for piece in [] if reader is None else reader.finish():
                     for event in blocks.piece(piece):
                         yield event
-                for event in blocks.end():
+                for event in blocks.stop():
                     yield event
                 summary = message.summary
-                stop = self._stop(events, summary, reader is not None and bool(reader.calls))
+                stop = self._finished(events, summary, reader is not None and bool(reader.calls))
                 ead = {"summary": asdict(summary), "seed": self.seed}
                 usage = _usage(summary)
                 yield _event("message_delta", delta=stop, usage=usage, ead=ead)
@@ -356,30 +358,26 @@ class _Blocks:
     def piece(self, piece: str | ToolCall, **extra: Any) -> list[dict[str, str]]:
         """The events of a piece of the answer, the delta with ``extra`` (its token's ``ead`` fields)."""
         if isinstance(piece, ToolCall):
-            events = [*self._stopped(), self._started(_tool_use(piece))]
+            events = [*self.stop(), self._started(_tool_use(piece, {}))]
             delta = {"type": "input_json_delta", "partial_json": piece.arguments}
             return [
                 *events,
                 _event("content_block_delta", index=self.count - 1, delta=delta, **extra),
-                *self._stopped(),
+                *self.stop(),
             ]
         if self.open != "text" and not piece:
             return []
-        events = (
-            [] if self.open == "text" else [*self._stopped(), self._started({"type": "text", "text": ""})]
-        )
+        events = [] if self.open == "text" else [*self.stop(), self._started({"type": "text", "text": ""})]
         delta = {"type": "text_delta", "text": piece}
         return [*events, _event("content_block_delta", index=self.count - 1, delta=delta, **extra)]
-
-    def end(self) -> list[dict[str, str]]:
-        return self._stopped()
 
     def _started(self, block: dict[str, Any]) -> dict[str, str]:
         self.open = block["type"]
         self.count += 1
         return _event("content_block_start", index=self.count - 1, content_block=block)
 
-    def _stopped(self) -> list[dict[str, str]]:
+    def stop(self) -> list[dict[str, str]]:
+        """The open block's stop, if one is open."""
         if self.open is None:
             return []
         self.open = None
