@@ -16,7 +16,7 @@ from bench_serve import TOOLS
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, JSON, TAU, serving
-from test_serve_tools import CALL_SCHEMA, TOOLS_TEMPLATE
+from test_serve_tools import CALL_SCHEMA, QUESTION, TOOLS_TEMPLATE
 from tiny_models import write_tiny_model
 
 from ead_cli.serve.app import _stream_end
@@ -230,7 +230,7 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "kind", "fragment"),
     [
-        ({"model": "claude-sonnet-4-5", "messages": HI}, 404, "not_found_error", "--any-model"),
+        ({"model": "claude-sonnet-4-6", "messages": HI}, 404, "not_found_error", "--any-model"),
         ({"model": "ead"}, 400, "invalid_request_error", "messages: Field required"),
         (
             {"model": "ead", "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
@@ -346,3 +346,43 @@ def test_an_answer_a_stop_sequence_ends_at_once_has_no_content(client: anthropic
     with client.messages.stream(**request, stop_sequences=[stop]) as stream:
         streamed = stream.get_final_message()
     assert streamed.content == [] and streamed.stop_sequence == stop
+
+
+@pytest.mark.real
+def test_claude_codes_way_round_trip_on_the_real_pair(real_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """As Claude Code asks (a Claude model's name, --any-model; ANTHROPIC_AUTH_TOKEN's Bearer key; the
+    system prompt as text blocks with cache_control): a tool_use for the question, whole and streamed the
+    same, then the answer to its tool_result, which states the product; both models write along the
+    way."""
+    args = [*pair_args(real_pair), "--mode", "ead", "--any-model", "--api-key", KEY]
+    with Server(args, tmp_path / "server.log") as server:
+        client = anthropic.Anthropic(base_url=server.url, auth_token=KEY, max_retries=0, timeout=600)
+        system = [{"type": "text", "text": QUESTION[0]["content"], "cache_control": {"type": "ephemeral"}}]
+        request = {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 60,
+            "system": system,
+            "messages": QUESTION[1:],
+            "tools": [TOOL],
+        }
+        asked = client.messages.create(**request)
+        assert asked.model == "claude-sonnet-4-6" and asked.stop_reason == "tool_use"
+        (call,) = [block for block in asked.content if block.type == "tool_use"]
+        assert call.name == "multiply" and call.input == {"a": 1234, "b": 5678}
+        with client.messages.stream(**request) as stream:
+            streamed = stream.get_final_message()
+        assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [
+            (call.name, call.input)
+        ]
+
+        result = {"type": "tool_result", "tool_use_id": call.id, "content": str(1234 * 5678)}
+        turn = [
+            *QUESTION[1:],
+            {"role": "assistant", "content": asked.content},
+            {"role": "user", "content": [result]},
+        ]
+        answer = client.messages.create(**{**request, "messages": turn})
+        assert answer.stop_reason == "end_turn"
+        assert "7006652" in answer.content[0].text.replace(",", "")
+        assert {token["model"] for token in answer.model_extra["ead"]["tokens"]} == {"small", "large"}
+        assert server.stop() == 0
