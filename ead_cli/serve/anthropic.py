@@ -20,12 +20,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 
 from ..decoder import Summary, TokenEvent
-from .app import ANTHROPIC_PATH, Requests, answer_messages, collected, error_of, log_answered, token_fields
+from .app import (
+    ANTHROPIC_PATH,
+    Requests,
+    answer_messages,
+    collected_calls,
+    error_of,
+    log_answered,
+    token_fields,
+)
 from .engine import Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens
 from .native import stop_of
 from .schemas import ApiError, ChatRequest, parse, unsupported
-from .tools import ToolCall, ToolCallReader, split_answer
+from .tools import ToolCall, ToolCallReader
 
 if TYPE_CHECKING:
     from ..runner import Runner
@@ -279,18 +287,13 @@ class _Message:
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         """The message at once; a client that leaves while it waits cancels it."""
-        try:
-            answer = await collected(ticket, request)
-        except ApiError as error:  # the generation failed
-            raise _respelled(error) from None
+        answer = await collected_calls(
+            ticket, request, _respelled, self.tools, self.parallel, self.job.prefill
+        )
         if answer is None:
             return JSONResponse({}, status_code=499)
-        tokens, summary = answer
+        tokens, summary, text, calls = answer
         events = [token.event for token in tokens]
-        text = "".join(event.text for event in events)
-        calls: list[ToolCall] = []
-        if self.tools:
-            text, calls = split_answer(text, self.tools, self.parallel, self.job.prefill, objects_only=True)
         content = [{"type": "text", "text": text}] if text else []
         content += [_tool_use(call, json.loads(call.arguments)) for call in calls]
         ead = {

@@ -1489,6 +1489,31 @@ async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summ
             ticket.cancel()
 
 
+async def collected_calls(
+    ticket: Ticket,
+    request: Request,
+    respelled: Callable[[ApiError], ApiError],
+    tools: frozenset[str] | None,
+    parallel: bool,
+    prefill: str,
+) -> tuple[list[Token], Summary, str, list[ToolCall]] | None:
+    """A whole answer (``collected``) as ollama's and Anthropic's routes write it: its tokens, figures,
+    text outside the calls and calls (where ``tools`` are offered; each call's arguments an object, which
+    both APIs send), a failed generation raised as its error ``respelled`` as their request spells the
+    fields; None where its client left."""
+    try:
+        answer = await collected(ticket, request)
+    except ApiError as error:
+        raise respelled(error) from None
+    if answer is None:
+        return None
+    tokens, summary = answer
+    text = "".join(token.event.text for token in tokens)
+    if not tools:
+        return tokens, summary, text, []
+    return tokens, summary, *split_answer(text, tools, parallel, prefill, objects_only=True)
+
+
 def log_answered(log: Log, path: str, summary: Summary) -> None:
     """The one log line of an answered request."""
     log(
