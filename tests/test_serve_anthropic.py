@@ -225,6 +225,10 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
     refused_client = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         refused_client.messages.create(**body)
+    # one key check for every route, as llama-server's: x-api-key on OpenAI's too, OpenAI's error there
+    assert httpx.get(f"{server.base_url}/models", headers={"x-api-key": KEY}).status_code == 200
+    refused = httpx.get(f"{server.base_url}/models", headers={"x-api-key": "wrong"})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
 
 
 @pytest.mark.parametrize(
