@@ -16,6 +16,7 @@ from bench_serve import TOOLS
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, JSON, TAU, serving
+from test_serve_safety import exchange
 from test_serve_tools import CALL_SCHEMA, QUESTION, TOOLS_TEMPLATE
 from tiny_models import write_tiny_model
 
@@ -315,6 +316,8 @@ def test_the_guards_refusals_on_its_paths_are_anthropics_too(server: Server) -> 
         f"{server.url}/v1/messages", content=b"{}", headers={"Content-Type": "text/plain", "x-api-key": KEY}
     )
     assert reply.status_code == 415 and reply.json()["error"]["type"] == "invalid_request_error"
+    head, body = exchange(server, b"POST /v1/messages HTTP/2.0\r\nHost: HOST\r\n\r\n")  # the protocol's
+    assert head[0].startswith(b"HTTP/1.1 505") and json.loads(body)["error"]["type"] == "api_error"
     cut = _stream_end(ApiError(503, "the server is stopping", kind="server_error"), "/v1/messages")
     assert cut.startswith(b"event: error\r\n")
     data = json.loads(cut.split(b"data: ", 1)[1])
