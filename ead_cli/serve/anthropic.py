@@ -59,7 +59,6 @@ class Block(BaseModel):
     input: dict[str, Any] | None = None
     tool_use_id: Annotated[str, Field(max_length=256)] | None = None
     content: str | list[Block] | None = None
-    is_error: bool | None = None  # a failed tool's result: its text says so to the model
 
     def needed(self, field: str, where: str) -> Any:
         """The block's ``field``, or a 400 naming the block."""
