@@ -5,6 +5,7 @@ for the same greedy request."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -393,3 +394,26 @@ def test_claude_codes_way_round_trip_on_the_real_pair(real_pair: tuple[Path, Pat
         assert "7006652" in answer.content[0].text.replace(",", "")
         assert {token["model"] for token in answer.model_extra["ead"]["tokens"]} == {"small", "large"}
         assert server.stop() == 0
+
+
+def test_curl_streams_the_named_events(server: Server) -> None:
+    """``curl -N`` as the API's docs show it: x-api-key and anthropic-version, the events as they come."""
+    body = json.dumps({"model": "ead", "max_tokens": 3, "stream": True, "messages": HI})
+    headers = [f"x-api-key: {KEY}", "anthropic-version: 2023-06-01", "content-type: application/json"]
+    streamed = subprocess.run(
+        ["curl", "-sN", f"{server.url}/v1/messages", *(f"-H{header}" for header in headers), "-d", body],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    names = [line.removeprefix("event: ") for line in streamed.splitlines() if line.startswith("event: ")]
+    assert names == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        *["content_block_delta"] * 3,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
