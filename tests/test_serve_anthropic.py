@@ -251,6 +251,18 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
             "messages.0.content.0: document blocks",
         ),
         (
+            {"model": "ead", "messages": [{"role": "user", "content": [{"type": "tool_use", "input": {}}]}]},
+            400,
+            "invalid_request_error",
+            "messages.0.content.0: a tool_use block in a user's message is not supported",
+        ),
+        (
+            {"model": "ead", "system": [{"type": "tool_result"}], "messages": HI},
+            400,
+            "invalid_request_error",
+            "system.0: a tool_result block in the system prompt is not supported",
+        ),
+        (
             {"model": "ead", "messages": [{"role": "user", "content": [{"type": "text"}]}]},
             400,
             "invalid_request_error",

@@ -68,24 +68,26 @@ class Block(BaseModel):
             raise ApiError(400, message, code="invalid_value", param=where)
         return value
 
-    def refused(self, where: str, role: str) -> ApiError:
-        """The 400 of a block ead serve does not take in a ``role``'s message."""
+    def refused(self, where: str, whose: str) -> ApiError:
+        """The 400 of a block ead serve does not take in ``whose`` content (a role's message, the system
+        prompt, a tool's result)."""
         kind = self.type if self.type.isidentifier() else repr(self.type)
         if self.type in NOT_TEXT:
             return unsupported(where, f"{kind} blocks are not supported ({NOT_TEXT[self.type]})")
         if self.type in ("tool_use", "tool_result"):
-            return unsupported(where, f"a {kind} block in a {role}'s message is not supported")
+            return unsupported(where, f"a {kind} block in {whose} is not supported")
         return unsupported(where, f"{kind} blocks are not supported")
 
 
-def _texts(content: str | list[Block], where: str) -> str:
-    """The text of a system prompt or a tool's result: a string, or text blocks (any other a 400)."""
+def _texts(content: str | list[Block], where: str, whose: str) -> str:
+    """The text of the system prompt or a tool's result (``whose``): a string, or text blocks (any other a
+    400)."""
     if isinstance(content, str):
         return content
     texts = []
     for i, block in enumerate(content):
         if block.type != "text":
-            raise block.refused(f"{where}.{i}", "tool_result")
+            raise block.refused(f"{where}.{i}", whose)
         texts.append(block.needed("text", f"{where}.{i}"))
     return "".join(texts)
 
@@ -113,11 +115,11 @@ class AnthropicMessage(BaseModel):
                 function = {"name": block.needed("name", at), "arguments": arguments}
                 calls.append({"id": block.needed("id", at), "type": "function", "function": function})
             elif self.role == "user" and block.type == "tool_result":
-                result = _texts(block.content or "", f"{at}.content")
+                result = _texts(block.content or "", f"{at}.content", "a tool's result")
                 call = block.needed("tool_use_id", at)
                 results.append({"role": "tool", "tool_call_id": call, "content": result})
             else:
-                raise block.refused(at, self.role)
+                raise block.refused(at, f"a {self.role}'s message")
         text = "".join(texts)
         if calls:
             return [{"role": "assistant", "content": text or None, "tool_calls": calls}]
@@ -197,7 +199,11 @@ class AnthropicRequest(BaseModel):
 
     def openai_body(self) -> bytes:
         """The OpenAI chat request this one means: the system text first, each message's OpenAI ones."""
-        system = [] if self.system is None else [{"role": "system", "content": _texts(self.system, "system")}]
+        system = (
+            []
+            if self.system is None
+            else [{"role": "system", "content": _texts(self.system, "system", "the system prompt")}]
+        )
         messages = [
             openai for i, message in enumerate(self.messages) for openai in message.as_openai(f"messages.{i}")
         ]
