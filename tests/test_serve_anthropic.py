@@ -83,6 +83,19 @@ def events(server: Server, body: dict[str, Any]) -> list[tuple[str, dict[str, An
     return read
 
 
+def one_text_block(deltas: int) -> list[str]:
+    """The events of a streamed answer of one text block written in ``deltas`` deltas, in order."""
+    return [
+        "message_start",
+        "ping",
+        "content_block_start",
+        *["content_block_delta"] * deltas,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+
+
 def test_a_message_whole_and_streamed_is_the_openai_routes_answer(
     server: Server, client: anthropic.Anthropic
 ) -> None:
@@ -123,15 +136,7 @@ def test_the_stream_is_anthropics_event_sequence(server: Server) -> None:
     body = {"model": "ead", "max_tokens": 8, "messages": HI, "temperature": 0, "thinking": thinking}
     read = events(server, {**body, "metadata": {"user_id": "someone"}})
     names = [name for name, _ in read]
-    assert names == [
-        "message_start",
-        "ping",
-        "content_block_start",
-        *["content_block_delta"] * 8,
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    ]
+    assert names == one_text_block(8)
     start = read[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["output_tokens"] == 0
     assert read[2][1] == {
@@ -420,12 +425,4 @@ def test_curl_streams_the_named_events(server: Server) -> None:
         check=True,
     ).stdout
     names = [line.removeprefix("event: ") for line in streamed.splitlines() if line.startswith("event: ")]
-    assert names == [
-        "message_start",
-        "ping",
-        "content_block_start",
-        *["content_block_delta"] * 3,
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    ]
+    assert names == one_text_block(3)
