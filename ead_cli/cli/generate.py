@@ -205,7 +205,10 @@ def serve(
         typer.Option(
             envvar="EAD_API_KEY",
             metavar="KEY",
-            help="Every request but /health and the page must carry Authorization: Bearer KEY.",
+            help=(
+                "Every request but /health and the page must carry Authorization: Bearer KEY "
+                "(or x-api-key: KEY)."
+            ),
         ),
     ] = None,
     queue: Annotated[

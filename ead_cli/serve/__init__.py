@@ -3,7 +3,7 @@
 Chat and text completions, streamed (server-sent events) or not, ``/v1/models`` and ``/health``,
 llama-server's ``/tokenize``, ``/detokenize`` and ``/metrics`` (``tokens.py``, ``metrics.py``) and its
 ``/completion``, ``/props`` and ``/apply-template`` (``native.py``), OpenAI's Responses API
-(``responses.py``), ollama's API (``ollama.py``), embeddings
+(``responses.py``), ollama's API (``ollama.py``), Anthropic's Messages API (``anthropic.py``), embeddings
 with ``--embeddings`` (OpenAI's, llama-server's and ollama's routes; ``embedding.py``), on FastAPI and
 uvicorn. Every answer comes from the engine ``ead generate`` uses: one decoder per request
 over the runners loaded once, on one engine thread (``engine.py``). A request is checked before it queues
@@ -29,6 +29,7 @@ from ..embedding import Embedder, model_to_embed
 from ..errors import EadError, quoted
 from ..options import check_api_key
 from ..runner import Runner
+from .anthropic import add_routes as add_anthropic_routes
 from .app import (
     MAX_BODY_BYTES,
     MODEL_ID,
@@ -157,6 +158,7 @@ def serve(
     add_ollama_routes(api, engine, options.any_model)
     add_native_routes(api, engine, defaults, options)
     add_responses_routes(api)
+    add_anthropic_routes(api, engine.runners[0])
     app = Guard(api, options, MAX_BODY_BYTES, say, stopping=engine.stopping.is_set)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()

@@ -60,6 +60,7 @@ from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Tic
 from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
     PENALTIES,
+    Api,
     ApiError,
     ChatRequest,
     CompletionBase,
@@ -96,6 +97,7 @@ MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this (the blank l
 # Set in a request's scope by the protocol that answered it itself (a broken body): its app is cut off.
 REFUSED_BY_PROTOCOL = "ead.refused_by_protocol"
 OLLAMA_PATHS = "/api/"  # ollama's API (serve/ollama.py): its errors are ollama's {"error": "..."}
+ANTHROPIC_PATH = "/v1/messages"  # Anthropic's Messages API (serve/anthropic.py), and the paths under it
 FORM = "application/x-www-form-urlencoded"  # what curl -d sends without -H
 # Both framings of a body in one request: a request-smuggling shape (RFC 9112 §6.1), a 400.
 FRAMED_TWICE = "Transfer-Encoding and Content-Length together"
@@ -547,16 +549,30 @@ def http_protocol(log: Log, read_timeout: float, body_limit: int) -> type[H11Pro
     return Protocol
 
 
+def api_of(path: str) -> Api:
+    """Whose API ``path`` belongs to: ollama's ``/api/*``, Anthropic's ``/v1/messages`` and the paths under
+    it, else OpenAI's (llama-server's routes answer as its OpenAI ones do)."""
+    if path.startswith(OLLAMA_PATHS):
+        return "ollama"
+    if path == ANTHROPIC_PATH or path.startswith(f"{ANTHROPIC_PATH}/"):
+        return "anthropic"
+    return "openai"
+
+
 def error_answer(error: ApiError, path: str) -> JSONResponse:
     """``error`` as the API ``path`` belongs to words it, whoever refused the request (a route, the Guard,
     the protocol): ollama's ``{"error": "..."}`` on its ``/api/*`` (its clients read a text there, and
-    had read OpenAI's object as none), OpenAI's error object elsewhere."""
-    return error.response(ollama=path.startswith(OLLAMA_PATHS))
+    had read OpenAI's object as none), Anthropic's on its Messages API, OpenAI's error object elsewhere."""
+    return error.response(api_of(path))
 
 
 def _stream_end(error: ApiError, path: str) -> bytes:
-    """The last of a stream that ``error`` cuts: ollama's error line on its API, else an error event."""
-    return error.ndjson_line().encode() if path.startswith(OLLAMA_PATHS) else error.sse_event()
+    """The last of a stream that ``error`` cuts: ollama's error line on its API, Anthropic's error event
+    on its, else OpenAI's error event."""
+    api = api_of(path)
+    if api == "ollama":
+        return error.ndjson_line().encode()
+    return error.anthropic_event() if api == "anthropic" else error.sse_event()
 
 
 def _requested_path(head: bytes) -> str:
@@ -744,14 +760,16 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return error_answer(_internal_error(), request.url.path)
 
     async def authorized(request: Request) -> None:
+        """The key (--api-key) as OpenAI's clients send it, ``Authorization: Bearer KEY``, or as Anthropic's
+        do, ``x-api-key: KEY`` (llama-server takes both on every route)."""
         if options.api_key is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         key = options.api_key.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key):
-            raise ApiError(
-                401, "a valid API key is needed: Authorization: Bearer KEY", code="invalid_api_key"
-            )
+        bearer = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key)
+        if not bearer and not hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key):
+            message = "a valid API key is needed: Authorization: Bearer KEY, or x-api-key: KEY"
+            raise ApiError(401, message, code="invalid_api_key")
 
     def get(path: str, **route: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """A GET route that answers HEAD too, as HTTP asks of every GET (monitors, curl -I, probes)."""
@@ -1508,6 +1526,35 @@ async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summ
     finally:
         if not isinstance(message, Finished):  # the client left, or a stop cut the request off
             ticket.cancel()
+
+
+async def collected_calls(
+    ticket: Ticket,
+    request: Request,
+    respelled: Callable[[ApiError], ApiError],
+    tools: frozenset[str] | None,
+    parallel: bool,
+    prefill: str,
+    thinking: bool | None = None,
+) -> tuple[list[Token], Summary, str, list[ToolCall], str] | None:
+    """A whole answer (``collected``) as ollama's and Anthropic's routes write it: its tokens, figures,
+    text outside the calls and calls (where ``tools`` are offered; each call's arguments an object, which
+    both APIs send), and a thinking model's reasoning (``thinking``: ``Job.thinking``; the calls read from
+    the content alone), a failed generation raised as its error ``respelled`` as their request spells the
+    fields; None where its client left."""
+    try:
+        answer = await collected(ticket, request)
+    except ApiError as error:
+        raise respelled(error) from None
+    if answer is None:
+        return None
+    tokens, summary = answer
+    text, reasoning = "".join(token.event.text for token in tokens), ""
+    if thinking is not None:
+        reasoning, text = split_reasoning(text, thinking)
+    if not tools:
+        return tokens, summary, text, [], reasoning
+    return tokens, summary, *split_answer(text, tools, parallel, prefill, objects_only=True), reasoning
 
 
 def log_answered(log: Log, path: str, summary: Summary) -> None:

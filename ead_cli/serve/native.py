@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -49,6 +49,7 @@ from .schemas import (
 from .tokens import text_of
 
 if TYPE_CHECKING:
+    from ..runner import Runner
     from . import ServeOptions
 
 # llama-server's /completion fields of an answer's shape that ead serve does not write, with the values
@@ -149,6 +150,23 @@ def _timings(summary: Summary) -> dict[str, Any]:
     }
 
 
+def stop_of(
+    runner: Runner, stops: Sequence[str], events: Sequence[TokenEvent], summary: Summary
+) -> tuple[str, str]:
+    """How an answer of these token ``events`` ended, as llama-server's ``stop_type`` says it (``limit``,
+    ``eos``, ``word``, ``none``), and the stop string of ``stops`` that ended it ("" but for a word): the
+    one the tokens wrote right after the answer's text (Anthropic's ``stop_sequence`` too)."""
+    ids = [event.token for event in events]
+    if summary.finish_reason == "length":
+        return "limit", ""
+    if summary.finish_reason != "stop":
+        return "none", ""
+    if ids and runner.is_end_of_generation(ids[-1]):
+        return "eos", ""
+    after = text_of(runner, ids)[len("".join(event.text for event in events)) :]
+    return "word", next((stop for stop in stops if after.startswith(stop)), "")
+
+
 class _Completion:
     """One /completion answer in llama-server's shapes: whole, or a server-sent event per token (its
     text and id) and a last one with the figures, without OpenAI's ``[DONE]``."""
@@ -191,13 +209,7 @@ class _Completion:
         runner = self.engine.runners[0]  # every model's vocabulary
         content = "".join(event.text for event in events)
         ids = [event.token for event in events]
-        stop_type, word = "none", ""
-        if summary.finish_reason == "length":
-            stop_type = "limit"
-        elif summary.finish_reason == "stop":
-            ended = bool(ids) and runner.is_end_of_generation(ids[-1])
-            stop_type = "eos" if ended else "word"
-            word = "" if ended else self._stopping_word(content, text_of(runner, ids))
+        stop_type, word = stop_of(runner, self.job.generation.stop, events, summary)
         generation = self.job.generation
         return {
             "index": 0,
@@ -224,11 +236,6 @@ class _Completion:
             **self._probabilities(scored),
             "ead": {**ead, "summary": asdict(summary), "seed": generation.sampling.seed},
         }
-
-    def _stopping_word(self, content: str, written: str) -> str:
-        """The stop string that ended the answer: the one the tokens wrote right after its text."""
-        after = written[len(content) :]
-        return next((stop for stop in self.job.generation.stop if after.startswith(stop)), "")
 
     async def events(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
         """A ``data: {...}`` event per token (``content``, ``tokens``, ``stop: false``), then the last

@@ -22,13 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decoder import Summary
 from ..embedding import Embedder, normalized
 from ..errors import quoted
-from ..thinking import ReasoningSplitter, Split, split_reasoning, thinks
+from ..thinking import ReasoningSplitter, Split, thinks
 from .app import (
     MODEL_ID,
     NDJSON,
     Requests,
     answer_messages,
-    collected,
+    collected_calls,
     error_of,
     input_tokens,
     log_answered,
@@ -54,7 +54,7 @@ from .schemas import (
     listed_inputs,
     parse,
 )
-from .tools import ToolCall, ToolCallReader, split_answer, template_takes_tools
+from .tools import ToolCall, ToolCallReader, template_takes_tools
 
 if TYPE_CHECKING:
     import numpy as np
@@ -448,20 +448,12 @@ class _Answer:
                 yield _line(self.last("", message.summary, {"seed": seed}))
 
     async def whole(self, ticket: Ticket, seed: int, request: Request) -> JSONResponse:
-        try:
-            answer = await collected(ticket, request)
-        except ApiError as error:  # the generation failed
-            raise _respelled(error) from None
+        answer = await collected_calls(
+            ticket, request, _respelled, self.tools, True, self.prefill, self.thinking
+        )
         if answer is None:
             return JSONResponse({}, status_code=499)
-        tokens, summary = answer
-        text = "".join(token.event.text for token in tokens)
-        thinking = ""
-        if self.thinking is not None:
-            thinking, text = split_reasoning(text, self.thinking)
-        calls: list[ToolCall] = []
-        if self.tools:
-            text, calls = split_answer(text, self.tools, True, self.prefill, objects_only=True)
+        tokens, summary, text, calls, thinking = answer
         ead = {"tokens": [token_fields(token.event) for token in tokens], "seed": seed}
         said = [_ollama_call(call, index) for index, call in enumerate(calls)]
         return JSONResponse(self.last(text, summary, ead, said, thinking))

@@ -827,6 +827,19 @@ def loggable(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
+Api = Literal["openai", "ollama", "anthropic"]  # whose shapes a route answers in (its errors' too)
+# Anthropic's error types by status (its API's list); another 4xx is an invalid request, a 5xx an api_error
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
 class ApiError(Exception):
     """An HTTP error with OpenAI's error object; its message one printable line, whatever client text it
     holds (an Origin, a schema converter's complaint that quotes the pattern), in the answer and the log."""
@@ -860,6 +873,18 @@ class ApiError(Exception):
         replies' own streams and the Guard's cut of one (a stop) end alike."""
         return ServerSentEvent(data=json.dumps({"error": self.body()})).encode()
 
+    def anthropic_body(self) -> dict[str, Any]:
+        """The error as Anthropic's Messages API sends it, ``{"type": "error", "error": {"type": ...,
+        "message": ...}}``, its type Anthropic's word for the status."""
+        kind = ANTHROPIC_ERROR_TYPES.get(
+            self.status, "api_error" if self.status >= 500 else "invalid_request_error"
+        )
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def anthropic_event(self) -> bytes:
+        """The error as Anthropic ends a stream it cannot finish: an event named ``error``."""
+        return ServerSentEvent(data=json.dumps(self.anthropic_body()), event="error").encode()
+
     def respelled(self, spelling: dict[str, str], schema_as: str) -> ApiError:
         """This error of the OpenAI checks naming the field as another API's request spelled it
         (``spelling``: an OpenAI field's name, or a path into it such as ``messages.2``, to its own, the
@@ -877,10 +902,14 @@ class ApiError(Exception):
             self.status, message, kind=self.kind, code=self.code, param=param, headers=self.headers
         )
 
-    def response(self, ollama: bool = False) -> JSONResponse:
-        """The error as OpenAI sends it, or as ollama's API does: ``{"error": "message"}``."""
-        body = self.message if ollama else self.body()
-        return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
+    def response(self, api: Api = "openai") -> JSONResponse:
+        """The error as ``api`` sends it: OpenAI's object, ollama's ``{"error": "message"}``, or
+        Anthropic's."""
+        if api == "anthropic":
+            body = self.anthropic_body()
+        else:
+            body = {"error": self.message if api == "ollama" else self.body()}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def _step(part: str | int) -> str:

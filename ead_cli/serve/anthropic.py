@@ -1,0 +1,428 @@
+"""Anthropic's Messages API (``/v1/messages``, ``/v1/messages/count_tokens``), for Claude Code and the
+``anthropic`` SDK, over the same engine and the same request preparation as OpenAI's: a request checked in
+Anthropic's shape, spelled as the OpenAI chat request it means and prepared as one (``app.Requests``: the
+same checks, template, tool calling, tokenizing and decoding options), and its answer written in
+Anthropic's shapes: a message of content blocks, or server-sent events named by their type, each token's
+delta with the ``ead`` fields that say which model wrote it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
+
+from ..decoder import Summary, TokenEvent
+from .app import (
+    ANTHROPIC_PATH,
+    Requests,
+    answer_messages,
+    collected_calls,
+    error_of,
+    log_answered,
+    token_fields,
+)
+from .engine import Failed, Job, Log, Ticket, Token
+from .metrics import cached_tokens
+from .native import stop_of
+from .schemas import ApiError, ChatRequest, parse, unsupported
+from .tools import ToolCall, ToolCallReader
+
+if TYPE_CHECKING:
+    from ..runner import Runner
+
+# The OpenAI fields an Anthropic request's own are spelled as, for the OpenAI checks' 400s
+ANTHROPIC_SPELLING = {"stop": "stop_sequences", "response_format": "output_config.format"}
+# What a content block that is no text, call or call's result is said to be in a 400
+NOT_TEXT = {"image": "the models read text", "document": "the models read text"}
+
+
+class Block(BaseModel):
+    """A content block of a message (or of a tool's result): ``text``, ``tool_use`` (an assistant's call)
+    or ``tool_result`` (a user's answer to one); ``thinking`` blocks an assistant's earlier turn carries
+    are left out (the models served do not think). Their other fields (``cache_control``, ``citations``)
+    are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Annotated[str, Field(max_length=64)]
+    text: str | None = None
+    id: Annotated[str, Field(max_length=256)] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: Annotated[str, Field(max_length=256)] | None = None
+    content: str | list[Block] | None = None
+
+    def needed(self, field: str, where: str) -> Any:
+        """The block's ``field``, or a 400 naming the block."""
+        value = getattr(self, field)
+        if value is None:
+            message = f"{where}: a {self.type} block needs its {field}"
+            raise ApiError(400, message, code="invalid_value", param=where)
+        return value
+
+    def refused(self, where: str, whose: str) -> ApiError:
+        """The 400 of a block ead serve does not take in ``whose`` content (a role's message, the system
+        prompt, a tool's result)."""
+        kind = self.type if self.type.isidentifier() else repr(self.type)
+        if self.type in NOT_TEXT:
+            return unsupported(where, f"{kind} blocks are not supported ({NOT_TEXT[self.type]})")
+        if self.type in ("tool_use", "tool_result"):
+            return unsupported(where, f"a {kind} block in {whose} is not supported")
+        return unsupported(where, f"{kind} blocks are not supported")
+
+
+def _texts(content: str | list[Block], where: str, whose: str) -> str:
+    """The text of the system prompt or a tool's result (``whose``): a string, or text blocks (any other a
+    400)."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for i, block in enumerate(content):
+        if block.type != "text":
+            raise block.refused(f"{where}.{i}", whose)
+        texts.append(block.needed("text", f"{where}.{i}"))
+    return "".join(texts)
+
+
+class AnthropicMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Literal["user", "assistant"]
+    content: str | Annotated[list[Block], Field(max_length=4096)]
+
+    def as_openai(self, where: str) -> list[dict[str, Any]]:
+        """The OpenAI messages this one means: an assistant's text and calls (``tool_calls``); a user's
+        tool results (each a ``tool`` message, in order) and then its text."""
+        if isinstance(self.content, str):
+            return [{"role": self.role, "content": self.content}]
+        texts, calls, results = [], [], []
+        for i, block in enumerate(self.content):
+            at = f"{where}.content.{i}"
+            if block.type == "text":
+                texts.append(block.needed("text", at))
+            elif self.role == "assistant" and block.type in ("thinking", "redacted_thinking"):
+                continue
+            elif self.role == "assistant" and block.type == "tool_use":
+                arguments = json.dumps(block.needed("input", at), ensure_ascii=False)
+                function = {"name": block.needed("name", at), "arguments": arguments}
+                calls.append({"id": block.needed("id", at), "type": "function", "function": function})
+            elif self.role == "user" and block.type == "tool_result":
+                result = _texts(block.content or "", f"{at}.content", "a tool's result")
+                call = block.needed("tool_use_id", at)
+                results.append({"role": "tool", "tool_call_id": call, "content": result})
+            else:
+                raise block.refused(at, f"a {self.role}'s message")
+        text = "".join(texts)
+        if calls:
+            return [{"role": "assistant", "content": text or None, "tool_calls": calls}]
+        return [*results, *([{"role": self.role, "content": text}] if text or not results else [])]
+
+
+class AnthropicTool(BaseModel):
+    """A client tool (Anthropic's server tools, web search and the like, have a ``type`` of their own)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["custom"] | None = None
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+    def as_openai(self) -> dict[str, Any]:
+        function = {"name": self.name, "parameters": self.input_schema}
+        described = {"description": self.description} if self.description is not None else {}
+        return {"type": "function", "function": {**function, **described}}
+
+
+class AnthropicToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    def openai_fields(self) -> dict[str, Any]:
+        """OpenAI's ``tool_choice`` (``any`` is its ``required``, ``tool`` a named function: the OpenAI
+        check refuses both, as a forced call needs a grammar over the markup) and
+        ``parallel_tool_calls``."""
+        named = {"type": "function", "function": {"name": self.name}}
+        fields: dict[str, Any] = {"tool_choice": {"any": "required", "tool": named}.get(self.type, self.type)}
+        if self.disable_parallel_tool_use is not None:
+            fields["parallel_tool_calls"] = not self.disable_parallel_tool_use
+        return fields
+
+
+class OutputFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    """``output_config``: its ``format`` is JSON mode (``response_format``); ``effort`` is ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    format: OutputFormat | None = None
+
+
+class AnthropicRequest(BaseModel):
+    """A Messages request. ``max_tokens``, which Anthropic requires, may be left out: the server's
+    ``--max-tokens``, as on the other routes. ``thinking`` is accepted and answered without thinking (the
+    models served do not think; Claude Code asks for it unasked); ``metadata`` and other fields are
+    ignored, as the OpenAI routes ignore theirs. The sampling fields are checked as OpenAI's."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    model: Annotated[str, Field(max_length=256)]
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: str | Annotated[list[Block], Field(max_length=4096)] | None = None
+    max_tokens: Any = None
+    stop_sequences: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    stream: bool | None = None
+    tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    output_config: OutputConfig | None = None
+    ead: dict[str, Any] | None = None  # ead's options, as the OpenAI routes take them (checked there)
+
+    def openai_body(self) -> bytes:
+        """The OpenAI chat request this one means: the system text first, each message's OpenAI ones."""
+        system = (
+            []
+            if self.system is None
+            else [{"role": "system", "content": _texts(self.system, "system", "the system prompt")}]
+        )
+        messages = [
+            openai for i, message in enumerate(self.messages) for openai in message.as_openai(f"messages.{i}")
+        ]
+        fields = {
+            name: value
+            for name, value in (
+                ("model", self.model),
+                ("max_tokens", self.max_tokens),
+                ("stop", self.stop_sequences),
+                ("temperature", self.temperature),
+                ("top_p", self.top_p),
+                ("top_k", self.top_k),
+                ("ead", self.ead),
+            )
+            if value is not None
+        }
+        if self.tools is not None:
+            fields["tools"] = [tool.as_openai() for tool in self.tools]
+        if self.tool_choice is not None:
+            fields |= self.tool_choice.openai_fields()
+        if self.output_config is not None and self.output_config.format is not None:
+            schema = {"name": "output", "schema": self.output_config.format.json_schema}
+            fields["response_format"] = {"type": "json_schema", "json_schema": schema}
+        return json.dumps({"messages": [*system, *messages], **fields}).encode()
+
+
+def _respelled(error: ApiError) -> ApiError:
+    """An OpenAI check's 400 naming the field as the Anthropic request spelled it."""
+    return error.respelled(ANTHROPIC_SPELLING, "output_config.format.schema")
+
+
+def _usage(summary: Summary) -> dict[str, int]:
+    """An answer's usage as Anthropic counts it (and llama-server): ``input_tokens`` the prompt's tokens
+    read, ``cache_read_input_tokens`` those the caches kept (the prompt is the two together)."""
+    cached = cached_tokens(summary)
+    return {
+        "input_tokens": summary.prompt_tokens - cached,
+        "cache_read_input_tokens": cached,
+        "output_tokens": summary.generated,
+    }
+
+
+def _tool_use(call: ToolCall, given: dict[str, Any]) -> dict[str, Any]:
+    """A call as Anthropic's ``tool_use`` block, its input ``given`` (whole: the call's arguments, an
+    object by the reader's ``objects_only``; a stream's block starts with {} and a delta of the JSON)."""
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name, "input": given}
+
+
+class _Message:
+    """One request's answer in Anthropic's shapes: a message of content blocks, or its events."""
+
+    def __init__(self, model: str, path: str, log: Log, job: Job, body: ChatRequest, runner: Runner) -> None:
+        self.model, self.path, self.log, self.job, self.runner = model, path, log, job, runner
+        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.tools = body.tool_names()  # the names of the tools offered: calls are read out of the answer
+        self.parallel = body.parallel_tool_calls is not False
+        self.seed = job.generation.sampling.seed
+
+    def _reader(self) -> ToolCallReader | None:
+        return (
+            ToolCallReader(self.tools, self.parallel, self.job.prefill, objects_only=True)
+            if self.tools
+            else None
+        )
+
+    def _finished(self, events: list[TokenEvent], summary: Summary, called: bool) -> dict[str, Any]:
+        """The answer's log line said; its ``stop_reason`` and ``stop_sequence``: the token limit
+        (``max_tokens``, calls made before the cut or not, as OpenAI's finish says ``length``), a call, a
+        stop string, else the model's end."""
+        log_answered(self.log, self.path, summary)
+        stop_type, word = stop_of(self.runner, self.job.generation.stop, events, summary)
+        reason = {"limit": "max_tokens", "word": "stop_sequence"}.get(stop_type, "end_turn")
+        if called and reason != "max_tokens":
+            reason = "tool_use"
+        return {"stop_reason": reason, "stop_sequence": word if reason == "stop_sequence" else None}
+
+    def _envelope(self, content: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            **fields,
+        }
+
+    async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
+        """The message at once; a client that leaves while it waits cancels it."""
+        answer = await collected_calls(
+            ticket, request, _respelled, self.tools, self.parallel, self.job.prefill
+        )
+        if answer is None:
+            return JSONResponse({}, status_code=499)
+        tokens, summary, text, calls, _ = answer  # a thinking model's reasoning is not mapped here
+        events = [token.event for token in tokens]
+        content = [{"type": "text", "text": text}] if text else []
+        content += [_tool_use(call, json.loads(call.arguments)) for call in calls]
+        ead = {
+            "tokens": [token_fields(event) for event in events],
+            "summary": asdict(summary),
+            "seed": self.seed,
+        }
+        stop = self._finished(events, summary, bool(calls))
+        usage = _usage(summary)
+        return JSONResponse(self._envelope(content, **stop, usage=usage, ead=ead))
+
+    async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
+        """message_start, a ping, the content blocks (a text block's delta per token, a call as a
+        tool_use block of one input_json_delta), message_delta with the stop and usage, message_stop; a
+        failure mid-answer ends it with an ``error`` event, as Anthropic's do."""
+        start = self._envelope(
+            [],
+            stop_reason=None,
+            stop_sequence=None,
+            usage={"input_tokens": len(self.job.prompt), "output_tokens": 0},
+        )
+        yield _event("message_start", message=start)
+        yield _event("ping")
+        blocks = _Blocks()
+        reader = self._reader()
+        events: list[TokenEvent] = []
+        async with contextlib.aclosing(answer_messages(ticket)) as messages:
+            async for message in messages:
+                if isinstance(message, Token):
+                    events.append(message.event)
+                    text = message.event.text
+                    pieces = [text] if reader is None else reader.push(text)
+                    for i, piece in enumerate(pieces):
+                        extra = {} if i else {"ead": token_fields(message.event)}
+                        for event in blocks.piece(piece, **extra):
+                            yield event
+                    continue
+                if isinstance(message, Failed):
+                    error = _respelled(error_of(message))
+                    self.log(f"error: POST {self.path}: {error.message}")
+                    yield error.anthropic_event()
+                    return
+                for piece in [] if reader is None else reader.finish():
+                    for event in blocks.piece(piece):
+                        yield event
+                for event in blocks.stop():
+                    yield event
+                summary = message.summary
+                stop = self._finished(events, summary, reader is not None and bool(reader.calls))
+                ead = {"summary": asdict(summary), "seed": self.seed}
+                usage = _usage(summary)
+                yield _event("message_delta", delta=stop, usage=usage, ead=ead)
+                yield _event("message_stop")
+
+
+class _Blocks:
+    """A streamed message's content blocks: text pieces into one text block, each call a block of its own,
+    a block stopped when the next starts. No text opens no block (an empty answer's content is none, as
+    the whole message's): a token of no text (half a character) is a delta only in a text block open."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.open: str | None = None
+
+    def piece(self, piece: str | ToolCall, **extra: Any) -> list[dict[str, str]]:
+        """The events of a piece of the answer, the delta with ``extra`` (its token's ``ead`` fields)."""
+        if isinstance(piece, ToolCall):
+            events = [*self.stop(), self._started(_tool_use(piece, {}))]
+            delta = {"type": "input_json_delta", "partial_json": piece.arguments}
+            return [
+                *events,
+                _event("content_block_delta", index=self.count - 1, delta=delta, **extra),
+                *self.stop(),
+            ]
+        if self.open != "text" and not piece:
+            return []
+        events = [] if self.open == "text" else [*self.stop(), self._started({"type": "text", "text": ""})]
+        delta = {"type": "text_delta", "text": piece}
+        return [*events, _event("content_block_delta", index=self.count - 1, delta=delta, **extra)]
+
+    def _started(self, block: dict[str, Any]) -> dict[str, str]:
+        self.open = block["type"]
+        self.count += 1
+        return _event("content_block_start", index=self.count - 1, content_block=block)
+
+    def stop(self) -> list[dict[str, str]]:
+        """The open block's stop, if one is open."""
+        if self.open is None:
+            return []
+        self.open = None
+        return [_event("content_block_stop", index=self.count - 1)]
+
+
+def _event(kind: str, **data: Any) -> dict[str, str]:
+    """A server-sent event named ``kind``, its data ``{"type": kind, ...}``, as Anthropic's."""
+    return {"event": kind, "data": json.dumps({"type": kind, **data}, ensure_ascii=False)}
+
+
+def add_routes(app: FastAPI, runner: Runner) -> None:
+    """Anthropic's routes on ``app``, with its ``Requests``; the key is asked as of /v1 (``x-api-key``
+    too). ``runner``: the smallest model, whose vocabulary reads the answer's stop."""
+    requests: Requests = app.state.requests
+    keyed = [Depends(requests.authorized)]
+
+    async def prepared(request: Request) -> tuple[AnthropicRequest, ChatRequest, Job]:
+        """The request checked in Anthropic's shape, then prepared as the OpenAI chat it means."""
+        asked = parse(AnthropicRequest, await requests.json_body(request))
+        try:
+            body, job = await requests.chat(asked.openai_body())
+        except ApiError as error:
+            raise _respelled(error) from None
+        return asked, body, job
+
+    @app.post(ANTHROPIC_PATH, dependencies=keyed)
+    async def messages(request: Request) -> Any:
+        asked, body, job = await prepared(request)
+        answer = _Message(asked.model, request.url.path, requests.log, job, body, runner)
+        ticket = requests.submit(job)
+        if asked.stream:
+            return EventSourceResponse(answer.stream(ticket), ping=15)
+        return await answer.whole(ticket, request)
+
+    @app.post(f"{ANTHROPIC_PATH}/count_tokens", dependencies=keyed)
+    async def count_tokens(request: Request) -> dict[str, int]:
+        """The prompt's tokens, as the messages and tools render (an assistant prefill included)."""
+        _, _, job = await prepared(request)
+        return {"input_tokens": len(job.prompt)}
