@@ -343,6 +343,30 @@ def test_openai_and_llama_server_fields_write_llama_cpps_text(server: Server, ti
     assert completed(server, prompt) == plain  # nothing carried over from the requests before
 
 
+def test_a_samplers_list_that_leaves_the_penalties_out_turns_them_off(
+    server: Server, tiny_large: Path
+) -> None:
+    """llama-server runs the samplers a request's ``samplers`` names (the logit bias always): a list
+    without "penalties" answers as if none were given, its default order (as names or letters) with them."""
+    with Runner(tiny_large, name="large", n_ctx=512, n_threads=1) as runner:
+        prompt = encode_prompt(runner, PROMPT)
+    plain = llama_cpp_text((tiny_large,), SamplingParams(), prompt, [0] * COUNT)
+    penalised = llama_cpp_text((tiny_large,), ALL, prompt, [0] * COUNT)
+    assert plain != penalised
+    fields = {"repeat_penalty": 1.3, "repeat_last_n": 16, "frequency_penalty": 0.5, "presence_penalty": 0.25}
+    default = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+    for samplers, expected in (
+        (["top_k", "top_p", "min_p", "temperature"], plain),
+        (["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"], plain),
+        (default, penalised),
+        ("edskypmxt", penalised),
+    ):
+        assert completed(server, prompt, **fields, samplers=samplers) == expected, samplers
+    bias = {str(plain[0]): -100}  # the logit bias stays: llama.cpp's chain always runs it
+    unpenalised = completed(server, prompt, **fields, samplers=default[1:], logit_bias=bias)
+    assert unpenalised == completed(server, prompt, logit_bias=bias) and plain[0] not in unpenalised
+
+
 def test_the_servers_options_are_a_requests_defaults(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     options = ["--repeat-penalty", "1.3", "--repeat-last-n", "16", "--presence-penalty", "0.25"]
     args = [*pair_args(tiny_pair), "--ctx", "512", *options, "--frequency-penalty", "0.5"]
@@ -352,6 +376,7 @@ def test_the_servers_options_are_a_requests_defaults(tiny_pair: tuple[Path, Path
     with serving(args, tmp_path / "server.log") as running:
         assert completed(running, prompt) == llama_cpp_text(tiny_pair[1:], ALL, prompt, [0] * COUNT)
         assert completed(running, prompt, repeat_penalty=1, presence_penalty=0, frequency_penalty=0) == plain
+        assert completed(running, prompt, samplers=["top_k", "top_p", "min_p", "temperature"]) == plain
 
 
 def ollama_chat(server: Server, options: dict[str, object]) -> list[int]:

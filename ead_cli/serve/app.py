@@ -1006,7 +1006,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         temp = base.temp if body.temperature is None else body.temperature
         grammar = body.response_format.grammar() if body.response_format is not None else None
         top_k, min_p = body.sampling_value("top_k"), body.sampling_value("min_p")
-        penalties = {name: getattr(body, name) for name in PENALTIES if getattr(body, name) is not None}
+        penalties = body.penalties()
         biases = body.biases()
         known_tokens([token for token, _ in biases], engine.runners[0].n_vocab, "logit_bias")
 

@@ -37,7 +37,7 @@ from .app import (
 from .engine import Engine, Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens, generation_seconds, prompt_seconds
 from .schemas import (
-    EAD_SAMPLER_ORDERS,
+    CHAIN_ORDERS,
     MAX_COUNT,
     MAX_TOP_LOGPROBS,
     ApiError,
@@ -63,7 +63,7 @@ NOT_WRITTEN_WHY = {
     "post_sampling_probs": "the probabilities are the model's, before sampling (n_probs gives them)",
     "response_fields": "the answer is written whole: pick its fields from it",
 }
-SAMPLERS = list(EAD_SAMPLER_ORDERS[0])  # ead's one sampler chain, in llama-server's names
+SAMPLERS = list(CHAIN_ORDERS[0])  # ead's one sampler chain, in llama-server's names
 
 
 class NativeCompletion(BaseModel):

@@ -161,15 +161,27 @@ MAX_LOGIT_BIASES = 1024  # tokens a logit_bias may name: each is applied to ever
 Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 LogitBias = Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIASES)]
 
-# The sampler orders that are ead's chain: its own, and llama-server's defaults (the list its /completion
+# The sampler orders that are ead's chain: its own, and llama-server's defaults (the lists its /completion
 # docs give, its --samplers and --sampler-seq), which run top-k, top-p, min-p, then temperature, as ead
-# does, once the samplers ead does not run are off (UNSUPPORTED refuses them otherwise).
-EAD_SAMPLER_ORDERS = (
+# does, once the samplers ead does not run are off (UNSUPPORTED refuses them otherwise); each with
+# llama.cpp's penalties first, or without them (then off, as llama-server runs only the samplers named).
+CHAIN_ORDERS = (
     ["top_k", "top_p", "min_p", "temperature"],
     ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
-    ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
-    "edskypmxt",
+    ["dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    "dskypmxt",
 )
+EAD_SAMPLER_ORDERS = (
+    *CHAIN_ORDERS,
+    *(["penalties", *order] if isinstance(order, list) else "e" + order for order in CHAIN_ORDERS),
+)
+
+
+def runs_penalties(samplers: list[str] | str) -> bool:
+    """Whether a ``samplers`` of ``EAD_SAMPLER_ORDERS`` (names, or --sampler-seq's letters, where 'e' is
+    the penalties) runs llama.cpp's penalties sampler."""
+    return "e" in samplers if isinstance(samplers, str) else "penalties" in samplers
+
 
 # Fields of OpenAI's API, and of llama-server's (its /completion options, which its OpenAI endpoints take
 # too), that would change the answer and that ead serve does not do, with the values that change nothing
@@ -544,6 +556,14 @@ class CompletionBase(BaseModel):
         neither."""
         inner = None if self.ead is None else getattr(self.ead, name)
         return either(name, getattr(self, name), f"ead.{name}", inner)
+
+    def penalties(self) -> dict[str, Any]:
+        """The penalties the request gives (the server's stand for the rest); none (``repeat_last_n``
+        0) where its ``samplers`` leaves "penalties" out, as llama-server runs only the samplers named."""
+        samplers = (self.model_extra or {}).get("samplers")
+        if samplers is not None and not runs_penalties(samplers):
+            return {"repeat_last_n": 0}
+        return {name: getattr(self, name) for name in PENALTIES if getattr(self, name) is not None}
 
     def biases(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (token id, bias) pairs; a key that is no token id is a 400 (whether the ids
