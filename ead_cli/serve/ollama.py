@@ -36,7 +36,6 @@ from .app import (
 from .engine import Engine, Failed, Log, Ticket, Token
 from .metrics import prompt_seconds
 from .schemas import (
-    MAX_COUNT,
     MAX_EMBEDDING_INPUTS,
     MAX_STOP_CHARS,
     MAX_STOPS,
@@ -48,6 +47,7 @@ from .schemas import (
     MinP,
     Penalty,
     Positive,
+    RepeatLastN,
     RepeatPenalty,
     TopK,
     listed_inputs,
@@ -82,7 +82,7 @@ class OllamaOptions(BaseModel):
     min_p: MinP | None = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None
     repeat_penalty: RepeatPenalty | None = None
-    repeat_last_n: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | None = None  # -1: the whole context
+    repeat_last_n: RepeatLastN | None = None  # -1: the whole context
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     stop: (
@@ -104,8 +104,6 @@ class OllamaOptions(BaseModel):
         fields = self.model_dump(exclude_none=True, exclude={"num_predict", "num_ctx"})
         fields = {name: value for name, value in fields.items() if name not in (self.model_extra or {})}
         fields |= {name: value for name, value in (self.model_extra or {}).items() if name in UNSUPPORTED}
-        if self.repeat_last_n == -1:
-            fields["repeat_last_n"] = n_ctx
         if self.num_predict is not None:  # 0 or less: as far as the context goes (clamped there)
             fields["max_tokens"] = self.num_predict if self.num_predict > 0 else n_ctx
         return fields
