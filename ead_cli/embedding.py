@@ -21,7 +21,7 @@ import numpy as np
 from .errors import EadError, shown_path
 from .prompt import check_text, context_advice, nth_special_token, special_token_pattern
 from .remote import RemoteRunner
-from .runner import Runner
+from .runner import ContextOwner, Runner
 from .signals import main_thread_signals
 
 POOLING = "mean"  # Qwen2.5's GGUFs name no pooling of their own; llama-server's --pooling mean
@@ -38,7 +38,7 @@ def model_to_embed(runners: Sequence[Runner | RemoteRunner]) -> Runner:
     return [runner for runner in runners if isinstance(runner, Runner)][-1]
 
 
-class Embedder:
+class Embedder(ContextOwner):
     """Embeddings by ``runner``'s model, in a context of its own as long as the runner's (``n_ctx``: the
     longest input taken). Not thread-safe: one embedding at a time (ead serve's embedding thread)."""
 
@@ -121,12 +121,7 @@ class Embedder:
 
     def close(self) -> None:
         """Free the batch and the context (the runner owns the model; safe to call twice)."""
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        self._free_context()
 
 
 def normalized(vector: np.ndarray, norm: int = 2) -> np.ndarray:
