@@ -151,8 +151,9 @@ def build_decoder(
 ) -> Decoder | SpeculativeDecoder:
     """A decoder over loaded runners; invalid policy values become a one-line usage error. ``entropy``
     "needed": where nothing shows each token's entropy (plain text, the bench), only the steps whose
-    decision needs its value measure it (``Decoder``); the tokens and decisions are the same."""
-    check_biased_tokens(generation, runners)
+    decision needs its value measure it (``Decoder``); the tokens and decisions are the same.
+    ``generation``'s logit bias is taken as checked: the command line's once its models load
+    (``check_biased_tokens``), a request's when it arrives."""
     roles = [runner.name for runner in runners]
     policy_options = replace(policy_options, levels=len(runners))
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
@@ -196,7 +197,8 @@ def build_decoder(
 
 def check_biased_tokens(generation: GenerationOptions, runners: Sequence[Runner]) -> None:
     """A usage error for a --logit-bias token past the vocabulary the models share (llama-cli's -l
-    drops such a bias without a word)."""
+    drops such a bias without a word): once, when a command's models have loaded, not per decoder (ead
+    serve builds one a request)."""
     biased = (token for token, _ in generation.sampling.logit_bias)
     message = unknown_token(biased, runners[0].n_vocab, "--logit-bias")
     if message is not None:

@@ -312,7 +312,8 @@ def test_a_bad_penalty_is_one_line_on_the_command_line(
     tiny_pair: tuple[Path, Path], args: list[str], message: str
 ) -> None:
     assert assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2) == message
-    if args[0] in ("-l", "--repeat-last-n"):  # serve refuses them at its start, not at each request
+    if args[0] in ("-l", "--repeat-last-n"):  # chat and serve refuse them at their start, once
+        assert assert_one_line_error(ead("chat", *pair_args(tiny_pair), *args, stdin="hi\n"), 2) == message
         assert assert_one_line_error(ead("serve", *pair_args(tiny_pair), *args, "--port", "0"), 2) == message
 
 

@@ -68,7 +68,7 @@ def generate(
     """Generate one answer: by default the large model alone (the fastest way to its quality here);
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy."""
-    from ..engine import build_decoder, check_grammar, close_all, load_runners
+    from ..engine import build_decoder, check_biased_tokens, check_grammar, close_all, load_runners
     from ..prompt import check_system_fits, context_advice, encode_fitting, render_prompt
     from .render import (
         JsonlRenderer,
@@ -95,6 +95,7 @@ def generate(
     large_only = policy_options.mode == "large"
     runners = load_runners(model_options, progress=say_progress, large_only=large_only)
     try:
+        check_biased_tokens(generation, runners)
         policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
         # Plain text shows no entropies: a step whose decision needs none skips it (JSON lines show them).
         entropy = "exact" if output_format is OutputFormat.jsonl else "needed"
@@ -148,7 +149,7 @@ def chat(
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
     each token. /help lists the commands; a pipe or a file is read as typed at a terminal (commands,
     continued lines and blocks alike)."""
-    from ..engine import close_all, load_runners
+    from ..engine import check_biased_tokens, close_all, load_runners
     from .repl import run_chat
 
     if sys.stdin is None:  # the shell closed it (<&-)
@@ -169,6 +170,7 @@ def chat(
         return loaded
 
     try:
+        check_biased_tokens(generation, runners)
         _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
         lazy = load_pair if len(runners) == 1 else None
         exit_code = run_chat(runners, policy_options, generation, system=system, load_pair=lazy)
@@ -272,7 +274,7 @@ def serve(
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)
     try:
-        check_biased_tokens(generation, runners)  # a request's decoder would refuse each request
+        check_biased_tokens(generation, runners)
         _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
         serving.serve(runners, serving.Defaults(policy_options, generation), options, say=say)
     finally:
