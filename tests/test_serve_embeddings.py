@@ -185,6 +185,33 @@ def test_ollama_truncates_a_long_input_unless_told_not_to(server: Server, embedd
     )
 
 
+def test_ollamas_num_ctx_below_the_served_context_cuts_or_refuses_there(
+    server: Server, embedder: Embedder
+) -> None:
+    """ollama loads the model with a request's options.num_ctx: an input past it is cut to it (the
+    default) or, with truncate false, a 400; an input within it is embedded whole; /api/embeddings never
+    cuts."""
+    client = ollama.Client(host=server.url)
+    tokens = embedder.runner.tokenize(TEXTS[0], add_special=True)
+    small = {"num_ctx": len(tokens) - 2}
+    answer = client.embed(model="ead", input=TEXTS[0], options=small)
+    assert answer.prompt_eval_count == len(tokens) - 2
+    np.testing.assert_allclose(answer.embeddings[0], normalized(embedder.embed(tokens[:-2])), atol=1e-6)
+    whole = client.embed(model="ead", input=TEXTS[0], options={"num_ctx": len(tokens)})
+    assert whole.prompt_eval_count == len(tokens)
+    for refused_by in (
+        lambda: client.embed(model="ead", input=TEXTS[0], options=small, truncate=False),
+        lambda: client.embeddings(model="ead", prompt=TEXTS[0], options=small),
+    ):
+        with pytest.raises(ollama.ResponseError) as refused:
+            refused_by()
+        assert refused.value.status_code == 400
+        assert refused.value.error.endswith(
+            f" is {len(tokens)} tokens: the context asked for takes at most {len(tokens) - 2} "
+            f"(ask for up to {N_CTX} or shorten it)"
+        ), refused.value.error
+
+
 TOO_LONG = f"is 3001 tokens: the embedding context takes at most {N_CTX} (raise --ctx or shorten it)"
 
 

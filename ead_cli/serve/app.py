@@ -1099,17 +1099,18 @@ def _busy(full: QueueFull) -> ApiError:
 
 
 def input_tokens(
-    embedder: Embedder, inputs: list[tuple[str, str | list[int]]], *, truncate: bool
+    embedder: Embedder, inputs: list[tuple[str, str | list[int]]], *, truncate: bool, n_ctx: int | None = None
 ) -> list[list[int]]:
     """Each input's tokens to embed (``inputs``: where the request gives it, and a text or token ids), or a
-    400 naming the first at fault; ``truncate``: one past the context cut (ollama's), else refused."""
+    400 naming the first at fault; ``truncate``: one past the context (``n_ctx``: a smaller one the
+    request asks for, ollama's num_ctx) cut (ollama's), else refused."""
 
     def read(where: str, given: str | list[int]) -> list[int]:
         try:
             if isinstance(given, str):
-                return embedder.tokens(given, truncate=truncate, what=where)
+                return embedder.tokens(given, truncate=truncate, what=where, n_ctx=n_ctx)
             ids = known_tokens(given, embedder.runner.n_vocab, where)
-            return embedder.fitting(ids, truncate=truncate, what=where)
+            return embedder.fitting(ids, truncate=truncate, what=where, n_ctx=n_ctx)
         except EadError as error:
             code = "context_length_exceeded" if isinstance(error, InputTooLong) else "invalid_value"
             raise ApiError(400, str(error), code=code, param=where) from None

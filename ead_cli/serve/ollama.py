@@ -139,7 +139,8 @@ class _OllamaRequest(BaseModel):
 
 class _OllamaEmbedding(BaseModel):
     """What /api/embed and /api/embeddings both take; ``options`` checked (``num_ctx`` past the served
-    context a 400), and otherwise ignored: they sample, and an embedding draws nothing."""
+    context a 400; below it, the context an input must fit, as ollama loads the model with it), and
+    otherwise ignored: they sample, and an embedding draws nothing."""
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
@@ -155,8 +156,9 @@ class _OllamaEmbedding(BaseModel):
 
     def tokens(self, embedder: Embedder) -> list[list[int]]:
         """Each input's tokens, or a 400 naming the first at fault."""
-        (self.options or OllamaOptions()).check_context(embedder.n_ctx)
-        return input_tokens(embedder, self.inputs(), truncate=self.truncates())
+        options = self.options or OllamaOptions()
+        options.check_context(embedder.n_ctx)
+        return input_tokens(embedder, self.inputs(), truncate=self.truncates(), n_ctx=options.num_ctx)
 
 
 class OllamaEmbed(_OllamaEmbedding):
