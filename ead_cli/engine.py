@@ -128,8 +128,8 @@ class ModelFile(NamedTuple):
 
 
 def model_label(path: Path, ref: str) -> str:
-    """What a local model is called (``Runner.label``): its file's name, or for an ollama model the
-    reference (its blob's name is a digest)."""
+    """What a local model is called (``Runner.label``): its file's name, or for another tool's model the
+    reference (an ollama blob's name is a digest)."""
     return ref if is_user_model(ref) else path.name
 
 

@@ -144,14 +144,17 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
     }
     recorded = {key: stored[key] for key in config if key in stored}
-    if "models" in recorded:
+    if isinstance(recorded.get("models"), dict):  # an edited file's other value differs as it is
         recorded["models"] = {
-            role: None
-            if files.get(role) is None
-            else {"file": model.get("file"), "bytes": model.get("bytes")}
+            role: None if files.get(role) is None else _file_of(model)
             for role, model in recorded["models"].items()
         }
     check_setup(held.path, {key: config[key] for key in recorded}, recorded)
+
+
+def _file_of(model: Any) -> Any:
+    """A model's record as ``check_model_files`` compares it: its file's name and size."""
+    return {"file": model.get("file"), "bytes": model.get("bytes")} if isinstance(model, dict) else model
 
 
 # each key of the config record as a user knows it: the option given, or what changed
