@@ -42,7 +42,11 @@ llama.cpp gives control tokens RSTRIP, so that they swallow the whitespace after
 (``base`` plus ``LONG_TOKEN``, 64 ``=`` as one user-defined token: a piece as long as real vocabularies'
 longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, llama.cpp's "llama": the
 256 ``<0xNN>`` byte tokens, ``SPM_PIECES`` and the control tokens; it puts a space before a text and reads
-"▁" as one, as Llama 2's, Mistral's and Phi-3's do).
+"▁" as one, as Llama 2's, Mistral's and Phi-3's do); ``"fim"`` (``base`` plus Qwen2.5-Coder's six
+fill-in-the-middle control tokens, ``FIM_SPECIALS``, which llama.cpp finds by their text: the
+repository-level layout, ``<|fim_pad|>``, ``<|repo_name|>`` and ``<|file_sep|>`` ending a generation);
+``"fim-bare"`` (``base`` plus the first three alone: prefix, suffix, middle, as CodeGemma's and
+StarCoder's are, with no file separator).
 """
 
 from __future__ import annotations
@@ -74,6 +78,10 @@ BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PHI3_SPECIALS = ("<unk>", "<s>", "</s>")  # llama.cpp's Phi-3 rule sets their attributes: they must exist
 LONG_TOKEN = "=" * 64
+FIM_SPECIALS = (
+    *("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    *("<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"),
+)
 # A SentencePiece vocabulary's pieces ("▁" a space): a text's other characters are spelled in byte tokens
 SPM_PIECES = ("▁", "{", "}", '"', ":", ",", "a", "e", "t", "▁{", '▁"', "▁t", "th", "▁th", "er", "in")
 N_PADDING = 2
@@ -96,7 +104,7 @@ def byte_tokens() -> list[str]:
 def _merges(vocab: str) -> list[str]:
     if vocab == "spm":
         return []  # SentencePiece merges by the scores of the tokens it forms
-    if vocab in ("base", "padded", "phi-3", "long"):
+    if vocab in ("base", "padded", "phi-3", "long", "fim", "fim-bare"):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
@@ -104,7 +112,8 @@ def _merges(vocab: str) -> list[str]:
         letters = "abcdfgjk"  # none of these pairs is already a base merge
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
     raise ValueError(
-        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long' or 'spm'"
+        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'spm', 'fim' "
+        "or 'fim-bare'"
     )
 
 
@@ -126,6 +135,10 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "long":
         tokens.append(LONG_TOKEN)
         types.append(gguf.TokenType.USER_DEFINED)
+    if vocab in ("fim", "fim-bare"):
+        fim = FIM_SPECIALS if vocab == "fim" else FIM_SPECIALS[:3]
+        tokens += fim
+        types += [gguf.TokenType.CONTROL] * len(fim)
     return tokens, [int(t) for t in types], merges
 
 
