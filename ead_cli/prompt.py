@@ -315,23 +315,11 @@ def encode_infill(
     less the middle, and the extra files' last tokens that leave the context a batch and twice the answer
     (``answer_tokens``). The code is read as text (a special token's text in a file is no token), the
     middle as a prompt is. A model without FIM tokens, or a prompt too long for the context, is refused."""
-    vocab = runner.vocab
-    pre, suf, mid, repository, separator = (
-        read(vocab)
-        for read in (
-            llama_cpp.llama_vocab_fim_pre,
-            llama_cpp.llama_vocab_fim_suf,
-            llama_cpp.llama_vocab_fim_mid,
-            llama_cpp.llama_vocab_fim_rep,
-            llama_cpp.llama_vocab_fim_sep,
-        )
+    pre, suf, mid = check_infill(runner)
+    repository, separator = (
+        llama_cpp.llama_vocab_fim_rep(runner.vocab),
+        llama_cpp.llama_vocab_fim_sep(runner.vocab),
     )
-    if llama_cpp.LLAMA_TOKEN_NULL in (pre, suf, mid):
-        raise EadError(
-            f"{shown_path(runner.label)} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
-            "<|fim_middle|>): it cannot complete code at a cursor",
-            exit_code=2,
-        )
     check_text(prefix, "the prefix")
     check_text(suffix, "the suffix")
     check_text(middle, "the prompt")
@@ -357,7 +345,8 @@ def encode_infill(
     prefix_tokens = prefix_tokens[max(0, len(prefix_tokens) - 3 * (n_batch // 4)) :]
     suffix_tokens = plain(suffix)[: max(0, n_batch // 4 - (2 + len(middle_tokens)))]
     extra_take = min(max(0, n_ctx - n_batch - 2 * answer_tokens), len(extra_tokens))
-    bos = [llama_cpp.llama_vocab_bos(vocab)] if llama_cpp.llama_vocab_get_add_bos(vocab) else []
+    add_bos = llama_cpp.llama_vocab_get_add_bos(runner.vocab)
+    bos = [llama_cpp.llama_vocab_bos(runner.vocab)] if add_bos else []
     prompt = [
         *extra_tokens[len(extra_tokens) - extra_take :],
         *bos,
@@ -367,3 +356,21 @@ def encode_infill(
     ]
     check_fits(prompt, runners)
     return prompt
+
+
+def check_infill(runner: Runner) -> tuple[int, int, int]:
+    """The prefix, suffix and middle tokens of a fill-in-the-middle prompt; a model without them refused,
+    named."""
+    vocab = runner.vocab
+    tokens = (
+        llama_cpp.llama_vocab_fim_pre(vocab),
+        llama_cpp.llama_vocab_fim_suf(vocab),
+        llama_cpp.llama_vocab_fim_mid(vocab),
+    )
+    if llama_cpp.LLAMA_TOKEN_NULL in tokens:
+        raise EadError(
+            f"{shown_path(runner.label)} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+            "<|fim_middle|>): it cannot complete code at a cursor",
+            exit_code=2,
+        )
+    return tokens

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from http import HTTPStatus
 from importlib import resources
@@ -47,9 +47,12 @@ from ..errors import EadError, counted, cut, quoted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import (
     check_fits,
+    check_infill,
     check_prompt_text,
     check_special_tokens_fit,
+    check_text,
     encode_fitting,
+    encode_infill,
     render_chat,
     special_token_pattern,
 )
@@ -128,6 +131,9 @@ class Requests:
     chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
     template: Callable[[bytes], Awaitable[str]]  # a chat request's body: its prompt, rendered
     text: Callable[[bytes], Awaitable[tuple[CompletionRequest, Job]]]  # a text completion's
+    # a text completion's with a suffix, with llama-server's /infill parts: extra files (name and text),
+    # and the text after the prefix
+    infill: Callable[[bytes, Sequence[tuple[str, str]], str], Awaitable[tuple[CompletionRequest, Job]]]
     submit: Callable[[Job], Ticket]
     served_model: Callable[[], dict[str, Any]]  # the one model, as /v1/models lists it
     log: Log
@@ -929,12 +935,50 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, message, code="no_template")
         return rendered + (prefill or ""), prefill
 
-    def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
+    def _prepare_text(
+        data: bytes, extra: Sequence[tuple[str, str]] = (), middle: str = ""
+    ) -> tuple[CompletionRequest, Job]:
+        """A text completion's body and job; with a suffix, fill-in-the-middle (``extra`` and ``middle``:
+        llama-server's /infill's extra files and text after the prefix)."""
         body = _accepted(CompletionRequest, data)
         text = body.text()
+        if body.suffix is not None:
+            return body, _job(body, _infill(body, text, extra, middle))
         if text is None:
             return body, _job(body, known_tokens(body.token_ids(), engine.runners[0].n_vocab, "prompt"))
         return body, _job(body, _check(lambda: check_prompt_text(text), "prompt"))
+
+    def _infill(
+        body: CompletionRequest, prefix: str | None, extra: Sequence[tuple[str, str]], middle: str
+    ) -> list[int]:
+        """The fill-in-the-middle prompt of the text before the cursor (the prompt) and after it (the
+        suffix), as llama-server's /infill lays it out; a 400 for a model without FIM tokens."""
+        runner = engine.runners[0]
+        try:
+            check_infill(runner)
+        except EadError as error:
+            raise ApiError(400, f"suffix: {error}", code="unsupported_parameter", param="suffix") from None
+        if prefix is None:
+            message = "suffix: fill-in-the-middle reads the prompt as text (the code before the cursor)"
+            raise ApiError(400, message, code="invalid_value", param="suffix")
+        _check(lambda: check_text(prefix, "the prompt"), "prompt")
+        _check(lambda: check_text(body.suffix, "the suffix"), "suffix")
+        try:
+            return encode_infill(
+                runner,
+                prefix,
+                body.suffix,
+                extra=extra,
+                middle=middle,
+                answer_tokens=_answer_limit(body),
+                runners=engine.runners,
+            )
+        except EadError as error:
+            raise ApiError(400, str(error), code="context_length_exceeded", param="prompt") from None
+
+    def _answer_limit(body: CompletionBase) -> int:
+        """The most tokens the answer may have: the request's limit or the server's, within the context."""
+        return min(body.token_limit() or defaults.generation.max_tokens, engine.n_ctx)
 
     def _accepted(schema: type[Body], data: bytes) -> Body:
         body = parse(schema, data)
@@ -1001,7 +1045,6 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _settings(body: CompletionBase, prefill: str | None) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
-        max_tokens = body.token_limit() or defaults.generation.max_tokens
         base = defaults.generation.sampling
         temp = base.temp if body.temperature is None else body.temperature
         grammar = body.response_format.grammar() if body.response_format is not None else None
@@ -1028,7 +1071,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(
-                defaults.generation, sampling=sampling, max_tokens=min(max_tokens, engine.n_ctx), stop=stop
+                defaults.generation, sampling=sampling, max_tokens=_answer_limit(body), stop=stop
             )
             return policy, generation
 
@@ -1082,6 +1125,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         chat=functools.partial(prepared, _prepare_chat),
         template=functools.partial(prepared, _prepare_template),
         text=functools.partial(prepared, _prepare_text),
+        infill=lambda data, extra, middle: prepared(
+            functools.partial(_prepare_text, extra=extra, middle=middle), data
+        ),
         submit=_submitted,
         served_model=served_model,
         log=log,

@@ -263,13 +263,13 @@ class OllamaGenerate(_OllamaRequest):
 
     def loads_only(self) -> bool:
         """No prompt: ollama's request to load the model, answered at once."""
-        return not self.prompt
+        return not self.prompt and not self.suffix
 
     def openai_body(self, n_ctx: int) -> dict[str, Any]:
         """A chat of the system text and the prompt (rendered with the model's template), or with
-        ``raw`` the prompt as it is, a text completion."""
+        ``raw`` the prompt as it is, a text completion; with a ``suffix`` (ollama's: one not empty), the
+        text completion of the code before the cursor (the prompt) and after it, fill-in-the-middle."""
         for field, why in (
-            ("suffix", "a fill-in-the-middle suffix is not supported"),
             ("template", "the prompt is rendered with the model's own template"),
             ("images", "images are not supported (the models read text)"),
             ("context", "an earlier answer's context is not kept: send the conversation to /api/chat"),
@@ -277,6 +277,11 @@ class OllamaGenerate(_OllamaRequest):
             if getattr(self, field):
                 raise ApiError(400, f"{field}: {why} by ead serve", param=field)
         fields = self.openai_fields(n_ctx)
+        if self.suffix:
+            if self.system:
+                message = "system: a fill-in-the-middle prompt has no place for a system text"
+                raise ApiError(400, message, param="system")
+            return {"prompt": self.prompt or "", "suffix": self.suffix, **fields}
         if self.raw:
             if self.system:
                 message = (

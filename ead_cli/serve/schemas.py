@@ -190,7 +190,7 @@ def runs_penalties(samplers: list[str] | str) -> bool:
 # do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token, n_keep: ead never shifts
 # the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "suffix": (None, ""),
+    "suffix": (None, ""),  # text completions take it (CompletionRequest): fill-in-the-middle
     "echo": (None, False),
     "best_of": (None, 1),
     "tools": (None, []),  # chat completions take them (ChatRequest); text completions do not
@@ -218,10 +218,11 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "json_schema": (None,),  # {} is any JSON, not off; response_format takes a schema
     "lora": (None, []),
 }
-# What a text completion says of the fields only chat completions take, not 'not supported' alone
-CHAT_ONLY = {
+# What a request says of the fields that another endpoint takes, not 'not supported' alone
+ELSEWHERE = {
     "tools": "tools are taken by /v1/chat/completions, not here",
     "top_logprobs": "a text completion asks for N alternatives with logprobs: N",
+    "suffix": "fill-in-the-middle is a text completion's: send the prompt and suffix to /v1/completions",
 }
 
 
@@ -591,7 +592,7 @@ class CompletionBase(BaseModel):
         if self.stream_options is not None and not self.stream:  # OpenAI's 400, in its words
             message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
             raise ApiError(400, message, code="invalid_value", param="stream_options")
-        refuse_unless_off(self.model_extra or {}, UNSUPPORTED, CHAT_ONLY)
+        refuse_unless_off(self.model_extra or {}, UNSUPPORTED, ELSEWHERE)
 
 
 def either(name: str, value: Any, other_name: str, other: Any) -> Any:
@@ -771,6 +772,8 @@ class CompletionRequest(CompletionBase):
         | Annotated[list[TokenIds], Field(min_length=1, max_length=1), Tag("list[list]")],
         Discriminator(_prompt_form),
     ]
+    # the text after the cursor, where the prompt is the text before it: a fill-in-the-middle completion
+    suffix: str | None = None
     # OpenAI's legacy count of alternatives (chat's is a boolean and top_logprobs): a boolean here is a
     # 400, not the count 0 that Python's bool, an int, had passed for
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
