@@ -361,16 +361,23 @@ def encode_infill(
 def check_infill(runner: Runner) -> tuple[int, int, int]:
     """The prefix, suffix and middle tokens of a fill-in-the-middle prompt; a model without them refused,
     named."""
-    vocab = runner.vocab
-    tokens = (
-        llama_cpp.llama_vocab_fim_pre(vocab),
-        llama_cpp.llama_vocab_fim_suf(vocab),
-        llama_cpp.llama_vocab_fim_mid(vocab),
-    )
-    if llama_cpp.LLAMA_TOKEN_NULL in tokens:
+    tokens = infill_tokens(runner)
+    if tokens is None:
         raise EadError(
             f"{shown_path(runner.label)} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
             "<|fim_middle|>): it cannot complete code at a cursor",
             exit_code=2,
         )
     return tokens
+
+
+def infill_tokens(runner: Runner) -> tuple[int, int, int] | None:
+    """The prefix, suffix and middle tokens of the vocabulary (llama.cpp's, from the GGUF or found by their
+    text), or None if it lacks one: the model cannot fill in the middle."""
+    vocab = runner.vocab
+    tokens = (
+        llama_cpp.llama_vocab_fim_pre(vocab),
+        llama_cpp.llama_vocab_fim_suf(vocab),
+        llama_cpp.llama_vocab_fim_mid(vocab),
+    )
+    return None if llama_cpp.LLAMA_TOKEN_NULL in tokens else tokens

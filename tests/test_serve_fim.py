@@ -100,6 +100,7 @@ def test_extra_files_and_the_prompt_after_the_prefix_go_where_llama_server_puts_
 def test_ollamas_generate_with_a_suffix_is_the_same_completion(server: Server) -> None:
     expected = infill(server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=8, temperature=0)
     talk = ollama.Client(host=server.url, timeout=120)
+    assert talk.show("ead").capabilities == ["completion", "insert"]  # what clients look for before a suffix
     answer = talk.generate(model="ead", prompt=PREFIX, suffix=SUFFIX, options=OLLAMA_GREEDY, raw=True)
     assert answer.response == expected["content"] and answer.prompt_eval_count == expected["tokens_evaluated"]
     streamed = talk.generate(model="ead", prompt=PREFIX, suffix=SUFFIX, options=OLLAMA_GREEDY, stream=True)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decoder import Summary
 from ..embedding import Embedder, normalized
 from ..errors import quoted
+from ..prompt import infill_tokens
 from .app import (
     MODEL_ID,
     NDJSON,
@@ -57,6 +58,8 @@ from .tools import ToolCall, ToolCallReader, template_takes_tools
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..runner import Runner
 
 # The ollama release whose docs/api.md these shapes follow: clients read it to know what they may ask.
 OLLAMA_VERSION = "0.33.0"
@@ -316,6 +319,16 @@ def _respelled(error: ApiError) -> ApiError:
     return error.respelled(OLLAMA_SPELLING, "format")
 
 
+def _capabilities(runner: Runner) -> list[str]:
+    """What ollama's /api/show says the model does: complete text, call tools where its template offers
+    them, and fill in the middle ("insert", /api/generate's suffix) where its vocabulary has FIM tokens."""
+    return [
+        "completion",
+        *(["tools"] if template_takes_tools(runner) else []),
+        *(["insert"] if infill_tokens(runner) is not None else []),
+    ]
+
+
 def _now() -> str:
     """A time as ollama writes it: RFC 3339, UTC."""
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
@@ -509,7 +522,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             "template": "",
             "details": tag["details"],
             "model_info": info,
-            "capabilities": ["completion", *(["tools"] if template_takes_tools(engine.runners[0]) else [])],
+            "capabilities": _capabilities(engine.runners[0]),
             "modified_at": tag["modified_at"],
             "ead": tag["ead"],
         }
