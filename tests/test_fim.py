@@ -1,7 +1,8 @@
 """The fill-in-the-middle prompt (``prompt.encode_infill``) on tiny models with FIM tokens: llama-server's
 layout token by token (the repository-level one where the vocabulary has a file separator, snippets
 where it has none), its trimming to the batch and the context, the texts read without special tokens,
-and a model without FIM tokens refused. llama-server's own prompt is compared in test_serve_fim.py."""
+and a model without FIM tokens refused; ``ead generate --suffix``. llama-server's own prompt is compared
+in test_serve_fim.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_cli import assert_one_line_error, ead, pair_args
 from tiny_models import write_tiny_model
 
 from ead_cli.errors import EadError
@@ -151,3 +153,31 @@ def test_bad_text_is_one_line(fim: Runner, given: dict, message: str) -> None:
     with pytest.raises(EadError) as refused:
         encode_infill(fim, texts.pop("prefix"), texts.pop("suffix"), answer_tokens=8, runners=[fim], **texts)
     assert str(refused.value).startswith(message)
+
+
+@pytest.fixture(scope="module")
+def fim_pair(fim_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return fim_model, write_tiny_model(tmp_path_factory.mktemp("fim") / "large.gguf", seed=1, vocab="fim")
+
+
+def test_generate_with_a_suffix_writes_the_middle(fim_pair: tuple[Path, Path]) -> None:
+    """``ead generate --suffix``: the answer to the FIM prompt, the same as to its text given raw."""
+    args = [*pair_args(fim_pair), "--max-tokens", "8", "--temp", "0"]
+    middle = ead("generate", *args, "--suffix", SUFFIX, PREFIX)
+    opening = "<|repo_name|>myproject\n<|file_sep|>filename\n"
+    raw = f"{opening}<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    assert middle.returncode == 0, middle.stderr.decode()
+    assert middle.stdout == ead("generate", *args, "--raw", raw).stdout
+    assert len(middle.stdout.decode()) > 1
+
+
+def test_generate_with_a_suffix_refuses_what_has_no_place(tiny_pair: tuple[Path, Path]) -> None:
+    system = ead("generate", *pair_args(tiny_pair), "--suffix", ")", "--system", "be brief", "def f(")
+    assert assert_one_line_error(system, 2) == (
+        "error: --system needs the chat template, which --suffix leaves out (fill-in-the-middle)"
+    )
+    no_fim = ead("generate", *pair_args(tiny_pair), "--suffix", ")", "def f(")
+    assert assert_one_line_error(no_fim, 2) == (
+        "error: large.gguf has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+        "<|fim_middle|>): it cannot complete code at a cursor"
+    )

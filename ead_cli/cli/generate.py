@@ -33,6 +33,7 @@ from .groups import (
     Raw,
     Stats,
     Stop,
+    Suffix,
     System,
     given_path,
     read_grammar,
@@ -61,15 +62,16 @@ def generate(
     json_schema_file: JsonSchemaFile = None,
     system: System = None,
     raw: Raw = False,
+    suffix: Suffix = None,
     output_format: FormatOpt = OutputFormat.text,
     stats: Stats = False,
     no_color: NoColor = False,
 ) -> None:
     """Generate one answer: by default the large model alone (the fastest way to its quality here);
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
-    model by entropy."""
+    model by entropy. With --suffix, the middle between the prompt and the suffix (code completion)."""
     from ..engine import build_decoder, check_biased_tokens, check_grammar, close_all, load_runners
-    from ..prompt import check_system_fits, context_advice, encode_fitting, render_prompt
+    from ..prompt import check_system_fits, context_advice, encode_fitting, encode_infill, render_prompt
     from .render import (
         JsonlRenderer,
         TextRenderer,
@@ -82,6 +84,8 @@ def generate(
 
     if raw and system:  # the template is what places a system message: --raw dropped it unsaid
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
+    if suffix is not None and system:
+        raise EadError("--system needs the chat template, which --suffix leaves out (fill-in-the-middle)", 2)
     text = read_prompt(prompt, prompt_option, prompt_file)
     stops = read_stops(stop)
     bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file)
@@ -102,10 +106,14 @@ def generate(
         if bound is not None:
             check_grammar(runners, policy_options, *bound)
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
-        rendered = render_prompt(runners[0], text, system=system, raw=raw)
-        if system:  # a system message too long is named, not the prompt it makes too long
-            check_system_fits(runners[0], system, runners)
-        tokens = encode_fitting(runners[0], rendered, runners)
+        if suffix is not None:
+            answer = min(generation.max_tokens, decoder.n_ctx)
+            tokens = encode_infill(runners[0], text, suffix, answer_tokens=answer, runners=runners)
+        else:
+            rendered = render_prompt(runners[0], text, system=system, raw=raw)
+            if system:  # a system message too long is named, not the prompt it makes too long
+                check_system_fits(runners[0], system, runners)
+            tokens = encode_fitting(runners[0], rendered, runners)
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:
