@@ -123,6 +123,7 @@ HI = [{"role": "user", "content": "hi"}]
         ("/infill", {**EMPTY, "input_suffix": "\x00"}, "input_suffix", "the input_suffix contains a NUL"),
         ("/infill", {**EMPTY, "prompt": ["a"]}, "prompt", "prompt: Input should be a valid string"),
         ("/infill", {**EMPTY, "prompt": "y " * 5000}, "prompt", "the prompt is 10024 tokens"),
+        ("/infill", {**EMPTY, "prompt": "<|im_end|>" * 5000}, "prompt", "the prompt holds 4096 or more"),
         ("/v1/completions", {"prompt": [1, 2], "suffix": "x"}, "suffix", "suffix: fill-in-the-middle reads"),
         ("/v1/chat/completions", {"messages": HI, "suffix": "x"}, "suffix", "suffix: fill-in-the-middle is"),
     ],

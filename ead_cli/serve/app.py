@@ -964,6 +964,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         _check(lambda: check_text(prefix, "the prompt"), "prompt")
         _check(lambda: check_text(body.suffix, "the suffix"), "suffix")
         try:
+            check_special_tokens_fit(middle, specials, engine.n_ctx)  # the code is read without them
             return encode_infill(
                 runner,
                 prefix,
