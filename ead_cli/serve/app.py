@@ -926,10 +926,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             template_message(message.as_template_message(f"messages.{i}"))
             for i, message in enumerate(body.messages)
         ]
-        _check(lambda: check_prompt_text("".join(message["content"] for message in messages)), "messages")
+        texts = "".join(message["content"] for message in messages)
+        usage_checked(lambda: check_prompt_text(texts), "messages")
         prefill = _prefill(messages)
         earlier = messages if prefill is None else messages[:-1]
-        rendered = _check(lambda: render_chat(engine.runners[0], earlier, tools=tools), "messages")
+        rendered = usage_checked(lambda: render_chat(engine.runners[0], earlier, tools=tools), "messages")
         if rendered is None:
             message = f"{engine.runners[0].label} has no chat template: use /v1/completions"
             raise ApiError(400, message, code="no_template")
@@ -946,7 +947,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return body, _job(body, _infill(body, text, extra, middle))
         if text is None:
             return body, _job(body, known_tokens(body.token_ids(), engine.runners[0].n_vocab, "prompt"))
-        return body, _job(body, _check(lambda: check_prompt_text(text), "prompt"))
+        return body, _job(body, usage_checked(lambda: check_prompt_text(text), "prompt"))
 
     def _infill(
         body: CompletionRequest, prefix: str | None, extra: Sequence[tuple[str, str]], middle: str
@@ -961,8 +962,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         if prefix is None:
             message = "suffix: fill-in-the-middle reads the prompt as text (the code before the cursor)"
             raise ApiError(400, message, code="invalid_value", param="suffix")
-        _check(lambda: check_text(prefix, "the prompt"), "prompt")
-        _check(lambda: check_text(body.suffix, "the suffix"), "suffix")
+        usage_checked(lambda: check_text(prefix, "the prompt"), "prompt")
+        usage_checked(lambda: check_text(body.suffix, "the suffix"), "suffix")
         try:
             check_special_tokens_fit(middle, specials, engine.n_ctx)  # the code is read without them
             return encode_infill(
@@ -1076,7 +1077,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             return policy, generation
 
-        return _check(settings)
+        return usage_checked(settings)
 
     def _models_take(policy: PolicyOptions) -> None:
         """Raises what the loaded models refuse of these options (a decoder costs nothing to build)."""
@@ -1094,7 +1095,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, message, code="invalid_value", param="response_format")
         _without_rollbacks(policy, "response_format", "JSON mode needs")
         runner = engine.runners[0]
-        _check(lambda: runner.grammars.check(grammar), "response_format")
+        usage_checked(lambda: runner.grammars.check(grammar), "response_format")
         if not prefill or not isinstance(body, ChatRequest):
             return ()
         return _followed_prefill(runner, grammar, prefill, f"messages.{len(body.messages) - 1}.content")
@@ -1228,7 +1229,7 @@ def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
         raise ApiError(400, message, code="invalid_value", param=param)
 
 
-def _check(make: Callable[[], Any], param: str | None = None) -> Any:
+def usage_checked(make: Callable[[], Any], param: str | None = None) -> Any:
     """``make()``, with the command line's usage errors turned into 400s about ``param``."""
     try:
         return make()

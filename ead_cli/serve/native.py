@@ -2,8 +2,8 @@
 tools written for it: ``POST /completion`` (its native completion, over the same engine, checks and
 preparation as ``/v1/completions``: a native request is spelled as the OpenAI request it means, as
 ollama.py does, and its answer written in llama-server's shapes), ``POST /infill`` (its
-fill-in-the-middle completion, which editors' plugins call: ``/completion`` with the code before and
-after the cursor and other files, spelled as a text completion with a suffix), ``GET /props`` (the
+fill-in-the-middle completion: ``/completion`` with the code before and after the cursor and other
+files, spelled as a text completion with a suffix), ``GET /props`` (the
 server's settings, as llama.cpp's web UI and tools read them) and ``POST /apply-template`` (the chat
 template applied to ``messages``)."""
 
@@ -23,7 +23,6 @@ from sse_starlette import EventSourceResponse
 
 from .. import __version__
 from ..decoder import Summary, TokenEvent
-from ..errors import EadError
 from ..options import GenerationOptions
 from ..prompt import check_text
 from .app import (
@@ -37,6 +36,7 @@ from .app import (
     error_of,
     log_answered,
     token_fields,
+    usage_checked,
 )
 from .engine import Engine, Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens, generation_seconds, prompt_seconds
@@ -156,10 +156,7 @@ class NativeInfill(NativeCompletion):
 
 
 def _readable(text: str, field: str) -> None:
-    try:
-        check_text(text, field)
-    except EadError as error:
-        raise ApiError(400, str(error), code="invalid_value", param=field) from None
+    usage_checked(lambda: check_text(text, field), field)
 
 
 def generation_settings(
