@@ -95,6 +95,8 @@ def test_extra_files_and_the_prompt_after_the_prefix_go_where_llama_server_puts_
         "<|repo_name|>myproject\n<|file_sep|>util.py\nX = 1\n<|file_sep|>tmp\nY = 2\n"
         f"<|file_sep|>filename\n<|fim_prefix|>{PREFIX}ret<|fim_suffix|>{SUFFIX}<|fim_middle|>"
     )
+    at_the_end = infill(server, input_prefix=PREFIX, input_suffix="", n_predict=1)  # nothing after the cursor
+    assert at_the_end["prompt"].endswith(f"<|fim_prefix|>{PREFIX}<|fim_suffix|><|fim_middle|>")
 
 
 def test_ollamas_generate_with_a_suffix_is_the_same_completion(server: Server) -> None:

@@ -89,6 +89,9 @@ if TYPE_CHECKING:
     from . import ServeOptions
 
 Body = TypeVar("Body", bound=CompletionBase)
+# llama-server's /infill's parts besides the prompt and suffix: extra files (name, text), and the text
+# that follows the prefix
+Infill = tuple[Sequence[tuple[str, str]], str]
 Prepared = TypeVar("Prepared")
 
 MODEL_ID = (
@@ -131,9 +134,8 @@ class Requests:
     chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
     template: Callable[[bytes], Awaitable[str]]  # a chat request's body: its prompt, rendered
     text: Callable[[bytes], Awaitable[tuple[CompletionRequest, Job]]]  # a text completion's
-    # a text completion's with a suffix, with llama-server's /infill parts: extra files (name and text),
-    # and the text after the prefix
-    infill: Callable[[bytes, Sequence[tuple[str, str]], str], Awaitable[tuple[CompletionRequest, Job]]]
+    # a text completion's, filled in the middle with llama-server's /infill parts
+    infill: Callable[[bytes, Infill], Awaitable[tuple[CompletionRequest, Job]]]
     submit: Callable[[Job], Ticket]
     served_model: Callable[[], dict[str, Any]]  # the one model, as /v1/models lists it
     log: Log
@@ -936,15 +938,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, message, code="no_template")
         return rendered + (prefill or ""), prefill
 
-    def _prepare_text(
-        data: bytes, extra: Sequence[tuple[str, str]] = (), middle: str = ""
-    ) -> tuple[CompletionRequest, Job]:
-        """A text completion's body and job; with a suffix, fill-in-the-middle (``extra`` and ``middle``:
-        llama-server's /infill's extra files and text after the prefix)."""
+    def _prepare_text(data: bytes, infill: Infill | None = None) -> tuple[CompletionRequest, Job]:
+        """A text completion's body and job; fill-in-the-middle with a suffix that is not empty (an empty
+        one, what clients send for none, is none, as ollama reads it), or always with llama-server's
+        /infill's ``infill`` parts (its extra files, and the text after the prefix)."""
         body = _accepted(CompletionRequest, data)
         text = body.text()
-        if body.suffix is not None:
-            return body, _job(body, _infill(body, text, extra, middle))
+        if body.suffix or infill is not None:
+            return body, _job(body, _infill(body, text, *(infill or ((), ""))))
         if text is None:
             return body, _job(body, known_tokens(body.token_ids(), engine.runners[0].n_vocab, "prompt"))
         return body, _job(body, usage_checked(lambda: check_prompt_text(text), "prompt"))
@@ -963,13 +964,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             message = "suffix: fill-in-the-middle reads the prompt as text (the code before the cursor)"
             raise ApiError(400, message, code="invalid_value", param="suffix")
         usage_checked(lambda: check_text(prefix, "the prompt"), "prompt")
-        usage_checked(lambda: check_text(body.suffix, "the suffix"), "suffix")
+        suffix = body.suffix or ""
+        usage_checked(lambda: check_text(suffix, "the suffix"), "suffix")
         try:
             check_special_tokens_fit(middle, specials, engine.n_ctx)  # the code is read without them
             return encode_infill(
                 runner,
                 prefix,
-                body.suffix,
+                suffix,
                 extra=extra,
                 middle=middle,
                 answer_tokens=_answer_limit(body),
@@ -1127,9 +1129,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         chat=functools.partial(prepared, _prepare_chat),
         template=functools.partial(prepared, _prepare_template),
         text=functools.partial(prepared, _prepare_text),
-        infill=lambda data, extra, middle: prepared(
-            functools.partial(_prepare_text, extra=extra, middle=middle), data
-        ),
+        infill=lambda data, infill: prepared(functools.partial(_prepare_text, infill=infill), data),
         submit=_submitted,
         served_model=served_model,
         log=log,

@@ -348,10 +348,10 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
     @app.post("/infill", dependencies=keyed)
     async def infill(request: Request) -> Any:
         asked = parse(NativeInfill, await requests.json_body(request))
-        extra, middle = asked.fim_parts()
+        parts = asked.fim_parts()
         try:
             data = json.dumps(asked.openai_body(engine.n_ctx)).encode()
-            body, job = await requests.infill(data, extra, middle)
+            body, job = await requests.infill(data, parts)
         except ApiError as error:
             raise asked.respelled(error) from None
         return await _answered(request, asked, body, job)
