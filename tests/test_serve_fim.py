@@ -16,7 +16,9 @@ import ollama
 import openai
 import pytest
 from serve_process import Server
-from test_serve import serving
+from test_cli import pair_args
+from test_serve import TAU, serving
+from test_serve_native import post
 from tiny_models import write_tiny_model
 
 from ead_cli.bench import native
@@ -42,14 +44,9 @@ def fim_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def server(fim_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    args = ["--small", str(fim_pair[0]), "--large", str(fim_pair[1]), "--threads", "1", "--tau", "3"]
-    args += ["--ctx", str(N_CTX), "--no-reuse", "--max-tokens", str(MAX_TOKENS)]
+    args = [*pair_args(fim_pair), *TAU, "--ctx", str(N_CTX), "--no-reuse", "--max-tokens", str(MAX_TOKENS)]
     with serving(args, tmp_path_factory.mktemp("serve") / "server.log") as running:
         yield running
-
-
-def post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{server.url}{path}", json=body, timeout=120)
 
 
 def infill(server: Server, **body: Any) -> dict[str, Any]:
