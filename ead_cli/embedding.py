@@ -21,7 +21,7 @@ import numpy as np
 from .errors import EadError, shown_path
 from .prompt import check_text, context_advice, nth_special_token, special_token_pattern
 from .remote import RemoteRunner
-from .runner import Runner
+from .runner import ContextOwner, Runner
 from .signals import main_thread_signals
 
 POOLING = "mean"  # Qwen2.5's GGUFs name no pooling of their own; llama-server's --pooling mean
@@ -38,7 +38,7 @@ def model_to_embed(runners: Sequence[Runner | RemoteRunner]) -> Runner:
     return [runner for runner in runners if isinstance(runner, Runner)][-1]
 
 
-class Embedder:
+class Embedder(ContextOwner):
     """Embeddings by ``runner``'s model, in a context of its own as long as the runner's (``n_ctx``: the
     longest input taken). Not thread-safe: one embedding at a time (ead serve's embedding thread)."""
 
@@ -70,32 +70,47 @@ class Embedder:
             self._batch.seq_id[i][0] = 0
             self._batch.logits[i] = True
 
-    def tokens(self, text: str, *, truncate: bool = False, what: str = "the input") -> list[int]:
+    def tokens(
+        self, text: str, *, truncate: bool = False, what: str = "the input", n_ctx: int | None = None
+    ) -> list[int]:
         """The text's tokens as llama-server reads an input to embed (special tokens' texts as those
-        tokens, a BOS where the vocabulary wants one). One longer than the context is refused, or with
+        tokens, a BOS where the vocabulary wants one). One longer than the context (``n_ctx``: a smaller
+        one a request asks for, as ollama's num_ctx; None, the embedder's) is refused, or with
         ``truncate`` cut to its first ``n_ctx`` tokens, as ollama cuts it; a text with more special
         tokens' texts than that is refused or cut before it is tokenized (llama.cpp's tokenizer takes
         time quadratic in their number). ``what`` names the input in a refusal."""
         check_text(text, what)
-        past = nth_special_token(text, self._specials, self.n_ctx + 1)
+        n_ctx = self._context(n_ctx)
+        past = nth_special_token(text, self._specials, n_ctx + 1)
         if past is not None:
             if not truncate:
                 raise InputTooLong(
-                    f"{what} holds more than {self.n_ctx} special tokens (such as {past.group()!r}): "
-                    f"{self._too_long()}"
+                    f"{what} holds more than {n_ctx} special tokens (such as {past.group()!r}): "
+                    f"{self._too_long(n_ctx)}"
                 )
             text = text[: past.start()]  # a special token is a token of its own: the ones before it stay
-        return self.fitting(self.runner.tokenize(text, add_special=True), truncate=truncate, what=what)
+        ids = self.runner.tokenize(text, add_special=True)
+        return self.fitting(ids, truncate=truncate, what=what, n_ctx=n_ctx)
 
-    def fitting(self, ids: list[int], *, truncate: bool = False, what: str = "the input") -> list[int]:
-        """An input's token ids, refused where there are none, and past the context refused or cut."""
+    def fitting(
+        self, ids: list[int], *, truncate: bool = False, what: str = "the input", n_ctx: int | None = None
+    ) -> list[int]:
+        """An input's token ids, refused where there are none, and past the context (``n_ctx``, as
+        ``tokens`` takes it) refused or cut."""
         if not ids:
             raise EadError(f"{what} is empty")
-        if len(ids) > self.n_ctx and not truncate:
-            raise InputTooLong(f"{what} is {len(ids)} tokens: {self._too_long()}")
-        return ids[: self.n_ctx]
+        n_ctx = self._context(n_ctx)
+        if len(ids) > n_ctx and not truncate:
+            raise InputTooLong(f"{what} is {len(ids)} tokens: {self._too_long(n_ctx)}")
+        return ids[:n_ctx]
 
-    def _too_long(self) -> str:
+    def _context(self, asked: int | None) -> int:
+        """The context an input must fit: the one asked for, at most the embedder's."""
+        return self.n_ctx if asked is None else min(asked, self.n_ctx)
+
+    def _too_long(self, n_ctx: int) -> str:
+        if n_ctx < self.n_ctx:
+            return f"the context asked for takes at most {n_ctx} (ask for up to {self.n_ctx} or shorten it)"
         advice = context_advice([self.runner])
         return f"the embedding context takes at most {self.n_ctx} ({advice} or shorten it)"
 
@@ -121,12 +136,7 @@ class Embedder:
 
     def close(self) -> None:
         """Free the batch and the context (the runner owns the model; safe to call twice)."""
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        self._free_context()
 
 
 def normalized(vector: np.ndarray, norm: int = 2) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from . import registry
 from .compat import check_tokenizers
@@ -33,6 +34,7 @@ def load_runners(
     large_only: bool = False,
     reuse: Runner | None = None,
     local_only: bool = False,
+    before_load: Callable[[dict[str, ModelFile | None]], None] | None = None,
 ) -> list[Runner | RemoteRunner]:
     """Resolve and load the models (small and large, or a cascade), smallest first, and refuse them
     unless they all share a tokenizer. A model given as http://HOST:PORT is a llama-server; the
@@ -43,7 +45,8 @@ def load_runners(
     tokenizes), so there all load. ``--mode small`` loads both: its costs are stated against the large.
     ``reuse``: the largest, loaded before (by a ``large_only`` call), taken as is: the others join it.
     ``local_only``: the command runs every model itself (bench replay and speed): a server's address is
-    refused before any model loads."""
+    refused before any model loads. ``before_load``: told each role's file (None: a llama-server's) once
+    they are found, before any loads or is checked by a child (the bench's results compare them)."""
     catalog = registry.load_catalog(options.models_file)
     refs = options.models or (options.small or catalog.small, options.large or catalog.large)
     if local_only:
@@ -66,6 +69,16 @@ def load_runners(
         for level, ref in enumerate(refs)
         if not is_remote(ref) and level != reused
     }
+    if before_load is not None:
+        before_load(
+            {
+                role: ModelFile(model_label(paths[level], refs[level]), paths[level].stat().st_size)
+                if level in paths
+                else None
+                for level, role in enumerate(roles)
+                if level != reused
+            }
+        )
     if gpu_layers(options.n_gpu_layers) == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
     repack = repack_choice(options.repack)  # a child decodes each new model file once: a crash is explained
@@ -107,6 +120,19 @@ def load_runners(
     return runners
 
 
+class ModelFile(NamedTuple):
+    """A local model as the bench's results record it, known before it loads: its label and size."""
+
+    label: str
+    bytes: int
+
+
+def model_label(path: Path, ref: str) -> str:
+    """What a local model is called (``Runner.label``): its file's name, or for another tool's model the
+    reference (an ollama blob's name is a digest)."""
+    return ref if is_user_model(ref) else path.name
+
+
 def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
     runner = Runner(
         path,
@@ -116,8 +142,7 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
         n_gpu_layers=options.n_gpu_layers,
         repack=options.repack,
     )
-    if is_user_model(ref):  # an ollama blob's name is a digest: the reference says what it is
-        runner.label = ref
+    runner.label = model_label(path, ref)
     return runner
 
 
@@ -151,8 +176,9 @@ def build_decoder(
 ) -> Decoder | SpeculativeDecoder:
     """A decoder over loaded runners; invalid policy values become a one-line usage error. ``entropy``
     "needed": where nothing shows each token's entropy (plain text, the bench), only the steps whose
-    decision needs its value measure it (``Decoder``); the tokens and decisions are the same."""
-    check_biased_tokens(generation, runners)
+    decision needs its value measure it (``Decoder``); the tokens and decisions are the same.
+    ``generation``'s logit bias is taken as checked: the command line's once its models load
+    (``check_biased_tokens``), a request's when it arrives."""
     roles = [runner.name for runner in runners]
     policy_options = replace(policy_options, levels=len(runners))
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
@@ -196,7 +222,8 @@ def build_decoder(
 
 def check_biased_tokens(generation: GenerationOptions, runners: Sequence[Runner]) -> None:
     """A usage error for a --logit-bias token past the vocabulary the models share (llama-cli's -l
-    drops such a bias without a word)."""
+    drops such a bias without a word): once, when a command's models have loaded, not per decoder (ead
+    serve builds one a request)."""
     biased = (token for token, _ in generation.sampling.logit_bias)
     message = unknown_token(biased, runners[0].n_vocab, "--logit-bias")
     if message is not None:

@@ -410,10 +410,10 @@ DECODING: tuple[DecodingOption, ...] = (
         "repeat_last_n",
         int,
         64,
-        "How many of the last tokens (prompt included) the penalties count (0: none).",
+        "How many of the last tokens (prompt included) the penalties count (0: none; -1: the whole context).",
         short="tokens the penalties count",
         target="sampling",
-        minimum=0,
+        minimum=-1,
         surfaces=frozenset({CLI, CHAT}),
     ),
     DecodingOption(

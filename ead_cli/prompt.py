@@ -13,7 +13,7 @@ import numpy as np
 from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from .errors import EadError, cut, shown_path
+from .errors import EadError, cut, quoted, shown_path
 from .remote import RemoteRunner
 from .runner import Runner
 
@@ -301,3 +301,96 @@ def _past_the_context(runners: Runners, what: str) -> str:
         f"too many for the context of {n_ctx} tokens: it takes at most {n_ctx - 1}, to leave room for "
         f"the answer ({context_advice(runners)} or shorten {what})"
     )
+
+
+# llama-server's fill-in-the-middle layout (format_prompt_infill, tools/server): the repository's name and
+# the current file's, which it writes having none from the request, and what parts extra files where the
+# vocabulary has no file separator.
+FIM_REPOSITORY = "myproject\n"
+FIM_CURRENT_FILE = "filename\n"
+FIM_SNIPPET = "\n\n--- snippet ---\n\n"
+
+
+def encode_infill(
+    runner: Runner,
+    prefix: str,
+    suffix: str,
+    *,
+    extra: Sequence[tuple[str, str]] = (),
+    middle: str = "",
+    answer_tokens: int,
+    runners: Runners,
+) -> list[int]:
+    """The token ids of a fill-in-the-middle prompt, the code before the cursor (``prefix``) and after it
+    (``suffix``), with other files of the project (``extra``: name and text) before them and ``middle``
+    after the prefix, laid out and trimmed as llama-server's /infill does, so that an editor's client gets
+    the answer it would get there: the prefix's last three quarters of a batch, the suffix's first quarter
+    less the middle, and the extra files' last tokens that leave the context a batch and twice the answer
+    (``answer_tokens``). The code is read as text (a special token's text in a file is no token), the
+    middle as a prompt is. A model without FIM tokens, or a prompt too long for the context, is refused."""
+    pre, suf, mid = check_infill(runner)
+    repository, separator = (
+        llama_cpp.llama_vocab_fim_rep(runner.vocab),
+        llama_cpp.llama_vocab_fim_sep(runner.vocab),
+    )
+    check_text(prefix, "the prefix")
+    check_text(suffix, "the suffix")
+    check_text(middle, "the prompt")
+    for name, text in extra:
+        check_text(name, "an extra file's name")
+        check_text(text, f"the extra file {quoted(name)}")
+
+    def plain(text: str) -> list[int]:
+        return runner.tokenize(text, add_special=False, parse_special=False)
+
+    extra_tokens = [repository, *plain(FIM_REPOSITORY)] if repository != llama_cpp.LLAMA_TOKEN_NULL else []
+    for name, text in extra:
+        if separator != llama_cpp.LLAMA_TOKEN_NULL:
+            extra_tokens += [separator, *plain(f"{name}\n")]
+        else:
+            extra_tokens += plain(FIM_SNIPPET)
+        extra_tokens += plain(text)
+    if separator != llama_cpp.LLAMA_TOKEN_NULL:
+        extra_tokens += [separator, *plain(FIM_CURRENT_FILE)]
+    middle_tokens = runner.tokenize(middle, add_special=False, parse_special=True)
+    n_batch, n_ctx = runner.n_batch, context_size(runners)
+    prefix_tokens = plain(prefix)
+    prefix_tokens = prefix_tokens[max(0, len(prefix_tokens) - 3 * (n_batch // 4)) :]
+    suffix_tokens = plain(suffix)[: max(0, n_batch // 4 - (2 + len(middle_tokens)))]
+    extra_take = min(max(0, n_ctx - n_batch - 2 * answer_tokens), len(extra_tokens))
+    add_bos = llama_cpp.llama_vocab_get_add_bos(runner.vocab)
+    bos = [llama_cpp.llama_vocab_bos(runner.vocab)] if add_bos else []
+    prompt = [
+        *extra_tokens[len(extra_tokens) - extra_take :],
+        *bos,
+        *(pre, *prefix_tokens, *middle_tokens),
+        *(suf, *suffix_tokens),
+        mid,
+    ]
+    check_fits(prompt, runners)
+    return prompt
+
+
+def check_infill(runner: Runner) -> tuple[int, int, int]:
+    """The prefix, suffix and middle tokens of a fill-in-the-middle prompt; a model without them refused,
+    named."""
+    tokens = infill_tokens(runner)
+    if tokens is None:
+        raise EadError(
+            f"{shown_path(runner.label)} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+            "<|fim_middle|>): it cannot complete code at a cursor",
+            exit_code=2,
+        )
+    return tokens
+
+
+def infill_tokens(runner: Runner) -> tuple[int, int, int] | None:
+    """The prefix, suffix and middle tokens of the vocabulary (llama.cpp's, from the GGUF or found by their
+    text), or None if it lacks one: the model cannot fill in the middle."""
+    vocab = runner.vocab
+    tokens = (
+        llama_cpp.llama_vocab_fim_pre(vocab),
+        llama_cpp.llama_vocab_fim_suf(vocab),
+        llama_cpp.llama_vocab_fim_mid(vocab),
+    )
+    return None if llama_cpp.LLAMA_TOKEN_NULL in tokens else tokens

@@ -171,7 +171,24 @@ class RunnerStats:
         return self.prefill.tokens + self.decode.tokens + self.catchup.tokens
 
 
-class Runner:
+class ContextOwner:
+    """A llama.cpp context and the batch it reads, freed together: a ``Runner``'s, and an ``Embedder``'s
+    second context over the same weights."""
+
+    _ctx: llama_cpp.llama_context_p | None
+    _batch: llama_cpp.llama_batch | None
+
+    def _free_context(self) -> None:
+        """Free the batch, then the context (safe to call twice; the model is its owner's to free)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+
+class Runner(ContextOwner):
     """A llama.cpp model and context with a cursor into the shared token list.
 
     ``n_ctx`` None: 4096 tokens or the model's training context if smaller. ``n_gpu_layers`` None: every
@@ -683,12 +700,7 @@ class Runner:
         """Free the batch, context, parsed grammars and model (safe to call twice)."""
         if self._ctx:
             self._wait_for_device()
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        self._free_context()
         if self._model:
             self.grammars.close()
             llama_cpp.llama_model_free(self._model)

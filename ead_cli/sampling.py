@@ -31,7 +31,8 @@ class SamplingParams:
 
     Before all of these, as in llama.cpp's chain: ``logit_bias`` ((token, bias) pairs, added to the
     logits) and the penalties of llama.cpp's penalties sampler over the last ``repeat_last_n`` tokens
-    (0: none), see ``penalised``. Their defaults are off, as llama.cpp's."""
+    (0: none; -1, ``WHOLE_CONTEXT``: all of them), see ``penalised``. Their defaults are off, as
+    llama.cpp's."""
 
     temp: float = 0.0
     top_k: int = 40
@@ -61,8 +62,9 @@ class SamplingParams:
         if not 0 < self.repeat_penalty < math.inf:
             message = f"--repeat-penalty must be above 0 and finite (1: off), got {self.repeat_penalty}"
             raise EadError(message, exit_code=2)
-        if self.repeat_last_n < 0:
-            message = f"--repeat-last-n must be at least 0 (0: no penalties), got {self.repeat_last_n}"
+        if self.repeat_last_n < WHOLE_CONTEXT:
+            limits = "at least -1 (-1: the whole context, 0: none)"
+            message = f"--repeat-last-n must be {limits}, got {self.repeat_last_n}"
             raise EadError(message, exit_code=2)
         check_int32(self.repeat_last_n, "--repeat-last-n")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -106,7 +108,7 @@ class SamplingParams:
             row[token] += np.float32(bias)
         if self._penalties_on:
             end = len(tokens) if end is None else end
-            start = max(0, end - self.repeat_last_n)
+            start = 0 if self.repeat_last_n == WHOLE_CONTEXT else max(0, end - self.repeat_last_n)
             ids, counts = np.unique(np.asarray(tokens[start:end], dtype=np.int64), return_counts=True)
             found = row[ids]
             repeat = np.float32(self.repeat_penalty)
@@ -118,6 +120,9 @@ class SamplingParams:
         return row
 
 
+# repeat_last_n's -1: llama-server and llama-cli count the whole context (n_ctx tokens), which holds
+# every token before a row
+WHOLE_CONTEXT = -1
 MAX_PENALTY = 2.0  # OpenAI's bound of presence_penalty and frequency_penalty
 MAX_LOGIT_BIAS = 100.0  # and of a logit bias
 

@@ -726,6 +726,25 @@ def test_another_setup_that_the_options_give_is_refused_before_any_model_loads(
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
 
 
+def test_other_model_files_or_threads_are_refused_before_any_model_loads(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A resume with another model file (told by its name and size) or other --threads had been refused
+    only once the models had loaded: a file that llama.cpp cannot load in its place is refused as another
+    setup, not loaded (nor decoded by the smoke check's child) first."""
+    out = tmp_path / "out"
+    run(humaneval_job(humaneval[:1], out), tiny_pair)
+    before = (out / "results.jsonl").read_bytes()
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))  # past the magic check, not a model llama.cpp loads
+    with pytest.raises(EadError, match=r"holds results of another setup \(differs in: the models\)"):
+        run(humaneval_job(humaneval[:1], out), (tiny_pair[0], broken))
+    with pytest.raises(EadError, match=r"\(differs in: the models, --threads\)"):
+        run(humaneval_job(humaneval[:1], out), (tiny_pair[0], broken), threads=2)
+    assert (out / "results.jsonl").read_bytes() == before
+    assert len(run(humaneval_job(humaneval[:2], out), tiny_pair)) == 4  # the same files resume
+
+
 @pytest.mark.parametrize(
     ("options", "differs"), [({"threads": 2}, "--threads"), ({"n_ctx": 1024}, "--ctx")]
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import json
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -226,6 +227,18 @@ def test_penalised_is_llama_cpps_penalties_sampler_bit_for_bit() -> None:
     assert params.penalised(logits, history, 0) is not logits  # a copy, nothing counted before position 0
     assert np.array_equal(params.penalised(logits, history, 0), logits)
     assert SamplingParams().penalised(logits, history) is logits  # off: the row itself, no copy
+    # -1: the whole context (llama-server's and llama-cli's), so every token before the row
+    whole = SamplingParams(repeat_penalty=1.7, repeat_last_n=-1, presence_penalty=1.9).penalised(
+        logits, history
+    )
+    sampler = llama_cpp.llama_sampler_init_penalties(64, len(history), 1.7, 0.0, 1.9)
+    for token in history:
+        llama_cpp.llama_sampler_accept(sampler, token)
+    candidates["logit"] = logits
+    array = llama_cpp.llama_token_data_array(data=data, size=64, selected=-1, sorted=False)
+    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+    llama_cpp.llama_sampler_free(sampler)
+    assert whole.tobytes() == candidates["logit"].tobytes()
 
 
 @pytest.mark.parametrize(
@@ -233,7 +246,10 @@ def test_penalised_is_llama_cpps_penalties_sampler_bit_for_bit() -> None:
     [
         ({"repeat_penalty": 0.0}, "--repeat-penalty must be above 0 and finite (1: off), got 0.0"),
         ({"repeat_penalty": float("inf")}, "--repeat-penalty must be above 0 and finite (1: off), got inf"),
-        ({"repeat_last_n": -1}, "--repeat-last-n must be at least 0 (0: no penalties), got -1"),
+        (
+            {"repeat_last_n": -2},
+            "--repeat-last-n must be at least -1 (-1: the whole context, 0: none), got -2",
+        ),
         ({"presence_penalty": 2.5}, "--presence-penalty must be in [-2, 2], got 2.5"),
         ({"frequency_penalty": -2.01}, "--frequency-penalty must be in [-2, 2], got -2.01"),
         ({"frequency_penalty": float("nan")}, "--frequency-penalty must be in [-2, 2], got nan"),
@@ -263,6 +279,9 @@ def test_generate_takes_llama_clis_penalty_options(tiny_pair: tuple[Path, Path],
         cli_tokens(tiny_pair, *options, "--presence-penalty", "0.25") == expected
     )  # the large model, lookup on
     assert cli_tokens(tiny_pair, *options, "--presence-penalty", "0.25", "--mode", "spec") == expected
+    whole = llama_cpp_text(tiny_pair, replace(ALL, repeat_last_n=4096), prompt, [1] * COUNT)
+    assert whole != expected
+    assert cli_tokens(tiny_pair, *options, "--presence-penalty", "0.25", "--repeat-last-n", "-1") == whole
     favoured, banned = 97, llama_cpp_text(tiny_pair, SamplingParams(), prompt, [1])[0]
     biased = SamplingParams(repeat_penalty=1.1, logit_bias=((favoured, 7.5), (banned, -100.0)))
     tokens = cli_tokens(
@@ -277,7 +296,10 @@ def test_generate_takes_llama_clis_penalty_options(tiny_pair: tuple[Path, Path],
     [
         (["--repeat-penalty", "0"], "error: --repeat-penalty must be above 0 and finite (1: off), got 0.0"),
         (["--repeat-penalty", "inf"], "error: --repeat-penalty must be above 0 and finite (1: off), got inf"),
-        (["--repeat-last-n", "-1"], "error: --repeat-last-n must be at least 0 (0: no penalties), got -1"),
+        (
+            ["--repeat-last-n", "-2"],
+            "error: --repeat-last-n must be at least -1 (-1: the whole context, 0: none), got -2",
+        ),
         (["--presence-penalty", "2.5"], "error: --presence-penalty must be in [-2, 2], got 2.5"),
         (["--frequency-penalty", "-3"], "error: --frequency-penalty must be in [-2, 2], got -3.0"),
         (["-l", "300+1"], "error: --logit-bias: token id 300 is not in the vocabulary (ids 0-266)"),
@@ -290,7 +312,8 @@ def test_a_bad_penalty_is_one_line_on_the_command_line(
     tiny_pair: tuple[Path, Path], args: list[str], message: str
 ) -> None:
     assert assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2) == message
-    if args[0] == "-l":  # serve refuses a token past the vocabulary at its start, not at each request
+    if args[0] in ("-l", "--repeat-last-n"):  # chat and serve refuse them at their start, once
+        assert assert_one_line_error(ead("chat", *pair_args(tiny_pair), *args, stdin="hi\n"), 2) == message
         assert assert_one_line_error(ead("serve", *pair_args(tiny_pair), *args, "--port", "0"), 2) == message
 
 
@@ -343,15 +366,41 @@ def test_openai_and_llama_server_fields_write_llama_cpps_text(server: Server, ti
     assert completed(server, prompt) == plain  # nothing carried over from the requests before
 
 
+def test_a_samplers_list_that_leaves_the_penalties_out_turns_them_off(
+    server: Server, tiny_large: Path
+) -> None:
+    """llama-server runs the samplers a request's ``samplers`` names (the logit bias always): a list
+    without "penalties" answers as if none were given, its default order (as names or letters) with them."""
+    with Runner(tiny_large, name="large", n_ctx=512, n_threads=1) as runner:
+        prompt = encode_prompt(runner, PROMPT)
+    plain = llama_cpp_text((tiny_large,), SamplingParams(), prompt, [0] * COUNT)
+    penalised = llama_cpp_text((tiny_large,), ALL, prompt, [0] * COUNT)
+    assert plain != penalised
+    fields = {"repeat_penalty": 1.3, "repeat_last_n": 16, "frequency_penalty": 0.5, "presence_penalty": 0.25}
+    default = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+    for samplers, expected in (
+        (["top_k", "top_p", "min_p", "temperature"], plain),
+        (["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"], plain),
+        (default, penalised),
+        ("edskypmxt", penalised),
+    ):
+        assert completed(server, prompt, **fields, samplers=samplers) == expected, samplers
+    bias = {str(plain[0]): -100}  # the logit bias stays: llama.cpp's chain always runs it
+    unpenalised = completed(server, prompt, **fields, samplers=default[1:], logit_bias=bias)
+    assert unpenalised == completed(server, prompt, logit_bias=bias) and plain[0] not in unpenalised
+
+
 def test_the_servers_options_are_a_requests_defaults(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
-    options = ["--repeat-penalty", "1.3", "--repeat-last-n", "16", "--presence-penalty", "0.25"]
+    options = ["--repeat-penalty", "1.3", "--repeat-last-n", "-1", "--presence-penalty", "0.25"]
     args = [*pair_args(tiny_pair), "--ctx", "512", *options, "--frequency-penalty", "0.5"]
     with Runner(tiny_pair[1], name="large", n_ctx=512, n_threads=1) as runner:
         prompt = encode_prompt(runner, PROMPT)
     plain = llama_cpp_text(tiny_pair[1:], SamplingParams(), prompt, [0] * COUNT)
     with serving(args, tmp_path / "server.log") as running:
-        assert completed(running, prompt) == llama_cpp_text(tiny_pair[1:], ALL, prompt, [0] * COUNT)
+        whole = replace(ALL, repeat_last_n=512)  # -1: the whole context
+        assert completed(running, prompt) == llama_cpp_text(tiny_pair[1:], whole, prompt, [0] * COUNT)
         assert completed(running, prompt, repeat_penalty=1, presence_penalty=0, frequency_penalty=0) == plain
+        assert completed(running, prompt, samplers=["top_k", "top_p", "min_p", "temperature"]) == plain
 
 
 def ollama_chat(server: Server, options: dict[str, object]) -> list[int]:
@@ -369,6 +418,8 @@ def test_ollamas_options_are_the_same_penalties(server: Server) -> None:
     assert reply.status_code == 200, reply.text
     expected = [token["token"] for token in reply.json()["ead"]["tokens"]]
     assert ollama_chat(server, {**fields, "repeat_last_n": -1}) == expected  # -1: the whole context
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json={**chat, **fields, "repeat_last_n": -1})
+    assert [token["token"] for token in reply.json()["ead"]["tokens"]] == expected  # llama-server's -1
     assert ollama_chat(server, {**fields, "repeat_last_n": 16}) != expected
     assert ollama_chat(server, {}) != expected
 
@@ -377,7 +428,7 @@ def test_ollamas_options_are_the_same_penalties(server: Server) -> None:
     ("fields", "param", "fragment"),
     [
         ({"repeat_penalty": 0}, "repeat_penalty", "greater than 0"),
-        ({"repeat_last_n": -1}, "repeat_last_n", "greater than or equal to 0"),
+        ({"repeat_last_n": -2}, "repeat_last_n", "greater than or equal to -1"),
         ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
         ({"frequency_penalty": -2.5}, "frequency_penalty", "greater than or equal to -2"),
         ({"logit_bias": {"5": 101}}, "logit_bias", "less than or equal to 100"),

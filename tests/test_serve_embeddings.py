@@ -23,6 +23,7 @@ import pytest
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import HI, JSON, TAU, serving
+from test_serve_utility import scrape
 
 from ead_cli.bench import native
 from ead_cli.embedding import Embedder, normalized
@@ -39,7 +40,7 @@ OFF = "embeddings are off: start ead serve with --embeddings"
 @pytest.fixture(scope="module")
 def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # --no-reuse: a generation asked twice is the same to the bit, with embeddings beside it or not
-    args = [*pair_args(tiny_pair), *TAU, "--ctx", str(N_CTX), "--no-reuse", "--embeddings"]
+    args = [*pair_args(tiny_pair), *TAU, "--ctx", str(N_CTX), "--no-reuse", "--embeddings", "--metrics"]
     with serving(args, tmp_path_factory.mktemp("serve") / "server.log") as running:
         yield running
 
@@ -183,6 +184,52 @@ def test_ollama_truncates_a_long_input_unless_told_not_to(server: Server, embedd
         f"input is {len(tokens)} tokens: the embedding context takes at most {N_CTX} "
         "(raise --ctx or shorten it)"
     )
+
+
+def test_ollamas_num_ctx_below_the_served_context_cuts_or_refuses_there(
+    server: Server, embedder: Embedder
+) -> None:
+    """ollama loads the model with a request's options.num_ctx: an input past it is cut to it (the
+    default) or, with truncate false, a 400; an input within it is embedded whole; /api/embeddings never
+    cuts."""
+    client = ollama.Client(host=server.url)
+    tokens = embedder.runner.tokenize(TEXTS[0], add_special=True)
+    small = {"num_ctx": len(tokens) - 2}
+    answer = client.embed(model="ead", input=TEXTS[0], options=small)
+    assert answer.prompt_eval_count == len(tokens) - 2
+    np.testing.assert_allclose(answer.embeddings[0], normalized(embedder.embed(tokens[:-2])), atol=1e-6)
+    whole = client.embed(model="ead", input=TEXTS[0], options={"num_ctx": len(tokens)})
+    assert whole.prompt_eval_count == len(tokens)
+    for refused_by in (
+        lambda: client.embed(model="ead", input=TEXTS[0], options=small, truncate=False),
+        lambda: client.embeddings(model="ead", prompt=TEXTS[0], options=small),
+    ):
+        with pytest.raises(ollama.ResponseError) as refused:
+            refused_by()
+        assert refused.value.status_code == 400
+        assert refused.value.error.endswith(
+            f" is {len(tokens)} tokens: the context asked for takes at most {len(tokens) - 2} "
+            f"(ask for up to {N_CTX} or shorten it)"
+        ), refused.value.error
+
+
+def test_metrics_count_the_embedding_requests_and_their_tokens(server: Server, embedder: Embedder) -> None:
+    """In ead's own counters: llama-server counts no embedding in its prompt tokens (its metrics count a
+    prompt when an answer's first token is drawn), and neither does ead."""
+    before = scrape(server)
+    two = post(server, "/v1/embeddings", {"model": "ead", "input": TEXTS[:2], "encoding_format": "float"})
+    one = post(server, "/embedding", {"content": TEXTS[1]})
+    ollama_embed = post(server, "/api/embed", {"model": "ead", "input": TEXTS[0]})
+    load = post(server, "/api/embed", {"model": "ead"})  # ollama's load request: nothing embedded
+    assert [reply.status_code for reply in (two, one, ollama_embed, load)] == [200] * 4
+    refused = post(server, "/v1/embeddings", {"model": "ead", "input": LONG_TEXT})
+    assert refused.status_code == 400
+    after = scrape(server)
+    tokens = two.json()["usage"]["prompt_tokens"] + len(embedder.tokens(TEXTS[1]))
+    tokens += ollama_embed.json()["prompt_eval_count"]
+    assert after["ead:embedding_requests_total"] - before["ead:embedding_requests_total"] == 3
+    assert after["ead:embedding_tokens_total"] - before["ead:embedding_tokens_total"] == tokens
+    assert after["llamacpp:prompt_tokens_total"] == before["llamacpp:prompt_tokens_total"]
 
 
 TOO_LONG = f"is 3001 tokens: the embedding context takes at most {N_CTX} (raise --ctx or shorten it)"

@@ -343,6 +343,11 @@ def test_every_route_takes_the_api_key(tiny_pair: tuple[Path, Path], tmp_path: P
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
             keyed = {"Authorization": "Bearer s3cret"}
             assert httpx.request(method, f"{server.url}{path}", json=body, headers=keyed).status_code == 200
+        infill = {"input_prefix": "def f(", "input_suffix": ")"}
+        assert httpx.post(f"{server.url}/infill", json=infill, timeout=60).status_code == 401
+        # past the key, the tiny pair's vocabulary, without FIM tokens, is the refusal
+        with_key = httpx.post(f"{server.url}/infill", json=infill, headers=keyed, timeout=60)
+        assert with_key.status_code == 400 and with_key.json()["error"]["param"] == "input_suffix"
 
 
 def test_tokens_cached_counts_the_prompt_the_caches_kept(

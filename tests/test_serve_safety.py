@@ -109,6 +109,32 @@ def test_fields_that_would_change_the_answer_are_refused_not_ignored(
         assert error["message"].startswith(f"{param}: ")
 
 
+def test_fill_in_the_middle_on_a_model_without_fim_tokens_names_it(server: Server) -> None:
+    """Each API's suffix (llama-server's /infill, OpenAI's and ollama's) on a vocabulary with no FIM
+    tokens: a 400 naming the model, in its API's shape; the server serves on."""
+    why = (
+        "small.gguf has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>): "
+        "it cannot complete code at a cursor"
+    )
+    openai_reply = post(server, "/v1/completions", {"prompt": "def f(", "suffix": ")"})
+    assert openai_reply.status_code == 400
+    assert openai_reply.json()["error"] == {
+        "message": f"suffix: {why}",
+        "type": "invalid_request_error",
+        "param": "suffix",
+        "code": "unsupported_parameter",
+    }
+    infill = post(server, "/infill", {"input_prefix": "def f(", "input_suffix": ")"})
+    assert infill.status_code == 400
+    assert infill.json()["error"]["message"] == f"input_suffix: {why}"
+    assert infill.json()["error"]["param"] == "input_suffix"
+    ollama = post(server, "/api/generate", {"model": "ead", "prompt": "def f(", "suffix": ")"})
+    assert (ollama.status_code, ollama.json()) == (400, {"error": f"suffix: {why}"})
+    # an empty suffix is none, as ollama reads it (and as clients send it for none): a plain completion
+    plain = post(server, "/v1/completions", {"prompt": "def f(", "suffix": "", "max_tokens": 1})
+    assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] == 1
+
+
 # llama-server's fields that would change the answer, each with a value that does and one meaning "off"
 LLAMA_SERVER_REFUSED = [
     ("n_predict", 8, -1),

@@ -43,7 +43,12 @@ llama.cpp gives control tokens RSTRIP, so that they swallow the whitespace after
 longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, llama.cpp's "llama": the
 256 ``<0xNN>`` byte tokens, ``SPM_PIECES`` and the control tokens; it puts a space before a text and reads
 "▁" as one, as Llama 2's, Mistral's and Phi-3's do); ``"think"`` (``base`` plus ``<think>`` and
-``</think>``, user-defined tokens as in Qwen3's vocabulary: text when detokenized), for ``QWEN3_LIKE``.
+``</think>``, user-defined tokens as in Qwen3's vocabulary: text when detokenized), for ``QWEN3_LIKE``;
+``"fim"`` (``base`` plus Qwen2.5-Coder's six
+fill-in-the-middle control tokens, ``FIM_SPECIALS``, which llama.cpp finds by their text: the
+repository-level layout, ``<|fim_pad|>``, ``<|repo_name|>`` and ``<|file_sep|>`` ending a generation);
+``"fim-bare"`` (``base`` plus the first three alone: prefix, suffix, middle, as CodeGemma's and
+StarCoder's are, with no file separator).
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PHI3_SPECIALS = ("<unk>", "<s>", "</s>")  # llama.cpp's Phi-3 rule sets their attributes: they must exist
 LONG_TOKEN = "=" * 64
+FIM_SPECIALS = (
+    *("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    *("<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"),
+)
 # A SentencePiece vocabulary's pieces ("▁" a space): a text's other characters are spelled in byte tokens
 SPM_PIECES = ("▁", "{", "}", '"', ":", ",", "a", "e", "t", "▁{", '▁"', "▁t", "th", "▁th", "er", "in")
 N_PADDING = 2
@@ -106,7 +115,7 @@ def byte_tokens() -> list[str]:
 def _merges(vocab: str) -> list[str]:
     if vocab == "spm":
         return []  # SentencePiece merges by the scores of the tokens it forms
-    if vocab in ("base", "padded", "phi-3", "long", "think"):
+    if vocab in ("base", "padded", "phi-3", "long", "think", "fim", "fim-bare"):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
@@ -114,7 +123,8 @@ def _merges(vocab: str) -> list[str]:
         letters = "abcdfgjk"  # none of these pairs is already a base merge
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
     raise ValueError(
-        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'think' or 'spm'"
+        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'think', 'spm', "
+        "'fim' or 'fim-bare'"
     )
 
 
@@ -139,6 +149,10 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "think":
         tokens += THINK_SPECIALS
         types += [gguf.TokenType.USER_DEFINED] * len(THINK_SPECIALS)
+    if vocab in ("fim", "fim-bare"):
+        fim = FIM_SPECIALS if vocab == "fim" else FIM_SPECIALS[:3]
+        tokens += fim
+        types += [gguf.TokenType.CONTROL] * len(fim)
     return tokens, [int(t) for t in types], merges
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..compat import tokenizer_record
+from ..engine import ModelFile
 from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
@@ -124,6 +125,36 @@ def check_setup(path: Path, config: Record, stored: Record) -> None:
             "use another --out or move the file away",
             exit_code=2,
         )
+
+
+def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], models: ModelOptions) -> None:
+    """Refuse, before the models load, results of other model files (told by their names and sizes; a
+    llama-server's, None, is compared once connected), other --threads or --n-gpu-layers: all that is known
+    of ``config_record`` without loading them (the parameters and the tokenizer need a model loaded, the
+    context llama.cpp's rounding of it). A config without a key (an older ead's) is not checked there."""
+    stored = held.stored
+    if stored is None:
+        return
+    config = {
+        "models": {
+            role: None if file is None else {"file": file.label, "bytes": file.bytes}
+            for role, file in files.items()
+        },
+        "threads": resolve_threads(models.threads),
+        "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
+    }
+    recorded = {key: stored[key] for key in config if key in stored}
+    if isinstance(recorded.get("models"), dict):  # an edited file's other value differs as it is
+        recorded["models"] = {
+            role: None if files.get(role) is None else _file_of(model)
+            for role, model in recorded["models"].items()
+        }
+    check_setup(held.path, {key: config[key] for key in recorded}, recorded)
+
+
+def _file_of(model: Any) -> Any:
+    """A model's record as ``check_model_files`` compares it: its file's name and size."""
+    return {"file": model.get("file"), "bytes": model.get("bytes")} if isinstance(model, dict) else model
 
 
 # each key of the config record as a user knows it: the option given, or what changed
@@ -344,12 +375,14 @@ class HeldResults:
     """A results file open to append and locked for one bench (``hold_results``), from the check before its
     models load until its ``Results`` close: let go between the two, a second bench on the same --out had
     passed its check as well and loaded its models. A new --out is held by an empty file, made with the
-    folders ``made`` for it. ``unlocked``: ``hold_results``'s warning, or None."""
+    folders ``made`` for it. ``unlocked``: ``hold_results``'s warning, or None. ``stored``: the config
+    record the file holds (None: none yet), for the checks before the models load."""
 
     path: Path
     handle: TextIO
     unlocked: str | None
     made: list[Path]
+    stored: Record | None = None
 
     def close(self) -> None:
         """Let the file go; one still empty (a bench ended before its config record: its models failed to

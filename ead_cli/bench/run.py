@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from .results import (
     HeldResults,
     Record,
     Results,
+    check_model_files,
     check_setup,
     config_record,
     held_results,
@@ -186,7 +187,7 @@ def check_resumable(path: Path, setup: Record) -> HeldResults:
     if stored is not None:
         check_setup(path, setup, {key: stored.get(key) for key in setup})
     aggregate_read(path, records)
-    return held_results(path)
+    return replace(held_results(path), stored=stored)
 
 
 def humaneval_bench(
@@ -280,7 +281,8 @@ def run_bench(
     with contextlib.closing(bench.held):
         if native:
             server_binary()  # missing: say so before any model loads
-        runners = load_runners(models, progress=progress)
+        check_files = partial(check_model_files, bench.held, models=models)
+        runners = load_runners(models, progress=progress, before_load=check_files)
         try:
             for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
                 if isinstance(strategy.policy, PolicyOptions):

@@ -34,6 +34,7 @@ from .groups import (
     Raw,
     Stats,
     Stop,
+    Suffix,
     System,
     given_path,
     read_grammar,
@@ -62,6 +63,7 @@ def generate(
     json_schema_file: JsonSchemaFile = None,
     system: System = None,
     raw: Raw = False,
+    suffix: Suffix = None,
     output_format: FormatOpt = OutputFormat.text,
     hide_thinking: HideThinking = False,
     stats: Stats = False,
@@ -69,9 +71,9 @@ def generate(
 ) -> None:
     """Generate one answer: by default the large model alone (the fastest way to its quality here);
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
-    model by entropy."""
-    from ..engine import build_decoder, check_grammar, close_all, load_runners
-    from ..prompt import check_system_fits, context_advice, encode_fitting, render_prompt
+    model by entropy. With --suffix, the middle between the prompt and the suffix (code completion)."""
+    from ..engine import build_decoder, check_biased_tokens, check_grammar, close_all, load_runners
+    from ..prompt import check_system_fits, context_advice, encode_fitting, encode_infill, render_prompt
     from ..thinking import answer_start, template_variables
     from .render import (
         JsonlRenderer,
@@ -85,6 +87,8 @@ def generate(
 
     if raw and system:  # the template is what places a system message: --raw dropped it unsaid
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
+    if suffix is not None and system:
+        raise EadError("--system needs the chat template, which --suffix leaves out (fill-in-the-middle)", 2)
     text = read_prompt(prompt, prompt_option, prompt_file)
     stops = read_stops(stop)
     bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file)
@@ -98,17 +102,22 @@ def generate(
     large_only = policy_options.mode == "large"
     runners = load_runners(model_options, progress=say_progress, large_only=large_only)
     try:
+        check_biased_tokens(generation, runners)
         policy_options = _apply_saved_tau(policy_options, runners, announce=stats or sys.stderr.isatty())
         # Plain text shows no entropies: a step whose decision needs none skips it (JSON lines show them).
         entropy = "exact" if output_format is OutputFormat.jsonl else "needed"
         if bound is not None:
             check_grammar(runners, policy_options, *bound)
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
-        variables = template_variables(generation.reasoning_budget)
-        rendered = render_prompt(runners[0], text, system=system, raw=raw, template_kwargs=variables)
-        if system:  # a system message too long is named, not the prompt it makes too long
-            check_system_fits(runners[0], system, runners)
-        tokens = encode_fitting(runners[0], rendered, runners)
+        if suffix is not None:
+            answer = min(generation.max_tokens, decoder.n_ctx)
+            tokens = encode_infill(runners[0], text, suffix, answer_tokens=answer, runners=runners)
+        else:
+            variables = template_variables(generation.reasoning_budget)
+            rendered = render_prompt(runners[0], text, system=system, raw=raw, template_kwargs=variables)
+            if system:  # a system message too long is named, not the prompt it makes too long
+                check_system_fits(runners[0], system, runners)
+            tokens = encode_fitting(runners[0], rendered, runners)
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:
@@ -157,7 +166,7 @@ def chat(
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
     each token. /help lists the commands; a pipe or a file is read as typed at a terminal (commands,
     continued lines and blocks alike)."""
-    from ..engine import close_all, load_runners
+    from ..engine import check_biased_tokens, close_all, load_runners
     from .repl import run_chat
 
     if sys.stdin is None:  # the shell closed it (<&-)
@@ -178,6 +187,7 @@ def chat(
         return loaded
 
     try:
+        check_biased_tokens(generation, runners)
         _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
         lazy = load_pair if len(runners) == 1 else None
         exit_code = run_chat(
@@ -283,7 +293,7 @@ def serve(
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)
     try:
-        check_biased_tokens(generation, runners)  # a request's decoder would refuse each request
+        check_biased_tokens(generation, runners)
         _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
         serving.serve(runners, serving.Defaults(policy_options, generation), options, say=say)
     finally:

@@ -139,6 +139,14 @@ System = Annotated[
     typer.Option("--system", "-sys", "--system-prompt", help="System message for the chat template."),
 ]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
+Suffix = Annotated[
+    str | None,
+    typer.Option(
+        "--suffix",
+        help="Fill in the middle: the code after the cursor, the prompt being the code before it (the "
+        "model's FIM tokens, no chat template); the answer is the middle.",
+    ),
+]
 # After ead's spelling, llama.cpp's for the same option (common/arg.cpp), which its users type from habit
 Ctx = Annotated[
     int | None,

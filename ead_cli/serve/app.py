@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from http import HTTPStatus
 from importlib import resources
@@ -47,9 +47,12 @@ from ..errors import EadError, counted, cut, quoted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import (
     check_fits,
+    check_infill,
     check_prompt_text,
     check_special_tokens_fit,
+    check_text,
     encode_fitting,
+    encode_infill,
     render_chat,
     special_token_pattern,
 )
@@ -87,6 +90,9 @@ if TYPE_CHECKING:
     from . import ServeOptions
 
 Body = TypeVar("Body", bound=CompletionBase)
+# llama-server's /infill's parts besides the prompt and suffix: extra files (name, text), and the text
+# that follows the prefix
+Infill = tuple[Sequence[tuple[str, str]], str]
 Prepared = TypeVar("Prepared")
 
 MODEL_ID = (
@@ -129,6 +135,8 @@ class Requests:
     chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
     template: Callable[[bytes], Awaitable[str]]  # a chat request's body: its prompt, rendered
     text: Callable[[bytes], Awaitable[tuple[CompletionRequest, Job]]]  # a text completion's
+    # a text completion's, filled in the middle with llama-server's /infill parts
+    infill: Callable[[bytes, Infill], Awaitable[tuple[CompletionRequest, Job]]]
     submit: Callable[[Job], Ticket]
     served_model: Callable[[], dict[str, Any]]  # the one model, as /v1/models lists it
     log: Log
@@ -924,13 +932,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             template_message(message.as_template_message(f"messages.{i}"))
             for i, message in enumerate(body.messages)
         ]
-        _check(lambda: check_prompt_text("".join(message["content"] for message in messages)), "messages")
+        texts = "".join(message["content"] for message in messages)
+        usage_checked(lambda: check_prompt_text(texts), "messages")
         prefill = _prefill(messages)
         earlier = messages if prefill is None else messages[:-1]
         # Qwen3's enable_thinking: the request's over --reasoning-budget's, as llama-server takes them
         budget = template_variables(defaults.generation.reasoning_budget)
         variables = {**budget, **(body.chat_template_kwargs or {})}
-        rendered = _check(
+        rendered = usage_checked(
             lambda: render_chat(engine.runners[0], earlier, tools=tools, template_kwargs=variables),
             "messages",
         )
@@ -939,12 +948,51 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, message, code="no_template")
         return rendered + (prefill or ""), prefill
 
-    def _prepare_text(data: bytes) -> tuple[CompletionRequest, Job]:
+    def _prepare_text(data: bytes, infill: Infill | None = None) -> tuple[CompletionRequest, Job]:
+        """A text completion's body and job; fill-in-the-middle with a suffix that is not empty (an empty
+        one, what clients send for none, is none, as ollama reads it), or always with llama-server's
+        /infill's ``infill`` parts (its extra files, and the text after the prefix)."""
         body = _accepted(CompletionRequest, data)
         text = body.text()
+        if body.suffix or infill is not None:
+            return body, _job(body, _infill(body, text, *(infill or ((), ""))))
         if text is None:
             return body, _job(body, known_tokens(body.token_ids(), engine.runners[0].n_vocab, "prompt"))
-        return body, _job(body, _check(lambda: check_prompt_text(text), "prompt"))
+        return body, _job(body, usage_checked(lambda: check_prompt_text(text), "prompt"))
+
+    def _infill(
+        body: CompletionRequest, prefix: str | None, extra: Sequence[tuple[str, str]], middle: str
+    ) -> list[int]:
+        """The fill-in-the-middle prompt of the text before the cursor (the prompt) and after it (the
+        suffix), as llama-server's /infill lays it out; a 400 for a model without FIM tokens."""
+        runner = engine.runners[0]
+        try:
+            check_infill(runner)
+        except EadError as error:
+            raise ApiError(400, f"suffix: {error}", code="unsupported_parameter", param="suffix") from None
+        if prefix is None:
+            message = "suffix: fill-in-the-middle reads the prompt as text (the code before the cursor)"
+            raise ApiError(400, message, code="invalid_value", param="suffix")
+        usage_checked(lambda: check_text(prefix, "the prompt"), "prompt")
+        suffix = body.suffix or ""
+        usage_checked(lambda: check_text(suffix, "the suffix"), "suffix")
+        try:
+            check_special_tokens_fit(middle, specials, engine.n_ctx)  # the code is read without them
+            return encode_infill(
+                runner,
+                prefix,
+                suffix,
+                extra=extra,
+                middle=middle,
+                answer_tokens=_answer_limit(body),
+                runners=engine.runners,
+            )
+        except EadError as error:
+            raise ApiError(400, str(error), code="context_length_exceeded", param="prompt") from None
+
+    def _answer_limit(body: CompletionBase) -> int:
+        """The most tokens the answer may have: the request's limit or the server's, within the context."""
+        return min(body.token_limit() or defaults.generation.max_tokens, engine.n_ctx)
 
     def _accepted(schema: type[Body], data: bytes) -> Body:
         body = parse(schema, data)
@@ -1015,12 +1063,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _settings(body: CompletionBase, prefill: str | None) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
-        max_tokens = body.token_limit() or defaults.generation.max_tokens
         base = defaults.generation.sampling
         temp = base.temp if body.temperature is None else body.temperature
         grammar = body.response_format.grammar() if body.response_format is not None else None
         top_k, min_p = body.sampling_value("top_k"), body.sampling_value("min_p")
-        penalties = {name: getattr(body, name) for name in PENALTIES if getattr(body, name) is not None}
+        penalties = body.penalties()
         biases = body.biases()
         known_tokens([token for token, _ in biases], engine.runners[0].n_vocab, "logit_bias")
 
@@ -1042,11 +1089,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(
-                defaults.generation, sampling=sampling, max_tokens=min(max_tokens, engine.n_ctx), stop=stop
+                defaults.generation, sampling=sampling, max_tokens=_answer_limit(body), stop=stop
             )
             return policy, generation
 
-        return _check(settings)
+        return usage_checked(settings)
 
     def _models_take(policy: PolicyOptions) -> None:
         """Raises what the loaded models refuse of these options (a decoder costs nothing to build)."""
@@ -1064,7 +1111,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, message, code="invalid_value", param="response_format")
         _without_rollbacks(policy, "response_format", "JSON mode needs")
         runner = engine.runners[0]
-        _check(lambda: runner.grammars.check(grammar), "response_format")
+        usage_checked(lambda: runner.grammars.check(grammar), "response_format")
         if not prefill or not isinstance(body, ChatRequest):
             return ()
         return _followed_prefill(runner, grammar, prefill, f"messages.{len(body.messages) - 1}.content")
@@ -1096,6 +1143,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         chat=functools.partial(prepared, _prepare_chat),
         template=functools.partial(prepared, _prepare_template),
         text=functools.partial(prepared, _prepare_text),
+        infill=lambda data, infill: prepared(functools.partial(_prepare_text, infill=infill), data),
         submit=_submitted,
         served_model=served_model,
         log=log,
@@ -1113,17 +1161,18 @@ def _busy(full: QueueFull) -> ApiError:
 
 
 def input_tokens(
-    embedder: Embedder, inputs: list[tuple[str, str | list[int]]], *, truncate: bool
+    embedder: Embedder, inputs: list[tuple[str, str | list[int]]], *, truncate: bool, n_ctx: int | None = None
 ) -> list[list[int]]:
     """Each input's tokens to embed (``inputs``: where the request gives it, and a text or token ids), or a
-    400 naming the first at fault; ``truncate``: one past the context cut (ollama's), else refused."""
+    400 naming the first at fault; ``truncate``: one past the context (``n_ctx``: a smaller one the
+    request asks for, ollama's num_ctx) cut (ollama's), else refused."""
 
     def read(where: str, given: str | list[int]) -> list[int]:
         try:
             if isinstance(given, str):
-                return embedder.tokens(given, truncate=truncate, what=where)
+                return embedder.tokens(given, truncate=truncate, what=where, n_ctx=n_ctx)
             ids = known_tokens(given, embedder.runner.n_vocab, where)
-            return embedder.fitting(ids, truncate=truncate, what=where)
+            return embedder.fitting(ids, truncate=truncate, what=where, n_ctx=n_ctx)
         except EadError as error:
             code = "context_length_exceeded" if isinstance(error, InputTooLong) else "invalid_value"
             raise ApiError(400, str(error), code=code, param=where) from None
@@ -1194,7 +1243,7 @@ def _without_rollbacks(policy: PolicyOptions, param: str, what: str) -> None:
         raise ApiError(400, message, code="invalid_value", param=param)
 
 
-def _check(make: Callable[[], Any], param: str | None = None) -> Any:
+def usage_checked(make: Callable[[], Any], param: str | None = None) -> Any:
     """``make()``, with the command line's usage errors turned into 400s about ``param``."""
     try:
         return make()

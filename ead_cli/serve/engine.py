@@ -259,7 +259,9 @@ class Engine:
             self._embeddings_pending += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._embedding, lambda: list(map(embed, inputs)))
+            vectors = await loop.run_in_executor(self._embedding, lambda: list(map(embed, inputs)))
+            self.metrics.record_embedding(sum(map(len, inputs)))  # counted before the answer goes out
+            return vectors
         finally:
             with self._lock:
                 self._embeddings_pending -= 1

@@ -1,7 +1,9 @@
 """``ead serve --metrics``: ``GET /metrics`` in Prometheus's text format, llama-server's names where a
 figure means what its does (``llamacpp:prompt_tokens_total``, ...) and ead's own (``ead:...``): the
-tokens each model wrote, the switches, the large model's share. The counters add up the summaries the
-engine gives each answer (``Metrics.record``), the request gauges read its queue."""
+tokens each model wrote, the switches, the large model's share, the embeddings. The counters add up the
+summaries the engine gives each answer (``Metrics.record``) and the embedding requests it answers
+(``Metrics.record_embedding``: ead's own counters, as llama-server counts an embedding in none of its
+own), the request gauges read its queue."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ FAMILIES = (
     ("ead:tokens_total", "counter", "Tokens written by each model."),
     ("ead:switches_total", "counter", "Times the model writing an answer changed."),
     ("ead:large_share", "gauge", "Share of the generated tokens the large model wrote."),
+    ("ead:embedding_requests_total", "counter", "Embedding requests answered."),
+    ("ead:embedding_tokens_total", "counter", "Tokens read to embed."),
 )
 
 
@@ -53,6 +57,8 @@ class _Totals:
     generated: int = 0
     generation_s: float = 0.0
     switches: int = 0
+    embedding_requests: int = 0
+    embedding_tokens: int = 0
 
 
 class Metrics:
@@ -78,6 +84,12 @@ class Metrics:
             for model in summary.models:
                 self._written[model.role] += model.written
 
+    def record_embedding(self, tokens: int) -> None:
+        """An embedding request answered, of ``tokens`` tokens read, its inputs' together."""
+        with self._lock:
+            self._totals.embedding_requests += 1
+            self._totals.embedding_tokens += tokens
+
     def exposition(self, processing: int, deferred: int) -> str:
         """The text a Prometheus scrape reads; ``processing`` and ``deferred``: the requests generating and
         waiting now."""
@@ -96,6 +108,8 @@ class Metrics:
             "ead:tokens_total": [(f'{{model="{role}"}}', count) for role, count in written.items()],
             "ead:switches_total": [("", totals.switches)],
             "ead:large_share": [("", share)],
+            "ead:embedding_requests_total": [("", totals.embedding_requests)],
+            "ead:embedding_tokens_total": [("", totals.embedding_tokens)],
         }
         lines = []
         for name, kind, help_text in FAMILIES:

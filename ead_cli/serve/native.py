@@ -1,9 +1,11 @@
 """llama-server's own routes besides ``/tokenize``, ``/detokenize`` and ``/metrics``, for the scripts and
 tools written for it: ``POST /completion`` (its native completion, over the same engine, checks and
 preparation as ``/v1/completions``: a native request is spelled as the OpenAI request it means, as
-ollama.py does, and its answer written in llama-server's shapes), ``GET /props`` (the server's settings,
-as llama.cpp's web UI and tools read them) and ``POST /apply-template`` (the chat template applied to
-``messages``)."""
+ollama.py does, and its answer written in llama-server's shapes), ``POST /infill`` (its
+fill-in-the-middle completion: ``/completion`` with the code before and after the cursor and other
+files, spelled as a text completion with a suffix), ``GET /props`` (the
+server's settings, as llama.cpp's web UI and tools read them) and ``POST /apply-template`` (the chat
+template applied to ``messages``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from sse_starlette import EventSourceResponse
 from .. import __version__
 from ..decoder import Summary, TokenEvent
 from ..options import GenerationOptions
+from ..prompt import check_text
 from .app import (
     MODEL_ID,
     Defaults,
@@ -33,11 +36,12 @@ from .app import (
     error_of,
     log_answered,
     token_fields,
+    usage_checked,
 )
 from .engine import Engine, Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens, generation_seconds, prompt_seconds
 from .schemas import (
-    EAD_SAMPLER_ORDERS,
+    CHAIN_ORDERS,
     MAX_COUNT,
     MAX_TOP_LOGPROBS,
     ApiError,
@@ -63,7 +67,8 @@ NOT_WRITTEN_WHY = {
     "post_sampling_probs": "the probabilities are the model's, before sampling (n_probs gives them)",
     "response_fields": "the answer is written whole: pick its fields from it",
 }
-SAMPLERS = list(EAD_SAMPLER_ORDERS[0])  # ead's one sampler chain, in llama-server's names
+SAMPLERS = list(CHAIN_ORDERS[0])  # ead's one sampler chain, in llama-server's names
+UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given without one
 
 
 class NativeCompletion(BaseModel):
@@ -107,6 +112,51 @@ class NativeCompletion(BaseModel):
         spelling |= {"logprobs": "n_probs"} if self.n_probs else {}
         spelling |= {"response_format": "json_schema"} if self.json_schema is not None else {}
         return error.respelled(spelling, "json_schema")
+
+
+class ExtraFile(BaseModel):
+    """A file of the project beside the one edited, which /infill puts before the code (``input_extra``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    filename: str = UNNAMED_FILE
+    text: str
+
+
+class NativeInfill(NativeCompletion):
+    """llama-server's /infill: /completion's fields, with the code before the cursor (``input_prefix``)
+    and after it (``input_suffix``), other files (``input_extra``) and the text that follows the prefix
+    (``prompt``): the text completion of the prefix with the suffix it means."""
+
+    input_prefix: str
+    input_suffix: str
+    input_extra: Annotated[list[ExtraFile], Field(max_length=MAX_COUNT)] | None = None
+    prompt: str = ""
+
+    def openai_body(self, n_ctx: int) -> dict[str, Any]:
+        return {**super().openai_body(n_ctx), "prompt": self.input_prefix, "suffix": self.input_suffix}
+
+    def fim_parts(self) -> tuple[list[tuple[str, str]], str]:
+        """The extra files (name and text) and the text after the prefix; a 400 naming one that no model
+        can read."""
+        files = self.input_extra or []
+        for i, file in enumerate(files):
+            _readable(file.filename, f"input_extra.{i}.filename")
+            _readable(file.text, f"input_extra.{i}.text")
+        _readable(self.prompt, "prompt")
+        return [(file.filename, file.text) for file in files], self.prompt
+
+    def respelled(self, error: ApiError) -> ApiError:
+        """The prefix and suffix are the text completion's prompt and suffix; a prompt too long for the
+        context is this request's own (the code around the cursor is trimmed to fit, the prompt is not)."""
+        respelled = super().respelled(error)
+        if error.code == "context_length_exceeded":
+            return respelled
+        return respelled.respelled({"prompt": "input_prefix", "suffix": "input_suffix"}, "json_schema")
+
+
+def _readable(text: str, field: str) -> None:
+    usage_checked(lambda: check_text(text, field), field)
 
 
 def generation_settings(
@@ -293,6 +343,21 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
             body, job = await requests.text(json.dumps(asked.openai_body(engine.n_ctx)).encode())
         except ApiError as error:
             raise asked.respelled(error) from None
+        return await _answered(request, asked, body, job)
+
+    @app.post("/infill", dependencies=keyed)
+    async def infill(request: Request) -> Any:
+        asked = parse(NativeInfill, await requests.json_body(request))
+        parts = asked.fim_parts()
+        try:
+            data = json.dumps(asked.openai_body(engine.n_ctx)).encode()
+            body, job = await requests.infill(data, parts)
+        except ApiError as error:
+            raise asked.respelled(error) from None
+        return await _answered(request, asked, body, job)
+
+    async def _answered(request: Request, asked: NativeCompletion, body: CompletionRequest, job: Job) -> Any:
+        """The answer in llama-server's shapes: whole, or server-sent events."""
         answer = _Completion(engine, job, body, asked, request.url.path, requests.log)
         ticket = requests.submit(job)
         if body.stream:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decoder import Summary
 from ..embedding import Embedder, normalized
 from ..errors import quoted
+from ..prompt import infill_tokens
 from ..thinking import ReasoningSplitter, Split, thinks
 from .app import (
     MODEL_ID,
@@ -37,7 +38,6 @@ from .app import (
 from .engine import Engine, Failed, Log, Ticket, Token
 from .metrics import prompt_seconds
 from .schemas import (
-    MAX_COUNT,
     MAX_EMBEDDING_INPUTS,
     MAX_STOP_CHARS,
     MAX_STOPS,
@@ -49,6 +49,7 @@ from .schemas import (
     MinP,
     Penalty,
     Positive,
+    RepeatLastN,
     RepeatPenalty,
     TopK,
     listed_inputs,
@@ -58,6 +59,8 @@ from .tools import ToolCall, ToolCallReader, template_takes_tools
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..runner import Runner
 
 # The ollama release whose docs/api.md these shapes follow: clients read it to know what they may ask.
 OLLAMA_VERSION = "0.33.0"
@@ -83,7 +86,7 @@ class OllamaOptions(BaseModel):
     min_p: MinP | None = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None
     repeat_penalty: RepeatPenalty | None = None
-    repeat_last_n: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | None = None  # -1: the whole context
+    repeat_last_n: RepeatLastN | None = None  # -1: the whole context
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     stop: (
@@ -105,8 +108,6 @@ class OllamaOptions(BaseModel):
         fields = self.model_dump(exclude_none=True, exclude={"num_predict", "num_ctx"})
         fields = {name: value for name, value in fields.items() if name not in (self.model_extra or {})}
         fields |= {name: value for name, value in (self.model_extra or {}).items() if name in UNSUPPORTED}
-        if self.repeat_last_n == -1:
-            fields["repeat_last_n"] = n_ctx
         if self.num_predict is not None:  # 0 or less: as far as the context goes (clamped there)
             fields["max_tokens"] = self.num_predict if self.num_predict > 0 else n_ctx
         return fields
@@ -147,7 +148,8 @@ class _OllamaRequest(BaseModel):
 
 class _OllamaEmbedding(BaseModel):
     """What /api/embed and /api/embeddings both take; ``options`` checked (``num_ctx`` past the served
-    context a 400), and otherwise ignored: they sample, and an embedding draws nothing."""
+    context a 400; below it, the context an input must fit, as ollama loads the model with it), and
+    otherwise ignored: they sample, and an embedding draws nothing."""
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
@@ -163,8 +165,9 @@ class _OllamaEmbedding(BaseModel):
 
     def tokens(self, embedder: Embedder) -> list[list[int]]:
         """Each input's tokens, or a 400 naming the first at fault."""
-        (self.options or OllamaOptions()).check_context(embedder.n_ctx)
-        return input_tokens(embedder, self.inputs(), truncate=self.truncates())
+        options = self.options or OllamaOptions()
+        options.check_context(embedder.n_ctx)
+        return input_tokens(embedder, self.inputs(), truncate=self.truncates(), n_ctx=options.num_ctx)
 
 
 class OllamaEmbed(_OllamaEmbedding):
@@ -269,13 +272,13 @@ class OllamaGenerate(_OllamaRequest):
 
     def loads_only(self) -> bool:
         """No prompt: ollama's request to load the model, answered at once."""
-        return not self.prompt
+        return not self.prompt and not self.suffix
 
     def openai_body(self, n_ctx: int) -> dict[str, Any]:
         """A chat of the system text and the prompt (rendered with the model's template), or with
-        ``raw`` the prompt as it is, a text completion."""
+        ``raw`` the prompt as it is, a text completion; with a ``suffix`` (ollama's: one not empty), the
+        text completion of the code before the cursor (the prompt) and after it, fill-in-the-middle."""
         for field, why in (
-            ("suffix", "a fill-in-the-middle suffix is not supported"),
             ("template", "the prompt is rendered with the model's own template"),
             ("images", "images are not supported (the models read text)"),
             ("context", "an earlier answer's context is not kept: send the conversation to /api/chat"),
@@ -283,6 +286,11 @@ class OllamaGenerate(_OllamaRequest):
             if getattr(self, field):
                 raise ApiError(400, f"{field}: {why} by ead serve", param=field)
         fields = self.openai_fields(n_ctx)
+        if self.suffix:
+            if self.system:
+                message = "system: a fill-in-the-middle prompt has no place for a system text"
+                raise ApiError(400, message, param="system")
+            return {"prompt": self.prompt or "", "suffix": self.suffix, **fields}
         if self.raw:
             if self.system:
                 message = (
@@ -315,6 +323,18 @@ OLLAMA_SPELLING = {
 def _respelled(error: ApiError) -> ApiError:
     """An OpenAI check's 400 naming the field as the ollama request spelled it."""
     return error.respelled(OLLAMA_SPELLING, "format")
+
+
+def _capabilities(runner: Runner) -> list[str]:
+    """What ollama's /api/show says the model does: complete text, call tools where its template offers
+    them, fill in the middle ("insert", /api/generate's suffix) where its vocabulary has FIM tokens, and
+    think where its template writes a thinking block."""
+    return [
+        "completion",
+        *(["tools"] if template_takes_tools(runner) else []),
+        *(["insert"] if infill_tokens(runner) is not None else []),
+        *(["thinking"] if thinks(runner.metadata("tokenizer.chat_template")) else []),
+    ]
 
 
 def _now() -> str:
@@ -544,11 +564,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             "template": "",
             "details": tag["details"],
             "model_info": info,
-            "capabilities": [
-                "completion",
-                *(["tools"] if template_takes_tools(engine.runners[0]) else []),
-                *(["thinking"] if thinks(engine.runners[0].metadata("tokenizer.chat_template")) else []),
-            ],
+            "capabilities": _capabilities(engine.runners[0]),
             "modified_at": tag["modified_at"],
             "ead": tag["ead"],
         }

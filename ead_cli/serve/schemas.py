@@ -162,15 +162,27 @@ MAX_LOGIT_BIASES = 1024  # tokens a logit_bias may name: each is applied to ever
 Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 LogitBias = Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIASES)]
 
-# The sampler orders that are ead's chain: its own, and llama-server's defaults (the list its /completion
+# The sampler orders that are ead's chain: its own, and llama-server's defaults (the lists its /completion
 # docs give, its --samplers and --sampler-seq), which run top-k, top-p, min-p, then temperature, as ead
-# does, once the samplers ead does not run are off (UNSUPPORTED refuses them otherwise).
-EAD_SAMPLER_ORDERS = (
+# does, once the samplers ead does not run are off (UNSUPPORTED refuses them otherwise); each with
+# llama.cpp's penalties first, or without them (then off, as llama-server runs only the samplers named).
+CHAIN_ORDERS = (
     ["top_k", "top_p", "min_p", "temperature"],
     ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
-    ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
-    "edskypmxt",
+    ["dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    "dskypmxt",
 )
+EAD_SAMPLER_ORDERS = (
+    *CHAIN_ORDERS,
+    *(["penalties", *order] if isinstance(order, list) else "e" + order for order in CHAIN_ORDERS),
+)
+
+
+def runs_penalties(samplers: list[str] | str) -> bool:
+    """Whether a ``samplers`` of ``EAD_SAMPLER_ORDERS`` (names, or --sampler-seq's letters, where 'e' is
+    the penalties) runs llama.cpp's penalties sampler."""
+    return "e" in samplers if isinstance(samplers, str) else "penalties" in samplers
+
 
 # Fields of OpenAI's API, and of llama-server's (its /completion options, which its OpenAI endpoints take
 # too), that would change the answer and that ead serve does not do, with the values that change nothing
@@ -179,7 +191,7 @@ EAD_SAMPLER_ORDERS = (
 # do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token, n_keep: ead never shifts
 # the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "suffix": (None, ""),
+    "suffix": (None, ""),  # text completions take it (CompletionRequest): fill-in-the-middle
     "echo": (None, False),
     "best_of": (None, 1),
     "tools": (None, []),  # chat completions take them (ChatRequest); text completions do not
@@ -207,10 +219,11 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "json_schema": (None,),  # {} is any JSON, not off; response_format takes a schema
     "lora": (None, []),
 }
-# What a text completion says of the fields only chat completions take, not 'not supported' alone
-CHAT_ONLY = {
+# What a request says of the fields that another endpoint takes, not 'not supported' alone
+ELSEWHERE = {
     "tools": "tools are taken by /v1/chat/completions, not here",
     "top_logprobs": "a text completion asks for N alternatives with logprobs: N",
+    "suffix": "fill-in-the-middle is a text completion's: send the prompt and suffix to /v1/completions",
 }
 
 
@@ -546,6 +559,14 @@ class CompletionBase(BaseModel):
         inner = None if self.ead is None else getattr(self.ead, name)
         return either(name, getattr(self, name), f"ead.{name}", inner)
 
+    def penalties(self) -> dict[str, Any]:
+        """The penalties the request gives (the server's stand for the rest); none (``repeat_last_n``
+        0) where its ``samplers`` leaves "penalties" out, as llama-server runs only the samplers named."""
+        samplers = (self.model_extra or {}).get("samplers")
+        if samplers is not None and not runs_penalties(samplers):
+            return {"repeat_last_n": 0}
+        return {name: getattr(self, name) for name in PENALTIES if getattr(self, name) is not None}
+
     def biases(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (token id, bias) pairs; a key that is no token id is a 400 (whether the ids
         are in the vocabulary is the caller's check, ``tokens.known_tokens``)."""
@@ -572,7 +593,7 @@ class CompletionBase(BaseModel):
         if self.stream_options is not None and not self.stream:  # OpenAI's 400, in its words
             message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
             raise ApiError(400, message, code="invalid_value", param="stream_options")
-        refuse_unless_off(self.model_extra or {}, UNSUPPORTED, CHAT_ONLY)
+        refuse_unless_off(self.model_extra or {}, UNSUPPORTED, ELSEWHERE)
 
 
 def either(name: str, value: Any, other_name: str, other: Any) -> Any:
@@ -756,6 +777,8 @@ class CompletionRequest(CompletionBase):
         | Annotated[list[TokenIds], Field(min_length=1, max_length=1), Tag("list[list]")],
         Discriminator(_prompt_form),
     ]
+    # the text after the cursor, where the prompt is the text before it: a fill-in-the-middle completion
+    suffix: str | None = None
     # OpenAI's legacy count of alternatives (chat's is a boolean and top_logprobs): a boolean here is a
     # 400, not the count 0 that Python's bool, an int, had passed for
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None

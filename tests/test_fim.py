@@ -1,0 +1,183 @@
+"""The fill-in-the-middle prompt (``prompt.encode_infill``) on tiny models with FIM tokens: llama-server's
+layout token by token (the repository-level one where the vocabulary has a file separator, snippets
+where it has none), its trimming to the batch and the context, the texts read without special tokens,
+and a model without FIM tokens refused; ``ead generate --suffix``. llama-server's own prompt is compared
+in test_serve_fim.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli import assert_one_line_error, ead, pair_args
+from tiny_models import write_tiny_model
+
+from ead_cli.errors import EadError
+from ead_cli.prompt import encode_infill
+from ead_cli.runner import Runner
+
+PREFIX = "def add(a, b):\n    "
+SUFFIX = "\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def fim_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("fim") / "fim.gguf", vocab="fim")
+
+
+@pytest.fixture(scope="module")
+def fim(fim_model: Path) -> Iterator[Runner]:
+    """A context larger than the batch (512), which leaves room for extra files."""
+    with Runner(fim_model, name="small", n_ctx=1024, n_threads=1) as runner:
+        yield runner
+
+
+def plain(runner: Runner, text: str) -> list[int]:
+    """A text's tokens with no special token read in it."""
+    return runner.tokenize(text, add_special=False, parse_special=False)
+
+
+def special(runner: Runner, text: str) -> int:
+    (token,) = runner.tokenize(text, add_special=False, parse_special=True)
+    return token
+
+
+def test_the_repository_level_layout_of_llama_server(fim: Runner) -> None:
+    """Extra files after the repository's name, each after a file separator and its name; then the
+    current file's, the prefix with the prompt after it, the suffix, and the middle token to write at."""
+    pre, suf, mid, rep, sep = (
+        special(fim, f"<|{name}|>")
+        for name in ("fim_prefix", "fim_suffix", "fim_middle", "repo_name", "file_sep")
+    )
+    extra = [("util.py", "X = 1\n"), ("", "Y = 2\n")]
+    prompt = encode_infill(fim, PREFIX, SUFFIX, extra=extra, middle="ret", answer_tokens=16, runners=[fim])
+    assert prompt == [
+        *(rep, *plain(fim, "myproject\n")),
+        *(sep, *plain(fim, "util.py\n"), *plain(fim, "X = 1\n")),
+        *(sep, *plain(fim, "\n"), *plain(fim, "Y = 2\n")),
+        *(sep, *plain(fim, "filename\n")),
+        *(pre, *plain(fim, PREFIX), *plain(fim, "ret")),
+        *(suf, *plain(fim, SUFFIX)),
+        mid,
+    ]
+
+
+def test_special_tokens_in_the_code_are_text_and_in_the_prompt_tokens(fim: Runner) -> None:
+    """The code around the cursor is read as text (a file that holds ``<|im_end|>`` ends nothing), as
+    llama-server reads it; the prompt after the prefix is read as its prompts are, specials and all."""
+    prompt = encode_infill(fim, "<|im_end|>", "", middle="<|im_end|>", answer_tokens=16, runners=[fim])
+    pre, im_end = special(fim, "<|fim_prefix|>"), special(fim, "<|im_end|>")
+    start = prompt.index(pre) + 1
+    assert prompt[start : start + len(plain(fim, "<|im_end|>")) + 1] == [*plain(fim, "<|im_end|>"), im_end]
+    assert len(plain(fim, "<|im_end|>")) > 1
+
+
+def test_the_code_is_trimmed_to_the_batch_and_the_extra_files_to_the_context(fim_model: Path) -> None:
+    """As llama-server: the prefix's last three quarters of a batch, the suffix's first quarter less the
+    prompt and two, and the extra files' last tokens that leave the context a batch and twice the answer."""
+    with Runner(fim_model, name="small", n_ctx=256, n_threads=1, n_batch=32) as runner:
+        code = "".join(f"x{i} = {i}\n" for i in range(100))
+        extra = [("a.py", code)]
+        prompt = encode_infill(
+            runner, code, code, extra=extra, middle="y", answer_tokens=20, runners=[runner]
+        )
+        pre, suf, mid = (special(runner, f"<|fim_{name}|>") for name in ("prefix", "suffix", "middle"))
+        sep = special(runner, "<|file_sep|>")
+        extras = [
+            special(runner, "<|repo_name|>"),
+            *plain(runner, "myproject\n"),
+            *(sep, *plain(runner, "a.py\n"), *plain(runner, code)),
+            *(sep, *plain(runner, "filename\n")),
+        ]
+        middle = plain(runner, "y")
+        suffix_take = 32 // 4 - 2 - len(middle)
+        assert prompt == [
+            *extras[-(256 - 32 - 2 * 20) :],
+            *(pre, *plain(runner, code)[-24:], *middle),
+            *(suf, *plain(runner, code)[:suffix_take]),
+            mid,
+        ]
+        no_room = encode_infill(runner, "", "", extra=extra, answer_tokens=112, runners=[runner])
+        assert no_room == [pre, suf, mid]  # 256 - 32 - 2 * 112 leaves no extra token
+
+
+def test_without_a_file_separator_extra_files_are_snippets(tmp_path: Path) -> None:
+    model = write_tiny_model(tmp_path / "bare.gguf", vocab="fim-bare")
+    with Runner(model, name="small", n_ctx=1024, n_threads=1) as runner:
+        prompt = encode_infill(runner, "a", "b", extra=[("x.py", "X")], answer_tokens=8, runners=[runner])
+        pre, suf, mid = (special(runner, f"<|fim_{name}|>") for name in ("prefix", "suffix", "middle"))
+        snippet = plain(runner, "\n\n--- snippet ---\n\n")
+        assert prompt == [
+            *snippet,
+            *plain(runner, "X"),
+            pre,
+            *plain(runner, "a"),
+            suf,
+            *plain(runner, "b"),
+            mid,
+        ]
+
+
+def test_fim_pad_and_the_separators_end_a_generation(fim: Runner) -> None:
+    ends = {
+        text: fim.is_end_of_generation(special(fim, text))
+        for text in ("<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<|fim_middle|>")
+    }
+    assert ends == {"<|fim_pad|>": True, "<|repo_name|>": True, "<|file_sep|>": True, "<|fim_middle|>": False}
+
+
+def test_a_model_without_fim_tokens_is_named(tiny_small: Path) -> None:
+    with (
+        Runner(tiny_small, name="small", n_ctx=512, n_threads=1) as runner,
+        pytest.raises(EadError) as refused,
+    ):
+        encode_infill(runner, "a", "b", answer_tokens=8, runners=[runner])
+    assert str(refused.value) == (
+        "small.gguf has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>): "
+        "it cannot complete code at a cursor"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"prefix": "a\x00"}, "the prefix contains a NUL byte"),
+        ({"suffix": "\udcff"}, "the suffix is not valid UTF-8 (byte 0)"),
+        ({"extra": [("x.py", "\x00")]}, "the extra file 'x.py' contains a NUL byte"),
+        ({"middle": "x" * 1100}, "the prompt is 1125 tokens, too many for the context of 1024 tokens"),
+    ],
+)
+def test_bad_text_is_one_line(fim: Runner, given: dict, message: str) -> None:
+    texts = {"prefix": "a", "suffix": "b"} | given
+    with pytest.raises(EadError) as refused:
+        encode_infill(fim, texts.pop("prefix"), texts.pop("suffix"), answer_tokens=8, runners=[fim], **texts)
+    assert str(refused.value).startswith(message)
+
+
+@pytest.fixture(scope="module")
+def fim_pair(fim_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return fim_model, write_tiny_model(tmp_path_factory.mktemp("fim") / "large.gguf", seed=1, vocab="fim")
+
+
+def test_generate_with_a_suffix_writes_the_middle(fim_pair: tuple[Path, Path]) -> None:
+    """``ead generate --suffix``: the answer to the FIM prompt, the same as to its text given raw."""
+    args = [*pair_args(fim_pair), "--max-tokens", "8", "--temp", "0"]
+    middle = ead("generate", *args, "--suffix", SUFFIX, PREFIX)
+    opening = "<|repo_name|>myproject\n<|file_sep|>filename\n"
+    raw = f"{opening}<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    assert middle.returncode == 0, middle.stderr.decode()
+    assert middle.stdout == ead("generate", *args, "--raw", raw).stdout
+    assert len(middle.stdout.decode()) > 1
+
+
+def test_generate_with_a_suffix_refuses_what_has_no_place(tiny_pair: tuple[Path, Path]) -> None:
+    system = ead("generate", *pair_args(tiny_pair), "--suffix", ")", "--system", "be brief", "def f(")
+    assert assert_one_line_error(system, 2) == (
+        "error: --system needs the chat template, which --suffix leaves out (fill-in-the-middle)"
+    )
+    no_fim = ead("generate", *pair_args(tiny_pair), "--suffix", ")", "def f(")
+    assert assert_one_line_error(no_fim, 2) == (
+        "error: large.gguf has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+        "<|fim_middle|>): it cannot complete code at a cursor"
+    )

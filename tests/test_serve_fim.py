@@ -1,0 +1,201 @@
+"""Fill-in-the-middle on a real `ead serve` over a tiny pair with FIM tokens: llama-server's /infill
+(whole and streamed, through httpx), ``suffix`` on /v1/completions (the openai client) and on ollama's
+/api/generate (the ollama client), each the same answer; the prompt and greedy answer of a real
+llama-server's /infill on the same model; and bad requests, each a 400 naming its field."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import TAU, serving
+from test_serve_native import post
+from tiny_models import write_tiny_model
+
+from ead_cli.bench import native
+from ead_cli.remote import built_server
+
+N_CTX = 4096  # past the batch (512) and twice the answer: room for extra files
+MAX_TOKENS = 16
+PREFIX = "def add(a, b):\n    "
+SUFFIX = "\n\nprint(add(1, 2))\n"
+EXTRA = [{"filename": "util.py", "text": "X = 1\n"}, {"text": "Y = 2\n"}]
+LARGE = {"mode": "large"}  # the large model alone writes: the answer a llama-server on it gives
+OLLAMA_GREEDY = {"temperature": 0, "num_predict": 8}
+
+
+@pytest.fixture(scope="module")
+def fim_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("fim")
+    return tuple(
+        write_tiny_model(folder / f"{name}.gguf", seed=seed, vocab="fim")
+        for seed, name in ((0, "small"), (1, "large"))
+    )  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="module")
+def server(fim_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    args = [*pair_args(fim_pair), *TAU, "--ctx", str(N_CTX), "--no-reuse", "--max-tokens", str(MAX_TOKENS)]
+    with serving(args, tmp_path_factory.mktemp("serve") / "server.log") as running:
+        yield running
+
+
+def infill(server: Server, **body: Any) -> dict[str, Any]:
+    reply = post(server, "/infill", body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_infill_whole_and_streamed_is_the_suffixed_completion(server: Server) -> None:
+    whole = infill(
+        server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=8, temperature=0, return_tokens=True
+    )
+    opening = "<|repo_name|>myproject\n<|file_sep|>filename\n"
+    assert whole["prompt"] == f"{opening}<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    assert whole["tokens_predicted"] == len(whole["tokens"]) == 8 and whole["stop_type"] == "limit"
+    assert {token["model"] for token in whole["ead"]["tokens"]} == {"small", "large"}  # the pair wrote it
+
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    text = client.completions.create(model="ead", prompt=PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0)
+    assert text.choices[0].text == whole["content"] and text.usage.prompt_tokens == whole["tokens_evaluated"]
+    pieces = client.completions.create(
+        model="ead", prompt=PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0, stream=True
+    )
+    assert "".join(chunk.choices[0].text for chunk in pieces if chunk.choices) == whole["content"]
+
+    events = []
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 8, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/infill", json=body, timeout=120) as streamed:
+        for line in streamed.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line.removeprefix("data: ")))
+    assert [event["stop"] for event in events] == [False] * 8 + [True]
+    assert "".join(event["content"] for event in events) == whole["content"]
+    assert [token for event in events[:-1] for token in event["tokens"]] == whole["tokens"]
+    assert events[-1]["prompt"] == whole["prompt"] and events[-1]["stop_type"] == "limit"
+
+
+def test_extra_files_and_the_prompt_after_the_prefix_go_where_llama_server_puts_them(server: Server) -> None:
+    whole = infill(
+        server, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=EXTRA, prompt="ret", n_predict=1
+    )
+    assert whole["prompt"] == (
+        "<|repo_name|>myproject\n<|file_sep|>util.py\nX = 1\n<|file_sep|>tmp\nY = 2\n"
+        f"<|file_sep|>filename\n<|fim_prefix|>{PREFIX}ret<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    )
+    at_the_end = infill(server, input_prefix=PREFIX, input_suffix="", n_predict=1)  # nothing after the cursor
+    assert at_the_end["prompt"].endswith(f"<|fim_prefix|>{PREFIX}<|fim_suffix|><|fim_middle|>")
+
+
+def test_ollamas_generate_with_a_suffix_is_the_same_completion(server: Server) -> None:
+    expected = infill(server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=8, temperature=0)
+    talk = ollama.Client(host=server.url, timeout=120)
+    assert talk.show("ead").capabilities == ["completion", "insert"]  # what clients look for before a suffix
+    answer = talk.generate(model="ead", prompt=PREFIX, suffix=SUFFIX, options=OLLAMA_GREEDY, raw=True)
+    assert answer.response == expected["content"] and answer.prompt_eval_count == expected["tokens_evaluated"]
+    streamed = talk.generate(model="ead", prompt=PREFIX, suffix=SUFFIX, options=OLLAMA_GREEDY, stream=True)
+    assert "".join(part.response for part in streamed) == expected["content"]
+
+
+EMPTY = {"input_prefix": "", "input_suffix": ""}
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/infill", {"input_suffix": ""}, "input_prefix", "input_prefix: Field required"),
+        ("/infill", {**EMPTY, "input_suffix": 1}, "input_suffix", "input_suffix: Input should be a valid"),
+        ("/infill", {**EMPTY, "input_extra": {"text": "x"}}, "input_extra", "input_extra: Input should"),
+        ("/infill", {**EMPTY, "input_extra": [{}]}, "input_extra.0.text", "input_extra.0.text: Field"),
+        ("/infill", {**EMPTY, "input_extra": [{"text": "\0"}]}, "input_extra.0.text", "input_extra.0.text c"),
+        ("/infill", {**EMPTY, "input_prefix": "a\x00"}, "input_prefix", "the input_prefix contains a NUL"),
+        ("/infill", {**EMPTY, "input_suffix": "\x00"}, "input_suffix", "the input_suffix contains a NUL"),
+        ("/infill", {**EMPTY, "prompt": ["a"]}, "prompt", "prompt: Input should be a valid string"),
+        ("/infill", {**EMPTY, "prompt": "y " * 5000}, "prompt", "the prompt is 10024 tokens"),
+        ("/infill", {**EMPTY, "prompt": "<|im_end|>" * 5000}, "prompt", "the prompt holds 4096 or more"),
+        ("/v1/completions", {"prompt": [1, 2], "suffix": "x"}, "suffix", "suffix: fill-in-the-middle reads"),
+        ("/v1/chat/completions", {"messages": HI, "suffix": "x"}, "suffix", "suffix: fill-in-the-middle is"),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_a_400_naming_the_field(
+    server: Server, path: str, body: dict[str, Any], param: str, message: str
+) -> None:
+    reply = post(server, path, body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and error["message"].startswith(message), error
+    assert infill(server, input_prefix="a", input_suffix="b", n_predict=1)["tokens_predicted"] == 1
+
+
+def test_ollamas_suffix_with_a_system_text_is_its_400(server: Server) -> None:
+    body = {"model": "ead", "prompt": "a", "suffix": "b", "system": "be brief", "stream": False}
+    reply = post(server, "/api/generate", body)
+    assert reply.status_code == 400
+    assert reply.json() == {"error": "system: a fill-in-the-middle prompt has no place for a system text"}
+
+
+def llama_server_infill(model: Path, log: Path, body: dict[str, Any], args: list[str]) -> dict[str, Any]:
+    """A real llama-server's /infill answer on ``model``."""
+    with native.llama_server(model, args, log) as peer:
+        for _ in range(600):
+            if httpx.get(f"{peer.url}/health", timeout=10).status_code == 200:
+                break
+            time.sleep(0.1)
+        reply = httpx.post(f"{peer.url}/infill", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_the_prompt_and_greedy_answer_are_llama_servers(
+    server: Server, fim_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """llama-server with ead serve's context, batch and answer limit (its -n, which sizes the room left
+    to the extra files) reads the same prompt and writes the same greedy answer as the large model alone."""
+    body = {
+        "input_prefix": PREFIX,
+        "input_suffix": SUFFIX,
+        "input_extra": EXTRA,
+        "prompt": "ret",
+        "n_predict": MAX_TOKENS,
+        "temperature": 0,
+        "return_tokens": True,
+    }
+    args = ["-c", str(N_CTX), "-b", "512", "-ub", "512", "-n", str(MAX_TOKENS), "-t", "1"]
+    theirs = llama_server_infill(fim_pair[1], tmp_path / "llama-server.log", body, args)
+    ours = infill(server, **body, ead=LARGE)
+    assert ours["prompt"] == theirs["prompt"] and ours["tokens_evaluated"] == theirs["tokens_evaluated"]
+    assert ours["tokens"] == theirs["tokens"] and ours["content"] == theirs["content"]
+    assert ours["stop_type"] == theirs["stop_type"]
+
+
+@pytest.mark.real
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_the_real_coder_fills_the_middle_as_llama_server_does(
+    real_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The demo's 0.5B coder, alone, on ead serve and on llama-server: the same prompt and greedy middle,
+    ended by an end-of-generation token before the limit."""
+    after = "\n\n\ndef sub(a, b):\n    return a - b\n"  # code after the cursor: the middle ends
+    body = {"input_prefix": PREFIX, "input_suffix": after, "n_predict": 64}
+    body |= {"temperature": 0, "return_tokens": True}
+    args = ["-c", "2048", "-b", "512", "-ub", "512", "-n", "64", "-t", "2"]
+    theirs = llama_server_infill(real_pair[0], tmp_path / "llama-server.log", body, args)
+    small = str(real_pair[0])
+    command = ["--small", small, "--large", small, "--ctx", "2048", "--max-tokens", "64", "--mode", "large"]
+    with Server(command, tmp_path / "server.log") as ead:
+        ours = infill(ead, **body)
+        assert ead.stop() == 0
+    assert ours["prompt"] == theirs["prompt"] and ours["tokens"] == theirs["tokens"]
+    assert ours["content"] == theirs["content"] and ours["content"]
+    assert ours["stop_type"] == theirs["stop_type"] == "eos"
