@@ -112,17 +112,18 @@ def generate(
         if suffix is not None:
             answer = min(generation.max_tokens, decoder.n_ctx)
             tokens = encode_infill(runners[0], text, suffix, answer_tokens=answer, runners=runners)
+            thinking = None  # code at the cursor, no chat turn: nothing to split
         else:
             variables = template_variables(generation.reasoning_budget)
             rendered = render_prompt(runners[0], text, system=system, raw=raw, template_kwargs=variables)
             if system:  # a system message too long is named, not the prompt it makes too long
                 check_system_fits(runners[0], system, runners)
             tokens = encode_fitting(runners[0], rendered, runners)
+            template = runners[0].metadata("tokenizer.chat_template")
+            thinking = answer_start(template, rendered, generation.reasoning_format)
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:
-            template = runners[0].metadata("tokenizer.chat_template")
-            thinking = answer_start(template, rendered, generation.reasoning_format)
             renderer = TextRenderer(
                 sys.stdout, color=wants_color(sys.stdout), thinking=thinking, hide_thinking=hide_thinking
             )
