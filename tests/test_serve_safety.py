@@ -3,6 +3,7 @@ each test drives a real server subprocess over real sockets."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import http.client
@@ -11,6 +12,7 @@ import json
 import re
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from test_cli import pair_args
 from test_serve import CTX, HI, JSON, LONG, PROMPT, TAU, frames, not_served, serving, stream_request
 
 from ead_cli.errors import quoted
-from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES, SEND_TIMEOUT_S
+from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES, SEND_TIMEOUT_S, _LingeringTransport
 
 CHAT = "/v1/chat/completions"
 HI_BODY = json.dumps({"messages": HI, "max_tokens": 2}).encode()
@@ -1074,6 +1076,41 @@ def test_a_stop_closes_idle_and_refused_connections_at_once_however_long_the_rea
             raw.close()
     assert server.log().splitlines()[-1] == "ead serve: stopped"
     assert "Traceback" not in server.log()
+
+
+def test_a_close_after_the_client_reset_its_connection_is_at_once() -> None:
+    """The server closes a connection its client has just reset (a client that raised on a stream's
+    error event and closed, as a stop cut it off): the reset had reached the kernel, not yet the event
+    loop, and the staged close's shutdown failed (ENOTCONN), a traceback in the log and its half-made
+    drain's AttributeError after it. Now it closes at once, and the protocol that served it is told."""
+
+    class Served(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.lost: list[Exception | None] = []
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.lost.append(exc)
+
+    async def close_after_reset() -> tuple[list[Exception | None], list[dict]]:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            client = socket.create_connection(listener.getsockname())
+            accepted, _ = listener.accept()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset
+        assert select.select([accepted], [], [], 30)[0]  # it has reached the server's kernel
+        loop = asyncio.get_running_loop()
+        failures: list[dict] = []
+        loop.set_exception_handler(lambda _, context: failures.append(context))
+        served = Served()
+        transport, _ = await loop.connect_accepted_socket(lambda: served, accepted)
+        closing = _LingeringTransport(transport, 3600)  # type: ignore[arg-type]
+        closing.close()
+        while not served.lost:
+            await asyncio.sleep(0)
+        return served.lost, failures
+
+    lost, failures = asyncio.run(close_after_reset())
+    assert len(lost) == 1 and failures == []
 
 
 def tcp_state(raw: socket.socket) -> int:

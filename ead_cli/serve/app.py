@@ -396,12 +396,16 @@ class _Drain(asyncio.Protocol):
 
     def __init__(self, transport: asyncio.Transport, linger: float) -> None:
         self.served = transport.get_protocol()
-        transport.set_protocol(self)
-        transport.write_eof()  # once what is written has gone
-        transport.resume_reading()
         self.transport, self.linger = transport, linger
         self.unsent = transport.get_write_buffer_size()
         self.timer = asyncio.get_running_loop().call_later(linger, self._look)
+        transport.set_protocol(self)
+        try:
+            transport.write_eof()  # once what is written has gone
+        except OSError:  # the client reset it, which the loop has yet to read: nobody to linger for
+            transport.abort()
+            return
+        transport.resume_reading()
 
     def _look(self) -> None:
         unsent = self.transport.get_write_buffer_size()
