@@ -132,7 +132,7 @@ def test_a_message_whole_and_streamed_is_the_openai_routes_answer(
 def test_the_stream_is_anthropics_event_sequence(server: Server) -> None:
     """message_start (the prompt's tokens counted), a ping, one text block of a delta per token (each with
     the model that wrote it), its stop, message_delta with the stop reason and usage, message_stop."""
-    thinking = {"type": "enabled", "budget_tokens": 1024}  # answered without thinking: ignored
+    thinking = {"type": "enabled", "budget_tokens": 1024}  # a model that does not think answers as it does
     body = {"model": "ead", "max_tokens": 8, "messages": HI, "temperature": 0, "thinking": thinking}
     read = events(server, {**body, "metadata": {"user_id": "someone"}})
     names = [name for name, _ in read]
@@ -302,6 +302,18 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
             "stop_sequences",
         ),
         ({"model": "ead", "messages": HI, "max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
+        (
+            {"model": "ead", "messages": HI, "thinking": {"type": "on"}},
+            400,
+            "invalid_request_error",
+            "thinking.type",
+        ),
+        (
+            {"model": "ead", "messages": [*HI, {"role": "assistant", "content": [{"type": "thinking"}]}]},
+            400,
+            "invalid_request_error",
+            "messages.1.content.0: a thinking block needs its thinking",
+        ),
         (
             {
                 "model": "ead",

@@ -245,7 +245,7 @@ def test_store_is_a_no_op_and_json_object_mode_is_taken(client: openai.OpenAI, s
         ({"tools": [{"type": "function", "name": ""}]}, "tools.0.name", "at least 1 character"),
         ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal to 1"),
         ({"messages": HI}, "messages", "takes input"),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type", "reasoning items"),
+        ({"input": [{"type": "item_reference", "id": "r"}]}, "input.0.type", "item_reference items"),
         ({"input": [{"type": "function_call", "name": "multiply"}]}, "input.0.call_id", "needs its call_id"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", "'user'"),
         ({"tool_choice": "required", "tools": FLAT_TOOLS}, "tool_choice", "only 'auto' and 'none'"),

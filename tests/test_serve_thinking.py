@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -173,3 +174,107 @@ def test_ollama_think_gives_thinking_apart_whole_and_streamed(server: Server, ra
 def test_ollama_think_levels_are_a_400_in_ollamas_shape(server: Server) -> None:
     reply = ollama(server, "chat", {"messages": HI, "think": "high"})
     assert reply.status_code == 400 and "think: levels" in reply.json()["error"]
+
+
+def split_of(raw: str) -> tuple[str, str]:
+    """The reasoning and the content /v1/chat/completions gives for the raw answer."""
+    before, _, after = raw.partition("</think>")
+    return before.strip(), after.lstrip()
+
+
+def test_responses_give_a_reasoning_item_before_the_message_whole_and_streamed(
+    server: Server, raw: str
+) -> None:
+    """As llama-server's: a ``reasoning`` item of one ``reasoning_text`` part, then the message; streamed,
+    its ``response.reasoning_text`` deltas before the text's, the same item done in the final Response."""
+    reasoning, content = split_of(raw)
+    chat_answer = message(server)
+    assert (chat_answer["reasoning_content"], chat_answer["content"]) == (reasoning, content)
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    whole = client.responses.create(model="ead", input="hi")
+    thought, said = whole.output
+    assert thought.type == "reasoning" and said.type == "message"
+    assert [(part.type, part.text) for part in thought.content or []] == [("reasoning_text", reasoning)]
+    assert thought.summary == [] and whole.output_text == content
+    kinds, deltas, done = [], {"reasoning": "", "text": ""}, {}
+    for event in client.responses.create(model="ead", input="hi", stream=True):
+        if event.type in ("response.reasoning_text.delta", "response.output_text.delta"):
+            kind = "reasoning" if "reasoning" in event.type else "text"
+            deltas[kind] += event.delta
+            kinds.append(kind)
+        elif event.type in ("response.reasoning_text.done", "response.output_text.done"):
+            done[event.type] = event.text
+        elif event.type in ("response.completed", "response.incomplete"):  # the last, with the Response
+            final = event.response
+    assert deltas == {"reasoning": reasoning, "text": content}
+    assert done == {"response.reasoning_text.done": reasoning, "response.output_text.done": content}
+    assert kinds == sorted(kinds, key=["reasoning", "text"].index) and len(set(kinds)) == 2
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == reasoning and final.output_text == content
+    off = client.responses.create(model="ead", input="hi", extra_body=THINKING_OFF)
+    assert [item.type for item in off.output] == ["message"]
+    assert off.output_text == message(server, **THINKING_OFF)["content"]
+
+
+EARLIER_REASONING = "an earlier thought"
+
+
+def prompt_tokens(server: Server, messages: list[dict[str, Any]]) -> int:
+    reply = chat(server, messages=messages, max_tokens=1)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["usage"]["prompt_tokens"]
+
+
+def test_earlier_reasoning_sent_back_is_rendered_as_the_template_takes_it(server: Server) -> None:
+    """An assistant's ``reasoning_content`` (chat), ``reasoning`` item (Responses: Codex sends them back)
+    and ``thinking`` block (Messages: Claude Code does) are the same prompt, the template's block."""
+    turns = [*HI, {"role": "assistant", "content": "hello", "reasoning_content": EARLIER_REASONING}, *HI]
+    prompt = httpx.post(f"{server.url}/apply-template", json={"messages": turns}).json()["prompt"]
+    assert f"<think>\n{EARLIER_REASONING}\n</think>\n\nhello<|im_end|>" in prompt
+    counted = prompt_tokens(server, turns)
+    assert counted > prompt_tokens(server, [*HI, {"role": "assistant", "content": "hello"}, *HI])
+    part = {"type": "reasoning_text", "text": EARLIER_REASONING}
+    items = [
+        *HI,
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [part], "encrypted_content": None},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+        *HI,
+    ]
+    reply = httpx.post(f"{server.base_url}/responses", json={"input": items, "max_output_tokens": 1})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["input_tokens"] == counted
+    thought = {"type": "thinking", "thinking": EARLIER_REASONING, "signature": "sig"}
+    said = [*HI, {"role": "assistant", "content": [thought, {"type": "text", "text": "hello"}]}, *HI]
+    body = {"model": "ead", "max_tokens": 1, "messages": said}
+    assert httpx.post(f"{server.url}/v1/messages/count_tokens", json=body).json()["input_tokens"] == counted
+
+
+def test_messages_give_thinking_blocks_before_the_text_whole_and_streamed(server: Server, raw: str) -> None:
+    """As llama-server's: a ``thinking`` block (its signature empty) before the text block; streamed, a
+    thinking block of ``thinking_delta``s and a ``signature_delta``, then the text block."""
+    reasoning, content = split_of(raw)
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    whole = client.messages.create(model="ead", max_tokens=32, messages=HI)  # type: ignore[arg-type]
+    assert [block.model_dump() for block in whole.content] == [
+        {"type": "thinking", "thinking": reasoning, "signature": ""},
+        {"type": "text", "text": content, "citations": None},
+    ]
+    started, deltas = [], {"thinking_delta": "", "text_delta": "", "signature_delta": ""}
+    stream = client.messages.create(model="ead", max_tokens=32, messages=HI, stream=True)  # type: ignore[arg-type]
+    for event in stream:
+        if event.type == "content_block_start":
+            started.append((event.index, event.content_block.type))
+        elif event.type == "content_block_delta":
+            field = {"thinking_delta": "thinking", "text_delta": "text", "signature_delta": "signature"}
+            deltas[event.delta.type] += getattr(event.delta, field[event.delta.type])
+    assert started == [(0, "thinking"), (1, "text")]
+    assert deltas == {"thinking_delta": reasoning, "text_delta": content, "signature_delta": ""}
+    enabled = {"type": "enabled", "budget_tokens": 1024}
+    on = client.messages.create(model="ead", max_tokens=32, messages=HI, thinking=enabled)  # type: ignore[arg-type]
+    assert on.content == whole.content
+    off = client.messages.create(
+        model="ead", max_tokens=32, messages=HI, thinking={"type": "disabled"}  # type: ignore[arg-type]
+    )
+    assert [block.model_dump() for block in off.content] == [
+        {"type": "text", "text": message(server, **THINKING_OFF)["content"], "citations": None}
+    ]

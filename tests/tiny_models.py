@@ -67,8 +67,13 @@ CHATML = (
 
 # A thinking model's template in short: ChatML whose assistant turn opens the block in the prompt, as
 # DeepSeek-R1's and Qwen3's thinking-only models' do (the answer starts inside it), and with Qwen3's
-# enable_thinking false an empty block instead, so the answer starts past it
-THINKING_TEMPLATE = CHATML + (
+# enable_thinking false an empty block instead, so the answer starts past it; an earlier turn's
+# reasoning_content written back in its block, as Qwen3's writes it
+THINKING_TEMPLATE = CHATML.replace(
+    "{{ message.content }}",
+    "{% if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ message.content }}",
+) + (
     "{% if add_generation_prompt %}{% if enable_thinking is defined and enable_thinking is false %}"
     "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
 )

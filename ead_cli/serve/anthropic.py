@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 
 from ..decoder import Summary, TokenEvent
+from ..thinking import ReasoningSplitter, Split
 from .app import (
     ANTHROPIC_PATH,
     Requests,
@@ -45,15 +46,16 @@ NOT_TEXT = {"image": "the models read text", "document": "the models read text"}
 
 
 class Block(BaseModel):
-    """A content block of a message (or of a tool's result): ``text``, ``tool_use`` (an assistant's call)
-    or ``tool_result`` (a user's answer to one); ``thinking`` blocks an assistant's earlier turn carries
-    are left out (the models served do not think). Their other fields (``cache_control``, ``citations``)
-    are ignored."""
+    """A content block of a message (or of a tool's result): ``text``, ``tool_use`` (an assistant's call),
+    ``tool_result`` (a user's answer to one) or ``thinking`` (an assistant's earlier reasoning, its
+    ``reasoning_content`` as llama-server takes it; a ``redacted_thinking`` block, encrypted, is left out).
+    Their other fields (``signature``, ``cache_control``, ``citations``) are ignored."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Annotated[str, Field(max_length=64)]
     text: str | None = None
+    thinking: str | None = None
     id: Annotated[str, Field(max_length=256)] | None = None
     name: Annotated[str, Field(max_length=256)] | None = None
     input: dict[str, Any] | None = None
@@ -99,16 +101,19 @@ class AnthropicMessage(BaseModel):
     content: str | Annotated[list[Block], Field(max_length=4096)]
 
     def as_openai(self, where: str) -> list[dict[str, Any]]:
-        """The OpenAI messages this one means: an assistant's text and calls (``tool_calls``); a user's
-        tool results (each a ``tool`` message, in order) and then its text."""
+        """The OpenAI messages this one means: an assistant's text, calls (``tool_calls``) and reasoning
+        (``reasoning_content``); a user's tool results (each a ``tool`` message, in order) and then its
+        text."""
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
-        texts, calls, results = [], [], []
+        texts, calls, results, thoughts = [], [], [], []
         for i, block in enumerate(self.content):
             at = f"{where}.content.{i}"
             if block.type == "text":
                 texts.append(block.needed("text", at))
-            elif self.role == "assistant" and block.type in ("thinking", "redacted_thinking"):
+            elif self.role == "assistant" and block.type == "thinking":
+                thoughts.append(block.needed("thinking", at))
+            elif self.role == "assistant" and block.type == "redacted_thinking":
                 continue
             elif self.role == "assistant" and block.type == "tool_use":
                 arguments = json.dumps(block.needed("input", at), ensure_ascii=False)
@@ -121,8 +126,11 @@ class AnthropicMessage(BaseModel):
             else:
                 raise block.refused(at, f"a {self.role}'s message")
         text = "".join(texts)
+        reasoning = {"reasoning_content": "".join(thoughts)} if thoughts else {}
         if calls:
-            return [{"role": "assistant", "content": text or None, "tool_calls": calls}]
+            return [{"role": "assistant", "content": text or None, "tool_calls": calls, **reasoning}]
+        if reasoning:
+            return [{"role": "assistant", "content": text, **reasoning}]
         return [*results, *([{"role": self.role, "content": text}] if text or not results else [])]
 
 
@@ -175,11 +183,20 @@ class OutputConfig(BaseModel):
     format: OutputFormat | None = None
 
 
+class ThinkingConfig(BaseModel):
+    """``thinking``: a thinking model's thinking on or off through its template (Qwen3's
+    ``enable_thinking``); ``budget_tokens`` is ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["enabled", "disabled", "adaptive"]
+
+
 class AnthropicRequest(BaseModel):
     """A Messages request. ``max_tokens``, which Anthropic requires, may be left out: the server's
-    ``--max-tokens``, as on the other routes. ``thinking`` is accepted and answered without thinking (the
-    models served do not think; Claude Code asks for it unasked); ``metadata`` and other fields are
-    ignored, as the OpenAI routes ignore theirs. The sampling fields are checked as OpenAI's."""
+    ``--max-tokens``, as on the other routes. ``thinking`` turns a thinking model's thinking on or off (a
+    model that does not think answers as it does); ``metadata`` and other fields are ignored, as the
+    OpenAI routes ignore theirs. The sampling fields are checked as OpenAI's."""
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
@@ -195,6 +212,7 @@ class AnthropicRequest(BaseModel):
     tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
     tool_choice: AnthropicToolChoice | None = None
     output_config: OutputConfig | None = None
+    thinking: ThinkingConfig | None = None
     ead: dict[str, Any] | None = None  # ead's options, as the OpenAI routes take them (checked there)
 
     def openai_body(self) -> bytes:
@@ -224,6 +242,8 @@ class AnthropicRequest(BaseModel):
             fields["tools"] = [tool.as_openai() for tool in self.tools]
         if self.tool_choice is not None:
             fields |= self.tool_choice.openai_fields()
+        if self.thinking is not None:
+            fields["chat_template_kwargs"] = {"enable_thinking": self.thinking.type != "disabled"}
         if self.output_config is not None and self.output_config.format is not None:
             schema = {"name": "output", "schema": self.output_config.format.json_schema}
             fields["response_format"] = {"type": "json_schema", "json_schema": schema}
@@ -244,6 +264,16 @@ def _usage(summary: Summary) -> dict[str, int]:
         "cache_read_input_tokens": cached,
         "output_tokens": summary.generated,
     }
+
+
+def _thinking(reasoning: str) -> dict[str, Any]:
+    """A thinking model's reasoning as Anthropic's ``thinking`` block, unsigned (as llama-server's)."""
+    return {"type": "thinking", "thinking": reasoning, "signature": ""}
+
+
+# The blocks a stream's deltas start, and a thinking block's signature, given before its stop
+BLOCK_STARTS = {"text": {"type": "text", "text": ""}, "thinking": _thinking("")}
+SIGNATURE = {"type": "signature_delta", "signature": ""}
 
 
 def _tool_use(call: ToolCall, given: dict[str, Any]) -> dict[str, Any]:
@@ -293,13 +323,14 @@ class _Message:
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         """The message at once; a client that leaves while it waits cancels it."""
         answer = await collected_calls(
-            ticket, request, _respelled, self.tools, self.parallel, self.job.prefill
+            ticket, request, _respelled, self.tools, self.parallel, self.job.prefill, self.job.thinking
         )
         if answer is None:
             return JSONResponse({}, status_code=499)
-        tokens, summary, text, calls, _ = answer  # a thinking model's reasoning is not mapped here
+        tokens, summary, text, calls, reasoning = answer
         events = [token.event for token in tokens]
-        content = [{"type": "text", "text": text}] if text else []
+        content = [_thinking(reasoning)] if reasoning else []
+        content += [{"type": "text", "text": text}] if text else []
         content += [_tool_use(call, json.loads(call.arguments)) for call in calls]
         ead = {
             "tokens": [token_fields(event) for event in events],
@@ -324,23 +355,25 @@ class _Message:
         yield _event("ping")
         blocks = _Blocks()
         reader = self._reader()
+        splitter = None if self.job.thinking is None else ReasoningSplitter(self.job.thinking)
         events: list[TokenEvent] = []
         async with contextlib.aclosing(answer_messages(ticket)) as messages:
             async for message in messages:
                 if isinstance(message, Token):
                     events.append(message.event)
                     text = message.event.text
-                    pieces = [text] if reader is None else reader.push(text)
-                    for i, piece in enumerate(pieces):
-                        extra = {} if i else {"ead": token_fields(message.event)}
-                        for event in blocks.piece(piece, **extra):
-                            yield event
+                    split = Split(content=text) if splitter is None else splitter.push(text)
+                    for event in blocks.split(split, reader, ead=token_fields(message.event)):
+                        yield event
                     continue
                 if isinstance(message, Failed):
                     error = _respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield error.anthropic_event()
                     return
+                held = [] if splitter is None else blocks.split(splitter.flush(), reader)
+                for event in held:
+                    yield event
                 for piece in [] if reader is None else reader.finish():
                     for event in blocks.piece(piece):
                         yield event
@@ -355,13 +388,24 @@ class _Message:
 
 
 class _Blocks:
-    """A streamed message's content blocks: text pieces into one text block, each call a block of its own,
-    a block stopped when the next starts. No text opens no block (an empty answer's content is none, as
-    the whole message's): a token of no text (half a character) is a delta only in a text block open."""
+    """A streamed message's content blocks: a thinking model's reasoning into one thinking block, text
+    pieces into one text block, each call a block of its own, a block stopped when the next starts. No
+    text opens no block (an empty answer's content is none, as the whole message's): a token of no text
+    (half a character, or text held back) is a delta only in a block open."""
 
     def __init__(self) -> None:
         self.count = 0
         self.open: str | None = None
+
+    def split(self, split: Split, reader: ToolCallReader | None, **extra: Any) -> list[dict[str, str]]:
+        """The events of a token's text (``split`` into reasoning and content): the reasoning's delta, then
+        the content's pieces (the calls ``reader`` reads), the first delta with ``extra``."""
+        thought = split.reasoning or not split.content  # text held back: an empty delta of the open block
+        events = self._text("thinking", split.reasoning, **extra) if thought else []
+        pieces = [split.content] if reader is None else reader.push(split.content)
+        for i, piece in enumerate(pieces):
+            events += self.piece(piece, **({} if i or events else extra))
+        return events
 
     def piece(self, piece: str | ToolCall, **extra: Any) -> list[dict[str, str]]:
         """The events of a piece of the answer, the delta with ``extra`` (its token's ``ead`` fields)."""
@@ -373,10 +417,14 @@ class _Blocks:
                 _event("content_block_delta", index=self.count - 1, delta=delta, **extra),
                 *self.stop(),
             ]
-        if self.open != "text" and not piece:
+        return self._text("text", piece, **extra)
+
+    def _text(self, kind: str, text: str, **extra: Any) -> list[dict[str, str]]:
+        """A delta of the text block or of the thinking block (``kind``), the block started first."""
+        if self.open != kind and not text:
             return []
-        events = [] if self.open == "text" else [*self.stop(), self._started({"type": "text", "text": ""})]
-        delta = {"type": "text_delta", "text": piece}
+        events = [] if self.open == kind else [*self.stop(), self._started(BLOCK_STARTS[kind])]
+        delta = {"type": f"{kind}_delta", kind: text}
         return [*events, _event("content_block_delta", index=self.count - 1, delta=delta, **extra)]
 
     def _started(self, block: dict[str, Any]) -> dict[str, str]:
@@ -388,8 +436,11 @@ class _Blocks:
         """The open block's stop, if one is open."""
         if self.open is None:
             return []
+        # a thinking block's signature, as llama-server's: empty (nothing signs the reasoning)
+        signature = _event("content_block_delta", index=self.count - 1, delta=SIGNATURE)
+        signed = [signature] if self.open == "thinking" else []
         self.open = None
-        return [_event("content_block_stop", index=self.count - 1)]
+        return [*signed, _event("content_block_stop", index=self.count - 1)]
 
 
 def _event(kind: str, **data: Any) -> dict[str, str]:

@@ -936,7 +936,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             template_message(message.as_template_message(f"messages.{i}"))
             for i, message in enumerate(body.messages)
         ]
-        texts = "".join(message["content"] for message in messages)
+        texts = "".join(message["content"] + message.get("reasoning_content", "") for message in messages)
         usage_checked(lambda: check_prompt_text(texts), "messages")
         prefill = _prefill(messages)
         earlier = messages if prefill is None else messages[:-1]

@@ -21,6 +21,7 @@ from sse_starlette import EventSourceResponse
 
 from ..decoder import Summary
 from ..errors import quoted
+from ..thinking import ReasoningSplitter, Split, split_reasoning
 from .app import MODEL_ID, Requests, answer_messages, collected, error_of, log_answered, token_fields
 from .engine import Failed, Log, Ticket, Token
 from .metrics import cached_tokens
@@ -53,13 +54,15 @@ CHAT_SPELLINGS = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
 }
-ITEM_TYPES = ("message", "function_call", "function_call_output")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text")  # a part's text, as chat's {"type": "text"} part
+# A reasoning item's text: its reasoning_text parts (llama-server's), else its summary's (OpenAI's)
+REASONING_PARTS = {"content": "reasoning_text", "summary": "summary_text"}
 
 
 class InputItem(BaseModel):
-    """An item of ``input``: a message (its content a string or parts), a call the assistant made, or
-    the call's output."""
+    """An item of ``input``: a message (its content a string or parts), a call the assistant made, the
+    call's output, or the assistant's reasoning (as Codex sends an earlier turn's back)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -70,15 +73,19 @@ class InputItem(BaseModel):
     name: Annotated[str, Field(max_length=256)] | None = None
     arguments: str | None = None
     output: str | Annotated[list[ContentPart], Field(max_length=1024)] | None = None
+    summary: Annotated[list[ContentPart], Field(max_length=1024)] | None = None
 
     def chat_message(self, where: str) -> dict[str, Any]:
-        """The chat message this item means (a call: an assistant's message of one call)."""
+        """The chat message this item means (a call: an assistant's message of one call; reasoning: an
+        assistant's ``reasoning_content``, as llama-server takes it, for the template to write)."""
         if self.type not in ITEM_TYPES:
             kind = self.type if self.type.isidentifier() else quoted(self.type)
             raise unsupported(f"{where}.type", f"{kind} items are not supported")
         if self.type == "message":
             self._need(where, "role")
             return {"role": self.role, "content": _chat_content(self.content)}
+        if self.type == "reasoning":
+            return {"role": "assistant", "content": None, "reasoning_content": self._reasoning()}
         if self.type == "function_call":
             self._need(where, "call_id", "name", "arguments")
             function = {"name": self.name, "arguments": self.arguments}
@@ -90,11 +97,28 @@ class InputItem(BaseModel):
         self._need(where, "call_id", "output")
         return {"role": "tool", "tool_call_id": self.call_id, "content": _chat_content(self.output)}
 
+    def _reasoning(self) -> str:
+        for field, kind in REASONING_PARTS.items():
+            texts = [part.text or "" for part in getattr(self, field) or () if part.type == kind]
+            if texts:
+                return "".join(texts)
+        return ""
+
     def _need(self, where: str, *fields: str) -> None:
         for field in fields:
             if getattr(self, field) is None:
                 message = f"{where}.{field}: a {self.type} item needs its {field}"
                 raise ApiError(400, message, code="invalid_value", param=f"{where}.{field}")
+
+
+def _reasoning_alone(message: dict[str, Any]) -> bool:
+    """Whether a chat message is an assistant's reasoning with no text or calls yet."""
+    return (
+        message["role"] == "assistant"
+        and "reasoning_content" in message
+        and message["content"] is None
+        and "tool_calls" not in message
+    )
 
 
 def _chat_content(content: str | list[ContentPart] | None) -> str | list[dict[str, Any]] | None:
@@ -202,7 +226,8 @@ class ResponsesRequest(BaseModel):
 
     def _messages(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The chat's messages, each with where this request gives it; calls in a row (or after the
-        assistant's text) are one assistant message's, as the chat route takes parallel calls."""
+        assistant's text) are one assistant message's, as the chat route takes parallel calls, and the
+        assistant's text or calls after its reasoning are the reasoning's message (as llama-server's)."""
         messages: list[dict[str, Any]] = []
         origins: list[str] = []
         if self.instructions is not None:
@@ -215,6 +240,9 @@ class ResponsesRequest(BaseModel):
             last = messages[-1] if messages else None
             if "tool_calls" in message and last is not None and last["role"] == "assistant":
                 last["tool_calls"] = [*last.get("tool_calls", []), *message["tool_calls"]]
+                continue
+            if message["role"] == "assistant" and last is not None and _reasoning_alone(last):
+                last["content"] = message["content"]
                 continue
             messages.append(message)
             origins.append(f"input.{i}")
@@ -243,14 +271,32 @@ def _status(summary: Summary) -> str:
     return "incomplete" if summary.finish_reason == "length" else "completed"
 
 
-def _text_part(text: str) -> dict[str, Any]:
+def _part(kind: str, text: str) -> dict[str, Any]:
+    """A text item's part: the message's output_text, the reasoning's reasoning_text."""
+    if kind == "reasoning":
+        return {"type": "reasoning_text", "text": text}
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    """The assistant's message item; ``text`` None: as it is opened, before its part."""
-    content = [] if text is None else [_text_part(text)]
+def _text_item(kind: str, item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """The assistant's message item, or its reasoning item (llama-server's shape: one reasoning_text
+    part, no summary); ``text`` None: as it is opened, before its part."""
+    content = [] if text is None else [_part(kind, text)]
+    if kind == "reasoning":
+        return {
+            "type": "reasoning",
+            "id": item_id,
+            "summary": [],
+            "content": content,
+            "encrypted_content": "",
+            "status": status,
+        }
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+# Each text item's id prefix, and its text's events (its part's .delta and .done)
+ITEM_ID = {"message": "msg", "reasoning": "rs"}
+TEXT_EVENTS = {"message": "response.output_text", "reasoning": "response.reasoning_text"}
 
 
 def _call_item(item_id: str, call_id: str, call: ToolCall, arguments: str) -> dict[str, Any]:
@@ -278,7 +324,7 @@ class _Answer:
         self.created = int(time.time())
         self.sequence = 0  # the next event's sequence_number
         self.output: list[dict[str, Any]] = []  # the items done
-        self.message: dict[str, Any] | None = None  # the message item open, its text so far
+        self.open: dict[str, Any] | None = None  # the text item open (message or reasoning), its text so far
 
     def respelled(self, error: ApiError) -> ApiError:
         return error.respelled(self.spelling, SCHEMA_AS)
@@ -322,6 +368,7 @@ class _Answer:
         parallel: bool,
         prefill: str,
         seed: int,
+        thinking: bool | None,
     ) -> JSONResponse:
         try:
             answer = await collected(ticket, request)
@@ -331,13 +378,17 @@ class _Answer:
             return JSONResponse({}, status_code=499)
         tokens, summary = answer
         log_answered(self.log, self.path, summary)
-        text = "".join(token.event.text for token in tokens)
+        text, reasoning = "".join(token.event.text for token in tokens), ""
+        if thinking is not None:  # a thinking model's: its reasoning is an item before the message's
+            reasoning, text = split_reasoning(text, thinking)
         calls: list[ToolCall] = []
         if tools:
             text, calls = split_answer(text, tools, parallel, prefill)
         status = _status(summary)
+        if reasoning:
+            self.output.append(_text_item("reasoning", _new_id("rs"), reasoning, status))
         if text or not calls:
-            self.output.append(_message_item(_new_id("msg"), text, status))
+            self.output.append(_text_item("message", _new_id("msg"), text, status))
         for call in calls:
             self.output.append(_call_item(_new_id("fc"), call.as_openai()["id"], call, call.arguments))
         ead = {
@@ -353,53 +404,57 @@ class _Answer:
         self.sequence += 1
         return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
 
-    def _open_message(self) -> list[dict[str, str]]:
-        """The message item opened, with its one text part, if none is open."""
-        if self.message is not None:
+    def _open_item(self, kind: str) -> list[dict[str, str]]:
+        """A text item of ``kind`` opened, with its one part, if it is not the one open (which is done)."""
+        if self.open is not None and self.open["type"] == kind:
             return []
-        self.message = _message_item(_new_id("msg"), "", "in_progress")
+        events = self._close_item("completed")
+        self.open = _text_item(kind, _new_id(ITEM_ID[kind]), "", "in_progress")
         where = {"output_index": len(self.output)}
         return [
+            *events,
             self._event(
                 "response.output_item.added",
                 **where,
-                item=_message_item(self.message["id"], None, "in_progress"),
+                item=_text_item(kind, self.open["id"], None, "in_progress"),
             ),
             self._event(
                 "response.content_part.added",
-                item_id=self.message["id"],
+                item_id=self.open["id"],
                 **where,
                 content_index=0,
-                part=_text_part(""),
+                part=_part(kind, ""),
             ),
         ]
 
-    def _text_events(self, text: str, **extra: Any) -> list[dict[str, str]]:
-        """A piece of the answer's text: its delta, the message item opened first if none is."""
-        events = self._open_message()
-        assert self.message is not None
-        self.message["content"][0]["text"] += text
-        where = {"item_id": self.message["id"], "output_index": len(self.output), "content_index": 0}
-        return [*events, self._event("response.output_text.delta", **where, delta=text, logprobs=[], **extra)]
+    def _text_events(self, text: str, kind: str = "message", **extra: Any) -> list[dict[str, str]]:
+        """A piece of the message's text or of the reasoning's: its delta, its item opened first."""
+        events = self._open_item(kind)
+        assert self.open is not None
+        self.open["content"][0]["text"] += text
+        where = {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0}
+        logprobs = {"logprobs": []} if kind == "message" else {}
+        return [*events, self._event(f"{TEXT_EVENTS[kind]}.delta", **where, delta=text, **logprobs, **extra)]
 
-    def _close_message(self, status: str) -> list[dict[str, str]]:
-        """The open message item's end (its text, its part, the item), if one is open."""
-        if self.message is None:
+    def _close_item(self, status: str) -> list[dict[str, str]]:
+        """The open text item's end (its text, its part, the item), if one is open."""
+        if self.open is None:
             return []
-        message, self.message = self.message, None
-        message["status"] = status
-        index, part = len(self.output), message["content"][0]
-        self.output.append(message)
-        where = {"item_id": message["id"], "output_index": index, "content_index": 0}
+        item, self.open = self.open, None
+        item["status"] = status
+        index, part = len(self.output), item["content"][0]
+        self.output.append(item)
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        logprobs = {"logprobs": []} if item["type"] == "message" else {}
         return [
-            self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+            self._event(f"{TEXT_EVENTS[item['type']]}.done", **where, text=part["text"], **logprobs),
             self._event("response.content_part.done", **where, part=part),
-            self._event("response.output_item.done", output_index=index, item=message),
+            self._event("response.output_item.done", output_index=index, item=item),
         ]
 
     def _call_events(self, call: ToolCall) -> list[dict[str, str]]:
         """A call: its item added, its arguments (whole: the call is read once it is), the item done."""
-        events = self._close_message("completed")
+        events = self._close_item("completed")
         index, item_id, call_id = len(self.output), _new_id("fc"), call.as_openai()["id"]
         item = _call_item(item_id, call_id, call, call.arguments)
         self.output.append(item)
@@ -424,6 +479,11 @@ class _Answer:
             self._event("response.output_item.done", output_index=index, item=item),
         ]
 
+    def _answered(self) -> bool:
+        """Whether a message or a call is given (not only reasoning)."""
+        items = [*self.output, *([self.open] if self.open is not None else [])]
+        return any(item["type"] != "reasoning" for item in items)
+
     def _piece_events(self, pieces: list[str | ToolCall], **extra: Any) -> list[dict[str, str]]:
         events = []
         for piece in pieces:
@@ -433,13 +493,29 @@ class _Answer:
                 events += self._text_events(piece, **({} if events else extra))
         return events
 
+    def _split_events(
+        self, split: Split, reader: ToolCallReader | None, **extra: Any
+    ) -> list[dict[str, str]]:
+        """A piece of a thinking model's answer: its reasoning's delta, then its content's pieces."""
+        events = self._text_events(split.reasoning, "reasoning", **extra) if split.reasoning else []
+        content = [split.content] if reader is None else reader.push(split.content)
+        return [*events, *self._piece_events(content, **({} if events else extra))]
+
     async def events(
-        self, ticket: Ticket, tools: frozenset[str] | None, parallel: bool, prefill: str, seed: int
+        self,
+        ticket: Ticket,
+        tools: frozenset[str] | None,
+        parallel: bool,
+        prefill: str,
+        seed: int,
+        thinking: bool | None,
     ) -> AsyncIterator[dict[str, str] | bytes]:
         """The typed events: created, in progress, each item's (a text delta per token that shows text,
-        with its ``ead`` fields), then completed or incomplete with the whole Response; a failure
-        mid-answer is an error event, as the chat route ends a stream it cannot finish."""
+        with its ``ead`` fields; a thinking model's reasoning an item of its own first), then completed or
+        incomplete with the whole Response; a failure mid-answer is an error event, as the chat route ends
+        a stream it cannot finish."""
         reader = ToolCallReader(tools, parallel, prefill) if tools else None
+        splitter = None if thinking is None else ReasoningSplitter(thinking)
         yield self._event("response.created", response=self.response("in_progress"))
         yield self._event("response.in_progress", response=self.response("in_progress"))
         tokens = []
@@ -449,6 +525,10 @@ class _Answer:
                     fields = token_fields(message.event)
                     tokens.append(fields)
                     text = message.event.text
+                    if splitter is not None:
+                        for event in self._split_events(splitter.push(text), reader, ead=fields):
+                            yield event
+                        continue
                     pieces = [text] if reader is None else reader.push(text)
                     for event in self._piece_events(pieces, ead=fields):
                         yield event
@@ -460,13 +540,14 @@ class _Answer:
                     return
                 summary = message.summary
                 log_answered(self.log, self.path, summary)
-                for event in self._piece_events([] if reader is None else reader.finish()):
+                held = [] if splitter is None else self._split_events(splitter.flush(), reader)
+                for event in [*held, *self._piece_events([] if reader is None else reader.finish())]:
                     yield event
                 status = _status(summary)
-                if not self.output:  # no text, no call: an empty message, as the whole answer has
-                    for event in self._open_message():
+                if not self._answered():  # no text, no call: an empty message, as the whole answer has
+                    for event in self._open_item("message"):
                         yield event
-                for event in self._close_message(status):
+                for event in self._close_item(status):
                     yield event
                 ead = {"tokens": tokens, "summary": asdict(summary), "seed": seed}
                 kind = "response.incomplete" if status == "incomplete" else "response.completed"
@@ -492,6 +573,7 @@ def add_routes(app: FastAPI) -> None:
             prepared.parallel_tool_calls is not False,
             job.prefill,
             job.generation.sampling.seed,
+            job.thinking,
         )
         if asked.stream:
             return EventSourceResponse(answer.events(ticket, *how), ping=15)

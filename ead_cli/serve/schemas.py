@@ -672,6 +672,9 @@ class ChatMessage(BaseModel):
     tool_call_id: Annotated[str, Field(max_length=256)] | None = None
     name: Annotated[str, Field(max_length=256)] | None = None
     refusal: str | None = None  # an assistant's refusal, where OpenAI answers it (content null)
+    # an assistant's reasoning in an earlier turn, sent back as llama-server takes it: the template's
+    # (Qwen3's writes it in its block)
+    reasoning_content: str | None = None
 
     def text(self, where: str) -> str:
         """The message's text; a part that is not text (an image, audio, a file) is a 400. An assistant's
@@ -699,7 +702,9 @@ class ChatMessage(BaseModel):
         """As the chat template takes it: OpenAI's ``developer`` role is the older ``system`` one; an
         assistant's calls and a tool's answer keep the fields templates read."""
         message = {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
-        extra = self.model_dump(include={"tool_calls", "tool_call_id", "name"}, exclude_none=True)
+        extra = self.model_dump(
+            include={"tool_calls", "tool_call_id", "name", "reasoning_content"}, exclude_none=True
+        )
         return {**message, **extra}
 
 
