@@ -106,6 +106,40 @@ def test_ollamas_generate_with_a_suffix_is_the_same_completion(server: Server) -
     assert "".join(part.response for part in streamed) == expected["content"]
 
 
+# The requests llama.vim (autoload/llama.vim: llama#fim, s:ring_update) and llama.vscode
+# (src/llama-server.ts: createRequestPayload) send to /infill, each a completion at the cursor and a
+# request that only reads the ring buffer's chunks of other files into the cache (n_predict: 0).
+EDITOR_REQUESTS = sorted((Path(__file__).parent / "editor_requests").glob("*.json"))
+# The field each of them is still refused for (its 400 names it): ead serve does not yet do it.
+STILL_REFUSED = {
+    "llama_vim_fim": "response_fields",
+    "llama_vim_ring_update": "response_fields",
+    "llama_vscode_fim": "n_indent",
+    "llama_vscode_extra_context": "n_predict",
+}
+
+
+@pytest.mark.parametrize("request_file", EDITOR_REQUESTS, ids=lambda path: path.stem)
+def test_the_editor_plugins_requests_are_answered_in_llama_servers_shape(
+    server: Server, request_file: Path
+) -> None:
+    body = json.loads(request_file.read_text())
+    reply = post(server, "/infill", body)
+    if request_file.stem in STILL_REFUSED:
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == STILL_REFUSED[request_file.stem]
+        return
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    fields = body.get("response_fields")
+    if fields:  # only the fields named that the answer has, each under its path
+        assert list(answer) == [field for field in fields if field]
+        assert isinstance(answer.get("content", ""), str)
+        return
+    assert answer["stop"] is True and answer["tokens_predicted"] <= max(body["n_predict"], 1)
+    extra = "".join(f"<|file_sep|>{file['filename']}\n{file['text']}" for file in body["input_extra"])
+    assert answer["prompt"].startswith(f"<|repo_name|>myproject\n{extra}<|file_sep|>filename\n")
+
+
 EMPTY = {"input_prefix": "", "input_suffix": ""}
 HI = [{"role": "user", "content": "hi"}]
 
