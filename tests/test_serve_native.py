@@ -251,7 +251,7 @@ def test_json_schema_is_json_mode(server: Server) -> None:
             "n_probs: log-probabilities follow",
         ),
         ({"prompt": "hi", "n_probs": 2, "logprobs": 3}, "n_probs", "n_probs 2 and logprobs 3 differ"),
-        ({"prompt": "hi", "response_fields": ["content"]}, "response_fields", "response_fields: the answer"),
+        ({"prompt": "hi", "response_fields": "content"}, "response_fields", "response_fields: Input should"),
         ({"prompt": "hi", "repeat_penalty": 0}, "repeat_penalty", "repeat_penalty: Input should be greater"),
         ({"prompt": "hi", "grammar": 'root ::= "a"'}, "grammar", "grammar is not supported"),
         ({"prompt": "hi", "temperature": 5}, "temperature", "temperature: Input should be less than or"),

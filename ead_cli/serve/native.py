@@ -60,12 +60,10 @@ if TYPE_CHECKING:
 # that leave the shape as it is; any other is a 400 (the OpenAI check refuses the sampling ones).
 SHAPES_NOT_WRITTEN: dict[str, tuple[Any, ...]] = {
     "post_sampling_probs": (None, False),
-    "response_fields": (None, []),
     "return_progress": (None, False),
 }
 NOT_WRITTEN_WHY = {
     "post_sampling_probs": "the probabilities are the model's, before sampling (n_probs gives them)",
-    "response_fields": "the answer is written whole: pick its fields from it",
 }
 SAMPLERS = list(CHAIN_ORDERS[0])  # ead's one sampler chain, in llama-server's names
 UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given without one
@@ -73,7 +71,8 @@ UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given w
 
 class NativeCompletion(BaseModel):
     """The fields of llama-server's /completion that OpenAI's request spells otherwise (``n_predict``,
-    ``json_schema``, ``n_probs``) or that only its answer has (``return_tokens``). Every other field goes
+    ``json_schema``, ``n_probs``) or that only its answer has (``return_tokens``, ``response_fields``).
+    Every other field goes
     on to the OpenAI request as it is, whose checks take it (``prompt``, ``stream``, ``temperature``,
     ``top_k``, ``top_p``, ``min_p``, ``seed``, ``stop``, ``ead``), refuse it (samplers ead does not run,
     unless off) or ignore it (``cache_prompt``, ``id_slot``...)."""
@@ -84,6 +83,7 @@ class NativeCompletion(BaseModel):
     json_schema: dict[str, Any] | None = None
     n_probs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # a text completion's logprobs
     return_tokens: bool | None = None
+    response_fields: Annotated[list[str], Field(max_length=MAX_COUNT)] | None = None
 
     def openai_body(self, n_ctx: int) -> dict[str, Any]:
         """The OpenAI text completion's fields this request means."""
@@ -159,6 +159,24 @@ def _readable(text: str, field: str) -> None:
     usage_checked(lambda: check_text(text, field), field)
 
 
+def picked(answer: dict[str, Any], paths: Sequence[str]) -> dict[str, Any]:
+    """The fields of ``answer`` that ``paths`` name, each under its path, keys split at '/' (llama-server's
+    ``response_fields``, its json_get_nested_values); a path the answer lacks is left out. The whole
+    answer where none is named, as llama-server writes it."""
+    if not paths:
+        return answer
+    found = {}
+    for path in paths:
+        value: Any = answer
+        for key in path.split("/"):
+            if not (isinstance(value, dict) and key in value):
+                break
+            value = value[key]
+        else:
+            found[path] = value
+    return found
+
+
 def generation_settings(
     generation: GenerationOptions, seed: int, stream: bool, n_probs: int = 0
 ) -> dict[str, Any]:
@@ -227,6 +245,7 @@ class _Completion:
         self.engine, self.job, self.path, self.log = engine, job, path, log
         self.stream, self.return_tokens = body.stream is True, asked.return_tokens is True
         self.respelled = asked.respelled
+        self.fields = asked.response_fields or []
         self.scored = ScoredText(engine.runners[0].token_bytes)  # n_probs: each token's, once it shows
 
     def _probabilities(self, scored: list[Scored]) -> dict[str, Any]:
@@ -307,14 +326,14 @@ class _Completion:
                         **self._probabilities(self.scored.add(message)),
                         "ead": token_fields(event),
                     }
-                    yield {"data": json.dumps(part, ensure_ascii=False)}
+                    yield {"data": json.dumps(picked(part, self.fields), ensure_ascii=False)}
                 elif isinstance(message, Failed):
                     error = self.respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
                     yield error.sse_event()
                 else:
                     last = self._final(events, message.summary, self.scored.finish())
-                    yield {"data": json.dumps(last, ensure_ascii=False)}
+                    yield {"data": json.dumps(picked(last, self.fields), ensure_ascii=False)}
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
         try:
@@ -327,7 +346,7 @@ class _Completion:
         events = [token.event for token in tokens]
         scored = [entry for token in tokens for entry in self.scored.add(token)] + self.scored.finish()
         ead_tokens = [token_fields(event) for event in events]
-        return JSONResponse(self._final(events, summary, scored, tokens=ead_tokens))
+        return JSONResponse(picked(self._final(events, summary, scored, tokens=ead_tokens), self.fields))
 
 
 def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeOptions) -> None:
