@@ -169,12 +169,17 @@ class _Generation:
         *,
         max_tokens: int = 512,
         stop: Sequence[str] = (),
+        min_indent: int = 0,
+        newline_time_limit_ms: int = 0,
     ) -> None:
         self.runners = tuple(runners)
         self.roles = tuple(roles)
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.stop = tuple(stop)
+        self.min_indent = min_indent
+        self.newline_time_limit_ms = newline_time_limit_ms
+        self._first_token_at = 0.0
         self.tokens: list[int] = []
         self._n_ctx = context_size(self.runners)  # asked every token
         self._written = [0] * len(self.runners)
@@ -192,7 +197,7 @@ class _Generation:
         self._finish = "interrupted"
         self._started = 0.0
         self._ended: float | None = None
-        self._text = TextStream(self.stop)
+        self._text = TextStream(self.stop, self.min_indent)
         self.last_event: TokenEvent | None = None
         self.fallback_reason: str | None = None
 
@@ -203,7 +208,7 @@ class _Generation:
     def _begin(self, prompt: Sequence[int]) -> list[int]:
         self.tokens = list(prompt)
         self._prompt_len = len(self.tokens)
-        self._text = TextStream(self.stop)
+        self._text = TextStream(self.stop, self.min_indent)
         self._started, self._ended, self._finish = perf_counter(), None, "interrupted"
         self._generated, self._switches, self._drafted, self._accepted = 0, 0, 0, 0
         self._looked_up, self._looked_up_accepted = 0, 0
@@ -235,11 +240,18 @@ class _Generation:
         """
         index = self._generated
         runner = self.runners[writer]
+        if not index:
+            self._first_token_at = perf_counter()
         piece = self._text.push(runner.token_bytes(token))
         finish = self._finish
-        if runner.is_end_of_generation(token) or self._text.stopped:
+        if runner.is_end_of_generation(token) or (self._text.stopped and not self._text.cut_short):
             finish = "stop"
-        elif index + 1 >= self.max_tokens or self._prompt_len + index + 1 > self.n_ctx:
+        elif (
+            self._text.cut_short
+            or index + 1 >= self.max_tokens
+            or self._prompt_len + index + 1 > self.n_ctx
+            or self._out_of_time(piece)
+        ):
             finish = "length"
         if finish != "interrupted":
             piece += self._text.flush()
@@ -253,11 +265,21 @@ class _Generation:
         self.last_event = event
         return event
 
+    def _out_of_time(self, piece: str) -> bool:
+        """Whether a token that released ``piece`` ends the answer by ``newline_time_limit_ms``: it
+        writes a newline and the limit has passed since the first token (llama-server's
+        t_max_predict_ms, which ends a completion at a line's end once its time is up)."""
+        if not self.newline_time_limit_ms or "\n" not in piece:
+            return False
+        return (perf_counter() - self._first_token_at) * 1000 > self.newline_time_limit_ms
+
     def _may_end(self, token: int, writer: int) -> bool:
         """Whether the next generated token ``token`` may end the answer: ``_announce`` decides."""
         count = self._generated + 1
         return (
             bool(self.stop)
+            or bool(self.min_indent)
+            or bool(self.newline_time_limit_ms)
             or count >= self.max_tokens
             or self._prompt_len + count > self.n_ctx
             or self.runners[writer].is_end_of_generation(token)
@@ -355,6 +377,8 @@ class Decoder(_Generation):
         *,
         max_tokens: int = 512,
         stop: Sequence[str] = (),
+        min_indent: int = 0,
+        newline_time_limit_ms: int = 0,
         normalize: bool = False,
         verify: float | None = None,
         check_every: int = 32,
@@ -371,7 +395,8 @@ class Decoder(_Generation):
             check_verify_ratio(verify)
         if check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
-        super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
+        limits = {"min_indent": min_indent, "newline_time_limit_ms": newline_time_limit_ms}
+        super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop, **limits)
         self.policy = policy
         self.check_every = check_every
         self._needed_only = entropy == "needed"
@@ -688,6 +713,8 @@ class SpeculativeDecoder(_Generation):
         entropy_stop: float | None = None,
         max_tokens: int = 512,
         stop: Sequence[str] = (),
+        min_indent: int = 0,
+        newline_time_limit_ms: int = 0,
         lookup: int = 0,
         lookup_draft: int = 16,
     ) -> None:
@@ -696,7 +723,8 @@ class SpeculativeDecoder(_Generation):
         check_draft(draft)
         check_lookup(lookup)
         check_draft(lookup_draft, "--lookup-draft")
-        super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop)
+        limits = {"min_indent": min_indent, "newline_time_limit_ms": newline_time_limit_ms}
+        super().__init__(runners, roles, sampling, max_tokens=max_tokens, stop=stop, **limits)
         self.draft = draft
         self.entropy_stop = entropy_stop
         self.lookup = lookup

@@ -199,6 +199,8 @@ def build_decoder(
                 entropy_stop=policy_options.draft_entropy_stop,
                 max_tokens=generation.max_tokens,
                 stop=generation.stop,
+                min_indent=generation.min_indent,
+                newline_time_limit_ms=generation.newline_time_limit_ms,
                 lookup=policy_options.lookup,
                 lookup_draft=policy_options.lookup_draft,
             )
@@ -209,6 +211,8 @@ def build_decoder(
             generation.sampling,
             max_tokens=generation.max_tokens,
             stop=generation.stop,
+            min_indent=generation.min_indent,
+            newline_time_limit_ms=generation.newline_time_limit_ms,
             normalize=policy_options.normalize,
             verify=verify,
             fallback=generation.fallback,

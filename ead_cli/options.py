@@ -301,6 +301,11 @@ class GenerationOptions:
     fallback: bool = False  # a remote model lost mid-answer: the smallest model writes the rest
     reasoning_budget: int = -1  # a thinking model's: -1 unrestricted, 0 off (llama.cpp's)
     reasoning_format: str = "auto"  # a thinking model's block: apart from the answer, or "none"
+    # llama-server's code-completion stop rules (its n_indent and t_max_predict_ms; 0: off): a line after
+    # the first less indented than this ends the answer (text.TextStream); once this many milliseconds
+    # have passed since the first token, a token that writes a newline ends it (decoder).
+    min_indent: int = 0
+    newline_time_limit_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.reasoning_budget not in (-1, 0):  # llama.cpp's two values: a budget of N is not counted

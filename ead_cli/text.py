@@ -1,4 +1,5 @@
-"""Turning a token stream into printable text: whole UTF-8 characters, stop strings held back."""
+"""Turning a token stream into printable text: whole UTF-8 characters, stop strings held back, and
+llama-server's indentation rule for code completion."""
 
 from __future__ import annotations
 
@@ -11,26 +12,32 @@ class TextStream:
 
     Bytes of a character split over tokens (or over a model switch) wait until the character is whole.
     Text that could be the start of a stop string is held back until it is clearly not one, so a stop
-    string never reaches the output.
+    string never reaches the output. ``min_indent`` (llama-server's ``n_indent``, editors' code
+    completion: 0 is off): a line after the first that starts with fewer blanks ends the text after its
+    blanks (``cut_short``: llama-server's stop type "limit", not a stop string's "word").
     """
 
-    def __init__(self, stop: Sequence[str] = ()) -> None:
+    def __init__(self, stop: Sequence[str] = (), min_indent: int = 0) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = tuple(s for s in stop if s)
+        self._min_indent = min_indent
+        self._indent: int | None = None  # a line's blanks after a newline, till another character
         self._pending = ""
         self.stopped = False
+        self.cut_short = False
 
     def push(self, data: bytes) -> str:
         """Add a token's bytes; return the text that is now safe to show (nothing once stopped)."""
         if self.stopped:
             return ""
+        start = len(self._pending)
         self._pending += self._decoder.decode(data)
-        if not self._stop:
-            released, self._pending = self._pending, ""
-            return released
         # The earliest match ends the text: one token can bring two stop strings (``xon``, --stop n
         # --stop o), and the first one given may be the later one in the text.
         found = min((at for at in map(self._pending.find, self._stop) if at >= 0), default=-1)
+        short = self._short_line(start)
+        if short >= 0 and (found < 0 or short < found):
+            found, self.cut_short = short, True
         if found >= 0:
             self.stopped = True
             released, self._pending = self._pending[:found], ""
@@ -42,9 +49,10 @@ class TextStream:
 
     def copy(self) -> TextStream:
         """An independent stream in the same state: to look ahead without committing."""
-        twin = TextStream(self._stop)
+        twin = TextStream(self._stop, self._min_indent)
         twin._decoder.setstate(self._decoder.getstate())
-        twin._pending, twin.stopped = self._pending, self.stopped
+        twin._pending, twin.stopped, twin.cut_short = self._pending, self.stopped, self.cut_short
+        twin._indent = self._indent
         return twin
 
     def flush(self) -> str:
@@ -54,6 +62,22 @@ class TextStream:
         released = self._pending + self._decoder.decode(b"", final=True)
         self._pending = ""
         return released
+
+    def _short_line(self, start: int) -> int:
+        """Where, in the pending text from ``start`` on (the text before it already read), a line after
+        a newline has its first character other than a space or tab with fewer of them before it than
+        ``min_indent`` (a newline too: a blank line); -1 if none (llama-server's n_indent check)."""
+        if not self._min_indent:
+            return -1
+        for at in range(start, len(self._pending)):
+            char = self._pending[at]
+            if self._indent is not None and char in " \t":
+                self._indent += 1
+            elif self._indent is not None and self._indent < self._min_indent:
+                return at
+            else:
+                self._indent = 0 if char == "\n" else None
+        return -1
 
     def _held_back(self) -> int:
         """Length of the longest tail of pending text that is a proper prefix of a stop string."""

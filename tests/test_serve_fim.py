@@ -127,15 +127,31 @@ def test_response_fields_keep_the_fields_named_each_under_its_path(server: Serve
     assert "".join(event["content"] for event in events) == whole["content"] and events[-1]["stop"]
 
 
+def test_n_indent_and_t_max_predict_ms_end_an_answer_of_newlines_as_llama_server_does(server: Server) -> None:
+    """A bias makes every token a newline: with n_indent the second line, blank, is cut at once; with
+    t_max_predict_ms 1 the answer ends at a newline once a millisecond has passed, long before its
+    limit; both as llama-server's stop type "limit". Without either, the limit ends it."""
+    newline = post(server, "/tokenize", {"content": "\n"}).json()["tokens"]
+    asked = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 64, "temperature": 0}
+    asked |= {"logit_bias": {str(newline[0]): 100}}
+    assert infill(server, **asked)["content"] == "\n" * 64
+    indented = infill(server, **asked, n_indent=1)
+    assert indented["content"] == "\n" and indented["stop_type"] == "limit"
+    assert indented["tokens_predicted"] == 2  # ead stops at the line, not a token later as llama-server
+    timed = infill(server, **asked, t_max_predict_ms=1)
+    assert timed["content"] == "\n" * timed["tokens_predicted"] and timed["tokens_predicted"] < 64
+    assert timed["stop_type"] == "limit"
+
+
 # The requests llama.vim (autoload/llama.vim: llama#fim, s:ring_update) and llama.vscode
 # (src/llama-server.ts: createRequestPayload) send to /infill, each a completion at the cursor and a
 # request that only reads the ring buffer's chunks of other files into the cache (n_predict: 0).
 EDITOR_REQUESTS = sorted((Path(__file__).parent / "editor_requests").glob("*.json"))
 # The field each of them is still refused for (its 400 names it): ead serve does not yet do it.
 STILL_REFUSED = {
-    "llama_vim_fim": "n_indent",
+    "llama_vim_fim": "samplers",
     "llama_vim_ring_update": "n_predict",
-    "llama_vscode_fim": "n_indent",
+    "llama_vscode_fim": "samplers",
     "llama_vscode_extra_context": "n_predict",
 }
 

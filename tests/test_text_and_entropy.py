@@ -291,3 +291,19 @@ def test_the_kept_logits_view_follows_llama_cpps_row(runners: list[Runner]) -> N
     assert np.array_equal(runner.logits(), fresh())
     row = runner.sync([*tokens, 5, 6, 7, int(np.argmax(rows[-1]))], prompt_len=len(tokens), own_tail=True)
     assert np.array_equal(row, fresh())
+
+
+def test_a_line_less_indented_than_min_indent_ends_the_text_at_its_first_character() -> None:
+    """llama-server's n_indent: the first line is never judged; a later one that starts with fewer
+    blanks (spaces and tabs, one each) is cut after its blanks, a blank line too, and the text ends
+    there as cut short (llama-server's stop_type "limit"), not by a stop string."""
+    stream = TextStream(min_indent=4)
+    pieces = [stream.push(b) for b in [b"x = 1", b"\n    y = 2\n\t", b"  ", b"z", b" = 3", b"\n"]]
+    assert "".join(pieces) == "x = 1\n    y = 2\n\t  " and stream.stopped and stream.cut_short
+    for text, kept in [("a\n    \n    b\nc", "a\n    \n    b\n"), ("a\n\n    b", "a\n"), ("a\n\tb", "a\n\t")]:
+        stream = TextStream(min_indent=4)
+        assert stream.push(text.encode()) == kept and stream.cut_short, text
+    stream = TextStream(["b"], min_indent=4)
+    assert stream.push(b"a\n  b") == "a\n  " and stream.stopped and not stream.cut_short  # the stop string
+    stream = TextStream(min_indent=4)
+    assert stream.push(b"  a\n    b\n        c") == "  a\n    b\n        c" and not stream.stopped

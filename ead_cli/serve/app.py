@@ -1093,7 +1093,12 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(
-                defaults.generation, sampling=sampling, max_tokens=_answer_limit(body), stop=stop
+                defaults.generation,
+                sampling=sampling,
+                max_tokens=_answer_limit(body),
+                stop=stop,
+                min_indent=body.n_indent or 0,
+                newline_time_limit_ms=max(body.t_max_predict_ms or 0, 0),
             )
             return policy, generation
 

@@ -204,8 +204,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,),
     "n_predict": (None, -1),  # llama-server's max_tokens; -1: no limit
     "n_cmpl": (None, 1),
-    "n_indent": (None, 0),
-    "t_max_predict_ms": (None, 0),
     "ignore_eos": (None, False),
     "typical_p": (None, 1),
     "mirostat": (None, 0),
@@ -551,6 +549,8 @@ class CompletionBase(BaseModel):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None  # OpenAI's: token ids (as the object's keys) to biases
+    n_indent: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None  # llama-server's code-completion
+    t_max_predict_ms: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # stop rules (0, -1: off)
     ead: EadOptions | None = None
 
     def sampling_value(self, name: str) -> Any:
