@@ -425,7 +425,8 @@ class Decoder(_Generation):
         prompt_len = len(tokens)
         self._held, self._preview = [], None
         grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
-        self._sampler = sampler = Sampler(self.sampling, grammars)
+        vocab = self.runners[0].vocab if self.sampling.infill else None  # local, as for the grammars
+        self._sampler = sampler = Sampler(self.sampling, grammars, vocab)
         self._reads_ahead = any(map(self._reads_ahead_at, range(len(self.runners))))
         self.fallback_reason = None
         try:

@@ -32,7 +32,12 @@ class SamplingParams:
     Before all of these, as in llama.cpp's chain: ``logit_bias`` ((token, bias) pairs, added to the
     logits) and the penalties of llama.cpp's penalties sampler over the last ``repeat_last_n`` tokens
     (0: none; -1, ``WHOLE_CONTEXT``: all of them), see ``penalised``. Their defaults are off, as
-    llama.cpp's."""
+    llama.cpp's.
+
+    ``infill``: llama.cpp's infill sampler after the temperature, before the draw (llama-server's
+    ``samplers: [..., "infill"]``, which editors' code completion asks for): it merges candidates whose
+    text begins another's, keeps only end-of-generation tokens where their mass is high, and drops
+    unlikely text tokens. It runs in a local model's chain only (not in ``probabilities``)."""
 
     temp: float = 0.0
     top_k: int = 40
@@ -46,6 +51,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    infill: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.temp < math.inf:  # written so, NaN fails it too
@@ -136,6 +142,9 @@ def unknown_token(ids: Iterable[int], n_vocab: int, where: str) -> str | None:
     return f"{where}: token id {unknown} is not in the vocabulary (ids 0-{n_vocab - 1})"
 
 
+INFILL_LOCAL = "the infill sampler runs in a local model's chain: not with a llama-server model"
+
+
 class GrammarDeadEnd(EadError):
     """The grammar allows no token where the text must go on: no text can meet it (a JSON schema whose
     pattern has an empty class, ``[b-a]``)."""
@@ -157,10 +166,19 @@ class Sampler:
     """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits. With a
     grammar (``grammars``, the writing model's, needed), it comes first in the chain and every token
     sampled is accepted by it. The logit bias and the penalties are applied to the row before the chain
-    (``SamplingParams.penalised``), where llama.cpp's chain has them first."""
+    (``SamplingParams.penalised``), where llama.cpp's chain has them first. The infill sampler needs the
+    writing models' ``vocab`` (they share it)."""
 
-    def __init__(self, params: SamplingParams, grammars: ParsedGrammars | None = None) -> None:
-        self._greedy = params.temp == 0 and params.grammar is None and not params.penalises
+    def __init__(
+        self,
+        params: SamplingParams,
+        grammars: ParsedGrammars | None = None,
+        vocab: llama_cpp.llama_vocab_p | None = None,
+    ) -> None:
+        if params.infill and vocab is None:
+            raise EadError(INFILL_LOCAL)
+        self._argmax = params.temp == 0 and params.grammar is None and not params.infill
+        self._greedy = self._argmax and not params.penalises
         self._params = params
         self._rng = np.random.default_rng(params.seed)
         grammar = None
@@ -174,14 +192,16 @@ class Sampler:
         add = llama_cpp.llama_sampler_chain_add
         if grammar is not None:
             add(self._chain, grammar)
-        if params.temp == 0:
+        if params.temp == 0 and not params.infill:
             add(self._chain, llama_cpp.llama_sampler_init_greedy())
-        else:
+        else:  # temp 0 with infill: llama.cpp's temperature keeps the likeliest token, then infill judges it
             if params.top_k > 0:
                 add(self._chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
             add(self._chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
             add(self._chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
             add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
+            if params.infill:
+                add(self._chain, llama_cpp.llama_sampler_init_infill(vocab))
             add(self._chain, llama_cpp.llama_sampler_init_dist(params.seed))
 
     @property
@@ -206,11 +226,13 @@ class Sampler:
         if self._greedy:
             return int(logits.argmax())  # the method: np.argmax's dispatch costs ~2 us a token
         row = self._params.penalised(logits, tokens)
-        if self._params.temp == 0 and self._params.grammar is None:
+        if self._argmax:
             return int(row.argmax())  # greedy over the penalised row
         if ctx is None:
             if self._params.grammar is not None:
                 raise EadError("a grammar needs a local model's context: not with a llama-server model")
+            if self._params.infill:
+                raise EadError(INFILL_LOCAL)
             dist = probabilities(row, self._params)
             return int(self._rng.choice(dist.shape[0], p=dist))
         if row is logits and self._params.grammar is None:
@@ -360,8 +382,11 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     models' probabilities (speculative decoding's acceptance test).
 
     Same order as the chain: top-k, then top-p and min-p on the softmax of the raw logits, then the
-    temperature over what is left. Greedy (temp 0) is one-hot on the argmax.
+    temperature over what is left. Greedy (temp 0) is one-hot on the argmax. Not with the infill
+    sampler, which only llama.cpp's chain runs.
     """
+    if params.infill:
+        raise EadError("the infill sampler is not run by speculative decoding: use another --mode")
     out = np.zeros(logits.shape[0], dtype=np.float64)
     if params.temp == 0:
         out[int(np.argmax(logits))] = 1.0

@@ -7,8 +7,11 @@ in test_serve_fim.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import llama_cpp
+import numpy as np
 import pytest
 from test_cli import assert_one_line_error, ead, pair_args
 from tiny_models import write_tiny_model
@@ -16,6 +19,7 @@ from tiny_models import write_tiny_model
 from ead_cli.errors import EadError
 from ead_cli.prompt import encode_infill
 from ead_cli.runner import Runner
+from ead_cli.sampling import Sampler, SamplingParams
 
 PREFIX = "def add(a, b):\n    "
 SUFFIX = "\n\nprint(add(1, 2))\n"
@@ -181,3 +185,43 @@ def test_generate_with_a_suffix_refuses_what_has_no_place(tiny_pair: tuple[Path,
         "error: large.gguf has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
         "<|fim_middle|>): it cannot complete code at a cursor"
     )
+
+
+def llama_server_infill_chain(seed: int, vocab: llama_cpp.llama_vocab_p) -> llama_cpp.llama_sampler_p:
+    """llama-server's chain for llama.vim's ``samplers: ["top_k", "top_p", "infill"]`` (top_k 40, top_p
+    0.9, min_keep 0): those three, then the draw (common_sampler_init)."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    for sampler in (
+        llama_cpp.llama_sampler_init_top_k(40),
+        llama_cpp.llama_sampler_init_top_p(0.9, 0),
+        llama_cpp.llama_sampler_init_infill(vocab),
+        llama_cpp.llama_sampler_init_dist(seed),
+    ):
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+    return chain
+
+
+def test_the_infill_sampler_draws_as_llama_cpps_chain(fim_model: Path) -> None:
+    """ead's chain with the infill sampler (min-p and temperature off, as llama-server leaves samplers
+    unnamed) draws llama.cpp's tokens, draw for draw from several rows; without it, other tokens."""
+    model = llama_cpp.Llama(model_path=str(fim_model), n_ctx=512, n_threads=1, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(model.model)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    params = SamplingParams(temp=1.0, top_k=40, top_p=0.9, min_p=0.0, infill=True)
+    differs = False
+    texts = ["def add(a, b):\n    ", "x = [1, 2", "print(", "<|fim_prefix|>a<|fim_suffix|>"]
+    for seed, text in enumerate(texts):
+        model.reset()
+        model.eval(model.tokenize(text.encode(), add_bos=False, special=True))
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(model.ctx, -1), (n_vocab,))
+        ours = Sampler(replace(params, seed=seed), vocab=vocab)
+        plain = Sampler(replace(params, seed=seed, infill=False))
+        theirs = llama_server_infill_chain(seed, vocab)
+        drawn = [ours.sample(model.ctx, row) for _ in range(40)]
+        assert drawn == [llama_cpp.llama_sampler_sample(theirs, model.ctx, -1) for _ in range(40)], text
+        differs |= drawn != [plain.sample(model.ctx, row) for _ in range(40)]
+        for sampler in (ours, plain):
+            sampler.close()
+        llama_cpp.llama_sampler_free(theirs)
+    assert differs
+    model.close()
