@@ -143,15 +143,33 @@ def test_n_indent_and_t_max_predict_ms_end_an_answer_of_newlines_as_llama_server
     assert timed["stop_type"] == "limit"
 
 
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_the_infill_samplers_answer_is_llama_servers(
+    server: Server, fim_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """llama.vim's samplers (top_k, top_p, infill: min_p and the temperature unnamed, so off) and a seed
+    draw llama-server's tokens on the large model alone; samplers out of ead's order, or the infill
+    sampler in speculative decoding (whose acceptance test has no infill), stay a 400."""
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": MAX_TOKENS, "seed": 5}
+    body |= {"top_k": 40, "top_p": 0.9, "samplers": ["top_k", "top_p", "infill"], "return_tokens": True}
+    args = ["-c", str(N_CTX), "-b", "512", "-ub", "512", "-n", str(MAX_TOKENS), "-t", "1"]
+    theirs = llama_server_infill(fim_pair[1], tmp_path / "llama-server.log", body, args)
+    ours = infill(server, **body, ead=LARGE)
+    assert ours["tokens"] == theirs["tokens"] and ours["content"] == theirs["content"]
+    plain = infill(server, **{**body, "samplers": ["top_k", "top_p"]}, ead=LARGE)
+    assert plain["tokens"] != ours["tokens"]  # the infill sampler changed the draws
+    for refused in ({**body, "samplers": ["infill", "top_k"]}, {**body, "ead": {"mode": "spec"}}):
+        reply = post(server, "/infill", refused)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "samplers", reply.text
+
+
 # The requests llama.vim (autoload/llama.vim: llama#fim, s:ring_update) and llama.vscode
 # (src/llama-server.ts: createRequestPayload) send to /infill, each a completion at the cursor and a
 # request that only reads the ring buffer's chunks of other files into the cache (n_predict: 0).
 EDITOR_REQUESTS = sorted((Path(__file__).parent / "editor_requests").glob("*.json"))
 # The field each of them is still refused for (its 400 names it): ead serve does not yet do it.
 STILL_REFUSED = {
-    "llama_vim_fim": "samplers",
     "llama_vim_ring_update": "n_predict",
-    "llama_vscode_fim": "samplers",
     "llama_vscode_extra_context": "n_predict",
 }
 

@@ -1091,6 +1091,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 **{name: getattr(base, name) for name in PENALTIES} | penalties,
                 logit_bias=biases if body.logit_bias is not None else base.logit_bias,
             )
+            sampling = replace(sampling, **body.chain_settings())
+            remote = any(isinstance(runner, RemoteRunner) for runner in engine.runners)
+            if sampling.infill and (policy.mode == "spec" or remote):
+                message = "samplers: the infill sampler needs local models, and no speculative decoding"
+                raise ApiError(400, message, param="samplers", code="unsupported_parameter")
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(
                 defaults.generation,

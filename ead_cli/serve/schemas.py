@@ -178,6 +178,33 @@ EAD_SAMPLER_ORDERS = (
 )
 
 
+# What leaving out a sampler of ead's chain from ``samplers`` sets (llama-server runs only those named):
+# each SamplingParams field at its value that changes nothing
+UNNAMED_OFF = {
+    "top_k": ("top_k", 0),
+    "top_p": ("top_p", 1.0),
+    "min_p": ("min_p", 0.0),
+    "temperature": ("temp", 1.0),
+}
+
+
+def chain_named(samplers: Any) -> list[str] | None:
+    """The samplers of ead's chain that a request's ``samplers`` runs, with "infill" last where it
+    names it: one of ``EAD_SAMPLER_ORDERS`` runs them all; a list may name fewer of them, in ead's order,
+    after "penalties" and before "infill" (llama.vim's ``["top_k", "top_p", "infill"]``). None: samplers
+    that ead's chain cannot run as named."""
+    if samplers in EAD_SAMPLER_ORDERS:
+        return list(CHAIN_ORDERS[0])
+    if not isinstance(samplers, list):
+        return None
+    names = samplers[1:] if samplers[:1] == ["penalties"] else samplers
+    infill = names[-1:] == ["infill"]
+    names = names[:-1] if infill else names
+    if names != [name for name in CHAIN_ORDERS[0] if name in names]:
+        return None
+    return names + ["infill"] * infill
+
+
 def runs_penalties(samplers: list[str] | str) -> bool:
     """Whether a ``samplers`` of ``EAD_SAMPLER_ORDERS`` (names, or --sampler-seq's letters, where 'e' is
     the penalties) runs llama.cpp's penalties sampler."""
@@ -212,7 +239,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "xtc_probability": (None, 0),
     "top_n_sigma": (None, -1),
     "min_keep": (None, 0, 1),  # ead's chain keeps one token at least, as llama.cpp's does with 0
-    "samplers": (None, *EAD_SAMPLER_ORDERS),
     "grammar": (None, ""),
     "json_schema": (None,),  # {} is any JSON, not off; response_format takes a schema
     "lora": (None, []),
@@ -594,6 +620,19 @@ class CompletionBase(BaseModel):
             message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
             raise ApiError(400, message, code="invalid_value", param="stream_options")
         refuse_unless_off(self.model_extra or {}, UNSUPPORTED, ELSEWHERE)
+        samplers = (self.model_extra or {}).get("samplers")
+        if samplers is not None and chain_named(samplers) is None:
+            raise unsupported("samplers", "samplers is not supported")
+
+    def chain_settings(self) -> dict[str, Any]:
+        """The SamplingParams fields that the request's ``samplers`` (checked) sets: each sampler of
+        ead's chain it leaves out off, the infill sampler on where it names it."""
+        samplers = (self.model_extra or {}).get("samplers")
+        if samplers is None:
+            return {}
+        named = chain_named(samplers) or []
+        settings = dict(off for name, off in UNNAMED_OFF.items() if name not in named)
+        return settings | ({"infill": True} if "infill" in named else {})
 
 
 def either(name: str, value: Any, other_name: str, other: Any) -> Any:
