@@ -229,11 +229,6 @@ def test_json_schema_is_json_mode(server: Server) -> None:
     [
         ({}, "prompt", "prompt: Field required"),
         (
-            {"prompt": "hi", "n_predict": 0},
-            "n_predict",
-            "n_predict: 0 (the prompt read, nothing generated) is",
-        ),
-        (
             {"prompt": "hi", "n_predict": -2},
             "n_predict",
             "n_predict: Input should be greater than or equal to -1",

@@ -89,12 +89,11 @@ class NativeCompletion(BaseModel):
         """The OpenAI text completion's fields this request means."""
         fields = dict(self.model_extra or {})
         refuse_unless_off(fields, SHAPES_NOT_WRITTEN, NOT_WRITTEN_WHY)
-        if self.n_predict == 0:  # llama-server's: the prompt read into the cache, nothing generated
-            message = "n_predict: 0 (the prompt read, nothing generated) is not supported by ead serve"
-            raise ApiError(400, message, param="n_predict", code="unsupported_parameter")
         if self.n_predict is not None:
             either("n_predict", self.n_predict, "max_tokens", fields.get("max_tokens"))
-            fields["max_tokens"] = n_ctx if self.n_predict == -1 else self.n_predict  # clamped there
+            # -1: as far as the context goes (clamped there); 0, which editors send to have other files
+            # read into the cache: one token, as llama-server writes one before it checks its limit
+            fields["max_tokens"] = {-1: n_ctx, 0: 1}.get(self.n_predict, self.n_predict)
         if self.n_probs:
             fields["logprobs"] = either("n_probs", self.n_probs, "logprobs", fields.get("logprobs"))
         if self.json_schema is not None:
