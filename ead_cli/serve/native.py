@@ -71,9 +71,9 @@ UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given w
 
 class NativeCompletion(BaseModel):
     """The fields of llama-server's /completion that OpenAI's request spells otherwise (``n_predict``,
-    ``json_schema``, ``n_probs``) or that only its answer has (``return_tokens``, ``response_fields``).
-    Every other field goes
-    on to the OpenAI request as it is, whose checks take it (``prompt``, ``stream``, ``temperature``,
+    ``json_schema``, ``n_probs``) or that only its answer has (``return_tokens``, ``response_fields``:
+    the last object's fields, as llama-server picks them). Every other field goes on to the OpenAI
+    request as it is, whose checks take it (``prompt``, ``stream``, ``temperature``,
     ``top_k``, ``top_p``, ``min_p``, ``seed``, ``stop``, ``ead``), refuse it (samplers ead does not run,
     unless off) or ignore it (``cache_prompt``, ``id_slot``...)."""
 
@@ -325,7 +325,7 @@ class _Completion:
                         **self._probabilities(self.scored.add(message)),
                         "ead": token_fields(event),
                     }
-                    yield {"data": json.dumps(picked(part, self.fields), ensure_ascii=False)}
+                    yield {"data": json.dumps(part, ensure_ascii=False)}
                 elif isinstance(message, Failed):
                     error = self.respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
