@@ -1,7 +1,9 @@
 """Fill-in-the-middle on a real `ead serve` over a tiny pair with FIM tokens: llama-server's /infill
 (whole and streamed, through httpx), ``suffix`` on /v1/completions (the openai client) and on ollama's
 /api/generate (the ollama client), each the same answer; the prompt and greedy answer of a real
-llama-server's /infill on the same model; and bad requests, each a 400 naming its field."""
+llama-server's /infill on the same model; the editor plugins' requests (llama.vim's, llama.vscode's)
+answered in llama-server's shape, with its response_fields, n_indent, t_max_predict_ms and infill
+sampler; and bad requests, each a 400 naming its field."""
 
 from __future__ import annotations
 
