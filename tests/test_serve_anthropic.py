@@ -438,3 +438,32 @@ def test_curl_streams_the_named_events(server: Server) -> None:
     ).stdout
     names = [line.removeprefix("event: ") for line in streamed.splitlines() if line.startswith("event: ")]
     assert names == one_text_block(3)
+
+
+def test_a_system_message_among_the_turns_is_taken_as_claude_code_sends_it(server: Server) -> None:
+    """Claude Code 2.1's first request (its beta ``mid-conversation-system``) puts a ``system`` message after
+    the user's, a string, the user's text in blocks with ``cache_control``: the chat request with the
+    system message where it stands, the same answer and count."""
+    user = [
+        {"type": "text", "text": "<system-reminder>\nToday's date is 2026-11-27.\n</system-reminder>\n\n"},
+        {"type": "text", "text": "Say hello.", "cache_control": {"type": "ephemeral"}},
+    ]
+    later = "Available agent types for the Agent tool:\n- claude: Catch-all."
+    system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    messages = [{"role": "user", "content": user}, {"role": "system", "content": later}]
+    expected = openai_chat(
+        server,
+        messages=[
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": user[0]["text"] + user[1]["text"]},
+            {"role": "system", "content": later},
+        ],
+        temperature=0,
+        max_tokens=8,
+    )
+    request = {"model": "ead", "max_tokens": 8, "system": system, "messages": messages}
+    reply = post(server, "/v1/messages", request, **{"anthropic-beta": "mid-conversation-system-2026-04-07"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["content"] == [{"type": "text", "text": expected["choices"][0]["message"]["content"]}]
+    counted = post(server, "/v1/messages/count_tokens", request)
+    assert counted.json() == {"input_tokens": expected["usage"]["prompt_tokens"]}

@@ -95,9 +95,12 @@ def _texts(content: str | list[Block], where: str, whose: str) -> str:
 
 
 class AnthropicMessage(BaseModel):
+    """A turn of the conversation; a ``system`` one among them (Claude Code's beta
+    ``mid-conversation-system``) is a system message where it stands, as the chat route takes one."""
+
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | Annotated[list[Block], Field(max_length=4096)]
 
     def as_openai(self, where: str) -> list[dict[str, Any]]:
@@ -106,6 +109,9 @@ class AnthropicMessage(BaseModel):
         text."""
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
+        if self.role == "system":
+            text = _texts(self.content, f"{where}.content", "a system message")
+            return [{"role": "system", "content": text}]
         texts, calls, results, thoughts = [], [], [], []
         for i, block in enumerate(self.content):
             at = f"{where}.content.{i}"
