@@ -143,6 +143,25 @@ def test_instructions_and_items_are_the_chat_they_mean(server: Server, client: o
     assert answer.output_text == expected["choices"][0]["message"]["content"]
 
 
+def test_a_namespace_of_functions_is_its_functions_as_codex_sends_it(server: Server) -> None:
+    """Codex CLI 0.171 groups its sub-agent functions in a ``namespace`` tool, beside flat ones: each of
+    its functions is offered as a flat one is (the same prompt and answer)."""
+    namespace = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Tools for spawning and managing sub-agents.",
+        "tools": [{**FLAT_TOOLS[0], "strict": False}],
+    }
+    asked = {"model": "ead", "input": ASK, "temperature": 0, "max_output_tokens": 8, "tool_choice": "auto"}
+    flat = responses(server, {**asked, "tools": [{**FLAT_TOOLS[0], "strict": False}]})
+    grouped = responses(server, {**asked, "tools": [namespace]})
+    assert flat.status_code == 200 and grouped.status_code == 200, grouped.text
+    assert grouped.json()["usage"]["input_tokens"] == flat.json()["usage"]["input_tokens"]
+    assert grouped.json()["output"][0]["content"] == flat.json()["output"][0]["content"]
+    bare = responses(server, {**asked, "tools": [{"type": "namespace", "name": "empty"}]})
+    assert bare.status_code == 400 and bare.json()["error"]["param"] == "tools.0.tools", bare.text
+
+
 def test_a_function_call_round_trip(server: Server, client: openai.OpenAI) -> None:
     """Tools in Responses' flat shape: the call comes back as a function_call item, whole and streamed
     (its argument events), and goes back with its output as the chat route's assistant call and tool

@@ -133,7 +133,9 @@ def _chat_content(content: str | list[ContentPart] | None) -> str | list[dict[st
 
 
 class ResponsesTool(BaseModel):
-    """A tool in Responses' flat shape; its fields are checked as the chat route checks a function's."""
+    """A tool in Responses' flat shape; its fields are checked as the chat route checks a function's. A
+    ``namespace`` tool (Codex CLI groups its sub-agent functions in one) is its functions, each offered
+    as a flat one."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -142,13 +144,21 @@ class ResponsesTool(BaseModel):
     description: Any = None
     parameters: Any = None
     strict: Any = None
+    tools: Annotated[list[ResponsesTool], Field(max_length=128)] | None = None
 
-    def chat_tool(self, where: str) -> dict[str, Any]:
+    def chat_tools(self, where: str) -> list[tuple[dict[str, Any], str]]:
+        """The chat route's function tools this one offers, each with where the request spells it."""
+        if self.type == "namespace":
+            if self.tools is None:
+                message = f"{where}.tools: a namespace tool needs its tools"
+                raise ApiError(400, message, code="invalid_value", param=f"{where}.tools")
+            inner = enumerate(self.tools)
+            return [pair for i, tool in inner for pair in tool.chat_tools(f"{where}.tools.{i}")]
         if self.type != "function":
             kind = self.type if self.type.isidentifier() else quoted(self.type)
             raise unsupported(f"{where}.type", f"{kind} tools are not supported")
-        given = self.model_dump(exclude={"type"}, exclude_none=True)
-        return {"type": "function", "function": given}
+        given = self.model_dump(exclude={"type", "tools"}, exclude_none=True)
+        return [({"type": "function", "function": given}, where)]
 
 
 class TextFormat(BaseModel):
@@ -216,8 +226,9 @@ class ResponsesRequest(BaseModel):
         if self.max_output_tokens is not None:
             body["max_tokens"] = self.max_output_tokens
         if self.tools is not None:
-            body["tools"] = [tool.chat_tool(f"tools.{i}") for i, tool in enumerate(self.tools)]
-            spelling |= {f"tools.{i}.function": f"tools.{i}" for i in range(len(self.tools))}
+            offered = [pair for i, tool in enumerate(self.tools) for pair in tool.chat_tools(f"tools.{i}")]
+            body["tools"] = [tool for tool, _ in offered]
+            spelling |= {f"tools.{n}.function": where for n, (_, where) in enumerate(offered)}
         if self.tool_choice is not None:
             body["tool_choice"] = self._chat_tool_choice()
         if self.text is not None and self.text.format is not None:
