@@ -7,5 +7,6 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/build_llama_server.sh > /dev/null  # the remote-model tests run a real llama-server (cached)
 ./scripts/install_chromium.sh  # the page test of ead serve drives a headless Chromium
+./scripts/install_agents.sh  # Claude Code and Codex (npm, pinned) for the agent tests of ead serve
 .venv/bin/ruff check ead_cli tests scripts
 exec .venv/bin/python -m pytest -q "$@"

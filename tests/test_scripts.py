@@ -250,3 +250,26 @@ def test_install_chromium_takes_chromium_browser_as_installed(tmp_path: Path) ->
     result = run([bash, str(SCRIPTS / "install_chromium.sh")], PATH=str(bin_dir))
     assert (result.returncode, result.stderr) == (0, b"")
     assert not (tmp_path / "apt-get-ran").exists()
+
+
+def test_install_agents_says_in_one_line_when_it_cannot(tmp_path: Path) -> None:
+    """Without npm, or with an npm that fails (no registry in reach), one note, exit 0 (the agent tests
+    skip), and nothing marked installed: the next run tries again."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    bash = shutil.which("bash")
+    for tool in ("mkdir", "touch"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    cache = tmp_path / "cache"
+    without = run([bash, str(SCRIPTS / "install_agents.sh")], PATH=str(bin_dir), EAD_CACHE=str(cache))
+    assert (without.returncode, without.stdout) == (0, b"")
+    assert without.stderr.decode().splitlines() == [
+        "note: no npm: the agent tests of ead serve (Claude Code, Codex) will be skipped"
+    ]
+    executable(bin_dir / "npm", "#!/bin/sh\necho 'npm error network' >&2\nexit 1\n")
+    failed = run([bash, str(SCRIPTS / "install_agents.sh")], PATH=str(bin_dir), EAD_CACHE=str(cache))
+    assert (failed.returncode, failed.stdout) == (0, b"")
+    assert failed.stderr.decode().splitlines()[-1] == (
+        "note: npm could not install Claude Code and Codex: the agent tests of ead serve will be skipped"
+    )
+    assert [path.name for path in (cache / "agents").iterdir()] == []
