@@ -274,7 +274,7 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
             "messages.0.content.0: a text block needs its text",
         ),
         (
-            {"model": "ead", "messages": [{"role": "system", "content": "x"}]},
+            {"model": "ead", "messages": [{"role": "tool", "content": "x"}]},
             400,
             "invalid_request_error",
             "messages.0.role",
