@@ -10,7 +10,8 @@ CODEX_VERSION=0.171.0
 home=~  # $HOME, or where HOME is unset the passwd entry's home, as build_llama_server.sh and ead take it
 AGENTS_DIR="${EAD_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/ead-cli}/agents"
 STAMP="$AGENTS_DIR/installed-claude-code-$CLAUDE_CODE_VERSION-codex-$CODEX_VERSION"
-[ -f "$STAMP" ] && exit 0
+BIN="$AGENTS_DIR/node_modules/.bin"
+[ -f "$STAMP" ] && [ -x "$BIN/claude" ] && [ -x "$BIN/codex" ] && exit 0  # these versions, still there
 if ! command -v npm > /dev/null; then
   echo "note: no npm: the agent tests of ead serve (Claude Code, Codex) will be skipped" >&2
   exit 0
