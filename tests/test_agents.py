@@ -154,9 +154,9 @@ def test_codex_answers_through_the_responses_api(
     home = tmp_path / "codex"
     home.mkdir()
     (home / "instructions.md").write_text(BRIEF)
-    # Codex offers its hosted web search unless told not to: ead serve runs no hosted tools (a 400)
+    # Codex's own settings, web search left as it is (offered: ead serve does not offer it to the model)
     (home / "config.toml").write_text(
-        f'model = "ead"\nmodel_provider = "ead"\nweb_search = "disabled"\n'
+        f'model = "ead"\nmodel_provider = "ead"\n'
         f'model_instructions_file = "{home / "instructions.md"}"\ncheck_for_update_on_startup = false\n'
         f"[analytics]\nenabled = false\n"
         f'[model_providers.ead]\nname = "ead serve"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'

@@ -242,6 +242,19 @@ def test_store_is_a_no_op_and_json_object_mode_is_taken(client: openai.OpenAI, s
     assert data.output_text == expected["choices"][0]["message"]["content"]
 
 
+def test_hosted_tools_are_not_offered_as_llama_server_drops_them(server: Server) -> None:
+    """Codex CLI offers OpenAI's hosted web search by default: no hosted tool runs here, so the model is
+    offered the other tools alone, the same prompt and answer as a request without them."""
+    hosted = [{"type": "web_search"}, {"type": "web_search_preview"}, {"type": "file_search"}]
+    asked = {"model": "ead", "input": ASK, "temperature": 0, "max_output_tokens": 8}
+    for tools in (FLAT_TOOLS, []):
+        alone = responses(server, {**asked, **({"tools": tools} if tools else {})})
+        beside = responses(server, {**asked, "tools": [hosted[0], *tools, *hosted[1:]]})
+        assert alone.status_code == beside.status_code == 200, beside.text
+        assert beside.json()["usage"]["input_tokens"] == alone.json()["usage"]["input_tokens"]
+        assert beside.json()["output"][0]["content"] == alone.json()["output"][0]["content"]
+
+
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [
@@ -260,7 +273,7 @@ def test_store_is_a_no_op_and_json_object_mode_is_taken(client: openai.OpenAI, s
             "input.0.output",
             "input_file parts are not supported",
         ),
-        ({"tools": [{"type": "web_search"}]}, "tools.0.type", "web_search tools are not supported"),
+        ({"tools": [{"type": "custom", "name": "patch"}]}, "tools.0.type", "custom tools are not supported"),
         ({"tools": [{"type": "function", "name": ""}]}, "tools.0.name", "at least 1 character"),
         ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal to 1"),
         ({"messages": HI}, "messages", "takes input"),

@@ -54,6 +54,10 @@ CHAT_SPELLINGS = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
 }
+# Tools OpenAI's servers run themselves (web_search and its dated names, ...): Codex CLI offers web search
+# by default. None runs here, so the model is not offered them, as llama-server drops them; a client tool
+# of another type (custom, local_shell...) is a 400, since the client expects the model to call it.
+HOSTED_TOOLS = ("web_search", "file_search", "code_interpreter", "image_generation", "mcp")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text")  # a part's text, as chat's {"type": "text"} part
 # A reasoning item's text: its reasoning_text parts (llama-server's), else its summary's (OpenAI's)
@@ -154,6 +158,8 @@ class ResponsesTool(BaseModel):
                 raise ApiError(400, message, code="invalid_value", param=f"{where}.tools")
             inner = enumerate(self.tools)
             return [pair for i, tool in inner for pair in tool.chat_tools(f"{where}.tools.{i}")]
+        if self.type.startswith(HOSTED_TOOLS):
+            return []  # one OpenAI runs for its model: none here, so not offered (llama-server ignores it)
         if self.type != "function":
             kind = self.type if self.type.isidentifier() else quoted(self.type)
             raise unsupported(f"{where}.type", f"{kind} tools are not supported")
