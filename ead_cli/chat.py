@@ -37,7 +37,7 @@ from .prompt import (
 from .response import Response
 from .runner import Runner
 from .signals import main_thread_signals
-from .thinking import answer_start, template_variables
+from .thinking import answer_start, template_variables, thinks
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -152,6 +152,12 @@ class Conversation:
             check_text(text, "the system message")
             check_system_fits(self._text_model, text, self.runners)
         self._system = text or None
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the model is a thinking one (its template names ``</think>``): thinking can be turned
+        off or on for it alone."""
+        return thinks(self._text_model.metadata("tokenizer.chat_template"))
 
     @property
     def n_ctx(self) -> int:

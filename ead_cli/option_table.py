@@ -469,9 +469,11 @@ DECODING: tuple[DecodingOption, ...] = (
         -1,
         "llama.cpp's: a thinking model's thinking, -1 unrestricted, 0 off (through its chat template's "
         "enable_thinking, where it reads it, as Qwen3's does).",
+        short="a thinking model's thinking: -1 on, 0 off (through its template)",
         target="generation",
         minimum=-1,
         maximum=0,
+        surfaces=frozenset({CLI, CHAT}),
     ),
     DecodingOption(
         "reasoning_format",

@@ -21,11 +21,12 @@ from types import CodeType, FrameType
 
 import pexpect
 import pytest
-from test_cli import interruptible
+from test_cli import at_a_terminal, interruptible, pair_args
+from test_thinking import CLOSE_ID
 
 from ead_cli.chat import Conversation
 from ead_cli.cli.output import spelled
-from ead_cli.cli.render import TextRenderer
+from ead_cli.cli.render import DONE_THINKING, THINKING, TextRenderer
 from ead_cli.cli.repl import MORE, PROMPT, Repl, read_message
 from ead_cli.decoder import Decoder
 from ead_cli.engine import close_all, load_runners
@@ -57,14 +58,16 @@ def spawn(tiny_pair: tuple[Path, Path]) -> Iterator:
         preexec_fn: Callable[[], None] = interruptible,
         pair: bool = True,
         wrap: tuple[str, ...] = (),
+        models: tuple[Path, Path] | None = None,
     ) -> pexpect.spawn:
         """The chat at a terminal ``columns`` wide; with ``stdout``, its stdout redirected to that file;
         ``preexec_fn`` run in the child before it starts; ``pair`` False: the default mode (no --tau),
-        the large model alone until a command turns the pair on; ``wrap``: a command line that runs it."""
+        the large model alone until a command turns the pair on; ``wrap``: a command line that runs it;
+        ``models``: another pair than the tiny one."""
         unset = ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
         terminal = {"TERM": "xterm", "LANG": "C.UTF-8"}  # ``env`` may name another TERM
         env = {k: v for k, v in os.environ.items() if k not in unset} | terminal | (env or {})
-        command, args = str(EAD), chat_args(tiny_pair, *extra)
+        command, args = str(EAD), chat_args(models or tiny_pair, *extra)
         if not pair:
             args.remove("--tau"), args.remove("3")
         if wrap:
@@ -388,6 +391,7 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
         "/presence-penalty 3": "/presence-penalty must be in [-2, 2], got 3.0",
         "/frequency-penalty -3": "/frequency-penalty must be in [-2, 2], got -3.0",
         "/max-tokens -1": "/max-tokens must be at least 0, got -1",
+        "/reasoning-budget 1": "/reasoning-budget must be -1 (unrestricted) or 0 (thinking off), got 1",
     }
     assert {line.split()[0] for line in refusals} == {option.command for option in on(CHAT)}
     small, large = map(str, tiny_pair)
@@ -743,8 +747,8 @@ def test_help_lists_every_command_on_one_line_in_the_same_style(tiny_pair: tuple
         assert description[:1].islower() and not description.endswith("."), line
     # the other chats' spellings that run a command, and what Ctrl-C does, said as they are
     assert lines[-2] == (
-        "ollama's /?, /set parameter temperature, /set parameter num_predict, /set system, /clear and /bye"
-        " run those commands too."
+        "ollama's /?, /set parameter temperature, /set parameter num_predict, /set think, /set nothink,"
+        " /set hidethinking, /set nohidethinking, /set system, /clear and /bye run those commands too."
     )
     assert lines[-1] == (
         "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or a command (which then"
@@ -1195,3 +1199,55 @@ def test_ollamas_spellings_of_eads_commands_run_them(spawn) -> None:
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_set_think_on_a_model_that_does_not_think_says_so_and_changes_nothing(spawn) -> None:
+    """ollama warns where a model cannot think: /set think and /set nothink say so in one line, and the
+    settings stay as they were (no thinking turned off that a later thinking model would inherit)."""
+    child = spawn()
+    said = "this model does not think: /think changes nothing"
+    assert reply(child, "/set think") == reply(child, "/set nothink") == reply(child, "/think off") == [said]
+    assert "reasoning-budget" not in " ".join(reply(child, "/stats"))
+    assert leave(child) == 0
+
+
+def test_ollamas_think_commands_turn_the_next_answers_thinking_off_on_hidden_or_shown(
+    spawn, tiny_think_pair: tuple[Path, Path]
+) -> None:
+    """Mid-conversation, as ollama's REPL: each answer (to "hi", in a new conversation) is generate's with
+    the matching option: hidden (--hide-thinking), off through the template (--reasoning-budget 0: another
+    prompt, another text), on and shown again; a level (gpt-oss's high/medium/low) is refused in one line."""
+    favoured = ("-n", "32", "--logit-bias", f"{CLOSE_ID}+5")  # the block closes and text follows it
+    child = spawn(*favoured, models=tiny_think_pair)
+
+    def generated(*options: str) -> str:
+        args = ("generate", *pair_args(tiny_think_pair), "--tau", "3", *favoured, *options, "hi")
+        return plain(at_a_terminal(*args, env={"TERM": "xterm"}).decode("utf-8", "replace"))
+
+    def answer() -> str:
+        assert reply(child, "/clear") == ["new conversation"]
+        return plain(send(child, "hi"))
+
+    shown, hidden, off = (
+        generated(*options) for options in ([], ["--hide-thinking"], ["--reasoning-budget", "0"])
+    )
+    assert shown.startswith(THINKING) and DONE_THINKING in shown and THINKING not in hidden + off
+    assert shown in answer()
+    assert reply(child, "/set hidethinking") == ["thinking hidden (from the next answer)"]
+    without = answer()
+    assert hidden in without and THINKING not in without
+    assert reply(child, "/set nohidethinking") == ["thinking shown (from the next answer)"]
+    assert reply(child, "/set nothink") == ["thinking off (from the next answer)"]
+    assert off != hidden and off in answer()
+    assert reply(child, "/set think") == ["thinking on (from the next answer)"]
+    assert shown in answer()
+    refused = "error: /think high: ead turns thinking on or off, it has no levels (high, medium, low)"
+    assert reply(child, "/set think high") == [refused]
+    assert reply(child, "/think maybe") == ["error: /think takes on or off, got 'maybe'"]
+    assert reply(child, "/hide-thinking on") == ["thinking hidden (from the next answer)"]
+    assert reply(child, "/reasoning-budget 0")[0].endswith(" · reasoning-budget 0 (from the next answer)")
+    assert off in answer()
+    help_lines = reply(child, "/help")
+    assert any(line.startswith("/think on|off ") for line in help_lines)
+    assert any(line.startswith("/hide-thinking on|off ") for line in help_lines)
+    assert leave(child) == 0

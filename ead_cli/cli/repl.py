@@ -41,18 +41,22 @@ RESET_HINT = "/reset starts a new conversation"
 # what habit (/quit, /q) and ollama's commands that mean none of ead's (/show info, /set verbose) are
 # nearest to here: a hint; None where none is (difflib's guess for /set was /reset)
 OTHER_CHATS = {"quit": "exit", "q": "exit", "show": "stats", "set": None}
+# ollama's /set think LEVEL (gpt-oss's): llama.cpp's reasoning budget is on or off, no level
+THINK_LEVELS = ("high", "medium", "low")
 ReadLine = Callable[[str], str]
 
 
 class Command(NamedTuple):
     """A slash command: what runs it (None for /exit, which ends the loop), returning the line that says
     what it changed, if any; its argument and what it does, in /help; and other chats' spellings of it
-    (ollama's, words parted by any whitespace), which run it too."""
+    (ollama's, words parted by any whitespace), which run it too; ``off_aliases``: those that run it
+    with the argument off (ollama's /set nothink is /think off)."""
 
     handler: Callable[[str], str | None] | None
     usage: str
     description: str
     aliases: tuple[str, ...] = ()
+    off_aliases: tuple[str, ...] = ()
 
 
 def read_message(read_line: ReadLine) -> tuple[str, bool]:
@@ -126,10 +130,11 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
         if sampling.penalises
         else ""
     )
+    thinking = " · reasoning-budget 0" if generation.reasoning_budget == 0 else ""  # said once off
     return (
         f"settings: mode {policy.mode} · policy {policy.policy} · tau {format_tau(tau)} · window {window} · "
         f"min-run {policy.min_run} · lookup {policy.lookup} · lookup-draft {policy.lookup_draft} · "
-        f"temp {sampling.temp:g} · {penalties}max-tokens {generation.max_tokens}"
+        f"temp {sampling.temp:g} · {penalties}max-tokens {generation.max_tokens}{thinking}"
     )
 
 
@@ -181,6 +186,20 @@ class Repl:
                 )
                 for option in on(CHAT)
             },
+            "think": Command(
+                self._think,
+                "on|off",
+                "a thinking model's thinking (off: through its template)",
+                ("set think",),
+                ("set nothink",),
+            ),
+            "hide-thinking": Command(
+                self._hide_thinking,
+                "on|off",
+                "a thinking model's answers without their thinking",
+                ("set hidethinking",),
+                ("set nohidethinking",),
+            ),
             "system": Command(
                 self._system,
                 "TEXT",
@@ -196,12 +215,17 @@ class Repl:
         }
         # each alias as its words parted by any whitespace, then the argument's; the longest first
         aliases = sorted(
-            ((alias, name) for name, command in self.commands.items() for alias in command.aliases),
-            key=lambda pair: -len(pair[0]),
+            (
+                (alias, name, preset)
+                for name, command in self.commands.items()
+                for spellings, preset in ((command.aliases, ""), (command.off_aliases, "off"))
+                for alias in spellings
+            ),
+            key=lambda alias: -len(alias[0]),
         )
         self.aliases = [
-            (re.compile(r"\s+".join(map(re.escape, alias.split())) + r"(?:\s+|$)"), name)
-            for alias, name in aliases
+            (re.compile(r"\s+".join(map(re.escape, alias.split())) + r"(?:\s+|$)"), name, preset)
+            for alias, name, preset in aliases
         ]
 
     def loop(self) -> int:
@@ -272,9 +296,9 @@ class Repl:
         """The command a line names and its argument: an alias's command (its words parted by any
         whitespace), else the name that follows the / at once ('/ reset' is no /reset), parted from the
         argument by any whitespace."""
-        for alias, name in self.aliases:
+        for alias, name, preset in self.aliases:
             if match := alias.match(line, 1):
-                return name, line[match.end() :]
+                return name, " ".join(filter(None, (preset, line[match.end() :])))
         name, argument = (*re.split(r"\s+", line[1:], maxsplit=1), "")[:2]
         return name, argument
 
@@ -384,6 +408,25 @@ class Repl:
 
         return set_option
 
+    def _think(self, argument: str) -> str:
+        """ollama's /set think and /set nothink: the reasoning budget (-1 or 0) of a thinking model; one
+        that does not think is told so, as ollama warns, and nothing changes."""
+        if argument in THINK_LEVELS:
+            levels = ", ".join(THINK_LEVELS)
+            raise EadError(f"/think {argument}: ead turns thinking on or off, it has no levels ({levels})")
+        on = _on_or_off(argument, "/think")
+        conversation = self.conversation
+        if not conversation.thinks:
+            return "this model does not think: /think changes nothing"
+        generation = replace(conversation.generation, reasoning_budget=-1 if on else 0)
+        conversation.configure(conversation.policy, generation)
+        return f"thinking {'on' if on else 'off'} (from the next answer)"
+
+    def _hide_thinking(self, argument: str) -> str:
+        """ollama's /set hidethinking and /set nohidethinking: --hide-thinking for the next answers."""
+        self.renderer.hide_thinking = _on_or_off(argument, "/hide-thinking")
+        return f"thinking {'hidden' if self.renderer.hide_thinking else 'shown'} (from the next answer)"
+
     def _system(self, argument: str) -> str:
         if not argument and self.conversation.system is None:
             return "there was no system message to remove"
@@ -441,12 +484,23 @@ class Repl:
             'Enter sends; a line ending in \\ goes on on the next; a block between """ lines is one '
             "message, never a command; // at a line's start sends the rest, from its /, as a message."
         )
-        aliases = [f"/{alias}" for command in self.commands.values() for alias in command.aliases]
+        aliases = [
+            f"/{alias}"
+            for command in self.commands.values()
+            for alias in (*command.aliases, *command.off_aliases)
+        ]
         self.console.print(f"ollama's {', '.join(aliases[:-1])} and {aliases[-1]} run those commands too.")
         self.console.print(
             "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or a command (which then "
             "changes nothing), or clears the line."
         )
+
+
+def _on_or_off(argument: str, command: str) -> bool:
+    """A switch command's argument: on (or none, as ollama's /set think) or off."""
+    if argument not in ("", "on", "off"):
+        raise EadError(f"{command} takes on or off, got {quoted(argument)}")
+    return argument != "off"
 
 
 def _pipe_reader(stream: BinaryIO) -> ReadLine:
