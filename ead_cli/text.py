@@ -32,6 +32,9 @@ class TextStream:
             return ""
         start = len(self._pending)
         self._pending += self._decoder.decode(data)
+        if not self._stop and not self._min_indent:  # nothing to hold back: every token's common case
+            released, self._pending = self._pending, ""
+            return released
         # The earliest match ends the text: one token can bring two stop strings (``xon``, --stop n
         # --stop o), and the first one given may be the later one in the text.
         found = min((at for at in map(self._pending.find, self._stop) if at >= 0), default=-1)
