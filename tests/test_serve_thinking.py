@@ -16,7 +16,7 @@ import openai
 import pytest
 from serve_process import Server
 from test_cli import pair_args
-from test_serve import HI, JSON, TAU, serving
+from test_serve import CHROMIUM, HI, JSON, PRESS_ENTER, TAU, open_page, serving
 from tiny_models import vocabulary
 
 CLOSE_ID = vocabulary("think")[0].index("</think>")
@@ -278,3 +278,50 @@ def test_messages_give_thinking_blocks_before_the_text_whole_and_streamed(server
     assert [block.model_dump() for block in off.content] == [
         {"type": "text", "text": message(server, **THINKING_OFF)["content"], "citations": None}
     ]
+
+
+# Each change to the page's turn, as the reader would have seen it: the Thinking block's state (none yet, open
+# or collapsed) beside the answer's text so far
+WATCH_THINKING = """new MutationObserver(() => {
+  const thinking = document.querySelector('.turn .thinking');
+  const state = thinking === null ? 'none' : thinking.open ? 'open' : 'collapsed';
+  window.seen.push([state, document.querySelector('.turn .answer').textContent]);
+}).observe(document.getElementById('log'), {childList: true, subtree: true, characterData: true})"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (scripts/install_chromium.sh installs Debian's)")
+def test_the_page_shows_the_reasoning_in_a_thinking_block_collapsed_once_the_answer_starts(
+    server: Server, raw: str, tmp_path: Path
+) -> None:
+    """As llama-server's page: the streamed ``reasoning_content`` in a "Thinking" block above the answer,
+    open while it streams and collapsed once the answer starts, its text as text (the page had dropped
+    it: a thinking model's answer showed its content alone, or nothing while it thought)."""
+    reasoning, content = split_of(raw)
+    browser = open_page(server, tmp_path / "chromium-profile")
+    try:
+        browser.evaluate(f"window.seen = []; {WATCH_THINKING}")
+        browser.evaluate(f"{PRESS_ENTER}('hi')")
+        browser.wait_for("document.querySelector('.figures').textContent")
+        turn = "document.querySelector('.turn')"
+        assert browser.evaluate(f"[...{turn}.children].map((node) => node.className)") == [
+            "user",
+            "thinking",
+            "answer",
+            "figures",
+        ]
+        assert browser.evaluate(f"{turn}.querySelector('.thinking summary').textContent") == "Thinking"
+        thought = browser.evaluate(f"{turn}.querySelector('.reasoning').textContent")
+        said = browser.evaluate(f"{turn}.querySelector('.answer').textContent")
+        assert (thought, said) == (reasoning, content)
+        # text nodes in the model's spans alone: nothing of the reasoning read as markup
+        tags = browser.evaluate(f"[...{turn}.querySelectorAll('.reasoning *')].map((node) => node.tagName)")
+        assert set(tags) == {"SPAN"}  # type: ignore[arg-type]
+        seen = browser.evaluate("window.seen")
+        assert seen[-1] == ["collapsed", content]  # type: ignore[index]
+        states = [state for state, answer in seen if not answer]  # type: ignore[union-attr]
+        assert "open" in states and "collapsed" not in states  # open while it thought
+        assert all(state == "collapsed" for state, answer in seen if answer)  # type: ignore[union-attr]
+        # the answer alone goes back with the next question, as llama-server's page sends it
+        assert browser.evaluate("messages") == [*HI, {"role": "assistant", "content": content}]
+    finally:
+        browser.close()
