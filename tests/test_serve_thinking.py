@@ -14,10 +14,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from bench_serve import TOOLS
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CHROMIUM, HI, JSON, PRESS_ENTER, TAU, open_page, serving
-from tiny_models import vocabulary
+from test_serve_responses import FLAT_TOOLS, collapsed
+from tiny_models import CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_tiny_model
 
 CLOSE_ID = vocabulary("think")[0].index("</think>")
 # The server's defaults: greedy, and </think> favoured, so that it comes ~10 tokens into the answer to
@@ -325,3 +327,132 @@ def test_the_page_shows_the_reasoning_in_a_thinking_block_collapsed_once_the_ans
         assert browser.evaluate("messages") == [*HI, {"role": "assistant", "content": content}]
     finally:
         browser.close()
+
+
+# A thinking model that calls a tool: it thinks THOUGHT, closes the block, and calls multiply (a script: the
+# same answer, greedy or sampled, from either model)
+THOUGHT = "6*7=?"
+CALLING = ["Ċ", *THOUGHT, "</think>", "Ġ", CALL_TOKEN, "<|im_end|>"]
+ARGUMENTS = {"a": 6, "b": 7}
+ASK = [{"role": "user", "content": "What is 6 times 7?"}]
+
+
+@pytest.fixture(scope="module")
+def calling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("serve-thinking-calls")
+    small, large = (
+        write_tiny_model(
+            folder / f"calling{seed}.gguf",
+            seed=seed,
+            vocab="think-call",
+            chat_template=THINKING_TOOLS_TEMPLATE,
+            script=CALLING,
+        )
+        for seed in (0, 1)
+    )
+    with serving([*pair_args((small, large)), *TAU, "--max-tokens", "32"], folder / "server.log") as running:
+        yield running
+
+
+def test_chat_gives_the_reasoning_then_the_call_whole_and_streamed(calling: Server) -> None:
+    """``reasoning_content`` beside ``tool_calls`` (no content), as llama-server gives them; streamed, the
+    reasoning deltas, then the call's at index 0, then the finish ``tool_calls``."""
+    client = openai.OpenAI(base_url=calling.base_url, api_key="unused", max_retries=0, timeout=60)
+    raw = client.chat.completions.create(model="ead", messages=ASK, extra_body={"reasoning_format": "none"})
+    assert raw.choices[0].message.content == f"{THOUGHT}</think> {CALL_TOKEN}"  # the script, written
+    whole = client.chat.completions.create(model="ead", messages=ASK, tools=TOOLS)  # type: ignore[arg-type]
+    choice = whole.choices[0]
+    assert (choice.message.model_extra or {})["reasoning_content"] == THOUGHT
+    assert choice.message.content is None and choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert (call.function.name, json.loads(call.function.arguments)) == ("multiply", ARGUMENTS)
+    kinds, reasoning, pieces, finishes = [], "", [], []
+    stream = client.chat.completions.create(model="ead", messages=ASK, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        thought = (delta.model_extra or {}).get("reasoning_content")
+        if thought:
+            kinds, reasoning = [*kinds, "reasoning"], reasoning + thought
+        if delta.content:
+            kinds.append("content")
+        for piece in delta.tool_calls or []:
+            kinds.append("call")
+            pieces.append((piece.index, piece.function.name, piece.function.arguments))  # type: ignore[union-attr]
+        if chunk.choices[0].finish_reason:
+            kinds, finishes = [*kinds, "finish"], [*finishes, chunk.choices[0].finish_reason]
+    assert collapsed(kinds) == ["reasoning", "call", "finish"] and finishes == ["tool_calls"]
+    assert reasoning == THOUGHT
+    assert {index for index, _, _ in pieces} == {0}
+    assert [name for _, name, _ in pieces if name] == ["multiply"]
+    assert "".join(arguments or "" for _, _, arguments in pieces) == call.function.arguments
+
+
+def test_responses_give_the_reasoning_item_then_the_call_whole_and_streamed(calling: Server) -> None:
+    """A ``reasoning`` item at output 0, the ``function_call`` at 1 (no message); streamed, the reasoning
+    item done before the call's is added, every event at its item's index."""
+    client = openai.OpenAI(base_url=calling.base_url, api_key="unused", max_retries=0, timeout=60)
+    asked = {"model": "ead", "input": ASK[0]["content"], "tools": FLAT_TOOLS}
+    whole = client.responses.create(**asked)  # type: ignore[call-overload]
+    thought, call = whole.output
+    assert thought.type == "reasoning" and [part.text for part in thought.content] == [THOUGHT]
+    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "multiply", ARGUMENTS)
+    assert whole.status == "completed" and whole.output_text == ""
+    events = list(client.responses.create(**asked, stream=True))  # type: ignore[call-overload]
+    placed = [(event.type, getattr(event, "output_index", None)) for event in events]
+    assert collapsed([f"{kind} {index}" for kind, index in placed]) == [
+        "response.created None",
+        "response.in_progress None",
+        "response.output_item.added 0",
+        "response.content_part.added 0",
+        "response.reasoning_text.delta 0",
+        "response.reasoning_text.done 0",
+        "response.content_part.done 0",
+        "response.output_item.done 0",
+        "response.output_item.added 1",
+        "response.function_call_arguments.delta 1",
+        "response.function_call_arguments.done 1",
+        "response.output_item.done 1",
+        "response.completed None",
+    ]
+    added = [event.item.type for event in events if event.type == "response.output_item.added"]
+    assert added == ["reasoning", "function_call"]
+    deltas = "".join(event.delta for event in events if event.type == "response.reasoning_text.delta")
+    assert deltas == THOUGHT
+    final = events[-1].response.output
+    assert [item.type for item in final] == ["reasoning", "function_call"]
+    assert final[0].content[0].text == THOUGHT and json.loads(final[1].arguments) == ARGUMENTS
+
+
+def test_messages_give_the_thinking_block_then_the_tool_use_whole_and_streamed(calling: Server) -> None:
+    """A ``thinking`` block at index 0, the ``tool_use`` at 1, ``stop_reason`` tool_use; streamed, the
+    thinking block signed and stopped before the tool_use block starts."""
+    client = anthropic.Anthropic(base_url=calling.url, api_key="unused", max_retries=0, timeout=60)
+    tools = [{"name": "multiply", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    asked = {"model": "ead", "max_tokens": 32, "messages": ASK, "tools": tools}
+    whole = client.messages.create(**asked)  # type: ignore[call-overload]
+    assert whole.stop_reason == "tool_use"
+    thought, call = whole.content
+    assert (thought.type, thought.thinking) == ("thinking", THOUGHT)
+    assert (call.type, call.name, call.input) == ("tool_use", "multiply", ARGUMENTS)
+    events = list(client.messages.create(**asked, stream=True))  # type: ignore[call-overload]
+    shown = {
+        "content_block_start": lambda event: f"{event.index} {event.content_block.type}",
+        "content_block_delta": lambda event: f"{event.index} {event.delta.type}",
+        "content_block_stop": lambda event: f"{event.index}",
+        "message_delta": lambda event: event.delta.stop_reason,
+    }
+    placed = [f"{event.type} {shown[event.type](event)}" for event in events if event.type in shown]
+    assert collapsed(placed) == [
+        "content_block_start 0 thinking",
+        "content_block_delta 0 thinking_delta",
+        "content_block_delta 0 signature_delta",
+        "content_block_stop 0",
+        "content_block_start 1 tool_use",
+        "content_block_delta 1 input_json_delta",
+        "content_block_stop 1",
+        "message_delta tool_use",
+    ]
+    deltas = [event.delta for event in events if event.type == "content_block_delta"]
+    thinking = "".join(delta.thinking for delta in deltas if delta.type == "thinking_delta")
+    arguments = "".join(delta.partial_json for delta in deltas if delta.type == "input_json_delta")
+    assert (thinking, json.loads(arguments)) == (THOUGHT, ARGUMENTS)

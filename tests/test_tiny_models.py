@@ -13,6 +13,7 @@ from tiny_models import (
     MIDDLE_ENTROPY_BITS,
     NEAR_DETERMINISTIC_SCALE,
     NEAR_UNIFORM_SCALE,
+    vocabulary,
     write_tiny_model,
 )
 
@@ -132,3 +133,17 @@ def test_different_seeds_predict_differently(tiny_pair: tuple[Path, Path]) -> No
     large.eval(tokens)
     assert np.abs(last_logits(small) - last_logits(large)).max() > 1.0
     assert greedy(small, PROMPT, 20)[0] != greedy(large, PROMPT, 20)[0]
+
+
+def test_a_script_is_written_whatever_came_before_and_a_token_it_repeats_is_refused(tmp_path: Path) -> None:
+    """A bigram model: each token of the script follows the one before it, after any prompt that ends with
+    the first (a chat's, or other text); a token named twice would need two successors."""
+    script = ["Ċ", "6", "*", "7", "Ġ", "<|im_end|>"]
+    llm = load(write_tiny_model(tmp_path / "script.gguf", script=script))
+    texts = vocabulary()[0]
+    for prompt in (CHAT_PROMPT, f"{PROMPT}\n"):
+        tokens, entropies = greedy(llm, prompt, len(script) - 1)
+        assert [texts[token] for token in tokens] == script[1:]
+        assert max(entropies) < 0.01
+    with pytest.raises(ValueError, match="each token once"):
+        write_tiny_model(tmp_path / "twice.gguf", script=["a", "b", "a", "c"])

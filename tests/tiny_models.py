@@ -44,6 +44,8 @@ longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, l
 256 ``<0xNN>`` byte tokens, ``SPM_PIECES`` and the control tokens; it puts a space before a text and reads
 "▁" as one, as Llama 2's, Mistral's and Phi-3's do); ``"think"`` (``base`` plus ``<think>`` and
 ``</think>``, user-defined tokens as in Qwen3's vocabulary: text when detokenized), for ``QWEN3_LIKE``;
+``"think-call"`` (``think`` plus ``CALL_TOKEN``, a whole tool call as one user-defined token, so that a
+``script`` can make a tiny model think and then call a tool);
 ``"fim"`` (``base`` plus Qwen2.5-Coder's six
 fill-in-the-middle control tokens, ``FIM_SPECIALS``, which llama.cpp finds by their text: the
 repository-level layout, ``<|fim_pad|>``, ``<|repo_name|>`` and ``<|file_sep|>`` ending a generation);
@@ -53,6 +55,8 @@ StarCoder's are, with no file separator).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from pathlib import Path
 
 import gguf
@@ -78,6 +82,16 @@ THINKING_TEMPLATE = CHATML.replace(
     "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
 )
 THINK_SPECIALS = ("<think>", "</think>")
+CALL_TOKEN = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+# THINKING_TEMPLATE with Qwen3's tools: their JSON in a system turn, an earlier call in its markup
+THINKING_TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
+    "<|im_end|>\n{% endif %}"
+) + THINKING_TEMPLATE.replace(
+    "{{ message.content }}",
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>{{ call.function | tojson }}"
+    "</tool_call>{% endfor %}{% else %}{{ message.content }}{% endif %}",
+)
 
 N_EMBD = 64
 N_HEAD = 4
@@ -88,6 +102,9 @@ N_LAYER = 2
 NEAR_UNIFORM_SCALE = 0.05
 MIDDLE_SCALE = 2.0
 NEAR_DETERMINISTIC_SCALE = 40.0
+# What a script adds to the logit of each token it names after the one before it: far past the random
+# rows' (|logit| < 30) and the other script rows' pull
+SCRIPT_LOGIT = 100.0
 MIDDLE_ENTROPY_BITS = 3.0
 
 BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
@@ -120,7 +137,7 @@ def byte_tokens() -> list[str]:
 def _merges(vocab: str) -> list[str]:
     if vocab == "spm":
         return []  # SentencePiece merges by the scores of the tokens it forms
-    if vocab in ("base", "padded", "phi-3", "long", "think", "fim", "fim-bare"):
+    if vocab in ("base", "padded", "phi-3", "long", "think", "think-call", "fim", "fim-bare"):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
@@ -128,7 +145,8 @@ def _merges(vocab: str) -> list[str]:
         letters = "abcdfgjk"  # none of these pairs is already a base merge
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
     raise ValueError(
-        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'think', 'spm', "
+        f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'think', "
+        "'think-call', 'spm', "
         "'fim' or 'fim-bare'"
     )
 
@@ -151,9 +169,12 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "long":
         tokens.append(LONG_TOKEN)
         types.append(gguf.TokenType.USER_DEFINED)
-    if vocab == "think":
+    if vocab in ("think", "think-call"):
         tokens += THINK_SPECIALS
         types += [gguf.TokenType.USER_DEFINED] * len(THINK_SPECIALS)
+    if vocab == "think-call":
+        tokens.append(CALL_TOKEN)
+        types.append(gguf.TokenType.USER_DEFINED)
     if vocab in ("fim", "fim-bare"):
         fim = FIM_SPECIALS if vocab == "fim" else FIM_SPECIALS[:3]
         tokens += fim
@@ -174,6 +195,7 @@ def write_tiny_model(
     tokenizer_pre: str = "default",
     n_layer: int = N_LAYER,
     keep_layers: int | None = None,
+    script: Sequence[str] = (),
 ) -> Path:
     """Write a tiny random llama model with a byte-level BPE tokenizer to ``path`` and return its file.
 
@@ -184,6 +206,9 @@ def write_tiny_model(
     ``split_max_tensors`` > 0 writes a split GGUF as llama.cpp's gguf-split does (21 tensors in all:
     11 gives two shards, ``<stem>-00001-of-00002.gguf`` and ``-00002-``); the first shard is returned.
     ``tokenizer_pre`` names llama.cpp's pre-tokenizer ("gemma4": "▁" read as a space, as Gemma 4 does).
+    ``script`` (token texts, each once but the last) makes a bigram model that writes it, greedy: the
+    blocks write nothing into the residual stream, so the last token alone decides the next, and each
+    token's output row points at the one before it (the first follows the prompt's last token).
     """
     tokens, types, merges = vocabulary(vocab)
     n_vocab = len(tokens)
@@ -213,6 +238,16 @@ def write_tiny_model(
     gains = np.exp(rng.standard_normal(n_vocab) * 0.5).astype(np.float32)
     gains[np.array(types) != gguf.TokenType.NORMAL] = CONTROL_ROW_GAIN
     output = normal(n_vocab, N_EMBD, std=N_EMBD**-0.5) * gains[:, None] * np.float32(logit_scale)
+    if len(set(script[:-1])) < len(script) - 1:
+        raise ValueError(f"a script names each token once but the last, as a bigram can: {script}")
+    for before, after in itertools.pairwise(script):
+        hidden = tensors["token_embd.weight"][tokens.index(before)]
+        normed = hidden / np.sqrt(np.mean(hidden**2))  # as output_norm leaves it
+        output[tokens.index(after)] += np.float32(SCRIPT_LOGIT / N_EMBD) * normed
+    if script:
+        for name in tensors:
+            if name.endswith((".attn_output.weight", ".ffn_down.weight")):
+                tensors[name] = np.zeros_like(tensors[name])
     tensors |= {"output_norm.weight": np.ones(N_EMBD, np.float32), "output.weight": output}
     blocks = n_layer if keep_layers is None else keep_layers
     tensors = {
