@@ -481,8 +481,10 @@ DECODING: tuple[DecodingOption, ...] = (
         "auto",
         "llama.cpp's: a thinking model's thinking block apart from the answer (auto, deepseek), or left in "
         "it as written (none).",
+        short="a thinking model's thinking apart (auto, deepseek) or in the answer as written (none)",
         target="generation",
         choices=REASONING_FORMATS,
+        surfaces=frozenset({CLI, CHAT}),
     ),
     DecodingOption(
         "fallback",

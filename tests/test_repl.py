@@ -392,6 +392,7 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
         "/frequency-penalty -3": "/frequency-penalty must be in [-2, 2], got -3.0",
         "/max-tokens -1": "/max-tokens must be at least 0, got -1",
         "/reasoning-budget 1": "/reasoning-budget must be -1 (unrestricted) or 0 (thinking off), got 1",
+        "/reasoning-format raw": "/reasoning-format takes one of auto, deepseek, none, got 'raw'",
     }
     assert {line.split()[0] for line in refusals} == {option.command for option in on(CHAT)}
     small, large = map(str, tiny_pair)
@@ -1250,4 +1251,42 @@ def test_ollamas_think_commands_turn_the_next_answers_thinking_off_on_hidden_or_
     help_lines = reply(child, "/help")
     assert any(line.startswith("/think on|off ") for line in help_lines)
     assert any(line.startswith("/hide-thinking on|off ") for line in help_lines)
+    assert leave(child) == 0
+
+
+def test_reasoning_format_sets_how_the_next_answers_thinking_is_shown(
+    spawn, tiny_think_pair: tuple[Path, Path]
+) -> None:
+    """llama.cpp's --reasoning-format mid-conversation: none shows the answer as the model wrote it, its
+    block in the text (generate's --reasoning-format none), deepseek and auto apart again; a value that is
+    none of them is refused in one line and changes nothing."""
+    favoured = ("-n", "32", "--logit-bias", f"{CLOSE_ID}+5")  # the block closes and text follows it
+    child = spawn(*favoured, models=tiny_think_pair)
+
+    def generated(*options: str) -> str:
+        args = ("generate", *pair_args(tiny_think_pair), "--tau", "3", *favoured, *options, "hi")
+        return plain(at_a_terminal(*args, env={"TERM": "xterm"}).decode("utf-8", "replace"))
+
+    def answer() -> str:
+        assert reply(child, "/clear") == ["new conversation"]
+        return plain(send(child, "hi"))
+
+    def settings(typed: str) -> str:
+        """The settings line a command says (wrapped at the terminal's width), from the next answer."""
+        return " ".join(" ".join(reply(child, typed)).split()).removesuffix(" (from the next answer)")
+
+    apart, whole = generated(), generated("--reasoning-format", "none")
+    assert apart.startswith(THINKING) and THINKING not in whole and "</think>" in whole
+    assert settings("/reasoning-format none").endswith(" · max-tokens 32 · reasoning-format none")
+    assert whole in answer()
+    refused = "error: /reasoning-format takes one of auto, deepseek, none, got 'deepseek-legacy'"
+    assert reply(child, "/reasoning-format deepseek-legacy") == [refused]
+    assert settings("/stats").endswith(" · reasoning-format none")  # as it was
+    assert whole in answer()
+    assert settings("/reasoning-format deepseek").endswith(" · reasoning-format deepseek")
+    assert apart in answer()
+    assert settings("/reasoning-format none").endswith(" · reasoning-format none")
+    assert settings("/reasoning-format auto").endswith(" · max-tokens 32")  # the default, unsaid
+    assert apart in answer()
+    assert any(line.startswith("/reasoning-format NAME ") for line in reply(child, "/help"))
     assert leave(child) == 0

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError, counted, quoted, shown_path
-from ..option_table import CHAT, DecodingOption, on, respell
+from ..option_table import CHAT, OPTIONS, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
 from ..paths import BOM, MAX_READ_BYTES, expand_home, folder_ending
 from ..policies import POLICY_KINDS, format_tau
@@ -130,7 +130,10 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
         if sampling.penalises
         else ""
     )
-    thinking = " · reasoning-budget 0" if generation.reasoning_budget == 0 else ""  # said once off
+    # said once changed: thinking off, its block left in the answer
+    thinking = " · reasoning-budget 0" if generation.reasoning_budget == 0 else ""
+    if generation.reasoning_format != OPTIONS["reasoning_format"].default:
+        thinking += f" · reasoning-format {generation.reasoning_format}"
     return (
         f"settings: mode {policy.mode} · policy {policy.policy} · tau {format_tau(tau)} · window {window} · "
         f"min-run {policy.min_run} · lookup {policy.lookup} · lookup-draft {policy.lookup_draft} · "
