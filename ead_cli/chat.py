@@ -124,7 +124,7 @@ class Conversation:
         self.runners = tuple(runners)
         self._load_pair = load_pair
         self._text_model = self.runners[0]  # renders and tokenizes the whole conversation, whoever joins
-        if not self._text_model.metadata("tokenizer.chat_template"):
+        if not self._text_model.chat_template:
             raise EadError(
                 f"{shown_path(self._text_model.path.name)} has no chat template, which ead chat needs "
                 "(ead generate --raw works without one)",
@@ -157,7 +157,7 @@ class Conversation:
     def thinks(self) -> bool:
         """Whether the model is a thinking one (its template names ``</think>``): thinking can be turned
         off or on for it alone."""
-        return thinks(self._text_model.metadata("tokenizer.chat_template"))
+        return thinks(self._text_model.chat_template)
 
     @property
     def n_ctx(self) -> int:
@@ -211,8 +211,9 @@ class Conversation:
         check_fits(prompt, self.runners)
         policy = self.effective_policy
         decoder = build_decoder(self.runners, policy, self.generation)
-        template = self._text_model.metadata("tokenizer.chat_template")
-        self.thinking = answer_start(template, rendered, self.generation.reasoning_format)
+        self.thinking = answer_start(
+            self._text_model.chat_template, rendered, self.generation.reasoning_format
+        )
         request = _Request(messages, prompt, rendered, policy, self.generation, self.system)
         return self._stream(decoder.generate(prompt), request)
 

@@ -68,7 +68,7 @@ def render_chat(
     jinja2's immutable sandbox, so a hostile template cannot reach files or Python internals; any
     failure, and a rendering without text (which would leave nothing to decode), is a one-line error.
     """
-    template = runner.metadata("tokenizer.chat_template")
+    template = runner.chat_template
     if not template:
         return None
     eos = _token_text(runner, llama_cpp.llama_vocab_eos(runner.vocab))

@@ -223,6 +223,8 @@ class Runner(ContextOwner):
             )
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        # Read once: every chat prompt is rendered with it and every answer split by it (thinking.py).
+        self.chat_template = self.metadata("tokenizer.chat_template")
         self.grammars = ParsedGrammars(self.vocab)  # ead serve's JSON mode: each schema parsed once
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
         self.n_params = llama_cpp.llama_model_n_params(self._model)

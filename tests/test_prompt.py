@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_models import LONG_TOKEN, write_tiny_model
+from tiny_models import CHATML, LONG_TOKEN, write_tiny_model
 
 from ead_cli.errors import EadError
 from ead_cli.prompt import (
@@ -126,3 +126,16 @@ def test_a_long_piece_does_not_let_a_text_too_long_through_to_the_tokenizer(tmp_
     assert text not in runner.tokenized
     fits = LONG_TOKEN * 254  # long pieces: as long by its length, but tokenized, and fitting
     assert len(encode_fitting(runner, fits, [runner])) == 254 and runner.tokenized[-1] == fits
+
+
+def test_the_chat_template_is_read_once_when_the_model_loads(tmp_path: Path, tiny_small: Path) -> None:
+    """``Runner.chat_template``, the GGUF's template (None without one), read at load: every prompt, and
+    every request's split of its answer, takes it from there, with no call into llama.cpp (it is there
+    after the model is freed)."""
+    bare = write_tiny_model(tmp_path / "bare.gguf", chat_template=None)
+    with (
+        Runner(tiny_small, name="small", n_ctx=64) as templated,
+        Runner(bare, name="bare", n_ctx=64) as untemplated,
+    ):
+        pass
+    assert templated.chat_template == CHATML and untemplated.chat_template is None

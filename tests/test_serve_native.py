@@ -302,7 +302,7 @@ def test_props_give_the_servers_real_settings(server: Server, tiny_pair: tuple[P
     assert props["total_slots"] == 1 and props["model_alias"] == "ead"
     assert props["model_path"] == str(tiny_pair[1]) and props["ead"] == served
     with Runner(tiny_pair[0], name="small", n_ctx=64) as runner:
-        template = runner.metadata("tokenizer.chat_template")
+        template = runner.chat_template
     assert template and props["chat_template"] == template
     assert props["build_info"].startswith(f"ead-cli {__version__} (llama-cpp-python ")
     assert props["endpoint_metrics"] is False and props["is_sleeping"] is False

@@ -119,8 +119,7 @@ def generate(
             if system:  # a system message too long is named, not the prompt it makes too long
                 check_system_fits(runners[0], system, runners)
             tokens = encode_fitting(runners[0], rendered, runners)
-            template = runners[0].metadata("tokenizer.chat_template")
-            thinking = answer_start(template, rendered, generation.reasoning_format)
+            thinking = answer_start(runners[0].chat_template, rendered, generation.reasoning_format)
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:

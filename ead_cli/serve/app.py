@@ -917,9 +917,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
         body = _accepted(ChatRequest, data)
         prompt, prefill = _rendered(body)
-        template = engine.runners[0].metadata("tokenizer.chat_template")
         reasoning_format = body.reasoning_format or defaults.generation.reasoning_format  # --reasoning-format
-        thinking = answer_start(template, prompt, reasoning_format)
+        thinking = answer_start(engine.runners[0].chat_template, prompt, reasoning_format)
         return body, _job(body, prompt, prefill, thinking)
 
     def _prepare_template(data: bytes) -> str:

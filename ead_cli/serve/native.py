@@ -397,7 +397,7 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
             "model_path": engine.runners[-1].location,
             "modalities": {"vision": False, "audio": False},
             "endpoint_metrics": options.metrics,
-            "chat_template": engine.runners[0].metadata("tokenizer.chat_template") or "",
+            "chat_template": engine.runners[0].chat_template or "",
             "build_info": f"ead-cli {__version__} (llama-cpp-python {llama_cpp.__version__})",
             "is_sleeping": False,
             "ead": requests.served_model()["ead"],

@@ -333,7 +333,7 @@ def _capabilities(runner: Runner) -> list[str]:
         "completion",
         *(["tools"] if template_takes_tools(runner) else []),
         *(["insert"] if infill_tokens(runner) is not None else []),
-        *(["thinking"] if thinks(runner.metadata("tokenizer.chat_template")) else []),
+        *(["thinking"] if thinks(runner.chat_template) else []),
     ]
 
 

@@ -24,8 +24,7 @@ CLOSE = "</tool_call>"
 def template_takes_tools(runner: Runner) -> bool:
     """Whether the chat template renders a ``tools`` list at all (a template that never reads it would
     drop the tools silently, and the model would never learn it may call them)."""
-    template = runner.metadata("tokenizer.chat_template") or ""
-    return "tools" in template
+    return "tools" in (runner.chat_template or "")
 
 
 @dataclass(frozen=True)
