@@ -48,7 +48,7 @@ def load_runners(
     refused before any model loads. ``before_load``: told each role's file (None: a llama-server's) once
     they are found, before any loads or is checked by a child (the bench's results compare them)."""
     catalog = registry.load_catalog(options.models_file)
-    refs = options.models or (options.small or catalog.small, options.large or catalog.large)
+    refs = model_refs(options, catalog)
     if local_only:
         for ref in refs:
             registry.check_not_address(ref)
@@ -120,6 +120,15 @@ def load_runners(
     return runners
 
 
+def model_refs(options: ModelOptions, catalog: registry.Catalog | None = None) -> tuple[str, ...]:
+    """The models a run names, smallest first, as given (an alias, a path, a server's address): --models,
+    or --small and --large, the catalog's pair where one is not given (``catalog``: read if None)."""
+    if options.models:
+        return options.models
+    catalog = catalog or registry.load_catalog(options.models_file)
+    return (options.small or catalog.small, options.large or catalog.large)
+
+
 class ModelFile(NamedTuple):
     """A local model as the bench's results record it, known before it loads: its label and size."""
 
@@ -180,15 +189,9 @@ def build_decoder(
     ``generation``'s logit bias is taken as checked: the command line's once its models load
     (``check_biased_tokens``), a request's when it arrives."""
     roles = [runner.name for runner in runners]
-    policy_options = replace(policy_options, levels=len(runners))
+    served = runners[-1].label if isinstance(runners[-1], RemoteRunner) else None
+    policy_options = runnable_policy(policy_options, len(runners), served)
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
-    checker_remote = isinstance(runners[-1], RemoteRunner)
-    if checker_remote and (verify is not None or policy_options.mode == "spec"):
-        raise EadError(
-            f"{cut(runners[-1].label)}: --verify and speculative decoding need logits at every position of a "
-            "batch, which llama-server does not return; use a local model as the largest",
-            exit_code=2,
-        )
     try:
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
@@ -222,6 +225,22 @@ def build_decoder(
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None
+
+
+def runnable_policy(policy_options: PolicyOptions, levels: int, served: str | None) -> PolicyOptions:
+    """``policy_options`` for ``levels`` models, a usage error where they cannot run on them: speculative
+    decoding over more than two, --verify or speculative decoding with the largest on a llama-server
+    (``served``: its address; None: a local file). Needs no model loaded: ``ead bench`` checks each of its
+    strategies so before its models load, ``build_decoder`` each decoder."""
+    policy_options = replace(policy_options, levels=levels)
+    verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
+    if served is not None and (verify is not None or policy_options.mode == "spec"):
+        raise EadError(
+            f"{cut(served)}: --verify and speculative decoding need logits at every position of a "
+            "batch, which llama-server does not return; use a local model as the largest",
+            exit_code=2,
+        )
+    return policy_options
 
 
 def check_biased_tokens(generation: GenerationOptions, runners: Sequence[Runner]) -> None:

@@ -693,6 +693,40 @@ def test_a_results_file_of_another_setup_is_refused(
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
 
+NO_SERVER = "http://127.0.0.1:9"  # nothing listens there: a bench that reached it would fail otherwise
+
+
+@pytest.mark.parametrize(
+    ("families", "models", "temp", "refusal"),
+    [
+        ("large,server-large", "file,file", 0.5, "server strategies decode greedily: leave --temp at 0"),
+        ("server-large", "file,server", 0.0, f"server strategies need local model files, not {NO_SERVER}"),
+        ("spec", "file,server", 0.0, "--verify and speculative decoding need logits at every position"),
+        ("gate", "file,server", 0.0, "--verify and speculative decoding need logits at every position"),
+        ("large,spec", "file,file,file", 0.0, "speculative decoding takes two models: a drafter and"),
+    ],
+)
+def test_a_strategy_these_models_cannot_run_is_refused_before_any_model_loads(
+    tmp_path: Path, families: str, models: str, temp: float, refusal: str
+) -> None:
+    """A strategy that cannot run on the models given (a sampling llama-server's loops do not take, a
+    model on a server where the loop needs its file or every row of logits (the gate here with
+    --verify), speculative decoding over three models) had been refused once every model had loaded and
+    a server been reached: here no file is a model llama.cpp can load, and the refusal is still the
+    strategy's, with nothing left in --out."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))  # past the magic check, not a model llama.cpp loads
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hi\n")
+    strategies = build_strategies(families, Grid(verifies=(0.5,)) if families == "gate" else Grid())
+    out = tmp_path / "out"
+    job = prompts_bench(prompts, strategies, sampling=SamplingParams(temp=temp), max_tokens=4, out=out)
+    refs = tuple(str(broken) if kind == "file" else NO_SERVER for kind in models.split(","))
+    with pytest.raises(EadError, match=re.escape(refusal)):
+        run_bench(job, ModelOptions(models=refs, threads=1), watch=lambda plan, records: None)
+    assert not out.exists()
+
+
 def test_another_setup_that_the_options_give_is_refused_before_any_model_loads(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:

@@ -47,6 +47,7 @@ from ..errors import EadError, cut, shown_path
 from ..figures import is_count, is_figure
 from ..hardware import Repack, repack_choice, server_repack_args
 from ..options import GenerationOptions
+from ..registry import is_remote
 from ..remote import RemoteError, RemoteRunner, built_server
 from ..runner import Runner, forward_flops
 from ..text import TextStream
@@ -70,6 +71,18 @@ def server_binary() -> Path:
             "./scripts/build_llama_server.sh builds it"
         )
     return binary
+
+
+def check_peers(generation: GenerationOptions, refs: Sequence[str]) -> None:
+    """What the server strategies need, refused before any model loads: greedy decoding (each sample is
+    top-k 1), the small and the large model as local files (each server loads them itself), and the
+    built llama-server. ``refs``: the bench's models, smallest first, as given."""
+    if generation.sampling.temp != 0:
+        raise EadError("server strategies decode greedily: leave --temp at 0", exit_code=2)
+    for ref in (refs[0], refs[-1]):
+        if is_remote(ref):
+            raise EadError(f"server strategies need local model files, not {cut(ref)}", exit_code=2)
+    server_binary()
 
 
 # ------------------------------------------------------------------------------------------ a server
@@ -197,16 +210,11 @@ class NativePeers:
     """The servers of a bench run, started on first use and stopped together at the end.
 
     ``runners`` are the bench's own models (smallest first): their files are what the servers load,
-    their tokenizer turns the returned ids into text exactly as the Python loop does.
+    their tokenizer turns the returned ids into text exactly as the Python loop does. The bench checks
+    them and ``generation`` with ``check_peers`` before they load.
     """
 
     def __init__(self, runners: Sequence[Runner], generation: GenerationOptions) -> None:
-        if generation.sampling.temp != 0:
-            raise EadError("server strategies decode greedily: leave --temp at 0", exit_code=2)
-        for runner in (runners[0], runners[-1]):
-            if not isinstance(runner, Runner):
-                raise EadError(f"server strategies need local model files, not {runner.label}", exit_code=2)
-        server_binary()
         self.small, self.large = runners[0], runners[-1]
         self.generation = generation
         self.threads = self.large.n_threads  # as many as ead's own runners use

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..decoder import Summary
-from ..engine import build_decoder, close_all, load_runners
+from ..engine import build_decoder, close_all, load_runners, model_refs, runnable_policy
 from ..errors import EadError, shown_path
 from ..options import (
     SAMPLE_TIMEOUT_S,
@@ -29,10 +29,11 @@ from ..options import (
     check_timeout,
 )
 from ..paths import check_can_save, lookup
+from ..registry import is_remote
 from ..runner import Runner, warm_up
 from ..sampling import SamplingParams
 from .grid import NativeOptions, Strategy
-from .native import NativePeers, server_binary
+from .native import NativePeers, check_peers
 from .replay import REPLAY_FILE
 from .report import aggregate_read, check_report_files
 from .results import (
@@ -160,6 +161,11 @@ class Bench:
     timeout_s: float = SAMPLE_TIMEOUT_S
     note: str | None = None
 
+    @property
+    def runs_servers(self) -> bool:
+        """Whether a strategy is one of llama.cpp's own loops, in a llama-server (``native.py``)."""
+        return any(isinstance(strategy.policy, NativeOptions) for strategy in self.strategies)
+
 
 def hold_out(out: Path, setup: Record) -> HeldResults:
     """Refused before any model loads: an --out that cannot take results, or whose results are of another
@@ -264,6 +270,19 @@ def held_bench(
 Plan = Sequence[tuple[Strategy, Item]]
 
 
+def check_strategies(bench: Bench, models: ModelOptions) -> None:
+    """Refuse, before any model loads (and not after hours of samples), a strategy that cannot run on
+    ``models``: known from the models as given (how many, which are on a llama-server), as ``--temp`` and
+    the built llama-server for the server strategies (``check_peers``)."""
+    refs = model_refs(models)
+    served = refs[-1] if is_remote(refs[-1]) else None
+    for strategy in bench.strategies:
+        if isinstance(strategy.policy, PolicyOptions):
+            runnable_policy(strategy.policy, len(refs), served)
+    if bench.runs_servers:
+        check_peers(bench.generation, refs)
+
+
 def run_bench(
     bench: Bench,
     models: ModelOptions,
@@ -276,17 +295,12 @@ def run_bench(
     ``watch`` gets the plan (the samples still to run, task by task) and the iterator that runs them
     (one record per finished sample); it must exhaust the iterator (showing progress as it goes).
     """
-    native = any(isinstance(strategy.policy, NativeOptions) for strategy in bench.strategies)
     # the check's lock let go where the bench ends before its results open (Results close it otherwise)
     with contextlib.closing(bench.held):
-        if native:
-            server_binary()  # missing: say so before any model loads
+        check_strategies(bench, models)
         check_files = partial(check_model_files, bench.held, models=models)
         runners = load_runners(models, progress=progress, before_load=check_files)
         try:
-            for strategy in bench.strategies:  # a bad value fails now, not after hours of samples
-                if isinstance(strategy.policy, PolicyOptions):
-                    build_decoder(runners, strategy.policy, bench.generation)
             items = bench.items_for(runners)
             config = config_record(
                 bench.name,
@@ -297,7 +311,7 @@ def run_bench(
                 bench.timeout_s,
                 models=models,
             )
-            servers = NativePeers(runners, bench.generation) if native else None
+            servers = NativePeers(runners, bench.generation) if bench.runs_servers else None
             with (
                 servers or contextlib.nullcontext(),
                 Results(bench.out / RESULTS_FILE, config, bench.held) as results,
