@@ -33,6 +33,7 @@ from .signals import Terminated, block_signals, main_thread_signals, restore_sig
 Phase = Literal["prefill", "decode", "catchup"]
 TWIN_KEY = "ead.twin"  # metadata of a random-weight twin (scripts/write_twin.py): what it twins
 DEFAULT_CTX = 4096  # tokens, capped at the model's training context
+CONTEXT_PADDING = 256  # llama.cpp rounds a context up to a multiple of this (llama_context's n_ctx)
 _QUIET_LEVEL = logging.CRITICAL + 1
 # Tokenizers that keep every byte of a text in some token (no normalizer rewrites it), so a text's
 # length bounds its token count; strip attributes are the exception, which TokenReach records.
@@ -89,6 +90,12 @@ def check_memory(paths: Sequence[Path], available: int | None) -> None:
             f"the models need about {need / 2**30:.1f} GiB of memory but {available / 2**30:.1f} GiB is "
             "available: close other programs, or pick smaller models or quantisations"
         )
+
+
+def padded_context(n_ctx: int) -> int:
+    """The context llama.cpp makes when ``n_ctx`` tokens are asked for (``Runner.n_ctx``), known before a
+    model loads: ``ead bench`` compares a resume's --ctx by it then."""
+    return -(-n_ctx // CONTEXT_PADDING) * CONTEXT_PADDING
 
 
 def has_untied_output(path: Path) -> bool:

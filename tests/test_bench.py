@@ -45,7 +45,7 @@ from ead_cli.bench.tasks import (
 from ead_cli.errors import EadError
 from ead_cli.options import ModelOptions, PolicyOptions
 from ead_cli.remote import built_server
-from ead_cli.runner import Runner, gpu_offload_available
+from ead_cli.runner import Runner, gpu_offload_available, padded_context
 from ead_cli.sampling import SamplingParams
 
 EAD = str(Path(sys.executable).with_name("ead"))
@@ -777,6 +777,36 @@ def test_other_model_files_or_threads_are_refused_before_any_model_loads(
         run(humaneval_job(humaneval[:1], out), (tiny_pair[0], broken), threads=2)
     assert (out / "results.jsonl").read_bytes() == before
     assert len(run(humaneval_job(humaneval[:2], out), tiny_pair)) == 4  # the same files resume
+
+
+def test_another_ctx_is_refused_before_any_model_loads(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A resume under another --ctx had been refused only once the models had loaded: the context
+    llama.cpp makes of a --ctx given (rounded up to a multiple of 256) is known before, so a model file
+    that llama.cpp cannot load, of the same name and size as the one the results were run with, is not
+    loaded (nor decoded by the smoke check's child) first. The same --ctx in another spelling resumes."""
+    pair = (tmp_path / tiny_pair[0].name, tmp_path / tiny_pair[1].name)
+    for copy, original in zip(pair, tiny_pair, strict=True):
+        shutil.copyfile(original, copy)
+    out = tmp_path / "out"
+    run(humaneval_job(humaneval[:1], out), pair, n_ctx=1024)
+    before = (out / "results.jsonl").read_bytes()
+    assert len(run(humaneval_job(humaneval[:2], out), pair, n_ctx=1000)) == 4  # 1000 makes 1024 too
+    resumed = (out / "results.jsonl").read_bytes()
+    assert resumed.startswith(before) and len(resumed) > len(before)
+    pair[1].write_bytes(b"GGUF" + bytes(pair[1].stat().st_size - 4))  # its name and size, not a model
+    with pytest.raises(EadError, match=r"holds results of another setup \(differs in: --ctx\)"):
+        run(humaneval_job(humaneval[:2], out), pair, n_ctx=512)
+    assert (out / "results.jsonl").read_bytes() == resumed
+
+
+def test_llama_cpp_makes_the_context_ead_expects_of_a_ctx(tiny_small: Path) -> None:
+    """The bench compares a resume's --ctx before any model loads by the context llama.cpp makes of it
+    (``runner.padded_context``): held here to what this llama.cpp makes."""
+    for asked in (16, 255, 256, 257, 1000, 2048, 3000):
+        with Runner(tiny_small, name="small", n_ctx=asked, n_threads=1) as runner:
+            assert runner.n_ctx == padded_context(asked) >= asked, asked
 
 
 @pytest.mark.parametrize(

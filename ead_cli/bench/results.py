@@ -50,7 +50,7 @@ from ..paths import (
     unreadable,
 )
 from ..prompt import context_size
-from ..runner import Runner, gpu_layers, gpu_offload_available
+from ..runner import Runner, gpu_layers, gpu_offload_available, padded_context
 from .grid import Strategy
 from .tasks import Item
 
@@ -129,9 +129,12 @@ def check_setup(path: Path, config: Record, stored: Record) -> None:
 
 def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], models: ModelOptions) -> None:
     """Refuse, before the models load, results of other model files (told by their names and sizes; a
-    llama-server's, None, is compared once connected), other --threads or --n-gpu-layers: all that is known
-    of ``config_record`` without loading them (the parameters and the tokenizer need a model loaded, the
-    context llama.cpp's rounding of it). A config without a key (an older ead's) is not checked there."""
+    llama-server's, None, is compared once connected), other --threads or --n-gpu-layers, and another
+    context where --ctx gives it (``padded_context``) and every model is a file: all that is known of
+    ``config_record`` without loading them. The rest needs them loaded, and is compared once they are
+    (``Results``): the parameters and the tokenizer, which llama.cpp reads from the weights and the
+    vocabulary; the context without --ctx, the model's training context; a llama-server's model and
+    context. A config without a key (an older ead's) is not checked there."""
     stored = held.stored
     if stored is None:
         return
@@ -143,6 +146,8 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
     }
+    if models.n_ctx is not None and None not in files.values():
+        config["n_ctx"] = padded_context(models.n_ctx)
     recorded = {key: stored[key] for key in config if key in stored}
     if isinstance(recorded.get("models"), dict):  # an edited file's other value differs as it is
         recorded["models"] = {

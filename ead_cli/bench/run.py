@@ -292,6 +292,10 @@ def run_bench(
 ) -> list[Record]:
     """Load the models once, run what the results file lacks, return the records of this selection.
 
+    What needs no model loaded is refused before any loads (``check_strategies``, the results'
+    ``check_model_files``); the tokenizers' match, the prompts' fit in the context (their tokens) and the
+    rest of the results' setup (``Results``) once they have.
+
     ``watch`` gets the plan (the samples still to run, task by task) and the iterator that runs them
     (one record per finished sample); it must exhaust the iterator (showing progress as it goes).
     """
