@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,7 @@ import pytest
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import HI, JSON, TAU, serving
+from test_serve_safety import wait_until
 from test_serve_utility import scrape
 
 from ead_cli.bench import native
@@ -230,6 +232,23 @@ def test_metrics_count_the_embedding_requests_and_their_tokens(server: Server, e
     assert after["ead:embedding_requests_total"] - before["ead:embedding_requests_total"] == 3
     assert after["ead:embedding_tokens_total"] - before["ead:embedding_tokens_total"] == tokens
     assert after["llamacpp:prompt_tokens_total"] == before["llamacpp:prompt_tokens_total"]
+
+
+def test_the_request_gauges_count_an_embedding_as_llama_server_does(server: Server) -> None:
+    """llama-server's ``requests_processing`` counts its slots at work and ``requests_deferred`` the tasks
+    waiting for one, an embedding's as a generation's (its /tokenize takes no slot): an embedding at work
+    had been in neither gauge, nor one waiting behind it. Each request here embeds 16 inputs of ~1,300
+    tokens, long enough to be seen at work."""
+    body = {"model": "ead", "input": ["ab " * 650] * 16, "encoding_format": "float"}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, server, "/v1/embeddings", body)
+        wait_until(lambda: scrape(server)["llamacpp:requests_processing"] == 1, 60)
+        second = pool.submit(post, server, "/v1/embeddings", body)
+        wait_until(lambda: scrape(server)["llamacpp:requests_deferred"] == 1, 60)
+        assert scrape(server)["llamacpp:requests_processing"] == 1  # one embedding at a time
+        assert first.result().status_code == second.result().status_code == 200
+    after = scrape(server)
+    assert after["llamacpp:requests_processing"] == after["llamacpp:requests_deferred"] == 0
 
 
 TOO_LONG = f"is 3001 tokens: the embedding context takes at most {N_CTX} (raise --ctx or shorten it)"

@@ -851,8 +851,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     async def metrics() -> Response:
         if not options.metrics:  # as llama-server answers it
             raise ApiError(501, "metrics are off: start ead serve with --metrics", kind="not_supported_error")
-        waiting = max(engine.pending - 1, 0)
-        exposition = engine.metrics.exposition(processing=engine.pending - waiting, deferred=waiting)
+        processing, deferred = engine.requests()
+        exposition = engine.metrics.exposition(processing=processing, deferred=deferred)
         return Response(exposition, media_type=CONTENT_TYPE)
 
     # Embeddings (ead serve --embeddings; serve/ollama.py has ollama's): OpenAI's, and llama-server's own

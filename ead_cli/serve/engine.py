@@ -177,6 +177,15 @@ class Engine:
     def pending(self) -> int:
         return self._pending
 
+    def requests(self) -> tuple[int, int]:
+        """The requests at work now and those waiting, as llama-server's /metrics counts them (its slots
+        processing, the tasks deferred until one is free): a generation's and an embedding's alike, each
+        on a thread of its own here, one request at a time."""
+        with self._lock:
+            queues = (self._pending, self._embeddings_pending)
+        processing = sum(min(count, 1) for count in queues)
+        return processing, sum(queues) - processing
+
     def submit(self, job: Job, ticket: Ticket) -> None:
         with self._lock:
             if self._pending > self.queue:

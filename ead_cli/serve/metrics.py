@@ -3,7 +3,8 @@ figure means what its does (``llamacpp:prompt_tokens_total``, ...) and ead's own
 tokens each model wrote, the switches, the large model's share, the embeddings. The counters add up the
 summaries the engine gives each answer (``Metrics.record``) and the embedding requests it answers
 (``Metrics.record_embedding``: ead's own counters, as llama-server counts an embedding in none of its
-own), the request gauges read its queue."""
+own), the request gauges read its queues (``Engine.requests``: generations and embeddings, as
+llama-server's count its slots at work and the tasks waiting for one)."""
 
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ class Metrics:
             self._totals.embedding_tokens += tokens
 
     def exposition(self, processing: int, deferred: int) -> str:
-        """The text a Prometheus scrape reads; ``processing`` and ``deferred``: the requests generating and
-        waiting now."""
+        """The text a Prometheus scrape reads; ``processing`` and ``deferred``: the requests at work and
+        waiting now, generations and embeddings (``Engine.requests``)."""
         with self._lock:
             totals, written = _Totals(**vars(self._totals)), dict(self._written)
         large = next(reversed(written))  # the largest model's role: the last
