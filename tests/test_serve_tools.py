@@ -22,7 +22,7 @@ from test_serve import HI, JSON, serving
 from tiny_models import write_tiny_model
 
 from ead_cli.serve.app import _Reply
-from ead_cli.serve.tools import ToolCall, ToolCallReader, split_answer
+from ead_cli.serve.tools import ArgumentsDelta, CallStart, ToolCall, ToolCallReader, split_answer, whole
 
 NAMES = frozenset({"get_weather", "multiply"})
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -59,7 +59,7 @@ def test_calls_alike_stream_each_at_its_own_index() -> None:
         reader = ToolCallReader(NAMES)
         state = ChatCompletionStreamState()
         for text in tokens:  # as the stream sends them: each token's chunks once it is read
-            for chunk in reply._piece_chunks(reader.push(text), reader, {}):
+            for chunk in reply._piece_chunks(reader.push(text), {}):
                 state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk))
         calls = state.current_completion_snapshot.choices[0].message.tool_calls
         assert [(call.function.name, call.function.arguments) for call in calls] == [
@@ -84,9 +84,9 @@ def test_parallel_tool_calls_false_keeps_the_first_call_alone() -> None:
     reader = reply.reader()
     state = ChatCompletionStreamState()
     for i in range(0, len(text), 5):
-        for chunk in reply._piece_chunks(reader.push(text[i : i + 5]), reader, {}):
+        for chunk in reply._piece_chunks(reader.push(text[i : i + 5]), {}):
             state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk))
-    for chunk in reply._piece_chunks(reader.finish(), reader, {}):
+    for chunk in reply._piece_chunks(reader.finish(), {}):
         state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk))
     message = state.current_completion_snapshot.choices[0].message
     assert [(call.function.name, call.function.arguments) for call in message.tool_calls] == [
@@ -113,7 +113,7 @@ def test_a_call_the_prefill_opens_is_read_with_the_answer() -> None:
     assert split_answer(answer, NAMES, prefill=prefill) == ("Done.", [call])
     reader = ToolCallReader(NAMES, prefill=prefill)
     pieces = [piece for i in range(0, len(answer), 3) for piece in reader.push(answer[i : i + 3])]
-    pieces += reader.finish()
+    pieces = whole([*pieces, *reader.finish()])
     assert pieces[0] == call and "".join(map(str, pieces[1:])) == "\nDone."
     assert split_answer("box> b", NAMES, prefill="a <tool") == ("box> b", [])
     assert split_answer(' "arguments": {"a": 6}}', NAMES, prefill='{"name": "multiply",') == (
@@ -133,8 +133,129 @@ def test_a_call_the_prefill_holds_whole_is_the_clients_not_the_answers() -> None
         assert split_answer(answer, NAMES, parallel, prefill=mine) == ("", [call])
     reader = ToolCallReader(NAMES, parallel=False, prefill=mine)
     pieces = [piece for i in range(0, len(answer), 4) for piece in reader.push(answer[i : i + 4])]
-    assert [*pieces, *reader.finish()] == ["\n", call]
+    assert whole([*pieces, *reader.finish()]) == ["\n", call]
     assert split_answer(" ", NAMES, prefill=CALL) == ("", [])  # a bare call, the answer space alone
+
+
+# The arguments of a call streamed as the model writes them (ToolCallReader's CallStart and ArgumentsDelta)
+
+
+def streamed(text: str, size: int, **reader: object) -> list[object]:
+    """The pieces of ``text`` read ``size`` characters at a time, then the reader's finish."""
+    reading = ToolCallReader(NAMES, **reader)
+    pieces = [piece for i in range(0, len(text), size) for piece in reading.push(text[i : i + size])]
+    return [*pieces, *reading.finish()]
+
+
+def deltas(pieces: list[object]) -> list[str]:
+    return [piece.text for piece in pieces if isinstance(piece, ArgumentsDelta)]
+
+
+ARGUMENTS = [  # each as the model may write it, and json.dumps of what json.loads reads from it
+    '{"city":"Paris"}',
+    '{ "a" : 6 ,"b":-7.50e1, "c": [1, 2.0, -0, 1E400, {"d": []}], "e": {}, "f": true, "g": null }',
+    '{"text": "line\\none \\"quoted\\" tab\\t \\u00e9\\u0001 \\ud83d\\ude00 \\/ back\\\\slash", "é": "ü"}',
+    '{"deep": {"deeper": [[{"x": "]}"}]]}, "n": NaN, "i": -Infinity, "big": 123456789012345678901234567890}',
+]
+
+
+@pytest.mark.parametrize("arguments", ARGUMENTS)
+@pytest.mark.parametrize("size", [1, 2, 7, 1000])
+@pytest.mark.parametrize("form", ["tagged", "bare"])
+def test_a_calls_arguments_stream_as_written_and_add_up_to_the_call(
+    arguments: str, size: int, form: str
+) -> None:
+    """Once the name is read, the arguments come out as they grow, in several pieces where the model
+    writes them across tokens, each a piece of the call's final arguments (json.dumps of the JSON written,
+    as a whole answer's call has them): the pieces added up are those arguments exactly."""
+    call = f'{{"name": "multiply", "arguments": {arguments}}}'
+    text = f"Let me see.\n<tool_call>\n{call}\n</tool_call>\nDone." if form == "tagged" else f" {call}\n"
+    pieces = streamed(text, size)
+    expected = ToolCall("multiply", json.dumps(json.loads(arguments), ensure_ascii=False))
+    calls = [piece for piece in pieces if isinstance(piece, ToolCall)]
+    assert calls == [expected]
+    assert [p for p in pieces if isinstance(p, CallStart)] == [CallStart(0, "multiply")]
+    start, end = pieces.index(CallStart(0, "multiply")), pieces.index(expected)
+    assert all(isinstance(piece, ArgumentsDelta) for piece in pieces[start + 1 : end])
+    assert "".join(deltas(pieces)) == expected.arguments
+    if size < 8:
+        assert len(deltas(pieces)) >= 3
+    shown = "".join(piece for piece in pieces if isinstance(piece, str))
+    assert shown == ("Let me see.\n\nDone." if form == "tagged" else "")
+    assert split_answer(text, NAMES) == (shown.strip(), [expected])  # the whole answer reads the same
+
+
+def test_a_call_cut_off_mid_arguments_is_closed_where_it_stopped() -> None:
+    """An answer that ends inside the arguments (max_tokens, a stop string): the call was begun and its
+    arguments sent as written, so it stays the call, its arguments closed where they stopped (a string
+    closed, a value not yet whole and a key without its value left out), valid JSON, whole and streamed."""
+    begun = '<tool_call>{"name": "multiply", "arguments": '
+    for written, closed in [
+        ('{"a": 6, "b": [1, {"c": "Par', '{"a": 6, "b": [1, {"c": "Par"}]}'),
+        ('{"a": 6, "b": 12', '{"a": 6}'),
+        ('{"a": 6, "b', '{"a": 6}'),
+        ('{"a": 6, "b": ', '{"a": 6}'),
+        ('{"a": "\\u00', '{"a": ""}'),
+        ("{", "{}"),
+    ]:
+        for size in (1, 5, 100):
+            pieces = streamed(begun + written, size)
+            assert [p for p in pieces if isinstance(p, ToolCall)] == [ToolCall("multiply", closed)]
+            assert "".join(deltas(pieces)) == closed
+            assert not [p for p in pieces if isinstance(p, str)]
+        assert split_answer(begun + written, NAMES) == ("", [ToolCall("multiply", closed)])
+
+
+def test_what_follows_a_calls_arguments_is_its_markup() -> None:
+    """After the arguments, the rest of the block to its closing tag is the call's markup, however the
+    model wrote it (a brace too many, a key more, JSON that breaks off); a bare call's, the answer's rest."""
+    call = ToolCall("multiply", '{"a": 6}')
+    for block in [
+        '<tool_call>{"name": "multiply", "arguments": {"a": 6}}}</tool_call>',
+        '<tool_call>{"name": "multiply", "arguments": {"a": 6}, "id": 1}</tool_call>',
+        '<tool_call>{"name": "multiply", "arguments": {"a": 6,, "b": 7}}</tool_call>',
+    ]:
+        for size in (1, 4, 200):
+            assert [
+                p for p in streamed(f"x{block}y", size) if not isinstance(p, CallStart | ArgumentsDelta)
+            ] == [
+                "x",
+                call,
+                "y",
+            ]
+    assert split_answer('{"name": "multiply", "arguments": {"a": 6}}\n{"x": 1}', NAMES) == ("", [call])
+
+
+def test_calls_read_whole_come_as_a_start_one_delta_and_the_call() -> None:
+    """A call that cannot be read before its end (its arguments a JSON text, or written before its name;
+    one a prefill began) still comes as a start, its arguments in one piece and the call: the three APIs
+    send every call one way. A bare object naming no tool offered is text, never begun."""
+    for text in [
+        '<tool_call>{"arguments": {"a": 6}, "name": "multiply"}</tool_call>',
+        '<tool_call>{"name": "multiply", "arguments": "{\\"a\\": 6}"}</tool_call>',
+    ]:
+        for size in (1, 100):
+            assert streamed(text, size) == [
+                CallStart(0, "multiply"),
+                ArgumentsDelta(0, '{"a": 6}'),
+                ToolCall("multiply", '{"a": 6}'),
+            ]
+    pieces = streamed(' "arguments": {"a": 6}}', 2, prefill='{"name": "multiply",')
+    assert pieces == [
+        CallStart(0, "multiply"),
+        ArgumentsDelta(0, '{"a": 6}'),
+        ToolCall("multiply", '{"a": 6}'),
+    ]
+    data = '{"name": "dance", "arguments": {"a": 6}}'
+    assert streamed(data, 3) == [data]
+
+
+def test_a_second_call_without_parallel_calls_is_never_begun() -> None:
+    block = '<tool_call>{"name": "multiply", "arguments": {"a": 6}}</tool_call>'
+    pieces = streamed(f"{block}\n{block}", 3, parallel=False)
+    assert [p for p in pieces if isinstance(p, CallStart)] == [CallStart(0, "multiply")]
+    assert [p for p in pieces if isinstance(p, ToolCall)] == [ToolCall("multiply", '{"a": 6}')]
+    assert [p.index for p in streamed(f"{block}\n{block}", 3) if isinstance(p, ArgumentsDelta)][-1] == 1
 
 
 TOOLS_TEMPLATE = (
@@ -215,7 +336,8 @@ def test_a_call_alone_has_no_content_streamed_as_whole(tools_server: Server) -> 
     """An answer that is a call alone has ``content: null`` (OpenAI's shape), and the openai client's
     stream helper adds the stream up to the same message: an empty content delta, sent for the tokens
     held while the call was still open, had made it ``""``. The call, its finish reason and the tokens'
-    log-probabilities are the same both ways; ``parallel_tool_calls: false`` and ``logprobs`` go along."""
+    log-probabilities are the same both ways; ``parallel_tool_calls: false`` and ``logprobs`` go along.
+    The stream sends the arguments as they are written: several deltas, the whole answer's arguments."""
     client = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
     request = {
         "model": "ead",
@@ -232,9 +354,14 @@ def test_a_call_alone_has_no_content_streamed_as_whole(tools_server: Server) -> 
     (call,) = whole.message.tool_calls
     assert call.function.name == "multiply" and set(json.loads(call.function.arguments)) == {"a", "b"}
     with client.chat.completions.stream(**request) as stream:
-        events = [event.type for event in stream]
+        events = list(stream)
         streamed = stream.get_final_completion().choices[0]
-    assert "content.delta" not in events
+    assert "content.delta" not in [event.type for event in events]
+    # the arguments as the model writes them, in pieces that add up to the whole answer's
+    pieces = [
+        event.arguments_delta for event in events if event.type == "tool_calls.function.arguments.delta"
+    ]
+    assert len(pieces) >= 3 and "".join(pieces) == call.function.arguments
     assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
     assert streamed.message.role == "assistant"
     assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [

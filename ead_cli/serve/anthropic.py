@@ -34,7 +34,7 @@ from .engine import Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens
 from .native import stop_of
 from .schemas import ApiError, ChatRequest, parse, unsupported
-from .tools import ToolCall, ToolCallReader
+from .tools import ToolCall, ToolCallReader, whole
 
 if TYPE_CHECKING:
     from ..runner import Runner
@@ -380,7 +380,7 @@ class _Message:
                 held = [] if splitter is None else blocks.split(splitter.flush(), reader)
                 for event in held:
                     yield event
-                for piece in [] if reader is None else reader.finish():
+                for piece in [] if reader is None else whole(reader.finish()):
                     for event in blocks.piece(piece):
                         yield event
                 for event in blocks.stop():
@@ -408,7 +408,7 @@ class _Blocks:
         the content's pieces (the calls ``reader`` reads), the first delta with ``extra``."""
         thought = split.reasoning or not split.content  # text held back: an empty delta of the open block
         events = self._text("thinking", split.reasoning, **extra) if thought else []
-        pieces = [split.content] if reader is None else reader.push(split.content)
+        pieces = [split.content] if reader is None else whole(reader.push(split.content))
         for i, piece in enumerate(pieces):
             events += self.piece(piece, **({} if i or events else extra))
         return events

@@ -76,8 +76,12 @@ from .schemas import (
 )
 from .tokens import detokenize, known_tokens, tokenize
 from .tools import (
+    ArgumentsDelta,
+    CallStart,
+    Piece,
     ToolCall,
     ToolCallReader,
+    new_call_id,
     split_answer,
     template_message,
     template_takes_tools,
@@ -1413,22 +1417,23 @@ class _Reply:
             return [self._chunk(text, None, **first)]
         # a token that completes nothing yet (text that may open a call) says nothing of the content: an
         # empty one made a call alone's content "" once a client added the deltas up (whole: null)
-        return self._piece_chunks(reader.push(text), reader, first) or [self._delta({}, None, **first)]
+        return self._piece_chunks(reader.push(text), first) or [self._delta({}, None, **first)]
 
-    def _piece_chunks(
-        self, pieces: list[str | ToolCall], reader: ToolCallReader, first: dict[str, Any]
-    ) -> list[str]:
+    def _piece_chunks(self, pieces: list[Piece], first: dict[str, Any]) -> list[str]:
+        """A chunk per piece of text or of a call: its start (id, name, no arguments yet), then its
+        arguments' pieces as the model writes them, each at the call's place among the answer's (a
+        client's accumulator merges the deltas of one index into one call)."""
         chunks = []
-        # the first of these calls' place among the answer's: counted, as two calls alike (a coin flipped
-        # twice) are equal, and a client's accumulator merges deltas of one index into one call
-        index = len(reader.calls) - sum(isinstance(piece, ToolCall) for piece in pieces)
         for piece in pieces:
             extra = {} if chunks else first
-            if isinstance(piece, ToolCall):
-                delta = {"tool_calls": [piece.as_openai(index)]}
-                chunks.append(self._delta(delta, None, **extra))
-                index += 1
-            else:
+            if isinstance(piece, CallStart):
+                function = {"name": piece.name, "arguments": ""}
+                call = {"index": piece.index, "id": new_call_id(), "type": "function", "function": function}
+                chunks.append(self._delta({"tool_calls": [call]}, None, **extra))
+            elif isinstance(piece, ArgumentsDelta):
+                call = {"index": piece.index, "function": {"arguments": piece.text}}
+                chunks.append(self._delta({"tool_calls": [call]}, None, **extra))
+            elif isinstance(piece, str):
                 chunks.append(self._chunk(piece, None, **extra))
         return chunks
 
@@ -1492,7 +1497,7 @@ class _Reply:
                     for chunk in self._split_chunks(*self._splitter.flush(), reader, {}):
                         yield {"data": chunk}
                 if reader is not None:
-                    for chunk in self._piece_chunks(reader.finish(), reader, {}):
+                    for chunk in self._piece_chunks(reader.finish(), {}):
                         yield {"data": chunk}
                 finish = _finish(message.summary, called=reader is not None and bool(reader.calls))
                 ead = {"summary": asdict(message.summary), "seed": self.seed}

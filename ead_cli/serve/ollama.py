@@ -55,7 +55,7 @@ from .schemas import (
     listed_inputs,
     parse,
 )
-from .tools import ToolCall, ToolCallReader, template_takes_tools
+from .tools import Piece, ToolCall, ToolCallReader, template_takes_tools, whole
 
 if TYPE_CHECKING:
     import numpy as np
@@ -429,9 +429,10 @@ class _Answer:
             return [_line(self.part(text, **extra))]
         return self._piece_lines(reader.push(text), reader, **extra) or [_line(self.part("", **extra))]
 
-    def _piece_lines(self, pieces: list[str | ToolCall], reader: ToolCallReader, **extra: Any) -> list[str]:
-        """A line per piece of text or call the reader let through, the first with ``extra``."""
-        lines = []
+    def _piece_lines(self, pieces: list[Piece], reader: ToolCallReader, **extra: Any) -> list[str]:
+        """A line per piece of text or call the reader let through, the first with ``extra``: a call whole,
+        once it is read, as ollama sends one."""
+        pieces, lines = whole(pieces), []
         # the first of these calls' place among the answer's: counted, as two calls alike are equal
         index = len(reader.calls) - sum(isinstance(piece, ToolCall) for piece in pieces)
         for piece in pieces:

@@ -26,7 +26,7 @@ from .app import MODEL_ID, Requests, answer_messages, collected, error_of, log_a
 from .engine import Failed, Log, Ticket, Token
 from .metrics import cached_tokens
 from .schemas import SCHEMA_PATH, ApiError, ContentPart, parse, refuse_unless_off, unsupported
-from .tools import ToolCall, ToolCallReader, split_answer
+from .tools import ToolCall, ToolCallReader, split_answer, whole
 
 SCHEMA_AS = "text.format.schema"  # where a Responses request gives the JSON schema
 # Fields that ask for state the server does not keep, or for what it does not do, with the values that
@@ -515,7 +515,7 @@ class _Answer:
     ) -> list[dict[str, str]]:
         """A piece of a thinking model's answer: its reasoning's delta, then its content's pieces."""
         events = self._text_events(split.reasoning, "reasoning", **extra) if split.reasoning else []
-        content = [split.content] if reader is None else reader.push(split.content)
+        content = [split.content] if reader is None else whole(reader.push(split.content))
         return [*events, *self._piece_events(content, **({} if events else extra))]
 
     async def events(
@@ -546,7 +546,7 @@ class _Answer:
                         for event in self._split_events(splitter.push(text), reader, ead=fields):
                             yield event
                         continue
-                    pieces = [text] if reader is None else reader.push(text)
+                    pieces = [text] if reader is None else whole(reader.push(text))
                     for event in self._piece_events(pieces, ead=fields):
                         yield event
                     continue
@@ -558,7 +558,7 @@ class _Answer:
                 summary = message.summary
                 log_answered(self.log, self.path, summary)
                 held = [] if splitter is None else self._split_events(splitter.flush(), reader)
-                for event in [*held, *self._piece_events([] if reader is None else reader.finish())]:
+                for event in [*held, *self._piece_events([] if reader is None else whole(reader.finish()))]:
                     yield event
                 status = _status(summary)
                 if not self._answered():  # no text, no call: an empty message, as the whole answer has

@@ -5,12 +5,19 @@ The markup is the Hermes convention that Qwen2.5's template teaches its models (
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; small models often write the object alone,
 as the whole answer, which counts when it names a tool offered. A block that is not valid JSON with a
 name stays in the text, as the model wrote it: never a call the model did not make.
+
+A call is begun once the model has written its name and the ``{`` of its arguments (``CallStart``): from
+there its arguments are read as JSON as they are written and given out as they grow (``ArgumentsDelta``),
+respelled as ``json.dumps`` spells the JSON read (a whole answer's call has them so), so an agent shows the
+call's progress; what the model writes after them, to the block's closing tag, is the call's markup, and
+arguments the answer cuts off (or that stop being JSON) are closed where they stopped (``_JsonEcho``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +26,22 @@ from ..runner import Runner
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+# A call's object up to its arguments' ``{``: its name read (group 1, a JSON string), then the arguments
+_BEGUN = re.compile(
+    r'[ \t\n\r]*\{[ \t\n\r]*"name"[ \t\n\r]*:[ \t\n\r]*("(?:[^"\\\x00-\x1f]|\\.)*")'
+    r'[ \t\n\r]*,[ \t\n\r]*"arguments"[ \t\n\r]*:[ \t\n\r]*(?=\{)'
+)
 
 
 def template_takes_tools(runner: Runner) -> bool:
     """Whether the chat template renders a ``tools`` list at all (a template that never reads it would
     drop the tools silently, and the model would never learn it may call them)."""
     return "tools" in (runner.chat_template or "")
+
+
+def new_call_id() -> str:
+    """A call's id as OpenAI spells one."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass(frozen=True)
@@ -36,11 +53,31 @@ class ToolCall:
 
     def as_openai(self, index: int | None = None) -> dict[str, Any]:
         call: dict[str, Any] = {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "id": new_call_id(),
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
         return call if index is None else {"index": index, **call}
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """A call begun: its place among the answer's calls and its name, before its arguments (``ArgumentsDelta``
+    pieces, then the ``ToolCall`` whole, whose arguments are the pieces added up)."""
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsDelta:
+    """The next piece of the arguments of the call at ``index``, as the model writes them."""
+
+    index: int
+    text: str
+
+
+Piece = str | CallStart | ArgumentsDelta | ToolCall
 
 
 def _read_call(body: str, names: frozenset[str] | None = None, objects_only: bool = False) -> ToolCall | None:
@@ -73,13 +110,16 @@ def _loaded(text: str) -> Any:
 
 class ToolCallReader:
     """The answer's text as it streams in, split into text to show and calls. Text that may be the start
-    of a ``<tool_call>`` is held until it is one or is not; an answer that opens with ``{`` is held to its
-    end, where it is a call if it is the bare ``{"name", "arguments"}`` object small models often write
-    without the markup. Without ``parallel`` (``parallel_tool_calls: false``) a call after the first is
-    left out: the client asked for one at most, and no grammar kept the model from writing more.
+    of a ``<tool_call>`` is held until it is one or is not; an answer that opens with ``{`` is held until
+    it begins a call of a tool offered, else to its end, where it is a call if it is the bare
+    ``{"name", "arguments"}`` object small models often write without the markup. Each call comes as a
+    ``CallStart``, its arguments' pieces and the ``ToolCall``: begun calls as they are written (see the
+    module), others once read whole (arguments given as a JSON text, or before the name), in one piece.
+    Without ``parallel`` (``parallel_tool_calls: false``) a call after the first is left out: the client
+    asked for one at most, and no grammar kept the model from writing more.
     A ``prefill`` (the assistant message the answer continues) is read first, as the answer's start, so a
-    call it opens and the answer finishes is one call (as llama-server reads it); its own text, and a call
-    it holds whole, are the client's: not shown again, nor the answer's call."""
+    call it opens and the answer finishes is one call (as llama-server reads it, whole); its own text, and
+    a call it holds whole, are the client's: not shown again, nor the answer's call."""
 
     def __init__(
         self, names: frozenset[str], parallel: bool = True, prefill: str = "", objects_only: bool = False
@@ -91,52 +131,116 @@ class ToolCallReader:
         self._unshown = len(prefill)  # the characters of the text read that are the prefill's
         self._released = 0  # the characters of the text read that are out of _pending
         self._bare: bool | None = None  # undecided until the answer's first character that is not space
+        self._begun: _BegunCall | None = None  # the call whose arguments are being written
         self.calls: list[ToolCall] = []
 
-    def push(self, text: str) -> list[str | ToolCall]:
-        """Text pieces and calls that ``text`` completes, in order."""
+    def push(self, text: str) -> list[Piece]:
+        """Text pieces and calls' pieces that ``text`` completes, in order."""
         self._pending += text
         if self._bare is None and self._pending.strip():
             self._bare = self._pending.lstrip().startswith("{")
-        if self._bare is not False:
-            return []
-        out: list[str | ToolCall] = []
+        out: list[Piece] = []
         while True:
+            if self._begun is not None:
+                out += self._write_begun()
+                if self._begun is not None:
+                    return out
+                continue
+            if self._bare is not False:
+                start = len(self._pending) - len(self._pending.lstrip())
+                begun = self._begin(start, start, self.names) if self._bare else None
+                if begun is None:
+                    return out
+                self._bare = False  # a bare call: the rest of the answer is its markup
+                out.append(begun)
+                continue
             start = self._pending.find(OPEN)
             if start < 0:
                 cut = len(self._pending) - _partial_suffix(self._pending, OPEN)
                 return [*out, *self._release(cut)]
-            end = self._pending.find(CLOSE, start + len(OPEN))
-            if end < 0:
-                return [*out, *self._release(start)]
             out += self._release(start)
-            block = self._pending[len(OPEN) : end - start]
+            begun = self._begin(0, len(OPEN), None, CLOSE)
+            if begun is not None:
+                out.append(begun)
+                continue
+            end = self._pending.find(CLOSE, len(OPEN))
+            if end < 0:
+                return out
+            block = self._pending[len(OPEN) : end]
             call = _read_call(block.strip(), objects_only=self.objects_only)
             if call is None:
-                out += self._release(end - start + len(CLOSE))
+                out += self._release(end + len(CLOSE))
                 continue
-            self._take(end - start + len(CLOSE))
+            self._take(end + len(CLOSE))
             if self._released <= self._unshown:
                 continue  # the prefill holds it whole: the client's call, as its text is
             if self.calls and not self.parallel:
                 continue  # one call at most: a later one is neither a call nor text
-            self.calls.append(call)
-            out.append(call)
+            out += self._read_whole(call)
 
-    def finish(self) -> list[str | ToolCall]:
-        """What is still held at the end: a bare call, or text (an unclosed block stays text)."""
+    def finish(self) -> list[Piece]:
+        """What is still held at the end: a begun call's end (its arguments closed where they stopped), a
+        bare call, or text (an unclosed block stays text)."""
+        if self._begun is not None:
+            self._take(len(self._pending))  # the call's markup
+            return self._end_begun()
         call = _read_call(self._pending.strip(), self.names, self.objects_only) if self._bare else None
         if call is not None:
             whole_in_prefill = self._released + len(self._pending.rstrip()) <= self._unshown
             self._take(len(self._pending))
-            if whole_in_prefill:  # the client's call, as its text is
-                return []
-            self.calls.append(call)
-            return [call]
+            return [] if whole_in_prefill else self._read_whole(call)  # the client's call, as its text is
         if self._bare:  # held whole: it may still hold tagged calls after all
             self._bare = False
             return [*self.push(""), *self.finish()]
         return self._release(len(self._pending))
+
+    def _begin(self, start: int, at: int, names: frozenset[str] | None, end: str = "") -> CallStart | None:
+        """The start of a call whose object is at ``at`` of the text held, its markup starting at ``start``
+        (its name one of ``names``, where given), if it is begun there: its markup to its arguments taken.
+        Not one a prefill began (read whole), nor a call after the first without parallel calls. ``end``:
+        what ends its markup after its arguments (none: the answer's end)."""
+        if self._released + start < self._unshown or (self.calls and not self.parallel):
+            return None
+        begun = _BEGUN.match(self._pending, at)
+        name = _loaded(begun[1]) if begun else None
+        if begun is None or not isinstance(name, str) or (names is not None and name not in names):
+            return None
+        self._take(begun.end())
+        self._begun = _BegunCall(CallStart(len(self.calls), name), end)
+        return self._begun.start
+
+    def _write_begun(self) -> list[Piece]:
+        """The begun call's arguments that the text held adds, and its end once its markup ends."""
+        begun = self._begun
+        assert begun is not None
+        out: list[Piece] = []
+        if not begun.arguments.ended:
+            self._take(begun.arguments.feed(self._pending))
+            out += begun.delta(begun.arguments.take_out())
+            if not begun.arguments.ended:
+                return out
+        end = self._pending.find(begun.end) if begun.end else -1
+        if end < 0:  # all markup, but the start of its end
+            self._take(len(self._pending) - (_partial_suffix(self._pending, begun.end) if begun.end else 0))
+            return out
+        self._take(end + len(begun.end))
+        return [*out, *self._end_begun()]
+
+    def _end_begun(self) -> list[Piece]:
+        """The begun call's last piece (what closes its arguments, if they stopped short) and the call."""
+        begun = self._begun
+        assert begun is not None
+        self._begun = None
+        closing = begun.arguments.closing()
+        call = ToolCall(begun.start.name, begun.arguments.text + closing)
+        self.calls.append(call)
+        return [*begun.delta(closing), call]
+
+    def _read_whole(self, call: ToolCall) -> list[Piece]:
+        """A call read whole, as the answer's: its start, its arguments in one piece, the call."""
+        start = CallStart(len(self.calls), call.name)
+        self.calls.append(call)
+        return [start, *([ArgumentsDelta(start.index, call.arguments)] if call.arguments else []), call]
 
     def _release(self, count: int) -> list[str]:
         """The text of the first ``count`` characters held, taken out of them: none of it the prefill's."""
@@ -151,6 +255,160 @@ class ToolCallReader:
         return text
 
 
+class _BegunCall:
+    """A call begun: its start, its arguments as they are written, what ends its markup after them."""
+
+    def __init__(self, start: CallStart, end: str) -> None:
+        self.start, self.end = start, end
+        self.arguments = _JsonEcho()
+
+    def delta(self, text: str) -> list[ArgumentsDelta]:
+        return [ArgumentsDelta(self.start.index, text)] if text else []
+
+
+_SPACE = " \t\n\r"
+_SCALAR = frozenset("0123456789+-.eEabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+class _JsonEcho:
+    """One JSON object read as it is written, respelled as ``json.dumps(json.loads(...), ensure_ascii=False)``
+    spells it, its text given out as it grows (``take_out``) and always closable (``closing``): a string's
+    characters as they come, a number or literal once whole, a separator and a key once the value after
+    them starts. It stops (``ended``) at the object's end or at what is not JSON."""
+
+    def __init__(self) -> None:
+        self.text = ""  # all given out
+        self._out = ""  # given out, not yet taken
+        self._held = ""  # separators and a key, given out with the value that follows them
+        self._open: list[str] = []  # the containers open, "}" or "]" each
+        self._expect = "value"  # value, first (key or close), key, colon, more (comma or close)
+        self._string: str | None = None  # "key" or "value" while in a string
+        self._escape = ""  # an escape under way, from its backslash
+        self._high = ""  # a high surrogate, until the escape after it says whether it pairs
+        self._scalar = ""  # a number or literal under way
+        self.ended = False
+
+    def feed(self, text: str) -> int:
+        """How many characters of ``text`` are read, up to the object's end or to what is not JSON."""
+        for used, char in enumerate(text):
+            if self.ended or not self._read(char):
+                self.ended = True
+                return used
+        return len(text)
+
+    def take_out(self) -> str:
+        out, self._out = self._out, ""
+        return out
+
+    def closing(self) -> str:
+        """What closes the text given out: its string, then its containers (nothing once it ended whole)."""
+        return ('"' if self._string == "value" else "") + "".join(reversed(self._open))
+
+    def _give(self, text: str) -> None:
+        text, self._held = self._held + text, ""
+        self.text += text
+        self._out += text
+
+    def _read(self, char: str) -> bool:
+        """Whether ``char`` goes on the JSON (read), else it is not JSON here."""
+        if self._string is not None:
+            return self._read_string(char)
+        if self._scalar:
+            if char in _SCALAR:
+                self._scalar += char
+                return True
+            scalar, self._scalar = self._scalar, ""
+            value = _loaded(scalar)
+            if value is None and scalar != "null":
+                return False
+            self._give(json.dumps(value))
+            self._expect = "more"
+        if char in _SPACE:
+            return True
+        if self._expect in ("value", "first", "key") and char not in "}]":
+            return self._start_value(char)
+        if self._expect in ("first", "more") and self._open and char == self._open[-1]:
+            self._give(self._open.pop())
+            self._expect = "more"
+            self.ended = not self._open
+            return True
+        if self._expect == "more" and char == ",":
+            self._held = ", "
+            self._expect = "key" if self._open[-1] == "}" else "value"
+            return True
+        if self._expect == "colon" and char == ":":
+            self._held += ": "
+            self._expect = "value"
+            return True
+        return False
+
+    def _start_value(self, char: str) -> bool:
+        if self._open and self._open[-1] == "}" and self._expect == "first":
+            self._expect = "key"  # an object's first member: a key
+        if self._expect == "key":
+            if char != '"':
+                return False
+            self._string, self._held = "key", self._held + '"'
+            return True
+        if char in "{[":
+            self._give(char)
+            self._open.append("}" if char == "{" else "]")
+            self._expect = "first"
+            return True
+        if char == '"':
+            self._string = "value"
+            self._give('"')
+            return True
+        if char in _SCALAR:
+            self._scalar = char
+            return True
+        return False
+
+    def _read_string(self, char: str) -> bool:
+        if self._escape:
+            self._escape += char
+            if self._escape[1] != "u":
+                decoded = _ESCAPES.get(char)
+                return decoded is not None and self._string_char(decoded)
+            if char not in "0123456789abcdefABCDEF" and len(self._escape) > 2:
+                return False
+            return len(self._escape) < 6 or self._string_char(chr(int(self._escape[2:], 16)))
+        if char == "\\":
+            self._escape = char
+            return True
+        if char == '"':
+            self._flush_high()
+            self._emit_string('"')
+            self._expect = "colon" if self._string == "key" else "more"
+            self._string = None
+            return True
+        return char >= " " and self._string_char(char)
+
+    def _string_char(self, char: str) -> bool:
+        """A character of the string (its escape, if any, read)."""
+        escaped, self._escape = bool(self._escape), ""
+        if self._high and escaped and "\udc00" <= char <= "\udfff":
+            char, self._high = (self._high + char).encode("utf-16", "surrogatepass").decode("utf-16"), ""
+        self._flush_high()
+        if escaped and "\ud800" <= char <= "\udbff":
+            self._high = char  # json.loads pairs it with a low surrogate's escape right after it
+            return True
+        self._emit_string(json.dumps(char, ensure_ascii=False)[1:-1])
+        return True
+
+    def _flush_high(self) -> None:
+        if self._high:
+            high, self._high = self._high, ""
+            self._emit_string(json.dumps(high, ensure_ascii=False)[1:-1])
+
+    def _emit_string(self, text: str) -> None:
+        if self._string == "key":
+            self._held += text
+        else:
+            self._give(text)
+
+
 def _partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of ``text`` that is a proper start of ``marker``."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
@@ -159,13 +417,19 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
+def whole(pieces: list[Piece]) -> list[str | ToolCall]:
+    """The text pieces and each call whole, its start and its arguments' pieces left out (for an API that
+    sends a call once it is read: ollama's, and a whole answer)."""
+    return [piece for piece in pieces if isinstance(piece, str | ToolCall)]
+
+
 def split_answer(
     text: str, names: frozenset[str], parallel: bool = True, prefill: str = "", objects_only: bool = False
 ) -> tuple[str, list[ToolCall]]:
     """A whole answer: its text outside the calls (stripped of the blank lines around them), and its calls,
     read after the ``prefill`` it continues (``objects_only``: as ``_read_call``)."""
     reader = ToolCallReader(names, parallel, prefill, objects_only)
-    pieces = [*reader.push(text), *reader.finish()]
+    pieces = whole([*reader.push(text), *reader.finish()])
     shown = "".join(piece for piece in pieces if isinstance(piece, str))
     return (shown.strip() if reader.calls else shown), reader.calls
 
