@@ -164,8 +164,8 @@ def test_a_namespace_of_functions_is_its_functions_as_codex_sends_it(server: Ser
 
 def test_a_function_call_round_trip(server: Server, client: openai.OpenAI) -> None:
     """Tools in Responses' flat shape: the call comes back as a function_call item, whole and streamed
-    (its argument events), and goes back with its output as the chat route's assistant call and tool
-    message (the same prompt)."""
+    (its argument events, the arguments in pieces as they are written), and goes back with its output
+    as the chat route's assistant call and tool message (the same prompt)."""
     asked = {"model": "ead", "input": ASK, "temperature": 0, "max_output_tokens": 60, **MAKES_A_CALL}
     whole = client.responses.create(**asked)
     (call,) = whole.output
@@ -196,6 +196,9 @@ def test_a_function_call_round_trip(server: Server, client: openai.OpenAI) -> No
     ]
     (streamed,) = events[-1].response.output
     assert (streamed.name, streamed.arguments) == (call.name, call.arguments)
+    # the arguments as the model writes them: several deltas that add up to the whole answer's
+    pieces = [event.delta for event in events if event.type == "response.function_call_arguments.delta"]
+    assert len(pieces) >= 3 and "".join(pieces) == call.arguments
     added = events[2].item
     assert added.id == streamed.id and added.call_id == streamed.call_id
     with client.responses.stream(**asked) as stream:

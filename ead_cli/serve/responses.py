@@ -26,7 +26,7 @@ from .app import MODEL_ID, Requests, answer_messages, collected, error_of, log_a
 from .engine import Failed, Log, Ticket, Token
 from .metrics import cached_tokens
 from .schemas import SCHEMA_PATH, ApiError, ContentPart, parse, refuse_unless_off, unsupported
-from .tools import ToolCall, ToolCallReader, split_answer, whole
+from .tools import ArgumentsDelta, CallStart, Piece, ToolCall, ToolCallReader, new_call_id, split_answer
 
 SCHEMA_AS = "text.format.schema"  # where a Responses request gives the JSON schema
 # Fields that ask for state the server does not keep, or for what it does not do, with the values that
@@ -316,13 +316,12 @@ ITEM_ID = {"message": "msg", "reasoning": "rs"}
 TEXT_EVENTS = {"message": "response.output_text", "reasoning": "response.reasoning_text"}
 
 
-def _call_item(item_id: str, call_id: str, call: ToolCall, arguments: str) -> dict[str, Any]:
-    status = "completed" if arguments == call.arguments else "in_progress"
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
     return {
         "type": "function_call",
         "id": item_id,
         "call_id": call_id,
-        "name": call.name,
+        "name": name,
         "arguments": arguments,
         "status": status,
     }
@@ -342,6 +341,7 @@ class _Answer:
         self.sequence = 0  # the next event's sequence_number
         self.output: list[dict[str, Any]] = []  # the items done
         self.open: dict[str, Any] | None = None  # the text item open (message or reasoning), its text so far
+        self.call: dict[str, Any] | None = None  # the call item whose arguments are being written
 
     def respelled(self, error: ApiError) -> ApiError:
         return error.respelled(self.spelling, SCHEMA_AS)
@@ -407,7 +407,8 @@ class _Answer:
         if text or not calls:
             self.output.append(_text_item("message", _new_id("msg"), text, status))
         for call in calls:
-            self.output.append(_call_item(_new_id("fc"), call.as_openai()["id"], call, call.arguments))
+            item = _call_item(_new_id("fc"), new_call_id(), call.name, call.arguments, "completed")
+            self.output.append(item)
         ead = {
             "tokens": [token_fields(token.event) for token in tokens],
             "summary": asdict(summary),
@@ -469,26 +470,32 @@ class _Answer:
             self._event("response.output_item.done", output_index=index, item=item),
         ]
 
-    def _call_events(self, call: ToolCall) -> list[dict[str, str]]:
-        """A call: its item added, its arguments (whole: the call is read once it is), the item done."""
+    def _call_started(self, start: CallStart) -> list[dict[str, str]]:
+        """A call begun: the open text item done, the call's item added, its arguments to come."""
         events = self._close_item("completed")
-        index, item_id, call_id = len(self.output), _new_id("fc"), call.as_openai()["id"]
-        item = _call_item(item_id, call_id, call, call.arguments)
-        self.output.append(item)
+        self.call = _call_item(_new_id("fc"), new_call_id(), start.name, "", "in_progress")
         return [
             *events,
-            self._event(
-                "response.output_item.added", output_index=index, item=_call_item(item_id, call_id, call, "")
-            ),
-            self._event(
-                "response.function_call_arguments.delta",
-                item_id=item_id,
-                output_index=index,
-                delta=call.arguments,
-            ),
+            self._event("response.output_item.added", output_index=len(self.output), item=self.call),
+        ]
+
+    def _arguments_events(self, delta: ArgumentsDelta, **extra: Any) -> list[dict[str, str]]:
+        """A piece of the begun call's arguments, as the model writes them."""
+        assert self.call is not None
+        self.call["arguments"] += delta.text
+        where = {"item_id": self.call["id"], "output_index": len(self.output)}
+        return [self._event("response.function_call_arguments.delta", **where, delta=delta.text, **extra)]
+
+    def _call_events(self, call: ToolCall) -> list[dict[str, str]]:
+        """The begun call's end: its arguments (the deltas' sum) done, its item done."""
+        assert self.call is not None
+        item, self.call = {**self.call, "arguments": call.arguments, "status": "completed"}, None
+        index = len(self.output)
+        self.output.append(item)
+        return [
             self._event(
                 "response.function_call_arguments.done",
-                item_id=item_id,
+                item_id=item["id"],
                 output_index=index,
                 name=call.name,
                 arguments=call.arguments,
@@ -501,13 +508,20 @@ class _Answer:
         items = [*self.output, *([self.open] if self.open is not None else [])]
         return any(item["type"] != "reasoning" for item in items)
 
-    def _piece_events(self, pieces: list[str | ToolCall], **extra: Any) -> list[dict[str, str]]:
+    def _piece_events(self, pieces: list[Piece], **extra: Any) -> list[dict[str, str]]:
+        """The events of pieces of text and of calls, the first delta with ``extra`` (its token's fields)."""
         events = []
         for piece in pieces:
-            if isinstance(piece, ToolCall):
+            if isinstance(piece, CallStart):
+                events += self._call_started(piece)
+            elif isinstance(piece, ArgumentsDelta):
+                events += self._arguments_events(piece, **extra)
+                extra = {}
+            elif isinstance(piece, ToolCall):
                 events += self._call_events(piece)
             elif piece:
-                events += self._text_events(piece, **({} if events else extra))
+                events += self._text_events(piece, **extra)
+                extra = {}
         return events
 
     def _split_events(
@@ -515,7 +529,7 @@ class _Answer:
     ) -> list[dict[str, str]]:
         """A piece of a thinking model's answer: its reasoning's delta, then its content's pieces."""
         events = self._text_events(split.reasoning, "reasoning", **extra) if split.reasoning else []
-        content = [split.content] if reader is None else whole(reader.push(split.content))
+        content = [split.content] if reader is None else reader.push(split.content)
         return [*events, *self._piece_events(content, **({} if events else extra))]
 
     async def events(
@@ -546,7 +560,7 @@ class _Answer:
                         for event in self._split_events(splitter.push(text), reader, ead=fields):
                             yield event
                         continue
-                    pieces = [text] if reader is None else whole(reader.push(text))
+                    pieces = [text] if reader is None else reader.push(text)
                     for event in self._piece_events(pieces, ead=fields):
                         yield event
                     continue
@@ -558,7 +572,7 @@ class _Answer:
                 summary = message.summary
                 log_answered(self.log, self.path, summary)
                 held = [] if splitter is None else self._split_events(splitter.flush(), reader)
-                for event in [*held, *self._piece_events([] if reader is None else whole(reader.finish()))]:
+                for event in [*held, *self._piece_events([] if reader is None else reader.finish())]:
                     yield event
                 status = _status(summary)
                 if not self._answered():  # no text, no call: an empty message, as the whole answer has
