@@ -166,8 +166,9 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(client: anthropic.Anthropi
 
 def test_a_tool_use_round_trip(server: Server, client: anthropic.Anthropic) -> None:
     """The tiny model, held to a call's JSON by output_config.format, calls the tool: a tool_use block
-    (its input an object), stop_reason tool_use, whole and streamed alike; the call and its tool_result
-    sent back render as the OpenAI route's assistant call and tool message do."""
+    (its input an object, streamed in pieces as it is written), stop_reason tool_use, whole and streamed
+    alike; the call and its tool_result sent back render as the OpenAI route's assistant call and tool
+    message do."""
     request = {
         "model": "ead",
         "max_tokens": 60,
@@ -181,11 +182,15 @@ def test_a_tool_use_round_trip(server: Server, client: anthropic.Anthropic) -> N
     assert call.type == "tool_use" and call.name == "multiply" and call.id.startswith("toolu_")
     assert set(call.input) == {"a", "b"} and all(isinstance(value, int) for value in call.input.values())
     with client.messages.stream(**request) as stream:
+        events = list(stream)
         streamed = stream.get_final_message()
     assert streamed.stop_reason == "tool_use"
     assert [(block.type, block.name, block.input) for block in streamed.content] == [
         ("tool_use", "multiply", call.input)
     ]
+    # the input as the model writes it: several input_json_delta pieces, the whole input's JSON
+    pieces = [event.partial_json for event in events if event.type == "input_json"]
+    assert len(pieces) >= 3 and json.loads("".join(pieces)) == call.input
 
     product = str(call.input["a"] * call.input["b"])
     turn = [

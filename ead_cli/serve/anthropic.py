@@ -34,7 +34,7 @@ from .engine import Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens
 from .native import stop_of
 from .schemas import ApiError, ChatRequest, parse, unsupported
-from .tools import ToolCall, ToolCallReader, whole
+from .tools import ArgumentsDelta, CallStart, Piece, ToolCall, ToolCallReader
 
 if TYPE_CHECKING:
     from ..runner import Runner
@@ -282,10 +282,10 @@ BLOCK_STARTS = {"text": {"type": "text", "text": ""}, "thinking": _thinking("")}
 SIGNATURE = {"type": "signature_delta", "signature": ""}
 
 
-def _tool_use(call: ToolCall, given: dict[str, Any]) -> dict[str, Any]:
+def _tool_use(name: str, given: dict[str, Any]) -> dict[str, Any]:
     """A call as Anthropic's ``tool_use`` block, its input ``given`` (whole: the call's arguments, an
-    object by the reader's ``objects_only``; a stream's block starts with {} and a delta of the JSON)."""
-    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name, "input": given}
+    object by the reader's ``objects_only``; a stream's block starts with {} and deltas of the JSON)."""
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": name, "input": given}
 
 
 class _Message:
@@ -337,7 +337,7 @@ class _Message:
         events = [token.event for token in tokens]
         content = [_thinking(reasoning)] if reasoning else []
         content += [{"type": "text", "text": text}] if text else []
-        content += [_tool_use(call, json.loads(call.arguments)) for call in calls]
+        content += [_tool_use(call.name, json.loads(call.arguments)) for call in calls]
         ead = {
             "tokens": [token_fields(event) for event in events],
             "summary": asdict(summary),
@@ -349,8 +349,8 @@ class _Message:
 
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
         """message_start, a ping, the content blocks (a text block's delta per token, a call as a
-        tool_use block of one input_json_delta), message_delta with the stop and usage, message_stop; a
-        failure mid-answer ends it with an ``error`` event, as Anthropic's do."""
+        tool_use block of input_json_deltas as its arguments are written), message_delta with the stop
+        and usage, message_stop; a failure mid-answer ends it with an ``error`` event, as Anthropic's do."""
         start = self._envelope(
             [],
             stop_reason=None,
@@ -380,7 +380,7 @@ class _Message:
                 held = [] if splitter is None else blocks.split(splitter.flush(), reader)
                 for event in held:
                     yield event
-                for piece in [] if reader is None else whole(reader.finish()):
+                for piece in [] if reader is None else reader.finish():
                     for event in blocks.piece(piece):
                         yield event
                 for event in blocks.stop():
@@ -408,21 +408,26 @@ class _Blocks:
         the content's pieces (the calls ``reader`` reads), the first delta with ``extra``."""
         thought = split.reasoning or not split.content  # text held back: an empty delta of the open block
         events = self._text("thinking", split.reasoning, **extra) if thought else []
-        pieces = [split.content] if reader is None else whole(reader.push(split.content))
-        for i, piece in enumerate(pieces):
-            events += self.piece(piece, **({} if i or events else extra))
+        pieces = [split.content] if reader is None else reader.push(split.content)
+        extra = {} if events else extra
+        for piece in pieces:
+            given = self.piece(piece, **extra)
+            if given and isinstance(piece, str | ArgumentsDelta):  # a delta: the token's fields given
+                extra = {}
+            events += given
         return events
 
-    def piece(self, piece: str | ToolCall, **extra: Any) -> list[dict[str, str]]:
-        """The events of a piece of the answer, the delta with ``extra`` (its token's ``ead`` fields)."""
+    def piece(self, piece: Piece, **extra: Any) -> list[dict[str, str]]:
+        """The events of a piece of the answer, a delta with ``extra`` (its token's ``ead`` fields): a call
+        a tool_use block started with its name, an input_json_delta per piece of its arguments as they are
+        written, stopped with the call."""
+        if isinstance(piece, CallStart):
+            return [*self.stop(), self._started(_tool_use(piece.name, {}))]
+        if isinstance(piece, ArgumentsDelta):
+            delta = {"type": "input_json_delta", "partial_json": piece.text}
+            return [_event("content_block_delta", index=self.count - 1, delta=delta, **extra)]
         if isinstance(piece, ToolCall):
-            events = [*self.stop(), self._started(_tool_use(piece, {}))]
-            delta = {"type": "input_json_delta", "partial_json": piece.arguments}
-            return [
-                *events,
-                _event("content_block_delta", index=self.count - 1, delta=delta, **extra),
-                *self.stop(),
-            ]
+            return self.stop()
         return self._text("text", piece, **extra)
 
     def _text(self, kind: str, text: str, **extra: Any) -> list[dict[str, str]]:
