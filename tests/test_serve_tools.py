@@ -204,6 +204,11 @@ def test_a_call_cut_off_mid_arguments_is_closed_where_it_stopped() -> None:
             assert "".join(deltas(pieces)) == closed
             assert not [p for p in pieces if isinstance(p, str)]
         assert split_answer(begun + written, NAMES) == ("", [ToolCall("multiply", closed)])
+    for arguments in ARGUMENTS:  # every cut: a JSON object, the pieces sent its text
+        for cut in range(1, len(arguments)):
+            pieces = streamed(begun + arguments[:cut], 3)
+            (call,) = [piece for piece in pieces if isinstance(piece, ToolCall)]
+            assert isinstance(json.loads(call.arguments), dict) and "".join(deltas(pieces)) == call.arguments
 
 
 def test_what_follows_a_calls_arguments_is_its_markup() -> None:
