@@ -231,6 +231,38 @@ def test_what_follows_a_calls_arguments_is_its_markup() -> None:
     assert split_answer('{"name": "multiply", "arguments": {"a": 6}}\n{"x": 1}', NAMES) == ("", [call])
 
 
+def shown_and_calls(pieces: list[object]) -> tuple[str, list[ToolCall]]:
+    """The text shown (stripped, as a whole answer's with calls) and the calls."""
+    calls = [piece for piece in pieces if isinstance(piece, ToolCall)]
+    shown = "".join(piece for piece in pieces if isinstance(piece, str))
+    return (shown.strip() if calls else shown), calls
+
+
+def test_an_answer_reads_the_same_however_its_tokens_cut_it() -> None:
+    """The same text and calls whatever pieces the answer comes in (a whole answer is read in one), each
+    call's pieces adding up to its arguments: a block is begun or not by its text before its closing tag."""
+    for text in [
+        '<tool_call>{"name": "</tool_call>", "arguments": {"a": 6}}</tool_call> after',
+        '<tool_call>{"name": "multiply"}</tool_call>, "arguments": {"a": 6}}',
+        'a <tool_call>{"name": "multiply", "arguments": {"a": "</tool_call>"}}</tool_call> b',
+        '<tool_call>{"name": "multiply", "arguments": {"a": 6}} <tool_call>{"name": "x", "arguments": {}}',
+        '{"name": "multiply", "arguments": {"a": 6}}</tool_call>',
+        '{"name": "multiply", "arguments": {"a": 6}',
+    ]:
+        read = [streamed(text, size) for size in (1, 2, 3, 5, 1000)]
+        assert all(shown_and_calls(pieces) == shown_and_calls(read[-1]) for pieces in read), text
+        assert shown_and_calls(read[-1]) == split_answer(text, NAMES)
+        for pieces in read:
+            for call in [piece for piece in pieces if isinstance(piece, ToolCall)]:
+                index = [piece for piece in pieces if isinstance(piece, ToolCall)].index(call)
+                sent = [
+                    piece.text
+                    for piece in pieces
+                    if isinstance(piece, ArgumentsDelta) and piece.index == index
+                ]
+                assert "".join(sent) == call.arguments
+
+
 def test_calls_read_whole_come_as_a_start_one_delta_and_the_call() -> None:
     """A call that cannot be read before its end (its arguments a JSON text, or written before its name;
     one a prefill began) still comes as a start, its arguments in one piece and the call: the three APIs

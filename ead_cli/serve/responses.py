@@ -482,7 +482,6 @@ class _Answer:
     def _arguments_events(self, delta: ArgumentsDelta, **extra: Any) -> list[dict[str, str]]:
         """A piece of the begun call's arguments, as the model writes them."""
         assert self.call is not None
-        self.call["arguments"] += delta.text
         where = {"item_id": self.call["id"], "output_index": len(self.output)}
         return [self._event("response.function_call_arguments.delta", **where, delta=delta.text, **extra)]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import string
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -198,10 +199,12 @@ class ToolCallReader:
         """The start of a call whose object is at ``at`` of the text held, its markup starting at ``start``
         (its name one of ``names``, where given), if it is begun there: its markup to its arguments taken.
         Not one a prefill began (read whole), nor a call after the first without parallel calls. ``end``:
-        what ends its markup after its arguments (none: the answer's end)."""
+        what ends its markup after its arguments (none: the answer's end); a block is begun or not by its
+        text before the first one, so however tokens cut the answer, it reads the same."""
         if self._released + start < self._unshown or (self.calls and not self.parallel):
             return None
-        begun = _BEGUN.match(self._pending, at)
+        until = self._pending.find(end, at) if end else -1
+        begun = _BEGUN.match(self._pending, at, until if until >= 0 else len(self._pending))
         name = _loaded(begun[1]) if begun else None
         if begun is None or not isinstance(name, str) or (names is not None and name not in names):
             return None
@@ -267,7 +270,7 @@ class _BegunCall:
 
 
 _SPACE = " \t\n\r"
-_SCALAR = frozenset("0123456789+-.eEabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_SCALAR = frozenset(string.ascii_letters + string.digits + "+-.")  # a number's or a literal's (NaN too)
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
 
