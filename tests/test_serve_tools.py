@@ -476,6 +476,42 @@ def test_a_call_cut_off_at_max_tokens_finishes_by_length(tools_server: Server) -
     ]
 
 
+def test_a_call_cut_off_inside_its_arguments_is_closed_where_it_stopped(tools_server: Server) -> None:
+    """max_tokens that cuts the answer inside the call's arguments (the tiny model writes a token per
+    character here: cut after the 3 of ``"b":3``, a number not yet whole): the call's arguments are
+    those written so far, closed, whole and streamed alike, and the finish is ``length``."""
+    client = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {
+        "model": "ead",
+        "messages": [{"role": "user", "content": "What is 6 times 7?"}],
+        "tools": TOOLS,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
+        "temperature": 0,
+    }
+    ended = client.chat.completions.create(**request, max_tokens=60, logprobs=True).choices[0]
+    (call,) = ended.message.tool_calls
+    written = [bytes(entry.bytes).decode() for entry in ended.logprobs.content]
+    cut = next(i for i in range(len(written)) if "".join(written[:i]).endswith('"b":')) + 1
+    assert written[cut - 1].isdigit()  # b's number begun, not known whole before what follows it
+    closed = json.dumps({"a": json.loads(call.function.arguments)["a"]})
+    whole = client.chat.completions.create(**request, max_tokens=cut).choices[0]
+    assert whole.finish_reason == "length"
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [
+        ("multiply", closed)
+    ]
+    with client.chat.completions.stream(**request, max_tokens=cut) as stream:
+        events = list(stream)
+        streamed = stream.current_completion_snapshot.choices[0]
+    assert streamed.finish_reason == "length"
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        ("multiply", closed)
+    ]
+    pieces = [
+        event.arguments_delta for event in events if event.type == "tool_calls.function.arguments.delta"
+    ]
+    assert len(pieces) >= 3 and "".join(pieces) == closed
+
+
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [

@@ -52,13 +52,12 @@ class ToolCall:
     name: str
     arguments: str
 
-    def as_openai(self, index: int | None = None) -> dict[str, Any]:
-        call: dict[str, Any] = {
+    def as_openai(self) -> dict[str, Any]:
+        return {
             "id": new_call_id(),
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
-        return call if index is None else {"index": index, **call}
 
 
 @dataclass(frozen=True)
