@@ -211,6 +211,17 @@ def test_a_call_cut_off_mid_arguments_is_closed_where_it_stopped() -> None:
             assert isinstance(json.loads(call.arguments), dict) and "".join(deltas(pieces)) == call.arguments
 
 
+def test_arguments_nested_past_what_json_reads_stop_there() -> None:
+    """Arguments nested deeper than Python's JSON parser can recurse: a begun call's arguments stop being
+    read there and are closed, so ollama's and Anthropic's replies, which load them as an object, can."""
+    deep = '{"a": ' * 2000 + "1" + "}" * 2000
+    text = f'<tool_call>{{"name": "multiply", "arguments": {deep}}}</tool_call>'
+    for size in (7, 100_000):
+        pieces = streamed(text, size, objects_only=True)
+        (call,) = [piece for piece in pieces if isinstance(piece, ToolCall)]
+        assert isinstance(json.loads(call.arguments), dict) and "".join(deltas(pieces)) == call.arguments
+
+
 def test_what_follows_a_calls_arguments_is_its_markup() -> None:
     """After the arguments, the rest of the block to its closing tag is the call's markup, however the
     model wrote it (a brace too many, a key more, JSON that breaks off); a bare call's, the answer's rest."""

@@ -270,6 +270,9 @@ class _BegunCall:
 
 _SPACE = " \t\n\r"
 _SCALAR = frozenset(string.ascii_letters + string.digits + "+-.")  # a number's or a literal's (NaN too)
+# The deepest nesting read: Python's JSON parser recurses per level, within the recursion limit (1,000)
+# less its caller's frames, and ollama's and Anthropic's replies load a call's arguments as an object
+_DEPTH = 500
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
 
@@ -277,7 +280,8 @@ class _JsonEcho:
     """One JSON object read as it is written, respelled as ``json.dumps(json.loads(...), ensure_ascii=False)``
     spells it, its text given out as it grows (``take_out``) and always closable (``closing``): a string's
     characters as they come, a number or literal once whole, a separator and a key once the value after
-    them starts. It stops (``ended``) at the object's end or at what is not JSON."""
+    them starts. It stops (``ended``) at the object's end or at what is not JSON (or nested past
+    ``_DEPTH``)."""
 
     def __init__(self) -> None:
         self.text = ""  # all given out
@@ -354,6 +358,8 @@ class _JsonEcho:
             self._string, self._held = "key", self._held + '"'
             return True
         if char in "{[":
+            if len(self._open) >= _DEPTH:
+                return False
             self._give(char)
             self._open.append("}" if char == "{" else "]")
             self._expect = "first"
