@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 from time import perf_counter
 
 import numpy as np
@@ -144,13 +142,6 @@ class Summary:
             looked_up=looked_up,
             lookup_acceptance=looked_up_accepted / looked_up if looked_up else None,
         )
-
-
-@cache
-def _entropy_thread() -> ThreadPoolExecutor:
-    """The one thread that finishes exact entropy passes beside a GPU loop's launches (started on first
-    use: a loop that reads ahead and shows entropies it never decides on; see ``Decoder._finish_pass``)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="ead-entropy")
 
 
 def _network(runner: Runner) -> dict[str, float]:
@@ -416,10 +407,7 @@ class Decoder(_Generation):
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | None = None
         self._reads_ahead = False  # a runner launches reads ahead (a GPU): see _observe
-        self._unmeasured: tuple[Callable[[], float], float] | None = None  # a pass left for the launch
-        # Where the pass that _observe leaves runs: the entropy thread, beside the next launch's host
-        # work (ctypes and numpy's sweeps release the GIL); False: in the loop's thread, after the launch.
-        self.measures_aside = True
+        self._unmeasured: tuple[EntropyMeter, float] | None = None  # an exact pass left for after a launch
         self.fallback = fallback
         self.lookup = lookup
         self.lookup_draft = lookup_draft
@@ -561,7 +549,7 @@ class Decoder(_Generation):
             # Shown, never read (a single model's loop): the pass's first step copied the row, which the
             # next decode overwrites; the rest runs once that decode is launched (``_measured``).
             writer = policy.observe(0.0)  # a stand-in, amended then
-            self._unmeasured = self._finish_pass(meter), scale
+            self._unmeasured = meter, scale
             if writer == index and not policy.escalating and self._reads_ahead_at(policy.active):
                 return writer, math.nan, math.nan
             return (writer, *self._measured(math.nan, math.nan))
@@ -573,20 +561,11 @@ class Decoder(_Generation):
         the next read was launched (the policy's stand-in amended)."""
         if self._unmeasured is None:
             return entropy, rolling
-        measure, scale = self._unmeasured
+        meter, scale = self._unmeasured
         self._unmeasured = None
-        entropy = measure() * scale
+        entropy = meter.shifted_entropy() * scale
         self.policy.amend(entropy)
         return entropy, self.policy.rolling
-
-    def _finish_pass(self, meter: EntropyMeter) -> Callable[[], float]:
-        """What gives the entropy of the row ``meter`` has shifted. ``measures_aside``: the pass starts
-        now on the entropy thread and runs while this thread launches the next decode, whose host work
-        (the graph, the kernel launches: most of a token's ~250 us at several thousand tokens a second)
-        holds no GIL; else it runs in this thread when asked, after the launch."""
-        if self.measures_aside:
-            return _entropy_thread().submit(meter.shifted_entropy).result
-        return meter.shifted_entropy
 
     def _logits(self, index: int, last_writer: int) -> Generator[TokenEvent, None, np.ndarray | None]:
         """Logits of model ``index`` for the next position; None after a rollback (see ``_check``)."""

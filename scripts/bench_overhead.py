@@ -28,10 +28,8 @@ On a GPU the decoder launches the next step's decode before it hands out a token
 (``Runner.reads_ahead``), so the loop's work after a token overlaps the device's decode; the loops named
 ``*_in_turn`` (``ead_in_turn``, ``ead_needed_in_turn``, ``gate_pair_needed_in_turn``) turn that off, for
 the same run's comparison. ``ead`` measures every token's exact entropy, as ``ead serve`` and ``ead chat``
-do; reading ahead, the decoder finishes that pass (on its copy of the row) on its entropy thread while
-the next decode is launched (``Decoder.measures_aside``); ``ead_in_loop_thread`` finishes it in the
-loop's own thread after that launch, for the same run's comparison. On a CPU, where a decode returns
-when it is done, reading ahead is off in every loop.
+do; reading ahead, the decoder finishes that pass (on its copy of the row) after the next decode is
+launched. On a CPU, where a decode returns when it is done, reading ahead is off in every loop.
 
 ``--no-decode`` times every loop with llama_decode a no-op after the prompt (the rows stay as the prompt
 left them; ``decodes_skipped`` counts the calls): each loop's own Python and numpy work alone, with the
@@ -77,7 +75,7 @@ from ead_cli.sampling import SamplingParams
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 LOOPS = (
     "bare", "ead", "ead_in_turn", "ead_needed", "ead_needed_in_turn", "ead_without_entropy", "gate",
-    "gate_needed", "ead_in_loop_thread",
+    "gate_needed",
 )  # fmt: skip
 DECODES = {"skipped": 0, "seconds": 0.0}  # --no-decode's no-op calls; --time-decodes' seconds inside
 
@@ -154,15 +152,13 @@ def ead_loop(
     gate: bool = False,
     decode: str = "real",
     in_turn: bool = False,
-    aside: bool = True,
 ) -> tuple[float, float]:
     """Seconds (wall, CPU) to decode ``count`` tokens through the Decoder with a policy that never
     switches on the first context, or with the gate (``gate``) on the two contexts given, or on the
     one context named twice (then the large model's sync finds the row at hand: one decode a token).
     ``decode``: a decoding mode. ``in_turn``: with ``Runner.reads_ahead`` off (on a GPU it is on: the
     next step's decode is launched before a token's event is handed out), each event handed out before
-    the next decode is launched. ``aside``: reading ahead, the exact entropy pass finishes on the
-    decoder's entropy thread (else in this thread, after the launch)."""
+    the next decode is launched."""
     given, ahead = list(runners), [runner.reads_ahead for runner in runners]
     for runner in runners:
         runner.truncate(0)
@@ -173,7 +169,6 @@ def ead_loop(
         runners, roles = [runners[0]], ("small",)
     policy: Policy = Gate(1.0) if gate else Fixed(0)
     decoder = Decoder(runners, roles, policy, SamplingParams(), max_tokens=count + 1, entropy=entropy)
-    decoder.measures_aside = aside
     events = decoder.run(prompt)
     next(events)  # the prompt's prefill and the first token, as the bare loop's prompt decode
     with decoding(decode):
@@ -227,7 +222,6 @@ def main() -> None:
                 partial(ead_loop_without_entropy, runner, decode=decode),
                 partial(ead_loop, one, gate=True, decode=decode),
                 partial(ead_loop, one, gate=True, entropy="needed", decode=decode),
-                partial(ead_loop, one, decode=decode, aside=False),
             ),
             strict=True,
         )

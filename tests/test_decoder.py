@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -301,37 +300,33 @@ def test_an_unknown_entropy_mode_is_refused(runners: list[Runner]) -> None:
 
 
 class _LaunchWatchingMeter(EntropyMeter):
-    """The runner's own meter, noting where its model had read to when each exact pass finished, and
-    on which thread."""
+    """The runner's own meter, noting where its model had read to when each exact pass finished."""
 
     def __init__(self, runner: Runner) -> None:
         super().__init__(runner.n_vocab)
         self.runner = runner
         self.read_when_measured: list[int] = []
-        self.threads: set[str] = set()
 
     def shifted_entropy(self) -> float:
         self.read_when_measured.append(self.runner.n_past)
-        self.threads.add(threading.current_thread().name)
         return super().shifted_entropy()
 
 
 @pytest.mark.parametrize("window", [1, 4])
 @pytest.mark.parametrize("temp", [0.0, 0.8])
-def test_reading_ahead_a_shown_entropy_is_measured_beside_the_next_launch(
+def test_reading_ahead_a_shown_entropy_is_measured_behind_the_next_launch(
     runners: list[Runner], temp: float, window: int
 ) -> None:
     """A single model's loop shows each step's entropy (``entropy="exact"``: ead serve, ead chat) but
     never reads it. Reading ahead, the exact pass copies the row (the next decode overwrites it: the test
-    above fails without the copy) and finishes on the entropy thread while the next decode is launched
-    (``measures_aside``), or in the loop's thread after that launch: the same entropies and rolling
-    means as measuring first, either way."""
+    above fails without the copy) and finishes after that decode is launched: each token's entropy is
+    measured with the token already read, the same entropies and rolling means as measuring first."""
     large = runners[1]
     prompt = encode_prompt(large, PROMPT)
     meter = large.entropy
     results = []
     try:
-        for ahead, aside in ((False, False), (True, False), (True, True)):
+        for ahead in (False, True):
             large.truncate(0)
             large.reads_ahead = ahead
             large.entropy = watching = _LaunchWatchingMeter(large)
@@ -342,24 +337,15 @@ def test_reading_ahead_a_shown_entropy_is_measured_beside_the_next_launch(
                 SamplingParams(temp=temp, seed=5),
                 max_tokens=40,
             )
-            decoder.measures_aside = aside
             events = list(decoder.run(prompt))
-            shown = [(e.token, e.entropy, e.rolling) for e in events]
-            results.append((shown, watching.read_when_measured, watching.threads))
+            results.append(([(e.token, e.entropy, e.rolling) for e in events], watching.read_when_measured))
     finally:
         large.entropy, large.reads_ahead = meter, False
-    (
-        (plain, plain_read, plain_threads),
-        (in_turn, in_turn_read, in_turn_threads),
-        (aside, _, aside_threads),
-    ) = results
-    assert in_turn == plain and aside == plain and all(math.isfinite(entropy) for _, entropy, _ in plain)
+    (plain, plain_read), (ahead, ahead_read) = results
+    assert ahead == plain and all(math.isfinite(entropy) for _, entropy, _ in ahead)
     positions = [len(prompt) + index for index in range(len(plain))]  # read before the token is
     assert plain_read == positions
-    assert in_turn_read[:-1] == [position + 1 for position in positions[:-1]]  # after the next launch
-    main = threading.current_thread().name
-    assert plain_threads == in_turn_threads == {main}
-    assert aside_threads == {"ead-entropy_0"}
+    assert ahead_read[:-1] == [position + 1 for position in positions[:-1]]
 
 
 def test_llama_cpps_greedy_sampler_picks_the_argmax_the_loop_takes_ties_included() -> None:
