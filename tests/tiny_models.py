@@ -44,8 +44,8 @@ longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, l
 256 ``<0xNN>`` byte tokens, ``SPM_PIECES`` and the control tokens; it puts a space before a text and reads
 "▁" as one, as Llama 2's, Mistral's and Phi-3's do); ``"think"`` (``base`` plus ``<think>`` and
 ``</think>``, user-defined tokens as in Qwen3's vocabulary: text when detokenized), for ``QWEN3_LIKE``;
-``"think-call"`` (``think`` plus ``CALL_TOKEN``, a whole tool call as one user-defined token, so that a
-``script`` can make a tiny model think and then call a tool);
+``"think-call"`` (``think`` plus ``CALL_TOKEN`` and ``NAN_CALL_TOKEN``, a whole tool call each as one
+user-defined token, so that a ``script`` can make a tiny model think and then call a tool);
 ``"fim"`` (``base`` plus Qwen2.5-Coder's six
 fill-in-the-middle control tokens, ``FIM_SPECIALS``, which llama.cpp finds by their text: the
 repository-level layout, ``<|fim_pad|>``, ``<|repo_name|>`` and ``<|file_sep|>`` ending a generation);
@@ -83,6 +83,8 @@ THINKING_TEMPLATE = CHATML.replace(
 )
 THINK_SPECIALS = ("<think>", "</think>")
 CALL_TOKEN = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+# A call whose arguments hold NaN, which Python's json reads and JSON has not
+NAN_CALL_TOKEN = '<tool_call>{"name": "multiply", "arguments": {"a": NaN}}</tool_call>'
 # THINKING_TEMPLATE with Qwen3's tools: their JSON in a system turn, an earlier call in its markup
 THINKING_TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
@@ -173,8 +175,8 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
         tokens += THINK_SPECIALS
         types += [gguf.TokenType.USER_DEFINED] * len(THINK_SPECIALS)
     if vocab == "think-call":
-        tokens.append(CALL_TOKEN)
-        types.append(gguf.TokenType.USER_DEFINED)
+        tokens += (CALL_TOKEN, NAN_CALL_TOKEN)
+        types += [gguf.TokenType.USER_DEFINED] * 2
     if vocab in ("fim", "fim-bare"):
         fim = FIM_SPECIALS if vocab == "fim" else FIM_SPECIALS[:3]
         tokens += fim

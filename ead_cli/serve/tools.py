@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import string
 import uuid
@@ -86,7 +87,7 @@ def _read_call(body: str, names: frozenset[str] | None = None, objects_only: boo
     ``objects_only``, only one whose arguments are an object (or a JSON text of one): ollama's calls
     have no place for others, which stay text, as ollama leaves them."""
     try:
-        parsed = json.loads(body)
+        parsed = _json(body)
     except (ValueError, RecursionError):  # nested past Python's recursion limit: not a call either
         return None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
@@ -100,10 +101,26 @@ def _read_call(body: str, names: frozenset[str] | None = None, objects_only: boo
     return ToolCall(parsed["name"], text)
 
 
+def _json(text: str) -> Any:
+    """``json.loads`` of JSON alone: ``NaN``, ``Infinity`` and a number past a float's range (which Python
+    reads as infinite) are no JSON value, so no client could read them back (a ``ValueError``)."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    def finite(number: str) -> float:
+        value = float(number)
+        if not math.isfinite(value):
+            refuse(number)
+        return value
+
+    return json.loads(text, parse_constant=refuse, parse_float=finite)
+
+
 def _loaded(text: str) -> Any:
     """The JSON value ``text`` holds; None where it holds none."""
     try:
-        return json.loads(text)
+        return _json(text)
     except (ValueError, RecursionError):  # nested past Python's recursion limit
         return None
 
@@ -269,7 +286,8 @@ class _BegunCall:
 
 
 _SPACE = " \t\n\r"
-_SCALAR = frozenset(string.ascii_letters + string.digits + "+-.")  # a number's or a literal's (NaN too)
+# A number's or a literal's characters: read whole, then refused if they are not JSON (NaN, Infinity, 1e999)
+_SCALAR = frozenset(string.ascii_letters + string.digits + "+-.")
 # The deepest nesting read: Python's JSON parser recurses per level, within the recursion limit (1,000)
 # less its caller's frames, and ollama's and Anthropic's replies load a call's arguments as an object
 _DEPTH = 500
