@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 
 from ..decoder import Summary, TokenEvent
-from ..thinking import ReasoningSplitter, Split
+from ..thinking import ReasoningSplitter, Split, split_reasoning
 from .app import (
     ANTHROPIC_PATH,
     Requests,
     answer_messages,
-    collected_calls,
+    collected,
     error_of,
     log_answered,
     token_fields,
@@ -34,7 +34,7 @@ from .engine import Failed, Job, Log, Ticket, Token
 from .metrics import cached_tokens
 from .native import stop_of
 from .schemas import ApiError, ChatRequest, parse, unsupported
-from .tools import ArgumentsDelta, CallStart, Piece, ToolCall, ToolCallReader
+from .tools import ArgumentsDelta, CallStart, HeldBlank, Piece, ToolCall, ToolCallReader
 
 if TYPE_CHECKING:
     from ..runner import Runner
@@ -327,25 +327,29 @@ class _Message:
         }
 
     async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
-        """The message at once; a client that leaves while it waits cancels it."""
-        answer = await collected_calls(
-            ticket, request, _respelled, self.tools, self.parallel, self.job.prefill, self.job.thinking
-        )
+        """The message at once, its blocks in the order the model wrote them, read as the stream reads
+        them (``_Blocks``, no event sent); a client that leaves while it waits cancels it."""
+        try:
+            answer = await collected(ticket, request)
+        except ApiError as error:
+            raise _respelled(error) from None
         if answer is None:
             return JSONResponse({}, status_code=499)
-        tokens, summary, text, calls, reasoning = answer
+        tokens, summary = answer
         events = [token.event for token in tokens]
-        content = [_thinking(reasoning)] if reasoning else []
-        content += [{"type": "text", "text": text}] if text else []
-        content += [_tool_use(call.name, json.loads(call.arguments)) for call in calls]
+        text = "".join(event.text for event in events)
+        thinking = self.job.thinking
+        blocks, reader = _Blocks(), self._reader()
+        blocks.split(Split(content=text) if thinking is None else split_reasoning(text, thinking), reader)
+        blocks.end(reader)
         ead = {
             "tokens": [token_fields(event) for event in events],
             "summary": asdict(summary),
             "seed": self.seed,
         }
-        stop = self._finished(events, summary, bool(calls))
+        stop = self._finished(events, summary, reader is not None and bool(reader.calls))
         usage = _usage(summary)
-        return JSONResponse(self._envelope(content, **stop, usage=usage, ead=ead))
+        return JSONResponse(self._envelope(blocks.content, **stop, usage=usage, ead=ead))
 
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
         """message_start, a ping, the content blocks (a text block's delta per token, a call as a
@@ -378,12 +382,7 @@ class _Message:
                     yield error.anthropic_event()
                     return
                 held = [] if splitter is None else blocks.split(splitter.flush(), reader)
-                for event in held:
-                    yield event
-                for piece in [] if reader is None else reader.finish():
-                    for event in blocks.piece(piece):
-                        yield event
-                for event in blocks.stop():
+                for event in [*held, *blocks.end(reader)]:
                     yield event
                 summary = message.summary
                 stop = self._finished(events, summary, reader is not None and bool(reader.calls))
@@ -394,14 +393,17 @@ class _Message:
 
 
 class _Blocks:
-    """A streamed message's content blocks: a thinking model's reasoning into one thinking block, text
-    pieces into one text block, each call a block of its own, a block stopped when the next starts. No
-    text opens no block (an empty answer's content is none, as the whole message's): a token of no text
-    (half a character, or text held back) is a delta only in a block open."""
+    """A message's content blocks, as its stream's events and whole (``content``): a thinking model's
+    reasoning into one thinking block, text pieces into one text block, each call a block of its own, a
+    block stopped when the next starts. No text opens no block (an empty answer's content is none): a
+    token of no text (half a character, or text held back) is a delta only in a block open, and blank
+    text that would open a text block is held (``HeldBlank``)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.open: str | None = None
+        self.content: list[dict[str, Any]] = []  # the blocks given, their text and input so far
+        self.blank = HeldBlank()
 
     def split(self, split: Split, reader: ToolCallReader | None, **extra: Any) -> list[dict[str, str]]:
         """The events of a token's text (``split`` into reasoning and content): the reasoning's delta, then
@@ -422,25 +424,39 @@ class _Blocks:
         a tool_use block started with its name, an input_json_delta per piece of its arguments as they are
         written, stopped with the call."""
         if isinstance(piece, CallStart):
+            self.blank.drop()
             return [*self.stop(), self._started(_tool_use(piece.name, {}))]
         if isinstance(piece, ArgumentsDelta):
             delta = {"type": "input_json_delta", "partial_json": piece.text}
             return [_event("content_block_delta", index=self.count - 1, delta=delta, **extra)]
         if isinstance(piece, ToolCall):
+            self.content[-1]["input"] = json.loads(piece.arguments)  # an object (the reader's objects_only)
             return self.stop()
-        return self._text("text", piece, **extra)
+        return self._text("text", self.blank.opening(piece) if self.open != "text" else piece, **extra)
+
+    def end(self, reader: ToolCallReader | None) -> list[dict[str, str]]:
+        """The answer's end: what the reader still holds, the blank text held if the answer has no call
+        (its only text), and the open block's stop."""
+        held = [] if reader is None else reader.finish()
+        events = [event for piece in held for event in self.piece(piece)]
+        blank = self.blank.drop()
+        if blank and (reader is None or not reader.calls):
+            events += self._text("text", blank)
+        return [*events, *self.stop()]
 
     def _text(self, kind: str, text: str, **extra: Any) -> list[dict[str, str]]:
         """A delta of the text block or of the thinking block (``kind``), the block started first."""
         if self.open != kind and not text:
             return []
         events = [] if self.open == kind else [*self.stop(), self._started(BLOCK_STARTS[kind])]
+        self.content[-1][kind] += text
         delta = {"type": f"{kind}_delta", kind: text}
         return [*events, _event("content_block_delta", index=self.count - 1, delta=delta, **extra)]
 
     def _started(self, block: dict[str, Any]) -> dict[str, str]:
         self.open = block["type"]
         self.count += 1
+        self.content.append(dict(block))
         return _event("content_block_start", index=self.count - 1, content_block=block)
 
     def stop(self) -> list[dict[str, str]]:

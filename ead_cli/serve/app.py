@@ -1604,11 +1604,11 @@ async def collected_calls(
     prefill: str,
     thinking: bool | None = None,
 ) -> tuple[list[Token], Summary, str, list[ToolCall], str] | None:
-    """A whole answer (``collected``) as ollama's and Anthropic's routes write it: its tokens, figures,
-    text outside the calls and calls (where ``tools`` are offered; each call's arguments an object, which
-    both APIs send), and a thinking model's reasoning (``thinking``: ``Job.thinking``; the calls read from
-    the content alone), a failed generation raised as its error ``respelled`` as their request spells the
-    fields; None where its client left."""
+    """A whole answer (``collected``) as ollama's routes write it: its tokens, figures, text outside the
+    calls and calls (where ``tools`` are offered; each call's arguments an object, as ollama sends them),
+    and a thinking model's reasoning (``thinking``: ``Job.thinking``; the calls read from the content
+    alone), a failed generation raised as its error ``respelled`` as their request spells the fields; None
+    where its client left."""
     try:
         answer = await collected(ticket, request)
     except ApiError as error:

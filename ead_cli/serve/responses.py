@@ -26,7 +26,7 @@ from .app import MODEL_ID, Requests, answer_messages, collected, error_of, log_a
 from .engine import Failed, Log, Ticket, Token
 from .metrics import cached_tokens
 from .schemas import SCHEMA_PATH, ApiError, ContentPart, parse, refuse_unless_off, unsupported
-from .tools import ArgumentsDelta, CallStart, Piece, ToolCall, ToolCallReader, new_call_id, split_answer
+from .tools import ArgumentsDelta, CallStart, HeldBlank, Piece, ToolCall, ToolCallReader, new_call_id
 
 SCHEMA_AS = "text.format.schema"  # where a Responses request gives the JSON schema
 # Fields that ask for state the server does not keep, or for what it does not do, with the values that
@@ -342,6 +342,7 @@ class _Answer:
         self.output: list[dict[str, Any]] = []  # the items done
         self.open: dict[str, Any] | None = None  # the text item open (message or reasoning), its text so far
         self.call: dict[str, Any] | None = None  # the call item whose arguments are being written
+        self.blank = HeldBlank()  # blank text that would open a message, held until text follows
 
     def respelled(self, error: ApiError) -> ApiError:
         return error.respelled(self.spelling, SCHEMA_AS)
@@ -395,20 +396,14 @@ class _Answer:
             return JSONResponse({}, status_code=499)
         tokens, summary = answer
         log_answered(self.log, self.path, summary)
-        text, reasoning = "".join(token.event.text for token in tokens), ""
-        if thinking is not None:  # a thinking model's: its reasoning is an item before the message's
-            reasoning, text = split_reasoning(text, thinking)
-        calls: list[ToolCall] = []
-        if tools:
-            text, calls = split_answer(text, tools, parallel, prefill)
+        text = "".join(token.event.text for token in tokens)
+        # a thinking model's: its reasoning is an item before the others
+        split = Split(content=text) if thinking is None else split_reasoning(text, thinking)
+        reader = ToolCallReader(tools, parallel, prefill) if tools else None
         status = _status(summary)
-        if reasoning:
-            self.output.append(_text_item("reasoning", _new_id("rs"), reasoning, status))
-        if text or not calls:
-            self.output.append(_text_item("message", _new_id("msg"), text, status))
-        for call in calls:
-            item = _call_item(_new_id("fc"), new_call_id(), call.name, call.arguments, "completed")
-            self.output.append(item)
+        # the items in the order the model wrote them, read as the stream reads them (no event is sent)
+        self._split_events(split, reader)
+        self._ended(reader, status)
         ead = {
             "tokens": [token_fields(token.event) for token in tokens],
             "summary": asdict(summary),
@@ -473,6 +468,7 @@ class _Answer:
     def _call_started(self, start: CallStart) -> list[dict[str, str]]:
         """A call begun: the open text item done, the call's item added, its arguments to come."""
         events = self._close_item("completed")
+        self.blank.drop()
         self.call = _call_item(_new_id("fc"), new_call_id(), start.name, "", "in_progress")
         return [
             *events,
@@ -502,6 +498,15 @@ class _Answer:
             self._event("response.output_item.done", output_index=index, item=item),
         ]
 
+    def _ended(self, reader: ToolCallReader | None, status: str) -> list[dict[str, str]]:
+        """The answer's end: what the reader still holds, a message if nothing else was given (the blank
+        text held, or none), and the item open closed with the answer's ``status``."""
+        events = self._piece_events([] if reader is None else reader.finish())
+        if not self._answered():
+            blank = self.blank.drop()
+            events += self._text_events(blank) if blank else self._open_item("message")
+        return [*events, *self._close_item(status)]
+
     def _answered(self) -> bool:
         """Whether a message or a call is given (not only reasoning)."""
         items = [*self.output, *([self.open] if self.open is not None else [])]
@@ -519,9 +524,15 @@ class _Answer:
             elif isinstance(piece, ToolCall):
                 events += self._call_events(piece)
             elif piece:
-                events += self._text_events(piece, **extra)
+                events += self._shown(piece, **extra)
                 extra = {}
         return events
+
+    def _shown(self, text: str, **extra: Any) -> list[dict[str, str]]:
+        """A piece of the message's text; blank, where it would open a message, held (``HeldBlank``)."""
+        opening = self.open is None or self.open["type"] != "message"
+        text = self.blank.opening(text) if opening else text
+        return self._text_events(text, **extra) if text else []
 
     def _split_events(
         self, split: Split, reader: ToolCallReader | None, **extra: Any
@@ -571,13 +582,8 @@ class _Answer:
                 summary = message.summary
                 log_answered(self.log, self.path, summary)
                 held = [] if splitter is None else self._split_events(splitter.flush(), reader)
-                for event in [*held, *self._piece_events([] if reader is None else reader.finish())]:
-                    yield event
                 status = _status(summary)
-                if not self._answered():  # no text, no call: an empty message, as the whole answer has
-                    for event in self._open_item("message"):
-                        yield event
-                for event in self._close_item(status):
+                for event in [*held, *self._ended(reader, status)]:
                     yield event
                 ead = {"tokens": tokens, "summary": asdict(summary), "seed": seed}
                 kind = "response.incomplete" if status == "incomplete" else "response.completed"

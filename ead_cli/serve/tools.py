@@ -443,6 +443,28 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
+class HeldBlank:
+    """Blank text where an API that gives text and calls as items in order would open a text item (the
+    answer's start, after its reasoning or a call): held until text follows, which it opens the item with,
+    and dropped at a call, so that the space between calls is no item of its own."""
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def opening(self, text: str) -> str:
+        """The text that opens an item: none while it is blank (held)."""
+        if not text.strip():
+            self.held += text
+            return ""
+        text, self.held = self.held + text, ""
+        return text
+
+    def drop(self) -> str:
+        """The text held, let go (at a call: dropped; at the answer's end: an answer of blank text)."""
+        held, self.held = self.held, ""
+        return held
+
+
 def whole(pieces: list[Piece]) -> list[str | ToolCall]:
     """The text pieces and each call whole, its start and its arguments' pieces left out (for an API that
     sends a call once it is read: ollama's, and a whole answer)."""
