@@ -326,8 +326,10 @@ def encode_infill(
     after the prefix, laid out and trimmed as llama-server's /infill does, so that an editor's client gets
     the answer it would get there: the prefix's last three quarters of a batch, the suffix's first quarter
     less the middle, and the extra files' last tokens that leave the context a batch and twice the answer
-    (``answer_tokens``). The code is read as text (a special token's text in a file is no token), the
-    middle as a prompt is. A model without FIM tokens, or a prompt too long for the context, is refused."""
+    limit (``answer_tokens``: the server's or command's, llama-server's -n, not a request's: a client's
+    n_predict does not move the room). The code is read as text (a special token's text in a file is no
+    token), the middle as a prompt is. A model without FIM tokens, or a prompt too long for the context,
+    is refused."""
     pre, suf, mid = check_infill(runner)
     repository, separator = (
         llama_cpp.llama_vocab_fim_rep(runner.vocab),

@@ -26,7 +26,8 @@ from tiny_models import write_tiny_model
 from ead_cli.bench import native
 from ead_cli.remote import built_server
 
-N_CTX = 4096  # past the batch (512) and twice the answer: room for extra files
+N_CTX = 4096  # past the batch (512) and twice the answer: room for extra files (the models' training
+# context too: llama-server caps its slot's context there)
 MAX_TOKENS = 16
 PREFIX = "def add(a, b):\n    "
 SUFFIX = "\n\nprint(add(1, 2))\n"
@@ -39,7 +40,7 @@ OLLAMA_GREEDY = {"temperature": 0, "num_predict": 8}
 def fim_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("fim")
     return tuple(
-        write_tiny_model(folder / f"{name}.gguf", seed=seed, vocab="fim")
+        write_tiny_model(folder / f"{name}.gguf", seed=seed, vocab="fim", n_ctx_train=N_CTX)
         for seed, name in ((0, "small"), (1, "large"))
     )  # type: ignore[return-value]
 
@@ -263,6 +264,21 @@ def test_the_prompt_and_greedy_answer_are_llama_servers(
     assert ours["prompt"] == theirs["prompt"] and ours["tokens_evaluated"] == theirs["tokens_evaluated"]
     assert ours["tokens"] == theirs["tokens"] and ours["content"] == theirs["content"]
     assert ours["stop_type"] == theirs["stop_type"]
+
+
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_the_extra_files_room_is_sized_by_the_servers_limit_as_llama_servers(
+    server: Server, fim_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """llama-server leaves the extra files the context less a batch and twice its own -n, whatever the
+    request's n_predict: a file longer than that room is cut to the same last tokens."""
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 1, "temperature": 0}
+    body |= {"input_extra": [{"filename": "big.py", "text": "x = 1\n" * 1000}]}
+    args = ["-c", str(N_CTX), "-b", "512", "-ub", "512", "-n", str(MAX_TOKENS), "-t", "1"]
+    theirs = llama_server_infill(fim_pair[1], tmp_path / "llama-server.log", body, args)
+    ours = infill(server, **body, ead=LARGE)
+    assert not theirs["prompt"].startswith("<|repo_name|>")  # the file was cut: its start is gone
+    assert ours["prompt"] == theirs["prompt"] and ours["tokens_evaluated"] == theirs["tokens_evaluated"]
 
 
 @pytest.mark.real

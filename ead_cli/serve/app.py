@@ -991,7 +991,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 suffix,
                 extra=extra,
                 middle=middle,
-                answer_tokens=_answer_limit(body),
+                answer_tokens=defaults.generation.max_tokens,  # the server's, as llama-server's -n
                 runners=engine.runners,
             )
         except EadError as error:
