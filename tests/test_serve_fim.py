@@ -193,6 +193,43 @@ def test_the_editor_plugins_requests_are_answered_in_llama_servers_shape(
     assert answer["prompt"].startswith(f"<|repo_name|>myproject\n{extra}<|file_sep|>filename\n")
 
 
+# The samplers of ead's chain, under their generation_settings fields: one left out of ``samplers`` is
+# there at its off value, as ead runs it (llama-server lists its unused setting)
+CHAIN_FIELDS = {"top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "temperature": "temperature"}
+CHAIN_FIELDS |= {"repeat_last_n": "penalties", "repeat_penalty": "penalties"}
+
+
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_the_generation_settings_are_llama_servers_where_ead_has_them(
+    server: Server, fim_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each editor request's generation_settings: every field ead writes is llama-server's, of its JSON
+    type, with its value (the samplers named, n_predict as asked, penalties, biases, the samplers ead
+    does not run at their off values) but the seed drawn (llama-server's 4294967295 where none is given)
+    and the samplers left out."""
+    bodies = [json.loads(path.read_text()) for path in EDITOR_REQUESTS]
+    bodies = [{key: value for key, value in body.items() if key != "response_fields"} for body in bodies]
+    bodies[0] |= {"logit_bias": {"5": 1.5}, "repeat_penalty": 1.1, "repeat_last_n": 32}
+    bodies[0]["samplers"] = ["penalties", *bodies[0]["samplers"]]
+    args = ["-c", str(N_CTX), "-b", "512", "-ub", "512", "-n", str(MAX_TOKENS), "-t", "1"]
+    with native.llama_server(fim_pair[1], args, tmp_path / "llama-server.log") as peer:
+        for _ in range(600):
+            if httpx.get(f"{peer.url}/health", timeout=10).status_code == 200:
+                break
+            time.sleep(0.1)
+        theirs = [httpx.post(f"{peer.url}/infill", json=body, timeout=300).json() for body in bodies]
+    for body, their in zip(bodies, theirs, strict=True):
+        ours = infill(server, **body, ead=LARGE)["generation_settings"]
+        expected = their["generation_settings"]
+        left_out = {name for name, sampler in CHAIN_FIELDS.items() if sampler not in ours["samplers"]}
+        for name, value in ours.items():
+            assert type(value) is type(expected[name]), name
+            if name != "seed" and name not in left_out:
+                wanted = pytest.approx(expected[name]) if type(value) is float else expected[name]
+                assert value == wanted, name
+        assert len(ours) >= 24  # the fields ead has a value for
+
+
 EMPTY = {"input_prefix": "", "input_suffix": ""}
 HI = [{"role": "user", "content": "hi"}]
 

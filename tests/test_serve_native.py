@@ -84,9 +84,10 @@ def test_completion_is_the_answer_of_v1_completions_in_llama_servers_shape(
     ids = post(server, "/tokenize", {"content": PROMPT}).json()["tokens"]
     by_ids = native(server, prompt=ids, n_predict=12, temperature=0)
     assert by_ids["content"] == whole["content"] and by_ids["tokens"] == []
-    # n_predict -1: as far as the context goes (clamped there), as max_tokens is
+    # n_predict -1: as far as the context goes (clamped there), as max_tokens is; its settings say -1, as
+    # llama-server's
     unbounded = native(server, prompt=PROMPT, n_predict=-1, temperature=0, stop=[whole["content"][3:6]])
-    assert unbounded["stop_type"] == "word" and unbounded["generation_settings"]["n_predict"] == 16384
+    assert unbounded["stop_type"] == "word" and unbounded["generation_settings"]["n_predict"] == -1
 
 
 def test_penalties_are_taken_as_llama_server_spells_them(server: Server) -> None:

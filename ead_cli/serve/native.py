@@ -66,6 +66,18 @@ NOT_WRITTEN_WHY = {
     "post_sampling_probs": "the probabilities are the model's, before sampling (n_probs gives them)",
 }
 SAMPLERS = list(CHAIN_ORDERS[0])  # ead's one sampler chain, in llama-server's names
+# The samplers and switches of llama-server's generation_settings that ead's chain does not have
+# (schemas.UNSUPPORTED refuses them unless off), at the values, of llama-server's types, that leave them off
+NOT_RUN: dict[str, Any] = {
+    "dynatemp_range": 0.0,
+    "top_n_sigma": -1.0,
+    "xtc_probability": 0.0,
+    "typical_p": 1.0,
+    "dry_multiplier": 0.0,
+    "mirostat": 0,
+    "min_keep": 0,
+    "ignore_eos": False,
+}
 UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given without one
 
 
@@ -177,24 +189,40 @@ def picked(answer: dict[str, Any], paths: Sequence[str]) -> dict[str, Any]:
 
 
 def generation_settings(
-    generation: GenerationOptions, seed: int, stream: bool, n_probs: int = 0
+    generation: GenerationOptions,
+    seed: int,
+    stream: bool,
+    n_probs: int = 0,
+    *,
+    samplers: Sequence[str] = SAMPLERS,
+    n_predict: int | None = None,
 ) -> dict[str, Any]:
     """llama-server's ``generation_settings`` (a /completion answer's; ``/props``' defaults) of the ones
-    ead's decoding has; ``seed`` -1 where each request draws a fresh one."""
+    ead's decoding has, under its names and of its types: the ``samplers`` run (a sampler left out at
+    the value that leaves it off, as ead runs it), ``n_predict`` as asked (0 and -1 too, where ead writes
+    one token or as far as the context goes), those ead never runs off; ``seed`` -1 where each request
+    draws a fresh one."""
     sampling = generation.sampling
+    limit = generation.max_tokens if n_predict is None else n_predict
     return {
-        "n_predict": generation.max_tokens,
-        "max_tokens": generation.max_tokens,
         "seed": seed,
-        "temperature": sampling.temp,
+        "temperature": float(sampling.temp),
         "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
+        "top_p": float(sampling.top_p),
+        "min_p": float(sampling.min_p),
+        "repeat_last_n": sampling.repeat_last_n,
+        "repeat_penalty": float(sampling.repeat_penalty),
+        "presence_penalty": float(sampling.presence_penalty),
+        "frequency_penalty": float(sampling.frequency_penalty),
         "stop": list(generation.stop),
+        "max_tokens": limit,
+        "n_predict": limit,
         "stream": stream,
+        "logit_bias": [{"bias": float(bias), "token": token} for token, bias in sampling.logit_bias],
         "n_probs": n_probs,
-        "samplers": SAMPLERS,
         "grammar": sampling.grammar or "",
+        "samplers": list(samplers),
+        **NOT_RUN,
     }
 
 
@@ -243,6 +271,7 @@ class _Completion:
     ) -> None:
         self.engine, self.job, self.path, self.log = engine, job, path, log
         self.stream, self.return_tokens = body.stream is True, asked.return_tokens is True
+        self.samplers, self.n_predict = body.sampler_names(), asked.n_predict
         self.respelled = asked.respelled
         self.fields = asked.response_fields or []
         self.scored = ScoredText(engine.runners[0].token_bytes)  # n_probs: each token's, once it shows
@@ -289,7 +318,12 @@ class _Completion:
             "tokens_predicted": summary.generated,
             "tokens_evaluated": summary.prompt_tokens,
             "generation_settings": generation_settings(
-                generation, generation.sampling.seed, self.stream, self.job.logprobs or 0
+                generation,
+                generation.sampling.seed,
+                self.stream,
+                self.job.logprobs or 0,
+                samplers=self.samplers,
+                n_predict=self.n_predict,
             ),
             "prompt": text_of(runner, self.job.prompt),
             "has_new_line": "\n" in content,

@@ -624,6 +624,14 @@ class CompletionBase(BaseModel):
         if samplers is not None and chain_named(samplers) is None:
             raise unsupported("samplers", "samplers is not supported")
 
+    def sampler_names(self) -> list[str]:
+        """The samplers this request runs, in llama-server's names, as its generation_settings lists them:
+        those its ``samplers`` (checked) names, in ead's order; ead's chain where it gives none."""
+        samplers = (self.model_extra or {}).get("samplers")
+        if samplers is None:
+            return list(CHAIN_ORDERS[0])
+        return ["penalties"] * runs_penalties(samplers) + (chain_named(samplers) or [])
+
     def chain_settings(self) -> dict[str, Any]:
         """The SamplingParams fields that the request's ``samplers`` (checked) sets: each sampler of
         ead's chain it leaves out off, the infill sampler on where it names it."""
