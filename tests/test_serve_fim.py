@@ -148,6 +148,26 @@ def test_n_indent_and_t_max_predict_ms_end_an_answer_of_newlines_as_llama_server
 
 
 @pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_n_indent_counts_a_tab_and_a_space_one_each_as_llama_server_does(tmp_path: Path) -> None:
+    """A model that writes "a", a newline, a tab, a space and "b": with n_indent 2 the line is indented
+    enough and the answer ends at its end of turn; with 3 it is cut after its blanks. The text and the
+    stop type are llama-server's."""
+    script = ["<|fim_middle|>", "a", "Ċ", "ĉ", "Ġ", "b", "<|im_end|>"]
+    model = write_tiny_model(tmp_path / "indent.gguf", vocab="fim", n_ctx_train=N_CTX, script=script)
+    greedy = {"input_prefix": "", "input_suffix": "", "n_predict": 8, "temperature": 0}
+    bodies = [{**greedy, "n_indent": n_indent} for n_indent in (2, 3)]
+    args = ["-c", str(N_CTX), "-t", "1"]
+    theirs = [llama_server_infill(model, tmp_path / f"{i}.log", body, args) for i, body in enumerate(bodies)]
+    alone = ["--small", str(model), "--large", str(model), "--threads", "1"]
+    with Server(alone, tmp_path / "ead.log") as ead:
+        ours = [infill(ead, **body) for body in bodies]
+        assert ead.stop() == 0
+    ended = [(answer["content"], answer["stop_type"]) for answer in ours]
+    assert ended == [("a\n\t b", "eos"), ("a\n\t ", "limit")]
+    assert ended == [(answer["content"], answer["stop_type"]) for answer in theirs]
+
+
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
 def test_the_infill_samplers_answer_is_llama_servers(
     server: Server, fim_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
