@@ -198,10 +198,10 @@ def generation_settings(
     n_predict: int | None = None,
 ) -> dict[str, Any]:
     """llama-server's ``generation_settings`` (a /completion answer's; ``/props``' defaults) of the ones
-    ead's decoding has, under its names and of its types: the ``samplers`` run (a sampler left out at
-    the value that leaves it off, as ead runs it), ``n_predict`` as asked (0 and -1 too, where ead writes
-    one token or as far as the context goes), those ead never runs off; ``seed`` -1 where each request
-    draws a fresh one."""
+    ead's decoding has, under its names and of its JSON types, so that its clients read them: the
+    ``samplers`` run (one left out at the value that leaves it off, as ead runs it), ``n_predict`` as
+    asked (0 and -1 too, where ead writes one token or as far as the context goes), and the samplers ead
+    never runs, off; ``seed`` -1 where each request draws a fresh one."""
     sampling = generation.sampling
     limit = generation.max_tokens if n_predict is None else n_predict
     return {
