@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from types import CodeType, FrameType
 
@@ -1212,22 +1213,30 @@ def test_set_think_on_a_model_that_does_not_think_says_so_and_changes_nothing(sp
     assert leave(child) == 0
 
 
+THINK_CLOSING = ("-n", "32", "--logit-bias", f"{CLOSE_ID}+5")  # the think block closes and text follows it
+
+
+def generated_thinking(pair: tuple[Path, Path], *options: str) -> str:
+    """What ``ead generate`` shows at a terminal for "hi" on the tiny thinking pair, with ``options``."""
+    args = ("generate", *pair_args(pair), "--tau", "3", *THINK_CLOSING, *options, "hi")
+    return plain(at_a_terminal(*args, env={"TERM": "xterm"}).decode("utf-8", "replace"))
+
+
+def fresh_answer(child: pexpect.spawn) -> str:
+    """The chat's answer to "hi" in a new conversation."""
+    assert reply(child, "/clear") == ["new conversation"]
+    return plain(send(child, "hi"))
+
+
 def test_ollamas_think_commands_turn_the_next_answers_thinking_off_on_hidden_or_shown(
     spawn, tiny_think_pair: tuple[Path, Path]
 ) -> None:
     """Mid-conversation, as ollama's REPL: each answer (to "hi", in a new conversation) is generate's with
     the matching option: hidden (--hide-thinking), off through the template (--reasoning-budget 0: another
     prompt, another text), on and shown again; a level (gpt-oss's high/medium/low) is refused in one line."""
-    favoured = ("-n", "32", "--logit-bias", f"{CLOSE_ID}+5")  # the block closes and text follows it
-    child = spawn(*favoured, models=tiny_think_pair)
-
-    def generated(*options: str) -> str:
-        args = ("generate", *pair_args(tiny_think_pair), "--tau", "3", *favoured, *options, "hi")
-        return plain(at_a_terminal(*args, env={"TERM": "xterm"}).decode("utf-8", "replace"))
-
-    def answer() -> str:
-        assert reply(child, "/clear") == ["new conversation"]
-        return plain(send(child, "hi"))
+    child = spawn(*THINK_CLOSING, models=tiny_think_pair)
+    generated = partial(generated_thinking, tiny_think_pair)
+    answer = partial(fresh_answer, child)
 
     shown, hidden, off = (
         generated(*options) for options in ([], ["--hide-thinking"], ["--reasoning-budget", "0"])
@@ -1260,16 +1269,9 @@ def test_reasoning_format_sets_how_the_next_answers_thinking_is_shown(
     """llama.cpp's --reasoning-format mid-conversation: none shows the answer as the model wrote it, its
     block in the text (generate's --reasoning-format none), deepseek and auto apart again; a value that is
     none of them is refused in one line and changes nothing."""
-    favoured = ("-n", "32", "--logit-bias", f"{CLOSE_ID}+5")  # the block closes and text follows it
-    child = spawn(*favoured, models=tiny_think_pair)
-
-    def generated(*options: str) -> str:
-        args = ("generate", *pair_args(tiny_think_pair), "--tau", "3", *favoured, *options, "hi")
-        return plain(at_a_terminal(*args, env={"TERM": "xterm"}).decode("utf-8", "replace"))
-
-    def answer() -> str:
-        assert reply(child, "/clear") == ["new conversation"]
-        return plain(send(child, "hi"))
+    child = spawn(*THINK_CLOSING, models=tiny_think_pair)
+    generated = partial(generated_thinking, tiny_think_pair)
+    answer = partial(fresh_answer, child)
 
     def settings(typed: str) -> str:
         """The settings line a command says (wrapped at the terminal's width), from the next answer."""

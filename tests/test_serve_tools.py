@@ -468,19 +468,23 @@ def test_a_call_the_prefill_begins_comes_back_whole_streamed_and_whole(tools_ser
     ]
 
 
+# a request whose JSON schema makes the tiny model write a call
+FORCED_CALL = {
+    "model": "ead",
+    "messages": [{"role": "user", "content": "What is 6 times 7?"}],
+    "tools": TOOLS,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
+    "temperature": 0,
+}
+
+
 def test_a_call_cut_off_at_max_tokens_finishes_by_length(tools_server: Server) -> None:
     """An answer cut off at max_tokens says ``length`` though a whole call came before the cut, as
     llama-server says (``tool_calls`` only where the model ended its answer) and as OpenAI does: the
     model may have had more to write, which a client that runs the calls would never learn. The call
     is still sent, whole and streamed."""
     client = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
-    request = {
-        "model": "ead",
-        "messages": [{"role": "user", "content": "What is 6 times 7?"}],
-        "tools": TOOLS,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
-        "temperature": 0,
-    }
+    request = FORCED_CALL
     ended = client.chat.completions.create(**request, max_tokens=60)
     assert ended.choices[0].finish_reason == "tool_calls"
     (call,) = ended.choices[0].message.tool_calls
@@ -509,13 +513,7 @@ def test_a_call_cut_off_inside_its_arguments_is_closed_where_it_stopped(tools_se
     character here: cut after the 3 of ``"b":3``, a number not yet whole): the call's arguments are
     those written so far, closed, whole and streamed alike, and the finish is ``length``."""
     client = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
-    request = {
-        "model": "ead",
-        "messages": [{"role": "user", "content": "What is 6 times 7?"}],
-        "tools": TOOLS,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL_SCHEMA}},
-        "temperature": 0,
-    }
+    request = FORCED_CALL
     ended = client.chat.completions.create(**request, max_tokens=60, logprobs=True).choices[0]
     (call,) = ended.message.tool_calls
     written = [bytes(entry.bytes).decode() for entry in ended.logprobs.content]
