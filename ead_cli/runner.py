@@ -158,6 +158,20 @@ def never_abandoned() -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a model has read a prompt, told after each of its batches (ead serve keeps a long
+    prompt's stream alive with it, as llama-server's ``prompt_progress``): ``read`` of ``total`` tokens,
+    the first ``cached`` of them kept in the cache from the run before; ``seconds`` since this reading
+    began."""
+
+    model: str
+    read: int
+    total: int
+    cached: int
+    seconds: float
+
+
 @dataclass
 class RunnerStats:
     """What a runner did. FLOPs are 2 x body parameters per token read + 2 x head size per logits row."""
@@ -293,6 +307,7 @@ class Runner(ContextOwner):
         self._guess_used = 0
         self.stats = RunnerStats.empty()
         self.on_step: Callable[[list], None] | None = None  # told each feed and rollback (schedules)
+        self.on_progress: Callable[[PromptProgress], None] | None = None  # told each batch of a prompt
         self.entropy = EntropyMeter(self.n_vocab)  # bits of a row of logits (a remote runner estimates)
         self._logits_view: np.ndarray | None = None  # the last row's numpy view, while llama.cpp keeps it
         self._logits_address = 0  # where that view points
@@ -513,6 +528,8 @@ class Runner(ContextOwner):
                 raise EadError(f"llama.cpp failed to decode with {self.name} (status {status})")
             self.n_past = chunk_end
             self._seen.extend(tokens[chunk_start:chunk_end])
+            if phase == "prefill" and self.on_progress is not None:
+                self.on_progress(PromptProgress(self.name, chunk_end, end, start, perf_counter() - began))
         self._row = -1
         if not wait:
             self._launched = counter

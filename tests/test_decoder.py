@@ -17,7 +17,7 @@ from ead_cli.entropy import EntropyMeter
 from ead_cli.errors import EadError
 from ead_cli.policies import EAD, Fixed, Gate, Policy
 from ead_cli.prompt import check_fits, encode_prompt
-from ead_cli.runner import Runner
+from ead_cli.runner import PromptProgress, Runner
 from ead_cli.sampling import SamplingParams
 
 PROMPT = "Write a haiku about the sea, s'il vous plaît: 日本"
@@ -414,3 +414,39 @@ def test_reading_ahead_changes_no_token_no_decision_and_no_count(
     # guess had it read earlier still); without reading ahead, the next step reads it after the event.
     assert all(n >= p for n, p in zip(read[:-1], positions, strict=False))
     assert sum(n < p for n, p in zip(plain_read[:-1], positions, strict=False)) > len(plain) // 2
+
+
+def test_prompt_progress_at_each_batch_of_the_prompt_and_the_answer_unchanged(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """A prompt read in batches of 16 reports each batch each model reads (the tokens the cache kept
+    counted as read), nothing while the answer is written, and the answer is the one without."""
+    roles = ("small", "large")
+    runners = [
+        Runner(p, name=r, n_ctx=512, n_threads=1, n_batch=16) for p, r in zip(tiny_pair, roles, strict=True)
+    ]
+    reported: list[PromptProgress] = []
+
+    def answer(prompt: list[int]) -> list[tuple[int, str]]:
+        decoder = Decoder(runners, roles, EAD(tau=2), SamplingParams(), max_tokens=12)
+        return [(event.token, event.model) for event in decoder.run(prompt)]
+
+    try:
+        prompt = encode_prompt(runners[0], PROMPT * 3)
+        plain = answer(prompt)
+        for runner in runners:
+            runner.truncate(0)
+            runner.on_progress = reported.append
+        told = answer(prompt)
+        first = len(reported)
+        again = answer(prompt)  # the caches hold the prompt: its last token read again
+    finally:
+        for runner in runners:
+            runner.close()
+    assert told == again == plain and {model for _, model in told} == {"small", "large"}
+    for model in roles:
+        read = [(p.read, p.total, p.cached) for p in reported[:first] if p.model == model]
+        assert read == [(end, len(prompt), 0) for end in [*range(16, len(prompt), 16), len(prompt)]]
+    assert [(p.read, p.total, p.cached) for p in reported[first:]] == [
+        (len(prompt), len(prompt), len(prompt) - 1)
+    ]
