@@ -602,6 +602,8 @@ def test_a_bind_beyond_loopback_without_a_key_warns(tiny_pair: tuple[Path, Path]
         (["--shutdown-timeout", "0"], "--shutdown-timeout"),
         (["--read-timeout", "0"], "--read-timeout must be in (0, 86400] seconds"),
         (["--read-timeout", "nan"], "--read-timeout must be in (0, 86400] seconds"),
+        (["--ping-interval", "-1"], "--ping-interval must be in [0, 86400] seconds, got -1.0"),
+        (["--ping-interval", "nan"], "--ping-interval must be in [0, 86400] seconds"),
     ],
 )
 def test_bad_serve_options_are_one_line(tiny_pair: tuple[Path, Path], args: list[str], fragment: str) -> None:

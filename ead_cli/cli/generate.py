@@ -267,6 +267,13 @@ def serve(
             "mean-pooled (off: 501).",
         ),
     ] = False,
+    ping_interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between the keep-alive events of a stream whose prompt is being read (Anthropic's "
+            "ping, Responses' response.in_progress; 0: at every batch).",
+        ),
+    ] = 10.0,
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
@@ -289,6 +296,7 @@ def serve(
         read_timeout,
         metrics,
         embeddings,
+        ping_interval,
     )
     policy_options, generation = _for_models(decoding, model_options)
     runners = load_runners(model_options, progress=say_progress)

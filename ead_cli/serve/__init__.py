@@ -65,6 +65,8 @@ class ServeOptions:
     read_timeout: float = 30.0  # seconds a request's head may take to come whole, its body between parts
     metrics: bool = False  # GET /metrics answers (else a 501, as llama-server's without --metrics)
     embeddings: bool = False  # the embedding routes answer (else a 501, as llama-server's without it)
+    # seconds between the keep-alive events of a stream whose prompt is being read (0: at every batch)
+    ping_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.host.strip():  # '' had listened on every interface, its warning naming no address
@@ -86,6 +88,9 @@ class ServeOptions:
         ):
             if not 0 < seconds <= 86400:
                 raise EadError(f"{flag} must be in (0, 86400] seconds, got {seconds}", exit_code=2)
+        if not 0 <= self.ping_interval <= 86400:
+            message = f"--ping-interval must be in [0, 86400] seconds, got {self.ping_interval}"
+            raise EadError(message, exit_code=2)
         for origin in self.cors_origins:
             if origin != "*" and not PAGE_ORIGIN.fullmatch(origin):
                 raise EadError(

@@ -23,6 +23,7 @@ from ..decoder import Summary, TokenEvent
 from ..thinking import ReasoningSplitter, Split, split_reasoning
 from .app import (
     ANTHROPIC_PATH,
+    KeepAlive,
     Requests,
     answer_messages,
     collected,
@@ -30,7 +31,7 @@ from .app import (
     log_answered,
     token_fields,
 )
-from .engine import Failed, Job, Log, Ticket, Token
+from .engine import Failed, Job, Log, PromptProgress, Ticket, Token
 from .metrics import cached_tokens
 from .native import stop_of
 from .schemas import ApiError, ChatRequest, parse, unsupported
@@ -351,10 +352,12 @@ class _Message:
         usage = _usage(summary)
         return JSONResponse(self._envelope(blocks.content, **stop, usage=usage, ead=ead))
 
-    async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
+    async def stream(self, ticket: Ticket, keep_alive: KeepAlive) -> AsyncIterator[dict[str, str] | bytes]:
         """message_start, a ping, the content blocks (a text block's delta per token, a call as a
         tool_use block of input_json_deltas as its arguments are written), message_delta with the stop
-        and usage, message_stop; a failure mid-answer ends it with an ``error`` event, as Anthropic's do."""
+        and usage, message_stop; a failure mid-answer ends it with an ``error`` event, as Anthropic's do.
+        While a long prompt is read, a ping each time ``keep_alive`` is due (Claude Code waits on a silent
+        stream 5 minutes)."""
         start = self._envelope(
             [],
             stop_reason=None,
@@ -375,6 +378,10 @@ class _Message:
                     split = Split(content=text) if splitter is None else splitter.push(text)
                     for event in blocks.split(split, reader, ead=token_fields(message.event)):
                         yield event
+                    continue
+                if isinstance(message, PromptProgress):
+                    if keep_alive.due():
+                        yield _event("ping")
                     continue
                 if isinstance(message, Failed):
                     error = _respelled(error_of(message))
@@ -496,7 +503,7 @@ def add_routes(app: FastAPI, runner: Runner) -> None:
         answer = _Message(asked.model, request.url.path, requests.log, job, body, runner)
         ticket = requests.submit(job)
         if asked.stream:
-            return EventSourceResponse(answer.stream(ticket), ping=15)
+            return EventSourceResponse(answer.stream(ticket, requests.keep_alive()), ping=15)
         return await answer.whole(ticket, request)
 
     @app.post(f"{ANTHROPIC_PATH}/count_tokens", dependencies=keyed)

@@ -59,7 +59,19 @@ from ..prompt import (
 from ..remote import RemoteRunner
 from ..sampling import GrammarRefusal, SamplingParams
 from ..thinking import ReasoningSplitter, answer_start, split_reasoning, template_variables
-from .engine import Engine, Failed, Finished, Job, Log, Logprobs, QueueFull, Ticket, Token
+from .engine import (
+    Engine,
+    Failed,
+    Finished,
+    Job,
+    Log,
+    Logprobs,
+    Message,
+    PromptProgress,
+    QueueFull,
+    Ticket,
+    Token,
+)
 from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
     PENALTIES,
@@ -148,6 +160,24 @@ class Requests:
     embedder: Callable[[], Embedder]  # the server's, or a 501 (ead serve without --embeddings)
     # the inputs' vectors, on the embedding thread (a 503 past its queue), the request's log line said
     embedded: Callable[[str, list[list[int]]], Awaitable[list[np.ndarray]]]
+    keep_alive: Callable[[], KeepAlive]  # a stream's, at the server's --ping-interval
+
+
+class KeepAlive:
+    """Whether a stream whose prompt is being read is due an event that tells its client it is alive
+    (Claude Code and Codex give up on a stream after 5 minutes without one): at most one every
+    ``interval`` seconds (``ead serve --ping-interval``), counted from the stream's start."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            return False
+        self._last = now
+        return True
 
 
 class Guard:
@@ -1062,6 +1092,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             prefill=job.prefill,
             thinking=job.thinking,
             usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
+            progress=body.return_progress is True,
         )
         if body.stream:
             return EventSourceResponse(reply.stream(ticket), ping=15)  # its sends timed by the protocol
@@ -1167,6 +1198,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         prepared=prepared,
         embedder=embedder,
         embedded=embedded,
+        keep_alive=lambda: KeepAlive(options.ping_interval),
     )
     return app
 
@@ -1343,8 +1375,10 @@ class _Reply:
         prefill: str = "",
         thinking: bool | None = None,
         usage_chunk: bool = False,
+        progress: bool = False,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
+        self.progress = progress  # llama-server's return_progress: a chunk per batch of the prompt read
         # stream_options.include_usage: the usage in a last chunk of its own, with no choice, as OpenAI
         # and llama-server send it (clients that asked for it read it there); else on the finish chunk
         self.usage_chunk = usage_chunk
@@ -1487,6 +1521,10 @@ class _Reply:
                     for chunk in self._token_chunks(message, reader):
                         yield {"data": chunk}
                     continue
+                if isinstance(message, PromptProgress):
+                    if self.progress:
+                        yield {"data": self._chunk(None, None, prompt_progress=prompt_progress(message))}
+                    continue
                 if isinstance(message, Failed):
                     error = error_of(message)
                     self.log(f"error: POST {self.path}: {error.message}")
@@ -1551,7 +1589,18 @@ class _Reply:
         log_answered(self.log, self.path, summary)
 
 
-async def answer_messages(ticket: Ticket) -> AsyncIterator[Token | Finished | Failed]:
+def prompt_progress(progress: PromptProgress) -> dict[str, int]:
+    """A prompt's progress as llama-server's ``prompt_progress`` spells it (``processed``: the tokens in
+    the cache, those it kept included)."""
+    return {
+        "total": progress.total,
+        "cache": progress.cached,
+        "processed": progress.read,
+        "time_ms": round(progress.seconds * 1000),
+    }
+
+
+async def answer_messages(ticket: Ticket) -> AsyncIterator[Message]:
     """A streamed answer's messages from the engine, to the last (``Finished`` or ``Failed``). Closed
     before it (its client went away: read it in ``contextlib.aclosing``), it cancels the job, and the
     engine stops after the token it is on."""
@@ -1559,7 +1608,7 @@ async def answer_messages(ticket: Ticket) -> AsyncIterator[Token | Finished | Fa
     try:
         while not ended:
             message = await ticket.messages.get()
-            ended = not isinstance(message, Token)
+            ended = isinstance(message, (Finished, Failed))
             yield message
     finally:
         if not ended:
@@ -1571,7 +1620,7 @@ async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summ
     cancelled, as it is where a stop cuts the request off); a failed generation raised as its error."""
     tokens: list[Token] = []
     looked = time.monotonic()
-    message: Token | Finished | Failed | None = None
+    message: Message | None = None
     try:
         while True:
             try:
@@ -1582,7 +1631,7 @@ async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summ
                 looked = time.monotonic()
                 if await request.is_disconnected():
                     return None
-            if message is None:
+            if message is None or isinstance(message, PromptProgress):
                 continue
             if isinstance(message, Token):
                 tokens.append(message)

@@ -25,7 +25,7 @@ from ..engine import build_decoder
 from ..errors import EadError
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import context_size
-from ..runner import Abandoned, Runner, never_abandoned
+from ..runner import Abandoned, PromptProgress, Runner, never_abandoned
 from ..sampling import GrammarDeadEnd
 from .metrics import Metrics
 
@@ -91,6 +91,9 @@ class Failed:
     param: str | None = None
 
 
+Message = Token | PromptProgress | Finished | Failed  # what a ticket is sent, ending with one of the last two
+
+
 class QueueFull(Exception):
     """Every place in the queue is taken; ``retry_after``: seconds after which one may be free."""
 
@@ -100,17 +103,18 @@ class QueueFull(Exception):
 
 
 class Ticket:
-    """A request's end of its job: the messages the engine thread sends (token events, then one
-    ``Finished`` or ``Failed``), and ``cancel`` for when its client goes away: a waiting job gives its
-    place in the queue back at once, a running one stops within a token or a prefill's graph node."""
+    """A request's end of its job: the messages the engine thread sends (token events, a prompt's
+    progress after each batch a model reads of it, then one ``Finished`` or ``Failed``), and ``cancel``
+    for when its client goes away: a waiting job gives its place in the queue back at once, a running
+    one stops within a token or a prefill's graph node."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.messages: asyncio.Queue[Token | Finished | Failed] = asyncio.Queue()
+        self.messages: asyncio.Queue[Message] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
         self._withdraw: Callable[[], None] | None = None
 
-    def send(self, message: Token | Finished | Failed) -> None:
+    def send(self, message: Message) -> None:
         """From the engine thread. Once the server's event loop is gone, nobody reads: stop."""
         try:
             self._loop.call_soon_threadsafe(self.messages.put_nowait, message)
@@ -236,6 +240,7 @@ class Engine:
         local = [runner for runner in self.runners if isinstance(runner, Runner)]
         for runner in local:
             runner.abandoned = abandoned  # a long prefill stops between graph nodes, not at its end
+            runner.on_progress = ticket.send  # a long prompt's stream kept alive while it is read
         response = decoder.generate(job.prompt)  # align keeps what the caches share with it
         try:
             for event in response:
@@ -250,7 +255,7 @@ class Engine:
             failure = Failed(str(error))
         finally:
             for runner in local:
-                runner.abandoned = never_abandoned
+                runner.abandoned, runner.on_progress = never_abandoned, None
         summary = response.summary()
         self.metrics.record(summary)  # before the answer goes out: a client that has it finds it counted
         if self._stopped.is_set() or ticket.cancelled.is_set():

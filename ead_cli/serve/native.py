@@ -38,7 +38,7 @@ from .app import (
     token_fields,
     usage_checked,
 )
-from .engine import Engine, Failed, Job, Log, Ticket, Token
+from .engine import Engine, Failed, Job, Log, PromptProgress, Ticket, Token
 from .metrics import cached_tokens, generation_seconds, prompt_seconds
 from .schemas import (
     CHAIN_ORDERS,
@@ -360,6 +360,8 @@ class _Completion:
                         "ead": token_fields(event),
                     }
                     yield {"data": json.dumps(part, ensure_ascii=False)}
+                elif isinstance(message, PromptProgress):
+                    continue
                 elif isinstance(message, Failed):
                     error = self.respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")

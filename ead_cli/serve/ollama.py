@@ -35,7 +35,7 @@ from .app import (
     log_answered,
     token_fields,
 )
-from .engine import Engine, Failed, Log, Ticket, Token
+from .engine import Engine, Failed, Log, PromptProgress, Ticket, Token
 from .metrics import prompt_seconds
 from .schemas import (
     MAX_EMBEDDING_INPUTS,
@@ -455,6 +455,8 @@ class _Answer:
                         message.event.text, reader, ead=token_fields(message.event)
                     ):
                         yield line
+                    continue
+                if isinstance(message, PromptProgress):  # ollama streams nothing before the first token
                     continue
                 if isinstance(message, Failed):
                     error = _respelled(error_of(message))

@@ -22,8 +22,17 @@ from sse_starlette import EventSourceResponse
 from ..decoder import Summary
 from ..errors import quoted
 from ..thinking import ReasoningSplitter, Split, split_reasoning
-from .app import MODEL_ID, Requests, answer_messages, collected, error_of, log_answered, token_fields
-from .engine import Failed, Log, Ticket, Token
+from .app import (
+    MODEL_ID,
+    KeepAlive,
+    Requests,
+    answer_messages,
+    collected,
+    error_of,
+    log_answered,
+    token_fields,
+)
+from .engine import Failed, Log, PromptProgress, Ticket, Token
 from .metrics import cached_tokens
 from .schemas import SCHEMA_PATH, ApiError, ContentPart, parse, refuse_unless_off, unsupported
 from .tools import ArgumentsDelta, CallStart, HeldBlank, Piece, ToolCall, ToolCallReader, new_call_id
@@ -550,11 +559,13 @@ class _Answer:
         prefill: str,
         seed: int,
         thinking: bool | None,
+        keep_alive: KeepAlive,
     ) -> AsyncIterator[dict[str, str] | bytes]:
         """The typed events: created, in progress, each item's (a text delta per token that shows text,
         with its ``ead`` fields; a thinking model's reasoning an item of its own first), then completed or
         incomplete with the whole Response; a failure mid-answer is an error event, as the chat route ends
-        a stream it cannot finish."""
+        a stream it cannot finish. While a long prompt is read, ``response.in_progress`` again each time
+        ``keep_alive`` is due: Codex's idle timer (5 minutes) is reset by any event, not by a comment."""
         reader = ToolCallReader(tools, parallel, prefill) if tools else None
         splitter = None if thinking is None else ReasoningSplitter(thinking)
         yield self._event("response.created", response=self.response("in_progress"))
@@ -573,6 +584,10 @@ class _Answer:
                     pieces = [text] if reader is None else reader.push(text)
                     for event in self._piece_events(pieces, ead=fields):
                         yield event
+                    continue
+                if isinstance(message, PromptProgress):
+                    if keep_alive.due():
+                        yield self._event("response.in_progress", response=self.response("in_progress"))
                     continue
                 if isinstance(message, Failed):
                     error = self.respelled(error_of(message))
@@ -612,5 +627,5 @@ def add_routes(app: FastAPI) -> None:
             job.thinking,
         )
         if asked.stream:
-            return EventSourceResponse(answer.events(ticket, *how), ping=15)
+            return EventSourceResponse(answer.events(ticket, *how, requests.keep_alive()), ping=15)
         return await answer.whole(ticket, request, *how)

@@ -577,6 +577,7 @@ class CompletionBase(BaseModel):
     logit_bias: LogitBias | None = None  # OpenAI's: token ids (as the object's keys) to biases
     n_indent: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None  # llama-server's code-completion
     t_max_predict_ms: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # stop rules (0, -1: off)
+    return_progress: bool | None = None  # llama-server's: a streamed chunk per batch of the prompt read
     ead: EadOptions | None = None
 
     def sampling_value(self, name: str) -> Any:
