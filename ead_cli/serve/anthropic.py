@@ -356,8 +356,8 @@ class _Message:
         """message_start, a ping, the content blocks (a text block's delta per token, a call as a
         tool_use block of input_json_deltas as its arguments are written), message_delta with the stop
         and usage, message_stop; a failure mid-answer ends it with an ``error`` event, as Anthropic's do.
-        While a long prompt is read, a ping each time ``keep_alive`` is due (Claude Code waits on a silent
-        stream 5 minutes)."""
+        While a long prompt is read, a ping each time ``keep_alive`` is due (for byte watchdogs: Claude
+        Code's content watchdog does not count pings)."""
         start = self._envelope(
             [],
             stop_reason=None,

@@ -165,8 +165,9 @@ class Requests:
 
 class KeepAlive:
     """Whether a stream whose prompt is being read is due an event that tells its client it is alive
-    (Claude Code and Codex give up on a stream after 5 minutes without one): at most one every
-    ``interval`` seconds (``ead serve --ping-interval``), counted from the stream's start."""
+    (Codex gives up on a stream after 5 minutes without one, and so do byte watchdogs such as Claude
+    Code's): at most one every ``interval`` seconds (``ead serve --ping-interval``), counted from the
+    stream's start."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
