@@ -1,8 +1,10 @@
-"""A long prompt's stream kept alive while it is read: a real `ead serve` on the tiny pair that reads every
-prompt whole (--no-reuse) in batches of 512 tokens, with --ping-interval 0 (a keep-alive event at every
-batch), so a prompt of a few thousand tokens shows its events at once. Anthropic's pings, the Responses
-API's response.in_progress and llama-server's prompt_progress (asked for) come before the first token,
-the real clients read them without a complaint, and the answers are those of the same request whole."""
+"""A stream kept alive while its prompt is read, and while its answer is held back: a real `ead serve` on
+the tiny pair (its small model's template renders tools) that reads every prompt whole (--no-reuse) in
+batches of 512 tokens, with --ping-interval 0 (a keep-alive event at every batch, and at every token that
+sends nothing), so a prompt of a few thousand tokens shows its events at once. Anthropic's pings, the
+Responses API's response.in_progress and llama-server's prompt_progress (asked for) come before the first
+token, the real clients read them without a complaint, and the answers are those of the same request
+whole."""
 
 from __future__ import annotations
 
@@ -18,18 +20,28 @@ import pytest
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CTX, JSON, TAU, serving
+from test_serve_tools import TOOLS_TEMPLATE
+from tiny_models import write_tiny_model
 
 BATCH = 512  # llama.cpp's batch, ead's default
 LONG_TEXT = "Summarise the following notes, line by line.\n" + "".join(
     f"Note {n}: the tide at the harbour rose {n % 7} feet, wörld 日本.\n" for n in range(40)
 )
 MAX_TOKENS = 12
+# Tools offered and an answer that is a JSON object but no call: the tool-call reader holds it to its end
+HELD_TOOL = {"name": "multiply", "description": "a times b", "parameters": {"type": "object"}}
+# Each route's keep-alive event and a token's text delta
+PINGS = ("ping", "content_block_delta")
+IN_PROGRESS = ("response.in_progress", "response.output_text.delta")
+NOTE_SCHEMA = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    args = [*pair_args(tiny_pair), *TAU, *CTX, "--no-reuse", "--ping-interval", "0"]
-    with serving(args, tmp_path_factory.mktemp("serve-progress") / "server.log") as running:
+    folder = tmp_path_factory.mktemp("serve-progress")
+    small = write_tiny_model(folder / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE)
+    args = [*pair_args((small, tiny_pair[1])), *TAU, *CTX, "--no-reuse", "--ping-interval", "0"]
+    with serving(args, folder / "server.log") as running:
         yield running
 
 
@@ -54,6 +66,20 @@ def readings(count: int, prompt_tokens: int) -> int:
     told: one, or both where the small model's first entropy passes --tau."""
     assert count in (len(batches(prompt_tokens)), 2 * len(batches(prompt_tokens)))
     return count // len(batches(prompt_tokens))
+
+
+def shown(events: list[tuple[str | None, Any]], delta: str) -> int:
+    """The tokens that showed text: each sends one ``delta`` with its ``ead`` fields (one held back, or
+    half a character, sends nothing)."""
+    return sum(1 for name, data in events if name == delta and "ead" in data)
+
+
+def batches_told(events: list[tuple[str | None, Any]], kinds: tuple[str, str], generated: int) -> int:
+    """The keep-alive events a stream sent for the prompt's batches read (``kinds``: the route's keep-alive
+    event and text delta): all but the first (at the stream's start) and those for the tokens of the
+    ``generated`` that showed nothing."""
+    keep_alive, delta = kinds
+    return [name for name, _ in events].count(keep_alive) - 1 - (generated - shown(events, delta))
 
 
 def sse(server: Server, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
@@ -123,9 +149,11 @@ def test_anthropic_pings_while_the_prompt_is_read(server: Server) -> None:
     events = sse(server, "/v1/messages", {**request, "stream": True})
     names = [name for name, _ in events]
     first_token = names.index("content_block_start")
-    # message_start and a ping at once, then a ping for each batch read
+    # message_start and a ping at once, then a ping for each batch read (and for each token that showed
+    # nothing)
     assert names[:2] == ["message_start", "ping"] and set(names[2:first_token]) == {"ping"}
-    readings(first_token - 2, prompt_tokens)
+    generated = events[names.index("message_delta")][1]["usage"]["output_tokens"]
+    readings(batches_told(events, PINGS, generated), prompt_tokens)
 
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
     with client.messages.stream(**request) as stream:
@@ -143,10 +171,12 @@ def test_responses_in_progress_while_the_prompt_is_read(server: Server) -> None:
     events = sse(server, "/v1/responses", {**body, "stream": True})
     names = [name for name, _ in events]
     first_item = names.index("response.output_item.added")
-    # created and in progress at once, then in progress again for each batch read
+    # created and in progress at once, then in progress again for each batch read (and for each token
+    # that showed nothing)
     assert names[:2] == ["response.created", "response.in_progress"]
     assert set(names[2:first_item]) == {"response.in_progress"}
-    readings(first_item - 2, prompt_tokens)
+    generated = events[-1][1]["response"]["usage"]["output_tokens"]
+    readings(batches_told(events, IN_PROGRESS, generated), prompt_tokens)
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
 
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
@@ -154,6 +184,71 @@ def test_responses_in_progress_while_the_prompt_is_read(server: Server) -> None:
     assert [event.type for event in parsed[:first_item]] == names[:first_item]
     assert parsed[-1].type == "response.incomplete"  # the token limit
     assert parsed[-1].response.output_text == expected["choices"][0]["message"]["content"]
+
+
+def test_anthropic_pings_while_the_answer_is_held(server: Server) -> None:
+    tool = {
+        "name": HELD_TOOL["name"],
+        "description": HELD_TOOL["description"],
+        "input_schema": {"type": "object"},
+    }
+    request = {
+        "model": "ead",
+        "max_tokens": MAX_TOKENS,
+        "messages": messages("hi"),
+        "tools": [tool],
+        "output_config": {"format": {"type": "json_schema", "schema": NOTE_SCHEMA}},
+    }
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    expected = client.messages.create(**request)
+    (block,) = expected.content
+    assert block.type == "text" and block.text.startswith("{")  # held to its end: a text, not a call
+
+    events = sse(server, "/v1/messages", {**request, "stream": True})
+    names = [name for name, _ in events]
+    first_block = names.index("content_block_start")
+    # message_start and a ping at once, a ping for the prompt read (by one model or both), and one for
+    # each token of the answer held
+    assert names[:2] == ["message_start", "ping"] and set(names[2:first_block]) == {"ping"}
+    assert shown(events, "content_block_delta") == 0
+    readings(batches_told(events, PINGS, expected.usage.output_tokens), expected.usage.input_tokens)
+    assert (
+        "".join(data["delta"]["text"] for name, data in events if name == "content_block_delta") == block.text
+    )
+
+    with client.messages.stream(**request) as stream:
+        assert "".join(stream.text_stream) == block.text
+
+
+def test_responses_in_progress_while_the_answer_is_held(server: Server) -> None:
+    body = {
+        "model": "ead",
+        "input": "hi",
+        "tools": [{"type": "function", **HELD_TOOL}],
+        "text": {"format": {"type": "json_schema", "name": "note", "schema": NOTE_SCHEMA}},
+        "max_output_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+    expected = client.responses.create(**body)
+    (item,) = expected.output
+    assert item.type == "message" and expected.output_text.startswith("{")  # held to its end: no call
+
+    events = sse(server, "/v1/responses", {**body, "stream": True})
+    names = [name for name, _ in events]
+    first_item = names.index("response.output_item.added")
+    # created and in progress at once, in progress for the prompt read (by one model or both), and for
+    # each token of the answer held
+    assert names[:2] == ["response.created", "response.in_progress"]
+    assert set(names[2:first_item]) == {"response.in_progress"}
+    assert expected.usage is not None
+    assert shown(events, "response.output_text.delta") == 0
+    readings(batches_told(events, IN_PROGRESS, expected.usage.output_tokens), expected.usage.input_tokens)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+
+    parsed = list(client.responses.create(**body, stream=True))
+    assert [event.type for event in parsed] == names
+    assert parsed[-1].response.output_text == expected.output_text
 
 
 def test_ollama_streams_nothing_before_the_first_token(server: Server) -> None:

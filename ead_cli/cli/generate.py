@@ -270,8 +270,9 @@ def serve(
     ping_interval: Annotated[
         float,
         typer.Option(
-            help="Seconds between the keep-alive events of a stream whose prompt is being read (Anthropic's "
-            "ping, Responses' response.in_progress; 0: at every batch).",
+            help="Seconds a stream may send no event before a keep-alive one, while its prompt is read or "
+            "its answer held back (Anthropic's ping, Responses' response.in_progress; 0: at every batch or "
+            "token that sends nothing).",
         ),
     ] = 10.0,
 ) -> None:

@@ -65,7 +65,7 @@ class ServeOptions:
     read_timeout: float = 30.0  # seconds a request's head may take to come whole, its body between parts
     metrics: bool = False  # GET /metrics answers (else a 501, as llama-server's without --metrics)
     embeddings: bool = False  # the embedding routes answer (else a 501, as llama-server's without it)
-    # seconds between the keep-alive events of a stream whose prompt is being read (0: at every batch)
+    # seconds a stream may send no event before a keep-alive one (0: at every batch or token that sends none)
     ping_interval: float = 10.0
 
     def __post_init__(self) -> None:

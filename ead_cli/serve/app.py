@@ -110,6 +110,7 @@ Body = TypeVar("Body", bound=CompletionBase)
 # that follows the prefix
 Infill = tuple[Sequence[tuple[str, str]], str]
 Prepared = TypeVar("Prepared")
+Event = TypeVar("Event")  # a stream's event, as its route writes it
 
 MODEL_ID = (
     "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
@@ -164,21 +165,24 @@ class Requests:
 
 
 class KeepAlive:
-    """Whether a stream whose prompt is being read is due an event that tells its client it is alive
-    (Codex gives up on a stream after 5 minutes without one, and so do byte watchdogs such as Claude
-    Code's): at most one every ``interval`` seconds (``ead serve --ping-interval``), counted from the
-    stream's start."""
+    """When a stream is due an event that tells its client it is alive: after ``interval`` seconds
+    (``ead serve --ping-interval``) with no event sent, while its prompt is read or while its answer's text
+    is held back (by the tool-call reader, or a thinking splitter), so a few hundred tokens held on a slow
+    CPU keep it alive too. Codex gives up on a stream after its idle timeout with no event, and so do byte
+    watchdogs such as Claude Code's."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self._last = time.monotonic()
+        self._last = time.monotonic()  # when the last event was sent: the stream's start, at first
 
-    def due(self) -> bool:
+    def kept(self, events: list[Event], keep_alive: Callable[[], Event]) -> list[Event]:
+        """``events``, to be sent now for an engine's message (a token's, a prompt batch's); where there
+        are none and the last was sent ``interval`` seconds ago or more, the route's ``keep_alive`` event."""
         now = time.monotonic()
-        if now - self._last < self.interval:
-            return False
+        if not events and now - self._last < self.interval:
+            return []
         self._last = now
-        return True
+        return events or [keep_alive()]
 
 
 class Guard:

@@ -426,6 +426,11 @@ class _Answer:
         self.sequence += 1
         return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
 
+    def _in_progress(self) -> dict[str, str]:
+        """``response.in_progress``: sent after ``response.created``, and again as the stream's keep-alive
+        (Codex's idle timer is reset by any event, not by a comment)."""
+        return self._event("response.in_progress", response=self.response("in_progress"))
+
     def _open_item(self, kind: str) -> list[dict[str, str]]:
         """A text item of ``kind`` opened, with its one part, if it is not the one open (which is done)."""
         if self.open is not None and self.open["type"] == kind:
@@ -564,30 +569,25 @@ class _Answer:
         """The typed events: created, in progress, each item's (a text delta per token that shows text,
         with its ``ead`` fields; a thinking model's reasoning an item of its own first), then completed or
         incomplete with the whole Response; a failure mid-answer is an error event, as the chat route ends
-        a stream it cannot finish. While a long prompt is read, ``response.in_progress`` again each time
-        ``keep_alive`` is due: Codex's idle timer (5 minutes) is reset by any event, not by a comment."""
+        a stream it cannot finish. ``response.in_progress`` again each time ``keep_alive`` is due: while a
+        long prompt is read, or while text is held back."""
         reader = ToolCallReader(tools, parallel, prefill) if tools else None
         splitter = None if thinking is None else ReasoningSplitter(thinking)
         yield self._event("response.created", response=self.response("in_progress"))
-        yield self._event("response.in_progress", response=self.response("in_progress"))
+        yield self._in_progress()
         tokens = []
         async with contextlib.aclosing(answer_messages(ticket)) as messages:
             async for message in messages:
+                events = []
                 if isinstance(message, Token):
                     fields = token_fields(message.event)
                     tokens.append(fields)
                     text = message.event.text
-                    if splitter is not None:
-                        for event in self._split_events(splitter.push(text), reader, ead=fields):
-                            yield event
-                        continue
-                    pieces = [text] if reader is None else reader.push(text)
-                    for event in self._piece_events(pieces, ead=fields):
+                    split = Split(content=text) if splitter is None else splitter.push(text)
+                    events = self._split_events(split, reader, ead=fields)
+                if isinstance(message, (Token, PromptProgress)):
+                    for event in keep_alive.kept(events, self._in_progress):
                         yield event
-                    continue
-                if isinstance(message, PromptProgress):
-                    if keep_alive.due():
-                        yield self._event("response.in_progress", response=self.response("in_progress"))
                     continue
                 if isinstance(message, Failed):
                     error = self.respelled(error_of(message))
