@@ -303,6 +303,30 @@ def test_bad_requests_are_a_400_naming_the_responses_field(
     assert responses(server, {"input": "hi", "max_output_tokens": 1}).status_code == 200  # still serving
 
 
+def test_a_format_no_answer_meets_ends_a_stream_with_response_failed(
+    server: Server, client: openai.OpenAI
+) -> None:
+    """A failure mid-answer (a schema that allows no token) ends the stream as OpenAI's do, with
+    ``response.failed`` (Codex reads an event's type: a bare error object is none to it): the Response
+    failed, its error's code a Responses one and its message naming the field as the request spelled it,
+    numbered as the other events; the openai client's stream reads it; whole, it is a 400; the server
+    serves on."""
+    never = {"format": {"type": "json_schema", "name": "never", "schema": {"pattern": "^[b-a]$"}}}
+    body = {"model": "ead", "input": "hi", "max_output_tokens": 8, "text": never}
+    events = list(client.responses.create(**body, stream=True))
+    assert [event.type for event in events[:2]] == ["response.created", "response.in_progress"]
+    failed = events[-1]  # after what the answer wrote before it failed (its opening quote)
+    assert isinstance(failed, openai.types.responses.ResponseFailedEvent)
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert failed.response.status == "failed" and failed.response.id == events[0].response.id
+    error = failed.response.error
+    assert error is not None and error.code == "invalid_prompt" and error.param == "text.format"
+    assert "text.format" in error.message and "allows no token" in error.message
+    whole = responses(server, body)
+    assert whole.status_code == 400 and whole.json()["error"]["message"] == error.message
+    assert responses(server, {"model": "ead", "input": "hi", "max_output_tokens": 2}).status_code == 200
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
 def test_curl_gets_named_events(server: Server) -> None:
     body = json.dumps({"input": "hi", "max_output_tokens": 4, "temperature": 0, "stream": True})

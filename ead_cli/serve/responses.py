@@ -292,6 +292,14 @@ def _usage(summary: Summary) -> dict[str, Any]:
     }
 
 
+def _response_error(error: ApiError) -> dict[str, Any]:
+    """A failed Response's ``error``: its code one of the Responses API's (the request's fault
+    ``invalid_prompt``, which Codex does not retry; else ``server_error``), its message, field and type as
+    the error object gives them."""
+    code = "invalid_prompt" if error.status < 500 else "server_error"
+    return {"code": code, "message": error.message, "param": error.param, "type": error.kind}
+
+
 def _status(summary: Summary) -> str:
     """'incomplete' where the token limit (or the context's end) cut the answer, else 'completed'."""
     return "incomplete" if summary.finish_reason == "length" else "completed"
@@ -357,9 +365,13 @@ class _Answer:
         return error.respelled(self.spelling, SCHEMA_AS)
 
     def response(
-        self, status: str, summary: Summary | None = None, ead: dict[str, Any] | None = None
+        self,
+        status: str,
+        summary: Summary | None = None,
+        ead: dict[str, Any] | None = None,
+        error: ApiError | None = None,
     ) -> dict:
-        """The Response object; ``summary`` None while it is in progress."""
+        """The Response object; ``summary`` None while it is in progress, ``error`` what failed it."""
         extra = self.asked.model_extra or {}
         done = {} if summary is None else {"usage": _usage(summary), "ead": ead}
         cut = {"reason": "max_output_tokens"} if status == "incomplete" else None
@@ -368,7 +380,7 @@ class _Answer:
             "object": "response",
             "created_at": self.created,
             "status": status,
-            "error": None,
+            "error": None if error is None else _response_error(error),
             "incomplete_details": cut,
             "instructions": self.asked.instructions,
             "max_output_tokens": self.asked.max_output_tokens,
@@ -568,9 +580,10 @@ class _Answer:
     ) -> AsyncIterator[dict[str, str] | bytes]:
         """The typed events: created, in progress, each item's (a text delta per token that shows text,
         with its ``ead`` fields; a thinking model's reasoning an item of its own first), then completed or
-        incomplete with the whole Response; a failure mid-answer is an error event, as the chat route ends
-        a stream it cannot finish. ``response.in_progress`` again each time ``keep_alive`` is due: while a
-        long prompt is read, or while text is held back."""
+        incomplete with the whole Response; a failure mid-answer is ``response.failed``, the Response failed
+        with its error, as OpenAI's end one (Codex reads an event's type: a bare error object is none to
+        it). ``response.in_progress`` again each time ``keep_alive`` is due: while a long prompt is read,
+        or while text is held back."""
         reader = ToolCallReader(tools, parallel, prefill) if tools else None
         splitter = None if thinking is None else ReasoningSplitter(thinking)
         yield self._event("response.created", response=self.response("in_progress"))
@@ -592,7 +605,7 @@ class _Answer:
                 if isinstance(message, Failed):
                     error = self.respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
-                    yield error.sse_event()
+                    yield self._event("response.failed", response=self.response("failed", error=error))
                     return
                 summary = message.summary
                 log_answered(self.log, self.path, summary)
