@@ -8,7 +8,8 @@ pooling needs a text in one micro-batch (a context's n_ubatch as large as its lo
 embedding context computes the output head for every token it reads: a 4096-token batch of Qwen2.5's
 151,936-entry vocabulary holds 2.5 GB of logits. So the context pools nothing (every token's vector, the
 output norm's, which llama.cpp's mean pooling averages), reads a text in batches of ``EMBED_BATCH``
-tokens, and the mean is taken here: the same vector, with logits for 128 rows at a time.
+tokens (or the runner's smaller --batch-size), and the mean is taken here: the same vector, with
+logits for 128 rows at a time.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ class Embedder(ContextOwner):
         self._batch = None
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = self.n_ctx
-        self.n_batch = min(EMBED_BATCH, self.n_ctx)
-        params.n_batch = params.n_ubatch = self.n_batch
+        # the runner's batches (--batch-size, --ubatch-size), up to EMBED_BATCH
+        self.n_batch = min(EMBED_BATCH, runner.n_batch)
+        params.n_batch = self.n_batch
+        params.n_ubatch = min(self.n_batch, runner.n_ubatch)
         params.n_threads = params.n_threads_batch = runner.n_threads
         params.embeddings = True
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE  # pooled here: see the module's docstring

@@ -147,6 +147,8 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
         path,
         name=role,
         n_ctx=options.n_ctx,
+        n_batch=options.n_batch,
+        n_ubatch=options.n_ubatch,
         n_threads=options.threads,
         n_gpu_layers=options.n_gpu_layers,
         repack=options.repack,

@@ -111,6 +111,20 @@ def check_ctx(n_ctx: int | None) -> None:
     check_int32(n_ctx, "--ctx")
 
 
+# ead's batch sizes when none is given: 512 tokens each (llama.cpp's tools: a batch of 2048, read in
+# micro-batches of 512); --batch-size larger alone keeps llama.cpp's micro-batch, as its tools do
+DEFAULT_BATCH = 512
+DEFAULT_UBATCH = 512
+
+
+def check_batch(value: int | None, flag: str) -> None:
+    """--batch-size or --ubatch-size: None is the default; below 1 or past llama.cpp's 32 bits is refused.
+    A micro-batch larger than the batch is not: llama.cpp makes it the batch, as its tools do."""
+    if value is not None and value < 1:
+        raise EadError(f"{flag} must be at least 1, got {value}", exit_code=2)
+    check_int32(value, flag)
+
+
 def check_model_name(name: str, flag: str, kinds: str) -> None:
     """A usage error for a blank model name: it names no alias or file (looked up as an alias, the default
     model would answer in its place)."""
@@ -127,6 +141,8 @@ class ModelOptions:
     large: str | None = None
     models_file: Path | None = None
     n_ctx: int | None = None
+    n_batch: int | None = None  # --batch-size: tokens per llama_decode (a prompt's, a draft's rows)
+    n_ubatch: int | None = None  # --ubatch-size: tokens per compute graph within a batch
     threads: int | None = None
     n_gpu_layers: int | None = None
     allow_download: bool = True
@@ -138,6 +154,8 @@ class ModelOptions:
 
     def __post_init__(self) -> None:
         check_ctx(self.n_ctx)
+        check_batch(self.n_batch, "--batch-size")
+        check_batch(self.n_ubatch, "--ubatch-size")
         resolve_threads(self.threads)  # refused here, before any model loads
         layers = self.n_gpu_layers
         if layers is not None and layers < -1:  # any negative would offload every layer: only -1 says so

@@ -26,7 +26,7 @@ from .entropy import EntropyMeter
 from .errors import EadError, shown_path
 from .gguf_files import shard_paths
 from .hardware import Repack, repack_choice
-from .options import resolve_threads
+from .options import DEFAULT_BATCH, DEFAULT_UBATCH, resolve_threads
 from .sampling import ParsedGrammars
 from .signals import Terminated, block_signals, main_thread_signals, restore_signals, stop_requested
 
@@ -215,6 +215,7 @@ class Runner(ContextOwner):
     ``n_ctx`` None: 4096 tokens or the model's training context if smaller. ``n_gpu_layers`` None: every
     layer when llama.cpp was built with a GPU backend (CUDA, Metal, Vulkan), else none; -1 means all.
     ``repack`` None: ``EAD_REPACK``, else on unless llama.cpp's AMX buffer is active (``hardware``).
+    ``n_batch``/``n_ubatch`` None: ``DEFAULT_BATCH``/``DEFAULT_UBATCH``; kept as llama.cpp clamps them.
     """
 
     def __init__(
@@ -225,7 +226,8 @@ class Runner(ContextOwner):
         n_ctx: int | None = None,
         n_threads: int | None = None,
         n_gpu_layers: int | None = None,
-        n_batch: int = 512,
+        n_batch: int | None = None,
+        n_ubatch: int | None = None,
         eval_callback: llama_cpp.ggml_backend_sched_eval_callback | None = None,
         repack: bool | None = None,
     ) -> None:
@@ -259,9 +261,8 @@ class Runner(ContextOwner):
             n_ctx = min(DEFAULT_CTX, self.n_ctx_train) if self.n_ctx_train > 0 else DEFAULT_CTX
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
-        self.n_batch = min(n_batch, n_ctx)
-        ctx_params.n_batch = self.n_batch
-        ctx_params.n_ubatch = self.n_batch
+        ctx_params.n_batch = n_batch or DEFAULT_BATCH
+        ctx_params.n_ubatch = n_ubatch or DEFAULT_UBATCH
         self.n_threads = resolve_threads(n_threads)
         ctx_params.n_threads = self.n_threads
         ctx_params.n_threads_batch = self.n_threads
@@ -275,6 +276,9 @@ class Runner(ContextOwner):
                 f"llama.cpp could not create a context of {n_ctx} tokens for {shown_path(self.path)}"
             )
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        # as llama.cpp made them: a batch no larger than the context, a micro-batch no larger than the batch
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)
+        self.n_ubatch = llama_cpp.llama_n_ubatch(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         batch = self._batch  # its arrays, fetched once (each attribute read makes a new ctypes pointer)

@@ -152,6 +152,23 @@ Ctx = Annotated[
     int | None,
     typer.Option("--ctx", "-c", "--ctx-size", help="Context size in tokens (default: 4096 or the model's)."),
 ]
+BatchSize = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        "-b",
+        help="Tokens read per batch: a prompt's parts, and the most a draft or a lookup guess checks at "
+        "once (default: 512; llama.cpp's tools: 2048).",
+    ),
+]
+UBatchSize = Annotated[
+    int | None,
+    typer.Option(
+        "--ubatch-size",
+        "-ub",
+        help="Tokens computed at once within a batch, at most --batch-size (default: 512).",
+    ),
+]
 Threads = Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads (default: all cores).")]
 GpuLayers = Annotated[
     int | None,
@@ -248,6 +265,8 @@ MODEL_OPTIONS = OptionGroup(
         ("models", Cascade, None),
         ("catalog", ModelsFile, None),
         ("n_ctx", Ctx, None),
+        ("n_batch", BatchSize, None),
+        ("n_ubatch", UBatchSize, None),
         ("threads", Threads, None),
         ("n_gpu_layers", GpuLayers, None),
         ("repack", RepackOpt, None),
