@@ -810,13 +810,19 @@ def test_llama_cpp_makes_the_context_ead_expects_of_a_ctx(tiny_small: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("options", "differs"), [({"threads": 2}, "--threads"), ({"n_ctx": 1024}, "--ctx")]
+    ("options", "differs"),
+    [
+        ({"threads": 2}, "--threads"),
+        ({"n_ctx": 1024}, "--ctx"),
+        ({"n_batch": 64}, "--batch-size, --ubatch-size"),  # the micro-batch follows a smaller batch
+        ({"n_ubatch": 64}, "--ubatch-size"),
+    ],
 )
 def test_a_resume_under_other_threads_or_another_context_is_refused(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task], options: dict, differs: str
 ) -> None:
-    """The threads set every sample's wall-clock, and the context where an answer must stop: a resume
-    under others had mixed both kinds of sample in one table without a word."""
+    """The threads and the batch sizes set every sample's wall-clock, and the context where an answer must
+    stop: a resume under others had mixed both kinds of sample in one table without a word."""
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     before = (tmp_path / "results.jsonl").read_bytes()
     with pytest.raises(EadError, match=rf"holds results of another setup \(differs in: {differs}\)"):

@@ -19,6 +19,7 @@ from test_cli import EAD, assert_one_line_error
 from ead_cli.bench import grid, native
 from ead_cli.bench.results import RESULTS_FILE, read_results
 from ead_cli.errors import EadError
+from ead_cli.options import GenerationOptions
 from ead_cli.remote import built_server
 from ead_cli.runner import Runner
 
@@ -152,6 +153,25 @@ def test_a_draft_model_that_is_the_large_model_is_accepted_almost_always(tiny_pa
     record = samples(tmp_path / "out")[("server-spec draft=3", "prompt/0")]
     assert record["acceptance_rate"] > 0.9
     assert record["text"] == samples(tmp_path / "out")[("large-only", "prompt/0")]["text"]
+
+
+def test_the_servers_read_in_the_bench_models_batches(tiny_pair: tuple[Path, Path]) -> None:
+    """llama.cpp's loops are compared alike: each server is started with the batch and micro-batch the
+    bench's own models read in (--batch-size, --ubatch-size)."""
+    runners = [
+        Runner(path, name=role, n_ctx=256, n_threads=1, n_batch=8, n_ubatch=4)
+        for path, role in zip(tiny_pair, ("small", "large"), strict=True)
+    ]
+    try:
+        with native.NativePeers(runners, GenerationOptions(max_tokens=8)) as peers:
+            large = grid.NativeOptions("large")
+            peers.client(large, runners[1].tokenize("hi there", add_special=False))
+            [server] = children(os.getpid(), "llama-server")
+            argv = Path(f"/proc/{server}/cmdline").read_bytes().decode().split("\0")
+            assert argv[argv.index("-b") + 1] == "8" and argv[argv.index("-ub") + 1] == "4"
+    finally:
+        for runner in runners:
+            runner.close()
 
 
 def test_replay_skips_server_samples_and_refuses_them_by_name(tiny_pair, tiny_bench: Path, tmp_path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -476,6 +477,31 @@ def test_a_replay_given_twice_is_not_two_repeats(tmp_path: Path) -> None:
     line = assert_one_line_error(result, 2)
     assert line == "error: a folder is given twice: repeats are distinct runs"
     assert not (tmp_path / "median-of-2.md").exists()
+
+
+def test_a_replay_whose_checks_pass_the_batch_is_refused_in_one_line(
+    recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A recorded check of several rows is one batch (llama.cpp keeps only the last batch's logits): a
+    replay with a smaller --batch-size had raised a ValueError; the default batch replays them all."""
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    result = ead("bench", "replay", str(recorded), *pair, "-b", "2", "--out", str(tmp_path))
+    line = assert_one_line_error(result, 2)
+    assert re.search(
+        r" on \S+ checks \d+ tokens in one batch, past --batch-size 2: pass --batch-size \d+ or more$", line
+    )
+    assert not (tmp_path / replay.REPLAY_FILE).exists()
+
+
+def test_bench_speed_times_batches_up_to_the_batch_size(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A batch larger than --batch-size runs as several: only the sizes up to it are timed (and shown)."""
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    out = tmp_path / "speed.json"
+    result = ead("bench", "speed", *pair, "--context", "64", "-b", "8", "-ub", "4", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert b"batch 8" in result.stdout and b"batch 16" not in result.stdout
+    for rates in json.loads(out.read_text())["rates"]:
+        assert [int(size) for size in rates["tokens_per_s"]] == [1, 2, 4, 8]
 
 
 def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -228,7 +228,7 @@ class NativePeers:
         """The server of a configuration, started (and warmed with one short request) on first use."""
         if options not in self._clients:
             args = [
-                "-c", str(self.n_ctx), "-b", str(self.large.n_batch), "-ub", str(self.large.n_batch),
+                "-c", str(self.n_ctx), "-b", str(self.large.n_batch), "-ub", str(self.large.n_ubatch),
                 "-t", str(self.threads), "-tb", str(self.threads),
                 *options.flags(self.small.path, self.threads),
             ]  # fmt: skip

@@ -195,9 +195,18 @@ def check_models(config: Record, runners: Sequence[Runner]) -> None:
         check_recorded_tokenizer(config["tokenizer"], runner.label, runner.model)
 
 
-def _checked_steps(record: Record, n_ctx: int) -> list:
-    """A sample's schedule (checked as it was read), within these models' context."""
+def _checked_steps(record: Record, n_ctx: int, n_batch: int) -> list:
+    """A sample's schedule (checked as it was read), within these models' context, each step's rows of
+    logits (a draft or a guess checked) within one batch of theirs: llama.cpp keeps only the last
+    batch's."""
     steps = record["schedule"]
+    rows = max((step[4] for step in steps if step[1] not in "td"), default=1)
+    if rows > n_batch:
+        raise EadError(
+            f"{record['strategy']} on {record['task_id']} checks {rows} tokens in one batch, past "
+            f"--batch-size {n_batch}: pass --batch-size {rows} or more",
+            exit_code=2,
+        )
     end = max((step[2] + len(step[3]) for step in steps if step[1] != "t"), default=0)
     if end > n_ctx:
         raise EadError(
@@ -216,8 +225,8 @@ def replay_records(
 ) -> list[ReplayedSample]:
     """Re-execute each record's schedule (its token counts checked against the record's as it was read)."""
     roles = role_names(len(runners))
-    n_ctx = context_size(runners)
-    plan = [(record, _checked_steps(record, n_ctx)) for record in _by_task(records)]
+    n_ctx, n_batch = context_size(runners), min(runner.n_batch for runner in runners)
+    plan = [(record, _checked_steps(record, n_ctx, n_batch)) for record in _by_task(records)]
     first_prefill = next((step[3] for _, steps in plan for step in steps if step[1] == "p"), None)
     if first_prefill:
         warm_up(runners, first_prefill)

@@ -60,7 +60,8 @@ Record = dict[str, Any]
 
 RESULTS_FILE = "results.jsonl"
 FORMAT_VERSION = 1
-RUN_KEYS = ("n_ctx", "threads", "gpu_layers")  # how the models ran: an older ead's config lacks them
+# how the models ran: an older ead's config lacks them (its batches were 512 tokens, the default's)
+RUN_KEYS = ("n_ctx", "n_batch", "n_ubatch", "threads", "gpu_layers")
 
 
 def setup_record(
@@ -98,8 +99,8 @@ def config_record(
     models: ModelOptions,
 ) -> Record:
     """What must match for samples to share a results file: the setup (``setup_record``), the models, the
-    context (where an answer must stop), and the threads and GPU layers (every wall-clock figure depends
-    on them; none on a build without GPU offload)."""
+    context (where an answer must stop), and the batch sizes, threads and GPU layers (every wall-clock
+    figure depends on them; no GPU layers on a build without GPU offload)."""
     config = {
         "models": {
             runner.name: {
@@ -111,6 +112,9 @@ def config_record(
         },
         "tokenizer": tokenizer_record(runners[0]),
         "n_ctx": context_size(runners),
+        # the batches the smallest model (always local) reads in: each answer's prefill and catch-ups
+        "n_batch": runners[0].n_batch,
+        "n_ubatch": runners[0].n_ubatch,
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
     }
@@ -175,6 +179,8 @@ SETUP_NAMES = {
     "source_sha256": "the tasks or prompts file changed",
     "timeout_s": "--timeout",
     "n_ctx": "--ctx",
+    "n_batch": "--batch-size",
+    "n_ubatch": "--ubatch-size",
     "threads": "--threads",
     "gpu_layers": "--n-gpu-layers",
 }

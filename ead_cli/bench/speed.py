@@ -97,14 +97,14 @@ def check_context(context: int, n_ctx: int) -> None:
 def measure(runner: Runner, *, context: int = 256) -> Rates:
     """Decode and prefill rates at ``context`` tokens of cache: each batch size is fed after the
     context and rolled back, once to warm up, then timed until ``MIN_TIMED_S``, in ``ROUNDS`` rounds;
-    sizes out of order are timed again (up to ``EXTRA_ROUNDS``); each keeps its fastest rate."""
+    sizes out of order are timed again (up to ``EXTRA_ROUNDS``); each keeps its fastest rate. Sizes up to
+    the runner's batch (--batch-size) alone: a larger one runs as several, priced flat past the largest."""
     check_context(context, runner.n_ctx)
     tokens = filler_tokens(runner, context + max(max(BATCH_SIZES), DECODE_STEPS))
     runner.truncate(0)
     runner.feed(tokens, 0, context, "prefill")
-    rates = {
-        size: max(batch_rate(runner, tokens, context, size) for _ in range(ROUNDS)) for size in BATCH_SIZES
-    }
+    sizes = [size for size in BATCH_SIZES if size <= runner.n_batch]  # a larger one runs as several
+    rates = {size: max(batch_rate(runner, tokens, context, size) for _ in range(ROUNDS)) for size in sizes}
     for _ in range(EXTRA_ROUNDS):
         for size in falls(rates):
             rates[size] = max(rates[size], batch_rate(runner, tokens, context, size))
