@@ -35,6 +35,24 @@ def test_a_bad_batch_size_is_refused_before_any_model_is_looked_for(
 
 
 @pytest.mark.parametrize(
+    "command",
+    [
+        ("chat",),
+        ("serve", "--port", "0"),
+        ("calibrate",),
+        ("bench", "humaneval"),
+        ("bench", "replay", "missing.jsonl"),
+        ("bench", "speed"),
+    ],
+)
+def test_every_command_that_loads_models_takes_the_batch_sizes(command: tuple[str, ...]) -> None:
+    """The options reach every command that loads models, refused alike before a model is looked for."""
+    models = ("--small", "missing.gguf", "--large", "missing.gguf")
+    result = ead(*command, *models, "-b", "8", "-ub", "0")
+    assert_one_line_error(result, 2, "--ubatch-size must be at least 1, got 0")
+
+
+@pytest.mark.parametrize(
     "mode",
     [
         ["--mode", "large"],
