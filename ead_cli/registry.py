@@ -834,9 +834,11 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     # finite: TOML's inf would reach `ead models list --json` as Infinity, which is not JSON
     "number": (lambda v: is_figure(v) and v > 0, "a positive number"),
     "names": (  # ASCII, as the package index names them
-        lambda v: isinstance(v, list)
-        and bool(v)
-        and all(isinstance(x, str) and x.isascii() and x.isidentifier() for x in v),
+        lambda v: (
+            isinstance(v, list)
+            and bool(v)
+            and all(isinstance(x, str) and x.isascii() and x.isidentifier() for x in v)
+        ),
         "a non-empty list of package import names",
     ),
     "table": (lambda v: isinstance(v, dict), "a table"),

@@ -9,4 +9,5 @@ cd "$(dirname "$0")/.."
 ./scripts/install_chromium.sh  # the page test of ead serve drives a headless Chromium
 ./scripts/install_agents.sh  # Claude Code and Codex (npm, pinned) for the agent tests of ead serve
 .venv/bin/ruff check ead_cli tests scripts
+.venv/bin/ruff format --check ead_cli tests scripts  # the one layout: `ruff format` writes it
 exec .venv/bin/python -m pytest -q "$@"

@@ -261,7 +261,6 @@ def add(a, b):
     assert wait_gone(pid_file.read_text()), "the daemon outlived the sample"
 
 
-
 def children(pid: int, named: str) -> list[int]:
     """The processes ``pid`` started whose command line holds ``named``."""
     found = []
@@ -296,6 +295,7 @@ def sleeps(pid: int) -> bool:
     with contextlib.suppress(OSError):
         return "sleep" in Path(f"/proc/{pid}/cwd/program.py").read_text()
     return False
+
 
 REAL_TIME = signal.SIGRTMIN + 2  # no name in signal.Signals
 
@@ -373,8 +373,6 @@ def test_a_program_that_deletes_its_folders_files_is_still_judged(cleanup: str) 
     assert check_solution(ADD, solution) == Outcome("passed")
     failing = f"import os, shutil\n{cleanup}def add(a, b):\n    return a - b\n"
     assert check_solution(ADD, failing) == Outcome("failed", "AssertionError")
-
-
 
 
 def test_as_root_the_programs_run_as_nobody_without_groups(unprivileged: str) -> None:
@@ -862,6 +860,7 @@ def test_gpu_layers_part_a_setup_where_llama_cpp_offloads_them(
     else:
         assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, n_gpu_layers=5)) == 4
 
+
 def test_a_results_file_from_before_threads_and_context_were_recorded_resumes(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:
@@ -873,6 +872,7 @@ def test_a_results_file_from_before_threads_and_context_were_recorded_resumes(
     path.write_text("\n".join([json.dumps(older), *samples]) + "\n")
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, threads=2)) == 4
     assert json.loads(path.read_text().splitlines()[0]) == older
+
 
 def test_a_results_file_from_before_the_time_limit_was_recorded_resumes_at_the_default(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
@@ -886,7 +886,10 @@ def test_a_results_file_from_before_the_time_limit_was_recorded_resumes_at_the_d
     path.write_text("\n".join([json.dumps(older), *samples]) + "\n")
     run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)
     assert [json.loads(line)["task_id"] for line in path.read_text().splitlines()[1:]] == [
-        "HumanEval/0", "HumanEval/0", "HumanEval/1", "HumanEval/1"
+        "HumanEval/0",
+        "HumanEval/0",
+        "HumanEval/1",
+        "HumanEval/1",
     ]
     with pytest.raises(EadError, match=r"differs in: --timeout"):
         run(humaneval_job(humaneval[:2], tmp_path, timeout_s=5.0), tiny_pair)
@@ -928,6 +931,7 @@ def test_a_bench_resumes_beside_the_replay_that_bench_replay_writes_there_by_def
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     (tmp_path / "replay.json").write_text("{}")
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -1017,6 +1021,7 @@ def test_a_results_file_that_cannot_take_more_is_refused_before_any_model_loads(
         humaneval_job(humaneval[:2], tmp_path)
     assert error.value.exit_code == 2
 
+
 def test_a_second_bench_on_the_same_folder_is_refused_while_the_first_runs(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
 ) -> None:
@@ -1032,6 +1037,7 @@ def test_a_second_bench_on_the_same_folder_is_refused_while_the_first_runs(
         with pytest.raises(EadError, match=refused):
             Results(path, config)
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)) == 4
+
 
 def test_a_resumed_bench_whose_models_fail_to_load_lets_its_results_go(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
@@ -1415,9 +1421,7 @@ def test_prompt_lists_measure_agreement_with_the_large_model(
     small, large = aggregate(records)
     assert large.agreement == 1.0 and large.pass_at_1 is None
     texts = {(r["strategy"], r["task_id"]): r["text"] for r in records}
-    expected = [
-        agreement(texts["small-only", t], texts["large-only", t]) for t in ("prompt/0", "prompt/1")
-    ]
+    expected = [agreement(texts["small-only", t], texts["large-only", t]) for t in ("prompt/0", "prompt/1")]
     assert small.agreement == pytest.approx(sum(expected) / 2)
     assert small.agreement < 1.0  # the tiny models were written from different seeds
 
@@ -1834,7 +1838,6 @@ def test_a_range_of_ids_past_the_last_task_is_refused_without_counting_it_out() 
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr == "error: --ids: no task 164 (the tasks are 0-163)\n"
-
 
 
 # ------------------------------------------------------------------------- server strategies, no server

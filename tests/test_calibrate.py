@@ -101,7 +101,13 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     )
     env = {"EAD_CONFIG": str(config)}
     result = ead(  # a narrow COLUMNS: the table in a pipe is whole, not squeezed (and wrapped) into it
-        "calibrate", *pair_args(tiny_pair), "--target-share", "0.3", "--max-tokens", "40", "--save",
+        "calibrate",
+        *pair_args(tiny_pair),
+        "--target-share",
+        "0.3",
+        "--max-tokens",
+        "40",
+        "--save",
         env=env | {"COLUMNS": "30"},
     )
     assert result.returncode == 0, result.stderr
@@ -143,8 +149,10 @@ def test_a_policy_that_cannot_be_calibrated_leaves_the_others_shown_and_saved(
     rows = [line.split()[0] for line in result.stdout.decode().splitlines()[1:]]
     assert rows == ["gate"]
     errors = [line for line in result.stderr.decode().splitlines() if line.startswith("error: ")]
-    assert errors == ["error: the ead policy hands the large model no token at any tau over 6 answer tokens: "
-                      "calibrate on longer answers (--max-tokens) or more prompts"]
+    assert errors == [
+        "error: the ead policy hands the large model no token at any tau over 6 answer tokens: "
+        "calibrate on longer answers (--max-tokens) or more prompts"
+    ]
     saved = json.loads(config.read_text())[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
     assert list(saved) == ["gate"]
     alone = ead("calibrate", *pair_args(tiny_pair), "--max-tokens", "1", "--no-check", "--policy", "ead")

@@ -154,9 +154,7 @@ def test_a_margin_that_never_exits_is_full_depth_greedy(model: DepthModel, deep_
     ],
     ids=lambda options: options.label,
 )
-def test_early_exit_equals_the_full_depth_simulation(
-    model: DepthModel, options: DepthOptions
-) -> None:
+def test_early_exit_equals_the_full_depth_simulation(model: DepthModel, options: DepthOptions) -> None:
     real_events, real = run(model, options)
     simulated_events, simulated = run(model, replace(options, simulate=True))
     assert [e.token for e in real_events] == [e.token for e in simulated_events]
@@ -243,9 +241,7 @@ def test_isotonic_regression_is_non_increasing() -> None:
     assert all(b <= a for a, b in itertools.pairwise(profile))
 
 
-def test_profile_is_saved_whole_and_checked(
-    model: DepthModel, tmp_path: Path, deep_model: Path
-) -> None:
+def test_profile_is_saved_whole_and_checked(model: DepthModel, tmp_path: Path, deep_model: Path) -> None:
     path = save_profile(model.profile, tmp_path / "p.json")
     assert load_profile(deep_model, path) == model.profile
     assert list(tmp_path.iterdir()) == [path]

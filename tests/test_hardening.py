@@ -377,6 +377,7 @@ def test_not_a_number_is_refused(
 
 NOT_UTF8 = "not UTF-8 text (byte 1)"
 
+
 @pytest.mark.parametrize(
     ("command", "code", "what", "name", "reason"),
     [

@@ -60,7 +60,9 @@ def decide(requested: bool | None = None, env: str | None = None, **machine) -> 
 
 
 AMX_MACHINE = {
-    "buffer_types": ("AMX", "CPU_REPACK"), "flags": cpu_flags(SAPPHIRE_RAPIDS), "system_info": AMX_BUILD
+    "buffer_types": ("AMX", "CPU_REPACK"),
+    "flags": cpu_flags(SAPPHIRE_RAPIDS),
+    "system_info": AMX_BUILD,
 }
 EPYC_MACHINE = {"buffer_types": ("CPU_REPACK",), "flags": cpu_flags(EPYC), "system_info": PLAIN_BUILD}
 

@@ -230,9 +230,10 @@ def test_after_guessing_every_cache_holds_exactly_the_answer(
 
 
 def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one(tiny_small: Path) -> None:
-    with Runner(tiny_small, name="s", n_ctx=256, n_threads=1) as runner, Runner(
-        tiny_small, name="plain", n_ctx=256, n_threads=1
-    ) as plain:
+    with (
+        Runner(tiny_small, name="s", n_ctx=256, n_threads=1) as runner,
+        Runner(tiny_small, name="plain", n_ctx=256, n_threads=1) as plain,
+    ):
         prompt = runner.tokenize("hello hello", add_special=True)
         runner.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)
         plain.sync(prompt[:-1], prompt_len=len(prompt) - 1, own_tail=False)

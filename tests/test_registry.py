@@ -1077,7 +1077,10 @@ def test_a_cache_on_a_filesystem_without_locks_is_used_unlocked_with_a_warning(
             touch(target)
         result = subprocess.run(
             [sys.executable, "-c", NO_LOCKS, "models", command, "tiny", *catalog],
-            capture_output=True, text=True, env=env, timeout=120,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
         )
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
         assert result.stderr.count(warning) == 1, result.stderr

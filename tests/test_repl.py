@@ -890,9 +890,7 @@ def test_control_characters_the_user_brought_in_are_shown_spelled_not_acted_on(s
     assert leave(child) == 0
 
 
-def test_ctrl_c_with_stdout_redirected_leaves_the_summary_on_a_line_of_its_own(
-    spawn, tmp_path: Path
-) -> None:
+def test_ctrl_c_with_stdout_redirected_leaves_the_summary_on_a_line_of_its_own(spawn, tmp_path: Path) -> None:
     """With the answers going to a file, Ctrl-C mid-answer had glued the summary to the ^C the terminal
     echoed ("^C1722 tokens · large share …"): the answer's line end went to the file, not the terminal."""
     out = tmp_path / "answers.txt"

@@ -385,8 +385,7 @@ def a_report(without: str = "", **changed: object) -> str:
         ),
         (
             a_report(batches={"large": {"warp": {"1": 8}}}),
-            "its strategy 1's batches is {'large': {'warp': {'1': 8}}}, "
-            "not batch counts by model and phase",
+            "its strategy 1's batches is {'large': {'warp': {'1': 8}}}, not batch counts by model and phase",
         ),
         (
             a_report(batches={"large": {"decode": {"one": 8}}}),
@@ -673,10 +672,22 @@ def large(sample: dict) -> dict:
         (lambda sample: sample["schedule"][1].__setitem__(1, "x"), "step 1 is malformed"),
     ],
     ids=[
-        "no strategy", "no models", "no small model", "a wall time in words", "a number for a strategy",
-        "negative seconds", "a boolean for seconds", "a share of 2", "half a token", "a count in words",
-        "a negative count", "a count in words in a model", "counts the schedule does not read",
-        "a gap in the schedule", "an overlap in the schedule", "an unknown step",
+        "no strategy",
+        "no models",
+        "no small model",
+        "a wall time in words",
+        "a number for a strategy",
+        "negative seconds",
+        "a boolean for seconds",
+        "a share of 2",
+        "half a token",
+        "a count in words",
+        "a negative count",
+        "a count in words in a model",
+        "counts the schedule does not read",
+        "a gap in the schedule",
+        "an overlap in the schedule",
+        "an unknown step",
     ],
 )
 def test_a_damaged_sample_record_is_one_line_before_any_model_loads(
@@ -699,9 +710,9 @@ def test_a_damaged_sample_record_is_one_line_before_any_model_loads(
     ("damage", "problem"),
     [
         (lambda config: config.update(tokenizer=5), "tokenizer is 5, not a token count and a fingerprint"),
-        (lambda config: config.update(tokenizer="x"), "tokenizer is \"x\", not a token count and a"),
-        (lambda config: config["tokenizer"].pop("sha256"), "tokenizer is {\"tokens\": 267}, not a token"),
-        (lambda config: config["tokenizer"].update(tokens="267"), "tokenizer is {\"tokens\": \"267\", "),
+        (lambda config: config.update(tokenizer="x"), 'tokenizer is "x", not a token count and a'),
+        (lambda config: config["tokenizer"].pop("sha256"), 'tokenizer is {"tokens": 267}, not a token'),
+        (lambda config: config["tokenizer"].update(tokens="267"), 'tokenizer is {"tokens": "267", '),
         (lambda config: config.update(models=5), "models is 5, not the models by role"),
         (lambda config: config.update(models={}), "models is {}, not the models by role"),
     ],

@@ -594,7 +594,7 @@ def test_a_client_that_leaves_while_sending_its_body_is_one_log_line(server: Ser
     before = len(server.log().splitlines())
     with socket.create_connection((host, int(port))) as leaving:
         head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        leaving.sendall(f"{head}Content-Length: 1000\r\n\r\n{{\"prompt\": ".encode())  # then leaves
+        leaving.sendall(f'{head}Content-Length: 1000\r\n\r\n{{"prompt": '.encode())  # then leaves
     wait_until(lambda: len(server.log().splitlines()) > before, 30)
     assert server.log().splitlines()[before:] == [
         "error: POST /v1/completions: the client went away while sending its body"
@@ -970,7 +970,7 @@ def test_a_body_that_stops_coming_for_the_read_timeout_is_a_408_and_closed(
     framing = "Transfer-Encoding: chunked\r\n\r\n6\r\n" if chunked else "Content-Length: 100\r\n\r\n"
     before = impatient.log().splitlines()
     with socket.create_connection((host, int(port)), timeout=60) as stalled:
-        stalled.sendall(f"{head}{framing}{{\"mes".encode())  # then nothing more
+        stalled.sendall(f'{head}{framing}{{"mes'.encode())  # then nothing more
         answer = read_to_close(stalled)
     head_lines, _, body = answer.partition(b"\r\n\r\n")
     assert head_lines.split(b"\r\n")[0] == b"HTTP/1.1 408 Request Timeout", answer

@@ -275,7 +275,10 @@ def test_messages_give_thinking_blocks_before_the_text_whole_and_streamed(server
     on = client.messages.create(model="ead", max_tokens=32, messages=HI, thinking=enabled)  # type: ignore[arg-type]
     assert on.content == whole.content
     off = client.messages.create(
-        model="ead", max_tokens=32, messages=HI, thinking={"type": "disabled"}  # type: ignore[arg-type]
+        model="ead",
+        max_tokens=32,
+        messages=HI,
+        thinking={"type": "disabled"},  # type: ignore[arg-type]
     )
     assert [block.model_dump() for block in off.content] == [
         {"type": "text", "text": message(server, **THINKING_OFF)["content"], "citations": None}

@@ -213,7 +213,9 @@ def test_ollama_names_that_differ_only_in_case_are_each_found_by_their_own_spell
     )
 
 
-EXPECTED_OLLAMA_NAME = "expected [REGISTRY/][NAMESPACE/]MODEL[:TAG], or https://REGISTRY/NAMESPACE/MODEL[:TAG]"
+EXPECTED_OLLAMA_NAME = (
+    "expected [REGISTRY/][NAMESPACE/]MODEL[:TAG], or https://REGISTRY/NAMESPACE/MODEL[:TAG]"
+)
 
 
 def test_bad_ollama_names_are_one_line(env: dict[str, str], tiny_large: Path) -> None:
@@ -235,8 +237,7 @@ def test_a_long_name_is_echoed_cut(
     echoed = f"'{'x' * 80}'... (100000 characters)"
     assert refused(env, f"ollama:{long}", tiny_large).startswith(f"error: no ollama model {echoed} in ")
     assert refused(env, f"ollama:{long}/a/b/c", tiny_large) == (
-        f"error: not an ollama model name: '{'x' * 80}'... (100006 characters) "
-        f"({EXPECTED_OLLAMA_NAME})"
+        f"error: not an ollama model name: '{'x' * 80}'... (100006 characters) ({EXPECTED_OLLAMA_NAME})"
     )
     assert refused(env, f"lmstudio:{long}", tiny_large).startswith(f"error: no LM Studio model {echoed} in ")
     assert refused(env, f"lmstudio:/{long}", tiny_large).startswith(
@@ -374,7 +375,9 @@ def test_a_split_lmstudio_model_without_its_first_shard_is_listed_with_that_prob
     expected = f"split model big-00002-of-00003.gguf is missing 1 of its 3 shards: {first}"
     (listed,) = user_models._lmstudio_models([Path(env["LMSTUDIO_MODELS"])])
     assert (listed.ref, listed.path, listed.problem) == (
-        "lmstudio:someone/Big-GGUF/big-00002-of-00003.gguf", None, expected
+        "lmstudio:someone/Big-GGUF/big-00002-of-00003.gguf",
+        None,
+        expected,
     )
     assert refused(env, "lmstudio:someone/Big-GGUF", tiny_large) == f"error: {expected}"
 

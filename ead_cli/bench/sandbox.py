@@ -301,9 +301,7 @@ def _run(source: str, *, timeout_s: float, mark: str | None, user: User | None) 
             return Execution(returncode, _tail(out), _tail(err), printed_mark)
 
 
-def check_solution(
-    task: Task, code: str, *, timeout_s: float = SAMPLE_TIMEOUT_S
-) -> Outcome:
+def check_solution(task: Task, code: str, *, timeout_s: float = SAMPLE_TIMEOUT_S) -> Outcome:
     """Run the task's tests on the code; pass only if the checks ran to the end (a sentinel after them)."""
     sentinel = f"ead-bench-passed-{secrets.token_hex(8)}"
     # The sentinel gets a line of its own even if the code printed text without a newline.

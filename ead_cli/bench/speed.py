@@ -189,9 +189,7 @@ def expectations(small: Rates, large: Rates) -> list[Expectation]:
     alone = 1 / large.decode
     answer_alone = answer_seconds(small, large, None)
     return [
-        Expectation(
-            f, catchup_batch(f), t, alone / t, answer_alone / answer_seconds(small, large, f)
-        )
+        Expectation(f, catchup_batch(f), t, alone / t, answer_alone / answer_seconds(small, large, f))
         for f in SHARES
         for t in (seconds_per_token(small, large, f),)
     ]

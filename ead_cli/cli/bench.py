@@ -1,5 +1,4 @@
-"""``ead bench``: the sweep options, and the bench, replay and speed commands' tables.
-"""
+"""``ead bench``: the sweep options, and the bench, replay and speed commands' tables."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``ead depth``: calibrate, generate and eval, and the rendering of a depth generation.
-"""
+"""``ead depth``: calibrate, generate and eval, and the rendering of a depth generation."""
 
 from __future__ import annotations
 
@@ -107,7 +106,10 @@ def depth_calibrate(
         check_can_save(path, "the depth profile")  # before the teacher forcing it would throw away
         check_kept_file(path, PROFILE_KEEPER)  # a pipe, which check_can_save would write in place
         profile = calibrate(
-            loaded, texts, probe_every=probe_every, tokens=tokens,
+            loaded,
+            texts,
+            probe_every=probe_every,
+            tokens=tokens,
             progress=lambda done, total: stderr.print(f"window {done}/{total}", style="dim"),
         )
         save_profile(profile, path)
@@ -179,8 +181,12 @@ def depth_generate(
         probe_every=DEFAULT_PROBE_EVERY if probe_every is None else probe_every,
         schedule=schedule.value,
         condition=condition.value,
-        estimator=estimator.value, top_k=estimator_k, rank=rank, fixed_depth=fixed_depth,
-        confidence=confidence, simulate=simulate,
+        estimator=estimator.value,
+        top_k=estimator_k,
+        rank=rank,
+        fixed_depth=fixed_depth,
+        confidence=confidence,
+        simulate=simulate,
     )
     sampling = SamplingParams(temp=temp, seed=seed)
     check_max_tokens(max_tokens)
@@ -291,8 +297,14 @@ def depth_eval(
         if out is not None:
             check_out(out, loaded.path)
         result = evaluate(
-            loaded, tokens=tokens, humaneval_ids=ids, tune_ids=tune_ids, max_tokens=max_tokens, timing=timing,
-            previous=previous if isinstance(previous, dict) else None, progress=say_progress,
+            loaded,
+            tokens=tokens,
+            humaneval_ids=ids,
+            tune_ids=tune_ids,
+            max_tokens=max_tokens,
+            timing=timing,
+            previous=previous if isinstance(previous, dict) else None,
+            progress=say_progress,
         )
     finally:
         loaded.close()
@@ -347,8 +359,7 @@ def depth_style(depth: int, n_layer: int) -> str:
 def depth_legend(layers: tuple[int, ...], n_layer: int, label: str, color: bool) -> str:
     """One line: each probe layer in its colour, e.g. ``exit depth (of 24 blocks): ■ 4 ■ 8 ... ■ 24``."""
     parts = [
-        f"{depth_style(layer, n_layer) if color else ''}■ {layer}{RESET if color else ''}"
-        for layer in layers
+        f"{depth_style(layer, n_layer) if color else ''}■ {layer}{RESET if color else ''}" for layer in layers
     ]
     return f"{label} · exit depth (of {n_layer} blocks): " + " ".join(parts)
 

@@ -1,5 +1,4 @@
-"""``ead models``: list, fetch and remove models.
-"""
+"""``ead models``: list, fetch and remove models."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What every command prints besides its answer: progress lines and tables of figures.
-"""
+"""What every command prints besides its answer: progress lines and tables of figures."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Text for teacher forcing: the built-in corpora or the user's files, cut into windows.
-"""
+"""Text for teacher forcing: the built-in corpora or the user's files, cut into windows."""
 
 from __future__ import annotations
 
@@ -45,9 +44,7 @@ def read_corpus(spec: Sequence[str]) -> tuple[list[str], str]:
     return texts, ",".join(spec)
 
 
-def corpus_windows(
-    runner: Runner, texts: Sequence[str], *, tokens: int, part: int
-) -> list[list[int]]:
+def corpus_windows(runner: Runner, texts: Sequence[str], *, tokens: int, part: int) -> list[list[int]]:
     """Windows of WINDOW tokens from every other text, starting at text ``part`` (so part 0 and
     part 1 are disjoint: calibration and held-out), until ``tokens`` tokens."""
     windows: list[list[int]] = []

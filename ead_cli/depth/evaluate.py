@@ -253,7 +253,11 @@ def evaluate(
 
 ROW_FIGURES = ("perplexity", "ppl_rise", "flop_ratio", "flop_reduction", "mean_depth_frac")
 STABILITY_FIGURES = (
-    "margin", "ppl_rise_cross", "ppl_rise_same", "flop_reduction_cross", "flop_reduction_same",
+    "margin",
+    "ppl_rise_cross",
+    "ppl_rise_same",
+    "flop_reduction_cross",
+    "flop_reduction_same",
 )
 
 
@@ -274,9 +278,13 @@ def _reusable(previous: dict, points: list[DepthOptions]) -> bool:
         ):
             return False
     stability, profiles = previous["stability"], previous["profiles"]
-    if not isinstance(stability, list) or len(stability) != 2 * len(EVAL_MARGINS) or not all(
-        isinstance(row, dict) and all(is_figure(row.get(key)) for key in STABILITY_FIGURES)
-        for row in stability
+    if (
+        not isinstance(stability, list)
+        or len(stability) != 2 * len(EVAL_MARGINS)
+        or not all(
+            isinstance(row, dict) and all(is_figure(row.get(key)) for key in STABILITY_FIGURES)
+            for row in stability
+        )
     ):
         return False
     if not isinstance(profiles, dict) or set(profiles) != {"saved", "code", "prose"}:

@@ -159,9 +159,7 @@ def build_profile(
             chosen = entropies[:, keys == index]
             sizes.append(int(chosen.shape[1]))
             rows.append(
-                overall
-                if chosen.shape[1] == 0
-                else isotonic_nonincreasing(chosen.mean(axis=1).tolist())
+                overall if chosen.shape[1] == 0 else isotonic_nonincreasing(chosen.mean(axis=1).tolist())
             )
         tables[condition], counts[condition] = rows, sizes
     return Profile(
