@@ -4,12 +4,14 @@ batches of 512 tokens, with --ping-interval 0 (a keep-alive event at every batch
 sends nothing), so a prompt of a few thousand tokens shows its events at once. Anthropic's pings, the
 Responses API's response.in_progress and llama-server's prompt_progress (asked for) come before the first
 token, the real clients read them without a complaint, and the answers are those of the same request
-whole."""
+whole. A second server keeps streams alive on a timer (--ping-interval 0.1): a stream waiting in the queue
+behind a long generation gets its keep-alive events while it waits, before its first token."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ import openai
 import pytest
 from serve_process import Server
 from test_cli import pair_args
-from test_serve import CTX, JSON, TAU, serving
+from test_serve import CTX, JSON, LONG, TAU, serving
+from test_serve_safety import wait_until
 from test_serve_tools import TOOLS_TEMPLATE
 from tiny_models import write_tiny_model
 
@@ -82,9 +85,12 @@ def batches_told(events: list[tuple[str | None, Any]], kinds: tuple[str, str], g
     return [name for name, _ in events].count(keep_alive) - 1 - (generated - shown(events, delta))
 
 
-def sse(server: Server, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
-    """A stream's events as they come: each its ``event:`` name (None where it has none) and its data."""
-    read: list[tuple[str | None, Any]] = []
+def sse(
+    server: Server, path: str, body: dict[str, Any], read: list[tuple[str | None, Any]] | None = None
+) -> list[tuple[str | None, Any]]:
+    """A stream's events as they come: each its ``event:`` name (None where it has none) and its data,
+    appended to ``read`` (another thread may watch it) as each is read."""
+    read = [] if read is None else read
     with httpx.stream("POST", f"{server.url}{path}", json=body, headers=JSON, timeout=120) as reply:
         assert reply.status_code == 200, reply.read()
         name = None
@@ -261,3 +267,52 @@ def test_ollama_streams_nothing_before_the_first_token(server: Server) -> None:
     assert (
         "".join(line["message"]["content"] for line in lines) == expected["choices"][0]["message"]["content"]
     )
+
+
+@pytest.fixture(scope="module")
+def timed_server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Keep-alive events on a timer, every 0.1 s with none sent; every prompt read whole (--no-reuse), so
+    a stream's answer is its request's whole one."""
+    args = [*pair_args(tiny_pair), *TAU, *CTX, "--no-reuse", "--ping-interval", "0.1"]
+    with serving(args, tmp_path_factory.mktemp("serve-timer") / "server.log") as running:
+        yield running
+
+
+QUEUED = {  # each route's short greedy request, and its keep-alive event and text delta
+    "/v1/messages": ({"model": "ead", "messages": messages("hi"), "max_tokens": MAX_TOKENS}, PINGS),
+    "/v1/responses": ({"model": "ead", "input": "hi", "max_output_tokens": MAX_TOKENS}, IN_PROGRESS),
+}
+
+
+@pytest.mark.parametrize("path", list(QUEUED))
+def test_a_stream_waiting_in_the_queue_is_kept_alive(timed_server: Server, path: str) -> None:
+    """Queued behind a long generation, where the engine sends it nothing, a stream gets its route's
+    keep-alive event while it waits (its head's at once, then the timer's); its answer is unchanged."""
+    server = timed_server
+    body, (keep_alive, delta) = QUEUED[path]
+    body = {**body, "temperature": 0}
+    long = {"model": "ead", "messages": messages("hi"), "max_tokens": LONG, "stream": True}
+    read: list[tuple[str | None, Any]] = []
+    with httpx.stream("POST", f"{server.url}/v1/messages", json=long, headers=JSON, timeout=120) as first:
+        lines = first.iter_lines()  # kept: a reader dropped closes the stream
+        next(line for line in lines if "text_delta" in line)  # generating
+        with ThreadPoolExecutor(1) as waiter:
+            waiting = waiter.submit(sse, server, path, {**body, "stream": True}, read)
+            wait_until(lambda: [name for name, _ in read].count(keep_alive) >= 3, 60)
+            # the keep-alive events came while it waited: the long one still generates
+            assert httpx.get(f"{server.url}/health").json()["waiting"] == 1
+            first.close()  # leaves: the waiting one's turn
+            events = waiting.result(timeout=120)
+    names = [name for name, _ in events]
+    first_token = next(i for i, (name, data) in enumerate(events) if name == delta and "ead" in data)
+    assert names[:first_token].count(keep_alive) >= 3
+    texts = [data["delta"] for name, data in events if name == delta]
+    if path == "/v1/messages":
+        assert set(names[1 : names.index("content_block_start")]) == {"ping"}
+        answer = "".join(text["text"] for text in texts)
+        whole = httpx.post(f"{server.url}{path}", json=body, headers=JSON, timeout=120).json()
+        assert answer == whole["content"][0]["text"]
+    else:
+        assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+        assert "".join(texts) == client.responses.create(**body).output_text

@@ -270,9 +270,10 @@ def serve(
     ping_interval: Annotated[
         float,
         typer.Option(
-            help="Seconds a stream may send no event before a keep-alive one, while its prompt is read or "
-            "its answer held back (Anthropic's ping, Responses' response.in_progress; 0: at every batch or "
-            "token that sends nothing).",
+            help="Seconds a stream may send no event before a keep-alive one, and again every interval, "
+            "whatever the engine does (queued, reading the prompt, holding the answer back): Anthropic's "
+            "ping, Responses' response.in_progress (0: no timer, one at every batch or token that sends "
+            "nothing).",
         ),
     ] = 10.0,
 ) -> None:

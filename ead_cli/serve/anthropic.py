@@ -356,8 +356,8 @@ class _Message:
         """message_start, a ping, the content blocks (a text block's delta per token, a call as a
         tool_use block of input_json_deltas as its arguments are written), message_delta with the stop
         and usage, message_stop; a failure mid-answer ends it with an ``error`` event, as Anthropic's do.
-        A ping each time ``keep_alive`` is due, while a long prompt is read or text is held back (for byte
-        watchdogs: Claude Code's content watchdog does not count pings)."""
+        A ping each time ``keep_alive`` is due, whatever the engine does (queued, reading, holding text
+        back), for byte watchdogs: Claude Code's content watchdog does not count pings."""
         start = self._envelope(
             [],
             stop_reason=None,
@@ -370,7 +370,7 @@ class _Message:
         reader = self._reader()
         splitter = None if self.job.thinking is None else ReasoningSplitter(self.job.thinking)
         events: list[TokenEvent] = []
-        async with contextlib.aclosing(answer_messages(ticket)) as messages:
+        async with contextlib.aclosing(answer_messages(ticket, keep_alive)) as messages:
             async for message in messages:
                 sent = []
                 if isinstance(message, Token):
@@ -378,7 +378,7 @@ class _Message:
                     text = message.event.text
                     split = Split(content=text) if splitter is None else splitter.push(text)
                     sent = blocks.split(split, reader, ead=token_fields(message.event))
-                if isinstance(message, (Token, PromptProgress)):
+                if message is None or isinstance(message, (Token, PromptProgress)):
                     for event in keep_alive.kept(sent, lambda: _event("ping")):
                         yield event
                     continue

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from http import HTTPStatus
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import h11
 from fastapi import Depends, FastAPI, Request
@@ -165,19 +165,26 @@ class Requests:
 
 
 class KeepAlive:
-    """When a stream is due an event that tells its client it is alive: after ``interval`` seconds
-    (``ead serve --ping-interval``) with no event sent, while its prompt is read or while its answer's text
-    is held back (by the tool-call reader, or a thinking splitter), so a few hundred tokens held on a slow
-    CPU keep it alive too. Codex gives up on a stream after its idle timeout with no event, and so do byte
-    watchdogs such as Claude Code's."""
+    """When a stream is due an event that tells its client it is alive: on a timer, after ``interval``
+    seconds (``ead serve --ping-interval``) with no event sent and again every interval, whatever the
+    engine is doing (the request queued behind another, its prompt read, one slow token, its answer's text
+    held back by the tool-call reader or a thinking splitter): ``answer_messages`` waits for the engine's
+    next message no longer than ``wait``. Codex gives up on a stream after its idle timeout with no event,
+    and so do byte watchdogs such as Claude Code's. At interval 0 there is no timer: a keep-alive event
+    goes out for each engine message that sends nothing (a prompt batch read, a token held back)."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self._last = time.monotonic()  # when the last event was sent: the stream's start, at first
 
+    def wait(self) -> float | None:
+        """Seconds until a keep-alive event is due; None at interval 0 (wait for the engine's message)."""
+        return max(0.0, self._last + self.interval - time.monotonic()) if self.interval else None
+
     def kept(self, events: list[Event], keep_alive: Callable[[], Event]) -> list[Event]:
-        """``events``, to be sent now for an engine's message (a token's, a prompt batch's); where there
-        are none and the last was sent ``interval`` seconds ago or more, the route's ``keep_alive`` event."""
+        """``events``, to be sent now for an engine's message (a token's, a prompt batch's; none where the
+        timer ran out before a message came); where there are none and the last was sent ``interval``
+        seconds ago or more, the route's ``keep_alive`` event."""
         now = time.monotonic()
         if not events and now - self._last < self.interval:
             return []
@@ -1605,14 +1612,28 @@ def prompt_progress(progress: PromptProgress) -> dict[str, int]:
     }
 
 
-async def answer_messages(ticket: Ticket) -> AsyncIterator[Message]:
-    """A streamed answer's messages from the engine, to the last (``Finished`` or ``Failed``). Closed
-    before it (its client went away: read it in ``contextlib.aclosing``), it cancels the job, and the
-    engine stops after the token it is on."""
+@overload
+def answer_messages(ticket: Ticket) -> AsyncIterator[Message]: ...
+@overload
+def answer_messages(ticket: Ticket, keep_alive: KeepAlive) -> AsyncIterator[Message | None]: ...
+
+
+async def answer_messages(
+    ticket: Ticket, keep_alive: KeepAlive | None = None
+) -> AsyncIterator[Message | None]:
+    """A streamed answer's messages from the engine, to the last (``Finished`` or ``Failed``); with a
+    ``keep_alive``, None each time its timer runs out first (the stream is due its keep-alive event while
+    the engine sends it nothing: queued, or in a slow batch or token). Closed before the last (its client
+    went away: read it in ``contextlib.aclosing``), it cancels the job, and the engine stops after the
+    token it is on."""
     ended = False
     try:
         while not ended:
-            message = await ticket.messages.get()
+            wait = None if keep_alive is None else keep_alive.wait()
+            try:
+                message: Message | None = await asyncio.wait_for(ticket.messages.get(), wait)
+            except asyncio.TimeoutError:
+                message = None
             ended = isinstance(message, (Finished, Failed))
             yield message
     finally:

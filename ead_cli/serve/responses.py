@@ -582,14 +582,14 @@ class _Answer:
         with its ``ead`` fields; a thinking model's reasoning an item of its own first), then completed or
         incomplete with the whole Response; a failure mid-answer is ``response.failed``, the Response failed
         with its error, as OpenAI's end one (Codex reads an event's type: a bare error object is none to
-        it). ``response.in_progress`` again each time ``keep_alive`` is due: while a long prompt is read,
-        or while text is held back."""
+        it). ``response.in_progress`` again each time ``keep_alive`` is due, whatever the engine does
+        (queued, reading, holding text back)."""
         reader = ToolCallReader(tools, parallel, prefill) if tools else None
         splitter = None if thinking is None else ReasoningSplitter(thinking)
         yield self._event("response.created", response=self.response("in_progress"))
         yield self._in_progress()
         tokens = []
-        async with contextlib.aclosing(answer_messages(ticket)) as messages:
+        async with contextlib.aclosing(answer_messages(ticket, keep_alive)) as messages:
             async for message in messages:
                 events = []
                 if isinstance(message, Token):
@@ -598,7 +598,7 @@ class _Answer:
                     text = message.event.text
                     split = Split(content=text) if splitter is None else splitter.push(text)
                     events = self._split_events(split, reader, ead=fields)
-                if isinstance(message, (Token, PromptProgress)):
+                if message is None or isinstance(message, (Token, PromptProgress)):
                     for event in keep_alive.kept(events, self._in_progress):
                         yield event
                     continue
