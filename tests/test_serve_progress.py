@@ -284,25 +284,38 @@ QUEUED = {  # each route's short greedy request, and its keep-alive event and te
 }
 
 
+def streamed(server: Server, path: str, body: dict[str, Any], read: list[tuple[str | None, Any]]) -> None:
+    """A stream's events appended to ``read`` as they come: on /v1/responses as the openai client reads
+    them (its keep-alive events typed among them); on /v1/messages as sent (the anthropic client drops
+    pings)."""
+    if path == "/v1/messages":
+        sse(server, path, {**body, "stream": True}, read)
+        return
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+    for event in client.responses.create(**body, stream=True):
+        read.append((event.type, event.to_dict()))
+
+
 @pytest.mark.parametrize("path", list(QUEUED))
 def test_a_stream_waiting_in_the_queue_is_kept_alive(timed_server: Server, path: str) -> None:
     """Queued behind a long generation, where the engine sends it nothing, a stream gets its route's
-    keep-alive event while it waits (its head's at once, then the timer's); its answer is unchanged."""
+    keep-alive event while it waits (its head's at once, then the timer's); its answer is unchanged, and
+    the openai client reads the Responses stream."""
     server = timed_server
     body, (keep_alive, delta) = QUEUED[path]
     body = {**body, "temperature": 0}
     long = {"model": "ead", "messages": messages("hi"), "max_tokens": LONG, "stream": True}
-    read: list[tuple[str | None, Any]] = []
+    events: list[tuple[str | None, Any]] = []
     with httpx.stream("POST", f"{server.url}/v1/messages", json=long, headers=JSON, timeout=120) as first:
         lines = first.iter_lines()  # kept: a reader dropped closes the stream
         next(line for line in lines if "text_delta" in line)  # generating
         with ThreadPoolExecutor(1) as waiter:
-            waiting = waiter.submit(sse, server, path, {**body, "stream": True}, read)
-            wait_until(lambda: [name for name, _ in read].count(keep_alive) >= 3, 60)
+            waiting = waiter.submit(streamed, server, path, body, events)
+            wait_until(lambda: [name for name, _ in events].count(keep_alive) >= 3, 60)
             # the keep-alive events came while it waited: the long one still generates
             assert httpx.get(f"{server.url}/health").json()["waiting"] == 1
             first.close()  # leaves: the waiting one's turn
-            events = waiting.result(timeout=120)
+            waiting.result(timeout=120)
     names = [name for name, _ in events]
     first_token = next(i for i, (name, data) in enumerate(events) if name == delta and "ead" in data)
     assert names[:first_token].count(keep_alive) >= 3
