@@ -1630,10 +1630,14 @@ async def answer_messages(
     try:
         while not ended:
             wait = None if keep_alive is None else keep_alive.wait()
-            try:
-                message: Message | None = await asyncio.wait_for(ticket.messages.get(), wait)
-            except asyncio.TimeoutError:
-                message = None
+            message: Message | None
+            if wait is None or not ticket.messages.empty():  # one at hand: no timer task a token
+                message = await ticket.messages.get()
+            else:
+                try:
+                    message = await asyncio.wait_for(ticket.messages.get(), wait)
+                except asyncio.TimeoutError:
+                    message = None
             ended = isinstance(message, (Finished, Failed))
             yield message
     finally:
