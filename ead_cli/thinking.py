@@ -11,6 +11,7 @@ and content come apart as they are written. Pure Python: no model needed to test
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -125,3 +126,115 @@ def split_reasoning(text: str, inside: bool = False) -> Split:
     splitter = ReasoningSplitter(inside)
     pushed, flushed = splitter.push(text), splitter.flush()
     return Split(pushed.reasoning + flushed.reasoning, pushed.content + flushed.content)
+
+
+# llama.cpp's reasoning-budget sampler's states (common/reasoning-budget.h)
+IDLE, COUNTING, WAITING_UTF8, FORCING, DONE = "idle", "counting", "waiting-utf8", "forcing", "done"
+
+
+def utf8_complete(piece: bytes) -> bool:
+    """Whether a token's bytes end on a whole UTF-8 character (llama.cpp's common_utf8_is_complete), so
+    that a budget spent mid-character lets the character finish before it forces the end."""
+    for back in range(1, min(4, len(piece)) + 1):
+        byte = piece[-back]
+        if byte & 0xC0 != 0x80:  # the last character's lead byte: the length it announces
+            return back >= (4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1)
+    return not piece
+
+
+class _Matcher:
+    """Which of some token sequences the tokens seen end with (the longest), forgetting what came before
+    a match, as llama.cpp's Aho-Corasick token matcher does."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
+        unique = {tuple(sequence) for sequence in sequences if sequence}
+        self.sequences = sorted(unique, key=len, reverse=True)
+        self._seen: tuple[int, ...] = ()
+
+    def advance(self, token: int) -> tuple[int, ...] | None:
+        longest = len(self.sequences[0]) if self.sequences else 0
+        self._seen = (*self._seen, token)[-longest:] if longest else ()
+        for sequence in self.sequences:
+            if self._seen[-len(sequence) :] == sequence:
+                self._seen = ()
+                return sequence
+        return None
+
+    def reset(self) -> None:
+        self._seen = ()
+
+
+class ReasoningBudget:
+    """llama.cpp's ``--reasoning-budget N`` over token ids (its reasoning-budget sampler): after a start
+    sequence (``<think>``) it counts the block's tokens; a natural end sequence (``</think>``) ends it;
+    once ``budget`` are written (and the last character is whole) the ``forced`` tokens (the message's,
+    then the end tag's) are written one by one; then it passes on, until a new block opens. The decoder
+    asks ``forced_token`` before it samples and tells ``accept`` each token written. No model: a token's
+    bytes come from ``token_bytes`` (None: every token a whole character)."""
+
+    def __init__(
+        self,
+        start: Sequence[int],
+        ends: Sequence[Sequence[int]],
+        forced: Sequence[int],
+        budget: int,
+        token_bytes: Callable[[int], bytes] | None = None,
+    ) -> None:
+        self.budget = budget
+        self.forced = tuple(forced)
+        self.state = IDLE
+        self.remaining = budget
+        self._start, self._end = _Matcher([start]), _Matcher(ends)
+        self._token_bytes = token_bytes
+        self._forced_at = 0
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Accept the prompt's tokens from its last start sequence on, as llama.cpp accepts the
+        generation prompt's: a prompt that opens the block leaves the machine counting, the tokens
+        after the start tag already counted."""
+        for position in range(len(prompt), -1, -1):
+            tail = tuple(prompt[position:])
+            if any(tail[: len(sequence)] == sequence for sequence in self._start.sequences):
+                for token in tail:
+                    self.accept(token)
+                return
+
+    @property
+    def forced_token(self) -> int | None:
+        """The token the budget writes next in place of a sampled one, or None."""
+        if self.state != FORCING or self._forced_at >= len(self.forced):
+            return None
+        return self.forced[self._forced_at]
+
+    def accept(self, token: int) -> None:
+        """Advance past a token written (sampled or forced)."""
+        if self.state in (IDLE, DONE):
+            if self._start.advance(token) is not None:
+                self._open()
+        elif self.state == FORCING:
+            self._forced_at += 1
+            if self._forced_at >= len(self.forced):
+                self.state = DONE
+        elif self._end.advance(token) is not None:
+            self.state = DONE
+        else:
+            whole = self._token_bytes is None or utf8_complete(self._token_bytes(token))
+            if self.state == COUNTING:
+                self.remaining -= 1
+            if self.remaining > 0:
+                return
+            if whole:
+                self._force()
+            elif self.state == COUNTING:  # spent mid-character: the character finishes first
+                self.state = WAITING_UTF8
+                self._end.reset()
+
+    def _open(self) -> None:
+        self.state, self.remaining = COUNTING, self.budget
+        self._end.reset()
+        if self.remaining <= 0:
+            self._force()
+
+    def _force(self) -> None:
+        self.state, self._forced_at = FORCING, 0
+        self._end.reset()

@@ -3,6 +3,7 @@ thinking turned off through the chat template (a tiny model whose template reads
 and `ead generate`'s and `ead chat`'s --reasoning-format, --reasoning-budget and --hide-thinking on a tiny
 thinking pair."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,20 @@ from tiny_models import THINKING_TEMPLATE, vocabulary, write_tiny_model
 from ead_cli.cli.render import DIM, DONE_THINKING, RESET, THINKING
 from ead_cli.prompt import render_chat
 from ead_cli.runner import Runner
-from ead_cli.thinking import ReasoningSplitter, Split, opens_thinking, split_reasoning, thinks
+from ead_cli.thinking import (
+    COUNTING,
+    DONE,
+    FORCING,
+    IDLE,
+    WAITING_UTF8,
+    ReasoningBudget,
+    ReasoningSplitter,
+    Split,
+    opens_thinking,
+    split_reasoning,
+    thinks,
+    utf8_complete,
+)
 
 
 def pushed_apart(pieces: list[str], inside: bool = False) -> list[Split]:
@@ -78,6 +92,112 @@ def test_thinking_templates_and_prompts_that_open_the_block_are_told_apart() -> 
     assert opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not opens_thinking("<|im_start|>assistant\n")
+
+
+# llama.cpp's reasoning-budget tests' tokens (tests/test-reasoning-budget.cpp): <think> 100, </think> 101,
+# a message 102
+START, END, MESSAGE = 100, 101, 102
+
+
+def written(
+    wanted: list[int],
+    budget: int,
+    prompt: tuple[int, ...] = (),
+    token_bytes: Callable[[int], bytes] | None = None,
+    ends: tuple[tuple[int, ...], ...] = ((END,),),
+) -> tuple[list[int], list[str]]:
+    """The tokens an answer writes where a model would write ``wanted`` in turn and the budget forces
+    its tokens in between (a model's wish is kept for the step after the forcing), and the machine's
+    state after each."""
+    budget_machine = ReasoningBudget((START,), ends, (MESSAGE, END), budget, token_bytes)
+    budget_machine.prefill(prompt)
+    tokens, states, wishes = [], [], iter(wanted)
+    while True:
+        forced = budget_machine.forced_token
+        token = forced if forced is not None else next(wishes, None)
+        if token is None:
+            return tokens, states
+        budget_machine.accept(token)
+        tokens.append(token)
+        states.append(budget_machine.state)
+
+
+def test_a_block_that_ends_within_its_budget_is_left_as_written() -> None:
+    tokens, states = written([START, 50, 51, END, 52], budget=5)
+    assert tokens == [START, 50, 51, END, 52]
+    assert states == [COUNTING, COUNTING, COUNTING, DONE, DONE]
+
+
+def test_a_spent_budget_forces_the_message_and_the_end_tag_then_the_answer_follows() -> None:
+    tokens, states = written([START, 50, 51, 52, 53], budget=2)
+    assert tokens == [START, 50, 51, MESSAGE, END, 52, 53]
+    assert states == [COUNTING, COUNTING, FORCING, FORCING, DONE, DONE, DONE]
+
+
+def test_a_budget_of_0_forces_the_end_as_soon_as_the_block_opens() -> None:
+    assert written([START, 50, 51], budget=0)[0] == [START, MESSAGE, END, 50, 51]
+
+
+def test_no_block_no_budget() -> None:
+    tokens, states = written([50, 51, 52, 53], budget=1)
+    assert tokens == [50, 51, 52, 53]
+    assert set(states) == {IDLE}
+
+
+def test_each_new_block_gets_a_fresh_budget() -> None:
+    tokens, _ = written([START, 50, END, START, 60, 61, 62, 63], budget=2)
+    assert tokens == [START, 50, END, START, 60, 61, MESSAGE, END, 62, 63]
+
+
+def test_any_end_sequence_ends_the_block_naturally() -> None:
+    tokens, states = written([START, 50, 103, 104, 52], budget=5, ends=((END,), (103, 104)))
+    assert tokens == [START, 50, 103, 104, 52]
+    assert states[-2:] == [DONE, DONE]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ((7, START), [50, 51, MESSAGE, END, 52]),  # the prompt opened the block: counting from the start
+        ((7, START, 8), [50, MESSAGE, END, 51, 52]),  # its tokens after the start tag already count
+        ((START, 8, END, 9), [50, 51, 52]),  # an earlier block, closed: nothing to count
+        ((7, 8), [50, 51, 52]),
+    ],
+)
+def test_a_prompt_that_leaves_the_block_open_starts_the_count(
+    prompt: tuple[int, ...], expected: list[int]
+) -> None:
+    assert written([50, 51, 52], budget=2, prompt=prompt)[0] == expected
+
+
+def test_a_budget_spent_mid_character_lets_the_character_finish() -> None:
+    e_acute = "\u00e9".encode()
+    pieces = {START: b"<think>", 50: b"a", 51: e_acute[:1], 52: e_acute[1:] + b" ", 53: b"b"}
+    tokens, states = written([START, 50, 51, 52, 53], budget=2, token_bytes=pieces.__getitem__)
+    assert tokens == [START, 50, 51, 52, MESSAGE, END, 53]
+    assert states[2:4] == [WAITING_UTF8, FORCING]
+
+
+E_ACUTE, EURO, GRINNING = ("\u00e9".encode(), "\u20ac".encode(), "\U0001f600".encode())
+
+
+@pytest.mark.parametrize(
+    ("piece", "whole"),
+    [
+        (b"", True),
+        (b"a", True),
+        (E_ACUTE, True),
+        (E_ACUTE[:1], False),
+        (EURO[:2], False),
+        (GRINNING, True),
+        (GRINNING[:3], False),
+        (E_ACUTE[1:], False),  # llama.cpp's too: a piece of continuation bytes alone is not known whole
+    ],
+)
+def test_a_tokens_last_character_is_known_whole_or_not_as_llama_cpp_knows_it(
+    piece: bytes, whole: bool
+) -> None:
+    assert utf8_complete(piece) is whole
 
 
 def test_thinking_is_turned_off_through_the_template(tmp_path: Path) -> None:
