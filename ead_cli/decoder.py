@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,10 @@ from .response import Response
 from .runner import Runner, RunnerStats
 from .sampling import Sampler, SamplingParams, probabilities
 from .text import TextStream
+from .thinking import ReasoningBudget
+
+if TYPE_CHECKING:
+    import llama_cpp
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +345,34 @@ class _Generation:
 ENTROPY_MODES = ("exact", "needed")
 
 
+class _BudgetedSampler:
+    """A sampler under a reasoning budget: the budget's forced tokens are written in place of a draw, and
+    every token written is told to it. Never greedy, so that the loop asks it at every step; the loop
+    takes no token back where it is used (``engine.build_decoder`` refuses the steps that do)."""
+
+    greedy = False
+
+    def __init__(self, sampler: Sampler, budget: ReasoningBudget) -> None:
+        self._sampler, self._budget = sampler, budget
+
+    def sample(
+        self,
+        ctx: llama_cpp.llama_context_p | None,
+        logits: np.ndarray,
+        index: int = -1,
+        tokens: Sequence[int] = (),
+    ) -> int:
+        """The forced token, if the budget forces one, else the sampler's draw."""
+        token = self._budget.forced_token
+        if token is None:
+            token = self._sampler.sample(ctx, logits, index, tokens)
+        self._budget.accept(token)
+        return token
+
+    def close(self) -> None:
+        self._sampler.close()
+
+
 class Decoder(_Generation):
     """Entropy-adaptive decoding: at each step the policy's active model is evaluated, its entropy
     observed, and the policy names the model that writes the token. Runners are ordered from the
@@ -386,6 +419,7 @@ class Decoder(_Generation):
         lookup: int = 0,
         lookup_draft: int = 16,
         entropy: str = "exact",
+        reasoning_budget: ReasoningBudget | None = None,
     ) -> None:
         check_lookup(lookup)
         check_draft(lookup_draft, "--lookup-draft")
@@ -405,12 +439,13 @@ class Decoder(_Generation):
         self._log_ratio = math.log(verify) if verify is not None else 0.0
         self._held: list[tuple[int, int, float, float, float | None]] = []  # unchecked _announce arguments
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
-        self._sampler: Sampler | None = None
+        self._sampler: Sampler | _BudgetedSampler | None = None
         self._reads_ahead = False  # a runner launches reads ahead (a GPU): see _observe
         self._unmeasured: tuple[EntropyMeter, float] | None = None  # an exact pass left for after a launch
         self.fallback = fallback
         self.lookup = lookup
         self.lookup_draft = lookup_draft
+        self.reasoning_budget = reasoning_budget  # None: the plain loop, no per-token work
         # Told every token the loop samples, with the logits it was drawn from (ead serve's logprobs;
         # without rollbacks, the order of the tokens shown).
         self.on_sample: Callable[[int, np.ndarray], None] | None = None
@@ -426,7 +461,11 @@ class Decoder(_Generation):
         self._held, self._preview = [], None
         grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
         vocab = self.runners[0].vocab if self.sampling.infill else None  # local, as for the grammars
-        self._sampler = sampler = Sampler(self.sampling, grammars, vocab)
+        sampler: Sampler | _BudgetedSampler = Sampler(self.sampling, grammars, vocab)
+        if self.reasoning_budget is not None:
+            self.reasoning_budget.begin(tokens)
+            sampler = _BudgetedSampler(sampler, self.reasoning_budget)
+        self._sampler = sampler
         self._reads_ahead = any(map(self._reads_ahead_at, range(len(self.runners))))
         self.fallback_reason = None
         try:

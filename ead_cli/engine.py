@@ -18,6 +18,7 @@ from .remote import RemoteRunner, connect, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .sampling import unknown_token
 from .smoke import check_models
+from .thinking import CLOSE, OPEN, ReasoningBudget, thinks
 from .user_models import is_user_model
 
 
@@ -194,6 +195,9 @@ def build_decoder(
     served = runners[-1].label if isinstance(runners[-1], RemoteRunner) else None
     policy_options = runnable_policy(policy_options, len(runners), served)
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
+    budget = _reasoning_budget(
+        runners[0], policy_options, generation
+    )  # before the branch: spec is refused too
     try:
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
@@ -224,9 +228,32 @@ def build_decoder(
             lookup=policy_options.lookup,
             lookup_draft=policy_options.lookup_draft,
             entropy=entropy,
+            reasoning_budget=budget,
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None
+
+
+def _reasoning_budget(
+    runner: Runner, policy_options: PolicyOptions, generation: GenerationOptions
+) -> ReasoningBudget | None:
+    """llama.cpp's ``--reasoning-budget N`` (N > 0) for a thinking model's answer (a template that names
+    ``</think>``: the smallest model's, which is local), its tags and message as ``runner`` spells them;
+    None for -1 and 0 (the template's), or a model that does not think. A usage error where a step takes
+    tokens back or a grammar binds the answer: neither can have a token forced into it."""
+    budget = generation.reasoning_budget
+    if budget <= 0 or not thinks(runner.chat_template):
+        return None
+    step = policy_options.takes_tokens_back() or (
+        "a grammar" if generation.sampling.grammar is not None else None
+    )
+    if step is not None:
+        message = f"--reasoning-budget {budget} cannot go with {step}: a forced </think> cannot be taken back"
+        raise EadError(message, exit_code=2)
+    start, end = (runner.tokenize(tag, add_special=False) for tag in (OPEN, CLOSE))
+    text = generation.reasoning_budget_message
+    message_tokens = runner.tokenize(text, add_special=False) if text else []
+    return ReasoningBudget(start, [end], message_tokens + end, budget, runner.token_bytes)
 
 
 def runnable_policy(policy_options: PolicyOptions, levels: int, served: str | None) -> PolicyOptions:

@@ -468,12 +468,19 @@ DECODING: tuple[DecodingOption, ...] = (
         int,
         -1,
         "llama.cpp's: a thinking model's thinking, -1 unrestricted, 0 off (through its chat template's "
-        "enable_thinking, where it reads it, as Qwen3's does).",
-        short="a thinking model's thinking: -1 on, 0 off (through its template)",
+        "enable_thinking, where it reads it, as Qwen3's does), N at most N tokens, then the "
+        "--reasoning-budget-message and </think> are written and the answer follows.",
+        short="a thinking model's thinking: -1 on, 0 off (through its template), N at most N tokens",
         target="generation",
         minimum=-1,
-        maximum=0,
         surfaces=frozenset({CLI, CHAT}),
+    ),
+    DecodingOption(
+        "reasoning_budget_message",
+        str,
+        "",
+        "llama.cpp's: the text written before </think> when a --reasoning-budget N is spent.",
+        target="generation",
     ),
     DecodingOption(
         "reasoning_format",

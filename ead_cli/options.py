@@ -317,7 +317,10 @@ class GenerationOptions:
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     fallback: bool = False  # a remote model lost mid-answer: the smallest model writes the rest
-    reasoning_budget: int = -1  # a thinking model's: -1 unrestricted, 0 off (llama.cpp's)
+    # a thinking model's (llama.cpp's): -1 unrestricted, 0 off, N a budget of N tokens of thinking, then
+    # the message and the end tag written (thinking.ReasoningBudget)
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
     reasoning_format: str = "auto"  # a thinking model's block: apart from the answer, or "none"
     # llama-server's code-completion stop rules (its n_indent and t_max_predict_ms; 0: off): a line after
     # the first less indented than this ends the answer (text.TextStream); once this many milliseconds
@@ -326,9 +329,11 @@ class GenerationOptions:
     newline_time_limit_ms: int = 0
 
     def __post_init__(self) -> None:
-        if self.reasoning_budget not in (-1, 0):  # llama.cpp's two values: a budget of N is not counted
+        if self.reasoning_budget < -1:
             budget = self.reasoning_budget
-            message = f"--reasoning-budget must be -1 (unrestricted) or 0 (thinking off), got {budget}"
+            message = (
+                f"--reasoning-budget must be at least -1 (-1: unrestricted, 0: thinking off), got {budget}"
+            )
             raise EadError(message, exit_code=2)
         if self.max_tokens < 0:
             raise EadError(f"--max-tokens must be at least 0, got {self.max_tokens}", exit_code=2)

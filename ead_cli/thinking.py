@@ -188,10 +188,13 @@ class ReasoningBudget:
         self._token_bytes = token_bytes
         self._forced_at = 0
 
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Accept the prompt's tokens from its last start sequence on, as llama.cpp accepts the
-        generation prompt's: a prompt that opens the block leaves the machine counting, the tokens
-        after the start tag already counted."""
+    def begin(self, prompt: Sequence[int]) -> None:
+        """Start over for an answer to ``prompt``, whose tokens from its last start sequence on are
+        accepted, as llama.cpp accepts the generation prompt's: a prompt that opens the block leaves the
+        machine counting, the tokens after the start tag already counted."""
+        self.state, self.remaining, self._forced_at = IDLE, self.budget, 0
+        self._start.reset()
+        self._end.reset()
         for position in range(len(prompt), -1, -1):
             tail = tuple(prompt[position:])
             if any(tail[: len(sequence)] == sequence for sequence in self._start.sequences):

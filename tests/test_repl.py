@@ -392,7 +392,9 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
         "/presence-penalty 3": "/presence-penalty must be in [-2, 2], got 3.0",
         "/frequency-penalty -3": "/frequency-penalty must be in [-2, 2], got -3.0",
         "/max-tokens -1": "/max-tokens must be at least 0, got -1",
-        "/reasoning-budget 1": "/reasoning-budget must be -1 (unrestricted) or 0 (thinking off), got 1",
+        "/reasoning-budget -2": (
+            "/reasoning-budget must be at least -1 (-1: unrestricted, 0: thinking off), got -2"
+        ),
         "/reasoning-format raw": "/reasoning-format takes one of auto, deepseek, none, got 'raw'",
     }
     assert {line.split()[0] for line in refusals} == {option.command for option in on(CHAT)}
@@ -1231,7 +1233,8 @@ def test_ollamas_think_commands_turn_the_next_answers_thinking_off_on_hidden_or_
 ) -> None:
     """Mid-conversation, as ollama's REPL: each answer (to "hi", in a new conversation) is generate's with
     the matching option: hidden (--hide-thinking), off through the template (--reasoning-budget 0: another
-    prompt, another text), on and shown again; a level (gpt-oss's high/medium/low) is refused in one line."""
+    prompt, another text), on and shown again, cut short by a budget (/reasoning-budget 3); a level
+    (gpt-oss's high/medium/low) is refused in one line."""
     child = spawn(*THINK_CLOSING, models=tiny_think_pair)
     generated = partial(generated_thinking, tiny_think_pair)
     answer = partial(fresh_answer, child)
@@ -1255,6 +1258,9 @@ def test_ollamas_think_commands_turn_the_next_answers_thinking_off_on_hidden_or_
     assert reply(child, "/hide-thinking on") == ["thinking hidden (from the next answer)"]
     assert reply(child, "/reasoning-budget 0")[0].endswith(" · reasoning-budget 0 (from the next answer)")
     assert off in answer()
+    budgeted = generated("--hide-thinking", "--reasoning-budget", "3")  # thinking cut short: another answer
+    assert reply(child, "/reasoning-budget 3")[0].endswith(" · reasoning-budget 3 (from the next answer)")
+    assert budgeted not in (off, hidden) and budgeted in answer()
     help_lines = reply(child, "/help")
     assert any(line.startswith("/think on|off ") for line in help_lines)
     assert any(line.startswith("/hide-thinking on|off ") for line in help_lines)

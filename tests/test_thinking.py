@@ -3,6 +3,7 @@ thinking turned off through the chat template (a tiny model whose template reads
 and `ead generate`'s and `ead chat`'s --reasoning-format, --reasoning-budget and --hide-thinking on a tiny
 thinking pair."""
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def written(
     its tokens in between (a model's wish is kept for the step after the forcing), and the machine's
     state after each."""
     budget_machine = ReasoningBudget((START,), ends, (MESSAGE, END), budget, token_bytes)
-    budget_machine.prefill(prompt)
+    budget_machine.begin(prompt)
     tokens, states, wishes = [], [], iter(wanted)
     while True:
         forced = budget_machine.forced_token
@@ -281,6 +282,58 @@ def test_a_reasoning_budget_of_0_turns_thinking_off_through_the_template(
     assert off != generate(tiny_think_pair, "--reasoning-format", "none")
 
 
+def tokens_written(pair: tuple[Path, Path], *options: str) -> list[dict]:
+    """`ead generate --format jsonl`'s token events for ``generate``'s prompt."""
+    lines = generate(pair, "--format", "jsonl", *options).splitlines()
+    return [event for event in map(json.loads, lines) if event["type"] == "token"]
+
+
+def test_a_spent_reasoning_budget_closes_the_block_with_the_message_and_the_answer_follows(
+    tiny_think_pair: tuple[Path, Path],
+) -> None:
+    """The prompt opens the block with ``<think>\n``: its newline counts, as llama.cpp's prefill counts
+    it, so a budget of 3 leaves the model two tokens of thinking; then the message and ``</think>`` are
+    written token by token (by whichever model the policy has write) and the answer follows, as
+    the thinking split from it shows."""
+    free = tokens_written(tiny_think_pair)
+    assert [event["text"] for event in free].index("</think>") > 4  # thinks longer than the budget
+    budgeted = tokens_written(
+        tiny_think_pair, "--reasoning-budget", "3", "--reasoning-budget-message", " Enough."
+    )
+    texts = [event["text"] for event in budgeted]
+    # the model's own: two tokens, the second a lone UTF-8 lead byte (no text yet), so a third finishes
+    # the character before the message, as llama.cpp waits for it
+    assert texts[1] == "" and [event["token"] for event in budgeted[:3]] == [
+        event["token"] for event in free[:3]
+    ]
+    closed = texts.index("</think>")
+    assert "".join(texts[3:closed]) == " Enough." and closed + 1 < len(texts)
+    assert all(event["model"] in ("small", "large") for event in budgeted)
+    shown = generate(tiny_think_pair, "--reasoning-budget", "3", "--reasoning-budget-message", " Enough.")
+    thinking = "".join(texts[:closed])
+    assert shown.startswith(THINKING + thinking.strip() + DONE_THINKING)
+
+
+@pytest.mark.parametrize(
+    ("step", "named"),
+    [
+        (["--verify", "0.5"], "--verify"),
+        (["--mode", "spec"], "--mode spec"),
+        (["--grammar", 'root ::= "a"'], "a grammar"),
+    ],
+)
+def test_a_budget_is_refused_with_a_step_that_could_not_take_its_tokens_back(
+    tiny_think_pair: tuple[Path, Path], step: list[str], named: str
+) -> None:
+    done = ead("generate", *pair_args(tiny_think_pair), "--reasoning-budget", "3", *step, "hi")
+    expected = f"error: --reasoning-budget 3 cannot go with {named}: a forced </think> cannot be taken back\n"
+    assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", expected)
+
+
+def test_a_budget_the_thinking_stays_within_changes_nothing(tiny_think_pair: tuple[Path, Path]) -> None:
+    assert generate(tiny_think_pair, "--reasoning-budget", "30") == generate(tiny_think_pair)
+
+
 def test_chat_shows_each_answers_thinking_as_generate_does(tiny_think_pair: tuple[Path, Path]) -> None:
     """Each answer of a chat is split afresh; its first answer is generate's for the same prompt, with
     thinking on, off, or hidden."""
@@ -297,8 +350,8 @@ def test_chat_shows_each_answers_thinking_as_generate_does(tiny_think_pair: tupl
     ("option", "message"),
     [
         (
-            ["--reasoning-budget", "100"],
-            "--reasoning-budget must be -1 (unrestricted) or 0 (thinking off), got 100",
+            ["--reasoning-budget", "-2"],
+            "--reasoning-budget must be at least -1 (-1: unrestricted, 0: thinking off), got -2",
         ),
         (["--reasoning-format", "deepseek-legacy"], "--reasoning-format"),
     ],

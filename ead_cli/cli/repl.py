@@ -130,8 +130,9 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
         if sampling.penalises
         else ""
     )
-    # said once changed: thinking off, its block left in the answer
-    thinking = " · reasoning-budget 0" if generation.reasoning_budget == 0 else ""
+    # said once changed: thinking off or budgeted, its block left in the answer
+    budget = generation.reasoning_budget
+    thinking = f" · reasoning-budget {budget}" if budget >= 0 else ""
     if generation.reasoning_format != OPTIONS["reasoning_format"].default:
         thinking += f" · reasoning-format {generation.reasoning_format}"
     return (
