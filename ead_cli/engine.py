@@ -195,7 +195,7 @@ def build_decoder(
     served = runners[-1].label if isinstance(runners[-1], RemoteRunner) else None
     policy_options = runnable_policy(policy_options, len(runners), served)
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
-    budget = _reasoning_budget(
+    budget = reasoning_budget_for(
         runners[0], policy_options, generation
     )  # before the branch: spec is refused too
     try:
@@ -234,7 +234,7 @@ def build_decoder(
         raise EadError(str(error), exit_code=2) from None
 
 
-def _reasoning_budget(
+def reasoning_budget_for(
     runner: Runner, policy_options: PolicyOptions, generation: GenerationOptions
 ) -> ReasoningBudget | None:
     """llama.cpp's ``--reasoning-budget N`` (N > 0) for a thinking model's answer (a template that names

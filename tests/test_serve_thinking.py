@@ -19,6 +19,7 @@ from serve_process import Server
 from test_cli import pair_args
 from test_serve import CHROMIUM, HI, JSON, PRESS_ENTER, TAU, open_page, serving
 from test_serve_responses import FLAT_TOOLS, collapsed
+from test_thinking import generate
 from tiny_models import CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_tiny_model
 
 CLOSE_ID = vocabulary("think")[0].index("</think>")
@@ -119,15 +120,44 @@ def test_the_servers_options_are_the_requests_defaults(
         assert (thought["thinking"], thought["content"]) == (before.strip(), after.lstrip())
 
 
+def test_a_reasoning_budget_closes_the_block_as_generate_does(
+    server: Server, tiny_think_pair: tuple[Path, Path], raw: str
+) -> None:
+    """llama-server's request fields ``reasoning_budget_tokens`` and ``reasoning_budget_message``: the
+    answer is ``ead generate --reasoning-budget 3 --reasoning-budget-message``'s for the same prompt, its
+    thinking cut short by the message and ``</think>``; a budget the thinking stays within changes nothing,
+    and -1 is the server's (unrestricted)."""
+    budget = {"reasoning_budget_tokens": 3, "reasoning_budget_message": " Enough."}
+    budgeted = message(server, **budget, reasoning_format="none")["content"]
+    options = (
+        "--reasoning-budget",
+        "3",
+        "--reasoning-budget-message",
+        " Enough.",
+        "--reasoning-format",
+        "none",
+    )
+    assert budgeted + "\n" == generate(tiny_think_pair, *options) and " Enough.</think>" in budgeted
+    before, _, after = budgeted.partition("</think>")
+    split = message(server, **budget)
+    assert (split["reasoning_content"], split["content"]) == (before.strip(), after.lstrip())
+    for unbudgeted in (30, -1):
+        assert message(server, reasoning_budget_tokens=unbudgeted, reasoning_format="none")["content"] == raw
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
         ({"reasoning_format": "deepseek-legacy"}, "reasoning_format"),
         ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
         ({"chat_template_kwargs": {"messages": []}}, "messages"),  # a variable the template is given already
+        ({"reasoning_budget_tokens": -2}, "reasoning_budget_tokens"),
+        ({"reasoning_budget_tokens": "3"}, "reasoning_budget_tokens"),
+        ({"reasoning_budget_message": 3}, "reasoning_budget_message"),
+        ({"reasoning_budget_tokens": 3, "response_format": {"type": "json_object"}}, None),
     ],
 )
-def test_bad_reasoning_fields_are_400s(server: Server, body: dict[str, Any], param: str) -> None:
+def test_bad_reasoning_fields_are_400s(server: Server, body: dict[str, Any], param: str | None) -> None:
     reply = chat(server, **body)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]

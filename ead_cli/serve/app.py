@@ -42,7 +42,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
 from ..embedding import Embedder, InputTooLong, normalized
-from ..engine import build_decoder
+from ..engine import build_decoder, reasoning_budget_for
 from ..errors import EadError, counted, cut, quoted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import (
@@ -986,7 +986,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         prefill = _prefill(messages)
         earlier = messages if prefill is None else messages[:-1]
         # Qwen3's enable_thinking: the request's over --reasoning-budget's, as llama-server takes them
-        budget = template_variables(defaults.generation.reasoning_budget)
+        generation = defaults.generation
+        budget = template_variables(body.reasoning_budget(generation.reasoning_budget, "")[0])
         variables = {**budget, **(body.chat_template_kwargs or {})}
         rendered = usage_checked(
             lambda: render_chat(engine.runners[0], earlier, tools=tools, template_kwargs=variables),
@@ -1151,6 +1152,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 min_indent=body.n_indent or 0,
                 newline_time_limit_ms=max(body.t_max_predict_ms or 0, 0),
             )
+            budget, message = body.reasoning_budget(
+                generation.reasoning_budget, generation.reasoning_budget_message
+            )
+            generation = replace(generation, reasoning_budget=budget, reasoning_budget_message=message)
+            reasoning_budget_for(engine.runners[0], policy, generation)  # refused here, not in the engine
             return policy, generation
 
         return usage_checked(settings)

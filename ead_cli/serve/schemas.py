@@ -613,6 +613,11 @@ class CompletionBase(BaseModel):
         """How many alternatives each token's log-probabilities list; None: no log-probabilities."""
         raise NotImplementedError  # each endpoint asks in its own fields
 
+    def reasoning_budget(self, default: int, default_message: str) -> tuple[int, str]:
+        """The thinking's budget and message: none for a text completion, as llama-server budgets a
+        chat's thinking alone (its template's tags)."""
+        return -1, default_message
+
     def check_supported(self) -> None:
         """A 400 naming the first field given that ead serve would otherwise ignore."""
         if (self.n or 1) > 1:
@@ -776,6 +781,18 @@ class ChatRequest(CompletionBase):
     # 'auto'), and more variables for the chat template (Qwen3's enable_thinking)
     reasoning_format: Literal[REASONING_FORMATS] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # llama-server's --reasoning-budget and --reasoning-budget-message for this answer (-1: the server's)
+    reasoning_budget_tokens: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | None = None
+    reasoning_budget_message: Annotated[str, Field(max_length=4096)] | None = None
+
+    def reasoning_budget(self, default: int, default_message: str) -> tuple[int, str]:
+        """The request's budget and message over the server's, as llama-server takes them."""
+        asked = self.reasoning_budget_tokens
+        budget = default if asked is None or asked == -1 else asked
+        return (
+            budget,
+            default_message if self.reasoning_budget_message is None else self.reasoning_budget_message,
+        )
 
     def logprobs_count(self) -> int | None:
         """Chat asks with ``logprobs: true`` and ``top_logprobs: N``."""
