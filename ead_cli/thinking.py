@@ -184,6 +184,7 @@ class ReasoningBudget:
         self.forced = tuple(forced)
         self.state = IDLE
         self.remaining = budget
+        self._start_tag = tuple(start)
         self._start, self._end = _Matcher([start]), _Matcher(ends)
         self._token_bytes = token_bytes
         self._forced_at = 0
@@ -195,10 +196,10 @@ class ReasoningBudget:
         self.state, self.remaining, self._forced_at = IDLE, self.budget, 0
         self._start.reset()
         self._end.reset()
-        for position in range(len(prompt), -1, -1):
-            tail = tuple(prompt[position:])
-            if any(tail[: len(sequence)] == sequence for sequence in self._start.sequences):
-                for token in tail:
+        start = self._start_tag
+        for position in range(len(prompt) - len(start), -1, -1) if start else ():
+            if tuple(prompt[position : position + len(start)]) == start:
+                for token in prompt[position:]:
                     self.accept(token)
                 return
 
