@@ -154,10 +154,13 @@ def test_a_reasoning_budget_closes_the_block_as_generate_does(
         ({"reasoning_budget_tokens": -2}, "reasoning_budget_tokens"),
         ({"reasoning_budget_tokens": "3"}, "reasoning_budget_tokens"),
         ({"reasoning_budget_message": 3}, "reasoning_budget_message"),
-        ({"reasoning_budget_tokens": 3, "response_format": {"type": "json_object"}}, None),
+        (
+            {"reasoning_budget_tokens": 3, "response_format": {"type": "json_object"}},
+            "reasoning_budget_tokens",
+        ),
     ],
 )
-def test_bad_reasoning_fields_are_400s(server: Server, body: dict[str, Any], param: str | None) -> None:
+def test_bad_reasoning_fields_are_400s(server: Server, body: dict[str, Any], param: str) -> None:
     reply = chat(server, **body)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]

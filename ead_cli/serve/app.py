@@ -1156,7 +1156,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 generation.reasoning_budget, generation.reasoning_budget_message
             )
             generation = replace(generation, reasoning_budget=budget, reasoning_budget_message=message)
-            reasoning_budget_for(engine.runners[0], policy, generation)  # refused here, not in the engine
+            # refused here, not in the engine
+            usage_checked(
+                lambda: reasoning_budget_for(engine.runners[0], policy, generation), "reasoning_budget_tokens"
+            )
             return policy, generation
 
         return usage_checked(settings)
