@@ -1638,15 +1638,7 @@ async def answer_messages(
     ended = False
     try:
         while not ended:
-            wait = None if keep_alive is None else keep_alive.wait()
-            message: Message | None
-            if wait is None or not ticket.messages.empty():  # one at hand: no timer task a token
-                message = await ticket.messages.get()
-            else:
-                try:
-                    message = await asyncio.wait_for(ticket.messages.get(), wait)
-                except asyncio.TimeoutError:
-                    message = None
+            message = await ticket.next(None if keep_alive is None else keep_alive.wait())
             ended = isinstance(message, (Finished, Failed))
             yield message
     finally:
@@ -1662,10 +1654,7 @@ async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summ
     message: Message | None = None
     try:
         while True:
-            try:
-                message = await asyncio.wait_for(ticket.messages.get(), POLL_S)
-            except asyncio.TimeoutError:
-                message = None
+            message = await ticket.next(POLL_S)
             if time.monotonic() - looked >= POLL_S:  # tokens may come faster: look by the clock
                 looked = time.monotonic()
                 if await request.is_disconnected():

@@ -121,6 +121,16 @@ class Ticket:
         except RuntimeError:  # the loop is closed (a forced stop)
             self.cancel()
 
+    async def next(self, wait: float | None = None) -> Message | None:
+        """The engine's next message, or None where ``wait`` seconds pass first (None: wait for it); one
+        already at hand is taken without a timer task, which ``asyncio.wait_for`` makes on every call."""
+        if wait is None or not self.messages.empty():
+            return await self.messages.get()
+        try:
+            return await asyncio.wait_for(self.messages.get(), wait)
+        except asyncio.TimeoutError:
+            return None
+
     def cancel(self) -> None:
         self.cancelled.set()
         if self._withdraw is not None:
