@@ -195,9 +195,8 @@ def build_decoder(
     served = runners[-1].label if isinstance(runners[-1], RemoteRunner) else None
     policy_options = runnable_policy(policy_options, len(runners), served)
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
-    budget = reasoning_budget_for(
-        runners[0], policy_options, generation
-    )  # before the branch: spec is refused too
+    # before the branch: a budget with spec is refused too
+    budget = reasoning_budget_for(runners[0], policy_options, generation)
     try:
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
