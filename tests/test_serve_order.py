@@ -18,7 +18,7 @@ from test_cli import pair_args
 from test_serve import serving
 from test_serve_responses import FLAT_TOOLS
 from test_serve_tools import TOOLS_TEMPLATE
-from tiny_models import CALL_TOKEN, NAN_CALL_TOKEN, write_tiny_model
+from tiny_models import CALL_TOKEN, NAN_CALL_TOKEN, write_scripted_pair
 
 # (from "Ċ", the prompt's last token)
 SCRIPT = ["Ċ", "H", "i", CALL_TOKEN, "Ġ", NAN_CALL_TOKEN, "O", "k", "<|im_end|>"]
@@ -32,16 +32,7 @@ ORDERED = [("text", "Hi"), ("call", CALLS[0]), ("call", CALLS[1]), ("text", "Ok"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("serve-order")
-    pair = [
-        write_tiny_model(
-            folder / f"order{seed}.gguf",
-            seed=seed,
-            vocab="think-call",
-            chat_template=TOOLS_TEMPLATE,
-            script=SCRIPT,
-        )
-        for seed in (0, 1)
-    ]
+    pair = write_scripted_pair(folder, "order", TOOLS_TEMPLATE, SCRIPT)
     with serving([*pair_args(pair), "--max-tokens", "32"], folder / "server.log") as running:
         yield running
 

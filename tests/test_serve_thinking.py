@@ -20,7 +20,7 @@ from test_cli import pair_args
 from test_serve import CHROMIUM, HI, JSON, PRESS_ENTER, TAU, open_page, serving
 from test_serve_responses import FLAT_TOOLS, collapsed
 from test_thinking import generate
-from tiny_models import CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_tiny_model
+from tiny_models import CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_scripted_pair
 
 CLOSE_ID = vocabulary("think")[0].index("</think>")
 # The server's defaults: greedy, and </think> favoured, so that it comes ~10 tokens into the answer to
@@ -376,16 +376,7 @@ ASK = [{"role": "user", "content": "What is 6 times 7?"}]
 @pytest.fixture(scope="module")
 def calling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("serve-thinking-calls")
-    small, large = (
-        write_tiny_model(
-            folder / f"calling{seed}.gguf",
-            seed=seed,
-            vocab="think-call",
-            chat_template=THINKING_TOOLS_TEMPLATE,
-            script=CALLING,
-        )
-        for seed in (0, 1)
-    )
+    small, large = write_scripted_pair(folder, "calling", THINKING_TOOLS_TEMPLATE, CALLING)
     with serving([*pair_args((small, large)), *TAU, "--max-tokens", "32"], folder / "server.log") as running:
         yield running
 

@@ -298,6 +298,24 @@ def write_tiny_model(
     return first
 
 
+def write_scripted_pair(
+    folder: Path, stem: str, chat_template: str, script: Sequence[str]
+) -> tuple[Path, Path]:
+    """A small and a large tiny model of the ``think-call`` vocabulary (seeds 0 and 1) that both write
+    ``script`` under ``chat_template``: a pair whose answer is known, whichever model writes."""
+    small, large = (
+        write_tiny_model(
+            folder / f"{stem}{seed}.gguf",
+            seed=seed,
+            vocab="think-call",
+            chat_template=chat_template,
+            script=script,
+        )
+        for seed in (0, 1)
+    )
+    return small, large
+
+
 def open_pair(paths: tuple[Path, Path], n_ctx: int = 512) -> list[Runner]:
     """Load a (small, large) pair on one thread: tiny models gain nothing from more, and on a busy machine
     llama.cpp's thread barrier waits for a descheduled thread on every token."""
