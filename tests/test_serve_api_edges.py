@@ -201,12 +201,14 @@ def test_a_responses_and_a_messages_stream_at_once_answer_as_alone(server: Serve
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_cuts_both_streams_off_so_each_client_raises(
+def test_a_stop_ends_both_streams_as_a_failure_mid_answer_does(
     tiny_pair: tuple[Path, Path], tmp_path: Path, sig: int
 ) -> None:
     """A stop whose --shutdown-timeout runs out while a Messages stream is written and a Responses stream
-    waits: each ends the way its API ends a cut stream, so the official clients raise (not a truncated
-    success), and the server exits 0."""
+    waits: each ends the way its API ends a failure mid-answer, Anthropic's error event (its client raises,
+    not a truncated success) and the Responses API's typed ``response.failed`` (the Response failed with
+    the stop's error, numbered as the events before it, read by the openai client's ``responses.stream``),
+    and the server exits 0."""
     args = [*pair_args(tiny_pair), *TAU, *CTX, "--shutdown-timeout", "1"]
     with Server(args, tmp_path / "server.log") as server:
         claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
@@ -220,14 +222,11 @@ def test_a_stop_cuts_both_streams_off_so_each_client_raises(
         read = iter(generating)
         while next(read).type != "content_block_delta":
             pass
-        raised: dict[str, BaseException] = {}
+        read_events: list[Any] = []
 
         def wait_then_read() -> None:
-            stream = codex.responses.create(model="ead", input="hi", max_output_tokens=4, stream=True)
-            try:
-                list(stream)
-            except openai.APIError as error:
-                raised["responses"] = error
+            with codex.responses.stream(model="ead", input="hi", max_output_tokens=4) as stream:
+                read_events.extend(stream)
 
         waiting = threading.Thread(target=wait_then_read)
         waiting.start()
@@ -237,7 +236,14 @@ def test_a_stop_cuts_both_streams_off_so_each_client_raises(
             list(read)
         assert cut.value.body == {"type": "error", "error": {"type": "overloaded_error", "message": CUT_OFF}}
         waiting.join(timeout=60)
-        assert isinstance(raised.get("responses"), openai.APIError) and raised["responses"].message == CUT_OFF
+        kinds = [event.type for event in read_events]  # a keep-alive is one more response.in_progress
+        assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.failed"
+        assert set(kinds[1:-1]) == {"response.in_progress"}, kinds
+        assert [event.sequence_number for event in read_events] == list(range(len(read_events)))
+        failed = read_events[-1].response
+        assert failed.status == "failed" and failed.id == read_events[0].response.id
+        assert failed.error is not None and failed.error.message == CUT_OFF
+        assert failed.error.code == "server_error"
         assert server.process.wait(timeout=60) == 0
     log = server.log()
     assert "went away" not in log and "Traceback" not in log, log

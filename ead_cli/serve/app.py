@@ -119,6 +119,9 @@ MAX_BODY_BYTES = 4 * 2**20  # a request body past this is refused (413)
 MAX_HEAD_BYTES = 16 * 2**10  # a request line and headers past this (the blank line after them counted): 431
 # Set in a request's scope by the protocol that answered it itself (a broken body): its app is cut off.
 REFUSED_BY_PROTOCOL = "ead.refused_by_protocol"
+# Set in a request's scope by a route whose stream ends a failure mid-answer in its own way (the Responses
+# API's response.failed): a function of the error to the stream's last bytes, which a stop's cut sends too.
+STREAM_END = "ead.stream_end"
 OLLAMA_PATHS = "/api/"  # ollama's API (serve/ollama.py): its errors are ollama's {"error": "..."}
 ANTHROPIC_PATH = "/v1/messages"  # Anthropic's Messages API (serve/anthropic.py), and the paths under it
 FORM = "application/x-www-form-urlencoded"  # what curl -d sends without -H
@@ -260,8 +263,9 @@ class Guard:
             self.log(f"error: {where} {cut.status}: {cut.message}")
             if not started:
                 await error_answer(cut, scope["path"])(scope, receive, send)
-            elif streaming:  # an error event (ollama's: line) ends the stream, as a failure mid-answer does
-                event = _stream_end(cut, scope["path"])
+            elif streaming:  # ended as a failure mid-answer ends it: the route's own end (STREAM_END),
+                end = scope.get(STREAM_END)  # else an error event (ollama's: a line)
+                event = end(cut) if end is not None else _stream_end(cut, scope["path"])
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             return None
         except ClientDisconnect:  # it left while sending its body (or the protocol refused the body, and

@@ -17,13 +17,14 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ..decoder import Summary
 from ..errors import quoted
 from ..thinking import ReasoningSplitter, Split, split_reasoning
 from .app import (
     MODEL_ID,
+    STREAM_END,
     KeepAlive,
     Requests,
     answer_messages,
@@ -438,6 +439,16 @@ class _Answer:
         self.sequence += 1
         return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
 
+    def _failed(self, error: ApiError) -> dict[str, str]:
+        """``response.failed``: the Response failed with ``error``, as OpenAI's streams end a failure
+        mid-answer (Codex reads an event's type: a bare error object is none to it)."""
+        return self._event("response.failed", response=self.response("failed", error=error))
+
+    def cut_off(self, error: ApiError) -> bytes:
+        """The stream's last frame where a stop cuts it (the Guard, through ``STREAM_END``): its
+        ``response.failed``, framed as sse-starlette frames the others."""
+        return ServerSentEvent(**self._failed(error)).encode()
+
     def _in_progress(self) -> dict[str, str]:
         """``response.in_progress``: sent after ``response.created``, and again as the stream's keep-alive
         (Codex's idle timer is reset by any event, not by a comment)."""
@@ -580,10 +591,9 @@ class _Answer:
     ) -> AsyncIterator[dict[str, str] | bytes]:
         """The typed events: created, in progress, each item's (a text delta per token that shows text,
         with its ``ead`` fields; a thinking model's reasoning an item of its own first), then completed or
-        incomplete with the whole Response; a failure mid-answer is ``response.failed``, the Response failed
-        with its error, as OpenAI's end one (Codex reads an event's type: a bare error object is none to
-        it). ``response.in_progress`` again each time ``keep_alive`` is due, whatever the engine does
-        (queued, reading, holding text back)."""
+        incomplete with the whole Response; a failure mid-answer is ``response.failed`` (``_failed``), as a
+        stop's cut is (``cut_off``). ``response.in_progress`` again each time ``keep_alive`` is due,
+        whatever the engine does (queued, reading, holding text back)."""
         reader = ToolCallReader(tools, parallel, prefill) if tools else None
         splitter = None if thinking is None else ReasoningSplitter(thinking)
         yield self._event("response.created", response=self.response("in_progress"))
@@ -605,7 +615,7 @@ class _Answer:
                 if isinstance(message, Failed):
                     error = self.respelled(error_of(message))
                     self.log(f"error: POST {self.path}: {error.message}")
-                    yield self._event("response.failed", response=self.response("failed", error=error))
+                    yield self._failed(error)
                     return
                 summary = message.summary
                 log_answered(self.log, self.path, summary)
@@ -640,5 +650,6 @@ def add_routes(app: FastAPI) -> None:
             job.thinking,
         )
         if asked.stream:
+            request.scope[STREAM_END] = answer.cut_off
             return EventSourceResponse(answer.events(ticket, *how, requests.keep_alive()), ping=15)
         return await answer.whole(ticket, request, *how)
