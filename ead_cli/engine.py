@@ -234,12 +234,16 @@ def build_decoder(
 
 
 def reasoning_budget_for(
-    runner: Runner, policy_options: PolicyOptions, generation: GenerationOptions
+    runner: Runner,
+    policy_options: PolicyOptions,
+    generation: GenerationOptions,
+    asked_as: str = "--reasoning-budget",
 ) -> ReasoningBudget | None:
     """llama.cpp's ``--reasoning-budget N`` (N > 0) for a thinking model's answer (a template that names
     ``</think>``: the smallest model's, which is local), its tags and message as ``runner`` spells them;
-    None for -1 and 0 (the template's), or a model that does not think. A usage error where a step takes
-    tokens back or a grammar binds the answer: neither can have a token forced into it."""
+    None for -1 and 0 (the template's), or a model that does not think. A usage error, naming the budget
+    as it was asked for (``asked_as``: ead serve's request field), where a step takes tokens back or a
+    grammar binds the answer: neither can have a token forced into it."""
     budget = generation.reasoning_budget
     if budget <= 0 or not thinks(runner.chat_template):
         return None
@@ -247,7 +251,7 @@ def reasoning_budget_for(
         "a grammar" if generation.sampling.grammar is not None else None
     )
     if step is not None:
-        message = f"--reasoning-budget {budget} cannot go with {step}: a forced </think> cannot be taken back"
+        message = f"{asked_as} {budget} cannot go with {step}: a forced </think> cannot be taken back"
         raise EadError(message, exit_code=2)
     start, end = (runner.tokenize(tag, add_special=False) for tag in (OPEN, CLOSE))
     text = generation.reasoning_budget_message

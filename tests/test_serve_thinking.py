@@ -318,6 +318,58 @@ def test_messages_give_thinking_blocks_before_the_text_whole_and_streamed(server
     ]
 
 
+def test_messages_thinking_budget_tokens_is_the_reasoning_budget(server: Server) -> None:
+    """``thinking: {type: enabled, budget_tokens: N}`` is llama.cpp's reasoning budget, as
+    llama-server maps it: the thinking block cut after N tokens and the text the answer
+    ``reasoning_budget_tokens: N`` gives on /v1/chat/completions, whole and streamed (anthropic's client);
+    with ``disabled`` the budget is unused."""
+    budgeted = message(server, reasoning_budget_tokens=3)
+    assert budgeted != message(server)  # the budget cuts this answer's thinking
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    asked = {"model": "ead", "max_tokens": 32, "messages": HI}
+    enabled = {"type": "enabled", "budget_tokens": 3}
+    whole = client.messages.create(**asked, thinking=enabled)  # type: ignore[call-overload]
+    assert [block.model_dump() for block in whole.content] == [
+        {"type": "thinking", "thinking": budgeted["reasoning_content"], "signature": ""},
+        {"type": "text", "text": budgeted["content"], "citations": None},
+    ]
+    deltas = {"thinking_delta": "", "text_delta": ""}
+    for event in client.messages.create(**asked, thinking=enabled, stream=True):  # type: ignore[call-overload]
+        if event.type == "content_block_delta" and event.delta.type in deltas:
+            deltas[event.delta.type] += getattr(event.delta, event.delta.type.removesuffix("_delta"))
+    assert deltas == {"thinking_delta": budgeted["reasoning_content"], "text_delta": budgeted["content"]}
+    disabled = client.messages.create(**asked, thinking={"type": "disabled", "budget_tokens": 3})  # type: ignore[call-overload]
+    assert [block.text for block in disabled.content] == [message(server, **THINKING_OFF)["content"]]
+
+
+@pytest.mark.parametrize(
+    ("thinking", "fields", "fragment"),
+    [
+        ({"type": "enabled", "budget_tokens": 0}, {}, "greater than or equal to 1"),
+        ({"type": "enabled", "budget_tokens": -1}, {}, "greater than or equal to 1"),
+        ({"type": "enabled", "budget_tokens": "3"}, {}, "valid integer"),
+        ({"type": "enabled", "budget_tokens": True}, {}, "valid integer"),
+        ({"type": "enabled", "budget_tokens": 2**40}, {}, "less than or equal to"),
+        (
+            {"type": "enabled", "budget_tokens": 3},
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            "cannot go with a grammar",
+        ),
+    ],
+)
+def test_bad_thinking_budgets_are_anthropics_400s(
+    server: Server, thinking: dict[str, Any], fields: dict[str, Any], fragment: str
+) -> None:
+    body = {"model": "ead", "max_tokens": 8, "messages": HI, "thinking": thinking, **fields}
+    reply = httpx.post(f"{server.url}/v1/messages", json=body, timeout=120)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+    said = error["error"]["message"]
+    assert said.startswith("thinking.budget_tokens") and fragment in said and "\n" not in said, said
+    assert message(server, max_tokens=2)["reasoning_content"]  # and the server serves on
+
+
 # Each change to the page's turn, as the reader would have seen it: the Thinking block's state (none yet, open
 # or collapsed) beside the answer's text so far
 WATCH_THINKING = """new MutationObserver(() => {

@@ -34,14 +34,18 @@ from .app import (
 from .engine import Failed, Job, Log, PromptProgress, Ticket, Token
 from .metrics import cached_tokens
 from .native import stop_of
-from .schemas import ApiError, ChatRequest, parse, unsupported
+from .schemas import MAX_COUNT, ApiError, ChatRequest, parse, unsupported
 from .tools import ArgumentsDelta, CallStart, HeldBlank, Piece, ToolCall, ToolCallReader
 
 if TYPE_CHECKING:
     from ..runner import Runner
 
 # The OpenAI fields an Anthropic request's own are spelled as, for the OpenAI checks' 400s
-ANTHROPIC_SPELLING = {"stop": "stop_sequences", "response_format": "output_config.format"}
+ANTHROPIC_SPELLING = {
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "reasoning_budget_tokens": "thinking.budget_tokens",
+}
 # What a content block that is no text, call or call's result is said to be in a 400
 NOT_TEXT = {"image": "the models read text", "document": "the models read text"}
 
@@ -192,18 +196,29 @@ class OutputConfig(BaseModel):
 
 class ThinkingConfig(BaseModel):
     """``thinking``: a thinking model's thinking on or off through its template (Qwen3's
-    ``enable_thinking``); ``budget_tokens`` is ignored."""
+    ``enable_thinking``); with ``enabled``, ``budget_tokens`` is llama.cpp's reasoning budget (the OpenAI
+    routes' ``reasoning_budget_tokens``), as llama-server maps it: any count from 1, neither Anthropic's
+    minimum of 1024 nor its bound of ``max_tokens`` enforced (a small model's thinking is worth cutting
+    short; a budget past the answer's limit is never spent). Left out, the server's --reasoning-budget."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
+
+    def openai_fields(self) -> dict[str, Any]:
+        """The chat request's fields this means: the template's variable, and the budget where enabled."""
+        fields: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": self.type != "disabled"}}
+        if self.type == "enabled" and self.budget_tokens is not None:
+            fields["reasoning_budget_tokens"] = self.budget_tokens
+        return fields
 
 
 class AnthropicRequest(BaseModel):
     """A Messages request. ``max_tokens``, which Anthropic requires, may be left out: the server's
-    ``--max-tokens``, as on the other routes. ``thinking`` turns a thinking model's thinking on or off (a
-    model that does not think answers as it does); ``metadata`` and other fields are ignored, as the
-    OpenAI routes ignore theirs. The sampling fields are checked as OpenAI's."""
+    ``--max-tokens``, as on the other routes. ``thinking`` turns a thinking model's thinking on or off, and
+    budgets it (a model that does not think answers as it does); ``metadata`` and other fields are ignored,
+    as the OpenAI routes ignore theirs. The sampling fields are checked as OpenAI's."""
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
@@ -250,7 +265,7 @@ class AnthropicRequest(BaseModel):
         if self.tool_choice is not None:
             fields |= self.tool_choice.openai_fields()
         if self.thinking is not None:
-            fields["chat_template_kwargs"] = {"enable_thinking": self.thinking.type != "disabled"}
+            fields |= self.thinking.openai_fields()
         if self.output_config is not None and self.output_config.format is not None:
             schema = {"name": "output", "schema": self.output_config.format.json_schema}
             fields["response_format"] = {"type": "json_schema", "json_schema": schema}

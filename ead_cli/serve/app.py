@@ -1161,9 +1161,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             )
             generation = replace(generation, reasoning_budget=budget, reasoning_budget_message=message)
             # refused here, not in the engine
-            usage_checked(
-                lambda: reasoning_budget_for(engine.runners[0], policy, generation), "reasoning_budget_tokens"
-            )
+            field = "reasoning_budget_tokens"
+            usage_checked(lambda: reasoning_budget_for(engine.runners[0], policy, generation, field), field)
             return policy, generation
 
         return usage_checked(settings)
