@@ -65,6 +65,49 @@ def stop_requested() -> bool:
     return bool(pending) and any(signal.getsignal(number) is not signal.SIG_IGN for number in pending)
 
 
+class CtrlCGate:
+    """SIGINT's handler while a chat holds a terminal: a Ctrl-C raises KeyboardInterrupt only while the gate
+    is open, as Python's own handler does; one that comes while it is closed is remembered for the next
+    ``open``. Python raises a handler's exception at whichever call or loop comes next, so a second Ctrl-C
+    come while the REPL handled the first (readline takes a while to clean up after one) was raised between
+    the REPL's handlers, outside any, and ended the session. The REPL opens it as a turn begins and closes
+    it (``open = False``: a store, where Python runs no handler) first thing as the turn ends.
+
+    It never closes itself, and raises through Python's own handler: CPython runs the handler again as
+    ``input()`` returns from a Ctrl-C, with the first KeyboardInterrupt still set, where a handler that
+    returns, or makes an exception itself, is a SystemError (the C handler only sets one)."""
+
+    def __init__(self) -> None:
+        self.is_open = False
+        self.missed = False
+        self._previous: object = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if not self.is_open:
+            self.missed = True
+            return
+        signal.default_int_handler(signum, frame)  # type: ignore[arg-type]
+
+    def open(self) -> bool:
+        """Let Ctrl-C raise; whether one came while the gate was closed."""
+        missed, self.missed = self.missed, False
+        self.is_open = True
+        return missed
+
+    def __enter__(self) -> CtrlCGate:
+        """Handle SIGINT so, in the main thread (the only one where Python may set a handler), unless the
+        process ignores it (a shell's background job): that stays so."""
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self._previous = signal.signal(signal.SIGINT, self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+            self._previous = None
+
+
 class Terminated(BaseException):
     """SIGTERM, raised in the main thread: stop like Ctrl-C (keep what was printed), exit 143.
 

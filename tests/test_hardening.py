@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -488,6 +489,36 @@ def test_a_signal_the_process_ignores_stops_no_batch() -> None:
     finally:
         restore_signals(previous)
         signal.signal(signal.SIGINT, handler)
+
+
+def test_the_chats_ctrl_c_gate_remembers_a_ctrl_c_while_closed_and_raises_one_while_open() -> None:
+    """The chat's SIGINT handler at a terminal (``CtrlCGate``): a Ctrl-C while a turn's Ctrl-C is handled
+    (the gate closed) raises nothing and is said at the next opening; one while open is Python's
+    KeyboardInterrupt; a process that ignores SIGINT keeps ignoring it."""
+    from ead_cli.signals import CtrlCGate
+
+    def ctrl_c() -> None:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(0.01)  # a call: Python runs the handler here
+
+    before = signal.getsignal(signal.SIGINT)
+    gate = CtrlCGate()
+    with gate:
+        assert signal.getsignal(signal.SIGINT) is gate
+        ctrl_c()
+        assert gate.open() and not gate.open()  # said once
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()
+        gate.is_open = False
+        ctrl_c()
+        assert gate.missed
+    assert signal.getsignal(signal.SIGINT) is before
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with CtrlCGate():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class _CtrlCOnLogLine(io.StringIO):

@@ -13,6 +13,7 @@ import io
 import os
 import re
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,7 +30,7 @@ from ..paths import BOM, MAX_READ_BYTES, expand_home, folder_ending
 from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
-from ..signals import Terminated, main_thread_signals
+from ..signals import CtrlCGate, Terminated, main_thread_signals
 from .output import at_its_width, silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
@@ -178,6 +179,7 @@ class Repl:
         )
         self.console.soft_wrap = not self.console.is_terminal  # a terminal's lines wrap at spaces
         self.interactive = interactive
+        self.ctrl_c = CtrlCGate()
         self.failed = False
         self.commands = {
             "help": Command(self._help, "", "this list", ("?",)),
@@ -239,20 +241,26 @@ class Repl:
             legend = f"{self.renderer.legend(names)}  · {mode_line(self.conversation.policy)}"
             self.console.print(Text.from_ansi(legend))  # wrapped at spaces, its colours kept
             self.note("/help lists the commands; Ctrl-D leaves")
-        while True:
-            try:
-                if not self._turn():
-                    break
-            except KeyboardInterrupt:  # one more Ctrl-C, come while the last was handled (readline takes a
-                if not self.interactive:  # while to clean up after one): the line it clears is cleared
-                    raise
+        with self.ctrl_c if self.interactive else contextlib.nullcontext():
+            while True:
+                try:
+                    if not self._turn():
+                        break
+                except KeyboardInterrupt:  # a Ctrl-C as a turn ended in Ctrl-D or an error said: the session
+                    if not self.interactive:  # goes on
+                        raise
         return 1 if self.failed else 0
 
     def _turn(self) -> bool:
-        """One step, and what ended it early: Ctrl-C drops the line, Ctrl-D leaves; False to leave."""
+        """One step, and what ended it early: Ctrl-C drops the line, Ctrl-D leaves; False to leave. At a
+        terminal a Ctrl-C raises only within a turn (``CtrlCGate``): one that came between turns, or
+        while the last was handled, is a fresh line before this turn's prompt."""
         try:
+            if self.ctrl_c.open():
+                self.err.write("\n")
             return self._step()
         except KeyboardInterrupt:
+            self.ctrl_c.is_open = False  # first: until the next turn a Ctrl-C only leaves its mark
             if not self.interactive:
                 raise
             self.err.write("\n")  # the line typed so far is dropped; a fresh prompt follows
@@ -264,6 +272,8 @@ class Repl:
             if self.interactive:
                 self.err.write("\n")  # Ctrl-D left the cursor after the ... prompt
             self.error(str(error))
+        finally:
+            self.ctrl_c.is_open = False
         return True
 
     def whole(self) -> contextlib.AbstractContextManager[None]:
@@ -539,7 +549,19 @@ def _line_editor() -> ReadLine:
         import readline  # noqa: F401  (importing it is what gives input() editing and history)
     if isinstance(sys.stdin, io.TextIOWrapper):
         sys.stdin.reconfigure(errors="surrogateescape")
-    return input if sys.stdout.isatty() else _input_beside_stdout
+    read = input if sys.stdout.isatty() else _input_beside_stdout
+
+    def read_line(prompt: str) -> str:
+        """readline writes its prompt a character at a time and drops one whose write a Ctrl-C interrupts
+        (a prompt drawn '>> '): while it reads, an interrupted write is restarted. Its wait for a key is a
+        select(), which a signal interrupts whatever SA_RESTART says, so Ctrl-C still clears the line."""
+        signal.siginterrupt(signal.SIGINT, False)
+        try:
+            return read(prompt)
+        finally:
+            signal.siginterrupt(signal.SIGINT, True)
+
+    return read_line
 
 
 def _input_beside_stdout(prompt: str) -> str:
