@@ -52,6 +52,50 @@ def test_every_command_that_loads_models_takes_the_batch_sizes(command: tuple[st
     assert_one_line_error(result, 2, "--ubatch-size must be at least 1, got 0")
 
 
+@pytest.mark.parametrize("command", [("generate",), ("calibrate",), ("eval", "--no-timing")])
+def test_ead_depth_takes_the_batch_sizes_refused_before_its_model_is_looked_for(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    prompt = ["hi"] if command[0] == "generate" else []
+    result = ead(
+        "depth", command[0], str(tmp_path / "missing.gguf"), *prompt, *command[1:], "-b", "8", "-ub", "0"
+    )
+    assert_one_line_error(result, 2, "--ubatch-size must be at least 1, got 0")
+
+
+def test_depth_generate_in_small_batches_exits_where_it_did(tiny_large: Path) -> None:
+    """ead depth reads its prompt's last micro-batch with its probes on, so the first token's exit reads
+    the prompt's last row; in micro-batches of 4 the first one's had been read (another first token)."""
+
+    def answer(*batches: str) -> list[dict]:
+        args = ("depth", "generate", str(tiny_large), "--raw", "--fixed-depth", "1", "--threads", "1")
+        result = ead(*args, "--max-tokens", "24", "--format", "jsonl", *batches, PROMPT)
+        assert result.returncode == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    default, small = answer(), answer("-b", "16", "-ub", "4")
+    assert small[-1]["prompt_tokens"] % 16 > 4  # the last batch is read in more than one micro-batch
+    assert [token["token"] for token in small[:-1]] == [token["token"] for token in default[:-1]]
+    assert small[-1]["depths"] == default[-1]["depths"] == [1] * 24
+
+
+def test_depth_calibrate_in_small_batches_saves_the_same_profile(tmp_path: Path, tiny_large: Path) -> None:
+    """Teacher forcing reads 256-token windows: in batches of 64 (micro-batches of 32) every part's rows
+    are kept, so the profile is the default batch's (it had been the last micro-batch's rows alone)."""
+
+    def profile(name: str, *batches: str) -> dict:
+        config = tmp_path / name / "calibration.json"
+        args = ("depth", "calibrate", str(tiny_large), "--corpus", "prose", "--tokens", "256")
+        result = ead(*args, "--probe-every", "1", "--threads", "1", *batches, env={"EAD_CONFIG": str(config)})
+        assert result.returncode == 0, result.stderr
+        (saved,) = (config.parent / "depth").iterdir()
+        return json.loads(saved.read_text())
+
+    default, small = profile("default"), profile("small", "-b", "64", "-ub", "32")
+    assert small["tokens"] == default["tokens"] == 224  # one window, its first 32 tokens the prompt
+    np.testing.assert_allclose(small["raw"], default["raw"], rtol=1e-3)
+
+
 @pytest.mark.parametrize(
     "mode",
     [

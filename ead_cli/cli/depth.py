@@ -17,6 +17,7 @@ from ..errors import EadError, counted, shown_path
 from ..option_table import listed
 from ..options import check_max_tokens
 from .groups import (
+    BatchSize,
     Ctx,
     FormatOpt,
     MaxTokens,
@@ -33,6 +34,7 @@ from .groups import (
     Stop,
     Temp,
     Threads,
+    UBatchSize,
     given_file,
     given_model,
     parse_list,
@@ -89,6 +91,8 @@ def depth_calibrate(
     ] = "code,prose",
     probe_every: ProbeEvery = 4,
     tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = CALIBRATION_TOKENS,
+    n_batch: BatchSize = None,
+    n_ubatch: UBatchSize = None,
     threads: Threads = None,
     repack: RepackOpt = None,
     catalog: ModelsFile = None,
@@ -100,7 +104,15 @@ def depth_calibrate(
     from ..paths import check_can_save, check_kept_file
 
     texts = calibration_corpus(parse_list(corpus), probe_every=probe_every, tokens=tokens)
-    loaded = open_model(model, catalog=catalog, threads=threads, repack=repack, progress=say_progress)
+    loaded = open_model(
+        model,
+        catalog=catalog,
+        threads=threads,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        repack=repack,
+        progress=say_progress,
+    )
     try:
         path = profile_path(loaded.path)
         check_can_save(path, "the depth profile")  # before the teacher forcing it would throw away
@@ -165,6 +177,8 @@ def depth_generate(
     stats: Stats = False,
     no_color: NoColor = False,
     ctx: Ctx = None,
+    n_batch: BatchSize = None,
+    n_ubatch: UBatchSize = None,
     threads: Threads = None,
     repack: RepackOpt = None,
     catalog: ModelsFile = None,
@@ -195,6 +209,8 @@ def depth_generate(
         catalog=catalog,
         threads=threads,
         n_ctx=ctx,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
         repack=repack,
         profile=options.rule == "emad",
         progress=say_progress,
@@ -251,6 +267,8 @@ def depth_eval(
     timing: Annotated[
         bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
     ] = True,
+    n_batch: BatchSize = None,
+    n_ubatch: UBatchSize = None,
     threads: Threads = None,
     repack: RepackOpt = None,
     catalog: ModelsFile = None,
@@ -291,7 +309,14 @@ def depth_eval(
     else:  # the tables and the verdict are all it leaves
         check_stdout("the evaluation")
     loaded = open_model(
-        model, catalog=catalog, threads=threads, repack=repack, profile=True, progress=say_progress
+        model,
+        catalog=catalog,
+        threads=threads,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        repack=repack,
+        profile=True,
+        progress=say_progress,
     )
     try:
         if out is not None:

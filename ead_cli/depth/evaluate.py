@@ -470,13 +470,15 @@ def plot(result: dict, path: Path) -> str | None:
 
 
 def plain_runner(model: DepthModel) -> Runner:
-    """The same model file with no callback: the full-depth wall-clock reference. Both runners read one
-    prefill first, so neither is timed while its mapping of the weights pages in."""
+    """The same model file and batches with no callback: the full-depth wall-clock reference. Both runners
+    read one prefill first, so neither is timed while its mapping of the weights pages in."""
     plain = Runner(
         model.path,
         name="plain",
         n_ctx=model.runner.n_ctx,
         n_threads=model.n_threads,
+        n_batch=model.runner.n_batch,
+        n_ubatch=model.runner.n_ubatch,
         n_gpu_layers=0,
         repack=model.runner.repack.enabled,
     )

@@ -24,7 +24,7 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError
-from ..options import check_bits, check_ctx, resolve_threads
+from ..options import check_batch, check_bits, check_ctx, resolve_threads
 from ..paths import ead_cache_dir
 from ..response import Response
 from ..runner import Runner
@@ -154,6 +154,8 @@ class DepthModel:
         *,
         n_threads: int | None = None,
         n_ctx: int | None = 4096,
+        n_batch: int | None = None,
+        n_ubatch: int | None = None,
         profile: Profile | None = None,
         repack: bool | None = None,
     ) -> None:
@@ -165,6 +167,8 @@ class DepthModel:
             name="model",
             n_ctx=n_ctx,
             n_threads=n_threads,
+            n_batch=n_batch,
+            n_ubatch=n_ubatch,
             n_gpu_layers=0,
             eval_callback=self.tap.callback,
             repack=repack,
@@ -286,15 +290,17 @@ class _Generation:
         return [layer for layer in self.layers if layer <= self.limit and layer < self.n_layer]
 
     def _prefill(self, tokens: Sequence[int]) -> None:
-        """Read the prompt at full depth, probing only its last batch: the first token's probes read the
-        prompt's last row, which the earlier batches of a prompt longer than a batch do not hold."""
+        """Read the prompt at full depth, probing only its last micro-batch: the first token's probes read
+        the prompt's last row, which the earlier (micro-)batches of a longer prompt do not hold (each is a
+        graph of its own, its probe layers seen by the callback first). llama.cpp keeps n_ubatch at most
+        n_batch, so the probed part is one batch of one graph."""
         runner, tap = self.model.runner, self.model.tap
-        last_batch = (len(tokens) - 1) // runner.n_batch * runner.n_batch
+        last_part = (len(tokens) - 1) // runner.n_ubatch * runner.n_ubatch
         self.stopping = False
         tap.want(())
-        runner.feed(tokens, 0, last_batch, "prefill", rows=0)
+        runner.feed(tokens, 0, last_part, "prefill", rows=0)
         tap.want(self._wanted())
-        runner.feed(tokens, last_batch, len(tokens), "prefill")
+        runner.feed(tokens, last_part, len(tokens), "prefill")
         tap.check()
 
     def run(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str]) -> Iterator[DepthEvent]:
@@ -423,6 +429,8 @@ def open_model(
     catalog: Path | None = None,
     threads: int | None = None,
     n_ctx: int | None = 4096,
+    n_batch: int | None = None,
+    n_ubatch: int | None = None,
     profile: bool = False,
     progress: Callable[[str], None] | None = None,
     repack: bool | None = None,
@@ -435,7 +443,11 @@ def open_model(
 
     resolve_threads(threads)  # refused before a model is looked up, as in ead generate
     check_ctx(n_ctx)
+    check_batch(n_batch, "--batch-size")
+    check_batch(n_ubatch, "--ubatch-size")
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path) if profile else None
     check_model(path, repack=repack_choice(repack), n_gpu_layers=0, threads=threads)
-    return DepthModel(path, n_threads=threads, n_ctx=n_ctx, profile=saved, repack=repack)
+    return DepthModel(
+        path, n_threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, profile=saved, repack=repack
+    )

@@ -57,10 +57,10 @@ def teacher_force(
     )
     columns: dict[str, list] = {key: [] for key in ("entropy", "logprob", "top1", "positions", "window")}
     estimates: dict[str, list] = {name: [] for name in estimators}
-    hidden: dict[int, np.ndarray] = {}
+    parts: dict[int, list[np.ndarray]] = {}  # per layer, a window's rows: one part per micro-batch
 
     def keep(layer: int, tensor: int) -> bool:
-        hidden[layer] = read_rows(tensor)
+        parts.setdefault(layer, []).append(read_rows(tensor))
         return True
 
     tap.see = keep
@@ -69,8 +69,10 @@ def teacher_force(
         for number, window in enumerate(windows):
             n = len(window)
             runner.truncate(0)
+            parts.clear()
             runner.feed(list(window), 0, n, "prefill", rows=n)
             tap.check()
+            hidden = {layer: np.concatenate(rows) for layer, rows in parts.items()}
             rows = slice(PROMPT_ROWS - 1, n - 1)
             targets = np.asarray(window[PROMPT_ROWS:n])
             ent, logp, est = [], [], {name: [] for name in estimators}
