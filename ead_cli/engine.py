@@ -73,7 +73,9 @@ def load_runners(
     if before_load is not None:
         before_load(
             {
-                role: ModelFile(model_label(paths[level], refs[level]), paths[level].stat().st_size)
+                role: ModelFile(
+                    model_label(paths[level], refs[level]), paths[level].stat().st_size, paths[level]
+                )
                 if level in paths
                 else None
                 for level, role in enumerate(roles)
@@ -131,10 +133,12 @@ def model_refs(options: ModelOptions, catalog: registry.Catalog | None = None) -
 
 
 class ModelFile(NamedTuple):
-    """A local model as the bench's results record it, known before it loads: its label and size."""
+    """A local model as the bench's results record it, known before it loads: its label and size, and
+    where it is (its header read for the context it will get)."""
 
     label: str
     bytes: int
+    path: Path
 
 
 def model_label(path: Path, ref: str) -> str:

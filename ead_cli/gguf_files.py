@@ -1,4 +1,5 @@
-"""GGUF files on disk: the shards of a split model, and the check that a path is a readable GGUF."""
+"""GGUF files on disk: the shards of a split model, the check that a path is a readable GGUF, and its
+training context read without loading it."""
 
 from __future__ import annotations
 
@@ -77,3 +78,17 @@ def _check_gguf_file(path: Path) -> None:
         raise EadError(f"model file is empty (0 bytes): {shown_path(path)}")
     if magic != GGUF_MAGIC:
         raise EadError(f"not a GGUF file (bad magic): {shown_path(path)}")
+
+
+def training_context(path: Path) -> int | None:
+    """The model's training context (``{arch}.context_length``, llama.cpp's n_ctx_train) read from its
+    header without loading it, or None where the file does not say (unreadable, not a model llama.cpp
+    loads): the context a run without --ctx gets is known before the model loads."""
+    import gguf
+
+    try:
+        fields = gguf.GGUFReader(path).fields
+        arch = str(fields["general.architecture"].contents())
+        return int(fields[f"{arch}.context_length"].contents())
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None

@@ -98,6 +98,22 @@ def padded_context(n_ctx: int) -> int:
     return -(-n_ctx // CONTEXT_PADDING) * CONTEXT_PADDING
 
 
+def asked_context(n_ctx: int | None, n_ctx_train: int) -> int:
+    """The context a Runner asks llama.cpp for: --ctx, else ``DEFAULT_CTX`` or the model's training
+    context if smaller (0: the file does not say)."""
+    if n_ctx is not None:
+        return n_ctx
+    return min(DEFAULT_CTX, n_ctx_train) if n_ctx_train > 0 else DEFAULT_CTX
+
+
+def made_batches(n_batch: int | None, n_ubatch: int | None, n_ctx: int) -> dict[str, int]:
+    """The batch and micro-batch llama.cpp makes of --batch-size and --ubatch-size in a context of
+    ``n_ctx`` tokens (``Runner.n_batch``, ``n_ubatch``): a batch no larger than the context, a micro-batch
+    no larger than the batch. Known before a model loads: ``ead bench`` compares a resume's by them then."""
+    batch = min(n_batch or DEFAULT_BATCH, n_ctx)
+    return {"n_batch": batch, "n_ubatch": min(n_ubatch or DEFAULT_UBATCH, batch)}
+
+
 def has_untied_output(path: Path) -> bool:
     """Whether the GGUF stores an output matrix of its own (else the head reuses the embeddings).
 
@@ -257,8 +273,7 @@ class Runner(ContextOwner):
         stored_matrices = 2 if has_untied_output(self.path) else 1
         self.body_params = max(self.n_params - stored_matrices * self.head_params, 0)
 
-        if n_ctx is None:
-            n_ctx = min(DEFAULT_CTX, self.n_ctx_train) if self.n_ctx_train > 0 else DEFAULT_CTX
+        n_ctx = asked_context(n_ctx, self.n_ctx_train)
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
         ctx_params.n_batch = n_batch or DEFAULT_BATCH

@@ -12,7 +12,7 @@ import pytest
 from test_cli import assert_one_line_error, ead, pair_args
 
 from ead_cli.embedding import Embedder, normalized
-from ead_cli.runner import Runner
+from ead_cli.runner import Runner, made_batches
 
 # Some 60 tokens: a prompt read in several batches of 8
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\n" * 2
@@ -137,6 +137,8 @@ def test_a_runner_takes_the_batches_llama_cpp_makes(
         tiny_small, name="small", n_ctx=n_ctx, n_threads=1, n_batch=n_batch, n_ubatch=n_ubatch
     ) as runner:
         assert (runner.n_batch, runner.n_ubatch) == made
+        # what ead bench compares a resume's batches by before any model loads
+        assert made_batches(n_batch, n_ubatch, runner.n_ctx) == {"n_batch": made[0], "n_ubatch": made[1]}
 
 
 def test_an_embedding_reads_in_the_runners_smaller_batches_the_same_vector(tiny_large: Path) -> None:

@@ -799,6 +799,46 @@ def test_another_ctx_is_refused_before_any_model_loads(
     assert (out / "results.jsonl").read_bytes() == resumed
 
 
+@pytest.mark.parametrize(
+    ("recorded", "same", "other", "differs"),
+    [
+        # no --ctx: the model's training context (2048) is read from the file, so 512 is made of -ub 1024
+        ({}, {"n_ubatch": 1024}, {"n_batch": 64}, "--batch-size, --ubatch-size"),
+        # a batch no larger than the context: 1024 is made of -b 2048 and -b 4096 alike
+        (
+            {"n_ctx": 1024, "n_batch": 2048},
+            {"n_ctx": 1024, "n_batch": 4096},
+            {"n_ctx": 1024, "n_batch": 2048, "n_ubatch": 64},
+            "--ubatch-size",
+        ),
+    ],
+)
+def test_other_batch_sizes_are_refused_before_any_model_loads(
+    tmp_path: Path,
+    tiny_pair: tuple[Path, Path],
+    humaneval: list[Task],
+    recorded: dict,
+    same: dict,
+    other: dict,
+    differs: str,
+) -> None:
+    """A resume under another -b or -ub had been refused only once the models had loaded: the batches
+    llama.cpp makes of them (one no larger than the context, a micro-batch no larger than the batch) are
+    known before, so a model file that llama.cpp cannot load, of the same name and size as the one the
+    results were run with, is not loaded first. The same batches asked otherwise resume."""
+    pair = (tmp_path / tiny_pair[0].name, tmp_path / tiny_pair[1].name)
+    for copy, original in zip(pair, tiny_pair, strict=True):
+        shutil.copyfile(original, copy)
+    out = tmp_path / "out"
+    run(humaneval_job(humaneval[:1], out), pair, **recorded)
+    assert len(run(humaneval_job(humaneval[:2], out), pair, **same)) == 4
+    resumed = (out / "results.jsonl").read_bytes()
+    pair[1].write_bytes(b"GGUF" + bytes(pair[1].stat().st_size - 4))  # its name and size, not a model
+    with pytest.raises(EadError, match=rf"holds results of another setup \(differs in: {differs}\)"):
+        run(humaneval_job(humaneval[:2], out), pair, **other)
+    assert (out / "results.jsonl").read_bytes() == resumed
+
+
 def test_llama_cpp_makes_the_context_ead_expects_of_a_ctx(tiny_small: Path) -> None:
     """The bench compares a resume's --ctx before any model loads by the context llama.cpp makes of it
     (``runner.padded_context``): held here to what this llama.cpp makes."""

@@ -38,6 +38,7 @@ from ..compat import tokenizer_record
 from ..engine import ModelFile
 from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
+from ..gguf_files import training_context
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
 from ..paths import (
     cannot_save,
@@ -50,7 +51,14 @@ from ..paths import (
     unreadable,
 )
 from ..prompt import context_size
-from ..runner import Runner, gpu_layers, gpu_offload_available, padded_context
+from ..runner import (
+    Runner,
+    asked_context,
+    gpu_layers,
+    gpu_offload_available,
+    made_batches,
+    padded_context,
+)
 from .grid import Strategy
 from .tasks import Item
 
@@ -133,12 +141,14 @@ def check_setup(path: Path, config: Record, stored: Record) -> None:
 
 def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], models: ModelOptions) -> None:
     """Refuse, before the models load, results of other model files (told by their names and sizes; a
-    llama-server's, None, is compared once connected), other --threads or --n-gpu-layers, and another
-    context where --ctx gives it (``padded_context``) and every model is a file: all that is known of
-    ``config_record`` without loading them. The rest needs them loaded, and is compared once they are
-    (``Results``): the parameters and the tokenizer, which llama.cpp reads from the weights and the
-    vocabulary; the context without --ctx, the model's training context; a llama-server's model and
-    context. A config without a key (an older ead's) is not checked there."""
+    llama-server's, None, is compared once connected), other --threads or --n-gpu-layers, another
+    context where --ctx gives it (``padded_context``) and every model is a file, and other batch sizes
+    (``made_batches``, in the smallest model's context: --ctx, else its header's training context): all
+    that is known of ``config_record`` without loading them. The rest needs them loaded, and is compared
+    once they are (``Results``): the parameters and the tokenizer, which llama.cpp reads from the weights
+    and the vocabulary; the context without --ctx, the model's training context; a llama-server's model
+    and context; the batch sizes where the smallest model's header does not say its context. A config
+    without a key (an older ead's) is not checked there."""
     stored = held.stored
     if stored is None:
         return
@@ -152,6 +162,12 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
     }
     if models.n_ctx is not None and None not in files.values():
         config["n_ctx"] = padded_context(models.n_ctx)
+    smallest = next(iter(files.values()))  # local (it tokenizes): the batches are its (config_record)
+    asked = models.n_ctx
+    if asked is None and smallest is not None and (trained := training_context(smallest.path)) is not None:
+        asked = asked_context(None, trained)
+    if asked is not None:
+        config |= made_batches(models.n_batch, models.n_ubatch, padded_context(asked))
     recorded = {key: stored[key] for key in config if key in stored}
     if isinstance(recorded.get("models"), dict):  # an edited file's other value differs as it is
         recorded["models"] = {
