@@ -480,7 +480,9 @@ DECODING: tuple[DecodingOption, ...] = (
         str,
         "",
         "llama.cpp's: the text written before </think> when a --reasoning-budget N is spent.",
+        short="the text written before </think> when the budget is spent (nothing: none)",
         target="generation",
+        surfaces=frozenset({CLI, CHAT}),
     ),
     DecodingOption(
         "reasoning_format",

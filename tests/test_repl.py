@@ -25,6 +25,7 @@ import pexpect
 import pytest
 from test_cli import at_a_terminal, interruptible, pair_args
 from test_thinking import CLOSE_ID
+from tiny_models import open_pair
 
 from ead_cli.chat import Conversation
 from ead_cli.cli.output import spelled
@@ -398,7 +399,8 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
         ),
         "/reasoning-format raw": "/reasoning-format takes one of auto, deepseek, none, got 'raw'",
     }
-    assert {line.split()[0] for line in refusals} == {option.command for option in on(CHAT)}
+    takes_any_text = {"/reasoning-budget-message"}  # no value of it is refused: it has no line here
+    assert {line.split()[0] for line in refusals} == {option.command for option in on(CHAT)} - takes_any_text
     small, large = map(str, tiny_pair)
     cascade = [str(EAD), "chat", "--models", f"{small},{small},{large}", "--threads", "1"]
     typed = "".join(line + "\n" for line in refusals).encode()
@@ -999,6 +1001,34 @@ def repl_on(runners: list[Runner], messages: list[str], *, max_tokens: int = 100
     out = io.TextIOWrapper(answers, encoding="utf-8", write_through=True)
     repl = Repl(conversation, read_line, out=out, err=io.StringIO(), color=False, interactive=True)
     return repl, answers
+
+
+def test_the_reasoning_budget_message_is_set_and_cleared_mid_conversation(
+    tiny_think_pair: tuple[Path, Path],
+) -> None:
+    """--reasoning-budget-message could be given only at the start: /reasoning-budget-message TEXT is
+    written before </think> once the next answers' budget is spent, the settings line and /stats say it,
+    and the command alone clears it (the budget then closes the block with </think> alone, as at first)."""
+    runners = open_pair(tiny_think_pair)
+    message = "Enough, answering."
+    typed = ["/reasoning-budget 3", "hi", "/clear", f"/reasoning-budget-message {message}", "hi", "/stats"]
+    typed += ["/reasoning-budget-message", "/clear", "hi"]
+    try:
+        repl, answers = repl_on(runners, typed, max_tokens=32)
+        assert repl.loop() == 0
+    finally:
+        close_all(runners)
+    bare, told, cleared = answers.getvalue().decode("utf-8", "replace").split(THINKING)[1:]
+    thinking = [answer.partition(DONE_THINKING)[0] for answer in (bare, told, cleared)]
+    assert thinking[1] == thinking[0] + message  # the model's own tokens, then the message as typed
+    assert cleared == bare and told != bare
+    settings = [
+        line.removesuffix(" (from the next answer)").partition(" · max-tokens 32")[2]
+        for line in repl.err.getvalue().splitlines()
+        if line.startswith(("settings: ", "context: "))
+    ]
+    said = f" · reasoning-budget 3 · reasoning-budget-message {quoted(message)}"
+    assert settings == [" · reasoning-budget 3", said, said, " · reasoning-budget 3"]  # the last: cleared
 
 
 def raised() -> None:

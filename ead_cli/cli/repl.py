@@ -131,9 +131,11 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
         if sampling.penalises
         else ""
     )
-    # said once changed: thinking off or budgeted, its block left in the answer
+    # said once changed: thinking off or budgeted, the budget's message, its block left in the answer
     budget = generation.reasoning_budget
     thinking = f" · reasoning-budget {budget}" if budget >= 0 else ""
+    if generation.reasoning_budget_message:
+        thinking += f" · reasoning-budget-message {quoted(generation.reasoning_budget_message)}"
     if generation.reasoning_format != OPTIONS["reasoning_format"].default:
         thinking += f" · reasoning-format {generation.reasoning_format}"
     return (
