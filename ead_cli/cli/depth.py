@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 from rich.table import Table
@@ -23,6 +25,7 @@ from .groups import (
     MaxTokens,
     ModelsFile,
     NoColor,
+    OptionGroup,
     OutputFormat,
     PromptArg,
     PromptFile,
@@ -39,12 +42,13 @@ from .groups import (
     given_model,
     parse_list,
     read_prompt,
+    with_options,
 )
 from .output import check_stdout, print_rows, print_table, say_progress, stderr
 from .render import RESET, Renderer, model_style, print_lines, stream_answer, wants_color
 
 if TYPE_CHECKING:
-    from ..depth.model import DepthEvent, DepthSummary
+    from ..depth.model import DepthEvent, DepthModel, DepthSummary
 
 # -------------------------------------------------------------------------------------------- ead depth
 
@@ -79,9 +83,36 @@ class EstimatorName(str, Enum):
     lowrank = "lowrank"
 
 
+Opener = Callable[..., "DepthModel"]
+
+
+def _opener(**settings: Any) -> Opener:
+    """Every depth command's loader of its model: the reference, and what the command adds (a context, the
+    profile), loaded with the group's settings, its progress said on stderr."""
+    from ..depth.model import open_model
+
+    return functools.partial(open_model, progress=say_progress, **settings)
+
+
+# How llama.cpp runs the one model, the same options on every depth command
+LOAD_OPTIONS = OptionGroup(
+    "load",
+    (
+        ("n_batch", BatchSize, None),
+        ("n_ubatch", UBatchSize, None),
+        ("threads", Threads, None),
+        ("repack", RepackOpt, None),
+        ("catalog", ModelsFile, None),
+    ),
+    _opener,
+)
+
+
 @depth_app.command("calibrate")
+@with_options(LOAD_OPTIONS)
 def depth_calibrate(
     model: DepthModelArg,
+    load: Opener,
     corpus: Annotated[
         str,
         typer.Option(
@@ -91,28 +122,14 @@ def depth_calibrate(
     ] = "code,prose",
     probe_every: ProbeEvery = 4,
     tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = CALIBRATION_TOKENS,
-    n_batch: BatchSize = None,
-    n_ubatch: UBatchSize = None,
-    threads: Threads = None,
-    repack: RepackOpt = None,
-    catalog: ModelsFile = None,
 ) -> None:
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
-    from ..depth.model import open_model
     from ..depth.profile import PROFILE_KEEPER, profile_path, save_profile
     from ..depth.teacher import calibrate, calibration_corpus
     from ..paths import check_can_save, check_kept_file
 
     texts = calibration_corpus(parse_list(corpus), probe_every=probe_every, tokens=tokens)
-    loaded = open_model(
-        model,
-        catalog=catalog,
-        threads=threads,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-        repack=repack,
-        progress=say_progress,
-    )
+    loaded = load(model)
     try:
         path = profile_path(loaded.path)
         check_can_save(path, "the depth profile")  # before the teacher forcing it would throw away
@@ -137,8 +154,10 @@ def depth_calibrate(
 
 
 @depth_app.command("generate")
+@with_options(LOAD_OPTIONS)
 def depth_generate(
     model: DepthModelArg,
+    load: Opener,
     prompt: PromptArg = None,
     prompt_option: PromptOpt = None,
     prompt_file: PromptFile = None,
@@ -177,14 +196,9 @@ def depth_generate(
     stats: Stats = False,
     no_color: NoColor = False,
     ctx: Ctx = None,
-    n_batch: BatchSize = None,
-    n_ubatch: UBatchSize = None,
-    threads: Threads = None,
-    repack: RepackOpt = None,
-    catalog: ModelsFile = None,
 ) -> None:
     """Generate one answer with entropy-matched adaptive depth; tokens coloured by their exit depth."""
-    from ..depth.model import DEFAULT_PROBE_EVERY, DepthOptions, open_model
+    from ..depth.model import DEFAULT_PROBE_EVERY, DepthOptions
     from ..prompt import encode_fitting, render_prompt
     from ..sampling import SamplingParams
 
@@ -204,17 +218,7 @@ def depth_generate(
     )
     sampling = SamplingParams(temp=temp, seed=seed)
     check_max_tokens(max_tokens)
-    loaded = open_model(
-        model,
-        catalog=catalog,
-        threads=threads,
-        n_ctx=ctx,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-        repack=repack,
-        profile=options.rule == "emad",
-        progress=say_progress,
-    )
+    loaded = load(model, n_ctx=ctx, profile=options.rule == "emad")
     if probe_every is None and loaded.profile is not None:  # the probes it was calibrated with, not 4's
         options = replace(options, probe_every=loaded.profile.probes[0])
     try:
@@ -242,8 +246,10 @@ def depth_generate(
 
 
 @depth_app.command("eval")
+@with_options(LOAD_OPTIONS)
 def depth_eval(
     model: DepthModelArg,
+    load: Opener,
     tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
     ids: Annotated[
         str, typer.Option(metavar=listed("N"), help="HumanEval task numbers (odd ids report).")
@@ -267,16 +273,10 @@ def depth_eval(
     timing: Annotated[
         bool, typer.Option(help="Also HumanEval and wall-clock (hold the machine quiet for these).")
     ] = True,
-    n_batch: BatchSize = None,
-    n_ubatch: UBatchSize = None,
-    threads: Threads = None,
-    repack: RepackOpt = None,
-    catalog: ModelsFile = None,
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
     from ..bench.tasks import load_humaneval, select_tasks
     from ..depth.evaluate import check_out, evaluate, plot
-    from ..depth.model import open_model
     from ..paths import check_can_save, is_file, lookup, read_file_text, save_json, unreadable
 
     if tokens < 1:
@@ -308,16 +308,7 @@ def depth_eval(
             check_can_save(path, what, exit_code=2)  # now, not after the teacher forcing and HumanEval
     else:  # the tables and the verdict are all it leaves
         check_stdout("the evaluation")
-    loaded = open_model(
-        model,
-        catalog=catalog,
-        threads=threads,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-        repack=repack,
-        profile=True,
-        progress=say_progress,
-    )
+    loaded = load(model, profile=True)
     try:
         if out is not None:
             check_out(out, loaded.path)
