@@ -186,6 +186,9 @@ def test_the_api_key_guards_ollamas_routes_as_openais(tiny_pair: tuple[Path, Pat
         for path in ("version", "tags"):
             refused = httpx.get(f"{server.url}/api/{path}")
             assert refused.status_code == 401 and "API key" in refused.json()["error"]
+        for path in ("pull", "copy"):
+            refused = ollama(server, path, {"model": "ead"})
+            assert refused.status_code == 401 and "API key" in refused.json()["error"]
         refused = ollama(server, "chat", {"model": "ead", "messages": HI})
         assert refused.status_code == 401 and "API key" in refused.json()["error"]
         key = {"Authorization": "Bearer s3cret"}
@@ -490,3 +493,46 @@ def test_a_stop_past_its_timeout_ends_an_ollama_stream_with_its_error_line(
         assert last == {"error": "the server is stopping: this request was cut off"}, last
         assert server.process.wait(timeout=60) == 0
     assert "Traceback" not in server.log()
+
+
+def test_a_pull_of_the_model_served_succeeds_as_ollamas_of_one_it_has(server: Server) -> None:
+    """Clients pull a model before they use it (Open WebUI, scripts): a pull of the model served answers
+    as ollama's of a model it has, ``{"status": "success"}`` whole or as the stream's last line, under
+    either of ollama's spellings of the name; a pull of any other is ollama's 404, saying how to serve it."""
+    talk = client(server)
+    assert talk.pull("ead").status == "success"
+    assert [part.status for part in talk.pull("ead:latest", stream=True)] == ["success"]
+    older = httpx.post(f"{server.url}/api/pull", json={"name": "ead", "stream": False}, headers=JSON)
+    assert older.status_code == 200 and older.json() == {"status": "success"}
+    for stream in (False, True):
+        with pytest.raises(ollama_client.ResponseError) as raised:
+            list(talk.pull("llama3.2", stream=True)) if stream else talk.pull("llama3.2")
+        assert raised.value.status_code == 404, raised.value
+        assert "model 'llama3.2' not found" in raised.value.error and "ead models pull" in raised.value.error
+    nameless = httpx.post(f"{server.url}/api/pull", json={"stream": False}, headers=JSON)
+    assert nameless.status_code == 400 and nameless.json() == {"error": "model is required"}
+
+
+def test_model_management_is_ollamas_error_saying_what_to_do_instead(server: Server, tmp_path: Path) -> None:
+    """A server of the models it was started with deletes, copies, creates and pushes none, nor takes a
+    blob: each of the official client's calls raises its ResponseError, a 501 whose one line says what
+    to do instead, never a 404 of a path not served; the server answers on."""
+    talk = client(server)
+    blob = tmp_path / "model.gguf"
+    blob.write_bytes(b"GGUF")
+    calls = {
+        "delete": (lambda: talk.delete("ead"), "ead models rm"),
+        "copy": (lambda: talk.copy("ead", "mine"), "--any-model"),
+        "create": (lambda: talk.create(model="mine", from_="ead"), "--small"),
+        "push": (lambda: talk.push("ead"), "pushes no models"),
+        "blob": (lambda: talk.create_blob(blob), "--small"),
+    }
+    for name, (call, fragment) in calls.items():
+        with pytest.raises(ollama_client.ResponseError) as raised:
+            call()
+        error = raised.value.error
+        assert raised.value.status_code == 501 and fragment in error and "\n" not in error, (name, error)
+    digest = f"{server.url}/api/blobs/sha256:{'0' * 64}"
+    assert httpx.head(digest).status_code == 501  # ollama's check before a POST of the blob
+    assert httpx.get(f"{server.url}/api/delete").status_code == 405  # DELETE, as ollama routes it
+    assert talk.chat(model="ead", messages=HI, options={"num_predict": 2}).done

@@ -784,7 +784,7 @@ def test_options_asterisk_names_the_methods_served_and_other_targets_are_a_400(s
     for target in (b"*", b"http://HOST"):  # an absolute URL without a path asks OPTIONS of the server too
         head, body = exchange(server, b"OPTIONS " + target + b" HTTP/1.1\r\nHost: HOST" + CLOSE)
         assert head[0] == b"HTTP/1.1 204 No Content" and body == b""
-        assert b"allow: GET, HEAD, OPTIONS, POST" in head
+        assert b"allow: DELETE, GET, HEAD, OPTIONS, POST" in head  # DELETE: ollama's /api/delete
     for request, target in (
         (b"GET *", "'*'"),
         (b"GET health", "'health'"),

@@ -10,13 +10,13 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..decoder import Summary
@@ -68,6 +68,29 @@ LISTED_NAME = f"{MODEL_ID}:latest"  # as /api/tags lists it; a name without its 
 NS = 10**9  # ollama's durations are nanoseconds
 # When /api/ps says the model unloads: never (keep_alive is ignored), as the latest time a client can read
 NEVER = "9999-12-31T23:59:59Z"
+PULLED = {"status": "success"}  # the end of ollama's pull, all there is to one of the model served
+# what a pull of another name says to do instead: the server serves the models it was started with
+PULL_INSTEAD = "it pulls none: ead models pull NAME on its machine, then restart it with --small/--large NAME"
+STARTED_WITH = "ead serve --small FILE --large FILE"  # how a server is given its GGUF files
+# ollama's model management, which a server of the models it was started with does none of: each route's
+# methods and what its 501 says to do instead (a client had been told the path was not served)
+UNMANAGED = {
+    "/api/delete": (
+        ["DELETE"],
+        "ead serve deletes no models: stop it, then ead models rm NAME on its machine",
+    ),
+    "/api/copy": (
+        ["POST"],
+        f"ead serve copies no models: it answers {MODEL_ID!r} and {LISTED_NAME!r} "
+        "(start it with --any-model to answer any name)",
+    ),
+    "/api/create": (["POST"], f"ead serve creates no models: start it with the GGUF files ({STARTED_WITH})"),
+    "/api/push": (["POST"], "ead serve pushes no models: they are GGUF files on its machine"),
+    "/api/blobs/{digest}": (
+        ["HEAD", "POST"],
+        f"ead serve takes no blobs, as it creates no models: start it with the GGUF files ({STARTED_WITH})",
+    ),
+}
 
 
 class OllamaOptions(BaseModel):
@@ -492,14 +515,21 @@ def _line(value: dict[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False) + "\n"
 
 
-def _served_name(name: str, any_model: bool) -> None:
-    """A 404 in ollama's words for a model not served: ``ead`` (``ead:latest``), or any with --any-model."""
+def _served_name(name: str, any_model: bool, instead: str = "ead serve --any-model answers any name") -> None:
+    """A 404 in ollama's words for a model not served: ``ead`` (``ead:latest``), or any with --any-model;
+    ``instead``, what to do to be served that name."""
     if not any_model and name not in (MODEL_ID, LISTED_NAME):
-        message = (
-            f"model {quoted(name)} not found: this server serves {LISTED_NAME!r} "
-            "(ead serve --any-model answers any name)"
-        )
+        message = f"model {quoted(name)} not found: this server serves {LISTED_NAME!r} ({instead})"
         raise ApiError(404, message, param="model")
+
+
+def _refusal(instead: str) -> Callable[[], Awaitable[NoReturn]]:
+    """A model management route's answer: a 501 saying what to do instead, whatever the request."""
+
+    async def refuse() -> NoReturn:
+        raise ApiError(501, instead, kind="not_supported_error")
+
+    return refuse
 
 
 def _tag(engine: Engine, served: dict[str, Any], started: str) -> dict[str, Any]:
@@ -529,6 +559,16 @@ class _Named(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Annotated[str, Field(max_length=256)]
+
+
+class _Pulled(BaseModel):
+    """A pull: the name as ``model``, or as ``name`` (ollama's older spelling, which it still reads)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: Annotated[str | None, Field(max_length=256)] = None
+    name: Annotated[str | None, Field(max_length=256)] = None
+    stream: bool | None = None
 
 
 def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
@@ -571,6 +611,26 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             "modified_at": tag["modified_at"],
             "ead": tag["ead"],
         }
+
+    @app.post("/api/pull", dependencies=keyed)
+    async def pull(request: Request) -> Any:
+        """A pull of the model served answers as ollama's of a model it has, so that clients that pull
+        before they use a model go on: its last line, ``{"status": "success"}``, streamed unless
+        ``stream: false``; another name is the 404 of a model not served."""
+        asked = parse(_Pulled, await requests.curl_body(request))
+        name = asked.model or asked.name
+        if not name:
+            raise ApiError(400, "model is required", param="model")  # ollama's words
+        _served_name(name, any_model, PULL_INSTEAD)
+        if asked.stream is False:
+            return PULLED
+        return Response(_line(PULLED), media_type=NDJSON)
+
+    for path, (methods, instead) in UNMANAGED.items():  # no route a 404 names as the nearest served
+        refusal = _refusal(instead)
+        app.add_api_route(
+            path, refusal, methods=methods, dependencies=keyed, response_model=None, include_in_schema=False
+        )
 
     @app.post("/api/chat", dependencies=keyed)
     async def chat(request: Request) -> Any:
