@@ -145,6 +145,45 @@ def test_a_reasoning_budget_closes_the_block_as_generate_does(
         assert message(server, reasoning_budget_tokens=unbudgeted, reasoning_format="none")["content"] == raw
 
 
+OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+GAVE_WAY = "JSON mode: answered without the server's --reasoning-budget 3"
+
+
+def test_the_servers_reasoning_budget_gives_way_to_a_requests_format(
+    server: Server, tiny_think_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``ead serve --reasoning-budget 3`` budgets the answers that ask for no budget, but a request that
+    binds its answer with a format (JSON mode: a grammar, which cannot take a forced ``</think>``) on
+    each route that takes one is answered as by a server without the budget, a log line a request saying
+    so; a budget the request asks for itself beside a format stays a 400."""
+    options = [*pair_args(tiny_think_pair), *TAU, *CLOSING, "--reasoning-budget", "3"]
+    with serving(options, tmp_path / "server.log") as budgeted:
+        assert message(budgeted) == message(server, reasoning_budget_tokens=3) != message(server)
+        for json_mode in (
+            {"type": "json_object"},
+            {"type": "json_schema", "json_schema": {"name": "a", "schema": OBJECT}},
+        ):
+            assert message(budgeted, response_format=json_mode) == message(server, response_format=json_mode)
+        asked = {"model": "ead", "max_tokens": 32, "messages": HI}
+        formatted = {**asked, "output_config": {"format": {"type": "json_schema", "schema": OBJECT}}}
+        said = [
+            httpx.post(f"{each.url}/v1/messages", json=formatted, timeout=120) for each in (budgeted, server)
+        ]
+        assert [reply.status_code for reply in said] == [200, 200], said[0].text
+        assert said[0].json()["content"] == said[1].json()["content"]
+        ollama_json = {"messages": HI, "stream": False, "format": "json"}
+        said = [ollama(each, "chat", ollama_json) for each in (budgeted, server)]
+        assert [reply.status_code for reply in said] == [200, 200], said[0].text
+        assert said[0].json()["message"] == said[1].json()["message"]
+        lines = budgeted.log().splitlines()
+        assert sum(line.startswith(GAVE_WAY) for line in lines) == 4, lines
+        own = chat(budgeted, reasoning_budget_tokens=3, response_format={"type": "json_object"})
+        assert own.status_code == 400 and own.json()["error"]["param"] == "reasoning_budget_tokens", own.text
+        thinking = {"type": "enabled", "budget_tokens": 3}
+        own = httpx.post(f"{budgeted.url}/v1/messages", json={**formatted, "thinking": thinking}, timeout=120)
+        assert own.status_code == 400 and own.json()["error"]["message"].startswith("thinking.budget_tokens")
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
