@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,7 @@ from .response import Response
 from .runner import Runner, RunnerStats
 from .sampling import Sampler, SamplingParams, probabilities
 from .text import TextStream
-from .thinking import ReasoningBudget
+from .thinking import BlockTags, Matcher, ReasoningBudget
 
 if TYPE_CHECKING:
     import llama_cpp
@@ -373,6 +373,61 @@ class _BudgetedSampler:
         self._sampler.close()
 
 
+class _GrammarAfterThinking:
+    """A grammar that binds a thinking model's answer after its block, as llama-server's does (it binds
+    what follows ``</think>``): the block, opened by the prompt or by the answer's first token, is
+    written by ``free`` (a reasoning budget's forcing included), and from its end tag on, drawn or
+    forced, a fresh grammar-bound sampler writes the rest. An answer whose first token opens no block is
+    bound from that token, as without a block: ``free``'s draw there is dropped and the bound sampler,
+    whose chain and random stream are its own, draws from the same row."""
+
+    greedy = False
+
+    def __init__(
+        self,
+        free: Sampler | _BudgetedSampler,
+        bound: Callable[[tuple[int, ...]], Sampler],
+        tags: BlockTags,
+        prompt: Sequence[int],
+        prefill: tuple[int, ...],
+    ) -> None:
+        self._free, self._tags, self._end = free, tags, Matcher([tags.end])
+        self._new_bound = bound
+        try:  # None while the answer is inside the block; else the prefill is the answer's start
+            self._bound = None if tags.left_open(prompt) else bound(prefill)
+        except BaseException:
+            free.close()
+            raise
+        self._first = self._bound is not None  # the first token, which may open the block, is to come
+
+    def sample(
+        self,
+        ctx: llama_cpp.llama_context_p | None,
+        logits: np.ndarray,
+        index: int = -1,
+        tokens: Sequence[int] = (),
+    ) -> int:
+        """A draw inside the block is free, its end tag binds the rest; the first token may open one."""
+        if self._bound is None:
+            token = self._free.sample(ctx, logits, index, tokens)
+            if self._end.advance(token) is not None:
+                self._bound = self._new_bound(())  # nothing of the answer yet: a prefill was thinking
+            return token
+        if self._first:
+            self._first = False
+            token = self._free.sample(ctx, logits, index, tokens)
+            if (token,) == self._tags.start:
+                self._bound.close()
+                self._bound = None
+                return token
+        return self._bound.sample(ctx, logits, index, tokens)
+
+    def close(self) -> None:
+        self._free.close()
+        if self._bound is not None:
+            self._bound.close()
+
+
 class Decoder(_Generation):
     """Entropy-adaptive decoding: at each step the policy's active model is evaluated, its entropy
     observed, and the policy names the model that writes the token. Runners are ordered from the
@@ -399,6 +454,9 @@ class Decoder(_Generation):
     model's rows have a few thousand of, or the row's minimum for a near-uniform row). The tokens and
     every decision are the same (the bounds are widened by the exact pass's own float32 tolerance);
     events show NaN for the entropy and the rolling mean of a step not measured.
+
+    ``thinking_tags`` (a thinking model's block tags, given with a grammar): the grammar binds only what
+    follows the block, which is written free (``_GrammarAfterThinking``), as llama-server's does.
     """
 
     def __init__(
@@ -420,6 +478,7 @@ class Decoder(_Generation):
         lookup_draft: int = 16,
         entropy: str = "exact",
         reasoning_budget: ReasoningBudget | None = None,
+        thinking_tags: BlockTags | None = None,
     ) -> None:
         check_lookup(lookup)
         check_draft(lookup_draft, "--lookup-draft")
@@ -439,13 +498,14 @@ class Decoder(_Generation):
         self._log_ratio = math.log(verify) if verify is not None else 0.0
         self._held: list[tuple[int, int, float, float, float | None]] = []  # unchecked _announce arguments
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
-        self._sampler: Sampler | _BudgetedSampler | None = None
+        self._sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking | None = None
         self._reads_ahead = False  # a runner launches reads ahead (a GPU): see _observe
         self._unmeasured: tuple[EntropyMeter, float] | None = None  # an exact pass left for after a launch
         self.fallback = fallback
         self.lookup = lookup
         self.lookup_draft = lookup_draft
         self.reasoning_budget = reasoning_budget  # None: the plain loop, no per-token work
+        self.thinking_tags = thinking_tags  # a thinking model's: a grammar binds what follows its block
         # Told every token the loop samples, with the logits it was drawn from (ead serve's logprobs;
         # without rollbacks, the order of the tokens shown).
         self.on_sample: Callable[[int, np.ndarray], None] | None = None
@@ -461,10 +521,20 @@ class Decoder(_Generation):
         self._held, self._preview = [], None
         grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
         vocab = self.runners[0].vocab if self.sampling.infill else None  # local, as for the grammars
-        sampler: Sampler | _BudgetedSampler = Sampler(self.sampling, grammars, vocab)
+        tags = self.thinking_tags if self.sampling.grammar is not None else None
+        free = self.sampling if tags is None else replace(self.sampling, grammar=None, grammar_start=())
+        sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking = Sampler(free, grammars, vocab)
         if self.reasoning_budget is not None:
             self.reasoning_budget.begin(tokens)
             sampler = _BudgetedSampler(sampler, self.reasoning_budget)
+        if tags is not None:
+            sampler = _GrammarAfterThinking(
+                sampler,
+                lambda start: Sampler(replace(self.sampling, grammar_start=start), grammars, vocab),
+                tags,
+                tokens,
+                self.sampling.grammar_start,
+            )
         self._sampler = sampler
         self._reads_ahead = any(map(self._reads_ahead_at, range(len(self.runners))))
         self.fallback_reason = None

@@ -18,7 +18,7 @@ from .remote import RemoteRunner, connect, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .sampling import unknown_token
 from .smoke import check_models
-from .thinking import CLOSE, OPEN, ReasoningBudget, thinks
+from .thinking import CLOSE, OPEN, BlockTags, ReasoningBudget, thinks
 from .user_models import is_user_model
 
 
@@ -232,6 +232,7 @@ def build_decoder(
             lookup_draft=policy_options.lookup_draft,
             entropy=entropy,
             reasoning_budget=budget,
+            thinking_tags=block_tags(runners[0]) if generation.sampling.grammar is not None else None,
         )
     except ValueError as error:
         raise EadError(str(error), exit_code=2) from None
@@ -246,21 +247,30 @@ def reasoning_budget_for(
     """llama.cpp's ``--reasoning-budget N`` (N > 0) for a thinking model's answer (a template that names
     ``</think>``: the smallest model's, which is local), its tags and message as ``runner`` spells them;
     None for -1 and 0 (the template's), or a model that does not think. A usage error, naming the budget
-    as it was asked for (``asked_as``: ead serve's request field), where a step takes tokens back or a
-    grammar binds the answer: neither can have a token forced into it."""
+    as it was asked for (``asked_as``: ead serve's request field), where a step takes tokens back, which
+    could not take a forced token back. A grammar goes with it: it binds what follows the block
+    (``block_tags``), so the forced tokens are written before it binds."""
     budget = generation.reasoning_budget
-    if budget <= 0 or not thinks(runner.chat_template):
+    tags = block_tags(runner)
+    if budget <= 0 or tags is None:
         return None
-    step = policy_options.takes_tokens_back() or (
-        "a grammar" if generation.sampling.grammar is not None else None
-    )
+    step = policy_options.takes_tokens_back()
     if step is not None:
         message = f"{asked_as} {budget} cannot go with {step}: a forced </think> cannot be taken back"
         raise EadError(message, exit_code=2)
-    start, end = (runner.tokenize(tag, add_special=False) for tag in (OPEN, CLOSE))
     text = generation.reasoning_budget_message
     message_tokens = runner.tokenize(text, add_special=False) if text else []
-    return ReasoningBudget(start, [end], message_tokens + end, budget, runner.token_bytes)
+    forced = message_tokens + list(tags.end)
+    return ReasoningBudget(tags.start, [tags.end], forced, budget, runner.token_bytes)
+
+
+def block_tags(runner: Runner) -> BlockTags | None:
+    """A thinking model's block tags as ``runner`` spells them (a template that names ``</think>``);
+    None for a model that does not think. A grammar binds such a model's answer after its block."""
+    if not thinks(runner.chat_template):
+        return None
+    start, end = (tuple(runner.tokenize(tag, add_special=False)) for tag in (OPEN, CLOSE))
+    return BlockTags(start, end)
 
 
 def runnable_policy(policy_options: PolicyOptions, levels: int, served: str | None) -> PolicyOptions:

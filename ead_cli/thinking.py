@@ -12,6 +12,7 @@ and content come apart as they are written. Pure Python: no model needed to test
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -128,6 +129,28 @@ def split_reasoning(text: str, inside: bool = False) -> Split:
     return Split(pushed.reasoning + flushed.reasoning, pushed.content + flushed.content)
 
 
+def last_at(tokens: Sequence[int], sequence: Sequence[int]) -> int:
+    """Where the last occurrence of ``sequence`` in ``tokens`` starts; -1: none (or an empty one)."""
+    sequence = tuple(sequence)
+    for position in range(len(tokens) - len(sequence), -1, -1) if sequence else ():
+        if tuple(tokens[position : position + len(sequence)]) == sequence:
+            return position
+    return -1
+
+
+@dataclass(frozen=True)
+class BlockTags:
+    """A thinking block's tags as one model's tokens: ``start`` (``<think>``) and ``end`` (``</think>``)."""
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+
+    def left_open(self, prompt: Sequence[int]) -> bool:
+        """Whether ``prompt`` leaves a block open, so that the answer starts inside it (``opens_thinking``
+        over tokens): its last start tag after its last end tag."""
+        return last_at(prompt, self.start) > last_at(prompt, self.end)
+
+
 # llama.cpp's reasoning-budget sampler's states (common/reasoning-budget.h)
 IDLE, COUNTING, WAITING_UTF8, FORCING, DONE = "idle", "counting", "waiting-utf8", "forcing", "done"
 
@@ -142,7 +165,7 @@ def utf8_complete(piece: bytes) -> bool:
     return not piece
 
 
-class _Matcher:
+class Matcher:
     """Which of some token sequences the tokens seen end with (the longest), forgetting what came before
     a match, as llama.cpp's Aho-Corasick token matcher does."""
 
@@ -185,7 +208,7 @@ class ReasoningBudget:
         self.state = IDLE
         self.remaining = budget
         self._start_tag = tuple(start)
-        self._start, self._end = _Matcher([start]), _Matcher(ends)
+        self._start, self._end = Matcher([start]), Matcher(ends)
         self._token_bytes = token_bytes
         self._forced_at = 0
 
@@ -196,12 +219,9 @@ class ReasoningBudget:
         self.state, self.remaining, self._forced_at = IDLE, self.budget, 0
         self._start.reset()
         self._end.reset()
-        start = self._start_tag
-        for position in range(len(prompt) - len(start), -1, -1) if start else ():
-            if tuple(prompt[position : position + len(start)]) == start:
-                for token in prompt[position:]:
-                    self.accept(token)
-                return
+        position = last_at(prompt, self._start_tag)
+        for token in prompt[position:] if position >= 0 else ():
+            self.accept(token)
 
     @property
     def forced_token(self) -> int | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import ANSI_CODES, at_a_terminal, ead, pair_args
-from tiny_models import THINKING_TEMPLATE, vocabulary, write_tiny_model
+from tiny_models import CHATML, THINKING_TEMPLATE, vocabulary, write_scripted_pair, write_tiny_model
 
 from ead_cli.cli.render import DIM, DONE_THINKING, RESET, THINKING
 from ead_cli.prompt import render_chat
@@ -20,6 +20,7 @@ from ead_cli.thinking import (
     FORCING,
     IDLE,
     WAITING_UTF8,
+    BlockTags,
     ReasoningBudget,
     ReasoningSplitter,
     Split,
@@ -93,6 +94,15 @@ def test_thinking_templates_and_prompts_that_open_the_block_are_told_apart() -> 
     assert opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not opens_thinking("<|im_start|>assistant\n")
+
+
+def test_block_tags_tell_a_prompt_that_leaves_the_block_open_by_its_tokens() -> None:
+    """As ``opens_thinking`` over text, with tags of several tokens: the last start after the last end."""
+    tags = BlockTags(start=(7, 8), end=(9, 8))
+    assert tags.left_open([1, 7, 8, 2]) and tags.left_open([7, 8, 3, 9, 8, 7, 8])
+    assert (
+        not tags.left_open([7, 8, 3, 9, 8]) and not tags.left_open([1, 2]) and not tags.left_open([7, 2, 8])
+    )
 
 
 # llama.cpp's reasoning-budget tests' tokens (tests/test-reasoning-budget.cpp): <think> 100, </think> 101,
@@ -319,7 +329,6 @@ def test_a_spent_reasoning_budget_closes_the_block_with_the_message_and_the_answ
     [
         (["--verify", "0.5"], "--verify"),
         (["--mode", "spec"], "--mode spec"),
-        (["--grammar", 'root ::= "a"'], "a grammar"),
     ],
 )
 def test_a_budget_is_refused_with_a_step_that_could_not_take_its_tokens_back(
@@ -328,6 +337,63 @@ def test_a_budget_is_refused_with_a_step_that_could_not_take_its_tokens_back(
     done = ead("generate", *pair_args(tiny_think_pair), "--reasoning-budget", "3", *step, "hi")
     expected = f"error: --reasoning-budget 3 cannot go with {named}: a forced </think> cannot be taken back\n"
     assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", expected)
+
+
+OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+JSON_MODE = ["--json-schema", json.dumps(OBJECT), "-n", "64"]
+
+
+def bound_json(text: str) -> dict:
+    """The JSON object an answer's content holds, checked against ``OBJECT``."""
+    value = json.loads(text)
+    assert isinstance(value, dict) and isinstance(value["a"], int), text
+    return value
+
+
+def test_a_grammar_binds_the_answer_after_the_thinking(tiny_think_pair: tuple[Path, Path]) -> None:
+    """The prompt opens the block: it is written free, as without the grammar, and the grammar binds
+    what follows </think> (llama-server's order), so the content is the schema's JSON."""
+    free = generate(tiny_think_pair, "-n", "64", "--reasoning-format", "none")
+    raw = generate(tiny_think_pair, *JSON_MODE, "--reasoning-format", "none")
+    thinking, closed, content = raw.partition("</think>")
+    assert closed and thinking == free.partition("</think>")[0]
+    bound_json(content)
+    assert generate(tiny_think_pair, *JSON_MODE) == THINKING + thinking.strip() + DONE_THINKING + content
+
+
+def test_a_reasoning_budget_cuts_the_thinking_short_before_the_grammar_binds(
+    tiny_think_pair: tuple[Path, Path],
+) -> None:
+    """--reasoning-budget 3 with a grammar: the budget's message and </think> are forced (the grammar
+    is not bound yet), then the grammar binds the rest, as llama-server does with a json_schema."""
+    budget = ["--reasoning-budget", "3", "--reasoning-budget-message", " Enough."]
+    free = tokens_written(tiny_think_pair, *budget)
+    budgeted = tokens_written(tiny_think_pair, *budget, *JSON_MODE)
+    texts = [event["text"] for event in budgeted]
+    closed = texts.index("</think>")
+    ids = [event["token"] for event in budgeted]
+    assert ids[: closed + 1] == [event["token"] for event in free[: closed + 1]]
+    assert "".join(texts[3:closed]) == " Enough."
+    bound_json("".join(texts[closed + 1 :]))
+
+
+# Qwen3's way: the template names </think> but leaves the block to the model, which opens it itself
+OWN_BLOCK_TEMPLATE = CHATML.replace(
+    "{{ message.content }}",
+    "{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>{% endif %}"
+    "{{ message.content }}",
+)
+
+
+def test_a_model_that_opens_its_own_block_thinks_before_the_grammar_binds(tmp_path: Path) -> None:
+    """A first token that opens the block is let through the grammar, which binds what follows
+    </think>: JSON mode does not turn such a model's thinking off."""
+    pair = write_scripted_pair(tmp_path, "own", OWN_BLOCK_TEMPLATE, ["Ċ", "<think>", "o", "k", "</think>"])
+    done = ead("generate", *pair_args(pair), "--tau", "3", *JSON_MODE, "--reasoning-format", "none", "hi")
+    assert done.returncode == 0, done.stderr
+    raw = done.stdout.decode()
+    assert raw.startswith("<think>ok</think>"), raw
+    bound_json(raw.removeprefix("<think>ok</think>"))
 
 
 def test_a_budget_the_thinking_stays_within_changes_nothing(tiny_think_pair: tuple[Path, Path]) -> None:
