@@ -146,42 +146,73 @@ def test_a_reasoning_budget_closes_the_block_as_generate_does(
 
 
 OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-GAVE_WAY = "JSON mode: answered without the server's --reasoning-budget 3"
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "a", "schema": OBJECT}}
+JSON_FORMATS = ({"type": "json_object"}, SCHEMA_FORMAT)
+ROOM = {"max_tokens": 64}  # the thinking's ~10 tokens, then the JSON
 
 
-def test_the_servers_reasoning_budget_gives_way_to_a_requests_format(
+def bound_json(text: str) -> dict[str, Any]:
+    """The JSON object a content holds, checked against ``OBJECT``."""
+    value = json.loads(text)
+    assert isinstance(value, dict) and isinstance(value["a"], int), text
+    return value
+
+
+def test_json_mode_binds_the_content_after_the_thinking(server: Server, raw: str) -> None:
+    """``response_format`` json_schema on a model whose template opens the block: the block is written
+    free, as without a format, so ``reasoning_content`` is the same thinking, and the grammar binds what
+    follows ``</think>``: ``content`` is JSON that meets the schema, whole and streamed."""
+    thinking = raw.partition("</think>")[0].strip()
+    answer = message(server, response_format=SCHEMA_FORMAT, **ROOM)
+    assert answer["reasoning_content"] == thinking
+    bound_json(answer["content"])
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    said = {"reasoning_content": "", "content": ""}
+    for chunk in client.chat.completions.create(
+        model="ead", messages=HI, response_format=SCHEMA_FORMAT, stream=True, **ROOM
+    ):  # type: ignore[call-overload]
+        delta = chunk.choices[0].delta.model_dump() if chunk.choices else {}
+        for field in said:
+            said[field] += delta.get(field) or ""
+    assert said == {"reasoning_content": thinking, "content": answer["content"]}
+
+
+def test_the_servers_reasoning_budget_binds_json_mode_too(
     server: Server, tiny_think_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """``ead serve --reasoning-budget 3`` budgets the answers that ask for no budget, but a request that
-    binds its answer with a format (JSON mode: a grammar, which cannot take a forced ``</think>``) on
-    each route that takes one is answered as by a server without the budget, a log line a request saying
-    so; a budget the request asks for itself beside a format stays a 400."""
+    """``ead serve --reasoning-budget 3`` budgets a request in JSON mode as any other: its thinking is cut
+    short by the budget (the answer a request giving ``reasoning_budget_tokens: 3`` gets), then the
+    grammar binds the content, as llama-server does; Anthropic's ``output_config.format`` and ollama's
+    ``format`` likewise."""
     options = [*pair_args(tiny_think_pair), *TAU, *CLOSING, "--reasoning-budget", "3"]
     with serving(options, tmp_path / "server.log") as budgeted:
-        assert message(budgeted) == message(server, reasoning_budget_tokens=3) != message(server)
-        for json_mode in (
-            {"type": "json_object"},
-            {"type": "json_schema", "json_schema": {"name": "a", "schema": OBJECT}},
-        ):
-            assert message(budgeted, response_format=json_mode) == message(server, response_format=json_mode)
-        asked = {"model": "ead", "max_tokens": 32, "messages": HI}
-        formatted = {**asked, "output_config": {"format": {"type": "json_schema", "schema": OBJECT}}}
+        cut_short = message(server, reasoning_budget_tokens=3)["reasoning_content"]
+        assert cut_short != message(server)["reasoning_content"]
+        for json_mode in JSON_FORMATS:
+            answer = message(budgeted, response_format=json_mode, **ROOM)
+            assert answer == message(server, response_format=json_mode, reasoning_budget_tokens=3, **ROOM)
+            assert answer["reasoning_content"] == cut_short
+        bound_json(answer["content"])  # the schema's (json_object's tiny JSON may not end within 64 tokens)
+        formatted = {
+            "model": "ead",
+            **ROOM,
+            "messages": HI,
+            "output_config": {"format": {"type": "json_schema", "schema": OBJECT}},
+        }
+        thinking = {"thinking": {"type": "enabled", "budget_tokens": 3}}
         said = [
-            httpx.post(f"{each.url}/v1/messages", json=formatted, timeout=120) for each in (budgeted, server)
+            httpx.post(f"{each.url}/v1/messages", json=body, timeout=120)
+            for each, body in ((budgeted, formatted), (server, {**formatted, **thinking}))
         ]
         assert [reply.status_code for reply in said] == [200, 200], said[0].text
-        assert said[0].json()["content"] == said[1].json()["content"]
-        ollama_json = {"messages": HI, "stream": False, "format": "json"}
-        said = [ollama(each, "chat", ollama_json) for each in (budgeted, server)]
-        assert [reply.status_code for reply in said] == [200, 200], said[0].text
-        assert said[0].json()["message"] == said[1].json()["message"]
-        lines = budgeted.log().splitlines()
-        assert sum(line.startswith(GAVE_WAY) for line in lines) == 4, lines
-        own = chat(budgeted, reasoning_budget_tokens=3, response_format={"type": "json_object"})
-        assert own.status_code == 400 and own.json()["error"]["param"] == "reasoning_budget_tokens", own.text
-        thinking = {"type": "enabled", "budget_tokens": 3}
-        own = httpx.post(f"{budgeted.url}/v1/messages", json={**formatted, "thinking": thinking}, timeout=120)
-        assert own.status_code == 400 and own.json()["error"]["message"].startswith("thinking.budget_tokens")
+        blocks = said[0].json()["content"]
+        assert blocks == said[1].json()["content"] and blocks[0]["thinking"] == cut_short
+        bound_json(blocks[1]["text"])
+        ollama_json = {"messages": HI, "stream": False, "format": OBJECT, "options": {"num_predict": 64}}
+        reply = ollama(budgeted, "chat", ollama_json)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["message"]["thinking"] == cut_short
+        bound_json(reply.json()["message"]["content"])
 
 
 @pytest.mark.parametrize(
@@ -193,10 +224,6 @@ def test_the_servers_reasoning_budget_gives_way_to_a_requests_format(
         ({"reasoning_budget_tokens": -2}, "reasoning_budget_tokens"),
         ({"reasoning_budget_tokens": "3"}, "reasoning_budget_tokens"),
         ({"reasoning_budget_message": 3}, "reasoning_budget_message"),
-        (
-            {"reasoning_budget_tokens": 3, "response_format": {"type": "json_object"}},
-            "reasoning_budget_tokens",
-        ),
     ],
 )
 def test_bad_reasoning_fields_are_400s(server: Server, body: dict[str, Any], param: str) -> None:
@@ -389,11 +416,6 @@ def test_messages_thinking_budget_tokens_is_the_reasoning_budget(server: Server)
         ({"type": "enabled", "budget_tokens": "3"}, {}, "valid integer"),
         ({"type": "enabled", "budget_tokens": True}, {}, "valid integer"),
         ({"type": "enabled", "budget_tokens": 2**40}, {}, "less than or equal to"),
-        (
-            {"type": "enabled", "budget_tokens": 3},
-            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-            "cannot go with a grammar",
-        ),
     ],
 )
 def test_bad_thinking_budgets_are_anthropics_400s(

@@ -58,7 +58,7 @@ from ..prompt import (
 )
 from ..remote import RemoteRunner
 from ..sampling import GrammarRefusal, SamplingParams
-from ..thinking import ReasoningSplitter, answer_start, split_reasoning, template_variables, thinks
+from ..thinking import ReasoningSplitter, answer_start, split_reasoning, template_variables
 from .engine import (
     Engine,
     Failed,
@@ -1156,7 +1156,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 min_indent=body.n_indent or 0,
                 newline_time_limit_ms=max(body.t_max_predict_ms or 0, 0),
             )
-            budget, message = _reasoning_budget(body, grammar is not None)
+            budget, message = body.reasoning_budget(
+                generation.reasoning_budget, generation.reasoning_budget_message
+            )
             generation = replace(generation, reasoning_budget=budget, reasoning_budget_message=message)
             # refused here, not in the engine
             field = "reasoning_budget_tokens"
@@ -1164,28 +1166,6 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return policy, generation
 
         return usage_checked(settings)
-
-    def _reasoning_budget(body: CompletionBase, bound: bool) -> tuple[int, str]:
-        """The answer's thinking budget and message: the request's over the server's. The server's budget
-        gives way to a grammar that binds the answer (``bound``), which a forced ``</think>`` could not be
-        taken back through: without it, a server started with a budget would refuse every request in JSON
-        mode to a thinking model, although none asked for a budget. A line in the log says so."""
-        generation = defaults.generation
-        budget, message = body.reasoning_budget(
-            generation.reasoning_budget, generation.reasoning_budget_message
-        )
-        if (
-            not bound
-            or budget <= 0
-            or body.asks_reasoning_budget()
-            or not thinks(engine.runners[0].chat_template)
-        ):
-            return budget, message
-        log(
-            f"JSON mode: answered without the server's --reasoning-budget {budget} (a grammar binds the "
-            "answer, and a forced </think> cannot be taken back through it)"
-        )
-        return -1, message
 
     def _models_take(policy: PolicyOptions) -> None:
         """Raises what the loaded models refuse of these options (a decoder costs nothing to build)."""

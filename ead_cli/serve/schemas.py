@@ -618,10 +618,6 @@ class CompletionBase(BaseModel):
         chat's thinking alone (its template's tags)."""
         return -1, default_message
 
-    def asks_reasoning_budget(self) -> bool:
-        """Whether the request gives a budget of its own, not the server's (a text completion has none)."""
-        return False
-
     def check_supported(self) -> None:
         """A 400 naming the first field given that ead serve would otherwise ignore."""
         if (self.n or 1) > 1:
@@ -797,10 +793,6 @@ class ChatRequest(CompletionBase):
             budget,
             default_message if self.reasoning_budget_message is None else self.reasoning_budget_message,
         )
-
-    def asks_reasoning_budget(self) -> bool:
-        """A count of its own: -1, as a field left out, is the server's."""
-        return self.reasoning_budget_tokens not in (None, -1)
 
     def logprobs_count(self) -> int | None:
         """Chat asks with ``logprobs: true`` and ``top_logprobs: N``."""
