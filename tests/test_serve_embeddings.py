@@ -11,7 +11,6 @@ import json
 import re
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import HI, JSON, TAU, serving
+from test_serve_fim import wait_loaded
 from test_serve_safety import wait_until
 from test_serve_utility import scrape
 
@@ -139,10 +139,7 @@ def test_the_vectors_are_llama_servers_pooling_mean(
     model gives the same vectors, within rounding."""
     args = ["-c", "512", "-b", "512", "-ub", "512", "-t", "1", "--embeddings", "--pooling", "mean"]
     with native.llama_server(tiny_pair[1], args, tmp_path / "llama-server.log") as peer:
-        for _ in range(600):
-            if httpx.get(f"{peer.url}/health", timeout=10).status_code == 200:
-                break
-            time.sleep(0.1)
+        wait_loaded(peer)
         texts = [*TEXTS[:2], "x = [i * i for i in range(10)]\n" * 10]
         theirs = httpx.post(f"{peer.url}/v1/embeddings", json={"input": texts}, timeout=60).json()["data"]
     ours = post(server, "/v1/embeddings", {"input": texts}).json()["data"]

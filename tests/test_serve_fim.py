@@ -8,7 +8,6 @@ sampler; and bad requests, each a 400 naming its field."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from serve_process import Server
 from test_cli import pair_args
 from test_serve import TAU, serving
 from test_serve_native import post
+from test_serve_safety import wait_until
 from tiny_models import write_tiny_model
 
 from ead_cli.bench import native
@@ -233,10 +233,7 @@ def test_the_generation_settings_are_llama_servers_where_ead_has_them(
     bodies[0]["samplers"] = ["penalties", *bodies[0]["samplers"]]
     args = ["-c", str(N_CTX), "-b", "512", "-ub", "512", "-n", str(MAX_TOKENS), "-t", "1"]
     with native.llama_server(fim_pair[1], args, tmp_path / "llama-server.log") as peer:
-        for _ in range(600):
-            if httpx.get(f"{peer.url}/health", timeout=10).status_code == 200:
-                break
-            time.sleep(0.1)
+        wait_loaded(peer)
         theirs = [httpx.post(f"{peer.url}/infill", json=body, timeout=300).json() for body in bodies]
     for body, their in zip(bodies, theirs, strict=True):
         ours = infill(server, **body, ead=LARGE)["generation_settings"]
@@ -288,13 +285,15 @@ def test_ollamas_suffix_with_a_system_text_is_its_400(server: Server) -> None:
     assert reply.json() == {"error": "system: a fill-in-the-middle prompt has no place for a system text"}
 
 
+def wait_loaded(peer: native.Server) -> None:
+    """Until llama-server has loaded its model: it listens first, answering 503 on /health meanwhile."""
+    wait_until(lambda: httpx.get(f"{peer.url}/health", timeout=10).status_code == 200, 60)
+
+
 def llama_server_infill(model: Path, log: Path, body: dict[str, Any], args: list[str]) -> dict[str, Any]:
     """A real llama-server's /infill answer on ``model``."""
     with native.llama_server(model, args, log) as peer:
-        for _ in range(600):
-            if httpx.get(f"{peer.url}/health", timeout=10).status_code == 200:
-                break
-            time.sleep(0.1)
+        wait_loaded(peer)
         reply = httpx.post(f"{peer.url}/infill", json=body, timeout=300)
     assert reply.status_code == 200, reply.text
     return reply.json()
