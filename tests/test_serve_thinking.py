@@ -18,9 +18,13 @@ from bench_serve import TOOLS
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import CHROMIUM, HI, JSON, PRESS_ENTER, TAU, open_page, serving
+from test_serve_fim import wait_loaded
 from test_serve_responses import FLAT_TOOLS, collapsed
-from test_thinking import generate
+from test_thinking import OWN_BLOCK_TEMPLATE, generate
 from tiny_models import CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_scripted_pair
+
+from ead_cli.bench import native
+from ead_cli.remote import built_server
 
 CLOSE_ID = vocabulary("think")[0].index("</think>")
 # The server's defaults: greedy, and </think> favoured, so that it comes ~10 tokens into the answer to
@@ -213,6 +217,43 @@ def test_the_servers_reasoning_budget_binds_json_mode_too(
         assert reply.status_code == 200, reply.text
         assert reply.json()["message"]["thinking"] == cut_short
         bound_json(reply.json()["message"]["content"])
+
+
+def thinking_and_json(base_url: str, stream: bool, **body: Any) -> dict[str, str]:
+    """The reasoning and the content one greedy json_schema request gets, through the openai client."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    asked = {"model": "ead", "messages": HI, "temperature": 0, "response_format": SCHEMA_FORMAT, **ROOM}
+    said = {"reasoning_content": "", "content": ""}
+    answer = client.chat.completions.create(**asked, stream=stream, extra_body=body)  # type: ignore[call-overload]
+    parts = (
+        [chunk.choices[0].delta for chunk in answer if chunk.choices]
+        if stream
+        else [answer.choices[0].message]
+    )
+    for part in parts:
+        for field, text in said.items():
+            said[field] = text + (part.model_dump().get(field) or "")
+    return said
+
+
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_json_mode_after_a_models_own_block_is_llama_servers(tmp_path: Path) -> None:
+    """A template that leaves the block to the model (Qwen3's way), the model writing ``<think>ok</think>``:
+    ead serve's reasoning and JSON are llama-server's on the same model for a json_schema, without a
+    budget and with one that cuts the block after its first token, whole and streamed. (On
+    ``tiny_think_pair`` the two differ where docs/serve.md says: llama-server's grammar binds the block
+    to whole UTF-8 characters, and lets whitespace come before the JSON.)"""
+    pair = write_scripted_pair(tmp_path, "own", OWN_BLOCK_TEMPLATE, ["Ċ", "<think>", "o", "k", "</think>"])
+    budgets = ({}, {"reasoning_budget_tokens": 1})
+    asked = [(budget, stream) for budget in budgets for stream in (False, True)]
+    with native.llama_server(pair[1], ["-c", "512", "-t", "1"], tmp_path / "llama-server.log") as peer:
+        wait_loaded(peer)
+        theirs = [thinking_and_json(f"{peer.url}/v1", stream, **budget) for budget, stream in asked]
+    with serving([*pair_args(pair), "--mode", "large"], tmp_path / "server.log") as ours:
+        assert [thinking_and_json(ours.base_url, stream, **budget) for budget, stream in asked] == theirs
+    assert [said["reasoning_content"] for said in theirs] == ["ok", "ok", "o", "o"]
+    for said in theirs:
+        bound_json(said["content"])
 
 
 @pytest.mark.parametrize(
