@@ -374,12 +374,13 @@ class _BudgetedSampler:
 
 
 class _GrammarAfterThinking:
-    """A grammar that binds a thinking model's answer after its block, as llama-server's does (it binds
-    what follows ``</think>``): the block, opened by the prompt or by the answer's first token, is
-    written by ``free`` (a reasoning budget's forcing included), and from its end tag on, drawn or
-    forced, a fresh grammar-bound sampler writes the rest. An answer whose first token opens no block is
-    bound from that token, as without a block: ``free``'s draw there is dropped and the bound sampler,
-    whose chain and random stream are its own, draws from the same row."""
+    """A grammar that binds a thinking model's answer after its block, as llama-server's binds what
+    follows ``</think>`` (its grammar also holds the block to whole UTF-8 characters and lets whitespace
+    come before the answer; this leaves the block free: docs/serve.md): the block, opened by the prompt
+    or by the answer's first token, is written by ``free`` (a reasoning budget's forcing included), and
+    from its end tag on, drawn or forced, a fresh grammar-bound sampler writes the rest. An answer whose
+    first token opens no block is bound from that token, as without a block: ``free``'s draw there is
+    dropped and the bound sampler, whose chain and random stream are its own, draws from the same row."""
 
     greedy = False
 
@@ -456,7 +457,7 @@ class Decoder(_Generation):
     events show NaN for the entropy and the rolling mean of a step not measured.
 
     ``thinking_tags`` (a thinking model's block tags, given with a grammar): the grammar binds only what
-    follows the block, which is written free (``_GrammarAfterThinking``), as llama-server's does.
+    follows the block, which is written free (``_GrammarAfterThinking``).
     """
 
     def __init__(
