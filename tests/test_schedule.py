@@ -235,6 +235,21 @@ def test_replay_and_speed_refuse_a_server_address_before_any_model_loads(
         assert line.startswith(f"error: {quoted(address)} is a server's address, which this command cannot")
 
 
+@pytest.mark.parametrize("command", ["replay", "speed"])
+def test_replay_and_speed_offer_no_server_options(command: str) -> None:
+    """Their help had offered a llama-server's http://HOST:PORT for --large and --models, which they
+    refuse, and the options of a model on a server (--remote-timeout...), which they never used: now
+    neither, and such an option is one that does not exist."""
+    shown = ead("bench", command, "--help")
+    assert shown.returncode == 0, shown.stderr
+    help_text = shown.stdout.decode()
+    assert "--large" in help_text and "--models" in help_text
+    assert "HOST:PORT" not in help_text and "--remote-" not in help_text
+    for option, value in (("--remote-top-k", "5"), ("--remote-timeout", "5"), ("--remote-api-key", "k")):
+        result = ead("bench", command, option, value)
+        assert_one_line_error(result, 2, f"No such option: {option}")
+
+
 def test_a_report_that_cannot_be_saved_is_one_line(recorded: Path, tmp_path: Path) -> None:
     """``ead bench report`` where report.md is a folder: it had ended in an IsADirectoryError traceback.
     Now one line naming the file asked for, said before any report file is written (report.csv had been)."""

@@ -16,6 +16,7 @@ from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
 from ..signals import Terminated
 from .groups import (
+    LOCAL_MODEL_OPTIONS,
     MODEL_OPTIONS,
     MaxTokens,
     OptionGroup,
@@ -257,7 +258,7 @@ def bench_report(
 
 
 @bench_app.command("replay")
-@with_options(MODEL_OPTIONS)
+@with_options(LOCAL_MODEL_OPTIONS)
 def bench_replay(
     results: Annotated[
         Path, typer.Argument(help="A bench's results.jsonl, or its --out folder.", parser=given_path)
@@ -310,7 +311,7 @@ def bench_replay(
 
 
 @bench_app.command("speed")
-@with_options(MODEL_OPTIONS)
+@with_options(LOCAL_MODEL_OPTIONS)
 def bench_speed(
     model_options: ModelOptions,
     context: Annotated[int, typer.Option(help="Tokens in the cache when rates are measured.")] = 256,

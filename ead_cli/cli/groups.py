@@ -87,16 +87,21 @@ Small = Annotated[
         help="Small model: an alias from models.toml or a .gguf path.",
     ),
 ]
-Large = Annotated[
-    str | None,
-    typer.Option(
-        "--large",
-        "-m",
-        "--model",
-        metavar="MODEL",
-        help="Large model: an alias from models.toml, a .gguf path, or a llama-server's http://HOST:PORT.",
-    ),
-]
+SERVER_ADDRESS = "a llama-server's http://HOST:PORT"
+
+
+def _large(served: bool) -> Any:
+    """--large, a server's address offered only where the command can use one (``served``)."""
+    kinds = (
+        f"an alias from models.toml, a .gguf path, or {SERVER_ADDRESS}"
+        if served
+        else "an alias from models.toml or a .gguf path"
+    )
+    return Annotated[
+        str | None, typer.Option("--large", "-m", "--model", metavar="MODEL", help=f"Large model: {kinds}.")
+    ]
+
+
 RemoteTopK = Annotated[
     int, typer.Option(help="A model on a llama-server: top-k probabilities per token (entropy estimate).")
 ]
@@ -110,15 +115,22 @@ RemoteApiKey = Annotated[
         "KEY (the env var keeps it out of ps).",
     ),
 ]
-Cascade = Annotated[
-    str | None,
-    typer.Option(
-        "--models",
-        metavar=listed("MODEL"),
-        help="Two or more models, smallest first, comma-separated (aliases, paths, or a llama-server's "
-        "http://HOST:PORT above the first): a cascade, instead of --small and --large.",
-    ),
-]
+
+
+def _cascade(served: bool) -> Any:
+    """--models, a server's address offered only where the command can use one (``served``)."""
+    kinds = f"aliases, paths, or {SERVER_ADDRESS} above the first" if served else "aliases or paths"
+    return Annotated[
+        str | None,
+        typer.Option(
+            "--models",
+            metavar=listed("MODEL"),
+            help=f"Two or more models, smallest first, comma-separated ({kinds}): a cascade, instead of "
+            "--small and --large.",
+        ),
+    ]
+
+
 # $EAD_MODELS is read by the registry, as every variable that names a file or folder is: declared here too,
 # click had named it in --catalog's errors ("Invalid value for '--catalog' (env var: 'EAD_MODELS')")
 ModelsFile = Annotated[
@@ -257,27 +269,38 @@ def with_options(group: OptionGroup) -> Callable[[Callable[..., Any]], Callable[
     return decorate
 
 
-MODEL_OPTIONS = OptionGroup(
-    "model_options",
-    (
-        ("small", Small, None),
-        ("large", Large, None),
-        ("models", Cascade, None),
-        ("catalog", ModelsFile, None),
-        ("n_ctx", Ctx, None),
-        ("n_batch", BatchSize, None),
-        ("n_ubatch", UBatchSize, None),
-        ("threads", Threads, None),
-        ("n_gpu_layers", GpuLayers, None),
-        ("repack", RepackOpt, None),
+def _model_options(served: bool) -> OptionGroup:
+    """The models and how llama.cpp runs them; with ``served``, a model on a llama-server too."""
+    remote = (
         ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
         ("remote_api_key", RemoteApiKey, None),
-    ),
-    lambda models, catalog, **options: ModelOptions(
-        models=parse_list(models), models_file=catalog, **options
-    ),
-)
+    )
+    return OptionGroup(
+        "model_options",
+        (
+            ("small", Small, None),
+            ("large", _large(served), None),
+            ("models", _cascade(served), None),
+            ("catalog", ModelsFile, None),
+            ("n_ctx", Ctx, None),
+            ("n_batch", BatchSize, None),
+            ("n_ubatch", UBatchSize, None),
+            ("threads", Threads, None),
+            ("n_gpu_layers", GpuLayers, None),
+            ("repack", RepackOpt, None),
+            *(remote if served else ()),
+        ),
+        lambda models, catalog, **options: ModelOptions(
+            models=parse_list(models), models_file=catalog, **options
+        ),
+    )
+
+
+MODEL_OPTIONS = _model_options(served=True)
+# bench replay and speed time llama.cpp's own calls, which a model on a server has none of (their
+# models are loaded local_only): they offer neither its address nor its options
+LOCAL_MODEL_OPTIONS = _model_options(served=False)
 
 
 def decoding_option(option: DecodingOption, *, given_only: bool = True) -> tuple[str, Any, Any]:
