@@ -531,6 +531,24 @@ def test_a_closed_stderr_loses_the_notes_not_the_answers(tiny_pair: tuple[Path, 
     assert len(result.stdout.splitlines()) == 2  # the two answers, nothing else
 
 
+@pytest.mark.parametrize(
+    ("option", "choices"),
+    [
+        ("--mode", "'ead', 'small', 'large', 'spec'"),
+        ("--policy", "'gate', 'ead', 'lookahead'"),
+        ("--format", "'text', 'jsonl'"),
+    ],
+)
+def test_a_value_not_among_the_choices_is_said_without_pydantic_words(option: str, choices: str) -> None:
+    """typer checks a choice through pydantic where it is installed (ead serve's extra), whose 'Value
+    error, ' had led the line ("Invalid value for '--mode': Value error, 'bogus' is not one of..."):
+    the words of a library, not the user's mistake."""
+    line = assert_one_line_error(ead("generate", option, "bogus", "hi"), 2)
+    assert line == (
+        f"error: Invalid value for '{option}': 'bogus' is not one of {choices}. (see 'ead generate --help')"
+    )
+
+
 def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Path, Path]) -> None:
     """A 100 kB argument had been echoed whole in its error line (ours and typer's alike): cut to 80
     printed characters, its full length said."""
@@ -542,8 +560,8 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
     pair = pair_args(tiny_pair)
     for args, code, fragment in [
         ([*pair, "--tau", junk], 2, f"one per cascade level, got {cut}"),
-        ([*pair, "--policy", junk], 2, f"Invalid value for '--policy': Value error, {cut} is not one of"),
-        ([*pair, f"--mode={junk}"], 2, f"Invalid value for '--mode': Value error, {cut} is not one of"),
+        ([*pair, "--policy", junk], 2, f"Invalid value for '--policy': {cut} is not one of"),
+        ([*pair, f"--mode={junk}"], 2, f"Invalid value for '--mode': {cut} is not one of"),
         ([*pair, f"--{junk}"], 2, f"No such option: {'--' + junk[:78]!r}... (100002 characters)"),
         (["--large", str(tiny_pair[1]), "--small", junk], 1, f"unknown model alias {cut}"),
         (["--models", f"{junk},"], 2, f"got {cut_longer}"),
@@ -551,8 +569,8 @@ def test_a_long_bad_value_is_echoed_cut_to_a_readable_length(tiny_pair: tuple[Pa
         ([*pair, "--system", junk, "--mode", f"{junk}b"], 2, f"{cut_longer} is not one of"),
         # cut where it prints: an escape prints as four characters, and 200 had been an 800-character echo
         ([*pair, "--tau", escapes], 2, f"got {escapes_cut}"),
-        ([*pair, "--policy", escapes], 2, f"Value error, {escapes_cut} is not one of"),
-        ([*pair, "--policy", escapes[:30]], 2, f"Value error, {escapes[:20]!r}... (30 characters) is not"),
+        ([*pair, "--policy", escapes], 2, f"'--policy': {escapes_cut} is not one of"),
+        ([*pair, "--policy", escapes[:30]], 2, f"'--policy': {escapes[:20]!r}... (30 characters) is not"),
     ]:
         line = assert_one_line_error(ead("generate", *args, "hi"), code, fragment)
         assert len(line) < 300, line

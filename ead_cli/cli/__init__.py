@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
         if sys.stdout is not None:
             sys.stdout.flush()  # what is still buffered fails here, where it can be said in one line
     except TyperException as error:
-        message = error.format_message()
+        # typer checks a choice through pydantic where it is installed, whose words lead the reason
+        message = error.format_message().replace(": Value error, ", ": ", 1)
         if not message.strip() or "\n" in message:  # no arguments: typer has shown (or this is) the help
             sys.stderr.write(message.rstrip() + "\n" if message.strip() else "")
             sys.exit(2)
