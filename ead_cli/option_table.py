@@ -405,6 +405,7 @@ DECODING: tuple[DecodingOption, ...] = (
         short="repetition penalty (1: off)",
         target="sampling",
         surfaces=frozenset({CLI, CHAT}),
+        ollama_parameter="repeat_penalty",
     ),
     DecodingOption(
         "repeat_last_n",
@@ -415,6 +416,7 @@ DECODING: tuple[DecodingOption, ...] = (
         target="sampling",
         minimum=-1,
         surfaces=frozenset({CLI, CHAT}),
+        ollama_parameter="repeat_last_n",
     ),
     DecodingOption(
         "presence_penalty",
@@ -426,6 +428,7 @@ DECODING: tuple[DecodingOption, ...] = (
         minimum=-2,
         maximum=2,
         surfaces=frozenset({CLI, CHAT}),
+        ollama_parameter="presence_penalty",
     ),
     DecodingOption(
         "frequency_penalty",
@@ -438,6 +441,7 @@ DECODING: tuple[DecodingOption, ...] = (
         minimum=-2,
         maximum=2,
         surfaces=frozenset({CLI, CHAT}),
+        ollama_parameter="frequency_penalty",
     ),
     DecodingOption(
         "logit_bias",

@@ -365,6 +365,30 @@ def pipe(pair: tuple[Path, Path], text: bytes, *extra: str) -> subprocess.Comple
     return subprocess.run(args, input=text, capture_output=True, timeout=60, check=False)
 
 
+def test_ollamas_set_parameter_sets_each_penalty_and_names_the_ones_it_takes(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """ollama's /set parameter NAME for the penalties ead chat has (/repeat-penalty...), under ollama's
+    names, as serve's ollama API takes them in `options`: they had been "unknown command '/set'", as was
+    a parameter ead chat lacks (top_k), though /set parameter temperature ran."""
+    result = pipe(
+        tiny_pair,
+        b"/set parameter repeat_penalty 1.3\n/set parameter repeat_last_n 8\n"
+        b"/set parameter presence_penalty 0.5\n/set parameter frequency_penalty 0.25\n"
+        b"/set parameter top_k 40\n/set parameter\n",
+    )
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines()
+    assert (
+        "repeat-penalty 1.3 · repeat-last-n 8 · presence-penalty 0.5 · frequency-penalty 0.25 · " in lines[3]
+    )
+    takes = (
+        "error: /set parameter takes temperature, repeat_penalty, repeat_last_n, presence_penalty, "
+        "frequency_penalty or num_predict"
+    )
+    assert lines[4:] == [f"{takes}, got 'top_k'", f"{takes}, got ''"]
+
+
 def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, Path]) -> None:
     result = pipe(tiny_pair, b"/policy ead\n/window 9223372036854775808\n/stats\n")
     assert result.returncode == 1
@@ -754,8 +778,10 @@ def test_help_lists_every_command_on_one_line_in_the_same_style(tiny_pair: tuple
         assert description[:1].islower() and not description.endswith("."), line
     # the other chats' spellings that run a command, and what Ctrl-C does, said as they are
     assert lines[-2] == (
-        "ollama's /?, /set parameter temperature, /set parameter num_predict, /set think, /set nothink,"
-        " /set hidethinking, /set nohidethinking, /set system, /clear and /bye run those commands too."
+        "ollama's /?, /set parameter temperature, /set parameter repeat_penalty, /set parameter"
+        " repeat_last_n, /set parameter presence_penalty, /set parameter frequency_penalty, /set parameter"
+        " num_predict, /set think, /set nothink, /set hidethinking, /set nohidethinking, /set system, /clear"
+        " and /bye run those commands too."
     )
     assert lines[-1] == (
         "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or a command (which then"
@@ -1235,8 +1261,7 @@ def test_ollamas_spellings_of_eads_commands_run_them(spawn) -> None:
     assert SUMMARY.search(plain(send(child, "hello")))
     assert reply(child, "/clear") == ["new conversation"]
     assert reply(child, "/?")[0].startswith("/help ")
-    unknown = "error: unknown command '/set' (/help lists the commands)"
-    assert reply(child, "/set parameter top_k 40") == [unknown]
+    assert reply(child, "/set verbose") == ["error: unknown command '/set' (/help lists the commands)"]
     assert reply(child, "/show info") == ["error: unknown command '/show' (did you mean /stats?)"]
     assert reply(child, "/quit") == ["error: unknown command '/quit' (did you mean /exit?)"]
     stats = " ".join(reply(child, "/stats"))

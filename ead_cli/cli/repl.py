@@ -321,6 +321,10 @@ class Repl:
     def _command(self, line: str) -> bool:
         name, argument = self._named(line)
         if name not in self.commands:
+            words = argument.split()
+            if name == "set" and words[:1] == ["parameter"]:  # a name ollama has and ead chat not
+                self._refuse_parameter(words[1] if len(words) > 1 else "")
+                return True
             meant = self._meant(name)
             hint = f"did you mean /{meant}?" if meant else "/help lists the commands"
             self.error(f"unknown command {quoted('/' + name)} ({hint})")
@@ -388,6 +392,13 @@ class Repl:
             raise stop
         if conversation.full:
             self.note(f"the context is full ({context_use(conversation)}): {RESET_HINT}")
+
+    def _refuse_parameter(self, name: str) -> None:
+        """ollama's /set parameter NAME where NAME is none of the option table's ollama parameters: the
+        ones it takes named ('/set' itself is known: /set parameter temperature runs)."""
+        names = [option.ollama_parameter for option in on(CHAT) if option.ollama_parameter]
+        takes = f"{', '.join(names[:-1])} or {names[-1]}"
+        self.error(f"/set parameter takes {takes}, got {quoted(name)}")
 
     def _meant(self, name: str) -> str | None:
         """The command an unknown name likely meant: a near miss (/hlep, /EXIT, /tau=2), or the nearest to a
