@@ -132,6 +132,17 @@ def test_h_is_the_help_as_in_llama_cpp() -> None:
         assert short.stdout == long.stdout and b"-h, --help" in long.stdout
 
 
+def test_the_help_of_json_schema_says_what_an_empty_schema_allows(tiny_pair: tuple[Path, Path]) -> None:
+    """'{}' is any JSON value to ead's converter (serve's JSON mode, docs/serve.md), where llama-cli's
+    writes an object: the help had said "'{}': any JSON object", and an answer of '{}' was a bare number.
+    It says both now, and the object's schema it names gives an object."""
+    shown = " ".join(ead("generate", "--help").stdout.decode().split())
+    assert "('{}': any JSON value, where llama-cli's is any object: '{\"type\": \"object\"}')" in shown
+    base = ["generate", *pair_args(tiny_pair), "--max-tokens", "20", "--raw", "1"]
+    assert not ead(*base, "-j", "{}").stdout.startswith(b"{")
+    assert ead(*base, "-j", '{"type": "object"}').stdout.startswith(b"{")
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -395,7 +395,8 @@ JsonSchema = Annotated[
         "--json-schema",
         "-j",
         metavar="SCHEMA",
-        help="A JSON schema the answer meets, as ead serve's JSON mode holds one ('{}': any JSON object).",
+        help="A JSON schema the answer meets, as ead serve's JSON mode holds one ('{}': any JSON value, "
+        'where llama-cli\'s is any object: \'{"type": "object"}\').',
     ),
 ]
 JsonSchemaFile = Annotated[
