@@ -181,7 +181,7 @@ def parse_logit_bias(text: str) -> tuple[int, float]:
     if found is None:
         raise ValueError(text)
     bias = float(found.group(3))
-    if not math.isfinite(bias):
+    if math.isnan(bias):  # an infinite one is out of bounds, said as such (llama.cpp's docs ban with -inf)
         raise ValueError(text)
     return int(found.group(1)), -bias if found.group(2) == "-" else bias
 

@@ -82,6 +82,8 @@ class SamplingParams:
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 limits = f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
                 message = f"--logit-bias must be in {limits}, got {bias} for token {token}"
+                if bias == -math.inf:
+                    message += f" (llama-cli's ban: -{MAX_LOGIT_BIAS:g} all but bans it here)"
                 raise EadError(message, exit_code=2)
 
     @property

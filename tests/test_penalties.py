@@ -304,7 +304,15 @@ def test_generate_takes_llama_clis_penalty_options(tiny_pair: tuple[Path, Path],
         (["--frequency-penalty", "-3"], "error: --frequency-penalty must be in [-2, 2], got -3.0"),
         (["-l", "300+1"], "error: --logit-bias: token id 300 is not in the vocabulary (ids 0-266)"),
         (["--logit-bias", "30x1"], "error: --logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got '30x1'"),
-        (["-l", "3+inf"], "error: --logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got '3+inf'"),
+        # the form is right: the bias is out of bounds ('3+inf' had been "must be TOKEN_ID+BIAS or..."),
+        # and llama.cpp's docs' ban, -inf, is named
+        (["-l", "3+inf"], "error: --logit-bias must be in [-100, 100], got inf for token 3"),
+        (
+            ["-l", "3-inf"],
+            "error: --logit-bias must be in [-100, 100], got -inf for token 3 (llama-cli's ban: -100 all but "
+            "bans it here)",
+        ),
+        (["-l", "3+nan"], "error: --logit-bias must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got '3+nan'"),
         (["-l", "3-101"], "error: --logit-bias must be in [-100, 100], got -101.0 for token 3"),
     ],
 )
