@@ -235,6 +235,17 @@ def test_an_option_of_ead_itself_after_a_command_that_lacks_it_says_where(comman
     )
 
 
+@pytest.mark.parametrize("option", ["--version", "--install-completion", "--show-completion"])
+def test_an_option_of_ead_itself_that_runs_alone_is_not_put_before_a_command(option: str) -> None:
+    """Each acts and exits, running no command: after one it had been told to go before it, 'ead
+    --version generate ...', where the command would never run."""
+    assert_one_line_error(
+        ead("generate", option),
+        2,
+        f"{option} is an option of ead itself, which runs no command: 'ead {option}' alone",
+    )
+
+
 def test_control_characters_in_an_answer_are_spelled_out_at_a_terminal(tiny_pair: tuple[Path, Path]) -> None:
     """A model's text cannot drive the terminal: its control characters (here a backspace, which would
     rub out the character before it, and ^A ^D ^E) show as less shows them; a pipe gets them as written."""

@@ -399,12 +399,19 @@ def _values_taken(command: TyperCommand | TyperGroup, given: str) -> int:
 
 def _where_it_goes(root: TyperGroup, option: str | None, context: typer.Context | None) -> str | None:
     """For an option of ead itself given after a command that does not take it (``ead models list
-    --no-color``), where it goes: typer had said only 'No such option'."""
+    --no-color``), where it goes, or that it runs alone (``--version``): typer had said only 'No such
+    option'."""
     if context is None or context.parent is None or option not in {o for p in root.params for o in p.opts}:
         return None
     program, _, command = context.command_path.partition(" ")
+    if option in RUN_ALONE:
+        return f"{option} is an option of {program} itself, which runs no command: '{program} {option}' alone"
     where = f"'{program} {option} {command} ...'"
     return f"{option} is an option of {program} itself: it goes before the command, {where}"
+
+
+# ead's own options that act and exit, running no command after them (--no-color goes before one)
+RUN_ALONE = frozenset({"--version", "--install-completion", "--show-completion"})
 
 
 def _misopened() -> str | None:
