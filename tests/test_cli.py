@@ -902,6 +902,14 @@ def test_arguments_that_are_not_utf8(tiny_pair: tuple[Path, Path], args: list[st
     assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args), 2, fragment)
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_an_empty_stop_string_is_refused(tiny_pair: tuple[Path, Path], command: str) -> None:
+    """llama-cli's -r '' and llama-server's stop "" halt at once (it is found everywhere); ead had dropped
+    it unsaid (--stop "$UNSET_VARIABLE" stopped nothing). A typo, refused before any model loads."""
+    result = ead(command, *pair_args(tiny_pair), "--stop", "x", "-r", "", *(["hi"] * (command == "generate")))
+    assert_one_line_error(result, 2, "error: --stop is empty: a stop string needs a character at least")
+
+
 @pytest.mark.parametrize("size", [10_000, 1_000_000])  # 10 KB, and the 1 MB a pasted log can be
 def test_a_prompt_longer_than_the_context(tiny_pair: tuple[Path, Path], size: int) -> None:
     result = ead("generate", *pair_args(tiny_pair), "--ctx", "256", "-", stdin="word " * (size // 5))

@@ -458,10 +458,13 @@ PromptFile = Annotated[
 
 
 def read_stops(stop: list[str] | None) -> tuple[str, ...]:
-    """The stop strings, each checked: an argument's bytes that are not UTF-8 would never match the text."""
+    """The stop strings, each checked: an argument's bytes that are not UTF-8 would never match the text;
+    an empty one, which llama.cpp finds at once and ead's text stream drops, is a typo ($UNSET)."""
     from ..prompt import check_text  # loads llama.cpp: only when a command runs
 
     for string in stop or ():
+        if not string:
+            raise EadError("--stop is empty: a stop string needs a character at least", exit_code=2)
         check_text(string, "the stop string")
     return tuple(stop or ())
 
