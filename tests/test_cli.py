@@ -902,12 +902,22 @@ def test_arguments_that_are_not_utf8(tiny_pair: tuple[Path, Path], args: list[st
     assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args), 2, fragment)
 
 
-@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("command", ["generate", "chat", "depth generate"])
 def test_an_empty_stop_string_is_refused(tiny_pair: tuple[Path, Path], command: str) -> None:
     """llama-cli's -r '' and llama-server's stop "" halt at once (it is found everywhere); ead had dropped
-    it unsaid (--stop "$UNSET_VARIABLE" stopped nothing). A typo, refused before any model loads."""
-    result = ead(command, *pair_args(tiny_pair), "--stop", "x", "-r", "", *(["hi"] * (command == "generate")))
-    assert_one_line_error(result, 2, "error: --stop is empty: a stop string needs a character at least")
+    it unsaid (--stop "$UNSET_VARIABLE" stopped nothing). A typo, refused before any model loads. ead
+    depth generate, which had not checked its stop strings at all, checks them as generate does."""
+    models = [str(tiny_pair[1]), "--threads", "1"] if command == "depth generate" else pair_args(tiny_pair)
+    prompt = [] if command == "chat" else ["hi"]
+    stops = ["--stop", "x", "-r"]
+    assert_one_line_error(
+        ead(*command.split(), *models, *stops, "", *prompt),
+        2,
+        "error: --stop is empty: a stop string needs a character at least",
+    )
+    if command == "depth generate":
+        bad = ead(*command.split(), *models, *stops, "\udcff", *prompt)
+        assert_one_line_error(bad, 2, "error: the stop string is not valid UTF-8 (byte 0)")
 
 
 @pytest.mark.parametrize("size", [10_000, 1_000_000])  # 10 KB, and the 1 MB a pasted log can be

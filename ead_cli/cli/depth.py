@@ -42,6 +42,7 @@ from .groups import (
     given_model,
     parse_list,
     read_prompt,
+    read_stops,
     with_options,
 )
 from .output import check_stdout, print_rows, print_table, say_progress, stderr
@@ -203,6 +204,7 @@ def depth_generate(
     from ..sampling import SamplingParams
 
     text = read_prompt(prompt, prompt_option, prompt_file)
+    stops = read_stops(stop)
     check_stdout("the answer")
     options = DepthOptions(
         margin=margin,
@@ -232,7 +234,7 @@ def depth_generate(
             renderer = DepthTextRenderer(sys.stdout, color=color, n_layer=loaded.n_layer)
             if renderer.color:
                 print(depth_legend(layers, loaded.n_layer, options.label, True), file=sys.stderr, flush=True)
-        response = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=tuple(stop or ()))
+        response = loaded.generate(tokens, options, sampling, max_tokens=max_tokens, stop=stops)
         try:
             exit_code = stream_answer(response, renderer)
         finally:
