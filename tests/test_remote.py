@@ -102,6 +102,14 @@ def test_a_middle_tau_uses_both_models_and_reports_the_network(tiny_pair, served
     assert "large over the network:" in result.stderr.decode()
 
 
+def test_one_request_is_said_in_the_singular(tiny_pair, served_large) -> None:
+    """--stats' network line counts its requests as every count is said ('1 requests' it had been)."""
+    args = ["generate", "--mode", "large", "--max-tokens", "1", "--stats", "hi there"]
+    result = ead(*args, *models(tiny_pair[0], served_large))
+    assert result.returncode == 0, result.stderr
+    assert "large over the network: 1 request in " in result.stderr.decode()
+
+
 def test_the_remote_entropy_is_the_top_k_lower_bound_of_the_exact_one(tiny_pair, served_large) -> None:
     """The server's top-k probabilities are the softmax of its raw logits: the estimate from them
     matches the bound computed from the local model's own logits for the same tokens."""

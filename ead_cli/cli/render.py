@@ -281,8 +281,9 @@ def network_line(summary: Summary) -> str | None:
     if not remote:
         return None
     return " · ".join(
-        f"{report.role} over the network: {report.requests} requests in {_seconds(report.network_s)} "
-        f"(server compute {_seconds(report.server_s)}), {report.bytes_sent / 1e3:,.1f} kB sent, "
+        f"{report.role} over the network: {counted(report.requests, 'request')} in "
+        f"{_seconds(report.network_s)} (server compute {_seconds(report.server_s)}), "
+        f"{report.bytes_sent / 1e3:,.1f} kB sent, "
         f"{report.bytes_received / 1e3:,.1f} kB received"
         for report in remote
     )
