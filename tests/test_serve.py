@@ -447,6 +447,15 @@ def test_bad_requests_get_an_error_object_and_one_log_line(
     assert ok.status_code == 200  # and the server keeps serving
 
 
+def test_the_log_line_of_a_one_token_answer_says_one_token(server: Server) -> None:
+    """An answered request's log line counts its tokens as every count is said ('1 tokens' it had been)."""
+    before = server.log().splitlines()
+    ok = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HI, "max_tokens": 1}, timeout=60)
+    assert ok.status_code == 200
+    [line] = server.log().splitlines()[len(before) :]
+    assert line.startswith("POST /v1/chat/completions 200: 1 token (length), prompt "), line
+
+
 def test_a_body_that_starts_with_a_byte_order_mark_is_json_all_the_same(server: Server) -> None:
     """A body read from a file saved as "UTF-8 with BOM" (curl -d @request.json, PowerShell's
     Invoke-RestMethod): llama-server's parser takes the mark and JSON allows a parser to ignore it (RFC

@@ -1707,7 +1707,7 @@ async def collected_calls(
 def log_answered(log: Log, path: str, summary: Summary) -> None:
     """The one log line of an answered request."""
     log(
-        f"POST {path} 200: {summary.generated} tokens ({summary.finish_reason}), "
+        f"POST {path} 200: {counted(summary.generated, 'token')} ({summary.finish_reason}), "
         f"prompt {summary.prompt_tokens} ({cached_tokens(summary)} cached), "
         f"large share {summary.large_share:.1%}, {summary.wall_s:.2f} s"
     )

@@ -22,7 +22,7 @@ import numpy as np
 from ..decoder import Decoder, Summary, TokenEvent
 from ..embedding import Embedder
 from ..engine import build_decoder
-from ..errors import EadError
+from ..errors import EadError, counted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import context_size
 from ..runner import Abandoned, PromptProgress, Runner, never_abandoned
@@ -269,7 +269,7 @@ class Engine:
         summary = response.summary()
         self.metrics.record(summary)  # before the answer goes out: a client that has it finds it counted
         if self._stopped.is_set() or ticket.cancelled.is_set():
-            self.log(f"stopped after {summary.generated} tokens: {self._why_cut_off()}")
+            self.log(f"stopped after {counted(summary.generated, 'token')}: {self._why_cut_off()}")
         return failure or Finished(summary)
 
     async def embedded(self, inputs: list[list[int]]) -> list[np.ndarray]:
