@@ -71,7 +71,7 @@ class CtrlCGate:
     ``open``. Python raises a handler's exception at whichever call or loop comes next, so a second Ctrl-C
     come while the REPL handled the first (readline takes a while to clean up after one) was raised between
     the REPL's handlers, outside any, and ended the session. The REPL opens it as a turn begins and closes
-    it (``open = False``: a store, where Python runs no handler) first thing as the turn ends.
+    it (``is_open = False``: a store, where Python runs no handler) first thing as the turn ends.
 
     It never closes itself, and raises through Python's own handler: CPython runs the handler again as
     ``input()`` returns from a Ctrl-C, with the first KeyboardInterrupt still set, where a handler that
