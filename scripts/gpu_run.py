@@ -93,6 +93,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for step, path in needs.items():
         if step in args.steps and not path.is_file():
             parser.error(f"{path} is missing (the {step} step needs it): run scripts/pack_gpu_run.sh")
+    venv_python = args.work / "venv" / "bin" / "python"
+    if "build" not in args.steps and not args.python and not venv_python.is_file():
+        # a device given back between calls (even by an idle wait) is a bare machine again
+        parser.error(
+            f"{args.work} has no venv (the {args.steps[0]} step needs the build step's): "
+            "a fresh machine? run --step build first"
+        )
     return args
 
 

@@ -161,6 +161,10 @@ def test_bad_runs_are_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "venv").exists()
     result = gpu_run("--step", "replay", "--schedules", str(tmp_path / "none.jsonl"), out=tmp_path)
     assert_one_line_error(result, 2, "none.jsonl is missing (the replay step needs it)")
+    # a call after the build on a machine that was given back meanwhile (a bare one): no venv there
+    result = gpu_run("--step", "speed", "--work", str(tmp_path / "bare"), out=tmp_path)
+    assert_one_line_error(result, 2, "has no venv (the speed step needs the build step's)")
+    assert not (tmp_path / "bare").exists()
 
 
 def test_the_runs_venv_sees_the_packages_of_a_python_that_is_itself_a_venv(tmp_path: Path) -> None:
