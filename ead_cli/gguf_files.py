@@ -35,6 +35,11 @@ def shard_paths(path: Path) -> list[Path]:
     ]
 
 
+def model_bytes(path: Path) -> int:
+    """A model's bytes on disk, every shard of a split one: what its weights take once llama.cpp maps it."""
+    return sum(shard.stat().st_size for shard in shard_paths(path))
+
+
 def checked_gguf(path: Path) -> Path:
     """The model's first file, made absolute, after checking that every file of it (each shard of a split
     GGUF) is a readable, non-empty file with the GGUF magic: llama.cpp names none of these problems.

@@ -24,7 +24,7 @@ import numpy as np
 
 from .entropy import EntropyMeter
 from .errors import EadError, shown_path
-from .gguf_files import shard_paths
+from .gguf_files import model_bytes, shard_paths
 from .hardware import Repack, repack_choice
 from .options import DEFAULT_BATCH, DEFAULT_UBATCH, resolve_threads
 from .sampling import ParsedGrammars
@@ -84,7 +84,7 @@ def memory_available() -> int | None:
 
 def check_memory(paths: Sequence[Path], available: int | None) -> None:
     """Refuse models whose weights cannot fit in memory, rather than being killed while loading them."""
-    need = sum(shard.stat().st_size for path in paths for shard in shard_paths(path))
+    need = sum(model_bytes(path) for path in paths)
     if available is not None and need > available:
         raise EadError(
             f"the models need about {need / 2**30:.1f} GiB of memory but {available / 2**30:.1f} GiB is "

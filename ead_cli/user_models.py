@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ead_cli.errors import EadError, quoted, shown_path
-from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, shard_paths
+from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, model_bytes, shard_paths
 from ead_cli.paths import env_path, expand_home, is_dir, is_file, lookup, read_file, unreadable
 
 OLLAMA_PREFIX = "ollama:"
@@ -200,8 +200,7 @@ def _lmstudio_models(roots: list[Path]) -> list[UserModel]:
             except EadError as err:
                 found.append(UserModel(ref, "lmstudio", None, problem=str(err)))
             else:
-                size = sum(shard.stat().st_size for shard in shard_paths(checked))  # all of a split model
-                found.append(UserModel(ref, "lmstudio", checked, size))
+                found.append(UserModel(ref, "lmstudio", checked, model_bytes(checked)))
     return found
 
 

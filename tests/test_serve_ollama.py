@@ -19,6 +19,8 @@ from test_serve_json import PERSON
 from test_serve_safety import exchange
 from test_serve_tools import CALL_SCHEMA, TOOLS, tools_server  # noqa: F401 (a fixture)
 
+from ead_cli.bench import native
+from ead_cli.remote import built_server
 from ead_cli.serve.app import MAX_BODY_BYTES, MAX_HEAD_BYTES
 from ead_cli.serve.ollama import _ollama_call
 from ead_cli.serve.tools import ToolCall, split_answer
@@ -61,16 +63,29 @@ def attribution(tokens: list[dict[str, Any]]) -> list[tuple[int, str]]:
     return [(token["token"], token["model"]) for token in tokens]
 
 
-def test_version_and_tags_list_the_one_model(server: Server) -> None:
+def test_version_and_tags_list_the_one_model(server: Server, tiny_pair: tuple[Path, Path]) -> None:
     version = httpx.get(f"{server.url}/api/version").json()["version"]
     assert [int(part) for part in version.split(".")] >= [0, 1, 0]
     (model,) = httpx.get(f"{server.url}/api/tags").json()["models"]
     assert model["name"] == model["model"] == "ead:latest"
+    assert model["size"] == sum(path.stat().st_size for path in tiny_pair)  # the files' bytes, as ollama's
     assert model["details"]["format"] == "gguf" and model["digest"]
     assert set(model["ead"]["models"]) == {"small", "large"}
     shown = ollama(server, "show", {"model": "ead"}).json()
     assert shown["details"] == model["details"] and shown["capabilities"] == ["completion"]
     assert shown["model_info"]["ead.context_length"] == 16384
+
+
+@pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
+def test_a_model_on_a_llama_server_adds_no_bytes_to_the_size(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The size counts the files on the server's machine: the large model's is on the llama-server's."""
+    with native.llama_server(tiny_pair[1], ["-c", "512", "-t", "1"], tmp_path / "peer.log") as peer:
+        args = ["--small", str(tiny_pair[0]), "--large", peer.url, "--threads", "1"]
+        with serving(args, tmp_path / "server.log") as server:
+            (model,) = httpx.get(f"{server.url}/api/tags").json()["models"]
+    assert model["size"] == tiny_pair[0].stat().st_size
 
 
 def test_chat_streamed_and_whole_equal_the_openai_route(server: Server) -> None:
@@ -425,6 +440,7 @@ def test_ps_lists_the_loaded_model_and_keep_alive_is_taken_and_ignored(server: S
     (loaded,) = talk.ps().models
     (listed,) = talk.list().models
     assert loaded.model == loaded.name == "ead:latest" and loaded.digest == listed.digest
+    assert loaded.size == listed.size > 0 and loaded.size_vram == 0
     assert loaded.details == listed.details and loaded.context_length == 16384
     assert loaded.expires_at is not None and loaded.expires_at.year == 9999
     for keep_alive in (0, "5m", -1, 2.5):

@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decoder import Summary
 from ..embedding import Embedder, normalized
 from ..errors import quoted
+from ..gguf_files import model_bytes
 from ..prompt import infill_tokens
+from ..remote import RemoteRunner
 from ..thinking import ReasoningSplitter, Split, thinks
 from .app import (
     MODEL_ID,
@@ -532,7 +534,13 @@ def _refusal(instead: str) -> Callable[[], Awaitable[NoReturn]]:
     return refuse
 
 
-def _tag(engine: Engine, served: dict[str, Any], started: str) -> dict[str, Any]:
+def _stored_bytes(engine: Engine) -> int:
+    """The bytes of the served models' files, as ollama sizes a model by its blobs: each local model's
+    every shard; a model on a server is not counted (its file is on that machine)."""
+    return sum(model_bytes(runner.path) for runner in engine.runners if not isinstance(runner, RemoteRunner))
+
+
+def _tag(engine: Engine, served: dict[str, Any], started: str, size: int) -> dict[str, Any]:
     """The served model as /api/tags lists it, its ``details`` ollama's, ``ead`` as /v1/models says it."""
     labels = "\n".join(runner.label for runner in engine.runners)
     largest = max(runner.n_params for runner in engine.runners)
@@ -548,7 +556,7 @@ def _tag(engine: Engine, served: dict[str, Any], started: str) -> dict[str, Any]
         "name": LISTED_NAME,
         "model": LISTED_NAME,
         "modified_at": started,  # when the server loaded it
-        "size": 0,
+        "size": size,
         "digest": hashlib.sha256(labels.encode()).hexdigest(),  # which models: a name for the pair
         "details": details,
         "ead": served["ead"],
@@ -576,6 +584,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
     requests: Requests = app.state.requests
     keyed = [Depends(requests.authorized)]
     started = _now()
+    size = _stored_bytes(engine)  # when the server loaded them: a file removed since is still served
 
     @app.api_route("/api/version", methods=["GET", "HEAD"], dependencies=keyed)
     async def version() -> dict[str, Any]:
@@ -583,13 +592,14 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
 
     @app.api_route("/api/tags", methods=["GET", "HEAD"], dependencies=keyed)
     async def tags() -> dict[str, Any]:
-        return {"models": [_tag(engine, requests.served_model(), started)]}
+        return {"models": [_tag(engine, requests.served_model(), started, size)]}
 
     @app.api_route("/api/ps", methods=["GET", "HEAD"], dependencies=keyed)
     async def loaded() -> dict[str, Any]:
-        """The models loaded: the one served, for as long as the server runs (the sizes, ollama's bytes in
-        memory and on the GPU, are not known: 0, as /api/tags says)."""
-        tag = _tag(engine, requests.served_model(), started)
+        """The models loaded: the one served, for as long as the server runs, its size /api/tags's (the
+        weights' bytes, mapped; ollama adds its estimate of the caches and buffers, which ead does not
+        measure; nor what is on a GPU: size_vram 0)."""
+        tag = _tag(engine, requests.served_model(), started, size)
         kept = ("name", "model", "size", "digest", "details", "ead")
         placed = {"expires_at": NEVER, "size_vram": 0, "context_length": engine.n_ctx}
         return {"models": [{**{key: tag[key] for key in kept}, **placed}]}
@@ -598,7 +608,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
     async def show(request: Request) -> dict[str, Any]:
         named = parse(_Named, await requests.curl_body(request))
         _served_name(named.model, any_model)
-        tag = _tag(engine, requests.served_model(), started)
+        tag = _tag(engine, requests.served_model(), started, size)
         info = {"general.architecture": MODEL_ID, f"{MODEL_ID}.context_length": engine.n_ctx}
         return {
             "license": "",
