@@ -311,6 +311,73 @@ FIM_CURRENT_FILE = "filename\n"
 FIM_SNIPPET = "\n\n--- snippet ---\n\n"
 
 
+def line_start_before(text: str, chars: int) -> int:
+    """Where the last line of ``text`` that starts at least ``chars`` characters before its end starts:
+    after a newline, at a printable ASCII character (a blank that indents a line is none); 0 where none
+    does. Pre-tokenizers that cut at lines (``Runner.cuts_at_lines``) split every text there."""
+    end = len(text) - chars
+    while end > 0:
+        newline = text.rfind("\n", 0, end)
+        if newline < 0:
+            return 0
+        if "!" <= text[newline + 1] <= "~":
+            return newline + 1
+        end = newline
+    return 0
+
+
+def line_end_after(text: str, chars: int) -> int:
+    """Where the first line of ``text`` that ends at least ``chars`` characters after its start ends:
+    after an ASCII letter or digit, at a newline; ``len(text)`` where none does."""
+    start = max(chars, 1)
+    while (newline := text.find("\n", start)) >= 0:
+        if text[newline - 1].isascii() and text[newline - 1].isalnum():
+            return newline
+        start = newline + 1
+    return len(text)
+
+
+def tail_tokens(runner: Runner, text: str, keep: int) -> list[int]:
+    """The last ``keep`` tokens of ``text`` read as text, as the whole text's tokens end, for llama-server's
+    cut of /infill's prefix. Where the vocabulary cuts at lines, only the text from the last line start
+    with ``keep`` of its longest tokens after it is read (as many characters give at least that many
+    tokens): a 4 MiB prefix had been tokenized whole, a million tokens, for its last 384."""
+    if keep <= 0:
+        return []
+    chars = _kept_chars(runner, text, keep)
+    start = 0 if chars is None else line_start_before(text, chars)
+    return _plain(runner, text[start:])[-keep:]
+
+
+def head_tokens(runner: Runner, text: str, keep: int) -> list[int]:
+    """The first ``keep`` tokens of ``text`` read as text (/infill's suffix), read as ``tail_tokens``
+    reads a text's end: from its start to the first line end with ``keep`` longest tokens before it."""
+    if keep <= 0:
+        return []
+    chars = _kept_chars(runner, text, keep)
+    end = len(text) if chars is None else line_end_after(text, chars)
+    return _plain(runner, text[:end])[:keep]
+
+
+def _kept_chars(runner: Runner, text: str, keep: int) -> int | None:
+    """How many characters of a text's end (or start) hold its ``keep`` tokens there, a token standing
+    for at most ``token_reach.longest`` bytes; None where the whole text is read: a short one (tokenized
+    outright, without the vocabulary's passes this takes), or a vocabulary that does not cut at lines or
+    has a token that swallows blanks (a text's length bounds its tokens no more)."""
+    if len(text) < keep * TOKENIZED_OUTRIGHT_CHARS_PER_TOKEN:
+        return None
+    reach = runner.token_reach
+    if reach is None or reach.strips_whitespace or not runner.cuts_at_lines:
+        return None
+    return keep * reach.longest
+
+
+def _plain(runner: Runner, text: str) -> list[int]:
+    """A text's tokens, its special tokens' texts read as text (code around a cursor: a file that holds
+    ``<|im_end|>`` ends nothing)."""
+    return runner.tokenize(text, add_special=False, parse_special=False)
+
+
 def encode_infill(
     runner: Runner,
     prefix: str,
@@ -342,23 +409,21 @@ def encode_infill(
         check_text(name, "an extra file's name")
         check_text(text, f"the extra file {quoted(name)}")
 
-    def plain(text: str) -> list[int]:
-        return runner.tokenize(text, add_special=False, parse_special=False)
-
-    extra_tokens = [repository, *plain(FIM_REPOSITORY)] if repository != llama_cpp.LLAMA_TOKEN_NULL else []
+    extra_tokens = (
+        [repository, *_plain(runner, FIM_REPOSITORY)] if repository != llama_cpp.LLAMA_TOKEN_NULL else []
+    )
     for name, text in extra:
         if separator != llama_cpp.LLAMA_TOKEN_NULL:
-            extra_tokens += [separator, *plain(f"{name}\n")]
+            extra_tokens += [separator, *_plain(runner, f"{name}\n")]
         else:
-            extra_tokens += plain(FIM_SNIPPET)
-        extra_tokens += plain(text)
+            extra_tokens += _plain(runner, FIM_SNIPPET)
+        extra_tokens += _plain(runner, text)
     if separator != llama_cpp.LLAMA_TOKEN_NULL:
-        extra_tokens += [separator, *plain(FIM_CURRENT_FILE)]
+        extra_tokens += [separator, *_plain(runner, FIM_CURRENT_FILE)]
     middle_tokens = runner.tokenize(middle, add_special=False, parse_special=True)
     n_batch, n_ctx = runner.n_batch, context_size(runners)
-    prefix_tokens = plain(prefix)
-    prefix_tokens = prefix_tokens[max(0, len(prefix_tokens) - 3 * (n_batch // 4)) :]
-    suffix_tokens = plain(suffix)[: max(0, n_batch // 4 - (2 + len(middle_tokens)))]
+    prefix_tokens = tail_tokens(runner, prefix, 3 * (n_batch // 4))
+    suffix_tokens = head_tokens(runner, suffix, n_batch // 4 - (2 + len(middle_tokens)))
     extra_take = min(max(0, n_ctx - n_batch - 2 * answer_tokens), len(extra_tokens))
     add_bos = llama_cpp.llama_vocab_get_add_bos(runner.vocab)
     bos = [llama_cpp.llama_vocab_bos(runner.vocab)] if add_bos else []

@@ -40,6 +40,18 @@ _QUIET_LEVEL = logging.CRITICAL + 1
 _LENGTH_BOUNDED_VOCABS = (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE)
 _STRIP_ATTRIBUTES = llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
 _PIECE_ATTRIBUTES = llama_cpp.LLAMA_TOKEN_ATTR_NORMAL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+# llama.cpp's pre-tokenizers (tokenizer.ggml.pre, as llama-cpp-python 0.3.36 names them) that split a text
+# at every line's start (a newline, then a printable ASCII character) and at every line's end (an ASCII
+# letter or digit, then a newline), whatever comes before and after: GPT-2's rule (digits apart first or
+# not), Llama 3's, Qwen2's and llama.cpp's default.
+_LINE_SPLITTING_PRES = frozenset(
+    {
+        *("default", "gpt-2", "phi-2", "mpt", "olmo"),
+        *("starcoder", "refact", "smollm", "codeshell", "command-r", "exaone"),
+        *("llama3", "llama-v3", "llama-bpe", "dbrx", "smaug-bpe", "chatglm-bpe"),
+        *("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"),
+    }
+)
 
 
 def _init_backend() -> None:
@@ -657,6 +669,23 @@ class Runner(ContextOwner):
             attributes = llama_cpp.llama_vocab_get_attr(self.vocab, token)
             strips_whitespace = strips_whitespace or bool(attributes & _STRIP_ATTRIBUTES)
         return TokenReach(longest, strips_whitespace, by_pair if self._keeps_bytes() else None)
+
+    @cached_property
+    def cuts_at_lines(self) -> bool:
+        """Whether a text cut at a line's start or end (``_LINE_SPLITTING_PRES``) tokenizes on each side
+        as the whole text does there: a byte-level BPE reads each piece its pre-tokenizer splits apart
+        alone, and no user-defined token, which llama.cpp finds in a text before it splits it, holds a
+        newline. So the tokens kept of a long text's end are read from its end alone (``prompt.tail_tokens``).
+        A pass over the vocabulary's attributes, made when a long text first asks."""
+        if llama_cpp.llama_vocab_type(self.vocab) != llama_cpp.LLAMA_VOCAB_TYPE_BPE:
+            return False
+        if (self.metadata("tokenizer.ggml.pre") or "default") not in _LINE_SPLITTING_PRES:
+            return False
+        return not any(
+            llama_cpp.llama_vocab_get_attr(self.vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+            and b"\n" in self.token_piece(token)
+            for token in range(self.n_vocab)
+        )
 
     def _keeps_bytes(self) -> bool:
         """Whether the tokens of a text spell its bytes as they stand: not where the tokenizer reads a

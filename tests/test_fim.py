@@ -16,8 +16,9 @@ import pytest
 from test_cli import assert_one_line_error, ead, pair_args
 from tiny_models import write_tiny_model
 
+import ead_cli
 from ead_cli.errors import EadError
-from ead_cli.prompt import encode_infill
+from ead_cli.prompt import encode_infill, head_tokens, line_end_after, line_start_before, tail_tokens
 from ead_cli.runner import Runner
 from ead_cli.sampling import Sampler, SamplingParams
 
@@ -106,6 +107,83 @@ def test_the_code_is_trimmed_to_the_batch_and_the_extra_files_to_the_context(fim
         assert no_room == [pre, suf, mid]  # 256 - 32 - 2 * 112 leaves no extra token
 
 
+def test_a_cut_falls_at_a_lines_start_or_end_far_enough_from_the_texts_edge() -> None:
+    """Where llama.cpp's pre-tokenizers always split: after a newline, before a printable ASCII character
+    (a blank that starts an indented line is no such place), or after an ASCII letter or digit, before
+    a newline; none near enough, the whole text."""
+    text = "a\nb\n  c\nd"
+    assert [line_start_before(text, chars) for chars in (1, 3, 8)] == [8, 2, 0]
+    text = "ab\n\ncd\n  x\n"
+    assert [line_end_after(text, chars) for chars in (1, 3, 7, 11)] == [2, 6, 10, len(text)]
+
+
+# A long text of lines with runs of letters and blanks the tokenizer reads as one piece, crossing every
+# place a cut by characters alone could fall: the whole text's tokens there are no cut text's.
+LINES = [
+    *(f"\tthe{'e' * i} = other({'x' * (i % 7)}, '{i}') \\\r\n" for i in range(40)),
+    *(f"{' ' * (i % 9)}{'t' * i}hin {i}{i}{i}\n" for i in range(40)),
+    *("class Intern:\n", "    return other\n"),
+]
+
+
+def long_text(lines: int) -> str:
+    return "".join(LINES[i % len(LINES)] for i in range(lines))
+
+
+@pytest.mark.parametrize("vocab", ["fim", "long"])
+def test_a_long_texts_kept_tokens_are_its_whole_tokenizations(vocab: str, tmp_path: Path) -> None:
+    """The prefix's last tokens and the suffix's first, read from the text's end or start alone where the
+    vocabulary cuts at lines, are those of the whole text, which llama-server tokenizes. ("long" has a
+    user-defined token of 64 '=', which llama.cpp finds in a text before it splits it: where a cut fell
+    inside the run of them that ends the text, the run's last tokens were others.)"""
+    model = write_tiny_model(tmp_path / "model.gguf", vocab=vocab)
+    text = long_text(4000) + "=" * 1000
+    with Runner(model, name="small", n_ctx=256, n_threads=1) as runner:
+        whole = plain(runner, text)
+        longest = runner.token_reach.longest
+        assert runner.cuts_at_lines
+        for keep in (1, 5, 100, 384, 1536):
+            assert line_start_before(text, keep * longest) > 0  # only the end is read
+            assert line_end_after(text, keep * longest) < len(text)
+            assert tail_tokens(runner, text, keep) == whole[-keep:]
+            assert head_tokens(runner, text, keep) == whole[:keep]
+        assert tail_tokens(runner, text, 0) == head_tokens(runner, text, 0) == []
+
+
+@pytest.mark.parametrize(
+    ("vocab", "pre"), [("spm", "default"), ("base", "gemma4"), ("line-token", "default")]
+)
+def test_other_tokenizers_read_the_whole_text(vocab: str, pre: str, tmp_path: Path) -> None:
+    """A SentencePiece vocabulary (no pre-tokenizer: a merge may cross a line), a pre-tokenizer not
+    known to split at lines, and one whose user-defined token holds a newline (found in the text before
+    it is split) cut nothing: their kept tokens are read from the whole text."""
+    model = write_tiny_model(tmp_path / "model.gguf", vocab=vocab, tokenizer_pre=pre)
+    with Runner(model, name="small", n_ctx=256, n_threads=1) as runner:
+        assert not runner.cuts_at_lines
+        text = long_text(300)
+        assert tail_tokens(runner, text, 50) == plain(runner, text)[-50:]
+
+
+@pytest.mark.real
+def test_the_demo_coders_kept_tokens_are_its_whole_tokenizations(real_pair: tuple[Path, Path]) -> None:
+    """Qwen2's pre-tokenizer on real code (this project's, with lines ended by CRLF and characters
+    beyond ASCII mixed in), ended by a line of one letter, a piece whose last tokens a cut inside it
+    changes: the kept ends are those of the whole text."""
+    code = "".join(path.read_text() for path in sorted(Path(ead_cli.__file__).parent.rglob("*.py")))
+    text = code[:200_000] + code[200_000:400_000].replace("\n", "\r\n") + "é ünïcode\n".join(LINES) * 50
+    text += "a" * 50_003
+    with Runner(real_pair[0], name="small", n_ctx=512, n_threads=1) as runner:
+        whole = plain(runner, text)
+        assert runner.cuts_at_lines
+        for keep in (7, 384, 1536):
+            longest = runner.token_reach.longest
+            assert line_start_before(text, keep * longest) > 0 and line_end_after(text, keep * longest) < len(
+                text
+            )
+            assert tail_tokens(runner, text, keep) == whole[-keep:]
+            assert head_tokens(runner, text, keep) == whole[:keep]
+
+
 def test_without_a_file_separator_extra_files_are_snippets(tmp_path: Path) -> None:
     model = write_tiny_model(tmp_path / "bare.gguf", vocab="fim-bare")
     with Runner(model, name="small", n_ctx=1024, n_threads=1) as runner:
@@ -173,6 +251,18 @@ def test_generate_with_a_suffix_writes_the_middle(fim_pair: tuple[Path, Path]) -
     assert middle.returncode == 0, middle.stderr.decode()
     assert middle.stdout == ead("generate", *args, "--raw", raw).stdout
     assert len(middle.stdout.decode()) > 1
+
+
+def test_a_prefix_of_5_mb_answers_as_its_kept_end_does(fim_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Past the 4 MiB a request's body holds, from a file: the middle written after 5 MB of code is the one
+    written after its last lines alone, which hold the tokens kept (the last 384)."""
+    end = long_text(200)
+    prefix = tmp_path / "prefix.py"
+    prefix.write_text("x = 1\n" * 850_000 + end)
+    args = [*pair_args(fim_pair), "--max-tokens", "8", "--temp", "0", "--suffix", SUFFIX]
+    middle = ead("generate", *args, "-f", str(prefix))
+    assert middle.returncode == 0, middle.stderr.decode()
+    assert middle.stdout == ead("generate", *args, end).stdout and middle.stdout
 
 
 def test_generate_with_a_suffix_refuses_what_has_no_place(tiny_pair: tuple[Path, Path]) -> None:

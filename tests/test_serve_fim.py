@@ -18,6 +18,7 @@ import openai
 import pytest
 from serve_process import Server
 from test_cli import pair_args
+from test_fim import long_text
 from test_serve import TAU, serving
 from test_serve_native import post
 from test_serve_safety import wait_until
@@ -304,10 +305,11 @@ def test_the_prompt_and_greedy_answer_are_llama_servers(
     server: Server, fim_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """llama-server with ead serve's context, batch and answer limit (its -n, which sizes the room left
-    to the extra files) reads the same prompt and writes the same greedy answer as the large model alone."""
+    to the extra files) reads the same prompt and writes the same greedy answer as the large model alone;
+    a long prefix and suffix cut to the same tokens (ead reads them near the cut alone)."""
     body = {
-        "input_prefix": PREFIX,
-        "input_suffix": SUFFIX,
+        "input_prefix": long_text(2000) + PREFIX,
+        "input_suffix": SUFFIX + long_text(2000),
         "input_extra": EXTRA,
         "prompt": "ret",
         "n_predict": MAX_TOKENS,

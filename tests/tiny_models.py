@@ -113,6 +113,7 @@ BASE_MERGES = ("Ġ t", "t h", "e r", "i n", "Ġ a", "h e", "o n", "Ġt h")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PHI3_SPECIALS = ("<unk>", "<s>", "</s>")  # llama.cpp's Phi-3 rule sets their attributes: they must exist
 LONG_TOKEN = "=" * 64
+LINE_TOKEN = "x\nclass"  # a user-defined token across a line's end: found in a text before it is split
 FIM_SPECIALS = (
     *("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
     *("<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"),
@@ -139,7 +140,7 @@ def byte_tokens() -> list[str]:
 def _merges(vocab: str) -> list[str]:
     if vocab == "spm":
         return []  # SentencePiece merges by the scores of the tokens it forms
-    if vocab in ("base", "padded", "phi-3", "long", "think", "think-call", "fim", "fim-bare"):
+    if vocab in ("base", "padded", "phi-3", "long", "line-token", "think", "think-call", "fim", "fim-bare"):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
@@ -170,6 +171,9 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
         types += [gguf.TokenType.CONTROL] * len(PHI3_SPECIALS)
     if vocab == "long":
         tokens.append(LONG_TOKEN)
+        types.append(gguf.TokenType.USER_DEFINED)
+    if vocab == "line-token":
+        tokens.append(LINE_TOKEN)
         types.append(gguf.TokenType.USER_DEFINED)
     if vocab in ("think", "think-call"):
         tokens += THINK_SPECIALS
