@@ -379,8 +379,11 @@ class _GrammarAfterThinking:
     come before the answer; this leaves the block free: docs/serve.md): the block, opened by the prompt
     or by the answer's first token, is written by ``free`` (a reasoning budget's forcing included), and
     from its end tag on, drawn or forced, a fresh grammar-bound sampler writes the rest. An answer whose
-    first token opens no block is bound from that token, as without a block: ``free``'s draw there is
-    dropped and the bound sampler, whose chain and random stream are its own, draws from the same row."""
+    first token opens no block is bound from that token, as without a block. A block opens only at the
+    answer's start: after a prefill (the start of the value the grammar binds) the bound sampler draws
+    the first token, once; at the start ``free`` draws it to know whether it opens one (as it would
+    without a grammar), and where it does not, the bound sampler, whose chain and random stream are its
+    own, draws it again from the same row, as without a block (one draw would change the token)."""
 
     greedy = False
 
@@ -399,7 +402,8 @@ class _GrammarAfterThinking:
         except BaseException:
             free.close()
             raise
-        self._first = self._bound is not None  # the first token, which may open the block, is to come
+        # the answer's start is to come, where the first token may open the block: not after a prefill
+        self._first = self._bound is not None and not prefill
 
     def sample(
         self,

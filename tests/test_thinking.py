@@ -12,8 +12,13 @@ from test_cli import ANSI_CODES, at_a_terminal, ead, pair_args
 from tiny_models import CHATML, THINKING_TEMPLATE, vocabulary, write_scripted_pair, write_tiny_model
 
 from ead_cli.cli.render import DIM, DONE_THINKING, RESET, THINKING
-from ead_cli.prompt import render_chat
+from ead_cli.decoder import Decoder
+from ead_cli.engine import block_tags
+from ead_cli.policies import Fixed
+from ead_cli.prompt import encode_rendered, render_chat
 from ead_cli.runner import Runner
+from ead_cli.sampling import SamplingParams
+from ead_cli.serve.converter import json_schema_grammar
 from ead_cli.thinking import (
     COUNTING,
     DONE,
@@ -394,6 +399,33 @@ def test_a_model_that_opens_its_own_block_thinks_before_the_grammar_binds(tmp_pa
     raw = done.stdout.decode()
     assert raw.startswith("<think>ok</think>"), raw
     bound_json(raw.removeprefix("<think>ok</think>"))
+
+
+def test_an_answer_begun_by_a_prefill_is_bound_from_its_first_token_as_without_thinking(
+    tmp_path: Path,
+) -> None:
+    """A prefill that starts the answer (the JSON value's start, ead serve's assistant prefill): the
+    grammar binds the first token drawn, as for a model that does not think, where the model's own
+    ``<think>`` next had been let through mid-value (a block opens only at the answer's start), the
+    token drawn twice; the same tokens, sampled and greedy, as the plain path's."""
+    pair = write_scripted_pair(tmp_path, "own", OWN_BLOCK_TEMPLATE, ["Ċ", "<think>", "o", "k", "</think>"])
+    with Runner(pair[1], name="large", n_ctx=256, n_threads=1) as runner:
+        prefill = tuple(runner.spelling('{"a": ') or ())
+        prompt = encode_rendered(runner, render_chat(runner, [{"role": "user", "content": "hi"}]) + '{"a": ')
+        tags = block_tags(runner)
+        assert tags is not None and not tags.left_open(prompt)
+        grammar = json_schema_grammar(OBJECT, "response_format")
+        for temp in (0.0, 0.8):
+            sampling = SamplingParams(grammar=grammar, grammar_start=prefill, temp=temp, seed=7)
+            answers = [
+                [
+                    event.token
+                    for event in Decoder([runner], ("large",), Fixed(0), sampling, **given).run(prompt)
+                ]
+                for given in ({"thinking_tags": tags}, {})
+            ]
+            assert answers[0] == answers[1] and tags.start[0] not in answers[0]
+            bound_json('{"a": ' + "".join(runner.token_bytes(token).decode() for token in answers[0]))
 
 
 def test_a_budget_the_thinking_stays_within_changes_nothing(tiny_think_pair: tuple[Path, Path]) -> None:
