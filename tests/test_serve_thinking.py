@@ -181,6 +181,36 @@ def test_json_mode_binds_the_content_after_the_thinking(server: Server, raw: str
     assert said == {"reasoning_content": thinking, "content": answer["content"]}
 
 
+@pytest.mark.parametrize(
+    ("prefill", "state"),
+    [
+        ("<think>Let me", "a <think> block is open at its end"),  # the prefill opens one and leaves it open
+        ("Let me", "a <think> block is open at its end"),  # the template opened it: a prefill is thinking
+        ('Let me</think>{"a": ', "it ends a <think> block"),
+    ],
+)
+def test_a_prefill_of_thinking_with_json_mode_is_a_400_that_says_why(
+    server: Server, prefill: str, state: str
+) -> None:
+    """With a format, a prefill is the start of the answer the format binds; thinking is none of it, so a
+    prefill that is (or holds) thinking is refused, as llama-server refuses it ("Failed to initialize
+    samplers"), in one line that says so, on ollama's route too; without a format it is taken."""
+    messages = [*HI, {"role": "assistant", "content": prefill}]
+    refused = chat(server, messages=messages, response_format=SCHEMA_FORMAT, **ROOM)
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {
+        "message": f"messages.1.content: the assistant prefill holds a thinking model's thinking ({state}), "
+        "but with response_format a prefill must start the answer the format binds, as llama-server's "
+        "must (it refuses this too): send the thinking without response_format",
+        "type": "invalid_request_error",
+        "param": "messages.1.content",
+        "code": "invalid_value",
+    }
+    body = {"messages": messages, "format": OBJECT, "stream": False}
+    assert ollama(server, "chat", body).json() == {"error": refused.json()["error"]["message"]}
+    assert chat(server, messages=messages, **ROOM).status_code == 200
+
+
 def test_the_servers_reasoning_budget_binds_json_mode_too(
     server: Server, tiny_think_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:

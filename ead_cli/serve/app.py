@@ -42,7 +42,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..calibrate import with_saved_tau
 from ..decoder import Summary, TokenEvent
 from ..embedding import Embedder, InputTooLong, normalized
-from ..engine import build_decoder, reasoning_budget_for
+from ..engine import block_tags, build_decoder, reasoning_budget_for
 from ..errors import EadError, counted, cut, quoted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import (
@@ -58,7 +58,7 @@ from ..prompt import (
 )
 from ..remote import RemoteRunner
 from ..sampling import GrammarRefusal, SamplingParams
-from ..thinking import ReasoningSplitter, answer_start, split_reasoning, template_variables
+from ..thinking import CLOSE, ReasoningSplitter, answer_start, split_reasoning, template_variables
 from .engine import (
     Engine,
     Failed,
@@ -1078,7 +1078,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         except EadError as error:
             field = "messages" if isinstance(body, ChatRequest) else "prompt"
             raise ApiError(400, str(error), code="context_length_exceeded", param=field) from None
-        policy, generation = _settings(body, prefill)
+        policy, generation = _settings(body, prefill, prompt)
         logprobs = body.logprobs_count()
         if logprobs is not None:
             _without_rollbacks(
@@ -1115,7 +1115,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return EventSourceResponse(reply.stream(ticket), ping=15)  # its sends timed by the protocol
         return await reply.whole(ticket, request)
 
-    def _settings(body: CompletionBase, prefill: str | None) -> tuple[PolicyOptions, GenerationOptions]:
+    def _settings(
+        body: CompletionBase, prefill: str | None, prompt: list[int]
+    ) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
         base = defaults.generation.sampling
@@ -1130,7 +1132,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             # the request's options given over the command line's: one of them may turn the pair on
             policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
             policy = with_saved_tau(policy, engine.runners)[0]
-            start = () if grammar is None else _check_grammar(grammar, policy, prefill, body)
+            start = () if grammar is None else _check_grammar(grammar, policy, prefill, body, prompt)
             sampling = SamplingParams(
                 grammar=grammar,
                 grammar_start=start,
@@ -1172,10 +1174,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         build_decoder(engine.runners, with_saved_tau(policy, engine.runners)[0], defaults.generation)
 
     def _check_grammar(
-        grammar: str, policy: PolicyOptions, prefill: str | None, body: CompletionBase
+        grammar: str, policy: PolicyOptions, prefill: str | None, body: CompletionBase, prompt: list[int]
     ) -> tuple[int, ...]:
         """JSON mode: a grammar cannot take a token back, nor reach into a llama-server. The prefill's
-        tokens, which the grammar follows before the answer's first (its text opens the answer)."""
+        tokens, which the grammar follows before the answer's first (its text opens the answer, which
+        ends the ``prompt``)."""
         if any(isinstance(runner, RemoteRunner) for runner in engine.runners):
             message = (
                 "response_format: JSON mode needs every model local (a grammar cannot reach a llama-server)"
@@ -1186,7 +1189,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         usage_checked(lambda: runner.grammars.check(grammar), "response_format")
         if not prefill or not isinstance(body, ChatRequest):
             return ()
-        return _followed_prefill(runner, grammar, prefill, f"messages.{len(body.messages) - 1}.content")
+        where = f"messages.{len(body.messages) - 1}.content"
+        _check_not_thinking(runner, prompt, prefill, where)
+        return _followed_prefill(runner, grammar, prefill, where)
 
     async def _json_body(request: Request, as_curl_sends: bool = False) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain or a form anywhere without
@@ -1281,6 +1286,29 @@ def _prefill(messages: list[dict[str, Any]]) -> str | None:
     if len(messages) < 2 or last["role"] != "assistant" or last.get("tool_calls"):
         return None
     return str(last["content"])
+
+
+def _check_not_thinking(runner: Runner, prompt: list[int], prefill: str, where: str) -> None:
+    """A 400 for an assistant prefill (at ``where``, ending ``prompt``) that holds a thinking model's
+    thinking: a block open at its end (the prefill's or the template's), or one it ends. JSON mode's
+    grammar follows a prefill as the start of the answer it binds; the decoder could write such thinking
+    free and bind what follows, but llama-server refuses the request (its samplers fail to start), so
+    ead does too, saying why (its message had blamed the prefill's first character)."""
+    tags = block_tags(runner)
+    if tags is None:
+        return
+    if tags.left_open(prompt):
+        state = "a <think> block is open at its end"
+    elif CLOSE in prefill:
+        state = "it ends a <think> block"
+    else:
+        return
+    message = (
+        f"{where}: the assistant prefill holds a thinking model's thinking ({state}), but with "
+        "response_format a prefill must start the answer the format binds, as llama-server's must (it "
+        "refuses this too): send the thinking without response_format"
+    )
+    raise ApiError(400, message, code="invalid_value", param=where)
 
 
 def _followed_prefill(runner: Runner, grammar: str, prefill: str, where: str) -> tuple[int, ...]:
