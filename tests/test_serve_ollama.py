@@ -69,6 +69,7 @@ def test_version_and_tags_list_the_one_model(server: Server, tiny_pair: tuple[Pa
     (model,) = httpx.get(f"{server.url}/api/tags").json()["models"]
     assert model["name"] == model["model"] == "ead:latest"
     assert model["size"] == sum(path.stat().st_size for path in tiny_pair)  # the files' bytes, as ollama's
+    assert model["details"]["quantization_level"] == "F32"  # the tiny models' file type, as ollama names it
     assert model["details"]["format"] == "gguf" and model["digest"]
     assert set(model["ead"]["models"]) == {"small", "large"}
     shown = ollama(server, "show", {"model": "ead"}).json()

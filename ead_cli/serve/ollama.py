@@ -541,16 +541,17 @@ def _stored_bytes(engine: Engine) -> int:
 
 
 def _tag(engine: Engine, served: dict[str, Any], started: str, size: int) -> dict[str, Any]:
-    """The served model as /api/tags lists it, its ``details`` ollama's, ``ead`` as /v1/models says it."""
+    """The served model as /api/tags lists it, its ``details`` ollama's (the largest model's size and
+    quantization: a llama-server's file type is not listed), ``ead`` as /v1/models says it."""
     labels = "\n".join(runner.label for runner in engine.runners)
-    largest = max(runner.n_params for runner in engine.runners)
+    largest = max(engine.runners, key=lambda runner: runner.n_params)
     details = {
         "parent_model": "",
         "format": "gguf",
         "family": MODEL_ID,
         "families": [MODEL_ID],
-        "parameter_size": f"{largest / 1e9:.1f}B",
-        "quantization_level": "",
+        "parameter_size": f"{largest.n_params / 1e9:.1f}B",
+        "quantization_level": "" if isinstance(largest, RemoteRunner) else largest.file_type,
     }
     return {
         "name": LISTED_NAME,
