@@ -12,7 +12,7 @@ from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError, cut
 from .hardware import repack_choice
-from .options import GenerationOptions, ModelOptions, PolicyOptions
+from .options import SMALL_MODEL_FLAGS, GenerationOptions, ModelOptions, PolicyOptions
 from .registry import is_remote
 from .remote import RemoteRunner, connect, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
@@ -287,6 +287,31 @@ def runnable_policy(policy_options: PolicyOptions, levels: int, served: str | No
             exit_code=2,
         )
     return policy_options
+
+
+def unused_options(
+    model_options: ModelOptions,
+    policy_options: PolicyOptions,
+    generation: GenerationOptions,
+    runners: Sequence[Runner | RemoteRunner],
+    *,
+    settled: bool,
+) -> dict[str, str]:
+    """The options given that this run leaves unused (flag: what leaves it so), to be said in one note,
+    not refused (one command line serves every mode): the small model the large one's mode never lets
+    write (--small, or --models but the last; one that reads the prompt for a llama-server is used).
+    ``settled``: the options hold for the whole run (generate), so its mode's, policy's and greedy
+    decoding's unused ones too; chat's commands and serve's requests may change those, and use them then."""
+    unused: dict[str, str] = {}
+    if policy_options.mode == "large" and not isinstance(runners[-1], RemoteRunner):
+        small, smaller_models = SMALL_MODEL_FLAGS
+        if model_options.small is not None:
+            unused[small] = policy_options.named_mode()
+        elif model_options.models:
+            unused[smaller_models] = policy_options.named_mode()
+    if settled:
+        unused |= policy_options.unused(greedy=generation.sampling.temp == 0)
+    return unused
 
 
 def check_biased_tokens(generation: GenerationOptions, runners: Sequence[Runner]) -> None:

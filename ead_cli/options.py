@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EadError, check_int32, quoted
-from .option_table import OPTIONS, SWITCHING, resolve_mode
+from .option_table import DEFAULT_MODE, OPTIONS, SWITCHING, resolve_mode
 from .policies import POLICY_KINDS, SHAPING, Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 
 if TYPE_CHECKING:
@@ -132,6 +132,11 @@ def check_model_name(name: str, flag: str, kinds: str) -> None:
         raise EadError(f"{flag} must name a model ({kinds}), got {quoted(name)}", exit_code=2)
 
 
+# The small model named for a run that leaves it unused (engine.unused_options), as a note names it:
+# --small, or every model of --models but the largest
+SMALL_MODEL_FLAGS = ("--small", "the smaller --models")
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """Which models, and how llama.cpp runs them. ``None`` means the default. ``models``: a cascade of
@@ -242,7 +247,7 @@ class PolicyOptions:
         policy the options only others read (the gate --min-run), any mode but spec
         --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...), --lookup 0
         --lookup-draft."""
-        mode = f"--mode {self.mode}"
+        mode = self.named_mode()
         if self.mode == "ead":
             policy = f"--policy {self.policy}"
             unused = dict.fromkeys(SHAPING - POLICY_KINDS[self.policy].reads, policy)
@@ -257,6 +262,12 @@ class PolicyOptions:
             unused["lookup_draft"] = "--lookup 0"
         named = unused.keys() & set(self.given)
         return {option.flag: unused[name] for name, option in OPTIONS.items() if name in named}
+
+    def named_mode(self) -> str:
+        """The mode as a note names it: ``--mode ead`` as given or as a switching option implies it, the
+        default's said to be one, as the user gave no mode."""
+        mode = f"--mode {self.mode}"
+        return mode if self.mode_given or self.mode != DEFAULT_MODE else f"the default mode ({mode})"
 
     def takes_tokens_back(self) -> str | None:
         """The step of this run that takes tokens back, by its option (spec's rejected drafts, --verify's

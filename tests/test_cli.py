@@ -67,6 +67,18 @@ def pair_args(pair: tuple[Path, Path]) -> list[str]:
     return ["--small", str(pair[0]), "--large", str(pair[1]), "--threads", "1"]
 
 
+# what generate says of --small in the default mode, where the large model alone writes
+SMALL_UNUSED = (
+    b"note: the default mode (--mode large) leaves --small unused (--mode ead switches between the pair)\n"
+)
+
+
+def large_args(pair: tuple[Path, Path]) -> list[str]:
+    """The pair's large model alone, as the default mode runs it, one thread: a test of something else
+    reads no note that a small model named goes unused."""
+    return ["--large", str(pair[1]), "--threads", "1"]
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
     err = result.stderr.decode()
     assert result.returncode == code, err
@@ -345,7 +357,7 @@ def test_an_output_encoding_without_the_answers_characters(tiny_pair: tuple[Path
     """PYTHONIOENCODING=ascii (or a Latin-1 locale): a character the output's encoding lacks was a
     UnicodeEncodeError traceback mid-answer. Text shows it as '?'; JSON lines are UTF-8 whatever the
     locale (RFC 8259), so they lose nothing."""
-    args = ["generate", *pair_args(tiny_pair), "--max-tokens", "20", "hi"]
+    args = ["generate", *large_args(tiny_pair), "--max-tokens", "20", "hi"]
 
     def token_lines(result: subprocess.CompletedProcess) -> list[str]:
         assert (result.returncode, result.stderr) == (0, b"")
@@ -374,7 +386,7 @@ def test_max_tokens_zero_prints_nothing(tiny_pair: tuple[Path, Path]) -> None:
 
 
 def test_a_closed_pipe_ends_quietly(tiny_pair: tuple[Path, Path]) -> None:
-    args = " ".join([EAD, "generate", *pair_args(tiny_pair), "--max-tokens", "1500", "--ctx", "2048", "hi"])
+    args = " ".join([EAD, "generate", *large_args(tiny_pair), "--max-tokens", "1500", "--ctx", "2048", "hi"])
     result = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {args} | head -c 10 > /dev/null"], capture_output=True, timeout=120
     )
@@ -409,7 +421,7 @@ def ead_to_a_closed_pipe(*args: str, env: dict[str, str] | None = None) -> subpr
 def test_a_full_disk_is_one_line(tiny_pair: tuple[Path, Path], output_format: str) -> None:
     """Every write to /dev/full fails with ENOSPC, as on a full disk: one line, not a traceback, and not
     Python's own complaint when the text still buffered fails again at exit."""
-    args = [EAD, "generate", *pair_args(tiny_pair), "--max-tokens", "8", "--format", output_format, "hi"]
+    args = [EAD, "generate", *large_args(tiny_pair), "--max-tokens", "8", "--format", output_format, "hi"]
     with open("/dev/full", "wb") as full:
         result = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, timeout=120)
     assert result.stderr.decode() == "error: cannot write the answer: No space left on device\n"
@@ -996,7 +1008,7 @@ def test_a_system_message_longer_than_the_context_is_named(tiny_pair: tuple[Path
 def test_a_full_context_finishes_with_length_and_says_so(tiny_pair: tuple[Path, Path]) -> None:
     """A length stop (OpenAI's reason) short of --max-tokens: one line says the context ran out, where a
     stop at --max-tokens says nothing."""
-    args = ["generate", *pair_args(tiny_pair), "--ctx", "256", "--format", "jsonl", "hi"]
+    args = ["generate", *large_args(tiny_pair), "--ctx", "256", "--format", "jsonl", "hi"]
     result = ead(*args, "--max-tokens", "5000")
     summary = json.loads(result.stdout.decode().splitlines()[-1])
     assert result.returncode == 0
@@ -1293,7 +1305,7 @@ def test_a_second_signal_gives_up_the_output_of_a_reader_that_never_reads(
     """The first signal keeps the output, so ead waits on a reader that lags; one that never reads (a
     stuck consumer, ``timeout 60 ead ... | stuck``) held ead there, and a second signal then blocked at
     the exit's flush: it took a third. The second gives up what the reader never took and ends ead."""
-    args = [*pair_args(tiny_pair), "--ctx", "4096", "--max-tokens", "4000", "--format", "jsonl", "hi"]
+    args = [*large_args(tiny_pair), "--ctx", "4096", "--max-tokens", "4000", "--format", "jsonl", "hi"]
     process = subprocess.Popen(
         [EAD, "generate", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible
     )

@@ -190,8 +190,9 @@ def test_generate_says_in_one_line_which_given_options_go_unused(tiny_pair: tupl
         assert result.returncode == 0, result.stderr
         return [line for line in result.stderr.decode().splitlines() if line.startswith("note:")]
 
+    switch = "(--mode ead switches between the pair)"
     assert notes("--mode", "large", "--tau", "1", "--min-run", "4", "--seed", "3") == [
-        "note: --mode large leaves --tau, --min-run unused; --temp 0 leaves --seed unused"
+        f"note: --mode large leaves --small, --tau, --min-run unused {switch}; --temp 0 leaves --seed unused"
     ]
     assert notes("--policy", "gate", "--min-run", "4", "--draft", "8", "--draft-entropy-stop", "1") == [
         "note: --policy gate leaves --min-run, --draft unused; --mode ead leaves --draft-entropy-stop unused"
@@ -199,7 +200,11 @@ def test_generate_says_in_one_line_which_given_options_go_unused(tiny_pair: tupl
     assert notes("--policy", "lookahead", "--window", "3", "--switch-point", "after") == [
         "note: --policy lookahead leaves --window, --switch-point unused"
     ]
-    assert notes("--lookup", "0", "--lookup-draft", "8") == ["note: --lookup 0 leaves --lookup-draft unused"]
+    default = f"note: the default mode (--mode large) leaves --small unused {switch}"
+    assert notes() == [default]
+    assert notes("--lookup", "0", "--lookup-draft", "8") == [
+        f"{default}; --lookup 0 leaves --lookup-draft unused"
+    ]
     spec = ["note: --mode spec leaves --policy unused"]
     assert notes("--mode", "spec", "--policy", "ead", "--draft", "2") == spec
     for read in (
@@ -209,6 +214,41 @@ def test_generate_says_in_one_line_which_given_options_go_unused(tiny_pair: tupl
         ["--mode", "small", "--lookup", "0", "--temp", "0", "--max-tokens", "2"],
     ):
         assert notes(*read) == [], read
+
+
+def test_the_default_mode_names_the_small_model_it_leaves_unused(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The large model alone writes a bare run's answer: a small model named for it (--small, or the
+    first of two --models) is said to go unused, once, with how the pair is turned on, by generate, chat
+    (until a command turns the pair on) and serve (at start, in its log: a request may turn it on)."""
+    from serve_process import Server
+    from test_cli import ead
+
+    small, large = (str(path) for path in tiny_pair)
+    by_generate = "(--mode ead switches between the pair)"
+
+    def notes(command: str, *args: str) -> list[str]:
+        stdin = "hi\n" if command == "chat" else None
+        prompt = ["hi"] if command == "generate" else []
+        result = ead(command, "--threads", "1", "--max-tokens", "2", *args, *prompt, stdin=stdin)
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stderr.decode().splitlines() if line.startswith("note:")]
+
+    for models in (["--small", small, "--large", large], ["--models", f"{small},{large}"]):
+        named = models[0] if models[0] == "--small" else "the smaller --models"
+        default = f"note: the default mode (--mode large) leaves {named} unused"
+        assert notes("generate", *models) == [f"{default} {by_generate}"]
+        assert notes("chat", *models) == [f"{default} (/mode ead switches between the pair)"]
+    assert notes("generate", "--large", large) == []  # the catalog's small model is no choice of the user's
+    for switching in (["--mode", "ead"], ["--tau", "3"], ["--mode", "small"], ["--mode", "spec"]):
+        assert notes("generate", "--small", small, "--large", large, *switching) == [], switching
+
+    with Server(["--small", small, "--large", large, "--threads", "1"], tmp_path / "server.log") as server:
+        said = [line for line in server.log().splitlines() if line.startswith("note:")]
+        assert server.stop() == 0
+    switch = "(--mode ead, or a request's ead.mode, switches between the pair)"
+    assert said == [f"note: the default mode (--mode large) leaves --small unused {switch}"]
 
 
 def test_chat_commands_resolve_the_mode(tiny_pair: tuple[Path, Path]) -> None:

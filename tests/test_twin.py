@@ -13,7 +13,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ead, pair_args
+from test_cli import assert_one_line_error, ead, large_args
 
 from ead_cli.runner import Runner
 
@@ -77,7 +77,7 @@ def test_llama_cpp_runs_a_twin_and_ead_says_what_it_is(twin: Path, tiny_small: P
         assert runner.twin_of == "qwen2-tiny"
         logits = runner.sync(runner.tokenize("def f(x):", add_special=False), prompt_len=9, own_tail=False)
         assert np.isfinite(logits).all() and logits.std() > 0
-    result = ead("generate", *pair_args((tiny_small, twin)), "--mode", "large", "--max-tokens", "5", "hi")
+    result = ead("generate", *large_args((tiny_small, twin)), "--mode", "large", "--max-tokens", "5", "hi")
     assert result.returncode == 0, result.stderr
     notes = [line for line in result.stderr.decode().splitlines() if line.startswith("note:")]
     assert notes == [

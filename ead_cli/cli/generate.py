@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from ..errors import EadError, shown_path
-from ..options import ModelOptions, PolicyOptions, check_max_tokens
+from ..options import SMALL_MODEL_FLAGS, ModelOptions, PolicyOptions, check_max_tokens
 from .groups import (
     DECODING_OPTIONS,
     MODEL_OPTIONS,
@@ -72,7 +72,14 @@ def generate(
     """Generate one answer: by default the large model alone (the fastest way to its quality here);
     --mode ead or any switching option (--tau, --policy...) switches between the small and the large
     model by entropy. With --suffix, the middle between the prompt and the suffix (code completion)."""
-    from ..engine import build_decoder, check_biased_tokens, check_grammar, close_all, load_runners
+    from ..engine import (
+        build_decoder,
+        check_biased_tokens,
+        check_grammar,
+        close_all,
+        load_runners,
+        unused_options,
+    )
     from ..prompt import check_system_fits, context_advice, encode_fitting, encode_infill, render_prompt
     from ..thinking import answer_start, template_variables
     from .render import (
@@ -97,7 +104,6 @@ def generate(
     generation = replace(generation, stop=stops)
     if bound is not None:
         generation = replace(generation, sampling=replace(generation.sampling, grammar=bound[0]))
-    _say_unused(policy_options.unused(greedy=generation.sampling.temp == 0))
     # The large model alone for the whole answer (the default mode): the small one never loads.
     large_only = policy_options.mode == "large"
     runners = load_runners(model_options, progress=say_progress, large_only=large_only)
@@ -120,6 +126,9 @@ def generate(
                 check_system_fits(runners[0], system, runners)
             tokens = encode_fitting(runners[0], rendered, runners)
             thinking = answer_start(runners[0].chat_template, rendered, generation.reasoning_format)
+        # said once the run is sure to start: a refusal stays the one line
+        unused = unused_options(model_options, policy_options, generation, runners, settled=True)
+        _say_unused(unused, "--mode ead")
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
         else:
@@ -166,7 +175,7 @@ def chat(
     """Talk with the pair: a conversation whose answers stream in the colour of the model that wrote
     each token. /help lists the commands; a pipe or a file is read as typed at a terminal (commands,
     continued lines and blocks alike)."""
-    from ..engine import check_biased_tokens, close_all, load_runners
+    from ..engine import check_biased_tokens, close_all, load_runners, unused_options
     from .repl import run_chat
 
     if sys.stdin is None:  # the shell closed it (<&-)
@@ -188,6 +197,8 @@ def chat(
 
     try:
         check_biased_tokens(generation, runners)
+        unused = unused_options(model_options, policy_options, generation, runners, settled=False)
+        _say_unused(unused, "/mode ead")
         _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
         lazy = load_pair if len(runners) == 1 else None
         exit_code = run_chat(
@@ -279,7 +290,7 @@ def serve(
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
-    from ..engine import check_biased_tokens, close_all, load_runners
+    from ..engine import check_biased_tokens, close_all, load_runners, unused_options
 
     try:
         from .. import serve as serving
@@ -304,21 +315,31 @@ def serve(
     runners = load_runners(model_options, progress=say_progress)
     try:
         check_biased_tokens(generation, runners)
+        unused = unused_options(model_options, policy_options, generation, runners, settled=False)
+        _say_unused(unused, "--mode ead, or a request's ead.mode,")
         _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
         serving.serve(runners, serving.Defaults(policy_options, generation), options, say=say)
     finally:
         close_all(runners)
 
 
-def _say_unused(unused: dict[str, str]) -> None:
+def _say_unused(unused: dict[str, str], switches: str) -> None:
     """One line for the options given that go unused, by what leaves them so: a mode's, a policy's or
-    greedy decoding's, they are not refused (docs/switching.md), but a typo'd combination is not silent."""
+    greedy decoding's, they are not refused (docs/switching.md), but a typo'd combination is not silent.
+    ``switches``: what turns the pair on in this command, said where the small model goes unused."""
     by_reason: dict[str, list[str]] = {}
     for flag, reason in unused.items():
         by_reason.setdefault(reason, []).append(flag)
-    if by_reason:
-        parts = [f"{reason} leaves {', '.join(flags)} unused" for reason, flags in by_reason.items()]
-        say_progress("note: " + "; ".join(parts))
+    parts = []
+    for reason, flags in by_reason.items():
+        part = f"{reason} leaves {', '.join(flags)} unused"
+        if flags[0] in SMALL_MODEL_FLAGS:  # listed first
+            part += f" ({switches} switches between the pair)"
+        parts.append(part)
+    if parts:  # names no file: wrapped at a terminal, as chat's first lines are
+        from .render import print_lines
+
+        print_lines(stderr, "note: " + "; ".join(parts), style="dim")
 
 
 def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:

@@ -333,10 +333,10 @@ def mode_line(policy: PolicyOptions) -> str:
     return f"mode {policy.mode} (the default; --mode ead or any switching option turns the pair on)"
 
 
-def print_lines(console: Console, text: str) -> None:
-    """Lines of figures: on a terminal wrapped at spaces to its width (it would break them mid-word), in
-    a pipe or a file each line whole."""
-    console.print(text, soft_wrap=not console.is_terminal)
+def print_lines(console: Console, text: str, style: str | None = None) -> None:
+    """Lines of figures or words: on a terminal wrapped at spaces to its width (it would break them
+    mid-word), in a pipe or a file each line whole."""
+    console.print(text, style=style, soft_wrap=not console.is_terminal)
 
 
 def print_stats(console: Console, summary: Summary) -> None:
