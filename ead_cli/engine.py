@@ -12,6 +12,7 @@ from .compat import check_tokenizers
 from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError, cut
 from .hardware import repack_choice
+from .option_table import OPTIONS
 from .options import SMALL_MODEL_FLAGS, GenerationOptions, ModelOptions, PolicyOptions
 from .registry import is_remote
 from .remote import RemoteRunner, connect, server_address
@@ -296,22 +297,42 @@ def unused_options(
     runners: Sequence[Runner | RemoteRunner],
     *,
     settled: bool,
+    hide_thinking: bool = False,
 ) -> dict[str, str]:
     """The options given that this run leaves unused (flag: what leaves it so), to be said in one note,
     not refused (one command line serves every mode): the small model the large one's mode never lets
-    write (--small, or --models but the last; one that reads the prompt for a llama-server is used).
-    ``settled``: the options hold for the whole run (generate), so its mode's, policy's and greedy
-    decoding's unused ones too; chat's commands and serve's requests may change those, and use them then."""
+    write (--small, or --models but the last; one that reads the prompt for a llama-server is used), a
+    thinking model's options (``hide_thinking``: --hide-thinking given) where the template has no block,
+    and --fallback small where no model on a llama-server writes. ``settled``: the options hold for the
+    whole run (generate), so its mode's, policy's and greedy decoding's unused ones too; chat's commands
+    and serve's requests may change those, and use them then."""
     unused: dict[str, str] = {}
+    mode = policy_options.named_mode()
     if policy_options.mode == "large" and not isinstance(runners[-1], RemoteRunner):
         small, smaller_models = SMALL_MODEL_FLAGS
         if model_options.small is not None:
-            unused[small] = policy_options.named_mode()
+            unused[small] = mode
         elif model_options.models:
-            unused[smaller_models] = policy_options.named_mode()
+            unused[smaller_models] = mode
     if settled:
         unused |= policy_options.unused(greedy=generation.sampling.temp == 0)
+    given = set(policy_options.given)
+    if not thinks(runners[0].chat_template):  # the smallest renders every prompt
+        no_block = "a chat template without a thinking block"
+        unused |= {OPTIONS[name].flag: no_block for name in THINKING_OPTIONS if name in given}
+        if hide_thinking:
+            unused["--hide-thinking"] = no_block
+    if "fallback" in given:
+        writers = {"small": runners[:1], "large": runners[-1:]}.get(policy_options.mode, runners)
+        if not any(isinstance(runner, RemoteRunner) for runner in runners):
+            unused[OPTIONS["fallback"].flag] = "no model on a llama-server"
+        elif settled and not any(isinstance(runner, RemoteRunner) for runner in writers):
+            unused[OPTIONS["fallback"].flag] = mode
     return unused
+
+
+# A thinking model's options (option_table's names): a template without a thinking block leaves them unused
+THINKING_OPTIONS = ("reasoning_budget", "reasoning_budget_message", "reasoning_format")
 
 
 def check_biased_tokens(generation: GenerationOptions, runners: Sequence[Runner]) -> None:

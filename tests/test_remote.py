@@ -882,6 +882,31 @@ def test_a_server_lost_mid_answer_in_chat_closes_the_answer_before_saying_why(ti
     assert lines[-1].startswith("error: http://127.0.0.1:") and "unreachable" in lines[-1], err
 
 
+def test_fallback_where_no_model_on_a_server_writes_is_said_unused(tiny_pair, served_large) -> None:
+    """--fallback small acts where a llama-server's model is lost mid-answer: with every model local, or
+    a mode whose writer is local, it is said unused in the one note (chat too: no command brings a server
+    in); where the served large model writes, it is not."""
+
+    def notes(command: str, large: str, *args: str) -> list[str]:
+        stdin, prompt = ("hi\n", []) if command == "chat" else (None, ["hi"])
+        given = [*models(tiny_pair[0], large), "--max-tokens", "2", "--fallback", "small", *args, *prompt]
+        done = ead(command, *given, stdin=stdin)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stderr.decode().splitlines() if line.startswith("note:")]
+
+    local = ["note: no model on a llama-server leaves --fallback unused"]
+    assert (
+        notes("generate", str(tiny_pair[1]), "--tau", "3")
+        == notes("chat", str(tiny_pair[1]), "--tau", "3")
+        == local
+    )
+    assert notes("generate", served_large, "--mode", "small") == [
+        "note: --mode small leaves --fallback unused"
+    ]
+    assert notes("chat", served_large, "--mode", "small") == []  # /mode ead lets the served model write
+    assert notes("generate", served_large) == notes("generate", served_large, "--tau", "3") == []
+
+
 def test_fallback_takes_only_small(tiny_pair) -> None:
     result = ead("generate", "--small", str(tiny_pair[0]), "--fallback", "medium", "hi")
     assert_one_line_error(result, 2, "--fallback must be 'small'")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_cli import ANSI_CODES, at_a_terminal, ead, pair_args
+from test_cli import ANSI_CODES, at_a_terminal, ead, large_args, pair_args
 from tiny_models import CHATML, THINKING_TEMPLATE, vocabulary, write_scripted_pair, write_tiny_model
 
 from ead_cli.cli.render import DIM, DONE_THINKING, RESET, THINKING
@@ -295,6 +295,35 @@ def test_a_reasoning_budget_of_0_turns_thinking_off_through_the_template(
     assert not off.startswith(THINKING)
     assert off == generate(tiny_think_pair, "--reasoning-budget", "0", "--reasoning-format", "none")
     assert off != generate(tiny_think_pair, "--reasoning-format", "none")
+
+
+def test_thinking_options_for_a_model_that_does_not_think_are_said_unused(
+    tiny_pair: tuple[Path, Path], tiny_think_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A template without a thinking block leaves --reasoning-budget and the rest nothing to act on: said
+    in the one note, once, by generate, chat and serve (at start, in its log); a thinking model's are not."""
+    from serve_process import Server
+
+    options = ["--reasoning-budget", "8", "--reasoning-budget-message", "done", "--reasoning-format", "none"]
+    flags = "--reasoning-budget, --reasoning-budget-message, --reasoning-format"
+    unused = f"note: a chat template without a thinking block leaves {flags}"
+
+    def notes(command: str, pair: tuple[Path, Path], *args: str) -> list[str]:
+        stdin, prompt = ("hi\n", []) if command == "chat" else (None, ["hi"])
+        done = ead(command, *large_args(pair), "--max-tokens", "2", *args, *prompt, stdin=stdin)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stderr.decode().splitlines() if line.startswith("note:")]
+
+    for command in ("generate", "chat"):
+        assert notes(command, tiny_pair, *options, "--hide-thinking") == [f"{unused}, --hide-thinking unused"]
+        assert notes(command, tiny_pair, "--reasoning-budget", "0") == [
+            "note: a chat template without a thinking block leaves --reasoning-budget unused"
+        ]
+        assert notes(command, tiny_think_pair, *options, "--hide-thinking") == []
+    with Server([*pair_args(tiny_pair), "--tau", "3", *options], tmp_path / "server.log") as server:
+        said = [line for line in server.log().splitlines() if line.startswith("note:")]
+        assert server.stop() == 0
+    assert said == [f"{unused} unused"]
 
 
 def tokens_written(pair: tuple[Path, Path], *options: str) -> list[dict]:

@@ -127,7 +127,9 @@ def generate(
             tokens = encode_fitting(runners[0], rendered, runners)
             thinking = answer_start(runners[0].chat_template, rendered, generation.reasoning_format)
         # said once the run is sure to start: a refusal stays the one line
-        unused = unused_options(model_options, policy_options, generation, runners, settled=True)
+        unused = unused_options(
+            model_options, policy_options, generation, runners, settled=True, hide_thinking=hide_thinking
+        )
         _say_unused(unused, "--mode ead")
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
@@ -197,7 +199,9 @@ def chat(
 
     try:
         check_biased_tokens(generation, runners)
-        unused = unused_options(model_options, policy_options, generation, runners, settled=False)
+        unused = unused_options(
+            model_options, policy_options, generation, runners, settled=False, hide_thinking=hide_thinking
+        )
         _say_unused(unused, "/mode ead")
         _apply_saved_tau(policy_options, runners, announce=True)  # said once; each answer applies it
         lazy = load_pair if len(runners) == 1 else None
