@@ -40,13 +40,15 @@ def model_bytes(path: Path) -> int:
     return sum(shard.stat().st_size for shard in shard_paths(path))
 
 
-def checked_gguf(path: Path) -> Path:
+def checked_gguf(path: Path, named: str | None = None) -> Path:
     """The model's first file, made absolute, after checking that every file of it (each shard of a split
     GGUF) is a readable, non-empty file with the GGUF magic: llama.cpp names none of these problems.
+    ``named``: how a refusal of ``path`` missing names it (the path as the user gave it: pathlib drops
+    a leading './'), else as ``shown_path`` shows it.
 
     A file cut short after the header is left to llama.cpp, which fails to load it.
     """
-    _check_gguf_file(path)
+    _check_gguf_file(path, named)
     shards = shard_paths(path)
     if len(shards) > 1 and not path.name.endswith(".gguf"):
         raise EadError(
@@ -65,11 +67,11 @@ def checked_gguf(path: Path) -> Path:
     return shards[0].absolute()
 
 
-def _check_gguf_file(path: Path) -> None:
+def _check_gguf_file(path: Path, named: str | None = None) -> None:
     """Refuse anything but a readable, non-empty regular file that starts with the GGUF magic."""
     found = lookup(path)
     if found is None:
-        raise EadError(f"model file not found: {shown_path(path)}")
+        raise EadError(f"model file not found: {named or shown_path(path)}")
     if stat.S_ISDIR(found.st_mode):
         raise EadError(f"model path is a directory, not a GGUF file: {shown_path(path)}")
     if not stat.S_ISREG(found.st_mode):

@@ -216,8 +216,22 @@ def resolve(
         return resolve_lmstudio(ref.removeprefix(LMSTUDIO_PREFIX))
     if _is_path(ref):
         _refuse_hub_repo(ref, catalog)
-        return checked_gguf(expand_home(ref, f"the model path {ref}"))
+        path = expand_home(ref, f"the model path {ref}")
+        as_given = shown_path(path if ref.startswith("~") else ref)  # a home said as the folder it is
+        return checked_gguf(path, f"{as_given}{_alias_within(ref, catalog)}")
     return _fetch(catalog.spec(ref), allow_download=allow_download, progress=progress)
+
+
+def _alias_within(path: str, catalog: Catalog) -> str:
+    """For a path that is an alias with a folder or a .gguf around it (``./qc1.5b``), what to drop to
+    name the alias, said after a refusal of the path missing; else nothing."""
+    name = os.path.basename(path.rstrip("/"))
+    alias = name[: -len(".gguf")] if is_gguf_name(name) else name
+    if not alias or alias not in catalog.models:
+        return ""
+    start = path.rindex(alias)
+    around = [part for part in (path[:start], path[start + len(alias) :]) if part]
+    return f" ({alias} is an alias: drop the {' and '.join(around)})"
 
 
 def check(ref: str, catalog: Catalog) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_cli import NO_LOCKS, assert_one_line_error, ead
+from test_cli import EAD, NO_LOCKS, assert_one_line_error, ead
 from test_serve import http_server
 
 import ead_cli
@@ -449,6 +449,31 @@ def test_bad_model_paths(tmp_path: Path, name: str, make: bytes | str | None, me
     with pytest.raises(EadError) as caught:
         resolve(str(path), load_catalog())
     assert str(caught.value) == message.format(path)
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("./qc1.5b", "./qc1.5b (qc1.5b is an alias: drop the ./)"),  # pathlib had dropped the ./
+        ("models/qc0.5b.gguf", "models/qc0.5b.gguf (qc0.5b is an alias: drop the models/ and .gguf)"),
+        ("qc1.5b.gguf", "qc1.5b.gguf (qc1.5b is an alias: drop the .gguf)"),
+        ("./absent.gguf", "./absent.gguf"),  # no alias: the path as given, nothing more
+        ("./my model/qc1.5b", "'./my model/qc1.5b' (qc1.5b is an alias: drop the ./my model/)"),
+    ],
+)
+def test_a_missing_model_file_is_named_as_given_with_the_alias_it_holds(
+    tmp_path: Path, given: str, said: str
+) -> None:
+    """`cd /tmp && ead generate hi --large ./qc1.5b` had said 'model file not found: qc1.5b': the path
+    the user gave, and where it names an alias with a folder or a .gguf, the alias to give."""
+    result = subprocess.run(
+        [EAD, "generate", "--large", given, "hi"], capture_output=True, cwd=tmp_path, timeout=120
+    )
+    assert assert_one_line_error(result, 1) == f"error: model file not found: {said}"
+    small = subprocess.run(
+        [EAD, "depth", "generate", given, "hi"], capture_output=True, cwd=tmp_path, timeout=120
+    )
+    assert assert_one_line_error(small, 1) == f"error: model file not found: {said}"
 
 
 def test_a_name_with_a_newline_or_an_escape_is_refused_in_one_line(tmp_path: Path, tiny_large: Path) -> None:
