@@ -231,6 +231,30 @@ def test_a_llama_cpp_word_that_starts_as_a_short_option_is_named_as_typed(
     assert assert_one_line_error(ead("generate", *absent, *spelled, "hi"), 2) == expected
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run", "qc1.5b"], "ollama's run is ead chat here (ead generate PROMPT: one answer)"),
+        (["--no-color", "run"], "ollama's run is ead chat here (ead generate PROMPT: one answer)"),
+        (["list"], "ollama's list is ead models list here"),
+        (["ls"], "ollama's ls is ead models list here"),
+        (["pull", "qc0.5b"], "ollama's pull is ead models pull here"),
+        (["rm", "qc0.5b"], "ollama's rm is ead models rm here"),
+        (
+            ["ps"],
+            "ollama's ps lists the loaded models: ead loads them per command (ead serve: while it runs)",
+        ),
+    ],
+)
+def test_an_ollama_command_says_eads(args: list[str], said: str) -> None:
+    """ollama's commands, typed from habit, had been 'No such command' alone: the one line says ead's."""
+    name = next(arg for arg in args if not arg.startswith("-"))
+    expected = f"error: No such command '{name}': {said} (see 'ead --help')"
+    assert assert_one_line_error(ead(*args), 2) == expected
+    helped = ead("--help", *args)  # the help acts first, as click's does
+    assert helped.returncode == 0 and helped.stdout.startswith(b"Usage: ead ") and helped.stderr == b""
+
+
 def test_a_value_glued_to_a_short_option_is_still_its_value(tmp_path: Path) -> None:
     absent = ["--small", str(tmp_path / "small.gguf"), "--large", str(tmp_path / "large.gguf")]
     assert_one_line_error(ead("generate", *absent, "-c8", "hi"), 2, "--ctx must be at least 16, got 8")

@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         _dashed_option(command, arguments)
         or _unlike_llama_cpp(command, arguments)
         or _misread_option(command, arguments)
+        or _ollama_command(command, arguments)
     )
     if misspelt is not None:
         _fail(misspelt, 2)
@@ -361,6 +362,31 @@ def _unlike_llama_cpp(root: TyperGroup, argv: list[str]) -> str | None:
         why = UNLIKE_LLAMA_CPP.get(path, {}).get(name)
         if why is not None:
             return f"{name} {why}"
+    return None
+
+
+# ollama's commands that ead names otherwise, typed from habit: where click had said 'No such command'
+OLLAMA_COMMANDS = {
+    "run": "ollama's run is ead chat here (ead generate PROMPT: one answer)",
+    **{name: f"ollama's {name} is ead models list here" for name in ("list", "ls")},
+    "pull": "ollama's pull is ead models pull here",
+    "rm": "ollama's rm is ead models rm here",
+    "ps": "ollama's ps lists the loaded models: ead loads them per command (ead serve: while it runs)",
+}
+
+
+def _ollama_command(root: TyperGroup, argv: list[str]) -> str | None:
+    """For ollama's name of a command (``ead run``), ead's, in click's 'No such command' line; not after
+    an option that acts alone (``ead --help run`` is the help)."""
+    words = iter(argv)
+    for given in words:
+        if given in ("--", "-h", "--help", *RUN_ALONE):
+            return None
+        if not given.startswith("-"):  # the command's name
+            said = None if given in root.commands else OLLAMA_COMMANDS.get(given)
+            return None if said is None else f"No such command {given!r}: {said} (see 'ead --help')"
+        for _ in range(_values_taken(root, given)):
+            next(words, None)
     return None
 
 
