@@ -134,12 +134,17 @@ def test_a_runner_loads_with_the_option_or_the_environment(tiny_small: Path, mon
 
 def test_generate_takes_no_repack_and_refuses_a_bad_environment_value(tiny_pair) -> None:
     help_text = ead("generate", "--help", env={"COLUMNS": "200"}).stdout.decode()
-    assert "--repack" in help_text and "--no-repack" in help_text and "EAD_REPACK" in help_text
+    assert "--repack" in help_text and "--no-repack" in help_text and "EAD_REPACK=on|off|auto" in help_text
     args = [*pair_args(tiny_pair), "--max-tokens", "4", "--temp", "0", "hello"]
     plain, without = ead("generate", *args), ead("generate", "--no-repack", *args)
     assert plain.returncode == without.returncode == 0, without.stderr
     assert without.stdout == plain.stdout  # the same weights, laid out otherwise: the same greedy text
-    assert_one_line_error(ead("generate", *args, env={"EAD_REPACK": "maybe"}), 2, "EAD_REPACK takes on, off")
+    bad = {"EAD_REPACK": "maybe"}
+    assert_one_line_error(ead("generate", *args, env=bad), 2, "EAD_REPACK takes on, off or auto, got 'maybe'")
+    for command in ("chat", "serve"):  # refused at their start, as generate refuses it
+        assert_one_line_error(ead(command, *pair_args(tiny_pair), env=bad), 2, "EAD_REPACK takes on, off")
+    for word in ("auto", " OFF ", ""):  # the machine's decision, or off, in any case and with spaces
+        assert ead("generate", *args, env={"EAD_REPACK": word}).stdout == plain.stdout, word
 
 
 @pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")

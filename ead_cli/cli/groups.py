@@ -196,7 +196,7 @@ RepackOpt = Annotated[
     typer.Option(
         "--repack/--no-repack",
         help="Let llama.cpp repack weights for this CPU (default: on, off where its AMX path would crash; "
-        "env EAD_REPACK=on|off).",
+        "env EAD_REPACK=on|off|auto).",
         show_default=False,
     ),
 ]
