@@ -208,3 +208,13 @@ def test_a_given_mode_without_switching_leaves_verify_unused(tiny_pair: tuple[Pa
     unused = ead("generate", *pair_args(tiny_pair), "--verify", "1", *args)
     assert unused.returncode == 0, unused.stderr
     assert unused.stdout == alone.stdout and "checked " not in unused.stderr.decode()
+
+
+def test_one_checked_token_is_said_in_the_singular(tiny_pair: tuple[Path, Path]) -> None:
+    """--stats counts the checked tokens as every count is said ('checked 1 small tokens' it had been):
+    a τ no entropy reaches leaves the small model the one token, which the end of the answer checks."""
+    args = ["--tau", "1000", "--verify", "1e-30", "--max-tokens", "1", "--stats", "hi"]
+    result = ead("generate", *pair_args(tiny_pair), *args)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.decode().splitlines()
+    assert "checked 1 small token · rollbacks 0 (0 tokens discarded)" in lines

@@ -250,7 +250,7 @@ def stats_headline(summary: Summary) -> str:
         f"large share {summary.large_share:.1%} · switches {summary.switches}\n"
         f"param cost {summary.param_cost:.3f} · {summary.flops / 1e9:,.1f} GFLOP · "
         f"{_seconds(summary.wall_s)} wall · {summary.tokens_per_s:.1f} tok/s"
-        + (f"\nchecked {summary.checked} small tokens" if summary.checked else "")
+        + (f"\nchecked {counted(summary.checked, 'small token')}" if summary.checked else "")
         + (
             f"{' · ' if summary.checked else chr(10)}rollbacks {summary.rollbacks} "
             f"({counted(summary.rolled_back, 'token')} discarded)"
