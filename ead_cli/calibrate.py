@@ -191,7 +191,7 @@ def calibrate(
     calibration_prompts = _encode_each(runners, prompts[0], "calibration")
     held_out = _encode_each(runners, prompts[1], "held-out") if check else []
     if progress:
-        progress(f"the small model answers {len(calibration_prompts)} calibration prompts")
+        progress(f"the small model answers {counted(len(calibration_prompts), 'calibration prompt')}")
     streams = small_entropies(runners, calibration_prompts, max_tokens)
     results, failures = [], []
     for options in policies:
@@ -203,7 +203,10 @@ def calibrate(
         measured = None
         if check:
             if progress:
-                progress(f"checking {options.policy} at tau {tau:.3f} on {len(held_out)} held-out prompts")
+                progress(
+                    f"checking {options.policy} at tau {tau:.3f} on "
+                    f"{counted(len(held_out), 'held-out prompt')}"
+                )
             measured = measured_share(runners, replace(options, tau=tau), held_out, max_tokens)
         results.append(Calibration(options.policy, tau, target, predicted, measured))
     return results, failures

@@ -295,6 +295,19 @@ def test_a_prompt_too_long_for_the_context_is_named_before_any_answer_runs(
     assert ead(*args, "--no-check").returncode == 0
 
 
+def test_one_prompt_a_side_is_said_in_the_singular(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Two prompts, one to calibrate and one to check: the progress lines count them as every count is
+    said ('answers 1 calibration prompts', 'on 1 held-out prompts' they had been)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Write a function.\nWrite a poem.\n")
+    args = ["calibrate", *pair_args(tiny_pair), "--prompts", str(prompts), "--max-tokens", "20"]
+    result = ead(*args, "--policy", "gate")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.decode().splitlines()
+    assert lines[0] == "the small model answers 1 calibration prompt"
+    assert re.fullmatch(r"checking gate at tau \d+\.\d{3} on 1 held-out prompt", lines[1]), lines
+
+
 @pytest.mark.parametrize(
     ("entry", "fragment"),
     [
