@@ -748,6 +748,19 @@ def test_a_save_name_that_names_a_folder_writes_no_file_in_its_place(
     assert existing.read_text(encoding="utf-8") == "kept"
 
 
+def test_a_save_to_a_dash_is_refused_as_every_file_option_refuses_it(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """/save - had written a file named '-' in the current folder, where every option that names a file
+    ead writes (--json, --out) refuses '-': stdout only in other tools. /dev/stdout writes there."""
+    args = [str(EAD), *chat_args(tiny_pair, "--max-tokens", "4")]
+    result = subprocess.run(args, input=b"hi\n/save -\n", capture_output=True, cwd=tmp_path, timeout=60)
+    assert result.returncode == 1
+    refusal = "error: /save: '-' is no file here, not stdout: name a file"
+    assert result.stderr.decode().splitlines()[-1] == refusal
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sigterm_at_the_prompt_says_so_on_a_line_of_its_own(spawn) -> None:
     """SIGTERM while a line is read (at >>> with words typed, at ... inside a block): the error had been
     glued to the prompt's line (">>> typederror: terminated")."""

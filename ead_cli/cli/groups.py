@@ -51,15 +51,20 @@ def given_path(text: str) -> Path:
     return Path(text)
 
 
+def dash_named(name: str) -> str | None:
+    """Why '-', given for a file ead writes, names none, or None for any other name: '-' is stdout only
+    in other tools, and here the tables and answers go there (/dev/stdout writes there)."""
+    return "'-' is no file here, not stdout: name a file" if name == "-" else None
+
+
 def given_file(text: str) -> Path:
     """A file a command writes, as given: ``given_path``'s check, then a name that ends as a folder's
-    (``folder_ending``) and '-', which names no file here and stdout only in other tools (the tables go
-    there), refused before the work whose figures it would hold."""
+    (``folder_ending``) and '-' (``dash_named``), refused before the work whose figures it would hold."""
     path = given_path(text)
     if why := folder_ending(text):
         raise typer.BadParameter(f"{text}: {why}")
-    if text == "-":
-        raise typer.BadParameter("'-' is no file here, not stdout: name a file")
+    if why := dash_named(text):
+        raise typer.BadParameter(why)
     return path
 
 

@@ -31,6 +31,7 @@ from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import CtrlCGate, Terminated, main_thread_signals
+from .groups import dash_named
 from .output import at_its_width, silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
@@ -484,7 +485,8 @@ class Repl:
 
     def _save(self, argument: str) -> str:
         """One file name, split as a shell splits it: '/save chat.json now' must not write 'chat.json now';
-        a name ending as a folder's ('notes/') is refused, not written as the file 'notes'."""
+        a name ending as a folder's ('notes/') is refused, not written as the file 'notes', and '-' as
+        every file option refuses it."""
         try:
             names = shlex.split(argument)
         except ValueError as error:  # a quote left open, a backslash at the end
@@ -498,6 +500,8 @@ class Repl:
             raise EadError("/save takes a file name")
         if why := folder_ending(name):
             raise EadError(f"cannot write {shown_path(name)}: {why}")
+        if why := dash_named(name):
+            raise EadError(f"/save: {why}")
         path = expand_home(name, f"cannot write {name}")
         self.conversation.save(path)
         return f"saved {counted(len(self.conversation.turns), 'turn')} to {shown_path(path)}"
