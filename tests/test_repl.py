@@ -214,7 +214,7 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     assert reply(child, "/max-tokens -3") == ["error: /max-tokens must be at least 0, got -3"]
 
     stats = "\n".join(reply(child, "/stats"))
-    assert "tau 2.5 · window default" in stats and "temp 0 ·" in stats  # the bad values changed nothing
+    assert "tau 2.5 · window 1" in stats and "temp 0 ·" in stats  # the bad values changed nothing
     assert "session: 2 answers · 16 tokens" in stats
     prefill = [int(n) for n in re.findall(r"^(?:small|large)\s+\d+\s+(\d+) in", stats, re.MULTILINE)]
 
@@ -250,7 +250,7 @@ def test_stats_at_a_narrow_terminal_wrap_at_spaces_and_cut_no_figure(spawn) -> N
     assert max(map(len, lines)) <= 40 and "…" not in "".join(lines), lines
     joined = " ".join(lines)
     assert "session: 1 answer · 8 tokens · large share" in joined
-    settings = "mode ead · policy gate · tau 3 · window default · min-run 10 · lookup 12 · lookup-draft 31 · "
+    settings = "mode ead · policy gate · tau 3 · window 1 · min-run 10 · lookup 12 · lookup-draft 31 · "
     assert settings + "temp 0 · max-tokens 8" in joined
     assert re.search(r"small: written \d+ · prefill \d+ in [\d.]+s · decode", joined), lines
     reply(child, "/max-tokens 1")
@@ -389,6 +389,15 @@ def test_ollamas_set_parameter_sets_each_penalty_and_names_the_ones_it_takes(
     assert lines[4:] == [f"{takes}, got 'top_k'", f"{takes}, got ''"]
 
 
+def test_the_settings_line_spells_the_policys_own_window(tiny_pair: tuple[Path, Path]) -> None:
+    """The settings line spells each default out, as it spells tau: the window had been 'window default'
+    whichever policy ran, where the paper's rule averages 5 steps and the gate 1."""
+    result = pipe(tiny_pair, b"/policy ead\n/policy gate\n/window 3\n")
+    assert result.returncode == 0, result.stderr.decode()
+    windows = re.findall(r"· window (\w+) ·", result.stderr.decode())
+    assert windows == ["5", "1", "3"]
+
+
 def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, Path]) -> None:
     result = pipe(tiny_pair, b"/policy ead\n/window 9223372036854775808\n/stats\n")
     assert result.returncode == 1
@@ -397,7 +406,7 @@ def test_a_huge_window_is_one_line_and_the_chat_goes_on(tiny_pair: tuple[Path, P
     assert lines[1] == (
         "error: /window must be at most 1048576 steps (more than any context holds), got 9223372036854775808"
     )
-    assert any(line.startswith("context: ") and "window default" in line for line in lines)  # /stats ran
+    assert any(line.startswith("context: ") and "window 5" in line for line in lines)  # /stats ran
 
 
 def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, Path]) -> None:

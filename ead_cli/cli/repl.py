@@ -122,8 +122,9 @@ def summary_line(turn: Turn) -> str:
 
 def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
     """What the next answer runs with, defaults spelled out: shown on each change and in /stats."""
-    tau = POLICY_KINDS[policy.policy].tau if policy.tau is None else policy.tau
-    window = "default" if policy.window is None else policy.window
+    kind = POLICY_KINDS[policy.policy]
+    tau = kind.tau if policy.tau is None else policy.tau
+    window = kind.window if policy.window is None else policy.window
     sampling = generation.sampling
     penalties = (  # all four once one is on, none while they are off (the defaults)
         f"repeat-penalty {sampling.repeat_penalty:g} · repeat-last-n {sampling.repeat_last_n} · "
