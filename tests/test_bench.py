@@ -104,6 +104,14 @@ def test_bad_selections_are_usage_errors(humaneval: list[Task], options: dict, m
     assert error.value.exit_code == 2
 
 
+def test_a_jsonl_suffix_in_capitals_is_read_as_json_lines(tmp_path: Path) -> None:
+    """A file named PROMPTS.JSONL (a suffix's case is the file system's, as .GGUF is a model's) had its
+    records taken as text, each prompt the JSON line itself."""
+    rows = tmp_path / "PROMPTS.JSONL"
+    rows.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert load_prompts(rows) == ["a", "b"]
+
+
 def test_prompt_lists_read_text_lines_or_jsonl(tmp_path: Path) -> None:
     text = tmp_path / "p.txt"
     text.write_text("first\n\n  \nsecond {\n")

@@ -202,7 +202,7 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[list[str], str]:
         if not line.strip():
             continue
         prompt = line
-        if path.suffix == ".jsonl":
+        if path.suffix.lower() == ".jsonl":
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, RecursionError):  # nested past Python's limit
