@@ -1389,9 +1389,27 @@ def test_a_stopped_bench_says_which_samples_it_kept(
     assert result.returncode == code and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     results = tmp_path / "results.jsonl"
-    assert f"1 of the 2 samples to run are kept in {results}: the same command resumes" in lines[-2]
+    assert f"kept 1 of the 2 samples to run in {results}: the same command resumes" in lines[-2]
     assert lines[-1] == f"error: {said}"
     assert [json.loads(line)["type"] for line in results.read_text().splitlines()] == ["config", "sample"]
+
+
+def test_a_bench_of_one_sample_stopped_says_it_in_the_singular(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    """Stopped at its one sample's check: 'kept 0 of the 1 sample to run', counted as every count is said
+    (it had said '0 of the 1 samples to run are kept')."""
+    small, large = tiny_pair
+    args = ["bench", "humaneval", "--small", str(small), "--large", str(large), "--ids", "0"]
+    args += ["--strategies", "large", "--max-tokens", "8", "--out", str(tmp_path)]
+    source = STOP_AT_THE_SECOND_CHECK.format(stop="KeyboardInterrupt").replace("if checked:", "if True:")
+    result = subprocess.run(
+        [sys.executable, "-c", source, *args], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 130 and "Traceback" not in result.stderr
+    results = tmp_path / "results.jsonl"
+    said = f"kept 0 of the 1 sample to run in {results}: the same command resumes"
+    assert said in result.stderr.strip().splitlines()[-2]
 
 
 def test_a_real_ctrl_c_mid_bench_keeps_whole_samples_and_the_same_command_runs_only_the_rest(
@@ -1416,7 +1434,7 @@ def test_a_real_ctrl_c_mid_bench_keeps_whole_samples_and_the_same_command_runs_o
             bench.kill()
             bench.wait()
     assert bench.returncode == 130 and "Traceback" not in err, err
-    kept = re.search(r"(\d+) of the 32 samples to run are kept in ", err)
+    kept = re.search(r"kept (\d+) of the 32 samples to run in ", err)
     assert kept is not None and err.strip().splitlines()[-1] == "error: interrupted", err
     text = results.read_text()
     assert text.endswith("\n")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
-from ..errors import EadError, quoted, shown_path
+from ..errors import EadError, counted, quoted, shown_path
 from ..option_table import BENCH, OPTIONS, DecodingOption, listed, on
 from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
@@ -406,7 +406,7 @@ def _run_bench(job: Bench, model_options: ModelOptions) -> None:
                 for done, _ in enumerate(records, 1):
                     progress.update(bar, completed=done, description=label(plan, done))
         except (KeyboardInterrupt, Terminated):  # say what a stop kept, then stop as any command does
-            kept = f"{done} of the {len(plan)} samples to run are kept in {job.out / RESULTS_FILE}"
+            kept = f"kept {done} of the {counted(len(plan), 'sample')} to run in {job.out / RESULTS_FILE}"
             stderr.print(f"{kept}: the same command resumes", style="dim", soft_wrap=True)
             raise
 
