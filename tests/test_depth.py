@@ -33,7 +33,7 @@ from test_cli import (
 from tiny_models import write_tiny_model
 
 from ead_cli.bench.sandbox import sandbox_note
-from ead_cli.depth.evaluate import plain_greedy_ms, plot
+from ead_cli.depth.evaluate import plain_greedy_ms, plot, verdict
 from ead_cli.depth.model import DepthModel, DepthOptions
 from ead_cli.depth.probes import LayerTap
 from ead_cli.depth.profile import (
@@ -606,6 +606,20 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     fresh = tmp_path / "fresh" / "eval.json"
     assert_one_line_error(ead(*evaluate, "--out", str(fresh), env=missing), 1, "no-such.gguf")
     assert not fresh.parent.exists()
+
+
+def test_a_verdict_counts_one_operating_point_in_the_singular() -> None:
+    """One point that breaks the rule and one that keeps it: counted as every count is said (the verdict
+    had said '1 operating points break the rule', '1 points save')."""
+    rows = [
+        {"rule": "fixed 4", "flop_reduction": 0.5, "ppl_rise": 2.0},
+        {"rule": "fixed 20", "flop_reduction": 0.2, "ppl_rise": 0.0},
+    ]
+    said = verdict({"model": "deep.gguf", "perplexity": {"code": rows}})
+    assert said.startswith(
+        "deep.gguf: falsified (1 operating point breaks the rule, e.g. fixed 4 on code: 50% fewer FLOPs, "
+        "perplexity x3; 1 point saves >= 15% within 1% perplexity)"
+    ), said
 
 
 def test_eval_reports_every_operating_point_and_a_verdict(

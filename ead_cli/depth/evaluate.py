@@ -12,7 +12,7 @@ from time import perf_counter
 
 import numpy as np
 
-from ..errors import EadError, shown_path
+from ..errors import EadError, counted, shown_path
 from ..figures import is_figure
 from ..paths import same_file, save_text
 from ..runner import Runner, warm_up
@@ -425,9 +425,11 @@ def verdict(result: dict) -> str:
             if row
             else f"{failing_he[0]} lost >= 2 HumanEval tasks"
         )
+        broken = len(failing) + len(failing_he)
         parts.append(
-            f"falsified ({len(failing) + len(failing_he)} operating points break the rule, e.g. {example}; "
-            f"{len(good)} points save >= 15% within 1% perplexity)"
+            f"falsified ({counted(broken, 'operating point')} {'breaks' if broken == 1 else 'break'} the "
+            f"rule, e.g. {example}; {counted(len(good), 'point')} {'saves' if len(good) == 1 else 'save'} "
+            ">= 15% within 1% perplexity)"
         )
     else:
         parts.append("not falsified")
