@@ -27,7 +27,7 @@ from glob import escape as escape_glob
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, NoReturn
 
-from ead_cli.errors import ECHOED_CHARS, EadError, cut, quoted, shown_path
+from ead_cli.errors import ECHOED_CHARS, EadError, counted, cut, quoted, shown_path
 from ead_cli.figures import is_figure
 from ead_cli.gguf_files import SHA256, checked_gguf, is_gguf_name, shard_paths
 from ead_cli.paths import (
@@ -704,8 +704,8 @@ def _assemble(alias: str, source: OfflineSource, package_dirs: list[Path], progr
         chunks = _chunk_files(source, package_dirs)
         size_mib = sum(chunk.stat().st_size for chunk in chunks) / 2**20
         say(
-            f"assembling {alias} ({size_mib:.0f} MiB) from {len(chunks)} offline packages into "
-            f"{shown_path(target)}"
+            f"assembling {alias} ({size_mib:.0f} MiB) from "
+            f"{counted(len(source.packages), 'offline package')} into {shown_path(target)}"
         )
         fd, tmp_name = tempfile.mkstemp(dir=models_dir, prefix=f".{source.file}.", suffix=".tmp")
         tmp = Path(tmp_name)

@@ -804,6 +804,27 @@ def test_assembly_writes_the_joined_bytes_and_a_sidecar(tiny: Tiny, models_dir: 
     assert local_status(spec) == "ead cache"
 
 
+def test_the_assembly_line_counts_packages_not_their_chunk_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, models_dir: Path
+) -> None:
+    """One package holding two chunk files: 'from 1 offline package' (it had counted the files, '2
+    offline packages')."""
+    data = tmp_path / "site" / "onechunkpack" / "data"
+    data.mkdir(parents=True)
+    (data / "a.bin").write_bytes(b"GGUF" + bytes(100))
+    (data / "b.bin").write_bytes(bytes(50))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    sha256 = hashlib.sha256(b"GGUF" + bytes(150)).hexdigest()
+    offline = f'packages = ["onechunkpack"]\nversion = "1.0"\nfile = "one.gguf"\nsha256 = "{sha256}"\n'
+    models_file = write_models(
+        tmp_path,
+        f'[models.one]\nrepo = "ead-test/one-GGUF"\npattern = "one*.gguf"\n[models.one.offline]\n{offline}',
+    )
+    messages: list[str] = []
+    path = resolve("one", load_catalog(models_file), progress=messages.append)
+    assert messages == [f"assembling one (0 MiB) from 1 offline package into {path}"]
+
+
 @pytest.mark.parametrize("in_the_way", ["tiny.gguf", "tiny.gguf.sha256"])
 def test_a_folder_in_the_way_of_an_assembly_is_named_and_no_temporary_stays(
     tiny: Tiny, models_dir: Path, in_the_way: str
