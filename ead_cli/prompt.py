@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jinja2
 import llama_cpp
@@ -311,6 +311,22 @@ FIM_CURRENT_FILE = "filename\n"
 FIM_SNIPPET = "\n\n--- snippet ---\n\n"
 
 
+class KeptTokens(NamedTuple):
+    """The tokens kept of a text's end or start, and whether the text has more (its tokens were cut)."""
+
+    tokens: list[int]
+    cut: bool
+
+
+class InfillCut(NamedTuple):
+    """What a fill-in-the-middle prompt keeps of the code at the cursor where llama-server's /infill cuts
+    it to the batch: the tokens kept before the cursor and after it (None: all of them), and the batch."""
+
+    prefix_kept: int | None
+    suffix_kept: int | None
+    batch: int
+
+
 def line_start_before(text: str, chars: int) -> int:
     """Where the last line of ``text`` that starts at least ``chars`` characters before its end starts:
     after a newline, at a printable ASCII character (a blank that indents a line is none); 0 where none
@@ -337,26 +353,28 @@ def line_end_after(text: str, chars: int) -> int:
     return len(text)
 
 
-def tail_tokens(runner: Runner, text: str, keep: int) -> list[int]:
+def tail_tokens(runner: Runner, text: str, keep: int) -> KeptTokens:
     """The last ``keep`` tokens of ``text`` read as text, as the whole text's tokens end, for llama-server's
-    cut of /infill's prefix. Where the vocabulary cuts at lines, only the text from the last line start
+    cut of /infill's prefix, and whether the text has more. Where the vocabulary cuts at lines, only the text from the last line start
     with ``keep`` of its longest tokens after it is read (as many characters give at least that many
     tokens): a 4 MiB prefix had been tokenized whole, a million tokens, for its last 384."""
     if keep <= 0:
-        return []
+        return KeptTokens([], bool(text))
     chars = _kept_chars(runner, text, keep)
     start = 0 if chars is None else line_start_before(text, chars)
-    return _plain(runner, text[start:])[-keep:]
+    read = _plain(runner, text[start:])
+    return KeptTokens(read[-keep:], start > 0 or len(read) > keep)
 
 
-def head_tokens(runner: Runner, text: str, keep: int) -> list[int]:
+def head_tokens(runner: Runner, text: str, keep: int) -> KeptTokens:
     """The first ``keep`` tokens of ``text`` read as text (/infill's suffix), read as ``tail_tokens``
     reads a text's end: from its start to the first line end with ``keep`` longest tokens before it."""
     if keep <= 0:
-        return []
+        return KeptTokens([], bool(text))
     chars = _kept_chars(runner, text, keep)
     end = len(text) if chars is None else line_end_after(text, chars)
-    return _plain(runner, text[:end])[:keep]
+    read = _plain(runner, text[:end])
+    return KeptTokens(read[:keep], end < len(text) or len(read) > keep)
 
 
 def _kept_chars(runner: Runner, text: str, keep: int) -> int | None:
@@ -387,6 +405,7 @@ def encode_infill(
     middle: str = "",
     answer_tokens: int,
     runners: Runners,
+    on_cut: Callable[[InfillCut], None] | None = None,
 ) -> list[int]:
     """The token ids of a fill-in-the-middle prompt, the code before the cursor (``prefix``) and after it
     (``suffix``), with other files of the project (``extra``: name and text) before them and ``middle``
@@ -396,7 +415,7 @@ def encode_infill(
     limit (``answer_tokens``: the server's or command's, llama-server's -n, not a request's: a client's
     n_predict does not move the room). The code is read as text (a special token's text in a file is no
     token), the middle as a prompt is. A model without FIM tokens, or a prompt too long for the context,
-    is refused."""
+    is refused. ``on_cut`` is told where the prefix or the suffix is cut (``ead generate`` says so)."""
     pre, suf, mid = check_infill(runner)
     repository, separator = (
         llama_cpp.llama_vocab_fim_rep(runner.vocab),
@@ -422,8 +441,12 @@ def encode_infill(
         extra_tokens += [separator, *_plain(runner, FIM_CURRENT_FILE)]
     middle_tokens = runner.tokenize(middle, add_special=False, parse_special=True)
     n_batch, n_ctx = runner.n_batch, context_size(runners)
-    prefix_tokens = tail_tokens(runner, prefix, 3 * (n_batch // 4))
-    suffix_tokens = head_tokens(runner, suffix, n_batch // 4 - (2 + len(middle_tokens)))
+    before = tail_tokens(runner, prefix, 3 * (n_batch // 4))
+    after = head_tokens(runner, suffix, n_batch // 4 - (2 + len(middle_tokens)))
+    prefix_tokens, suffix_tokens = before.tokens, after.tokens
+    if on_cut and (before.cut or after.cut):
+        kept = (len(prefix_tokens) if before.cut else None, len(suffix_tokens) if after.cut else None)
+        on_cut(InfillCut(*kept, n_batch))
     extra_take = min(max(0, n_ctx - n_batch - 2 * answer_tokens), len(extra_tokens))
     add_bos = llama_cpp.llama_vocab_get_add_bos(runner.vocab)
     bos = [llama_cpp.llama_vocab_bos(runner.vocab)] if add_bos else []

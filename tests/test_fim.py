@@ -13,7 +13,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ead, pair_args
+from test_cli import assert_one_line_error, ead, large_args, pair_args
 from tiny_models import write_tiny_model
 
 import ead_cli
@@ -145,9 +145,13 @@ def test_a_long_texts_kept_tokens_are_its_whole_tokenizations(vocab: str, tmp_pa
         for keep in (1, 5, 100, 384, 1536):
             assert line_start_before(text, keep * longest) > 0  # only the end is read
             assert line_end_after(text, keep * longest) < len(text)
-            assert tail_tokens(runner, text, keep) == whole[-keep:]
-            assert head_tokens(runner, text, keep) == whole[:keep]
-        assert tail_tokens(runner, text, 0) == head_tokens(runner, text, 0) == []
+            assert tail_tokens(runner, text, keep) == (whole[-keep:], True)
+            assert head_tokens(runner, text, keep) == (whole[:keep], True)
+        assert tail_tokens(runner, text, 0) == head_tokens(runner, text, 0) == ([], True)
+        assert tail_tokens(runner, "", 0) == ([], False)
+        short = text[:200]  # read whole: cut only where it has more tokens than kept
+        assert tail_tokens(runner, short, 10_000) == (plain(runner, short), False)
+        assert head_tokens(runner, short, 1) == (plain(runner, short)[:1], True)
 
 
 @pytest.mark.parametrize(
@@ -161,7 +165,7 @@ def test_other_tokenizers_read_the_whole_text(vocab: str, pre: str, tmp_path: Pa
     with Runner(model, name="small", n_ctx=256, n_threads=1) as runner:
         assert not runner.cuts_at_lines
         text = long_text(300)
-        assert tail_tokens(runner, text, 50) == plain(runner, text)[-50:]
+        assert tail_tokens(runner, text, 50) == (plain(runner, text)[-50:], True)
 
 
 @pytest.mark.real
@@ -180,8 +184,8 @@ def test_the_demo_coders_kept_tokens_are_its_whole_tokenizations(real_pair: tupl
             assert line_start_before(text, keep * longest) > 0 and line_end_after(text, keep * longest) < len(
                 text
             )
-            assert tail_tokens(runner, text, keep) == whole[-keep:]
-            assert head_tokens(runner, text, keep) == whole[:keep]
+            assert tail_tokens(runner, text, keep) == (whole[-keep:], True)
+            assert head_tokens(runner, text, keep) == (whole[:keep], True)
 
 
 def test_without_a_file_separator_extra_files_are_snippets(tmp_path: Path) -> None:
@@ -263,6 +267,27 @@ def test_a_prefix_of_5_mb_answers_as_its_kept_end_does(fim_pair: tuple[Path, Pat
     middle = ead("generate", *args, "-f", str(prefix))
     assert middle.returncode == 0, middle.stderr.decode()
     assert middle.stdout == ead("generate", *args, end).stdout and middle.stdout
+
+
+def test_generate_says_where_it_cuts_the_code_to_the_batch(fim_pair: tuple[Path, Path]) -> None:
+    """The code before the cursor is cut to three quarters of a batch, after it to a quarter less two, as
+    llama-server's /infill cuts them: a note says so, where the code had been cut unsaid (with the
+    default batch of 512, past 384 tokens before the cursor and 126 after it)."""
+    code = "".join(f"x{i} = {i}\n" for i in range(100))
+    args = [*large_args(fim_pair), "--max-tokens", "4", "--batch-size", "32"]
+    cut = ead("generate", *args, "--suffix", code, code)
+    assert cut.returncode == 0, cut.stderr.decode()
+    assert cut.stderr.decode().splitlines() == [
+        "note: the code before the cursor is cut to its last 24 tokens, and the code after it to its first "
+        "6 tokens, as llama-server's /infill does (--batch-size 32: a larger one keeps more)"
+    ]
+    after = ead("generate", *args, "--suffix", code, PREFIX)
+    assert after.stderr.decode().splitlines() == [
+        "note: the code after the cursor is cut to its first 6 tokens, as llama-server's /infill does "
+        "(--batch-size 32: a larger one keeps more)"
+    ]
+    whole = ead("generate", *args[:-2], "--suffix", SUFFIX, PREFIX)  # the default batch: 512
+    assert whole.returncode == 0 and whole.stderr == b""
 
 
 def test_generate_with_a_suffix_refuses_what_has_no_place(tiny_pair: tuple[Path, Path]) -> None:

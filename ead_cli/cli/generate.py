@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from ..errors import EadError, shown_path
+from ..errors import EadError, counted, shown_path
 from ..options import SMALL_MODEL_FLAGS, ModelOptions, PolicyOptions, check_max_tokens
 from .groups import (
     DECODING_OPTIONS,
@@ -45,6 +45,7 @@ from .groups import (
 from .output import check_stdout, misopened, print_table, say, say_progress, stderr
 
 if TYPE_CHECKING:
+    from ..prompt import InfillCut
     from .render import JsonlRenderer, TextRenderer
 
 
@@ -117,7 +118,9 @@ def generate(
         decoder = build_decoder(runners, policy_options, generation, entropy=entropy)
         if suffix is not None:
             answer = min(generation.max_tokens, decoder.n_ctx)
-            tokens = encode_infill(runners[0], text, suffix, answer_tokens=answer, runners=runners)
+            tokens = encode_infill(
+                runners[0], text, suffix, answer_tokens=answer, runners=runners, on_cut=_say_infill_cut
+            )
             thinking = None  # code at the cursor, no chat turn: nothing to split
         else:
             variables = template_variables(generation.reasoning_budget)
@@ -344,6 +347,19 @@ def _say_unused(unused: dict[str, str], switches: str) -> None:
         from .render import print_lines
 
         print_lines(stderr, "note: " + "; ".join(parts), style="dim")
+
+
+def _say_infill_cut(cut: InfillCut) -> None:
+    """One note where --suffix's prompt keeps part of the code, as llama-server's /infill does: unsaid,
+    the code past a few hundred tokens either side of the cursor had gone unread."""
+    parts = []
+    if cut.prefix_kept is not None:
+        parts.append(f"the code before the cursor is cut to its last {counted(cut.prefix_kept, 'token')}")
+    if cut.suffix_kept is not None:
+        cutting = "the code after it" if parts else "the code after the cursor is cut"
+        parts.append(f"{cutting} to its first {counted(cut.suffix_kept, 'token')}")
+    batch = f"--batch-size {cut.batch}: a larger one keeps more"
+    say_progress(f"note: {', and '.join(parts)}, as llama-server's /infill does ({batch})")
 
 
 def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:
