@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from ctrl_c import ctrl_c_at_return
 from test_cli import NO_LOCKS, assert_one_line_error, interruptible
+from test_readme import help_text
 
 from ead_cli.bench import native
 from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
@@ -1943,3 +1944,18 @@ def test_a_server_binary_the_system_cannot_run_is_one_line(
     expected = rf"^cannot start llama-server at {re.escape(str(binary))}: Exec format error$"
     with pytest.raises(EadError, match=expected), native.llama_server(tiny_large, [], tmp_path / "log"):
         pass
+
+
+@pytest.mark.parametrize(
+    ("command", "limit", "out"),
+    [
+        ("humaneval", "Run at most this many tasks.", "(default: bench-results/humaneval-SPLIT)."),
+        ("prompts", "Run the file's first N prompts alone.", "(default: bench-results/prompts-STEM, STEM"),
+    ],
+)
+def test_each_bench_helps_with_its_own_limit_and_folder(command: str, limit: str, out: str) -> None:
+    """bench prompts' help had said its --limit ran 'this many tasks' and named humaneval's folder beside
+    its own; each command says what it runs and where it writes."""
+    shown = " ".join(help_text(("bench", command)).replace("│", " ").split())  # rich's panels, if drawn
+    assert limit in shown and out in shown
+    assert ("humaneval" in shown) == (command == "humaneval")

@@ -90,15 +90,22 @@ ServerNgramList = Annotated[
         help=f"server-ngram: llama.cpp's n-gram types, comma-separated: {', '.join(NGRAM_TYPES)}.",
     ),
 ]
-BenchLimit = Annotated[int | None, typer.Option(help="Run at most this many tasks.")]
-BenchOut = Annotated[
-    Path | None,
-    typer.Option(
-        "--out",
-        help="Folder for results and reports (default: bench-results/humaneval-SPLIT, prompts-FILE).",
-        parser=given_path,
-    ),
-]
+TasksLimit = Annotated[int | None, typer.Option(help="Run at most this many tasks.")]
+PromptsLimit = Annotated[int | None, typer.Option(help="Run the file's first N prompts alone.")]
+
+
+def _bench_out(default: str) -> Any:
+    """--out, naming the command's own default folder (each bench's help had named both)."""
+    return Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help=f"Folder for results and reports (default: {default}).", parser=given_path
+        ),
+    ]
+
+
+HumanevalOut = _bench_out("bench-results/humaneval-SPLIT")
+PromptsOut = _bench_out("bench-results/prompts-STEM, STEM the file's name without its suffix")
 
 
 Sweep = list[Strategy]
@@ -139,12 +146,12 @@ def bench_humaneval(
     split: Annotated[
         str, typer.Option(metavar="even|odd|all", help="even (tuning thresholds), odd (reporting) or all.")
     ] = "all",
-    limit: BenchLimit = None,
+    limit: TasksLimit = None,
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
     timeout: Annotated[float, typer.Option(help="Seconds each solution's tests may run.")] = SAMPLE_TIMEOUT_S,
-    out: BenchOut = None,
+    out: HumanevalOut = None,
 ) -> None:
     """HumanEval pass@1 of each strategy, against its cost and wall-clock time (resumable)."""
     from ..bench.run import humaneval_bench
@@ -173,11 +180,11 @@ def bench_prompts(
     ],
     model_options: ModelOptions,
     sweep: Sweep,
-    limit: BenchLimit = None,
+    limit: PromptsLimit = None,
     max_tokens: MaxTokens = 512,
     temp: Temp = 0.0,
     seed: Seed = 0,
-    out: BenchOut = None,
+    out: PromptsOut = None,
 ) -> None:
     """Each strategy's agreement with the large model's text, against its cost and time (resumable)."""
     from ..bench.run import prompts_bench
