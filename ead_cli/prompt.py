@@ -355,9 +355,10 @@ def line_end_after(text: str, chars: int) -> int:
 
 def tail_tokens(runner: Runner, text: str, keep: int) -> KeptTokens:
     """The last ``keep`` tokens of ``text`` read as text, as the whole text's tokens end, for llama-server's
-    cut of /infill's prefix, and whether the text has more. Where the vocabulary cuts at lines, only the text from the last line start
-    with ``keep`` of its longest tokens after it is read (as many characters give at least that many
-    tokens): a 4 MiB prefix had been tokenized whole, a million tokens, for its last 384."""
+    cut of /infill's prefix, and whether the text has more. Where the vocabulary cuts at lines, only the
+    text from the last line start with ``keep`` of its longest tokens after it is read (as many characters
+    give at least that many tokens): a 4 MiB prefix had been tokenized whole, a million tokens, for its
+    last 384."""
     if keep <= 0:
         return KeptTokens([], bool(text))
     chars = _kept_chars(runner, text, keep)
