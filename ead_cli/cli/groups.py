@@ -75,6 +75,14 @@ def given_model(text: str) -> str:
     return text
 
 
+def show_help(context: typer.Context) -> None:
+    """What ``--help`` does, for a group given no command (``ead bench``): its help on stdout, exit 0, where
+    click's default had put it on stderr with exit 2, as for a mistake."""
+    option = context.command.get_help_option(context)
+    assert option is not None and option.callback is not None  # every command has -h/--help
+    option.callback(context, option, True)
+
+
 def given_alias(text: str) -> str:
     """An alias argument as given (``ead models pull``, ``rm``), refused when blank as a model is."""
     check_model_name(text, "ALIAS", "an alias from models.toml")

@@ -12,9 +12,15 @@ from .groups import ModelsFile, given_alias
 from .output import check_stdout, print_table, say_progress, spelled
 
 models_app = typer.Typer(
-    help="List, fetch and remove models: the aliases of models.toml, and those ollama and LM Studio keep.",
-    no_args_is_help=True,
+    help="List (ead models alone lists them too), fetch and remove models: the aliases of models.toml, and "
+    "those ollama and LM Studio keep.",
 )
+
+
+@models_app.callback(invoke_without_command=True)
+def _models(context: typer.Context) -> None:
+    if context.invoked_subcommand is None:  # a bare `ead models` lists them, as `llm models` does
+        models_list()
 
 
 @models_app.command("list")
@@ -33,11 +39,12 @@ def models_list(
             "ref": alias,
             "source": "catalog",
             "description": spec.description,
-            "params": spec.params,
-            "local": registry.local_status(spec),
-            "path": None,
+            "params": round(spec.params) if spec.params else None,
+            "local": copy.where,
+            "path": str(copy.path) if copy.path else None,
         }
         for alias, spec in catalog.models.items()
+        for copy in [registry.local_copy(spec)]
     ]
     rows += [
         {
@@ -58,7 +65,8 @@ def models_list(
         table.add_column(column, overflow="fold")  # a path cut short names nothing
     for row in rows:
         params = f"{row['params'] / 1e9:.1f}B" if row["params"] else ""
-        cells = (row["ref"], row["description"], params, row["path"] or row["local"] or "-")
+        where = row["local"] if row["source"] == "catalog" else row["path"]  # an alias's cache, not its file
+        cells = (row["ref"], row["description"], params, where or row["local"] or "-")
         table.add_row(*map(spelled, cells))  # a file's name may hold an escape or a newline
     print_table(table)
 
