@@ -1,11 +1,16 @@
 """GGUF files on disk: the shards of a split model, the check that a path is a readable GGUF, and its
-training context read without loading it."""
+header (metadata, parameter count, training context) read without loading the weights."""
 
 from __future__ import annotations
 
+import mmap
 import re
 import stat
+import struct
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from ead_cli.errors import EadError, shown_path
 from ead_cli.paths import lookup, unreadable
@@ -91,11 +96,125 @@ def training_context(path: Path) -> int | None:
     """The model's training context (``{arch}.context_length``, llama.cpp's n_ctx_train) read from its
     header without loading it, or None where the file does not say (unreadable, not a model llama.cpp
     loads): the context a run without --ctx gets is known before the model loads."""
-    import gguf
-
     try:
-        fields = gguf.GGUFReader(path).fields
-        arch = str(fields["general.architecture"].contents())
-        return int(fields[f"{arch}.context_length"].contents())
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return read_header(path).context_length
+    except EadError:
         return None
+
+
+# GGUF's value types: a scalar's struct format by type id; 8 is a string, 9 an array
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """What a model's header says, read without its weights: the metadata's scalars and strings (arrays,
+    the vocabulary's, left out) and the parameter count, every tensor's elements in every shard, as
+    llama.cpp's ``llama_model_n_params`` counts them."""
+
+    metadata: dict[str, Any]
+    n_params: int
+
+    def architecture_value(self, key: str) -> Any:
+        """``{architecture}.key``'s value, or None where the header does not say."""
+        return self.metadata.get(f"{self.metadata.get('general.architecture')}.{key}")
+
+    @property
+    def context_length(self) -> int | None:
+        value = self.architecture_value("context_length")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_header(path: Path) -> GgufHeader:
+    """The header of the model whose first file is ``path`` (a split model's metadata is its first shard's,
+    its tensors every shard's): a walk over the bytes, not gguf's reader, which builds an object for each
+    of a 150,000-token vocabulary's strings (seconds); a header cut short or garbled is one line."""
+    metadata: dict[str, Any] = {}
+    n_params = 0
+    for index, shard in enumerate(shard_paths(path)):
+        try:
+            with shard.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                shard_metadata, shard_params = _walk_header(view)
+        except (OSError, ValueError, struct.error, RecursionError) as err:  # UnicodeDecodeError: a ValueError
+            why = unreadable(err) if isinstance(err, OSError) else "its header is cut short or garbled"
+            raise EadError(f"cannot read the GGUF header of {shown_path(shard)}: {why}") from None
+        if index == 0:
+            metadata = shard_metadata
+        n_params += shard_params
+    return GgufHeader(metadata, n_params)
+
+
+def _walk_header(view: mmap.mmap) -> tuple[dict[str, Any], int]:
+    """The metadata's scalars and strings, and the sum of the tensors' elements, of one GGUF file (v2, v3)."""
+    if view[:4] != GGUF_MAGIC:
+        raise ValueError("bad magic")
+    version, n_tensors, n_values = struct.unpack_from("<IQQ", view, 4)
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version}")
+    offset = 24
+
+    def take(fmt: str) -> Any:
+        nonlocal offset
+        (value,) = struct.unpack_from(fmt, view, offset)
+        offset += struct.calcsize(fmt)
+        return value
+
+    def text() -> str:
+        nonlocal offset
+        size = take("<Q")
+        if offset + size > len(view):
+            raise ValueError("a string past the end")
+        offset += size
+        return view[offset - size : offset].decode()
+
+    def skip_array() -> None:
+        nonlocal offset
+        kind, count = take("<I"), take("<Q")
+        if kind in _SCALARS:
+            offset += count * struct.calcsize(_SCALARS[kind])
+        elif kind == _STRING:
+            for _ in range(count):
+                offset += 8 + take("<Q")
+                if offset > len(view):
+                    raise ValueError("an array past the end")
+        elif kind == _ARRAY:
+            for _ in range(count):
+                skip_array()
+        else:
+            raise ValueError(f"value type {kind}")
+
+    metadata: dict[str, Any] = {}
+    for _ in range(n_values):
+        key, kind = text(), take("<I")
+        if kind in _SCALARS:
+            metadata[key] = take("<" + _SCALARS[kind])
+        elif kind == _STRING:
+            metadata[key] = text()
+        elif kind == _ARRAY:
+            skip_array()
+        else:
+            raise ValueError(f"value type {kind}")
+    n_params = 0
+    for _ in range(n_tensors):
+        text()
+        dims = take("<I")
+        elements = 1
+        for _ in range(dims):
+            elements *= take("<Q")
+        offset += 4 + 8  # the tensor's type and its data's offset
+        n_params += elements
+    return metadata, n_params
+
+
+@cache
+def file_type_names() -> dict[int, str]:
+    """A GGUF's file types (general.file_type) by name, from llama.cpp's own (LLAMA_FTYPE_MOSTLY_Q4_K_M:
+    Q4_K_M), which are ollama's names of a model's quantization too."""
+    import llama_cpp
+
+    return {
+        getattr(llama_cpp, name): name.removeprefix("LLAMA_FTYPE_ALL_").removeprefix("LLAMA_FTYPE_MOSTLY_")
+        for name in dir(llama_cpp)
+        if name.startswith(("LLAMA_FTYPE_ALL_", "LLAMA_FTYPE_MOSTLY_"))
+    }

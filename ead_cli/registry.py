@@ -301,8 +301,9 @@ class LocalCopy(NamedTuple):
 
 
 def local_copy(spec: ModelSpec) -> LocalCopy:
-    """Where the alias is available right now without a download, for ``ead models list``; cheap (a copy
-    whose modification time is no longer the recorded one is hashed at its next use, not here)."""
+    """Where the alias is available right now without a download, for ``ead models list`` and ``show``;
+    cheap (a copy whose modification time is no longer the recorded one is hashed at its next use, not
+    here)."""
     if (cached := _hub_cached(spec)) is not None:
         return LocalCopy("hub cache", cached)
     if spec.offline is None:
@@ -315,6 +316,16 @@ def local_copy(spec: ModelSpec) -> LocalCopy:
     if not _locate_packages(spec.offline)[1]:
         return LocalCopy("offline packages (not assembled)", None)
     return LocalCopy(None, None)
+
+
+def local_file(ref: str, catalog: Catalog) -> tuple[ModelSpec | None, Path | None]:
+    """The file ``ref`` names here, without fetching or assembling anything: an alias's spec and its local
+    copy (None where it has none yet), or a path's, ollama's or LM Studio's file (checked as ``resolve``
+    checks it, a missing one refused naming it)."""
+    if ref.startswith((OLLAMA_PREFIX, LMSTUDIO_PREFIX)) or _is_path(ref) or is_remote(ref):
+        return None, resolve(ref, catalog, allow_download=False)
+    spec = catalog.spec(ref)
+    return spec, local_copy(spec).path
 
 
 # --- alias resolution --------------------------------------------------------------------------------

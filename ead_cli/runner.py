@@ -24,7 +24,7 @@ import numpy as np
 
 from .entropy import EntropyMeter
 from .errors import EadError, shown_path
-from .gguf_files import model_bytes, shard_paths
+from .gguf_files import file_type_names, model_bytes, shard_paths
 from .hardware import Repack, repack_choice
 from .options import DEFAULT_BATCH, DEFAULT_UBATCH, resolve_threads
 from .sampling import ParsedGrammars
@@ -40,13 +40,6 @@ _QUIET_LEVEL = logging.CRITICAL + 1
 _LENGTH_BOUNDED_VOCABS = (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE)
 _STRIP_ATTRIBUTES = llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
 _PIECE_ATTRIBUTES = llama_cpp.LLAMA_TOKEN_ATTR_NORMAL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
-# A GGUF's file type (general.file_type) by name, from llama.cpp's own (LLAMA_FTYPE_MOSTLY_Q4_K_M: Q4_K_M),
-# which are ollama's names of a model's quantization too
-_FILE_TYPES = {
-    getattr(llama_cpp, name): name.removeprefix("LLAMA_FTYPE_ALL_").removeprefix("LLAMA_FTYPE_MOSTLY_")
-    for name in dir(llama_cpp)
-    if name.startswith(("LLAMA_FTYPE_ALL_", "LLAMA_FTYPE_MOSTLY_"))
-}
 # llama.cpp's pre-tokenizers (tokenizer.ggml.pre, as llama-cpp-python 0.3.36 names them) that split a text
 # at every line's start (a newline, then a printable ASCII character) and at every line's end (an ASCII
 # letter or digit, then a newline), whatever comes before and after: GPT-2's rule (digits apart first or
@@ -777,7 +770,7 @@ class Runner(ContextOwner):
         """The type its file says most of its weights have (Q4_K_M, F16), as ollama names a model's
         quantization; '' where the file does not say."""
         value = self.metadata("general.file_type")
-        return _FILE_TYPES.get(int(value), "") if value is not None and value.isdigit() else ""
+        return file_type_names().get(int(value), "") if value is not None and value.isdigit() else ""
 
     @property
     def twin_of(self) -> str | None:

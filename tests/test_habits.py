@@ -238,6 +238,7 @@ def test_a_llama_cpp_word_that_starts_as_a_short_option_is_named_as_typed(
         (["--no-color", "run"], "ollama's run is ead chat here (ead generate PROMPT: one answer)"),
         (["list"], "ollama's list is ead models list here"),
         (["ls"], "ollama's ls is ead models list here"),
+        (["show", "qc0.5b"], "ollama's show is ead models show here"),
         (["pull", "qc0.5b"], "ollama's pull is ead models pull here"),
         (["rm", "qc0.5b"], "ollama's rm is ead models rm here"),
         (

@@ -369,6 +369,7 @@ def _unlike_llama_cpp(root: TyperGroup, argv: list[str]) -> str | None:
 OLLAMA_COMMANDS = {
     "run": "ollama's run is ead chat here (ead generate PROMPT: one answer)",
     **{name: f"ollama's {name} is ead models list here" for name in ("list", "ls")},
+    "show": "ollama's show is ead models show here",
     "pull": "ollama's pull is ead models pull here",
     "rm": "ollama's rm is ead models rm here",
     "ps": "ollama's ps lists the loaded models: ead loads them per command (ead serve: while it runs)",

@@ -1,19 +1,20 @@
-"""``ead models``: list, fetch and remove models."""
+"""``ead models``: list, show, fetch and remove models."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from .groups import ModelsFile, given_alias
+from .groups import ModelsFile, given_alias, given_model
 from .output import check_stdout, print_table, say_progress, spelled
 
 models_app = typer.Typer(
-    help="List (ead models alone lists them too), fetch and remove models: the aliases of models.toml, and "
-    "those ollama and LM Studio keep.",
+    help="List (ead models alone lists them too), show, fetch and remove models: the aliases of models.toml, "
+    "and those ollama and LM Studio keep.",
 )
 
 
@@ -68,6 +69,54 @@ def models_list(
         where = row["local"] if row["source"] == "catalog" else row["path"]  # an alias's cache, not its file
         cells = (row["ref"], row["description"], params, where or row["local"] or "-")
         table.add_row(*map(spelled, cells))  # a file's name may hold an escape or a newline
+    print_table(table)
+
+
+@models_app.command("show")
+def models_show(
+    model: Annotated[
+        str,
+        typer.Argument(help="An alias, a .gguf path, ollama:NAME or lmstudio:PATH.", parser=given_model),
+    ],
+    catalog_file: ModelsFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object, the same fields.")] = False,
+) -> None:
+    """Show a model as its file's header says it (architecture, parameters, context, quantization, chat
+    template), without loading its weights or fetching it."""
+    from .. import registry
+    from ..model_info import model_info
+
+    check_stdout("the model")
+    info = model_info(model, registry.load_catalog(catalog_file))
+    if as_json:
+        print(json.dumps(asdict(info), indent=1))
+        return
+    params = f"{info.params / 1e9:.2f}B ({info.params:,})" if info.params else None
+    if params and not info.downloaded:
+        params = f"about {info.params / 1e9:.2f}B (the catalog's figure)"
+    block = "a thinking block" if info.thinking else "no thinking block"
+    template = info.chat_template and f"{info.chat_template}, {block}"
+    size = info.size and f"{info.size / 2**30:.2f} GiB ({info.size:,} bytes)"
+    rows = [
+        ("model", info.ref),
+        ("source", info.source),
+        ("description", info.description),
+        ("architecture", info.architecture),
+        ("parameters", params),
+        ("context length", info.context_length),
+        ("embedding length", info.embedding_length),
+        ("quantization", info.quantization),
+        ("chat template", template),
+        ("downloaded", "yes" if info.downloaded else f"no (ead models pull {info.ref})"),
+        *(("path", path) for path in info.paths),
+        ("size", size),
+    ]
+    table = Table(box=None, pad_edge=False, show_header=False)
+    for _ in range(2):
+        table.add_column(overflow="fold")
+    for label, value in rows:
+        if value is not None:
+            table.add_row(label, spelled(str(value)))
     print_table(table)
 
 

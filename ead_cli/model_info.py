@@ -1,0 +1,121 @@
+"""What ``ead models show`` says of a model, as ``ollama show`` does: read from its file's header, the
+weights never loaded, for an alias, a path, or a model ollama or LM Studio keeps."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from functools import cache
+
+from ead_cli.gguf_files import file_type_names, model_bytes, read_header, shard_paths
+from ead_cli.registry import Catalog, local_file
+from ead_cli.thinking import thinks
+from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX
+
+# Two conversations each builtin template of llama.cpp's is rendered with, to tell them apart: with a
+# system message and without, a tool's answer, and whitespace that some strip (llama2-sys-strip)
+_PROBES = (
+    (("system", " S "), ("user", " U1 "), ("assistant", "A1"), ("tool", "T"), ("user", "U2")),
+    (("user", "U1"),),
+)
+_TOOLS = {"ollama": OLLAMA_PREFIX, "lmstudio": LMSTUDIO_PREFIX}  # the sources of the models others keep
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model as ``ead models show`` lists it; None where the file does not say, or is not here."""
+
+    ref: str  # as asked
+    source: str  # catalog, file, ollama or lmstudio
+    description: str | None  # the catalog's
+    architecture: str | None  # general.architecture: qwen2, llama
+    params: int | None  # the file's tensors' elements (llama.cpp's count); an alias not here: the catalog's
+    context_length: int | None  # trained for
+    embedding_length: int | None
+    quantization: str | None  # the file type, as llama.cpp and ollama name it: Q4_K_M, F16
+    chat_template: str | None  # llama.cpp's name of its family (chatml, llama3), 'other', or None: none
+    thinking: bool | None  # whether the template writes a thinking block (<think>...</think>)
+    downloaded: bool
+    paths: list[str] = field(default_factory=list)  # every shard of a split model
+    size: int | None = None  # bytes, all shards
+
+
+def model_info(ref: str, catalog: Catalog) -> ModelInfo:
+    """``ref``'s model, without fetching it: an alias not downloaded is said from the catalog alone."""
+    spec, path = local_file(ref, catalog)
+    if spec is not None:
+        source = "catalog"
+    else:
+        source = next((tool for tool, prefix in _TOOLS.items() if ref.startswith(prefix)), "file")
+    description = (spec.description or None) if spec else None
+    if path is None:
+        params = round(spec.params) if spec and spec.params else None
+        return ModelInfo(ref, source, description, None, params, None, None, None, None, None, False)
+    header = read_header(path)
+    template = header.metadata.get("tokenizer.chat_template")
+    template = template if isinstance(template, str) else None
+    file_type = header.metadata.get("general.file_type")
+    architecture = header.metadata.get("general.architecture")
+    embedding = header.architecture_value("embedding_length")
+    return ModelInfo(
+        ref=ref,
+        source=source,
+        description=description,
+        architecture=architecture if isinstance(architecture, str) else None,
+        params=header.n_params,
+        context_length=header.context_length,
+        embedding_length=embedding if isinstance(embedding, int) else None,
+        quantization=file_type_names().get(file_type) if isinstance(file_type, int) else None,
+        chat_template=template_family(template),
+        thinking=thinks(template) if template else None,
+        downloaded=True,
+        paths=[str(shard) for shard in shard_paths(path)],
+        size=model_bytes(path),
+    )
+
+
+def template_family(template: str | None) -> str | None:
+    """The name llama.cpp gives the family of a chat template (chatml, llama3, gemma, ...): the first of
+    its builtin templates whose renderings of the probes are the template's as llama.cpp detects it;
+    'other' for one it does not know (ead renders the template itself, with jinja2), None for none."""
+    if not template:
+        return None
+    rendered = _renderings(template)
+    if rendered is None:
+        return "other"
+    return next((name for name in _builtin_templates() if _renderings(name) == rendered), "other")
+
+
+@cache
+def _builtin_templates() -> tuple[str, ...]:
+    import llama_cpp
+
+    count = llama_cpp.llama_chat_builtin_templates(None, 0)
+    names = (ctypes.c_char_p * count)()
+    llama_cpp.llama_chat_builtin_templates(names, count)
+    return tuple(name.decode() for name in names if name is not None)
+
+
+def _renderings(template: str) -> tuple[bytes, ...] | None:
+    """The probes as llama.cpp's own formatter writes them with ``template`` (a builtin's name, or a
+    template it recognises by its markers), or None where it recognises none."""
+    import llama_cpp
+
+    rendered = []
+    for probe in _PROBES:
+        messages = (llama_cpp.llama_chat_message * len(probe))(
+            *(llama_cpp.llama_chat_message(role.encode(), text.encode()) for role, text in probe)
+        )
+        size = 1024
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            needed = llama_cpp.llama_chat_apply_template(
+                template.encode(), messages, len(probe), True, buffer, size
+            )
+            if needed < 0:
+                return None
+            if needed <= size:
+                break
+            size = needed
+        rendered.append(buffer.raw[:needed])
+    return tuple(rendered)
