@@ -6,22 +6,27 @@ each policy (a pure state machine, so replaying is exact for the policy, and che
 until the simulated large-model share meets the target. The replay cannot know how the large model's
 tokens would have changed the text, so the prediction is then checked by real runs at that τ on
 held-out prompts, and both shares are reported. Saved results live in one JSON file per user, keyed by
-the pair's file names and the policy; ``ead generate`` and ``ead chat`` use them when no ``--tau`` is given.
+the pair's file names and the policy, each τ beside the rule settings it was measured under (its window,
+minimum run...: ``rule_settings``); ``ead generate``, ``chat`` and ``serve`` use one when no ``--tau`` is
+given and their settings are those.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from .decoder import Decoder
 from .errors import EadError, counted, quoted, shown_path
+from .option_table import OPTIONS
 from .options import PolicyOptions
 from .paths import check_can_save, check_kept_file, config_file, lookup, read_file_text, save_json, unreadable
-from .policies import Fixed
+from .policies import POLICY_KINDS, Fixed
 from .prompt import encode_fitting, render_prompt
 from .runner import Runner
 from .sampling import SamplingParams
@@ -61,6 +66,40 @@ class Calibration:
     target_share: float
     predicted_share: float
     measured_share: float | None
+    settings: dict[str, Any] | None = None  # ``rule_settings`` of its options; None: the policy's defaults
+
+
+def rule_settings(options: PolicyOptions) -> dict[str, Any]:
+    """The settings besides τ that decide what ``options.policy`` does with a τ (``PolicyKind.rule_options``),
+    by the option table's names, as JSON values: the policy's own window where none is given."""
+    kind = POLICY_KINDS[options.policy]
+    settings: dict[str, Any] = {}
+    for option in OPTIONS.values():
+        if option.attribute in kind.rule_options:
+            value = getattr(options, option.attribute)
+            if option.name == "window" and value is None:
+                value = kind.window
+            settings[option.name] = list(value) if isinstance(value, tuple) else value
+    return settings
+
+
+def calibrated_policies(names: Sequence[str], given: dict[str, Any]) -> list[PolicyOptions]:
+    """Each policy to calibrate with the rule settings ``given`` (PolicyOptions fields) that it reads. One
+    that none of them reads would be recorded nowhere: a usage error, as a bad value is."""
+    for field in given:
+        if not any(field in POLICY_KINDS[name].rule_options for name in names):
+            flag = next(option.flag for option in OPTIONS.values() if option.attribute == field)
+            readers = [kind.name for kind in POLICY_KINDS.values() if field in kind.rule_options]
+            shaped = " and ".join(f"--policy {name}" for name in readers)
+            raise EadError(f"{flag} shapes {shaped}, which this calibration leaves out", exit_code=2)
+    return [
+        PolicyOptions(
+            mode="ead",
+            policy=name,
+            **{field: value for field, value in given.items() if field in POLICY_KINDS[name].rule_options},
+        )
+        for name in names
+    ]
 
 
 def split_prompts(domain: str, file_prompts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
@@ -93,28 +132,39 @@ def _encode_each(runners: Sequence[Runner], prompts: Sequence[str], kind: str) -
     return encoded
 
 
-def small_entropies(
+def small_answers(
     runners: Sequence[Runner], prompts: Sequence[list[int]], max_tokens: int
-) -> list[list[float]]:
-    """The small model's entropy at each step of its own greedy answer to each prompt (token ids)."""
-    streams = []
+) -> tuple[list[list[float]], list[list[str]]]:
+    """The small model's entropy at each step of its own greedy answer to each prompt (token ids), and
+    each step's text (a line burst and patterns read it)."""
+    streams, texts = [], []
     for prompt in prompts:
         decoder = Decoder(runners, ("small", "large"), Fixed(0), SamplingParams(), max_tokens=max_tokens)
-        streams.append([event.entropy for event in decoder.run(prompt)])
-    return streams
+        events = list(decoder.run(prompt))
+        streams.append([event.entropy for event in events])
+        texts.append([event.text for event in events])
+    return streams, texts
 
 
-def simulated_share(streams: Sequence[Sequence[float]], options: PolicyOptions, tau: float) -> float:
-    """The large model's share if the policy at ``tau`` saw these entropy streams. Where the large model
-    writes, its entropy is taken to be the small one's at that position (a lookahead rewrite replays
-    the span's)."""
+def simulated_share(
+    streams: Sequence[Sequence[float]],
+    options: PolicyOptions,
+    tau: float,
+    texts: Sequence[Sequence[str]] = (),
+) -> float:
+    """The large model's share if the policy at ``tau`` saw these entropy streams (and ``texts``, each
+    step's text, where the policy reads it: a line burst, patterns). Where the large model writes, its
+    entropy and text are taken to be the small one's at that position (a lookahead rewrite replays the
+    span's)."""
     large = total = 0
-    for stream in streams:
+    for number, stream in enumerate(streams):
         policy = replace(options, tau=tau).make_policy()
         writers: list[int] = []
         step = 0
         while step < len(stream):
             writers.append(policy.observe(stream[step]))
+            if policy.wants_text:
+                policy.see(texts[number][step])
             step += 1
             taken_back = policy.take_back(step == len(stream))
             if taken_back:  # lookahead: the large model rewrites those positions
@@ -126,14 +176,18 @@ def simulated_share(streams: Sequence[Sequence[float]], options: PolicyOptions, 
 
 
 def tau_for_share(
-    streams: Sequence[Sequence[float]], options: PolicyOptions, target: float
+    streams: Sequence[Sequence[float]],
+    options: PolicyOptions,
+    target: float,
+    texts: Sequence[Sequence[str]] = (),
 ) -> tuple[float, float]:
     """The τ whose simulated share is closest to ``target`` (bisection: the share falls as τ rises);
     returns (τ, its simulated share). Answers too short for the policy to switch at all (the paper's
     rule waits ``min_run`` tokens) leave every τ at share 0: no τ is found, rather than a τ of 0 that
     longer answers would hand wholly to the large model."""
     low, high = 0.0, max((max(s) for s in streams if s), default=0.0) + 1e-6
-    share_low, share_high = simulated_share(streams, options, low), simulated_share(streams, options, high)
+    share_low = simulated_share(streams, options, low, texts)
+    share_high = simulated_share(streams, options, high, texts)
     if share_low == 0.0:
         tokens = sum(len(stream) for stream in streams)
         raise EadError(
@@ -142,7 +196,7 @@ def tau_for_share(
         )
     for _ in range(BISECTIONS):
         middle = (low + high) / 2
-        share = simulated_share(streams, options, middle)
+        share = simulated_share(streams, options, middle, texts)
         if share > target:
             low, share_low = middle, share
         else:
@@ -192,11 +246,11 @@ def calibrate(
     held_out = _encode_each(runners, prompts[1], "held-out") if check else []
     if progress:
         progress(f"the small model answers {counted(len(calibration_prompts), 'calibration prompt')}")
-    streams = small_entropies(runners, calibration_prompts, max_tokens)
+    streams, texts = small_answers(runners, calibration_prompts, max_tokens)
     results, failures = [], []
     for options in policies:
         try:
-            tau, predicted = tau_for_share(streams, options, target)
+            tau, predicted = tau_for_share(streams, options, target, texts)
         except EadError as error:
             failures.append(error)
             continue
@@ -208,7 +262,7 @@ def calibrate(
                     f"{counted(len(held_out), 'held-out prompt')}"
                 )
             measured = measured_share(runners, replace(options, tau=tau), held_out, max_tokens)
-        results.append(Calibration(options.policy, tau, target, predicted, measured))
+        results.append(Calibration(options.policy, tau, target, predicted, measured, rule_settings(options)))
     return results, failures
 
 
@@ -262,12 +316,15 @@ def save(small: str, large: str, results: Sequence[Calibration], path: Path | No
             "predicted_share": result.predicted_share,
             "measured_share": result.measured_share,
         }
+        if result.settings is not None:
+            entry[result.policy]["settings"] = result.settings
     return save_json(path, data, "the calibration", indent=2)
 
 
-def saved_tau(small: str, large: str, policy: str) -> float | None:
-    """The τ saved for this pair and policy, or None; checked as --tau is (a finite number of bits, at
-    least 0), the file named, since an edited file can hold anything."""
+def saved_tau(small: str, large: str, policy: str) -> tuple[float, dict[str, Any]] | None:
+    """The τ saved for this pair and policy and the rule settings it was measured under (an entry of an
+    older ead, without them: the policy's defaults), or None; each checked as the options are (a τ: a
+    finite number of bits, at least 0), the file named, since an edited file can hold anything."""
     path = config_file()
     pair = pair_key(small, large)
     entry = _read(path).get(pair, {}).get(policy)
@@ -279,13 +336,72 @@ def saved_tau(small: str, large: str, policy: str) -> float | None:
             f"the calibration file {shown_path(path)} holds {policy} tau {json.dumps(tau)} for {pair}: "
             "a tau is a finite number of bits, at least 0"
         )
-    return float(tau)
+    defaults = PolicyOptions(mode="ead", policy=policy)
+    settings = entry.get("settings", {})
+    try:
+        if not isinstance(settings, dict) or not settings.keys() <= rule_settings(defaults).keys():
+            raise TypeError(settings)
+        fields = {
+            OPTIONS[name].attribute: tuple(value) if isinstance(value, list) else value
+            for name, value in settings.items()
+        }
+        return float(tau), rule_settings(replace(defaults, **fields))
+    except (EadError, TypeError, ValueError):
+        raise EadError(
+            f"the calibration file {shown_path(path)} holds {policy} settings {json.dumps(settings)} for "
+            f"{pair}: not the {policy} policy's options ({', '.join(rule_settings(defaults))}) and values "
+            "it takes"
+        ) from None
 
 
-def with_saved_tau(options: PolicyOptions, runners: Sequence[Runner]) -> tuple[PolicyOptions, bool]:
-    """The options with the pair's calibrated τ where none was given (bits only, not with --normalize);
-    True when one was applied."""
+class SavedTau(NamedTuple):
+    """``options`` with the pair's saved τ where it ``applied``; ``mismatch``: a note where one was saved
+    for the policy under other rule settings than the run's, which keep the policy's default τ."""
+
+    options: PolicyOptions
+    applied: bool = False
+    mismatch: str | None = None
+
+
+def with_saved_tau(options: PolicyOptions, runners: Sequence[Runner]) -> SavedTau:
+    """The options with the pair's calibrated τ where none was given (bits only, not with --normalize)
+    and it was measured under this run's rule settings."""
     if options.tau is not None or options.mode != "ead" or options.normalize or len(runners) != 2:
-        return options, False
-    tau = saved_tau(runners[0].label, runners[1].label, options.policy)
-    return (replace(options, tau=tau), True) if tau is not None else (options, False)
+        return SavedTau(options)
+    saved = saved_tau(runners[0].label, runners[1].label, options.policy)
+    if saved is None:
+        return SavedTau(options)
+    tau, measured = saved
+    settings = rule_settings(options)
+    if settings == measured:
+        return SavedTau(replace(options, tau=tau), applied=True)
+    return SavedTau(options, mismatch=_mismatch(options.policy, measured, settings))
+
+
+def _mismatch(policy: str, measured: dict[str, Any], settings: dict[str, Any]) -> str:
+    """Why a saved τ does not apply, the settings that differ named both ways, and the command that
+    calibrates the run's."""
+    differ = [name for name in settings if settings[name] != measured[name]]
+    defaults = rule_settings(PolicyOptions(mode="ead", policy=policy))
+    given = [name for name in settings if settings[name] != defaults[name]]
+    command = " ".join(part for part in (f"ead calibrate --policy {policy}", _flags(given, settings)) if part)
+    return (
+        f"the {policy} tau calibrated for this pair was measured with {_flags(differ, measured)}; this "
+        f"run's {_flags(differ, settings)} uses tau {POLICY_KINDS[policy].tau:g} ({command} calibrates it)"
+    )
+
+
+def _flags(names: Sequence[str], settings: dict[str, Any]) -> str:
+    """Rule settings as a command line gives them: ``--window 3 --pattern '^def'``, ``no --tau-range``."""
+    words = []
+    for name in names:
+        flag, value = OPTIONS[name].flag, settings[name]
+        if value is None or value == []:
+            words.append(f"no {flag}")
+        elif name == "tau_range":
+            words.append(f"{flag} {value[0]:g}:{value[1]:g}")
+        elif isinstance(value, list):
+            words += [f"{flag} {shlex.quote(item)}" for item in value]
+        else:
+            words.append(f"{flag} {value}")
+    return " ".join(words)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .calibrate import with_saved_tau
+from .calibrate import SavedTau, with_saved_tau
 from .decoder import Summary, TokenEvent
 from .engine import build_decoder
 from .errors import EadError, shown_path
@@ -174,13 +174,18 @@ class Conversation:
         pair with no τ given (``effective_policy``), whatever mode or policy a command chose since."""
         if policy.mode != "large" and len(self.runners) == 1 and self._load_pair is not None:
             self.runners, self._load_pair = tuple(self._load_pair()), None
-        build_decoder(self.runners, with_saved_tau(policy, self.runners)[0], generation)  # only to validate
+        build_decoder(self.runners, with_saved_tau(policy, self.runners).options, generation)  # validates
         self.policy, self.generation = policy, generation
 
     @property
+    def saved_tau(self) -> SavedTau:
+        """The settings the next answer runs with (the asked ones, the pair's saved τ where it applies),
+        and why a τ saved for the policy does not apply to them."""
+        return with_saved_tau(self.policy, self.runners)
+
+    @property
     def effective_policy(self) -> PolicyOptions:
-        """The settings the next answer runs with: the asked ones, the pair's saved τ where it applies."""
-        return with_saved_tau(self.policy, self.runners)[0]
+        return self.saved_tau.options
 
     def reset(self) -> None:
         """Start a new conversation (same system message and settings). The caches keep what matches."""

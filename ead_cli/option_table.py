@@ -513,6 +513,13 @@ DECODING: tuple[DecodingOption, ...] = (
 
 OPTIONS: dict[str, DecodingOption] = {option.name: option for option in DECODING}
 SWITCHING = frozenset(option.name for option in DECODING if option.switching)
+# The options that shape some policy's rule (``PolicyKind.rule_options``), in the table's order: ead
+# calibrate takes them and records the values a τ was measured under
+RULE_OPTIONS = tuple(
+    option.name
+    for option in DECODING
+    if any(option.attribute in kind.rule_options for kind in POLICY_KINDS.values())
+)
 
 
 def on(surface: str) -> tuple[DecodingOption, ...]:

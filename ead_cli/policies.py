@@ -552,6 +552,12 @@ class PolicyKind:
     bench_taus: tuple[float, ...] = ()
 
     @property
+    def rule_options(self) -> frozenset[str]:
+        """The options besides τ that decide what this policy does with a τ (PolicyOptions fields): a τ
+        calibrated under some values of them hands another share under others."""
+        return self.reads | self.text_options | {"tau_range"}
+
+    @property
     def swept_taus(self) -> tuple[float, ...]:
         """The thresholds ``ead bench`` tries unless told."""
         return self.bench_taus or (self.tau,)

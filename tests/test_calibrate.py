@@ -45,6 +45,17 @@ def test_ead_replay_counts_hysteresis_and_the_window() -> None:
     assert sum(policy.observe(h) for h in stream) / len(stream) == pytest.approx(share)
 
 
+def test_a_line_burst_and_patterns_are_replayed_on_the_answers_text() -> None:
+    """calibrate --burst line or --pattern: the replay feeds the policy each step's text, as the decoder
+    does; unfed, a line burst never ended and a pattern never fired."""
+    stream = [0.0, 5.0, 0.0, 0.0, 0.0, 0.0]
+    text = ["def", " f", "():\n", "  x", " = 1", "\n"]
+    line = PolicyOptions(policy="gate", burst="line")
+    assert calibration.simulated_share([stream], line, 1.0, [text]) == pytest.approx(2 / 6)  # ' f' to '():\n'
+    pattern = PolicyOptions(policy="gate", patterns=("^  x",))
+    assert calibration.simulated_share([stream], pattern, 9.0, [text]) == pytest.approx(2 / 6)  # ' = 1', '\n'
+
+
 def test_answers_too_short_to_switch_find_no_tau() -> None:
     """The paper's rule waits min_run (10) tokens before a switch: over 4-token answers every τ hands
     the large model nothing, and a τ of 0 would hand it everything once answers are longer."""
@@ -78,8 +89,11 @@ def test_saved_taus_merge_per_pair_and_policy(tmp_path: Path, monkeypatch: pytes
     gate = calibration.Calibration("gate", 1.25, 0.2, 0.2, 0.21)
     calibration.save(small, large, [gate])
     calibration.save(small, large, [calibration.Calibration("ead", 0.75, 0.2, 0.19, None)])
-    assert calibration.saved_tau(small, large, "gate") == 1.25
-    assert calibration.saved_tau(small, large, "ead") == 0.75
+    defaults = calibration.rule_settings(PolicyOptions(mode="ead", policy="gate"))  # none recorded
+    assert calibration.saved_tau(small, large, "gate") == (1.25, defaults)
+    ead = calibration.rule_settings(PolicyOptions(mode="ead", policy="ead"))
+    assert ead == {"window": 5, "min_run": 10, "switch_point": "before", "tau_range": None}
+    assert calibration.saved_tau(small, large, "ead") == (0.75, ead)
     assert calibration.saved_tau(large, small, "gate") is None  # the pair is ordered
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["calibration.json"]  # no temporary left
 
@@ -347,14 +361,124 @@ def test_chat_applies_the_saved_tau_to_whatever_policy_a_command_turns_on(
     small, large = tiny_pair[0].name, tiny_pair[1].name
     for policy, tau in (("gate", 1.25), ("ead", 0.75)):
         calibration.save(small, large, [calibration.Calibration(policy, tau, 0.2, 0.2, None)])
-    commands = "/stats\n/window 1\n/policy ead\n/tau 2\n/policy gate\n"
+    commands = "/stats\n/window 1\n/policy ead\n/window 5\n/tau 2\n/policy gate\n"
     result = ead("chat", *pair_args(tiny_pair), stdin=commands, env={"EAD_CONFIG": str(config)})
     assert result.returncode == 0, result.stderr
     settings = re.findall(r"settings: mode (\w+) · policy (\w+) · tau ([\d.]+)", result.stderr.decode())
     assert settings == [
         ("large", "gate", "1"),  # the large model alone: no threshold at work (the policy's own is shown)
         ("ead", "gate", "1.25"),
+        ("ead", "ead", "0.5"),  # its τ was measured with the ead policy's window of 5: not this one's
         ("ead", "ead", "0.75"),
         ("ead", "ead", "2"),
         ("ead", "gate", "2"),
     ]
+    note = (
+        "note: the ead tau calibrated for this pair was measured with --window 5; this run's --window 1 "
+        "uses tau 0.5 (ead calibrate --policy ead --window 1 calibrates it)"
+    )
+    assert result.stderr.decode().splitlines().count(note) == 1
+
+
+def test_a_saved_tau_applies_only_under_the_settings_it_was_measured_with(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A τ saved by calibrate had been applied whatever --window, --min-run... said, though it was
+    measured under one set of them: it applies where the run's settings match those recorded beside it
+    (an older entry, without them, was measured with the defaults), elsewhere the policy's default τ
+    does and one note says why. Settings the policy does not read (the gate's --min-run) do not count;
+    a --tau given wins, unsaid."""
+    config = tmp_path / "calibration.json"
+    small, large = tiny_pair[0].name, tiny_pair[1].name
+    # the gate's entry as an older ead wrote it: no settings, measured with the defaults (window 1)
+    config.write_text(json.dumps({f"{small} + {large}": {"gate": {"tau": 1.25, "target_share": 0.2}}}))
+    env = {"EAD_CONFIG": str(config)}
+
+    def run(*extra: str) -> tuple[set[float], list[str]]:
+        args = ["generate", *pair_args(tiny_pair), "--max-tokens", "3", "--format", "jsonl", *extra, "hi"]
+        result = ead(*args, env=env)
+        assert result.returncode == 0, result.stderr
+        taus = {json.loads(line)["tau"] for line in result.stdout.decode().splitlines()[:-1]}
+        return taus, result.stderr.decode().splitlines()
+
+    assert run("--mode", "ead") == ({1.25}, [])
+    unread = ["note: --policy gate leaves --min-run unused"]  # and it does not count
+    assert run("--mode", "ead", "--window", "1", "--min-run", "3") == ({1.25}, unread)  # the gate's window
+    taus, notes = run("--mode", "ead", "--window", "3", "--switch-point", "after")
+    assert taus == {1.0}
+    assert notes == [
+        "note: the gate tau calibrated for this pair was measured with --window 1 --switch-point before; "
+        "this run's --window 3 --switch-point after uses tau 1 (ead calibrate --policy gate --window 3 "
+        "--switch-point after calibrates it)"
+    ]
+    assert run("--window", "3", "--tau", "2") == ({2.0}, [])
+
+
+def test_calibrate_records_the_settings_it_measured_under(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """calibrate takes the options that shape each policy's rule, calibrates under them and saves them
+    beside the τ: a run with them gets that τ, a run with the defaults does not."""
+    config = tmp_path / "calibration.json"
+    env = {"EAD_CONFIG": str(config)}
+    args = ["calibrate", *pair_args(tiny_pair), "--max-tokens", "40", "--no-check", "--save"]
+    result = ead(*args, "--policy", "ead", "--window", "3", "--min-run", "4", env=env)
+    assert result.returncode == 0, result.stderr
+    entry = json.loads(config.read_text())[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]["ead"]
+    assert entry["settings"] == {"window": 3, "min_run": 4, "switch_point": "before", "tau_range": None}
+    streams = [[0.0] * 20 + [3.0] * 30 + [0.0] * 50]
+    assert entry["tau"] != calibration.tau_for_share(streams, PolicyOptions(policy="ead"), 0.1)[0]
+
+    def tau_of(*extra: str) -> tuple[set[float], str]:
+        args = [
+            "generate",
+            *pair_args(tiny_pair),
+            "--policy",
+            "ead",
+            "--max-tokens",
+            "3",
+            "--format",
+            "jsonl",
+        ]
+        run = ead(*args, *extra, "hi", env=env)
+        assert run.returncode == 0, run.stderr
+        events = run.stdout.decode().splitlines()[:-1]
+        return {json.loads(line)["tau"] for line in events}, run.stderr.decode()
+
+    assert tau_of("--window", "3", "--min-run", "4") == ({entry["tau"]}, "")
+    taus, note = tau_of()
+    assert taus == {0.5}
+    assert note == (
+        "note: the ead tau calibrated for this pair was measured with --window 3 --min-run 4; this run's "
+        "--window 5 --min-run 10 uses tau 0.5 (ead calibrate --policy ead calibrates it)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["--burst", "2", "--policy", "ead"],
+            "--burst shapes --policy gate, which this calibration leaves out",
+        ),
+        (["--draft", "3"], "--draft shapes --policy lookahead, which this calibration leaves out"),
+        (["--window", "0"], "--window must be at least 1, got 0"),
+    ],
+)
+def test_calibrate_refuses_a_setting_no_policy_it_calibrates_reads(
+    tiny_pair: tuple[Path, Path], args: list[str], fragment: str
+) -> None:
+    assert_one_line_error(ead("calibrate", *pair_args(tiny_pair), *args), 2, fragment)
+
+
+@pytest.mark.parametrize(
+    "settings", ['"window 3"', '{"window": 0}', '{"temp": 1}', '{"burst": "lines"}', '{"min_run": "x"}']
+)
+def test_saved_settings_are_checked_as_the_options_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: str
+) -> None:
+    config = tmp_path / "calibration.json"
+    config.write_text(f'{{"a.gguf + b.gguf": {{"gate": {{"tau": 1, "settings": {settings}}}}}}}')
+    monkeypatch.setenv("EAD_CONFIG", str(config))
+    with pytest.raises(EadError, match=f"the calibration file {config} holds gate settings .* for a.gguf"):
+        calibration.saved_tau("a.gguf", "b.gguf", "gate")

@@ -17,6 +17,7 @@ from ..options import SMALL_MODEL_FLAGS, ModelOptions, PolicyOptions, check_max_
 from .groups import (
     DECODING_OPTIONS,
     MODEL_OPTIONS,
+    RULE_SETTINGS,
     Decoding,
     FormatOpt,
     Grammar,
@@ -372,17 +373,22 @@ def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -
     from .. import calibrate as calibration
     from ..paths import config_file
 
-    options, applied = calibration.with_saved_tau(options, runners)
-    if applied and announce:
+    saved = calibration.with_saved_tau(options, runners)
+    if saved.mismatch is not None:  # said whenever: the τ the user calibrated goes unused
+        say_progress(f"note: {saved.mismatch}")
+    elif saved.applied and announce:
         say_progress(
-            f"tau {options.tau:.3f}: calibrated for this pair ({shown_path(config_file())}); --tau overrides"
+            f"tau {saved.options.tau:.3f}: calibrated for this pair ({shown_path(config_file())}); "
+            "--tau overrides"
         )
-    return options
+    return saved.options
 
 
 @with_options(MODEL_OPTIONS)
+@with_options(RULE_SETTINGS)
 def calibrate(
     model_options: ModelOptions,
+    rule_settings: dict,
     target_share: Annotated[
         float, typer.Option(help="The share of tokens the large model should write, in (0, 1).")
     ] = 0.1,
@@ -410,11 +416,14 @@ def calibrate(
         bool,
         typer.Option(
             "--save",
-            help="Save the taus for this pair: generate, chat and serve use them when the pair switches.",
+            help="Save the taus for this pair, with the rule options they were measured under: generate, "
+            "chat and serve use them when the pair switches with the same ones.",
         ),
     ] = False,
 ) -> None:
-    """The tau that hands about --target-share of the tokens to the large model, per policy."""
+    """The tau that hands about --target-share of the tokens to the large model, per policy, under the
+    rule options given (--window, --min-run, --burst...; each policy's own where none is): a saved tau
+    applies to the runs whose rule options are those, another keeps the policy's default tau."""
     from .. import calibrate as calibration
     from ..bench.tasks import load_prompts
     from ..engine import close_all, load_runners
@@ -428,7 +437,7 @@ def calibrate(
     file_prompts = load_prompts(prompts, None) if prompts else None
     split = calibration.split_prompts("all" if domain is None else domain, file_prompts)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
-    policies = [PolicyOptions(mode="ead", policy=name) for name in names]
+    policies = calibration.calibrated_policies(names, rule_settings)
     saving = calibration.check_saving() if save else None
     if saving is None:  # the table is all a run without --save leaves
         check_stdout("the calibrated taus")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, BinaryIO
 import typer
 
 from ..errors import EadError, shown_path
-from ..option_table import CLI, DECODING, OPTIONS, DecodingOption, listed, on
+from ..option_table import CLI, DECODING, OPTIONS, RULE_OPTIONS, DecodingOption, listed, on
 from ..options import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_TOP_K,
@@ -378,6 +378,22 @@ def _decoding_options(**values: Any) -> Decoding:
 
 DECODING_OPTIONS = OptionGroup(
     "decoding", tuple(decoding_option(option) for option in on(CLI)), _decoding_options
+)
+
+
+def _given_rule_settings(**values: Any) -> dict[str, Any]:
+    """The rule options given, by PolicyOptions field, as the options take them: each one not given is
+    each policy's own."""
+    return {
+        OPTIONS[name].attribute: _value(OPTIONS[name], value)
+        for name, value in values.items()
+        if value is not None and value != []
+    }
+
+
+# ead calibrate's: the options that shape a policy's rule, declared as generate's
+RULE_SETTINGS = OptionGroup(
+    "rule_settings", tuple(decoding_option(OPTIONS[name]) for name in RULE_OPTIONS), _given_rule_settings
 )
 Temp, Seed, MaxTokens, Pattern, TauRange = (
     decoding_option(OPTIONS[name], given_only=False)[1]

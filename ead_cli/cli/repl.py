@@ -415,8 +415,10 @@ class Repl:
     ) -> str:
         conversation = self.conversation
         conversation.configure(policy or conversation.policy, generation or conversation.generation)
-        settings = settings_line(conversation.effective_policy, conversation.generation)
-        return settings + " (from the next answer)"
+        saved = conversation.saved_tau
+        if saved.mismatch is not None:  # the settings line after it shows the τ it leaves
+            self.note(f"note: {saved.mismatch}")
+        return settings_line(saved.options, conversation.generation) + " (from the next answer)"
 
     def _setter(self, option: DecodingOption) -> Callable[[str], str]:
         """The command of a decoding option (the option table's CHAT surface): its value, read by the

@@ -1131,7 +1131,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             # the request's options given over the command line's: one of them may turn the pair on
             policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
-            policy = with_saved_tau(policy, engine.runners)[0]
+            policy = with_saved_tau(policy, engine.runners).options
             start = () if grammar is None else _check_grammar(grammar, policy, prefill, body, prompt)
             sampling = SamplingParams(
                 grammar=grammar,
@@ -1171,7 +1171,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _models_take(policy: PolicyOptions) -> None:
         """Raises what the loaded models refuse of these options (a decoder costs nothing to build)."""
-        build_decoder(engine.runners, with_saved_tau(policy, engine.runners)[0], defaults.generation)
+        build_decoder(engine.runners, with_saved_tau(policy, engine.runners).options, defaults.generation)
 
     def _check_grammar(
         grammar: str, policy: PolicyOptions, prefill: str | None, body: CompletionBase, prompt: list[int]
