@@ -15,7 +15,7 @@ from .hardware import repack_choice
 from .option_table import OPTIONS
 from .options import SMALL_MODEL_FLAGS, GenerationOptions, ModelOptions, PolicyOptions
 from .registry import is_remote
-from .remote import RemoteRunner, connect, server_address
+from .remote import RemoteRunner, connect, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .sampling import unknown_token
 from .smoke import check_models
@@ -34,6 +34,7 @@ def load_runners(
     progress: Callable[[str], None] | None = None,
     *,
     large_only: bool = False,
+    small_only: bool = False,
     reuse: Runner | None = None,
     local_only: bool = False,
     before_load: Callable[[dict[str, ModelFile | None]], None] | None = None,
@@ -45,6 +46,8 @@ def load_runners(
     ``large_only`` (the large model alone for a whole run, as ``ead generate``'s default mode): only the
     largest loads, the others' memory and load time spared; a remote largest still needs the smallest (it
     tokenizes), so there all load. ``--mode small`` loads both: its costs are stated against the large.
+    ``small_only`` (the small model's answers alone, as ``ead calibrate --no-check``'s): only the smallest
+    loads, the others named and checked as ``large_only`` checks them (``model_labels`` names them).
     ``reuse``: the largest, loaded before (by a ``large_only`` call), taken as is: the others join it.
     ``local_only``: the command runs every model itself (bench replay and speed): a server's address is
     refused before any model loads. ``before_load``: told each role's file (None: a llama-server's) once
@@ -65,6 +68,11 @@ def load_runners(
         for ref in refs[:-1]:
             registry.check(ref, catalog)  # a typo in a model not loaded is still an error
         refs, roles = refs[-1:], roles[-1:]
+    if small_only:
+        for ref in refs[1:]:
+            if not is_remote(ref):  # a server's address was checked above
+                registry.check(ref, catalog)
+        refs, roles = refs[:1], roles[:1]
     reused = len(refs) - 1 if reuse is not None else -1  # the level ``reuse`` fills
     paths = {
         level: registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress)
@@ -131,6 +139,20 @@ def model_refs(options: ModelOptions, catalog: registry.Catalog | None = None) -
         return options.models
     catalog = catalog or registry.load_catalog(options.models_file)
     return (options.small or catalog.small, options.large or catalog.large)
+
+
+def model_labels(options: ModelOptions, progress: Callable[[str], None] | None = None) -> tuple[str, ...]:
+    """What each model of a run is called (``Runner.label``), smallest first, none of them loaded: a local
+    file's name (an alias's file fetched where it is not yet), a server's address."""
+    catalog = registry.load_catalog(options.models_file)
+    return tuple(
+        remote_label(ref)
+        if is_remote(ref)
+        else model_label(
+            registry.resolve(ref, catalog, allow_download=options.allow_download, progress=progress), ref
+        )
+        for ref in model_refs(options, catalog)
+    )
 
 
 class ModelFile(NamedTuple):

@@ -86,6 +86,12 @@ def built_server() -> Path:
     return ead_cache_dir() / "llama-server" / "0.3.36" / "llama-server"
 
 
+def remote_label(url: str) -> str:
+    """What a model on a llama-server is called (its runner's ``label``, before it connects): its address
+    without a trailing slash, the runner's ``url``."""
+    return url.rstrip("/")
+
+
 def server_address(url: str) -> tuple[str, int, str]:
     """A server address's host, port and path (no trailing slash): the prefix a reverse proxy serves
     the server under, then /v1 for an OpenAI-compatible endpoint. One that does not read as
@@ -249,7 +255,7 @@ class RemoteRunner:
         # on every request, as llama.cpp's own clients send a llama-server's --api-key; never shown
         self._authorization = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
         self._api_key = api_key
-        self.url = url.rstrip("/")
+        self.url = remote_label(url)
         parts = urlsplit(url)
         self._origin = f"{parts.scheme}://{parts.netloc}"  # a request's path follows it (with any prefix)
         self._root = path.removesuffix("/v1")  # llama-server's own endpoints, behind a proxy's prefix too

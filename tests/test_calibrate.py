@@ -482,3 +482,22 @@ def test_saved_settings_are_checked_as_the_options_are(
     monkeypatch.setenv("EAD_CONFIG", str(config))
     with pytest.raises(EadError, match=f"the calibration file {config} holds gate settings .* for a.gguf"):
         calibration.saved_tau("a.gguf", "b.gguf", "gate")
+
+
+def test_calibrate_without_the_check_loads_the_small_model_alone(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--no-check: the small model answers alone and nothing runs the large one, which had been loaded all
+    the same (its memory and load time, a 14B's minutes). It is named, not loaded: a large file that
+    would fail to load does not matter there, and the τ is saved under its name; checked, it does."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_pair[1].read_bytes()[:4096])
+    config = tmp_path / "calibration.json"
+    args = ["calibrate", "--small", str(tiny_pair[0]), "--large", str(cut), "--threads", "1"]
+    args += ["--max-tokens", "20", "--policy", "gate"]
+    result = ead(*args, "--no-check", "--save", env={"EAD_CONFIG": str(config)})
+    assert result.returncode == 0, result.stderr
+    assert list(json.loads(config.read_text())) == [f"{tiny_pair[0].name} + cut.gguf"]
+    assert_one_line_error(ead(*args), 1, "could not load", "cut.gguf")
+    missing = ["--large", str(tmp_path / "no-such.gguf")]  # a name that cannot resolve still matters
+    assert_one_line_error(ead(*args, *missing, "--no-check"), 1, "no-such.gguf")

@@ -410,7 +410,11 @@ def calibrate(
     ] = None,
     max_tokens: MaxTokens = 96,
     check: Annotated[
-        bool, typer.Option(help="Check the prediction with real runs on the held-out prompts.")
+        bool,
+        typer.Option(
+            help="Check the prediction with real runs of the pair on the held-out prompts (--no-check: the "
+            "small model alone answers, and alone loads)."
+        ),
     ] = True,
     save: Annotated[
         bool,
@@ -426,7 +430,7 @@ def calibrate(
     applies to the runs whose rule options are those, another keeps the policy's default tau."""
     from .. import calibrate as calibration
     from ..bench.tasks import load_prompts
-    from ..engine import close_all, load_runners
+    from ..engine import close_all, load_runners, model_labels
 
     calibration.check_target_share(target_share)
     if model_options.count != 2:
@@ -441,15 +445,19 @@ def calibrate(
     saving = calibration.check_saving() if save else None
     if saving is None:  # the table is all a run without --save leaves
         check_stdout("the calibrated taus")
-    runners = load_runners(model_options, progress=say_progress)
+    # --no-check: the small model answers alone, the large one is named, not loaded
+    runners = load_runners(model_options, progress=say_progress, small_only=not check)
     try:
+        # saved unchecked: the large model named by its file (fetched where it is not yet), not loaded
+        labels = model_labels(model_options, say_progress) if saving is not None and not check else None
         results, failures = calibration.calibrate(
             runners, policies, target_share, split, max_tokens=max_tokens, check=check, progress=say_progress
         )
         if not results:
             raise failures[0]
         if saving is not None:  # before the table: a reader gone (`| head`) ends the run where it is shown
-            path = calibration.save(runners[0].label, runners[1].label, results, saving)
+            pair = labels or (runners[0].label, runners[1].label)
+            path = calibration.save(*pair, results, saving)
         table = Table(box=None, pad_edge=False)
         for column in ("policy", "tau (bits)", "predicted share", "measured share (held out)"):
             table.add_column(column, justify="left" if column == "policy" else "right")
