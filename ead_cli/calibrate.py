@@ -142,7 +142,9 @@ def small_answers(
         decoder = Decoder(runners, ("small", "large"), Fixed(0), SamplingParams(), max_tokens=max_tokens)
         events = list(decoder.run(prompt))
         streams.append([event.entropy for event in events])
-        texts.append([event.text for event in events])
+        # each token's own text, as the decoder hands it to the policy (an event's text holds back a
+        # split character's bytes and a stop string's start)
+        texts.append([runners[0].token_bytes(event.token).decode("utf-8", "replace") for event in events])
     return streams, texts
 
 
