@@ -185,6 +185,7 @@ class Conversation:
 
     @property
     def effective_policy(self) -> PolicyOptions:
+        """The settings the next answer runs with (``saved_tau``'s)."""
         return self.saved_tau.options
 
     def reset(self) -> None:
