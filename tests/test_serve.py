@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -619,6 +620,17 @@ def test_bad_serve_options_are_one_line(tiny_pair: tuple[Path, Path], args: list
     from test_cli import assert_one_line_error, ead
 
     assert_one_line_error(ead("serve", *pair_args(tiny_pair), *args), 2, fragment)
+
+
+def test_a_port_in_use_is_the_one_line_before_any_note(tiny_pair: tuple[Path, Path]) -> None:
+    """The port is taken before the models load: its error is the run's one line, not after the note on
+    --small (which the default mode leaves unused) and the models' loading."""
+    from test_cli import assert_one_line_error, ead
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = ead("serve", *pair_args(tiny_pair), "--port", str(port))
+    assert_one_line_error(result, 1, f"cannot listen on 127.0.0.1:{port}: Address already in use")
 
 
 def stream_request(url: str, max_tokens: int) -> tuple[httpx.Client, httpx.Response]:

@@ -320,15 +320,16 @@ def serve(
         ping_interval,
     )
     policy_options, generation = _for_models(decoding, model_options)
-    runners = load_runners(model_options, progress=say_progress)
-    try:
-        check_biased_tokens(generation, runners)
-        unused = unused_options(model_options, policy_options, generation, runners, settled=False)
-        _say_unused(unused, "--mode ead, or a request's ead.mode,")
-        _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
-        serving.serve(runners, serving.Defaults(policy_options, generation), options, say=say)
-    finally:
-        close_all(runners)
+    with serving.listen(options) as sock:  # a port in use is the one line, before the models load
+        runners = load_runners(model_options, progress=say_progress)
+        try:
+            check_biased_tokens(generation, runners)
+            unused = unused_options(model_options, policy_options, generation, runners, settled=False)
+            _say_unused(unused, "--mode ead, or a request's ead.mode,")
+            _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
+            serving.serve(runners, serving.Defaults(policy_options, generation), options, sock, say=say)
+        finally:
+            close_all(runners)
 
 
 def _say_unused(unused: dict[str, str], switches: str) -> None:

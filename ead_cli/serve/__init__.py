@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
@@ -47,7 +48,7 @@ from .responses import add_routes as add_responses_routes
 if not hasattr(AppStatus, "disable_automatic_graceful_drain"):  # before 3.2, streams end at a stop
     raise ImportError("ead serve needs sse-starlette 3.2 or newer", name="sse-starlette>=3.2")
 
-__all__ = ["Defaults", "ServeOptions", "serve"]
+__all__ = ["Defaults", "ServeOptions", "listen", "serve"]
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,17 @@ class ServeOptions:
 
 
 def listen(options: ServeOptions) -> socket.socket:
-    """The listening socket (port 0: any free one), bound before the first line says where it is."""
+    """The listening socket (port 0: any free one), bound before the models load (as llama-server binds
+    its port first), so a port in use is the run's one line, not a failure after minutes of loading."""
     try:
         return socket.create_server(
             (options.host, options.port),
             family=socket.AF_INET6 if ":" in options.host else socket.AF_INET,
             reuse_port=False,
         )
-    except OSError as error:
-        raise EadError(f"cannot listen on {options.host}:{options.port}: {error.strerror or error}") from None
+    except OSError as error:  # the system's reason alone: create_server adds the address, said already
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        raise EadError(f"cannot listen on {options.host}:{options.port}: {reason}") from None
 
 
 class _Server(uvicorn.Server):
@@ -153,10 +156,12 @@ def serve(
     runners: Sequence[Runner],
     defaults: Defaults,
     options: ServeOptions,
+    sock: socket.socket,
     *,
     say: Callable[[str], None],
 ) -> None:
-    """Serve until SIGINT or SIGTERM; then stop accepting, finish every request accepted, return."""
+    """Serve on ``sock`` (``listen``'s) until SIGINT or SIGTERM; then stop accepting, finish every
+    request accepted, return."""
     embedder = Embedder(model_to_embed(runners)) if options.embeddings else None
     engine = Engine(runners, queue=options.queue, log=say, reuse=options.reuse, embedder=embedder)
     api = create_app(engine, defaults, options, say)
@@ -184,16 +189,13 @@ def serve(
     # re-raises the signal when done, and this handler takes that too): the stop is clean, exit 0.
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with listen(options) as sock:
-            host, port = sock.getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            if not options.loopback and options.api_key is None:
-                warning = "without --api-key: anyone who can reach it can use it"
-                say(f"warning: listening on {options.host} {warning}")
-            say(
-                f"ead serve: http://{shown}:{port}/v1 (model '{MODEL_ID}'), the page at http://{shown}:{port}/"
-            )
-            server.run(sockets=[sock])
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        if not options.loopback and options.api_key is None:
+            warning = "without --api-key: anyone who can reach it can use it"
+            say(f"warning: listening on {options.host} {warning}")
+        say(f"ead serve: http://{shown}:{port}/v1 (model '{MODEL_ID}'), the page at http://{shown}:{port}/")
+        server.run(sockets=[sock])
     finally:
         engine.close()
         for sig, handler in previous.items():
