@@ -418,10 +418,6 @@ def encode_infill(
     token), the middle as a prompt is. A model without FIM tokens, or a prompt too long for the context,
     is refused. ``on_cut`` is told where the prefix or the suffix is cut (``ead generate`` says so)."""
     pre, suf, mid = check_infill(runner)
-    repository, separator = (
-        llama_cpp.llama_vocab_fim_rep(runner.vocab),
-        llama_cpp.llama_vocab_fim_sep(runner.vocab),
-    )
     check_text(prefix, "the prefix")
     check_text(suffix, "the suffix")
     check_text(middle, "the prompt")
@@ -429,30 +425,19 @@ def encode_infill(
         check_text(name, "an extra file's name")
         check_text(text, f"the extra file {quoted(name)}")
 
-    extra_tokens = (
-        [repository, *_plain(runner, FIM_REPOSITORY)] if repository != llama_cpp.LLAMA_TOKEN_NULL else []
-    )
-    for name, text in extra:
-        if separator != llama_cpp.LLAMA_TOKEN_NULL:
-            extra_tokens += [separator, *_plain(runner, f"{name}\n")]
-        else:
-            extra_tokens += _plain(runner, FIM_SNIPPET)
-        extra_tokens += _plain(runner, text)
-    if separator != llama_cpp.LLAMA_TOKEN_NULL:
-        extra_tokens += [separator, *_plain(runner, FIM_CURRENT_FILE)]
     middle_tokens = runner.tokenize(middle, add_special=False, parse_special=True)
     n_batch, n_ctx = runner.n_batch, context_size(runners)
+    extra_tokens = _extra_tail(runner, extra, max(0, n_ctx - n_batch - 2 * answer_tokens))
     before = tail_tokens(runner, prefix, 3 * (n_batch // 4))
     after = head_tokens(runner, suffix, n_batch // 4 - (2 + len(middle_tokens)))
     prefix_tokens, suffix_tokens = before.tokens, after.tokens
     if on_cut and (before.cut or after.cut):
         kept = (len(prefix_tokens) if before.cut else None, len(suffix_tokens) if after.cut else None)
         on_cut(InfillCut(*kept, n_batch))
-    extra_take = min(max(0, n_ctx - n_batch - 2 * answer_tokens), len(extra_tokens))
     add_bos = llama_cpp.llama_vocab_get_add_bos(runner.vocab)
     bos = [llama_cpp.llama_vocab_bos(runner.vocab)] if add_bos else []
     prompt = [
-        *extra_tokens[len(extra_tokens) - extra_take :],
+        *extra_tokens,
         *bos,
         *(pre, *prefix_tokens, *middle_tokens),
         *(suf, *suffix_tokens),
@@ -460,6 +445,36 @@ def encode_infill(
     ]
     check_fits(prompt, runners)
     return prompt
+
+
+def _extra_tail(runner: Runner, extra: Sequence[tuple[str, str]], room: int) -> list[int]:
+    """The last ``room`` tokens of the extra files' part of a fill-in-the-middle prompt (the repository's
+    name, each file after its separator and name, or a snippet's, and the current file's name), as
+    llama-server's n_extra_take takes them from the whole part's tokens: read from the end, a file only as
+    far as the room reaches (``tail_tokens``), none before it (a project's files had been tokenized whole
+    for the few hundred tokens of them kept)."""
+    repository = llama_cpp.llama_vocab_fim_rep(runner.vocab)
+    separator = llama_cpp.llama_vocab_fim_sep(runner.vocab)
+    pieces: list[list[int] | str] = []  # in the prompt's order: tokens, or a text read as text
+    if repository != llama_cpp.LLAMA_TOKEN_NULL:
+        pieces += [[repository], FIM_REPOSITORY]
+    for name, text in extra:
+        pieces += [[separator], f"{name}\n"] if separator != llama_cpp.LLAMA_TOKEN_NULL else [FIM_SNIPPET]
+        pieces.append(text)
+    if separator != llama_cpp.LLAMA_TOKEN_NULL:
+        pieces += [[separator], FIM_CURRENT_FILE]
+    kept: list[int] = []
+    for piece in reversed(pieces):
+        if len(kept) >= room:
+            break
+        if isinstance(piece, str):
+            tail = tail_tokens(runner, piece, room - len(kept))
+            kept[:0] = tail.tokens
+            if tail.cut:
+                break
+        else:
+            kept[:0] = piece[max(0, len(piece) - (room - len(kept))) :]
+    return kept
 
 
 def check_infill(runner: Runner) -> tuple[int, int, int]:

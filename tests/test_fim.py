@@ -14,6 +14,7 @@ import llama_cpp
 import numpy as np
 import pytest
 from test_cli import assert_one_line_error, ead, large_args, pair_args
+from test_prompt import CountingRunner
 from tiny_models import write_tiny_model
 
 import ead_cli
@@ -105,6 +106,32 @@ def test_the_code_is_trimmed_to_the_batch_and_the_extra_files_to_the_context(fim
         ]
         no_room = encode_infill(runner, "", "", extra=extra, answer_tokens=112, runners=[runner])
         assert no_room == [pre, suf, mid]  # 256 - 32 - 2 * 112 leaves no extra token
+
+
+def test_extra_files_past_the_room_are_read_only_as_far_as_it_reaches(fim_model: Path) -> None:
+    """The extra files' tokens are those of each file read whole, their last ones that fit taken (as
+    llama-server's n_extra_take takes them), but only what is kept is tokenized: a long file's end, and
+    no file before it (where everything fits, each is read whole: the layout's test above)."""
+    code = long_text(1000)
+    extra = [("old.py", "a = 1\n"), ("big.py", code), ("util.py", "X = 1\n")]
+    with CountingRunner(fim_model, name="small", n_ctx=1024, n_threads=1, n_batch=32) as runner:
+        sep = special(runner, "<|file_sep|>")
+        extras = [
+            special(runner, "<|repo_name|>"),
+            *plain(runner, "myproject\n"),
+            *(sep, *plain(runner, "old.py\n"), *plain(runner, "a = 1\n")),
+            *(sep, *plain(runner, "big.py\n"), *plain(runner, code)),
+            *(sep, *plain(runner, "util.py\n"), *plain(runner, "X = 1\n")),
+            *(sep, *plain(runner, "filename\n")),
+        ]
+        pre, suf, mid = (special(runner, f"<|fim_{name}|>") for name in ("prefix", "suffix", "middle"))
+        runner.tokenized.clear()
+        room = 1024 - 32 - 2 * 20
+        prompt = encode_infill(runner, "", "", extra=extra, answer_tokens=20, runners=[runner])
+        assert len(extras) > room
+        assert prompt == [*extras[-room:], pre, suf, mid]
+        assert code not in runner.tokenized
+        assert not {"a = 1\n", "old.py\n"} & set(runner.tokenized)
 
 
 def test_a_cut_falls_at_a_lines_start_or_end_far_enough_from_the_texts_edge() -> None:
