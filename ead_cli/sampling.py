@@ -27,7 +27,9 @@ class SamplingParams:
     ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
     model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it.
     ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
-    grammar follows before the first token is drawn.
+    grammar follows before the first token is drawn. ``grammar_trigger``: a token that makes the grammar
+    lazy (llama.cpp's, which llama-server's tool calls use): tokens are free until it is written, and the
+    grammar binds the text from it on, its own text first (ead serve's tool calls).
 
     Before all of these, as in llama.cpp's chain: ``logit_bias`` ((token, bias) pairs, added to the
     logits) and the penalties of llama.cpp's penalties sampler over the last ``repeat_last_n`` tokens
@@ -46,6 +48,7 @@ class SamplingParams:
     seed: int = 0
     grammar: str | None = None
     grammar_start: tuple[int, ...] = ()
+    grammar_trigger: int | None = None
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
@@ -187,8 +190,8 @@ class Sampler:
         if params.grammar is not None:
             if grammars is None:
                 raise EadError("a grammar needs a local model's vocabulary")
-            grammar = grammars.sampler(params.grammar, params.grammar_start)  # before the chain: a refusal
-            # leaks nothing
+            # before the chain: a refusal leaks nothing
+            grammar = grammars.sampler(params.grammar, params.grammar_start, params.grammar_trigger)
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         add = llama_cpp.llama_sampler_chain_add
@@ -282,20 +285,23 @@ class ParsedGrammars:
 
     def __init__(self, vocab: llama_cpp.llama_vocab_p) -> None:
         self._vocab: llama_cpp.llama_vocab_p | None = vocab  # None once closed: the model is freed next
-        self._parsed: OrderedDict[str, llama_cpp.llama_sampler_p] = OrderedDict()
+        self._parsed: OrderedDict[tuple[str, int | None], llama_cpp.llama_sampler_p] = OrderedDict()
         self._chars = 0  # of the grammars in _parsed
         self._lock = threading.Lock()  # ead serve's preparing threads check, its engine thread samples
 
-    def check(self, grammar: str, start: Sequence[int] = ()) -> None:
+    def check(self, grammar: str, start: Sequence[int] = (), trigger: int | None = None) -> None:
         """Parse the text now, so a grammar llama.cpp refuses is an error before any work is queued, and
         one that rules out a token of ``start`` (``GrammarRefusal``) too."""
-        llama_cpp.llama_sampler_free(self.sampler(grammar, start))
+        llama_cpp.llama_sampler_free(self.sampler(grammar, start, trigger))
 
-    def sampler(self, grammar: str, start: Sequence[int] = ()) -> llama_cpp.llama_sampler_p:
+    def sampler(
+        self, grammar: str, start: Sequence[int] = (), trigger: int | None = None
+    ) -> llama_cpp.llama_sampler_p:
         """A fresh grammar sampler for one answer (the caller frees it, or a chain that owns it), past
-        ``start``: tokens the answer begins with that were not drawn (an assistant prefill)."""
+        ``start``: tokens the answer begins with that were not drawn (an assistant prefill); lazy, bound
+        from the token ``trigger`` on, where one is given (``SamplingParams.grammar_trigger``)."""
         with self._lock:
-            sampler = llama_cpp.llama_sampler_clone(self._parsed_sampler(grammar))
+            sampler = llama_cpp.llama_sampler_clone(self._parsed_sampler(grammar, trigger))
         try:
             _follow(sampler, start)
         except GrammarRefusal:
@@ -303,22 +309,23 @@ class ParsedGrammars:
             raise
         return sampler
 
-    def _parsed_sampler(self, grammar: str) -> llama_cpp.llama_sampler_p:
+    def _parsed_sampler(self, grammar: str, trigger: int | None) -> llama_cpp.llama_sampler_p:
         if self._vocab is None:  # a parse would read the freed vocabulary, and its grammar never be freed
             raise EadError("the model is closed: no grammar can be parsed for it")
-        parsed = self._parsed.get(grammar)
+        key = (grammar, trigger)
+        parsed = self._parsed.get(key)
         if parsed is not None:
-            self._parsed.move_to_end(grammar)
+            self._parsed.move_to_end(key)
             return parsed
-        parsed = self._parsed[grammar] = _parse(self._vocab, grammar)
+        parsed = self._parsed[key] = _parse(self._vocab, grammar, trigger)
         self._chars += len(grammar)
         while len(self._parsed) > 1 and (len(self._parsed) > self.KEPT or self._chars > self.KEPT_CHARS):
             self._free(*self._parsed.popitem(last=False))  # the least recently used
         return parsed
 
-    def _free(self, grammar: str, parsed: llama_cpp.llama_sampler_p) -> None:
+    def _free(self, key: tuple[str, int | None], parsed: llama_cpp.llama_sampler_p) -> None:
         llama_cpp.llama_sampler_free(parsed)
-        self._chars -= len(grammar)
+        self._chars -= len(key[0])
 
     def close(self) -> None:
         """Free the parsed grammars (before the model: safe to call twice); none is parsed after."""
@@ -336,13 +343,22 @@ PARSER_PRINT = re.compile(b"^" + re.escape(PARSER_WORDS), re.MULTILINE)  # at a 
 UNPARSED_REFUSALS = "it has no rule 'root', or a rule that reaches itself before any text (left recursion)"
 
 
-def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:
-    """llama.cpp's grammar sampler for a GBNF text; a grammar it cannot parse is a one-line error, with
-    llama.cpp's reason. Its parser prints such a grammar whole to the process's stderr (a C fprintf:
-    a client's schema in ead serve's log, newlines and all), so stderr goes to a file for the call."""
+def _parse(vocab: llama_cpp.llama_vocab_p, grammar: str, trigger: int | None) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's grammar sampler for a GBNF text (lazy, with a ``trigger`` token: not a pattern, whose
+    match llama.cpp feeds the grammar from inside a token, aborting the process where the token goes on
+    past it with text the grammar rules out); a grammar it cannot parse is a one-line error, with
+    llama.cpp's reason. Its parser prints such a grammar whole to the process's
+    stderr (a C fprintf: a client's schema in ead serve's log, newlines and all), so stderr goes to a
+    file for the call."""
     text = grammar.encode()
     with shared_stderr.captured(lambda received: _parser_print(received, text)) as caught:
-        sampler = llama_cpp.llama_sampler_init_grammar(vocab, text, b"root")
+        if trigger is None:
+            sampler = llama_cpp.llama_sampler_init_grammar(vocab, text, b"root")
+        else:
+            no_patterns = (ctypes.c_char_p * 0)()
+            tokens = (llama_cpp.llama_token * 1)(trigger)
+            init = llama_cpp.llama_sampler_init_grammar_lazy_patterns
+            sampler = init(vocab, text, b"root", no_patterns, 0, tokens, 1)
     if sampler:
         return sampler
     reason = caught.printed.removeprefix(PARSER_WORDS).partition(b"\n")[0]

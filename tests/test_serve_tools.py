@@ -538,6 +538,82 @@ def test_a_call_cut_off_inside_its_arguments_is_closed_where_it_stopped(tools_se
     assert len(pieces) >= 3 and "".join(pieces) == closed
 
 
+PICK = [
+    {
+        "type": "function",
+        "function": {
+            "name": "pick",
+            "parameters": {
+                "type": "object",
+                "properties": {"colour": {"$ref": "#/$defs/colour"}, "count": {"type": "integer"}},
+                "required": ["colour", "count"],
+                "additionalProperties": False,
+                "$defs": {"colour": {"type": "string", "enum": ["red", "green"]}},
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def tags_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A model whose vocabulary has <tool_call> as one token, as Qwen2.5's has: the calls' grammar is
+    triggered by it."""
+    folder = tmp_path_factory.mktemp("serve-tags")
+    pair = [
+        write_tiny_model(folder / f"{name}.gguf", seed=seed, vocab="tool-tags", chat_template=TOOLS_TEMPLATE)
+        for seed, name in enumerate(("small", "large"))
+    ]
+    with serving(pair_args((pair[0], pair[1])), folder / "server.log") as running:
+        yield running
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_calls_arguments_are_bound_by_its_schema_as_llama_servers(tags_server: Server, seed: int) -> None:
+    """From the <tool_call> token on, a grammar binds the answer to calls of the tools offered, their
+    arguments as each schema allows (llama-server's lazy grammar): a prefill that opens the call, the tiny
+    model's random draws, and the arguments are still an enum's value (through a $ref) and an integer,
+    whole and streamed alike. Unbound, the tiny model wrote no JSON there: the block stayed text, cut off
+    at max_tokens."""
+    client = openai.OpenAI(base_url=tags_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {
+        "model": "ead",
+        "messages": [
+            {"role": "user", "content": "Pick a colour."},
+            {"role": "assistant", "content": '<tool_call>\n{"name": "pick", "arguments": {'},
+        ],
+        "tools": PICK,
+        "parallel_tool_calls": False,
+        "temperature": 1.0,
+        "seed": seed,
+        "max_tokens": 200,
+    }
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    (call,) = whole.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "pick" and set(arguments) == {"colour", "count"}
+    assert arguments["colour"] in ("red", "green") and type(arguments["count"]) is int
+    with client.chat.completions.stream(**request) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0]
+    assert streamed.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+
+
+def test_a_schema_no_grammar_holds_leaves_the_calls_unbound(tags_server: Server) -> None:
+    """A tool's schema the converter cannot make a grammar of (a maxLength past what llama.cpp's parser
+    takes) is no 400: the calls are read as the model writes them, as before any grammar bound them."""
+    long = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 5000}}}
+    tools = [{"type": "function", "function": {"name": "note", "parameters": long}}]
+    reply = chat(tags_server, messages=HI, tools=tools, max_tokens=4)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["finish_reason"] == "length"
+
+
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [

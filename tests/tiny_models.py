@@ -46,7 +46,8 @@ longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, l
 ``</think>``, user-defined tokens as in Qwen3's vocabulary: text when detokenized), for ``QWEN3_LIKE``;
 ``"think-call"`` (``think`` plus ``CALL_TOKEN`` and ``NAN_CALL_TOKEN``, a whole tool call each as one
 user-defined token, so that a ``script`` can make a tiny model think and then call a tool);
-``"fim"`` (``base`` plus Qwen2.5-Coder's six
+``"tool-tags"`` (``base`` plus ``<tool_call>`` and ``</tool_call>``, user-defined tokens as in Qwen2.5's
+vocabulary, which a call's grammar is triggered by); ``"fim"`` (``base`` plus Qwen2.5-Coder's six
 fill-in-the-middle control tokens, ``FIM_SPECIALS``, which llama.cpp finds by their text: the
 repository-level layout, ``<|fim_pad|>``, ``<|repo_name|>`` and ``<|file_sep|>`` ending a generation);
 ``"fim-bare"`` (``base`` plus the first three alone: prefix, suffix, middle, as CodeGemma's and
@@ -82,6 +83,7 @@ THINKING_TEMPLATE = CHATML.replace(
     "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
 )
 THINK_SPECIALS = ("<think>", "</think>")
+TOOL_TAGS = ("<tool_call>", "</tool_call>")
 CALL_TOKEN = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
 # A call whose arguments hold NaN, which Python's json reads and JSON has not
 NAN_CALL_TOKEN = '<tool_call>{"name": "multiply", "arguments": {"a": NaN}}</tool_call>'
@@ -140,7 +142,18 @@ def byte_tokens() -> list[str]:
 def _merges(vocab: str) -> list[str]:
     if vocab == "spm":
         return []  # SentencePiece merges by the scores of the tokens it forms
-    if vocab in ("base", "padded", "phi-3", "long", "line-token", "think", "think-call", "fim", "fim-bare"):
+    if vocab in (
+        "base",
+        "padded",
+        "phi-3",
+        "long",
+        "line-token",
+        "think",
+        "think-call",
+        "tool-tags",
+        "fim",
+        "fim-bare",
+    ):
         return list(BASE_MERGES)
     if vocab == "other":
         return [("r e" if m == "e r" else m) for m in BASE_MERGES]
@@ -149,7 +162,7 @@ def _merges(vocab: str) -> list[str]:
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
     raise ValueError(
         f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'think', "
-        "'think-call', 'spm', "
+        "'think-call', 'tool-tags', 'spm', "
         "'fim' or 'fim-bare'"
     )
 
@@ -181,6 +194,9 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "think-call":
         tokens += (CALL_TOKEN, NAN_CALL_TOKEN)
         types += [gguf.TokenType.USER_DEFINED] * 2
+    if vocab == "tool-tags":
+        tokens += TOOL_TAGS
+        types += [gguf.TokenType.USER_DEFINED] * len(TOOL_TAGS)
     if vocab in ("fim", "fim-bare"):
         fim = FIM_SPECIALS if vocab == "fim" else FIM_SPECIALS[:3]
         tokens += fim

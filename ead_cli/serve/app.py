@@ -93,6 +93,8 @@ from .tools import (
     Piece,
     ToolCall,
     ToolCallReader,
+    call_grammar,
+    call_trigger,
     new_call_id,
     split_answer,
     template_message,
@@ -1133,9 +1135,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
             policy = with_saved_tau(policy, engine.runners).options
             start = () if grammar is None else _check_grammar(grammar, policy, prefill, body, prompt)
+            calls = _bound_calls(body, policy, prefill) if grammar is None else None
             sampling = SamplingParams(
-                grammar=grammar,
-                grammar_start=start,
+                grammar=grammar if calls is None else calls[0],
+                grammar_start=start if calls is None else calls[2],
+                grammar_trigger=None if calls is None else calls[1],
                 temp=0.0 if body.top_p == 0 else temp,  # top_p 0 keeps the likeliest token alone: greedy
                 top_k=base.top_k if top_k is None else top_k,
                 top_p=base.top_p if not body.top_p else body.top_p,
@@ -1192,6 +1196,32 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         where = f"messages.{len(body.messages) - 1}.content"
         _check_not_thinking(runner, prompt, prefill, where)
         return _followed_prefill(runner, grammar, prefill, where)
+
+    def _bound_calls(
+        body: CompletionBase, policy: PolicyOptions, prefill: str | None
+    ) -> tuple[str, int, tuple[int, ...]] | None:
+        """The tools' lazy grammar (``call_grammar``: a call's arguments as its schema allows, from the
+        first ``<tool_call>`` on, as llama-server binds them), the token it is triggered by and the
+        prefill's tokens it follows, where the run can follow it: a vocabulary with a ``<tool_call>``
+        token, every model local, no step that takes tokens back, schemas the converter and llama.cpp
+        take, and a prefill (which may open a call) that it does not rule out. Elsewhere the calls are
+        read as the model writes them (None), as they were before any grammar bound them."""
+        tools = body.tools_offered() if isinstance(body, ChatRequest) else None
+        remote = any(isinstance(runner, RemoteRunner) for runner in engine.runners)
+        if not tools or remote or policy.takes_tokens_back() is not None:
+            return None
+        assert isinstance(body, ChatRequest)
+        runner = engine.runners[0]
+        trigger = call_trigger(runner)
+        start = runner.spelling(prefill) if prefill else []
+        if trigger is None or start is None:
+            return None
+        try:
+            grammar = call_grammar(tools, body.parallel_tool_calls is not False)
+            runner.grammars.check(grammar, start, trigger)
+        except EadError:  # a schema no grammar holds, or a call the prefill opens and breaks
+            return None
+        return grammar, trigger, tuple(start)
 
     async def _json_body(request: Request, as_curl_sends: bool = False) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain or a form anywhere without

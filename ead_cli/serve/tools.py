@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runner import Runner
+from .converter import SCHEMAS_BY_NAME, VALUES, json_schema_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -33,6 +34,69 @@ _BEGUN = re.compile(
     r'[ \t\n\r]*\{[ \t\n\r]*"name"[ \t\n\r]*:[ \t\n\r]*("(?:[^"\\\x00-\x1f]|\\.)*")'
     r'[ \t\n\r]*,[ \t\n\r]*"arguments"[ \t\n\r]*:[ \t\n\r]*(?=\{)'
 )
+
+
+def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
+    """The GBNF grammar of an answer's calls from its first ``<tool_call>`` on, as llama-server's binds
+    them: each block a call of a tool offered, its arguments those its JSON schema allows (an ``enum``, an
+    integer where it says integer), then the answer's end (or, with ``parallel``, another block). Used
+    lazily (``call_trigger``): the text before the first block is free. A usage error for a schema the
+    converter cannot express."""
+    calls, definitions = [], {}
+    for index, tool in enumerate(tools):
+        function = tool["function"]
+        parameters = function.get("parameters") or {"type": "object"}
+        ref = f"#/$defs/tool-{index}"
+        definitions[f"tool-{index}"] = _rebased(parameters, ref)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, "arguments": {"$ref": ref}},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    one = json_schema_grammar({"$defs": definitions, "anyOf": calls}, "tools' function.parameters")
+    space = "tool-call-space"
+    return "\n".join(
+        [
+            f"root ::= tool-call{f' ({space} tool-call)*' if parallel else ''}",
+            f'tool-call ::= "{OPEN}" {space} tool-call-object {space} "{CLOSE}"',
+            f"{space} ::= [ \\t\\n]{{0,20}}",
+            re.sub(r"^root ::=", "tool-call-object ::=", one, count=1, flags=re.MULTILINE),
+        ]
+    )
+
+
+def call_trigger(runner: Runner) -> int | None:
+    """The vocabulary's token for ``<tool_call>``, which the calls' grammar binds from (llama-server
+    triggers its grammar on a trigger word that is one token so); None where the tag is no one token
+    (Qwen2.5's vocabulary has it): a pattern trigger would feed the grammar from inside the token that
+    completes the tag, and llama.cpp aborts the process where that token goes on past the tag with text
+    the grammar rules out."""
+    tokens = runner.tokenize(OPEN, add_special=False, parse_special=True)
+    return tokens[0] if len(tokens) == 1 else None
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """A tool's parameters with their local ``$ref``s (``#/...``, from the parameters' root) pointing where
+    the parameters are put in the calls' schema (``base``): values (an ``enum``'s) and the names of
+    properties left as they are."""
+    if isinstance(schema, list):
+        return [_rebased(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rebased: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in VALUES:
+            rebased[key] = value
+        elif key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            rebased[key] = base + value[1:]
+        elif key in SCHEMAS_BY_NAME and isinstance(value, dict):
+            rebased[key] = {name: _rebased(item, base) for name, item in value.items()}
+        else:
+            rebased[key] = _rebased(value, base)
+    return rebased
 
 
 def template_takes_tools(runner: Runner) -> bool:
