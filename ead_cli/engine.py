@@ -15,7 +15,7 @@ from .hardware import repack_choice
 from .option_table import OPTIONS
 from .options import SMALL_MODEL_FLAGS, GenerationOptions, ModelOptions, PolicyOptions
 from .registry import is_remote
-from .remote import RemoteRunner, connect, remote_label, server_address
+from .remote import RemoteRunner, any_remote, connect, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .sampling import unknown_token
 from .smoke import check_models
@@ -346,9 +346,9 @@ def unused_options(
             unused["--hide-thinking"] = no_block
     if "fallback" in given:
         writers = {"small": runners[:1], "large": runners[-1:]}.get(policy_options.mode, runners)
-        if not any(isinstance(runner, RemoteRunner) for runner in runners):
+        if not any_remote(runners):
             unused[OPTIONS["fallback"].flag] = "no model on a llama-server"
-        elif settled and not any(isinstance(runner, RemoteRunner) for runner in writers):
+        elif settled and not any_remote(writers):
             unused[OPTIONS["fallback"].flag] = mode
     return unused
 

@@ -26,7 +26,7 @@ import math
 import re
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -819,6 +819,12 @@ class OpenAIRunner(RemoteRunner):
             return int(text.removeprefix("token_id:"))
         ids = self._tokenizer.tokenize(text, add_special=False, parse_special=False)
         return ids[0] if len(ids) == 1 else None
+
+
+def any_remote(runners: Iterable[object]) -> bool:
+    """Whether any of ``runners`` is a model on a server: what needs a local context (a grammar, the infill
+    sampler, bound tool calls) cannot reach it, and ``--fallback`` has a server to fall back from."""
+    return any(isinstance(runner, RemoteRunner) for runner in runners)
 
 
 def connect(url: str, **kwargs: Any) -> RemoteRunner:

@@ -56,7 +56,7 @@ from ..prompt import (
     render_chat,
     special_token_pattern,
 )
-from ..remote import RemoteRunner
+from ..remote import any_remote
 from ..sampling import GrammarRefusal, SamplingParams
 from ..thinking import CLOSE, ReasoningSplitter, answer_start, split_reasoning, template_variables
 from .engine import (
@@ -1149,7 +1149,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 logit_bias=biases if body.logit_bias is not None else base.logit_bias,
             )
             sampling = replace(sampling, **body.chain_settings())
-            remote = any(isinstance(runner, RemoteRunner) for runner in engine.runners)
+            remote = any_remote(engine.runners)
             if sampling.infill and (policy.mode == "spec" or remote):
                 message = "samplers: the infill sampler needs local models, and no speculative decoding"
                 raise ApiError(400, message, param="samplers", code="unsupported_parameter")
@@ -1183,7 +1183,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         """JSON mode: a grammar cannot take a token back, nor reach into a llama-server. The prefill's
         tokens, which the grammar follows before the answer's first (its text opens the answer, which
         ends the ``prompt``)."""
-        if any(isinstance(runner, RemoteRunner) for runner in engine.runners):
+        if any_remote(engine.runners):
             message = (
                 "response_format: JSON mode needs every model local (a grammar cannot reach a llama-server)"
             )
@@ -1207,7 +1207,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         take, and a prefill (which may open a call) that it does not rule out. Elsewhere the calls are
         read as the model writes them (None), as they were before any grammar bound them."""
         tools = body.tools_offered() if isinstance(body, ChatRequest) else None
-        remote = any(isinstance(runner, RemoteRunner) for runner in engine.runners)
+        remote = any_remote(engine.runners)
         if not tools or remote or policy.takes_tokens_back() is not None:
             return None
         assert isinstance(body, ChatRequest)
