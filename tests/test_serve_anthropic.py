@@ -224,6 +224,41 @@ def test_a_tool_use_round_trip(server: Server, client: anthropic.Anthropic) -> N
     assert answered.content[0].text == expected["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "multiply"}])
+def test_a_forced_tool_choice_is_a_tool_use(client: anthropic.Anthropic, choice: dict[str, str]) -> None:
+    """``any`` and a named tool force a call as the OpenAI route's ``required`` and named function do: a
+    grammar from the answer's first token (this vocabulary has no <tool_call> token, which only the lazy
+    grammar needs), whole and streamed alike."""
+    side = {"type": "string", "enum": ["heads", "tails"]}
+    schema = {
+        "type": "object",
+        "properties": {"side": side},
+        "required": ["side"],
+        "additionalProperties": False,
+    }
+    request = {
+        "model": "ead",
+        "max_tokens": 300,
+        "messages": ASK,
+        "tools": [TOOL, {"name": "flip", "input_schema": schema}],
+    }
+    request |= {"tool_choice": {**choice, "disable_parallel_tool_use": True}}
+    whole = client.messages.create(**request)
+    assert whole.stop_reason == "tool_use", whole
+    (call,) = whole.content
+    assert call.type == "tool_use" and call.name in ("multiply", choice.get("name", "flip"))
+    if call.name == "multiply":
+        assert set(call.input) == {"a", "b"} and all(type(value) is int for value in call.input.values())
+    else:
+        assert call.input in ({"side": "heads"}, {"side": "tails"})
+    with client.messages.stream(**request) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use"
+    assert [(block.type, block.name, block.input) for block in streamed.content] == [
+        ("tool_use", call.name, call.input)
+    ]
+
+
 def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
     body = {"model": "ead", "max_tokens": 2, "messages": HI}
     assert post(server, "/v1/messages", body).status_code == 200
@@ -285,10 +320,15 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
             "messages.0.role",
         ),
         (
-            {"model": "ead", "messages": HI, "tools": [TOOL], "tool_choice": {"type": "any"}},
+            {
+                "model": "ead",
+                "messages": HI,
+                "tools": [TOOL],
+                "tool_choice": {"type": "tool", "name": "nope"},
+            },
             400,
             "invalid_request_error",
-            "tool_choice",
+            "tool_choice: the function 'nope' is not among the tools offered",
         ),
         (
             {

@@ -245,6 +245,33 @@ def test_store_is_a_no_op_and_json_object_mode_is_taken(client: openai.OpenAI, s
     assert data.output_text == expected["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "multiply"}])
+def test_a_forced_tool_choice_is_the_chat_routes_forced_call(
+    server: Server, client: openai.OpenAI, choice: str | dict[str, str]
+) -> None:
+    """``required`` and a named function (Responses' flat spelling) force a call as the chat route does."""
+    asked = {"model": "ead", "input": ASK, "tools": FLAT_TOOLS, "parallel_tool_calls": False}
+    asked |= {"temperature": 0, "max_output_tokens": 300}
+    (call,) = client.responses.create(**asked, tool_choice=choice).output
+    assert call.type == "function_call" and call.name == "multiply", call
+    arguments = json.loads(call.arguments)
+    assert set(arguments) == {"a", "b"} and all(type(value) is int for value in arguments.values())
+    chat_choice = (
+        choice if isinstance(choice, str) else {"type": "function", "function": {"name": "multiply"}}
+    )
+    expected = chat(
+        server,
+        messages=[{"role": "user", "content": ASK}],
+        tools=TOOLS,
+        tool_choice=chat_choice,
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=300,
+    )
+    (chat_call,) = expected["choices"][0]["message"]["tool_calls"]
+    assert (call.name, call.arguments) == (chat_call["function"]["name"], chat_call["function"]["arguments"])
+
+
 def test_hosted_tools_are_not_offered_as_llama_server_drops_them(server: Server) -> None:
     """Codex CLI offers OpenAI's hosted web search by default: no hosted tool runs here, so the model is
     offered the other tools alone, the same prompt and answer as a request without them."""
@@ -283,7 +310,11 @@ def test_hosted_tools_are_not_offered_as_llama_server_drops_them(server: Server)
         ({"input": [{"type": "item_reference", "id": "r"}]}, "input.0.type", "item_reference items"),
         ({"input": [{"type": "function_call", "name": "multiply"}]}, "input.0.call_id", "needs its call_id"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", "'user'"),
-        ({"tool_choice": "required", "tools": FLAT_TOOLS}, "tool_choice", "only 'auto' and 'none'"),
+        (
+            {"tool_choice": {"type": "function", "name": "nope"}, "tools": FLAT_TOOLS},
+            "tool_choice",
+            "'nope' is not among the tools offered",
+        ),
         (
             {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
             "text.format",

@@ -565,6 +565,16 @@ def calling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
+def test_a_forced_call_is_refused_where_the_answer_thinks_first(calling: Server) -> None:
+    """A forced call's grammar binds the answer from its first token, which a thinking model's reasoning
+    opens: a 400 that says so, not an answer whose thinking the grammar cut off."""
+    body = {"model": "ead", "messages": ASK, "tools": TOOLS, "tool_choice": "required"}
+    reply = httpx.post(f"{calling.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "tool_choice" and "a thinking model's answer" in error["message"], error
+
+
 def test_chat_gives_the_reasoning_then_the_call_whole_and_streamed(calling: Server) -> None:
     """``reasoning_content`` beside ``tool_calls`` (no content), as llama-server gives them; streamed, the
     reasoning deltas, then the call's at index 0, then the finish ``tool_calls``."""

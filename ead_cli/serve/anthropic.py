@@ -169,9 +169,8 @@ class AnthropicToolChoice(BaseModel):
     disable_parallel_tool_use: bool | None = None
 
     def openai_fields(self) -> dict[str, Any]:
-        """OpenAI's ``tool_choice`` (``any`` is its ``required``, ``tool`` a named function: the OpenAI
-        check refuses both, as a forced call needs a grammar over the markup) and
-        ``parallel_tool_calls``."""
+        """OpenAI's ``tool_choice`` (``any`` is its ``required``, ``tool`` a named function: a call
+        forced, as the OpenAI route forces one) and ``parallel_tool_calls``."""
         named = {"type": "function", "function": {"name": self.name}}
         fields: dict[str, Any] = {"tool_choice": {"any": "required", "tool": named}.get(self.type, self.type)}
         if self.disable_parallel_tool_use is not None:

@@ -1080,7 +1080,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         except EadError as error:
             field = "messages" if isinstance(body, ChatRequest) else "prompt"
             raise ApiError(400, str(error), code="context_length_exceeded", param=field) from None
-        policy, generation = _settings(body, prefill, prompt)
+        policy, generation = _settings(body, prefill, prompt, thinking)
         logprobs = body.logprobs_count()
         if logprobs is not None:
             _without_rollbacks(
@@ -1118,7 +1118,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return await reply.whole(ticket, request)
 
     def _settings(
-        body: CompletionBase, prefill: str | None, prompt: list[int]
+        body: CompletionBase, prefill: str | None, prompt: list[int], thinking: bool | None
     ) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
@@ -1135,7 +1135,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
             policy = with_saved_tau(policy, engine.runners).options
             start = () if grammar is None else _check_grammar(grammar, policy, prefill, body, prompt)
-            calls = _bound_calls(body, policy, prefill) if grammar is None else None
+            calls = _bound_calls(body, policy, prefill, thinking, grammar is not None)
             sampling = SamplingParams(
                 grammar=grammar if calls is None else calls[0],
                 grammar_start=start if calls is None else calls[2],
@@ -1198,30 +1198,58 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return _followed_prefill(runner, grammar, prefill, where)
 
     def _bound_calls(
-        body: CompletionBase, policy: PolicyOptions, prefill: str | None
-    ) -> tuple[str, int, tuple[int, ...]] | None:
-        """The tools' lazy grammar (``call_grammar``: a call's arguments as its schema allows, from the
-        first ``<tool_call>`` on, as llama-server binds them), the token it is triggered by and the
-        prefill's tokens it follows, where the run can follow it: a vocabulary with a ``<tool_call>``
-        token, every model local, no step that takes tokens back, schemas the converter and llama.cpp
-        take, and a prefill (which may open a call) that it does not rule out. Elsewhere the calls are
-        read as the model writes them (None), as they were before any grammar bound them."""
-        tools = body.tools_offered() if isinstance(body, ChatRequest) else None
-        remote = any_remote(engine.runners)
-        if not tools or remote or policy.takes_tokens_back() is not None:
+        body: CompletionBase,
+        policy: PolicyOptions,
+        prefill: str | None,
+        thinking: bool | None,
+        json_mode: bool,
+    ) -> tuple[str, int | None, tuple[int, ...]] | None:
+        """The tools' grammar (``call_grammar``: a call's arguments as its schema allows, as llama-server
+        binds them), the token it is triggered by and the prefill's tokens it follows, where the run can
+        follow it: every model local, no step that takes tokens back, schemas the converter and llama.cpp
+        take, and a prefill that it does not rule out. Lazy, from the first ``<tool_call>`` on, which
+        needs a vocabulary with that token; elsewhere the calls are read as the model writes them (None),
+        as they were before any grammar bound them. Where ``tool_choice`` forces a call (``forced_tools``),
+        from the answer's first token, over the tools it may call (llama-server's ``required``); where the
+        run cannot bind it so (JSON mode's grammar binds it already), a 400 that says why."""
+        if not isinstance(body, ChatRequest):
             return None
-        assert isinstance(body, ChatRequest)
+        tools, forced = body.tools_offered(), body.forced_tools()
+        if not tools or (json_mode and not forced):
+            return None
         runner = engine.runners[0]
-        trigger = call_trigger(runner)
+        trigger = None if forced else call_trigger(runner)
         start = runner.spelling(prefill) if prefill else []
-        if trigger is None or start is None:
-            return None
+        unbound = _unbindable(policy, json_mode, forced is not None and thinking is not None)
+        if unbound is None and start is None:
+            unbound = "an assistant prefill the vocabulary cannot spell for a grammar"
+        if unbound is None and not forced and trigger is None:
+            unbound = "a vocabulary without a <tool_call> token"
         try:
-            grammar = call_grammar(tools, body.parallel_tool_calls is not False)
+            if unbound is not None:
+                raise EadError(unbound)
+            grammar = call_grammar(forced or tools, body.parallel_tool_calls is not False)
             runner.grammars.check(grammar, start, trigger)
-        except EadError:  # a schema no grammar holds, or a call the prefill opens and breaks
-            return None
-        return grammar, trigger, tuple(start)
+        except EadError as error:  # a schema no grammar holds, or a prefill the calls rule out
+            if not forced:
+                return None
+            message = f"tool_choice: a forced call needs a grammar, which this answer cannot take: {error}"
+            raise ApiError(400, message, code="invalid_value", param="tool_choice") from None
+        return grammar, trigger, tuple(start or ())
+
+    def _unbindable(policy: PolicyOptions, json_mode: bool, thinking: bool) -> str | None:
+        """Why no calls' grammar can bind this run's answer (None where one can): ``thinking``, a
+        thinking model's answer that a grammar binds from its first token."""
+        steps = policy.takes_tokens_back()
+        if json_mode:
+            return "response_format, whose grammar binds the answer already"
+        if any_remote(engine.runners):
+            return "a model on a llama-server, which a grammar cannot reach"
+        if steps is not None:
+            return f"{steps}, which takes tokens back that a grammar cannot"
+        if thinking:
+            return "a thinking model's answer, whose reasoning the call's grammar would rule out"
+        return None
 
     async def _json_body(request: Request, as_curl_sends: bool = False) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain or a form anywhere without

@@ -812,13 +812,32 @@ class ChatRequest(CompletionBase):
         )
 
     def tools_offered(self) -> list[dict[str, Any]] | None:
-        """The tools the template is to render: none with ``tool_choice: none``. A choice that forces a
-        call (``required``, a named function) would need a grammar over the markup: refused."""
-        if self.tool_choice is not None and self.tool_choice not in ("none", "auto"):
-            raise unsupported("tool_choice", "only 'auto' and 'none' are supported")
+        """The tools the template is to render (all of them, whatever the choice forces, as OpenAI and
+        llama-server render them): none with ``tool_choice: none``. A choice of no tool offered is a 400
+        wherever they are read (``forced_tools``)."""
+        self.forced_tools()
         if not self.tools or self.tool_choice == "none":
             return None
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+    def forced_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the answer must call one of, where ``tool_choice`` forces a call: all offered
+        (``required``), or the one it names; None where the model may answer in text. A 400 for a choice
+        with no tool to call (none offered, or a name not among them)."""
+        choice = self.tool_choice
+        if choice is None or choice in ("none", "auto"):
+            return None
+        offered = [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
+        if isinstance(choice, NamedToolChoice):
+            name = choice.function.get("name")
+            offered = [tool for tool in offered if tool["function"]["name"] == name]
+            if not offered:
+                message = f"tool_choice: the function {quoted(str(name))} is not among the tools offered"
+                raise ApiError(400, message, code="invalid_value", param="tool_choice")
+        if not offered:
+            message = "tool_choice: a call is forced only from the tools offered, and none are"
+            raise ApiError(400, message, code="invalid_value", param="tool_choice")
+        return offered
 
 
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]  # llama.cpp's llama_token: an int32_t

@@ -40,7 +40,8 @@ def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
     """The GBNF grammar of an answer's calls from its first ``<tool_call>`` on, as llama-server's binds
     them: each block a call of a tool offered, its arguments those its JSON schema allows (an ``enum``, an
     integer where it says integer), then the answer's end (or, with ``parallel``, another block). Used
-    lazily (``call_trigger``): the text before the first block is free. A usage error for a schema the
+    lazily (``call_trigger``), the text before the first block free; or, where ``tool_choice`` forces a
+    call, from the answer's first token, over the tools it may call. A usage error for a schema the
     converter cannot express."""
     calls, definitions = [], {}
     for index, tool in enumerate(tools):
