@@ -29,6 +29,7 @@ from serve_process import Server
 from test_cli import EAD, assert_one_line_error, ead, interruptible, read_to_the_end
 from test_repl import PROMPT, SUMMARY, plain, send, type_line
 from test_serve import http_server, serving
+from test_serve_tools import TOOLS_TEMPLATE
 from tiny_models import write_tiny_model
 
 from ead_cli.bench import native
@@ -149,6 +150,25 @@ def test_ead_serve_names_the_field_a_remote_large_model_refuses(tiny_pair, serve
             assert (error["param"], error["code"]) == (param, "invalid_value")
             assert "llama-server does not return" in error["message"]
         answered = httpx.post(f"{server.base_url}/chat/completions", json={**body, "ead": {}}, timeout=60)
+        assert answered.status_code == 200, answered.text
+
+
+def test_a_forced_tool_call_needs_every_model_local(tiny_pair, served_large, tmp_path) -> None:
+    """A forced call is bound by a grammar, which cannot reach a llama-server: a 400 that says so, and the
+    same tools with ``auto`` still answered (their calls read as the model writes them)."""
+    small = write_tiny_model(tmp_path / "tools.gguf", seed=0, chat_template=TOOLS_TEMPLATE)
+    tools = [{"type": "function", "function": {"name": "flip", "parameters": {"type": "object"}}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": tools}
+    with serving(models(small, served_large), tmp_path / "server.log") as server:
+        reply = httpx.post(
+            f"{server.base_url}/chat/completions", json={**body, "tool_choice": "required"}, timeout=60
+        )
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "tool_choice" and "a model on a llama-server" in error["message"], error
+        answered = httpx.post(
+            f"{server.base_url}/chat/completions", json={**body, "tool_choice": "auto"}, timeout=60
+        )
         assert answered.status_code == 200, answered.text
 
 

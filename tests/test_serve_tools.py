@@ -604,11 +604,13 @@ def test_a_calls_arguments_are_bound_by_its_schema_as_llama_servers(tags_server:
     ]
 
 
+LONG_NOTE = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 5000}}}
+
+
 def test_a_schema_no_grammar_holds_leaves_the_calls_unbound(tags_server: Server) -> None:
     """A tool's schema the converter cannot make a grammar of (a maxLength past what llama.cpp's parser
     takes) is no 400: the calls are read as the model writes them, as before any grammar bound them."""
-    long = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 5000}}}
-    tools = [{"type": "function", "function": {"name": "note", "parameters": long}}]
+    tools = [{"type": "function", "function": {"name": "note", "parameters": LONG_NOTE}}]
     reply = chat(tags_server, messages=HI, tools=tools, max_tokens=4)
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["finish_reason"] == "length"
@@ -699,6 +701,7 @@ def test_a_named_tool_choice_forces_a_call_of_that_tool(tags_server: Server, see
         ({"response_format": {"type": "json_object"}}, "response_format, whose grammar"),
         ({"tools": None, "tool_choice": "required"}, "none are"),
         ({"ead": {"mode": "spec"}}, "--mode spec, which takes tokens back"),
+        ({"tools": [{"type": "function", "function": {"name": "note", "parameters": LONG_NOTE}}]}, "grammar"),
         (
             {"messages": [*HI, {"role": "assistant", "content": "Sure."}]},
             "the grammar rules out token 0",
