@@ -331,6 +331,12 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
             "tool_choice: the function 'nope' is not among the tools offered",
         ),
         (
+            {"model": "ead", "messages": HI, "tools": [TOOL], "tool_choice": {"type": "tool"}},
+            400,
+            "invalid_request_error",
+            "tool_choice.name",
+        ),
+        (
             {
                 "model": "ead",
                 "messages": HI,

@@ -723,6 +723,11 @@ def test_a_forced_call_the_answer_cannot_be_bound_to_is_a_400_saying_why(
     ("body", "param", "fragment"),
     [
         ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools.0.function.name", ""),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {}}},
+            "tool_choice.function.name",
+            "Field required",
+        ),
     ],
 )
 def test_tool_requests_that_cannot_be_honoured_are_a_400(

@@ -170,7 +170,11 @@ class AnthropicToolChoice(BaseModel):
 
     def openai_fields(self) -> dict[str, Any]:
         """OpenAI's ``tool_choice`` (``any`` is its ``required``, ``tool`` a named function: a call
-        forced, as the OpenAI route forces one) and ``parallel_tool_calls``."""
+        forced, as the OpenAI route forces one) and ``parallel_tool_calls``. A 400 for a ``tool`` without
+        its name."""
+        if self.type == "tool" and self.name is None:
+            message = "tool_choice.name: a tool choice of type 'tool' names the tool to call"
+            raise ApiError(400, message, code="invalid_value", param="tool_choice.name")
         named = {"type": "function", "function": {"name": self.name}}
         fields: dict[str, Any] = {"tool_choice": {"any": "required", "tool": named}.get(self.type, self.type)}
         if self.disable_parallel_tool_use is not None:

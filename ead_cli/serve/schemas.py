@@ -761,11 +761,17 @@ class ChatMessage(BaseModel):
         return {**message, **extra}
 
 
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str
+
+
 class NamedToolChoice(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["function"]
-    function: dict[str, Any]
+    function: NamedFunction
 
 
 class ChatRequest(CompletionBase):
@@ -829,10 +835,10 @@ class ChatRequest(CompletionBase):
             return None
         offered = [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
         if isinstance(choice, NamedToolChoice):
-            name = choice.function.get("name")
+            name = choice.function.name
             offered = [tool for tool in offered if tool["function"]["name"] == name]
             if not offered:
-                message = f"tool_choice: the function {quoted(str(name))} is not among the tools offered"
+                message = f"tool_choice: the function {quoted(name)} is not among the tools offered"
                 raise ApiError(400, message, code="invalid_value", param="tool_choice")
         if not offered:
             message = "tool_choice: a call is forced only from the tools offered, and none are"
