@@ -13,7 +13,8 @@ from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError, cut
 from .hardware import repack_choice
 from .option_table import OPTIONS
-from .options import SMALL_MODEL_FLAGS, GenerationOptions, ModelOptions, PolicyOptions
+from .options import SMALL_MODEL_FLAGS, GenerationOptions, ModelOptions, PolicyOptions, answer_limit
+from .prompt import context_size
 from .registry import is_remote
 from .remote import RemoteRunner, any_remote, connect, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
@@ -224,6 +225,7 @@ def build_decoder(
     verify = policy_options.verify if policy_options.mode == "ead" else None  # a switching option
     # before the branch: a budget with spec is refused too
     budget = reasoning_budget_for(runners[0], policy_options, generation)
+    max_tokens = answer_limit(generation.max_tokens, context_size(runners))  # -1: to the context's end
     try:
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
@@ -232,7 +234,7 @@ def build_decoder(
                 generation.sampling,
                 draft=policy_options.draft,
                 entropy_stop=policy_options.draft_entropy_stop,
-                max_tokens=generation.max_tokens,
+                max_tokens=max_tokens,
                 stop=generation.stop,
                 min_indent=generation.min_indent,
                 newline_time_limit_ms=generation.newline_time_limit_ms,
@@ -244,7 +246,7 @@ def build_decoder(
             roles,
             policy_options.make_policy(),
             generation.sampling,
-            max_tokens=generation.max_tokens,
+            max_tokens=max_tokens,
             stop=generation.stop,
             min_indent=generation.min_indent,
             newline_time_limit_ms=generation.newline_time_limit_ms,

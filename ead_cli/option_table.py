@@ -460,8 +460,9 @@ DECODING: tuple[DecodingOption, ...] = (
         "max_tokens",
         int,
         512,
-        "Stop after this many generated tokens.",
-        short="stop each answer after N tokens",
+        "Stop after this many generated tokens; -1: no limit, until the answer ends or the context is "
+        "full (llama.cpp's -n -1).",
+        short="stop each answer after N tokens (-1: no limit, to the context's end)",
         target="generation",
         surfaces=frozenset({CLI, CHAT}),
         llama_spellings=("-n", "--n-predict"),

@@ -98,6 +98,15 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
+NO_LIMIT = -1  # --max-tokens -1, llama.cpp's -n -1: an answer runs until it ends or the context is full
+
+
+def answer_limit(max_tokens: int, n_ctx: int) -> int:
+    """The most tokens an answer may have in a context of ``n_ctx`` tokens: ``max_tokens`` within it, all
+    of it for NO_LIMIT (the context's end stops the answer)."""
+    return n_ctx if max_tokens == NO_LIMIT else min(max_tokens, n_ctx)
+
+
 def check_max_tokens(max_tokens: int) -> None:
     """--max-tokens of a command whose answers are measured: at least one token each."""
     if max_tokens < 1:
@@ -346,5 +355,6 @@ class GenerationOptions:
                 f"--reasoning-budget must be at least -1 (-1: unrestricted, 0: thinking off), got {budget}"
             )
             raise EadError(message, exit_code=2)
-        if self.max_tokens < 0:
-            raise EadError(f"--max-tokens must be at least 0, got {self.max_tokens}", exit_code=2)
+        if self.max_tokens < NO_LIMIT:
+            message = f"--max-tokens must be -1 (no limit) or at least 0, got {self.max_tokens}"
+            raise EadError(message, exit_code=2)

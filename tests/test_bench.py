@@ -1859,7 +1859,7 @@ def test_a_pipe_in_place_of_the_results_is_refused_not_waited_on(tmp_path: Path)
         (["--timeout", "0"], "--timeout must be above 0 and at most 86400 seconds, got 0.0"),
         (["--timeout", "inf"], "--timeout must be above 0 and at most 86400 seconds, got inf"),
         (["--timeout", "1e300"], "at most 86400 seconds"),  # with inf: a traceback after the first answer
-        (["--max-tokens", "-1"], "--max-tokens must be at least 0"),
+        (["--max-tokens", "-1"], "--max-tokens must be at least 1, got -1"),  # answers are measured
     ],
 )
 def test_bad_bench_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:

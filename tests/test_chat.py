@@ -231,6 +231,26 @@ def test_a_new_system_message_re_renders_the_conversation(runners: list[Runner])
     assert conversation.tokens[: second.summary.prompt_tokens] == expected
 
 
+def test_chat_max_tokens_minus_one_answers_until_the_context_is_full(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """ead chat -n -1 (llama.cpp's no limit) had been refused: the answer runs to the context's end, and
+    /max-tokens -1 sets it in a conversation too."""
+    from test_cli import ead
+
+    saved = tmp_path / "chat.json"
+    args = ["chat", "--large", str(tiny_pair[1]), "--threads", "1", "--ctx", "256"]
+    for given, commands in (
+        (["-n", "-1"], f"hello\n/save {saved}\n"),
+        (["-n", "4"], f"/max-tokens -1\nhello\n/save {saved}\n"),
+    ):
+        result = ead(*args, *given, stdin=commands)
+        assert result.returncode == 0, result.stderr
+        (turn,) = json.loads(saved.read_text())["turns"]
+        assert turn["summary"]["finish_reason"] == "length"
+        assert turn["summary"]["prompt_tokens"] + turn["summary"]["generated"] == 257
+
+
 def test_a_full_context_refuses_the_next_turn_until_a_reset(tiny_pair: tuple[Path, Path]) -> None:
     runners = open_pair(tiny_pair, n_ctx=64)  # llama.cpp makes it 256
     try:

@@ -689,7 +689,7 @@ def test_offline_with_nothing_cached(tmp_path: Path, tiny_small: Path) -> None:
         (["--min-p", "-0.1"], "--min-p must be in [0, 1]"),
         (["--top-k", "-1"], "--top-k must be at least 0"),
         (["--seed", "-1"], "--seed must be in"),
-        (["--max-tokens", "-1"], "--max-tokens must be at least 0"),
+        (["--max-tokens", "-2"], "--max-tokens must be -1 (no limit) or at least 0, got -2"),
         (["--ctx", "8"], "--ctx must be at least 16"),
         (["--threads", "0"], "--threads must be at least 1"),
         # past the threads a process may start (ulimit -u), llama.cpp segfaulted; past 2**31, it wrapped
@@ -1018,6 +1018,22 @@ def test_a_full_context_finishes_with_length_and_says_so(tiny_pair: tuple[Path, 
     assert result.stderr.decode().splitlines() == [note + " of the 5000 asked (raise --ctx)"]
     whole = ead(*args, "--max-tokens", "5")
     assert whole.returncode == 0 and whole.stderr == b"", whole.stderr
+
+
+def test_max_tokens_minus_one_runs_until_the_context_is_full(tiny_pair: tuple[Path, Path]) -> None:
+    """llama.cpp's -n -1, no limit, had been refused ('must be at least 0'): the answer runs until it
+    ends or the context is full, and the note says so without a limit asked; --help says what -1 means."""
+    args = ["generate", *large_args(tiny_pair), "--ctx", "256", "--format", "jsonl", "hi"]
+    for spelling in (["-n", "-1"], ["--max-tokens", "-1"]):
+        result = ead(*args, *spelling)
+        summary = json.loads(result.stdout.decode().splitlines()[-1])
+        assert result.returncode == 0, result.stderr
+        assert summary["finish_reason"] == "length"
+        assert summary["prompt_tokens"] + summary["generated"] == 257
+        note = f"the context (256 tokens) is full: the answer stops at {summary['generated']} tokens"
+        assert result.stderr.decode().splitlines() == [note + " (raise --ctx)"]
+    shown = " ".join(ead("generate", "--help", env={"COLUMNS": "100"}).stdout.decode().split())
+    assert "Stop after this many generated tokens; -1: no limit" in shown
 
 
 @pytest.mark.real

@@ -211,7 +211,9 @@ def test_two_turns_history_commands_stats_and_save(spawn, tmp_path: Path) -> Non
     assert reply(child, "/window 0") == ["error: /window must be at least 1, got 0"]
     assert reply(child, "/temp -1") == ["error: /temp must be at least 0 and finite, got -1.0"]
     assert reply(child, "/lookup-draft 0") == ["error: /lookup-draft must be in [1, 64], got 0"]
-    assert reply(child, "/max-tokens -3") == ["error: /max-tokens must be at least 0, got -3"]
+    assert reply(child, "/max-tokens -3") == [
+        "error: /max-tokens must be -1 (no limit) or at least 0, got -3"
+    ]
 
     stats = "\n".join(reply(child, "/stats"))
     assert "tau 2.5 · window 1" in stats and "temp 0 ·" in stats  # the bad values changed nothing

@@ -90,6 +90,20 @@ def test_completion_is_the_answer_of_v1_completions_in_llama_servers_shape(
     assert unbounded["stop_type"] == "word" and unbounded["generation_settings"]["n_predict"] == -1
 
 
+def test_max_tokens_minus_one_is_no_limit_on_v1_as_n_predict_is(server: Server) -> None:
+    """max_tokens -1 (llama-server 0.3.36 takes it, n_predict's alias: no limit where its -n is the
+    default) had been a 400 on /v1: the answer runs past the server's --max-tokens (33) to its end, here
+    a stop string met after the 33rd token."""
+    short = openai_text(server, prompt=PROMPT, temperature=0)["choices"][0]["text"]  # the server's 33
+    longer = openai_text(server, prompt=PROMPT, max_tokens=80, temperature=0)["choices"][0]["text"]
+    stop = longer[-8:]
+    assert longer.find(stop) >= len(short)  # met past the server's limit only
+    for field in ("max_tokens", "max_completion_tokens"):
+        reply = openai_text(server, prompt=PROMPT, temperature=0, stop=[stop], **{field: -1})
+        choice = reply["choices"][0]
+        assert (choice["finish_reason"], choice["text"]) == ("stop", longer[: longer.find(stop)])
+
+
 def test_penalties_are_taken_as_llama_server_spells_them(server: Server) -> None:
     """repeat_penalty and the others, llama-server's own fields, change the answer as on /v1/completions."""
     penalties = {"repeat_penalty": 1.5, "repeat_last_n": 16, "frequency_penalty": 0.5}

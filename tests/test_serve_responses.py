@@ -305,7 +305,7 @@ def test_hosted_tools_are_not_offered_as_llama_server_drops_them(server: Server)
         ),
         ({"tools": [{"type": "custom", "name": "patch"}]}, "tools.0.type", "custom tools are not supported"),
         ({"tools": [{"type": "function", "name": ""}]}, "tools.0.name", "at least 1 character"),
-        ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal to 1"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "-1 (no limit: to the context's end) or at least 1"),
         ({"messages": HI}, "messages", "takes input"),
         ({"input": [{"type": "item_reference", "id": "r"}]}, "input.0.type", "item_reference items"),
         ({"input": [{"type": "function_call", "name": "multiply"}]}, "input.0.call_id", "needs its call_id"),

@@ -207,8 +207,8 @@ def humaneval_bench(
 ) -> Bench:
     """Checked before the models load: a time limit the sandbox refuses, answers of no tokens, --out."""
     check_timeout(timeout_s, "--timeout")  # not mid-bench in the sandbox
-    generation = GenerationOptions(sampling, max_tokens, (STOP,))  # a negative count refused as it is made
-    check_max_tokens(max_tokens)
+    check_max_tokens(max_tokens)  # before the options, which take -1 (no limit): answers are measured
+    generation = GenerationOptions(sampling, max_tokens, (STOP,))
     note = sandbox_note()  # decided now, before the models load: whom the programs will run as
     return held_bench(
         "humaneval",

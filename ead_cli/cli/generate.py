@@ -13,7 +13,14 @@ import typer
 from rich.table import Table
 
 from ..errors import EadError, counted, shown_path
-from ..options import SMALL_MODEL_FLAGS, ModelOptions, PolicyOptions, check_max_tokens
+from ..options import (
+    NO_LIMIT,
+    SMALL_MODEL_FLAGS,
+    ModelOptions,
+    PolicyOptions,
+    answer_limit,
+    check_max_tokens,
+)
 from .groups import (
     DECODING_OPTIONS,
     MODEL_OPTIONS,
@@ -153,10 +160,13 @@ def generate(
             if summary.fallback:
                 note = f"{summary.fallback}: the small model wrote the rest"
                 stderr.print(note, style="dim", soft_wrap=True)
-            if summary.finish_reason == "length" and summary.generated < generation.max_tokens:
-                note = (  # a length stop short of --max-tokens: the context ran out, which "length" hides
+            limit = answer_limit(generation.max_tokens, decoder.n_ctx)
+            if summary.finish_reason == "length" and summary.generated < limit:
+                # a length stop short of --max-tokens: the context ran out, which "length" hides
+                asked = "" if generation.max_tokens == NO_LIMIT else f" of the {generation.max_tokens} asked"
+                note = (
                     f"the context ({decoder.n_ctx} tokens) is full: the answer stops at {summary.generated} "
-                    f"tokens of the {generation.max_tokens} asked ({context_advice(runners)})"
+                    f"tokens{asked} ({context_advice(runners)})"
                 )
                 stderr.print(note, style="dim", soft_wrap=True)
             if stats:

@@ -9,7 +9,7 @@ import inspect
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
@@ -395,10 +395,14 @@ def _given_rule_settings(**values: Any) -> dict[str, Any]:
 RULE_SETTINGS = OptionGroup(
     "rule_settings", tuple(decoding_option(OPTIONS[name]) for name in RULE_OPTIONS), _given_rule_settings
 )
-Temp, Seed, MaxTokens, Pattern, TauRange = (
-    decoding_option(OPTIONS[name], given_only=False)[1]
-    for name in ("temp", "seed", "max_tokens", "pattern", "tau_range")
+Temp, Seed, Pattern, TauRange = (
+    decoding_option(OPTIONS[name], given_only=False)[1] for name in ("temp", "seed", "pattern", "tau_range")
 )
+# the bench's, calibrate's and depth's: answers they measure or colour, so no -1 (no limit) there
+MaxTokens = decoding_option(
+    replace(OPTIONS["max_tokens"], help="Stop after this many generated tokens (at least 1)."),
+    given_only=False,
+)[1]
 
 
 def parse_list(text: str | None) -> tuple[str, ...]:

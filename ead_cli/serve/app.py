@@ -44,7 +44,7 @@ from ..decoder import Summary, TokenEvent
 from ..embedding import Embedder, InputTooLong, normalized
 from ..engine import block_tags, build_decoder, reasoning_budget_for
 from ..errors import EadError, counted, cut, quoted
-from ..options import GenerationOptions, PolicyOptions
+from ..options import GenerationOptions, PolicyOptions, answer_limit
 from ..prompt import (
     check_fits,
     check_infill,
@@ -1047,8 +1047,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, str(error), code="context_length_exceeded", param="prompt") from None
 
     def _answer_limit(body: CompletionBase) -> int:
-        """The most tokens the answer may have: the request's limit or the server's, within the context."""
-        return min(body.token_limit() or defaults.generation.max_tokens, engine.n_ctx)
+        """The most tokens the answer may have: the request's limit or the server's, within the context
+        (-1, either's: all of it)."""
+        return answer_limit(body.token_limit() or defaults.generation.max_tokens, engine.n_ctx)
 
     def _accepted(schema: type[Body], data: bytes) -> Body:
         body = parse(schema, data)

@@ -23,6 +23,7 @@ from ..decoder import Summary
 from ..embedding import Embedder, normalized
 from ..errors import quoted
 from ..gguf_files import model_bytes
+from ..options import NO_LIMIT
 from ..prompt import infill_tokens
 from ..remote import RemoteRunner
 from ..thinking import ReasoningSplitter, Split, thinks
@@ -103,7 +104,7 @@ class OllamaOptions(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
-    num_predict: Annotated[int, Field(ge=-2)] | None = None  # -1 no limit, -2 fill the context: both n_ctx
+    num_predict: Annotated[int, Field(ge=-2)] | None = None  # -1 no limit, -2 fill the context: both NO_LIMIT
     num_ctx: Positive | None = None  # a context past the served one is a 400 (ead serve --ctx sets it)
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_k: TopK | None = None
@@ -133,8 +134,8 @@ class OllamaOptions(BaseModel):
         fields = self.model_dump(exclude_none=True, exclude={"num_predict", "num_ctx"})
         fields = {name: value for name, value in fields.items() if name not in (self.model_extra or {})}
         fields |= {name: value for name, value in (self.model_extra or {}).items() if name in UNSUPPORTED}
-        if self.num_predict is not None:  # 0 or less: as far as the context goes (clamped there)
-            fields["max_tokens"] = self.num_predict if self.num_predict > 0 else n_ctx
+        if self.num_predict is not None:  # 0 or less (ollama's -1 and -2): no limit, to the context's end
+            fields["max_tokens"] = self.num_predict if self.num_predict > 0 else NO_LIMIT
         return fields
 
 

@@ -23,7 +23,7 @@ from sse_starlette import ServerSentEvent
 
 from ..errors import ECHOED_CHARS, EadError, quoted
 from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
-from ..options import PolicyOptions
+from ..options import NO_LIMIT, PolicyOptions
 from ..paths import BOM
 from ..policies import BURST_KINDS, parse_tau
 from ..sampling import MAX_LOGIT_BIAS
@@ -45,6 +45,16 @@ SCHEMA_PATH = "response_format.json_schema.schema"  # where a JSON schema sits i
 Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 NAMED_PATTERNS = ("@code",)
+
+
+def _token_limit(limit: int) -> int:
+    """``max_tokens``: -1, no limit, as llama-server 0.3.36 takes it (its n_predict's alias), or a count."""
+    if limit != NO_LIMIT and limit < 1:
+        raise ValueError(f"Input should be -1 (no limit: to the context's end) or at least 1, got {limit}")
+    return limit
+
+
+TokenLimit = Annotated[int, AfterValidator(_token_limit)]
 
 
 def _named(patterns: list[str]) -> list[str]:
@@ -556,8 +566,8 @@ class CompletionBase(BaseModel):
     model: Annotated[str, Field(max_length=256)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None  # clamped to the context, as llama-server does
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: TokenLimit | None = None  # clamped to the context, as llama-server does
+    max_completion_tokens: TokenLimit | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Fraction | None = None
     stop: (
