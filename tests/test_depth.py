@@ -469,6 +469,27 @@ def test_ctrl_c_keeps_the_partial_answer_its_summary_and_stats(deep_model: Path)
     assert errors[-1] == "error: interrupted"
 
 
+def test_calibrate_reads_the_tokens_asked_in_whole_windows(deep_model: Path, tmp_path: Path) -> None:
+    """--tokens 256 over code,prose had read 512 (a window each), and 600 had read 1024 (each corpus's 300
+    rounded up to two windows): the tokens are shared out in whole windows, rounded down, and fewer
+    than a window a corpus is refused, saying why."""
+    env = {"EAD_CONFIG": str(tmp_path / "calibration.json")}
+    base = ("depth", "calibrate", str(deep_model), "--probe-every", "2", "--threads", "1")
+    result = ead(*base, "--tokens", "600", env=env)  # code,prose: a window of 256 each, 88 left unread
+    said = result.stderr.decode()
+    assert result.returncode == 0, said
+    assert "window 2/2" in said and "window 3/" not in said
+    assert "448 tokens of code,prose" in said  # two windows, less their prompts' 32 tokens each
+    one = ead(*base, "--tokens", "600", "--corpus", "prose", env=env)  # two windows of the one corpus
+    assert "window 2/2" in one.stderr.decode() and "448 tokens of prose" in one.stderr.decode()
+    refused = ead(*base, "--tokens", "256", env=env)
+    assert assert_one_line_error(refused, 2) == (
+        "error: --tokens must be at least 512 (a window of 256 tokens for each of 2 corpora), got 256"
+    )
+    alone = ead(*base, "--tokens", "255", "--corpus", "prose", env=env)
+    assert assert_one_line_error(alone, 2) == "error: --tokens must be at least 256 (a window), got 255"
+
+
 def test_ctrl_c_in_calibration_saves_nothing_and_leaves_no_folder(deep_model: Path, tmp_path: Path) -> None:
     """Ctrl-C during the teacher forcing: 'interrupted', exit 130, no profile, and not the folders the
     check that it could be saved had made (they had been left behind)."""
@@ -553,7 +574,11 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
         ("--corpus", "poetry", "cannot read corpus file poetry"),
         ("--corpus", "", "--corpus names no corpus"),
         ("--corpus", " , ", "--corpus names no corpus"),
-        ("--tokens", "255", "--tokens must be at least 256, got 255"),
+        (
+            "--tokens",
+            "511",
+            "--tokens must be at least 512 (a window of 256 tokens for each of 2 corpora), got",
+        ),
         ("--probe-every", "0", "--probe-every must be at least 1, got 0"),
     ):
         assert_one_line_error(ead(*calibrate, option, value, env=missing), 2, message)

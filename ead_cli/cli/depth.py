@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 import typer
 from rich.table import Table
 
-from ..depth import CALIBRATION_TOKENS
+from ..depth import CALIBRATION_TOKENS, WINDOW
 from ..errors import EadError, counted, shown_path
 from ..option_table import listed
 from ..options import check_max_tokens
@@ -122,7 +122,13 @@ def depth_calibrate(
         ),
     ] = "code,prose",
     probe_every: ProbeEvery = 4,
-    tokens: Annotated[int, typer.Option(help="Tokens of teacher forcing.")] = CALIBRATION_TOKENS,
+    tokens: Annotated[
+        int,
+        typer.Option(
+            help=f"Tokens of teacher forcing, shared by the corpora in whole windows of {WINDOW} (rounded "
+            "down; at least a window each)."
+        ),
+    ] = CALIBRATION_TOKENS,
 ) -> None:
     """Teacher-force the corpus and save the model's entropy profile per probe layer."""
     from ..depth.profile import PROFILE_KEEPER, profile_path, save_profile

@@ -8,3 +8,4 @@ imports this package; it uses the bench's tasks and sandbox for HumanEval.
 """
 
 CALIBRATION_TOKENS = 1024  # teacher-forced tokens `ead depth calibrate` reads by default
+WINDOW = 256  # tokens per teacher-forcing pass (here, for calibrate's help, without loading depth)

@@ -8,7 +8,8 @@ from pathlib import Path
 from ..errors import EadError, shown_path
 from ..paths import read_file_text, unreadable
 from ..runner import Runner
-from .profile import PROMPT_ROWS, WINDOW
+from . import WINDOW
+from .profile import PROMPT_ROWS
 
 
 def builtin_corpus(name: str) -> list[str]:

@@ -24,7 +24,6 @@ CONDITIONS = tuple(TABLE_ROWS)
 ESTIMATORS = ("full", "topk", "lowrank")
 POSITION_EDGES = (32, 128)  # answer positions [1-32], [33-128], 129+
 CONFIDENCE_EDGES = (0.4, 0.7)  # top-1 probability at the first probe: [0-0.4], [0.4-0.7], [0.7-1]
-WINDOW = 256  # tokens per teacher-forcing pass
 PROMPT_ROWS = 32  # in teacher forcing, the first tokens of a window are its prompt (read at full depth)
 
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import EadError
-from . import CALIBRATION_TOKENS
+from . import CALIBRATION_TOKENS, WINDOW
 from .corpus import corpus_windows, read_corpus
 from .model import DepthModel, DepthOptions
 from .probes import estimator_flops, extra_readout
-from .profile import PROMPT_ROWS, WINDOW, Profile, build_profile, check_counts, probe_layers
+from .profile import PROMPT_ROWS, Profile, build_profile, check_counts, probe_layers
 from .readout import (
     Head,
     entropy_bits,
@@ -119,13 +119,17 @@ def teacher_force(
 
 
 def calibration_corpus(corpus: Sequence[str], *, probe_every: int, tokens: int) -> dict[str, list[str]]:
-    """The texts of each corpus named, after the checks that need no model: made before one loads."""
-    if tokens < WINDOW:
-        raise EadError(f"--tokens must be at least {WINDOW}, got {tokens}", 2)
+    """The texts of each corpus named, after the checks that need no model: made before one loads. Each
+    corpus reads whole windows (``calibration_share``), so ``tokens`` must hold a window for each."""
     check_counts((probe_every, "--probe-every"))
     names = [name for name in corpus if name]  # "code," or "": a blank would be read as the folder "."
     if not names:
         raise EadError("--corpus names no corpus: give code, prose or text files, comma-separated", 2)
+    if tokens < WINDOW * len(names):
+        each = (
+            f"a window of {WINDOW} tokens for each of {len(names)} corpora" if len(names) > 1 else "a window"
+        )
+        raise EadError(f"--tokens must be at least {WINDOW * len(names)} ({each}), got {tokens}", 2)
     return {name: read_corpus([name])[0] for name in names}
 
 
@@ -140,7 +144,7 @@ def calibrate(
     """The profile of a model from teacher forcing over each corpus's calibration half (every other text
     from the first; ``ead depth eval`` holds out the other half). ``corpus``: ``calibration_corpus``'s."""
     layers = probe_layers(model.n_layer, probe_every)
-    share = max(WINDOW, tokens // max(len(corpus), 1))  # each corpus its share, its own halves
+    share = tokens // max(len(corpus), 1) // WINDOW * WINDOW  # each its whole windows: never past tokens
     windows = [
         w for texts in corpus.values() for w in corpus_windows(model.runner, texts, tokens=share, part=0)
     ]
