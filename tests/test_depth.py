@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -551,10 +552,34 @@ def test_a_pipe_in_place_of_the_low_rank_factors_is_computed_over(
     assert np.load(factors)["a"].shape[1] == 4
 
 
+def test_the_advice_to_calibrate_is_a_command_to_paste(deep_model: Path, tmp_path: Path) -> None:
+    """With no profile, depth generate's advice had named the file the model resolved to (a home folder
+    spelled out, an alias's file in the cache) and left out the --probe-every that generate then asked
+    for: it is the command to paste, the model as typed, with the --probe-every given."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(deep_model, home / "deep.gguf")
+    env = {"HOME": str(home), "EAD_CONFIG": str(tmp_path / "config" / "calibration.json")}
+    base = ("depth", "generate", "~/deep.gguf", PROMPT, "--threads", "1", "--max-tokens", "2")
+    line = assert_one_line_error(ead(*base, "--probe-every", "2", env=env), 1, "no depth profile")
+    command = line.split(": run ", 1)[1]
+    assert command == "ead depth calibrate '~/deep.gguf' --probe-every 2"
+    calibrated = ead(*shlex.split(command)[1:], "--corpus", "prose", "--tokens", "256", env=env)
+    assert calibrated.returncode == 0, calibrated.stderr.decode()
+    assert ead(*base, "--probe-every", "2", env=env).returncode == 0
+    other = assert_one_line_error(ead(*base, "--probe-every", "3", env=env), 2)
+    assert other.endswith(": run ead depth calibrate '~/deep.gguf' --probe-every 3")
+    (saved,) = (tmp_path / "config" / "depth").iterdir()
+    saved.write_text("[]")
+    corrupt = assert_one_line_error(ead(*base, "--probe-every", "2", env=env), 1, "is corrupt")
+    assert corrupt.endswith(": run ead depth calibrate '~/deep.gguf' --probe-every 2 again")
+
+
 def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:
     base = ("depth", "generate", str(deep_model), PROMPT, "--threads", "1")
     assert_one_line_error(ead(*base, "--probe-every", "9", env=config), 2, "--probe-every")
-    assert_one_line_error(ead(*base, "--probe-every", "3", env=config), 2, "calibrate with --probe-every 3")
+    advice = f"run ead depth calibrate {deep_model} --probe-every 3"
+    assert_one_line_error(ead(*base, "--probe-every", "3", env=config), 2, advice)
     assert_one_line_error(ead(*base, "--margin", "-1", env=config), 2, "--margin")
     missing = {"EAD_CONFIG": str(tmp_path / "none" / "calibration.json")}
     assert_one_line_error(ead(*base, env=missing), 1, "no depth profile")

@@ -226,7 +226,7 @@ def depth_generate(
     )
     sampling = SamplingParams(temp=temp, seed=seed)
     check_max_tokens(max_tokens)
-    loaded = load(model, n_ctx=ctx, profile=options.rule == "emad")
+    loaded = load(model, n_ctx=ctx, profile=options.rule == "emad", probe_every=probe_every)
     if probe_every is None and loaded.profile is not None:  # the probes it was calibrated with, not 4's
         options = replace(options, probe_every=loaded.profile.probes[0])
     try:

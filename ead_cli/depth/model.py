@@ -31,7 +31,16 @@ from ..runner import Runner
 from ..sampling import Sampler, SamplingParams
 from ..text import TextStream
 from .probes import Estimator, LayerTap, LowRank, TopK, distribution_figures, extra_readout
-from .profile import CONDITIONS, ESTIMATORS, SCHEDULES, Profile, check_counts, load_profile, probe_layers
+from .profile import (
+    CONDITIONS,
+    ESTIMATORS,
+    SCHEDULES,
+    Profile,
+    calibrate_command,
+    check_counts,
+    load_profile,
+    probe_layers,
+)
 from .readout import (
     Head,
     file_digest,
@@ -158,8 +167,10 @@ class DepthModel:
         n_ubatch: int | None = None,
         profile: Profile | None = None,
         repack: bool | None = None,
+        reference: str | None = None,
     ) -> None:
         self.path = Path(path)
+        self.reference = str(self.path) if reference is None else reference  # as typed, for advice
         self.weights = load_head(self.path)
         self.tap = LayerTap()
         self.runner = Runner(
@@ -206,11 +217,11 @@ class DepthModel:
         layers = probe_layers(self.n_layer, options.probe_every)
         if options.rule == "emad":
             if self.profile is None:
-                raise EadError("EMAD needs a depth profile: run ead depth calibrate first")
+                raise EadError(f"EMAD needs a depth profile: run {calibrate_command(self.reference)} first")
             if not set(layers) <= set(self.profile.probes):
                 raise EadError(
                     f"the profile covers layers {list(self.profile.probes)}, not {list(layers)}: "
-                    f"calibrate with --probe-every {options.probe_every}",
+                    f"run {calibrate_command(self.reference, options.probe_every)}",
                     2,
                 )
         return layers
@@ -432,11 +443,13 @@ def open_model(
     n_batch: int | None = None,
     n_ubatch: int | None = None,
     profile: bool = False,
+    probe_every: int | None = None,
     progress: Callable[[str], None] | None = None,
     repack: bool | None = None,
 ) -> DepthModel:
     """A model reference as ead generate takes it (alias, path, ollama:…) loaded for ead depth; with
-    ``profile`` its saved profile too (a one-line error where there is none)."""
+    ``profile`` its saved profile too (a one-line error where there is none, advising the command that
+    makes it, with the ``probe_every`` given)."""
     from .. import registry
     from ..hardware import repack_choice
     from ..smoke import check_model
@@ -446,8 +459,15 @@ def open_model(
     check_batch(n_batch, "--batch-size")
     check_batch(n_ubatch, "--ubatch-size")
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
-    saved = load_profile(path) if profile else None
+    saved = load_profile(path, reference=ref, probe_every=probe_every) if profile else None
     check_model(path, repack=repack_choice(repack), n_gpu_layers=0, threads=threads)
     return DepthModel(
-        path, n_threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, profile=saved, repack=repack
+        path,
+        n_threads=threads,
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        profile=saved,
+        repack=repack,
+        reference=ref,
     )

@@ -106,7 +106,9 @@ class Profile:
         return asdict(self) | {"smooth": self.smooth, "version": 1}
 
     @classmethod
-    def from_json(cls, data: dict, where: str) -> Profile:
+    def from_json(cls, data: dict, where: str, command: str) -> Profile:
+        """The profile a JSON object holds, or a one-line error naming ``where`` it was read and the
+        ``command`` that makes it again."""
         try:
             profile = cls(
                 model=str(data["model"]),
@@ -120,9 +122,7 @@ class Profile:
                 tokens=int(data["tokens"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:  # an edit: a list for an object
-            raise EadError(
-                f"the depth profile {where} is corrupt ({error!r}): run ead depth calibrate again"
-            ) from None
+            raise EadError(f"the depth profile {where} is corrupt ({error!r}): run {command} again") from None
         rows = [row for table in profile.tables.values() for row in table]
         if (
             set(profile.tables) != set(CONDITIONS)
@@ -130,13 +130,11 @@ class Profile:
             or any(len(row) != len(profile.probes) for row in rows)
             or not all(math.isfinite(value) for row in [*rows, profile.raw] for value in row)  # NaN: edited
         ):
-            raise EadError(
-                f"the depth profile {where} is corrupt (bad tables): run ead depth calibrate again"
-            )
+            raise EadError(f"the depth profile {where} is corrupt (bad tables): run {command} again")
         first = profile.probes[0] if profile.probes else 0
         if not 1 <= first <= profile.n_layer or profile.probes != probe_layers(profile.n_layer, first):
             raise EadError(  # the layers calibrate probes: every probes[0] blocks and the last
-                f"the depth profile {where} is corrupt (bad probe layers): run ead depth calibrate again"
+                f"the depth profile {where} is corrupt (bad probe layers): run {command} again"
             )
         return profile
 
@@ -198,15 +196,26 @@ def profile_file(model: Path) -> Path:
     return path
 
 
-def load_profile(model: Path, path: Path | None = None) -> Profile:
-    """The profile of this model file, or a one-line error (missing, corrupt, made for another file)."""
+def calibrate_command(reference: str, probe_every: int | None = None) -> str:
+    """``ead depth calibrate`` as the user can paste it: the model as typed (an alias, ``~/...``, not the
+    file it resolves to), with the ``--probe-every`` the run asked for."""
+    probes = "" if probe_every is None else f" --probe-every {probe_every}"
+    return f"ead depth calibrate {shown_path(reference)}{probes}"
+
+
+def load_profile(
+    model: Path, path: Path | None = None, *, reference: str | None = None, probe_every: int | None = None
+) -> Profile:
+    """The profile of this model file, or a one-line error (missing, corrupt, made for another file)
+    whose advice is the command that makes it (``calibrate_command``: ``reference``, the model as typed,
+    else its path)."""
     if path is None:
         path = profile_file(model)
     check_kept_file(path, PROFILE_KEEPER)
+    command = calibrate_command(str(model) if reference is None else reference, probe_every)
     if not path.exists():
         raise EadError(
-            f"no depth profile for {shown_path(model.name)} (looked for {shown_path(path)}): run ead "
-            f"depth calibrate {shown_path(model)}"
+            f"no depth profile for {shown_path(model.name)} (looked for {shown_path(path)}): run {command}"
         )
     try:
         data = json.loads(read_file_text(path))
@@ -214,13 +223,12 @@ def load_profile(model: Path, path: Path | None = None) -> Profile:
         raise EadError(f"cannot read the depth profile {shown_path(path)}: {unreadable(error)}") from None
     if not isinstance(data, dict):
         raise EadError(
-            f"the depth profile {shown_path(path)} is corrupt (not a JSON object): run ead depth "
-            "calibrate again"
+            f"the depth profile {shown_path(path)} is corrupt (not a JSON object): run {command} again"
         )
-    profile = Profile.from_json(data, shown_path(path))
+    profile = Profile.from_json(data, shown_path(path), command)
     if profile.digest != file_digest(model):
         raise EadError(
             f"the depth profile {shown_path(path)} was made for another model file ({profile.model}): "
-            "calibrate again"
+            f"run {command} again"
         )
     return profile
