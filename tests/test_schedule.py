@@ -314,8 +314,16 @@ def test_bench_report_gives_the_median_of_repeated_replays(
     gate = next(name for name in (r["strategy"] for r in records) if name.startswith("gate "))
     chosen = ["--strategies", f"large-only,spec,{gate}"]
     folders = [tmp_path / "run1", tmp_path / "run2", tmp_path / "run3"]
+    shown = []
     for folder in folders:
-        assert ead("bench", "replay", str(recorded), *pair, *chosen, "--out", str(folder)).returncode == 0
+        replayed = ead("bench", "replay", str(recorded), *pair, *chosen, "--out", str(folder))
+        assert replayed.returncode == 0, replayed.stderr
+        shown.append(replayed.stdout.decode())
+    # one replay: its own table, as the replay showed it, not a "median (range)" of one run
+    alone = ead("bench", "report", str(folders[0]))
+    assert (alone.returncode, alone.stdout.decode()) == (0, shown[0])
+    assert "median" not in alone.stdout.decode() and "replay vs large" in shown[0]
+    assert sorted(path.name for path in folders[0].iterdir()) == [replay.REPLAY_FILE]
     result = ead("bench", "report", *map(str, folders))
     assert result.returncode == 0, result.stderr
     runs = [json.loads((folder / replay.REPLAY_FILE).read_text())["strategies"] for folder in folders]

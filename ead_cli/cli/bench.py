@@ -217,9 +217,10 @@ def bench_report(
         ),
     ],
 ) -> None:
-    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl; given repeats of
-    a bench (or of a replay: folders with a replay.json), also the median of each strategy's
-    wall-clock ratio over them, with the range (median-of-N.md in the first folder)."""
+    """Rewrite the table, CSV and plot from every sample in a folder's results.jsonl (a replay's folder:
+    show its table); given repeats of a bench (or of a replay: folders with a replay.json), also the
+    median of each strategy's wall-clock ratio over them, with the range (median-of-N.md in the first
+    folder)."""
     from ..bench.replay import REPLAY_FILE, read_report
     from ..bench.replay import check_repeats as check_replay_repeats
     from ..bench.report import aggregate_read, repeats_table, write_report
@@ -245,6 +246,9 @@ def bench_report(
     source = REPLAY_FILE if replays else RESULTS_FILE
     if replays:
         reports = [read_report(folder) for folder in folders]
+        if len(reports) == 1:  # one run: its own figures, not a median of one with a range of none
+            _show_replay(reports[0][0])
+            return
         check_replay_repeats([(folder, report) for folder, (report, _) in zip(folders, reports, strict=True)])
         runs = [strategies for _, strategies in reports]
     else:
@@ -261,13 +265,12 @@ def bench_report(
         for folder, run in zip(folders, runs, strict=True):
             write_report(folder, run)
     table = repeats_table(runs)
-    median = folders[0] / f"median-of-{len(runs)}.md" if len(runs) > 1 else None
-    if median is not None:  # before the table: a reader gone (`| head`) ends the run where it is shown
-        save_text(median, "".join(f"{folder / source}\n" for folder in folders) + table, "the median table")
+    median = folders[0] / f"median-of-{len(runs)}.md"
+    # before the table: a reader gone (`| head`) ends the run where it is shown
+    save_text(median, "".join(f"{folder / source}\n" for folder in folders) + table, "the median table")
     typer.echo(table, nl=False)
-    if median is not None:
-        also = "" if replays else " and each folder's report"
-        stderr.print(f"wrote {shown_path(median)}{also}", style="dim", soft_wrap=True)
+    also = "" if replays else " and each folder's report"
+    stderr.print(f"wrote {shown_path(median)}{also}", style="dim", soft_wrap=True)
 
 
 @bench_app.command("replay")
@@ -307,20 +310,27 @@ def bench_replay(
                 bar, description=f"{sample.strategy} · {sample.task_id}"
             ),
         )
-    columns = (
-        ("strategy", "strategy", ""),
-        ("n", "samples", "d"),
-        ("pass@1", "pass_at_1", ".1%"),
-        ("large share", "large_share", ".1%"),
-        ("recorded s", "recorded_wall_s", ",.1f"),
-        ("recorded vs large", "recorded_wall_rel", ".2f"),
-        ("replay s", "wall_s", ",.1f"),
-        ("replay vs large", "wall_rel", ".2f"),
-        ("replay tok/s", "tokens_per_s", ".1f"),
-    )
-    print_rows(columns, report["strategies"])
-    stderr.print(report["note"], style="dim")
+    _show_replay(report)
     stderr.print(f"wrote {shown_path((out or path.parent) / REPLAY_FILE)}", style="dim", soft_wrap=True)
+
+
+REPLAY_COLUMNS = (
+    ("strategy", "strategy", ""),
+    ("n", "samples", "d"),
+    ("pass@1", "pass_at_1", ".1%"),
+    ("large share", "large_share", ".1%"),
+    ("recorded s", "recorded_wall_s", ",.1f"),
+    ("recorded vs large", "recorded_wall_rel", ".2f"),
+    ("replay s", "wall_s", ",.1f"),
+    ("replay vs large", "wall_rel", ".2f"),
+    ("replay tok/s", "tokens_per_s", ".1f"),
+)
+
+
+def _show_replay(report: dict[str, Any]) -> None:
+    """A replay's table and its note, as ``bench replay`` shows them and ``bench report`` of its folder."""
+    print_rows(REPLAY_COLUMNS, report["strategies"])
+    stderr.print(report["note"], style="dim")
 
 
 @bench_app.command("speed")
