@@ -43,6 +43,12 @@ def folder_ending(name: str) -> str | None:
     return os.strerror(errno.ENOTDIR if after_a_file else errno.EISDIR)
 
 
+def dash_named(name: str) -> str | None:
+    """Why '-', given for a file ead writes, names none, or None for any other name: '-' is stdout only
+    in other tools, and here the tables and answers go there (/dev/stdout writes there)."""
+    return "'-' is no file here, not stdout: name a file" if name == "-" else None
+
+
 @overload
 def env_path(name: str) -> Path | None: ...
 @overload
@@ -142,10 +148,12 @@ def unreadable(error: OSError | ValueError | RecursionError) -> str:
 
 def config_file() -> Path:
     """$EAD_CONFIG, else $XDG_CONFIG_HOME/ead-cli/calibration.json (~/.config by default); an EAD_CONFIG
-    that ends as a folder's name (``folder_ending``) is refused, not read and saved without its /."""
+    that ends as a folder's name (``folder_ending``) is refused, not read and saved without its /, and so
+    is '-' (``dash_named``), as the file options refuse it, not a file of that name written."""
     given = env_path("EAD_CONFIG")
-    if given is not None and (why := folder_ending(os.environ["EAD_CONFIG"])):
-        raise EadError(f"EAD_CONFIG={os.environ['EAD_CONFIG']}: {why}")
+    value = os.environ.get("EAD_CONFIG", "")
+    if given is not None and (why := folder_ending(value) or dash_named(value)):
+        raise EadError(f"EAD_CONFIG={value}: {why}")
     return given or env_path("XDG_CONFIG_HOME", "~/.config") / "ead-cli" / "calibration.json"
 
 

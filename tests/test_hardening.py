@@ -191,6 +191,24 @@ def test_a_home_folder_of_no_user_is_one_line(
     assert_one_line_error(result, 1, f"error: {named}: {NO_HOME} is no user's home")
 
 
+def test_ead_config_dash_is_refused_as_the_file_options_refuse_it(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    """EAD_CONFIG=- had saved the calibration to a file named '-' in the working folder (and depth's
+    profiles under ./depth): '-' is no file here, not stdout, as --out - and chat's /save - are told, in
+    one line, with nothing written, whichever command reads or writes the file."""
+    env = {**os.environ, "EAD_CONFIG": "-"}
+    for args in (
+        ["calibrate", *pair_args(tiny_pair), "--max-tokens", "1", "--no-check", "--save"],
+        ["generate", *pair_args(tiny_pair), "--mode", "ead", "--max-tokens", "2", "hi"],
+        ["depth", "calibrate", str(tiny_pair[0]), "--corpus", "prose", "--tokens", "256", "--threads", "1"],
+    ):
+        result = subprocess.run([EAD, *args], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        line = assert_one_line_error(result, 1)
+        assert line == "error: EAD_CONFIG=-: '-' is no file here, not stdout: name a file", args
+    assert list(tmp_path.iterdir()) == []
+
+
 def bound_by_modes() -> list[str]:
     """A prefix that runs a command as a user that mode bits bind: none for a user; for root (whom they do
     not bind) a new user namespace, where root holds no power over the files outside it."""

@@ -26,7 +26,7 @@ from ..options import (
     PolicyOptions,
     check_model_name,
 )
-from ..paths import BOM, folder_ending, read_bounded, read_file, unreadable
+from ..paths import BOM, dash_named, folder_ending, read_bounded, read_file, unreadable
 from .output import turn_colour_off
 
 # The options with choices (mode, policy, switch point) as the enums typer offers them.
@@ -49,12 +49,6 @@ def given_path(text: str) -> Path:
     if not text:
         raise typer.BadParameter("an empty path names no file or folder ('.' is the current folder)")
     return Path(text)
-
-
-def dash_named(name: str) -> str | None:
-    """Why '-', given for a file ead writes, names none, or None for any other name: '-' is stdout only
-    in other tools, and here the tables and answers go there (/dev/stdout writes there)."""
-    return "'-' is no file here, not stdout: name a file" if name == "-" else None
 
 
 def given_file(text: str) -> Path:

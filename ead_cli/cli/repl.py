@@ -26,12 +26,11 @@ from ..chat import ContextFull, Conversation, Turn
 from ..errors import EadError, counted, quoted, shown_path
 from ..option_table import CHAT, OPTIONS, DecodingOption, on, respell
 from ..options import GenerationOptions, PolicyOptions
-from ..paths import BOM, MAX_READ_BYTES, expand_home, folder_ending
+from ..paths import BOM, MAX_READ_BYTES, dash_named, expand_home, folder_ending
 from ..policies import POLICY_KINDS, format_tau
 from ..remote import RemoteError
 from ..runner import Runner
 from ..signals import CtrlCGate, Terminated, main_thread_signals
-from .groups import dash_named
 from .output import at_its_width, silence_stdout, spelled
 from .render import TextRenderer, mode_line, print_stats, wants_color
 
