@@ -151,8 +151,8 @@ def test_the_help_of_json_schema_says_what_an_empty_schema_allows(tiny_pair: tup
         (["-t", "0"], "--threads must be at least 1, got 0"),
         (["-ngl", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
         (["--gpu-layers", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
-        (["-n", "-1"], "--max-tokens must be at least 0"),
-        (["--n-predict", "-1"], "--max-tokens must be at least 0"),
+        (["-n", "-2"], "--max-tokens must be -1 (no limit) or at least 0, got -2"),  # -1: llama.cpp's
+        (["--n-predict", "-2"], "--max-tokens must be -1 (no limit) or at least 0, got -2"),
         (["-s", "-1"], "--seed must be in"),  # llama.cpp's -1 is a random seed: ead refuses it
         (["-m", " "], "--large must name a model"),
         (["--model-draft", ""], "--small must name a model"),

@@ -326,9 +326,10 @@ SAMPLED = ("--temp", "0.7")  # so the sampling bounds reach llama.cpp's sampler 
 SPEC = ("--mode", "spec")
 EAD_RULE = ("--policy", "ead")
 
-# (option, a value at the bound, the nearest value past it, words of the error, other options needed)
+# (option, a value at the bound, the nearest value past it, words of the error, other options needed);
+# --max-tokens' bound, -1 (no limit: to the context's end, which a note says), and -2 past it are
+# test_cli's test_max_tokens_minus_one_runs_until_the_context_is_full and test_invalid_option_values
 BOUNDS = [
-    ("--max-tokens", "0", "-1", "--max-tokens must be at least 0", ()),
     ("--temp", "0", "-1e-09", "--temp must be at least 0", ()),
     ("--top-k", "0", "-1", "--top-k must be at least 0", SAMPLED),
     ("--top-k", "2147483647", "2147483648", "--top-k must be at most 2147483647", SAMPLED),

@@ -428,7 +428,7 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
         "/repeat-last-n -2": "/repeat-last-n must be at least -1 (-1: the whole context, 0: none), got -2",
         "/presence-penalty 3": "/presence-penalty must be in [-2, 2], got 3.0",
         "/frequency-penalty -3": "/frequency-penalty must be in [-2, 2], got -3.0",
-        "/max-tokens -1": "/max-tokens must be at least 0, got -1",
+        "/max-tokens -2": "/max-tokens must be -1 (no limit) or at least 0, got -2",
         "/reasoning-budget -2": (
             "/reasoning-budget must be at least -1 (-1: unrestricted, 0: thinking off), got -2"
         ),
