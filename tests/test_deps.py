@@ -1,0 +1,107 @@
+"""ead-cli on the oldest releases its pyproject.toml declares it works with: a lower bound that lies (typer
+0.28 beside ``typer>=0.12``, kept by pip where a Python had it already) had every ``ead`` command end in a
+traceback on a user's machine; here a newer API used fails the suite instead.
+
+The venv installs from the package index as set-up does (pip's cache makes a repeat a few seconds), and
+borrows this suite's llama-cpp-python build (pinned, not bounded) rather than compiling it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import llama_cpp
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+from test_cli import pair_args
+
+from ead_cli.registry import tomllib  # tomli before Python 3.11
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def declared_requirements(extras: tuple[str, ...] = ()) -> list[Requirement]:
+    """pyproject.toml's run-time requirements and those of ``extras`` that apply to this Python."""
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        project = tomllib.load(handle)["project"]
+    lines = project["dependencies"] + [
+        line for extra in extras for line in project["optional-dependencies"][extra]
+    ]
+    requirements = [Requirement(line) for line in lines]
+    return [r for r in requirements if r.marker is None or r.marker.evaluate()]
+
+
+def lowest(requirement: Requirement) -> Version:
+    """The oldest version ``requirement`` allows: its ``>=`` or ``==`` bound (each of ead's has one)."""
+    (bound,) = [spec.version for spec in requirement.specifier if spec.operator in (">=", "==")]
+    return Version(bound)
+
+
+def canonical(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+@pytest.fixture(scope="module")
+def lowest_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with ead-cli and every declared requirement at its lower bound; its llama-cpp-python is this
+    suite's (the package and its metadata, reached through a ``.pth``: pip sees the pin met)."""
+    work = tmp_path_factory.mktemp("lowest")
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
+    borrowed = work / "borrowed"
+    borrowed.mkdir()
+    package = Path(llama_cpp.__file__).parent
+    (borrowed / "llama_cpp").symlink_to(package)
+    (dist_info,) = package.parent.glob("llama_cpp_python-*.dist-info")
+    (borrowed / dist_info.name).symlink_to(dist_info)
+    (site / "borrowed_llama_cpp.pth").write_text(f"{borrowed}\n")
+    constraints = work / "lowest.txt"
+    constraints.write_text("".join(f"{r.name}=={lowest(r)}\n" for r in declared_requirements()))
+    install = [python, "-m", "pip", "install", "--quiet", "--constraint", str(constraints), "-e", str(ROOT)]
+    result = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return venv
+
+
+def test_the_venv_holds_each_declared_lower_bound(lowest_venv: Path) -> None:
+    listed = subprocess.check_output(
+        [lowest_venv / "bin" / "python", "-m", "pip", "list", "--format", "json"], text=True
+    )
+    installed = {canonical(d["name"]): Version(d["version"]) for d in json.loads(listed)}
+    wanted = {canonical(r.name): lowest(r) for r in declared_requirements()}
+    assert {name: installed.get(name) for name in wanted} == wanted
+
+
+def tokens_written(ead: Path, command: list[str], env: dict[str, str]) -> list[tuple[int, object]]:
+    """Each token of ``command``'s JSON lines with what wrote it (``by``: a model, or an exit depth)."""
+    result = subprocess.run([ead, *command], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    objects = [json.loads(line) for line in result.stdout.splitlines()]
+    assert objects[-1]["type"] == "summary"
+    return [(o["token"], o.get("model", o.get("depth"))) for o in objects[:-1]]
+
+
+def test_ead_runs_on_the_declared_lower_bounds(lowest_venv: Path, tiny_pair: tuple[Path, Path]) -> None:
+    """``ead --help``, a tiny pair's answer and one of ``ead depth`` (gguf reads the head's weights): the
+    same tokens, written by the same models or at the same depths, as on this suite's own releases."""
+    env = {k: v for k, v in os.environ.items() if k != "FORCE_COLOR"}
+    old, new = lowest_venv / "bin" / "ead", Path(sys.executable).with_name("ead")
+    shown = subprocess.run([old, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert "generate" in shown.stdout and "serve" in shown.stdout
+    jsonl = ["--max-tokens", "12", "--format", "jsonl", "hi"]
+    pair = ["generate", *pair_args(tiny_pair), "--tau", "3", *jsonl]
+    depth = ["depth", "generate", str(tiny_pair[0]), "--fixed-depth", "1", "--threads", "1", *jsonl]
+    for command in (pair, depth):
+        written = tokens_written(old, command, env)
+        assert len(written) == 12 and written == tokens_written(new, command, env)
