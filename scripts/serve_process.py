@@ -15,13 +15,16 @@ LISTENING = re.compile(r"ead serve: (http://\S+)/v1 ")
 
 
 class Server:
-    """``ead serve ARGS --port 0``; its stderr (the server's log) goes to a file so it never blocks."""
+    """``ead serve ARGS --port 0``; its stderr (the server's log) goes to a file so it never blocks. ``ead``:
+    another venv's (tests/test_deps.py: one at the declared lower bounds), else this Python's."""
 
-    def __init__(self, args: list[str], log: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log: Path, *, env: dict[str, str] | None = None, ead: str = EAD
+    ) -> None:
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 - open for the server's lifetime
         self.process = subprocess.Popen(
-            [EAD, "serve", *args, *([] if "--port" in args else ["--port", "0"])],
+            [ead, "serve", *args, *([] if "--port" in args else ["--port", "0"])],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self._log,

@@ -13,18 +13,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import llama_cpp
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+from serve_process import Server
 from test_cli import pair_args
 
 from ead_cli.registry import tomllib  # tomli before Python 3.11
 
 ROOT = Path(__file__).resolve().parent.parent
+JSONL = ["--max-tokens", "12", "--format", "jsonl", "hi"]  # an answer's tokens, one JSON line each
 
 
-def declared_requirements(extras: tuple[str, ...] = ()) -> list[Requirement]:
+EXTRAS = ("serve",)  # plot's matplotlib and test's tools run in no test here
+
+
+def declared_requirements(extras: tuple[str, ...] = EXTRAS) -> list[Requirement]:
     """pyproject.toml's run-time requirements and those of ``extras`` that apply to this Python."""
     with open(ROOT / "pyproject.toml", "rb") as handle:
         project = tomllib.load(handle)["project"]
@@ -67,7 +73,17 @@ def lowest_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (site / "borrowed_llama_cpp.pth").write_text(f"{borrowed}\n")
     constraints = work / "lowest.txt"
     constraints.write_text("".join(f"{r.name}=={lowest(r)}\n" for r in declared_requirements()))
-    install = [python, "-m", "pip", "install", "--quiet", "--constraint", str(constraints), "-e", str(ROOT)]
+    install = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--constraint",
+        str(constraints),
+        "-e",
+        f"{ROOT}[{','.join(EXTRAS)}]",
+    ]
     result = subprocess.run(install, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return venv
@@ -99,9 +115,37 @@ def test_ead_runs_on_the_declared_lower_bounds(lowest_venv: Path, tiny_pair: tup
     shown = subprocess.run([old, "--help"], capture_output=True, text=True, env=env, timeout=120)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
     assert "generate" in shown.stdout and "serve" in shown.stdout
-    jsonl = ["--max-tokens", "12", "--format", "jsonl", "hi"]
-    pair = ["generate", *pair_args(tiny_pair), "--tau", "3", *jsonl]
-    depth = ["depth", "generate", str(tiny_pair[0]), "--fixed-depth", "1", "--threads", "1", *jsonl]
+    pair = ["generate", *pair_args(tiny_pair), "--tau", "3", *JSONL]
+    depth = ["depth", "generate", str(tiny_pair[0]), "--fixed-depth", "1", "--threads", "1", *JSONL]
     for command in (pair, depth):
         written = tokens_written(old, command, env)
         assert len(written) == 12 and written == tokens_written(new, command, env)
+
+
+def test_ead_serve_runs_on_the_declared_lower_bounds(
+    lowest_venv: Path, tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``ead serve`` on the serve extra's lower bounds (fastapi, starlette, uvicorn, h11, sse-starlette,
+    pydantic): an answer whole and streamed holds generate's tokens, and a bad request is a 400 with
+    OpenAI's error object."""
+    env = {k: v for k, v in os.environ.items() if k != "FORCE_COLOR"}
+    new = Path(sys.executable).with_name("ead")
+    expected = tokens_written(new, ["generate", *pair_args(tiny_pair), "--tau", "3", *JSONL], env)
+    body = {
+        "model": "ead",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    old = str(lowest_venv / "bin" / "ead")
+    with Server([*pair_args(tiny_pair), "--tau", "3"], tmp_path / "server.log", ead=old) as server:
+        url = f"{server.base_url}/chat/completions"
+        whole = httpx.post(url, json=body, timeout=60).json()
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as response:
+            frames = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        bad = httpx.post(url, json={**body, "messages": "hi"}, timeout=60)
+        assert server.stop() == 0
+    assert "Traceback" not in server.log()
+    assert [(token["token"], token["model"]) for token in whole["ead"]["tokens"]] == expected
+    assert [(frame["ead"]["token"], frame["ead"]["model"]) for frame in frames[:-1]] == expected
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
