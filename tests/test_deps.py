@@ -20,6 +20,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from serve_process import Server
 from test_cli import pair_args
+from test_registry import _Hub, models_dir  # noqa: F401  (every cache in tmp_path)
+from test_serve import http_server
 
 from ead_cli.registry import tomllib  # tomli before Python 3.11
 
@@ -149,3 +151,28 @@ def test_ead_serve_runs_on_the_declared_lower_bounds(
     assert [(token["token"], token["model"]) for token in whole["ead"]["tokens"]] == expected
     assert [(frame["ead"]["token"], frame["ead"]["model"]) for frame in frames[:-1]] == expected
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_hub_download_runs_on_the_declared_lower_bounds(
+    lowest_venv: Path,
+    models_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``ead models pull`` on huggingface_hub's lower bound, from a hub on loopback (the routes
+    snapshot_download reads): the file lands whole, and a download that breaks off is said as one."""
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(
+        '[models.tiny]\ndescription = "a test model"\nparams = 1e6\nrepo = "ead-test/tiny-GGUF"\n'
+        'pattern = "tiny*.gguf"\n'
+    )
+    pull = [lowest_venv / "bin" / "ead", "models", "pull", "tiny", "--catalog", str(catalog)]
+    said = []
+    for hub in (type("BreaksOff", (_Hub,), {"sent": 1000}), _Hub):  # nothing cached by the first
+        with http_server(hub) as url:
+            env = {**os.environ, "HF_ENDPOINT": url}
+            said.append(subprocess.run(pull, capture_output=True, text=True, env=env, timeout=120))
+    broken, pulled = said
+    assert pulled.returncode == 0, pulled.stderr
+    assert Path(pulled.stdout.strip()).read_bytes() == _Hub.data
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    assert "download of model 'tiny' from the hub at " in broken.stderr and " broke off (" in broken.stderr
