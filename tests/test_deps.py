@@ -2,7 +2,7 @@
 0.28 beside ``typer>=0.12``, kept by pip where a Python had it already) had every ``ead`` command end in a
 traceback on a user's machine; here a newer API used fails the suite instead.
 
-The venv installs from the package index as set-up does (pip's cache makes a repeat a few seconds), and
+The venv installs from the package index as set-up does (with pip's cache warm, about 30 s here), and
 borrows this suite's llama-cpp-python build (pinned, not bounded) rather than compiling it again."""
 
 from __future__ import annotations
@@ -27,17 +27,15 @@ from ead_cli.registry import tomllib  # tomli before Python 3.11
 
 ROOT = Path(__file__).resolve().parent.parent
 JSONL = ["--max-tokens", "12", "--format", "jsonl", "hi"]  # an answer's tokens, one JSON line each
-
-
 EXTRAS = ("serve",)  # plot's matplotlib and test's tools run in no test here
 
 
-def declared_requirements(extras: tuple[str, ...] = EXTRAS) -> list[Requirement]:
-    """pyproject.toml's run-time requirements and those of ``extras`` that apply to this Python."""
+def declared_requirements() -> list[Requirement]:
+    """pyproject.toml's run-time requirements and those of ``EXTRAS`` that apply to this Python."""
     with open(ROOT / "pyproject.toml", "rb") as handle:
         project = tomllib.load(handle)["project"]
     lines = project["dependencies"] + [
-        line for extra in extras for line in project["optional-dependencies"][extra]
+        line for extra in EXTRAS for line in project["optional-dependencies"][extra]
     ]
     requirements = [Requirement(line) for line in lines]
     return [r for r in requirements if r.marker is None or r.marker.evaluate()]
