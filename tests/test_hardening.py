@@ -510,6 +510,34 @@ def test_a_signal_the_process_ignores_stops_no_batch() -> None:
         signal.signal(signal.SIGINT, handler)
 
 
+CHILD_STARTED_UNDER_CTRL_C = """
+import os, signal, sys
+from ead_cli import signals
+
+os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGINT))  # the Ctrl-C lands here
+mask = "import signal; print('child holds back', sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))"
+start = signals.popen_with_signals_held if sys.argv[1] == "held" else signals.subprocess.Popen
+try:
+    start([sys.executable, "-c", mask], preexec_fn=lambda: None).wait()
+    print("went on")
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+@pytest.mark.parametrize(("start", "outcome"), [("held", "stopped"), ("plain", "went on")])
+def test_a_ctrl_c_while_a_child_starts_is_raised_after_the_start_not_lost(start: str, outcome: str) -> None:
+    """A child with a ``preexec_fn`` (the bench's sandboxed program, its llama-server) makes Python run its
+    fork hooks in this process, and a Ctrl-C raised inside one was printed as "Exception ignored" and lost:
+    a CI run's bench went on to its end, exit 0. Held back while the child starts, it stops the caller just
+    after; the child runs with the signals let through. ``plain`` is Popen itself, the loss shown."""
+    run = subprocess.run(
+        [sys.executable, "-c", CHILD_STARTED_UNDER_CTRL_C, start], capture_output=True, text=True, timeout=60
+    )
+    assert sorted(run.stdout.splitlines()) == sorted(["child holds back []", outcome]), run.stderr
+    assert ("Exception ignored" in run.stderr) == (start == "plain"), run.stderr
+
+
 def test_the_chats_ctrl_c_gate_remembers_a_ctrl_c_while_closed_and_raises_one_while_open() -> None:
     """The chat's SIGINT handler at a terminal (``CtrlCGate``): a Ctrl-C while a turn's Ctrl-C is handled
     (the gate closed) raises nothing and is said at the next opening; one while open is Python's

@@ -50,6 +50,7 @@ from ..options import GenerationOptions
 from ..registry import is_remote
 from ..remote import RemoteError, RemoteRunner, built_server
 from ..runner import Runner, forward_flops
+from ..signals import popen_with_signals_held
 from ..text import TextStream
 from .grid import NativeOptions
 from .sandbox import dying_with_this_process, signal_name
@@ -113,7 +114,7 @@ def llama_server(
         command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-np", "1"]
         command += ["--no-webui", *server_repack_args(repack or repack_choice()), *args]
         try:  # a file that is no program for this system (a build cut short): its reason, one line
-            process = subprocess.Popen(
+            process = popen_with_signals_held(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=handle,

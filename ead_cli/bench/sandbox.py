@@ -52,6 +52,7 @@ from typing import BinaryIO, NamedTuple
 
 from ..errors import EadError, shown_path
 from ..options import SAMPLE_TIMEOUT_S
+from ..signals import popen_with_signals_held
 from .tasks import Task
 
 MEMORY_BYTES = 2 << 30
@@ -268,7 +269,7 @@ def _run(source: str, *, timeout_s: float, mark: str | None, user: User | None) 
                 if user is not None:  # theirs to read, write in and delete, as it would be the bench user's
                     for path in (work, work / "program.py"):
                         os.chown(path, user.uid, user.gid)
-                process = subprocess.Popen(
+                process = popen_with_signals_held(
                     [sys.executable, "-I", "program.py"],
                     cwd=folder,
                     env=env,
