@@ -339,9 +339,10 @@ def saved_tau(small: str, large: str, policy: str) -> tuple[float, dict[str, Any
             "a tau is a finite number of bits, at least 0"
         )
     defaults = PolicyOptions(mode="ead", policy=policy)
+    known = rule_settings(defaults)
     settings = entry.get("settings", {})
     try:
-        if not isinstance(settings, dict) or not settings.keys() <= rule_settings(defaults).keys():
+        if not isinstance(settings, dict) or not settings.keys() <= known.keys():
             raise TypeError(settings)
         fields = {
             OPTIONS[name].attribute: tuple(value) if isinstance(value, list) else value
@@ -351,7 +352,7 @@ def saved_tau(small: str, large: str, policy: str) -> tuple[float, dict[str, Any
     except (EadError, TypeError, ValueError):
         raise EadError(
             f"the calibration file {shown_path(path)} holds {policy} settings {json.dumps(settings)} for "
-            f"{pair}: not the {policy} policy's options ({', '.join(rule_settings(defaults))}) and values "
+            f"{pair}: not the {policy} policy's options ({', '.join(known)}) and values "
             "it takes"
         ) from None
 
