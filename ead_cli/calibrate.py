@@ -323,38 +323,64 @@ def save(small: str, large: str, results: Sequence[Calibration], path: Path | No
     return save_json(path, data, "the calibration", indent=2)
 
 
-def saved_tau(small: str, large: str, policy: str) -> tuple[float, dict[str, Any]] | None:
-    """The τ saved for this pair and policy and the rule settings it was measured under (an entry of an
-    older ead, without them: the policy's defaults), or None; each checked as the options are (a τ: a
-    finite number of bits, at least 0), the file named, since an edited file can hold anything."""
-    path = config_file()
-    pair = pair_key(small, large)
-    entry = _read(path).get(pair, {}).get(policy)
-    if entry is None:
-        return None
-    tau = entry.get("tau")
-    if isinstance(tau, bool) or not isinstance(tau, int | float) or not 0 <= tau < math.inf:
-        raise EadError(
-            f"the calibration file {shown_path(path)} holds {policy} tau {json.dumps(tau)} for {pair}: "
-            "a tau is a finite number of bits, at least 0"
-        )
-    defaults = PolicyOptions(mode="ead", policy=policy)
-    known = rule_settings(defaults)
-    settings = entry.get("settings", {})
-    try:
-        if not isinstance(settings, dict) or not settings.keys() <= known.keys():
-            raise TypeError(settings)
-        fields = {
-            OPTIONS[name].attribute: tuple(value) if isinstance(value, list) else value
-            for name, value in settings.items()
-        }
-        return float(tau), rule_settings(replace(defaults, **fields))
-    except (EadError, TypeError, ValueError):
-        raise EadError(
-            f"the calibration file {shown_path(path)} holds {policy} settings {json.dumps(settings)} for "
-            f"{pair}: not the {policy} policy's options ({', '.join(known)}) and values "
-            "it takes"
-        ) from None
+@dataclass(frozen=True)
+class PairTaus:
+    """The τs saved for one pair of models, as the calibration file held them when it was ``read``: each
+    policy's entry, checked where a run asks for it. ``ead serve`` reads them once, at its start (a
+    server's settings are its start's, as llama-server's); ``generate`` when it runs, ``chat`` for each
+    answer."""
+
+    path: Path
+    pair: str
+    entries: dict[str, dict]
+
+    @classmethod
+    def read(cls, small: str, large: str) -> PairTaus:
+        path = config_file()
+        pair = pair_key(small, large)
+        return cls(path, pair, _read(path).get(pair, {}))
+
+    def saved(self, policy: str) -> tuple[float, dict[str, Any]] | None:
+        """The τ saved for this policy and the rule settings it was measured under (an entry of an older
+        ead, without them: the policy's defaults), or None; each checked as the options are (a τ: a finite
+        number of bits, at least 0), the file named, since an edited file can hold anything."""
+        entry = self.entries.get(policy)
+        if entry is None:
+            return None
+        tau = entry.get("tau")
+        if isinstance(tau, bool) or not isinstance(tau, int | float) or not 0 <= tau < math.inf:
+            raise EadError(
+                f"the calibration file {shown_path(self.path)} holds {policy} tau {json.dumps(tau)} for "
+                f"{self.pair}: a tau is a finite number of bits, at least 0"
+            )
+        defaults = PolicyOptions(mode="ead", policy=policy)
+        known = rule_settings(defaults)
+        settings = entry.get("settings", {})
+        try:
+            if not isinstance(settings, dict) or not settings.keys() <= known.keys():
+                raise TypeError(settings)
+            fields = {
+                OPTIONS[name].attribute: tuple(value) if isinstance(value, list) else value
+                for name, value in settings.items()
+            }
+            return float(tau), rule_settings(replace(defaults, **fields))
+        except (EadError, TypeError, ValueError):
+            raise EadError(
+                f"the calibration file {shown_path(self.path)} holds {policy} settings "
+                f"{json.dumps(settings)} for {self.pair}: not the {policy} policy's options "
+                f"({', '.join(known)}) and values it takes"
+            ) from None
+
+    def applied(self, options: PolicyOptions) -> SavedTau:
+        """``options`` with this policy's saved τ where it was measured under their rule settings."""
+        saved = self.saved(options.policy)
+        if saved is None:
+            return SavedTau(options)
+        tau, measured = saved
+        settings = rule_settings(options)
+        if settings == measured:
+            return SavedTau(replace(options, tau=tau), applied=True)
+        return SavedTau(options, mismatch=_mismatch(options.policy, measured, settings))
 
 
 class SavedTau(NamedTuple):
@@ -366,19 +392,29 @@ class SavedTau(NamedTuple):
     mismatch: str | None = None
 
 
-def with_saved_tau(options: PolicyOptions, runners: Sequence[Runner]) -> SavedTau:
+def saved_taus(options: PolicyOptions, runners: Sequence[Runner]) -> PairTaus | None:
+    """The pair's saved τs, read and checked now (a bad entry one line at a server's start, not a 400 to
+    a client later), where options changed over these (a server's requests) may take one: two models and
+    no τ given (a request cannot take the server's τ away). None elsewhere, where nothing reads them."""
+    if options.tau is not None or len(runners) != 2:
+        return None
+    taus = PairTaus.read(runners[0].label, runners[1].label)
+    for policy in POLICY_KINDS:
+        taus.saved(policy)
+    return taus
+
+
+def with_saved_tau(
+    options: PolicyOptions, runners: Sequence[Runner], taus: PairTaus | None = None
+) -> SavedTau:
     """The options with the pair's calibrated τ where none was given (bits only, not with --normalize)
-    and it was measured under this run's rule settings."""
+    and it was measured under this run's rule settings; from ``taus`` (``saved_taus``'s, read once at a
+    server's start), else read now."""
     if options.tau is not None or options.mode != "ead" or options.normalize or len(runners) != 2:
         return SavedTau(options)
-    saved = saved_tau(runners[0].label, runners[1].label, options.policy)
-    if saved is None:
-        return SavedTau(options)
-    tau, measured = saved
-    settings = rule_settings(options)
-    if settings == measured:
-        return SavedTau(replace(options, tau=tau), applied=True)
-    return SavedTau(options, mismatch=_mismatch(options.policy, measured, settings))
+    if taus is None:
+        taus = PairTaus.read(runners[0].label, runners[1].label)
+    return taus.applied(options)
 
 
 def _mismatch(policy: str, measured: dict[str, Any], settings: dict[str, Any]) -> str:

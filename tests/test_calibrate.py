@@ -8,7 +8,9 @@ import re
 import stat
 from pathlib import Path
 
+import httpx
 import pytest
+from serve_process import Server
 from test_cli import assert_one_line_error, ead, ead_to_a_closed_pipe, pair_args
 
 from ead_cli import calibrate as calibration
@@ -90,11 +92,11 @@ def test_saved_taus_merge_per_pair_and_policy(tmp_path: Path, monkeypatch: pytes
     calibration.save(small, large, [gate])
     calibration.save(small, large, [calibration.Calibration("ead", 0.75, 0.2, 0.19, None)])
     defaults = calibration.rule_settings(PolicyOptions(mode="ead", policy="gate"))  # none recorded
-    assert calibration.saved_tau(small, large, "gate") == (1.25, defaults)
+    assert calibration.PairTaus.read(small, large).saved("gate") == (1.25, defaults)
     ead = calibration.rule_settings(PolicyOptions(mode="ead", policy="ead"))
     assert ead == {"window": 5, "min_run": 10, "switch_point": "before", "tau_range": None}
-    assert calibration.saved_tau(small, large, "ead") == (0.75, ead)
-    assert calibration.saved_tau(large, small, "gate") is None  # the pair is ordered
+    assert calibration.PairTaus.read(small, large).saved("ead") == (0.75, ead)
+    assert calibration.PairTaus.read(large, small).saved("gate") is None  # the pair is ordered
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["calibration.json"]  # no temporary left
 
 
@@ -103,7 +105,7 @@ def test_a_corrupt_calibration_file_is_a_clear_error(tmp_path: Path, monkeypatch
     path.write_text("{not json")
     monkeypatch.setenv("EAD_CONFIG", str(path))
     with pytest.raises(EadError, match="cannot read the calibration file"):
-        calibration.saved_tau("a.gguf", "b.gguf", "gate")
+        calibration.PairTaus.read("a.gguf", "b.gguf").saved("gate")
 
 
 def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
@@ -414,6 +416,49 @@ def test_a_saved_tau_applies_only_under_the_settings_it_was_measured_with(
     assert run("--window", "3", "--tau", "2") == ({2.0}, [])
 
 
+def served_taus(server: Server, ead: dict) -> set[float]:
+    """The τs in force over a short answer of a real ``ead serve`` to a request with this ``ead`` object."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "ead": ead}
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return {token["tau"] for token in reply.json()["ead"]["tokens"]}
+
+
+def test_serve_reads_the_saved_taus_once_at_its_start(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A server's settings are those it started with, as llama-server's: ead serve reads the calibration
+    file once, at its start (it had read it twice per request). A calibration saved while it serves, or a
+    file spoiled meanwhile, changes nothing until it starts again."""
+    config = tmp_path / "calibration.json"
+    pair = f"{tiny_pair[0].name} + {tiny_pair[1].name}"
+    config.write_text(json.dumps({pair: {"gate": {"tau": 1.25}}}))
+    env = {"EAD_CONFIG": str(config)}
+    with Server(pair_args(tiny_pair), tmp_path / "first.log", env=env) as server:
+        assert served_taus(server, {"mode": "ead"}) == {1.25}
+        config.write_text(json.dumps({pair: {"gate": {"tau": 2.5}}}))
+        assert served_taus(server, {"mode": "ead"}) == {1.25}
+        config.write_text("{not json")
+        assert served_taus(server, {"mode": "ead"}) == {1.25}
+        assert server.stop() == 0, server.log()
+    config.write_text(json.dumps({pair: {"gate": {"tau": 2.5}}}))
+    with Server(pair_args(tiny_pair), tmp_path / "again.log", env=env) as server:
+        assert served_taus(server, {"mode": "ead"}) == {2.5}
+        assert server.stop() == 0, server.log()
+
+
+def test_serve_checks_every_saved_tau_of_the_pair_at_its_start(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A server reads the pair's τs once, at its start, and checks each policy's there: a hand-edited
+    entry is one line before it serves, where a request for that policy had been a 400 naming the
+    operator's file to a client."""
+    config = tmp_path / "calibration.json"
+    entries = {"gate": {"tau": 1.25}, "lookahead": {"tau": -1}}
+    config.write_text(json.dumps({f"{tiny_pair[0].name} + {tiny_pair[1].name}": entries}))
+    args = ["serve", *pair_args(tiny_pair), "--mode", "ead", "--port", "0"]
+    result = ead(*args, env={"EAD_CONFIG": str(config)})
+    assert_one_line_error(result, 1, f"the calibration file {config} holds lookahead tau -1 for")
+
+
 def test_calibrate_records_the_settings_it_measured_under(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -481,7 +526,7 @@ def test_saved_settings_are_checked_as_the_options_are(
     config.write_text(f'{{"a.gguf + b.gguf": {{"gate": {{"tau": 1, "settings": {settings}}}}}}}')
     monkeypatch.setenv("EAD_CONFIG", str(config))
     with pytest.raises(EadError, match=f"the calibration file {config} holds gate settings .* for a.gguf"):
-        calibration.saved_tau("a.gguf", "b.gguf", "gate")
+        calibration.PairTaus.read("a.gguf", "b.gguf").saved("gate")
 
 
 def test_calibrate_without_the_check_loads_the_small_model_alone(

@@ -53,6 +53,7 @@ from .groups import (
 from .output import check_stdout, misopened, print_table, say, say_progress, stderr
 
 if TYPE_CHECKING:
+    from ..calibrate import PairTaus
     from ..prompt import InfillCut
     from .render import JsonlRenderer, TextRenderer
 
@@ -308,6 +309,7 @@ def serve(
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     streamed or not) and a chat page at /. The options of generate are each request's defaults."""
+    from .. import calibrate as calibration
     from ..engine import check_biased_tokens, close_all, load_runners, unused_options
 
     try:
@@ -336,8 +338,10 @@ def serve(
             check_biased_tokens(generation, runners)
             unused = unused_options(model_options, policy_options, generation, runners, settled=False)
             _say_unused(unused, "--mode ead, or a request's ead.mode,")
-            _apply_saved_tau(policy_options, runners, announce=True)  # each request applies it again
-            serving.serve(runners, serving.Defaults(policy_options, generation), options, sock, say=say)
+            taus = calibration.saved_taus(policy_options, runners)  # read once: every request's
+            _apply_saved_tau(policy_options, runners, announce=True, taus=taus)
+            defaults = serving.Defaults(policy_options, generation, taus)
+            serving.serve(runners, defaults, options, sock, say=say)
         finally:
             close_all(runners)
 
@@ -380,11 +384,13 @@ def _for_models(decoding: Decoding, model_options: ModelOptions) -> Decoding:
     return replace(policy_options, levels=model_options.count), generation
 
 
-def _apply_saved_tau(options: PolicyOptions, runners: list, *, announce: bool) -> PolicyOptions:
+def _apply_saved_tau(
+    options: PolicyOptions, runners: list, *, announce: bool, taus: PairTaus | None = None
+) -> PolicyOptions:
     from .. import calibrate as calibration
     from ..paths import config_file
 
-    saved = calibration.with_saved_tau(options, runners)
+    saved = calibration.with_saved_tau(options, runners, taus)
     if saved.mismatch is not None:  # said whenever: the τ the user calibrated goes unused
         say_progress(f"note: {saved.mismatch}")
     elif saved.applied and announce:

@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..calibrate import with_saved_tau
+from ..calibrate import PairTaus, with_saved_tau
 from ..decoder import Summary, TokenEvent
 from ..embedding import Embedder, InputTooLong, normalized
 from ..engine import block_tags, build_decoder, reasoning_budget_for
@@ -139,10 +139,13 @@ ROUTES_LISTED = "ead-cli's docs/serve.md#endpoints"  # where a 404 says every ro
 
 @dataclass(frozen=True)
 class Defaults:
-    """What a request gets for what it leaves out: the command line's options (before a saved τ)."""
+    """What a request gets for what it leaves out: the command line's options (before a saved τ), and the
+    pair's saved τs as the server read them at its start (``calibrate.saved_taus``: None where no request
+    can take one)."""
 
     policy: PolicyOptions
     generation: GenerationOptions
+    taus: PairTaus | None
 
 
 @dataclass(frozen=True)
@@ -1134,7 +1137,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             # the request's options given over the command line's: one of them may turn the pair on
             policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
-            policy = with_saved_tau(policy, engine.runners).options
+            policy = with_saved_tau(policy, engine.runners, defaults.taus).options
             start = () if grammar is None else _check_grammar(grammar, policy, prefill, body, prompt)
             calls = _bound_calls(body, policy, prefill, thinking, grammar is not None)
             sampling = SamplingParams(
@@ -1176,7 +1179,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _models_take(policy: PolicyOptions) -> None:
         """Raises what the loaded models refuse of these options (a decoder costs nothing to build)."""
-        build_decoder(engine.runners, with_saved_tau(policy, engine.runners).options, defaults.generation)
+        build_decoder(
+            engine.runners, with_saved_tau(policy, engine.runners, defaults.taus).options, defaults.generation
+        )
 
     def _check_grammar(
         grammar: str, policy: PolicyOptions, prefill: str | None, body: CompletionBase, prompt: list[int]
