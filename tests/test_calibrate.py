@@ -445,6 +445,41 @@ def test_serve_reads_the_saved_taus_once_at_its_start(tiny_pair: tuple[Path, Pat
         assert server.stop() == 0, server.log()
 
 
+def test_serve_logs_once_per_setting_a_request_whose_rule_options_leave_the_saved_tau(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A request whose rule options differ from those the saved τ was measured under gets the policy's
+    default τ, as a run does: its server's log says so once per distinct setting, not per request (it had
+    said nothing), and a setting the start-up note named is not named again."""
+    config = tmp_path / "calibration.json"
+    config.write_text(json.dumps({f"{tiny_pair[0].name} + {tiny_pair[1].name}": {"gate": {"tau": 1.25}}}))
+    env = {"EAD_CONFIG": str(config)}
+    window_3 = (
+        "note: the gate tau calibrated for this pair was measured with --window 1; this run's --window 3 "
+        "uses tau 1 (ead calibrate --policy gate --window 3 calibrates it)"
+    )
+    after = (
+        "note: the gate tau calibrated for this pair was measured with --switch-point before; this run's "
+        "--switch-point after uses tau 1 (ead calibrate --policy gate --switch-point after calibrates it)"
+    )
+    with Server(pair_args(tiny_pair), tmp_path / "bare.log", env=env) as server:
+        assert served_taus(server, {"window": 3}) == {1.0}
+        assert served_taus(server, {"window": 3}) == {1.0}
+        assert served_taus(server, {"mode": "ead"}) == {1.25}
+        assert served_taus(server, {"switch_point": "after"}) == {1.0}
+        assert served_taus(server, {"window": 3, "policy": "gate"}) == {1.0}
+        assert served_taus(server, {"tau": 2, "window": 3}) == {2.0}  # a τ given: no note
+        assert server.stop() == 0, server.log()
+        notes = [line for line in server.log().splitlines() if line.startswith("note: the gate tau")]
+        assert notes == [window_3, after]
+    with Server([*pair_args(tiny_pair), "--window", "3"], tmp_path / "window.log", env=env) as server:
+        assert served_taus(server, {}) == {1.0}
+        assert served_taus(server, {"window": 1}) == {1.25}
+        assert server.stop() == 0, server.log()
+        notes = [line for line in server.log().splitlines() if line.startswith("note: the gate tau")]
+        assert notes == [window_3]  # said at the start, for the server's own --window 3
+
+
 def test_serve_checks_every_saved_tau_of_the_pair_at_its_start(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:

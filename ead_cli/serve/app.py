@@ -18,6 +18,7 @@ import secrets
 import socket
 import struct
 import sys
+import threading
 import time
 import urllib.parse
 import uuid
@@ -1136,8 +1137,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
         def settings() -> tuple[PolicyOptions, GenerationOptions]:
             # the request's options given over the command line's: one of them may turn the pair on
-            policy = ead.policy_options(defaults.policy, len(engine.runners), _models_take)
-            policy = with_saved_tau(policy, engine.runners, defaults.taus).options
+            policy = _with_saved_tau_noted(
+                ead.policy_options(defaults.policy, len(engine.runners), _models_take)
+            )
             start = () if grammar is None else _check_grammar(grammar, policy, prefill, body, prompt)
             calls = _bound_calls(body, policy, prefill, thinking, grammar is not None)
             sampling = SamplingParams(
@@ -1182,6 +1184,24 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         build_decoder(
             engine.runners, with_saved_tau(policy, engine.runners, defaults.taus).options, defaults.generation
         )
+
+    # The notes logged where a request's rule options leave a saved τ for the policy's default: one per
+    # setting, not per request; the server's own settings' note was said at its start.
+    started = with_saved_tau(defaults.policy, engine.runners, defaults.taus).mismatch
+    mismatches_noted = set() if started is None else {started}
+    noting = threading.Lock()  # requests are prepared on several threads
+
+    def _with_saved_tau_noted(policy: PolicyOptions) -> PolicyOptions:
+        """A request's options with the pair's saved τ where it applies; where its rule options leave the
+        policy's default τ instead, the log says so the first time."""
+        saved = with_saved_tau(policy, engine.runners, defaults.taus)
+        if saved.mismatch is not None:
+            with noting:
+                first = saved.mismatch not in mismatches_noted
+                mismatches_noted.add(saved.mismatch)
+            if first:
+                log(f"note: {saved.mismatch}")
+        return saved.options
 
     def _check_grammar(
         grammar: str, policy: PolicyOptions, prefill: str | None, body: CompletionBase, prompt: list[int]
