@@ -491,6 +491,24 @@ def test_calibrate_reads_the_tokens_asked_in_whole_windows(deep_model: Path, tmp
     assert assert_one_line_error(alone, 2) == "error: --tokens must be at least 256 (a window), got 255"
 
 
+def test_eval_reads_the_tokens_asked_in_whole_windows(
+    config: dict[str, str], deep_model: Path, tmp_path: Path
+) -> None:
+    """depth eval --tokens 300 had scored two windows of each corpus (300 rounded up to 512), and
+    --tokens 64 a whole window: as calibrate, whole windows rounded down, and fewer than one refused."""
+    out = tmp_path / "eval.json"
+    args = ("depth", "eval", str(deep_model), "--threads", "1", "--no-timing", "--out", str(out))
+    result = ead(*args, "--tokens", "300", env=config)
+    assert result.returncode == 0, result.stderr.decode()
+    scored = {
+        corpus: {row["tokens"] for row in rows}
+        for corpus, rows in json.loads(out.read_text())["perplexity"].items()
+    }
+    assert scored == {"code": {224}, "prose": {224}}  # one window each, less its prompt's 32 tokens
+    refused = ead(*args, "--tokens", "255", env=config)
+    assert assert_one_line_error(refused, 2) == "error: --tokens must be at least 256 (a window), got 255"
+
+
 def test_ctrl_c_in_calibration_saves_nothing_and_leaves_no_folder(deep_model: Path, tmp_path: Path) -> None:
     """Ctrl-C during the teacher forcing: 'interrupted', exit 130, no profile, and not the folders the
     check that it could be saved had made (they had been left behind)."""
@@ -638,7 +656,9 @@ def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_p
     assert_one_line_error(ead("depth", "calibrate", str(headless), env=missing), 1, "no usable readout")
     # depth eval's own values, before the model loads (a missing file would be the error otherwise)
     evaluate = ("depth", "eval", str(tmp_path / "no-such.gguf"), "--no-timing")
-    assert_one_line_error(ead(*evaluate, "--tokens", "0", env=missing), 2, "--tokens must be at least 1")
+    assert_one_line_error(
+        ead(*evaluate, "--tokens", "0", env=missing), 2, "--tokens must be at least 256 (a window), got 0"
+    )
     no_tokens = ead(*evaluate, "--max-tokens", "0", env=missing)  # a ZeroDivisionError after the quality part
     assert_one_line_error(no_tokens, 2, "--max-tokens must be at least 1, got 0")
     assert_one_line_error(ead(*evaluate, "--ids", "1-", env=missing), 2, "--ids: '1-' is not a number")
@@ -783,7 +803,7 @@ def test_eval_out_is_a_file_and_an_empty_one_holds_no_previous_results(
         assert_one_line_error(result, 2, f"--out {device} is not a file")
     empty = tmp_path / "empty.json"
     empty.write_text("")
-    args = ("depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing")
+    args = ("depth", "eval", str(deep_model), "--tokens", "256", "--threads", "1", "--no-timing")
     result = ead(*args, "--out", str(empty), env=config)
     assert result.returncode == 0, result.stderr.decode()
     assert "perplexity" in json.loads(empty.read_text())
@@ -818,7 +838,7 @@ def test_eval_refuses_an_out_that_is_the_profile_it_reads(
     (folder / "depth" / profile).write_bytes(saved.read_bytes())
     link = tmp_path / "eval.json"
     link.symlink_to(folder / "depth" / profile)
-    args = ("depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing", "--out")
+    args = ("depth", "eval", str(deep_model), "--tokens", "256", "--threads", "1", "--no-timing", "--out")
     for out in (folder / "depth" / profile, link):
         refused = ead(*args, str(out), env=env)
         assert_one_line_error(refused, 2, f"--out {out} is the depth profile ead depth eval reads")
@@ -831,7 +851,7 @@ def test_eval_without_out_refuses_a_closed_stdout(
 ) -> None:
     """Without --out the tables and the verdict on stdout are all an eval leaves: with stdout closed
     (``>&-``) it had run to the end, shown nothing, exit 0. With --out the figures still go to the file."""
-    args = [EAD, "depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing"]
+    args = [EAD, "depth", "eval", str(deep_model), "--tokens", "256", "--threads", "1", "--no-timing"]
 
     env = {**os.environ, **config}
 
@@ -852,7 +872,7 @@ def test_eval_saves_its_figures_when_the_tables_reader_is_gone(
     """``ead depth eval --out F | head``: the tables had come first, and the closed pipe ended the run
     there (141), the figures of the whole evaluation not saved."""
     out = tmp_path / "eval.json"
-    args = ("depth", "eval", str(deep_model), "--tokens", "64", "--threads", "1", "--no-timing")
+    args = ("depth", "eval", str(deep_model), "--tokens", "256", "--threads", "1", "--no-timing")
     result = ead_to_a_closed_pipe(*args, "--out", str(out), env=config)
     assert result.returncode == 141, result.stderr.decode()
     assert "verdict" in json.loads(out.read_text()) and out.with_suffix(".png").exists()

@@ -258,7 +258,13 @@ def depth_generate(
 def depth_eval(
     model: DepthModelArg,
     load: Opener,
-    tokens: Annotated[int, typer.Option(help="Held-out tokens per corpus (code, prose).")] = 512,
+    tokens: Annotated[
+        int,
+        typer.Option(
+            help=f"Held-out tokens per corpus (code, prose), in whole windows of {WINDOW} (rounded down; at "
+            "least a window)."
+        ),
+    ] = 512,
     ids: Annotated[
         str, typer.Option(metavar=listed("N"), help="HumanEval task numbers (odd ids report).")
     ] = "1,3,5,7,9",
@@ -284,11 +290,11 @@ def depth_eval(
 ) -> None:
     """Held-out perplexity, HumanEval pass@1, FLOPs and wall-clock per operating point; the verdict."""
     from ..bench.tasks import load_humaneval, select_tasks
+    from ..depth.corpus import check_windows
     from ..depth.evaluate import check_out, evaluate, plot
     from ..paths import check_can_save, is_file, lookup, read_file_text, save_json, unreadable
 
-    if tokens < 1:
-        raise EadError(f"--tokens must be at least 1, got {tokens}", exit_code=2)
+    check_windows(tokens, 1)
     check_max_tokens(max_tokens)  # now, not in a ZeroDivisionError after the quality part
     chosen = {  # now, not after teacher forcing
         option: [task.task_id for task in select_tasks(load_humaneval(), ids=task_ids, option=option)]

@@ -45,19 +45,27 @@ def read_corpus(spec: Sequence[str]) -> tuple[list[str], str]:
     return texts, ",".join(spec)
 
 
+def check_windows(tokens: int, corpora: int) -> None:
+    """``--tokens`` refused, before a model loads, where it holds less than a window for each corpus:
+    ``corpus_windows`` reads whole windows, rounded down, never past the tokens asked."""
+    if tokens < WINDOW * corpora:
+        each = f"a window of {WINDOW} tokens for each of {corpora} corpora" if corpora > 1 else "a window"
+        raise EadError(f"--tokens must be at least {WINDOW * corpora} ({each}), got {tokens}", 2)
+
+
 def corpus_windows(runner: Runner, texts: Sequence[str], *, tokens: int, part: int) -> list[list[int]]:
     """Windows of WINDOW tokens from every other text, starting at text ``part`` (so part 0 and
-    part 1 are disjoint: calibration and held-out), until ``tokens`` tokens."""
+    part 1 are disjoint: calibration and held-out), as many whole ones as ``tokens`` holds."""
     windows: list[list[int]] = []
     budget = tokens
     for text in texts[part::2]:
         ids = runner.tokenize(text, add_special=False, parse_special=False)
         for start in range(0, len(ids) - WINDOW + 1, WINDOW):
-            if budget <= 0:
+            if budget < WINDOW:
                 return windows
             windows.append(ids[start : start + WINDOW])
             budget -= WINDOW
-        if budget <= 0:
+        if budget < WINDOW:
             break
     if not windows:  # short texts: one window of whatever there is
         ids = [

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import EadError
-from . import CALIBRATION_TOKENS, WINDOW
-from .corpus import corpus_windows, read_corpus
+from . import CALIBRATION_TOKENS
+from .corpus import check_windows, corpus_windows, read_corpus
 from .model import DepthModel, DepthOptions
 from .probes import estimator_flops, extra_readout
 from .profile import PROMPT_ROWS, Profile, build_profile, check_counts, probe_layers
@@ -120,16 +120,12 @@ def teacher_force(
 
 def calibration_corpus(corpus: Sequence[str], *, probe_every: int, tokens: int) -> dict[str, list[str]]:
     """The texts of each corpus named, after the checks that need no model: made before one loads. Each
-    corpus reads whole windows (``calibration_share``), so ``tokens`` must hold a window for each."""
+    corpus reads whole windows of its share of ``tokens`` (``check_windows``)."""
     check_counts((probe_every, "--probe-every"))
     names = [name for name in corpus if name]  # "code," or "": a blank would be read as the folder "."
     if not names:
         raise EadError("--corpus names no corpus: give code, prose or text files, comma-separated", 2)
-    if tokens < WINDOW * len(names):
-        each = (
-            f"a window of {WINDOW} tokens for each of {len(names)} corpora" if len(names) > 1 else "a window"
-        )
-        raise EadError(f"--tokens must be at least {WINDOW * len(names)} ({each}), got {tokens}", 2)
+    check_windows(tokens, len(names))
     return {name: read_corpus([name])[0] for name in names}
 
 
@@ -144,7 +140,7 @@ def calibrate(
     """The profile of a model from teacher forcing over each corpus's calibration half (every other text
     from the first; ``ead depth eval`` holds out the other half). ``corpus``: ``calibration_corpus``'s."""
     layers = probe_layers(model.n_layer, probe_every)
-    share = tokens // max(len(corpus), 1) // WINDOW * WINDOW  # each its whole windows: never past tokens
+    share = tokens // max(len(corpus), 1)  # each corpus its share, read in whole windows
     windows = [
         w for texts in corpus.values() for w in corpus_windows(model.runner, texts, tokens=share, part=0)
     ]
