@@ -105,6 +105,7 @@ def training_context(path: Path) -> int | None:
 # GGUF's value types: a scalar's struct format by type id; 8 is a string, 9 an array
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")  # a string's length
 
 
 @dataclass(frozen=True)
@@ -173,11 +174,12 @@ def _walk_header(view: mmap.mmap) -> tuple[dict[str, Any], int]:
         kind, count = take("<I"), take("<Q")
         if kind in _SCALARS:
             offset += count * struct.calcsize(_SCALARS[kind])
-        elif kind == _STRING:
+        elif kind == _STRING:  # a vocabulary's 150,000 strings: the walk's time, so the loop is bare
+            length = _LENGTH.unpack_from  # a length past the end raises struct.error: the view's bound
             for _ in range(count):
-                offset += 8 + take("<Q")
-                if offset > len(view):
-                    raise ValueError("an array past the end")
+                offset += 8 + length(view, offset)[0]
+            if offset > len(view):
+                raise ValueError("an array past the end")
         elif kind == _ARRAY:
             for _ in range(count):
                 skip_array()

@@ -8,12 +8,14 @@ import json
 import shutil
 from pathlib import Path
 
+import gguf
 import pytest
 from test_cli import assert_one_line_error, ead
 from test_user_models import add_ollama_model
 from tiny_models import write_tiny_model
 
-from ead_cli.gguf_files import training_context
+from ead_cli.errors import EadError
+from ead_cli.gguf_files import read_header, training_context
 from ead_cli.model_info import template_family
 from ead_cli.runner import Runner
 
@@ -206,6 +208,18 @@ def test_show_of_a_garbled_header_is_one_line(env: dict[str, str], tiny_small: P
     )
     assert training_context(cut) is None
     assert training_context(tiny_small) == loaded(tiny_small)["context_length"]
+
+
+def test_a_header_cut_anywhere_is_unreadable_not_a_traceback(tiny_small: Path, tmp_path: Path) -> None:
+    """Cut at every few bytes up to the tensors' data (inside the vocabulary's strings too, which the walk
+    skips by their lengths alone): each is 'cut short', never struct's or an index's error."""
+    whole = tiny_small.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    for end in range(4, gguf.GGUFReader(tiny_small).data_offset, 97):
+        cut.write_bytes(whole[:end])
+        with pytest.raises(EadError, match="cut short or garbled"):
+            read_header(cut)
+    assert read_header(tiny_small).n_params > 0
 
 
 def test_models_list_json_gives_a_downloaded_aliass_file_and_whole_counts(
