@@ -96,8 +96,15 @@ def training_context(path: Path) -> int | None:
     """The model's training context (``{arch}.context_length``, llama.cpp's n_ctx_train) read from its
     header without loading it, or None where the file does not say (unreadable, not a model llama.cpp
     loads): the context a run without --ctx gets is known before the model loads."""
+    header = header_if_readable(path)
+    return header.context_length if header else None
+
+
+def header_if_readable(path: Path) -> GgufHeader | None:
+    """``read_header``'s header, or None where it cannot be read: for what is only shown or guessed from
+    it (a run's default context, ``ead models list``'s parameter counts), which a broken file leaves out."""
     try:
-        return read_header(path).context_length
+        return read_header(path)
     except EadError:
         return None
 

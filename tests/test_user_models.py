@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+import gguf
 import pytest
 from test_cli import assert_one_line_error, ead
 
@@ -493,6 +494,22 @@ def test_models_list_json_shows_them_beside_the_catalog(
     table = ead("models", "list", env=env)
     assert table.returncode == 0
     assert b"ollama:tiny:latest" in table.stdout and b"lmstudio:other/Twin-GGUF/twin.gguf" in table.stdout
+
+
+def test_models_list_counts_the_parameters_of_ollama_and_lmstudio_models(
+    env: dict[str, str], ollama_root: Path, lmstudio_root: Path, tiny_small: Path
+) -> None:
+    """Their params had been null (only the catalog's figure was listed): each is its file's header's
+    count, as ``ead models show`` gives it; a file whose header cannot be read stays listed, params null."""
+    cut = lmstudio_root / "someone" / "Cut-GGUF" / "cut.gguf"
+    cut.parent.mkdir()
+    cut.write_bytes(tiny_small.read_bytes()[:200])  # the magic, then the metadata broken off
+    result = ead("models", "list", "--json", env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    params = {row["ref"]: row["params"] for row in json.loads(result.stdout) if row["source"] != "catalog"}
+    elements = sum(int(tensor.n_elements) for tensor in gguf.GGUFReader(tiny_small).tensors)
+    assert params.pop("lmstudio:someone/Cut-GGUF/cut.gguf") is None
+    assert params == dict.fromkeys(params, elements) and len(params) == 5  # 2 ollama, 3 LM Studio
 
 
 def test_models_rm_removes_the_cache_copy_only(
