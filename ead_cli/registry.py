@@ -63,9 +63,11 @@ Progress = Callable[[str], None]
 _BLOCK = 8 << 20  # bytes per read while assembling: large enough to stream at disk speed
 _DEFAULT_HUB_TIMEOUT_S = 5.0
 _HUB_TIMEOUTS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")  # huggingface_hub's, in whole seconds
-# A hub repo id "owner/name" as huggingface_hub's validate_repo_id takes one: ASCII letters, digits, '_', '-'
-# and '.', each part 1-96 of them starting and ending with a letter, digit or '_', no '--' or '..', not ending
-# in '.git'. Checked when models.toml is read: huggingface_hub raised its own exception at the first download.
+# A hub repo id "owner/name" as huggingface_hub's validate_repo_id takes one since 1.33 (the Hub's own rule):
+# ASCII letters, digits, '_', '-' and '.', each part 1-96 of them starting and ending with a letter, digit or
+# '_', no '--' or '..', not ending in '.git'. Older 1.x versions also took non-ASCII letters, a longer owner
+# and a trailing newline, which the Hub refuses: so does ead, whichever is installed. Checked when
+# models.toml is read: huggingface_hub raised its own exception at the first download.
 _REPO = re.compile(
     r"""(?!.*(?:--|\.\.))
     (?=\w)[\w.-]{1,96}(?<=\w) / (?=\w)[\w.-]{1,96}(?<=\w)
