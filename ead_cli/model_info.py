@@ -12,11 +12,13 @@ from ead_cli.registry import Catalog, local_file
 from ead_cli.thinking import thinks
 from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX
 
-# Two conversations each builtin template of llama.cpp's is rendered with, to tell them apart: with a
-# system message and without, a tool's answer, and whitespace that some strip (llama2-sys-strip)
+# The conversations each builtin template of llama.cpp's is rendered with, to tell them apart: with a
+# system message and without, a tool's answer, whitespace that some strip (llama2-sys-strip), and a tool
+# call's turn (Granite 3 names its role, Granite 4 writes it as the assistant's)
 _PROBES = (
     (("system", " S "), ("user", " U1 "), ("assistant", "A1"), ("tool", "T"), ("user", "U2")),
     (("user", "U1"),),
+    (("user", "U1"), ("assistant_tool_call", "C")),
 )
 _TOOLS = {"ollama": OLLAMA_PREFIX, "lmstudio": LMSTUDIO_PREFIX}  # the sources of the models others keep
 
@@ -33,7 +35,7 @@ class ModelInfo:
     context_length: int | None  # trained for
     embedding_length: int | None
     quantization: str | None  # the file type, as llama.cpp and ollama name it: Q4_K_M, F16
-    chat_template: str | None  # llama.cpp's name of its family (chatml, llama3), 'other', or None: none
+    chat_template: str | None  # llama.cpp's name of its family (chatml; 'a or b' alike), 'other', None: none
     thinking: bool | None  # whether the template writes a thinking block (<think>...</think>)
     downloaded: bool
     paths: list[str] = field(default_factory=list)  # every shard of a split model
@@ -75,15 +77,17 @@ def model_info(ref: str, catalog: Catalog) -> ModelInfo:
 
 
 def template_family(template: str | None) -> str | None:
-    """The name llama.cpp gives the family of a chat template (chatml, llama3, gemma, ...): the first of
-    its builtin templates whose renderings of the probes are the template's as llama.cpp detects it;
-    'other' for one it does not know (ead renders the template itself, with jinja2), None for none."""
+    """The name llama.cpp gives the family of a chat template (chatml, llama3, gemma, ...): its builtin
+    template whose renderings of the probes are the template's as llama.cpp detects it, or each of those
+    that write every turn alike ('granite-4.0 or granite-4.1': llama.cpp tells them apart by a marker in
+    the template's text, not by what they write); 'other' for one it does not know (ead renders the
+    template itself, with jinja2), None for none."""
     if not template:
         return None
     rendered = _renderings(template)
     if rendered is None:
         return "other"
-    return next((name for name in _builtin_templates() if _renderings(name) == rendered), "other")
+    return " or ".join(name for name in _builtin_templates() if _renderings(name) == rendered) or "other"
 
 
 @cache

@@ -123,6 +123,14 @@ def test_a_template_is_named_by_llama_cpps_family() -> None:
     )
     assert template_family(llama3) == "llama3"
     assert template_family(gemma) == "gemma"
+    # Granite: llama.cpp's three builtins write these probes alike, and Granite 3's template had named
+    # Granite 4's too; a tool call's turn tells 3 from 4, and 4.0 and 4.1 write every turn alike
+    granite = (
+        "{% for m in messages %}<|start_of_role|>{{ m['role'] }}<|end_of_role|>{{ m['content'] }}"
+        "<|end_of_text|>\n{% endfor %}"
+    )
+    assert template_family(granite) == "granite"
+    assert template_family(granite + "{# <tools> #}") == "granite-4.0 or granite-4.1"
     assert template_family("{{ messages[0]['content'] }}") == "other"
     assert template_family(None) is None
 
