@@ -11,6 +11,7 @@ the events and summary they yield belong together; apart, each piece would be re
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +28,7 @@ from .prompt import context_size
 from .remote import RemoteError
 from .response import Response
 from .runner import Runner, RunnerStats
-from .sampling import Sampler, SamplingParams, probabilities
+from .sampling import GrammarRefusal, Sampler, SamplingParams, probabilities
 from .text import TextStream
 from .thinking import BlockTags, Matcher, ReasoningBudget
 
@@ -433,6 +434,70 @@ class _GrammarAfterThinking:
             self._bound.close()
 
 
+class _GrammarOnOpening:
+    """A grammar that binds the answer once its text opens what it binds (``SamplingParams.grammar_opening``,
+    ead serve's bare tool calls: text no token opens, so llama.cpp's token trigger cannot see it). Until
+    then ``free`` draws, as it would without this (its own lazy grammar binding from its token), so an
+    answer that never opens it is the same token for token; from the token that completes the opening, a
+    fresh sampler that follows the answer from its start (the prefill's tokens, then those drawn) draws
+    the rest. Where the text cannot open it, or the grammar rules out a token already written (one that
+    went on past the opening with text it rules out: llama.cpp's pattern trigger would abort there), the
+    answer stays free."""
+
+    greedy = False
+
+    def __init__(
+        self,
+        free: Sampler | _BudgetedSampler,
+        bound: Callable[[tuple[int, ...]], Sampler],
+        opening: Callable[[str], bool | None],
+        prefill: tuple[int, ...],
+        token_bytes: Callable[[int], bytes],
+    ) -> None:
+        self._free, self._new_bound, self._opening, self._token_bytes = free, bound, opening, token_bytes
+        self._bound: Sampler | None = None
+        self._written: list[int] | None = list(prefill)  # the answer's tokens; None once decided
+        try:
+            self._decide()  # the prefill may open it already
+        except BaseException:
+            free.close()
+            raise
+
+    def sample(
+        self,
+        ctx: llama_cpp.llama_context_p | None,
+        logits: np.ndarray,
+        index: int = -1,
+        tokens: Sequence[int] = (),
+    ) -> int:
+        """The bound sampler's draw once the text opened the grammar, else the free one's."""
+        if self._bound is not None:
+            return self._bound.sample(ctx, logits, index, tokens)
+        token = self._free.sample(ctx, logits, index, tokens)
+        if self._written is not None:
+            self._written.append(token)
+            self._decide()
+        return token
+
+    def _decide(self) -> None:
+        """Bind the answer if its text so far opens the grammar; stop asking once that is settled."""
+        assert self._written is not None
+        written = tuple(self._written)
+        opens = self._opening(b"".join(map(self._token_bytes, written)).decode("utf-8", "ignore"))
+        if opens is None:
+            return
+        self._written = None
+        if opens:
+            # a token already written may go past the opening with text the grammar rules out: free
+            with contextlib.suppress(GrammarRefusal):
+                self._bound = self._new_bound(written)
+
+    def close(self) -> None:
+        self._free.close()
+        if self._bound is not None:
+            self._bound.close()
+
+
 class Decoder(_Generation):
     """Entropy-adaptive decoding: at each step the policy's active model is evaluated, its entropy
     observed, and the policy names the model that writes the token. Runners are ordered from the
@@ -461,7 +526,8 @@ class Decoder(_Generation):
     events show NaN for the entropy and the rolling mean of a step not measured.
 
     ``thinking_tags`` (a thinking model's block tags, given with a grammar): the grammar binds only what
-    follows the block, which is written free (``_GrammarAfterThinking``).
+    follows the block, which is written free (``_GrammarAfterThinking``). Without them, the sampling's
+    ``grammar_opening`` binds the answer once its text opens the grammar (``_GrammarOnOpening``).
     """
 
     def __init__(
@@ -503,7 +569,7 @@ class Decoder(_Generation):
         self._log_ratio = math.log(verify) if verify is not None else 0.0
         self._held: list[tuple[int, int, float, float, float | None]] = []  # unchecked _announce arguments
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
-        self._sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking | None = None
+        self._sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking | _GrammarOnOpening | None = None
         self._reads_ahead = False  # a runner launches reads ahead (a GPU): see _observe
         self._unmeasured: tuple[EntropyMeter, float] | None = None  # an exact pass left for after a launch
         self.fallback = fallback
@@ -527,8 +593,13 @@ class Decoder(_Generation):
         grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
         vocab = self.runners[0].vocab if self.sampling.infill else None  # local, as for the grammars
         tags = self.thinking_tags if self.sampling.grammar is not None else None
-        free = self.sampling if tags is None else replace(self.sampling, grammar=None, grammar_start=())
-        sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking = Sampler(free, grammars, vocab)
+        # a thinking model's answer opens after its block: the block's end binds it (tags), not an opening
+        opening = None if self.sampling.grammar is None or tags is not None else self.sampling.grammar_opening
+        free = self.sampling
+        if tags is not None or (opening is not None and self.sampling.grammar_trigger is None):
+            free = replace(self.sampling, grammar=None, grammar_start=())  # bound once a wrapper says so
+        sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking | _GrammarOnOpening
+        sampler = Sampler(free, grammars, vocab)
         if self.reasoning_budget is not None:
             self.reasoning_budget.begin(tokens)
             sampler = _BudgetedSampler(sampler, self.reasoning_budget)
@@ -539,6 +610,16 @@ class Decoder(_Generation):
                 tags,
                 tokens,
                 self.sampling.grammar_start,
+            )
+        if opening is not None:
+            sampler = _GrammarOnOpening(
+                sampler,
+                lambda start: Sampler(
+                    replace(self.sampling, grammar_start=start, grammar_trigger=None), grammars, vocab
+                ),
+                opening,
+                self.sampling.grammar_start,
+                self.runners[0].token_bytes,
             )
         self._sampler = sampler
         self._reads_ahead = any(map(self._reads_ahead_at, range(len(self.runners))))

@@ -11,7 +11,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import llama_cpp
@@ -29,7 +29,11 @@ class SamplingParams:
     ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
     grammar follows before the first token is drawn. ``grammar_trigger``: a token that makes the grammar
     lazy (llama.cpp's, which llama-server's tool calls use): tokens are free until it is written, and the
-    grammar binds the text from it on, its own text first (ead serve's tool calls).
+    grammar binds the text from it on, its own text first (ead serve's tool calls). ``grammar_opening``:
+    a trigger of ead's own, for text that no token opens (ead serve's bare tool calls): told the answer's
+    text so far (the prefill's first), True once it opens what the grammar binds, False once it cannot,
+    None while it may; the grammar then binds the answer from its start, else the tokens stay free (bound
+    from ``grammar_trigger`` on, where one is given). The decoder applies it (``Sampler`` does not).
 
     Before all of these, as in llama.cpp's chain: ``logit_bias`` ((token, bias) pairs, added to the
     logits) and the penalties of llama.cpp's penalties sampler over the last ``repeat_last_n`` tokens
@@ -49,6 +53,7 @@ class SamplingParams:
     grammar: str | None = None
     grammar_start: tuple[int, ...] = ()
     grammar_trigger: int | None = None
+    grammar_opening: Callable[[str], bool | None] | None = None
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     presence_penalty: float = 0.0

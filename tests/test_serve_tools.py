@@ -22,7 +22,15 @@ from test_serve import HI, JSON, serving
 from tiny_models import write_tiny_model
 
 from ead_cli.serve.app import _Reply
-from ead_cli.serve.tools import ArgumentsDelta, CallStart, ToolCall, ToolCallReader, split_answer, whole
+from ead_cli.serve.tools import (
+    ArgumentsDelta,
+    CallStart,
+    ToolCall,
+    ToolCallReader,
+    opens_call,
+    split_answer,
+    whole,
+)
 
 NAMES = frozenset({"get_weather", "multiply"})
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -101,6 +109,28 @@ def test_a_bare_json_answer_is_a_call_only_if_it_names_a_tool_offered() -> None:
     assert split_answer(data, NAMES) == (data, [])
     two = f"<tool_call>{CALL}</tool_call><tool_call>{CALL}</tool_call>"
     assert len(split_answer(two, NAMES)[1]) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "opens"),
+    [
+        ("", None),
+        ("\n ", None),
+        ('{"na', None),
+        ('{"name": "get_', None),
+        ('{"name": "multiply"', True),
+        ('\n{ "name" :"get_weather", "arguments"', True),
+        ('{"name": "Ada"', False),  # JSON the user asked for: the name of no tool offered
+        ('{"name": "multiply_all"', False),
+        ('{"city": "Paris"}', False),
+        ("Sure", False),
+        ("<tool_call>", False),  # a tagged call: bound from its own token on
+    ],
+)
+def test_a_bare_call_opens_with_the_name_of_a_tool_offered(text: str, opens: bool | None) -> None:
+    """The bare call's trigger (llama.cpp's pattern trigger of its older Hermes handler): the answer opens
+    with ``{"name": "<a tool offered>"``; undecided (None) while the text may still become that."""
+    assert opens_call(text, NAMES) is opens
 
 
 def test_a_call_the_prefill_opens_is_read_with_the_answer() -> None:
@@ -599,6 +629,64 @@ def test_a_calls_arguments_are_bound_by_its_schema_as_llama_servers(tags_server:
             pass
         streamed = stream.get_final_completion().choices[0]
     assert streamed.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+
+
+# After a prefill that ends inside the tool's name ('{"name": "pi'), a bigram script draws its end (the
+# prompt's last token, "i", then "c", "k" and the closing quote), and the model's random rows the rest
+BARE_SCRIPT = ["i", "c", "k", '"']
+
+
+@pytest.fixture(scope="module", params=["tool-tags", "base"])
+def bare_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A pair that writes the end of a bare call's name, mid-answer, in a vocabulary with <tool_call> as
+    one token (Qwen2.5's) and in one without it (where no tagged call can be bound)."""
+    folder = tmp_path_factory.mktemp(f"serve-bare-{request.param}")
+    pair = [
+        write_tiny_model(
+            folder / f"{name}.gguf",
+            seed=seed,
+            vocab=request.param,
+            chat_template=TOOLS_TEMPLATE,
+            script=BARE_SCRIPT,
+        )
+        for seed, name in enumerate(("small", "large"))
+    ]
+    with serving(pair_args((pair[0], pair[1])), folder / "server.log") as running:
+        yield running
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_bare_calls_arguments_are_bound_once_it_names_a_tool(bare_server: Server, seed: int) -> None:
+    """A bare ``{"name": ..., "arguments": ...}`` answer (no <tool_call> tags, as Qwen2.5 0.5B often
+    writes) is bound by the calls' grammar once its text names a tool offered: from there the random
+    draws are the call's arguments as its schema allows, whole and streamed alike. Unbound, the tiny
+    model wrote no JSON after the name: the answer stayed text, cut off at max_tokens."""
+    client = openai.OpenAI(base_url=bare_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {
+        "model": "ead",
+        "messages": [
+            {"role": "user", "content": "Pick a colour."},
+            {"role": "assistant", "content": '{"name": "pi'},
+        ],
+        "tools": PICK,
+        "temperature": 1.0,
+        "seed": seed,
+        "max_tokens": 200,
+    }
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    (call,) = whole.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "pick" and set(arguments) == {"colour", "count"}
+    assert arguments["colour"] in ("red", "green") and type(arguments["count"]) is int
+    with client.chat.completions.stream(**request) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0]
+    assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
     assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
         (call.function.name, call.function.arguments)
     ]

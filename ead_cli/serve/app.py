@@ -59,7 +59,7 @@ from ..prompt import (
 )
 from ..remote import any_remote
 from ..sampling import GrammarRefusal, SamplingParams
-from ..thinking import CLOSE, ReasoningSplitter, answer_start, split_reasoning, template_variables
+from ..thinking import CLOSE, ReasoningSplitter, answer_start, split_reasoning, template_variables, thinks
 from .engine import (
     Engine,
     Failed,
@@ -97,6 +97,7 @@ from .tools import (
     call_grammar,
     call_trigger,
     new_call_id,
+    opens_call,
     split_answer,
     template_message,
     template_takes_tools,
@@ -1146,6 +1147,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 grammar=grammar if calls is None else calls[0],
                 grammar_start=start if calls is None else calls[2],
                 grammar_trigger=None if calls is None else calls[1],
+                grammar_opening=None if calls is None else calls[3],
                 temp=0.0 if body.top_p == 0 else temp,  # top_p 0 keeps the likeliest token alone: greedy
                 top_k=base.top_k if top_k is None else top_k,
                 top_p=base.top_p if not body.top_p else body.top_p,
@@ -1229,39 +1231,43 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         prefill: str | None,
         thinking: bool | None,
         json_mode: bool,
-    ) -> tuple[str, int | None, tuple[int, ...]] | None:
+    ) -> tuple[str, int | None, tuple[int, ...], Callable[[str], bool | None] | None] | None:
         """The tools' grammar (``call_grammar``: a call's arguments as its schema allows, as llama-server
-        binds them), the token it is triggered by and the prefill's tokens it follows, where the run can
-        follow it: every model local, no step that takes tokens back, schemas the converter and llama.cpp
-        take, and a prefill that it does not rule out. Lazy, from the first ``<tool_call>`` on, which
-        needs a vocabulary with that token; elsewhere the calls are read as the model writes them (None),
-        as they were before any grammar bound them. Where ``tool_choice`` forces a call (``forced_tools``),
+        binds them), the token it is triggered by, the prefill's tokens it follows and the test of a bare
+        call's opening that triggers it too, where the run can follow it: every model local, no step that
+        takes tokens back, schemas the converter and llama.cpp take, and a prefill that it does not rule
+        out. Lazy, from the first ``<tool_call>`` on (a vocabulary with that token), or from the answer's
+        start once it opens a bare call of a tool offered (``opens_call``: not a thinking model's, whose
+        answer opens after its reasoning); elsewhere the calls are read as the model writes them (None), as
+        they were before any grammar bound them. Where ``tool_choice`` forces a call (``forced_tools``),
         from the answer's first token, over the tools it may call (llama-server's ``required``); where the
         run cannot bind it so (JSON mode's grammar binds it already), a 400 that says why."""
         if not isinstance(body, ChatRequest):
             return None
-        tools, forced = body.tools_offered(), body.forced_tools()
-        if not tools or (json_mode and not forced):
+        tools, forced, names = body.tools_offered(), body.forced_tools(), body.tool_names()
+        if not tools or names is None or (json_mode and not forced):
             return None
         runner = engine.runners[0]
         trigger = None if forced else call_trigger(runner)
+        bare = not forced and not thinks(runner.chat_template)
+        opening = functools.partial(opens_call, names=names) if bare else None
         start = runner.spelling(prefill) if prefill else []
         unbound = _unbindable(policy, json_mode, forced is not None and thinking is not None)
         if unbound is None and start is None:
             unbound = "an assistant prefill the vocabulary cannot spell for a grammar"
-        if unbound is None and not forced and trigger is None:
+        if unbound is None and not forced and trigger is None and opening is None:
             unbound = "a vocabulary without a <tool_call> token"
         try:
             if unbound is not None:
                 raise EadError(unbound)
-            grammar = call_grammar(forced or tools, body.parallel_tool_calls is not False)
-            runner.grammars.check(grammar, start, trigger)
+            grammar = call_grammar(forced or tools, body.parallel_tool_calls is not False, bare)
+            runner.grammars.check(grammar, start if trigger is not None or forced else (), trigger)
         except EadError as error:  # a schema no grammar holds, or a prefill the calls rule out
             if not forced:
                 return None
             message = f"tool_choice: a forced call needs a grammar, which this answer cannot take: {error}"
             raise ApiError(400, message, code="invalid_value", param="tool_choice") from None
-        return grammar, trigger, tuple(start or ())
+        return grammar, trigger, tuple(start or ()), opening
 
     def _unbindable(policy: PolicyOptions, json_mode: bool, thinking: bool) -> str | None:
         """Why no calls' grammar can bind this run's answer (None where one can): ``thinking``, a

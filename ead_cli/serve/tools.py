@@ -36,13 +36,15 @@ _BEGUN = re.compile(
 )
 
 
-def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
+def call_grammar(tools: list[dict[str, Any]], parallel: bool, bare: bool = False) -> str:
     """The GBNF grammar of an answer's calls from its first ``<tool_call>`` on, as llama-server's binds
     them: each block a call of a tool offered, its arguments those its JSON schema allows (an ``enum``, an
     integer where it says integer), then the answer's end (or, with ``parallel``, another block). Used
     lazily (``call_trigger``), the text before the first block free; or, where ``tool_choice`` forces a
-    call, from the answer's first token, over the tools it may call. A usage error for a schema the
-    converter cannot express."""
+    call, from the answer's first token, over the tools it may call. With ``bare``, the answer may also be
+    one call's object alone, blank around it (bound from the answer's start once ``opens_call``: the
+    reader takes what follows a bare call's arguments as its markup, so one call only). A usage error for
+    a schema the converter cannot express."""
     calls, definitions = [], {}
     for index, tool in enumerate(tools):
         function = tool["function"]
@@ -59,9 +61,10 @@ def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
         )
     one = json_schema_grammar({"$defs": definitions, "anyOf": calls}, "tools' function.parameters")
     space = "tool-call-space"
+    tagged = f"tool-call{f' ({space} tool-call)*' if parallel else ''}"
     return "\n".join(
         [
-            f"root ::= tool-call{f' ({space} tool-call)*' if parallel else ''}",
+            f"root ::= {tagged}{f' | {space} tool-call-object {space}' if bare else ''}",
             f'tool-call ::= "{OPEN}" {space} tool-call-object {space} "{CLOSE}"',
             f"{space} ::= [ \\t\\n]{{0,20}}",
             re.sub(r"^root ::=", "tool-call-object ::=", one, count=1, flags=re.MULTILINE),
@@ -77,6 +80,24 @@ def call_trigger(runner: Runner) -> int | None:
     the grammar rules out."""
     tokens = runner.tokenize(OPEN, add_special=False, parse_special=True)
     return tokens[0] if len(tokens) == 1 else None
+
+
+def opens_call(text: str, names: frozenset[str]) -> bool | None:
+    """Whether an answer's text so far opens a bare call of a tool offered, ``{"name": "<tool>"`` after
+    blank space (the pattern llama.cpp's older Hermes handler triggered its grammar on; 0.3.36's triggers
+    on ``<tool_call>`` alone): None while more text may still make it one. JSON that names no tool offered
+    stays free, as the reader leaves it text."""
+    rest = text
+    for part in ("{", '"name"', ":"):
+        rest = rest.lstrip(_SPACE)
+        if not rest.startswith(part):
+            return None if part.startswith(rest) else False
+        rest = rest[len(part) :]
+    rest = rest.lstrip(_SPACE)
+    quoted = [json.dumps(name, ensure_ascii=False) for name in names]
+    if any(rest.startswith(name) for name in quoted):
+        return True
+    return None if any(name.startswith(rest) for name in quoted) else False
 
 
 def _rebased(schema: Any, base: str) -> Any:
