@@ -927,3 +927,49 @@ def test_llm_calls_a_python_tool_through_the_server(real_pair: tuple[Path, Path]
         assert "7006652" in result.stdout.decode().replace(",", "")
         assert server.stop() == 0
     assert server.log().count("POST /v1/chat/completions 200") == 2
+
+
+TIMER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_timer",
+            "description": "Start a kitchen timer",
+            "parameters": {
+                "type": "object",
+                "properties": {"minutes": {"type": "integer"}},
+                "required": ["minutes"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+@pytest.mark.real
+def test_the_real_small_models_bare_call_is_bound_by_its_schema(
+    real_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Qwen2.5-Coder 0.5B, greedy, answers with the bare call object (no <tool_call> tags); unbound it
+    wrote ``{"minutes": 2.5}`` for an integer. Bound from its opening, the minutes are an integer (the tiny
+    models' test above checks the stream too)."""
+    with Server(["-m", str(real_pair[0])], tmp_path / "server.log") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
+        request = {
+            "model": "ead",
+            "messages": [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Set a timer for 2.5 minutes"},
+            ],
+            "tools": TIMER,
+            "temperature": 0,
+            "max_tokens": 60,
+            "logprobs": True,
+        }
+        whole = client.chat.completions.create(**request).choices[0]
+        assert "".join(entry.token for entry in whole.logprobs.content).startswith('{"name": "set_timer"')
+        assert whole.finish_reason == "tool_calls"
+        (call,) = whole.message.tool_calls
+        assert call.function.name == "set_timer"
+        assert type(json.loads(call.function.arguments)["minutes"]) is int, call.function.arguments
+        assert server.stop() == 0
