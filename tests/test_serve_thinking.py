@@ -565,14 +565,49 @@ def calling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
-def test_a_forced_call_is_refused_where_the_answer_thinks_first(calling: Server) -> None:
-    """A forced call's grammar binds the answer from its first token, which a thinking model's reasoning
-    opens: a 400 that says so, not an answer whose thinking the grammar cut off."""
-    body = {"model": "ead", "messages": ASK, "tools": TOOLS, "tool_choice": "required"}
-    reply = httpx.post(f"{calling.base_url}/chat/completions", json=body, headers=JSON, timeout=60)
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == "tool_choice" and "a thinking model's answer" in error["message"], error
+FLIP = {
+    "type": "function",
+    "function": {
+        "name": "flip",
+        "parameters": {
+            "type": "object",
+            "properties": {"side": {"type": "string", "enum": ["heads", "tails"]}},
+            "required": ["side"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_forced_call_comes_after_the_reasoning(calling: Server) -> None:
+    """A forced call on a thinking model: the model thinks first, free, and the call's grammar binds the
+    answer from its </think> on (as llama-server's grammar lets the reasoning come first). Named, the
+    call is of that tool though the model, unbound, called another (its script's multiply), whole and
+    streamed alike."""
+    client = openai.OpenAI(base_url=calling.base_url, api_key="unused", max_retries=0, timeout=60)
+    request: dict[str, Any] = {
+        "model": "ead",
+        "messages": ASK,
+        "tools": [*TOOLS, FLIP],
+        "tool_choice": {"type": "function", "function": {"name": "flip"}},
+        "parallel_tool_calls": False,  # one call: the random rows after it would write more to the limit
+        "max_tokens": 200,
+    }
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    assert (whole.message.model_extra or {})["reasoning_content"] == THOUGHT
+    (call,) = whole.message.tool_calls or []
+    assert call.function.name == "flip"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) in ({"side": "heads"}, {"side": "tails"})  # type: ignore[union-attr]
+    with client.chat.completions.stream(**request) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0]
+    assert streamed.finish_reason == "tool_calls"
+    assert (streamed.message.model_extra or {})["reasoning_content"] == THOUGHT
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls or []] == [
+        (call.function.name, call.function.arguments)  # type: ignore[union-attr]
+    ]
 
 
 def test_chat_gives_the_reasoning_then_the_call_whole_and_streamed(calling: Server) -> None:

@@ -1086,7 +1086,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         except EadError as error:
             field = "messages" if isinstance(body, ChatRequest) else "prompt"
             raise ApiError(400, str(error), code="context_length_exceeded", param=field) from None
-        policy, generation = _settings(body, prefill, prompt, thinking)
+        policy, generation = _settings(body, prefill, prompt)
         logprobs = body.logprobs_count()
         if logprobs is not None:
             _without_rollbacks(
@@ -1124,7 +1124,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return await reply.whole(ticket, request)
 
     def _settings(
-        body: CompletionBase, prefill: str | None, prompt: list[int], thinking: bool | None
+        body: CompletionBase, prefill: str | None, prompt: list[int]
     ) -> tuple[PolicyOptions, GenerationOptions]:
         """The request's options over the defaults, checked by the command line's rules (400 if bad)."""
         ead = body.ead or EadOptions()
@@ -1142,7 +1142,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 ead.policy_options(defaults.policy, len(engine.runners), _models_take)
             )
             start = () if grammar is None else _check_grammar(grammar, policy, prefill, body, prompt)
-            calls = _bound_calls(body, policy, prefill, thinking, grammar is not None)
+            calls = _bound_calls(body, policy, prefill, grammar is not None)
             sampling = SamplingParams(
                 grammar=grammar if calls is None else calls[0],
                 grammar_start=start if calls is None else calls[2],
@@ -1229,7 +1229,6 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         body: CompletionBase,
         policy: PolicyOptions,
         prefill: str | None,
-        thinking: bool | None,
         json_mode: bool,
     ) -> tuple[str, int | None, tuple[int, ...], Callable[[str], bool | None] | None] | None:
         """The tools' grammar (``call_grammar``: a call's arguments as its schema allows, as llama-server
@@ -1240,7 +1239,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         start once it opens a bare call of a tool offered (``opens_call``: not a thinking model's, whose
         answer opens after its reasoning); elsewhere the calls are read as the model writes them (None), as
         they were before any grammar bound them. Where ``tool_choice`` forces a call (``forced_tools``),
-        from the answer's first token, over the tools it may call (llama-server's ``required``); where the
+        from the answer's first token, over the tools it may call (llama-server's ``required``), a thinking
+        model's from the end of its reasoning, written free (the decoder's ``thinking_tags``); where the
         run cannot bind it so (JSON mode's grammar binds it already), a 400 that says why."""
         if not isinstance(body, ChatRequest):
             return None
@@ -1252,7 +1252,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         bare = not forced and not thinks(runner.chat_template)
         opening = functools.partial(opens_call, names=names) if bare else None
         start = runner.spelling(prefill) if prefill else []
-        unbound = _unbindable(policy, json_mode, forced is not None and thinking is not None)
+        unbound = _unbindable(policy, json_mode)
         if unbound is None and start is None:
             unbound = "an assistant prefill the vocabulary cannot spell for a grammar"
         if unbound is None and not forced and trigger is None and opening is None:
@@ -1269,9 +1269,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, message, code="invalid_value", param="tool_choice") from None
         return grammar, trigger, tuple(start or ()), opening
 
-    def _unbindable(policy: PolicyOptions, json_mode: bool, thinking: bool) -> str | None:
-        """Why no calls' grammar can bind this run's answer (None where one can): ``thinking``, a
-        thinking model's answer that a grammar binds from its first token."""
+    def _unbindable(policy: PolicyOptions, json_mode: bool) -> str | None:
+        """Why no calls' grammar can bind this run's answer (None where one can)."""
         steps = policy.takes_tokens_back()
         if json_mode:
             return "response_format, whose grammar binds the answer already"
@@ -1279,8 +1278,6 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return "a model on a llama-server, which a grammar cannot reach"
         if steps is not None:
             return f"{steps}, which takes tokens back that a grammar cannot"
-        if thinking:
-            return "a thinking model's answer, whose reasoning the call's grammar would rule out"
         return None
 
     async def _json_body(request: Request, as_curl_sends: bool = False) -> bytes:
