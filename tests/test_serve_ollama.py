@@ -390,6 +390,58 @@ def test_the_official_clients_options_and_format_are_taken(server: Server) -> No
     assert as_json.lstrip().startswith("{")
 
 
+def scores(entries: list[Any]) -> tuple[list[str], list[float]]:
+    """Log-probabilities as lists (each token's text then its alternatives', and their values), from
+    OpenAI's dicts or the ollama client's models alike; the values compared approximately, as one read
+    after a cached prefix differs in the last bits."""
+    tokens, values = [], []
+    for entry in entries:
+        for scored in [entry, *entry["top_logprobs"]]:
+            tokens.append(scored["token"])
+            values.append(scored["logprob"])
+    return tokens, values
+
+
+def same_scores(entries: list[Any], expected: list[Any]) -> bool:
+    (tokens, values), (expected_tokens, expected_values) = scores(entries), scores(expected)
+    return tokens == expected_tokens and values == pytest.approx(expected_values, abs=1e-5)
+
+
+def test_logprobs_come_back_in_ollamas_shape_as_the_openai_routes_score_them(server: Server) -> None:
+    """The official client's ``logprobs=True, top_logprobs=N`` (ollama's since 0.12.11): each token shown
+    with its log-probability, bytes and N alternatives, whole and streamed, the scores the OpenAI chat
+    route gives the same greedy request; a raw generate's those of /v1/completions; none unless asked."""
+    talk = client(server)
+    expected = openai_chat(server, messages=HI, logprobs=True, top_logprobs=2, **OPENAI_GREEDY)
+    content = expected["choices"][0]["logprobs"]["content"]
+    assert len(content) == 16 and all(len(entry["top_logprobs"]) == 2 for entry in content)
+    whole = talk.chat(model="ead", messages=HI, options=GREEDY, logprobs=True, top_logprobs=2)
+    assert same_scores(list(whole.logprobs or []), content)
+    parts = talk.chat(model="ead", messages=HI, options=GREEDY, logprobs=True, top_logprobs=2, stream=True)
+    assert same_scores([entry for part in parts for entry in part.logprobs or []], content)
+    generated = talk.generate(model="ead", prompt="hi", options=GREEDY, logprobs=True, top_logprobs=2)
+    assert same_scores(list(generated.logprobs or []), content)
+    body = {"model": "ead", "messages": HI, "options": GREEDY, "stream": False, "logprobs": True}
+    (first, *_) = ollama(server, "chat", body).json()["logprobs"]
+    assert first["bytes"] == content[0]["bytes"] and first["top_logprobs"] == []  # as ollama's, bytes too
+
+    completion = httpx.post(
+        f"{server.base_url}/completions",
+        json={"prompt": "hi", "logprobs": 1, **OPENAI_GREEDY},
+        headers=JSON,
+        timeout=120,
+    ).json()["choices"][0]["logprobs"]
+    raw = talk.generate(model="ead", prompt="hi", raw=True, options=GREEDY, logprobs=True, top_logprobs=1)
+    listed = list(raw.logprobs or [])
+    assert [entry.logprob for entry in listed] == pytest.approx(completion["token_logprobs"], abs=1e-5)
+    assert [entry.top_logprobs[0].logprob for entry in listed] == pytest.approx(
+        [max(top.values()) for top in completion["top_logprobs"]], abs=1e-5
+    )
+    assert talk.chat(model="ead", messages=HI, options=GREEDY).logprobs is None
+    unasked = {"model": "ead", "messages": HI, "options": GREEDY, "stream": False, "top_logprobs": 2}
+    assert "logprobs" not in ollama(server, "chat", unasked).json()  # top_logprobs alone: read with logprobs
+
+
 def test_the_official_client_raises_its_error_for_an_unknown_model(server: Server) -> None:
     with pytest.raises(ollama_client.ResponseError) as raised:
         client(server).chat(model="llama3.2", messages=HI)

@@ -1489,6 +1489,20 @@ class ScoredText:
         return [(event, scores, start) for event, scores, start, _ in released]
 
 
+def scored_entries(piece: Callable[[int], bytes], scored: list[Scored]) -> list[dict[str, Any]]:
+    """These scored tokens as OpenAI's chat lists them (``logprobs.content``), and ollama's
+    ``logprobs`` alike: each token's text, log-probability and bytes, and its likeliest alternatives'."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        data = piece(token)
+        return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
+
+    return [
+        {**entry(event.token, scores.logprob), "top_logprobs": [entry(t, lp) for t, lp in scores.top]}
+        for event, scores, _ in scored
+    ]
+
+
 def _continues(held: bytes, byte: bytes) -> bool:
     """Whether ``byte`` goes on with the character that the bytes ``held`` begin."""
     try:
@@ -1616,14 +1630,7 @@ class _Reply:
         if not self._scored.asked:
             return None
         if self.chat:
-            content = [
-                {
-                    **self._entry(event.token, scores.logprob),
-                    "top_logprobs": [self._entry(token, logprob) for token, logprob in scores.top],
-                }
-                for event, scores, _ in scored
-            ]
-            return {"content": content, "refusal": None}
+            return {"content": scored_entries(self.piece, scored), "refusal": None}
         return {
             "tokens": [self._legacy_name(event.token) for event, _, _ in scored],
             "token_logprobs": [scores.logprob for _, scores, _ in scored],
@@ -1643,12 +1650,6 @@ class _Reply:
             return piece.decode("utf-8")
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{byte:02x}" for byte in piece)
-
-    def _text(self, token: int) -> str:
-        return self.piece(token).decode("utf-8", errors="replace")
-
-    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
-        return {"token": self._text(token), "logprob": logprob, "bytes": list(self.piece(token))}
 
     async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
         """Server-sent events: a chunk per token with its model, then the finish with usage and figures

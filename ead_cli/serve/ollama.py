@@ -31,11 +31,14 @@ from .app import (
     MODEL_ID,
     NDJSON,
     Requests,
+    Scored,
+    ScoredText,
     answer_messages,
     collected_calls,
     error_of,
     input_tokens,
     log_answered,
+    scored_entries,
     token_fields,
 )
 from .engine import Engine, Failed, Log, PromptProgress, Ticket, Token
@@ -44,6 +47,7 @@ from .schemas import (
     MAX_EMBEDDING_INPUTS,
     MAX_STOP_CHARS,
     MAX_STOPS,
+    MAX_TOP_LOGPROBS,
     PENALTIES,
     UNSUPPORTED,
     ApiError,
@@ -150,6 +154,8 @@ class _OllamaRequest(BaseModel):
     format: Literal["", "json"] | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # read with logprobs alone
     ead: dict[str, Any] | None = None  # ead's options, as the OpenAI routes take them (checked there)
 
     def openai_fields(self, n_ctx: int) -> dict[str, Any]:
@@ -170,6 +176,14 @@ class _OllamaRequest(BaseModel):
         if self.ead is not None:
             fields["ead"] = self.ead
         return fields
+
+    def logprob_fields(self, chat: bool) -> dict[str, Any]:
+        """``logprobs`` as the OpenAI request means it: a ``chat``'s flag and count, a text completion's
+        count; none unless asked."""
+        if not self.logprobs:
+            return {}
+        top = self.top_logprobs or 0
+        return {"logprobs": True, "top_logprobs": top} if chat else {"logprobs": top}
 
 
 class _OllamaEmbedding(BaseModel):
@@ -284,7 +298,7 @@ class OllamaChat(_OllamaRequest):
                 raise ApiError(400, message_text, param=f"messages.{i}.images")
         messages = [message.as_openai() for message in self.messages]
         tools = {"tools": self.tools} if self.tools is not None else {}
-        return {"messages": messages, **tools, **self.openai_fields(n_ctx)}
+        return {"messages": messages, **tools, **self.openai_fields(n_ctx), **self.logprob_fields(True)}
 
 
 class OllamaGenerate(_OllamaRequest):
@@ -312,11 +326,12 @@ class OllamaGenerate(_OllamaRequest):
             if getattr(self, field):
                 raise ApiError(400, f"{field}: {why} by ead serve", param=field)
         fields = self.openai_fields(n_ctx)
+        completion = {**fields, **self.logprob_fields(False)}  # a text completion's fields
         if self.suffix:
             if self.system:
                 message = "system: a fill-in-the-middle prompt has no place for a system text"
                 raise ApiError(400, message, param="system")
-            return {"prompt": self.prompt or "", "suffix": self.suffix, **fields}
+            return {"prompt": self.prompt or "", "suffix": self.suffix, **completion}
         if self.raw:
             if self.system:
                 message = (
@@ -324,9 +339,10 @@ class OllamaGenerate(_OllamaRequest):
                     "put it in the prompt"
                 )
                 raise ApiError(400, message, param="system")
-            return {"prompt": self.prompt or "", **fields}
+            return {"prompt": self.prompt or "", **completion}
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return {"messages": [*system, {"role": "user", "content": self.prompt or ""}], **fields}
+        user = {"role": "user", "content": self.prompt or ""}
+        return {"messages": [*system, user], **fields, **self.logprob_fields(True)}
 
 
 # The OpenAI fields an ollama request's own are spelled as, for the OpenAI checks' 400s
@@ -391,11 +407,14 @@ class _Answer:
         model: str,
         path: str,
         log: Log,
+        piece: Callable[[int], bytes],
         tools: frozenset[str] | None = None,
         prefill: str = "",
         thinking: bool | None = None,
     ) -> None:
         self.chat, self.model, self.path, self.log = chat, model, path, log
+        self.piece = piece  # a token id's bytes, for log-probabilities
+        self._scored = ScoredText(piece)
         self.started_ns = time.monotonic_ns()
         self.tools = tools  # the names of the tools offered: calls are read back out of the answer
         self.prefill = prefill  # the assistant message the answer continues: a call it opens is read whole
@@ -421,16 +440,23 @@ class _Answer:
         ead: dict[str, Any],
         calls: Sequence[dict[str, Any]] = (),
         thinking: str = "",
+        scored: list[Scored] | None = None,
     ) -> dict[str, Any]:
-        """The answer's end; ``summary`` None where nothing was generated (a request to load the model)."""
+        """The answer's end, with the log-probabilities of the ``scored`` tokens; ``summary`` None where
+        nothing was generated (a request to load the model)."""
         if summary is None:
             return {**self.part(text), "done": True, "done_reason": "load"}
         log_answered(self.log, self.path, summary)
         reason = "length" if summary.finish_reason == "length" else "stop"
         figures = _durations(summary, self.started_ns)
         ead = {**ead, "summary": asdict(summary)}
-        said = self.part(text, calls, thinking)
+        said = self.part(text, calls, thinking, **self._logprobs(scored or []))
         return {**said, "done": True, "done_reason": reason, **figures, "ead": ead}
+
+    def _logprobs(self, scored: list[Scored]) -> dict[str, Any]:
+        """ollama's ``logprobs`` of these scored tokens, OpenAI's chat entries; none where there are none
+        (not asked, or no token's text shown yet), as ollama leaves the field out."""
+        return {"logprobs": scored_entries(self.piece, scored)} if scored else {}
 
     def _token_lines(self, text: str, reader: ToolCallReader | None, **extra: Any) -> list[str]:
         """A token's lines, the first with ``extra`` (its ``ead`` fields); a thinking model's reasoning
@@ -477,8 +503,9 @@ class _Answer:
         async with contextlib.aclosing(answer_messages(ticket)) as messages:
             async for message in messages:
                 if isinstance(message, Token):
+                    scored = self._logprobs(self._scored.add(message))
                     for line in self._token_lines(
-                        message.event.text, reader, ead=token_fields(message.event)
+                        message.event.text, reader, ead=token_fields(message.event), **scored
                     ):
                         yield line
                     continue
@@ -494,7 +521,7 @@ class _Answer:
                     yield line
                 for line in [] if reader is None else self._piece_lines(reader.finish(), reader):
                     yield line
-                yield _line(self.last("", message.summary, {"seed": seed}))
+                yield _line(self.last("", message.summary, {"seed": seed}, scored=self._scored.finish()))
 
     async def whole(self, ticket: Ticket, seed: int, request: Request) -> JSONResponse:
         answer = await collected_calls(
@@ -505,7 +532,8 @@ class _Answer:
         tokens, summary, text, calls, thinking = answer
         ead = {"tokens": [token_fields(token.event) for token in tokens], "seed": seed}
         said = [_ollama_call(call, index) for index, call in enumerate(calls)]
-        return JSONResponse(self.last(text, summary, ead, said, thinking))
+        scored = [entry for token in tokens for entry in self._scored.add(token)] + self._scored.finish()
+        return JSONResponse(self.last(text, summary, ead, said, thinking, scored))
 
 
 def _ollama_call(call: ToolCall, index: int) -> dict[str, Any]:
@@ -690,8 +718,9 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
         _served_name(asked.model, any_model)
         body = asked.openai_body(engine.n_ctx)
         chat = isinstance(asked, OllamaChat)
+        piece = engine.runners[0].token_bytes
         if asked.loads_only():
-            return _Answer(chat, asked.model, request.url.path, requests.log).last("", None, {})
+            return _Answer(chat, asked.model, request.url.path, requests.log, piece).last("", None, {})
         prepare = requests.chat if "messages" in body else requests.text
         try:
             prepared, job = await prepare(json.dumps(body).encode())
@@ -700,7 +729,9 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
         tools = prepared.tool_names() if isinstance(prepared, ChatRequest) else None
         if asked.think and job.thinking is None:  # ollama's 400 for a model that does not think
             raise ApiError(400, f"think: {quoted(asked.model)} does not support thinking", param="think")
-        answer = _Answer(chat, asked.model, request.url.path, requests.log, tools, job.prefill, job.thinking)
+        answer = _Answer(
+            chat, asked.model, request.url.path, requests.log, piece, tools, job.prefill, job.thinking
+        )
         ticket = requests.submit(job)
         seed = job.generation.sampling.seed
         if asked.stream is not False:
