@@ -339,6 +339,20 @@ def test_a_constant_nan_or_number_past_a_floats_range_is_a_400_not_an_answer_of_
     )
 
 
+def test_json_object_with_llama_servers_schema_and_json_schema_without_one_are_taken(server: Server) -> None:
+    """llama-server's ``{"type": "json_object", "schema": {...}}`` binds the answer to its schema (it was
+    ignored: any object came back), and a ``json_schema`` with no ``schema`` (OpenAI's field is optional;
+    llama-server reads none as ``{}``) is any JSON value, as a schema ``{}`` is (it was a 400)."""
+    body = {"messages": HI, "max_tokens": 20, "temperature": 0}
+    digit = {"type": "integer", "minimum": 1, "maximum": 9}
+    choice = chat(server, **body, response_format={"type": "json_object", "schema": digit})["choices"][0]
+    assert choice["finish_reason"] == "stop" and json.loads(choice["message"]["content"]) in range(1, 10)
+    unnamed = chat(server, **body, response_format={"type": "json_schema", "json_schema": {"name": "any"}})
+    empty = chat(server, **body, response_format=schema_named({}, strict=False))
+    assert unnamed["choices"][0]["message"] == empty["choices"][0]["message"]
+    json.loads(unnamed["choices"][0]["message"]["content"], strict=False)
+
+
 def test_an_array_of_any_items_or_of_none_is_held(server: Server) -> None:
     """``items: {}`` (any item: pydantic's ``list[Any]``) and ``items: false`` (no item) were a 400 in
     Python's words ("'prefixItems'"): the converter took an empty or false ``items`` for none given."""

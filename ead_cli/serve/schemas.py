@@ -266,7 +266,8 @@ class JsonSchema(BaseModel):
 
     name: Annotated[str, Field(max_length=64)] | None = None
     description: str | None = None
-    json_schema: dict[str, Any] = Field(alias="schema")
+    # OpenAI's is optional, and llama-server reads none as {}: any JSON value
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
@@ -529,26 +530,34 @@ def _check_strict(schema: dict[str, Any]) -> None:
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None
+    object_schema: dict[str, Any] | None = Field(None, alias="schema")  # llama-server's, of a json_object
 
     def grammar(self) -> str | None:
         """The GBNF grammar every token must keep the answer within (None: free text)."""
         if self.type == "text":
             return None
         if self.type == "json_object":
-            return JSON_GBNF
+            if self.object_schema is None:
+                return JSON_GBNF
+            return _schema_grammar(self.object_schema, "response_format.schema")
         if self.json_schema is None:
             message = "response_format: json_schema needs its json_schema object"
             raise ApiError(400, message, code="invalid_value", param="response_format")
         if self.json_schema.strict:
             _check_strict(self.json_schema.json_schema)
-        try:
-            return json_schema_grammar(self.json_schema.json_schema, "response_format.json_schema.schema")
-        except EadError as error:
-            raise ApiError(400, str(error), code="invalid_value", param="response_format") from None
+        return _schema_grammar(self.json_schema.json_schema, SCHEMA_PATH)
+
+
+def _schema_grammar(schema: dict[str, Any], where: str) -> str:
+    """A schema's grammar, or the 400 saying why it cannot be one."""
+    try:
+        return json_schema_grammar(schema, where)
+    except EadError as error:
+        raise ApiError(400, str(error), code="invalid_value", param="response_format") from None
 
 
 class StreamOptions(BaseModel):
