@@ -62,8 +62,31 @@ def test_text_completion_logprobs(server: Server) -> None:
     logprobs = reply["choices"][0]["logprobs"]
     assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 8
     assert logprobs["text_offset"] == sorted(logprobs["text_offset"]) and logprobs["text_offset"][0] == 0
-    assert all(len(top) == 2 and max(top.values()) <= 0 for top in logprobs["top_logprobs"])
+    assert all(len(top) in (2, 3) and max(top.values()) <= 0 for top in logprobs["top_logprobs"])
     assert all(lp <= 0 for lp in logprobs["token_logprobs"])
+
+
+def test_text_completion_top_logprobs_always_hold_the_token_drawn(server: Server) -> None:
+    """OpenAI's legacy ``logprobs: N`` lists the N likeliest and always the token drawn, up to N + 1 (a
+    client reading a row's best, ``max(top, key=top.get)``, met an empty row at ``logprobs: 0``, and a
+    sampled token past the N was missing): each row holds its token with its logprob, whole and streamed."""
+    for asked, sampling in ((0, {"temperature": 0}), (1, {"temperature": 2, "seed": 4})):
+        body = {"prompt": "def fib(n):", "max_tokens": 24, "logprobs": asked, **sampling}
+        whole = httpx.post(f"{server.base_url}/completions", json=body, headers=JSON, timeout=60).json()
+        logprobs = whole["choices"][0]["logprobs"]
+        columns = (logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"])
+        rows = list(zip(*columns, strict=True))
+        assert len(rows) == 24 and all(top[name] == value for name, value, top in rows), rows
+        assert all(len(top) in (asked, asked + 1) for _, _, top in rows)
+        streamed = [
+            chunk.choices[0].logprobs.top_logprobs
+            for chunk in openai.OpenAI(base_url=server.base_url, api_key="x").completions.create(
+                model="ead", stream=True, **body
+            )
+            if chunk.choices and chunk.choices[0].logprobs
+        ]
+        assert [row for rows in streamed for row in rows] == logprobs["top_logprobs"]
+    assert any(len(top) == 2 for _, _, top in rows)  # a token drawn past the likeliest did arise
 
 
 def _named_bytes(name: str) -> bytes:
@@ -82,7 +105,7 @@ def test_text_completion_logprobs_name_each_token_apart(server: Server) -> None:
     body = {"prompt": "def fib(n):", "max_tokens": 24, "temperature": 1, "seed": 5, "logprobs": 20}
     reply = httpx.post(f"{server.base_url}/completions", json=body, headers=JSON, timeout=60).json()
     logprobs = reply["choices"][0]["logprobs"]
-    assert all(len(top) == 20 for top in logprobs["top_logprobs"])
+    assert all(len(top) in (20, 21) for top in logprobs["top_logprobs"])  # 21: the token drawn past them
     names = [name for top in logprobs["top_logprobs"] for name in top]
     assert any(name.startswith("bytes:") for name in names)  # the case this is about did arise
     for name in names:

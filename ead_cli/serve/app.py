@@ -1634,9 +1634,17 @@ class _Reply:
         return {
             "tokens": [self._legacy_name(event.token) for event, _, _ in scored],
             "token_logprobs": [scores.logprob for _, scores, _ in scored],
-            "top_logprobs": [{self._legacy_name(t): lp for t, lp in scores.top} for _, scores, _ in scored],
+            "top_logprobs": [self._legacy_top(event.token, scores) for event, scores, _ in scored],
             "text_offset": [start for _, _, start in scored],
         }
+
+    def _legacy_top(self, token: int, scores: Logprobs) -> dict[str, float]:
+        """A text completion's row of alternatives: the N likeliest, and the token drawn where it is not
+        among them, as OpenAI lists up to N + 1 ("always the logprob of the sampled token"): a client
+        reading a row's best met an empty row at ``logprobs: 0``."""
+        top = {self._legacy_name(alternative): logprob for alternative, logprob in scores.top}
+        top.setdefault(self._legacy_name(token), scores.logprob)
+        return top
 
     def _legacy_name(self, token: int) -> str:
         """A token as a text completion's logprobs name it, a key of ``top_logprobs``: its text; where its
