@@ -1,6 +1,8 @@
-"""ead-cli on the oldest releases its pyproject.toml declares it works with: a lower bound that lies (typer
-0.28 beside ``typer>=0.12``, kept by pip where a Python had it already) had every ``ead`` command end in a
-traceback on a user's machine; here a newer API used fails the suite instead.
+"""ead-cli on the oldest releases its pyproject.toml declares it works with, on the oldest Python it declares
+where one is installed: a lower bound that lies (typer 0.28 beside ``typer>=0.12``, kept by pip where a
+Python had it already) had every ``ead`` command end in a traceback on a user's machine; here a newer API
+used fails the suite instead. The suite's own Python is newer (3.11 here), where a name new in its standard
+library passes.
 
 The venv installs from the package index as set-up does (with pip's cache warm, about 30 s here), and
 borrows this suite's llama-cpp-python build (pinned, not bounded) rather than compiling it again."""
@@ -17,10 +19,12 @@ import httpx
 import llama_cpp
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from serve_process import Server
 from test_cli import pair_args
 from test_registry import _Hub, models_dir  # noqa: F401  (every cache in tmp_path)
+from test_scripts import installed_python
 from test_serve import http_server
 
 from ead_cli.registry import tomllib  # tomli before Python 3.11
@@ -30,21 +34,37 @@ JSONL = ["--max-tokens", "12", "--format", "jsonl", "hi"]  # an answer's tokens,
 EXTRAS = ("serve",)  # plot's matplotlib and test's tools run in no test here
 
 
-def declared_requirements() -> list[Requirement]:
-    """pyproject.toml's run-time requirements and those of ``EXTRAS`` that apply to this Python."""
+def project() -> dict:
     with open(ROOT / "pyproject.toml", "rb") as handle:
-        project = tomllib.load(handle)["project"]
-    lines = project["dependencies"] + [
-        line for extra in EXTRAS for line in project["optional-dependencies"][extra]
+        return tomllib.load(handle)["project"]
+
+
+def python_version(python: Path | str) -> str:
+    """The full version of ``python`` ("3.10.13")."""
+    probe = "import platform; print(platform.python_version())"
+    return subprocess.check_output([python, "-c", probe], text=True, timeout=60).strip()
+
+
+def declared_requirements(venv: Path) -> list[Requirement]:
+    """pyproject.toml's run-time requirements and those of ``EXTRAS`` that apply to the venv's Python
+    (tomli before 3.11)."""
+    table = project()
+    lines = table["dependencies"] + [
+        line for extra in EXTRAS for line in table["optional-dependencies"][extra]
     ]
+    version = python_version(venv / "bin" / "python")
+    python = {"python_full_version": version, "python_version": ".".join(version.split(".")[:2])}
     requirements = [Requirement(line) for line in lines]
-    return [r for r in requirements if r.marker is None or r.marker.evaluate()]
+    return [r for r in requirements if r.marker is None or r.marker.evaluate(python)]
 
 
-def lowest(requirement: Requirement) -> Version:
-    """The oldest version ``requirement`` allows: its ``>=`` or ``==`` bound (each of ead's has one)."""
-    (bound,) = [spec.version for spec in requirement.specifier if spec.operator in (">=", "==")]
+def lowest(specifier: SpecifierSet) -> Version:
+    """The oldest version ``specifier`` allows: its ``>=`` or ``==`` bound (each of ead's has one)."""
+    (bound,) = [spec.version for spec in specifier if spec.operator in (">=", "==")]
     return Version(bound)
+
+
+OLDEST_PYTHON = str(lowest(SpecifierSet(project()["requires-python"])))  # "3.10"
 
 
 def canonical(name: str) -> str:
@@ -53,11 +73,14 @@ def canonical(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def lowest_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with ead-cli and every declared requirement at its lower bound; its llama-cpp-python is this
-    suite's (the package and its metadata, reached through a ``.pth``: pip sees the pin met)."""
+    """A venv with ead-cli and every declared requirement at its lower bound, on the oldest Python declared
+    where one is installed (else this suite's); its llama-cpp-python is this suite's (the package and its
+    metadata, reached through a ``.pth``: pip sees the pin met; its library is loaded by ctypes, so any
+    Python 3 loads it)."""
     work = tmp_path_factory.mktemp("lowest")
     venv = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    base = installed_python(OLDEST_PYTHON) or sys.executable
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     site = Path(
         subprocess.check_output(
@@ -72,7 +95,7 @@ def lowest_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (borrowed / dist_info.name).symlink_to(dist_info)
     (site / "borrowed_llama_cpp.pth").write_text(f"{borrowed}\n")
     constraints = work / "lowest.txt"
-    constraints.write_text("".join(f"{r.name}=={lowest(r)}\n" for r in declared_requirements()))
+    constraints.write_text("".join(f"{r.name}=={lowest(r.specifier)}\n" for r in declared_requirements(venv)))
     install = [
         python,
         "-m",
@@ -94,8 +117,26 @@ def test_the_venv_holds_each_declared_lower_bound(lowest_venv: Path) -> None:
         [lowest_venv / "bin" / "python", "-m", "pip", "list", "--format", "json"], text=True
     )
     installed = {canonical(d["name"]): Version(d["version"]) for d in json.loads(listed)}
-    wanted = {canonical(r.name): lowest(r) for r in declared_requirements()}
+    wanted = {canonical(r.name): lowest(r.specifier) for r in declared_requirements(lowest_venv)}
     assert {name: installed.get(name) for name in wanted} == wanted
+
+
+def test_the_venv_runs_the_oldest_python_declared(lowest_venv: Path) -> None:
+    """requires-python's floor, where one is installed: every module of ead_cli imports on it (a name from
+    a newer standard library fails here; the tests below run the commands)."""
+    oldest = installed_python(OLDEST_PYTHON)
+    if oldest is None:
+        pytest.skip(f"no Python {OLDEST_PYTHON} here (on PATH or pyenv's): the venv runs this suite's")
+    python = lowest_venv / "bin" / "python"
+    assert python_version(python) == python_version(oldest)
+    walk = (
+        "import importlib, pkgutil, ead_cli\n"
+        "for module in pkgutil.walk_packages(ead_cli.__path__, 'ead_cli.'):\n"
+        "    if not module.name.endswith('__main__'):\n"
+        "        importlib.import_module(module.name)\n"
+    )
+    imported = subprocess.run([python, "-c", walk], capture_output=True, text=True, timeout=120)
+    assert imported.returncode == 0, imported.stderr
 
 
 def tokens_written(ead: Path, command: list[str], env: dict[str, str]) -> list[tuple[int, object]]:

@@ -92,13 +92,18 @@ def test_setup_remakes_a_venv_whose_python_is_gone(tmp_path: Path) -> None:
     assert subprocess.run([python, "-c", ""], timeout=60).returncode == 0
 
 
-def older_python() -> str | None:
-    """A Python older than ead-cli's 3.10 (on PATH or pyenv's), to make a .venv of another project with."""
-    pyenv = sorted(str(p) for p in (Path.home() / ".pyenv" / "versions").glob("3.[89].*/bin/python3"))
-    for found in [shutil.which("python3.9"), shutil.which("python3.8"), *pyenv]:
+def installed_python(version: str) -> str | None:
+    """A Python ``version`` ("3.10") that runs here, on PATH or pyenv's; None where there is none."""
+    pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+    for found in [shutil.which(f"python{version}"), *map(str, pyenv)]:
         if found and subprocess.run([found, "-c", ""], capture_output=True, timeout=60).returncode == 0:
             return found
     return None
+
+
+def older_python() -> str | None:
+    """A Python older than ead-cli's 3.10, to make a .venv of another project with."""
+    return installed_python("3.9") or installed_python("3.8")
 
 
 def test_setup_remakes_a_venv_of_an_older_python(tmp_path: Path) -> None:
