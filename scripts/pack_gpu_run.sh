@@ -58,14 +58,15 @@ echo "wheels..." >&2
 # ead-cli's dependencies and llama-cpp-python's, read from the two pyproject files; the build backends.
 requirements=$("$py" - "$src/pyproject.toml" <<'EOF'
 import sys
-import tomllib
+
+from ead_cli.registry import tomllib  # tomli before Python 3.11
 
 skip = ("llama-cpp-python", "numpy")
 deps = []
 for path in ("pyproject.toml", sys.argv[1]):
     with open(path, "rb") as handle:
         deps += tomllib.load(handle)["project"]["dependencies"]
-deps = [d for d in deps if not d.replace("_", "-").lower().startswith(skip) and "python_version <" not in d]
+deps = [d for d in deps if not d.replace("_", "-").lower().startswith(skip)]
 print("\n".join([*deps, "scikit-build-core>=0.9.2", "hatchling>=1.21", "pip"]))
 EOF
 )
