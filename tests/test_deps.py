@@ -4,7 +4,7 @@ Python had it already) had every ``ead`` command end in a traceback on a user's 
 used fails the suite instead. The suite's own Python is newer (3.11 here), where a name new in its standard
 library passes.
 
-The venv installs from the package index as set-up does (with pip's cache warm, about 30 s here), and
+The venv installs from the package index as set-up does (with pip's cache warm, about 20 s here), and
 borrows this suite's llama-cpp-python build (pinned, not bounded) rather than compiling it again."""
 
 from __future__ import annotations
