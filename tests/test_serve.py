@@ -1115,6 +1115,9 @@ def test_a_question_in_a_right_to_left_script_reads_right_to_left(
             browser.call("Input.insertText", text=questions[0])  # typed: the box turns right to left
             assert browser.evaluate("getComputedStyle(document.getElementById('prompt')).direction") == "rtl"
             for turn, question in enumerate(questions, 1):
+                # the figures come with the last chunk, Send back once the stream closes: an Enter between
+                # them sends nothing (one answer at a time), which a loaded machine had hit
+                browser.wait_for("!document.getElementById('send').disabled")
                 browser.evaluate(f"{PRESS_ENTER}({json.dumps(question)})")
                 browser.wait_for(f"document.querySelectorAll('.figures')[{turn - 1}]?.textContent")
             directions = browser.evaluate(
