@@ -598,6 +598,25 @@ def tags_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
+def assert_one_bound_pick(client: openai.OpenAI, request: dict) -> None:
+    """The answer is one call of ``pick`` whose arguments its schema allows (an enum's value, an integer),
+    and the streamed answer the same call, with no text beside it."""
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    (call,) = whole.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "pick" and set(arguments) == {"colour", "count"}
+    assert arguments["colour"] in ("red", "green") and type(arguments["count"]) is int
+    with client.chat.completions.stream(**request) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0]
+    assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_calls_arguments_are_bound_by_its_schema_as_llama_servers(tags_server: Server, seed: int) -> None:
     """From the <tool_call> token on, a grammar binds the answer to calls of the tools offered, their
@@ -618,20 +637,7 @@ def test_a_calls_arguments_are_bound_by_its_schema_as_llama_servers(tags_server:
         "seed": seed,
         "max_tokens": 200,
     }
-    whole = client.chat.completions.create(**request).choices[0]
-    assert whole.finish_reason == "tool_calls", whole
-    (call,) = whole.message.tool_calls
-    arguments = json.loads(call.function.arguments)
-    assert call.function.name == "pick" and set(arguments) == {"colour", "count"}
-    assert arguments["colour"] in ("red", "green") and type(arguments["count"]) is int
-    with client.chat.completions.stream(**request) as stream:
-        for _ in stream:
-            pass
-        streamed = stream.get_final_completion().choices[0]
-    assert streamed.finish_reason == "tool_calls"
-    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
-        (call.function.name, call.function.arguments)
-    ]
+    assert_one_bound_pick(client, request)
 
 
 # After a prefill that ends inside the tool's name ('{"name": "pi'), a bigram script draws its end (the
@@ -676,20 +682,7 @@ def test_a_bare_calls_arguments_are_bound_once_it_names_a_tool(bare_server: Serv
         "seed": seed,
         "max_tokens": 200,
     }
-    whole = client.chat.completions.create(**request).choices[0]
-    assert whole.finish_reason == "tool_calls", whole
-    (call,) = whole.message.tool_calls
-    arguments = json.loads(call.function.arguments)
-    assert call.function.name == "pick" and set(arguments) == {"colour", "count"}
-    assert arguments["colour"] in ("red", "green") and type(arguments["count"]) is int
-    with client.chat.completions.stream(**request) as stream:
-        for _ in stream:
-            pass
-        streamed = stream.get_final_completion().choices[0]
-    assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
-    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
-        (call.function.name, call.function.arguments)
-    ]
+    assert_one_bound_pick(client, request)
 
 
 LONG_NOTE = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 5000}}}
