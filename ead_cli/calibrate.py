@@ -102,16 +102,22 @@ def calibrated_policies(names: Sequence[str], given: dict[str, Any]) -> list[Pol
     ]
 
 
-def split_prompts(domain: str, file_prompts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+def split_prompts(
+    domain: str, file_prompts: Sequence[str] | None = None, *, check: bool = True
+) -> tuple[list[str], list[str]]:
     """(calibration prompts, held-out prompts): a file's prompts alternate (blank lines skipped, so not
-    its line numbers); built-ins split each domain."""
+    its line numbers); built-ins split each domain. Unchecked (``check`` False) none is held out: a prompt
+    kept for a check that never runs would only leave the calibration fewer answers."""
+    if domain not in DOMAINS:
+        raise EadError(f"--domain must be one of {', '.join(DOMAINS)}, got {quoted(domain)}", exit_code=2)
+    domains = list(PROMPTS) if domain == "all" else [domain]
+    if not check:
+        every = file_prompts if file_prompts is not None else [p for d in domains for p in PROMPTS[d]]
+        return list(every), []
     if file_prompts is not None:
         if len(file_prompts) < 2:
             raise EadError("calibration needs at least 2 prompts (half to calibrate, half to check)", 2)
         return list(file_prompts[::2]), list(file_prompts[1::2])
-    if domain not in DOMAINS:
-        raise EadError(f"--domain must be one of {', '.join(DOMAINS)}, got {quoted(domain)}", exit_code=2)
-    domains = list(PROMPTS) if domain == "all" else [domain]
     calibrate = [p for d in domains for p in PROMPTS[d][: len(PROMPTS[d]) // 2]]
     held_out = [p for d in domains for p in PROMPTS[d][len(PROMPTS[d]) // 2 :]]
     return calibrate, held_out

@@ -166,7 +166,7 @@ def test_a_policy_that_cannot_be_calibrated_leaves_the_others_shown_and_saved(
     assert rows == ["gate"]
     errors = [line for line in result.stderr.decode().splitlines() if line.startswith("error: ")]
     assert errors == [
-        "error: the ead policy hands the large model no token at any tau over 6 answer tokens: "
+        "error: the ead policy hands the large model no token at any tau over 12 answer tokens: "
         "calibrate on longer answers (--max-tokens) or more prompts"
     ]
     saved = json.loads(config.read_text())[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
@@ -297,7 +297,8 @@ def test_a_prompt_too_long_for_the_context_is_named_before_any_answer_runs(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A held-out line too long for the context had failed only after the calibration answers ran,
-    as '600 tokens do not fit the context of 256 tokens', naming no prompt; unchecked, it is not read."""
+    as '600 tokens do not fit the context of 256 tokens', naming no prompt; unchecked, it calibrates, and
+    is named as a calibration prompt."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Write a function.\n" + "x" * 600 + "\n")
     args = ["calibrate", *pair_args(tiny_pair), "--prompts", str(prompts), "--ctx", "256", "--policy", "gate"]
@@ -308,7 +309,8 @@ def test_a_prompt_too_long_for_the_context_is_named_before_any_answer_runs(
         r"prompt\)",
         error,
     ), error
-    assert ead(*args, "--no-check").returncode == 0
+    unchecked = assert_one_line_error(ead(*args, "--no-check"), 2)
+    assert unchecked.startswith("error: calibration prompt 2 ('xxx"), unchecked
 
 
 def test_one_prompt_a_side_is_said_in_the_singular(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
@@ -322,6 +324,25 @@ def test_one_prompt_a_side_is_said_in_the_singular(tiny_pair: tuple[Path, Path],
     lines = result.stderr.decode().splitlines()
     assert lines[0] == "the small model answers 1 calibration prompt"
     assert re.fullmatch(r"checking gate at tau \d+\.\d{3} on 1 held-out prompt", lines[1]), lines
+
+
+def test_unchecked_every_prompt_calibrates(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """--no-check holds no prompt out, as nothing is checked: every prompt of a file calibrates (the 2nd,
+    4th... had been dropped unsaid, and a file of one prompt refused as needing one to check), and so do
+    every domain's built-in ones."""
+    assert calibration.split_prompts("all", ["a", "b", "c"], check=False) == (["a", "b", "c"], [])
+    assert calibration.split_prompts("all", ["only one"], check=False) == (["only one"], [])
+    assert calibration.split_prompts("code", check=False) == (list(calibration.PROMPTS["code"]), [])
+    prompts = tmp_path / "prompts.txt"
+    args = ["calibrate", *pair_args(tiny_pair), "--prompts", str(prompts), "--max-tokens", "20"]
+    for written, said in (("a\nb\nc\n", "3 calibration prompts"), ("A poem.\n", "1 calibration prompt")):
+        prompts.write_text(written)
+        result = ead(*args, "--policy", "gate", "--no-check")
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.decode().splitlines()[0] == f"the small model answers {said}"
+        assert re.match(r"gate +\d+\.\d{3} ", result.stdout.decode().splitlines()[1])
+    # checked, a prompt is still held out for the check
+    assert_one_line_error(ead(*args, "--policy", "gate"), 2, "at least 2 prompts")
 
 
 @pytest.mark.parametrize(

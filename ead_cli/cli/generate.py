@@ -421,7 +421,7 @@ def calibrate(
         Path | None,
         typer.Option(
             help="A prompt file instead (one per line, blank lines skipped, or .jsonl): the 1st, 3rd... "
-            "calibrate, the 2nd, 4th... check.",
+            "calibrate, the 2nd, 4th... check (--no-check: all calibrate).",
             parser=given_path,
         ),
     ] = None,
@@ -430,7 +430,7 @@ def calibrate(
         bool,
         typer.Option(
             help="Check the prediction with real runs of the pair on the held-out prompts (--no-check: the "
-            "small model alone answers, and alone loads)."
+            "small model alone answers every prompt, none held out, and alone loads)."
         ),
     ] = True,
     save: Annotated[
@@ -456,7 +456,7 @@ def calibrate(
     if prompts and domain is not None:  # the file's prompts replace the built-in ones: it went unused
         raise EadError("--domain picks built-in prompts, which --prompts replaces: give one of them", 2)
     file_prompts = load_prompts(prompts, None) if prompts else None
-    split = calibration.split_prompts("all" if domain is None else domain, file_prompts)
+    split = calibration.split_prompts("all" if domain is None else domain, file_prompts, check=check)
     names = list(dict.fromkeys(p.value for p in policy or [PolicyName.gate, PolicyName.ead]))
     policies = calibration.calibrated_policies(names, rule_settings)
     saving = calibration.check_saving() if save else None
