@@ -326,6 +326,25 @@ def test_thinking_options_for_a_model_that_does_not_think_are_said_unused(
     assert said == [f"{unused} unused"]
 
 
+def test_hide_thinking_with_json_lines_is_said_unused(tiny_think_pair: tuple[Path, Path]) -> None:
+    """--format jsonl writes every token, the thinking's too, as it writes them all: --hide-thinking,
+    which only the text hides by, had been dropped there without a word. Said in generate's one note; the
+    lines are those written without it."""
+    args = [*pair_args(tiny_think_pair), "--tau", "3", "-n", "32", "--logit-bias", f"{CLOSE_ID}+5", "hi"]
+
+    def run(*options: str) -> tuple[list[dict], list[str]]:
+        done = ead("generate", *args, "--format", "jsonl", *options)
+        assert done.returncode == 0, done.stderr
+        events = [event for event in map(json.loads, done.stdout.splitlines()) if event["type"] == "token"]
+        return events, [line for line in done.stderr.decode().splitlines() if line.startswith("note:")]
+
+    hidden, notes = run("--hide-thinking")
+    assert notes == ["note: --format jsonl (every token, the thinking's too) leaves --hide-thinking unused"]
+    shown, none = run()
+    assert hidden == shown and none == []
+    assert "</think>" in [event["text"] for event in shown]
+
+
 def tokens_written(pair: tuple[Path, Path], *options: str) -> list[dict]:
     """`ead generate --format jsonl`'s token events for ``generate``'s prompt."""
     lines = generate(pair, "--format", "jsonl", *options).splitlines()

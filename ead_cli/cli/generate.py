@@ -142,6 +142,8 @@ def generate(
         unused = unused_options(
             model_options, policy_options, generation, runners, settled=True, hide_thinking=hide_thinking
         )
+        if hide_thinking and output_format is OutputFormat.jsonl:  # only the text renderer hides
+            unused.setdefault("--hide-thinking", "--format jsonl (every token, the thinking's too)")
         _say_unused(unused, "--mode ead")
         if output_format is OutputFormat.jsonl:
             renderer: TextRenderer | JsonlRenderer = JsonlRenderer(sys.stdout)
