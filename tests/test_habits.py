@@ -432,6 +432,25 @@ def test_a_json_schema_is_met_by_the_answer(tiny_pair: tuple[Path, Path], tmp_pa
     assert json.loads(answers.pop()) in ("yes", "no")
 
 
+def test_a_grammar_or_schema_file_named_dash_is_read_from_stdin(tiny_pair: tuple[Path, Path]) -> None:
+    """'-' reads stdin for --grammar-file and -jf as for -f (it had been looked for as a file named '-':
+    'No such file or directory'), the prompt then given as an argument; stdin read for both the prompt and
+    the grammar is one line, before any model loads."""
+    base = ["generate", *pair_args(tiny_pair), "--tau", "4", "--max-tokens", "12"]
+    piped = ead(*base, "--format", "jsonl", "--grammar-file", "-", "hi", stdin=LETTERS)
+    assert piped.returncode == 0, piped.stderr
+    tokens = [json.loads(line) for line in piped.stdout.decode().splitlines()[:-1]]
+    assert tokens == answer_tokens(*base[1:], "--grammar", LETTERS, "hi")
+    schema = ead(*base, "-jf", "-", "hi", stdin='{"enum": ["yes", "no"]}')
+    assert schema.returncode == 0, schema.stderr
+    assert json.loads(schema.stdout) in ("yes", "no")
+    for prompt in ([], ["-"], ["-f", "-"]):
+        for option in ("--grammar-file", "-jf"):
+            result = ead(*base, option, "-", *prompt, stdin=LETTERS)
+            both = "the prompt and the grammar both read stdin: give one of them another way"
+            assert_one_line_error(result, 2, both)
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -45,6 +45,7 @@ from .groups import (
     Suffix,
     System,
     given_path,
+    prompt_on_stdin,
     read_grammar,
     read_prompt,
     read_stops,
@@ -106,9 +107,10 @@ def generate(
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
     if suffix is not None and system:
         raise EadError("--system needs the chat template, which --suffix leaves out (fill-in-the-middle)", 2)
+    on_stdin = prompt_on_stdin(prompt, prompt_option, prompt_file)
+    bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file, prompt_on_stdin=on_stdin)
     text = read_prompt(prompt, prompt_option, prompt_file)
     stops = read_stops(stop)
-    bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file)
     check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=stops)

@@ -414,7 +414,8 @@ Grammar = Annotated[
     ),
 ]
 GrammarFile = Annotated[
-    Path | None, typer.Option("--grammar-file", help="The grammar, from this file.", parser=given_path)
+    Path | None,
+    typer.Option("--grammar-file", help="The grammar, from this file ('-': stdin).", parser=given_path),
 ]
 JsonSchema = Annotated[
     str | None,
@@ -428,18 +429,26 @@ JsonSchema = Annotated[
 ]
 JsonSchemaFile = Annotated[
     Path | None,
-    typer.Option("--json-schema-file", "-jf", help="The JSON schema, from this file.", parser=given_path),
+    typer.Option(
+        "--json-schema-file", "-jf", help="The JSON schema, from this file ('-': stdin).", parser=given_path
+    ),
 ]
 # What each file option's file holds, as a refusal to read it names it
 _FILE_HOLDS = {"--grammar-file": "the grammar", "--json-schema-file": "the JSON schema"}
 
 
 def read_grammar(
-    grammar: str | None, grammar_file: Path | None, schema: str | None, schema_file: Path | None
+    grammar: str | None,
+    grammar_file: Path | None,
+    schema: str | None,
+    schema_file: Path | None,
+    *,
+    prompt_on_stdin: bool,
 ) -> tuple[str, str] | None:
     """The grammar the answer keeps within and the option that gave it, or None: a GBNF text, or a JSON
     schema's grammar written as ead serve's JSON mode writes it. Given two ways it is refused: which one
-    was meant is unknown."""
+    was meant is unknown. A file named '-' is stdin, as --file's is, unless the prompt reads it
+    (``prompt_on_stdin``): one input cannot hold both."""
     ways = {
         "--grammar": grammar,
         "--grammar-file": grammar_file,
@@ -452,7 +461,14 @@ def read_grammar(
     if not given:
         return None
     option, value = given[0], ways[given[0]]
-    if isinstance(value, Path):
+    if isinstance(value, Path) and str(value) == "-":
+        if prompt_on_stdin:
+            message = "the prompt and the grammar both read stdin: give one of them another way"
+            raise EadError(message, exit_code=2)
+        if sys.stdin is None:  # the shell closed it (<&-)
+            raise EadError(f"{option} -: stdin is closed", exit_code=2)
+        value = _read_text(sys.stdin.buffer, f"{_FILE_HOLDS[option]} on stdin")
+    elif isinstance(value, Path):
         value = _read_text(value, f"{_FILE_HOLDS[option]} file {shown_path(value)}")
     if not str(value).strip():
         raise EadError(f"{option} is empty", exit_code=2)
@@ -494,6 +510,12 @@ def read_stops(stop: list[str] | None) -> tuple[str, ...]:
             raise EadError("--stop is empty: a stop string needs a character at least", exit_code=2)
         check_text(string, "the stop string")
     return tuple(stop or ())
+
+
+def prompt_on_stdin(prompt: str | None, option: str | None, file: Path | None) -> bool:
+    """Whether ``read_prompt`` reads stdin: '-', or no prompt given."""
+    given = [value for value in (prompt, option, file) if value is not None]
+    return not given or str(given[0]) == "-"
 
 
 def read_prompt(prompt: str | None, option: str | None, file: Path | None) -> str:
