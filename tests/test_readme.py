@@ -69,9 +69,12 @@ def help_text(path: tuple[str, ...]) -> str:
 
 
 def subcommands(help_output: str) -> set[str]:
-    """The names in a group's Commands panel."""
+    """The names in a group's Commands panel: the words at its first column, not those that start a
+    wrapped line of a description (deeper in), which had passed ``ead large`` for a subcommand."""
     section = help_output.partition("Commands")[2]
-    return {m[1] for m in re.finditer(r"^[│|]?\s+([a-z][a-z-]*)\s", section, re.M)}
+    rows = re.findall(r"^([│|]?\s+)([a-z][a-z-]*)\s", section, re.M)
+    first_column = min((len(indent) for indent, _ in rows), default=0)
+    return {name for indent, name in rows if len(indent) == first_column}
 
 
 def problems(argv: list[str]) -> list[str]:
@@ -119,6 +122,8 @@ def test_the_check_catches_what_does_not_exist() -> None:
         "'ead generate' has no option --no-such-option"
     ]
     assert problems(["models", "frobnicate"]) == ["'ead models frobnicate': no such subcommand"]
+    # a word that starts a wrapped line of a command's help ("large model by entropy") is no subcommand
+    assert problems(["large", "--tau", "1"]) == ["'ead large': no such subcommand"]
     assert problems(["models", "list", "--strategies", "x"]) == [
         "'ead models list' has no option --strategies"
     ]
