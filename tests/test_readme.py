@@ -1,7 +1,8 @@
 """The README's commands stay honest: each ``ead ...`` line in the code blocks of the README and the docs/
-pages names a real subcommand and only options that subcommand's ``--help`` lists (read from the real
-CLI); every relative link of the README and the docs/ pages names a file that exists, and its anchor a
-heading there; every repository file they name in code (a script, a test, a result) exists."""
+pages, and each ``ead ...`` command in their prose's inline code, names a real subcommand and only options
+that subcommand's ``--help`` lists (read from the real CLI); every relative link of the README and the
+docs/ pages names a file that exists, and its anchor a heading there; every repository file they name in
+code (a script, a test, a result) exists."""
 
 from __future__ import annotations
 
@@ -140,6 +141,46 @@ def test_the_check_catches_what_does_not_exist() -> None:
     ]
     indented = "Prose.\n\n    ead bench speed --small a \\\n      --json x.json\n\n    ead --version\n\nOn.\n"
     assert shown_commands(indented) == [["bench", "speed", "--small", "a", "--json", "x.json"], ["--version"]]
+
+
+INLINE_COMMAND = re.compile(r"`((?:ead|python -m ead_cli) [^`]*)`")
+
+
+def inline_commands(text: str) -> list[list[str]]:
+    """Each command the text's prose shows in inline code (outside blocks and comments), as argv after
+    the program name: a span that starts with ``ead`` and goes on with a subcommand or an option. Other
+    spans that start so are names, not commands (a strategy's ``ead tau=0.5``, a source's ``ead cache``,
+    ollama's ``ead run`` told apart); one wrapped over lines is joined."""
+    top = subcommands(help_text(()))
+    prose = FENCED.sub("", HTML_COMMENT.sub("", text))
+    commands = []
+    for span in INLINE_COMMAND.findall(prose):
+        for argv in shown_commands(f"```\n{' '.join(span.split())}\n```\n"):
+            if argv and (argv[0] in top or argv[0].startswith("-")):
+                commands.append(argv)
+    return commands
+
+
+def test_inline_command_parses() -> None:
+    """The commands the README and the docs show in their prose name real subcommands and options, as
+    those in their code blocks do: most of a page's commands are inline."""
+    shown = [(page, argv) for page in PAGES for argv in inline_commands(page.read_text())]
+    assert len(shown) >= 200
+    assert [f"{page.name}: {problem}" for page, argv in shown for problem in problems(argv)] == []
+
+
+def test_the_inline_check_catches_what_does_not_exist() -> None:
+    """The check must be able to fail: an option gone, in a span of one line or wrapped over two."""
+    text = (
+        "Run `ead generate --gone 1 hi`, or `ead bench\nspeed --small a --also-gone`; `ead tau=0.5` and\n"
+        "`ead cache` are names, `--policy ead --window 3` no command.\n```bash\nead chat --in-block\n```\n"
+    )
+    commands = inline_commands(text)
+    assert commands == [["generate", "--gone", "1", "hi"], ["bench", "speed", "--small", "a", "--also-gone"]]
+    assert [problem for argv in commands for problem in problems(argv)] == [
+        "'ead generate' has no option --gone",
+        "'ead bench speed' has no option --also-gone",
+    ]
 
 
 def anchors(text: str) -> set[str]:
