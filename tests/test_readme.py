@@ -102,6 +102,11 @@ def problems(argv: list[str]) -> list[str]:
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def test_readme_stays_short() -> None:
+    """The README is read whole: at most 250 lines, the details on the docs/ pages it links to."""
+    assert len(README.read_text().splitlines()) <= 250
+
+
 def test_readme_has_commands_to_check() -> None:
     commands = shown_commands(README.read_text())
     assert len(commands) >= 10
