@@ -1,12 +1,14 @@
 """The README's commands stay honest: each ``ead ...`` line in the code blocks of the README and the docs/
 pages, and each ``ead ...`` command in their prose's inline code, names a real subcommand and only options
-that subcommand's ``--help`` lists (read from the real CLI); every relative link of the README and the
-docs/ pages names a file that exists, and its anchor a heading there; every repository file they name in
-code (a script, a test, a result) exists."""
+that subcommand's ``--help`` lists (read from the real CLI), each with a value among those its help names
+(``--mode ead|small|large|spec``); every relative link of the README and the docs/ pages names a file that
+exists, and its anchor a heading there; every repository file they name in code (a script, a test, a
+result) exists."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 import shlex
@@ -78,8 +80,39 @@ def subcommands(help_output: str) -> set[str]:
     return {name for indent, name in rows if len(indent) == first_column}
 
 
+CHOICE = re.compile(r"[a-z][\w-]*(?:\|[a-z][\w-]*)+")  # a help's values of an option: ead|small|large|spec
+
+
+@functools.cache
+def choices(path: tuple[str, ...]) -> dict[str, list[str]]:
+    """Each option of a command whose help names its values in place of a metavar (``--mode
+    ead|small|large|spec``), with those values: a row's options, then that column."""
+    found = {}
+    for row in help_text(path).splitlines():
+        words = re.split(r"[\s,]+", row.strip("│| "))
+        names = list(itertools.takewhile(OPTION.fullmatch, words))
+        if names and len(words) > len(names) and CHOICE.fullmatch(words[len(names)]):
+            found |= dict.fromkeys(names, words[len(names)].split("|"))
+    return found
+
+
+def refused_values(path: tuple[str, ...], words: list[str]) -> list[str]:
+    """Each value given to an option with named values that is none of them (a placeholder in capitals,
+    ``F``, or a shell variable, is left alone)."""
+    problems = []
+    for at, word in enumerate(words):
+        option, given, value = word.partition("=")
+        named = choices(path).get(option)
+        value = value if given else (words[at + 1] if at + 1 < len(words) else "")
+        if named and value not in named and not value.isupper() and not value.startswith("$"):
+            listed = f"{', '.join(named[:-1])} or {named[-1]}"
+            problems.append(f"'ead {' '.join(path)} {option}' takes {listed}, not {value!r}")
+    return problems
+
+
 def problems(argv: list[str]) -> list[str]:
-    """What in one command the real CLI would not accept: an unknown subcommand or option."""
+    """What in one command the real CLI would not accept: an unknown subcommand or option, or a value
+    that an option's help does not list among its values."""
     path: list[str] = []
     words = list(argv)
     while words and not words[0].startswith("-"):
@@ -90,13 +123,14 @@ def problems(argv: list[str]) -> list[str]:
             return [f"'ead {' '.join([*path, words[0]])}': no such subcommand"]
         path.append(words.pop(0))
     known = set(OPTION.findall(help_text(tuple(path))))
-    return [
+    unknown = [
         f"'ead {' '.join(path)}' has no option {option}"
         for word in words
         if OPTION.fullmatch(word.partition("=")[0])
         for option in [word.partition("=")[0]]
         if option not in known
     ]
+    return unknown + refused_values(tuple(path), words)
 
 
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -140,6 +174,14 @@ def test_the_check_catches_what_does_not_exist() -> None:
     ]
     assert problems(["models", "list", "-c", "1"]) == ["'ead models list' has no option -c"]
     assert problems(["generate", "--seed", "-1", "-"]) == []
+    # a value an option's help lists as a choice (ead|small|large|spec): one it does not list is refused
+    assert problems(["generate", "--mode", "both", "--policy=gate", "--format", "jsonl", "hi"]) == [
+        "'ead generate --mode' takes ead, small, large or spec, not 'both'"
+    ]
+    assert problems(["chat", "--policy=paper"]) == [
+        "'ead chat --policy' takes gate, ead or lookahead, not 'paper'"
+    ]
+    assert problems(["serve", "--reasoning-format", "F"]) == []  # a placeholder, in capitals
     assert shown_commands("```bash\n$ ead generate --x 1 | jq . # note\nead chat \\\n  --tau 1\n```\n") == [
         ["generate", "--x", "1"],
         ["chat", "--tau", "1"],
