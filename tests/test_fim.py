@@ -6,6 +6,7 @@ in test_serve_fim.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -282,6 +283,19 @@ def test_generate_with_a_suffix_writes_the_middle(fim_pair: tuple[Path, Path]) -
     assert middle.returncode == 0, middle.stderr.decode()
     assert middle.stdout == ead("generate", *args, "--raw", raw).stdout
     assert len(middle.stdout.decode()) > 1
+
+
+def test_a_suffix_typed_with_escapes_is_the_code_they_mean(fim_pair: tuple[Path, Path]) -> None:
+    """--suffix is processed as the prompt is (llama.cpp's -e escapes --in-suffix, llama-infill's code
+    after the cursor): a suffix typed with \\n holds newlines; --no-escape sends it as typed."""
+    args = ["generate", *pair_args(fim_pair), "--max-tokens", "8", "--temp", "0", "--format", "jsonl"]
+    typed = SUFFIX.replace("\n", "\\n")
+    meant = ead(*args, "--suffix", SUFFIX, PREFIX)
+    escaped = ead(*args, "--suffix", typed, PREFIX)
+    literal = ead(*args, "--no-escape", "--suffix", typed, PREFIX)
+    summaries = [json.loads(result.stdout.decode().splitlines()[-1]) for result in (meant, escaped, literal)]
+    assert escaped.stdout.splitlines()[:-1] == meant.stdout.splitlines()[:-1]
+    assert summaries[1]["prompt_tokens"] == summaries[0]["prompt_tokens"] < summaries[2]["prompt_tokens"]
 
 
 def test_a_prefix_of_5_mb_answers_as_its_kept_end_does(fim_pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -503,3 +503,79 @@ def test_a_grammar_the_models_cannot_follow_is_one_line(
     tiny_pair: tuple[Path, Path], args: list[str], fragment: str
 ) -> None:
     assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args, "hi"), 2, fragment)
+
+
+# --- llama-cli's -e/--escape (on by default): \n, \t, \xHH... in a prompt and a reverse prompt typed -------
+
+TYPED = "one\\ttwo\\nthree \\x41\\\\ \\q"  # as a llama-cli user types it in single quotes
+MEANT = "one\ttwo\nthree A\\ \\q"  # what llama-cli's string_process_escapes makes of it (\q it does not know)
+
+
+def prompt_and_answer(*args: str, stdin: str | None = None) -> tuple[int, list[dict]]:
+    """``ead generate ARGS --format jsonl``: the prompt's token count and the answer's tokens."""
+    result = ead("generate", *args, "--format", "jsonl", stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    *tokens, summary = (json.loads(line) for line in result.stdout.decode().splitlines())
+    return summary["prompt_tokens"], tokens
+
+
+def test_a_prompt_typed_with_escapes_reaches_the_model_as_llama_cli_sends_it(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The argument and -p had reached the model as typed, a backslash and an n. Escapes are processed as
+    llama-cli's -e does, by default; --no-escape, a file and stdin keep the text as it is."""
+    base = [*pair_args(tiny_pair), "--raw", "--max-tokens", "4", "--seed", "7"]
+    meant = prompt_and_answer(*base, MEANT)
+    for spelled in ([TYPED], ["-p", TYPED], ["-e", "-p", TYPED], ["--escape", TYPED]):
+        assert prompt_and_answer(*base, *spelled) == meant
+    literal = prompt_and_answer(*base, "--no-escape", TYPED)
+    assert literal[0] > meant[0]
+    assert prompt_and_answer(*base, TYPED.replace("\\", "\\\\")) == literal  # \\ is one backslash
+    typed_file = tmp_path / "typed.txt"
+    typed_file.write_text(TYPED)
+    assert prompt_and_answer(*base, "-f", str(typed_file)) == literal
+    assert prompt_and_answer(*base, "-", stdin=TYPED) == literal
+
+
+WRITTEN = 'root ::= "one\\ntwo\\tthree"'  # GBNF: the answer, whichever tokens write it
+
+
+@pytest.mark.parametrize(
+    ("stop", "answer"),
+    [
+        ([], "one\ntwo\tthree"),
+        (["-r", "\\n"], "one"),  # had never matched: a backslash and an n are not in the answer
+        (["--stop", "\\t"], "one\ntwo"),
+        (["-r", "\\x74\\x77"], "one\n"),  # "tw"
+        (["-r", "\\\\n"], "one\ntwo\tthree"),  # an escaped backslash: the answer holds no backslash
+        (["--no-escape", "-r", "\\n"], "one\ntwo\tthree"),
+    ],
+)
+def test_a_reverse_prompt_typed_with_escapes_stops_where_llama_cli_would(
+    tiny_pair: tuple[Path, Path], stop: list[str], answer: str
+) -> None:
+    tokens = prompt_and_answer(*pair_args(tiny_pair), "--grammar", WRITTEN, "-n", "20", *stop, "hi")[1]
+    assert "".join(token["text"] for token in tokens) == answer
+
+
+def test_the_system_message_is_not_escaped_as_llama_cli_leaves_its_own(tiny_pair: tuple[Path, Path]) -> None:
+    """llama-cli processes no escapes in -sys: a system message typed with \\n means a backslash and an n."""
+    base = [*pair_args(tiny_pair), "--max-tokens", "4", "--seed", "7", "hi"]
+    typed = prompt_and_answer(*base, "--system", TYPED)
+    assert prompt_and_answer(*base, "--no-escape", "--system", TYPED) == typed
+    assert prompt_and_answer(*base, "--system", MEANT) != typed
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["-p", "caf\\xe9"], "the prompt is not valid UTF-8 (byte 3)"),  # a byte alone, not é's two
+        (["-p", "a\\x00b"], "the prompt contains a NUL byte"),
+        (["-r", "\\xff", "hi"], "the stop string is not valid UTF-8 (byte 0)"),
+        (["-p", "\\n \\t"], "the prompt is empty"),
+    ],
+)
+def test_an_escape_that_makes_a_bad_prompt_is_one_line(
+    tiny_pair: tuple[Path, Path], args: list[str], fragment: str
+) -> None:
+    assert_one_line_error(ead("generate", *pair_args(tiny_pair), *args), 2, fragment)

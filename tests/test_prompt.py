@@ -17,6 +17,7 @@ from ead_cli.prompt import (
     encode_fitting,
     encode_rendered,
     fewest_tokens,
+    process_escapes,
 )
 from ead_cli.runner import Runner, TokenReach
 
@@ -139,3 +140,29 @@ def test_the_chat_template_is_read_once_when_the_model_loads(tmp_path: Path, tin
     ):
         pass
     assert templated.chat_template == CHATML and untemplated.chat_template is None
+
+
+# llama.cpp's string_process_escapes (common/common.cpp), sequence by sequence: what llama-cli's -e makes of
+# a prompt and a reverse prompt given on its command line
+ESCAPES = [
+    ("a\\nb", "a\nb"),
+    ("\\r\\t", "\r\t"),
+    ("\\'\\\"", "'\""),
+    ("\\\\n", "\\n"),  # an escaped backslash, then a plain n
+    ("\\x41\\x7a", "Az"),
+    ("\\xc3\\xa9", "é"),  # bytes, which make a character together
+    ("\\x4", "\\x4"),  # \x needs two characters after it
+    ("\\x4g", "\\x4g"),  # and strtol to read both as hex
+    ("\\x 9\\x+9\\x-1", "\t\t\udcff"),  # strtol skips a blank and reads a sign: -1, the byte 0xff
+    ("\\q\\0\\e", "\\q\\0\\e"),  # an escape llama.cpp does not know stays as it is, backslash and all
+    ("a\\", "a\\"),  # so does a backslash that ends the text
+    ("\\\\\\", "\\\\"),
+    ("plain é 日本", "plain é 日本"),
+]
+
+
+@pytest.mark.parametrize(("given", "processed"), ESCAPES)
+def test_escapes_are_processed_as_llama_cpp_does(given: str, processed: str) -> None:
+    """A byte that is no UTF-8 is kept as Python keeps an argument's (surrogateescape), for check_text to
+    refuse by its place."""
+    assert process_escapes(given) == processed

@@ -26,6 +26,7 @@ from .groups import (
     MODEL_OPTIONS,
     RULE_SETTINGS,
     Decoding,
+    Escape,
     FormatOpt,
     Grammar,
     GrammarFile,
@@ -75,6 +76,7 @@ def generate(
     system: System = None,
     raw: Raw = False,
     suffix: Suffix = None,
+    escape: Escape = True,
     output_format: FormatOpt = OutputFormat.text,
     hide_thinking: HideThinking = False,
     stats: Stats = False,
@@ -91,7 +93,14 @@ def generate(
         load_runners,
         unused_options,
     )
-    from ..prompt import check_system_fits, context_advice, encode_fitting, encode_infill, render_prompt
+    from ..prompt import (
+        check_system_fits,
+        context_advice,
+        encode_fitting,
+        encode_infill,
+        process_escapes,
+        render_prompt,
+    )
     from ..thinking import answer_start, template_variables
     from .render import (
         JsonlRenderer,
@@ -109,8 +118,10 @@ def generate(
         raise EadError("--system needs the chat template, which --suffix leaves out (fill-in-the-middle)", 2)
     on_stdin = prompt_on_stdin(prompt, prompt_option, prompt_file)
     bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file, prompt_on_stdin=on_stdin)
-    text = read_prompt(prompt, prompt_option, prompt_file)
-    stops = read_stops(stop)
+    text = read_prompt(prompt, prompt_option, prompt_file, escape=escape)
+    stops = read_stops(stop, escape=escape)
+    if suffix is not None and escape:
+        suffix = process_escapes(suffix)
     check_stdout("the answer")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=stops)

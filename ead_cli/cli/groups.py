@@ -158,6 +158,16 @@ System = Annotated[
     typer.Option("--system", "-sys", "--system-prompt", help="System message for the chat template."),
 ]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
+# llama-cli's -e/--escape, on by default there too: what its users type (-p 'a\nb', -r '\n') means the same
+Escape = Annotated[
+    bool,
+    typer.Option(
+        "--escape/--no-escape",
+        "-e",
+        help="Process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the prompt given on the command "
+        "line, --suffix and --stop, as llama-cli does; not in --file, stdin or --system.",
+    ),
+]
 Suffix = Annotated[
     str | None,
     typer.Option(
@@ -500,16 +510,18 @@ PromptFile = Annotated[
 ]
 
 
-def read_stops(stop: list[str] | None) -> tuple[str, ...]:
-    """The stop strings, each checked: an argument's bytes that are not UTF-8 would never match the text;
-    an empty one, which llama.cpp finds at once and ead's text stream drops, is a typo ($UNSET)."""
-    from ..prompt import check_text  # loads llama.cpp: only when a command runs
+def read_stops(stop: list[str] | None, escape: bool = False) -> tuple[str, ...]:
+    """The stop strings, their escapes processed where ``escape`` (--escape), each checked: an argument's
+    bytes that are not UTF-8 would never match the text; an empty one, which llama.cpp finds at once and
+    ead's text stream drops, is a typo ($UNSET)."""
+    from ..prompt import check_text, process_escapes  # loads llama.cpp: only when a command runs
 
-    for string in stop or ():
+    stops = tuple(process_escapes(string) if escape else string for string in stop or ())
+    for string in stops:
         if not string:
             raise EadError("--stop is empty: a stop string needs a character at least", exit_code=2)
         check_text(string, "the stop string")
-    return tuple(stop or ())
+    return stops
 
 
 def prompt_on_stdin(prompt: str | None, option: str | None, file: Path | None) -> bool:
@@ -518,11 +530,15 @@ def prompt_on_stdin(prompt: str | None, option: str | None, file: Path | None) -
     return not given or str(given[0]) == "-"
 
 
-def read_prompt(prompt: str | None, option: str | None, file: Path | None) -> str:
-    """The prompt, checked (``check_prompt_text``), a file's or stdin's named in a refusal of it."""
-    from ..prompt import check_prompt_text  # loads llama.cpp: only when a command runs
+def read_prompt(prompt: str | None, option: str | None, file: Path | None, escape: bool = False) -> str:
+    """The prompt, checked (``check_prompt_text``), a file's or stdin's named in a refusal of it; with
+    ``escape`` (--escape), the escapes of one given on the command line processed, as llama-cli's -e does
+    (a file's or stdin's text is read as it is: code's own escapes reach the model as written)."""
+    from ..prompt import check_prompt_text, process_escapes  # loads llama.cpp: only when a command runs
 
-    return check_prompt_text(*_given_prompt(prompt, option, file))
+    text, what = _given_prompt(prompt, option, file)
+    on_command_line = prompt not in (None, "-") or option not in (None, "-")
+    return check_prompt_text(process_escapes(text) if escape and on_command_line else text, what)
 
 
 def _given_prompt(prompt: str | None, option: str | None, file: Path | None) -> tuple[str, str]:
