@@ -164,8 +164,8 @@ Escape = Annotated[
     typer.Option(
         "--escape/--no-escape",
         "-e",
-        help="Process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the prompt given on the command "
-        "line, --suffix and --stop, as llama-cli does; not in --file, stdin or --system.",
+        help="Process llama-cli's escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the prompt typed on the "
+        "command line, --suffix and --stop; a --file's or stdin's text and --system are sent as they are.",
     ),
 ]
 Suffix = Annotated[
