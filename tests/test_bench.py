@@ -1761,6 +1761,38 @@ def test_bench_humaneval_end_to_end(tmp_path: Path, tiny_pair: tuple[Path, Path]
     assert_repeats_are_checked(out, tmp_path)
 
 
+def test_a_bench_over_part_of_its_folder_reports_every_sample_the_folder_holds(
+    tmp_path: Path, tiny_pair: tuple[Path, Path]
+) -> None:
+    """A bench of fewer tasks or strategies than its --out holds had rewritten the folder's report with
+    its own samples alone: report.csv disagreed with results.jsonl (and with ``bench report`` of it), and
+    a strategy added to a folder lost the large-only already there, its figures relative to none."""
+    out = tmp_path / "out"
+    models = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    common = [*models, "--max-tokens", "8", "--out", str(out)]
+    first = ead("bench", "humaneval", "--ids", "0,1", "--strategies", "small,large", *common)
+    assert first.returncode == 0, first.stderr
+    added = ead("bench", "humaneval", "--ids", "1", "--strategies", "spec", *common)
+    assert added.returncode == 0, added.stderr
+    _, records = read_results(out / "results.jsonl")
+    with open(out / "report.csv", newline="") as handle:
+        rows = {row["strategy"]: row for row in csv.DictReader(handle)}
+    assert {name: int(row["samples"]) for name, row in rows.items()} == {
+        "small-only": 2, "large-only": 2, "spec": 1,
+    }  # fmt: skip
+    for name, row in rows.items():
+        assert float(row["wall_s"]) == pytest.approx(
+            sum(r["wall_s"] for r in records if r["strategy"] == name)
+        )
+    large_on_1 = next(r for r in records if r["strategy"] == "large-only" and r["task_id"] == "HumanEval/1")
+    assert float(rows["spec"]["wall_rel"]) == pytest.approx(
+        float(rows["spec"]["wall_s"]) / large_on_1["wall_s"]
+    )
+    report = ead("bench", "report", str(out))
+    assert report.returncode == 0, report.stderr
+    assert added.stdout == report.stdout
+
+
 def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
     """``bench report`` takes true repeats only (one setup, each strategy on the same tasks, distinct
     folders), and a damaged results file is one line naming it."""

@@ -496,11 +496,6 @@ class Results:
         """What is left to run, task by task."""
         return [(s, item) for item in items for s in strategies if (s.name, item.task_id) not in self.done]
 
-    def selection(self, strategies: Sequence[Strategy], items: Sequence[Item]) -> list[Record]:
-        """The records of these strategies on these items (resumed ones included)."""
-        names, ids = {s.name for s in strategies}, {item.task_id for item in items}
-        return [r for r in self.records if r["strategy"] in names and r["task_id"] in ids]
-
     def close(self) -> None:
         self._held.close()
 

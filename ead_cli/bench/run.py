@@ -290,7 +290,9 @@ def run_bench(
     watch: Callable[[Plan, Iterator[Record]], None],
     progress: Callable[[str], None] | None = None,
 ) -> list[Record]:
-    """Load the models once, run what the results file lacks, return the records of this selection.
+    """Load the models once, run what the results file lacks, return every sample record the file holds:
+    the folder's report is of them all (as ``bench report`` of it), not of this run's tasks and strategies
+    alone, which had left it disagreeing with the file and a strategy added to it without its large-only.
 
     What needs no model loaded is refused before any loads (``check_strategies``, the results'
     ``check_model_files``); the tokenizers' match, the prompts' fit in the context (their tokens) and the
@@ -332,6 +334,6 @@ def run_bench(
                     runners, plan, bench.generation, results, timeout_s=bench.timeout_s, peers=servers
                 )
                 watch(plan, samples)
-                return results.selection(bench.strategies, items)
+                return results.records
         finally:
             close_all(runners)
