@@ -545,6 +545,19 @@ def test_lookup_lengths_multiply_every_loop_of_eads_own_and_name_each_variant() 
     assert [s.policy.lookup_draft for s in build_strategies("large", longer)] == [16, 16, 32]
 
 
+def test_values_that_differ_past_six_digits_are_named_apart() -> None:
+    """A name had held six significant digits: 0.1234567 and 0.1234568 were one name, so the second
+    was dropped from the sweep unsaid, and a resume at either took the other's samples as its own."""
+    grid = sweep("0.1234567,0.1234568,0.5", "1", None, "10", "before", "4", "0.30000001,0.3")
+    names = [s.name for s in build_strategies("ead,spec", grid)]
+    assert names == [
+        "ead tau=0.1234567", "ead tau=0.1234568", "ead tau=0.5",
+        "spec draft_entropy_stop=0.30000001", "spec draft_entropy_stop=0.3",
+    ]  # fmt: skip
+    taus = [s.policy.tau for s in build_strategies("ead", grid)]
+    assert taus == [0.1234567, 0.1234568, 0.5]
+
+
 def test_verify_and_burst_sweeps_multiply_the_gate_strategies() -> None:
     grid = sweep("1", "1", None, "10", "before", "4", None, "none,0.1", "1,line,adaptive,line")
     names = [s.name for s in build_strategies("gate", grid)]

@@ -124,9 +124,12 @@ def strategy_name(policy: PolicyOptions | NativeOptions) -> str:
 
 
 def _label(value: Any) -> str:
-    """0.5 -> "0.5"; (0.5, 2.0) -> "0.5:2"; ("@code", "x") -> "@code|x"."""
+    """0.5 -> "0.5"; (0.5, 2.0) -> "0.5:2"; ("@code", "x") -> "@code|x". A float is shown whole where six
+    significant digits are not it (0.1234567): two values named alike had been one strategy, the second
+    dropped from the sweep and a resume at either taking the other's samples."""
     if isinstance(value, float):
-        return f"{value:g}"
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
     if isinstance(value, tuple):
         numbers = all(isinstance(part, int | float) for part in value)
         return (":" if numbers else "|").join(_label(part) for part in value)
