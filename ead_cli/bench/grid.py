@@ -307,7 +307,8 @@ def _parse_verify(spec: str) -> tuple[float | None, ...]:
 
 
 def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
-    """The strategies of the comma-separated families (in ``families()`` order), each named once."""
+    """The strategies of the comma-separated families (in ``families()`` order), each named once; a swept
+    option given (not at its default) that none of them takes is refused (``check_options_apply``)."""
     known = families()
     parts = [part.strip() for part in wanted_families.split(",") if part.strip()]
     wanted = [LONE_MODELS.get(name, name) for name in parts]  # large-only, as the report names it
@@ -323,8 +324,15 @@ def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
                 exit_code=2,
             )
         raise EadError(f"--strategies: {quoted(unknown[0])} is not one of {', '.join(known)}", exit_code=2)
+    strategies = _strategies(wanted, grid)
+    check_options_apply(wanted_families, wanted, grid, strategies)
+    return strategies
+
+
+def _strategies(wanted: list[str], grid: Grid) -> list[Strategy]:
+    """The strategies of these known families on ``grid``, each named once."""
     strategies: dict[str, Strategy] = {}
-    for family, make in known.items():
+    for family, make in families().items():
         if family in wanted:
             for made in make(grid):
                 # Prompt lookup applies to every loop of ead's own: each strategy once per match length
@@ -341,3 +349,54 @@ def build_strategies(wanted_families: str, grid: Grid) -> list[Strategy]:
                 for policy in variants:
                     strategies.setdefault(strategy_name(policy), Strategy(strategy_name(policy), policy))
     return list(strategies.values())
+
+
+# A Grid field and the option that sets it (each policy's thresholds: its --NAME-tau).
+GRID_OPTIONS = {
+    "windows": OPTIONS["window"].flag,
+    "min_runs": OPTIONS["min_run"].flag,
+    "switch_points": OPTIONS["switch_point"].flag,
+    "drafts": OPTIONS["draft"].flag,
+    "draft_stops": OPTIONS["draft_entropy_stop"].flag,
+    "lookups": OPTIONS["lookup"].flag,
+    "lookup_drafts": OPTIONS["lookup_draft"].flag,
+    "verifies": OPTIONS["verify"].flag,
+    "bursts": OPTIONS["burst"].flag,
+    "patterns": OPTIONS["pattern"].flag,
+    "tau_range": OPTIONS["tau_range"].flag,
+    "server_drafts": "--server-draft",
+    "server_ngrams": "--server-ngram",
+}
+
+
+def _given_options(grid: Grid) -> list[tuple[str, Grid]]:
+    """Each swept option set away from its default: its flag, and the grid with it at its default."""
+    default = Grid()
+    given = [
+        (f"--{name}-tau", replace(grid, taus={key: value for key, value in grid.taus.items() if key != name}))
+        for name, taus in grid.taus.items()
+        if name in POLICY_KINDS and tuple(taus) != POLICY_KINDS[name].swept_taus
+    ]
+    given += [
+        (flag, replace(grid, **{name: getattr(default, name)}))
+        for name, flag in GRID_OPTIONS.items()
+        if getattr(grid, name) != getattr(default, name)
+    ]
+    return given
+
+
+def check_options_apply(spec: str, wanted: list[str], grid: Grid, strategies: list[Strategy]) -> None:
+    """A swept option given that changes none of the strategies is refused, naming the families it
+    applies to: ``--strategies gate --window 3`` had run gate alone, the window dropped unsaid. Told by
+    building the strategies again with the option at its default, so that a policy registered later and
+    an option added to a family are checked without an edit here."""
+    for flag, unset in _given_options(grid):
+        if _strategies(wanted, unset) != strategies:
+            continue
+        takers = [
+            family for family in families() if _strategies([family], unset) != _strategies([family], grid)
+        ]
+        where = f"it applies to {', '.join(takers)}" if takers else "nothing here takes it: see its --help"
+        raise EadError(
+            f"{flag} is given, but no strategy of --strategies {quoted(spec)} takes it ({where})", exit_code=2
+        )
