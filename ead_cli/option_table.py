@@ -337,7 +337,7 @@ DECODING: tuple[DecodingOption, ...] = (
         surfaces=frozenset({CLI, SERVE, BENCH}),
         switching=True,
         metavar="RATIO",
-        sweep="ead and gate: catch-up check ratios, comma-separated; 'none' for no check.",
+        sweep="gate, ead and lookahead: catch-up check ratios, comma-separated; 'none' for no check.",
     ),
     DecodingOption(
         "pattern",

@@ -28,7 +28,7 @@ from test_cli import NO_LOCKS, assert_one_line_error, interruptible
 from test_readme import help_text
 
 from ead_cli.bench import native
-from ead_cli.bench.grid import Grid, Strategy, all_families, build_strategies, parse_grid
+from ead_cli.bench.grid import SWEPT, Grid, Strategy, all_families, build_strategies, parse_grid
 from ead_cli.bench.report import aggregate, agreement, repeats_table, report_table, write_report
 from ead_cli.bench.results import Record, Results, check_repeats, differing, read_results
 from ead_cli.bench.run import Bench, Plan, humaneval_bench, prompts_bench, run_bench
@@ -44,7 +44,9 @@ from ead_cli.bench.tasks import (
     select_tasks,
 )
 from ead_cli.errors import EadError
+from ead_cli.option_table import BENCH, on
 from ead_cli.options import ModelOptions, PolicyOptions
+from ead_cli.policies import POLICY_KINDS
 from ead_cli.remote import built_server
 from ead_cli.runner import Runner, gpu_offload_available, padded_context
 from ead_cli.sampling import SamplingParams
@@ -640,6 +642,16 @@ def test_a_sweep_option_no_chosen_strategy_takes_is_refused(
     with pytest.raises(EadError, match=f"^{re.escape(expected)}") as error:
         build_strategies(families, grid)
     assert error.value.exit_code == 2
+
+
+def test_each_sweep_options_help_names_the_policies_that_sweep_it() -> None:
+    """--verify's help had said "ead and gate" while lookahead sweeps it too."""
+    for option in on(BENCH):
+        if option.name in SWEPT:
+            said = option.sweep.split(":")[0]  # "ead and gate: ..." or "ead windows, ..."
+            named = {name for name in POLICY_KINDS if re.search(rf"\b{name}\b", said)}
+            sweeping = {name for name, kind in POLICY_KINDS.items() if option.name in kind.sweeps}
+            assert named == sweeping, option.flag
 
 
 def test_sweep_options_at_their_defaults_or_taken_by_a_strategy_pass() -> None:
