@@ -1235,7 +1235,10 @@ def test_a_first_bench_stopped_as_its_models_load_leaves_nothing_that_looks_like
 # opening. With /dev/null for GATE it is only said.
 HELD_AT_LOADING = """
 import sys
-from ead_cli.bench import run
+from ead_cli.signals import main_thread_signals
+
+with main_thread_signals():  # as ead's main imports numpy: OpenBLAS's threads must not take the signal
+    from ead_cli.bench import run
 from ead_cli.cli import main
 
 load_runners = run.load_runners
