@@ -20,6 +20,7 @@ from test_cli import pair_args
 from test_serve import CHROMIUM, HI, JSON, PRESS_ENTER, TAU, open_page, serving
 from test_serve_fim import wait_loaded
 from test_serve_responses import FLAT_TOOLS, collapsed
+from test_serve_tools import FLIP
 from test_thinking import OWN_BLOCK_TEMPLATE, generate
 from tiny_models import CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_scripted_pair
 
@@ -565,20 +566,6 @@ def calling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
-FLIP = {
-    "type": "function",
-    "function": {
-        "name": "flip",
-        "parameters": {
-            "type": "object",
-            "properties": {"side": {"type": "string", "enum": ["heads", "tails"]}},
-            "required": ["side"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
 def test_a_forced_call_comes_after_the_reasoning(calling: Server) -> None:
     """A forced call on a thinking model: the model thinks first, free, and the call's grammar binds the
     answer from its </think> on (as llama-server's grammar lets the reasoning come first). Named, the
@@ -588,7 +575,7 @@ def test_a_forced_call_comes_after_the_reasoning(calling: Server) -> None:
     request: dict[str, Any] = {
         "model": "ead",
         "messages": ASK,
-        "tools": [*TOOLS, FLIP],
+        "tools": [*TOOLS, *FLIP],
         "tool_choice": {"type": "function", "function": {"name": "flip"}},
         "parallel_tool_calls": False,  # one call: the random rows after it would write more to the limit
         "max_tokens": 200,
