@@ -125,12 +125,46 @@ def test_a_bare_json_answer_is_a_call_only_if_it_names_a_tool_offered() -> None:
         ('{"city": "Paris"}', False),
         ("Sure", False),
         ("<tool_call>", False),  # a tagged call: bound from its own token on
+        ("``", None),
+        ("```json", None),
+        ('```json\n{"name": "multiply"', True),  # in a fenced code block, as the demo 0.5B writes it
+        ('\n```\n  {\n  "name": "get_weather"', True),
+        ('```xml\n{"name": "multiply"', True),
+        ('```json\n{"name": "Ada"', False),
+        ('```json {"name": "multiply"', False),  # a fence's opening ends its line
+        ("```python\n", False),
+        ("```json\n```json\n", False),
     ],
 )
 def test_a_bare_call_opens_with_the_name_of_a_tool_offered(text: str, opens: bool | None) -> None:
     """The bare call's trigger (llama.cpp's pattern trigger of its older Hermes handler): the answer opens
-    with ``{"name": "<a tool offered>"``; undecided (None) while the text may still become that."""
+    with ``{"name": "<a tool offered>"``, alone or in a fenced code block; undecided (None) while the text
+    may still become that."""
     assert opens_call(text, NAMES) is opens
+
+
+def test_a_fenced_code_block_is_a_call_only_if_it_opens_one_of_a_tool_offered() -> None:
+    """An answer that opens with a fenced code block holding a call's object (llama.cpp's older Hermes 2
+    Pro handler read it so) is that call; any other code block is text, as written, and is let go as soon
+    as it cannot be one: JSON that names no tool, another language, text before the fence, a block that
+    never closes and holds no begun call."""
+    for size in (1, 3, 1000):
+        assert whole(streamed(f"```\n{CALL}```", size)) == [ToolCall("get_weather", '{"city": "Paris"}')]
+        assert whole(streamed('```json\n{"name": "multiply"}\n```', size)) == [ToolCall("multiply", "{}")]
+        for text in [
+            '```json\n{"name": "Ada", "age": 36}\n```',
+            '```python\nprint({"name": "multiply", "arguments": {}})\n```',
+            f"Here it is:\n```json\n{CALL}\n```",
+            '```json\n{"name": "multiply", "arguments": "6"',
+            '```json\n{"arguments": {"a": 6}, "name": "multiply"}\n```',
+            "``",
+        ]:
+            pieces = streamed(text, size)
+            assert all(isinstance(piece, str) for piece in pieces) and "".join(pieces) == text
+            assert split_answer(text, NAMES) == (text, [])
+    reader = ToolCallReader(NAMES)
+    assert reader.push('```json\n{"name": "mul') == []
+    assert reader.push('e"') == ['```json\n{"name": "mule"']  # no tool's: let go at once
 
 
 def test_a_call_the_prefill_opens_is_read_with_the_answer() -> None:
@@ -193,15 +227,20 @@ ARGUMENTS = [
 
 @pytest.mark.parametrize("arguments", ARGUMENTS)
 @pytest.mark.parametrize("size", [1, 2, 7, 1000])
-@pytest.mark.parametrize("form", ["tagged", "bare"])
+@pytest.mark.parametrize("form", ["tagged", "bare", "fenced"])
 def test_a_calls_arguments_stream_as_written_and_add_up_to_the_call(
     arguments: str, size: int, form: str
 ) -> None:
     """Once the name is read, the arguments come out as they grow, in several pieces where the model
     writes them across tokens, each a piece of the call's final arguments (json.dumps of the JSON written,
-    as a whole answer's call has them): the pieces added up are those arguments exactly."""
+    as a whole answer's call has them): the pieces added up are those arguments exactly. A fenced call's
+    fences are its markup, never text; what follows its closing fence is."""
     call = f'{{"name": "multiply", "arguments": {arguments}}}'
-    text = f"Let me see.\n<tool_call>\n{call}\n</tool_call>\nDone." if form == "tagged" else f" {call}\n"
+    text, shown_text = {
+        "tagged": (f"Let me see.\n<tool_call>\n{call}\n</tool_call>\nDone.", "Let me see.\n\nDone."),
+        "bare": (f" {call}\n", ""),
+        "fenced": (f"\n```json\n{call}\n```\nDone.", "\nDone."),
+    }[form]
     pieces = streamed(text, size)
     expected = ToolCall("multiply", json.dumps(json.loads(arguments), ensure_ascii=False))
     calls = [piece for piece in pieces if isinstance(piece, ToolCall)]
@@ -213,7 +252,7 @@ def test_a_calls_arguments_stream_as_written_and_add_up_to_the_call(
     if size < 8:
         assert len(deltas(pieces)) >= 3
     shown = "".join(piece for piece in pieces if isinstance(piece, str))
-    assert shown == ("Let me see.\n\nDone." if form == "tagged" else "")
+    assert shown == shown_text
     assert split_answer(text, NAMES) == (shown.strip(), [expected])  # the whole answer reads the same
 
 
@@ -600,9 +639,9 @@ def tags_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def assert_one_bound_pick(client: openai.OpenAI, request: dict) -> None:
     """The answer is one call of ``pick`` whose arguments its schema allows (an enum's value, an integer),
-    and the streamed answer the same call, with no text beside it."""
+    and the streamed answer the same call, with no text beside it either way."""
     whole = client.chat.completions.create(**request).choices[0]
-    assert whole.finish_reason == "tool_calls", whole
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None, whole
     (call,) = whole.message.tool_calls
     arguments = json.loads(call.function.arguments)
     assert call.function.name == "pick" and set(arguments) == {"colour", "count"}
@@ -664,18 +703,28 @@ def bare_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         yield running
 
 
+# A bare call's opening as the 0.5B writes it: on one line after a system prompt, or in a fenced code block
+# and indented as json.dumps(indent=2) writes it without one (test_the_real_small_models_bare_call_...)
+BARE_OPENINGS = ['{"name": "pi', '```json\n{\n  "name": "pi']
+
+
+@pytest.mark.parametrize("opening", BARE_OPENINGS)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_bare_calls_arguments_are_bound_once_it_names_a_tool(bare_server: Server, seed: int) -> None:
+def test_a_bare_calls_arguments_are_bound_once_it_names_a_tool(
+    bare_server: Server, seed: int, opening: str
+) -> None:
     """A bare ``{"name": ..., "arguments": ...}`` answer (no <tool_call> tags, as Qwen2.5 0.5B often
-    writes) is bound by the calls' grammar once its text names a tool offered: from there the random
-    draws are the call's arguments as its schema allows, whole and streamed alike. Unbound, the tiny
-    model wrote no JSON after the name: the answer stayed text, cut off at max_tokens."""
+    writes), alone or in a fenced code block (as it writes too, its JSON over several lines), is bound by
+    the calls' grammar once its text names a tool offered: from there the random draws are the call's
+    arguments as its schema allows (and a fence's closing fence), whole and streamed alike, the fences
+    never text. Unbound, the tiny model wrote no JSON after the name: the answer stayed text, cut off at
+    max_tokens."""
     client = openai.OpenAI(base_url=bare_server.base_url, api_key="unused", max_retries=0, timeout=60)
     request = {
         "model": "ead",
         "messages": [
             {"role": "user", "content": "Pick a colour."},
-            {"role": "assistant", "content": '{"name": "pi'},
+            {"role": "assistant", "content": opening},
         ],
         "tools": PICK,
         "temperature": 1.0,
@@ -943,26 +992,36 @@ TIMER = [
 def test_the_real_small_models_bare_call_is_bound_by_its_schema(
     real_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """Qwen2.5-Coder 0.5B, greedy, answers with the bare call object (no <tool_call> tags); unbound it
-    wrote ``{"minutes": 2.5}`` for an integer. Bound from its opening, the minutes are an integer (the tiny
-    models' test above checks the stream too)."""
+    """Qwen2.5-Coder 0.5B, greedy, answers with the bare call object (no <tool_call> tags) after the system
+    prompt, and in a fenced ``json`` code block without it; unbound it wrote ``{"minutes": 2.5}`` for an
+    integer both ways. Bound from its opening, the minutes are an integer, whole and streamed, and the
+    fences are no content (the tiny models' test above checks the stream's pieces)."""
     with Server(["-m", str(real_pair[0])], tmp_path / "server.log") as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
-        request = {
-            "model": "ead",
-            "messages": [
-                {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": "Set a timer for 2.5 minutes"},
-            ],
-            "tools": TIMER,
-            "temperature": 0,
-            "max_tokens": 60,
-            "logprobs": True,
-        }
-        whole = client.chat.completions.create(**request).choices[0]
-        assert "".join(entry.token for entry in whole.logprobs.content).startswith('{"name": "set_timer"')
-        assert whole.finish_reason == "tool_calls"
-        (call,) = whole.message.tool_calls
-        assert call.function.name == "set_timer"
-        assert type(json.loads(call.function.arguments)["minutes"]) is int, call.function.arguments
+        for system, opening in [
+            ([{"role": "system", "content": SYSTEM}], '{"name": "set_timer"'),
+            ([], '```json\n{\n  "name": "set_timer"'),
+        ]:
+            request = {
+                "model": "ead",
+                "messages": [*system, {"role": "user", "content": "Set a timer for 2.5 minutes"}],
+                "tools": TIMER,
+                "temperature": 0,
+                "max_tokens": 60,
+                "logprobs": True,
+            }
+            whole = client.chat.completions.create(**request).choices[0]
+            assert "".join(entry.token for entry in whole.logprobs.content).startswith(opening)
+            assert whole.finish_reason == "tool_calls" and whole.message.content is None
+            (call,) = whole.message.tool_calls
+            assert call.function.name == "set_timer"
+            assert type(json.loads(call.function.arguments)["minutes"]) is int, call.function.arguments
+            with client.chat.completions.stream(**request) as stream:
+                for _ in stream:
+                    pass
+                streamed = stream.get_final_completion().choices[0]
+            assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
+            assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+                (call.function.name, call.function.arguments)
+            ]
         assert server.stop() == 0

@@ -32,6 +32,10 @@ BOUNDS = frozenset({*LOWER_BOUNDS, *UPPER_BOUNDS})
 SCHEMAS_BY_NAME = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
 VALUES = ("const", "enum", "default", "examples")
 COUNTS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"))  # least, greatest, of
+# The blank between JSON's tokens in llama.cpp's own converter (common/json-schema-to-grammar.cpp's
+# SPACE_RULE, which llama-server's tool calls are bound by): a space, or a line's end or two and an
+# indent, as JSON written over several lines has (llama-cpp-python's converter takes one space at most)
+LLAMA_CPP_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 
 
 # llama-cpp-python's converter spells out a schema's repetitions in the grammar: minLength 5 is five
@@ -44,16 +48,17 @@ MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size (each copy 
 # and the grammar written: llama.cpp holds ~15 bytes a character of it while it is parsed and kept
 
 
-def json_schema_grammar(schema: Any, where: str) -> str:
+def json_schema_grammar(schema: Any, where: str, space: str | None = None) -> str:
     """The grammar of a parsed JSON schema, its patterns spelled as llama.cpp reads them: the one path
-    from a schema to a grammar (ead serve's JSON mode, generate's --json-schema). A usage error, its
-    message opened by ``where`` (the schema's field or option), for a schema whose grammar would be too
-    large for llama.cpp or that the converter cannot express."""
+    from a schema to a grammar (ead serve's JSON mode and tool calls, generate's --json-schema). ``space``:
+    the rule of the blank between the JSON's tokens (``LLAMA_CPP_SPACE``), where not the converter's. A
+    usage error, its message opened by ``where`` (the schema's field or option), for a schema whose grammar
+    would be too large for llama.cpp or that the converter cannot express."""
     schema = portable_patterns(schema)
     text = json.dumps(schema)
     _check_repetitions(schema, text, where)
     try:
-        grammar = schema_grammar(text)
+        grammar = schema_grammar(text, space)
     except Exception as error:  # the converter's own complaint about a schema it cannot express
         raise EadError(f"{where} cannot be a grammar: {cut(' '.join(str(error).split()))}", 2) from None
     if len(grammar) > MAX_GRAMMAR_CHARS:  # bounded integers (~800 characters each) pass the check above
@@ -107,10 +112,12 @@ def _check_repetitions(schema: Any, text: str, where: str) -> None:
         raise EadError(message, 2)
 
 
-def schema_grammar(text: str) -> str:
+def schema_grammar(text: str, space: str | None = None) -> str:
     """The GBNF grammar of a JSON schema's text, as llama-cpp-python's ``json_schema_to_gbnf`` writes it,
-    but for integers' bounds, which it holds."""
+    but for integers' bounds, which it holds, and the blank's rule, where ``space`` gives one."""
     converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    if space is not None:
+        converter._rules["space"] = space
     converter.visit(converter.resolve_refs(json.loads(text), "stdin"), "")
     return converter.format_grammar()
 

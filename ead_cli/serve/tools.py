@@ -3,8 +3,10 @@ model's tool-call markup read back out of the answer as OpenAI's ``tool_calls``,
 
 The markup is the Hermes convention that Qwen2.5's template teaches its models (and many others use):
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; small models often write the object alone,
-as the whole answer, which counts when it names a tool offered. A block that is not valid JSON with a
-name stays in the text, as the model wrote it: never a call the model did not make.
+as the whole answer, or in a fenced code block that opens it (a "```json" line before it, "```" after,
+as llama.cpp's older Hermes 2 Pro handler read it), which counts when it names a tool offered. A block
+that is not valid JSON with a name stays in the text, as the model wrote it: never a call the model did
+not make.
 
 A call is begun once the model has written its name and the ``{`` of its arguments (``CallStart``): from
 there its arguments are read as JSON as they are written and given out as they grow (``ArgumentsDelta``),
@@ -25,10 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runner import Runner
-from .converter import SCHEMAS_BY_NAME, VALUES, json_schema_grammar
+from .converter import LLAMA_CPP_SPACE, SCHEMAS_BY_NAME, VALUES, json_schema_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+# The openings of a fenced code block that a call may be written in (llama.cpp's older Hermes 2 Pro
+# handler's: a fence, ``json`` or ``xml`` or nothing, the line's end), and its closing fence
+FENCES = ("```\n", "```json\n", "```xml\n")
+FENCE_CLOSE = "```"
 # A call's object up to its arguments' ``{``: its name read (group 1, a JSON string), then the arguments
 _BEGUN = re.compile(
     r'[ \t\n\r]*\{[ \t\n\r]*"name"[ \t\n\r]*:[ \t\n\r]*("(?:[^"\\\x00-\x1f]|\\.)*")'
@@ -39,12 +45,14 @@ _BEGUN = re.compile(
 def call_grammar(tools: list[dict[str, Any]], parallel: bool, bare: bool = False) -> str:
     """The GBNF grammar of an answer's calls from its first ``<tool_call>`` on, as llama-server's binds
     them: each block a call of a tool offered, its arguments those its JSON schema allows (an ``enum``, an
-    integer where it says integer), then the answer's end (or, with ``parallel``, another block). Used
+    integer where it says integer; blank between its tokens as llama.cpp's converter allows it, a line
+    break and an indent too), then the answer's end (or, with ``parallel``, another block). Used
     lazily (``call_trigger``), the text before the first block free; or, where ``tool_choice`` forces a
     call, from the answer's first token, over the tools it may call. With ``bare``, the answer may also be
     one call's object alone, blank around it (bound from the answer's start once ``opens_call``: the
-    reader takes what follows a bare call's arguments as its markup, so one call only). A usage error for
-    a schema the converter cannot express."""
+    reader takes what follows a bare call's arguments as its markup, so one call only), or in a fenced code
+    block (``FENCES``), then the answer's end, as after a tagged call. A usage error for a schema the
+    converter cannot express."""
     calls, definitions = [], {}
     for index, tool in enumerate(tools):
         function = tool["function"]
@@ -59,13 +67,16 @@ def call_grammar(tools: list[dict[str, Any]], parallel: bool, bare: bool = False
                 "additionalProperties": False,
             }
         )
-    one = json_schema_grammar({"$defs": definitions, "anyOf": calls}, "tools' function.parameters")
+    schema = {"$defs": definitions, "anyOf": calls}
+    one = json_schema_grammar(schema, "tools' function.parameters", LLAMA_CPP_SPACE)
     space = "tool-call-space"
     tagged = f"tool-call{f' ({space} tool-call)*' if parallel else ''}"
+    fenced = f'{space} tool-call-fence {space} tool-call-object {space} "{FENCE_CLOSE}"'
     return "\n".join(
         [
-            f"root ::= {tagged}{f' | {space} tool-call-object {space}' if bare else ''}",
+            f"root ::= {tagged}{f' | {space} tool-call-object {space} | {fenced}' if bare else ''}",
             f'tool-call ::= "{OPEN}" {space} tool-call-object {space} "{CLOSE}"',
+            f"tool-call-fence ::= {' | '.join(map(json.dumps, FENCES))}",
             f"{space} ::= [ \\t\\n]{{0,20}}",
             re.sub(r"^root ::=", "tool-call-object ::=", one, count=1, flags=re.MULTILINE),
         ]
@@ -84,10 +95,14 @@ def call_trigger(runner: Runner) -> int | None:
 
 def opens_call(text: str, names: frozenset[str]) -> bool | None:
     """Whether an answer's text so far opens a bare call of a tool offered, ``{"name": "<tool>"`` after
-    blank space (the pattern llama.cpp's older Hermes handler triggered its grammar on; 0.3.36's triggers
-    on ``<tool_call>`` alone): None while more text may still make it one. JSON that names no tool offered
-    stays free, as the reader leaves it text."""
-    rest = text
+    blank space, alone or after a code block's fence (the pattern llama.cpp's older Hermes handler
+    triggered its grammar on; 0.3.36's triggers on ``<tool_call>`` alone): None while more text may still
+    make it one. JSON that names no tool offered stays free, as the reader leaves it text."""
+    rest = text.lstrip(_SPACE)
+    fence = _fence(rest)
+    if fence is None:
+        return None
+    rest = rest[len(fence) :]
     for part in ("{", '"name"', ":"):
         rest = rest.lstrip(_SPACE)
         if not rest.startswith(part):
@@ -98,6 +113,27 @@ def opens_call(text: str, names: frozenset[str]) -> bool | None:
     if any(rest.startswith(name) for name in quoted):
         return True
     return None if any(name.startswith(rest) for name in quoted) else False
+
+
+def _fence(text: str) -> str | None:
+    """The fence of ``FENCES`` that ``text`` opens with (``""``: none), or None while more text may still
+    make it one."""
+    for fence in FENCES:
+        if text.startswith(fence):
+            return fence
+    return None if text and any(fence.startswith(text) for fence in FENCES) else ""
+
+
+def _answer_start(text: str) -> str | None:
+    """How an answer opens, read from its text so far: ``"bare"`` (a JSON object), ``"fenced"`` (a code
+    block's fence), else ``"text"``; None while it is blank, or may still be a fence."""
+    head = text.lstrip()
+    if not head:
+        return None
+    if head.startswith("{"):
+        return "bare"
+    fence = _fence(head)
+    return None if fence is None else "fenced" if fence else "text"
 
 
 def _rebased(schema: Any, base: str) -> Any:
@@ -215,8 +251,10 @@ class ToolCallReader:
     """The answer's text as it streams in, split into text to show and calls. Text that may be the start
     of a ``<tool_call>`` is held until it is one or is not; an answer that opens with ``{`` is held until
     it begins a call of a tool offered, else to its end, where it is a call if it is the bare
-    ``{"name", "arguments"}`` object small models often write without the markup. Each call comes as a
-    ``CallStart``, its arguments' pieces and the ``ToolCall``: begun calls as they are written (see the
+    ``{"name", "arguments"}`` object small models often write without the markup; one that opens with a
+    code block's fence, until it cannot open a call of a tool offered (``opens_call``), else as a
+    ``<tool_call>`` block is, its closing fence for the tag (the fences the call's markup). Each call comes
+    as a ``CallStart``, its arguments' pieces and the ``ToolCall``: begun calls as they are written (see the
     module), others once read whole (arguments given as a JSON text, or before the name), in one piece.
     Without ``parallel`` (``parallel_tool_calls: false``) a call after the first is left out: the client
     asked for one at most, and no grammar kept the model from writing more.
@@ -233,15 +271,15 @@ class ToolCallReader:
         self._pending = prefill
         self._unshown = len(prefill)  # the characters of the text read that are the prefill's
         self._released = 0  # the characters of the text read that are out of _pending
-        self._bare: bool | None = None  # undecided until the answer's first character that is not space
+        self._start: str | None = None  # how the answer opens (_answer_start): None while undecided
         self._begun: _BegunCall | None = None  # the call whose arguments are being written
         self.calls: list[ToolCall] = []
 
     def push(self, text: str) -> list[Piece]:
         """Text pieces and calls' pieces that ``text`` completes, in order."""
         self._pending += text
-        if self._bare is None and self._pending.strip():
-            self._bare = self._pending.lstrip().startswith("{")
+        if self._start is None:
+            self._start = _answer_start(self._pending)
         out: list[Piece] = []
         while True:
             if self._begun is not None:
@@ -249,37 +287,34 @@ class ToolCallReader:
                 if self._begun is not None:
                     return out
                 continue
-            if self._bare is not False:
-                start = len(self._pending) - len(self._pending.lstrip())
-                begun = self._begin(start, start, self.names) if self._bare else None
+            start = len(self._pending) - len(self._pending.lstrip())
+            if self._start in (None, "bare"):
+                begun = self._begin(start, start, self.names) if self._start else None
                 if begun is None:
                     return out
-                self._bare = False  # a bare call: the rest of the answer is its markup
+                self._start = "text"  # a bare call: the rest of the answer is its markup
                 out.append(begun)
+                continue
+            if self._start == "fenced":
+                opens = opens_call(self._pending, self.names)
+                if opens is None:
+                    return out
+                at = self._pending.index("{", start)  # the call's object, after the fence
+                block = self._block(start, at, FENCE_CLOSE, self.names) if opens else []
+                if block is None:
+                    return out
+                self._start = "text"  # text after it (or all of it, where it opens no call)
+                out += block
                 continue
             start = self._pending.find(OPEN)
             if start < 0:
                 cut = len(self._pending) - _partial_suffix(self._pending, OPEN)
                 return [*out, *self._release(cut)]
             out += self._release(start)
-            begun = self._begin(0, len(OPEN), None, CLOSE)
-            if begun is not None:
-                out.append(begun)
-                continue
-            end = self._pending.find(CLOSE, len(OPEN))
-            if end < 0:
+            block = self._block(0, len(OPEN), CLOSE)
+            if block is None:
                 return out
-            block = self._pending[len(OPEN) : end]
-            call = _read_call(block.strip(), objects_only=self.objects_only)
-            if call is None:
-                out += self._release(end + len(CLOSE))
-                continue
-            self._take(end + len(CLOSE))
-            if self._released <= self._unshown:
-                continue  # the prefill holds it whole: the client's call, as its text is
-            if self.calls and not self.parallel:
-                continue  # one call at most: a later one is neither a call nor text
-            out += self._read_whole(call)
+            out += block
 
     def finish(self) -> list[Piece]:
         """What is still held at the end: a begun call's end (its arguments closed where they stopped), a
@@ -287,15 +322,16 @@ class ToolCallReader:
         if self._begun is not None:
             self._take(len(self._pending))  # the call's markup
             return self._end_begun()
-        call = _read_call(self._pending.strip(), self.names, self.objects_only) if self._bare else None
+        bare = self._start == "bare"
+        call = _read_call(self._pending.strip(), self.names, self.objects_only) if bare else None
         if call is not None:
             whole_in_prefill = self._released + len(self._pending.rstrip()) <= self._unshown
             self._take(len(self._pending))
             return [] if whole_in_prefill else self._read_whole(call)  # the client's call, as its text is
-        if self._bare:  # held whole: it may still hold tagged calls after all
-            self._bare = False
+        if bare:  # held whole: it may still hold tagged calls after all
+            self._start = "text"
             return [*self.push(""), *self.finish()]
-        return self._release(len(self._pending))
+        return self._release(len(self._pending))  # an unclosed block, a fence or blank alone: text
 
     def _begin(self, start: int, at: int, names: frozenset[str] | None, end: str = "") -> CallStart | None:
         """The start of a call whose object is at ``at`` of the text held, its markup starting at ``start``
@@ -313,6 +349,28 @@ class ToolCallReader:
         self._take(begun.end())
         self._begun = _BegunCall(CallStart(len(self.calls), name), end)
         return self._begun.start
+
+    def _block(
+        self, start: int, at: int, close: str, names: frozenset[str] | None = None
+    ) -> list[Piece] | None:
+        """A block of markup from ``start`` of the text held, its object at ``at``, closed by ``close``: its
+        call begun, or once closed read whole (a call of one of ``names``, where given), or its text where
+        it holds none; None while it is neither begun nor closed."""
+        begun = self._begin(start, at, names, close)
+        if begun is not None:
+            return [begun]
+        end = self._pending.find(close, at)
+        if end < 0:
+            return None
+        call = _read_call(self._pending[at:end].strip(), names, self.objects_only)
+        if call is None:
+            return self._release(end + len(close))
+        self._take(end + len(close))
+        if self._released <= self._unshown:
+            return []  # the prefill holds it whole: the client's call, as its text is
+        if self.calls and not self.parallel:
+            return []  # one call at most: a later one is neither a call nor text
+        return self._read_whole(call)
 
     def _write_begun(self) -> list[Piece]:
         """The begun call's arguments that the text held adds, and its end once its markup ends."""
