@@ -379,8 +379,9 @@ class _GrammarAfterThinking:
     follows ``</think>`` (its grammar also holds the block to whole UTF-8 characters and lets whitespace
     come before the answer; this leaves the block free: docs/serve.md): the block, opened by the prompt
     or by the answer's first token, is written by ``free`` (a reasoning budget's forcing included), and
-    from its end tag on, drawn or forced, a fresh grammar-bound sampler writes the rest. An answer whose
-    first token opens no block is bound from that token, as without a block. A block opens only at the
+    from its end tag on, drawn or forced, a fresh grammar-bound sampler writes the rest (bound as an answer
+    without a block is: from its opening, where ``_GrammarOnOpening`` binds it). An answer whose first
+    token opens no block is bound from that token, as without a block. A block opens only at the
     answer's start: after a prefill (the start of the value the grammar binds) the bound sampler draws
     the first token, once; at the start ``free`` draws it to know whether it opens one (as it would
     without a grammar), and where it does not, the bound sampler, whose chain and random stream are its
@@ -391,7 +392,7 @@ class _GrammarAfterThinking:
     def __init__(
         self,
         free: Sampler | _BudgetedSampler,
-        bound: Callable[[tuple[int, ...]], Sampler],
+        bound: Callable[[tuple[int, ...]], Sampler | _GrammarOnOpening],
         tags: BlockTags,
         prompt: Sequence[int],
         prefill: tuple[int, ...],
@@ -439,10 +440,10 @@ class _GrammarOnOpening:
     ead serve's bare tool calls: text no token opens, so llama.cpp's token trigger cannot see it). Until
     then ``free`` draws, as it would without this (its own lazy grammar binding from its token), so an
     answer that never opens it is the same token for token; from the token that completes the opening, a
-    fresh sampler that follows the answer from its start (the prefill's tokens, then those drawn) draws
-    the rest. Where the text cannot open it, or the grammar rules out a token already written (one that
-    went on past the opening with text it rules out: llama.cpp's pattern trigger would abort there), the
-    answer stays free."""
+    fresh sampler that follows the answer from its start (the prefill's tokens, then those drawn; a
+    thinking model's, from its block's end: ``_GrammarAfterThinking``) draws the rest. Where the text
+    cannot open it, or the grammar rules out a token already written (one that went on past the opening
+    with text it rules out: llama.cpp's pattern trigger would abort there), the answer stays free."""
 
     greedy = False
 
@@ -526,8 +527,9 @@ class Decoder(_Generation):
     events show NaN for the entropy and the rolling mean of a step not measured.
 
     ``thinking_tags`` (a thinking model's block tags, given with a grammar): the grammar binds only what
-    follows the block, which is written free (``_GrammarAfterThinking``). Without them, the sampling's
-    ``grammar_opening`` binds the answer once its text opens the grammar (``_GrammarOnOpening``).
+    follows the block, which is written free (``_GrammarAfterThinking``). The sampling's
+    ``grammar_opening`` binds the answer (after the block, with them) once its text opens the grammar
+    (``_GrammarOnOpening``).
     """
 
     def __init__(
@@ -593,34 +595,50 @@ class Decoder(_Generation):
         grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
         vocab = self.runners[0].vocab if self.sampling.infill else None  # local, as for the grammars
         tags = self.thinking_tags if self.sampling.grammar is not None else None
-        # a thinking model's answer opens after its block: the block's end binds it (tags), not an opening
-        opening = None if self.sampling.grammar is None or tags is not None else self.sampling.grammar_opening
-        free = self.sampling
-        if tags is not None or (opening is not None and self.sampling.grammar_trigger is None):
-            free = replace(self.sampling, grammar=None, grammar_start=())  # bound once a wrapper says so
+        opening = None if self.sampling.grammar is None else self.sampling.grammar_opening
+        # A block is drawn free, and an answer before its text opens the grammar as without the opening
+        # (bound from its trigger on, where one is given): a fresh sampler binds what a wrapper says to.
+        free = replace(self.sampling, grammar=None, grammar_start=())
+
+        def until_opened(start: tuple[int, ...]) -> SamplingParams:
+            return (
+                free if self.sampling.grammar_trigger is None else replace(self.sampling, grammar_start=start)
+            )
+
+        def on_opening(unopened: Sampler | _BudgetedSampler, start: tuple[int, ...]) -> _GrammarOnOpening:
+            assert opening is not None
+            return _GrammarOnOpening(
+                unopened,
+                lambda written: Sampler(
+                    replace(self.sampling, grammar_start=written, grammar_trigger=None), grammars, vocab
+                ),
+                opening,
+                start,
+                self.runners[0].token_bytes,
+            )
+
+        def after_block(start: tuple[int, ...]) -> Sampler | _GrammarOnOpening:
+            """What draws a thinking model's answer from its block's end on, ``start`` its first tokens
+            (a prefill's): the grammar, or, where an opening binds it, a sampler that stacks it."""
+            if opening is None:
+                return Sampler(replace(self.sampling, grammar_start=start), grammars, vocab)
+            return on_opening(Sampler(until_opened(start), grammars, vocab), start)
+
+        if tags is not None:
+            first = free  # the block's
+        elif opening is not None:
+            first = until_opened(self.sampling.grammar_start)
+        else:
+            first = self.sampling
         sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking | _GrammarOnOpening
-        sampler = Sampler(free, grammars, vocab)
+        sampler = Sampler(first, grammars, vocab)
         if self.reasoning_budget is not None:
             self.reasoning_budget.begin(tokens)
             sampler = _BudgetedSampler(sampler, self.reasoning_budget)
         if tags is not None:
-            sampler = _GrammarAfterThinking(
-                sampler,
-                lambda start: Sampler(replace(self.sampling, grammar_start=start), grammars, vocab),
-                tags,
-                tokens,
-                self.sampling.grammar_start,
-            )
-        if opening is not None:
-            sampler = _GrammarOnOpening(
-                sampler,
-                lambda start: Sampler(
-                    replace(self.sampling, grammar_start=start, grammar_trigger=None), grammars, vocab
-                ),
-                opening,
-                self.sampling.grammar_start,
-                self.runners[0].token_bytes,
-            )
+            sampler = _GrammarAfterThinking(sampler, after_block, tags, tokens, self.sampling.grammar_start)
+        elif opening is not None:
+            sampler = on_opening(sampler, self.sampling.grammar_start)
         self._sampler = sampler
         self._reads_ahead = any(map(self._reads_ahead_at, range(len(self.runners))))
         self.fallback_reason = None

@@ -20,9 +20,9 @@ from test_cli import pair_args
 from test_serve import CHROMIUM, HI, JSON, PRESS_ENTER, TAU, open_page, serving
 from test_serve_fim import wait_loaded
 from test_serve_responses import FLAT_TOOLS, collapsed
-from test_serve_tools import FLIP
+from test_serve_tools import FLIP, PICK, assert_one_bound_pick
 from test_thinking import OWN_BLOCK_TEMPLATE, generate
-from tiny_models import CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_scripted_pair
+from tiny_models import BARE_OPENING, CALL_TOKEN, THINKING_TOOLS_TEMPLATE, vocabulary, write_scripted_pair
 
 from ead_cli.bench import native
 from ead_cli.remote import built_server
@@ -595,6 +595,37 @@ def test_a_forced_call_comes_after_the_reasoning(calling: Server) -> None:
     assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls or []] == [
         (call.function.name, call.function.arguments)  # type: ignore[union-attr]
     ]
+
+
+# The same thought, then a bare call's opening (no <tool_call> tags): its arguments the random rows'
+BARE_CALLING = ["Ċ", *THOUGHT, "</think>", "Ġ", BARE_OPENING]
+
+
+@pytest.fixture(scope="module")
+def bare_calling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("serve-thinking-bare-calls")
+    small, large = write_scripted_pair(folder, "bare", THINKING_TOOLS_TEMPLATE, BARE_CALLING, "think-bare")
+    with serving([*pair_args((small, large)), *TAU], folder / "server.log") as running:
+        yield running
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_bare_call_after_the_reasoning_is_bound_by_its_schema(bare_calling: Server, seed: int) -> None:
+    """A thinking model's bare call, after its </think>: the calls' grammar binds it once its text names
+    a tool offered, as it binds one without a block, so the random draws after the name are the call's
+    arguments as its schema allows, whole and streamed, the reasoning apart. Unbound, the tiny model wrote
+    no JSON after the name: the answer stayed text, cut off at max_tokens."""
+    client = openai.OpenAI(base_url=bare_calling.base_url, api_key="unused", max_retries=0, timeout=60)
+    request = {
+        "model": "ead",
+        "messages": ASK,
+        "tools": PICK,
+        "temperature": 1.0,
+        "seed": seed,
+        "max_tokens": 200,
+    }
+    for choice in assert_one_bound_pick(client, request):
+        assert (choice.message.model_extra or {})["reasoning_content"] == THOUGHT
 
 
 def test_chat_gives_the_reasoning_then_the_call_whole_and_streamed(calling: Server) -> None:

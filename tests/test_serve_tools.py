@@ -16,6 +16,7 @@ import pytest
 from bench_serve import TOOLS
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
+from openai.types.chat.chat_completion import Choice
 from serve_process import EAD, Server
 from test_cli import pair_args
 from test_serve import HI, JSON, serving
@@ -637,9 +638,9 @@ def tags_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
-def assert_one_bound_pick(client: openai.OpenAI, request: dict) -> None:
+def assert_one_bound_pick(client: openai.OpenAI, request: dict) -> tuple[Choice, Choice]:
     """The answer is one call of ``pick`` whose arguments its schema allows (an enum's value, an integer),
-    and the streamed answer the same call, with no text beside it either way."""
+    and the streamed answer the same call, with no text beside it either way: the two answers' choices."""
     whole = client.chat.completions.create(**request).choices[0]
     assert whole.finish_reason == "tool_calls" and whole.message.content is None, whole
     (call,) = whole.message.tool_calls
@@ -654,6 +655,7 @@ def assert_one_bound_pick(client: openai.OpenAI, request: dict) -> None:
     assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
         (call.function.name, call.function.arguments)
     ]
+    return whole, streamed
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -45,7 +45,9 @@ longest, such as Qwen2's 128-byte runs); ``"spm"`` (a SentencePiece tokenizer, l
 "▁" as one, as Llama 2's, Mistral's and Phi-3's do); ``"think"`` (``base`` plus ``<think>`` and
 ``</think>``, user-defined tokens as in Qwen3's vocabulary: text when detokenized), for ``QWEN3_LIKE``;
 ``"think-call"`` (``think`` plus ``CALL_TOKEN`` and ``NAN_CALL_TOKEN``, a whole tool call each as one
-user-defined token, so that a ``script`` can make a tiny model think and then call a tool);
+user-defined token, so that a ``script`` can make a tiny model think and then call a tool); ``"think-bare"``
+(``think`` plus ``BARE_OPENING``, a bare call's opening as one user-defined token, so that a ``script`` can
+make it think and then open a bare call whose arguments its random rows write);
 ``"tool-tags"`` (``base`` plus ``<tool_call>`` and ``</tool_call>``, user-defined tokens as in Qwen2.5's
 vocabulary, which a call's grammar is triggered by); ``"fim"`` (``base`` plus Qwen2.5-Coder's six
 fill-in-the-middle control tokens, ``FIM_SPECIALS``, which llama.cpp finds by their text: the
@@ -87,6 +89,8 @@ TOOL_TAGS = ("<tool_call>", "</tool_call>")
 CALL_TOKEN = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
 # A call whose arguments hold NaN, which Python's json reads and JSON has not
 NAN_CALL_TOKEN = '<tool_call>{"name": "multiply", "arguments": {"a": NaN}}</tool_call>'
+# A bare call's opening, up to the name of test_serve_tools' PICK
+BARE_OPENING = '{"name": "pick"'
 # THINKING_TEMPLATE with Qwen3's tools: their JSON in a system turn, an earlier call in its markup
 THINKING_TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
@@ -150,6 +154,7 @@ def _merges(vocab: str) -> list[str]:
         "line-token",
         "think",
         "think-call",
+        "think-bare",
         "tool-tags",
         "fim",
         "fim-bare",
@@ -162,7 +167,7 @@ def _merges(vocab: str) -> list[str]:
         return list(BASE_MERGES) + [f"{a} {b}" for a in letters for b in letters]
     raise ValueError(
         f"unknown vocab {vocab!r}: use 'base', 'other', 'bigger', 'padded', 'phi-3', 'long', 'think', "
-        "'think-call', 'tool-tags', 'spm', "
+        "'think-call', 'think-bare', 'tool-tags', 'spm', "
         "'fim' or 'fim-bare'"
     )
 
@@ -188,12 +193,15 @@ def vocabulary(vocab: str = "base") -> tuple[list[str], list[int], list[str]]:
     if vocab == "line-token":
         tokens.append(LINE_TOKEN)
         types.append(gguf.TokenType.USER_DEFINED)
-    if vocab in ("think", "think-call"):
+    if vocab in ("think", "think-call", "think-bare"):
         tokens += THINK_SPECIALS
         types += [gguf.TokenType.USER_DEFINED] * len(THINK_SPECIALS)
     if vocab == "think-call":
         tokens += (CALL_TOKEN, NAN_CALL_TOKEN)
         types += [gguf.TokenType.USER_DEFINED] * 2
+    if vocab == "think-bare":
+        tokens.append(BARE_OPENING)
+        types.append(gguf.TokenType.USER_DEFINED)
     if vocab == "tool-tags":
         tokens += TOOL_TAGS
         types += [gguf.TokenType.USER_DEFINED] * len(TOOL_TAGS)
@@ -319,15 +327,15 @@ def write_tiny_model(
 
 
 def write_scripted_pair(
-    folder: Path, stem: str, chat_template: str, script: Sequence[str]
+    folder: Path, stem: str, chat_template: str, script: Sequence[str], vocab: str = "think-call"
 ) -> tuple[Path, Path]:
-    """A small and a large tiny model of the ``think-call`` vocabulary (seeds 0 and 1) that both write
+    """A small and a large tiny model of the ``vocab`` vocabulary (seeds 0 and 1) that both write
     ``script`` under ``chat_template``: a pair whose answer is known, whichever model writes."""
     small, large = (
         write_tiny_model(
             folder / f"{stem}{seed}.gguf",
             seed=seed,
-            vocab="think-call",
+            vocab=vocab,
             chat_template=chat_template,
             script=script,
         )

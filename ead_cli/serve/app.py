@@ -59,7 +59,7 @@ from ..prompt import (
 )
 from ..remote import any_remote
 from ..sampling import GrammarRefusal, SamplingParams
-from ..thinking import CLOSE, ReasoningSplitter, answer_start, split_reasoning, template_variables, thinks
+from ..thinking import CLOSE, ReasoningSplitter, answer_start, split_reasoning, template_variables
 from .engine import (
     Engine,
     Failed,
@@ -1236,8 +1236,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         call's opening that triggers it too, where the run can follow it: every model local, no step that
         takes tokens back, schemas the converter and llama.cpp take, and a prefill that it does not rule
         out. Lazy, from the first ``<tool_call>`` on (a vocabulary with that token), or from the answer's
-        start once it opens a bare call of a tool offered (``opens_call``: not a thinking model's, whose
-        answer opens after its reasoning); elsewhere the calls are read as the model writes them (None), as
+        start once it opens a bare call of a tool offered (``opens_call``; a thinking model's answer, from
+        the end of its reasoning); elsewhere the calls are read as the model writes them (None), as
         they were before any grammar bound them. Where ``tool_choice`` forces a call (``forced_tools``),
         from the answer's first token, over the tools it may call (llama-server's ``required``), a thinking
         model's from the end of its reasoning, written free (the decoder's ``thinking_tags``); where the
@@ -1249,18 +1249,15 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return None
         runner = engine.runners[0]
         trigger = None if forced else call_trigger(runner)
-        bare = not forced and not thinks(runner.chat_template)
-        opening = functools.partial(opens_call, names=names) if bare else None
+        opening = None if forced else functools.partial(opens_call, names=names)
         start = runner.spelling(prefill) if prefill else []
         unbound = _unbindable(policy, json_mode)
         if unbound is None and start is None:
             unbound = "an assistant prefill the vocabulary cannot spell for a grammar"
-        if unbound is None and not forced and trigger is None and opening is None:
-            unbound = "a vocabulary without a <tool_call> token"
         try:
             if unbound is not None:
                 raise EadError(unbound)
-            grammar = call_grammar(forced or tools, body.parallel_tool_calls is not False, bare)
+            grammar = call_grammar(forced or tools, body.parallel_tool_calls is not False, not forced)
             runner.grammars.check(grammar, start if trigger is not None or forced else (), trigger)
         except EadError as error:  # a schema no grammar holds, or a prefill the calls rule out
             if not forced:
