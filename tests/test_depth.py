@@ -31,6 +31,7 @@ from test_cli import (
     interruptible,
     read_to_the_end,
 )
+from test_habits import MEANT, TYPED
 from tiny_models import write_tiny_model
 
 from ead_cli.bench.sandbox import sandbox_note
@@ -380,6 +381,30 @@ def test_generate_jsonl_and_stats(config: dict[str, str], deep_model: Path) -> N
     assert [t["depth"] for t in tokens] == summary["depths"]
     assert all(int(layer) <= t["depth"] or int(layer) == N_LAYER for t in tokens for layer in t["probes"])
     assert "mean depth" in result.stderr.decode() and "depth histogram" in result.stderr.decode()
+
+
+def test_generate_takes_llama_clis_escapes_as_ead_generate_does(
+    config: dict[str, str], deep_model: Path
+) -> None:
+    """depth generate had sent -p 'a\\nb' and -r '\\n' as typed, a backslash and an n: generate's -e rule
+    (on by default; --no-escape) holds for its prompt and its reverse prompts too."""
+
+    def answer(*extra: str) -> tuple[int, str]:
+        args = ["depth", "generate", str(deep_model), "--threads", "1", "-n", "8", "--format", "jsonl"]
+        result = ead(*args, *extra, env=config)
+        assert result.returncode == 0, result.stderr.decode()
+        *tokens, summary = (json.loads(line) for line in result.stdout.decode().splitlines())
+        return summary["prompt_tokens"], "".join(token["text"] for token in tokens)
+
+    meant = answer("--no-escape", "-p", MEANT)
+    assert answer("-p", TYPED) == answer("-e", TYPED) == meant
+    literal = answer("--no-escape", "-p", TYPED)
+    assert literal[0] > meant[0]
+    text = meant[1]
+    stop = text[len(text) // 2 :][:2]  # two characters from the answer's middle, typed as their bytes
+    typed_stop = "".join(f"\\x{byte:02x}" for byte in stop.encode())
+    assert answer("-p", MEANT, "-r", typed_stop) == (meant[0], text[: text.index(stop)])
+    assert answer("--no-escape", "-p", MEANT, "-r", typed_stop) == meant
 
 
 def test_stats_at_a_narrow_terminal_are_wrapped_at_spaces(config: dict[str, str], deep_model: Path) -> None:

@@ -24,8 +24,9 @@ from types import CodeType, FrameType
 import pexpect
 import pytest
 from test_cli import at_a_terminal, interruptible, pair_args
+from test_habits import MEANT, TYPED
 from test_thinking import CLOSE_ID
-from tiny_models import open_pair
+from tiny_models import byte_tokens, open_pair
 
 from ead_cli.chat import Conversation
 from ead_cli.cli.output import spelled
@@ -365,6 +366,35 @@ def pipe(pair: tuple[Path, Path], text: bytes, *extra: str) -> subprocess.Comple
     """ead chat with ``text`` on its stdin."""
     args = [str(EAD), *chat_args(pair, "--max-tokens", "4", *extra)]
     return subprocess.run(args, input=text, capture_output=True, timeout=60, check=False)
+
+
+NEWLINE = byte_tokens().index(chr(256 + ord("\n")))  # the tiny vocabulary's token for "\n"
+
+
+def test_a_stop_typed_with_escapes_ends_an_answer_where_llama_cli_would(tiny_pair: tuple[Path, Path]) -> None:
+    """chat's --stop '\\n' had been a backslash and an n, which never matched: llama-cli escapes its reverse
+    prompts in conversation mode too, so chat takes generate's -e rule (on by default; --no-escape)."""
+    lines = ("--logit-bias", f"{NEWLINE}+100")  # every token a newline
+    for typed_stop in (["-r", "\\n"], ["-e", "--stop", "\\x0a"]):
+        stopped = pipe(tiny_pair, b"hi\n", *lines, *typed_stop)
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout == b"\n"  # the answer ends before its first token
+    literal = pipe(tiny_pair, b"hi\n", *lines, "--no-escape", "-r", "\\n")
+    assert literal.returncode == 0, literal.stderr
+    assert literal.stdout == b"\n" * 5  # four newlines, and the line's end
+
+
+def test_a_typed_message_is_sent_as_typed_as_llama_clis_conversation_sends_it(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """llama-cli's conversation (llama.cpp's tools/cli) sends a typed line as typed, escapes and all, -e
+    or not (only the old main, now llama-completion, processed them): chat does the same, so pasted
+    code's \\n reaches the model as written."""
+    saved = tmp_path / "typed.json"
+    result = pipe(tiny_pair, f"{TYPED}\n/save {saved}\n".encode())
+    assert result.returncode == 0, result.stderr
+    assert MEANT != TYPED
+    assert [turn["user"] for turn in json.loads(saved.read_text())["turns"]] == [TYPED]
 
 
 def test_ollamas_set_parameter_sets_each_penalty_and_names_the_ones_it_takes(

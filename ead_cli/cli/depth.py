@@ -21,6 +21,7 @@ from ..options import check_max_tokens
 from .groups import (
     BatchSize,
     Ctx,
+    Escape,
     FormatOpt,
     MaxTokens,
     ModelsFile,
@@ -198,6 +199,7 @@ def depth_generate(
     temp: Temp = 0.0,
     seed: Seed = 0,
     stop: Stop = None,
+    escape: Escape = True,
     raw: Raw = False,
     output_format: FormatOpt = OutputFormat.text,
     stats: Stats = False,
@@ -209,8 +211,8 @@ def depth_generate(
     from ..prompt import encode_fitting, render_prompt
     from ..sampling import SamplingParams
 
-    text = read_prompt(prompt, prompt_option, prompt_file)
-    stops = read_stops(stop)
+    text = read_prompt(prompt, prompt_option, prompt_file, escape)
+    stops = read_stops(stop, escape)
     check_stdout("the answer")
     options = DepthOptions(
         margin=margin,

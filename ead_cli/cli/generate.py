@@ -118,8 +118,8 @@ def generate(
         raise EadError("--system needs the chat template, which --suffix leaves out (fill-in-the-middle)", 2)
     on_stdin = prompt_on_stdin(prompt, prompt_option, prompt_file)
     bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file, prompt_on_stdin=on_stdin)
-    text = read_prompt(prompt, prompt_option, prompt_file, escape=escape)
-    stops = read_stops(stop, escape=escape)
+    text = read_prompt(prompt, prompt_option, prompt_file, escape)
+    stops = read_stops(stop, escape)
     if suffix is not None and escape:
         suffix = process_escapes(suffix)
     check_stdout("the answer")
@@ -201,6 +201,7 @@ def chat(
     decoding: Decoding,
     system: System = None,
     stop: Stop = None,
+    escape: Escape = True,
     hide_thinking: HideThinking = False,
     no_color: NoColor = False,
 ) -> None:
@@ -214,7 +215,7 @@ def chat(
         raise EadError("ead chat reads its turns from stdin, which is closed", exit_code=2)
     if problem := misopened(0):  # 0>/dev/tty: readline would take its failing reads for the input's end
         raise EadError(problem)
-    stops = read_stops(stop)
+    stops = read_stops(stop, escape)
     check_stdout("the conversation")
     policy_options, generation = _for_models(decoding, model_options)
     generation = replace(generation, stop=stops)

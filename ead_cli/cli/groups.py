@@ -158,14 +158,16 @@ System = Annotated[
     typer.Option("--system", "-sys", "--system-prompt", help="System message for the chat template."),
 ]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
-# llama-cli's -e/--escape, on by default there too: what its users type (-p 'a\nb', -r '\n') means the same
+# llama-cli's -e/--escape, on by default there too: what its users type (-p 'a\nb', -r '\n') means the same.
+# One wording for every command that takes it (generate, chat, depth generate): each has some of these.
 Escape = Annotated[
     bool,
     typer.Option(
         "--escape/--no-escape",
         "-e",
-        help="Process llama-cli's escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the prompt typed on the "
-        "command line, --suffix and --stop; a --file's or stdin's text and --system are sent as they are.",
+        help="Process llama-cli's escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in what is typed on the "
+        "command line: the prompt, --suffix, --stop; a --file's or stdin's text, --system and chat's "
+        "messages are sent as they are.",
     ),
 ]
 Suffix = Annotated[
@@ -510,7 +512,7 @@ PromptFile = Annotated[
 ]
 
 
-def read_stops(stop: list[str] | None, escape: bool = False) -> tuple[str, ...]:
+def read_stops(stop: list[str] | None, escape: bool) -> tuple[str, ...]:
     """The stop strings, their escapes processed where ``escape`` (--escape), each checked: an argument's
     bytes that are not UTF-8 would never match the text; an empty one, which llama.cpp finds at once and
     ead's text stream drops, is a typo ($UNSET)."""
@@ -530,7 +532,7 @@ def prompt_on_stdin(prompt: str | None, option: str | None, file: Path | None) -
     return not given or str(given[0]) == "-"
 
 
-def read_prompt(prompt: str | None, option: str | None, file: Path | None, escape: bool = False) -> str:
+def read_prompt(prompt: str | None, option: str | None, file: Path | None, escape: bool) -> str:
     """The prompt, checked (``check_prompt_text``), a file's or stdin's named in a refusal of it; with
     ``escape`` (--escape), the escapes of one given on the command line processed, as llama-cli's -e does
     (a file's or stdin's text is read as it is: code's own escapes reach the model as written)."""
