@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tiny_models import CHATML, LONG_TOKEN, write_tiny_model
 
+from ead_cli.cli.groups import prompt_on_stdin, read_prompt
 from ead_cli.errors import EadError
 from ead_cli.prompt import (
     PAIR_BLOCK,
@@ -166,3 +169,33 @@ def test_escapes_are_processed_as_llama_cpp_does(given: str, processed: str) -> 
     """A byte that is no UTF-8 is kept as Python keeps an argument's (surrogateescape), for check_text to
     refuse by its place."""
     assert process_escapes(given) == processed
+
+
+@pytest.mark.parametrize(
+    ("prompt", "option", "file"),
+    [
+        (None, None, None),
+        ("-", None, None),
+        (None, "-", None),
+        (None, None, "-"),
+        ("typed", None, None),
+        (None, "typed", None),
+        (None, None, "FILE"),
+    ],
+)
+def test_the_prompt_reads_stdin_exactly_where_prompt_on_stdin_says(
+    prompt: str | None, option: str | None, file: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prompt_on_stdin`` keeps a grammar file '-' off the prompt's stdin: for every way of giving the
+    prompt it says stdin exactly where ``read_prompt`` reads it (one rule decides both)."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"from stdin")
+    os.close(write_end)
+    named = tmp_path / "prompt.txt"
+    named.write_text("from a file")
+    path = None if file is None else named if file == "FILE" else Path(file)
+    with open(read_end, encoding="utf-8") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        text = read_prompt(prompt, option, path, escape=True)
+    assert (text == "from stdin") == prompt_on_stdin(prompt, option, path)
+    assert text in ("from stdin", "typed", "from a file")

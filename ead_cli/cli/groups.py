@@ -528,8 +528,7 @@ def read_stops(stop: list[str] | None, escape: bool) -> tuple[str, ...]:
 
 def prompt_on_stdin(prompt: str | None, option: str | None, file: Path | None) -> bool:
     """Whether ``read_prompt`` reads stdin: '-', or no prompt given."""
-    given = [value for value in (prompt, option, file) if value is not None]
-    return not given or str(given[0]) == "-"
+    return _prompt_input(prompt, option, file) is None
 
 
 def read_prompt(prompt: str | None, option: str | None, file: Path | None, escape: bool) -> str:
@@ -539,30 +538,35 @@ def read_prompt(prompt: str | None, option: str | None, file: Path | None, escap
     from ..prompt import check_prompt_text, process_escapes  # loads llama.cpp: only when a command runs
 
     text, what = _given_prompt(prompt, option, file)
-    on_command_line = prompt not in (None, "-") or option not in (None, "-")
-    return check_prompt_text(process_escapes(text) if escape and on_command_line else text, what)
+    typed = isinstance(_prompt_input(prompt, option, file), str)
+    return check_prompt_text(process_escapes(text) if escape and typed else text, what)
+
+
+def _prompt_input(prompt: str | None, option: str | None, file: Path | None) -> str | Path | None:
+    """Where the prompt is: its text typed on the command line (the argument or --prompt), a file
+    (--file), or stdin (None) where the one given is '-' or none is. The one rule of which input the
+    prompt reads, for ``read_prompt`` and for ``prompt_on_stdin``, which keeps a grammar off that stdin."""
+    given = next((value for value in (prompt, option, file) if value is not None), None)
+    return None if given is None or str(given) == "-" else given
 
 
 def _given_prompt(prompt: str | None, option: str | None, file: Path | None) -> tuple[str, str]:
     """The prompt and where it came from ('the prompt file NAME'): the argument or --prompt, else
-    --file's text, else stdin when it is '-' or none is given and stdin is not a terminal. Given two ways
-    it is refused: which one was meant is unknown."""
+    --file's text, else stdin (``_prompt_input``) when stdin is not a terminal or '-' names it. Given
+    two ways it is refused: which one was meant is unknown."""
     ways = {"the argument": prompt, "--prompt": option, "--file": file}
     given = [way for way, value in ways.items() if value is not None]
     if len(given) > 1:
         raise EadError(f"the prompt is given twice ({' and '.join(given)}): give it once", exit_code=2)
-    if file is not None:
-        if str(file) != "-":
-            named = f"file {shown_path(file)}"
-            return _read_text(file, f"the prompt {named}"), f"the prompt {named}"
-        prompt = "-"  # stdin, as the argument's '-'
-    elif prompt is None:
-        prompt = option  # the argument's twin: its '-' reads stdin too
-    if prompt is not None and prompt != "-":
-        return prompt, "the prompt"
+    source = _prompt_input(prompt, option, file)
+    if isinstance(source, Path):
+        named = f"the prompt file {shown_path(source)}"
+        return _read_text(source, named), named
+    if source is not None:
+        return source, "the prompt"
     if sys.stdin is None:  # the shell closed it (<&-)
         raise EadError("no prompt: stdin is closed; pass the prompt as an argument", exit_code=2)
-    if prompt is None and sys.stdin.isatty():
+    if not given and sys.stdin.isatty():
         raise EadError("no prompt: pass it as an argument, or '-' to read it from stdin", exit_code=2)
     return _read_text(sys.stdin.buffer, "the prompt on stdin"), "the prompt on stdin"
 
