@@ -659,6 +659,26 @@ def test_a_replay_of_no_results_file_says_so(tmp_path: Path) -> None:
     assert_one_line_error(ead("bench", "replay", str(tmp_path), *missing), 2, "no samples in")
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("not json\n", "line 1 is not JSON"), ('{"type": "sample"}\n', "does not start with a config record")],
+    ids=["not JSON", "no config record"],
+)
+def test_a_replay_of_a_file_that_holds_no_bench_results_says_so_in_its_own_words(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    """Another file given to replay had been told to "move the file away to start over", the bench's
+    advice for its own results, which replay neither moves nor starts: it says what to give instead."""
+    given = tmp_path / "notes.txt"
+    given.write_text(text)
+    missing = ["--small", str(tmp_path / "none.gguf"), "--large", str(tmp_path / "none.gguf")]
+    line = assert_one_line_error(ead("bench", "replay", str(given), *missing), 2)
+    assert line == (
+        f"error: {given} {problem}: it is not a bench's results file; give a bench's results.jsonl or its "
+        "--out folder"
+    )
+
+
 def large(sample: dict) -> dict:
     """A sample record's figures of the large model."""
     return sample["models"]["large"]

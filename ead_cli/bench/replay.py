@@ -30,6 +30,7 @@ from .grid import LARGE_ONLY
 from .report import paired_ratio, passes
 from .results import (
     COUNT,
+    GIVE_RESULTS,
     PHASES,
     SECONDS,
     Record,
@@ -77,10 +78,8 @@ def select_records(path: Path, strategies: Sequence[str] | None) -> tuple[Record
     """The config and the samples to replay: every sample with a schedule, or the named strategies
     (each must have one); each read whole here, before any model loads."""
     if not path.exists():
-        raise EadError(
-            f"{shown_path(path)} does not exist: give a bench's results.jsonl or its --out folder", 2
-        )
-    config, records = read_results(path)
+        raise EadError(f"{shown_path(path)} does not exist: {GIVE_RESULTS}", 2)
+    config, records = read_results(path, given=True)
     if config is None or not records:
         raise EadError(f"no samples in {shown_path(path)}", exit_code=2)
     if not config.get("tokenizer"):

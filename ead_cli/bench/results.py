@@ -327,10 +327,16 @@ def non_finite(value: Any, name: str = "") -> tuple[str, float] | None:
     return None
 
 
-def read_results(path: Path) -> tuple[Record | None, list[Record]]:
+# What replay (given a results file to read) says to give where it is given none, or another file
+GIVE_RESULTS = "give a bench's results.jsonl or its --out folder"
+
+
+def read_results(path: Path, *, given: bool = False) -> tuple[Record | None, list[Record]]:
     """The config record and the sample records of a results file (an unfinished last line is dropped,
     blank lines skipped). A folder, a pipe or a device in its place is refused: a pipe was read (or, to
-    resume, appended to) until a writer came, for ever."""
+    resume, appended to) until a writer came, for ever. A file that holds no results is said to be moved
+    away to start over where it is a bench's own (its --out), and, where it was ``given`` to be read
+    (replay), as a mistaken argument (exit 2) with what to give instead."""
     check_kept_file(path, "a bench keeps its results", exit_code=2)
     if lookup(path) is None:
         return None, []
@@ -349,9 +355,7 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
             records.append(json.loads(line))
             not_finite = non_finite(records[-1])
         except (json.JSONDecodeError, RecursionError):  # nested past Python's limit: not JSON ead reads
-            raise EadError(
-                f"{shown_path(path)} line {number} is not JSON: move the file away to start over"
-            ) from None
+            raise _no_results(path, f"line {number} is not JSON", given) from None
         if not isinstance(records[-1], dict):  # first: a bare NaN has no field to name
             raise EadError(f"{shown_path(path)} line {number} is not a record (a JSON object)")
         if not_finite is not None:  # Python's json reads NaN, Infinity and 1e999: ead writes none of them
@@ -360,9 +364,7 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     if not records:
         return None, []
     if records[0].get("type") != "config":
-        raise EadError(
-            f"{shown_path(path)} does not start with a config record: move the file away to start over"
-        )
+        raise _no_results(path, "does not start with a config record", given)
     written = records[0].get("format")
     if written != FORMAT_VERSION:  # its records may mean other things under the same keys
         what = "no format" if written is None else f"format {written!r}"
@@ -371,6 +373,13 @@ def read_results(path: Path) -> tuple[Record | None, list[Record]]:
     # under another, unsaid): read as the default's, so that it stays a repeat and resumable as it was
     config = {**records[0], "timeout_s": records[0].get("timeout_s", SAMPLE_TIMEOUT_S)}
     return config, [record for record in records[1:] if record.get("type") == "sample"]
+
+
+def _no_results(path: Path, problem: str, given: bool) -> EadError:
+    """The refusal of a file that holds no bench results, for ``problem``: ``read_results``'s ``given``."""
+    if given:
+        return EadError(f"{shown_path(path)} {problem}: it is not a bench's results file; {GIVE_RESULTS}", 2)
+    return EadError(f"{shown_path(path)} {problem}: move the file away to start over")
 
 
 def open_to_append(path: Path) -> TextIO:
