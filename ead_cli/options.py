@@ -191,6 +191,19 @@ class ModelOptions:
         return len(self.models) or 2
 
 
+def tokens_taken_back_by(mode: str | None, verify: float | None, policy: str | None) -> str | None:
+    """The step of a run with these options that takes tokens back, by its option (spec's rejected
+    drafts, --verify's rewrites, lookahead's dropped drafts); None where no step does (a mode other than
+    ead leaves --verify and --policy unused). Also read from a bench sample's stored options."""
+    if mode == "spec":
+        return "--mode spec"
+    if mode == "ead" and verify is not None:
+        return "--verify"
+    if mode == "ead" and policy == "lookahead":
+        return "--policy lookahead"
+    return None
+
+
 @dataclass(frozen=True)
 class PolicyOptions:
     """How models take turns; checked when made (a usage error, before any model loads).
@@ -279,16 +292,9 @@ class PolicyOptions:
         return mode if self.mode_given or self.mode != DEFAULT_MODE else f"the default mode ({mode})"
 
     def takes_tokens_back(self) -> str | None:
-        """The step of this run that takes tokens back, by its option (spec's rejected drafts, --verify's
-        rewrites, lookahead's dropped drafts): what a grammar, which cannot step back, refuses; None where
-        no step does (a mode other than ead leaves --verify and --policy unused)."""
-        if self.mode == "spec":
-            return "--mode spec"
-        if self.mode == "ead" and self.verify is not None:
-            return "--verify"
-        if self.mode == "ead" and self.policy == "lookahead":
-            return "--policy lookahead"
-        return None
+        """The step of this run that takes tokens back (``tokens_taken_back_by``): what a grammar, which
+        cannot step back, refuses."""
+        return tokens_taken_back_by(self.mode, self.verify, self.policy)
 
     def changed(self, **changes: object) -> PolicyOptions:
         """These options given (a chat command, a request's ``ead`` object) over this run's: a mode among

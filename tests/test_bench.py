@@ -1661,6 +1661,47 @@ def test_without_large_only_there_are_no_relative_figures() -> None:
     assert [row[headers.index("acceptance")] for row in rows] == ["-", "-", "75.0%"]
 
 
+def test_rollbacks_are_a_count_where_a_strategy_takes_tokens_back_and_not_applicable_elsewhere() -> None:
+    """The rollbacks column had shown "-" for 0, which is a count where the strategy takes written
+    tokens back (--verify, a lookahead policy) and rejected none; "-" is for one that takes none back."""
+
+    def taking_back(strategy: str, params: dict, rollbacks: tuple[int, int]) -> list[dict]:
+        return [
+            record(
+                strategy,
+                task,
+                passed=True,
+                generated=10,
+                large_share=0.5,
+                flops=1.0,
+                wall_s=1.0,
+                params=params,
+                rollbacks=count,
+            )
+            for task, count in zip(("t/0", "t/1"), rollbacks, strict=True)
+        ]
+
+    gate = {"mode": "ead", "policy": "gate", "verify": None}
+    records = [
+        *RECORDS,
+        *taking_back("gate tau=1", gate, (0, 0)),
+        *taking_back("gate tau=1 verify=0.1", gate | {"verify": 0.1}, (0, 0)),
+        *taking_back("lookahead tau=1", gate | {"policy": "lookahead"}, (2, 1)),
+    ]
+    headers, rows = report_table(aggregate(records))
+    shown = {row[0]: row[headers.index("rollbacks")] for row in rows}
+    assert shown == {
+        "large-only": "-",
+        "ead": "-",
+        "spec": "-",
+        "gate tau=1": "-",
+        "gate tau=1 verify=0.1": "0.00",
+        "lookahead tau=1": "1.50",
+    }
+    headers, _ = report_table(aggregate(RECORDS))
+    assert "rollbacks" not in headers
+
+
 def test_the_report_files_hold_the_figures(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     aggregates = aggregate(RECORDS)

@@ -4,9 +4,9 @@ Per strategy: pass@1 and the passing samples counted; agreement with large-only'
 task (1.0: the same words in the same order; the quality proxy of ``ead bench prompts``); large-model
 share and parameter-weighted cost, weighted by generated tokens; total FLOPs and wall-clock seconds,
 also as a ratio to large-only's totals on the same tasks; tokens per second over all samples; mean
-switches per sample; mean acceptance rate; mean rollbacks per sample; seconds per model in prefill,
-decode and catch-up; for server strategies, tokens per second by the server's own generation time; and
-how many texts are exactly large-only's.
+switches per sample; mean acceptance rate; mean rollbacks per sample (--verify, lookahead);
+seconds per model in prefill, decode and catch-up; for server strategies, tokens per second by the
+server's own generation time; and how many texts are exactly large-only's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..options import tokens_taken_back_by
 from ..paths import check_can_save, save_text
 from .grid import LARGE_ONLY
 from .results import PHASES, Record, check_sample, unreadable_record
@@ -53,7 +54,7 @@ class Aggregate:
     tokens_per_s: float
     switches: float
     acceptance_rate: float | None
-    rollbacks: float
+    rollbacks: float | None  # None: a strategy that takes no written token back
     model_s: dict[str, float]  # "<role>_<phase>_s": seconds, e.g. "large_catchup_s"
     server_tokens_per_s: float | None = None  # server strategies: generated tokens over the server's own time
     same_text: int | None = None  # samples whose text is exactly large-only's for the task
@@ -104,6 +105,17 @@ def _model_seconds(records: Sequence[Record]) -> dict[str, float]:
     return seconds
 
 
+def _rollbacks(records: Sequence[Record]) -> float | None:
+    """Rollbacks per sample where the strategy takes back tokens it wrote (--verify's rejections, a
+    lookahead policy's dropped drafts), 0 a count there; None where it takes none back (spec's rejected
+    drafts are never written: its acceptance rate counts them), unless a sample says otherwise."""
+    params = records[0].get("params") or {}
+    taker = tokens_taken_back_by(params.get("mode"), params.get("verify"), params.get("policy"))
+    if taker in (None, "--mode spec") and not any(r.get("rollbacks") for r in records):
+        return None
+    return sum(r.get("rollbacks", 0) for r in records) / len(records)
+
+
 def _server_rate(records: Sequence[Record]) -> float | None:
     """Tokens per second of generation as llama-server timed it (its prompt processing aside)."""
     timed = [r["server"] for r in records if r.get("server")]
@@ -145,7 +157,7 @@ def aggregate(records: Sequence[Record]) -> list[Aggregate]:
                 tokens_per_s=generated / wall if wall else 0.0,
                 switches=sum(r["switches"] for r in rs) / len(rs),
                 acceptance_rate=_mean(accepted),
-                rollbacks=sum(r.get("rollbacks", 0) for r in rs) / len(rs),
+                rollbacks=_rollbacks(rs),
                 model_s=_model_seconds(rs),
                 server_tokens_per_s=_server_rate(rs),
                 same_text=sum(r["text"] == reference[r["task_id"]] for r in rs if r["task_id"] in reference)
@@ -199,7 +211,7 @@ COLUMNS = (
     Column("server tok/s", lambda a: a.server_tokens_per_s, ".1f"),
     Column("switches", lambda a: a.switches, ".1f"),
     Column("acceptance", lambda a: a.acceptance_rate, ".1%"),
-    Column("rollbacks", lambda a: a.rollbacks or None, ".2f"),
+    Column("rollbacks", lambda a: a.rollbacks, ".2f"),
     Column("same text", lambda a: a.same_text, "d"),
 )
 
