@@ -32,6 +32,7 @@ from test_cli import (
     read_to_the_end,
 )
 from test_habits import MEANT, TYPED
+from test_readme import help_text
 from tiny_models import write_tiny_model
 
 from ead_cli.bench.sandbox import sandbox_note
@@ -405,6 +406,20 @@ def test_generate_takes_llama_clis_escapes_as_ead_generate_does(
     typed_stop = "".join(f"\\x{byte:02x}" for byte in stop.encode())
     assert answer("-p", MEANT, "-r", typed_stop) == (meant[0], text[: text.index(stop)])
     assert answer("--no-escape", "-p", MEANT, "-r", typed_stop) == meant
+
+
+def test_batch_size_help_says_what_a_batch_is_in_depth() -> None:
+    """--batch-size, declared once with generate's, had told depth's users of drafts and lookup guesses,
+    which depth has none of: its help there says what it reads in batches."""
+
+    def batch_size_line(*command: str) -> str:
+        return next(line for line in help_text(command).splitlines() if "--batch-size" in line)
+
+    for command in ("calibrate", "generate", "eval"):
+        line = batch_size_line("depth", command)
+        assert "draft" not in line and "lookup" not in line
+        assert "teacher-forced windows" in line
+    assert "a draft or a lookup guess" in batch_size_line("generate")
 
 
 def test_stats_at_a_narrow_terminal_are_wrapped_at_spaces(config: dict[str, str], deep_model: Path) -> None:

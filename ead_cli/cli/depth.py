@@ -44,6 +44,7 @@ from .groups import (
     parse_list,
     read_prompt,
     read_stops,
+    with_help,
     with_options,
 )
 from .output import check_stdout, print_rows, print_table, say_progress, stderr
@@ -96,11 +97,17 @@ def _opener(**settings: Any) -> Opener:
     return functools.partial(open_model, progress=say_progress, **settings)
 
 
+# generate's --batch-size, in depth's words: no drafts or lookup guesses here
+DepthBatchSize = with_help(
+    BatchSize,
+    "Tokens read per batch: a prompt's parts, and calibrate's and eval's teacher-forced windows (default: "
+    "512; llama.cpp's tools: 2048).",
+)
 # How llama.cpp runs the one model, the same options on every depth command
 LOAD_OPTIONS = OptionGroup(
     "load",
     (
-        ("n_batch", BatchSize, None),
+        ("n_batch", DepthBatchSize, None),
         ("n_ubatch", UBatchSize, None),
         ("threads", Threads, None),
         ("repack", RepackOpt, None),

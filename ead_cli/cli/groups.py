@@ -4,10 +4,12 @@ decorator that splices a group into a command's signature and hands the command 
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -192,6 +194,18 @@ BatchSize = Annotated[
         "once (default: 512; llama.cpp's tools: 2048).",
     ),
 ]
+
+
+def with_help(option: Any, words: str) -> Any:
+    """A shared option (an ``Annotated`` declaration) with other help, for commands where the shared
+    words do not hold (depth's --batch-size: no drafts there); its spellings and type stay declared
+    once."""
+    kind, info = typing.get_args(option)
+    changed = copy.copy(info)
+    changed.help = words
+    return Annotated[kind, changed]
+
+
 UBatchSize = Annotated[
     int | None,
     typer.Option(
