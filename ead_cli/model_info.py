@@ -7,8 +7,8 @@ import ctypes
 from dataclasses import dataclass, field
 from functools import cache
 
-from ead_cli.gguf_files import file_type_names, model_bytes, read_header, shard_paths
-from ead_cli.registry import Catalog, local_file
+from ead_cli.gguf_files import GgufHeader, file_type_names, model_bytes, read_header, shard_paths
+from ead_cli.registry import Catalog, ModelSpec, local_file
 from ead_cli.thinking import thinks
 from ead_cli.user_models import LMSTUDIO_PREFIX, OLLAMA_PREFIX
 
@@ -51,7 +51,7 @@ def model_info(ref: str, catalog: Catalog) -> ModelInfo:
         source = next((tool for tool, prefix in _TOOLS.items() if ref.startswith(prefix)), "file")
     description = (spec.description or None) if spec else None
     if path is None:
-        params = round(spec.params) if spec and spec.params else None
+        params = parameter_count(spec, None)
         return ModelInfo(ref, source, description, None, params, None, None, None, None, None, False)
     header = read_header(path)
     template = header.metadata.get("tokenizer.chat_template")
@@ -64,7 +64,7 @@ def model_info(ref: str, catalog: Catalog) -> ModelInfo:
         source=source,
         description=description,
         architecture=architecture if isinstance(architecture, str) else None,
-        params=header.n_params,
+        params=parameter_count(spec, header),
         context_length=header.context_length,
         embedding_length=embedding if isinstance(embedding, int) else None,
         quantization=file_type_names().get(file_type) if isinstance(file_type, int) else None,
@@ -74,6 +74,15 @@ def model_info(ref: str, catalog: Catalog) -> ModelInfo:
         paths=[str(shard) for shard in shard_paths(path)],
         size=model_bytes(path),
     )
+
+
+def parameter_count(spec: ModelSpec | None, header: GgufHeader | None) -> int | None:
+    """A model's parameters as ``models list`` and ``show`` both give them: its file's tensors' elements
+    where its header is here (llama.cpp's count, an untied output matrix included: 0.63B for qc0.5b, the
+    count ead's FLOPs use), else an alias's catalog figure (the model card's, 0.49B: approximate)."""
+    if header is not None:
+        return header.n_params
+    return round(spec.params) if spec and spec.params else None
 
 
 def template_family(template: str | None) -> str | None:

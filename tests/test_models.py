@@ -233,7 +233,9 @@ def test_a_header_cut_anywhere_is_unreadable_not_a_traceback(tiny_small: Path, t
 def test_models_list_json_gives_a_downloaded_aliass_file_and_whole_counts(
     env: dict[str, str], tiny_small: Path
 ) -> None:
-    """The path had been null for every alias, downloaded or not, and params a float (1540000000.0)."""
+    """The path had been null for every alias, downloaded or not, and params a float (1540000000.0). A
+    downloaded alias's count is its file's, as ``models show`` gives it (the list had given the catalog's
+    1.5e6 where show gave the file's: 0.49B and 0.63B for qc0.5b); one not downloaded, the catalog's."""
     snapshot = in_hub_cache(env, tiny_small)
     result = ead("models", "list", "--json", env=env)
     assert result.returncode == 0, result.stderr
@@ -242,15 +244,17 @@ def test_models_list_json_gives_a_downloaded_aliass_file_and_whole_counts(
         "ref": "tiny",
         "source": "catalog",
         "description": "a tiny test model",
-        "params": 1_500_000,
+        "params": loaded(tiny_small)["params"],
         "local": "hub cache",
         "path": str(snapshot),
     }
+    assert rows["tiny"]["params"] == shown(env, "tiny")["params"] != 1_500_000
     assert (rows["away"]["path"], rows["away"]["local"], rows["away"]["params"]) == (
         None,
         None,
         7_610_000_000,
     )
+    assert rows["away"]["params"] == shown(env, "away")["params"]
     assert all(isinstance(row["params"], int) for row in rows.values() if row["params"] is not None)
 
 

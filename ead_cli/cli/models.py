@@ -32,6 +32,7 @@ def models_list(
     """Show the aliases, which are available locally, and the models ollama and LM Studio keep."""
     from .. import registry
     from ..gguf_files import header_if_readable
+    from ..model_info import parameter_count
     from ..user_models import user_models
 
     check_stdout("the models")
@@ -41,7 +42,7 @@ def models_list(
             "ref": alias,
             "source": "catalog",
             "description": spec.description,
-            "params": round(spec.params) if spec.params else None,
+            "params": parameter_count(spec, copy.path and header_if_readable(copy.path)),  # as show's
             "local": copy.where,
             "path": str(copy.path) if copy.path else None,
         }
@@ -53,7 +54,7 @@ def models_list(
             "ref": found.ref,
             "source": found.source,
             "description": found.problem or f"{found.size / 2**30:.2f} GiB",
-            "params": header.n_params if header else None,
+            "params": parameter_count(None, header),
             "local": found.source if found.path else None,
             "path": str(found.path) if found.path else None,
         }
