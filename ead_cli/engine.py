@@ -181,6 +181,8 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
         n_threads=options.threads,
         n_gpu_layers=options.n_gpu_layers,
         repack=options.repack,
+        cache_types=options.cache_types(role),
+        flash_attn=options.flash_attn,
     )
     runner.label = model_label(path, ref)
     return runner

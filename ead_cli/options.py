@@ -141,6 +141,33 @@ def check_model_name(name: str, flag: str, kinds: str) -> None:
         raise EadError(f"{flag} must name a model ({kinds}), got {quoted(name)}", exit_code=2)
 
 
+# llama-cli's KV cache types (common/arg.cpp's kv_cache_types, llama.cpp as llama-cpp-python 0.3.36
+# vendors it), f16 its default; the quantized ones store blocks of 32 values
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+UNQUANTIZED_CACHE_TYPES = ("f32", "f16", "bf16")
+DEFAULT_CACHE_TYPE = "f16"
+# llama-cli's -fa values (its is_truthy, is_falsey and is_autoy words), auto its default
+FLASH_ATTN_WORDS = {
+    **dict.fromkeys(("on", "enabled", "true", "1"), "on"),
+    **dict.fromkeys(("off", "disabled", "false", "0"), "off"),
+    **dict.fromkeys(("auto", "-1"), "auto"),
+}
+
+
+def check_cache_type(cache_type: str, flag: str) -> None:
+    """A KV cache type as llama-cli takes it, refused naming the choices."""
+    if cache_type not in KV_CACHE_TYPES:
+        choices = ", ".join(KV_CACHE_TYPES)
+        raise EadError(f"{flag} must be one of {choices}, got {quoted(cache_type)}", exit_code=2)
+
+
+def flash_attn_setting(word: str) -> str:
+    """--flash-attn's value as llama-cli reads it (on, off or auto, or a word it takes for one)."""
+    if word not in FLASH_ATTN_WORDS:
+        raise EadError(f"--flash-attn must be on, off or auto, got {quoted(word)}", exit_code=2)
+    return FLASH_ATTN_WORDS[word]
+
+
 # The small model named for a run that leaves it unused (engine.unused_options), as a note names it:
 # --small, or every model of --models but the largest
 SMALL_MODEL_FLAGS = ("--small", "the smaller --models")
@@ -165,8 +192,23 @@ class ModelOptions:
     remote_timeout: float = DEFAULT_TIMEOUT_S
     remote_api_key: str | None = field(default=None, repr=False)  # sent to a llama-server, never shown
     repack: bool | None = None  # weight repacking: None decides by EAD_REPACK, then the CPU (hardware.py)
+    # KV cache types, llama-cli's -ctk/-ctv for every model but the smallest and -ctkd/-ctvd (its draft
+    # model's) for the smallest; flash attention (-fa) for all of them
+    cache_type_k: str = DEFAULT_CACHE_TYPE
+    cache_type_v: str = DEFAULT_CACHE_TYPE
+    cache_type_k_draft: str = DEFAULT_CACHE_TYPE
+    cache_type_v_draft: str = DEFAULT_CACHE_TYPE
+    flash_attn: str = "auto"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "flash_attn", flash_attn_setting(self.flash_attn))
+        for flag, cache_type in self.cache_flags().items():
+            check_cache_type(cache_type, flag)
+            # llama.cpp makes no context of a quantized V cache without flash attention (a line in its log)
+            quantized_v = flag.startswith("--cache-type-v") and cache_type not in UNQUANTIZED_CACHE_TYPES
+            if quantized_v and self.flash_attn == "off":
+                message = f"{flag} {cache_type} needs flash attention: leave --flash-attn auto or on"
+                raise EadError(message, exit_code=2)
         check_ctx(self.n_ctx)
         check_batch(self.n_batch, "--batch-size")
         check_batch(self.n_ubatch, "--ubatch-size")
@@ -189,6 +231,21 @@ class ModelOptions:
     @property
     def count(self) -> int:
         return len(self.models) or 2
+
+    def cache_flags(self) -> dict[str, str]:
+        """Each KV cache type by its option."""
+        return {
+            "--cache-type-k": self.cache_type_k,
+            "--cache-type-v": self.cache_type_v,
+            "--cache-type-k-draft": self.cache_type_k_draft,
+            "--cache-type-v-draft": self.cache_type_v_draft,
+        }
+
+    def cache_types(self, role: str) -> tuple[str, str]:
+        """The K and V cache types of a model by its role: the small one's are the draft model's."""
+        if role == "small":
+            return self.cache_type_k_draft, self.cache_type_v_draft
+        return self.cache_type_k, self.cache_type_v
 
 
 def tokens_taken_back_by(mode: str | None, verify: float | None, policy: str | None) -> str | None:

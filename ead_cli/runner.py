@@ -26,7 +26,13 @@ from .entropy import EntropyMeter
 from .errors import EadError, shown_path
 from .gguf_files import file_type_names, model_bytes, shard_paths
 from .hardware import Repack, repack_choice
-from .options import DEFAULT_BATCH, DEFAULT_UBATCH, resolve_threads
+from .options import (
+    DEFAULT_BATCH,
+    DEFAULT_CACHE_TYPE,
+    DEFAULT_UBATCH,
+    UNQUANTIZED_CACHE_TYPES,
+    resolve_threads,
+)
 from .sampling import ParsedGrammars
 from .signals import Terminated, block_signals, main_thread_signals, restore_signals, stop_requested
 
@@ -155,6 +161,27 @@ def model_params(n_gpu_layers: int | None, repack: Repack) -> llama_cpp.llama_mo
     return params
 
 
+# ggml's type of each KV cache type llama-cli takes (options.KV_CACHE_TYPES); llama-cpp-python 0.3.36
+# names no GGML_TYPE_BF16, ggml.h's 30
+CACHE_GGML_TYPES = {
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "bf16": 30,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "q4_1": llama_cpp.GGML_TYPE_Q4_1,
+    "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
+    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+    "q5_1": llama_cpp.GGML_TYPE_Q5_1,
+}
+QUANT_BLOCK = 32  # values per block of each quantized KV cache type
+FLASH_ATTN_TYPES = {
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+}
+
+
 def forward_flops(model: ParamSplit, tokens_read: int, logits_rows: int) -> float:
     """Forward FLOPs: 2 x body params per token read, 2 x head params per logits row."""
     return 2.0 * (model.body_params * tokens_read + model.head_params * logits_rows)
@@ -258,6 +285,8 @@ class Runner(ContextOwner):
         n_ubatch: int | None = None,
         eval_callback: llama_cpp.ggml_backend_sched_eval_callback | None = None,
         repack: bool | None = None,
+        cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
+        flash_attn: str = "auto",
     ) -> None:
         self.path = Path(path)
         self.name = name
@@ -285,8 +314,13 @@ class Runner(ContextOwner):
         stored_matrices = 2 if has_untied_output(self.path) else 1
         self.body_params = max(self.n_params - stored_matrices * self.head_params, 0)
 
+        self.cache_types = cache_types
+        self.flash_attn = flash_attn
+        self._check_cache_blocks()
         n_ctx = asked_context(n_ctx, self.n_ctx_train)
         ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.type_k, ctx_params.type_v = (CACHE_GGML_TYPES[name] for name in cache_types)
+        ctx_params.flash_attn_type = FLASH_ATTN_TYPES[flash_attn]
         ctx_params.n_ctx = n_ctx
         ctx_params.n_batch = n_batch or DEFAULT_BATCH
         ctx_params.n_ubatch = n_ubatch or DEFAULT_UBATCH
@@ -347,6 +381,21 @@ class Runner(ContextOwner):
         self._ends: dict[int, bool] = {}  # is_end_of_generation's answers
         self.label = self.path.name
         self.location = str(self.path)
+
+    def _check_cache_blocks(self) -> None:
+        """Refuse a quantized KV cache whose blocks do not divide this model's attention heads, as
+        llama.cpp would (a line in its log, no context; without flash attention, an abort)."""
+        arch = self.metadata("general.architecture")
+        for part, cache_type in zip("KV", self.cache_types, strict=True):
+            head = self.metadata(f"{arch}.attention.{'key' if part == 'K' else 'value'}_length")
+            size = int(head) if head else self.n_embd // llama_cpp.llama_model_n_head(self._model)
+            if cache_type not in UNQUANTIZED_CACHE_TYPES and size % QUANT_BLOCK:
+                self.close()
+                raise EadError(
+                    f"a {cache_type} {part} cache stores blocks of {QUANT_BLOCK} values, which do not divide "
+                    f"the attention heads of {self.path.name} ({size} values): give it f16, bf16 or f32",
+                    exit_code=2,
+                )
 
     @property
     def file_bytes(self) -> int:

@@ -226,6 +226,7 @@ def write_tiny_model(
     n_layer: int = N_LAYER,
     keep_layers: int | None = None,
     script: Sequence[str] = (),
+    n_head: int = N_HEAD,
 ) -> Path:
     """Write a tiny random llama model with a byte-level BPE tokenizer to ``path`` and return its file.
 
@@ -239,6 +240,8 @@ def write_tiny_model(
     ``script`` (token texts, each once but the last) makes a bigram model that writes it, greedy: the
     blocks write nothing into the residual stream, so the last token alone decides the next, and each
     token's output row points at the one before it (the first follows the prompt's last token).
+    ``n_head`` attention heads share the embedding (16 values each by default; 2 heads: 32, the block of
+    a quantized KV cache).
     """
     tokens, types, merges = vocabulary(vocab)
     n_vocab = len(tokens)
@@ -248,7 +251,7 @@ def write_tiny_model(
     def normal(*shape: int, std: float) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
-    head_dim = N_EMBD // N_HEAD
+    head_dim = N_EMBD // n_head
     tensors = {"token_embd.weight": normal(n_vocab, N_EMBD, std=1.0)}
     for i in range(n_layer):
         blk = f"blk.{i}"
@@ -292,7 +295,7 @@ def write_tiny_model(
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(blocks)
     writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
+    writer.add_head_count(n_head)
     writer.add_head_count_kv(N_HEAD_KV)
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-6)

@@ -21,8 +21,10 @@ import typer
 from ..errors import EadError, shown_path
 from ..option_table import CLI, DECODING, OPTIONS, RULE_OPTIONS, DecodingOption, listed, on
 from ..options import (
+    DEFAULT_CACHE_TYPE,
     DEFAULT_TIMEOUT_S,
     DEFAULT_TOP_K,
+    KV_CACHE_TYPES,
     GenerationOptions,
     ModelOptions,
     PolicyOptions,
@@ -233,6 +235,53 @@ RepackOpt = Annotated[
         show_default=False,
     ),
 ]
+_CACHE_TYPES = ", ".join(KV_CACHE_TYPES)
+CacheTypeK = Annotated[
+    str,
+    typer.Option(
+        "--cache-type-k",
+        "-ctk",
+        metavar="TYPE",
+        help=f"KV cache type for K of the large model (and a cascade's middle ones): {_CACHE_TYPES}.",
+    ),
+]
+CacheTypeV = Annotated[
+    str,
+    typer.Option(
+        "--cache-type-v",
+        "-ctv",
+        metavar="TYPE",
+        help="KV cache type for V of the large model (and a cascade's middle ones); a quantized one needs "
+        "flash attention.",
+    ),
+]
+CacheTypeKDraft = Annotated[
+    str,
+    typer.Option(
+        "--cache-type-k-draft",
+        "-ctkd",
+        metavar="TYPE",
+        help="KV cache type for K of the small model (llama-cli's draft model's: f16 whatever -ctk says).",
+    ),
+]
+CacheTypeVDraft = Annotated[
+    str,
+    typer.Option(
+        "--cache-type-v-draft",
+        "-ctvd",
+        metavar="TYPE",
+        help="KV cache type for V of the small model (llama-cli's draft model's: f16 whatever -ctv says).",
+    ),
+]
+FlashAttn = Annotated[
+    str,
+    typer.Option(
+        "--flash-attn",
+        "-fa",
+        metavar="on|off|auto",
+        help="Flash attention for every model (auto: where llama.cpp's device has it).",
+    ),
+]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
 HideThinking = Annotated[
@@ -322,6 +371,11 @@ def _model_options(served: bool) -> OptionGroup:
             ("threads", Threads, None),
             ("n_gpu_layers", GpuLayers, None),
             ("repack", RepackOpt, None),
+            ("cache_type_k", CacheTypeK, DEFAULT_CACHE_TYPE),
+            ("cache_type_v", CacheTypeV, DEFAULT_CACHE_TYPE),
+            ("cache_type_k_draft", CacheTypeKDraft, DEFAULT_CACHE_TYPE),
+            ("cache_type_v_draft", CacheTypeVDraft, DEFAULT_CACHE_TYPE),
+            ("flash_attn", FlashAttn, "auto"),
             *(remote if served else ()),
         ),
         lambda models, catalog, **options: ModelOptions(
