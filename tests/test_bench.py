@@ -926,13 +926,17 @@ def test_llama_cpp_makes_the_context_ead_expects_of_a_ctx(tiny_small: Path) -> N
         ({"n_ctx": 1024}, "--ctx"),
         ({"n_batch": 64}, "--batch-size, --ubatch-size"),  # the micro-batch follows a smaller batch
         ({"n_ubatch": 64}, "--ubatch-size"),
+        ({"cache_type_k": "f32"}, "the KV cache types: -ctk, -ctv, -ctkd or -ctvd"),
+        ({"cache_type_v_draft": "bf16"}, "the KV cache types: -ctk, -ctv, -ctkd or -ctvd"),
+        ({"flash_attn": "off"}, "--flash-attn"),
     ],
 )
 def test_a_resume_under_other_threads_or_another_context_is_refused(
     tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task], options: dict, differs: str
 ) -> None:
-    """The threads and the batch sizes set every sample's wall-clock, and the context where an answer must
-    stop: a resume under others had mixed both kinds of sample in one table without a word."""
+    """The threads, the batch sizes, the KV cache types and flash attention set every sample's wall-clock
+    (and the cache types its text), and the context where an answer must stop: a resume under others had
+    mixed both kinds of sample in one table without a word."""
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     before = (tmp_path / "results.jsonl").read_bytes()
     with pytest.raises(EadError, match=rf"holds results of another setup \(differs in: {differs}\)"):
@@ -980,9 +984,10 @@ def test_a_results_file_from_before_threads_and_context_were_recorded_resumes(
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     path = tmp_path / "results.jsonl"
     config, *samples = path.read_text().splitlines()
-    older = {key: value for key, value in json.loads(config).items() if key not in ("threads", "n_ctx")}
+    unrecorded = ("threads", "n_ctx", "cache_types", "flash_attn")
+    older = {key: value for key, value in json.loads(config).items() if key not in unrecorded}
     path.write_text("\n".join([json.dumps(older), *samples]) + "\n")
-    assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, threads=2)) == 4
+    assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, threads=2, flash_attn="on")) == 4
     assert json.loads(path.read_text().splitlines()[0]) == older
 
 

@@ -157,9 +157,20 @@ def test_a_draft_model_that_is_the_large_model_is_accepted_almost_always(tiny_pa
 
 def test_the_servers_read_in_the_bench_models_batches(tiny_pair: tuple[Path, Path]) -> None:
     """llama.cpp's loops are compared alike: each server is started with the batch and micro-batch the
-    bench's own models read in (--batch-size, --ubatch-size)."""
+    bench's own models read in (--batch-size, --ubatch-size), their KV cache types (the small model's as
+    the draft's) and flash attention."""
+    caches = {"small": ("f32", "bf16"), "large": ("bf16", "f32")}
     runners = [
-        Runner(path, name=role, n_ctx=256, n_threads=1, n_batch=8, n_ubatch=4)
+        Runner(
+            path,
+            name=role,
+            n_ctx=256,
+            n_threads=1,
+            n_batch=8,
+            n_ubatch=4,
+            cache_types=caches[role],
+            flash_attn="off",
+        )
         for path, role in zip(tiny_pair, ("small", "large"), strict=True)
     ]
     try:
@@ -169,6 +180,8 @@ def test_the_servers_read_in_the_bench_models_batches(tiny_pair: tuple[Path, Pat
             [server] = children(os.getpid(), "llama-server")
             argv = Path(f"/proc/{server}/cmdline").read_bytes().decode().split("\0")
             assert argv[argv.index("-b") + 1] == "8" and argv[argv.index("-ub") + 1] == "4"
+            given = {flag: argv[argv.index(flag) + 1] for flag in ("-ctk", "-ctv", "-ctkd", "-ctvd", "-fa")}
+            assert given == {"-ctk": "bf16", "-ctv": "f32", "-ctkd": "f32", "-ctvd": "bf16", "-fa": "off"}
     finally:
         for runner in runners:
             runner.close()

@@ -231,6 +231,9 @@ class NativePeers:
             args = [
                 "-c", str(self.n_ctx), "-b", str(self.large.n_batch), "-ub", str(self.large.n_ubatch),
                 "-t", str(self.threads), "-tb", str(self.threads),
+                "-ctk", self.large.cache_types[0], "-ctv", self.large.cache_types[1],
+                "-ctkd", self.small.cache_types[0], "-ctvd", self.small.cache_types[1],
+                "-fa", self.large.flash_attn,
                 *options.flags(self.small.path, self.threads),
             ]  # fmt: skip
             log = self._logs / f"{options.kind}-{len(self._clients)}.log"

@@ -69,7 +69,8 @@ Record = dict[str, Any]
 RESULTS_FILE = "results.jsonl"
 FORMAT_VERSION = 1
 # how the models ran: an older ead's config lacks them (its batches were 512 tokens, the default's)
-RUN_KEYS = ("n_ctx", "n_batch", "n_ubatch", "threads", "gpu_layers")
+# and how llama.cpp held their KV caches (an older ead's: f16, flash attention auto)
+RUN_KEYS = ("n_ctx", "n_batch", "n_ubatch", "threads", "gpu_layers", "cache_types", "flash_attn")
 
 
 def setup_record(
@@ -107,8 +108,8 @@ def config_record(
     models: ModelOptions,
 ) -> Record:
     """What must match for samples to share a results file: the setup (``setup_record``), the models, the
-    context (where an answer must stop), and the batch sizes, threads and GPU layers (every wall-clock
-    figure depends on them; no GPU layers on a build without GPU offload)."""
+    context (where an answer must stop), and the batch sizes, threads, GPU layers and KV caches (every
+    wall-clock figure depends on them; no GPU layers on a build without GPU offload)."""
     config = {
         "models": {
             runner.name: {
@@ -125,8 +126,15 @@ def config_record(
         "n_ubatch": runners[0].n_ubatch,
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
+        **kv_cache_record(models),
     }
     return setup_record(bench, generation, source_sha256, prompt, timeout_s) | json.loads(json.dumps(config))
+
+
+def kv_cache_record(models: ModelOptions) -> Record:
+    """The KV cache types, by option, and flash attention, as given: the cache types change the text
+    (a quantized cache's rounding), and both the wall-clock."""
+    return {"cache_types": models.cache_flags(), "flash_attn": models.flash_attn}
 
 
 def check_setup(path: Path, config: Record, stored: Record) -> None:
@@ -141,8 +149,9 @@ def check_setup(path: Path, config: Record, stored: Record) -> None:
 
 def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], models: ModelOptions) -> None:
     """Refuse, before the models load, results of other model files (told by their names and sizes; a
-    llama-server's, None, is compared once connected), other --threads or --n-gpu-layers, another
-    context where --ctx gives it (``padded_context``) and every model is a file, and other batch sizes
+    llama-server's, None, is compared once connected), other --threads, --n-gpu-layers, KV cache types or
+    --flash-attn, another context where --ctx gives it (``padded_context``) and every model is a file,
+    and other batch sizes
     (``made_batches``, in the smallest model's context: --ctx, else its header's training context): all
     that is known of ``config_record`` without loading them. The rest needs them loaded, and is compared
     once they are (``Results``): the parameters and the tokenizer, which llama.cpp reads from the weights
@@ -159,6 +168,7 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
         },
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
+        **kv_cache_record(models),
     }
     if models.n_ctx is not None and None not in files.values():
         config["n_ctx"] = padded_context(models.n_ctx)
@@ -199,6 +209,8 @@ SETUP_NAMES = {
     "n_ubatch": "--ubatch-size",
     "threads": "--threads",
     "gpu_layers": "--n-gpu-layers",
+    "cache_types": "the KV cache types: -ctk, -ctv, -ctkd or -ctvd",
+    "flash_attn": "--flash-attn",
 }
 
 
