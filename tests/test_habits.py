@@ -219,7 +219,7 @@ def test_a_llama_cpp_spelling_that_means_something_else_is_refused_with_the_diff
 
 
 @pytest.mark.parametrize(
-    "spelled", [["-mg", "0"], ["-mu", "http://host/m.gguf"], ["-cnv"], ["-fa", "on"], ["-no-cnv"]]
+    "spelled", [["-mg", "0"], ["-mu", "http://host/m.gguf"], ["-cnv"], ["-sm", "row"], ["-no-cnv"]]
 )
 def test_a_llama_cpp_word_that_starts_as_a_short_option_is_named_as_typed(
     tmp_path: Path, spelled: list[str]
