@@ -183,6 +183,7 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
         repack=options.repack,
         cache_types=options.cache_types(role),
         flash_attn=options.flash_attn,
+        load_mode=options.load_mode,
     )
     runner.label = model_label(path, ref)
     return runner

@@ -154,6 +154,22 @@ FLASH_ATTN_WORDS = {
 }
 
 
+# llama-cli's -lm/--load-mode values, auto its default (mapped from the file, where the device can)
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
+
+
+def load_mode_of(load_mode: str | None, *, no_mmap: bool, mlock: bool) -> str:
+    """--load-mode, or the mode older llama.cpp's --no-mmap and --mlock mean (it mapped the weights by
+    default: --mlock alone locked the mapping), which llama-cli 0.3.36 no longer takes."""
+    if load_mode is not None:
+        if no_mmap or mlock:
+            raise EadError("--load-mode says how the weights load: leave out --no-mmap and --mlock", 2)
+        return load_mode
+    if mlock:
+        return "mlock" if no_mmap else "mmap+mlock"
+    return "none" if no_mmap else "auto"
+
+
 def check_cache_type(cache_type: str, flag: str) -> None:
     """A KV cache type as llama-cli takes it, refused naming the choices."""
     if cache_type not in KV_CACHE_TYPES:
@@ -199,8 +215,12 @@ class ModelOptions:
     cache_type_k_draft: str = DEFAULT_CACHE_TYPE
     cache_type_v_draft: str = DEFAULT_CACHE_TYPE
     flash_attn: str = "auto"
+    load_mode: str = "auto"  # llama-cli's --load-mode (load_mode_of: --no-mmap, --mlock)
 
     def __post_init__(self) -> None:
+        if self.load_mode not in LOAD_MODES:
+            choices = ", ".join(LOAD_MODES)
+            raise EadError(f"--load-mode must be one of {choices}, got {quoted(self.load_mode)}", exit_code=2)
         object.__setattr__(self, "flash_attn", flash_attn_setting(self.flash_attn))
         for flag, cache_type in self.cache_flags().items():
             check_cache_type(cache_type, flag)

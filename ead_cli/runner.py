@@ -151,13 +151,28 @@ class ParamSplit(Protocol):
     head_params: int  # the output head, run only for a row of logits
 
 
-def model_params(n_gpu_layers: int | None, repack: Repack) -> llama_cpp.llama_model_params:
-    """llama.cpp's load parameters: layers to offload (None: all on a GPU build, else none; -1: all) and
-    whether weights may go to its extra CPU buffers (repacking; off where AMX would crash, see hardware)."""
+# llama.cpp's load mode of each --load-mode (options.LOAD_MODES)
+LOAD_MODE_TYPES = {
+    "auto": llama_cpp.LLAMA_LOAD_MODE_AUTO,
+    "none": llama_cpp.LLAMA_LOAD_MODE_NONE,
+    "mmap": llama_cpp.LLAMA_LOAD_MODE_MMAP,
+    "mlock": llama_cpp.LLAMA_LOAD_MODE_MLOCK,
+    "mmap+mlock": llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,
+    "dio": llama_cpp.LLAMA_LOAD_MODE_DIRECT_IO,
+}
+
+
+def model_params(
+    n_gpu_layers: int | None, repack: Repack, load_mode: str = "auto"
+) -> llama_cpp.llama_model_params:
+    """llama.cpp's load parameters: layers to offload (None: all on a GPU build, else none; -1: all),
+    whether weights may go to its extra CPU buffers (repacking; off where AMX would crash, see hardware)
+    and how they are read (mapped, read, locked: ``LOAD_MODE_TYPES``)."""
     params = llama_cpp.llama_model_default_params()
     n_gpu_layers = gpu_layers(n_gpu_layers)
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
     params.use_extra_bufts = repack.enabled
+    params.load_mode = LOAD_MODE_TYPES[load_mode]
     return params
 
 
@@ -287,6 +302,7 @@ class Runner(ContextOwner):
         repack: bool | None = None,
         cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
         flash_attn: str = "auto",
+        load_mode: str = "auto",
     ) -> None:
         self.path = Path(path)
         self.name = name
@@ -294,7 +310,7 @@ class Runner(ContextOwner):
         self._ctx = None
         self._batch = None
         self.repack = repack_choice(repack)
-        params = model_params(n_gpu_layers, self.repack)
+        params = model_params(n_gpu_layers, self.repack, load_mode)
         with main_thread_signals():  # the name's bytes as the file system has them (not UTF-8 on every disk)
             self._model = llama_cpp.llama_model_load_from_file(os.fsencode(self.path), params)
         if not self._model:

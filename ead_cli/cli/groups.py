@@ -25,10 +25,12 @@ from ..options import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_TOP_K,
     KV_CACHE_TYPES,
+    LOAD_MODES,
     GenerationOptions,
     ModelOptions,
     PolicyOptions,
     check_model_name,
+    load_mode_of,
 )
 from ..paths import BOM, dash_named, folder_ending, read_bounded, read_file, unreadable
 from .output import turn_colour_off
@@ -282,6 +284,28 @@ FlashAttn = Annotated[
         help="Flash attention for every model (auto: where llama.cpp's device has it).",
     ),
 ]
+LoadMode = Annotated[
+    str | None,
+    typer.Option(
+        "--load-mode",
+        "-lm",
+        metavar="MODE",
+        help=f"How llama.cpp loads the weights: {', '.join(LOAD_MODES)} (default: auto, mapped from the "
+        "file).",
+        show_default=False,
+    ),
+]
+NoMmap = Annotated[
+    bool,
+    typer.Option("--no-mmap", help="Older llama.cpp's: read the weights into memory (--load-mode none)."),
+]
+Mlock = Annotated[
+    bool,
+    typer.Option(
+        "--mlock",
+        help="Older llama.cpp's: keep the weights in RAM (--load-mode mmap+mlock; mlock with --no-mmap).",
+    ),
+]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
 HideThinking = Annotated[
@@ -376,10 +400,16 @@ def _model_options(served: bool) -> OptionGroup:
             ("cache_type_k_draft", CacheTypeKDraft, DEFAULT_CACHE_TYPE),
             ("cache_type_v_draft", CacheTypeVDraft, DEFAULT_CACHE_TYPE),
             ("flash_attn", FlashAttn, "auto"),
+            ("load_mode", LoadMode, None),
+            ("no_mmap", NoMmap, False),
+            ("mlock", Mlock, False),
             *(remote if served else ()),
         ),
-        lambda models, catalog, **options: ModelOptions(
-            models=parse_list(models), models_file=catalog, **options
+        lambda models, catalog, load_mode, no_mmap, mlock, **options: ModelOptions(
+            models=parse_list(models),
+            models_file=catalog,
+            load_mode=load_mode_of(load_mode, no_mmap=no_mmap, mlock=mlock),
+            **options,
         ),
     )
 
