@@ -4,7 +4,10 @@ type a model's attention heads cannot hold refused in one line."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -136,3 +139,34 @@ def test_ead_serve_takes_the_cache_types(wide_pair: tuple[Path, Path], tmp_path:
         assert reply.json()["usage"]["completion_tokens"] >= 1
         assert server.stop() == 0
         assert KV_LINE.findall(server.log()) == [("f16", "q4_0"), ("q8_0", "q8_0")]
+
+
+def test_the_memory_script_reports_what_llama_cpp_made(wide_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """scripts/kv_cache_memory.py: the whole context's cache by type, as llama.cpp reports it (a tiny model:
+    2 layers, K and V of 64 values a token, 2048 cells: 1 MiB at f16, 34/64 of it at q8_0, 18/64 at q4_0)."""
+    out = tmp_path / "memory.json"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "kv_cache_memory.py"
+    args = [
+        "--models",
+        str(wide_pair[1]),
+        "--types",
+        "f16,q8_0,q4_0",
+        "--ctx",
+        "2048",
+        "--prompt-tokens",
+        "64",
+    ]
+    result = subprocess.run(
+        [sys.executable, str(script), *args, "--out", str(out)], capture_output=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    measured = json.loads(out.read_text())
+    assert measured["cpu"]["Model name"]
+    runs = measured["runs"]
+    assert [(run["cache_type"], run["kv_mib"], run["cells"], run["layers"]) for run in runs] == [
+        ("f16", 1.0, 2048, 2),
+        ("q8_0", 0.53, 2048, 2),
+        ("q4_0", 0.28, 2048, 2),
+    ]
+    assert [run["kv_of_first_type"] for run in runs] == [1.0, 0.53, 0.28]
+    assert runs[0]["state_bytes"] - runs[1]["state_bytes"] == 64 * 2 * 128 * (2 - 34 / 32)
