@@ -13,7 +13,14 @@ from .decoder import Decoder, SpeculativeDecoder
 from .errors import EadError, cut
 from .hardware import repack_choice
 from .option_table import OPTIONS
-from .options import SMALL_MODEL_FLAGS, GenerationOptions, ModelOptions, PolicyOptions, answer_limit
+from .options import (
+    DEFAULT_CACHE_TYPE,
+    SMALL_MODEL_FLAGS,
+    GenerationOptions,
+    ModelOptions,
+    PolicyOptions,
+    answer_limit,
+)
 from .prompt import context_size
 from .registry import is_remote
 from .remote import RemoteRunner, any_remote, connect, remote_label, server_address
@@ -328,11 +335,11 @@ def unused_options(
 ) -> dict[str, str]:
     """The options given that this run leaves unused (flag: what leaves it so), to be said in one note,
     not refused (one command line serves every mode): the small model the large one's mode never lets
-    write (--small, or --models but the last; one that reads the prompt for a llama-server is used), a
-    thinking model's options (``hide_thinking``: --hide-thinking given) where the template has no block,
-    and --fallback small where no model on a llama-server writes. ``settled``: the options hold for the
-    whole run (generate), so its mode's, policy's and greedy decoding's unused ones too; chat's commands
-    and serve's requests may change those, and use them then."""
+    write (--small, or --models but the last, and its KV cache types; one that reads the prompt for a
+    llama-server is used), a thinking model's options (``hide_thinking``: --hide-thinking given) where
+    the template has no block, and --fallback small where no model on a llama-server writes.
+    ``settled``: the options hold for the whole run (generate), so its mode's, policy's and greedy
+    decoding's unused ones too; chat's commands and serve's requests may change those, and use them then."""
     unused: dict[str, str] = {}
     mode = policy_options.named_mode()
     if policy_options.mode == "large" and not isinstance(runners[-1], RemoteRunner):
@@ -341,6 +348,9 @@ def unused_options(
             unused[small] = mode
         elif model_options.models:
             unused[smaller_models] = mode
+        for flag in ("--cache-type-k-draft", "--cache-type-v-draft"):
+            if model_options.cache_flags()[flag] != DEFAULT_CACHE_TYPE:
+                unused[flag] = mode
     if settled:
         unused |= policy_options.unused(greedy=generation.sampling.temp == 0)
     given = set(policy_options.given)

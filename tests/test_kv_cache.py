@@ -170,3 +170,16 @@ def test_the_memory_script_reports_what_llama_cpp_made(wide_pair: tuple[Path, Pa
     ]
     assert [run["kv_of_first_type"] for run in runs] == [1.0, 0.53, 0.28]
     assert runs[0]["state_bytes"] - runs[1]["state_bytes"] == 64 * 2 * 128 * (2 - 34 / 32)
+
+
+def test_the_small_models_cache_types_are_said_unused_where_it_does_not_load(
+    tiny_pair: tuple[Path, Path],
+) -> None:
+    """The default mode loads the large model alone: -ctkd and -ctvd go unused, said as --small is."""
+    result = ead("generate", *pair_args(tiny_pair), "-ctkd", "f32", "-ctvd", "bf16", "-n", "2", "hi")
+    assert result.returncode == 0, result.stderr.decode()
+    note = result.stderr.decode().strip()
+    assert note.startswith("note: the default mode (--mode large) leaves --small, --cache-type-k-draft, ")
+    assert "--cache-type-v-draft unused" in note
+    ead_mode = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "-ctkd", "f32", "-n", "2", "hi")
+    assert ead_mode.returncode == 0 and ead_mode.stderr == b""
