@@ -23,7 +23,7 @@ from .options import (
 )
 from .prompt import context_size
 from .registry import is_remote
-from .remote import RemoteRunner, any_remote, connect, remote_label, server_address
+from .remote import RemoteRunner, any_remote, connect, end_of_generation, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
 from .sampling import unknown_token
 from .smoke import check_models
@@ -236,12 +236,15 @@ def build_decoder(
     # before the branch: a budget with spec is refused too
     budget = reasoning_budget_for(runners[0], policy_options, generation)
     max_tokens = answer_limit(generation.max_tokens, context_size(runners))  # -1: to the context's end
+    sampling = generation.sampling
+    if generation.ignore_eos:  # the models' end-of-generation ids are one set: the tokenizer check's
+        sampling = replace(sampling, banned=tuple(sorted(end_of_generation(runners[0]))))
     try:
         if policy_options.mode == "spec":
             return SpeculativeDecoder(
                 runners,
                 roles,
-                generation.sampling,
+                sampling,
                 draft=policy_options.draft,
                 entropy_stop=policy_options.draft_entropy_stop,
                 max_tokens=max_tokens,
@@ -255,7 +258,7 @@ def build_decoder(
             runners,
             roles,
             policy_options.make_policy(),
-            generation.sampling,
+            sampling,
             max_tokens=max_tokens,
             stop=generation.stop,
             min_indent=generation.min_indent,

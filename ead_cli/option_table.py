@@ -457,6 +457,14 @@ DECODING: tuple[DecodingOption, ...] = (
         metavar="TOKEN_ID(+|-)BIAS",
     ),
     DecodingOption(
+        "ignore_eos",
+        bool,
+        False,
+        "llama-cli's: ban every end-of-generation token (both models', a logit bias of -inf), so the "
+        "answer runs to --max-tokens (fixed-length benchmarks).",
+        target="generation",
+    ),
+    DecodingOption(
         "max_tokens",
         int,
         512,

@@ -419,6 +419,9 @@ class GenerationOptions:
     sampling: SamplingParams = field(default_factory=_default_sampling)
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
+    # llama-cli's --ignore-eos: every end-of-generation token banned (``SamplingParams.banned``, filled in
+    # by ``engine.build_decoder`` from the models), so an answer ends at its limit or the context's end
+    ignore_eos: bool = False
     fallback: bool = False  # a remote model lost mid-answer: the smallest model writes the rest
     # a thinking model's (llama.cpp's): -1 unrestricted, 0 off, N a budget of N tokens of thinking, then
     # the message and the end tag written (thinking.ReasoningBudget)

@@ -36,9 +36,10 @@ class SamplingParams:
     from ``grammar_trigger`` on, where one is given). The decoder applies it (``Sampler`` does not).
 
     Before all of these, as in llama.cpp's chain: ``logit_bias`` ((token, bias) pairs, added to the
-    logits) and the penalties of llama.cpp's penalties sampler over the last ``repeat_last_n`` tokens
-    (0: none; -1, ``WHOLE_CONTEXT``: all of them), see ``penalised``. Their defaults are off, as
-    llama.cpp's.
+    logits), ``banned`` (tokens whose logit is -inf: llama.cpp's logit bias for ``--ignore-eos``'s
+    end-of-generation tokens, which no user's bias reaches) and the penalties of llama.cpp's penalties
+    sampler over the last ``repeat_last_n`` tokens (0: none; -1, ``WHOLE_CONTEXT``: all of them), see
+    ``penalised``. Their defaults are off, as llama.cpp's.
 
     ``infill``: llama.cpp's infill sampler after the temperature, before the draw (llama-server's
     ``samplers: [..., "infill"]``, which editors' code completion asks for): it merges candidates whose
@@ -59,6 +60,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    banned: tuple[int, ...] = ()
     infill: bool = False
 
     def __post_init__(self) -> None:
@@ -96,8 +98,8 @@ class SamplingParams:
 
     @property
     def penalises(self) -> bool:
-        """Whether ``penalised`` changes a row: a logit bias, or a penalty over a window of tokens."""
-        return bool(self.logit_bias) or self._penalties_on
+        """Whether ``penalised`` changes a row: a logit bias, a ban, or a penalty over a window of tokens."""
+        return bool(self.logit_bias) or bool(self.banned) or self._penalties_on
 
     @property
     def _penalties_on(self) -> bool:
@@ -106,9 +108,10 @@ class SamplingParams:
         return self.repeat_last_n != 0 and not off
 
     def penalised(self, logits: np.ndarray, tokens: Sequence[int], end: int | None = None) -> np.ndarray:
-        """The row llama.cpp's chain samples from after its logit-bias and penalties samplers, for the
-        position after ``tokens[:end]`` (all of them if ``end`` is None): the prompt's tokens count, as
-        llama-server and llama-cli accept the prompt into the chain before the first draw. A copy, in
+        """The row llama.cpp's chain samples from after its logit-bias (``banned`` at -inf) and penalties
+        samplers, for the position after ``tokens[:end]`` (all of them if ``end`` is None): the prompt's
+        tokens count, as llama-server and llama-cli accept the prompt into the chain before the first
+        draw. A copy, in
         float32 as llama.cpp computes it (so a greedy choice is the same token); ``logits`` itself where
         nothing is penalised.
 
@@ -122,6 +125,7 @@ class SamplingParams:
         row = np.array(logits, dtype=np.float32)
         for token, bias in self.logit_bias:
             row[token] += np.float32(bias)
+        row[list(self.banned)] = -np.inf
         if self._penalties_on:
             end = len(tokens) if end is None else end
             start = 0 if self.repeat_last_n == WHOLE_CONTEXT else max(0, end - self.repeat_last_n)

@@ -141,7 +141,6 @@ def test_fill_in_the_middle_on_a_model_without_fim_tokens_names_it(server: Serve
 LLAMA_SERVER_REFUSED = [
     ("n_predict", 8, -1),
     ("n_cmpl", 2, 1),
-    ("ignore_eos", True, False),
     ("typical_p", 0.5, 1),
     ("mirostat", 2, 0),
     ("dynatemp_range", 0.5, 0),

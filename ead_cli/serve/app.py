@@ -1166,6 +1166,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 defaults.generation,
                 sampling=sampling,
                 max_tokens=_answer_limit(body),
+                ignore_eos=defaults.generation.ignore_eos if body.ignore_eos is None else body.ignore_eos,
                 stop=stop,
                 min_indent=body.n_indent or 0,
                 newline_time_limit_ms=max(body.t_max_predict_ms or 0, 0),

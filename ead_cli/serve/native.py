@@ -76,7 +76,6 @@ NOT_RUN: dict[str, Any] = {
     "dry_multiplier": 0.0,
     "mirostat": 0,
     "min_keep": 0,
-    "ignore_eos": False,
 }
 UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given without one
 
@@ -214,6 +213,7 @@ def generation_settings(
         "repeat_penalty": float(sampling.repeat_penalty),
         "presence_penalty": float(sampling.presence_penalty),
         "frequency_penalty": float(sampling.frequency_penalty),
+        "ignore_eos": generation.ignore_eos,
         "stop": list(generation.stop),
         "max_tokens": limit,
         "n_predict": limit,

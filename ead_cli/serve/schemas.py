@@ -241,7 +241,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,),
     "n_predict": (None, -1),  # llama-server's max_tokens; -1: no limit
     "n_cmpl": (None, 1),
-    "ignore_eos": (None, False),
     "typical_p": (None, 1),
     "mirostat": (None, 0),
     "dynatemp_range": (None, 0),
@@ -594,6 +593,7 @@ class CompletionBase(BaseModel):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None  # OpenAI's: token ids (as the object's keys) to biases
+    ignore_eos: bool | None = None  # llama-server's: every end-of-generation token banned (--ignore-eos)
     n_indent: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None  # llama-server's code-completion
     t_max_predict_ms: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # stop rules (0, -1: off)
     return_progress: bool | None = None  # llama-server's: a streamed chunk per batch of the prompt read

@@ -1,0 +1,133 @@
+"""llama.cpp's samplers beyond the penalties: ``--ignore-eos`` (llama-cli's, llama-server's ``ignore_eos``),
+which bans every end-of-generation token with a logit bias of -inf. ead's text, token for token, against
+llama.cpp's own sampler chain over the same tiny model, on the command line and over HTTP."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import llama_cpp
+import openai
+import pytest
+from serve_process import Server
+from test_cli import assert_one_line_error, ead
+from test_serve import serving
+from tiny_models import write_tiny_model
+
+# A bigram model that writes "6*7 " after a newline, then ends its turn: it stops early where it may
+SCRIPT = ["Ċ", "6", "*", "7", "Ġ", "<|im_end|>"]
+PROMPT = "x\n"
+SCRIPTED = "6*7 "
+COUNT = 12
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("scripted")
+    return tuple(  # type: ignore[return-value]
+        write_tiny_model(folder / f"scripted{seed}.gguf", seed=seed, script=SCRIPT) for seed in (0, 1)
+    )
+
+
+def args_for(pair: tuple[Path, Path]) -> list[str]:
+    return ["--small", str(pair[0]), "--large", str(pair[1]), "--threads", "1", "--ctx", "256"]
+
+
+def llama_cpp_tokens(path: Path, count: int, temp: float = 0.0, seed: int = 0) -> tuple[list[int], str]:
+    """llama.cpp's answer to PROMPT with ignore_eos, as common_sampler_init builds its chain: every
+    end-of-generation token's logit bias -inf, then greedy, or top-k 40, top-p 0.95, min-p 0.05, the
+    temperature and a seeded draw (ead's defaults); ``count`` tokens and their text."""
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
+    vocab = llm._model.vocab
+    ends = [token for token in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
+    assert ends  # the model has end-of-generation tokens to ban
+    biases = (llama_cpp.llama_logit_bias * len(ends))(*((token, -math.inf) for token in ends))
+    sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    add = llama_cpp.llama_sampler_chain_add
+    add(sampler, llama_cpp.llama_sampler_init_logit_bias(llm.n_vocab(), len(ends), biases))
+    if temp == 0:
+        add(sampler, llama_cpp.llama_sampler_init_greedy())
+    else:
+        add(sampler, llama_cpp.llama_sampler_init_top_k(40))
+        add(sampler, llama_cpp.llama_sampler_init_top_p(0.95, 1))
+        add(sampler, llama_cpp.llama_sampler_init_min_p(0.05, 1))
+        add(sampler, llama_cpp.llama_sampler_init_temp(temp))
+        add(sampler, llama_cpp.llama_sampler_init_dist(seed))
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=False, special=True)
+    llm.eval(prompt)
+    out: list[int] = []
+    for _ in range(count):
+        token = llama_cpp.llama_sampler_sample(sampler, llm.ctx, -1)
+        out.append(token)
+        llm.eval([token])
+    llama_cpp.llama_sampler_free(sampler)
+    text = llm.detokenize(out).decode(errors="replace")
+    llm.close()
+    return out, text
+
+
+def ead_tokens(*args: str) -> tuple[list[int], str]:
+    """``ead generate``'s tokens and finish reason (its JSON lines)."""
+    result = ead("generate", *args, "--format", "jsonl")
+    assert result.returncode == 0, result.stderr.decode()
+    events = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    return [event["token"] for event in events if event["type"] == "token"], events[-1]["finish_reason"]
+
+
+def test_ignore_eos_writes_to_the_limit_as_llama_cpp_does(scripted: tuple[Path, Path]) -> None:
+    """Without --ignore-eos the model ends its turn after four tokens; with it, it writes --max-tokens,
+    llama.cpp's tokens, greedy or sampled (the same seed, the same draws)."""
+    base = [*args_for(scripted), "--mode", "large", "--raw", "--max-tokens", str(COUNT)]
+    ended, reason = ead_tokens(*base, PROMPT)
+    assert (len(ended), reason) == (len(SCRIPT) - 1, "stop")
+    expected, text = llama_cpp_tokens(scripted[1], COUNT)
+    assert expected[: len(ended) - 1] == ended[:-1] and text.startswith(SCRIPTED)
+    assert ead_tokens(*base, "--ignore-eos", PROMPT) == (expected, "length")
+    sampled = llama_cpp_tokens(scripted[1], COUNT, temp=0.9, seed=7)[0]
+    assert ead_tokens(*base, "--ignore-eos", "--temp", "0.9", "--seed", "7", PROMPT) == (sampled, "length")
+
+
+def test_ignore_eos_takes_no_value(scripted: tuple[Path, Path]) -> None:
+    result = ead("generate", *args_for(scripted), "--ignore-eos=yes", PROMPT)
+    assert_one_line_error(result, 2, "--ignore-eos")
+
+
+@pytest.fixture(scope="module")
+def server(scripted: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving([*args_for(scripted)], tmp_path_factory.mktemp("serve") / "server.log") as running:
+        yield running
+
+
+def test_a_requests_ignore_eos_writes_to_max_tokens_as_llama_server_does(
+    server: Server, scripted: tuple[Path, Path]
+) -> None:
+    """llama-server's ``ignore_eos``: the answer runs to max_tokens (finish_reason "length"), llama.cpp's
+    tokens; without it the model ends its turn (finish_reason "stop")."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="none")
+    asked = {"model": "ead", "prompt": PROMPT, "max_tokens": COUNT, "temperature": 0}
+    ended = client.completions.create(**asked)
+    assert (ended.choices[0].text, ended.choices[0].finish_reason) == (SCRIPTED, "stop")
+    kept_on = client.completions.create(**asked, extra_body={"ignore_eos": True})
+    expected = llama_cpp_tokens(scripted[1], COUNT)[1]  # the default mode's writer
+    assert (kept_on.choices[0].text, kept_on.choices[0].finish_reason) == (expected, "length")
+    assert kept_on.usage is not None and kept_on.usage.completion_tokens == COUNT
+    off = client.completions.create(**asked, extra_body={"ignore_eos": False})
+    assert off.choices[0].text == SCRIPTED
+    # llama-server's own /completion: its stop type and generation_settings say so
+    body = {"prompt": PROMPT, "n_predict": COUNT, "temperature": 0, "ignore_eos": True}
+    native = httpx.post(f"{server.url}/completion", json=body, timeout=60).json()
+    assert (native["content"], native["stop_type"]) == (expected, "limit")
+    assert native["generation_settings"]["ignore_eos"] is True
+
+
+def test_an_ignore_eos_that_is_no_boolean_is_a_400_and_the_server_goes_on(server: Server) -> None:
+    body = {"model": "ead", "prompt": PROMPT, "max_tokens": 4, "ignore_eos": "yes"}
+    reply = httpx.post(f"{server.base_url}/completions", json=body, timeout=60)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "ignore_eos"
+    body["ignore_eos"] = False
+    assert httpx.post(f"{server.base_url}/completions", json=body, timeout=60).status_code == 200
