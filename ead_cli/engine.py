@@ -25,7 +25,7 @@ from .prompt import context_size
 from .registry import is_remote
 from .remote import RemoteRunner, any_remote, connect, end_of_generation, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
-from .sampling import unknown_token
+from .sampling import REMOTE_ROW, unknown_token
 from .smoke import check_models
 from .thinking import CLOSE, OPEN, BlockTags, ReasoningBudget, thinks
 from .user_models import is_user_model
@@ -237,6 +237,12 @@ def build_decoder(
     budget = reasoning_budget_for(runners[0], policy_options, generation)
     max_tokens = answer_limit(generation.max_tokens, context_size(runners))  # -1: to the context's end
     sampling = generation.sampling
+    chain_only = sampling.chain_only
+    if chain_only is not None and policy_options.mode == "spec":
+        message = f"{chain_only} cannot go with --mode spec: its acceptance test needs a distribution"
+        raise EadError(message, exit_code=2)
+    if chain_only is not None and any_remote(runners):
+        raise EadError(f"{chain_only} runs in a local model's chain: {REMOTE_ROW}", exit_code=2)
     if generation.ignore_eos:  # the models' end-of-generation ids are one set: the tokenizer check's
         sampling = replace(sampling, banned=tuple(sorted(end_of_generation(runners[0]))))
     try:

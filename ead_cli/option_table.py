@@ -394,6 +394,37 @@ DECODING: tuple[DecodingOption, ...] = (
         surfaces=frozenset({CLI, SERVE}),
     ),
     DecodingOption(
+        "top_n_sigma",
+        float,
+        -1.0,
+        "llama.cpp's top-n-sigma: keep the tokens whose logit is within N standard deviations of the "
+        "top one (-1: off), first in the chain.",
+        target="sampling",
+    ),
+    DecodingOption(
+        "typical",
+        float,
+        1.0,
+        "llama.cpp's locally typical sampling, after top-k (1: off).",
+        target="sampling",
+        field="typical_p",
+    ),
+    DecodingOption(
+        "xtc_probability",
+        float,
+        0.0,
+        "llama.cpp's XTC, after min-p: with this probability, drop every token above --xtc-threshold but "
+        "the least likely of them (0: off).",
+        target="sampling",
+    ),
+    DecodingOption(
+        "xtc_threshold",
+        float,
+        0.1,
+        "XTC's threshold: the probability above which a token may be dropped (above 0.5: off).",
+        target="sampling",
+    ),
+    DecodingOption(
         "seed", int, 0, "Sampling seed (same seed, same text).", target="sampling", llama_spellings=("-s",)
     ),
     DecodingOption(

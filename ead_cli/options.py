@@ -404,7 +404,7 @@ _FIELD_NAMES = {option.attribute: option.name for option in OPTIONS.values()}  #
 _SWITCHING_FIELDS = {OPTIONS[name].attribute for name in SWITCHING}
 # the samplers that shape a draw, which greedy decoding makes none (the penalties and the logit bias act
 # on the row before it, greedy or not)
-_SAMPLERS = ("top_k", "top_p", "min_p", "seed")
+_SAMPLERS = ("top_k", "top_p", "min_p", "seed", "typical", "top_n_sigma", "xtc_probability", "xtc_threshold")
 
 
 def _default_sampling() -> SamplingParams:

@@ -20,10 +20,15 @@ import numpy as np
 from . import shared_stderr
 from .errors import EadError, check_int32, cut
 
+TOP_N_SIGMA_OFF = -1.0  # llama.cpp's off value
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temp 0 is greedy; otherwise top-k, top-p, min-p, then temperature, then a seeded draw.
+    """temp 0 is greedy; otherwise llama.cpp's default order: top-n-sigma, top-k, typical, top-p, min-p,
+    XTC, then temperature, then a seeded draw (XTC's own draws seeded alike, as llama.cpp's); top-n-sigma
+    (``top_n_sigma`` -1), typical (``typical_p`` 1) and XTC (``xtc_probability`` 0) off by default, as
+    llama.cpp's, and run by its chain alone (``chain_only``).
     ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
     model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it.
     ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
@@ -60,6 +65,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    typical_p: float = 1.0
+    top_n_sigma: float = TOP_N_SIGMA_OFF
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
     banned: tuple[int, ...] = ()
     infill: bool = False
 
@@ -73,6 +82,14 @@ class SamplingParams:
             raise EadError(f"--top-p must be in (0, 1], got {self.top_p}", exit_code=2)
         if not 0.0 <= self.min_p <= 1.0:
             raise EadError(f"--min-p must be in [0, 1], got {self.min_p}", exit_code=2)
+        if not 0.0 < self.typical_p <= 1.0:
+            raise EadError(f"--typical must be in (0, 1] (1: off), got {self.typical_p}", exit_code=2)
+        if not (self.top_n_sigma == TOP_N_SIGMA_OFF or 0 < self.top_n_sigma < math.inf):
+            raise EadError(f"--top-n-sigma must be above 0 (-1: off), got {self.top_n_sigma}", exit_code=2)
+        for name in ("xtc_probability", "xtc_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                flag = "--" + name.replace("_", "-")
+                raise EadError(f"{flag} must be in [0, 1], got {getattr(self, name)}", exit_code=2)
         if not 0 <= self.seed < 2**32 - 1:
             raise EadError(f"--seed must be in [0, 4294967294], got {self.seed}", exit_code=2)
         if not 0 < self.repeat_penalty < math.inf:
@@ -95,6 +112,20 @@ class SamplingParams:
                 if bias == -math.inf:
                     message += f" (llama-cli's ban: -{MAX_LOGIT_BIAS:g} all but bans it here)"
                 raise EadError(message, exit_code=2)
+
+    @property
+    def chain_only(self) -> str | None:
+        """The flag of the first sampler on that llama.cpp's chain alone runs, where a draw is made: not
+        ``probabilities`` (speculative decoding's distribution: XTC's cut is itself a draw), nor a
+        llama-server model's row (its top tokens alone); None where none is on."""
+        if self.temp == 0:
+            return None
+        on = {
+            "--top-n-sigma": self.top_n_sigma != TOP_N_SIGMA_OFF,
+            "--typical": self.typical_p < 1.0,
+            "--xtc-probability": self.xtc_probability > 0.0,
+        }
+        return next((flag for flag, given in on.items() if given), None)
 
     @property
     def penalises(self) -> bool:
@@ -156,7 +187,8 @@ def unknown_token(ids: Iterable[int], n_vocab: int, where: str) -> str | None:
     return f"{where}: token id {unknown} is not in the vocabulary (ids 0-{n_vocab - 1})"
 
 
-INFILL_LOCAL = "the infill sampler runs in a local model's chain: not with a llama-server model"
+REMOTE_ROW = "not with a llama-server model"
+INFILL_LOCAL = f"the infill sampler runs in a local model's chain: {REMOTE_ROW}"
 
 
 class GrammarDeadEnd(EadError):
@@ -209,10 +241,17 @@ class Sampler:
         if params.temp == 0 and not params.infill:
             add(self._chain, llama_cpp.llama_sampler_init_greedy())
         else:  # temp 0 with infill: llama.cpp's temperature keeps the likeliest token, then infill judges it
+            if params.top_n_sigma != TOP_N_SIGMA_OFF:
+                add(self._chain, llama_cpp.llama_sampler_init_top_n_sigma(params.top_n_sigma))
             if params.top_k > 0:
                 add(self._chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+            if params.typical_p < 1.0:
+                add(self._chain, llama_cpp.llama_sampler_init_typical(params.typical_p, 1))
             add(self._chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
             add(self._chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            if params.xtc_probability > 0.0:
+                xtc = llama_cpp.llama_sampler_init_xtc
+                add(self._chain, xtc(params.xtc_probability, params.xtc_threshold, 1, params.seed))
             add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
             if params.infill:
                 add(self._chain, llama_cpp.llama_sampler_init_infill(vocab))
@@ -247,6 +286,8 @@ class Sampler:
                 raise EadError("a grammar needs a local model's context: not with a llama-server model")
             if self._params.infill:
                 raise EadError(INFILL_LOCAL)
+            if self._params.chain_only is not None:
+                raise EadError(f"{self._params.chain_only} runs in a local model's chain: {REMOTE_ROW}")
             dist = probabilities(row, self._params)
             return int(self._rng.choice(dist.shape[0], p=dist))
         if row is logits and self._params.grammar is None:
@@ -414,6 +455,8 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """
     if params.infill:
         raise EadError("the infill sampler is not run by speculative decoding: use another --mode")
+    if params.chain_only is not None:
+        raise EadError(f"{params.chain_only} is not run by speculative decoding: use another --mode")
     out = np.zeros(logits.shape[0], dtype=np.float64)
     if params.temp == 0:
         out[int(np.argmax(logits))] = 1.0

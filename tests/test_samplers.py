@@ -1,6 +1,7 @@
 """llama.cpp's samplers beyond the penalties: ``--ignore-eos`` (llama-cli's, llama-server's ``ignore_eos``),
-which bans every end-of-generation token with a logit bias of -inf. ead's text, token for token, against
-llama.cpp's own sampler chain over the same tiny model, on the command line and over HTTP."""
+which bans every end-of-generation token with a logit bias of -inf, and locally typical sampling, top-n-sigma
+and XTC in llama.cpp's default chain order. ead's text, token for token, against llama.cpp's own sampler
+chain over the same tiny model, on the command line and over HTTP."""
 
 from __future__ import annotations
 
@@ -37,32 +38,50 @@ def args_for(pair: tuple[Path, Path]) -> list[str]:
     return ["--small", str(pair[0]), "--large", str(pair[1]), "--threads", "1", "--ctx", "256"]
 
 
-def llama_cpp_tokens(path: Path, count: int, temp: float = 0.0, seed: int = 0) -> tuple[list[int], str]:
-    """llama.cpp's answer to PROMPT with ignore_eos, as common_sampler_init builds its chain: every
-    end-of-generation token's logit bias -inf, then greedy, or top-k 40, top-p 0.95, min-p 0.05, the
-    temperature and a seeded draw (ead's defaults); ``count`` tokens and their text."""
+def llama_cpp_tokens(
+    path: Path,
+    count: int,
+    temp: float = 0.0,
+    seed: int = 0,
+    *,
+    ignore_eos: bool = True,
+    prompt: str = PROMPT,
+    typical: float = 1.0,
+    top_n_sigma: float = -1.0,
+    xtc: tuple[float, float] = (0.0, 0.1),
+) -> tuple[list[int], str]:
+    """llama.cpp's answer to ``prompt``, as common_sampler_init builds its chain: with ``ignore_eos``
+    every end-of-generation token's logit bias -inf; then greedy, or its default order, every sampler in
+    it (those off at llama.cpp's off values): top-n-sigma, top-k 40, typical, top-p 0.95, min-p 0.05,
+    XTC (``xtc``: probability, threshold; seeded as the draw is), the temperature and a seeded draw
+    (ead's defaults); up to ``count`` tokens and their text."""
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
     vocab = llm._model.vocab
     ends = [token for token in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
     assert ends  # the model has end-of-generation tokens to ban
-    biases = (llama_cpp.llama_logit_bias * len(ends))(*((token, -math.inf) for token in ends))
     sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
-    add(sampler, llama_cpp.llama_sampler_init_logit_bias(llm.n_vocab(), len(ends), biases))
+    if ignore_eos:
+        biases = (llama_cpp.llama_logit_bias * len(ends))(*((token, -math.inf) for token in ends))
+        add(sampler, llama_cpp.llama_sampler_init_logit_bias(llm.n_vocab(), len(ends), biases))
     if temp == 0:
         add(sampler, llama_cpp.llama_sampler_init_greedy())
     else:
+        add(sampler, llama_cpp.llama_sampler_init_top_n_sigma(top_n_sigma))
         add(sampler, llama_cpp.llama_sampler_init_top_k(40))
+        add(sampler, llama_cpp.llama_sampler_init_typical(typical, 1))
         add(sampler, llama_cpp.llama_sampler_init_top_p(0.95, 1))
         add(sampler, llama_cpp.llama_sampler_init_min_p(0.05, 1))
+        add(sampler, llama_cpp.llama_sampler_init_xtc(*xtc, 1, seed))
         add(sampler, llama_cpp.llama_sampler_init_temp(temp))
         add(sampler, llama_cpp.llama_sampler_init_dist(seed))
-    prompt = llm.tokenize(PROMPT.encode(), add_bos=False, special=True)
-    llm.eval(prompt)
+    llm.eval(llm.tokenize(prompt.encode(), add_bos=False, special=True))
     out: list[int] = []
     for _ in range(count):
         token = llama_cpp.llama_sampler_sample(sampler, llm.ctx, -1)
         out.append(token)
+        if token in ends:
+            break
         llm.eval([token])
     llama_cpp.llama_sampler_free(sampler)
     text = llm.detokenize(out).decode(errors="replace")
@@ -131,3 +150,47 @@ def test_an_ignore_eos_that_is_no_boolean_is_a_400_and_the_server_goes_on(server
     assert reply.json()["error"]["param"] == "ignore_eos"
     body["ignore_eos"] = False
     assert httpx.post(f"{server.base_url}/completions", json=body, timeout=60).status_code == 200
+
+
+# Each of llama.cpp's samplers ead adds to its chain, given as on the command line and as llama_cpp_tokens
+# takes it; values that cut this tiny model's candidates, so each changes the draws
+CHAIN_SAMPLERS = [
+    (["--typical", "0.5"], {"typical": 0.5}),
+    (["--top-n-sigma", "0.5"], {"top_n_sigma": 0.5}),
+    (["--xtc-probability", "0.9", "--xtc-threshold", "0.05"], {"xtc": (0.9, 0.05)}),
+]
+SAMPLED = ["--temp", "1.5", "--seed", "3"]
+
+
+@pytest.mark.parametrize(("flags", "chain"), CHAIN_SAMPLERS)
+def test_typical_top_n_sigma_and_xtc_draw_as_llama_cpps_chain_does(
+    tiny_large: Path, flags: list[str], chain: dict
+) -> None:
+    """The same seed, the same draws as llama.cpp's default chain with the sampler on, and others than
+    without it; greedy decoding leaves it unused (said in a note), its tokens unchanged."""
+    base = ["--small", str(tiny_large), "--large", str(tiny_large), "--threads", "1", "--mode", "large"]
+    base += ["--raw", "--max-tokens", "24"]
+    theirs = llama_cpp_tokens(tiny_large, 24, 1.5, 3, ignore_eos=False, prompt="hi", **chain)[0]
+    ours = ead_tokens(*base, *SAMPLED, *flags, "hi")[0]
+    assert ours == theirs
+    assert ours != ead_tokens(*base, *SAMPLED, "hi")[0]
+    greedy = ead("generate", *base, "--temp", "0", *flags, "hi")
+    assert greedy.returncode == 0 and greedy.stdout == ead("generate", *base, "--temp", "0", "hi").stdout
+    assert f"--temp 0 leaves {flags[0]}" in greedy.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--typical", "0"], "--typical must be in (0, 1]"),
+        (["--top-n-sigma", "0"], "--top-n-sigma must be above 0 (-1: off)"),
+        (["--xtc-probability", "1.5"], "--xtc-probability must be in [0, 1]"),
+        (["--xtc-threshold", "-0.1"], "--xtc-threshold must be in [0, 1]"),
+        (["--mode", "spec", "--temp", "1", "--typical", "0.5"], "--typical cannot go with --mode spec"),
+    ],
+)
+def test_a_bad_sampler_value_is_one_line(
+    tiny_pair: tuple[Path, Path], flags: list[str], message: str
+) -> None:
+    result = ead("generate", *args_for(tiny_pair), *flags, "hi")
+    assert_one_line_error(result, 2, message)
