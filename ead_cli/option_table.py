@@ -398,7 +398,7 @@ DECODING: tuple[DecodingOption, ...] = (
         float,
         -1.0,
         "llama.cpp's top-n-sigma: keep the tokens whose logit is within N standard deviations of the "
-        "top one (-1: off), first in the chain.",
+        "top one (-1, or 0 or less: off), first in the chain.",
         target="sampling",
     ),
     DecodingOption(

@@ -20,15 +20,13 @@ import numpy as np
 from . import shared_stderr
 from .errors import EadError, check_int32, cut
 
-TOP_N_SIGMA_OFF = -1.0  # llama.cpp's off value
-
 
 @dataclass(frozen=True)
 class SamplingParams:
     """temp 0 is greedy; otherwise llama.cpp's default order: top-n-sigma, top-k, typical, top-p, min-p,
     XTC, then temperature, then a seeded draw (XTC's own draws seeded alike, as llama.cpp's); top-n-sigma
-    (``top_n_sigma`` -1), typical (``typical_p`` 1) and XTC (``xtc_probability`` 0) off by default, as
-    llama.cpp's, and run by its chain alone (``chain_only``).
+    (``top_n_sigma`` -1, or any value up to 0), typical (``typical_p`` 1) and XTC (``xtc_probability`` 0)
+    off by default, as llama.cpp's, and run by its chain alone (``chain_only``).
     ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
     model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it.
     ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
@@ -66,7 +64,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     typical_p: float = 1.0
-    top_n_sigma: float = TOP_N_SIGMA_OFF
+    top_n_sigma: float = -1.0  # llama.cpp's off value: any up to 0 is off
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
     banned: tuple[int, ...] = ()
@@ -84,8 +82,10 @@ class SamplingParams:
             raise EadError(f"--min-p must be in [0, 1], got {self.min_p}", exit_code=2)
         if not 0.0 < self.typical_p <= 1.0:
             raise EadError(f"--typical must be in (0, 1] (1: off), got {self.typical_p}", exit_code=2)
-        if not (self.top_n_sigma == TOP_N_SIGMA_OFF or 0 < self.top_n_sigma < math.inf):
-            raise EadError(f"--top-n-sigma must be above 0 (-1: off), got {self.top_n_sigma}", exit_code=2)
+        if not math.isfinite(self.top_n_sigma):
+            raise EadError(
+                f"--top-n-sigma must be finite (0 or less: off), got {self.top_n_sigma}", exit_code=2
+            )
         for name in ("xtc_probability", "xtc_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 flag = "--" + name.replace("_", "-")
@@ -121,7 +121,7 @@ class SamplingParams:
         if self.temp == 0:
             return None
         on = {
-            "--top-n-sigma": self.top_n_sigma != TOP_N_SIGMA_OFF,
+            "--top-n-sigma": self.top_n_sigma > 0,
             "--typical": self.typical_p < 1.0,
             "--xtc-probability": self.xtc_probability > 0.0,
         }
@@ -241,7 +241,7 @@ class Sampler:
         if params.temp == 0 and not params.infill:
             add(self._chain, llama_cpp.llama_sampler_init_greedy())
         else:  # temp 0 with infill: llama.cpp's temperature keeps the likeliest token, then infill judges it
-            if params.top_n_sigma != TOP_N_SIGMA_OFF:
+            if params.top_n_sigma > 0:  # llama.cpp's reads 0 or less as off
                 add(self._chain, llama_cpp.llama_sampler_init_top_n_sigma(params.top_n_sigma))
             if params.top_k > 0:
                 add(self._chain, llama_cpp.llama_sampler_init_top_k(params.top_k))

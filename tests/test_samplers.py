@@ -183,7 +183,7 @@ def test_typical_top_n_sigma_and_xtc_draw_as_llama_cpps_chain_does(
     ("flags", "message"),
     [
         (["--typical", "0"], "--typical must be in (0, 1]"),
-        (["--top-n-sigma", "0"], "--top-n-sigma must be above 0 (-1: off)"),
+        (["--top-n-sigma", "nan"], "--top-n-sigma must be finite (0 or less: off), got nan"),
         (["--xtc-probability", "1.5"], "--xtc-probability must be in [0, 1]"),
         (["--xtc-threshold", "-0.1"], "--xtc-threshold must be in [0, 1]"),
         (["--mode", "spec", "--temp", "1", "--typical", "0.5"], "--typical cannot go with --mode spec"),
@@ -194,3 +194,69 @@ def test_a_bad_sampler_value_is_one_line(
 ) -> None:
     result = ead("generate", *args_for(tiny_pair), *flags, "hi")
     assert_one_line_error(result, 2, message)
+
+
+# The same samplers as llama-server's request fields, each with llama_cpp_tokens' spelling of it
+SERVED_SAMPLERS = [
+    ({"typical_p": 0.5}, {"typical": 0.5}),
+    ({"top_n_sigma": 0.5}, {"top_n_sigma": 0.5}),
+    ({"xtc_probability": 0.9, "xtc_threshold": 0.05}, {"xtc": (0.9, 0.05)}),
+]
+
+
+@pytest.fixture(scope="module")
+def sampling_server(
+    tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    with serving([*args_for(tiny_pair)], tmp_path_factory.mktemp("serve") / "server.log") as running:
+        yield running
+
+
+@pytest.mark.parametrize(("fields", "chain"), SERVED_SAMPLERS)
+def test_a_requests_samplers_draw_as_llama_cpps_chain_does(
+    sampling_server: Server, tiny_pair: tuple[Path, Path], fields: dict, chain: dict
+) -> None:
+    """llama-server's typical_p, top_n_sigma and xtc_* on /completion (its token ids) and /v1/completions
+    (the openai client's extra_body): llama.cpp's draws for the seed; the settings say them."""
+    sampled = {"prompt": "hi", "n_predict": 24, "temperature": 1.5, "seed": 3, "return_tokens": True}
+    native = httpx.post(f"{sampling_server.url}/completion", json={**sampled, **fields}, timeout=60).json()
+    theirs = llama_cpp_tokens(tiny_pair[1], 24, 1.5, 3, ignore_eos=False, prompt="hi", **chain)[0]
+    assert native["tokens"] == theirs
+    assert {name: native["generation_settings"][name] for name in fields} == fields
+    client = openai.OpenAI(base_url=sampling_server.base_url, api_key="none")
+    asked = {"model": "ead", "prompt": "hi", "max_tokens": 24, "temperature": 1.5, "seed": 3}
+    assert client.completions.create(**asked, extra_body=fields).choices[0].text == native["content"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"typical_p": 0}, "typical_p"),
+        ({"xtc_probability": 1.5}, "xtc_probability"),
+        ({"top_n_sigma": "1"}, "top_n_sigma"),
+        ({"typical_p": 0.5, "ead": {"mode": "spec"}}, "typical_p"),
+    ],
+)
+def test_a_bad_sampler_field_is_a_400_and_the_server_goes_on(
+    sampling_server: Server, fields: dict, param: str
+) -> None:
+    body = {"model": "ead", "prompt": "hi", "max_tokens": 2, "temperature": 1, **fields}
+    reply = httpx.post(f"{sampling_server.base_url}/completions", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+    plain = {"model": "ead", "prompt": "hi", "max_tokens": 2}
+    assert httpx.post(f"{sampling_server.base_url}/completions", json=plain, timeout=60).status_code == 200
+
+
+def test_ollamas_typical_p_is_llama_servers(sampling_server: Server) -> None:
+    """ollama's options.typical_p, as the top-level field draws; out of its bounds, ollama's 400."""
+    options = {"temperature": 1.5, "seed": 3, "num_predict": 24, "typical_p": 0.5}
+    body = {"model": "ead", "prompt": "hi", "raw": True, "stream": False, "options": options}
+    answer = httpx.post(f"{sampling_server.url}/api/generate", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    sampled = {"prompt": "hi", "n_predict": 24, "temperature": 1.5, "seed": 3, "typical_p": 0.5}
+    native = httpx.post(f"{sampling_server.url}/completion", json=sampled, timeout=60).json()
+    assert answer.json()["response"] == native["content"]
+    options["typical_p"] = 0
+    refused = httpx.post(f"{sampling_server.url}/api/generate", json=body, timeout=60)
+    assert refused.status_code == 400 and "options.typical_p" in refused.json()["error"]

@@ -141,12 +141,9 @@ def test_fill_in_the_middle_on_a_model_without_fim_tokens_names_it(server: Serve
 LLAMA_SERVER_REFUSED = [
     ("n_predict", 8, -1),
     ("n_cmpl", 2, 1),
-    ("typical_p", 0.5, 1),
     ("mirostat", 2, 0),
     ("dynatemp_range", 0.5, 0),
     ("dry_multiplier", 0.8, 0),
-    ("xtc_probability", 0.5, 0),
-    ("top_n_sigma", 1.0, -1),
     ("min_keep", 5, 0),
     ("samplers", ["temperature", "top_k"], ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]),
     ("grammar", 'root ::= "a"', ""),

@@ -75,6 +75,8 @@ from .engine import (
 )
 from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
+    CHAIN_ONLY_FIELDS,
+    LLAMA_SAMPLERS,
     PENALTIES,
     Api,
     ApiError,
@@ -1153,7 +1155,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 top_p=base.top_p if not body.top_p else body.top_p,
                 min_p=base.min_p if min_p is None else min_p,
                 seed=_request_seed(body.seed, base.seed if "seed" in defaults.policy.given else None),
-                **{name: getattr(base, name) for name in PENALTIES} | penalties,
+                **{name: getattr(base, name) for name in (*PENALTIES, *LLAMA_SAMPLERS)}
+                | penalties
+                | body.llama_samplers(),
                 logit_bias=biases if body.logit_bias is not None else base.logit_bias,
             )
             sampling = replace(sampling, **body.chain_settings())
@@ -1161,6 +1165,11 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             if sampling.infill and (policy.mode == "spec" or remote):
                 message = "samplers: the infill sampler needs local models, and no speculative decoding"
                 raise ApiError(400, message, param="samplers", code="unsupported_parameter")
+            chain_only = sampling.chain_only
+            if chain_only is not None and (policy.mode == "spec" or remote):
+                param = CHAIN_ONLY_FIELDS[chain_only]
+                message = f"{param}: the sampler needs local models, and no speculative decoding"
+                raise ApiError(400, message, param=param, code="unsupported_parameter")
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(
                 defaults.generation,

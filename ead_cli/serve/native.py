@@ -42,6 +42,7 @@ from .engine import Engine, Failed, Job, Log, PromptProgress, Ticket, Token
 from .metrics import cached_tokens, generation_seconds, prompt_seconds
 from .schemas import (
     CHAIN_ORDERS,
+    LLAMA_SAMPLERS,
     MAX_COUNT,
     MAX_TOP_LOGPROBS,
     ApiError,
@@ -70,9 +71,6 @@ SAMPLERS = list(CHAIN_ORDERS[0])  # ead's one sampler chain, in llama-server's n
 # (schemas.UNSUPPORTED refuses them unless off), at the values, of llama-server's types, that leave them off
 NOT_RUN: dict[str, Any] = {
     "dynatemp_range": 0.0,
-    "top_n_sigma": -1.0,
-    "xtc_probability": 0.0,
-    "typical_p": 1.0,
     "dry_multiplier": 0.0,
     "mirostat": 0,
     "min_keep": 0,
@@ -214,6 +212,7 @@ def generation_settings(
         "presence_penalty": float(sampling.presence_penalty),
         "frequency_penalty": float(sampling.frequency_penalty),
         "ignore_eos": generation.ignore_eos,
+        **{name: float(getattr(sampling, name)) for name in LLAMA_SAMPLERS},
         "stop": list(generation.stop),
         "max_tokens": limit,
         "n_predict": limit,

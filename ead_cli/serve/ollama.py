@@ -59,6 +59,7 @@ from .schemas import (
     RepeatLastN,
     RepeatPenalty,
     TopK,
+    TypicalP,
     listed_inputs,
     parse,
 )
@@ -114,6 +115,7 @@ class OllamaOptions(BaseModel):
     top_k: TopK | None = None
     top_p: Fraction | None = None
     min_p: MinP | None = None
+    typical_p: TypicalP | None = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None
     repeat_penalty: RepeatPenalty | None = None
     repeat_last_n: RepeatLastN | None = None  # -1: the whole context
@@ -351,7 +353,7 @@ OLLAMA_SPELLING = {
     "max_tokens": "options.num_predict",
     **{
         name: f"options.{name}"
-        for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop", *PENALTIES)
+        for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop", *PENALTIES)
     },
     # those options passes on (a request's own fields, tools and suffix, keep their names)
     **{

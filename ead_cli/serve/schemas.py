@@ -162,12 +162,22 @@ EadOptions = create_model(
 # type for both spellings, so the same bounds and the same 400s (CompletionBase.sampling_value).
 TopK = _http_type(OPTIONS["top_k"])
 MinP = _http_type(OPTIONS["min_p"])
+TypicalP = Annotated[float, Field(gt=0, le=1)]  # 1: off
 # The penalties, at a request's top level as OpenAI, llama-server and ollama's options spell them (llama.cpp
 # takes any repeat_penalty above 0; OpenAI bounds the other two to [-2, 2]), over the command line's.
 RepeatPenalty = Annotated[float, Field(gt=0)]
 RepeatLastN = _http_type(OPTIONS["repeat_last_n"])
 Penalty = _http_type(OPTIONS["presence_penalty"])
 PENALTIES = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+# llama-server's fields of llama.cpp's samplers that ead's chain runs besides top-k, top-p and min-p, each a
+# SamplingParams field of the same name
+LLAMA_SAMPLERS = ("typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold")
+# SamplingParams.chain_only's flags as these fields
+CHAIN_ONLY_FIELDS = {
+    "--typical": "typical_p",
+    "--top-n-sigma": "top_n_sigma",
+    "--xtc-probability": "xtc_probability",
+}
 MAX_LOGIT_BIASES = 1024  # tokens a logit_bias may name: each is applied to every row the answer reads
 Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 LogitBias = Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIASES)]
@@ -224,7 +234,7 @@ def runs_penalties(samplers: list[str] | str) -> bool:
 # Fields of OpenAI's API, and of llama-server's (its /completion options, which its OpenAI endpoints take
 # too), that would change the answer and that ead serve does not do, with the values that change nothing
 # (what clients send when they mean "off"): any other value is a 400, never silence. llama-server's fields
-# that only tune one of these (mirostat_tau and _eta, dry_base, xtc_threshold, dynatemp_exponent), or that
+# that only tune one of these (mirostat_tau and _eta, dry_base, dynatemp_exponent), or that
 # do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token, n_keep: ead never shifts
 # the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -241,12 +251,9 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,),
     "n_predict": (None, -1),  # llama-server's max_tokens; -1: no limit
     "n_cmpl": (None, 1),
-    "typical_p": (None, 1),
     "mirostat": (None, 0),
     "dynatemp_range": (None, 0),
     "dry_multiplier": (None, 0),
-    "xtc_probability": (None, 0),
-    "top_n_sigma": (None, -1),
     "min_keep": (None, 0, 1),  # ead's chain keeps one token at least, as llama.cpp's does with 0
     "grammar": (None, ""),
     "json_schema": (None,),  # {} is any JSON, not off; response_format takes a schema
@@ -594,6 +601,11 @@ class CompletionBase(BaseModel):
     frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None  # OpenAI's: token ids (as the object's keys) to biases
     ignore_eos: bool | None = None  # llama-server's: every end-of-generation token banned (--ignore-eos)
+    # llama-server's samplers of ead's chain, over the command line's --typical, --top-n-sigma, --xtc-*
+    typical_p: TypicalP | None = None
+    top_n_sigma: float | None = None  # 0 or less: off, as llama.cpp reads it
+    xtc_probability: Fraction | None = None
+    xtc_threshold: Fraction | None = None
     n_indent: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None  # llama-server's code-completion
     t_max_predict_ms: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # stop rules (0, -1: off)
     return_progress: bool | None = None  # llama-server's: a streamed chunk per batch of the prompt read
@@ -604,6 +616,11 @@ class CompletionBase(BaseModel):
         neither."""
         inner = None if self.ead is None else getattr(self.ead, name)
         return either(name, getattr(self, name), f"ead.{name}", inner)
+
+    def llama_samplers(self) -> dict[str, float]:
+        """The fields of llama.cpp's samplers (``LLAMA_SAMPLERS``) the request gives: the server's stand
+        for the rest."""
+        return {name: getattr(self, name) for name in LLAMA_SAMPLERS if getattr(self, name) is not None}
 
     def penalties(self) -> dict[str, Any]:
         """The penalties the request gives (the server's stand for the rest); none (``repeat_last_n``
