@@ -97,16 +97,19 @@ def ead_tokens(*args: str) -> tuple[list[int], str]:
     return [event["token"] for event in events if event["type"] == "token"], events[-1]["finish_reason"]
 
 
-def test_ignore_eos_writes_to_the_limit_as_llama_cpp_does(scripted: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize(("mode", "writer"), [("large", 1), ("small", 0)])
+def test_ignore_eos_writes_to_the_limit_as_llama_cpp_does(
+    scripted: tuple[Path, Path], mode: str, writer: int
+) -> None:
     """Without --ignore-eos the model ends its turn after four tokens; with it, it writes --max-tokens,
-    llama.cpp's tokens, greedy or sampled (the same seed, the same draws)."""
-    base = [*args_for(scripted), "--mode", "large", "--raw", "--max-tokens", str(COUNT)]
+    llama.cpp's tokens, greedy or sampled (the same seed, the same draws), whichever model writes."""
+    base = [*args_for(scripted), "--mode", mode, "--raw", "--max-tokens", str(COUNT)]
     ended, reason = ead_tokens(*base, PROMPT)
     assert (len(ended), reason) == (len(SCRIPT) - 1, "stop")
-    expected, text = llama_cpp_tokens(scripted[1], COUNT)
+    expected, text = llama_cpp_tokens(scripted[writer], COUNT)
     assert expected[: len(ended) - 1] == ended[:-1] and text.startswith(SCRIPTED)
     assert ead_tokens(*base, "--ignore-eos", PROMPT) == (expected, "length")
-    sampled = llama_cpp_tokens(scripted[1], COUNT, temp=0.9, seed=7)[0]
+    sampled = llama_cpp_tokens(scripted[writer], COUNT, temp=0.9, seed=7)[0]
     assert ead_tokens(*base, "--ignore-eos", "--temp", "0.9", "--seed", "7", PROMPT) == (sampled, "length")
 
 
@@ -141,6 +144,17 @@ def test_a_requests_ignore_eos_writes_to_max_tokens_as_llama_server_does(
     native = httpx.post(f"{server.url}/completion", json=body, timeout=60).json()
     assert (native["content"], native["stop_type"]) == (expected, "limit")
     assert native["generation_settings"]["ignore_eos"] is True
+
+
+def test_serves_ignore_eos_is_its_requests_default(scripted: tuple[Path, Path], tmp_path: Path) -> None:
+    """``ead serve --ignore-eos``: every answer runs to its limit, unless a request's ignore_eos is false."""
+    asked = {"model": "ead", "prompt": PROMPT, "max_tokens": COUNT, "temperature": 0}
+    with serving([*args_for(scripted), "--ignore-eos"], tmp_path / "server.log") as running:
+        client = openai.OpenAI(base_url=running.base_url, api_key="none")
+        kept_on = client.completions.create(**asked).choices[0]
+        ended = client.completions.create(**asked, extra_body={"ignore_eos": False}).choices[0]
+    assert (kept_on.text, kept_on.finish_reason) == (llama_cpp_tokens(scripted[1], COUNT)[1], "length")
+    assert (ended.text, ended.finish_reason) == (SCRIPTED, "stop")
 
 
 def test_an_ignore_eos_that_is_no_boolean_is_a_400_and_the_server_goes_on(server: Server) -> None:
