@@ -308,7 +308,9 @@ class Sampler:
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
         chosen = array.data[array.selected]  # the samplers may have moved the data
         if not math.isfinite(chosen.logit):
-            raise GrammarDeadEnd("the grammar allows no token here: no answer can meet it")
+            # an end of generation may be the one token it allows: say so, not test for it (a second pass)
+            ended = ", or only by its end, which --ignore-eos bans" if self._params.banned else ""
+            raise GrammarDeadEnd(f"the grammar allows no token here: no answer can meet it{ended}")
         llama_cpp.llama_sampler_accept(self._chain, chosen.id)
         return chosen.id
 

@@ -274,3 +274,17 @@ def test_ollamas_typical_p_is_llama_servers(sampling_server: Server) -> None:
     options["typical_p"] = 0
     refused = httpx.post(f"{sampling_server.url}/api/generate", json=body, timeout=60)
     assert refused.status_code == 400 and "options.typical_p" in refused.json()["error"]
+
+
+def test_a_grammar_that_must_end_where_ignore_eos_bans_the_end_says_so(scripted: tuple[Path, Path]) -> None:
+    """A grammar met leaves only the end of generation, which --ignore-eos bans: one line naming both, the
+    text written so far kept (as any grammar's dead end), exit 1."""
+    args = [*args_for(scripted), "--mode", "large", "--raw", "--max-tokens", str(COUNT), "--ignore-eos"]
+    result = ead("generate", *args, "--grammar", 'root ::= "6"', PROMPT)
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err
+    assert result.stdout.decode().rstrip("\n") == "6"
+    assert err.splitlines()[-1] == (
+        "error: the grammar allows no token here: no answer can meet it, or only by its end, which "
+        "--ignore-eos bans"
+    )
