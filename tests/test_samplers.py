@@ -288,3 +288,22 @@ def test_a_grammar_that_must_end_where_ignore_eos_bans_the_end_says_so(scripted:
         "error: the grammar allows no token here: no answer can meet it, or only by its end, which "
         "--ignore-eos bans"
     )
+
+
+def test_a_requests_samplers_list_runs_the_samplers_it_names(sampling_server: Server) -> None:
+    """llama-server runs only the samplers ``samplers`` names: typical_p with a list that leaves out
+    "typ_p" draws as without it; with its default order, which names it (as names or --sampler-seq's
+    letters), as with it alone."""
+
+    def tokens(**fields: object) -> list[int]:
+        sampled = {"prompt": "hi", "n_predict": 24, "temperature": 1.5, "seed": 3, "return_tokens": True}
+        reply = httpx.post(f"{sampling_server.url}/completion", json={**sampled, **fields}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["tokens"]
+
+    plain, typical = tokens(), tokens(typical_p=0.5)
+    assert plain != typical
+    assert tokens(typical_p=0.5, samplers=["top_k", "top_p", "min_p", "temperature"]) == plain
+    default = ["dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+    assert tokens(typical_p=0.5, samplers=default) == typical
+    assert tokens(typical_p=0.5, samplers="dskypmxt") == typical

@@ -208,6 +208,15 @@ UNNAMED_OFF = {
 }
 
 
+# llama.cpp's samplers of ead's chain that only llama-server's default orders name, by name and by
+# --sampler-seq's letter: the SamplingParams field and value that a ``samplers`` leaving one out sets
+NAMED_BY_DEFAULT_ORDERS = {
+    "top_n_sigma": ("s", "top_n_sigma", -1.0),
+    "typ_p": ("y", "typical_p", 1.0),
+    "xtc": ("x", "xtc_probability", 0.0),
+}
+
+
 def chain_named(samplers: Any) -> list[str] | None:
     """The samplers of ead's chain that a request's ``samplers`` runs, with "infill" last where it
     names it: one of ``EAD_SAMPLER_ORDERS`` runs them all; a list may name fewer of them, in ead's order,
@@ -682,6 +691,9 @@ class CompletionBase(BaseModel):
             return {}
         named = chain_named(samplers) or []
         settings = dict(off for name, off in UNNAMED_OFF.items() if name not in named)
+        for name, (letter, field, off) in NAMED_BY_DEFAULT_ORDERS.items():
+            if (letter if isinstance(samplers, str) else name) not in samplers:
+                settings[field] = off
         return settings | ({"infill": True} if "infill" in named else {})
 
 
