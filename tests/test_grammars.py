@@ -16,8 +16,9 @@ from ead_cli.engine import close_all
 from ead_cli.errors import EadError
 from ead_cli.runner import Runner
 from ead_cli.sampling import GrammarRefusal, ParsedGrammars
-from ead_cli.serve.converter import LARGEST, MAX_DIGITS, integer_range
+from ead_cli.serve.converter import LARGEST, MAX_DIGITS, integer_range, json_schema_grammar
 from ead_cli.serve.engine import Engine
+from ead_cli.serve.schemas import ResponseFormat
 
 DIGITS = 'root ::= [0-9]+ "."'
 
@@ -206,3 +207,45 @@ def test_an_integer_range_grammar_takes_exactly_the_integers_within_its_bounds(
     assert not wrong, (grammar, wrong)
     for spelled in (f"0{low}", f"+{low}", "-0", f"{low}.0", f"{low} "):
         assert not answers(runner, grammar, spelled), spelled
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "tags"],
+}
+JSON_MODE_FORMATS = {
+    "json_object": {"type": "json_object"},
+    "json_schema": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    "json_object's schema": {"type": "json_object", "schema": PERSON},
+}
+JSON_MODE_GRAMMARS = {
+    **{name: ResponseFormat.model_validate(format).grammar() for name, format in JSON_MODE_FORMATS.items()},
+    "generate -j": json_schema_grammar(PERSON, "-j"),
+}
+
+
+@pytest.mark.parametrize("grammar", JSON_MODE_GRAMMARS.values(), ids=JSON_MODE_GRAMMARS.keys())
+def test_json_mode_takes_the_blank_between_tokens_that_llama_cpps_converter_takes(
+    runner: Runner, grammar: str | None
+) -> None:
+    """llama.cpp's converter (``SPACE_RULE``, which llama-server's json_schema and llama-cli's -j are bound
+    by) takes a space, or one or two line breaks and an indent of up to 20 spaces or tabs, between JSON's
+    tokens: JSON mode took one space at most (json_object one line break), so a model writing its JSON over
+    indented lines was held to one line. No more than llama.cpp's: two spaces, three breaks, a deeper
+    indent stay refused."""
+    assert grammar is not None
+    taken = [
+        '{"name": "Al", "tags": ["a", "b"]}',
+        '{\n  "name": "Al",\n  "tags": [\n    "a",\n    "b"\n  ]\n}',
+        '{\n\t"name" : "Al",\n\n\t"tags": [\n\n\t\t"a"\n\t]\n}\n',
+        '{"name":"Al","tags":[]}',
+    ]
+    refused = [
+        '{  "name": "Al", "tags": []}',
+        '{\n\n\n"name": "Al", "tags": []}',
+        "{\n" + " " * 21 + '"name": "Al", "tags": []}',
+        '{"name": "Al", "tags": []} \n',
+    ]
+    assert [text for text in taken if not answers(runner, grammar, text)] == []
+    assert [text for text in refused if answers(runner, grammar, text)] == []

@@ -417,6 +417,9 @@ def test_a_ref_key_that_is_a_name_or_data_is_no_ref(server: Server) -> None:
         (SCHEMA_FORMAT, '{"name": "Al', lambda value: value["name"].startswith("Al") and "age" in value),
         (schema_named(BOUNDED_INTEGERS, strict=True), '{"n": 6, "m": -3', within_bounds),
         ({"type": "json_object"}, "", lambda value: isinstance(value, dict)),
+        # written over indented lines, a blank one between, as llama.cpp's converter lets JSON be written
+        (SCHEMA_FORMAT, '{\n  "name": "Al",\n\n  "age": 3', lambda value: value["name"] == "Al"),
+        ({"type": "json_object"}, '{\n\n\t"answer": [\n\t\t1,\n', lambda value: value["answer"][0] == 1),
     ],
 )
 def test_an_assistant_prefill_opens_the_json_answer_the_grammar_finishes(

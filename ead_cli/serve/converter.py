@@ -17,7 +17,13 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
+from llama_cpp.llama_grammar import (
+    INVALID_RULE_CHARS_RE,
+    JSON_GBNF,
+    PRIMITIVE_RULES,
+    RESERVED_NAMES,
+    SchemaConverter,
+)
 
 from ..errors import EadError, cut
 from .patterns import portable_patterns
@@ -33,9 +39,13 @@ SCHEMAS_BY_NAME = ("properties", "patternProperties", "dependentSchemas", "$defs
 VALUES = ("const", "enum", "default", "examples")
 COUNTS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"))  # least, greatest, of
 # The blank between JSON's tokens in llama.cpp's own converter (common/json-schema-to-grammar.cpp's
-# SPACE_RULE, which llama-server's tool calls are bound by): a space, or a line's end or two and an
-# indent, as JSON written over several lines has (llama-cpp-python's converter takes one space at most)
+# SPACE_RULE, which llama-server's response_format, json_schema and tool calls and llama-cli's -j are
+# bound by): a space, or a line's end or two and an indent, as JSON written over several lines has
+# (llama-cpp-python's converter takes one space at most, its JSON grammar's ws one line's end)
 LLAMA_CPP_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
+# json_object's grammar: any object, llama.cpp's grammars/json.gbnf (its strings without raw control
+# characters, as llama-server's), between its tokens the blank above; ws is its last rule
+JSON_OBJECT_GRAMMAR = f"{JSON_GBNF.rpartition('ws ::=')[0]}ws ::= {LLAMA_CPP_SPACE}\n"
 
 
 # llama-cpp-python's converter spells out a schema's repetitions in the grammar: minLength 5 is five
@@ -48,12 +58,12 @@ MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size (each copy 
 # and the grammar written: llama.cpp holds ~15 bytes a character of it while it is parsed and kept
 
 
-def json_schema_grammar(schema: Any, where: str, space: str | None = None) -> str:
+def json_schema_grammar(schema: Any, where: str, space: str = LLAMA_CPP_SPACE) -> str:
     """The grammar of a parsed JSON schema, its patterns spelled as llama.cpp reads them: the one path
     from a schema to a grammar (ead serve's JSON mode and tool calls, generate's --json-schema). ``space``:
-    the rule of the blank between the JSON's tokens (``LLAMA_CPP_SPACE``), where not the converter's. A
-    usage error, its message opened by ``where`` (the schema's field or option), for a schema whose grammar
-    would be too large for llama.cpp or that the converter cannot express."""
+    the rule of the blank between the JSON's tokens, llama.cpp's. A usage error, its message opened by
+    ``where`` (the schema's field or option), for a schema whose grammar would be too large for llama.cpp
+    or that the converter cannot express."""
     schema = portable_patterns(schema)
     text = json.dumps(schema)
     _check_repetitions(schema, text, where)
@@ -112,12 +122,11 @@ def _check_repetitions(schema: Any, text: str, where: str) -> None:
         raise EadError(message, 2)
 
 
-def schema_grammar(text: str, space: str | None = None) -> str:
+def schema_grammar(text: str, space: str) -> str:
     """The GBNF grammar of a JSON schema's text, as llama-cpp-python's ``json_schema_to_gbnf`` writes it,
-    but for integers' bounds, which it holds, and the blank's rule, where ``space`` gives one."""
+    but for integers' bounds, which it holds, and the blank's rule, ``space`` (llama.cpp's)."""
     converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    if space is not None:
-        converter._rules["space"] = space
+    converter._rules["space"] = space
     converter.visit(converter.resolve_refs(json.loads(text), "stdin"), "")
     return converter.format_grammar()
 

@@ -8,7 +8,6 @@ from collections.abc import Callable, Collection
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from llama_cpp.llama_grammar import JSON_GBNF
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -30,6 +29,7 @@ from ..sampling import MAX_LOGIT_BIAS
 from ..thinking import REASONING_FORMATS
 from .converter import (
     BOUNDS,
+    JSON_OBJECT_GRAMMAR,
     SCHEMAS_BY_NAME,
     holds_bounds,
     json_schema_grammar,
@@ -557,7 +557,7 @@ class ResponseFormat(BaseModel):
             return None
         if self.type == "json_object":
             if self.object_schema is None:
-                return JSON_GBNF
+                return JSON_OBJECT_GRAMMAR
             return _schema_grammar(self.object_schema, "response_format.schema")
         if self.json_schema is None:
             message = "response_format: json_schema needs its json_schema object"
