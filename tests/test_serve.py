@@ -8,6 +8,7 @@ import base64
 import contextlib
 import html
 import http.server
+import itertools
 import json
 import os
 import re
@@ -426,9 +427,9 @@ def not_served(asked: str, nearest: str | None = None) -> str:
         ("/v1/nothing", {}, 404, not_served("POST /v1/nothing", "POST /v1/completions")),
         # had been a bare 307 to the path without it
         (f"{CHAT}/", {"messages": HI}, 404, not_served(f"POST {CHAT}/", f"POST {CHAT}")),
-        # a slip of a letter, llama-server's spelling of a route, a path near none
+        # a slip of a letter (twice), a path near none
         ("/v1/chat/completion", {}, 404, not_served("POST /v1/chat/completion", f"POST {CHAT}")),
-        ("/v1/health", {}, 404, not_served("POST /v1/health", "GET /health")),
+        ("/v1/halth", {}, 404, not_served("POST /v1/halth", "GET /v1/health")),
         ("/x/y/z", {}, 404, not_served("POST /x/y/z")),
     ],
 )
@@ -527,21 +528,56 @@ def test_a_wrong_method_is_a_405_that_names_the_allowed_one(server: Server) -> N
         assert head.content == b""
 
 
-def test_a_base_url_without_v1_gets_openais_invalid_url_naming_what_is_served(server: Server) -> None:
-    """The usual slip (base_url without /v1): the openai client had shown Starlette's bare "Not Found",
-    of type not_found_error; OpenAI says "Invalid URL (POST /chat/completions)", an invalid request."""
+def test_a_base_url_without_v1_is_served_as_llama_server_serves_it(server: Server) -> None:
+    """llama-server 0.3.36 serves its OpenAI routes without /v1 too (and /health with it), so a client
+    whose base URL is http://host:8080 works with it: with ead serve it had got a 404 on every call. The
+    same answers, each logged under the path asked."""
+    bare = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    with_v1 = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
     before = server.log().splitlines()
-    slipped = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    asked: dict[str, Any] = {"model": "ead", "messages": HI, "max_tokens": 3, "temperature": 0}
+    chat = bare.chat.completions.create(**asked)
+    assert chat.choices == with_v1.chat.completions.create(**asked).choices
+    streamed = bare.chat.completions.create(**asked, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == (
+        chat.choices[0].message.content
+    )
+    text = bare.completions.create(model="ead", prompt=PROMPT, max_tokens=3, temperature=0)
+    assert (
+        text.choices[0].text
+        == with_v1.completions.create(model="ead", prompt=PROMPT, max_tokens=3, temperature=0).choices[0].text
+    )
+    assert [model.id for model in bare.models.list()] == ["ead"]
+    assert bare.models.retrieve("ead").model_dump() == with_v1.models.retrieve("ead").model_dump()
+    response = bare.responses.create(model="ead", input="hi", max_output_tokens=3, temperature=0)
+    assert response.status in ("completed", "incomplete") and response.output_text
+    assert httpx.get(f"{server.url}/v1/health", timeout=60).json()["status"] == "ok"
+    logged = [line.split(" 200: ")[0] for line in server.log().splitlines()[len(before) :]]
+    assert logged == [
+        "POST /chat/completions",
+        "POST /v1/chat/completions",
+        "POST /chat/completions",
+        "POST /completions",
+        "POST /v1/completions",
+        "POST /responses",
+    ]
+
+
+def test_a_path_served_nowhere_is_a_404_naming_the_nearest_route(server: Server) -> None:
+    """A slip of a letter in the base URL: the openai client had shown Starlette's bare "Not Found", of
+    type not_found_error; OpenAI says "Invalid URL (POST /chat/completions)", an invalid request."""
+    before = server.log().splitlines()
+    slipped = openai.OpenAI(base_url=f"{server.url}/v2", api_key="unused", max_retries=0, timeout=60)
     with pytest.raises(openai.NotFoundError) as missing:
         slipped.chat.completions.create(model="ead", messages=HI, max_tokens=2)  # type: ignore[arg-type]
-    message = not_served("POST /chat/completions", "POST /v1/chat/completions")
+    message = not_served("POST /v2/chat/completions", "POST /v1/chat/completions")
     assert missing.value.body == {
         "message": message,
         "type": "invalid_request_error",
         "param": None,
         "code": None,
     }
-    assert server.log().splitlines()[len(before) :] == [f"error: POST /chat/completions 404: {message}"]
+    assert server.log().splitlines()[len(before) :] == [f"error: POST /v2/chat/completions 404: {message}"]
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(server: Server) -> None:
@@ -578,8 +614,11 @@ def test_a_chat_template_that_fails_is_a_400_with_its_reason(
 
 def test_an_api_key_is_required_when_set(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     with Server([*pair_args(tiny_pair), "--api-key", "s3cret"], tmp_path / "server.log") as server:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            reply = httpx.get(f"{server.base_url}/models", headers=headers)
+        for base, headers in itertools.product(
+            (server.base_url, server.url),  # llama-server's path without /v1 too
+            ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}),
+        ):
+            reply = httpx.get(f"{base}/models", headers=headers)
             assert reply.status_code == 401
             assert reply.json()["error"]["code"] == "invalid_api_key"
         keyed = openai.OpenAI(base_url=server.base_url, api_key="s3cret", max_retries=0)

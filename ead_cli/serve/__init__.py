@@ -37,6 +37,7 @@ from .app import (
     PAGE_ORIGIN,
     Defaults,
     Guard,
+    add_llama_server_aliases,
     create_app,
     http_protocol,
 )
@@ -169,6 +170,7 @@ def serve(
     add_native_routes(api, engine, defaults, options)
     add_responses_routes(api)
     add_anthropic_routes(api, engine.runners[0])
+    add_llama_server_aliases(api)  # the routes above, under llama-server's other paths
     app = Guard(api, options, MAX_BODY_BYTES, say, stopping=engine.stopping.is_set)
     # Streams end when their answer does, not when uvicorn starts to shut down (sse-starlette's default).
     AppStatus.disable_automatic_graceful_drain()

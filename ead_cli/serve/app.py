@@ -139,6 +139,17 @@ NDJSON = "application/x-ndjson"  # ollama's: a JSON object a line
 SEND_TIMEOUT_S = 30.0  # a client that reads nothing for this long loses its answer (streamed or not)
 POLL_S = 0.25  # how often a non-streamed request looks whether its client is still there
 ROUTES_LISTED = "ead-cli's docs/serve.md#endpoints"  # where a 404 says every route served is listed
+# Routes llama-server 0.3.36 serves under a second path too, and so ead serve: its OpenAI routes without
+# /v1 (an OpenAI client whose base URL is http://host:8080 works with it) and /health with it. Each the
+# same route, its handler, methods and key check, logged under the path asked.
+LLAMA_SERVER_ALIASES = {
+    "/v1/chat/completions": "/chat/completions",
+    "/v1/completions": "/completions",
+    "/v1/responses": "/responses",
+    "/v1/models": "/models",
+    "/v1/models/{name:path}": "/models/{name:path}",  # openai's models.retrieve, from that base URL
+    "/health": "/v1/health",
+}
 
 
 @dataclass(frozen=True)
@@ -704,6 +715,21 @@ def _request_line(method: str, path: str) -> str:
     """A request's method and path as its log lines name it: a client's text, escaped, and cut past a
     readable length (a 10 kB path had been written whole into each line)."""
     return f"{cut(loggable(method))} {cut(loggable(path))}"
+
+
+def add_llama_server_aliases(app: FastAPI) -> None:
+    """Each route of ``LLAMA_SERVER_ALIASES`` served under its second path as well: once every API's
+    routes are added (serve/responses.py's among them)."""
+    routes = {route.path: route for route in app.routes if isinstance(route, APIRoute)}
+    for path, alias in LLAMA_SERVER_ALIASES.items():
+        route = routes[path]
+        app.add_api_route(
+            alias,
+            route.endpoint,
+            methods=sorted(route.methods),
+            dependencies=route.dependencies,
+            response_class=route.response_class,
+        )
 
 
 def _not_served(app: FastAPI, method: str, path: str) -> str:
