@@ -233,6 +233,20 @@ def test_a_function_call_round_trip(server: Server, client: openai.OpenAI) -> No
     assert answered.output_text == after["choices"][0]["message"]["content"]
 
 
+def test_metadata_comes_back_on_the_response_whole_and_streamed(client: openai.OpenAI) -> None:
+    """OpenAI's Response carries the request's ``metadata`` (a client's tags, to match answers to what
+    asked them): it had been left out, the openai client's ``response.metadata`` None; none sent is {}."""
+    tags = {"task": "review", "attempt": "2"}
+    whole = client.responses.create(model="ead", input="hi", metadata=tags, max_output_tokens=2)
+    assert whole.metadata == tags
+    streamed = client.responses.create(
+        model="ead", input="hi", metadata=tags, max_output_tokens=2, stream=True
+    )
+    carried = [event.response.metadata for event in streamed if hasattr(event, "response")]
+    assert carried == [tags] * 3  # created, in_progress, incomplete
+    assert client.responses.create(model="ead", input="hi", max_output_tokens=2).metadata == {}
+
+
 def test_store_is_a_no_op_and_json_object_mode_is_taken(client: openai.OpenAI, server: Server) -> None:
     kept = client.responses.create(model="ead", input="hi", store=True, temperature=0, max_output_tokens=4)
     assert kept.store is False  # nothing is kept: the reply says so
@@ -321,6 +335,11 @@ def test_hosted_tools_are_not_offered_as_llama_server_drops_them(server: Server)
             "text.format.schema",
         ),
         ({"input": []}, "input", ""),
+        # OpenAI's bounds, as it refuses them: what would come back in every event is bounded
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "at most 16 items"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata", "metadata: a key has at most 64 characters, got 'kkk"),
+        ({"metadata": {"k": "v" * 513}}, "metadata.k", "at most 512 characters"),
+        ({"metadata": {"k": 1}}, "metadata.k", "a valid string"),
     ],
 )
 def test_bad_requests_are_a_400_naming_the_responses_field(

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ..decoder import Summary
@@ -199,6 +199,14 @@ class TextOptions(BaseModel):
     format: TextFormat | None = None
 
 
+def _metadata_keys(metadata: dict[str, str]) -> dict[str, str]:
+    """A metadata key past OpenAI's 64 characters, named as a key (its value's own bound is 512)."""
+    for key in metadata:
+        if len(key) > 64:
+            raise ValueError(f"a key has at most 64 characters, got {quoted(key)}")
+    return metadata
+
+
 class ResponsesRequest(BaseModel):
     """A Responses request. The fields it spells its own way are read here; every other (``model``,
     ``temperature``, ``top_p``, ``parallel_tool_calls``, ead's ``ead`` object...) goes to the chat
@@ -213,6 +221,15 @@ class ResponsesRequest(BaseModel):
     tool_choice: Any = None
     text: TextOptions | None = None
     max_output_tokens: Any = None
+    # a client's tags, which its Response carries back (in every event streamed): OpenAI's bounds
+    metadata: (
+        Annotated[
+            dict[str, Annotated[str, Field(max_length=512)]],
+            Field(max_length=16),
+            AfterValidator(_metadata_keys),
+        ]
+        | None
+    ) = None
 
     def chat_body(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The chat request this one means, and how its fields are spelled here (for its 400s)."""
@@ -385,6 +402,7 @@ class _Answer:
             "incomplete_details": cut,
             "instructions": self.asked.instructions,
             "max_output_tokens": self.asked.max_output_tokens,
+            "metadata": self.asked.metadata or {},
             "model": MODEL_ID,
             "output": self.output,
             "parallel_tool_calls": extra.get("parallel_tool_calls", True) is not False,
