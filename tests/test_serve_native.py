@@ -348,11 +348,19 @@ def test_every_route_takes_the_api_key(tiny_pair: tuple[Path, Path], tmp_path: P
             ("GET", "/props", None),
             ("POST", "/apply-template", {"messages": HI}),
             ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+            # llama-server's paths without /v1: the same routes, the same key check
+            ("POST", "/chat/completions", {"messages": HI, "max_tokens": 2}),
+            ("POST", "/completions", {"prompt": "hi", "max_tokens": 2}),
+            ("POST", "/responses", {"input": "hi", "max_output_tokens": 2}),
+            ("GET", "/models", None),
+            ("GET", "/models/ead", None),
         ):
             refused = httpx.request(method, f"{server.url}{path}", json=body, timeout=60)
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
             keyed = {"Authorization": "Bearer s3cret"}
             assert httpx.request(method, f"{server.url}{path}", json=body, headers=keyed).status_code == 200
+        for health in ("/health", "/v1/health"):  # llama-server's both, without the key
+            assert httpx.get(f"{server.url}{health}", timeout=60).status_code == 200
         infill = {"input_prefix": "def f(", "input_suffix": ")"}
         assert httpx.post(f"{server.url}/infill", json=infill, timeout=60).status_code == 401
         # past the key, the tiny pair's vocabulary, without FIM tokens, is the refusal
