@@ -4,6 +4,7 @@ for the same greedy request."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 from collections.abc import Iterator
@@ -276,6 +277,20 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(server: Server) -> None:
     assert httpx.get(f"{server.base_url}/models", headers={"x-api-key": KEY}).status_code == 200
     refused = httpx.get(f"{server.base_url}/models", headers={"x-api-key": "wrong"})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_the_anthropic_client_lists_and_retrieves_the_model_in_its_shape(client: anthropic.Anthropic) -> None:
+    """The SDK's ``models.list()`` and ``models.retrieve()`` read Anthropic's ModelInfo (``type``,
+    ``display_name``, ``created_at``) and its page (``has_more``, ``first_id``, ``last_id``): all had been
+    None, OpenAI's fields alone. The one entry carries both shapes; the context bounds its tokens."""
+    [listed] = client.models.list()
+    assert listed == client.models.retrieve("ead")
+    assert (listed.id, listed.type, listed.display_name) == ("ead", "model", "ead")
+    assert listed.created_at == datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)  # OpenAI's 0
+    # a prompt takes all but a token of the context, and an answer all but the prompt's one at least
+    assert listed.max_input_tokens == listed.max_tokens == int(CTX[1]) - 1
+    page = client.models.with_raw_response.list().http_response.json()
+    assert (page["has_more"], page["first_id"], page["last_id"]) == (False, "ead", "ead")
 
 
 @pytest.mark.parametrize(

@@ -897,11 +897,23 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             "policy": asdict(defaults.policy),
             "any_model_name": options.any_model,  # whether a request naming another model is answered
         }
-        return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ead", "ead": served}
+        # OpenAI's fields, then Anthropic's ModelInfo's (its SDK's models.list() reads these): one entry
+        openai = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ead"}
+        room = engine.n_ctx - 1  # a prompt's at most, and an answer's after a prompt of one token
+        anthropic = {
+            "type": "model",
+            "display_name": MODEL_ID,
+            "created_at": "1970-01-01T00:00:00Z",  # OpenAI's created 0
+            "max_input_tokens": room,
+            "max_tokens": room,
+        }
+        return {**openai, **anthropic, "ead": served}
 
     @get("/v1/models", dependencies=[Depends(authorized)])
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [served_model()]}
+        """OpenAI's list, and Anthropic's page of it (one page: the one model)."""
+        page = {"has_more": False, "first_id": MODEL_ID, "last_id": MODEL_ID}
+        return {"object": "list", "data": [served_model()], **page}
 
     @get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
     async def model(name: str) -> dict[str, Any]:
