@@ -21,7 +21,7 @@ from .options import (
     PolicyOptions,
     answer_limit,
 )
-from .prompt import context_size
+from .prompt import context_size, given_template, override_template
 from .registry import is_remote
 from .remote import RemoteRunner, any_remote, connect, end_of_generation, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
@@ -60,6 +60,7 @@ def load_runners(
     ``local_only``: the command runs every model itself (bench replay and speed): a server's address is
     refused before any model loads. ``before_load``: told each role's file (None: a llama-server's) once
     they are found, before any loads or is checked by a child (the bench's results compare them)."""
+    template = given_template(options.chat_template, options.chat_template_file)  # refused before any loads
     catalog = registry.load_catalog(options.models_file)
     refs = model_refs(options, catalog)
     if local_only:
@@ -134,6 +135,8 @@ def load_runners(
             )
             runners[-1].check_tokenizer(runners[0].label)
         check_tokenizers([(runner.label, runner.model) for runner in runners if runner.model is not None])
+        if template is not None:
+            override_template(runners, template)
     except BaseException:
         close_all([runner for runner in runners if runner is not reuse])
         raise

@@ -4,6 +4,7 @@ weights never loaded, for an alias, a path, or a model ollama or LM Studio keeps
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -96,11 +97,12 @@ def template_family(template: str | None) -> str | None:
     rendered = _renderings(template)
     if rendered is None:
         return "other"
-    return " or ".join(name for name in _builtin_templates() if _renderings(name) == rendered) or "other"
+    return " or ".join(name for name in builtin_templates() if _renderings(name) == rendered) or "other"
 
 
 @cache
-def _builtin_templates() -> tuple[str, ...]:
+def builtin_templates() -> tuple[str, ...]:
+    """The names of llama.cpp's builtin chat templates (chatml, llama3, ...), its own formatters."""
     import llama_cpp
 
     count = llama_cpp.llama_chat_builtin_templates(None, 0)
@@ -109,26 +111,31 @@ def _builtin_templates() -> tuple[str, ...]:
     return tuple(name.decode() for name in names if name is not None)
 
 
-def _renderings(template: str) -> tuple[bytes, ...] | None:
-    """The probes as llama.cpp's own formatter writes them with ``template`` (a builtin's name, or a
-    template it recognises by its markers), or None where it recognises none."""
+def builtin_rendering(
+    template: str, turns: Sequence[tuple[str, str]], add_generation_prompt: bool = True
+) -> bytes | None:
+    """The turns (role, text) as llama.cpp's own formatter writes them with ``template`` (a builtin's
+    name, or a template it recognises by its markers), or None where it recognises none."""
     import llama_cpp
 
-    rendered = []
-    for probe in _PROBES:
-        messages = (llama_cpp.llama_chat_message * len(probe))(
-            *(llama_cpp.llama_chat_message(role.encode(), text.encode()) for role, text in probe)
+    messages = (llama_cpp.llama_chat_message * len(turns))(
+        *(llama_cpp.llama_chat_message(role.encode(), text.encode()) for role, text in turns)
+    )
+    size = 1024
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        needed = llama_cpp.llama_chat_apply_template(
+            template.encode(), messages, len(turns), add_generation_prompt, buffer, size
         )
-        size = 1024
-        while True:
-            buffer = ctypes.create_string_buffer(size)
-            needed = llama_cpp.llama_chat_apply_template(
-                template.encode(), messages, len(probe), True, buffer, size
-            )
-            if needed < 0:
-                return None
-            if needed <= size:
-                break
-            size = needed
-        rendered.append(buffer.raw[:needed])
-    return tuple(rendered)
+        if needed < 0:
+            return None
+        if needed <= size:
+            return buffer.raw[:needed]
+        size = needed
+
+
+def _renderings(template: str) -> tuple[bytes, ...] | None:
+    """The probes as llama.cpp's own formatter writes them with ``template``, or None where it recognises
+    none."""
+    rendered = [builtin_rendering(template, probe) for probe in _PROBES]
+    return None if None in rendered else tuple(rendered)  # type: ignore[arg-type]

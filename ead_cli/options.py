@@ -216,8 +216,12 @@ class ModelOptions:
     cache_type_v_draft: str = DEFAULT_CACHE_TYPE
     flash_attn: str = "auto"
     load_mode: str = "auto"  # llama-cli's --load-mode (load_mode_of: --no-mmap, --mlock)
+    chat_template: str | None = None  # --chat-template: a builtin's name or a Jinja template (prompt.py)
+    chat_template_file: Path | None = None  # --chat-template-file: a Jinja template's file
 
     def __post_init__(self) -> None:
+        if self.chat_template is not None and self.chat_template_file is not None:
+            raise EadError("give --chat-template or --chat-template-file, not both", exit_code=2)
         if self.load_mode not in LOAD_MODES:
             choices = ", ".join(LOAD_MODES)
             raise EadError(f"--load-mode must be one of {choices}, got {quoted(self.load_mode)}", exit_code=2)
@@ -266,6 +270,13 @@ class ModelOptions:
         if role == "small":
             return self.cache_type_k_draft, self.cache_type_v_draft
         return self.cache_type_k, self.cache_type_v
+
+    @property
+    def template_given(self) -> str | None:
+        """The option that gives a chat template in place of the models' own, if one does."""
+        if self.chat_template_file is not None:
+            return "--chat-template-file"
+        return "--chat-template" if self.chat_template is not None else None
 
 
 def tokens_taken_back_by(mode: str | None, verify: float | None, policy: str | None) -> str | None:

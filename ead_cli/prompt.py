@@ -1,4 +1,5 @@
-"""From the user's text to prompt token ids: the GGUF's own chat template, rendered in a sandbox."""
+"""From the user's text to prompt token ids: the GGUF's own chat template (or one given in its place),
+rendered in a sandbox."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ctypes
 import re
 import string
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jinja2
@@ -15,6 +17,8 @@ from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from .errors import EadError, cut, quoted, shown_path
+from .model_info import builtin_rendering, builtin_templates
+from .paths import read_file_text, unreadable
 from .remote import RemoteRunner
 from .runner import Runner
 
@@ -96,6 +100,95 @@ def _hex_byte(digits: str) -> int | None:
     return -int(digits[1], 16) & 0xFF if digits[0] == "-" else None
 
 
+class ChatTemplate(NamedTuple):
+    """A chat template: a model's own, or one given in place of it (--chat-template, --chat-template-file,
+    as llama-cli and llama-server take them) for every model of a run."""
+
+    text: str  # a Jinja template, or the name of one of llama.cpp's builtin formatters
+    origin: str  # how a message names it: 'the chat template of NAME.gguf', '--chat-template-file FILE'
+    builtin: bool = False  # llama.cpp's own formatter, which takes no tools and no variables
+
+    def render(
+        self,
+        messages: list[Message],
+        *,
+        eos: str = "",
+        bos: str = "",
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The conversation as this template writes it (``render_chat``); any failure, and a rendering
+        without text (which would leave nothing to decode), is a one-line error naming the template."""
+        if self.builtin:
+            turns = [(message["role"], message.get("content") or "") for message in messages]
+            written = builtin_rendering(self.text, turns, add_generation_prompt)
+            rendered = written.decode("utf-8", errors="replace") if written is not None else ""
+        else:
+            try:
+                formatter = Jinja2ChatFormatter(
+                    template=self.text,
+                    eos_token=eos,
+                    bos_token=bos,
+                    add_generation_prompt=add_generation_prompt,
+                )
+                rendered = formatter(messages=messages, tools=tools, **(template_kwargs or {})).prompt
+            except Exception as error:  # the template is a program from a file: what it raises is its fault
+                raise EadError(f"{self.origin} failed: {_template_failure(error)}") from None
+        if not rendered or rendered.isspace():  # the messages are never empty: one dropping them is broken
+            raise EadError(f"{self.origin} rendered no text")
+        return rendered
+
+
+def given_template(name: str | None, file: Path | None) -> ChatTemplate | None:
+    """The chat template given in place of the models' own, checked before any model loads: a builtin's
+    name (llama-server's --chat-template; its choices listed where it is none), a value with Jinja's
+    markers (a template itself, as llama.cpp reads the option's value too), or a Jinja template's file;
+    rendered once, as llama.cpp's common_chat_verify_template does, so one that fails is refused at the
+    start (exit 2), not at each prompt. None: neither given."""
+    if file is not None:
+        origin = f"--chat-template-file {shown_path(file)}"
+        try:
+            template = ChatTemplate(read_file_text(file), origin)
+        except (OSError, UnicodeDecodeError) as error:
+            raise EadError(f"{origin} could not be read: {unreadable(error)}", exit_code=2) from None
+    elif name is None:
+        return None
+    elif name in builtin_templates():
+        template = ChatTemplate(name, f"--chat-template {name}", builtin=True)
+    elif "{{" in name or "{%" in name:
+        template = ChatTemplate(name, "--chat-template")
+    else:
+        raise EadError(
+            f"--chat-template {quoted(name)} is no builtin template: choose one of "
+            f"{', '.join(builtin_templates())}, or give a Jinja template (--chat-template-file FILE)",
+            exit_code=2,
+        )
+    try:
+        template.render([{"role": "user", "content": "test"}])
+    except EadError as error:
+        raise EadError(str(error), exit_code=2) from None
+    return template
+
+
+def chat_template(runner: Runner) -> ChatTemplate | None:
+    """The template that writes ``runner``'s chats: the one given in place of its own
+    (``runner.template_override``), else its GGUF's; None if it has neither."""
+    if runner.template_override is not None:
+        return runner.template_override
+    own = runner.chat_template
+    return ChatTemplate(own, f"the chat template of {shown_path(runner.path.name)}") if own else None
+
+
+def override_template(runners: Runners, template: ChatTemplate) -> None:
+    """Every local model of a run writes its chats with ``template``: the text that thinking.py and
+    serve's tools read included (a builtin's is its name, which names neither)."""
+    for runner in runners:
+        if isinstance(runner, Runner):
+            runner.chat_template = template.text
+            runner.template_override = template
+
+
 def render_chat(
     runner: Runner,
     messages: list[Message],
@@ -104,39 +197,34 @@ def render_chat(
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> str | None:
-    """The conversation as the model's chat template writes it, or None if the GGUF has no template.
+    """The conversation as the model's chat template writes it (``chat_template``), or None if it has none.
 
     ``add_generation_prompt``: end with the opening of an assistant turn (False: the conversation as
     it stands, e.g. to find the text a new turn adds); ``tools``: OpenAI's tool definitions, which a
     template with tool support writes into the prompt; ``template_kwargs``: more variables for the
     template, as llama.cpp's ``chat_template_kwargs`` (``enable_thinking=False``: Qwen3's thinking off,
     where the template reads it). llama-cpp-python renders templates with
-    jinja2's immutable sandbox, so a hostile template cannot reach files or Python internals; any
-    failure, and a rendering without text (which would leave nothing to decode), is a one-line error.
+    jinja2's immutable sandbox, so a hostile template cannot reach files or Python internals.
     """
-    template = runner.chat_template
-    if not template:
+    template = chat_template(runner)
+    if template is None:
         return None
-    eos = _token_text(runner, llama_cpp.llama_vocab_eos(runner.vocab))
-    bos = _token_text(runner, llama_cpp.llama_vocab_bos(runner.vocab))
-    try:
-        formatter = Jinja2ChatFormatter(
-            template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
-        )
-        rendered = formatter(messages=messages, tools=tools, **(template_kwargs or {})).prompt
-    except Exception as error:  # the template is a program from the file: whatever it raises is its fault
-        raise EadError(
-            f"the chat template of {shown_path(runner.path.name)} failed: {_template_failure(error)}"
-        ) from None
-    if not rendered or rendered.isspace():  # the messages are never empty: a template dropping them is broken
-        raise EadError(f"the chat template of {shown_path(runner.path.name)} rendered no text")
-    return rendered
+    return template.render(
+        messages,
+        eos=_token_text(runner, llama_cpp.llama_vocab_eos(runner.vocab)),
+        bos=_token_text(runner, llama_cpp.llama_vocab_bos(runner.vocab)),
+        add_generation_prompt=add_generation_prompt,
+        tools=tools,
+        template_kwargs=template_kwargs,
+    )
 
 
 def _template_failure(error: Exception) -> str:
     """One line on why a template failed; an error without a message (MemoryError) is named by its type."""
     if isinstance(error, jinja2.TemplateNotFound):
         return f"it includes {error.name!r}, and chat templates cannot load files"
+    if isinstance(error, jinja2.TemplateSyntaxError):  # where, in a file of many lines
+        return f"line {error.lineno}: {error.message or type(error).__name__}"
     lines = str(error).strip().splitlines()
     detail = lines[0] if lines else type(error).__name__
     return f"refused by the sandbox: {detail}" if isinstance(error, SecurityError) else detail

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from time import perf_counter
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import llama_cpp
 import numpy as np
@@ -35,6 +35,9 @@ from .options import (
 )
 from .sampling import ParsedGrammars
 from .signals import Terminated, block_signals, main_thread_signals, restore_signals, stop_requested
+
+if TYPE_CHECKING:
+    from .prompt import ChatTemplate
 
 Phase = Literal["prefill", "decode", "catchup"]
 TWIN_KEY = "ead.twin"  # metadata of a random-weight twin (scripts/write_twin.py): what it twins
@@ -321,6 +324,7 @@ class Runner(ContextOwner):
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         # Read once: every chat prompt is rendered with it and every answer split by it (thinking.py).
         self.chat_template = self.metadata("tokenizer.chat_template")
+        self.template_override: ChatTemplate | None = None  # one given in its place (prompt.py)
         self.grammars = ParsedGrammars(self.vocab)  # ead serve's JSON mode: each schema parsed once
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
         self.n_params = llama_cpp.llama_model_n_params(self._model)

@@ -22,6 +22,7 @@ from ..options import (
     check_max_tokens,
 )
 from .groups import (
+    CHAT_MODEL_OPTIONS,
     DECODING_OPTIONS,
     MODEL_OPTIONS,
     RULE_SETTINGS,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from .render import JsonlRenderer, TextRenderer
 
 
-@with_options(MODEL_OPTIONS)
+@with_options(CHAT_MODEL_OPTIONS)
 @with_options(DECODING_OPTIONS)
 def generate(
     model_options: ModelOptions,
@@ -116,6 +117,9 @@ def generate(
         raise EadError("--system needs the chat template, which --raw leaves out: put it in the prompt", 2)
     if suffix is not None and system:
         raise EadError("--system needs the chat template, which --suffix leaves out (fill-in-the-middle)", 2)
+    if (raw or suffix is not None) and model_options.template_given:
+        left_out = "--raw leaves out" if raw else "--suffix leaves out (fill-in-the-middle)"
+        raise EadError(f"{model_options.template_given} gives a chat template, which {left_out}", 2)
     on_stdin = prompt_on_stdin(prompt, prompt_option, prompt_file)
     bound = read_grammar(grammar, grammar_file, json_schema, json_schema_file, prompt_on_stdin=on_stdin)
     text = read_prompt(prompt, prompt_option, prompt_file, escape)
@@ -194,7 +198,7 @@ def generate(
         raise typer.Exit(exit_code)
 
 
-@with_options(MODEL_OPTIONS)
+@with_options(CHAT_MODEL_OPTIONS)
 @with_options(DECODING_OPTIONS)
 def chat(
     model_options: ModelOptions,
@@ -245,7 +249,7 @@ def chat(
         raise typer.Exit(exit_code)
 
 
-@with_options(MODEL_OPTIONS)
+@with_options(CHAT_MODEL_OPTIONS)
 @with_options(DECODING_OPTIONS)
 def serve(
     model_options: ModelOptions,

@@ -306,6 +306,22 @@ Mlock = Annotated[
         help="Older llama.cpp's: keep the weights in RAM (--load-mode mmap+mlock; mlock with --no-mmap).",
     ),
 ]
+ChatTemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template",
+        help="A chat template in place of the models' own: one of llama.cpp's builtins by name (chatml, "
+        "llama3, ...: a bad name lists them), or a Jinja template's text.",
+    ),
+]
+ChatTemplateFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--chat-template-file",
+        help="A Jinja chat template's file, in place of the models' own.",
+        parser=given_path,
+    ),
+]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
 HideThinking = Annotated[
@@ -375,8 +391,9 @@ def with_options(group: OptionGroup) -> Callable[[Callable[..., Any]], Callable[
     return decorate
 
 
-def _model_options(served: bool) -> OptionGroup:
-    """The models and how llama.cpp runs them; with ``served``, a model on a llama-server too."""
+def _model_options(served: bool, templated: bool = False) -> OptionGroup:
+    """The models and how llama.cpp runs them; with ``served``, a model on a llama-server too; with
+    ``templated``, a chat template in place of theirs."""
     remote = (
         ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
@@ -404,6 +421,11 @@ def _model_options(served: bool) -> OptionGroup:
             ("no_mmap", NoMmap, False),
             ("mlock", Mlock, False),
             *(remote if served else ()),
+            *(
+                (("chat_template", ChatTemplateOpt, None), ("chat_template_file", ChatTemplateFile, None))
+                if templated
+                else ()
+            ),
         ),
         lambda models, catalog, load_mode, no_mmap, mlock, **options: ModelOptions(
             models=parse_list(models),
@@ -415,6 +437,8 @@ def _model_options(served: bool) -> OptionGroup:
 
 
 MODEL_OPTIONS = _model_options(served=True)
+# generate, chat and serve write chats: they take a chat template in place of the models' own
+CHAT_MODEL_OPTIONS = _model_options(served=True, templated=True)
 # bench replay and speed time llama.cpp's own calls, which a model on a server has none of (their
 # models are loaded local_only): they offer neither its address nor its options
 LOCAL_MODEL_OPTIONS = _model_options(served=False)
