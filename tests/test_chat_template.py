@@ -14,6 +14,8 @@ import pytest
 from serve_process import Server
 from test_cli import EAD, assert_one_line_error, ead, pair_args
 from test_serve import CTX, TAU, serving
+from test_serve_tools import TOOLS, TOOLS_TEMPLATE, chat
+from tiny_models import THINKING_TEMPLATE
 
 from ead_cli.runner import Runner
 
@@ -179,3 +181,37 @@ def test_serve_writes_the_chat_with_the_template_given(overridden: Server) -> No
     assert chat.usage.prompt_tokens == completion.usage.prompt_tokens
     assert chat.choices[0].message.content == completion.choices[0].text
     assert httpx.get(f"{overridden.url}/props", timeout=60).json()["chat_template"] == "llama3"
+
+
+def test_tools_are_taken_where_the_template_given_renders_them(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, overridden: Server
+) -> None:
+    """Tool calling reads the template given: the tiny models' own ChatML renders no tools, a file that
+    renders them takes them into the prompt; a builtin's formatter writes none, so a request with tools
+    is refused by name."""
+    path = template_file(tmp_path, TOOLS_TEMPLATE)
+    hi = [{"role": "user", "content": "hi"}]
+    with serving([*pair_args(tiny_pair), "--chat-template-file", str(path)], tmp_path / "log") as server:
+        applied = httpx.post(
+            f"{server.url}/apply-template", json={"messages": hi, "tools": TOOLS}, timeout=60
+        )
+        assert applied.status_code == 200, applied.text
+        assert applied.json()["prompt"].startswith("<|im_start|>system\n<tools>{")
+        assert chat(server, messages=hi, tools=TOOLS, max_tokens=4).status_code == 200
+    refused = chat(overridden, messages=hi, tools=TOOLS)
+    assert refused.status_code == 400
+    assert "has no tool support" in refused.json()["error"]["message"]
+
+
+def test_thinking_follows_the_template_given(tiny_think_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A thinking pair given a template without a thinking block (chatml) is no thinking model: its
+    thinking options go unused, said in a note; given its own thinking template back, they are used."""
+    args = ["generate", *pair_args(tiny_think_pair), "--max-tokens", "4", "--reasoning-budget", "0", PROMPT]
+    plain = ead(*args, "--chat-template", "chatml")
+    assert plain.returncode == 0, plain.stderr
+    assert (
+        "a chat template without a thinking block leaves --reasoning-budget unused" in plain.stderr.decode()
+    )
+    thinking = ead(*args, "--chat-template-file", str(template_file(tmp_path, THINKING_TEMPLATE)))
+    assert thinking.returncode == 0, thinking.stderr
+    assert "--reasoning-budget" not in thinking.stderr.decode()
