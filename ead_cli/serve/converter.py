@@ -58,17 +58,17 @@ MAX_GRAMMAR_CHARS = 2**24  # the repetitions times the schema's size (each copy 
 # and the grammar written: llama.cpp holds ~15 bytes a character of it while it is parsed and kept
 
 
-def json_schema_grammar(schema: Any, where: str, space: str = LLAMA_CPP_SPACE) -> str:
+def json_schema_grammar(schema: Any, where: str) -> str:
     """The grammar of a parsed JSON schema, its patterns spelled as llama.cpp reads them: the one path
-    from a schema to a grammar (ead serve's JSON mode and tool calls, generate's --json-schema). ``space``:
-    the rule of the blank between the JSON's tokens, llama.cpp's. A usage error, its message opened by
+    from a schema to a grammar (ead serve's JSON mode and tool calls, generate's --json-schema), the blank
+    between the JSON's tokens llama.cpp's (``LLAMA_CPP_SPACE``). A usage error, its message opened by
     ``where`` (the schema's field or option), for a schema whose grammar would be too large for llama.cpp
     or that the converter cannot express."""
     schema = portable_patterns(schema)
     text = json.dumps(schema)
     _check_repetitions(schema, text, where)
     try:
-        grammar = schema_grammar(text, space)
+        grammar = schema_grammar(text)
     except Exception as error:  # the converter's own complaint about a schema it cannot express
         raise EadError(f"{where} cannot be a grammar: {cut(' '.join(str(error).split()))}", 2) from None
     if len(grammar) > MAX_GRAMMAR_CHARS:  # bounded integers (~800 characters each) pass the check above
@@ -122,11 +122,11 @@ def _check_repetitions(schema: Any, text: str, where: str) -> None:
         raise EadError(message, 2)
 
 
-def schema_grammar(text: str, space: str) -> str:
+def schema_grammar(text: str) -> str:
     """The GBNF grammar of a JSON schema's text, as llama-cpp-python's ``json_schema_to_gbnf`` writes it,
-    but for integers' bounds, which it holds, and the blank's rule, ``space`` (llama.cpp's)."""
+    but for integers' bounds, which it holds, and the blank's rule, llama.cpp's (``LLAMA_CPP_SPACE``)."""
     converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    converter._rules["space"] = space
+    converter._rules["space"] = LLAMA_CPP_SPACE
     converter.visit(converter.resolve_refs(json.loads(text), "stdin"), "")
     return converter.format_grammar()
 

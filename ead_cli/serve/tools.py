@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runner import Runner
-from .converter import LLAMA_CPP_SPACE, SCHEMAS_BY_NAME, VALUES, json_schema_grammar
+from .converter import SCHEMAS_BY_NAME, VALUES, json_schema_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -68,7 +68,7 @@ def call_grammar(tools: list[dict[str, Any]], parallel: bool, bare: bool = False
             }
         )
     schema = {"$defs": definitions, "anyOf": calls}
-    one = json_schema_grammar(schema, "tools' function.parameters", LLAMA_CPP_SPACE)
+    one = json_schema_grammar(schema, "tools' function.parameters")
     space = "tool-call-space"
     tagged = f"tool-call{f' ({space} tool-call)*' if parallel else ''}"
     fenced = f'{space} tool-call-fence {space} tool-call-object {space} "{FENCE_CLOSE}"'
