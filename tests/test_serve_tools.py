@@ -11,7 +11,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
+import ollama as ollama_client
 import openai
 import pytest
 from bench_serve import TOOLS
@@ -878,6 +880,35 @@ def test_tool_requests_that_cannot_be_honoured_are_a_400(
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error["param"] == param and fragment in error["message"]
+
+
+def test_two_tools_of_one_name_are_a_400_naming_it_on_every_route(tools_server: Server) -> None:
+    """A call names its tool, so two tools of one name are refused, as OpenAI and Anthropic refuse them:
+    a 400 in each API's shape naming the name, through each route's own client; the server serves on."""
+    function = TOOLS[0]["function"]
+    said = "tools: the function 'multiply' is offered twice (a call names its tool: one name, one tool)"
+    api = openai.OpenAI(base_url=tools_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as chat_refused:
+        api.chat.completions.create(model="ead", messages=HI, tools=[*TOOLS, *TOOLS])
+    with pytest.raises(openai.BadRequestError) as responses_refused:
+        flat = {"type": "function", **function}
+        api.responses.create(model="ead", input="hi", tools=[flat, flat])
+    for refused in (chat_refused, responses_refused):
+        assert refused.value.body["message"] == said and refused.value.body["param"] == "tools"
+    messages = anthropic.Anthropic(base_url=tools_server.url, api_key="unused", max_retries=0, timeout=60)
+    tool = {
+        "name": "multiply",
+        "description": function["description"],
+        "input_schema": function["parameters"],
+    }
+    with pytest.raises(anthropic.BadRequestError) as messages_refused:
+        messages.messages.create(model="ead", max_tokens=4, messages=HI, tools=[tool, tool])
+    assert messages_refused.value.body["error"] == {"type": "invalid_request_error", "message": said}
+    with pytest.raises(ollama_client.ResponseError) as ollama_refused:
+        ollama_client.Client(host=tools_server.url).chat(model="ead", messages=HI, tools=[*TOOLS, *TOOLS])
+    assert ollama_refused.value.status_code == 400 and ollama_refused.value.error == said
+    answered = api.chat.completions.create(model="ead", messages=HI, tools=TOOLS, max_tokens=2)
+    assert answered.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
 def test_a_template_without_tools_refuses_them_by_name(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -764,6 +764,20 @@ class Tool(BaseModel):
     function: FunctionDefinition
 
 
+def _one_tool_per_name(tools: list[Tool]) -> list[Tool]:
+    """Tools whose names are all different: a call names its tool, so a second of one name could never be
+    the one called (OpenAI and Anthropic refuse it too). Every route's tools are checked here, as chat's."""
+    seen: set[str] = set()
+    for tool in tools:
+        name = tool.function.name
+        if name in seen:
+            raise ValueError(
+                f"the function {quoted(name)} is offered twice (a call names its tool: one name, one tool)"
+            )
+        seen.add(name)
+    return tools
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -828,7 +842,7 @@ class ChatRequest(CompletionBase):
     # 400, not a guess at what it meant (llama-server ignores one)
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128), AfterValidator(_one_tool_per_name)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # llama-server's: how a thinking model's answer is given (REASONING_FORMATS: the server's default
