@@ -193,7 +193,13 @@ INFILL_LOCAL = f"the infill sampler runs in a local model's chain: {REMOTE_ROW}"
 
 class GrammarDeadEnd(EadError):
     """The grammar allows no token where the text must go on: no text can meet it (a JSON schema whose
-    pattern has an empty class, ``[b-a]``)."""
+    pattern has an empty class, ``[b-a]``), or, where the end of generation is banned (``end_banned``),
+    only the end may be left, which the message says, naming the ban as the caller gave it."""
+
+    def __init__(self, end_banned: bool, banned_by: str = "--ignore-eos") -> None:
+        self.end_banned = end_banned
+        ended = f", or only by its end, which {banned_by} bans" if end_banned else ""
+        super().__init__(f"the grammar allows no token here: no answer can meet it{ended}")
 
 
 class GrammarRefusal(EadError):
@@ -309,8 +315,7 @@ class Sampler:
         chosen = array.data[array.selected]  # the samplers may have moved the data
         if not math.isfinite(chosen.logit):
             # an end of generation may be the one token it allows: say so, not test for it (a second pass)
-            ended = ", or only by its end, which --ignore-eos bans" if self._params.banned else ""
-            raise GrammarDeadEnd(f"the grammar allows no token here: no answer can meet it{ended}")
+            raise GrammarDeadEnd(end_banned=bool(self._params.banned))
         llama_cpp.llama_sampler_accept(self._chain, chosen.id)
         return chosen.id
 

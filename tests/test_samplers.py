@@ -146,13 +146,42 @@ def test_a_requests_ignore_eos_writes_to_max_tokens_as_llama_server_does(
     assert native["generation_settings"]["ignore_eos"] is True
 
 
+# JSON mode's 6, then at most llama.cpp's blank: met within the limit, the grammar allows only the end
+SIX = {
+    "model": "ead",
+    "prompt": PROMPT,
+    "max_tokens": 64,
+    "temperature": 0,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "six", "schema": {"const": 6}}},
+}
+
+
+def dead_end(server: Server, **fields: object) -> str:
+    """The 400 a grammar met under a ban of the end gives: its message."""
+    reply = httpx.post(f"{server.base_url}/completions", json={**SIX, **fields}, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "response_format"
+    return reply.json()["error"]["message"]
+
+
+MET = "response_format: the grammar allows no token here: no answer can meet it, or only by its end, which"
+
+
+def test_a_grammar_met_under_a_requests_ignore_eos_names_that_field(server: Server) -> None:
+    """The caller gave ``ignore_eos`` in the request, no --ignore-eos: the 400 names what it gave."""
+    assert dead_end(server, ignore_eos=True) == f"{MET} the request's ignore_eos bans"
+
+
 def test_serves_ignore_eos_is_its_requests_default(scripted: tuple[Path, Path], tmp_path: Path) -> None:
-    """``ead serve --ignore-eos``: every answer runs to its limit, unless a request's ignore_eos is false."""
+    """``ead serve --ignore-eos``: every answer runs to its limit, unless a request's ignore_eos is false;
+    a grammar met under it names the server's flag, or the request's field where it gave it too."""
     asked = {"model": "ead", "prompt": PROMPT, "max_tokens": COUNT, "temperature": 0}
     with serving([*args_for(scripted), "--ignore-eos"], tmp_path / "server.log") as running:
         client = openai.OpenAI(base_url=running.base_url, api_key="none")
         kept_on = client.completions.create(**asked).choices[0]
         ended = client.completions.create(**asked, extra_body={"ignore_eos": False}).choices[0]
+        assert dead_end(running) == f"{MET} the server's --ignore-eos bans"
+        assert dead_end(running, ignore_eos=True) == f"{MET} the request's ignore_eos bans"
     assert (kept_on.text, kept_on.finish_reason) == (llama_cpp_tokens(scripted[1], COUNT)[1], "length")
     assert (ended.text, ended.finish_reason) == (SCRIPTED, "stop")
 

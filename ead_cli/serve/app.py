@@ -1132,7 +1132,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             _without_rollbacks(
                 policy, "logprobs", "log-probabilities follow the tokens as they are drawn: they need"
             )
-        return Job(prompt, policy, generation, logprobs, prefill or "", thinking)
+        banned_by = "the request's ignore_eos" if body.ignore_eos else "the server's --ignore-eos"
+        return Job(prompt, policy, generation, logprobs, prefill or "", thinking, banned_by)
 
     def _submitted(job: Job) -> Ticket:
         """The job queued for the engine, its ticket to read the answer from; a 503 if the queue is full."""

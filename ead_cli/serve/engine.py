@@ -45,6 +45,8 @@ class Job:
     # the answer for tool calls
     thinking: bool | None = None  # a thinking model's answer: split into reasoning and content (True: it
     # starts inside the block its prompt opened); None: left whole
+    end_banned_by: str = "the server's --ignore-eos"  # what bans the end of generation, where it is
+    # banned, as the caller gave it: a grammar's dead end names it
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,8 @@ class Engine:
         except Abandoned:
             pass
         except GrammarDeadEnd as error:
-            failure = Failed(f"response_format: {error}", param="response_format")
+            named = GrammarDeadEnd(error.end_banned, job.end_banned_by)  # the ban as the caller gave it
+            failure = Failed(f"response_format: {named}", param="response_format")
         except EadError as error:
             failure = Failed(str(error))
         finally:
