@@ -200,7 +200,9 @@ def test_tools_are_taken_where_the_template_given_renders_them(
         assert chat(server, messages=hi, tools=TOOLS, max_tokens=4).status_code == 200
     refused = chat(overridden, messages=hi, tools=TOOLS)
     assert refused.status_code == 400
-    assert "has no tool support" in refused.json()["error"]["message"]
+    assert (
+        refused.json()["error"]["message"] == "tools: --chat-template llama3 has no tool support by ead serve"
+    )
 
 
 def test_thinking_follows_the_template_given(tiny_think_pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -1027,7 +1027,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         answer if the conversation ends in one (as llama-server and ollama take it); and the prefill."""
         tools = body.tools_offered()
         if tools is not None and not template_takes_tools(engine.runners[0]):
-            raise unsupported("tools", f"the chat template of {engine.runners[0].label} has no tool support")
+            given = engine.runners[0].template_override  # named as the server was given it, not the model's
+            template = given.origin if given else f"the chat template of {engine.runners[0].label}"
+            raise unsupported("tools", f"{template} has no tool support")
         messages = [
             template_message(message.as_template_message(f"messages.{i}"))
             for i, message in enumerate(body.messages)
