@@ -336,3 +336,23 @@ def test_a_requests_samplers_list_runs_the_samplers_it_names(sampling_server: Se
     default = ["dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
     assert tokens(typical_p=0.5, samplers=default) == typical
     assert tokens(typical_p=0.5, samplers="dskypmxt") == typical
+
+
+def test_completions_generation_settings_list_the_samplers_that_run(sampling_server: Server) -> None:
+    """llama-server's /completion lists the samplers run, in its names and chain order: typical,
+    top-n-sigma and XTC among ead's four where a request turns them on, not ead's four alone."""
+    body = {"prompt": PROMPT, "n_predict": 2, "typical_p": 0.5, "top_n_sigma": 1.0, "xtc_probability": 0.5}
+    settings = httpx.post(f"{sampling_server.url}/completion", json=body, timeout=60).json()
+    assert settings["generation_settings"]["samplers"] == [
+        "top_n_sigma",
+        "top_k",
+        "typ_p",
+        "top_p",
+        "min_p",
+        "xtc",
+        "temperature",
+    ]
+    plain = httpx.post(
+        f"{sampling_server.url}/completion", json={"prompt": PROMPT, "n_predict": 2}, timeout=60
+    )
+    assert plain.json()["generation_settings"]["samplers"] == ["top_k", "top_p", "min_p", "temperature"]

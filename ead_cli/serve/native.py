@@ -25,6 +25,7 @@ from .. import __version__
 from ..decoder import Summary, TokenEvent
 from ..options import GenerationOptions
 from ..prompt import check_text
+from ..sampling import SamplingParams
 from .app import (
     MODEL_ID,
     Defaults,
@@ -67,6 +68,7 @@ NOT_WRITTEN_WHY = {
     "post_sampling_probs": "the probabilities are the model's, before sampling (n_probs gives them)",
 }
 SAMPLERS = list(CHAIN_ORDERS[0])  # ead's one sampler chain, in llama-server's names
+LLAMA_SERVER_ORDER = CHAIN_ORDERS[2]  # llama-server's default chain, the one ead's samplers run in
 # The samplers and switches of llama-server's generation_settings that ead's chain does not have
 # (schemas.UNSUPPORTED refuses them unless off), at the values, of llama-server's types, that leave them off
 NOT_RUN: dict[str, Any] = {
@@ -220,9 +222,22 @@ def generation_settings(
         "logit_bias": [{"bias": float(bias), "token": token} for token, bias in sampling.logit_bias],
         "n_probs": n_probs,
         "grammar": sampling.grammar or "",
-        "samplers": list(samplers),
+        "samplers": samplers_run(samplers, sampling),
         **NOT_RUN,
     }
+
+
+def samplers_run(samplers: Sequence[str], sampling: SamplingParams) -> list[str]:
+    """The samplers an answer runs, in llama-server's names and chain order (``LLAMA_SERVER_ORDER``):
+    those ``samplers`` names, with typical, top-n-sigma and XTC where their settings turn them on."""
+    on = {
+        "top_n_sigma": sampling.top_n_sigma > 0,
+        "typ_p": sampling.typical_p < 1,
+        "xtc": sampling.xtc_probability > 0,
+    }
+    named = set(samplers) | {name for name, runs in on.items() if runs}
+    chain = [name for name in LLAMA_SERVER_ORDER if name in named]
+    return ["penalties"] * ("penalties" in named) + chain + ["infill"] * ("infill" in named)
 
 
 def _timings(summary: Summary) -> dict[str, Any]:
