@@ -14,13 +14,13 @@ import ctypes
 import json
 import platform
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import llama_cpp
 
 from ead_cli import registry
+from ead_cli.hardware import this_cpu
 from ead_cli.options import KV_CACHE_TYPES
 from ead_cli.runner import Runner
 
@@ -45,16 +45,6 @@ class LlamaLog:
 
     def reports(self) -> list[re.Match[str]]:
         return list(KV_REPORT.finditer("".join(self.text)))
-
-
-LSCPU_FIELDS = ("Model name", "CPU family", "Model", "CPU(s)", "Hypervisor vendor")
-
-
-def cpu_label() -> dict[str, str]:
-    """lscpu's word on the CPU the figures were taken on."""
-    listing = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    fields = dict(line.split(":", 1) for line in listing.splitlines() if ":" in line)
-    return {name: fields[name].strip() for name in LSCPU_FIELDS if name in fields}
 
 
 def measure(path: Path, cache_type: str, n_ctx: int, threads: int, prompt_tokens: int, log: LlamaLog) -> dict:
@@ -110,7 +100,7 @@ def main() -> None:
             )
     result = {
         "command": "python " + " ".join(sys.argv),
-        "cpu": cpu_label(),
+        "cpu": this_cpu()[0],
         "machine": platform.machine(),
         "llama_cpp_python": llama_cpp.__version__,
         "runs": runs,
