@@ -103,11 +103,12 @@ def load_runners(
     if gpu_layers(options.n_gpu_layers) == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
     repack = repack_choice(options.repack)  # a child decodes each new model file once: a crash is explained
-    if progress is not None and not repack.enabled and repack.automatic:
-        progress(f"note: weight repacking off ({repack.reason}); --repack forces it")
-    check_models(
+    checked = check_models(
         list(paths.values()), repack=repack, n_gpu_layers=options.n_gpu_layers, threads=options.threads
     )
+    if progress is not None and checked and not repack.enabled and repack.automatic:
+        # said with a file's first check on this machine, not before every command's answer or error
+        progress(f"note: weight repacking off ({repack.reason}); --repack forces it")
     runners: list = []
     try:
         for level, role in enumerate(roles):
