@@ -23,6 +23,7 @@ import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import EadError, quoted
 
@@ -157,6 +158,20 @@ def this_cpu() -> tuple[str, frozenset[str]]:
     cpuinfo = _read_cpuinfo()
     name = cpu_model_name(cpuinfo) or platform.processor() or platform.machine() or "unknown CPU"
     return name, cpu_flags(cpuinfo)
+
+
+def machine_record(repack: Repack) -> dict[str, Any]:
+    """The machine a timing was taken on, for results files: the CPU's model name, its logical CPUs and
+    whether llama.cpp repacked the weights. Relative costs differ a lot between CPUs (an AMD EPYC's
+    batches gain far less over its decode than an AMX Xeon's), so a ratio is only read beside these."""
+    return {"cpu": this_cpu()[0], "cpus": os.cpu_count(), "repack": repack.word}
+
+
+def machine_words(machine: Any) -> str | None:
+    """A ``machine_record`` as a table's caption says it; None for anything else (an edited file's)."""
+    if not isinstance(machine, dict) or not {"cpu", "cpus", "repack"} <= machine.keys():
+        return None
+    return f"{machine['cpu']}, {machine['cpus']} CPUs, weight repacking {machine['repack']}"
 
 
 @functools.lru_cache(maxsize=1)

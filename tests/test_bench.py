@@ -44,6 +44,7 @@ from ead_cli.bench.tasks import (
     select_tasks,
 )
 from ead_cli.errors import EadError
+from ead_cli.hardware import machine_words, repack_choice, this_cpu
 from ead_cli.option_table import BENCH, on
 from ead_cli.options import ModelOptions, PolicyOptions
 from ead_cli.policies import POLICY_KINDS
@@ -944,6 +945,45 @@ def test_a_resume_under_other_threads_or_another_context_is_refused(
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
 
+def test_a_bench_records_the_machine_and_a_resume_on_another_is_refused(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """Relative costs differ a lot between CPUs (an AMD EPYC's batches gain far less over its decode than
+    an AMX Xeon's): the config names the CPU, its cores and the repack decision, and a folder carried to
+    another machine, or resumed under the other repack decision, is refused before any model loads."""
+    run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
+    path = tmp_path / "results.jsonl"
+    config, *samples = path.read_text().splitlines()
+    recorded = json.loads(config)["machine"]
+    assert recorded == {"cpu": this_cpu()[0], "cpus": os.cpu_count(), "repack": repack_choice().word}
+    assert (
+        machine_words(recorded)
+        == f"{this_cpu()[0]}, {os.cpu_count()} CPUs, weight repacking {recorded['repack']}"
+    )
+    elsewhere = json.loads(config) | {"machine": recorded | {"cpu": "another CPU"}}
+    path.write_text("\n".join([json.dumps(elsewhere), *samples]) + "\n")
+    before = path.read_bytes()
+    machine = r"differs in: the machine \(its CPU, its cores, or --repack/--no-repack\)"
+    with pytest.raises(EadError, match=machine):
+        run(humaneval_job(humaneval[:2], tmp_path), tiny_pair)
+    assert path.read_bytes() == before
+    path.write_text("\n".join([config, *samples]) + "\n")
+    before = path.read_bytes()
+    with pytest.raises(EadError, match=machine):  # refused before the load: repacking on an AMX CPU crashes
+        run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, repack=not repack_choice().enabled)
+    assert path.read_bytes() == before
+
+
+def test_machine_words_take_only_a_machine_record() -> None:
+    """An edited file's machine (not an object, a key missing) is said as nothing, not a traceback."""
+    assert (
+        machine_words({"cpu": "AMD EPYC", "cpus": 2, "repack": "on"})
+        == "AMD EPYC, 2 CPUs, weight repacking on"
+    )
+    assert machine_words("AMD EPYC") is None
+    assert machine_words({"cpu": "AMD EPYC", "cpus": 2}) is None
+
+
 def test_a_setup_differs_in_what_a_user_knows() -> None:
     """A refused resume or repeat had named the config's keys ('source_sha256, gpu_layers'): each is said
     as the option or the file a user would change."""
@@ -984,7 +1024,7 @@ def test_a_results_file_from_before_threads_and_context_were_recorded_resumes(
     run(humaneval_job(humaneval[:1], tmp_path), tiny_pair)
     path = tmp_path / "results.jsonl"
     config, *samples = path.read_text().splitlines()
-    unrecorded = ("threads", "n_ctx", "cache_types", "flash_attn")
+    unrecorded = ("threads", "n_ctx", "cache_types", "flash_attn", "machine")
     older = {key: value for key, value in json.loads(config).items() if key not in unrecorded}
     path.write_text("\n".join([json.dumps(older), *samples]) + "\n")
     assert len(run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, threads=2, flash_attn="on")) == 4
@@ -1917,13 +1957,21 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
         return str(tmp_path / name)
 
     repeat = variant("repeat", lines)
+    moved = {**config["machine"], "cpus": 64}  # the same bench on a bigger machine: not a repeat
     (tmp_path / "nothing").mkdir()
     assert ead("bench", "report", str(out), repeat).returncode == 0
+    # the median table says the machine its runs were timed on, from the files
+    assert machine_words(config["machine"]) in (out / "median-of-2.md").read_text().splitlines()[2]
+    unrecorded = {key: value for key, value in config.items() if key != "machine"}  # an older ead's file
+    older = variant("older", [json.dumps(unrecorded), *lines[1:]])
+    assert ead("bench", "report", older, repeat).returncode == 0
     for folders, message in (
         ([str(out), str(out)], "a folder is given twice"),
         ([str(out), variant("longer", [json.dumps({**config, "max_tokens": 32}), *lines[1:]])],
          "(differs in: --max-tokens)"),
         ([str(out), variant("fewer", lines[:-1])], "on other tasks than"),
+        ([str(out), variant("moved", [json.dumps({**config, "machine": moved}), *lines[1:]])],
+         "(differs in: the machine (its CPU, its cores, or --repack/--no-repack))"),
         ([variant("damaged", [*lines, '{"type": "sample", "strategy": "x"}'])],
          "holds a sample record ead cannot read (KeyError"),
         ([variant("models", [*lines[:-1], json.dumps({**json.loads(lines[-1]), "models": 5})])],

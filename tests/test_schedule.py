@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
 import shutil
@@ -24,6 +25,7 @@ from ead_cli.bench.report import PHASES
 from ead_cli.bench.results import RESULTS_FILE, read_results
 from ead_cli.engine import build_decoder
 from ead_cli.errors import EadError, quoted
+from ead_cli.hardware import machine_words, repack_choice, this_cpu
 from ead_cli.options import GenerationOptions, PolicyOptions
 from ead_cli.prompt import encode_prompt
 from ead_cli.runner import Runner
@@ -170,6 +172,7 @@ def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
     assert b"replay vs large" in result.stdout and b"schedule replays" in result.stderr
     report = json.loads((tmp_path / replay.REPLAY_FILE).read_text())
     assert report["kind"] == "schedule replay" and report["threads"] == 1
+    assert report["machine"]["cpu"] == this_cpu()[0] and report["machine"]["repack"] == repack_choice().word
     assert (
         report["models"]["large"]["file"] == tiny_pair[1].name and report["models"]["large"]["twin"] is None
     )
@@ -522,8 +525,16 @@ def test_bench_speed_times_batches_up_to_the_batch_size(tiny_pair: tuple[Path, P
     result = ead("bench", "speed", *pair, "--context", "64", "-b", "8", "-ub", "4", "--json", str(out))
     assert result.returncode == 0, result.stderr
     assert b"batch 8" in result.stdout and b"batch 16" not in result.stdout
-    for rates in json.loads(out.read_text())["rates"]:
+    figures = json.loads(out.read_text())
+    for rates in figures["rates"]:
         assert [int(size) for size in rates["tokens_per_s"]] == [1, 2, 4, 8]
+    # where they were measured: the table's caption and the file say it
+    assert figures["machine"] == {
+        "cpu": this_cpu()[0],
+        "cpus": os.cpu_count(),
+        "repack": repack_choice().word,
+    }
+    assert f"tokens of context, {machine_words(figures['machine'])}\n".encode() in result.stdout
 
 
 def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:

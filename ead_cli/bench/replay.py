@@ -11,7 +11,6 @@ the recorded run; only the costs are new.
 from __future__ import annotations
 
 import json
-import os
 import platform
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -22,6 +21,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError, cut, quoted, shown_path
 from ..figures import is_amount, is_count, is_figure, is_share
+from ..hardware import machine_record, repack_choice
 from ..options import ModelOptions
 from ..paths import check_can_save, is_dir, read_file, save_json, unreadable
 from ..prompt import context_size
@@ -343,7 +343,11 @@ def replay_bench(
         "recorded_models": config["models"],
         "models": models,
         "threads": threads,
-        "machine": {"system": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count()},
+        "machine": {
+            "system": platform.platform(),
+            "processor": platform.machine(),
+            **machine_record(repack_choice(model_options.repack)),
+        },
         "strategies": [asdict(s) for s in summarise(records, samples, n_batch)],
         "samples": [asdict(s) for s in samples],
     }

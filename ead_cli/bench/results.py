@@ -39,6 +39,7 @@ from ..engine import ModelFile
 from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
 from ..gguf_files import training_context
+from ..hardware import machine_record, repack_choice
 from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
 from ..paths import (
     cannot_save,
@@ -68,9 +69,10 @@ Record = dict[str, Any]
 
 RESULTS_FILE = "results.jsonl"
 FORMAT_VERSION = 1
-# how the models ran: an older ead's config lacks them (its batches were 512 tokens, the default's)
-# and how llama.cpp held their KV caches (an older ead's: f16, flash attention auto)
-RUN_KEYS = ("n_ctx", "n_batch", "n_ubatch", "threads", "gpu_layers", "cache_types", "flash_attn")
+# how the models ran: an older ead's config lacks them (its batches were 512 tokens, the default's),
+# how llama.cpp held their KV caches (an older ead's: f16, flash attention auto) and the machine (its
+# CPU unrecorded: taken as this one's, so that an older file resumes)
+RUN_KEYS = ("n_ctx", "n_batch", "n_ubatch", "threads", "gpu_layers", "cache_types", "flash_attn", "machine")
 
 
 def setup_record(
@@ -108,8 +110,8 @@ def config_record(
     models: ModelOptions,
 ) -> Record:
     """What must match for samples to share a results file: the setup (``setup_record``), the models, the
-    context (where an answer must stop), and the batch sizes, threads, GPU layers and KV caches (every
-    wall-clock figure depends on them; no GPU layers on a build without GPU offload)."""
+    context (where an answer must stop), and the batch sizes, threads, GPU layers, KV caches and the
+    machine (every wall-clock figure depends on them; no GPU layers on a build without GPU offload)."""
     config = {
         "models": {
             runner.name: {
@@ -127,6 +129,7 @@ def config_record(
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
+        "machine": machine_record(repack_choice(models.repack)),
     }
     return setup_record(bench, generation, source_sha256, prompt, timeout_s) | json.loads(json.dumps(config))
 
@@ -149,9 +152,9 @@ def check_setup(path: Path, config: Record, stored: Record) -> None:
 
 def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], models: ModelOptions) -> None:
     """Refuse, before the models load, results of other model files (told by their names and sizes; a
-    llama-server's, None, is compared once connected), other --threads, --n-gpu-layers, KV cache types or
-    --flash-attn, another context where --ctx gives it (``padded_context``) and every model is a file,
-    and other batch sizes
+    llama-server's, None, is compared once connected), other --threads, --n-gpu-layers, KV cache types,
+    --flash-attn or machine (CPU, cores, weight repacking), another context where --ctx gives it
+    (``padded_context``) and every model is a file, and other batch sizes
     (``made_batches``, in the smallest model's context: --ctx, else its header's training context): all
     that is known of ``config_record`` without loading them. The rest needs them loaded, and is compared
     once they are (``Results``): the parameters and the tokenizer, which llama.cpp reads from the weights
@@ -169,6 +172,7 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
+        "machine": machine_record(repack_choice(models.repack)),
     }
     if models.n_ctx is not None and None not in files.values():
         config["n_ctx"] = padded_context(models.n_ctx)
@@ -211,6 +215,7 @@ SETUP_NAMES = {
     "gpu_layers": "--n-gpu-layers",
     "cache_types": "the KV cache types: -ctk, -ctv, -ctkd or -ctvd",
     "flash_attn": "--flash-attn",
+    "machine": "the machine (its CPU, its cores, or --repack/--no-repack)",
 }
 
 
@@ -233,12 +238,22 @@ def check_distinct(folders: Sequence[Path]) -> None:
         raise EadError("a folder is given twice: repeats are distinct runs", exit_code=2)
 
 
+def same_setup(one: Record | None, other: Record | None) -> bool:
+    """Whether two config records are of one setup; a file that does not record its machine (an older
+    ead's) is taken as of the other's."""
+    if one is None or other is None or ("machine" in one) == ("machine" in other):
+        return one == other
+    return {k: v for k, v in one.items() if k != "machine"} == {
+        k: v for k, v in other.items() if k != "machine"
+    }
+
+
 def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> None:
     """Repeats of one bench: files of one setup (config record), each strategy on the same tasks in every
     run that has it; else their medians would mix benches."""
     first_path, first_config, _ = runs[0]
     for path, config, _ in runs[1:]:
-        if config != first_config:
+        if not same_setup(config, first_config):
             detail = differing(first_config or {}, config or {})
             raise EadError(
                 f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (differs in: {detail})",

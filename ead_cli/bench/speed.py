@@ -34,6 +34,7 @@ from typing import Any
 from ..engine import close_all, load_runners
 from ..errors import EadError, shown_path
 from ..gguf_files import shard_paths
+from ..hardware import machine_record, repack_choice
 from ..options import ModelOptions
 from ..paths import same_file
 from ..prompt import context_size
@@ -288,6 +289,7 @@ class SpeedReport:
     break_even: float | None
     verdict: str
     checks: list[Check] | None  # with a replay report to check the cost model against
+    machine: dict[str, Any]  # where the rates were measured (hardware.machine_record)
 
     def as_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -322,7 +324,12 @@ def speed_report(
         close_all(runners)
     checks = check_replay(replay_report, small, large) if replay_report is not None else None
     return SpeedReport(
-        [small, large], expectations(small, large), break_even(small, large), verdict(small, large), checks
+        [small, large],
+        expectations(small, large),
+        break_even(small, large),
+        verdict(small, large),
+        checks,
+        machine_record(repack_choice(model_options.repack)),
     )
 
 

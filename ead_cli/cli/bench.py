@@ -11,6 +11,7 @@ import typer
 
 from ..bench.grid import NGRAM_TYPES, Strategy, all_families, build_strategies, families, parse_grid
 from ..errors import EadError, counted, quoted, shown_path
+from ..hardware import machine_words
 from ..option_table import BENCH, OPTIONS, DecodingOption, listed, on
 from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
@@ -244,6 +245,7 @@ def bench_report(
         raise EadError("give repeats of one kind: bench folders (results.jsonl) or replay folders", 2)
     replays = kinds.pop()
     source = REPLAY_FILE if replays else RESULTS_FILE
+    machine = None  # the repeats' machine, where their files record it
     if replays:
         reports = [read_report(folder) for folder in folders]
         if len(reports) == 1:  # one run: its own figures, not a median of one with a range of none
@@ -259,6 +261,9 @@ def bench_report(
                 raise EadError(f"no samples in {shown_path(path)}", exit_code=2)
             runs.append(aggregate_read(path, records))
         check_repeats(read)
+        machine = next(
+            (words for _, config, _ in read if (words := machine_words((config or {}).get("machine")))), None
+        )
         if len(runs) == 1:
             _show_report(folders[0], runs[0])
             return
@@ -267,7 +272,8 @@ def bench_report(
     table = repeats_table(runs)
     median = folders[0] / f"median-of-{len(runs)}.md"
     # before the table: a reader gone (`| head`) ends the run where it is shown
-    save_text(median, "".join(f"{folder / source}\n" for folder in folders) + table, "the median table")
+    heading = "".join(f"{folder / source}\n" for folder in folders) + (f"{machine}\n" if machine else "")
+    save_text(median, heading + table, "the median table")
     typer.echo(table, nl=False)
     also = "" if replays else " and each folder's report"
     stderr.print(f"wrote {shown_path(median)}{also}", style="dim", soft_wrap=True)
@@ -374,7 +380,7 @@ def bench_speed(
             for rates in report.rates
         ],
     )
-    print(f"tokens per second at {context} tokens of context")
+    print(f"tokens per second at {context} tokens of context, {machine_words(report.machine)}")
     for rates in report.rates:
         if rates.out_of_order:
             sizes = ", ".join(str(size) for size in rates.out_of_order)
