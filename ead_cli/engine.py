@@ -106,9 +106,6 @@ def load_runners(
     checked = check_models(
         list(paths.values()), repack=repack, n_gpu_layers=options.n_gpu_layers, threads=options.threads
     )
-    if progress is not None and checked and not repack.enabled and repack.automatic:
-        # said with a file's first check on this machine, not before every command's answer or error
-        progress(f"note: weight repacking off ({repack.reason}); --repack forces it")
     runners: list = []
     try:
         for level, role in enumerate(roles):
@@ -141,6 +138,10 @@ def load_runners(
     except BaseException:
         close_all([runner for runner in runners if runner is not reuse])
         raise
+    if progress is not None and checked and not repack.enabled and repack.automatic:
+        # said once the models a file's first check on this machine passed have loaded: not before every
+        # command's answer, nor beside the one-line error of a model that fails to load
+        progress(f"note: weight repacking off ({repack.reason}); --repack forces it")
     return runners
 
 

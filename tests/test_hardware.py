@@ -150,9 +150,9 @@ def test_generate_takes_no_repack_and_refuses_a_bad_environment_value(tiny_pair)
 def test_the_machines_repack_decision_is_said_with_a_files_first_check_only(
     tiny_pair, tmp_path: Path
 ) -> None:
-    """Where this machine turns repacking off (an active AMX buffer), the note comes once, with a model
-    file's first smoke decode here: said before every answer it had also stood as a second line beside
-    each one-line error of a bad input. Where the machine keeps repacking on, it never comes."""
+    """Where this machine turns repacking off (an active AMX buffer), the note comes once, when the models
+    whose first smoke decode here passed have loaded: said before every answer it had also stood as a
+    second line beside each one-line error of a bad input. Where the machine keeps repacking on, never."""
     env = {"EAD_CACHE": str(tmp_path / "cache")}
     args = [*pair_args(tiny_pair), "--max-tokens", "2", "--temp", "0", "hello"]
     first, again = ead("generate", *args, env=env), ead("generate", *args, env=env)
@@ -163,6 +163,10 @@ def test_the_machines_repack_decision_is_said_with_a_files_first_check_only(
     assert "weight repacking" not in again.stderr.decode()
     refused = ead("generate", *pair_args(tiny_pair), "-ctk", "q8_0", "hello", env=env)  # the tiny heads: 16
     assert_one_line_error(refused, 2, "a q8_0 K cache stores blocks of 32 values")
+    cut = tmp_path / "cut.gguf"  # a new file, checked first here, that then fails to load: the error alone
+    cut.write_bytes(tiny_pair[1].read_bytes()[:4096])
+    failed = ead("generate", "--small", str(tiny_pair[0]), "--large", str(cut), "hello", env=env)
+    assert_one_line_error(failed, 1, "could not load", "cut.gguf")
 
 
 @pytest.mark.skipif(not built_server().exists(), reason="no llama-server: ./scripts/build_llama_server.sh")
