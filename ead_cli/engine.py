@@ -103,7 +103,9 @@ def load_runners(
     if gpu_layers(options.n_gpu_layers) == 0 or not gpu_offload_available():
         check_memory(list(paths.values()), memory_available())  # on a GPU the weights live in its memory
     repack = repack_choice(options.repack)  # a child decodes each new model file once: a crash is explained
-    checked = check_models(
+    # no note where the machine turned repacking off: it had stood beside every one-line error of a bad
+    # input on an AMX CPU; the set-up's smoke check, bench speed and every results file say it instead
+    check_models(
         list(paths.values()), repack=repack, n_gpu_layers=options.n_gpu_layers, threads=options.threads
     )
     runners: list = []
@@ -138,10 +140,6 @@ def load_runners(
     except BaseException:
         close_all([runner for runner in runners if runner is not reuse])
         raise
-    if progress is not None and checked and not repack.enabled and repack.automatic:
-        # said once the models a file's first check on this machine passed have loaded: not before every
-        # command's answer, nor beside the one-line error of a model that fails to load
-        progress(f"note: weight repacking off ({repack.reason}); --repack forces it")
     return runners
 
 
