@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_cli import EAD, assert_one_line_error, ead, ead_to_a_closed_pipe
@@ -342,7 +343,9 @@ def test_bench_report_gives_the_median_of_repeated_replays(
     assert "| large-only | 1.00 (1.00-1.00) | 3 | 0/0/0 |" in lines
     written = folders[0] / "median-of-3.md"
     sources = "".join(f"{folder / replay.REPLAY_FILE}\n" for folder in folders)
-    assert written.read_text() == sources + result.stdout.decode()
+    machine = json.loads((folders[0] / replay.REPLAY_FILE).read_text())["machine"]
+    assert machine["cpu"] == this_cpu()[0]  # named above the table, as a bench's repeats are
+    assert written.read_text() == sources + f"{machine_words(machine)}\n" + result.stdout.decode()
     assert not (folders[1] / "report.md").exists()  # a replay has no per-run report to rewrite
     mixed = ead("bench", "report", str(folders[0]), str(recorded))
     assert_one_line_error(mixed, 2, "give repeats of one kind")
@@ -446,12 +449,22 @@ def test_a_hand_made_replay_report_reads_and_a_missing_one_is_one_line(tmp_path:
     assert str(refused.value) == f"cannot read {tmp_path / 'none.json'}: No such file or directory"
 
 
-def a_replay(folder: Path, large: str = "large.gguf", recorded_s: float = 0.5, tasks: str = "t/0") -> str:
+AN_EPYC = {"system": "Linux", "processor": "x86_64", "cpu": "AMD EPYC 7B13", "cpus": 2, "repack": "on"}
+
+
+def a_replay(
+    folder: Path,
+    large: str = "large.gguf",
+    recorded_s: float = 0.5,
+    tasks: str = "t/0",
+    machine: dict[str, Any] | None = None,
+) -> str:
     """A replay.json in ``folder`` with its models and samples: large-only on ``tasks`` (comma-separated),
-    replayed on ``large``, recorded in ``recorded_s`` each."""
+    replayed on ``large`` on ``machine`` (default AN_EPYC), recorded in ``recorded_s`` each."""
     ids = tasks.split(",")
     report = {
         "kind": "schedule replay",
+        "machine": AN_EPYC if machine is None else machine,
         "models": {"small": {"file": "small.gguf", "bytes": 1}, "large": {"file": large, "bytes": 2}},
         "strategies": [{**A_STRATEGY, "samples": len(ids)}],
         "samples": [
@@ -475,10 +488,19 @@ def test_repeats_of_a_replay_are_replays_of_the_same_samples_on_the_same_models(
         (a_replay(tmp_path / "14b", large="14b.gguf"), "small.gguf and 14b.gguf, not small.gguf and large"),
         (a_replay(tmp_path / "other", recorded_s=0.75), "large-only on t/0 as recorded otherwise than"),
         (a_replay(tmp_path / "more", tasks="t/0,t/1"), "ran large-only on other tasks than"),
+        (
+            a_replay(tmp_path / "xeon", machine=AN_EPYC | {"cpu": "Intel(R) Xeon(R)", "repack": "off"}),
+            "(replayed on Intel(R) Xeon(R), 2 CPUs, weight repacking off, not AMD EPYC 7B13, 2 CPUs, weight "
+            "repacking on)",
+        ),
+        (a_replay(tmp_path / "4-cpus", machine=AN_EPYC | {"cpus": 4}), "4 CPUs, weight repacking on, not"),
     ):  # fmt: skip
         line = assert_one_line_error(ead("bench", "report", first, folder), 2, message, "not a repeat")
         assert line.startswith(f"error: {folder}")
     assert sorted(path.name for path in (tmp_path / "first").iterdir()) == ["median-of-2.md", "replay.json"]
+    # a replay written before the machine was recorded (its system and processor alone) is a repeat of any
+    older = a_replay(tmp_path / "older", machine={"system": "Linux", "processor": "x86_64"})
+    assert ead("bench", "report", first, older).returncode == 0
     for name in ("hand-made", "also-hand-made"):  # no models, no samples: nothing to hold them to
         (tmp_path / name).mkdir()
         (tmp_path / name / replay.REPLAY_FILE).write_text(a_report())

@@ -21,7 +21,7 @@ from ..compat import check_recorded_tokenizer
 from ..engine import close_all, load_runners, role_names
 from ..errors import EadError, cut, quoted, shown_path
 from ..figures import is_amount, is_count, is_figure, is_share
-from ..hardware import machine_record, repack_choice
+from ..hardware import machine_record, machine_words, repack_choice
 from ..options import ModelOptions
 from ..paths import check_can_save, is_dir, read_file, save_json, unreadable
 from ..prompt import context_size
@@ -392,8 +392,10 @@ def _with_passes(row: dict[str, Any]) -> dict[str, Any]:
 def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
     """Repeats of one replay, as results.check_repeats holds repeats of a bench: replays on the same models
     (file and size) of the same recorded samples (strategy, task, recorded seconds and tokens), each
-    strategy on the same tasks in every run that has it; else their medians would mix replays of another
-    pair or another results file. A hand-made report that names no models or samples is held to nothing."""
+    strategy on the same tasks in every run that has it, on the same machine (CPU, cores, weight
+    repacking); else their medians would mix replays of another pair, another results file or another CPU.
+    A hand-made report that names no models or samples, or one written before the machine was recorded,
+    is held to nothing there."""
     first_path, first = runs[0]
     for path, report in runs[1:]:
         models, theirs = replayed_models(first), replayed_models(report)
@@ -402,6 +404,13 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
             raise EadError(
                 f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (replayed on {names}, "
                 f"not {given})",
+                2,
+            )
+        machine, theirs_on = replay_machine(first), replay_machine(report)
+        if machine is not None and theirs_on is not None and machine != theirs_on:
+            raise EadError(
+                f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (replayed on {theirs_on}, "
+                f"not {machine})",
                 2,
             )
     recorded: dict[tuple[str, str], tuple[Path, tuple[Any, Any]]] = {}
@@ -418,6 +427,11 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
                     exit_code=2,
                 )
     check_same_tasks([(path, tasks_by_strategy(report.get("samples", []))) for path, report in runs])
+
+
+def replay_machine(report: Mapping[str, Any]) -> str | None:
+    """The machine a replay ran on, in a caption's words; None where its report does not record it."""
+    return machine_words(report.get("machine"))
 
 
 def replayed_models(report: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:

@@ -222,7 +222,7 @@ def bench_report(
     show its table); given repeats of a bench (or of a replay: folders with a replay.json), also the
     median of each strategy's wall-clock ratio over them, with the range (median-of-N.md in the first
     folder)."""
-    from ..bench.replay import REPLAY_FILE, read_report
+    from ..bench.replay import REPLAY_FILE, read_report, replay_machine
     from ..bench.replay import check_repeats as check_replay_repeats
     from ..bench.report import aggregate_read, repeats_table, write_report
     from ..bench.results import RESULTS_FILE, check_distinct, check_repeats, read_results
@@ -253,6 +253,7 @@ def bench_report(
             return
         check_replay_repeats([(folder, report) for folder, (report, _) in zip(folders, reports, strict=True)])
         runs = [strategies for _, strategies in reports]
+        machine = next((words for report, _ in reports if (words := replay_machine(report))), None)
     else:
         read = [(folder / RESULTS_FILE, *read_results(folder / RESULTS_FILE)) for folder in folders]
         runs = []
