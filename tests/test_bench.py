@@ -1971,13 +1971,16 @@ def assert_repeats_are_checked(out: Path, tmp_path: Path) -> None:
     unrecorded = {key: value for key, value in config.items() if key != "machine"}  # an older ead's file
     older = variant("older", [json.dumps(unrecorded), *lines[1:]])
     assert ead("bench", "report", older, repeat).returncode == 0
+    elsewhere = variant("elsewhere", [json.dumps({**config, "machine": moved}), *lines[1:]])
     for folders, message in (
         ([str(out), str(out)], "a folder is given twice"),
         ([str(out), variant("longer", [json.dumps({**config, "max_tokens": 32}), *lines[1:]])],
          "(differs in: --max-tokens)"),
         ([str(out), variant("fewer", lines[:-1])], "on other tasks than"),
-        ([str(out), variant("moved", [json.dumps({**config, "machine": moved}), *lines[1:]])],
-         "(differs in: the machine (its CPU, its cores, or --repack/--no-repack))"),
+        ([str(out), elsewhere], "(differs in: the machine (its CPU, its cores, or --repack/--no-repack))"),
+        # an older file first: the runs after it are still held to one machine
+        ([older, repeat, elsewhere],
+         f"{elsewhere}/results.jsonl is not a repeat of {repeat}/results.jsonl (differs in: the machine"),
         ([variant("damaged", [*lines, '{"type": "sample", "strategy": "x"}'])],
          "holds a sample record ead cannot read (KeyError"),
         ([variant("models", [*lines[:-1], json.dumps({**json.loads(lines[-1]), "models": 5})])],

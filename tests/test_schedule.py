@@ -501,6 +501,9 @@ def test_repeats_of_a_replay_are_replays_of_the_same_samples_on_the_same_models(
     # a replay written before the machine was recorded (its system and processor alone) is a repeat of any
     older = a_replay(tmp_path / "older", machine={"system": "Linux", "processor": "x86_64"})
     assert ead("bench", "report", first, older).returncode == 0
+    # an older one first: the runs after it are still held to one machine
+    after_older = ead("bench", "report", older, first, str(tmp_path / "4-cpus"))
+    assert_one_line_error(after_older, 2, f"{tmp_path / '4-cpus'} is not a repeat of {first} (replayed on")
     for name in ("hand-made", "also-hand-made"):  # no models, no samples: nothing to hold them to
         (tmp_path / name).mkdir()
         (tmp_path / name / replay.REPLAY_FILE).write_text(a_report())

@@ -393,10 +393,18 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
     """Repeats of one replay, as results.check_repeats holds repeats of a bench: replays on the same models
     (file and size) of the same recorded samples (strategy, task, recorded seconds and tokens), each
     strategy on the same tasks in every run that has it, on the same machine (CPU, cores, weight
-    repacking); else their medians would mix replays of another pair, another results file or another CPU.
-    A hand-made report that names no models or samples, or one written before the machine was recorded,
-    is held to nothing there."""
+    repacking) as the first that records one; else their medians would mix replays of another pair,
+    another results file or another CPU. A hand-made report that names no models or samples, or one
+    written before the machine was recorded, is held to nothing there."""
     first_path, first = runs[0]
+    timed = [(path, machine) for path, report in runs if (machine := replay_machine(report)) is not None]
+    for path, machine in timed[1:]:
+        if machine != timed[0][1]:
+            raise EadError(
+                f"{shown_path(path)} is not a repeat of {shown_path(timed[0][0])} (replayed on {machine}, "
+                f"not {timed[0][1]})",
+                2,
+            )
     for path, report in runs[1:]:
         models, theirs = replayed_models(first), replayed_models(report)
         if models is not None and theirs is not None and models != theirs:
@@ -404,13 +412,6 @@ def check_repeats(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
             raise EadError(
                 f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (replayed on {names}, "
                 f"not {given})",
-                2,
-            )
-        machine, theirs_on = replay_machine(first), replay_machine(report)
-        if machine is not None and theirs_on is not None and machine != theirs_on:
-            raise EadError(
-                f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (replayed on {theirs_on}, "
-                f"not {machine})",
                 2,
             )
     recorded: dict[tuple[str, str], tuple[Path, tuple[Any, Any]]] = {}

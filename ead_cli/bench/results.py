@@ -250,15 +250,18 @@ def same_setup(one: Record | None, other: Record | None) -> bool:
 
 def check_repeats(runs: Sequence[tuple[Path, Record | None, list[Record]]]) -> None:
     """Repeats of one bench: files of one setup (config record), each strategy on the same tasks in every
-    run that has it; else their medians would mix benches."""
+    run that has it; else their medians would mix benches. Each is held to the first run and to the first
+    that records its machine: an older file first had let two runs of two machines after it through."""
     first_path, first_config, _ = runs[0]
+    timed = next(((path, config) for path, config, _ in runs if config and "machine" in config), None)
     for path, config, _ in runs[1:]:
-        if not same_setup(config, first_config):
-            detail = differing(first_config or {}, config or {})
-            raise EadError(
-                f"{shown_path(path)} is not a repeat of {shown_path(first_path)} (differs in: {detail})",
-                exit_code=2,
-            )
+        for against_path, against in [(first_path, first_config), *([timed] if timed else [])]:
+            if not same_setup(config, against):
+                detail = differing(against or {}, config or {})
+                repeat_of = shown_path(against_path)
+                raise EadError(
+                    f"{shown_path(path)} is not a repeat of {repeat_of} (differs in: {detail})", exit_code=2
+                )
     check_same_tasks([(path, tasks_by_strategy(records)) for path, _, records in runs])
 
 
