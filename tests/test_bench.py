@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import pwd
@@ -762,6 +763,45 @@ def test_a_results_file_of_another_setup_is_refused(
     with pytest.raises(EadError, match=r"differs in: --timeout"):
         run(humaneval_job(humaneval[:1], tmp_path, timeout_s=5.0), tiny_pair)
     assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
+def test_a_chat_template_given_writes_every_prompt_and_parts_the_setup(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """--chat-template NAME or --chat-template-file FILE writes every prompt of a bench, as generate's
+    does, and is recorded (a builtin by its name, a Jinja template by its text's SHA-256, inline or from a
+    file alike): results under another are refused as another setup, before any model loads where they
+    record one. A bench without one records none, so earlier results stay its repeats."""
+    pair = (tmp_path / tiny_pair[0].name, tmp_path / tiny_pair[1].name)
+    for copy, original in zip(pair, tiny_pair, strict=True):
+        shutil.copyfile(original, copy)
+
+    def config(folder: str) -> Record:
+        return json.loads((tmp_path / folder / "results.jsonl").read_text().splitlines()[0])
+
+    own = run(humaneval_job(humaneval[:1], tmp_path / "own"), pair)
+    llama3 = run(humaneval_job(humaneval[:1], tmp_path / "llama3"), pair, chat_template="llama3")
+    bare_text = "{{ messages[-1]['content'] }}"  # the message alone, no turns around it
+    bare_file = tmp_path / "bare.jinja"
+    bare_file.write_text(bare_text)
+    bare = run(humaneval_job(humaneval[:1], tmp_path / "bare"), pair, chat_template_file=bare_file)
+    assert "chat_template" not in config("own") and config("llama3")["chat_template"] == "llama3"
+    assert config("bare")["chat_template"] == f"sha256:{hashlib.sha256(bare_text.encode()).hexdigest()}"
+    assert bare[0]["prompt_tokens"] < own[0]["prompt_tokens"] != llama3[0]["prompt_tokens"]
+    plans: list[list[tuple[str, str]]] = []
+    run(humaneval_job(humaneval[:1], tmp_path / "bare"), pair, plans, chat_template=bare_text)
+    assert plans == [[]]  # the same template given inline: the same setup, nothing left to run
+    kept = {folder: (tmp_path / folder / "results.jsonl").read_bytes() for folder in ("own", "llama3")}
+    refused = r"holds results of another setup \(differs in: --chat-template or --chat-template-file\)"
+    others = (("own", {"chat_template": "llama3"}), ("llama3", {"chat_template_file": bare_file}))
+    for folder, given in others:
+        with pytest.raises(EadError, match=refused):
+            run(humaneval_job(humaneval[:1], tmp_path / folder), pair, **given)
+    pair[1].write_bytes(b"GGUF" + bytes(pair[1].stat().st_size - 4))  # its name and size, not a model
+    for given in ({}, {"chat_template": "chatml"}):
+        with pytest.raises(EadError, match=refused):
+            run(humaneval_job(humaneval[:1], tmp_path / "llama3"), pair, **given)
+    assert {folder: (tmp_path / folder / "results.jsonl").read_bytes() for folder in kept} == kept
 
 
 NO_SERVER = "http://127.0.0.1:9"  # nothing listens there: a bench that reached it would fail otherwise

@@ -119,12 +119,46 @@ def test_chat_writes_every_turn_with_the_template_given_whichever_model_joins(
     assert "<|im_start|>" not in text
 
 
-def test_a_bad_name_lists_the_choices(tiny_pair: tuple[Path, Path]) -> None:
-    result = ead("generate", *pair_args(tiny_pair), "--chat-template", "chatmll", PROMPT)
+# commands besides generate, chat and serve that write chats, each with what it needs but the models
+TEMPLATED = {
+    "calibrate": ["calibrate", "--policy", "gate", "--no-check", "--prompts", "{prompts}"],
+    "bench humaneval": ["bench", "humaneval", "--ids", "0", "--strategies", "large", "--out", "{out}"],
+    "bench prompts": ["bench", "prompts", "{prompts}", "--strategies", "large", "--out", "{out}"],
+}
+# renders the one message a template is checked with at the start, and refuses any other
+ONLY_THE_CHECK = (
+    "{% if messages[-1]['content'] != 'test' %}{{ raise_exception('a prompt reached it') }}{% endif %}"
+    "{{ messages[-1]['content'] }}"
+)
+
+
+def templated(name: str, folder: Path) -> list[str]:
+    prompts = folder / "prompts.txt"
+    prompts.write_text("Write a function.\nWrite a poem.\n")
+    return [arg.format(prompts=prompts, out=folder / "out") for arg in TEMPLATED[name]]
+
+
+@pytest.mark.parametrize("command", ["generate", *TEMPLATED])
+def test_a_bad_name_lists_the_choices(tiny_pair: tuple[Path, Path], tmp_path: Path, command: str) -> None:
+    args = ["generate", PROMPT] if command == "generate" else templated(command, tmp_path)
+    result = ead(*args, *pair_args(tiny_pair), "--chat-template", "chatmll")
+    assert not (tmp_path / "out").exists()
     line = assert_one_line_error(
         result, 2, "--chat-template 'chatmll'", "chatml, ", "llama3", "--chat-template-file"
     )
     assert "llama2-sys" in line
+
+
+@pytest.mark.parametrize("command", list(TEMPLATED))
+def test_calibrate_and_the_benches_write_their_prompts_with_the_template_given(
+    tiny_pair: tuple[Path, Path], tmp_path: Path, command: str
+) -> None:
+    """The template given writes the prompts each command sends the models, not only generate's, chat's
+    and serve's: one that refuses any but the start's check stops the run at its first prompt, in one
+    line naming it, before anything is written."""
+    result = ead(*templated(command, tmp_path), *pair_args(tiny_pair), "--chat-template", ONLY_THE_CHECK)
+    assert_one_line_error(result, 1, "error: --chat-template failed: a prompt reached it")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ Figures per strategy: pass@1; agreement, the mean ``difflib`` ratio between the 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -51,7 +52,7 @@ from ..paths import (
     remove_folders,
     unreadable,
 )
-from ..prompt import context_size
+from ..prompt import context_size, given_template
 from ..runner import (
     Runner,
     asked_context,
@@ -129,6 +130,7 @@ def config_record(
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
+        **({"chat_template": template} if (template := template_record(models)) is not None else {}),
         "machine": machine_record(repack_choice(models.repack)),
     }
     return setup_record(bench, generation, source_sha256, prompt, timeout_s) | json.loads(json.dumps(config))
@@ -138,6 +140,19 @@ def kv_cache_record(models: ModelOptions) -> Record:
     """The KV cache types, by option, and flash attention, as given: the cache types change the text
     (a quantized cache's rounding), and both the wall-clock."""
     return {"cache_types": models.cache_flags(), "flash_attn": models.flash_attn}
+
+
+def template_record(models: ModelOptions) -> str | None:
+    """The chat template given in place of the models' own (--chat-template, --chat-template-file), which
+    writes every prompt: a builtin by its name, a Jinja template by its text's SHA-256 (one template, from
+    a file wherever it lies or given inline). None where none is given: the config then has no such key,
+    as before a bench took one, so earlier results stay repeats of today's."""
+    template = given_template(models.chat_template, models.chat_template_file)
+    if template is None:
+        return None
+    if template.builtin:
+        return template.text
+    return "sha256:" + hashlib.sha256(template.text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def check_setup(path: Path, config: Record, stored: Record) -> None:
@@ -172,6 +187,7 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
+        "chat_template": template_record(models),  # compared where the stored config has one
         "machine": machine_record(repack_choice(models.repack)),
     }
     if models.n_ctx is not None and None not in files.values():
@@ -215,6 +231,7 @@ SETUP_NAMES = {
     "gpu_layers": "--n-gpu-layers",
     "cache_types": "the KV cache types: -ctk, -ctv, -ctkd or -ctvd",
     "flash_attn": "--flash-attn",
+    "chat_template": "--chat-template or --chat-template-file",
     "machine": "the machine (its CPU, its cores, or --repack/--no-repack)",
 }
 

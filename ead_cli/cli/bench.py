@@ -17,8 +17,8 @@ from ..options import SAMPLE_TIMEOUT_S, ModelOptions
 from ..policies import POLICY_KINDS, PolicyKind
 from ..signals import Terminated
 from .groups import (
+    CHAT_MODEL_OPTIONS,
     LOCAL_MODEL_OPTIONS,
-    MODEL_OPTIONS,
     MaxTokens,
     OptionGroup,
     Pattern,
@@ -142,7 +142,7 @@ SWEEP_OPTIONS = OptionGroup(
 
 
 @bench_app.command("humaneval")
-@with_options(MODEL_OPTIONS)
+@with_options(CHAT_MODEL_OPTIONS)
 @with_options(SWEEP_OPTIONS)
 def bench_humaneval(
     model_options: ModelOptions,
@@ -178,7 +178,7 @@ def bench_humaneval(
 
 
 @bench_app.command("prompts")
-@with_options(MODEL_OPTIONS)
+@with_options(CHAT_MODEL_OPTIONS)
 @with_options(SWEEP_OPTIONS)
 def bench_prompts(
     file: Annotated[

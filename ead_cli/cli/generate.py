@@ -24,7 +24,6 @@ from ..options import (
 from .groups import (
     CHAT_MODEL_OPTIONS,
     DECODING_OPTIONS,
-    MODEL_OPTIONS,
     RULE_SETTINGS,
     Decoding,
     Escape,
@@ -421,7 +420,7 @@ def _apply_saved_tau(
     return saved.options
 
 
-@with_options(MODEL_OPTIONS)
+@with_options(CHAT_MODEL_OPTIONS)
 @with_options(RULE_SETTINGS)
 def calibrate(
     model_options: ModelOptions,

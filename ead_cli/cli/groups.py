@@ -391,14 +391,15 @@ def with_options(group: OptionGroup) -> Callable[[Callable[..., Any]], Callable[
     return decorate
 
 
-def _model_options(served: bool, templated: bool = False) -> OptionGroup:
-    """The models and how llama.cpp runs them; with ``served``, a model on a llama-server too; with
-    ``templated``, a chat template in place of theirs."""
+def _model_options(served: bool) -> OptionGroup:
+    """The models and how llama.cpp runs them; with ``served`` (the commands that write chats), a model on
+    a llama-server too and a chat template in place of the models' own."""
     remote = (
         ("remote_top_k", RemoteTopK, DEFAULT_TOP_K),
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
         ("remote_api_key", RemoteApiKey, None),
     )
+    templates = (("chat_template", ChatTemplateOpt, None), ("chat_template_file", ChatTemplateFile, None))
     return OptionGroup(
         "model_options",
         (
@@ -420,12 +421,7 @@ def _model_options(served: bool, templated: bool = False) -> OptionGroup:
             ("load_mode", LoadMode, None),
             ("no_mmap", NoMmap, False),
             ("mlock", Mlock, False),
-            *(remote if served else ()),
-            *(
-                (("chat_template", ChatTemplateOpt, None), ("chat_template_file", ChatTemplateFile, None))
-                if templated
-                else ()
-            ),
+            *(remote + templates if served else ()),
         ),
         lambda models, catalog, load_mode, no_mmap, mlock, **options: ModelOptions(
             models=parse_list(models),
@@ -436,11 +432,12 @@ def _model_options(served: bool, templated: bool = False) -> OptionGroup:
     )
 
 
-MODEL_OPTIONS = _model_options(served=True)
-# generate, chat and serve write chats: they take a chat template in place of the models' own
-CHAT_MODEL_OPTIONS = _model_options(served=True, templated=True)
+# generate, chat, serve, calibrate and the benches of HumanEval and prompts files write chats: they take
+# a chat template in place of the models' own
+CHAT_MODEL_OPTIONS = _model_options(served=True)
 # bench replay and speed time llama.cpp's own calls, which a model on a server has none of (their
-# models are loaded local_only): they offer neither its address nor its options
+# models are loaded local_only), on tokens recorded or made up: they offer neither a server's address and
+# options nor a chat template
 LOCAL_MODEL_OPTIONS = _model_options(served=False)
 
 
