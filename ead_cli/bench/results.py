@@ -52,7 +52,7 @@ from ..paths import (
     remove_folders,
     unreadable,
 )
-from ..prompt import context_size, given_template
+from ..prompt import ChatTemplate, context_size, given_template
 from ..runner import (
     Runner,
     asked_context,
@@ -130,7 +130,8 @@ def config_record(
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
-        **({"chat_template": template} if (template := template_record(models)) is not None else {}),
+        # the template the prompts were written with, as loading set it on the models
+        **({"chat_template": given} if (given := template_id(runners[0].template_override)) else {}),
         "machine": machine_record(repack_choice(models.repack)),
     }
     return setup_record(bench, generation, source_sha256, prompt, timeout_s) | json.loads(json.dumps(config))
@@ -142,12 +143,11 @@ def kv_cache_record(models: ModelOptions) -> Record:
     return {"cache_types": models.cache_flags(), "flash_attn": models.flash_attn}
 
 
-def template_record(models: ModelOptions) -> str | None:
-    """The chat template given in place of the models' own (--chat-template, --chat-template-file), which
-    writes every prompt: a builtin by its name, a Jinja template by its text's SHA-256 (one template, from
-    a file wherever it lies or given inline). None where none is given: the config then has no such key,
-    as before a bench took one, so earlier results stay repeats of today's."""
-    template = given_template(models.chat_template, models.chat_template_file)
+def template_id(template: ChatTemplate | None) -> str | None:
+    """A chat template given in place of the models' own (--chat-template, --chat-template-file), which
+    writes every prompt, as a config records it: a builtin by its name, a Jinja template by its text's
+    SHA-256 (one template, from a file wherever it lies or given inline). None where none is given: the
+    config then has no such key, as before a bench took one, so earlier results stay repeats of today's."""
     if template is None:
         return None
     if template.builtin:
@@ -187,7 +187,8 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
         "threads": resolve_threads(models.threads),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
-        "chat_template": template_record(models),  # compared where the stored config has one
+        # compared where the stored config has one
+        "chat_template": template_id(given_template(models.chat_template, models.chat_template_file)),
         "machine": machine_record(repack_choice(models.repack)),
     }
     if models.n_ctx is not None and None not in files.values():
