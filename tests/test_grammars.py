@@ -3,6 +3,7 @@ the process's stderr taken for the parse (see ead_cli/shared_stderr.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -249,3 +250,44 @@ def test_json_mode_takes_the_blank_between_tokens_that_llama_cpps_converter_take
     ]
     assert [text for text in taken if not answers(runner, grammar, text)] == []
     assert [text for text in refused if answers(runner, grammar, text)] == []
+
+
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "tags"],
+    "additionalProperties": {"type": "string"},
+}
+STRING_GRAMMARS = {**JSON_MODE_GRAMMARS, "a bounded string, other keys": json_schema_grammar(BOUNDED, "-j")}
+
+
+@pytest.mark.parametrize("grammar", STRING_GRAMMARS.values(), ids=STRING_GRAMMARS.keys())
+def test_json_mode_strings_hold_no_raw_control_character(runner: Runner, grammar: str | None) -> None:
+    """A JSON string holds a line break, a tab or any character below U+0020 only escaped: the schema's
+    strings (llama-cpp-python's converter's) took them raw, so an answer held to a schema, a tool call's
+    arguments among them, could be JSON no parser reads. Now every string, a value's, a key's or one of a
+    bounded length, is llama.cpp's: JSON's escapes taken but for \\/, and DEL refused, as there."""
+    assert grammar is not None
+    taken = [
+        '{"name": "A\\nl", "tags": ["\\t", "\\u001f"]}',
+        '{"name": "\\"\\\\", "tags": ["\\b\\f\\r"]}',
+    ]
+    refused = [
+        '{"name": "A\nl", "tags": []}',
+        '{"name": "Al", "tags": ["\t"]}',
+        '{"name": "A\x01", "tags": []}',
+        '{"name": "Al", "tags": [], "a\x1fb": "c"}',
+    ]
+    assert [json.loads(text)["name"] for text in taken] == ["A\nl", '"\\']
+    for text in refused:
+        with pytest.raises(json.JSONDecodeError, match="Invalid control character"):
+            json.loads(text)
+    assert [text for text in taken if not answers(runner, grammar, text)] == []
+    assert [
+        text
+        for text in [*refused, '{"name": "A\x7f", "tags": []}', '{"name": "\\/", "tags": []}']
+        if answers(runner, grammar, text)
+    ] == []

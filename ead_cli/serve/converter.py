@@ -22,6 +22,7 @@ from llama_cpp.llama_grammar import (
     JSON_GBNF,
     PRIMITIVE_RULES,
     RESERVED_NAMES,
+    BuiltinRule,
     SchemaConverter,
 )
 
@@ -46,6 +47,10 @@ LLAMA_CPP_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 # json_object's grammar: any object, llama.cpp's grammars/json.gbnf (its strings without raw control
 # characters, as llama-server's), between its tokens the blank above; ws is its last rule
 JSON_OBJECT_GRAMMAR = f"{JSON_GBNF.rpartition('ws ::=')[0]}ws ::= {LLAMA_CPP_SPACE}\n"
+# A character of a JSON string, as llama.cpp's converter and json.gbnf write one: no raw control character
+# (llama-cpp-python's converter took a raw line break, tab or NUL there, which a JSON parser refuses, and
+# "\\/", which they do not write)
+JSON_STRING_CHAR = BuiltinRule(r'[^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4})', [])
 
 
 # llama-cpp-python's converter spells out a schema's repetitions in the grammar: minLength 5 is five
@@ -170,6 +175,11 @@ class _Converter(SchemaConverter):  # type: ignore[misc]
         super().__init__(**options)
         self._ref_rules: dict[str, str] = {}  # each $ref's rule
         self._root_named = False  # whether the root's visit has begun: a property "" is visited as ""
+
+    def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
+        """A builtin rule, a string's character JSON's own (``JSON_STRING_CHAR``): every string the
+        converter writes (a value, a key, one of a bounded length) is made of it."""
+        return super()._add_primitive(name, JSON_STRING_CHAR if name == "char" else rule)
 
     def resolve_refs(self, schema: dict[str, Any], url: str) -> dict[str, Any]:
         """Each local $ref's target noted, wherever the $ref sits: the converter's own walk read no further
