@@ -593,7 +593,8 @@ class Decoder(_Generation):
         prompt_len = len(tokens)
         self._held, self._preview = [], None
         grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
-        vocab = self.runners[0].vocab if self.sampling.infill else None  # local, as for the grammars
+        needs_vocab = self.sampling.infill or self.sampling.mirostat == 1
+        vocab = self.runners[0].vocab if needs_vocab else None  # local, as for the grammars
         tags = self.thinking_tags if self.sampling.grammar is not None else None
         opening = None if self.sampling.grammar is None else self.sampling.grammar_opening
         # A block is drawn free, and an answer before its text opens the grammar as without the opening

@@ -25,7 +25,7 @@ from .prompt import context_size, given_template, override_template
 from .registry import is_remote
 from .remote import RemoteRunner, any_remote, connect, end_of_generation, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
-from .sampling import REMOTE_ROW, unknown_token
+from .sampling import MIROSTAT_NO_ROLLBACK, REMOTE_ROW, unknown_token
 from .smoke import check_models
 from .thinking import CLOSE, OPEN, BlockTags, ReasoningBudget, thinks
 from .user_models import is_user_model
@@ -246,6 +246,9 @@ def build_decoder(
         raise EadError(message, exit_code=2)
     if chain_only is not None and any_remote(runners):
         raise EadError(f"{chain_only} runs in a local model's chain: {REMOTE_ROW}", exit_code=2)
+    step = policy_options.takes_tokens_back()
+    if chain_only == "--mirostat" and step is not None:
+        raise EadError(f"--mirostat cannot go with {step}: {MIROSTAT_NO_ROLLBACK}", exit_code=2)
     if generation.ignore_eos:  # the models' end-of-generation ids are one set: the tokenizer check's
         sampling = replace(sampling, banned=tuple(sorted(end_of_generation(runners[0]))))
     try:
@@ -364,7 +367,8 @@ def unused_options(
             if model_options.cache_flags()[flag] != DEFAULT_CACHE_TYPE:
                 unused[flag] = mode
     if settled:
-        unused |= policy_options.unused(greedy=generation.sampling.temp == 0)
+        sampling = generation.sampling
+        unused |= policy_options.unused(greedy=sampling.temp == 0, mirostat=sampling.mirostat)
     given = set(policy_options.given)
     if not thinks(runners[0].chat_template):  # the smallest renders every prompt
         no_block = "a chat template without a thinking block"

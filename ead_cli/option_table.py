@@ -425,6 +425,30 @@ DECODING: tuple[DecodingOption, ...] = (
         target="sampling",
     ),
     DecodingOption(
+        "mirostat",
+        int,
+        0,
+        "llama.cpp's Mirostat sampling: 1 Mirostat, 2 Mirostat 2.0 (0: off). After the temperature, in "
+        "place of top-k, top-p, min-p, typical, top-n-sigma, XTC and the penalties, as in llama.cpp.",
+        target="sampling",
+    ),
+    DecodingOption(
+        "mirostat_ent",
+        float,
+        5.0,
+        "Mirostat's target entropy, its tau: the surprise per token, in bits, that it keeps the text near.",
+        target="sampling",
+        field="mirostat_tau",
+    ),
+    DecodingOption(
+        "mirostat_lr",
+        float,
+        0.1,
+        "Mirostat's learning rate, its eta.",
+        target="sampling",
+        field="mirostat_eta",
+    ),
+    DecodingOption(
         "seed", int, 0, "Sampling seed (same seed, same text).", target="sampling", llama_spellings=("-s",)
     ),
     DecodingOption(

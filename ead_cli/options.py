@@ -351,12 +351,12 @@ class PolicyOptions:
         }
         return {_FIELD_NAMES.get(name, name) for name in moved} | (set(self.given) & SWITCHING)
 
-    def unused(self, *, greedy: bool) -> dict[str, str]:
+    def unused(self, *, greedy: bool, mirostat: int = 0) -> dict[str, str]:
         """The options given by name that this run leaves unused (flag: what leaves it so), to be said,
         not refused (one command line serves every mode): a mode other than ead the switching ones, a
         policy the options only others read (the gate --min-run), any mode but spec
-        --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...), --lookup 0
-        --lookup-draft."""
+        --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...), ``mirostat`` (on)
+        those its chain runs in place of (--top-k, --repeat-penalty...), --lookup 0 --lookup-draft."""
         mode = self.named_mode()
         if self.mode == "ead":
             policy = f"--policy {self.policy}"
@@ -366,6 +366,10 @@ class PolicyOptions:
             unused = dict.fromkeys(SWITCHING, mode)
             if self.mode != "spec":
                 unused |= dict.fromkeys(("draft", "draft_entropy_stop"), mode)
+        if mirostat:
+            unused |= dict.fromkeys(_NOT_WITH_MIROSTAT, f"--mirostat {mirostat}")
+        else:
+            unused |= dict.fromkeys(("mirostat_ent", "mirostat_lr"), "--mirostat 0")
         if greedy:
             unused |= dict.fromkeys(_SAMPLERS, "--temp 0")
         if not self.lookup:
@@ -415,7 +419,16 @@ _FIELD_NAMES = {option.attribute: option.name for option in OPTIONS.values()}  #
 _SWITCHING_FIELDS = {OPTIONS[name].attribute for name in SWITCHING}
 # the samplers that shape a draw, which greedy decoding makes none (the penalties and the logit bias act
 # on the row before it, greedy or not)
-_SAMPLERS = ("top_k", "top_p", "min_p", "seed", "typical", "top_n_sigma", "xtc_probability", "xtc_threshold")
+_SAMPLERS = (
+    *("top_k", "top_p", "min_p", "seed", "typical", "top_n_sigma", "xtc_probability", "xtc_threshold"),
+    *("mirostat", "mirostat_ent", "mirostat_lr"),
+)
+# what Mirostat's chain (llama.cpp's) runs in place of: every sampler of the default chain but the draw,
+# and the penalties
+_NOT_WITH_MIROSTAT = (
+    *("top_k", "top_p", "min_p", "typical", "top_n_sigma", "xtc_probability", "xtc_threshold"),
+    *("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty"),
+)
 
 
 def _default_sampling() -> SamplingParams:

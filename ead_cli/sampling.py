@@ -26,7 +26,10 @@ class SamplingParams:
     """temp 0 is greedy; otherwise llama.cpp's default order: top-n-sigma, top-k, typical, top-p, min-p,
     XTC, then temperature, then a seeded draw (XTC's own draws seeded alike, as llama.cpp's); top-n-sigma
     (``top_n_sigma`` -1, or any value up to 0), typical (``typical_p`` 1) and XTC (``xtc_probability`` 0)
-    off by default, as llama.cpp's, and run by its chain alone (``chain_only``).
+    off by default, as llama.cpp's, and run by its chain alone (``chain_only``). ``mirostat`` 1 or 2
+    (llama.cpp's Mirostat, or Mirostat 2.0; 0 off): the temperature, then a draw that keeps the text's
+    surprise near ``mirostat_tau`` bits, learning at ``mirostat_eta``, in place of the rest of the chain
+    and of the penalties, as llama.cpp's chain has it (the logit bias stays); its chain's alone too.
     ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
     model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it.
     ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
@@ -69,6 +72,9 @@ class SamplingParams:
     xtc_threshold: float = 0.1
     banned: tuple[int, ...] = ()
     infill: bool = False
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     def __post_init__(self) -> None:
         if not 0 <= self.temp < math.inf:  # written so, NaN fails it too
@@ -90,6 +96,13 @@ class SamplingParams:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 flag = "--" + name.replace("_", "-")
                 raise EadError(f"{flag} must be in [0, 1], got {getattr(self, name)}", exit_code=2)
+        if self.mirostat not in MIROSTAT_VERSIONS:
+            message = f"--mirostat must be 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0), got {self.mirostat}"
+            raise EadError(message, exit_code=2)
+        for name, flag in (("mirostat_tau", "--mirostat-ent"), ("mirostat_eta", "--mirostat-lr")):
+            if not 0 <= getattr(self, name) < math.inf:
+                message = f"{flag} must be at least 0 and finite, got {getattr(self, name)}"
+                raise EadError(message, exit_code=2)
         if not 0 <= self.seed < 2**32 - 1:
             raise EadError(f"--seed must be in [0, 4294967294], got {self.seed}", exit_code=2)
         if not 0 < self.repeat_penalty < math.inf:
@@ -121,6 +134,7 @@ class SamplingParams:
         if self.temp == 0:
             return None
         on = {
+            "--mirostat": self.mirostat != 0,
             "--top-n-sigma": self.top_n_sigma > 0,
             "--typical": self.typical_p < 1.0,
             "--xtc-probability": self.xtc_probability > 0.0,
@@ -134,9 +148,9 @@ class SamplingParams:
 
     @property
     def _penalties_on(self) -> bool:
-        # llama_sampler_penalties_apply's own test of a no-op
+        # llama_sampler_penalties_apply's own test of a no-op; Mirostat's chain has no penalties sampler
         off = self.repeat_penalty == 1 and self.frequency_penalty == 0 and self.presence_penalty == 0
-        return self.repeat_last_n != 0 and not off
+        return self.repeat_last_n != 0 and not off and self.mirostat == 0
 
     def penalised(self, logits: np.ndarray, tokens: Sequence[int], end: int | None = None) -> np.ndarray:
         """The row llama.cpp's chain samples from after its logit-bias (``banned`` at -inf) and penalties
@@ -171,6 +185,9 @@ class SamplingParams:
         return row
 
 
+MIROSTAT_VERSIONS = (0, 1, 2)  # off, Mirostat, Mirostat 2.0: llama.cpp's --mirostat
+MIROSTAT_CANDIDATES = 100  # the tokens Mirostat 1 estimates the distribution's shape from, as llama.cpp's
+
 # repeat_last_n's -1: llama-server and llama-cli count the whole context (n_ctx tokens), which holds
 # every token before a row
 WHOLE_CONTEXT = -1
@@ -188,6 +205,8 @@ def unknown_token(ids: Iterable[int], n_vocab: int, where: str) -> str | None:
 
 
 REMOTE_ROW = "not with a llama-server model"
+# why Mirostat goes with no step that takes tokens back: each draw moves its target (llama.cpp's mu)
+MIROSTAT_NO_ROLLBACK = "Mirostat's running target cannot take a token back"
 INFILL_LOCAL = f"the infill sampler runs in a local model's chain: {REMOTE_ROW}"
 
 
@@ -218,8 +237,8 @@ class Sampler:
     """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits. With a
     grammar (``grammars``, the writing model's, needed), it comes first in the chain and every token
     sampled is accepted by it. The logit bias and the penalties are applied to the row before the chain
-    (``SamplingParams.penalised``), where llama.cpp's chain has them first. The infill sampler needs the
-    writing models' ``vocab`` (they share it)."""
+    (``SamplingParams.penalised``), where llama.cpp's chain has them first. The infill sampler and
+    Mirostat 1 (its vocabulary's size) need the writing models' ``vocab`` (they share it)."""
 
     def __init__(
         self,
@@ -246,6 +265,16 @@ class Sampler:
             add(self._chain, grammar)
         if params.temp == 0 and not params.infill:
             add(self._chain, llama_cpp.llama_sampler_init_greedy())
+        elif params.mirostat:  # llama.cpp's chain for it: the temperature, then Mirostat's own draw
+            add(self._chain, llama_cpp.llama_sampler_init_temp(params.temp))
+            tau, eta = params.mirostat_tau, params.mirostat_eta
+            if params.mirostat == 1:
+                assert vocab is not None, "Mirostat 1 needs the vocabulary's size"
+                n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+                mirostat = llama_cpp.llama_sampler_init_mirostat
+                add(self._chain, mirostat(n_vocab, params.seed, tau, eta, MIROSTAT_CANDIDATES))
+            else:
+                add(self._chain, llama_cpp.llama_sampler_init_mirostat_v2(params.seed, tau, eta))
         else:  # temp 0 with infill: llama.cpp's temperature keeps the likeliest token, then infill judges it
             if params.top_n_sigma > 0:  # llama.cpp's reads 0 or less as off
                 add(self._chain, llama_cpp.llama_sampler_init_top_n_sigma(params.top_n_sigma))

@@ -1,7 +1,8 @@
 """llama.cpp's samplers beyond the penalties: ``--ignore-eos`` (llama-cli's, llama-server's ``ignore_eos``),
-which bans every end-of-generation token with a logit bias of -inf, and locally typical sampling, top-n-sigma
-and XTC in llama.cpp's default chain order. ead's text, token for token, against llama.cpp's own sampler
-chain over the same tiny model, on the command line and over HTTP."""
+which bans every end-of-generation token with a logit bias of -inf, locally typical sampling, top-n-sigma
+and XTC in llama.cpp's default chain order, and Mirostat (1 and 2.0) in place of that chain. ead's text,
+token for token, against llama.cpp's own sampler chain over the same tiny model, on the command line and
+over HTTP."""
 
 from __future__ import annotations
 
@@ -49,12 +50,14 @@ def llama_cpp_tokens(
     typical: float = 1.0,
     top_n_sigma: float = -1.0,
     xtc: tuple[float, float] = (0.0, 0.1),
+    mirostat: tuple[int, float, float] = (0, 5.0, 0.1),
 ) -> tuple[list[int], str]:
     """llama.cpp's answer to ``prompt``, as common_sampler_init builds its chain: with ``ignore_eos``
     every end-of-generation token's logit bias -inf; then greedy, or its default order, every sampler in
     it (those off at llama.cpp's off values): top-n-sigma, top-k 40, typical, top-p 0.95, min-p 0.05,
     XTC (``xtc``: probability, threshold; seeded as the draw is), the temperature and a seeded draw
-    (ead's defaults); up to ``count`` tokens and their text."""
+    (ead's defaults); or, with ``mirostat`` (version, tau, eta) on, the temperature and Mirostat's draw
+    alone; up to ``count`` tokens and their text."""
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
     vocab = llm._model.vocab
     ends = [token for token in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
@@ -64,8 +67,15 @@ def llama_cpp_tokens(
     if ignore_eos:
         biases = (llama_cpp.llama_logit_bias * len(ends))(*((token, -math.inf) for token in ends))
         add(sampler, llama_cpp.llama_sampler_init_logit_bias(llm.n_vocab(), len(ends), biases))
+    version, tau, eta = mirostat
     if temp == 0:
         add(sampler, llama_cpp.llama_sampler_init_greedy())
+    elif version == 1:
+        add(sampler, llama_cpp.llama_sampler_init_temp(temp))
+        add(sampler, llama_cpp.llama_sampler_init_mirostat(llm.n_vocab(), seed, tau, eta, 100))
+    elif version == 2:
+        add(sampler, llama_cpp.llama_sampler_init_temp(temp))
+        add(sampler, llama_cpp.llama_sampler_init_mirostat_v2(seed, tau, eta))
     else:
         add(sampler, llama_cpp.llama_sampler_init_top_n_sigma(top_n_sigma))
         add(sampler, llama_cpp.llama_sampler_init_top_k(40))
@@ -201,12 +211,14 @@ CHAIN_SAMPLERS = [
     (["--typical", "0.5"], {"typical": 0.5}),
     (["--top-n-sigma", "0.5"], {"top_n_sigma": 0.5}),
     (["--xtc-probability", "0.9", "--xtc-threshold", "0.05"], {"xtc": (0.9, 0.05)}),
+    (["--mirostat", "2", "--mirostat-ent", "3"], {"mirostat": (2, 3.0, 0.1)}),
+    (["--mirostat", "1", "--mirostat-ent", "3", "--mirostat-lr", "0.5"], {"mirostat": (1, 3.0, 0.5)}),
 ]
 SAMPLED = ["--temp", "1.5", "--seed", "3"]
 
 
 @pytest.mark.parametrize(("flags", "chain"), CHAIN_SAMPLERS)
-def test_typical_top_n_sigma_and_xtc_draw_as_llama_cpps_chain_does(
+def test_typical_top_n_sigma_xtc_and_mirostat_draw_as_llama_cpps_chain_does(
     tiny_large: Path, flags: list[str], chain: dict
 ) -> None:
     """The same seed, the same draws as llama.cpp's default chain with the sampler on, and others than
@@ -230,6 +242,14 @@ def test_typical_top_n_sigma_and_xtc_draw_as_llama_cpps_chain_does(
         (["--xtc-probability", "1.5"], "--xtc-probability must be in [0, 1]"),
         (["--xtc-threshold", "-0.1"], "--xtc-threshold must be in [0, 1]"),
         (["--mode", "spec", "--temp", "1", "--typical", "0.5"], "--typical cannot go with --mode spec"),
+        (["--mirostat", "3"], "--mirostat must be 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0), got 3"),
+        (["--mirostat-ent", "nan"], "--mirostat-ent must be at least 0 and finite, got nan"),
+        (["--mirostat-lr", "-0.1"], "--mirostat-lr must be at least 0 and finite, got -0.1"),
+        (["--mode", "spec", "--temp", "1", "--mirostat", "2"], "--mirostat cannot go with --mode spec"),
+        (
+            ["--mode", "ead", "--verify", "0.5", "--temp", "1", "--mirostat", "2"],
+            "--mirostat cannot go with --verify: Mirostat's running target cannot take a token back",
+        ),
     ],
 )
 def test_a_bad_sampler_value_is_one_line(
@@ -244,6 +264,8 @@ SERVED_SAMPLERS = [
     ({"typical_p": 0.5}, {"typical": 0.5}),
     ({"top_n_sigma": 0.5}, {"top_n_sigma": 0.5}),
     ({"xtc_probability": 0.9, "xtc_threshold": 0.05}, {"xtc": (0.9, 0.05)}),
+    ({"mirostat": 2, "mirostat_tau": 3.0}, {"mirostat": (2, 3.0, 0.1)}),
+    ({"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.5}, {"mirostat": (1, 3.0, 0.5)}),
 ]
 
 
@@ -259,8 +281,9 @@ def sampling_server(
 def test_a_requests_samplers_draw_as_llama_cpps_chain_does(
     sampling_server: Server, tiny_pair: tuple[Path, Path], fields: dict, chain: dict
 ) -> None:
-    """llama-server's typical_p, top_n_sigma and xtc_* on /completion (its token ids) and /v1/completions
-    (the openai client's extra_body): llama.cpp's draws for the seed; the settings say them."""
+    """llama-server's typical_p, top_n_sigma, xtc_* and mirostat* on /completion (its token ids) and
+    /v1/completions (the openai client's extra_body): llama.cpp's draws for the seed; the settings say
+    them."""
     sampled = {"prompt": "hi", "n_predict": 24, "temperature": 1.5, "seed": 3, "return_tokens": True}
     native = httpx.post(f"{sampling_server.url}/completion", json={**sampled, **fields}, timeout=60).json()
     theirs = llama_cpp_tokens(tiny_pair[1], 24, 1.5, 3, ignore_eos=False, prompt="hi", **chain)[0]
@@ -278,6 +301,11 @@ def test_a_requests_samplers_draw_as_llama_cpps_chain_does(
         ({"xtc_probability": 1.5}, "xtc_probability"),
         ({"top_n_sigma": "1"}, "top_n_sigma"),
         ({"typical_p": 0.5, "ead": {"mode": "spec"}}, "typical_p"),
+        ({"mirostat": 3}, "mirostat"),
+        ({"mirostat": 2.0}, "mirostat"),
+        ({"mirostat_tau": -1}, "mirostat_tau"),
+        ({"mirostat": 2, "ead": {"mode": "spec"}}, "mirostat"),
+        ({"mirostat": 2, "ead": {"verify": 0.5}}, "mirostat"),
     ],
 )
 def test_a_bad_sampler_field_is_a_400_and_the_server_goes_on(
@@ -291,18 +319,41 @@ def test_a_bad_sampler_field_is_a_400_and_the_server_goes_on(
     assert httpx.post(f"{sampling_server.base_url}/completions", json=plain, timeout=60).status_code == 200
 
 
-def test_ollamas_typical_p_is_llama_servers(sampling_server: Server) -> None:
-    """ollama's options.typical_p, as the top-level field draws; out of its bounds, ollama's 400."""
-    options = {"temperature": 1.5, "seed": 3, "num_predict": 24, "typical_p": 0.5}
+@pytest.mark.parametrize(
+    ("fields", "bad"),
+    [({"typical_p": 0.5}, {"typical_p": 0}), ({"mirostat": 2, "mirostat_tau": 3.0}, {"mirostat": 3})],
+)
+def test_ollamas_sampler_options_are_llama_servers(sampling_server: Server, fields: dict, bad: dict) -> None:
+    """ollama's options.typical_p and mirostat*, as the top-level fields draw; out of their bounds,
+    ollama's 400 naming the option."""
+    options = {"temperature": 1.5, "seed": 3, "num_predict": 24, **fields}
     body = {"model": "ead", "prompt": "hi", "raw": True, "stream": False, "options": options}
     answer = httpx.post(f"{sampling_server.url}/api/generate", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
-    sampled = {"prompt": "hi", "n_predict": 24, "temperature": 1.5, "seed": 3, "typical_p": 0.5}
+    sampled = {"prompt": "hi", "n_predict": 24, "temperature": 1.5, "seed": 3, **fields}
     native = httpx.post(f"{sampling_server.url}/completion", json=sampled, timeout=60).json()
     assert answer.json()["response"] == native["content"]
-    options["typical_p"] = 0
+    plain = {"prompt": "hi", "n_predict": 24, "temperature": 1.5, "seed": 3}
+    assert (
+        native["content"]
+        != httpx.post(f"{sampling_server.url}/completion", json=plain, timeout=60).json()["content"]
+    )
+    body["options"] = options | bad
     refused = httpx.post(f"{sampling_server.url}/api/generate", json=body, timeout=60)
-    assert refused.status_code == 400 and "options.typical_p" in refused.json()["error"]
+    assert refused.status_code == 400 and f"options.{next(iter(bad))}" in refused.json()["error"]
+
+
+def test_mirostat_runs_in_place_of_the_penalties_as_llama_cpps_chain_does(tiny_large: Path) -> None:
+    """llama.cpp's Mirostat chain has no penalties sampler: --repeat-penalty and the rest change no draw
+    under it, and a note says that --mirostat leaves them unused; without it, they do change the draws."""
+    base = ["--small", str(tiny_large), "--large", str(tiny_large), "--threads", "1", "--mode", "large"]
+    base += ["--raw", "--max-tokens", "24", *SAMPLED]
+    mirostat = ["--mirostat", "2", "--mirostat-ent", "3"]
+    penalised = ["--repeat-penalty", "1.5", "--top-k", "2", "hi"]
+    assert ead_tokens(*base, *mirostat, *penalised) == ead_tokens(*base, *mirostat, "hi")
+    assert ead_tokens(*base, *penalised) != ead_tokens(*base, "hi")
+    said = ead("generate", *base, *mirostat, *penalised).stderr.decode()
+    assert "--mirostat 2 leaves --top-k, --repeat-penalty unused" in said
 
 
 def test_a_grammar_that_must_end_where_ignore_eos_bans_the_end_says_so(scripted: tuple[Path, Path]) -> None:

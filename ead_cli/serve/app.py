@@ -1211,6 +1211,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 param = CHAIN_ONLY_FIELDS[chain_only]
                 message = f"{param}: the sampler needs local models, and no speculative decoding"
                 raise ApiError(400, message, param=param, code="unsupported_parameter")
+            if chain_only == "--mirostat":
+                _without_rollbacks(policy, "mirostat", "Mirostat's running target goes with")
             stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
             generation = replace(
                 defaults.generation,

@@ -74,7 +74,6 @@ LLAMA_SERVER_ORDER = CHAIN_ORDERS[2]  # llama-server's default chain, the one ea
 NOT_RUN: dict[str, Any] = {
     "dynatemp_range": 0.0,
     "dry_multiplier": 0.0,
-    "mirostat": 0,
     "min_keep": 0,
 }
 UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given without one
@@ -215,6 +214,7 @@ def generation_settings(
         "frequency_penalty": float(sampling.frequency_penalty),
         "ignore_eos": generation.ignore_eos,
         **{name: float(getattr(sampling, name)) for name in LLAMA_SAMPLERS},
+        "mirostat": sampling.mirostat,  # an integer in llama-server's, over the float above
         "stop": list(generation.stop),
         "max_tokens": limit,
         "n_predict": limit,

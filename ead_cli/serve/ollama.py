@@ -48,12 +48,15 @@ from .schemas import (
     MAX_STOP_CHARS,
     MAX_STOPS,
     MAX_TOP_LOGPROBS,
+    MIROSTAT,
     PENALTIES,
     UNSUPPORTED,
     ApiError,
     ChatRequest,
     Fraction,
     MinP,
+    Mirostat,
+    MirostatRate,
     Penalty,
     Positive,
     RepeatLastN,
@@ -104,7 +107,7 @@ UNMANAGED = {
 class OllamaOptions(BaseModel):
     """``options``: those whose meaning is the OpenAI field's, with its bounds; the runtime's own
     (num_gpu, num_thread, use_mmap...) are ignored, as they do not change an answer; those that would
-    and that ead serve does not do (mirostat, typical_p...) go on to the OpenAI check, which refuses
+    and that ead serve does not do (dry_multiplier...) go on to the OpenAI check, which refuses
     any value but the one that means "off"."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
@@ -116,6 +119,9 @@ class OllamaOptions(BaseModel):
     top_p: Fraction | None = None
     min_p: MinP | None = None
     typical_p: TypicalP | None = None
+    mirostat: Mirostat | None = None
+    mirostat_tau: MirostatRate | None = None
+    mirostat_eta: MirostatRate | None = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None
     repeat_penalty: RepeatPenalty | None = None
     repeat_last_n: RepeatLastN | None = None  # -1: the whole context
@@ -353,7 +359,11 @@ OLLAMA_SPELLING = {
     "max_tokens": "options.num_predict",
     **{
         name: f"options.{name}"
-        for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop", *PENALTIES)
+        for name in (
+            *("temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop"),
+            *PENALTIES,
+            *MIROSTAT,
+        )
     },
     # those options passes on (a request's own fields, tools and suffix, keep their names)
     **{

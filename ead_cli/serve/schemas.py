@@ -163,6 +163,8 @@ EadOptions = create_model(
 TopK = _http_type(OPTIONS["top_k"])
 MinP = _http_type(OPTIONS["min_p"])
 TypicalP = Annotated[float, Field(gt=0, le=1)]  # 1: off
+Mirostat = Annotated[int, Field(ge=0, le=2)]  # 0: off, 1: Mirostat, 2: Mirostat 2.0
+MirostatRate = Annotated[float, Field(ge=0)]  # its tau (target entropy) and eta (learning rate)
 # The penalties, at a request's top level as OpenAI, llama-server and ollama's options spell them (llama.cpp
 # takes any repeat_penalty above 0; OpenAI bounds the other two to [-2, 2]), over the command line's.
 RepeatPenalty = Annotated[float, Field(gt=0)]
@@ -171,9 +173,11 @@ Penalty = _http_type(OPTIONS["presence_penalty"])
 PENALTIES = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
 # llama-server's fields of llama.cpp's samplers that ead's chain runs besides top-k, top-p and min-p, each a
 # SamplingParams field of the same name
-LLAMA_SAMPLERS = ("typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold")
+MIROSTAT = ("mirostat", "mirostat_tau", "mirostat_eta")
+LLAMA_SAMPLERS = ("typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", *MIROSTAT)
 # SamplingParams.chain_only's flags as these fields
 CHAIN_ONLY_FIELDS = {
+    "--mirostat": "mirostat",
     "--typical": "typical_p",
     "--top-n-sigma": "top_n_sigma",
     "--xtc-probability": "xtc_probability",
@@ -243,7 +247,7 @@ def runs_penalties(samplers: list[str] | str) -> bool:
 # Fields of OpenAI's API, and of llama-server's (its /completion options, which its OpenAI endpoints take
 # too), that would change the answer and that ead serve does not do, with the values that change nothing
 # (what clients send when they mean "off"): any other value is a 400, never silence. llama-server's fields
-# that only tune one of these (mirostat_tau and _eta, dry_base, dynatemp_exponent), or that
+# that only tune one of these (dry_base, dynatemp_exponent), or that
 # do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token, n_keep: ead never shifts
 # the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -260,7 +264,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,),
     "n_predict": (None, -1),  # llama-server's max_tokens; -1: no limit
     "n_cmpl": (None, 1),
-    "mirostat": (None, 0),
     "dynatemp_range": (None, 0),
     "dry_multiplier": (None, 0),
     "min_keep": (None, 0, 1),  # ead's chain keeps one token at least, as llama.cpp's does with 0
@@ -610,11 +613,15 @@ class CompletionBase(BaseModel):
     frequency_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None  # OpenAI's: token ids (as the object's keys) to biases
     ignore_eos: bool | None = None  # llama-server's: every end-of-generation token banned (--ignore-eos)
-    # llama-server's samplers of ead's chain, over the command line's --typical, --top-n-sigma, --xtc-*
+    # llama-server's samplers of ead's chain, over the command line's --typical, --top-n-sigma, --xtc-*,
+    # --mirostat*
     typical_p: TypicalP | None = None
     top_n_sigma: float | None = None  # 0 or less: off, as llama.cpp reads it
     xtc_probability: Fraction | None = None
     xtc_threshold: Fraction | None = None
+    mirostat: Mirostat | None = None  # in place of the rest of the chain and the penalties, as llama.cpp's
+    mirostat_tau: MirostatRate | None = None
+    mirostat_eta: MirostatRate | None = None
     n_indent: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None  # llama-server's code-completion
     t_max_predict_ms: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # stop rules (0, -1: off)
     return_progress: bool | None = None  # llama-server's: a streamed chunk per batch of the prompt read
