@@ -21,7 +21,7 @@ from .options import (
     PolicyOptions,
     answer_limit,
 )
-from .prompt import context_size, given_template, override_template
+from .prompt import chat_template, context_size, given_template, override_template, without_jinja
 from .registry import is_remote
 from .remote import RemoteRunner, any_remote, connect, end_of_generation, remote_label, server_address
 from .runner import Runner, check_memory, gpu_layers, gpu_offload_available, memory_available
@@ -60,7 +60,8 @@ def load_runners(
     ``local_only``: the command runs every model itself (bench replay and speed): a server's address is
     refused before any model loads. ``before_load``: told each role's file (None: a llama-server's) once
     they are found, before any loads or is checked by a child (the bench's results compare them)."""
-    template = given_template(options.chat_template, options.chat_template_file)  # refused before any loads
+    # refused before any loads
+    template = given_template(options.chat_template, options.chat_template_file, options.jinja)
     catalog = registry.load_catalog(options.models_file)
     refs = model_refs(options, catalog)
     if local_only:
@@ -137,6 +138,11 @@ def load_runners(
         check_tokenizers([(runner.label, runner.model) for runner in runners if runner.model is not None])
         if template is not None:
             override_template(runners, template)
+        elif not options.jinja:  # each local model's own, as llama.cpp's formatter recognises it
+            for runner in runners:
+                own = chat_template(runner) if isinstance(runner, Runner) else None
+                if own is not None:
+                    override_template([runner], without_jinja(own))
     except BaseException:
         close_all([runner for runner in runners if runner is not reuse])
         raise

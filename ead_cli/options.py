@@ -218,6 +218,9 @@ class ModelOptions:
     load_mode: str = "auto"  # llama-cli's --load-mode (load_mode_of: --no-mmap, --mlock)
     chat_template: str | None = None  # --chat-template: a builtin's name or a Jinja template (prompt.py)
     chat_template_file: Path | None = None  # --chat-template-file: a Jinja template's file
+    # llama-server's --jinja (its default and llama-cli's); --no-jinja: llama.cpp's own formatter writes
+    # the chats, as the builtin it recognises the template as (prompt.without_jinja)
+    jinja: bool = True
 
     def __post_init__(self) -> None:
         if self.chat_template is not None and self.chat_template_file is not None:
@@ -273,10 +276,13 @@ class ModelOptions:
 
     @property
     def template_given(self) -> str | None:
-        """The option that gives a chat template in place of the models' own, if one does."""
+        """The option that gives a chat template in place of the models' own, or the writer of their own
+        (--no-jinja), if one does."""
         if self.chat_template_file is not None:
             return "--chat-template-file"
-        return "--chat-template" if self.chat_template is not None else None
+        if self.chat_template is not None:
+            return "--chat-template"
+        return None if self.jinja else "--no-jinja"
 
 
 def tokens_taken_back_by(mode: str | None, verify: float | None, policy: str | None) -> str | None:

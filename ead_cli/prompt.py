@@ -17,7 +17,7 @@ from jinja2.sandbox import SecurityError
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from .errors import EadError, cut, quoted, shown_path
-from .model_info import builtin_rendering, builtin_templates
+from .model_info import builtin_rendering, builtin_templates, template_family
 from .paths import read_file_text, unreadable
 from .remote import RemoteRunner
 from .runner import Runner
@@ -140,10 +140,11 @@ class ChatTemplate(NamedTuple):
         return rendered
 
 
-def given_template(name: str | None, file: Path | None) -> ChatTemplate | None:
+def given_template(name: str | None, file: Path | None, jinja: bool = True) -> ChatTemplate | None:
     """The chat template given in place of the models' own, checked before any model loads: a builtin's
     name (llama-server's --chat-template; its choices listed where it is none), a value with Jinja's
-    markers (a template itself, as llama.cpp reads the option's value too), or a Jinja template's file;
+    markers (a template itself, as llama.cpp reads the option's value too), or a Jinja template's file,
+    which without ``jinja`` (--no-jinja) is the builtin llama.cpp recognises it as (``without_jinja``);
     rendered once, as llama.cpp's common_chat_verify_template does, so one that fails is refused at the
     start (exit 2), not at each prompt. None: neither given."""
     if file is not None:
@@ -164,11 +165,31 @@ def given_template(name: str | None, file: Path | None) -> ChatTemplate | None:
             f"{', '.join(builtin_templates())}, or give a Jinja template (--chat-template-file FILE)",
             exit_code=2,
         )
+    if not jinja:
+        template = without_jinja(template)
     try:
         template.render([{"role": "user", "content": "test"}])
     except EadError as error:
         raise EadError(str(error), exit_code=2) from None
     return template
+
+
+def without_jinja(template: ChatTemplate) -> ChatTemplate:
+    """The builtin formatter of llama.cpp that writes ``template``'s chats under --no-jinja, as llama-server
+    and llama-cli without Jinja do: the one it recognises the template as by its markers (its family,
+    named as ``ead models show`` names it), which takes no tools and no variables; one it recognises as
+    none is refused (exit 2)."""
+    if template.builtin:
+        return template
+    family = template_family(template.text)
+    if family in (None, "other"):
+        message = (
+            f"--no-jinja: llama.cpp's own formatters do not recognise {template.origin} "
+            "(leave out --no-jinja to render it with Jinja)"
+        )
+        raise EadError(message, exit_code=2)
+    name = family.split(" or ")[0]  # those named together write every turn alike
+    return ChatTemplate(name, f"{template.origin}, as llama.cpp's {name} formatter writes it", builtin=True)
 
 
 def chat_template(runner: Runner) -> ChatTemplate | None:

@@ -770,8 +770,9 @@ def test_a_chat_template_given_writes_every_prompt_and_parts_the_setup(
 ) -> None:
     """--chat-template NAME or --chat-template-file FILE writes every prompt of a bench, as generate's
     does, and is recorded (a builtin by its name, a Jinja template by its text's SHA-256, inline or from a
-    file alike): results under another are refused as another setup, before any model loads where they
-    record one. A bench without one records none, so earlier results stay its repeats."""
+    file alike), and so is the builtin --no-jinja writes the models' own with: results under another are
+    refused as another setup, before any model loads where they record one (--no-jinja's once they have
+    loaded). A bench without one records none, so earlier results stay its repeats."""
     pair = (tmp_path / tiny_pair[0].name, tmp_path / tiny_pair[1].name)
     for copy, original in zip(pair, tiny_pair, strict=True):
         shutil.copyfile(original, copy)
@@ -788,12 +789,22 @@ def test_a_chat_template_given_writes_every_prompt_and_parts_the_setup(
     assert "chat_template" not in config("own") and config("llama3")["chat_template"] == "llama3"
     assert config("bare")["chat_template"] == f"sha256:{hashlib.sha256(bare_text.encode()).hexdigest()}"
     assert bare[0]["prompt_tokens"] < own[0]["prompt_tokens"] != llama3[0]["prompt_tokens"]
+    builtin = run(humaneval_job(humaneval[:1], tmp_path / "no-jinja"), pair, jinja=False)
+    assert config("no-jinja")["chat_template"] == "chatml"  # the tiny models' own is ChatML
+    assert builtin[0]["prompt_tokens"] == own[0]["prompt_tokens"]
     plans: list[list[tuple[str, str]]] = []
     run(humaneval_job(humaneval[:1], tmp_path / "bare"), pair, plans, chat_template=bare_text)
     assert plans == [[]]  # the same template given inline: the same setup, nothing left to run
     kept = {folder: (tmp_path / folder / "results.jsonl").read_bytes() for folder in ("own", "llama3")}
-    refused = r"holds results of another setup \(differs in: --chat-template or --chat-template-file\)"
-    others = (("own", {"chat_template": "llama3"}), ("llama3", {"chat_template_file": bare_file}))
+    refused = (
+        r"holds results of another setup \(differs in: --chat-template, --chat-template-file or --no-jinja\)"
+    )
+    others = (
+        ("own", {"chat_template": "llama3"}),
+        ("llama3", {"chat_template_file": bare_file}),
+        ("own", {"jinja": False}),
+        ("no-jinja", {}),
+    )
     for folder, given in others:
         with pytest.raises(EadError, match=refused):
             run(humaneval_job(humaneval[:1], tmp_path / folder), pair, **given)

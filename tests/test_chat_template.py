@@ -15,7 +15,7 @@ from serve_process import Server
 from test_cli import EAD, assert_one_line_error, ead, pair_args
 from test_serve import CTX, TAU, serving
 from test_serve_tools import TOOLS, TOOLS_TEMPLATE, chat
-from tiny_models import THINKING_TEMPLATE
+from tiny_models import THINKING_TEMPLATE, write_tiny_model
 
 from ead_cli.runner import Runner
 
@@ -251,3 +251,70 @@ def test_thinking_follows_the_template_given(tiny_think_pair: tuple[Path, Path],
     thinking = ead(*args, "--chat-template-file", str(template_file(tmp_path, THINKING_TEMPLATE)))
     assert thinking.returncode == 0, thinking.stderr
     assert "--reasoning-budget" not in thinking.stderr.decode()
+
+
+# ChatML with a default system turn, as Qwen2.5's template writes one: Jinja writes it, llama.cpp's own
+# chatml formatter (which recognises the template by its markers) does not
+HELPFUL = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHATML_HI = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def helpful_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("helpful")
+    return (
+        write_tiny_model(folder / "small.gguf", seed=0, chat_template=HELPFUL),
+        write_tiny_model(folder / "large.gguf", seed=1, chat_template=HELPFUL),
+    )
+
+
+def test_no_jinja_writes_the_chats_as_llama_cpps_own_formatter(
+    helpful_pair: tuple[Path, Path], tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--no-jinja, as llama-server's: the models' own template, or one given, is written by the builtin
+    llama.cpp recognises it as (chatml, without the default system turn Jinja writes); --jinja is the
+    default."""
+    jinja = generated(helpful_pair)
+    assert generated(helpful_pair, "--jinja") == jinja
+    builtin = generated(helpful_pair, "--no-jinja")
+    assert builtin == generated(helpful_pair, "--chat-template", "chatml")
+    assert builtin[1] < jinja[1]  # the system turn left out
+    given = ["--chat-template-file", str(template_file(tmp_path, HELPFUL))]
+    assert generated(tiny_pair, *given, "--no-jinja") == generated(tiny_pair, "--chat-template", "chatml")
+    assert generated(tiny_pair, *given)[1] == jinja[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--chat-template", BARE],
+            "--no-jinja: llama.cpp's own formatters do not recognise --chat-template (leave out --no-jinja",
+        ),
+        (["--raw"], "--no-jinja gives a chat template, which --raw leaves out"),
+    ],
+)
+def test_no_jinja_refuses_what_llama_cpps_formatters_cannot_write(
+    tiny_pair: tuple[Path, Path], args: list[str], message: str
+) -> None:
+    result = ead("generate", *pair_args(tiny_pair), "--no-jinja", *args, PROMPT)
+    assert_one_line_error(result, 2, message)
+
+
+def test_serve_no_jinja_writes_every_chat_with_the_builtin(
+    helpful_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """ead serve --no-jinja: /apply-template and /props say the builtin; it writes no tools, so a request
+    with tools is refused by name, as under --chat-template chatml."""
+    hi = [{"role": "user", "content": "hi"}]
+    with serving([*pair_args(helpful_pair), *CTX, "--no-jinja"], tmp_path / "log") as server:
+        applied = httpx.post(f"{server.url}/apply-template", json={"messages": hi}, timeout=60)
+        assert applied.json()["prompt"] == CHATML_HI
+        assert httpx.get(f"{server.url}/props", timeout=60).json()["chat_template"] == "chatml"
+        refused = chat(server, messages=hi, tools=TOOLS)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "tools"

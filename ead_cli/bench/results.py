@@ -188,9 +188,13 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
         # compared where the stored config has one
-        "chat_template": template_id(given_template(models.chat_template, models.chat_template_file)),
+        "chat_template": template_id(
+            given_template(models.chat_template, models.chat_template_file, models.jinja)
+        ),
         "machine": machine_record(repack_choice(models.repack)),
     }
+    if config["chat_template"] is None and not models.jinja:  # the models' own builtin: known once loaded
+        del config["chat_template"]
     if models.n_ctx is not None and None not in files.values():
         config["n_ctx"] = padded_context(models.n_ctx)
     smallest = next(iter(files.values()))  # local (it tokenizes): the batches are its (config_record)
@@ -232,7 +236,7 @@ SETUP_NAMES = {
     "gpu_layers": "--n-gpu-layers",
     "cache_types": "the KV cache types: -ctk, -ctv, -ctkd or -ctvd",
     "flash_attn": "--flash-attn",
-    "chat_template": "--chat-template or --chat-template-file",
+    "chat_template": "--chat-template, --chat-template-file or --no-jinja",
     "machine": "the machine (its CPU, its cores, or --repack/--no-repack)",
 }
 

@@ -322,6 +322,14 @@ ChatTemplateFile = Annotated[
         parser=given_path,
     ),
 ]
+JinjaOpt = Annotated[
+    bool,
+    typer.Option(
+        "--jinja/--no-jinja",
+        help="Render chat templates with Jinja (the default, as llama-server's); --no-jinja: llama.cpp's "
+        "own formatter writes the chats, as the builtin it recognises the template as.",
+    ),
+]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text, or one JSON object per token.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print tokens, shares, FLOPs and seconds to stderr.")]
 HideThinking = Annotated[
@@ -399,7 +407,11 @@ def _model_options(served: bool) -> OptionGroup:
         ("remote_timeout", RemoteTimeout, DEFAULT_TIMEOUT_S),
         ("remote_api_key", RemoteApiKey, None),
     )
-    templates = (("chat_template", ChatTemplateOpt, None), ("chat_template_file", ChatTemplateFile, None))
+    templates = (
+        ("chat_template", ChatTemplateOpt, None),
+        ("chat_template_file", ChatTemplateFile, None),
+        ("jinja", JinjaOpt, True),
+    )
     return OptionGroup(
         "model_options",
         (
