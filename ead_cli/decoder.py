@@ -28,7 +28,7 @@ from .prompt import context_size
 from .remote import RemoteError
 from .response import Response
 from .runner import Runner, RunnerStats
-from .sampling import GrammarRefusal, Sampler, SamplingParams, probabilities
+from .sampling import DryPenalty, GrammarRefusal, Sampler, SamplingParams, probabilities
 from .text import TextStream
 from .thinking import BlockTags, Matcher, ReasoningBudget
 
@@ -572,6 +572,7 @@ class Decoder(_Generation):
         self._held: list[tuple[int, int, float, float, float | None]] = []  # unchecked _announce arguments
         self._preview: TextStream | None = None  # the text with the held tokens: finds stop strings early
         self._sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking | _GrammarOnOpening | None = None
+        self._dry: DryPenalty | None = None  # an answer's, where DRY is on
         self._reads_ahead = False  # a runner launches reads ahead (a GPU): see _observe
         self._unmeasured: tuple[EntropyMeter, float] | None = None  # an exact pass left for after a launch
         self.fallback = fallback
@@ -595,6 +596,8 @@ class Decoder(_Generation):
         grammars = self.runners[0].grammars if self.sampling.grammar is not None else None  # it is local
         needs_vocab = self.sampling.infill or self.sampling.mirostat == 1
         vocab = self.runners[0].vocab if needs_vocab else None  # local, as for the grammars
+        dry = DryPenalty(self.sampling, self.runners[0].vocab, self.n_ctx) if self.sampling.dry_on else None
+        self._dry = dry
         tags = self.thinking_tags if self.sampling.grammar is not None else None
         opening = None if self.sampling.grammar is None else self.sampling.grammar_opening
         # A block is drawn free, and an answer before its text opens the grammar as without the opening
@@ -611,7 +614,7 @@ class Decoder(_Generation):
             return _GrammarOnOpening(
                 unopened,
                 lambda written: Sampler(
-                    replace(self.sampling, grammar_start=written, grammar_trigger=None), grammars, vocab
+                    replace(self.sampling, grammar_start=written, grammar_trigger=None), grammars, vocab, dry
                 ),
                 opening,
                 start,
@@ -622,8 +625,8 @@ class Decoder(_Generation):
             """What draws a thinking model's answer from its block's end on, ``start`` its first tokens
             (a prefill's): the grammar, or, where an opening binds it, a sampler that stacks it."""
             if opening is None:
-                return Sampler(replace(self.sampling, grammar_start=start), grammars, vocab)
-            return on_opening(Sampler(until_opened(start), grammars, vocab), start)
+                return Sampler(replace(self.sampling, grammar_start=start), grammars, vocab, dry)
+            return on_opening(Sampler(until_opened(start), grammars, vocab, dry), start)
 
         if tags is not None:
             first = free  # the block's
@@ -632,7 +635,11 @@ class Decoder(_Generation):
         else:
             first = self.sampling
         sampler: Sampler | _BudgetedSampler | _GrammarAfterThinking | _GrammarOnOpening
-        sampler = Sampler(first, grammars, vocab)
+        try:
+            sampler = Sampler(first, grammars, vocab, dry)
+        except BaseException:
+            self._close_dry()  # a grammar's refusal of the answer's start
+            raise
         if self.reasoning_budget is not None:
             self.reasoning_budget.begin(tokens)
             sampler = _BudgetedSampler(sampler, self.reasoning_budget)
@@ -663,6 +670,12 @@ class Decoder(_Generation):
                     runner.drop_guess()
             self._end()
             sampler.close()
+            self._close_dry()
+
+    def _close_dry(self) -> None:
+        if self._dry is not None:
+            self._dry.close()
+            self._dry = None
 
     def _loop(self, prompt_len: int) -> Iterator[TokenEvent]:
         """The steps: evaluate, observe, choose the writer, sample, show or hold."""
@@ -857,7 +870,7 @@ class Decoder(_Generation):
             rows = checker.verify(tokens[:end], prompt_len=self._prompt_len, rows=end - start)
             for i in range(min(end - start, end_of_text - 1 - start)):  # the last row predicts a new token
                 position = start + i + 1
-                row = self.sampling.penalised(rows[i], tokens, position)  # as a step there would see it
+                row = self.sampling.penalised(rows[i], tokens, position, self._dry)  # as a step would see it
                 self._checked += 1
                 if row[tokens[position]] - row.max() >= self._log_ratio:
                     continue

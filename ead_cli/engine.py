@@ -373,8 +373,7 @@ def unused_options(
             if model_options.cache_flags()[flag] != DEFAULT_CACHE_TYPE:
                 unused[flag] = mode
     if settled:
-        sampling = generation.sampling
-        unused |= policy_options.unused(greedy=sampling.temp == 0, mirostat=sampling.mirostat)
+        unused |= policy_options.unused(generation.sampling)
     given = set(policy_options.given)
     if not thinks(runners[0].chat_template):  # the smallest renders every prompt
         no_block = "a chat template without a thinking block"

@@ -29,6 +29,7 @@ from .policies import (
     defaults_by_policy,
     parse_tau,
 )
+from .text import process_escapes
 from .thinking import REASONING_FORMATS
 
 # The mode of a run that names none and gives no switching option (docs/switching.md, "The default mode").
@@ -71,7 +72,9 @@ class DecodingOption:
     ``parse``: its value from text (the command line's strings, chat, the bench's lists), raising
     ValueError, said as ``what``; ``older``: spellings that still parse; ``llama_spellings``: llama.cpp's
     spellings of the same option (common/arg.cpp: ``-n``, ``--n-predict``), which its users type from
-    habit, on the command line only; ``ollama_parameter``: ollama's name of the same parameter (a
+    habit, on the command line only; ``clear``: a repeatable option's value that drops those given
+    before it (llama-cli's ``none``); ``whole``: its text parsed with its blanks (a DRY breaker may be
+    one), not stripped; ``ollama_parameter``: ollama's name of the same parameter (a
     Modelfile's PARAMETER), so chat takes ``/set parameter NAME VALUE`` as its command; ``metavar``: its
     value in help where its type's word (``placeholder``) says too little; ``sweep``: the bench's help for
     its list, ``bench_default`` the list when not given if not ``default``."""
@@ -94,6 +97,8 @@ class DecodingOption:
     llama_spellings: tuple[str, ...] = ()
     ollama_parameter: str = ""
     repeatable: bool = False
+    clear: str = ""
+    whole: bool = False
     metavar: str | None = None
     sweep: str = ""
     bench_default: str | None = None
@@ -133,7 +138,7 @@ class DecodingOption:
         one-line usage error that names it."""
         where = where or self.flag
         try:
-            return self._parse(text.strip())
+            return self._parse(text if self.whole else text.strip())
         except ValueError:
             verb = "takes" if where.startswith("/") else "must be"
             message = f"{where} {verb} {self.what or self._what()}, got {quoted(text)}"
@@ -447,6 +452,49 @@ DECODING: tuple[DecodingOption, ...] = (
         "Mirostat's learning rate, its eta.",
         target="sampling",
         field="mirostat_eta",
+    ),
+    DecodingOption(
+        "dry_multiplier",
+        float,
+        0.0,
+        "llama.cpp's DRY (don't repeat yourself), after the penalties, greedy or not: a token that would "
+        "extend text repeated from the last --dry-penalty-last-n tokens (prompt included) past "
+        "--dry-allowed-length tokens loses X times --dry-base to the power of the excess (0: off).",
+        target="sampling",
+    ),
+    DecodingOption(
+        "dry_base", float, 1.75, "DRY's base: its penalty's growth per token (1 or more).", target="sampling"
+    ),
+    DecodingOption(
+        "dry_allowed_length",
+        int,
+        2,
+        "DRY: the length of repeated text that goes unpenalised.",
+        target="sampling",
+        minimum=0,
+    ),
+    DecodingOption(
+        "dry_penalty_last_n",
+        int,
+        64,
+        "DRY: how many of the last tokens it looks for repeats in (0: off).",
+        target="sampling",
+        minimum=0,
+    ),
+    DecodingOption(
+        "dry_sequence_breaker",
+        str,
+        ("\n", ":", '"', "*"),
+        "DRY: a string that ends repeated text (repeatable; given, in place of the defaults: newline, "
+        "colon, quote, asterisk; 'none': no breakers). llama-cli's escapes processed (\\n, \\t, \\xHH...).",
+        target="sampling",
+        field="dry_sequence_breakers",
+        parse=process_escapes,
+        what="a string",
+        repeatable=True,
+        clear="none",
+        whole=True,
+        metavar="STRING",
     ),
     DecodingOption(
         "seed", int, 0, "Sampling seed (same seed, same text).", target="sampling", llama_spellings=("-s",)

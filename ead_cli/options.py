@@ -357,12 +357,13 @@ class PolicyOptions:
         }
         return {_FIELD_NAMES.get(name, name) for name in moved} | (set(self.given) & SWITCHING)
 
-    def unused(self, *, greedy: bool, mirostat: int = 0) -> dict[str, str]:
+    def unused(self, sampling: SamplingParams) -> dict[str, str]:
         """The options given by name that this run leaves unused (flag: what leaves it so), to be said,
         not refused (one command line serves every mode): a mode other than ead the switching ones, a
         policy the options only others read (the gate --min-run), any mode but spec
-        --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...), ``mirostat`` (on)
-        those its chain runs in place of (--top-k, --repeat-penalty...), --lookup 0 --lookup-draft."""
+        --draft-entropy-stop, greedy decoding the sampling ones (--top-p, --seed...), Mirostat those its
+        chain runs in place of (--top-k, --repeat-penalty, --dry-multiplier...), --dry-multiplier 0
+        DRY's others, --lookup 0 --lookup-draft."""
         mode = self.named_mode()
         if self.mode == "ead":
             policy = f"--policy {self.policy}"
@@ -372,11 +373,13 @@ class PolicyOptions:
             unused = dict.fromkeys(SWITCHING, mode)
             if self.mode != "spec":
                 unused |= dict.fromkeys(("draft", "draft_entropy_stop"), mode)
-        if mirostat:
-            unused |= dict.fromkeys(_NOT_WITH_MIROSTAT, f"--mirostat {mirostat}")
+        if sampling.mirostat:
+            unused |= dict.fromkeys(_NOT_WITH_MIROSTAT, f"--mirostat {sampling.mirostat}")
         else:
             unused |= dict.fromkeys(("mirostat_ent", "mirostat_lr"), "--mirostat 0")
-        if greedy:
+            if sampling.dry_multiplier == 0:
+                unused |= dict.fromkeys(_DRY[1:], "--dry-multiplier 0")
+        if sampling.temp == 0:
             unused |= dict.fromkeys(_SAMPLERS, "--temp 0")
         if not self.lookup:
             unused["lookup_draft"] = "--lookup 0"
@@ -429,11 +432,14 @@ _SAMPLERS = (
     *("top_k", "top_p", "min_p", "seed", "typical", "top_n_sigma", "xtc_probability", "xtc_threshold"),
     *("mirostat", "mirostat_ent", "mirostat_lr"),
 )
+# DRY's options, its multiplier (0: off) first
+_DRY = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breaker")
 # what Mirostat's chain (llama.cpp's) runs in place of: every sampler of the default chain but the draw,
-# and the penalties
+# the penalties and DRY
 _NOT_WITH_MIROSTAT = (
     *("top_k", "top_p", "min_p", "typical", "top_n_sigma", "xtc_probability", "xtc_threshold"),
     *("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty"),
+    *_DRY,
 )
 
 

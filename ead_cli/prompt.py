@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import string
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -53,51 +52,6 @@ def check_text(text: str, what: str) -> None:
     except UnicodeEncodeError as error:
         byte = len(text[: error.start].encode("utf-8"))
         raise EadError(f"{what} is not valid UTF-8 (byte {byte})", exit_code=2) from None
-
-
-# llama.cpp's string_process_escapes (common/common.cpp): the escapes llama-cli's -e/--escape turns into
-# what they stand for in a prompt and a reverse prompt given on its command line
-SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
-STRTOL_BLANKS = " \t\n\v\f\r"  # what strtol skips before a number
-
-
-def process_escapes(text: str) -> str:
-    """``text`` with llama-cli's escapes processed, so a prompt or a stop string typed as llama.cpp's users
-    type them (``-p 'a\\nb'``, ``-r '\\n'``) means what it means there. ``\\xHH`` is a byte, which makes a
-    character with those beside it (``\\xc3\\xa9``: é) or stays one that is no UTF-8, kept as Python keeps
-    an argument's bytes (surrogateescape) for ``check_text`` to refuse; an escape llama.cpp does not know,
-    and a backslash that ends the text, stay as they are."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        char = text[i]
-        if char != "\\" or i + 1 == len(text):
-            out.append(char)
-            i += 1
-            continue
-        escaped = text[i + 1]
-        byte = _hex_byte(text[i + 2 : i + 4]) if escaped == "x" else None
-        if escaped in SIMPLE_ESCAPES:
-            out.append(SIMPLE_ESCAPES[escaped])
-        elif byte is not None:
-            out.append(chr(byte) if byte < 0x80 else chr(0xDC00 + byte))  # surrogateescape's byte
-            i += 2
-        else:
-            out.append(char + escaped)
-        i += 2
-    return "".join(out).encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
-
-
-def _hex_byte(digits: str) -> int | None:
-    """The byte ``\\x`` takes from the two characters after it as llama.cpp reads them, with strtol in base
-    16, which must use both: two hex digits, or one after a blank it skips or a sign (``-1`` is 0xff)."""
-    if len(digits) != 2 or digits[1] not in string.hexdigits:
-        return None
-    if digits[0] in string.hexdigits:
-        return int(digits, 16)
-    if digits[0] in STRTOL_BLANKS + "+":
-        return int(digits[1], 16)
-    return -int(digits[1], 16) & 0xFF if digits[0] == "-" else None
 
 
 class ChatTemplate(NamedTuple):

@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 
 from . import shared_stderr
-from .errors import EadError, check_int32, cut
+from .errors import EadError, check_int32, cut, quoted
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,12 @@ class SamplingParams:
     (llama.cpp's Mirostat, or Mirostat 2.0; 0 off): the temperature, then a draw that keeps the text's
     surprise near ``mirostat_tau`` bits, learning at ``mirostat_eta``, in place of the rest of the chain
     and of the penalties, as llama.cpp's chain has it (the logit bias stays); its chain's alone too.
+    ``dry_multiplier`` (0: off): llama.cpp's DRY ("don't repeat yourself"), after the penalties: a token
+    that would extend a run of text repeated from the last ``dry_penalty_last_n`` tokens (the prompt's
+    included) by more than ``dry_allowed_length`` tokens loses ``dry_multiplier x dry_base ^ (run -
+    allowed)`` from its logit; a run stops at any of ``dry_sequence_breakers`` (llama.cpp's defaults:
+    newline, colon, quote, asterisk). Greedy or not, as llama.cpp's chain has it before the temperature;
+    its sampler alone computes it (``chain_only``), not with Mirostat (whose chain has none).
     ``grammar``: a GBNF grammar (root rule ``root``) every token must keep the text within, whichever
     model writes it (ead serve's JSON mode); it cannot take a token back, so no rollbacks with it.
     ``grammar_start``: tokens of the text that the prompt already holds (an assistant prefill), which the
@@ -75,6 +81,11 @@ class SamplingParams:
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
 
     def __post_init__(self) -> None:
         if not 0 <= self.temp < math.inf:  # written so, NaN fails it too
@@ -103,6 +114,7 @@ class SamplingParams:
             if not 0 <= getattr(self, name) < math.inf:
                 message = f"{flag} must be at least 0 and finite, got {getattr(self, name)}"
                 raise EadError(message, exit_code=2)
+        self._check_dry()
         if not 0 <= self.seed < 2**32 - 1:
             raise EadError(f"--seed must be in [0, 4294967294], got {self.seed}", exit_code=2)
         if not 0 < self.repeat_penalty < math.inf:
@@ -126,11 +138,42 @@ class SamplingParams:
                     message += f" (llama-cli's ban: -{MAX_LOGIT_BIAS:g} all but bans it here)"
                 raise EadError(message, exit_code=2)
 
+    def _check_dry(self) -> None:
+        if not 0 <= self.dry_multiplier < math.inf:
+            message = f"--dry-multiplier must be at least 0 and finite (0: off), got {self.dry_multiplier}"
+            raise EadError(message, exit_code=2)
+        if not 1 <= self.dry_base < math.inf:
+            raise EadError(f"--dry-base must be at least 1 and finite, got {self.dry_base}", exit_code=2)
+        for name in ("dry_allowed_length", "dry_penalty_last_n"):
+            flag = "--" + name.replace("_", "-")
+            if getattr(self, name) < 0:
+                raise EadError(f"{flag} must be at least 0, got {getattr(self, name)}", exit_code=2)
+            check_int32(getattr(self, name), flag)
+        if len(self.dry_sequence_breakers) > MAX_DRY_BREAKERS:
+            count = len(self.dry_sequence_breakers)
+            message = f"--dry-sequence-breaker: at most {MAX_DRY_BREAKERS} breakers, got {count}"
+            raise EadError(message, exit_code=2)
+        for breaker in self.dry_sequence_breakers:
+            size = len(breaker.encode("utf-8", "surrogateescape"))
+            if not 0 < size <= MAX_DRY_BREAKER_BYTES:
+                limit = f"1 to {MAX_DRY_BREAKER_BYTES} bytes (llama.cpp's limit)"
+                message = f"--dry-sequence-breaker must be {limit}, got {quoted(breaker)}"
+                raise EadError(message, exit_code=2)
+
+    @property
+    def dry_on(self) -> bool:
+        """Whether DRY changes a row: llama_sampler_init_dry's own test of a no-op (its base is at least
+        1 here), and not under Mirostat, whose chain has no DRY sampler."""
+        return self.dry_multiplier != 0 and self.dry_penalty_last_n != 0 and self.mirostat == 0
+
     @property
     def chain_only(self) -> str | None:
         """The flag of the first sampler on that llama.cpp's chain alone runs, where a draw is made: not
         ``probabilities`` (speculative decoding's distribution: XTC's cut is itself a draw), nor a
-        llama-server model's row (its top tokens alone); None where none is on."""
+        llama-server model's row (its top tokens alone); None where none is on. DRY's at any temperature:
+        llama.cpp's sampler computes its penalty, with the local models' vocabulary."""
+        if self.dry_on:
+            return "--dry-multiplier"
         if self.temp == 0:
             return None
         on = {
@@ -152,25 +195,30 @@ class SamplingParams:
         off = self.repeat_penalty == 1 and self.frequency_penalty == 0 and self.presence_penalty == 0
         return self.repeat_last_n != 0 and not off and self.mirostat == 0
 
-    def penalised(self, logits: np.ndarray, tokens: Sequence[int], end: int | None = None) -> np.ndarray:
-        """The row llama.cpp's chain samples from after its logit-bias (``banned`` at -inf) and penalties
-        samplers, for the position after ``tokens[:end]`` (all of them if ``end`` is None): the prompt's
-        tokens count, as llama-server and llama-cli accept the prompt into the chain before the first
-        draw. A copy, in
-        float32 as llama.cpp computes it (so a greedy choice is the same token); ``logits`` itself where
-        nothing is penalised.
+    def penalised(
+        self,
+        logits: np.ndarray,
+        tokens: Sequence[int],
+        end: int | None = None,
+        dry: DryPenalty | None = None,
+    ) -> np.ndarray:
+        """The row llama.cpp's chain samples from after its logit-bias (``banned`` at -inf), penalties
+        and DRY (``dry``, where it is on) samplers, for the position after ``tokens[:end]`` (all of them
+        if ``end`` is None): the prompt's tokens count, as llama-server and llama-cli accept the prompt
+        into the chain before the first draw. A copy, in float32 as llama.cpp computes it (so a greedy
+        choice is the same token); ``logits`` itself where nothing is penalised.
 
         Of each token that occurs ``count`` times in the window, a logit above 0 is divided by
         ``repeat_penalty`` and one at or below 0 multiplied, then ``count x frequency_penalty +
         presence_penalty`` is subtracted (llama_sampler_penalties_apply). Stateless: the window is read
         from the tokens before the row, so a row of a verified draft is judged with the draft before it,
         and a rollback leaves nothing to undo."""
-        if not self.penalises:
-            return logits
-        row = np.array(logits, dtype=np.float32)
-        for token, bias in self.logit_bias:
-            row[token] += np.float32(bias)
-        row[list(self.banned)] = -np.inf
+        row = logits
+        if self.penalises:
+            row = np.array(logits, dtype=np.float32)
+            for token, bias in self.logit_bias:
+                row[token] += np.float32(bias)
+            row[list(self.banned)] = -np.inf
         if self._penalties_on:
             end = len(tokens) if end is None else end
             start = 0 if self.repeat_last_n == WHOLE_CONTEXT else max(0, end - self.repeat_last_n)
@@ -182,9 +230,66 @@ class SamplingParams:
                 self.presence_penalty
             )
             row[ids] = found
-        return row
+        return row if dry is None else dry.penalised(row, tokens, end)
 
 
+class DryPenalty:
+    """llama.cpp's DRY sampler (``SamplingParams.dry_multiplier``) over rows of ead's own, as a function
+    of the tokens before each row: the window it keeps (the last ``dry_penalty_last_n`` tokens, a ring in
+    llama.cpp) is brought to those tokens first, by the one token the text grew by, else refilled (a
+    rollback, a check of held tokens), so a row of a verified draft is judged with the draft before it
+    and nothing needs undoing. One per answer, shared by every model (they share the ``vocab`` whose
+    tokens' texts its sequence breakers are found in); ``context``: the most tokens a window can hold."""
+
+    def __init__(self, params: SamplingParams, vocab: llama_cpp.llama_vocab_p, context: int) -> None:
+        breakers = [breaker.encode("utf-8", "surrogateescape") for breaker in params.dry_sequence_breakers]
+        texts = (ctypes.c_char_p * len(breakers))(*breakers)
+        # no longer than the context: llama.cpp allocates the whole window when the sampler starts
+        self._window = min(params.dry_penalty_last_n, context)
+        self._sampler = llama_cpp.llama_sampler_init_dry(
+            vocab,
+            params.dry_multiplier,
+            params.dry_base,
+            params.dry_allowed_length,
+            self._window,
+            texts,
+            len(breakers),
+        )
+        self._held: list[int] = []
+        self._candidates = np.empty(0, CANDIDATE)
+
+    def penalised(self, row: np.ndarray, tokens: Sequence[int], end: int | None = None) -> np.ndarray:
+        """``row`` (after the bias and the penalties) with DRY's penalties, for the position after
+        ``tokens[:end]``; a float32 copy."""
+        end = len(tokens) if end is None else end
+        window = list(tokens[max(0, end - self._window) : end])
+        if window != self._held:
+            if window and (self._held + window[-1:])[-self._window :] == window:
+                llama_cpp.llama_sampler_accept(self._sampler, window[-1])
+            else:
+                llama_cpp.llama_sampler_reset(self._sampler)
+                for token in window:
+                    llama_cpp.llama_sampler_accept(self._sampler, token)
+            self._held = window
+        if len(self._candidates) != len(row):
+            self._candidates = np.empty(len(row), CANDIDATE)
+            self._candidates["id"] = np.arange(len(row))
+        candidates = self._candidates
+        candidates["logit"] = row
+        candidates["p"] = 0.0
+        data = candidates.ctypes.data_as(llama_cpp.llama_token_data_p)
+        array = llama_cpp.llama_token_data_array(data=data, size=len(row), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._sampler, ctypes.byref(array))  # in place, in the same order
+        return candidates["logit"].copy()
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+
+MAX_DRY_BREAKERS = 64  # each is matched against every token's text once, when a sampler starts
+MAX_DRY_BREAKER_BYTES = 40  # llama.cpp cuts a longer one to its first 40 bytes: refused here, not cut
 MIROSTAT_VERSIONS = (0, 1, 2)  # off, Mirostat, Mirostat 2.0: llama.cpp's --mirostat
 MIROSTAT_CANDIDATES = 100  # the tokens Mirostat 1 estimates the distribution's shape from, as llama.cpp's
 
@@ -237,20 +342,25 @@ class Sampler:
     """A llama.cpp sampler chain; ``sample(ctx)`` draws from that context's last row of logits. With a
     grammar (``grammars``, the writing model's, needed), it comes first in the chain and every token
     sampled is accepted by it. The logit bias and the penalties are applied to the row before the chain
-    (``SamplingParams.penalised``), where llama.cpp's chain has them first. The infill sampler and
-    Mirostat 1 (its vocabulary's size) need the writing models' ``vocab`` (they share it)."""
+    (``SamplingParams.penalised``), where llama.cpp's chain has them first, and DRY after them (``dry``,
+    the answer's, needed where it is on). The infill sampler and Mirostat 1 (its vocabulary's size) need
+    the writing models' ``vocab`` (they share it)."""
 
     def __init__(
         self,
         params: SamplingParams,
         grammars: ParsedGrammars | None = None,
         vocab: llama_cpp.llama_vocab_p | None = None,
+        dry: DryPenalty | None = None,
     ) -> None:
         if params.infill and vocab is None:
             raise EadError(INFILL_LOCAL)
+        if params.dry_on and dry is None:
+            raise EadError(f"--dry-multiplier runs in a local model's chain: {REMOTE_ROW}")
         self._argmax = params.temp == 0 and params.grammar is None and not params.infill
-        self._greedy = self._argmax and not params.penalises
+        self._greedy = self._argmax and not params.penalises and dry is None
         self._params = params
+        self._dry = dry
         self._rng = np.random.default_rng(params.seed)
         grammar = None
         if params.grammar is not None:
@@ -313,7 +423,7 @@ class Sampler:
         """
         if self._greedy:
             return int(logits.argmax())  # the method: np.argmax's dispatch costs ~2 us a token
-        row = self._params.penalised(logits, tokens)
+        row = self._params.penalised(logits, tokens, dry=self._dry)
         if self._argmax:
             return int(row.argmax())  # greedy over the penalised row
         if ctx is None:

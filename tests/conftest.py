@@ -96,3 +96,18 @@ def runners(tiny_pair: tuple[Path, Path]) -> Iterator[list[Runner]]:
     yield pair
     for runner in pair:
         runner.close()
+
+
+@pytest.fixture
+def fresh(tiny_pair: tuple[Path, Path]) -> Iterator:
+    """Runners with cold caches, one pair per run compared (the penalties' and DRY's tests)."""
+    opened: list[list[Runner]] = []
+
+    def open_one(paths: tuple[Path, Path] = tiny_pair) -> list[Runner]:
+        opened.append(open_pair(paths))
+        return opened[-1]
+
+    yield open_one
+    for runners in opened:
+        for runner in runners:
+            runner.close()

@@ -19,7 +19,6 @@ import pytest
 from serve_process import Server
 from test_cli import assert_one_line_error, ead, pair_args
 from test_serve import serving
-from tiny_models import open_pair
 
 from ead_cli.decoder import Decoder, SpeculativeDecoder
 from ead_cli.errors import EadError
@@ -38,9 +37,13 @@ REPEAT = SamplingParams(repeat_penalty=1.3)
 ALL = SamplingParams(repeat_penalty=1.3, repeat_last_n=16, frequency_penalty=0.5, presence_penalty=0.25)
 
 
-def chain(params: SamplingParams, n_vocab: int, prompt: Sequence[int]) -> llama_cpp.llama_sampler_p:
-    """llama.cpp's chain as common_sampler_init builds it: the logit bias, the penalties, then greedy or
-    top-k, top-p, min-p, temperature and a seeded draw; the prompt accepted, as llama-server's slot does."""
+def chain(
+    params: SamplingParams, vocab: llama_cpp.llama_vocab_p, prompt: Sequence[int]
+) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's chain as common_sampler_init builds it: the logit bias, the penalties, DRY (where
+    ``params`` turns it on), then greedy or top-k, top-p, min-p, temperature and a seeded draw; the prompt
+    accepted, as llama-server's slot does."""
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
     if params.logit_bias:
@@ -56,6 +59,8 @@ def chain(params: SamplingParams, n_vocab: int, prompt: Sequence[int]) -> llama_
             params.presence_penalty,
         ),
     )
+    if params.dry_on:
+        add(sampler, llama_dry(params, vocab))
     if params.temp == 0:
         add(sampler, llama_cpp.llama_sampler_init_greedy())
     else:
@@ -69,11 +74,19 @@ def chain(params: SamplingParams, n_vocab: int, prompt: Sequence[int]) -> llama_
     return sampler
 
 
+def llama_dry(params: SamplingParams, vocab: llama_cpp.llama_vocab_p) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's DRY sampler with ``params``' settings."""
+    breakers = [breaker.encode() for breaker in params.dry_sequence_breakers]
+    texts = (ctypes.c_char_p * len(breakers))(*breakers)
+    numbers = (params.dry_multiplier, params.dry_base, params.dry_allowed_length, params.dry_penalty_last_n)
+    return llama_cpp.llama_sampler_init_dry(vocab, *numbers, texts, len(breakers))
+
+
 def llama_cpp_text(paths: Sequence[Path], params: SamplingParams, prompt: list[int], writers: Sequence[int]):
     """llama.cpp's tokens for ``writers`` (the model that writes each step, an index into ``paths``):
     every model reads every token, each step's token drawn by one chain from the writer's row."""
     models = [llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=1, verbose=False) for path in paths]
-    sampler = chain(params, models[0].n_vocab(), prompt)
+    sampler = chain(params, models[0]._model.vocab, prompt)
     for model in models:
         model.eval(prompt)
     out: list[int] = []
@@ -90,23 +103,10 @@ def llama_cpp_text(paths: Sequence[Path], params: SamplingParams, prompt: list[i
     return out
 
 
-@pytest.fixture
-def fresh(tiny_pair: tuple[Path, Path]) -> Iterator:
-    """Runners with cold caches, one pair per run compared."""
-    opened: list[list[Runner]] = []
-
-    def open_one(paths: tuple[Path, Path] = tiny_pair) -> list[Runner]:
-        opened.append(open_pair(paths))
-        return opened[-1]
-
-    yield open_one
-    for runners in opened:
-        for runner in runners:
-            runner.close()
-
-
-def decoded(runners: list[Runner], policy: Policy, params: SamplingParams, **kwargs) -> tuple[Decoder, list]:
-    decoder = Decoder(runners, ("small", "large"), policy, params, max_tokens=COUNT, **kwargs)
+def decoded(
+    runners: list[Runner], policy: Policy, params: SamplingParams, count: int = COUNT, **kwargs
+) -> tuple[Decoder, list]:
+    decoder = Decoder(runners, ("small", "large"), policy, params, max_tokens=count, **kwargs)
     return decoder, list(decoder.run(encode_prompt(runners[0], PROMPT)))
 
 

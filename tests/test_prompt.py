@@ -20,9 +20,9 @@ from ead_cli.prompt import (
     encode_fitting,
     encode_rendered,
     fewest_tokens,
-    process_escapes,
 )
 from ead_cli.runner import Runner, TokenReach
+from ead_cli.text import process_escapes
 
 TEXTS = [
     "word " * 400,

@@ -17,8 +17,11 @@ import openai
 import pytest
 from serve_process import Server
 from test_cli import assert_one_line_error, ead
+from test_penalties import llama_dry
 from test_serve import serving
 from tiny_models import write_tiny_model
+
+from ead_cli.sampling import SamplingParams
 
 # A bigram model that writes "6*7 " after a newline, then ends its turn: it stops early where it may
 SCRIPT = ["Ċ", "6", "*", "7", "Ġ", "<|im_end|>"]
@@ -51,13 +54,15 @@ def llama_cpp_tokens(
     top_n_sigma: float = -1.0,
     xtc: tuple[float, float] = (0.0, 0.1),
     mirostat: tuple[int, float, float] = (0, 5.0, 0.1),
+    dry: SamplingParams | None = None,
 ) -> tuple[list[int], str]:
     """llama.cpp's answer to ``prompt``, as common_sampler_init builds its chain: with ``ignore_eos``
     every end-of-generation token's logit bias -inf; then greedy, or its default order, every sampler in
     it (those off at llama.cpp's off values): top-n-sigma, top-k 40, typical, top-p 0.95, min-p 0.05,
     XTC (``xtc``: probability, threshold; seeded as the draw is), the temperature and a seeded draw
     (ead's defaults); or, with ``mirostat`` (version, tau, eta) on, the temperature and Mirostat's draw
-    alone; up to ``count`` tokens and their text."""
+    alone; ``dry``: llama.cpp's DRY with its settings after the bias, greedy or not, the prompt accepted
+    into the chain first, as llama-server accepts it; up to ``count`` tokens and their text."""
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
     vocab = llm._model.vocab
     ends = [token for token in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
@@ -67,6 +72,8 @@ def llama_cpp_tokens(
     if ignore_eos:
         biases = (llama_cpp.llama_logit_bias * len(ends))(*((token, -math.inf) for token in ends))
         add(sampler, llama_cpp.llama_sampler_init_logit_bias(llm.n_vocab(), len(ends), biases))
+    if dry is not None:
+        add(sampler, llama_dry(dry, vocab))
     version, tau, eta = mirostat
     if temp == 0:
         add(sampler, llama_cpp.llama_sampler_init_greedy())
@@ -85,7 +92,10 @@ def llama_cpp_tokens(
         add(sampler, llama_cpp.llama_sampler_init_xtc(*xtc, 1, seed))
         add(sampler, llama_cpp.llama_sampler_init_temp(temp))
         add(sampler, llama_cpp.llama_sampler_init_dist(seed))
-    llm.eval(llm.tokenize(prompt.encode(), add_bos=False, special=True))
+    prompt_tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+    for token in prompt_tokens:
+        llama_cpp.llama_sampler_accept(sampler, token)
+    llm.eval(prompt_tokens)
     out: list[int] = []
     for _ in range(count):
         token = llama_cpp.llama_sampler_sample(sampler, llm.ctx, -1)

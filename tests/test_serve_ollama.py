@@ -163,9 +163,9 @@ def test_an_empty_request_loads_the_model_as_ollama_answers_it(server: Server) -
         ),
         (
             "chat",
-            {"model": "ead", "messages": HI, "options": {"dry_multiplier": 0.8}},
+            {"model": "ead", "messages": HI, "options": {"dynatemp_range": 0.5}},
             400,
-            "options.dry_multiplier",
+            "options.dynatemp_range",
         ),
         ("chat", {"model": "ead", "messages": HI, "format": "yaml"}, 400, "format"),
         ("chat", {"model": "ead", "messages": HI, "format": {"$ref": "#/nowhere"}}, 400, "format cannot be"),

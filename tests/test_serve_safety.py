@@ -142,7 +142,6 @@ LLAMA_SERVER_REFUSED = [
     ("n_predict", 8, -1),
     ("n_cmpl", 2, 1),
     ("dynatemp_range", 0.5, 0),
-    ("dry_multiplier", 0.8, 0),
     ("min_keep", 5, 0),
     ("samplers", ["temperature", "top_k"], ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]),
     ("grammar", 'root ::= "a"', ""),
@@ -170,7 +169,7 @@ LLAMA_SERVER_HARMLESS = {
 def test_llama_servers_fields_are_refused_by_name_unless_off(
     server: Server, param: str, value: object, off: object
 ) -> None:
-    """A llama.cpp client's extra_body (dry_multiplier, grammar...) had been ignored silently;
+    """A llama.cpp client's extra_body (dynatemp_range, grammar...) had been ignored silently;
     its off value is answered, beside the fields that change nothing."""
     for path, request in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "hi"})):
         reply = post(server, path, {**request, "max_tokens": 2, param: value})

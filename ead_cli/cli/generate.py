@@ -98,9 +98,9 @@ def generate(
         context_advice,
         encode_fitting,
         encode_infill,
-        process_escapes,
         render_prompt,
     )
+    from ..text import process_escapes
     from ..thinking import answer_start, template_variables
     from .render import (
         JsonlRenderer,

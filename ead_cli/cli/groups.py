@@ -486,6 +486,8 @@ def _value(option: DecodingOption, value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
     if option.repeatable:
+        if option.clear and option.clear in value:  # llama-cli's 'none': those before it dropped
+            value = value[len(value) - value[::-1].index(option.clear) :]
         return tuple(option.read(item) if option.parse else item for item in value)
     return option.read(value) if option.parse and isinstance(value, str) else value
 
@@ -647,7 +649,8 @@ def read_stops(stop: list[str] | None, escape: bool) -> tuple[str, ...]:
     """The stop strings, their escapes processed where ``escape`` (--escape), each checked: an argument's
     bytes that are not UTF-8 would never match the text; an empty one, which llama.cpp finds at once and
     ead's text stream drops, is a typo ($UNSET)."""
-    from ..prompt import check_text, process_escapes  # loads llama.cpp: only when a command runs
+    from ..prompt import check_text  # loads llama.cpp: only when a command runs
+    from ..text import process_escapes
 
     stops = tuple(process_escapes(string) if escape else string for string in stop or ())
     for string in stops:
@@ -666,7 +669,8 @@ def read_prompt(prompt: str | None, option: str | None, file: Path | None, escap
     """The prompt, checked (``check_prompt_text``), a file's or stdin's named in a refusal of it; with
     ``escape`` (--escape), the escapes of one given on the command line processed, as llama-cli's -e does
     (a file's or stdin's text is read as it is: code's own escapes reach the model as written)."""
-    from ..prompt import check_prompt_text, process_escapes  # loads llama.cpp: only when a command runs
+    from ..prompt import check_prompt_text  # loads llama.cpp: only when a command runs
+    from ..text import process_escapes
 
     text, what = _given_prompt(prompt, option, file)
     typed = isinstance(_prompt_input(prompt, option, file), str)

@@ -1196,7 +1196,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 top_p=base.top_p if not body.top_p else body.top_p,
                 min_p=base.min_p if min_p is None else min_p,
                 seed=_request_seed(body.seed, base.seed if "seed" in defaults.policy.given else None),
-                **{name: getattr(base, name) for name in (*PENALTIES, *LLAMA_SAMPLERS)}
+                **{
+                    name: getattr(base, name)
+                    for name in (*PENALTIES, *LLAMA_SAMPLERS, "dry_sequence_breakers")
+                }
                 | penalties
                 | body.llama_samplers(),
                 logit_bias=biases if body.logit_bias is not None else base.logit_bias,

@@ -73,7 +73,6 @@ LLAMA_SERVER_ORDER = CHAIN_ORDERS[2]  # llama-server's default chain, the one ea
 # (schemas.UNSUPPORTED refuses them unless off), at the values, of llama-server's types, that leave them off
 NOT_RUN: dict[str, Any] = {
     "dynatemp_range": 0.0,
-    "dry_multiplier": 0.0,
     "min_keep": 0,
 }
 UNNAMED_FILE = "tmp"  # llama-server's name for an extra file of /infill given without one
@@ -214,7 +213,11 @@ def generation_settings(
         "frequency_penalty": float(sampling.frequency_penalty),
         "ignore_eos": generation.ignore_eos,
         **{name: float(getattr(sampling, name)) for name in LLAMA_SAMPLERS},
-        "mirostat": sampling.mirostat,  # an integer in llama-server's, over the float above
+        # integers and a list in llama-server's, over the floats above
+        **{
+            name: getattr(sampling, name) for name in ("mirostat", "dry_allowed_length", "dry_penalty_last_n")
+        },
+        "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
         "stop": list(generation.stop),
         "max_tokens": limit,
         "n_predict": limit,
@@ -229,8 +232,9 @@ def generation_settings(
 
 def samplers_run(samplers: Sequence[str], sampling: SamplingParams) -> list[str]:
     """The samplers an answer runs, in llama-server's names and chain order (``LLAMA_SERVER_ORDER``):
-    those ``samplers`` names, with typical, top-n-sigma and XTC where their settings turn them on."""
+    those ``samplers`` names, with DRY, typical, top-n-sigma and XTC where their settings turn them on."""
     on = {
+        "dry": sampling.dry_on,
         "top_n_sigma": sampling.top_n_sigma > 0,
         "typ_p": sampling.typical_p < 1,
         "xtc": sampling.xtc_probability > 0,

@@ -44,6 +44,7 @@ from .app import (
 from .engine import Engine, Failed, Log, PromptProgress, Ticket, Token
 from .metrics import prompt_seconds
 from .schemas import (
+    DRY,
     MAX_EMBEDDING_INPUTS,
     MAX_STOP_CHARS,
     MAX_STOPS,
@@ -53,6 +54,9 @@ from .schemas import (
     UNSUPPORTED,
     ApiError,
     ChatRequest,
+    DryBreakers,
+    DryLength,
+    DryMultiplier,
     Fraction,
     MinP,
     Mirostat,
@@ -107,7 +111,7 @@ UNMANAGED = {
 class OllamaOptions(BaseModel):
     """``options``: those whose meaning is the OpenAI field's, with its bounds; the runtime's own
     (num_gpu, num_thread, use_mmap...) are ignored, as they do not change an answer; those that would
-    and that ead serve does not do (dry_multiplier...) go on to the OpenAI check, which refuses
+    and that ead serve does not do (dynatemp_range...) go on to the OpenAI check, which refuses
     any value but the one that means "off"."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
@@ -122,6 +126,12 @@ class OllamaOptions(BaseModel):
     mirostat: Mirostat | None = None
     mirostat_tau: MirostatRate | None = None
     mirostat_eta: MirostatRate | None = None
+    # llama.cpp's DRY, which ollama's options do not have: llama-server's fields
+    dry_multiplier: DryMultiplier | None = None
+    dry_base: float | None = None
+    dry_allowed_length: DryLength | None = None
+    dry_penalty_last_n: DryLength | None = None
+    dry_sequence_breakers: DryBreakers | None = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None
     repeat_penalty: RepeatPenalty | None = None
     repeat_last_n: RepeatLastN | None = None  # -1: the whole context
@@ -363,6 +373,8 @@ OLLAMA_SPELLING = {
             *("temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop"),
             *PENALTIES,
             *MIROSTAT,
+            *DRY,
+            "dry_sequence_breakers",
         )
     },
     # those options passes on (a request's own fields, tools and suffix, keep their names)

@@ -25,7 +25,7 @@ from ..option_table import OPTIONS, SERVE, DecodingOption, on, respell
 from ..options import NO_LIMIT, PolicyOptions
 from ..paths import BOM
 from ..policies import BURST_KINDS, parse_tau
-from ..sampling import MAX_LOGIT_BIAS
+from ..sampling import MAX_DRY_BREAKER_BYTES, MAX_DRY_BREAKERS, MAX_LOGIT_BIAS
 from ..thinking import REASONING_FORMATS
 from .converter import (
     BOUNDS,
@@ -165,6 +165,20 @@ MinP = _http_type(OPTIONS["min_p"])
 TypicalP = Annotated[float, Field(gt=0, le=1)]  # 1: off
 Mirostat = Annotated[int, Field(ge=0, le=2)]  # 0: off, 1: Mirostat, 2: Mirostat 2.0
 MirostatRate = Annotated[float, Field(ge=0)]  # its tau (target entropy) and eta (learning rate)
+DryMultiplier = Annotated[float, Field(ge=0)]  # 0: off
+DryLength = Annotated[int, Field(ge=0, le=2**31 - 1)]  # its allowed length and window, as llama-server's
+
+
+def _dry_breaker(text: str) -> str:
+    if not 0 < len(text.encode("utf-8", "surrogateescape")) <= MAX_DRY_BREAKER_BYTES:
+        raise ValueError(f"a sequence breaker must be 1 to {MAX_DRY_BREAKER_BYTES} bytes (llama.cpp's limit)")
+    return text
+
+
+# a list of one at least, as llama-server's, of strings that fit llama.cpp's bytes
+DryBreakers = Annotated[
+    list[Annotated[str, AfterValidator(_dry_breaker)]], Field(min_length=1, max_length=MAX_DRY_BREAKERS)
+]
 # The penalties, at a request's top level as OpenAI, llama-server and ollama's options spell them (llama.cpp
 # takes any repeat_penalty above 0; OpenAI bounds the other two to [-2, 2]), over the command line's.
 RepeatPenalty = Annotated[float, Field(gt=0)]
@@ -174,9 +188,11 @@ PENALTIES = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_p
 # llama-server's fields of llama.cpp's samplers that ead's chain runs besides top-k, top-p and min-p, each a
 # SamplingParams field of the same name
 MIROSTAT = ("mirostat", "mirostat_tau", "mirostat_eta")
-LLAMA_SAMPLERS = ("typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", *MIROSTAT)
+DRY = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n")
+LLAMA_SAMPLERS = ("typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", *MIROSTAT, *DRY)
 # SamplingParams.chain_only's flags as these fields
 CHAIN_ONLY_FIELDS = {
+    "--dry-multiplier": "dry_multiplier",
     "--mirostat": "mirostat",
     "--typical": "typical_p",
     "--top-n-sigma": "top_n_sigma",
@@ -215,6 +231,7 @@ UNNAMED_OFF = {
 # llama.cpp's samplers of ead's chain that only llama-server's default orders name, by name and by
 # --sampler-seq's letter: the SamplingParams field and value that a ``samplers`` leaving one out sets
 NAMED_BY_DEFAULT_ORDERS = {
+    "dry": ("d", "dry_multiplier", 0.0),
     "top_n_sigma": ("s", "top_n_sigma", -1.0),
     "typ_p": ("y", "typical_p", 1.0),
     "xtc": ("x", "xtc_probability", 0.0),
@@ -247,7 +264,7 @@ def runs_penalties(samplers: list[str] | str) -> bool:
 # Fields of OpenAI's API, and of llama-server's (its /completion options, which its OpenAI endpoints take
 # too), that would change the answer and that ead serve does not do, with the values that change nothing
 # (what clients send when they mean "off"): any other value is a 400, never silence. llama-server's fields
-# that only tune one of these (dry_base, dynatemp_exponent), or that
+# that only tune one of these (dynatemp_exponent), or that
 # do not change the answer (cache_prompt, id_slot, n_probs, timings_per_token, n_keep: ead never shifts
 # the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -265,7 +282,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n_predict": (None, -1),  # llama-server's max_tokens; -1: no limit
     "n_cmpl": (None, 1),
     "dynatemp_range": (None, 0),
-    "dry_multiplier": (None, 0),
     "min_keep": (None, 0, 1),  # ead's chain keeps one token at least, as llama.cpp's does with 0
     "grammar": (None, ""),
     "json_schema": (None,),  # {} is any JSON, not off; response_format takes a schema
@@ -622,6 +638,11 @@ class CompletionBase(BaseModel):
     mirostat: Mirostat | None = None  # in place of the rest of the chain and the penalties, as llama.cpp's
     mirostat_tau: MirostatRate | None = None
     mirostat_eta: MirostatRate | None = None
+    dry_multiplier: DryMultiplier | None = None
+    dry_base: float | None = None  # below 1: the server's, as llama-server reads it
+    dry_allowed_length: DryLength | None = None
+    dry_penalty_last_n: DryLength | None = None
+    dry_sequence_breakers: DryBreakers | None = None
     n_indent: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None  # llama-server's code-completion
     t_max_predict_ms: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # stop rules (0, -1: off)
     return_progress: bool | None = None  # llama-server's: a streamed chunk per batch of the prompt read
@@ -633,10 +654,15 @@ class CompletionBase(BaseModel):
         inner = None if self.ead is None else getattr(self.ead, name)
         return either(name, getattr(self, name), f"ead.{name}", inner)
 
-    def llama_samplers(self) -> dict[str, float]:
-        """The fields of llama.cpp's samplers (``LLAMA_SAMPLERS``) the request gives: the server's stand
-        for the rest."""
-        return {name: getattr(self, name) for name in LLAMA_SAMPLERS if getattr(self, name) is not None}
+    def llama_samplers(self) -> dict[str, Any]:
+        """The fields of llama.cpp's samplers (``LLAMA_SAMPLERS``, ``dry_sequence_breakers``) the request
+        gives: the server's stand for the rest."""
+        given = {name: getattr(self, name) for name in LLAMA_SAMPLERS if getattr(self, name) is not None}
+        if given.get("dry_base", 1) < 1:  # llama-server's stand-in for a base that would reward a repeat
+            del given["dry_base"]
+        if self.dry_sequence_breakers is not None:
+            given["dry_sequence_breakers"] = tuple(self.dry_sequence_breakers)
+        return given
 
     def penalties(self) -> dict[str, Any]:
         """The penalties the request gives (the server's stand for the rest); none (``repeat_last_n``
