@@ -401,13 +401,14 @@ def test_ollamas_set_parameter_sets_each_penalty_and_names_the_ones_it_takes(
     tiny_pair: tuple[Path, Path],
 ) -> None:
     """ollama's /set parameter NAME for the penalties ead chat has (/repeat-penalty...), under ollama's
-    names, as serve's ollama API takes them in `options`: they had been "unknown command '/set'", as was
-    a parameter ead chat lacks (top_k), though /set parameter temperature ran."""
+    names, as serve's ollama API takes them in `options`: they had been "unknown command '/set'", though
+    /set parameter temperature ran; one ead chat lacks (num_ctx: its context is the one loaded) is named
+    with those it takes."""
     result = pipe(
         tiny_pair,
         b"/set parameter repeat_penalty 1.3\n/set parameter repeat_last_n 8\n"
         b"/set parameter presence_penalty 0.5\n/set parameter frequency_penalty 0.25\n"
-        b"/set parameter top_k 40\n/set parameter\n",
+        b"/set parameter num_ctx 4096\n/set parameter\n",
     )
     assert result.returncode == 1
     lines = result.stderr.decode().splitlines()
@@ -415,10 +416,35 @@ def test_ollamas_set_parameter_sets_each_penalty_and_names_the_ones_it_takes(
         "repeat-penalty 1.3 · repeat-last-n 8 · presence-penalty 0.5 · frequency-penalty 0.25 · " in lines[3]
     )
     takes = (
-        "error: /set parameter takes temperature, repeat_penalty, repeat_last_n, presence_penalty, "
-        "frequency_penalty or num_predict"
+        "error: /set parameter takes temperature, top_k, top_p, min_p, mirostat, mirostat_tau, mirostat_eta, "
+        "seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty or num_predict"
     )
-    assert lines[4:] == [f"{takes}, got 'top_k'", f"{takes}, got ''"]
+    assert lines[4:] == [f"{takes}, got 'num_ctx'", f"{takes}, got ''"]
+
+
+def test_ollamas_set_parameter_sets_the_samplers_and_the_seed(tiny_pair: tuple[Path, Path]) -> None:
+    """ollama's /set parameter top_k, top_p, min_p, seed and mirostat* (they had been refused): the
+    settings line says those of the draw once the temperature draws; top_k 1 writes the greedy answer;
+    Mirostat is refused beside a step that takes tokens back, as on the command line."""
+    greedy = pipe(tiny_pair, b"hello\n")
+    typed = b"/set parameter temperature 1.5\n/set parameter top_k 1\n/set parameter top_p 0.5\n"
+    typed += b"/set parameter min_p 0.1\n/set parameter seed 7\nhello\n"
+    result = pipe(tiny_pair, typed)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == greedy.stdout
+    lines = result.stderr.decode().splitlines()
+    assert " · temp 1.5 · top-k 1 · top-p 0.5 · min-p 0.1 · seed 7 · max-tokens 4 (from" in lines[4]
+    typed = b"/set parameter temperature 1\n/set parameter mirostat 2\n/set parameter mirostat_tau 3\n"
+    typed += b"/set parameter mirostat_eta 0.5\n/set parameter mirostat 3\n"
+    lines = pipe(tiny_pair, typed).stderr.decode().splitlines()
+    assert (
+        " · temp 1 · mirostat 2 · mirostat-ent 3 · mirostat-lr 0.5 · seed 0 · max-tokens 4 (from" in lines[3]
+    )
+    assert lines[4] == "error: /mirostat must be 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0), got 3"
+    verified = pipe(tiny_pair, b"/temp 1\n/set parameter mirostat 2\n", "--mode", "ead", "--verify", "0.5")
+    assert verified.stderr.decode().splitlines()[-1] == (
+        "error: /mirostat cannot go with --verify: Mirostat's running target cannot take a token back"
+    )
 
 
 def test_the_settings_line_spells_the_policys_own_window(tiny_pair: tuple[Path, Path]) -> None:
@@ -454,6 +480,13 @@ def test_every_option_commands_refusal_names_the_command(tiny_pair: tuple[Path, 
         "/lookup 65": "/lookup must be in [0, 64] tokens (0: off), got 65",
         "/lookup-draft 0": "/lookup-draft must be in [1, 64], got 0",
         "/temp -1": "/temp must be at least 0 and finite, got -1.0",
+        "/top-k -1": "/top-k must be at least 0 (0 disables it), got -1",
+        "/top-p 0": "/top-p must be in (0, 1], got 0.0",
+        "/min-p 2": "/min-p must be in [0, 1], got 2.0",
+        "/mirostat 3": "/mirostat must be 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0), got 3",
+        "/mirostat-ent -1": "/mirostat-ent must be at least 0 and finite, got -1.0",
+        "/mirostat-lr nan": "/mirostat-lr takes a finite number, got 'nan'",
+        "/seed -1": "/seed must be in [0, 4294967294], got -1",
         "/repeat-penalty 0": "/repeat-penalty must be above 0 and finite (1: off), got 0.0",
         "/repeat-last-n -2": "/repeat-last-n must be at least -1 (-1: the whole context, 0: none), got -2",
         "/presence-penalty 3": "/presence-penalty must be in [-2, 2], got 3.0",
@@ -832,10 +865,12 @@ def test_help_lists_every_command_on_one_line_in_the_same_style(tiny_pair: tuple
         assert description[:1].islower() and not description.endswith("."), line
     # the other chats' spellings that run a command, and what Ctrl-C does, said as they are
     assert lines[-2] == (
-        "ollama's /?, /set parameter temperature, /set parameter repeat_penalty, /set parameter"
-        " repeat_last_n, /set parameter presence_penalty, /set parameter frequency_penalty, /set parameter"
-        " num_predict, /set think, /set nothink, /set hidethinking, /set nohidethinking, /set system, /clear"
-        " and /bye run those commands too."
+        "ollama's /?, /set parameter temperature, /set parameter top_k, /set parameter top_p, /set parameter"
+        " min_p, /set parameter mirostat, /set parameter mirostat_tau, /set parameter mirostat_eta, /set"
+        " parameter seed, /set parameter repeat_penalty, /set parameter repeat_last_n, /set parameter"
+        " presence_penalty, /set parameter frequency_penalty, /set parameter num_predict, /set think, /set"
+        " nothink, /set hidethinking, /set nohidethinking, /set system, /clear and /bye run those commands"
+        " too."
     )
     assert lines[-1] == (
         "Ctrl-C stops an answer (it stays in the conversation, marked as cut) or a command (which then"
@@ -1310,9 +1345,10 @@ def test_ollamas_spellings_of_eads_commands_run_them(spawn) -> None:
     one ('/set' had been 'did you mean /reset?')."""
     child = spawn("--max-tokens", "3")
     [changed] = reply(child, "/set parameter temperature 0.7")
-    assert " · temp 0.7 · max-tokens 3 (from the next answer)" in changed
+    drawn = " · temp 0.7 · top-k 40 · top-p 0.95 · min-p 0.05 · seed 0 · "
+    assert changed.endswith(f"{drawn}max-tokens 3 (from the next answer)")
     [changed] = reply(child, "/set  parameter  num_predict 5")
-    assert changed.endswith(" · temp 0.7 · max-tokens 5 (from the next answer)")
+    assert changed.endswith(f"{drawn}max-tokens 5 (from the next answer)")
     refused = "error: /max-tokens takes a whole number, got 'x'"
     assert reply(child, "/set parameter num_predict x") == [refused]
     assert reply(child, "/set system be brief") == ["system message set (from the next answer)"]
@@ -1323,7 +1359,10 @@ def test_ollamas_spellings_of_eads_commands_run_them(spawn) -> None:
     assert reply(child, "/show info") == ["error: unknown command '/show' (did you mean /stats?)"]
     assert reply(child, "/quit") == ["error: unknown command '/quit' (did you mean /exit?)"]
     stats = " ".join(reply(child, "/stats"))
-    assert "no answer yet in this conversation" in stats and " · temp 0.7 · max-tokens 5" in stats
+    assert (
+        "no answer yet in this conversation" in stats
+        and " · temp 0.7 · top-k 40 · top-p 0.95 · min-p 0.05 · seed 0 · max-tokens 5" in stats
+    )
     type_line(child, "/bye")
     child.expect(pexpect.EOF)
     child.close()

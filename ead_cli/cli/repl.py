@@ -132,6 +132,19 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
         if sampling.penalises
         else ""
     )
+    # drawn: the samplers that shape the draw (Mirostat's, where it runs in place of the others), and the seed
+    if sampling.temp == 0:
+        samplers = ""
+    elif sampling.mirostat:
+        samplers = (
+            f"mirostat {sampling.mirostat} · mirostat-ent {sampling.mirostat_tau:g} · "
+            f"mirostat-lr {sampling.mirostat_eta:g} · seed {sampling.seed} · "
+        )
+    else:
+        samplers = (
+            f"top-k {sampling.top_k} · top-p {sampling.top_p:g} · min-p {sampling.min_p:g} · "
+            f"seed {sampling.seed} · "
+        )
     # said once changed: thinking off or budgeted, the budget's message, its block left in the answer
     budget = generation.reasoning_budget
     thinking = f" · reasoning-budget {budget}" if budget >= 0 else ""
@@ -142,7 +155,7 @@ def settings_line(policy: PolicyOptions, generation: GenerationOptions) -> str:
     return (
         f"settings: mode {policy.mode} · policy {policy.policy} · tau {format_tau(tau)} · window {window} · "
         f"min-run {policy.min_run} · lookup {policy.lookup} · lookup-draft {policy.lookup_draft} · "
-        f"temp {sampling.temp:g} · {penalties}max-tokens {generation.max_tokens}{thinking}"
+        f"temp {sampling.temp:g} · {samplers}{penalties}max-tokens {generation.max_tokens}{thinking}"
     )
 
 
