@@ -397,7 +397,7 @@ def not_served(asked: str, nearest: str | None = None) -> str:
         (CHAT, {"messages": HI, "temperature": -1}, 400, "temperature"),
         (CHAT, {"messages": HI, "top_p": 1.5}, 400, "top_p"),
         (CHAT, {"messages": HI, "seed": -3}, 400, "seed"),
-        (CHAT, {"messages": HI, "n": 2}, 400, "n: one choice per request"),
+        (CHAT, {"messages": HI, "n": 17}, 400, "n: at most 16 choices per request"),
         (CHAT, {"messages": HI, "ead": {"tau": -1}}, 400, "tau must be at least 0"),
         (CHAT, {"messages": HI, "ead": {"verify": 2}}, 400, "ead.verify must be in (0, 1]"),
         (CHAT, {"messages": HI, "ead": {"policy": "coin"}}, 400, "ead.policy"),

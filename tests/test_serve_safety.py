@@ -93,7 +93,7 @@ def test_the_servers_own_pattern_stays_any_regular_expression(
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"suffix": "}"}, "suffix"),
         ({"echo": True}, "echo"),
         ({"best_of": 3}, "best_of"),

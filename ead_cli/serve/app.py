@@ -77,6 +77,7 @@ from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
     CHAIN_ONLY_FIELDS,
     LLAMA_SAMPLERS,
+    MAX_CHOICES,
     PENALTIES,
     Api,
     ApiError,
@@ -925,12 +926,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(request: Request) -> Any:
         data = await _json_body(request)
-        return await _answer(request, *await prepared(_prepare_chat, data), "chat.completion")
+        prepare = functools.partial(_prepare_chat, choices=MAX_CHOICES)
+        return await _answer(request, *await prepared(prepare, data), "chat.completion")
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Any:
         data = await _json_body(request)
-        return await _answer(request, *await prepared(_prepare_text, data), "text_completion")
+        prepare = functools.partial(_prepare_text, choices=MAX_CHOICES)
+        return await _answer(request, *await prepared(prepare, data), "text_completion")
 
     # llama-server's utility routes: the smallest model's tokenizer (every model's), and --metrics.
 
@@ -1011,8 +1014,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     # On the preparing threads: parse, check, render, tokenize.
 
-    def _prepare_chat(data: bytes) -> tuple[ChatRequest, Job]:
-        body = _accepted(ChatRequest, data)
+    def _prepare_chat(data: bytes, choices: int = 1) -> tuple[ChatRequest, Job]:
+        body = _accepted(ChatRequest, data, choices)
         prompt, prefill = _rendered(body)
         reasoning_format = body.reasoning_format or defaults.generation.reasoning_format  # --reasoning-format
         thinking = answer_start(engine.runners[0].chat_template, prompt, reasoning_format)
@@ -1051,11 +1054,14 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise ApiError(400, message, code="no_template")
         return rendered + (prefill or ""), prefill
 
-    def _prepare_text(data: bytes, infill: Infill | None = None) -> tuple[CompletionRequest, Job]:
+    def _prepare_text(
+        data: bytes, infill: Infill | None = None, choices: int = 1
+    ) -> tuple[CompletionRequest, Job]:
         """A text completion's body and job; fill-in-the-middle with a suffix that is not empty (an empty
         one, what clients send for none, is none, as ollama reads it), or always with llama-server's
-        /infill's ``infill`` parts (its extra files, and the text after the prefix)."""
-        body = _accepted(CompletionRequest, data)
+        /infill's ``infill`` parts (its extra files, and the text after the prefix). ``choices``: the most
+        ``n`` the route writes."""
+        body = _accepted(CompletionRequest, data, choices)
         text = body.text()
         if body.suffix or infill is not None:
             return body, _job(body, _infill(body, text, *(infill or ((), ""))))
@@ -1098,9 +1104,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         (-1, either's: all of it)."""
         return answer_limit(body.token_limit() or defaults.generation.max_tokens, engine.n_ctx)
 
-    def _accepted(schema: type[Body], data: bytes) -> Body:
+    def _accepted(schema: type[Body], data: bytes, choices: int = 1) -> Body:
         body = parse(schema, data)
-        body.check_supported()
+        body.check_supported(choices)
         _check_model(body.model)
         return body
 
@@ -1147,24 +1153,42 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return ticket
 
     async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
-        ticket = _submitted(job)
+        """OpenAI's answer of ``n`` choices: one job each, drawn one after the other (the first queued
+        now: a full queue is a 503), choice i with the request's seed + i, so each differs where the
+        answer is drawn, and a seed given draws the same choices again."""
+        seeds = [(job.generation.sampling.seed + index) % SEEDS for index in range(body.n or 1)]
+        jobs = [job] + [_reseeded(job, seed) for seed in seeds[1:]]
         names = body.tool_names() if isinstance(body, ChatRequest) else None
-        reply = _Reply(
-            kind,
-            request.url.path,
-            log,
-            seed=job.generation.sampling.seed,
-            piece=engine.runners[0].token_bytes,
-            tools=names,
-            parallel=not isinstance(body, ChatRequest) or body.parallel_tool_calls is not False,
-            prefill=job.prefill,
-            thinking=job.thinking,
-            usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
-            progress=body.return_progress is True,
-        )
-        if body.stream:
-            return EventSourceResponse(reply.stream(ticket), ping=15)  # its sends timed by the protocol
-        return await reply.whole(ticket, request)
+        answer = new_answer(kind)
+        replies = [
+            _Reply(
+                kind,
+                request.url.path,
+                log,
+                seed=seed,
+                piece=engine.runners[0].token_bytes,
+                tools=names,
+                parallel=not isinstance(body, ChatRequest) or body.parallel_tool_calls is not False,
+                prefill=job.prefill,
+                thinking=job.thinking,
+                usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
+                progress=body.return_progress is True,
+                index=index,
+                answer=answer,
+            )
+            for index, seed in enumerate(seeds)
+        ]
+        first = _submitted(jobs[0])
+        tickets = [lambda: first, *(functools.partial(_submitted, later) for later in jobs[1:])]
+        if body.stream:  # its sends timed by the protocol
+            return EventSourceResponse(_streamed(replies, tickets), ping=15)
+        answers = []
+        for reply, ticket in zip(replies, tickets, strict=True):
+            answered = await reply.choice(ticket(), request)
+            if answered is None:
+                return JSONResponse({}, status_code=499)
+            answers.append(answered)
+        return JSONResponse(replies[0].whole(answers))
 
     def _settings(
         body: CompletionBase, prefill: str | None, prompt: list[int]
@@ -1407,6 +1431,9 @@ def _encoded(vector: np.ndarray, body: EmbeddingRequest) -> list[float] | str:
     return vector.tolist()
 
 
+SEEDS = 2**32 - 1  # llama.cpp's: 0 to 4294967294 (4294967295 asks for a fresh one)
+
+
 def _request_seed(asked: int | None, served: int | None) -> int:
     """The seed a request draws with, as llama-server's: its own (``asked``; -1 a fresh one), else the
     server's ``--seed`` (``served``) if it was started with one, else a fresh one, so that a sampled
@@ -1415,7 +1442,7 @@ def _request_seed(asked: int | None, served: int | None) -> int:
         return asked
     if asked is None and served is not None:
         return served
-    return secrets.randbelow(2**32 - 1)
+    return secrets.randbelow(SEEDS)
 
 
 def _prefill(messages: list[dict[str, Any]]) -> str | None:
@@ -1565,8 +1592,37 @@ def _continues(held: bytes, byte: bytes) -> bool:
     return True
 
 
+def new_answer(kind: str) -> tuple[str, int]:
+    """A new answer's id and time of creation, as OpenAI's."""
+    return f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+
+
+def _reseeded(job: Job, seed: int) -> Job:
+    """The job drawn with another seed: another choice of the same answer."""
+    sampling = replace(job.generation.sampling, seed=seed)
+    return replace(job, generation=replace(job.generation, sampling=sampling))
+
+
+async def _streamed(
+    replies: list[_Reply], tickets: list[Callable[[], Ticket]]
+) -> AsyncIterator[dict[str, str] | bytes]:
+    """The choices' streams, each ticket taken (its job queued) once the choice before it is done: the
+    last ends with the usage of all and [DONE]; a failure, or a queue full for a later one, ends them."""
+    summaries: list[Summary] = []
+    for index, (reply, ticket) in enumerate(zip(replies, tickets, strict=True)):
+        try:
+            current = ticket()
+        except ApiError as error:
+            yield error.sse_event()
+            return
+        async for event in reply.stream(current, summaries, last=index == len(replies) - 1):
+            yield event
+        if len(summaries) <= index:  # it failed, and said so
+            return
+
+
 class _Reply:
-    """One request's answer in OpenAI's shapes, from its ticket's messages."""
+    """One choice of a request's answer in OpenAI's shapes, from its ticket's messages."""
 
     def __init__(
         self,
@@ -1582,8 +1638,11 @@ class _Reply:
         thinking: bool | None = None,
         usage_chunk: bool = False,
         progress: bool = False,
+        index: int = 0,
+        answer: tuple[str, int] | None = None,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
+        self.index = index  # its place among the answer's choices (OpenAI's n)
         self.progress = progress  # llama-server's return_progress: a chunk per batch of the prompt read
         # stream_options.include_usage: the usage in a last chunk of its own, with no choice, as OpenAI
         # and llama-server send it (clients that asked for it read it there); else on the finish chunk
@@ -1594,8 +1653,7 @@ class _Reply:
         self.parallel = parallel  # parallel_tool_calls: more than one call per answer
         self.prefill = prefill  # the assistant message the answer continues: a call it opens is read whole
         self.seed = seed  # the one it was drawn with: sent back, so an answer can be drawn again
-        self.id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
+        self.id, self.created = answer or new_answer(kind)  # the answer's, which its choices share
         self.chat = kind == "chat.completion"
         self._role_sent = False  # a stream names the role in its first delta only, as OpenAI does
         self.thinking = thinking  # a thinking model's answer: its reasoning given apart (Job.thinking)
@@ -1612,7 +1670,7 @@ class _Reply:
             "object": object_kind,
             "created": self.created,
             "model": MODEL_ID,
-            "choices": [] if choice is None else [{"index": 0, **choice}],
+            "choices": [] if choice is None else [{"index": self.index, **choice}],
             **extra,
         }
 
@@ -1712,9 +1770,13 @@ class _Reply:
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{byte:02x}" for byte in piece)
 
-    async def stream(self, ticket: Ticket) -> AsyncIterator[dict[str, str] | bytes]:
+    async def stream(
+        self, ticket: Ticket, summaries: list[Summary] | None = None, last: bool = True
+    ) -> AsyncIterator[dict[str, str] | bytes]:
         """Server-sent events: a chunk per token with its model, then the finish with usage and figures
-        (with ``usage_chunk``, the usage in a chunk of its own after it)."""
+        (with ``usage_chunk``, the usage in a chunk of its own after it, of every choice's ``summaries``,
+        this one's added). Where it is not the ``last`` choice, it ends with its finish, not [DONE]."""
+        summaries = [] if summaries is None else summaries
         reader = self.reader()
         async with contextlib.aclosing(answer_messages(ticket)) as messages:
             async for message in messages:
@@ -1732,6 +1794,7 @@ class _Reply:
                     yield error.sse_event()
                     return
                 self._done(message.summary)
+                summaries.append(message.summary)
                 if self._splitter is not None:
                     for chunk in self._split_chunks(*self._splitter.flush(), reader, {}):
                         yield {"data": chunk}
@@ -1743,16 +1806,21 @@ class _Reply:
                 usage = {"usage": _usage(message.summary)}
                 extra = {"ead": ead} if self.usage_chunk else {**usage, "ead": ead}
                 yield {"data": self._chunk(None, finish, self._logprobs(self._scored.finish()), **extra)}
+                if not last:
+                    return
                 if self.usage_chunk:
                     kind = "chat.completion.chunk" if self.chat else "text_completion"
-                    yield {"data": json.dumps(self._envelope(kind, None, **usage))}
+                    yield {"data": json.dumps(self._envelope(kind, None, usage=_usage(*summaries)))}
                 yield {"data": "[DONE]"}
 
-    async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
-        """The whole answer at once; a client that leaves while it waits cancels it."""
+    async def choice(
+        self, ticket: Ticket, request: Request
+    ) -> tuple[dict[str, Any], Summary, dict[str, Any]] | None:
+        """This choice whole (without its index), its figures and its ``ead`` fields; None where the
+        client left while it waited (the job cancelled)."""
         answer = await collected(ticket, request)
         if answer is None:
-            return JSONResponse({}, status_code=499)
+            return None
         tokens, summary = answer
         self._done(summary)
         events = [token.event for token in tokens]
@@ -1761,30 +1829,49 @@ class _Reply:
         scored = [entry for token in tokens for entry in self._scored.add(token)]
         logprobs = self._logprobs([*scored, *self._scored.finish()])
         if not self.chat:
-            choice = {"text": text, "finish_reason": finish, "logprobs": logprobs}
-        else:
-            reasoning = ""
-            if self.thinking is not None:
-                reasoning, text = split_reasoning(text, self.thinking)
-            answer: dict[str, Any] = {"role": "assistant", "content": text}
-            if self.tools:
-                content, calls = split_answer(text, self.tools, self.parallel, self.prefill)
-                if calls:
-                    answer = {
-                        "role": "assistant",
-                        "content": content or None,
-                        "tool_calls": [call.as_openai() for call in calls],
-                    }
-                    finish = _finish(summary, called=True)
-            if reasoning:  # as llama-server: the field only where the model wrote reasoning
-                answer["reasoning_content"] = reasoning
-            choice = {"message": answer, "finish_reason": finish, "logprobs": logprobs}
-        ead = {
+            return (
+                {"text": text, "finish_reason": finish, "logprobs": logprobs},
+                summary,
+                self._ead(events, summary),
+            )
+        reasoning = ""
+        if self.thinking is not None:
+            reasoning, text = split_reasoning(text, self.thinking)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tools:
+            content, calls = split_answer(text, self.tools, self.parallel, self.prefill)
+            if calls:
+                message = {
+                    "role": "assistant",
+                    "content": content or None,
+                    "tool_calls": [call.as_openai() for call in calls],
+                }
+                finish = _finish(summary, called=True)
+        if reasoning:  # as llama-server: the field only where the model wrote reasoning
+            message["reasoning_content"] = reasoning
+        choice = {"message": message, "finish_reason": finish, "logprobs": logprobs}
+        return choice, summary, self._ead(events, summary)
+
+    def _ead(self, events: list[TokenEvent], summary: Summary) -> dict[str, Any]:
+        return {
             "tokens": [token_fields(event) for event in events],
             "summary": asdict(summary),
             "seed": self.seed,
         }
-        return JSONResponse(self._envelope(self.kind, choice, usage=_usage(summary), ead=ead))
+
+    def whole(self, answers: list[tuple[dict[str, Any], Summary, dict[str, Any]]]) -> dict[str, Any]:
+        """The whole answer of these choices (``choice``'s), in order, the usage of them all: one
+        choice's ``ead`` fields beside it, as before OpenAI's ``n``; each of several choices' in it."""
+        several = len(answers) > 1
+        choices = [
+            {"index": index, **choice, **({"ead": ead} if several else {})}
+            for index, (choice, _, ead) in enumerate(answers)
+        ]
+        extra = {} if several else {"ead": answers[0][2]}
+        envelope = self._envelope(
+            self.kind, None, usage=_usage(*(summary for _, summary, _ in answers)), **extra
+        )
+        return envelope | {"choices": choices}
 
     def _done(self, summary: Summary) -> None:
         log_answered(self.log, self.path, summary)
@@ -1904,12 +1991,15 @@ def token_fields(event: TokenEvent) -> dict[str, Any]:
     return fields
 
 
-def _usage(summary: Summary) -> dict[str, Any]:
+def _usage(*summaries: Summary) -> dict[str, Any]:
+    """OpenAI's usage of an answer's choices: the prompt counted once (the first choice's read), the
+    tokens of every choice."""
+    first, generated = summaries[0], sum(summary.generated for summary in summaries)
     return {
-        "prompt_tokens": summary.prompt_tokens,
-        "completion_tokens": summary.generated,
-        "total_tokens": summary.prompt_tokens + summary.generated,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens(summary)},
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": generated,
+        "total_tokens": first.prompt_tokens + generated,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(first)},
     }
 
 

@@ -38,6 +38,7 @@ from .converter import (
 )
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
+MAX_CHOICES = 16  # OpenAI's n: each choice is one more answer, drawn after the one before
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
 MAX_STOP_CHARS = 512
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
@@ -696,10 +697,14 @@ class CompletionBase(BaseModel):
         chat's thinking alone (its template's tags)."""
         return -1, default_message
 
-    def check_supported(self) -> None:
-        """A 400 naming the first field given that ead serve would otherwise ignore."""
-        if (self.n or 1) > 1:
-            raise unsupported("n", "one choice per request (n: 1)")
+    def check_supported(self, choices: int = 1) -> None:
+        """A 400 naming the first field given that ead serve would otherwise ignore: ``n`` past the
+        ``choices`` the route writes (OpenAI's write up to ``MAX_CHOICES``, the others one)."""
+        if (self.n or 1) > choices:
+            said = (
+                "one choice per request (n: 1)" if choices == 1 else f"at most {choices} choices per request"
+            )
+            raise unsupported("n", said)
         if self.stream_options is not None and not self.stream:  # OpenAI's 400, in its words
             message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
             raise ApiError(400, message, code="invalid_value", param="stream_options")

@@ -1,0 +1,109 @@
+"""OpenAI's ``n`` on /v1/chat/completions and /v1/completions: several choices of one answer, each drawn
+with the request's seed plus its index, whole and streamed, through the openai client and over raw HTTP;
+the other routes keep one choice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import serving
+
+HI = [{"role": "user", "content": "hi"}]
+DRAWN = {"temperature": 1.5, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(
+        [*pair_args(tiny_pair), "--ctx", "256"], tmp_path_factory.mktemp("n") / "server.log"
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def completed(server: Server, **fields: object) -> dict:
+    reply = httpx.post(f"{server.base_url}/completions", json={"prompt": "hi", **DRAWN, **fields}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_a_text_completions_choices_are_the_answers_of_their_seeds(server: Server) -> None:
+    """Choice i is the answer a request with seed + i gets alone; the choices differ, the usage counts
+    the prompt once and every choice's tokens; each choice carries its own ead fields."""
+    answer = completed(server, n=3, seed=5)
+    choices = answer["choices"]
+    assert [choice["index"] for choice in choices] == [0, 1, 2]
+    alone = [completed(server, seed=5 + index)["choices"][0]["text"] for index in range(3)]
+    assert [choice["text"] for choice in choices] == alone
+    assert len(set(alone)) == 3
+    assert [choice["ead"]["seed"] for choice in choices] == [5, 6, 7] and "ead" not in answer
+    generated = sum(choice["ead"]["summary"]["generated"] for choice in choices)
+    usage = answer["usage"]
+    assert usage["completion_tokens"] == generated == 18
+    assert usage["prompt_tokens"] == choices[0]["ead"]["summary"]["prompt_tokens"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + generated
+    again = completed(server, n=3, seed=5)["choices"]  # a seed given draws them again
+    assert [choice["text"] for choice in again] == alone
+
+
+def test_the_openai_clients_n_gives_its_choices_whole_and_streamed(client: openai.OpenAI) -> None:
+    """chat.completions.create(n=2): two choices whole; streamed, each chunk's choice indexed, the deltas
+    of each index adding up to that choice's whole text, the usage (include_usage) of both last."""
+    asked = {"model": "ead", "messages": HI, "seed": 11, "n": 2, **DRAWN}
+    whole = client.chat.completions.create(**asked)
+    texts = [choice.message.content for choice in whole.choices]
+    assert [choice.index for choice in whole.choices] == [0, 1] and texts[0] != texts[1]
+    streamed = ["", ""]
+    finishes: dict[int, str] = {}
+    chunks = list(
+        client.chat.completions.create(**asked, stream=True, stream_options={"include_usage": True})
+    )
+    for chunk in chunks[:-1]:
+        [choice] = chunk.choices
+        streamed[choice.index] += choice.delta.content or ""
+        if choice.finish_reason is not None:
+            finishes[choice.index] = choice.finish_reason
+    assert streamed == texts and finishes == {0: "length", 1: "length"}
+    assert (
+        chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 12
+    )
+    assert len({chunk.id for chunk in chunks}) == 1
+
+
+def test_greedy_choices_are_one_answer(client: openai.OpenAI) -> None:
+    """Without a draw every seed writes the same text: n greedy choices are that answer n times."""
+    answer = client.completions.create(model="ead", prompt="hi", max_tokens=6, temperature=0, n=3)
+    assert len({choice.text for choice in answer.choices}) == 1 and len(answer.choices) == 3
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/v1/completions", {"prompt": "hi", "n": 17}, "n: at most 16 choices per request by ead serve"),
+        ("/v1/chat/completions", {"messages": HI, "n": 0}, "n: Input should be greater than or equal to 1"),
+        ("/completion", {"prompt": "hi", "n": 2}, "n: one choice per request (n: 1) by ead serve"),
+        ("/api/chat", {"model": "ead", "messages": HI, "stream": False, "n": 2}, None),
+    ],
+)
+def test_n_past_what_a_route_writes_is_a_400_and_the_server_goes_on(
+    server: Server, path: str, body: dict, message: str | None
+) -> None:
+    """OpenAI's routes write up to 16 choices, llama-server's /completion one (its n_cmpl is refused too);
+    ollama's API has no n (a field it ignores, as ollama does)."""
+    reply = httpx.post(f"{server.url}{path}", json=body, timeout=60)
+    if message is None:
+        assert reply.status_code == 200, reply.text
+        return
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"].startswith(message)
+    assert completed(server)["choices"][0]["index"] == 0
