@@ -1103,6 +1103,29 @@ def test_a_results_file_from_before_the_time_limit_was_recorded_resumes_at_the_d
         run(humaneval_job(humaneval[:2], tmp_path, timeout_s=5.0), tiny_pair)
 
 
+def test_a_results_file_from_before_mirostat_and_dry_resumes_with_them_off(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """A config whose sampling lacks the samplers added since (Mirostat, DRY: off when it was written)
+    resumes, and its runs are repeats of today's: a report over both had said 'differs in: --temp or
+    --seed'."""
+    run(humaneval_job(humaneval[:1], tmp_path / "old"), tiny_pair)
+    path = tmp_path / "old" / "results.jsonl"
+    config, *samples = path.read_text().splitlines()
+    older = json.loads(config)
+    older["sampling"] = {
+        name: value for name, value in older["sampling"].items() if not name.startswith(("mirostat", "dry_"))
+    }
+    assert len(older["sampling"]) < len(json.loads(config)["sampling"])
+    path.write_text("\n".join([json.dumps(older), *samples]) + "\n")
+    assert len(run(humaneval_job(humaneval[:2], tmp_path / "old"), tiny_pair)) == 4
+    assert json.loads(path.read_text().splitlines()[0]) == older
+    run(humaneval_job(humaneval[:2], tmp_path / "new"), tiny_pair)
+    result = ead("bench", "report", str(tmp_path / "new"), str(tmp_path / "old"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "new" / "median-of-2.md").exists()
+
+
 def test_nowhere_to_write_and_nothing_to_write_are_refused_before_any_model_loads(
     tmp_path: Path, humaneval: list[Task]
 ) -> None:

@@ -61,6 +61,7 @@ from ..runner import (
     made_batches,
     padded_context,
 )
+from ..sampling import SamplingParams
 from .grid import Strategy
 from .tasks import Item
 
@@ -74,6 +75,8 @@ FORMAT_VERSION = 1
 # how llama.cpp held their KV caches (an older ead's: f16, flash attention auto) and the machine (its
 # CPU unrecorded: taken as this one's, so that an older file resumes)
 RUN_KEYS = ("n_ctx", "n_batch", "n_ubatch", "threads", "gpu_layers", "cache_types", "flash_attn", "machine")
+# the sampling's fields at their defaults, as a config record holds them (JSON's lists for tuples)
+DEFAULT_SAMPLING: dict[str, Any] = json.loads(json.dumps(asdict(SamplingParams())))
 
 
 def setup_record(
@@ -422,8 +425,11 @@ def read_results(path: Path, *, given: bool = False) -> tuple[Record | None, lis
         what = "no format" if written is None else f"format {written!r}"
         raise EadError(f"{shown_path(path)} holds results of {what}; this ead reads format {FORMAT_VERSION}")
     # a file written before the config held the tests' time limit ran under its default (or was resumed
-    # under another, unsaid): read as the default's, so that it stays a repeat and resumable as it was
+    # under another, unsaid), and one written before the sampling had a sampler (Mirostat, DRY) ran with
+    # it off: each read as the default's, so that it stays a repeat and resumable as it was
     config = {**records[0], "timeout_s": records[0].get("timeout_s", SAMPLE_TIMEOUT_S)}
+    if isinstance(config.get("sampling"), dict):
+        config["sampling"] = DEFAULT_SAMPLING | config["sampling"]
     return config, [record for record in records[1:] if record.get("type") == "sample"]
 
 
