@@ -123,8 +123,9 @@ class DecodingOption:
 
     @property
     def shown_default(self) -> str | None:
-        """The default as help and docs say it; None where there is none to say."""
-        if self.default is None or self.kind is bool:
+        """The default as help and docs say it; None where there is none to say, or where its help says
+        it in words (a repeatable option's list: DRY's breakers)."""
+        if self.default is None or self.kind is bool or isinstance(self.default, tuple):
             return None
         return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
 
