@@ -1,11 +1,12 @@
-"""OpenAI's ``n`` on /v1/chat/completions and /v1/completions: several choices of one answer, each drawn
-with the request's seed plus its index, whole and streamed, through the openai client and over raw HTTP;
-the other routes keep one choice."""
+"""OpenAI's ``n`` on /v1/chat/completions and /v1/completions, and llama-server's ``n_cmpl`` on /completion:
+several choices of one answer, each drawn with the request's seed plus its index, whole and streamed,
+through the openai client and over raw HTTP; the other APIs keep one choice."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -13,6 +14,7 @@ import pytest
 from serve_process import Server
 from test_cli import pair_args
 from test_serve import serving
+from test_serve_native import check_stream, events
 
 HI = [{"role": "user", "content": "hi"}]
 DRAWN = {"temperature": 1.5, "max_tokens": 6}
@@ -31,8 +33,8 @@ def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
 
 
-def completed(server: Server, **fields: object) -> dict:
-    reply = httpx.post(f"{server.base_url}/completions", json={"prompt": "hi", **DRAWN, **fields}, timeout=60)
+def completed(server: Server, path: str = "/v1/completions", **fields: object) -> Any:
+    reply = httpx.post(f"{server.url}{path}", json={"prompt": "hi", **DRAWN, **fields}, timeout=60)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -86,20 +88,64 @@ def test_greedy_choices_are_one_answer(client: openai.OpenAI) -> None:
     assert len({choice.text for choice in answer.choices}) == 1 and len(answer.choices) == 3
 
 
+@pytest.mark.parametrize("name", ["n_cmpl", "n"])
+def test_llama_servers_completion_gives_a_list_of_its_choices(server: Server, name: str) -> None:
+    """/completion with n_cmpl (or n, its alias) 3: a list of llama-server's objects in order, each the
+    answer its seed gets alone, with its own index, figures and seed; one choice stays an object."""
+    answer = completed(server, "/completion", **{name: 3}, seed=5)
+    assert isinstance(answer, list) and [each["index"] for each in answer] == [0, 1, 2]
+    alone = [completed(server, "/completion", seed=5 + index) for index in range(3)]
+    assert [each["content"] for each in answer] == [each["content"] for each in alone]
+    assert len({each["content"] for each in alone}) == 3
+    assert [each["ead"]["seed"] for each in answer] == [5, 6, 7]
+    assert [each["tokens_predicted"] for each in answer] == [6, 6, 6]
+    assert {each["tokens_evaluated"] for each in answer} == {alone[0]["tokens_evaluated"]}
+    assert isinstance(alone[0], dict) and alone[0]["index"] == 0
+
+
+def test_llama_servers_streamed_choices_come_in_turn_each_indexed(server: Server) -> None:
+    """Streamed, each choice's events in turn, each event with its choice's index, each choice's ending
+    with its last object: each the whole choice's answer token by token."""
+    body = {"prompt": "hi", **DRAWN, "seed": 9, "n_cmpl": 2}
+    whole = completed(server, "/completion", **body)
+    with httpx.stream("POST", f"{server.url}/completion", json={**body, "stream": True}, timeout=60) as reply:
+        assert reply.status_code == 200
+        parts = events(list(reply.iter_lines()))
+    indexes = [part["index"] for part in parts]
+    assert indexes == sorted(indexes) and set(indexes) == {0, 1}
+    for index, choice in enumerate(whole):
+        check_stream([part for part in parts if part["index"] == index], choice)
+    assert whole[0]["content"] != whole[1]["content"]
+
+
+def test_n_cmpl_is_ns_other_name_on_openais_routes(server: Server) -> None:
+    answer = completed(server, n_cmpl=2, seed=3)
+    assert [choice["ead"]["seed"] for choice in answer["choices"]] == [3, 4]
+    assert [choice["text"] for choice in answer["choices"]] == [
+        choice["text"] for choice in completed(server, n=2, seed=3)["choices"]
+    ]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "message"),
     [
         ("/v1/completions", {"prompt": "hi", "n": 17}, "n: at most 16 choices per request by ead serve"),
         ("/v1/chat/completions", {"messages": HI, "n": 0}, "n: Input should be greater than or equal to 1"),
-        ("/completion", {"prompt": "hi", "n": 2}, "n: one choice per request (n: 1) by ead serve"),
+        (
+            "/completion",
+            {"prompt": "hi", "n_cmpl": 17},
+            "n_cmpl: at most 16 choices per request by ead serve",
+        ),
+        ("/completion", {"prompt": "hi", "n_cmpl": 0}, "n_cmpl: Input should be greater than or equal to 1"),
+        ("/v1/completions", {"prompt": "hi", "n": 2, "n_cmpl": 3}, "n 2 and n_cmpl 3 differ"),
         ("/api/chat", {"model": "ead", "messages": HI, "stream": False, "n": 2}, None),
     ],
 )
 def test_n_past_what_a_route_writes_is_a_400_and_the_server_goes_on(
     server: Server, path: str, body: dict, message: str | None
 ) -> None:
-    """OpenAI's routes write up to 16 choices, llama-server's /completion one (its n_cmpl is refused too);
-    ollama's API has no n (a field it ignores, as ollama does)."""
+    """OpenAI's routes and llama-server's /completion write up to 16 choices; two counts that differ are
+    a 400; ollama's API has no n (a field it ignores, as ollama does)."""
     reply = httpx.post(f"{server.url}{path}", json=body, timeout=60)
     if message is None:
         assert reply.status_code == 200, reply.text

@@ -1156,8 +1156,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         """OpenAI's answer of ``n`` choices: one job each, drawn one after the other (the first queued
         now: a full queue is a 503), choice i with the request's seed + i, so each differs where the
         answer is drawn, and a seed given draws the same choices again."""
-        seeds = [(job.generation.sampling.seed + index) % SEEDS for index in range(body.n or 1)]
-        jobs = [job] + [_reseeded(job, seed) for seed in seeds[1:]]
+        jobs = choice_jobs(job, body.choices())
         names = body.tool_names() if isinstance(body, ChatRequest) else None
         answer = new_answer(kind)
         replies = [
@@ -1165,7 +1164,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 kind,
                 request.url.path,
                 log,
-                seed=seed,
+                seed=each.generation.sampling.seed,
                 piece=engine.runners[0].token_bytes,
                 tools=names,
                 parallel=not isinstance(body, ChatRequest) or body.parallel_tool_calls is not False,
@@ -1176,12 +1175,18 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 index=index,
                 answer=answer,
             )
-            for index, seed in enumerate(seeds)
+            for index, each in enumerate(jobs)
         ]
-        first = _submitted(jobs[0])
-        tickets = [lambda: first, *(functools.partial(_submitted, later) for later in jobs[1:])]
+        tickets = queued_in_turn(jobs, _submitted)
         if body.stream:  # its sends timed by the protocol
-            return EventSourceResponse(_streamed(replies, tickets), ping=15)
+            summaries: list[Summary] = []
+            streams = [
+                functools.partial(reply.stream, summaries=summaries, last=index == len(replies) - 1)
+                for index, reply in enumerate(replies)
+            ]
+            return EventSourceResponse(
+                in_turn(tickets, streams, lambda index: len(summaries) > index), ping=15
+            )
         answers = []
         for reply, ticket in zip(replies, tickets, strict=True):
             answered = await reply.choice(ticket(), request)
@@ -1383,8 +1388,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         curl_body=functools.partial(_json_body, as_curl_sends=True),
         chat=functools.partial(prepared, _prepare_chat),
         template=functools.partial(prepared, _prepare_template),
-        text=functools.partial(prepared, _prepare_text),
-        infill=lambda data, infill: prepared(functools.partial(_prepare_text, infill=infill), data),
+        text=functools.partial(prepared, functools.partial(_prepare_text, choices=MAX_CHOICES)),
+        infill=lambda data, infill: prepared(
+            functools.partial(_prepare_text, infill=infill, choices=MAX_CHOICES), data
+        ),
         submit=_submitted,
         served_model=served_model,
         log=log,
@@ -1597,27 +1604,39 @@ def new_answer(kind: str) -> tuple[str, int]:
     return f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
 
 
-def _reseeded(job: Job, seed: int) -> Job:
-    """The job drawn with another seed: another choice of the same answer."""
-    sampling = replace(job.generation.sampling, seed=seed)
-    return replace(job, generation=replace(job.generation, sampling=sampling))
+def choice_jobs(job: Job, count: int) -> list[Job]:
+    """The jobs of an answer's ``count`` choices (OpenAI's n, llama-server's n_cmpl): choice i drawn with
+    the job's seed + i, so each differs where the answer is drawn, and a seed given draws them again."""
+    seeds = [(job.generation.sampling.seed + index) % SEEDS for index in range(count)]
+    return [
+        replace(job, generation=replace(job.generation, sampling=replace(job.generation.sampling, seed=seed)))
+        for seed in seeds
+    ]
 
 
-async def _streamed(
-    replies: list[_Reply], tickets: list[Callable[[], Ticket]]
+def queued_in_turn(jobs: list[Job], submit: Callable[[Job], Ticket]) -> list[Callable[[], Ticket]]:
+    """How each choice's job is queued: the first now (a full queue is the request's 503), each later one
+    when it is asked for, once the choice before it is done."""
+    first = submit(jobs[0])
+    return [lambda: first, *(functools.partial(submit, later) for later in jobs[1:])]
+
+
+async def in_turn(
+    tickets: list[Callable[[], Ticket]],
+    streams: list[Callable[[Ticket], AsyncIterator[dict[str, str] | bytes]]],
+    finished: Callable[[int], bool],
 ) -> AsyncIterator[dict[str, str] | bytes]:
-    """The choices' streams, each ticket taken (its job queued) once the choice before it is done: the
-    last ends with the usage of all and [DONE]; a failure, or a queue full for a later one, ends them."""
-    summaries: list[Summary] = []
-    for index, (reply, ticket) in enumerate(zip(replies, tickets, strict=True)):
+    """The choices' streams one after the other, each ticket taken (its job queued) once the choice
+    before it is ``finished``: a failure, said in its stream, or a queue full for a later one, ends them."""
+    for index, (ticket, stream) in enumerate(zip(tickets, streams, strict=True)):
         try:
             current = ticket()
         except ApiError as error:
             yield error.sse_event()
             return
-        async for event in reply.stream(current, summaries, last=index == len(replies) - 1):
+        async for event in stream(current):
             yield event
-        if len(summaries) <= index:  # it failed, and said so
+        if not finished(index):  # it failed, and said so
             return
 
 

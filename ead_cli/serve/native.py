@@ -33,9 +33,12 @@ from .app import (
     Scored,
     ScoredText,
     answer_messages,
+    choice_jobs,
     collected,
     error_of,
+    in_turn,
     log_answered,
+    queued_in_turn,
     token_fields,
     usage_checked,
 )
@@ -281,13 +284,22 @@ def stop_of(
 
 
 class _Completion:
-    """One /completion answer in llama-server's shapes: whole, or a server-sent event per token (its
-    text and id) and a last one with the figures, without OpenAI's ``[DONE]``."""
+    """One /completion answer (one of its ``n_cmpl`` choices, the ``index``-th) in llama-server's shapes:
+    whole, or a server-sent event per token (its text and id) and a last one with the figures, without
+    OpenAI's ``[DONE]``."""
 
     def __init__(
-        self, engine: Engine, job: Job, body: CompletionRequest, asked: NativeCompletion, path: str, log: Log
+        self,
+        engine: Engine,
+        job: Job,
+        body: CompletionRequest,
+        asked: NativeCompletion,
+        path: str,
+        log: Log,
+        index: int = 0,
     ) -> None:
-        self.engine, self.job, self.path, self.log = engine, job, path, log
+        self.engine, self.job, self.path, self.log, self.index = engine, job, path, log, index
+        self.finished = False  # its last object sent (streamed): not failed
         self.stream, self.return_tokens = body.stream is True, asked.return_tokens is True
         self.samplers, self.n_predict = body.sampler_names(), asked.n_predict
         self.respelled = asked.respelled
@@ -327,7 +339,7 @@ class _Completion:
         stop_type, word = stop_of(runner, self.job.generation.stop, events, summary)
         generation = self.job.generation
         return {
-            "index": 0,
+            "index": self.index,
             "content": "" if self.stream else content,
             "tokens": ids if self.return_tokens and not self.stream else [],
             "id_slot": 0,
@@ -367,7 +379,7 @@ class _Completion:
                     event = message.event
                     events.append(event)
                     part = {
-                        "index": 0,
+                        "index": self.index,
                         "content": event.text,
                         "tokens": [event.token],
                         "stop": False,
@@ -386,20 +398,22 @@ class _Completion:
                     yield error.sse_event()
                 else:
                     last = self._final(events, message.summary, self.scored.finish())
+                    self.finished = True
                     yield {"data": json.dumps(picked(last, self.fields), ensure_ascii=False)}
 
-    async def whole(self, ticket: Ticket, request: Request) -> JSONResponse:
+    async def whole(self, ticket: Ticket, request: Request) -> dict[str, Any] | None:
+        """The answer's one object; None where the client left while it waited (the job cancelled)."""
         try:
             answer = await collected(ticket, request)
         except ApiError as error:  # the generation failed (a schema no answer meets)
             raise self.respelled(error) from None
         if answer is None:
-            return JSONResponse({}, status_code=499)
+            return None
         tokens, summary = answer
         events = [token.event for token in tokens]
         scored = [entry for token in tokens for entry in self.scored.add(token)] + self.scored.finish()
         ead_tokens = [token_fields(event) for event in events]
-        return JSONResponse(picked(self._final(events, summary, scored, tokens=ead_tokens), self.fields))
+        return picked(self._final(events, summary, scored, tokens=ead_tokens), self.fields)
 
 
 def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeOptions) -> None:
@@ -429,12 +443,26 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
         return await _answered(request, asked, body, job)
 
     async def _answered(request: Request, asked: NativeCompletion, body: CompletionRequest, job: Job) -> Any:
-        """The answer in llama-server's shapes: whole, or server-sent events."""
-        answer = _Completion(engine, job, body, asked, request.url.path, requests.log)
-        ticket = requests.submit(job)
+        """The answer in llama-server's shapes: whole, or server-sent events; of several choices
+        (``n_cmpl``, or ``n``), drawn one after the other as OpenAI's, a list of the objects in order,
+        or each choice's events in turn (each object indexed)."""
+        jobs = choice_jobs(job, body.choices())
+        answers = [
+            _Completion(engine, each, body, asked, request.url.path, requests.log, index)
+            for index, each in enumerate(jobs)
+        ]
+        tickets = queued_in_turn(jobs, requests.submit)
         if body.stream:
-            return EventSourceResponse(answer.events(ticket), ping=15)
-        return await answer.whole(ticket, request)
+            streams = [answer.events for answer in answers]
+            events = in_turn(tickets, streams, lambda index: answers[index].finished)
+            return EventSourceResponse(events, ping=15)
+        objects = []
+        for answer, ticket in zip(answers, tickets, strict=True):
+            whole = await answer.whole(ticket(), request)
+            if whole is None:
+                return JSONResponse({}, status_code=499)
+            objects.append(whole)
+        return JSONResponse(objects[0] if len(objects) == 1 else objects)
 
     @app.api_route("/props", methods=["GET", "HEAD"], dependencies=keyed)
     async def props() -> dict[str, Any]:

@@ -281,7 +281,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "modalities": (None, ["text"]),
     "prediction": (None,),
     "n_predict": (None, -1),  # llama-server's max_tokens; -1: no limit
-    "n_cmpl": (None, 1),
     "dynatemp_range": (None, 0),
     "min_keep": (None, 0, 1),  # ead's chain keeps one token at least, as llama.cpp's does with 0
     "grammar": (None, ""),
@@ -621,6 +620,7 @@ class CompletionBase(BaseModel):
     ) = None
     seed: Annotated[int, Field(ge=-1, le=2**32 - 2)] | None = None  # -1: a fresh one, as llama-server
     n: Positive | None = None
+    n_cmpl: Positive | None = None  # llama-server's name of n
     response_format: ResponseFormat | None = None
     top_k: TopK | None = None  # llama-server's spelling of ead.top_k
     min_p: MinP | None = None
@@ -697,14 +697,18 @@ class CompletionBase(BaseModel):
         chat's thinking alone (its template's tags)."""
         return -1, default_message
 
+    def choices(self) -> int:
+        """How many choices the answer has: ``n``, or llama-server's ``n_cmpl`` (both: the same)."""
+        return either("n", self.n, "n_cmpl", self.n_cmpl) or 1
+
     def check_supported(self, choices: int = 1) -> None:
         """A 400 naming the first field given that ead serve would otherwise ignore: ``n`` past the
         ``choices`` the route writes (OpenAI's write up to ``MAX_CHOICES``, the others one)."""
-        if (self.n or 1) > choices:
+        if self.choices() > choices:
             said = (
                 "one choice per request (n: 1)" if choices == 1 else f"at most {choices} choices per request"
             )
-            raise unsupported("n", said)
+            raise unsupported("n" if self.n is not None else "n_cmpl", said)
         if self.stream_options is not None and not self.stream:  # OpenAI's 400, in its words
             message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
             raise ApiError(400, message, code="invalid_value", param="stream_options")
