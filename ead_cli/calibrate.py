@@ -27,7 +27,7 @@ from .option_table import OPTIONS
 from .options import PolicyOptions
 from .paths import check_can_save, check_kept_file, config_file, lookup, read_file_text, save_json, unreadable
 from .policies import POLICY_KINDS, Fixed
-from .prompt import encode_fitting, render_prompt
+from .prompt import chat_template, encode_fitting, render_prompt
 from .runner import Runner
 from .sampling import SamplingParams
 
@@ -236,6 +236,20 @@ def check_target_share(target: float) -> None:
         raise EadError(f"--target-share must be in (0, 1), got {target}", exit_code=2)
 
 
+def measured_on(domain: str, file: Path | None, runner: Runner) -> str:
+    """What a calibration's answers were written from, as its saved τ says it when a run uses it: the
+    prompts (a domain's built-in ones, or a file's) and the chat template that wrote them."""
+    if file is not None:
+        prompts = f"the prompts of {shown_path(file.resolve())}"
+    elif domain == "all":
+        *first, last = PROMPTS
+        prompts = f"the built-in {', '.join(first)} and {last} prompts"
+    else:
+        prompts = f"the built-in {domain} prompts"
+    template = chat_template(runner)
+    return f"{prompts}, written with {template.origin}" if template else f"{prompts}, as raw text"
+
+
 def calibrate(
     runners: Sequence[Runner],
     policies: Sequence[PolicyOptions],
@@ -311,9 +325,16 @@ def check_saving() -> Path:
     return path
 
 
-def save(small: str, large: str, results: Sequence[Calibration], path: Path | None = None) -> Path:
+def save(
+    small: str,
+    large: str,
+    results: Sequence[Calibration],
+    path: Path | None = None,
+    measured: str | None = None,
+) -> Path:
     """Merge the results into the calibration file (written whole to a temporary name, then renamed: a
-    failed write leaves the old file as it was, and no temporary)."""
+    failed write leaves the old file as it was, and no temporary), each with what it was ``measured`` on
+    (``measured_on``)."""
     path = path or config_file()
     data = _read(path)
     entry = data.setdefault(pair_key(small, large), {})
@@ -326,6 +347,8 @@ def save(small: str, large: str, results: Sequence[Calibration], path: Path | No
         }
         if result.settings is not None:
             entry[result.policy]["settings"] = result.settings
+        if measured is not None:
+            entry[result.policy]["measured_on"] = measured
     return save_json(path, data, "the calibration", indent=2)
 
 
@@ -377,6 +400,17 @@ class PairTaus:
                 f"({', '.join(known)}) and values it takes"
             ) from None
 
+    def measured_on(self, policy: str) -> str | None:
+        """What this policy's τ was measured on (``measured_on``'s words); None for an entry of an older
+        ead, which did not record it."""
+        said = self.entries.get(policy, {}).get("measured_on")
+        if said is not None and not isinstance(said, str):
+            raise EadError(
+                f"the calibration file {shown_path(self.path)} holds {policy} measured_on "
+                f"{json.dumps(said)} for {self.pair}: not a text"
+            )
+        return said
+
     def applied(self, options: PolicyOptions) -> SavedTau:
         """``options`` with this policy's saved τ where it was measured under their rule settings."""
         saved = self.saved(options.policy)
@@ -385,17 +419,19 @@ class PairTaus:
         tau, measured = saved
         settings = rule_settings(options)
         if settings == measured:
-            return SavedTau(replace(options, tau=tau), applied=True)
+            return SavedTau(replace(options, tau=tau), applied=True, on=self.measured_on(options.policy))
         return SavedTau(options, mismatch=_mismatch(options.policy, measured, settings))
 
 
 class SavedTau(NamedTuple):
-    """``options`` with the pair's saved τ where it ``applied``; ``mismatch``: a note where one was saved
-    for the policy under other rule settings than the run's, which keep the policy's default τ."""
+    """``options`` with the pair's saved τ where it ``applied`` (``on``: what it was measured on, where
+    its entry says); ``mismatch``: a note where one was saved for the policy under other rule settings
+    than the run's, which keep the policy's default τ."""
 
     options: PolicyOptions
     applied: bool = False
     mismatch: str | None = None
+    on: str | None = None
 
 
 def saved_taus(options: PolicyOptions, runners: Sequence[Runner]) -> PairTaus | None:
@@ -407,6 +443,7 @@ def saved_taus(options: PolicyOptions, runners: Sequence[Runner]) -> PairTaus | 
     taus = PairTaus.read(runners[0].label, runners[1].label)
     for policy in POLICY_KINDS:
         taus.saved(policy)
+        taus.measured_on(policy)
     return taus
 
 

@@ -14,7 +14,7 @@ from serve_process import Server
 from test_cli import assert_one_line_error, ead, ead_to_a_closed_pipe, pair_args
 
 from ead_cli import calibrate as calibration
-from ead_cli.errors import EadError
+from ead_cli.errors import EadError, shown_path
 from ead_cli.options import PolicyOptions
 
 
@@ -130,9 +130,14 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     header, *rows = result.stdout.decode().splitlines()
     assert header == "policy  tau (bits)  predicted share  measured share (held out)"
     assert [row.split()[0] for row in rows] == ["gate", "ead"]
-    assert f"saved to '{config}'" in result.stderr.decode().splitlines()  # one line, however long
+    measured = "the built-in code, prose and maths prompts, written with the chat template of " + shown_path(
+        tiny_pair[0].name
+    )
+    # one line, however long
+    assert f"saved to '{config}', measured on {measured}" in result.stderr.decode().splitlines()
     saved = json.loads(config.read_text())
     entry = saved[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]
+    assert entry["gate"]["measured_on"] == entry["ead"]["measured_on"] == measured
     assert entry["gate"]["predicted_share"] == pytest.approx(0.3, abs=0.05)
     assert 0 < entry["gate"]["measured_share"] < 1
 
@@ -148,8 +153,42 @@ def test_calibrate_saves_and_generate_uses_the_tau_unless_given(
     assert taus("--policy", "ead") == {entry["ead"]["tau"]}
     assert taus("--tau", "2") == {2.0}
     said = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "--stats", "x", env=env)
-    note = f"tau {entry['gate']['tau']:.3f}: calibrated for this pair ('{config}'); --tau overrides"
+    tau = entry["gate"]["tau"]
+    note = f"tau {tau:.3f}: calibrated for this pair on {measured} ('{config}'); --tau overrides"
     assert note in said.stderr.decode().splitlines()
+
+
+def test_a_saved_tau_says_which_prompts_and_template_it_was_measured_on(
+    tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A prompts file and a template given in place of the models' own are recorded with the τ, and a run
+    that uses the τ says them; an entry of an older ead, without them, is used and said as before."""
+    config, prompts = tmp_path / "calibration.json", tmp_path / "mine.txt"
+    prompts.write_text("write a loop\nsort a list\n")
+    env = {"EAD_CONFIG": str(config)}
+    given = ["--prompts", str(prompts), "--chat-template", "llama2", "--no-check", "--save"]
+    result = ead(
+        "calibrate", *pair_args(tiny_pair), "--policy", "gate", "--max-tokens", "20", *given, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    measured = f"the prompts of {shown_path(prompts)}, written with --chat-template llama2"
+    entry = json.loads(config.read_text())[f"{tiny_pair[0].name} + {tiny_pair[1].name}"]["gate"]
+    assert entry["measured_on"] == measured
+
+    def note() -> str:
+        said = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "--stats", "x", env=env)
+        assert said.returncode == 0, said.stderr
+        return next(line for line in said.stderr.decode().splitlines() if "calibrated for this pair" in line)
+
+    tau, where = entry["tau"], f"({shown_path(config)}); --tau overrides"
+    assert note() == f"tau {tau:.3f}: calibrated for this pair on {measured} {where}"
+    del entry["measured_on"]
+    config.write_text(json.dumps({f"{tiny_pair[0].name} + {tiny_pair[1].name}": {"gate": entry}}))
+    assert note() == f"tau {tau:.3f}: calibrated for this pair {where}"
+    entry["measured_on"] = 3
+    config.write_text(json.dumps({f"{tiny_pair[0].name} + {tiny_pair[1].name}": {"gate": entry}}))
+    refused = ead("generate", *pair_args(tiny_pair), "--mode", "ead", "x", env=env)
+    assert_one_line_error(refused, 1, f"the calibration file {config}", "holds gate measured_on 3 for")
 
 
 def test_a_policy_that_cannot_be_calibrated_leaves_the_others_shown_and_saved(

@@ -413,8 +413,9 @@ def _apply_saved_tau(
     if saved.mismatch is not None:  # said whenever: the τ the user calibrated goes unused
         say_progress(f"note: {saved.mismatch}")
     elif saved.applied and announce:
+        on = "" if saved.on is None else f" on {saved.on}"
         say_progress(
-            f"tau {saved.options.tau:.3f}: calibrated for this pair ({shown_path(config_file())}); "
+            f"tau {saved.options.tau:.3f}: calibrated for this pair{on} ({shown_path(config_file())}); "
             "--tau overrides"
         )
     return saved.options
@@ -493,7 +494,8 @@ def calibrate(
             raise failures[0]
         if saving is not None:  # before the table: a reader gone (`| head`) ends the run where it is shown
             pair = labels or (runners[0].label, runners[1].label)
-            path = calibration.save(*pair, results, saving)
+            measured = calibration.measured_on("all" if domain is None else domain, prompts, runners[0])
+            path = calibration.save(*pair, results, saving, measured)
         table = Table(box=None, pad_edge=False)
         for column in ("policy", "tau (bits)", "predicted share", "measured share (held out)"):
             table.add_column(column, justify="left" if column == "policy" else "right")
@@ -502,7 +504,7 @@ def calibrate(
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
         print_table(table)
         if saving is not None:
-            say_progress(f"saved to {shown_path(path)}")
+            say_progress(f"saved to {shown_path(path)}, measured on {measured}")
     finally:
         close_all(runners)
     if failures:  # the others are shown (and saved): one line for the first that could not be calibrated
