@@ -413,8 +413,11 @@ def not_served(asked: str, nearest: str | None = None) -> str:
         ("/v1/completions", {"prompt": 5}, 400, "prompt"),
         ("/v1/completions", {"prompt": [-1]}, 400, "prompt"),
         ("/v1/completions", {"prompt": []}, 400, "prompt"),
-        ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
-        ("/v1/completions", {"prompt": [[1], [2]]}, 400, "prompt"),
+        # a batch: the prompt at fault named by its place
+        ("/v1/completions", {"prompt": ["a", ""]}, 400, "prompt.1: the prompt is empty"),
+        ("/v1/completions", {"prompt": [[1], [10**6]]}, 400, "prompt.1: token id 1000000 is not in the"),
+        ("/v1/completions", {"prompt": ["a"] * 65}, 400, "prompt: List should have at most 64 items"),
+        ("/v1/completions", {"prompt": ["a"] * 5, "n": 13}, 400, "prompt: 5 prompts of 13 choices each: at"),
         # token ids, one not an integer: had been "prompt: List should have at most 1 item" (of strings)
         ("/v1/completions", {"prompt": [1, 2, 3.5]}, 400, "prompt.2: Input should be a valid integer"),
         ("/v1/completions", {"prompt": [1.5]}, 400, "prompt.0: Input should be a valid integer"),

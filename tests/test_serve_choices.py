@@ -1,6 +1,7 @@
 """OpenAI's ``n`` on /v1/chat/completions and /v1/completions, and llama-server's ``n_cmpl`` on /completion:
 several choices of one answer, each drawn with the request's seed plus its index, whole and streamed,
-through the openai client and over raw HTTP; the other APIs keep one choice."""
+through the openai client and over raw HTTP; a text completion's batch of prompts, each answered in turn;
+the other APIs keep one choice."""
 
 from __future__ import annotations
 
@@ -124,6 +125,47 @@ def test_n_cmpl_is_ns_other_name_on_openais_routes(server: Server) -> None:
     assert [choice["text"] for choice in answer["choices"]] == [
         choice["text"] for choice in completed(server, n=2, seed=3)["choices"]
     ]
+
+
+def test_a_batch_of_prompts_answers_each_in_turn_indexed_as_openai_and_llama_server(server: Server) -> None:
+    """A list of prompts (texts, or token ids) with n 2: prompt i's choice j at index 2i + j, each the
+    answer that prompt gets alone with seed + j; the usage counts each prompt once; /completion gives
+    the same answers as a list of llama-server's objects."""
+    prompts = ["hi", "tell me"]
+    answer = completed(server, prompt=prompts, n=2, seed=5)
+    choices = answer["choices"]
+    assert [choice["index"] for choice in choices] == [0, 1, 2, 3]
+    alone = [completed(server, prompt=prompt, n=2, seed=5) for prompt in prompts]
+    assert [choice["text"] for choice in choices] == [c["text"] for each in alone for c in each["choices"]]
+    assert [choice["ead"]["seed"] for choice in choices] == [5, 6, 5, 6]
+    usage, read = answer["usage"], [each["usage"]["prompt_tokens"] for each in alone]
+    assert read[0] != read[1] and usage["prompt_tokens"] == sum(read)
+    assert usage["completion_tokens"] == 24 and usage["total_tokens"] == sum(read) + 24
+    ids = [choice["ead"]["summary"]["prompt_tokens"] for choice in choices]
+    assert ids == [read[0], read[0], read[1], read[1]]
+    native = completed(server, "/completion", prompt=prompts, n_cmpl=2, seed=5)
+    assert [each["index"] for each in native] == [0, 1, 2, 3]
+    assert [each["content"] for each in native] == [choice["text"] for choice in choices]
+    tokens = httpx.post(f"{server.url}/tokenize", json={"content": "tell me"}, timeout=60).json()["tokens"]
+    by_ids = completed(server, prompt=[tokens, [*tokens, *tokens]], seed=5)["choices"]
+    assert [choice["text"] for choice in by_ids] == [
+        completed(server, prompt=ids, seed=5)["choices"][0]["text"] for ids in (tokens, [*tokens, *tokens])
+    ]
+
+
+def test_a_streamed_batch_gives_each_prompts_choices_in_turn(client: openai.OpenAI) -> None:
+    """The openai client's batch, streamed: each index's deltas add up to its whole text; the usage of
+    every prompt and choice last."""
+    asked = {"model": "ead", "prompt": ["hi", "tell me"], "seed": 2, **DRAWN}
+    whole = client.completions.create(**asked)
+    streamed = ["", ""]
+    chunks = list(client.completions.create(**asked, stream=True, stream_options={"include_usage": True}))
+    for chunk in chunks[:-1]:
+        [choice] = chunk.choices
+        streamed[choice.index] += choice.text
+    assert streamed == [choice.text for choice in whole.choices]
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 12
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,7 @@ from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
     CHAIN_ONLY_FIELDS,
     LLAMA_SAMPLERS,
+    MAX_ANSWERS,
     MAX_CHOICES,
     PENALTIES,
     Api,
@@ -175,9 +176,9 @@ class Requests:
     curl_body: Callable[[Request], Awaitable[bytes]]  # as ollama takes it: a bare curl -d's too
     chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
     template: Callable[[bytes], Awaitable[str]]  # a chat request's body: its prompt, rendered
-    text: Callable[[bytes], Awaitable[tuple[CompletionRequest, Job]]]  # a text completion's
+    text: Callable[[bytes], Awaitable[tuple[CompletionRequest, list[Job]]]]  # a text completion's (a batch)
     # a text completion's, filled in the middle with llama-server's /infill parts
-    infill: Callable[[bytes, Infill], Awaitable[tuple[CompletionRequest, Job]]]
+    infill: Callable[[bytes, Infill], Awaitable[tuple[CompletionRequest, list[Job]]]]
     submit: Callable[[Job], Ticket]
     served_model: Callable[[], dict[str, Any]]  # the one model, as /v1/models lists it
     log: Log
@@ -926,8 +927,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(request: Request) -> Any:
         data = await _json_body(request)
-        prepare = functools.partial(_prepare_chat, choices=MAX_CHOICES)
-        return await _answer(request, *await prepared(prepare, data), "chat.completion")
+        body, job = await prepared(functools.partial(_prepare_chat, choices=MAX_CHOICES), data)
+        return await _answer(request, body, [job], "chat.completion")
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Any:
@@ -1056,18 +1057,40 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _prepare_text(
         data: bytes, infill: Infill | None = None, choices: int = 1
-    ) -> tuple[CompletionRequest, Job]:
-        """A text completion's body and job; fill-in-the-middle with a suffix that is not empty (an empty
-        one, what clients send for none, is none, as ollama reads it), or always with llama-server's
-        /infill's ``infill`` parts (its extra files, and the text after the prefix). ``choices``: the most
-        ``n`` the route writes."""
+    ) -> tuple[CompletionRequest, list[Job]]:
+        """A text completion's body and its prompts' jobs (a batch's, in order); each filled in the middle
+        with a suffix that is not empty (an empty one, what clients send for none, is none, as ollama reads
+        it), or always with llama-server's /infill's ``infill`` parts (its extra files, and the text after
+        the prefix). ``choices``: the most ``n`` the route writes. A batch's fault names its prompt
+        (``prompt.1``)."""
         body = _accepted(CompletionRequest, data, choices)
-        text = body.text()
+        prompts = body.prompts()
+        if len(prompts) * body.choices() > MAX_ANSWERS:
+            message = (
+                f"prompt: {len(prompts)} prompts of {body.choices()} choices each: at most {MAX_ANSWERS} "
+                "answers per request"
+            )
+            raise ApiError(400, message, code="invalid_value", param="prompt")
+        jobs = []
+        for index, given in enumerate(prompts):
+            try:
+                jobs.append(_text_job(body, given, infill))
+            except ApiError as error:
+                if len(prompts) == 1 or error.param != "prompt":
+                    raise
+                where = f"prompt.{index}"
+                message = f"{where}: {error.message.removeprefix('prompt: ')}"
+                raise ApiError(error.status, message, kind=error.kind, code=error.code, param=where) from None
+        return body, jobs
+
+    def _text_job(body: CompletionRequest, given: str | list[int], infill: Infill | None) -> Job:
+        """One prompt's job: a text, or token ids."""
+        text = given if isinstance(given, str) else None
         if body.suffix or infill is not None:
-            return body, _job(body, _infill(body, text, *(infill or ((), ""))))
+            return _job(body, _infill(body, text, *(infill or ((), ""))))
         if text is None:
-            return body, _job(body, known_tokens(body.token_ids(), engine.runners[0].n_vocab, "prompt"))
-        return body, _job(body, usage_checked(lambda: check_prompt_text(text), "prompt"))
+            return _job(body, known_tokens(given, engine.runners[0].n_vocab, "prompt"))  # type: ignore[arg-type]
+        return _job(body, usage_checked(lambda: check_prompt_text(text), "prompt"))
 
     def _infill(
         body: CompletionRequest, prefix: str | None, extra: Sequence[tuple[str, str]], middle: str
@@ -1152,11 +1175,13 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             raise _busy(full) from None
         return ticket
 
-    async def _answer(request: Request, body: CompletionBase, job: Job, kind: str) -> Any:
-        """OpenAI's answer of ``n`` choices: one job each, drawn one after the other (the first queued
-        now: a full queue is a 503), choice i with the request's seed + i, so each differs where the
-        answer is drawn, and a seed given draws the same choices again."""
-        jobs = choice_jobs(job, body.choices())
+    async def _answer(request: Request, body: CompletionBase, prompts: list[Job], kind: str) -> Any:
+        """OpenAI's answer of ``n`` choices of each prompt (a text completion's batch: prompt i's choice j
+        is choice i * n + j, as OpenAI and llama-server index them): one job each, drawn one after the
+        other (the first queued now: a full queue is a 503), choice j with the request's seed + j, so each
+        differs where the answer is drawn, and a seed given draws the same choices again."""
+        per_prompt = body.choices()
+        jobs = [each for job in prompts for each in choice_jobs(job, per_prompt)]
         names = body.tool_names() if isinstance(body, ChatRequest) else None
         answer = new_answer(kind)
         replies = [
@@ -1168,12 +1193,13 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 piece=engine.runners[0].token_bytes,
                 tools=names,
                 parallel=not isinstance(body, ChatRequest) or body.parallel_tool_calls is not False,
-                prefill=job.prefill,
-                thinking=job.thinking,
+                prefill=each.prefill,
+                thinking=each.thinking,
                 usage_chunk=body.stream_options is not None and body.stream_options.include_usage is True,
                 progress=body.return_progress is True,
                 index=index,
                 answer=answer,
+                per_prompt=per_prompt,
             )
             for index, each in enumerate(jobs)
         ]
@@ -1659,9 +1685,11 @@ class _Reply:
         progress: bool = False,
         index: int = 0,
         answer: tuple[str, int] | None = None,
+        per_prompt: int = 1,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
-        self.index = index  # its place among the answer's choices (OpenAI's n)
+        self.index = index  # its place among the answer's choices (OpenAI's n, a batch's prompts)
+        self.per_prompt = per_prompt  # each prompt's choices: the usage counts each prompt once
         self.progress = progress  # llama-server's return_progress: a chunk per batch of the prompt read
         # stream_options.include_usage: the usage in a last chunk of its own, with no choice, as OpenAI
         # and llama-server send it (clients that asked for it read it there); else on the finish chunk
@@ -1822,14 +1850,18 @@ class _Reply:
                         yield {"data": chunk}
                 finish = _finish(message.summary, called=reader is not None and bool(reader.calls))
                 ead = {"summary": asdict(message.summary), "seed": self.seed}
-                usage = {"usage": _usage(message.summary)}
+                usage = {"usage": _usage([message.summary])}
                 extra = {"ead": ead} if self.usage_chunk else {**usage, "ead": ead}
                 yield {"data": self._chunk(None, finish, self._logprobs(self._scored.finish()), **extra)}
                 if not last:
                     return
                 if self.usage_chunk:
                     kind = "chat.completion.chunk" if self.chat else "text_completion"
-                    yield {"data": json.dumps(self._envelope(kind, None, usage=_usage(*summaries)))}
+                    yield {
+                        "data": json.dumps(
+                            self._envelope(kind, None, usage=_usage(summaries, self.per_prompt))
+                        )
+                    }
                 yield {"data": "[DONE]"}
 
     async def choice(
@@ -1888,7 +1920,7 @@ class _Reply:
         ]
         extra = {} if several else {"ead": answers[0][2]}
         envelope = self._envelope(
-            self.kind, None, usage=_usage(*(summary for _, summary, _ in answers)), **extra
+            self.kind, None, usage=_usage([summary for _, summary, _ in answers], self.per_prompt), **extra
         )
         return envelope | {"choices": choices}
 
@@ -2010,15 +2042,16 @@ def token_fields(event: TokenEvent) -> dict[str, Any]:
     return fields
 
 
-def _usage(*summaries: Summary) -> dict[str, Any]:
-    """OpenAI's usage of an answer's choices: the prompt counted once (the first choice's read), the
-    tokens of every choice."""
-    first, generated = summaries[0], sum(summary.generated for summary in summaries)
+def _usage(summaries: Sequence[Summary], per_prompt: int = 1) -> dict[str, Any]:
+    """OpenAI's usage of an answer's choices, ``per_prompt`` of each prompt in turn: each prompt counted
+    once (its first choice's read), the tokens of every choice."""
+    firsts, generated = summaries[::per_prompt], sum(summary.generated for summary in summaries)
+    read = sum(first.prompt_tokens for first in firsts)
     return {
-        "prompt_tokens": first.prompt_tokens,
+        "prompt_tokens": read,
         "completion_tokens": generated,
-        "total_tokens": first.prompt_tokens + generated,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens(first)},
+        "total_tokens": read + generated,
+        "prompt_tokens_details": {"cached_tokens": sum(cached_tokens(first) for first in firsts)},
     }
 
 

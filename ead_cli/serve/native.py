@@ -426,10 +426,10 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
     async def completion(request: Request) -> Any:
         asked = parse(NativeCompletion, await requests.json_body(request))
         try:
-            body, job = await requests.text(json.dumps(asked.openai_body(engine.n_ctx)).encode())
+            body, jobs = await requests.text(json.dumps(asked.openai_body(engine.n_ctx)).encode())
         except ApiError as error:
             raise asked.respelled(error) from None
-        return await _answered(request, asked, body, job)
+        return await _answered(request, asked, body, jobs)
 
     @app.post("/infill", dependencies=keyed)
     async def infill(request: Request) -> Any:
@@ -437,16 +437,19 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
         parts = asked.fim_parts()
         try:
             data = json.dumps(asked.openai_body(engine.n_ctx)).encode()
-            body, job = await requests.infill(data, parts)
+            body, jobs = await requests.infill(data, parts)
         except ApiError as error:
             raise asked.respelled(error) from None
-        return await _answered(request, asked, body, job)
+        return await _answered(request, asked, body, jobs)
 
-    async def _answered(request: Request, asked: NativeCompletion, body: CompletionRequest, job: Job) -> Any:
-        """The answer in llama-server's shapes: whole, or server-sent events; of several choices
-        (``n_cmpl``, or ``n``), drawn one after the other as OpenAI's, a list of the objects in order,
-        or each choice's events in turn (each object indexed)."""
-        jobs = choice_jobs(job, body.choices())
+    async def _answered(
+        request: Request, asked: NativeCompletion, body: CompletionRequest, prompts: list[Job]
+    ) -> Any:
+        """The answer in llama-server's shapes: whole, or server-sent events; of several prompts (a batch)
+        or choices (``n_cmpl``, or ``n``), drawn one after the other as OpenAI's, a list of the objects in
+        order (prompt i's choice j at i * n_cmpl + j, as llama-server), or each one's events in turn (each
+        object indexed)."""
+        jobs = [each for job in prompts for each in choice_jobs(job, body.choices())]
         answers = [
             _Completion(engine, each, body, asked, request.url.path, requests.log, index)
             for index, each in enumerate(jobs)

@@ -745,9 +745,12 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
         piece = engine.runners[0].token_bytes
         if asked.loads_only():
             return _Answer(chat, asked.model, request.url.path, requests.log, piece).last("", None, {})
-        prepare = requests.chat if "messages" in body else requests.text
+        data = json.dumps(body).encode()
         try:
-            prepared, job = await prepare(json.dumps(body).encode())
+            if "messages" in body:
+                prepared, job = await requests.chat(data)
+            else:
+                prepared, [job] = await requests.text(data)  # ollama's one prompt
         except ApiError as error:
             raise _respelled(error) from None
         tools = prepared.tool_names() if isinstance(prepared, ChatRequest) else None

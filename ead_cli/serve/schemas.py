@@ -39,6 +39,9 @@ from .converter import (
 
 MAX_COUNT = 2**20  # the bound of every count in a request: far past any use, far below an overflow
 MAX_CHOICES = 16  # OpenAI's n: each choice is one more answer, drawn after the one before
+# a text completion's batch of prompts (a list of them, as OpenAI and llama-server take it), and its
+# answers in all (each prompt's n choices), each drawn in turn
+MAX_ANSWERS = 64
 MAX_STOPS = 16  # stop strings a request may give (OpenAI takes 4, llama-server any number)
 MAX_STOP_CHARS = 512
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
@@ -966,14 +969,14 @@ def _prompt_form(value: Any) -> str:
 
 
 class CompletionRequest(CompletionBase):
-    """A text completion's prompt: a string, or token ids as llama-server and OpenAI take them (one prompt
-    either way, in a list of one or alone: a list of several is a batch, which ead serve does not do)."""
+    """A text completion's prompt: a string, or token ids as llama-server and OpenAI take them; a list of
+    several is a batch (strings, or lists of ids), each prompt answered in turn."""
 
     prompt: Annotated[
         Annotated[str, Tag("str")]
-        | Annotated[list[str], Field(min_length=1, max_length=1), Tag("list[str]")]
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_ANSWERS), Tag("list[str]")]
         | Annotated[TokenIds, Tag("list[int]")]
-        | Annotated[list[TokenIds], Field(min_length=1, max_length=1), Tag("list[list]")],
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_ANSWERS), Tag("list[list]")],
         Discriminator(_prompt_form),
     ]
     # the text after the cursor, where the prompt is the text before it: a fill-in-the-middle completion
@@ -986,15 +989,12 @@ class CompletionRequest(CompletionBase):
         """Text completions ask with ``logprobs: N``."""
         return self.logprobs
 
-    def text(self) -> str | None:
-        """The prompt's text; None where it is token ids."""
-        prompt = self.prompt[0] if isinstance(self.prompt, list) and len(self.prompt) == 1 else self.prompt
-        return prompt if isinstance(prompt, str) else None
-
-    def token_ids(self) -> list[int]:
-        """The prompt's token ids, where it is given as such (``text()`` is None)."""
+    def prompts(self) -> list[str | list[int]]:
+        """The batch's prompts, each a text or token ids (a single prompt: a batch of one)."""
         prompt = self.prompt
-        return prompt[0] if isinstance(prompt[0], list) else prompt  # type: ignore[return-value]
+        if isinstance(prompt, str) or isinstance(prompt[0], int):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
 
 
 MAX_EMBEDDING_INPUTS = 2048  # inputs one embedding request may give (OpenAI's bound)
