@@ -1085,12 +1085,12 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
 
     def _text_job(body: CompletionRequest, given: str | list[int], infill: Infill | None) -> Job:
         """One prompt's job: a text, or token ids."""
-        text = given if isinstance(given, str) else None
         if body.suffix or infill is not None:
+            text = given if isinstance(given, str) else None
             return _job(body, _infill(body, text, *(infill or ((), ""))))
-        if text is None:
-            return _job(body, known_tokens(given, engine.runners[0].n_vocab, "prompt"))  # type: ignore[arg-type]
-        return _job(body, usage_checked(lambda: check_prompt_text(text), "prompt"))
+        if isinstance(given, list):
+            return _job(body, known_tokens(given, engine.runners[0].n_vocab, "prompt"))
+        return _job(body, usage_checked(lambda: check_prompt_text(given), "prompt"))
 
     def _infill(
         body: CompletionRequest, prefix: str | None, extra: Sequence[tuple[str, str]], middle: str
