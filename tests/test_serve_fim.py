@@ -59,6 +59,27 @@ def infill(server: Server, **body: Any) -> dict[str, Any]:
     return reply.json()
 
 
+def test_infills_choices_and_a_batch_of_prefixes_each_fill_the_middle(server: Server) -> None:
+    """/infill's n_cmpl 2: a list of two objects, each the infill its seed gets alone; /v1/completions'
+    batch of two prefixes with one suffix: each the suffixed completion of its prefix alone."""
+    asked = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 6, "temperature": 1.5}
+    both = infill(server, **asked, n_cmpl=2, seed=3)
+    assert [each["index"] for each in both] == [0, 1]
+    alone = [infill(server, **asked, seed=seed)["content"] for seed in (3, 4)]
+    assert [each["content"] for each in both] == alone and alone[0] != alone[1]
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    prefixes = [PREFIX, "def sub(a, b):\n    "]
+    batch = client.completions.create(
+        model="ead", prompt=prefixes, suffix=SUFFIX, max_tokens=6, temperature=0
+    )
+    each = [
+        client.completions.create(model="ead", prompt=prefix, suffix=SUFFIX, max_tokens=6, temperature=0)
+        for prefix in prefixes
+    ]
+    assert [choice.text for choice in batch.choices] == [answer.choices[0].text for answer in each]
+    assert batch.usage.prompt_tokens == sum(answer.usage.prompt_tokens for answer in each)
+
+
 def test_infill_whole_and_streamed_is_the_suffixed_completion(server: Server) -> None:
     whole = infill(
         server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=8, temperature=0, return_tokens=True
