@@ -494,8 +494,8 @@ def calibrate(
             raise failures[0]
         if saving is not None:  # before the table: a reader gone (`| head`) ends the run where it is shown
             pair = labels or (runners[0].label, runners[1].label)
-            measured = calibration.measured_on("all" if domain is None else domain, prompts, runners[0])
-            path = calibration.save(*pair, results, saving, measured)
+            written_from = calibration.measured_on("all" if domain is None else domain, prompts, runners[0])
+            path = calibration.save(*pair, results, saving, written_from)
         table = Table(box=None, pad_edge=False)
         for column in ("policy", "tau (bits)", "predicted share", "measured share (held out)"):
             table.add_column(column, justify="left" if column == "policy" else "right")
@@ -504,7 +504,7 @@ def calibrate(
             table.add_row(result.policy, f"{result.tau:.3f}", f"{result.predicted_share:.1%}", measured)
         print_table(table)
         if saving is not None:
-            say_progress(f"saved to {shown_path(path)}, measured on {measured}")
+            say_progress(f"saved to {shown_path(path)}, measured on {written_from}")
     finally:
         close_all(runners)
     if failures:  # the others are shown (and saved): one line for the first that could not be calibrated
