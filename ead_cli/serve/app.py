@@ -119,6 +119,7 @@ Body = TypeVar("Body", bound=CompletionBase)
 Infill = tuple[Sequence[tuple[str, str]], str]
 Prepared = TypeVar("Prepared")
 Event = TypeVar("Event")  # a stream's event, as its route writes it
+Whole = TypeVar("Whole")  # a choice's whole answer, as its route writes it
 
 MODEL_ID = (
     "ead"  # the one model this server serves (and with --any-model, answers whatever name a request gives)
@@ -1213,12 +1214,9 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return EventSourceResponse(
                 in_turn(tickets, streams, lambda index: len(summaries) > index), ping=15
             )
-        answers = []
-        for reply, ticket in zip(replies, tickets, strict=True):
-            answered = await reply.choice(ticket(), request)
-            if answered is None:
-                return JSONResponse({}, status_code=499)
-            answers.append(answered)
+        answers = await wholes_in_turn(tickets, lambda index, ticket: replies[index].choice(ticket, request))
+        if answers is None:
+            return JSONResponse({}, status_code=499)
         return JSONResponse(replies[0].whole(answers))
 
     def _settings(
@@ -1645,6 +1643,20 @@ def queued_in_turn(jobs: list[Job], submit: Callable[[Job], Ticket]) -> list[Cal
     when it is asked for, once the choice before it is done."""
     first = submit(jobs[0])
     return [lambda: first, *(functools.partial(submit, later) for later in jobs[1:])]
+
+
+async def wholes_in_turn(
+    tickets: list[Callable[[], Ticket]], whole: Callable[[int, Ticket], Awaitable[Whole | None]]
+) -> list[Whole] | None:
+    """Each choice ``whole``, one after the other, each ticket taken (its job queued) once the choice
+    before it is done; None where the client left while one waited (its job cancelled)."""
+    wholes = []
+    for index, ticket in enumerate(tickets):
+        answered = await whole(index, ticket())
+        if answered is None:
+            return None
+        wholes.append(answered)
+    return wholes
 
 
 async def in_turn(

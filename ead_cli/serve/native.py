@@ -41,6 +41,7 @@ from .app import (
     queued_in_turn,
     token_fields,
     usage_checked,
+    wholes_in_turn,
 )
 from .engine import Engine, Failed, Job, Log, PromptProgress, Ticket, Token
 from .metrics import cached_tokens, generation_seconds, prompt_seconds
@@ -459,12 +460,9 @@ def add_routes(app: FastAPI, engine: Engine, defaults: Defaults, options: ServeO
             streams = [answer.events for answer in answers]
             events = in_turn(tickets, streams, lambda index: answers[index].finished)
             return EventSourceResponse(events, ping=15)
-        objects = []
-        for answer, ticket in zip(answers, tickets, strict=True):
-            whole = await answer.whole(ticket(), request)
-            if whole is None:
-                return JSONResponse({}, status_code=499)
-            objects.append(whole)
+        objects = await wholes_in_turn(tickets, lambda index, ticket: answers[index].whole(ticket, request))
+        if objects is None:
+            return JSONResponse({}, status_code=499)
         return JSONResponse(objects[0] if len(objects) == 1 else objects)
 
     @app.api_route("/props", methods=["GET", "HEAD"], dependencies=keyed)
