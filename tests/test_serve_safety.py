@@ -140,7 +140,6 @@ def test_fill_in_the_middle_on_a_model_without_fim_tokens_names_it(server: Serve
 # llama-server's fields that would change the answer, each with a value that does and one meaning "off"
 LLAMA_SERVER_REFUSED = [
     ("n_predict", 8, -1),
-    ("n_cmpl", 2, 1),
     ("dynatemp_range", 0.5, 0),
     ("min_keep", 5, 0),
     ("samplers", ["temperature", "top_k"], ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]),
