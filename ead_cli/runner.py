@@ -43,6 +43,7 @@ Phase = Literal["prefill", "decode", "catchup"]
 TWIN_KEY = "ead.twin"  # metadata of a random-weight twin (scripts/write_twin.py): what it twins
 DEFAULT_CTX = 4096  # tokens, capped at the model's training context
 CONTEXT_PADDING = 256  # llama.cpp rounds a context up to a multiple of this (llama_context's n_ctx)
+SCORED_ROWS = 64  # rows of logits per batch where each position is scored (x 151,936 floats: 39 MB)
 _QUIET_LEVEL = logging.CRITICAL + 1
 # Tokenizers that keep every byte of a text in some token (no normalizer rewrites it), so a text's
 # length bounds its token count; strip attributes are the exception, which TokenReach records.
@@ -538,6 +539,18 @@ class Runner(ContextOwner):
             self.feed(tokens, self.n_past, first_row, "catchup")
         self.feed(tokens, first_row, n, "catchup", rows=rows, prompt_len=prompt_len)
         return self.rows(rows)
+
+    def score(self, tokens: Sequence[int], scored: Callable[[np.ndarray, int], None]) -> None:
+        """Read ``tokens`` from the start with logits at every position, telling ``scored(rows, start)``
+        each batch's: row i predicts ``tokens[start + i + 1]`` (a prompt's log-probabilities, for a text
+        completion's echo). Batches of ``SCORED_ROWS`` at most, so the logits buffer stays small; the
+        reading is counted as prefill, and the cache then holds ``tokens`` with the last row at hand."""
+        self.truncate(0)  # cached positions have no logits kept
+        step = min(self.n_batch, SCORED_ROWS)
+        for start in range(0, len(tokens), step):
+            end = min(len(tokens), start + step)
+            self.feed(tokens, start, end, "prefill", rows=end - start)
+            scored(self.rows(end - start), start)
 
     def rows(self, count: int) -> np.ndarray:
         """Zero-copy (count, n_vocab) view of the rows of logits the last batch computed."""

@@ -95,7 +95,6 @@ def test_the_servers_own_pattern_stays_any_regular_expression(
     [
         ({"n": 17}, "n"),
         ({"suffix": "}"}, "suffix"),
-        ({"echo": True}, "echo"),
         ({"best_of": 3}, "best_of"),
         ({"prediction": {"type": "content", "content": "hi"}}, "prediction"),
     ],

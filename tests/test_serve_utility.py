@@ -44,9 +44,9 @@ def test_tokenize_gives_the_models_ids_and_detokenize_gives_the_text_back(
     ids = post(server, "/tokenize", {"content": TEXT}).json()["tokens"]
     assert ids == expected
     assert post(server, "/tokenize", {"content": TEXT, "parse_special": False}).json()["tokens"] == as_text
-    for tokens in (ids, as_text):
-        assert post(server, "/detokenize", {"tokens": tokens}).json() == {"content": TEXT}
-    assert post(server, "/detokenize", {"tokens": []}).json() == {"content": ""}
+    for tokens in (ids, as_text):  # the text under vLLM's name too, which lm-eval reads
+        assert post(server, "/detokenize", {"tokens": tokens}).json() == {"content": TEXT, "prompt": TEXT}
+    assert post(server, "/detokenize", {"tokens": []}).json() == {"content": "", "prompt": ""}
 
     pieces = post(server, "/tokenize", {"content": TEXT, "with_pieces": True}).json()["tokens"]
     assert [piece["id"] for piece in pieces] == ids
@@ -64,7 +64,7 @@ def test_tokenize_gives_the_models_ids_and_detokenize_gives_the_text_back(
 @pytest.mark.parametrize(
     ("path", "body", "message"),
     [
-        ("/tokenize", {}, "content: Field required"),
+        ("/tokenize", {}, "content: Field required (or vLLM's prompt)"),
         ("/tokenize", {"content": 5}, "content: Input should be a valid string"),
         (
             "/tokenize",
@@ -187,15 +187,24 @@ def test_without_metrics_it_is_a_501_and_every_utility_route_takes_the_api_key(
     tiny_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """As llama-server: /metrics needs --metrics (else 501, not_supported_error), and with --api-key
-    /metrics, /tokenize and /detokenize need the key as /v1 does (/health alone stays open)."""
+    /metrics, /tokenize and /detokenize need the key as /v1 does (/health alone stays open), and vLLM's
+    /tokenizer_info too."""
     with serving([*pair_args(tiny_pair), "--api-key", "s3cret"], tmp_path / "server.log") as server:
-        for method, path in (("GET", "/metrics"), ("POST", "/tokenize"), ("POST", "/detokenize")):
+        routes = (
+            ("GET", "/metrics"),
+            ("POST", "/tokenize"),
+            ("POST", "/detokenize"),
+            ("GET", "/tokenizer_info"),
+        )
+        for method, path in routes:
             reply = httpx.request(method, f"{server.url}{path}", json={"content": "hi"}, timeout=60)
             assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key"
         keyed = {**JSON, "Authorization": "Bearer s3cret"}
         tokens = httpx.post(f"{server.url}/tokenize", json={"content": "hi"}, headers=keyed).json()["tokens"]
         back = httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}, headers=keyed)
-        assert back.json() == {"content": "hi"}
+        assert back.json() == {"content": "hi", "prompt": "hi"}
+        info = httpx.get(f"{server.url}/tokenizer_info", headers=keyed, timeout=60)
+        assert info.status_code == 200 and info.json()["eos_token"]
         reply = subprocess.run(
             [
                 "curl",

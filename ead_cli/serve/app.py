@@ -57,7 +57,7 @@ from ..prompt import (
     render_chat,
     special_token_pattern,
 )
-from ..remote import any_remote
+from ..remote import RemoteRunner, any_remote
 from ..sampling import GrammarRefusal, SamplingParams
 from ..thinking import CLOSE, ReasoningSplitter, answer_start, split_reasoning, template_variables
 from .engine import (
@@ -69,9 +69,11 @@ from .engine import (
     Logprobs,
     Message,
     PromptProgress,
+    PromptScores,
     QueueFull,
     Ticket,
     Token,
+    scoring_runner,
 )
 from .metrics import CONTENT_TYPE, cached_tokens
 from .schemas import (
@@ -91,7 +93,7 @@ from .schemas import (
     parse,
     unsupported,
 )
-from .tokens import detokenize, known_tokens, tokenize
+from .tokens import detokenize, known_tokens, text_of, tokenize, tokenizer_info
 from .tools import (
     ArgumentsDelta,
     CallStart,
@@ -949,6 +951,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         data = await _json_body(request)
         return await prepared(functools.partial(detokenize, engine.runners[0]), data)
 
+    @get("/tokenizer_info", dependencies=[Depends(authorized)])
+    async def tokenizer() -> dict[str, Any]:
+        return tokenizer_info(engine.runners[0])
+
     @get("/metrics", dependencies=[Depends(authorized)])
     async def metrics() -> Response:
         if not options.metrics:  # as llama-server answers it
@@ -1085,13 +1091,27 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         return body, jobs
 
     def _text_job(body: CompletionRequest, given: str | list[int], infill: Infill | None) -> Job:
-        """One prompt's job: a text, or token ids."""
+        """One prompt's job: a text, or token ids; one that echoes it, checked that it can."""
         if body.suffix or infill is not None:
+            if body.echo:
+                message = "echo: a fill-in-the-middle completion has no one prompt to echo (send no suffix)"
+                raise ApiError(400, message, code="invalid_value", param="echo")
             text = given if isinstance(given, str) else None
             return _job(body, _infill(body, text, *(infill or ((), ""))))
         if isinstance(given, list):
-            return _job(body, known_tokens(given, engine.runners[0].n_vocab, "prompt"))
-        return _job(body, usage_checked(lambda: check_prompt_text(given), "prompt"))
+            job = _job(body, known_tokens(given, engine.runners[0].n_vocab, "prompt"))
+        else:
+            job = _job(body, usage_checked(lambda: check_prompt_text(given), "prompt"))
+        if not body.echo:
+            return job
+        scorer = scoring_runner(engine.runners, job.policy)
+        if job.logprobs is not None and isinstance(scorer, RemoteRunner):
+            message = (
+                f"echo: the prompt's log-probabilities need a local model, and {cut(scorer.label)} is "
+                "a llama-server's (drop logprobs, or serve a local file)"
+            )
+            raise ApiError(400, message, code="invalid_value", param="echo")
+        return replace(job, echo=True)
 
     def _infill(
         body: CompletionRequest, prefix: str | None, extra: Sequence[tuple[str, str]], middle: str
@@ -1185,6 +1205,10 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
         jobs = [each for job in prompts for each in choice_jobs(job, per_prompt)]
         names = body.tool_names() if isinstance(body, ChatRequest) else None
         answer = new_answer(kind)
+        echoes: list[Echo | None] = [None] * len(jobs)
+        if isinstance(body, CompletionRequest) and body.echo:
+            given = [prompt for prompt in body.prompts() for _ in range(per_prompt)]
+            echoes = [echoed(engine.runners[0], *each) for each in zip(given, jobs, strict=True)]
         replies = [
             _Reply(
                 kind,
@@ -1201,6 +1225,7 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
                 index=index,
                 answer=answer,
                 per_prompt=per_prompt,
+                echo=echoes[index],
             )
             for index, each in enumerate(jobs)
         ]
@@ -1553,18 +1578,40 @@ def usage_checked(make: Callable[[], Any], param: str | None = None) -> Any:
 Scored = tuple[TokenEvent, Logprobs, int]  # a token's event, its log-probabilities, where its text starts
 
 
+@dataclass(frozen=True)
+class Echo:
+    """A text completion's echoed prompt: its text (as given, or its token ids' text), its tokens, where
+    each one's text starts in it, and whether their log-probabilities come (``PromptScores``)."""
+
+    text: str
+    tokens: tuple[int, ...]
+    offsets: tuple[int, ...]
+    scored: bool
+
+
+def echoed(runner: Runner, given: str | list[int], job: Job) -> Echo:
+    """The echo of ``job``'s prompt, ``given`` as the request gave it."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, written = [], 0
+    for token in job.prompt:
+        offsets.append(written)
+        written += len(decoder.decode(runner.token_piece(token)))
+    text = given if isinstance(given, str) else text_of(runner, given)
+    return Echo(text, tuple(job.prompt), tuple(offsets), job.logprobs is not None)
+
+
 class ScoredText:
     """A request's scored tokens matched to the text it is shown. A token's log-probabilities go out once
     the text is released past its end (text held back as a possible stop string, or half a character,
     waits), with where its text starts in the answer (characters); tokens that wrote only a stop string,
     which the answer never shows, are left out, as llama-server leaves them out."""
 
-    def __init__(self, piece: Callable[[int], bytes]) -> None:
+    def __init__(self, piece: Callable[[int], bytes], start: int = 0) -> None:
         self.piece = piece
         self.asked = False  # whether the request asked for log-probabilities (its tokens carry them)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # as TextStream decodes
-        self._written = 0  # characters of the tokens' own text so far
-        self._shown = 0  # characters of the answer released so far
+        self._written = start  # characters of the tokens' own text so far, after an echoed prompt's
+        self._shown = start  # characters of the answer released so far
         self._waiting: list[tuple[TokenEvent, Logprobs, int, int]] = []
 
     def add(self, token: Token) -> list[Scored]:
@@ -1698,8 +1745,10 @@ class _Reply:
         index: int = 0,
         answer: tuple[str, int] | None = None,
         per_prompt: int = 1,
+        echo: Echo | None = None,
     ) -> None:
         self.kind, self.path, self.log = kind, path, log
+        self.echo = echo  # a text completion's prompt, before its answer
         self.index = index  # its place among the answer's choices (OpenAI's n, a batch's prompts)
         self.per_prompt = per_prompt  # each prompt's choices: the usage counts each prompt once
         self.progress = progress  # llama-server's return_progress: a chunk per batch of the prompt read
@@ -1707,7 +1756,7 @@ class _Reply:
         # and llama-server send it (clients that asked for it read it there); else on the finish chunk
         self.usage_chunk = usage_chunk
         self.piece = piece  # a token id's bytes, for log-probabilities
-        self._scored = ScoredText(piece)
+        self._scored = ScoredText(piece, len(echo.text) if echo is not None else 0)
         self.tools = tools  # the names of the tools offered: read calls out of the answer
         self.parallel = parallel  # parallel_tool_calls: more than one call per answer
         self.prefill = prefill  # the assistant message the answer continues: a call it opens is read whole
@@ -1808,6 +1857,25 @@ class _Reply:
             "text_offset": [start for _, _, start in scored],
         }
 
+    def _echo_logprobs(
+        self, scores: PromptScores | None, answer: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """A text completion's ``logprobs`` with its echoed prompt's before the ``answer``'s, as OpenAI
+        lists them: the first token's null (nothing predicts it)."""
+        if scores is None or self.echo is None:
+            return answer
+        tokens = self.echo.tokens
+        prompt = {
+            "tokens": [self._legacy_name(token) for token in tokens],
+            "token_logprobs": [None, *(each.logprob for each in scores.scores)],
+            "top_logprobs": [
+                None,
+                *map(self._legacy_top, tokens[1:], scores.scores),
+            ],
+            "text_offset": list(self.echo.offsets),
+        }
+        return prompt if answer is None else {key: prompt[key] + answer[key] for key in prompt}
+
     def _legacy_top(self, token: int, scores: Logprobs) -> dict[str, float]:
         """A text completion's row of alternatives: the N likeliest, and the token drawn where it is not
         among them, as OpenAI lists up to N + 1 ("always the logprob of the sampled token"): a client
@@ -1837,8 +1905,14 @@ class _Reply:
         this one's added). Where it is not the ``last`` choice, it ends with its finish, not [DONE]."""
         summaries = [] if summaries is None else summaries
         reader = self.reader()
+        if self.echo is not None and not self.echo.scored:
+            yield {"data": self._chunk(self.echo.text, None)}
         async with contextlib.aclosing(answer_messages(ticket)) as messages:
             async for message in messages:
+                if isinstance(message, PromptScores):  # the echoed prompt, with its log-probabilities
+                    assert self.echo is not None
+                    yield {"data": self._chunk(self.echo.text, None, self._echo_logprobs(message, None))}
+                    continue
                 if isinstance(message, Token):
                     for chunk in self._token_chunks(message, reader):
                         yield {"data": chunk}
@@ -1881,7 +1955,8 @@ class _Reply:
     ) -> tuple[dict[str, Any], Summary, dict[str, Any]] | None:
         """This choice whole (without its index), its figures and its ``ead`` fields; None where the
         client left while it waited (the job cancelled)."""
-        answer = await collected(ticket, request)
+        prompt_scores: list[PromptScores] = []
+        answer = await collected(ticket, request, prompt_scores)
         if answer is None:
             return None
         tokens, summary = answer
@@ -1892,8 +1967,10 @@ class _Reply:
         scored = [entry for token in tokens for entry in self._scored.add(token)]
         logprobs = self._logprobs([*scored, *self._scored.finish()])
         if not self.chat:
+            echo = "" if self.echo is None else self.echo.text
+            logprobs = self._echo_logprobs(next(iter(prompt_scores), None), logprobs)
             return (
-                {"text": text, "finish_reason": finish, "logprobs": logprobs},
+                {"text": echo + text, "finish_reason": finish, "logprobs": logprobs},
                 summary,
                 self._ead(events, summary),
             )
@@ -1976,9 +2053,12 @@ async def answer_messages(
             ticket.cancel()
 
 
-async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summary] | None:
+async def collected(
+    ticket: Ticket, request: Request, prompt_scores: list[PromptScores] | None = None
+) -> tuple[list[Token], Summary] | None:
     """A whole answer's tokens and figures; None where its client left while it waited (the job then
-    cancelled, as it is where a stop cuts the request off); a failed generation raised as its error."""
+    cancelled, as it is where a stop cuts the request off); a failed generation raised as its error. An
+    echoed prompt's log-probabilities go to ``prompt_scores``."""
     tokens: list[Token] = []
     looked = time.monotonic()
     message: Message | None = None
@@ -1991,7 +2071,10 @@ async def collected(ticket: Ticket, request: Request) -> tuple[list[Token], Summ
                     return None
             if message is None or isinstance(message, PromptProgress):
                 continue
-            if isinstance(message, Token):
+            if isinstance(message, PromptScores):
+                if prompt_scores is not None:
+                    prompt_scores.append(message)
+            elif isinstance(message, Token):
                 tokens.append(message)
             elif isinstance(message, Failed):
                 raise error_of(message)

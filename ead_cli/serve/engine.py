@@ -15,16 +15,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..decoder import Decoder, Summary, TokenEvent
+from ..decoder import Decoder, SpeculativeDecoder, Summary, TokenEvent
 from ..embedding import Embedder
 from ..engine import build_decoder
 from ..errors import EadError, counted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import context_size
+from ..remote import RemoteRunner
 from ..runner import Abandoned, PromptProgress, Runner, never_abandoned
 from ..sampling import GrammarDeadEnd
 from .metrics import Metrics
@@ -47,6 +48,8 @@ class Job:
     # starts inside the block its prompt opened); None: left whole
     end_banned_by: str = "the server's --ignore-eos"  # what bans the end of generation, where it is
     # banned, as the caller gave it: a grammar's dead end names it
+    echo: bool = False  # a text completion's echo: with ``logprobs``, the prompt's go first
+    # (``PromptScores``), under the model that writes the answer alone (``scoring_runner``)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,50 @@ class Token:
 
 
 @dataclass(frozen=True)
+class PromptScores:
+    """An echoed prompt's log-probabilities, each token's after the first (which nothing predicts), sent
+    before the answer's tokens."""
+
+    scores: tuple[Logprobs, ...]
+
+
+@dataclass(frozen=True)
+class PromptReading:
+    """What reading an echoed prompt for its log-probabilities took (``runners[model]``'s prefill)."""
+
+    model: int
+    tokens: int
+    seconds: float
+    flops: float
+
+    def counted_in(self, summary: Summary) -> Summary:
+        """The answer's figures with this reading in them: its model's prefill (the answer then found the
+        prompt cached: not cached from a request before), the FLOPs and the wall-clock."""
+        models = list(summary.models)
+        report = models[self.model]
+        models[self.model] = replace(
+            report,
+            prefill_tokens=report.prefill_tokens + self.tokens,
+            prefill_s=report.prefill_s + self.seconds,
+            flops=report.flops + self.flops,
+        )
+        wall = summary.wall_s + self.seconds
+        return replace(
+            summary,
+            models=tuple(models),
+            flops=summary.flops + self.flops,
+            wall_s=wall,
+            tokens_per_s=summary.generated / wall if wall else 0.0,
+        )
+
+
+def scoring_runner(runners: Sequence[Runner | RemoteRunner], policy: PolicyOptions) -> Runner | RemoteRunner:
+    """The model whose log-probabilities an echoed prompt gets: the one the mode lets write alone (the
+    small model's ``small``), else the largest, whose answer the pair stands for."""
+    return runners[0] if policy.mode == "small" else runners[-1]
+
+
+@dataclass(frozen=True)
 class Finished:
     """The generation ended (by itself, at its limit, or because its client went away)."""
 
@@ -93,7 +140,7 @@ class Failed:
     param: str | None = None
 
 
-Message = Token | PromptProgress | Finished | Failed  # what a ticket is sent, ending with one of the last two
+Message = Token | PromptProgress | PromptScores | Finished | Failed  # ending with one of the last two
 
 
 class QueueFull(Exception):
@@ -240,7 +287,6 @@ class Engine:
             for runner in self.runners:
                 runner.truncate(0)
         decoder = build_decoder(self.runners, job.policy, job.generation)
-        failure = None
 
         def abandoned() -> bool:
             return ticket.cancelled.is_set() or self._stopped.is_set()
@@ -253,6 +299,33 @@ class Engine:
         for runner in local:
             runner.abandoned = abandoned  # a long prefill stops between graph nodes, not at its end
             runner.on_progress = ticket.send  # a long prompt's stream kept alive while it is read
+        try:
+            reading = None
+            if job.echo and job.logprobs is not None:
+                try:  # before the answer's run, which then finds the prompt cached
+                    prompt_scores, reading = self._prompt_scores(job)
+                except Abandoned:
+                    return Failed(f"stopped while scoring the prompt: {self._why_cut_off()}")
+                except EadError as error:
+                    return Failed(str(error))
+                ticket.send(prompt_scores)
+            return self._answered(job, ticket, decoder, scores, abandoned, reading)
+        finally:
+            for runner in local:
+                runner.abandoned, runner.on_progress = never_abandoned, None
+
+    def _answered(
+        self,
+        job: Job,
+        ticket: Ticket,
+        decoder: Decoder | SpeculativeDecoder,
+        scores: deque[Logprobs],
+        abandoned: Callable[[], bool],
+        reading: PromptReading | None = None,
+    ) -> Finished | Failed:
+        """The answer's run, each token sent as it comes, then its figures (recorded in the metrics),
+        an echoed prompt's ``reading`` counted in them."""
+        failure = None
         response = decoder.generate(job.prompt)  # align keeps what the caches share with it
         try:
             for event in response:
@@ -266,14 +339,31 @@ class Engine:
             failure = Failed(f"response_format: {named}", param="response_format")
         except EadError as error:
             failure = Failed(str(error))
-        finally:
-            for runner in local:
-                runner.abandoned, runner.on_progress = never_abandoned, None
-        summary = response.summary()
+        summary = response.summary() if reading is None else reading.counted_in(response.summary())
         self.metrics.record(summary)  # before the answer goes out: a client that has it finds it counted
         if self._stopped.is_set() or ticket.cancelled.is_set():
             self.log(f"stopped after {counted(summary.generated, 'token')}: {self._why_cut_off()}")
         return failure or Finished(summary)
+
+    def _prompt_scores(self, job: Job) -> tuple[PromptScores, PromptReading]:
+        """The log-probabilities of the job's prompt, each token's after the first, its top ``logprobs``;
+        what reading it for them took."""
+        runner = scoring_runner(self.runners, job.policy)
+        assert isinstance(runner, Runner), "a request that echoes a served model's prompt is refused"
+        prompt, top = job.prompt, job.logprobs or 0
+        scores: list[Logprobs] = []
+
+        def scored(rows: np.ndarray, start: int) -> None:
+            for row, token in zip(rows, prompt[start + 1 :], strict=False):
+                scores.append(logprobs_of(token, row, top))
+
+        began, flops = time.perf_counter(), runner.flops()
+        runner.score(prompt, scored)
+        seconds = time.perf_counter() - began
+        reading = PromptReading(self.runners.index(runner), len(prompt), seconds, runner.flops() - flops)
+        if not self.reuse:  # the answer reads its prompt whole, as without echo
+            runner.truncate(0)
+        return PromptScores(tuple(scores)), reading
 
     async def embedded(self, inputs: list[list[int]]) -> list[np.ndarray]:
         """Each input's embedding (unnormalised), one request after another on the embedding thread;

@@ -67,9 +67,11 @@ if TYPE_CHECKING:
 SHAPES_NOT_WRITTEN: dict[str, tuple[Any, ...]] = {
     "post_sampling_probs": (None, False),
     "return_progress": (None, False),
+    "echo": (None, False),
 }
 NOT_WRITTEN_WHY = {
     "post_sampling_probs": "the probabilities are the model's, before sampling (n_probs gives them)",
+    "echo": "llama-server's answer is its content alone: /v1/completions echoes the prompt",
 }
 SAMPLERS = list(CHAIN_ORDERS[0])  # ead's one sampler chain, in llama-server's names
 LLAMA_SERVER_ORDER = CHAIN_ORDERS[2]  # llama-server's default chain, the one ead's samplers run in

@@ -273,7 +273,7 @@ def runs_penalties(samplers: list[str] | str) -> bool:
 # the context), are ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),  # text completions take it (CompletionRequest): fill-in-the-middle
-    "echo": (None, False),
+    "echo": (None, False),  # text completions take it (CompletionRequest)
     "best_of": (None, 1),
     "tools": (None, []),  # chat completions take them (ChatRequest); text completions do not
     "top_logprobs": (None, 0),  # chat's count (ChatRequest); text completions give theirs as logprobs: N
@@ -295,6 +295,7 @@ ELSEWHERE = {
     "tools": "tools are taken by /v1/chat/completions, not here",
     "top_logprobs": "a text completion asks for N alternatives with logprobs: N",
     "suffix": "fill-in-the-middle is a text completion's: send the prompt and suffix to /v1/completions",
+    "echo": "a text completion echoes its prompt (/v1/completions), not a chat",
 }
 
 
@@ -984,6 +985,9 @@ class CompletionRequest(CompletionBase):
     # OpenAI's legacy count of alternatives (chat's is a boolean and top_logprobs): a boolean here is a
     # 400, not the count 0 that Python's bool, an int, had passed for
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    # the prompt before the answer, in its text and, with logprobs, its log-probabilities (the first
+    # token's null): how lm-eval's local-completions scores a continuation
+    echo: bool | None = None
 
     def logprobs_count(self) -> int | None:
         """Text completions ask with ``logprobs: N``."""

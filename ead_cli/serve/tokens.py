@@ -7,13 +7,14 @@ import json
 import re
 from typing import Any
 
+import llama_cpp
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 from ..prompt import nth_special_token
 from ..runner import Runner
 from ..sampling import unknown_token
-from .schemas import ApiError, TokenId, parse
+from .schemas import ApiError, TokenId, either, parse
 
 # Special tokens a /tokenize content may hold (read as such): llama.cpp's tokenizer takes time quadratic
 # in their number (20,000 ~0.5 s, 100,000 ~12 s, the ~400,000 of a 4 MiB body minutes).
@@ -22,13 +23,32 @@ MAX_SPECIAL_TOKENS = 16384
 
 class TokenizeRequest(BaseModel):
     """llama-server's fields: ``add_special`` a BOS where the vocabulary wants one, ``parse_special``
-    special tokens' texts read as those tokens, ``with_pieces`` each id with its text."""
+    special tokens' texts read as those tokens, ``with_pieces`` each id with its text; or vLLM's, which
+    lm-eval's remote tokenizer sends: ``prompt`` for ``content``, ``add_special_tokens`` (true unless
+    given) for ``add_special``."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
-    content: str
-    add_special: bool = False
+    content: str | None = None
+    prompt: str | None = None
+    add_special: bool | None = None
+    add_special_tokens: bool | None = None
     parse_special: bool = True
     with_pieces: bool = False
+
+    def text(self) -> str:
+        text = either("content", self.content, "prompt", self.prompt)
+        if text is None:
+            raise ApiError(400, "content: Field required (or vLLM's prompt)", param="content")
+        return text
+
+    def adds_special(self) -> bool:
+        given = either("add_special", self.add_special, "add_special_tokens", self.add_special_tokens)
+        return given if given is not None else self.vllm  # each server's default
+
+    @property
+    def vllm(self) -> bool:
+        """Whether the request is vLLM's (its answer then counts the tokens, as vLLM's does)."""
+        return self.content is None
 
 
 class DetokenizeRequest(BaseModel):
@@ -51,18 +71,20 @@ def tokenize(runner: Runner, specials: re.Pattern[str] | None, data: bytes) -> R
     as JSON text from each distinct token's entry: a 4 MiB content's million entries as Python objects
     had taken a gigabyte."""
     body = parse(TokenizeRequest, data)
+    content, field = body.text(), "prompt" if body.vllm else "content"
     if body.parse_special:
-        special = nth_special_token(body.content, specials, MAX_SPECIAL_TOKENS + 1)
+        special = nth_special_token(content, specials, MAX_SPECIAL_TOKENS + 1)
         if special is not None:
             message = (
-                f"content: it holds more than {MAX_SPECIAL_TOKENS} special tokens "
+                f"{field}: it holds more than {MAX_SPECIAL_TOKENS} special tokens "
                 f"(such as {special.group()!r}): "
                 'send "parse_special": false to read their texts as text'
             )
-            raise ApiError(400, message, code="invalid_value", param="content")
-    ids = runner.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+            raise ApiError(400, message, code="invalid_value", param=field)
+    ids = runner.tokenize(content, add_special=body.adds_special(), parse_special=body.parse_special)
     if not body.with_pieces:
-        return Response(json.dumps({"tokens": ids}), media_type="application/json")
+        counted = {"count": len(ids), "max_model_len": runner.n_ctx} if body.vllm else {}
+        return Response(json.dumps({**counted, "tokens": ids}), media_type="application/json")
     entries: dict[int, str] = {}
     for token in ids:
         if token not in entries:
@@ -83,9 +105,30 @@ def _shown_piece(piece: bytes) -> str | list[int]:
 
 def detokenize(runner: Runner, data: bytes) -> dict[str, Any]:
     """``{"content": text}``: the tokens' bytes joined (special tokens as their texts), a character left
-    unfinished as U+FFFD."""
+    unfinished as U+FFFD; the text under vLLM's name too (``prompt``), which its clients read."""
     body = parse(DetokenizeRequest, data)
-    return {"content": text_of(runner, known_tokens(body.tokens, runner.n_vocab, "tokens"))}
+    text = text_of(runner, known_tokens(body.tokens, runner.n_vocab, "tokens"))
+    return {"content": text, "prompt": text}
+
+
+def tokenizer_info(runner: Runner) -> dict[str, Any]:
+    """vLLM's ``GET /tokenizer_info``, which lm-eval reads (with ``/tokenize``) to tokenize through the
+    server: the special tokens' texts (null where the vocabulary has none), the chat template, the
+    context."""
+
+    def text(token: int) -> str | None:
+        return runner.token_piece(token).decode("utf-8", errors="replace") if token >= 0 else None
+
+    vocab = runner.vocab
+    return {
+        "tokenizer_class": "llama.cpp",
+        "bos_token": text(llama_cpp.llama_vocab_bos(vocab)),
+        "eos_token": text(llama_cpp.llama_vocab_eos(vocab)),
+        "pad_token": text(llama_cpp.llama_vocab_pad(vocab)),
+        "add_bos_token": bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+        "chat_template": runner.chat_template,
+        "model_max_length": runner.n_ctx,
+    }
 
 
 def text_of(runner: Runner, ids: list[int]) -> str:

@@ -1,0 +1,190 @@
+"""A text completion's `echo` through `ead serve`: the prompt before the answer, and with `logprobs` the
+prompt's log-probabilities under the model that writes the answer alone, checked against llama.cpp's own
+logits of every position (llama-cpp-python's `logits_all`); vLLM's tokenizer routes, which lm-eval reads."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import llama_cpp
+import numpy as np
+import openai
+import pytest
+from serve_process import Server
+from test_cli import pair_args
+from test_serve import CTX, JSON, TAU, serving
+
+PROMPT = "def fib(n):\n    return"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(
+        [*pair_args(tiny_pair), *TAU, *CTX], tmp_path_factory.mktemp("serve-echo") / "server.log"
+    ) as running:
+        yield running
+
+
+def reference_rows(model: Path, tokens: list[int]) -> np.ndarray:
+    """llama.cpp's log-probabilities at every position of ``tokens`` (row i predicts token i + 1), flash
+    attention on, as ead's "auto" loads these models (off, its rows differ by up to 3e-3)."""
+    llm = llama_cpp.Llama(
+        str(model), n_ctx=16384, logits_all=True, n_threads=1, flash_attn=True, verbose=False
+    )
+    try:
+        llm.eval(tokens)
+        logits = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
+    finally:
+        llm.close()
+    peak = logits.max(axis=1, keepdims=True)
+    return logits - peak - np.log(np.exp(logits - peak).sum(axis=1, keepdims=True))
+
+
+def reference_logprobs(model: Path, tokens: list[int]) -> list[float]:
+    """Each token's log-probability after the first (``reference_rows``)."""
+    rows = reference_rows(model, tokens)
+    return [float(rows[i, token]) for i, token in enumerate(tokens[1:])]
+
+
+def tokenized(server: Server, text: str) -> list[int]:
+    reply = httpx.post(f"{server.url}/tokenize", json={"content": text}, timeout=30)
+    return reply.json()["tokens"]
+
+
+def completion(server: Server, **body: object) -> dict:
+    reply = httpx.post(f"{server.base_url}/completions", json=body, headers=JSON, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_echo_puts_the_prompt_before_the_answer_whole_and_streamed(server: Server) -> None:
+    asked = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    plain = completion(server, **asked)["choices"][0]["text"]
+    echoed = completion(server, **asked, echo=True)["choices"][0]
+    assert echoed["text"] == PROMPT + plain and echoed["logprobs"] is None
+
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    chunks = list(client.completions.create(model="ead", **asked, echo=True, stream=True))
+    assert chunks[0].choices[0].text == PROMPT  # the prompt first, in a chunk of its own
+    assert "".join(chunk.choices[0].text for chunk in chunks) == PROMPT + plain
+
+
+@pytest.mark.parametrize("mode", ["large", "small"])
+def test_echoed_log_probabilities_are_the_writing_model_s(
+    server: Server, tiny_pair: tuple[Path, Path], mode: str
+) -> None:
+    """The prompt's rows are the model's that writes the answer alone (the large one's, the small one's
+    in mode small), each token's after the first, which nothing predicts (null); the answer's follow,
+    each offset past the prompt's text."""
+    tokens = tokenized(server, PROMPT)
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 2, "echo": True}
+    reply = completion(server, **body, ead={"mode": mode})
+    logprobs = reply["choices"][0]["logprobs"]
+    # the reading for them is the answer's: the whole prompt read by that model, none of it cached
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    report = reply["ead"]["summary"]["models"][mode == "large"]
+    assert report["prefill_tokens"] == len(tokens) and report["prefill_s"] > 0
+    assert len(logprobs["tokens"]) == len(tokens) + 4
+    prompt_rows = logprobs["token_logprobs"][: len(tokens)]
+    assert prompt_rows[0] is None and logprobs["top_logprobs"][0] is None
+    expected = reference_logprobs(tiny_pair[mode == "large"], tokens)
+    assert prompt_rows[1:] == pytest.approx(expected, abs=1e-5)
+    other = reference_logprobs(tiny_pair[mode != "large"], tokens)
+    assert max(abs(a - b) for a, b in zip(prompt_rows[1:], other, strict=True)) > 0.05  # not the other's
+    rows = zip(logprobs["tokens"][1:], prompt_rows[1:], logprobs["top_logprobs"][1:], strict=False)
+    for name, value, top in rows:
+        assert top[name] == value and len(top) in (2, 3)  # the two likeliest and the token read
+    offsets = logprobs["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    assert offsets[len(tokens)] == len(PROMPT)  # the answer's first token starts after the prompt
+    assert "".join(logprobs["tokens"][: len(tokens)]) == PROMPT
+
+
+def test_echo_of_token_ids_and_of_a_batch(server: Server) -> None:
+    """lm-eval's shape: a batch of token-id prompts, each answered with its own prompt echoed (its text
+    and log-probabilities) before one token; the same rows as each prompt asked alone as text."""
+    texts = [PROMPT, "hello wörld"]
+    batch = [tokenized(server, text) for text in texts]
+    body = {"max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True}
+    whole = completion(server, prompt=batch, **body)["choices"]
+    assert [choice["index"] for choice in whole] == [0, 1]
+    for choice, text, ids in zip(whole, texts, batch, strict=True):
+        alone = completion(server, prompt=text, **body)["choices"][0]
+        assert choice["text"] == alone["text"] and choice["text"].startswith(text)
+        rows = choice["logprobs"]["token_logprobs"]
+        assert len(rows) == len(ids) + 1
+        assert rows == pytest.approx(alone["logprobs"]["token_logprobs"], abs=1e-5, nan_ok=False)
+
+
+def test_streamed_echo_sends_the_prompt_s_log_probabilities_first(server: Server) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": 1, "echo": True}
+    whole = completion(server, **body)["choices"][0]["logprobs"]
+    events = []
+    with httpx.stream(
+        "POST", f"{server.base_url}/completions", json={**body, "stream": True}, timeout=60
+    ) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line.removeprefix("data: ")))
+    first = events[0]["choices"][0]
+    assert first["text"] == PROMPT and first["logprobs"]["token_logprobs"][0] is None
+    streamed = [
+        value
+        for event in events
+        if event["choices"] and event["choices"][0]["logprobs"]
+        for value in event["choices"][0]["logprobs"]["token_logprobs"]
+    ]
+    assert streamed == pytest.approx(whole["token_logprobs"], abs=1e-5)
+    offsets = [
+        offset
+        for event in events
+        if event["choices"] and event["choices"][0]["logprobs"]
+        for offset in event["choices"][0]["logprobs"]["text_offset"]
+    ]
+    assert offsets == whole["text_offset"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fragment"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "echo": True},
+            "/v1/completions",
+        ),
+        ("/v1/completions", {"prompt": "def f(", "suffix": "):", "echo": True}, "fill-in-the-middle"),
+        ("/completion", {"prompt": "def f(", "echo": True}, "/v1/completions echoes the prompt"),
+        ("/v1/completions", {"prompt": "def f(", "echo": 1}, "echo"),
+    ],
+)
+def test_echo_where_it_cannot_be_given_is_a_400(server: Server, path: str, body: dict, fragment: str) -> None:
+    reply = httpx.post(f"{server.url}{path}", json={**body, "max_tokens": 2}, headers=JSON, timeout=30)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert fragment in error["message"] and error["param"] == "echo" and "\n" not in error["message"]
+    assert completion(server, prompt="def f(", max_tokens=1)["choices"]  # and it serves on
+
+
+def test_vllm_s_tokenizer_routes(server: Server) -> None:
+    """What lm-eval's remote tokenizer reads: /tokenizer_info's special tokens, /tokenize's ``prompt``
+    (counted, as vLLM answers) and /detokenize's text under vLLM's name too."""
+    info = httpx.get(f"{server.url}/tokenizer_info", timeout=30).json()
+    assert info["tokenizer_class"] == "llama.cpp" and info["model_max_length"] == 16384
+    assert info["eos_token"] and info["add_bos_token"] is False
+    eos = httpx.post(f"{server.url}/tokenize", json={"prompt": info["eos_token"]}, timeout=30).json()
+    assert eos["count"] == 1 and eos["max_model_len"] == 16384
+    ids = tokenized(server, PROMPT)
+    vllm = httpx.post(
+        f"{server.url}/tokenize", json={"prompt": PROMPT, "add_special_tokens": False}, timeout=30
+    )
+    assert vllm.json()["tokens"] == ids
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, timeout=30).json()
+    assert text == {"content": PROMPT, "prompt": PROMPT}
+    both = {"content": PROMPT, "prompt": "other"}
+    refused = httpx.post(f"{server.url}/tokenize", json=both, timeout=30)
+    assert refused.status_code == 400 and "content" in refused.json()["error"]["message"]
+    missing = httpx.post(f"{server.url}/tokenize", json={}, timeout=30)
+    assert missing.status_code == 400 and "prompt" in missing.json()["error"]["message"]
