@@ -153,6 +153,24 @@ def test_ead_serve_names_the_field_a_remote_large_model_refuses(tiny_pair, serve
         assert answered.status_code == 200, answered.text
 
 
+def test_an_echoed_prompt_s_log_probabilities_need_a_local_large_model(
+    tiny_pair, served_large, tmp_path
+) -> None:
+    """llama-server's /completion returns no prompt's probabilities: echo with logprobs is a 400 naming the
+    server, echo alone the prompt and the answer; the small model's mode scores it locally."""
+    with serving([*models(tiny_pair[0], served_large)], tmp_path / "server.log") as server:
+        body = {"prompt": "def fib(n):", "max_tokens": 2, "temperature": 0, "echo": True}
+        reply = httpx.post(f"{server.base_url}/completions", json={**body, "logprobs": 1}, timeout=60)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "echo" and served_large in error["message"], error
+        answered = httpx.post(f"{server.base_url}/completions", json=body, timeout=60)
+        assert answered.status_code == 200 and answered.json()["choices"][0]["text"].startswith("def fib(n):")
+        small = {**body, "logprobs": 1, "ead": {"mode": "small"}}
+        scored = httpx.post(f"{server.base_url}/completions", json=small, timeout=60).json()
+        assert scored["choices"][0]["logprobs"]["token_logprobs"][0] is None
+
+
 def test_a_forced_tool_call_needs_every_model_local(tiny_pair, served_large, tmp_path) -> None:
     """A forced call is bound by a grammar, which cannot reach a llama-server: a 400 that says so, and the
     same tools with ``auto`` still answered (their calls read as the model writes them)."""
