@@ -43,7 +43,7 @@ Phase = Literal["prefill", "decode", "catchup"]
 TWIN_KEY = "ead.twin"  # metadata of a random-weight twin (scripts/write_twin.py): what it twins
 DEFAULT_CTX = 4096  # tokens, capped at the model's training context
 CONTEXT_PADDING = 256  # llama.cpp rounds a context up to a multiple of this (llama_context's n_ctx)
-SCORED_ROWS = 64  # rows of logits per batch where each position is scored (x 151,936 floats: 39 MB)
+SCORED_ROWS = 128  # rows of logits per batch where each position is scored (x 151,936 floats: 78 MB)
 _QUIET_LEVEL = logging.CRITICAL + 1
 # Tokenizers that keep every byte of a text in some token (no normalizer rewrites it), so a text's
 # length bounds its token count; strip attributes are the exception, which TokenReach records.

@@ -5,6 +5,8 @@ logits of every position (llama-cpp-python's `logits_all`); vLLM's tokenizer rou
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,6 +121,16 @@ def test_echo_of_token_ids_and_of_a_batch(server: Server) -> None:
         assert rows == pytest.approx(alone["logprobs"]["token_logprobs"], abs=1e-5, nan_ok=False)
 
 
+def test_a_one_token_prompt_echoes_one_null_row(server: Server) -> None:
+    """Nothing predicts a prompt's first token: a prompt of one has its null row alone, then the answer's."""
+    token = tokenized(server, "def")[0]
+    body = {"prompt": [token], "max_tokens": 2, "temperature": 0, "logprobs": 1, "echo": True}
+    choice = completion(server, **body)["choices"][0]
+    logprobs = choice["logprobs"]
+    assert logprobs["token_logprobs"][0] is None and choice["text"].startswith(logprobs["tokens"][0])
+    assert len(logprobs["token_logprobs"]) == 3 and all(value < 0 for value in logprobs["token_logprobs"][1:])
+
+
 def test_streamed_echo_sends_the_prompt_s_log_probabilities_first(server: Server) -> None:
     body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": 1, "echo": True}
     whole = completion(server, **body)["choices"][0]["logprobs"]
@@ -188,3 +200,27 @@ def test_vllm_s_tokenizer_routes(server: Server) -> None:
     assert refused.status_code == 400 and "content" in refused.json()["error"]["message"]
     missing = httpx.post(f"{server.url}/tokenize", json={}, timeout=30)
     assert missing.status_code == 400 and "prompt" in missing.json()["error"]["message"]
+
+
+def test_the_scoring_bench_runs_on_the_tiny_pair(tiny_pair: tuple[Path, Path]) -> None:
+    """scripts/bench_echo.py: each text's tokens and seconds both ways, its JSON whole (figures are not
+    asserted: they are the machine's)."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_echo.py"
+    args = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args, "--texts", "2", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert [row["task"] for row in result["texts"]] == ["HumanEval/1", "HumanEval/3"]
+    for row in result["texts"]:
+        assert row["tokens"] > 50 and row["scored"]["server_s"] > 0 and row["read"]["server_s"] > 0
+        assert row["scored_vs_read"] == row["scored"]["server_s"] / row["read"]["server_s"]
+    assert (
+        result["scored_vs_read_range"][0]
+        <= result["scored_vs_read_median"]
+        <= result["scored_vs_read_range"][1]
+    )
