@@ -540,17 +540,18 @@ class Runner(ContextOwner):
         self.feed(tokens, first_row, n, "catchup", rows=rows, prompt_len=prompt_len)
         return self.rows(rows)
 
-    def score(self, tokens: Sequence[int], scored: Callable[[np.ndarray, int], None]) -> None:
-        """Read ``tokens`` from the start with logits at every position, telling ``scored(rows, start)``
-        each batch's: row i predicts ``tokens[start + i + 1]`` (a prompt's log-probabilities, for a text
-        completion's echo). Batches of ``SCORED_ROWS`` at most, so the logits buffer stays small; the
-        reading is counted as prefill, and the cache then holds ``tokens`` with the last row at hand."""
-        self.truncate(0)  # cached positions have no logits kept
+    def score(self, tokens: Sequence[int], scored: Callable[[np.ndarray, int], None], start: int = 0) -> None:
+        """Read ``tokens`` from ``start`` (the cache's positions before it kept) with logits at every
+        position, telling ``scored(rows, batch_start)`` each batch's: row i predicts ``tokens[batch_start
+        + i + 1]`` (a prompt's log-probabilities, for a text completion's echo). Batches of
+        ``SCORED_ROWS`` at most, so the logits buffer stays small; the reading is counted as prefill, and
+        the cache then holds ``tokens`` with the last row at hand."""
+        self.truncate(start)  # cached positions have no logits kept
         step = min(self.n_batch, SCORED_ROWS)
-        for start in range(0, len(tokens), step):
-            end = min(len(tokens), start + step)
-            self.feed(tokens, start, end, "prefill", rows=end - start)
-            scored(self.rows(end - start), start)
+        for batch_start in range(start, len(tokens), step):
+            end = min(len(tokens), batch_start + step)
+            self.feed(tokens, batch_start, end, "prefill", rows=end - batch_start)
+            scored(self.rows(end - batch_start), batch_start)
 
     def rows(self, count: int) -> np.ndarray:
         """Zero-copy (count, n_vocab) view of the rows of logits the last batch computed."""

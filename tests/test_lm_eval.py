@@ -1,9 +1,9 @@
 """EleutherAI's lm-evaluation-harness against `ead serve`, as its users run it on a served model
 (`lm_eval --model local-completions`): multiple-choice scoring through echoed log-probabilities and
 generation, the tokens through the server's own tokenizer (vLLM's /tokenizer_info and /tokenize, which
-lm-eval finds by itself). Each score is checked against llama.cpp's logits of every position, computed
-apart; each generation against the same request sent directly. Tasks read local files: nothing comes
-from the hub."""
+lm-eval finds by itself). Each score, every prompt read whole, is checked against llama.cpp's logits
+of every position, computed apart, and with the caches reused against those; each generation against the
+same request sent directly. Tasks read local files: nothing comes from the hub."""
 
 from __future__ import annotations
 
@@ -75,34 +75,52 @@ def encoded_pair(server: Server, context: str, continuation: str) -> tuple[list[
     return tokenized(server, context + continuation), len(tokenized(server, context))
 
 
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def run_lm_eval(server: Server, folder: Path, tasks: str, output: Path, arguments: str = "") -> None:
+    """lm-eval's ``tasks`` (local files in ``folder``) against ``server``, its samples to ``output``."""
+    model_args = f"base_url={server.base_url}/completions,model=ead,num_concurrent=1,max_retries=1{arguments}"
+    command = [str(LM_EVAL), "--model", "local-completions", "--model_args", model_args, "--tasks", tasks]
+    command += [
+        "--include_path",
+        str(folder),
+        "--batch_size",
+        "2",
+        "--log_samples",
+        "--output_path",
+        str(output),
+    ]
+    environment = {**os.environ, **OFFLINE, "HF_HOME": str(folder / "hf")}
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "Using remote tokenizer" in done.stderr  # the server's tokenizer, found by lm-eval
+
+
+def cached_prompt_tokens(server: Server) -> float:
+    """The prompt tokens the server's caches kept, in all (its /metrics)."""
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    (line,) = (
+        line for line in metrics.splitlines() if line.startswith("llamacpp:prompt_tokens_cached_total ")
+    )
+    return float(line.split()[1])
+
+
 @pytest.fixture(scope="module")
 def lm_eval_run(
     tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Server, Path]]:
-    """``ead serve`` on the tiny pair (its default mode: the large model alone) and lm-eval's results."""
+    """``ead serve`` on the tiny pair (its default mode: the large model alone), every prompt read whole
+    (``--no-reuse``: the rows llama.cpp gives a prompt read from its start), and lm-eval's results."""
     tmp_path = tmp_path_factory.mktemp("lm-eval")
     write_task(tmp_path, "ead_mc", QUESTIONS)
     write_task(tmp_path, "ead_gen", PROMPTS)
     output = tmp_path / "out"
-    with Server([*pair_args(tiny_pair), "--ctx", "2048"], tmp_path / "server.log") as server:
-        arguments = f"base_url={server.base_url}/completions,model=ead,num_concurrent=1,max_retries=1"
-        command = [str(LM_EVAL), "--model", "local-completions", "--model_args", arguments]
-        command += ["--tasks", "ead_mc,ead_gen", "--include_path", str(tmp_path), "--batch_size", "2"]
-        command += ["--log_samples", "--output_path", str(output)]
-        offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-        done = subprocess.run(
-            command, env={**os.environ, **offline}, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
-        assert "Using remote tokenizer" in done.stderr  # the server's tokenizer, found by lm-eval
+    serve = [*pair_args(tiny_pair), "--ctx", "2048", "--metrics"]
+    with Server([*serve, "--no-reuse"], tmp_path / "server.log") as server:
+        run_lm_eval(server, tmp_path, "ead_mc,ead_gen", output)
         # the same scores with the prompts sent as text (lm-eval decodes them through /detokenize)
-        command[command.index(arguments)] = f"{arguments},tokenized_requests=False"
-        command[command.index("ead_mc,ead_gen")] = "ead_mc"
-        command[-1] = str(tmp_path / "as-text")
-        done = subprocess.run(
-            command, env={**os.environ, **offline}, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
+        run_lm_eval(server, tmp_path, "ead_mc", tmp_path / "as-text", ",tokenized_requests=False")
         yield server, output
 
 
@@ -132,6 +150,25 @@ def test_lm_eval_scores_choices_by_the_large_model_s_log_probabilities(
     assert accuracy == pytest.approx(right / len(QUESTIONS))
     as_text = samples(output.parent / "as-text", "ead_mc")
     assert [row["resps"] for row in as_text] == [row["resps"] for row in rows]
+
+
+def test_lm_eval_with_the_caches_reused_scores_within_rounding(
+    lm_eval_run: tuple[Server, Path], tiny_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """By default a choice that begins as the one scored before keeps its scores and reads past them:
+    the caches kept some of lm-eval's prompts (none read whole), and each choice's score is the one read
+    whole but for llama.cpp's rounding of a prompt read in pieces (up to 0.02 a row on the tiny models)."""
+    whole_server, whole = lm_eval_run
+    assert cached_prompt_tokens(whole_server) == 0
+    write_task(tmp_path, "ead_mc", QUESTIONS)
+    with Server([*pair_args(tiny_pair), "--ctx", "2048", "--metrics"], tmp_path / "server.log") as server:
+        run_lm_eval(server, tmp_path, "ead_mc", tmp_path / "out")
+        assert cached_prompt_tokens(server) > 0
+    reused = samples(tmp_path / "out", "ead_mc")
+    for row, read_whole in zip(reused, samples(whole, "ead_mc"), strict=True):
+        scores = [float(response[0][0]) for response in row["resps"]]
+        expected = [float(response[0][0]) for response in read_whole["resps"]]
+        assert scores == pytest.approx(expected, abs=0.1)
 
 
 def test_lm_eval_generates_what_the_server_answers_directly(lm_eval_run: tuple[Server, Path]) -> None:

@@ -166,6 +166,13 @@ def test_an_echoed_prompt_s_log_probabilities_need_a_local_large_model(
         assert error["param"] == "echo" and served_large in error["message"], error
         answered = httpx.post(f"{server.base_url}/completions", json=body, timeout=60)
         assert answered.status_code == 200 and answered.json()["choices"][0]["text"].startswith("def fib(n):")
+        # the prompt alone (one no other test sends: nothing of it cached): read by llama-server all the
+        # same, and counted as read
+        alone = {**body, "prompt": "class Alone:", "max_tokens": 0}
+        reply = httpx.post(f"{server.base_url}/completions", json=alone, timeout=60).json()
+        assert reply["choices"][0]["text"] == "class Alone:" and reply["usage"]["completion_tokens"] == 0
+        assert reply["ead"]["summary"]["models"][1]["prefill_tokens"] == reply["usage"]["prompt_tokens"]
+        assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         small = {**body, "logprobs": 1, "ead": {"mode": "small"}}
         scored = httpx.post(f"{server.base_url}/completions", json=small, timeout=60).json()
         assert scored["choices"][0]["logprobs"]["token_logprobs"][0] is None

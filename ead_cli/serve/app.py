@@ -1146,7 +1146,8 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     def _answer_limit(body: CompletionBase) -> int:
         """The most tokens the answer may have: the request's limit or the server's, within the context
         (-1, either's: all of it)."""
-        return answer_limit(body.token_limit() or defaults.generation.max_tokens, engine.n_ctx)
+        limit = body.token_limit()
+        return answer_limit(defaults.generation.max_tokens if limit is None else limit, engine.n_ctx)
 
     def _accepted(schema: type[Body], data: bytes, choices: int = 1) -> Body:
         body = parse(schema, data)

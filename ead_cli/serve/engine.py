@@ -49,7 +49,8 @@ class Job:
     end_banned_by: str = "the server's --ignore-eos"  # what bans the end of generation, where it is
     # banned, as the caller gave it: a grammar's dead end names it
     echo: bool = False  # a text completion's echo: with ``logprobs``, the prompt's go first
-    # (``PromptScores``), under the model that writes the answer alone (``scoring_runner``)
+    # (``PromptScores``), under the model that writes the answer alone (``scoring_runner``); with
+    # ``max_tokens`` 0 that model reads the prompt and no answer is written
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,28 @@ class PromptReading:
             wall_s=wall,
             tokens_per_s=summary.generated / wall if wall else 0.0,
         )
+
+
+@dataclass(frozen=True)
+class ScoredPrompt:
+    """A prompt's scores (``PromptScores``) by ``runners[model]`` at ``top`` alternatives, kept for the
+    next prompt that begins as it does."""
+
+    model: int
+    tokens: tuple[int, ...]
+    top: int
+    scores: PromptScores
+
+    def shared(self, model: int, tokens: Sequence[int], top: int, cached: int) -> int:
+        """How many of ``tokens``' first tokens this prompt's scores and ``cached`` positions of that
+        model's cache both hold (0 for another model or top)."""
+        if (model, top) != (self.model, self.top):
+            return 0
+        limit = min(cached, len(self.tokens), len(tokens))
+        common = 0
+        while common < limit and self.tokens[common] == tokens[common]:
+            common += 1
+        return common
 
 
 def scoring_runner(runners: Sequence[Runner | RemoteRunner], policy: PolicyOptions) -> Runner | RemoteRunner:
@@ -233,6 +256,10 @@ class Engine:
         # Set when a stop begins (the first signal): a job cut off from then on was cut off by the stop.
         self.stopping = threading.Event()
         self.metrics = Metrics([runner.name for runner in self.runners])  # every answer's figures, added up
+        # The prompt scored last: a prompt scored next by the same model, at the same top, that begins as
+        # it did (another choice of n; the next choice of a multiple-choice question, lm-eval's) takes the
+        # scores of the part they share, and reads past it alone, while that model's cache holds it.
+        self._scored: ScoredPrompt | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -303,14 +330,15 @@ class Engine:
             runner.on_progress = ticket.send  # a long prompt's stream kept alive while it is read
         try:
             reading = None
-            if job.echo and job.logprobs is not None:
+            if job.echo and (job.logprobs is not None or job.generation.max_tokens == 0):
                 try:  # before the answer's run, which then finds the prompt cached
-                    prompt_scores, reading = self._prompt_scores(job)
+                    prompt_scores, reading = self._read_prompt(job)
                 except Abandoned:
-                    return Failed(f"stopped while scoring the prompt: {self._why_cut_off()}")
+                    return Failed(f"stopped while reading the prompt: {self._why_cut_off()}")
                 except EadError as error:
                     return Failed(str(error))
-                ticket.send(prompt_scores)
+                if prompt_scores is not None:
+                    ticket.send(prompt_scores)
             return self._answered(job, ticket, decoder, scores, abandoned, reading)
         finally:
             for runner in local:
@@ -347,25 +375,41 @@ class Engine:
             self.log(f"stopped after {counted(summary.generated, 'token')}: {self._why_cut_off()}")
         return failure or Finished(summary)
 
-    def _prompt_scores(self, job: Job) -> tuple[PromptScores, PromptReading]:
-        """The log-probabilities of the job's prompt, each token's after the first, its top ``logprobs``;
-        what reading it for them took."""
+    def _read_prompt(self, job: Job) -> tuple[PromptScores | None, PromptReading]:
+        """An echoed prompt read by the model that scores it, and what the reading took: with ``logprobs``
+        with the log-probabilities of each token after the first, its top ``logprobs`` (those of the part
+        it shares with the prompt scored last, that the cache still holds, kept); without, as an answer
+        reads it (``max_tokens`` 0: no answer will). What the cache holds is not read again."""
         runner = scoring_runner(self.runners, job.policy)
-        assert isinstance(runner, Runner), "a request that echoes a served model's prompt is refused"
-        prompt, top = job.prompt, job.logprobs or 0
-        scores: list[Logprobs] = []
+        model, prompt = self.runners.index(runner), job.prompt
+        began, flops, read = time.perf_counter(), runner.flops(), runner.stats.prefill.tokens
+        cached = runner.align(prompt)
+        prompt_scores = None
+        if job.logprobs is None:
+            runner.sync(prompt, prompt_len=len(prompt), own_tail=False)
+        else:
+            assert isinstance(runner, Runner), "a request that echoes a served model's prompt is refused"
+            top = job.logprobs
+            last = self._scored
+            kept = last.shared(model, prompt, top, cached) if last is not None else 0
+            # the kept scores are those the kept tokens' rows gave, but for the last one's: its row,
+            # which scores the first token past them, is read again
+            start = max(kept - 1, 0)
+            scores = [] if last is None else list(last.scores.scores[:start])
 
-        def scored(rows: np.ndarray, start: int) -> None:
-            for row, token in zip(rows, prompt[start + 1 :], strict=False):
-                scores.append(logprobs_of(token, row, top))
+            def scored(rows: np.ndarray, batch_start: int) -> None:
+                for row, token in zip(rows, prompt[batch_start + 1 :], strict=False):
+                    scores.append(logprobs_of(token, row, top))
 
-        began, flops = time.perf_counter(), runner.flops()
-        runner.score(prompt, scored)
+            runner.score(prompt, scored, start)
+            prompt_scores = PromptScores(tuple(scores))
+            self._scored = ScoredPrompt(model, tuple(prompt), top, prompt_scores)
         seconds = time.perf_counter() - began
-        reading = PromptReading(self.runners.index(runner), len(prompt), seconds, runner.flops() - flops)
+        read = runner.stats.prefill.tokens - read
+        reading = PromptReading(model, read, seconds, runner.flops() - flops)
         if not self.reuse:  # the answer reads its prompt whole, as without echo
             runner.truncate(0)
-        return PromptScores(tuple(scores)), reading
+        return prompt_scores, reading
 
     async def embedded(self, inputs: list[list[int]]) -> list[np.ndarray]:
         """Each input's embedding (unnormalised), one request after another on the embedding thread;

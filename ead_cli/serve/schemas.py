@@ -51,14 +51,21 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 NAMED_PATTERNS = ("@code",)
 
 
-def _token_limit(limit: int) -> int:
-    """``max_tokens``: -1, no limit, as llama-server 0.3.36 takes it (its n_predict's alias), or a count."""
-    if limit != NO_LIMIT and limit < 1:
-        raise ValueError(f"Input should be -1 (no limit: to the context's end) or at least 1, got {limit}")
+def _token_limit(limit: int, lowest: int = 1) -> int:
+    """``max_tokens``: -1, no limit, as llama-server 0.3.36 takes it (its n_predict's alias), or a count
+    from ``lowest`` (0: an echoed prompt alone)."""
+    if limit != NO_LIMIT and limit < lowest:
+        zero = ", 0 (with echo: the prompt alone)" if lowest == 0 else ""
+        raise ValueError(
+            f"Input should be -1 (no limit: to the context's end){zero} or at least 1, got {limit}"
+        )
     return limit
 
 
 TokenLimit = Annotated[int, AfterValidator(_token_limit)]
+# a text completion's: 0 reads (and with logprobs scores) an echoed prompt and writes nothing, as OpenAI's
+# legacy completions and vLLM take it
+EchoTokenLimit = Annotated[int, AfterValidator(lambda limit: _token_limit(limit, lowest=0))]
 
 
 def _named(patterns: list[str]) -> list[str]:
@@ -988,6 +995,17 @@ class CompletionRequest(CompletionBase):
     # the prompt before the answer, in its text and, with logprobs, its log-probabilities (the first
     # token's null): how lm-eval's local-completions scores a continuation
     echo: bool | None = None
+    max_tokens: EchoTokenLimit | None = None
+
+    def check_supported(self, choices: int = 1) -> None:
+        """Besides the fields ignored, ``max_tokens`` 0 without ``echo``: nothing to answer."""
+        super().check_supported(choices)
+        if self.max_tokens == 0 and not self.echo:
+            message = (
+                "max_tokens: 0 writes no answer: it is taken with echo "
+                "(the prompt alone, scored with logprobs)"
+            )
+            raise ApiError(400, message, code="invalid_value", param="max_tokens")
 
     def logprobs_count(self) -> int | None:
         """Text completions ask with ``logprobs: N``."""
