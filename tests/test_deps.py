@@ -185,11 +185,18 @@ def test_ead_serve_runs_on_the_declared_lower_bounds(
         with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as response:
             frames = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
         bad = httpx.post(url, json={**body, "messages": "hi"}, timeout=60)
+        # max_tokens' own validators (one each for chats and for a text completion's echo)
+        completions = f"{server.base_url}/completions"
+        alone = {"prompt": "def f(", "max_tokens": 0, "echo": True, "logprobs": 1}
+        echoed = httpx.post(completions, json=alone, timeout=60)
+        unechoed = httpx.post(completions, json={**alone, "echo": False}, timeout=60)
         assert server.stop() == 0
     assert "Traceback" not in server.log()
     assert [(token["token"], token["model"]) for token in whole["ead"]["tokens"]] == expected
     assert [(frame["ead"]["token"], frame["ead"]["model"]) for frame in frames[:-1]] == expected
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    assert echoed.status_code == 200 and echoed.json()["choices"][0]["text"] == "def f("
+    assert unechoed.status_code == 400 and unechoed.json()["error"]["param"] == "max_tokens"
 
 
 def test_a_hub_download_runs_on_the_declared_lower_bounds(

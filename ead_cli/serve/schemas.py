@@ -51,7 +51,7 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 NAMED_PATTERNS = ("@code",)
 
 
-def _token_limit(limit: int, lowest: int = 1) -> int:
+def _checked_limit(limit: int, lowest: int) -> int:
     """``max_tokens``: -1, no limit, as llama-server 0.3.36 takes it (its n_predict's alias), or a count
     from ``lowest`` (0: an echoed prompt alone)."""
     if limit != NO_LIMIT and limit < lowest:
@@ -62,10 +62,20 @@ def _token_limit(limit: int, lowest: int = 1) -> int:
     return limit
 
 
+# Validators of one parameter each: pydantic (2.7, the serve extra's floor) passes its ValidationInfo to
+# a second one, a default or not.
+def _token_limit(limit: int) -> int:
+    return _checked_limit(limit, 1)
+
+
+def _echo_token_limit(limit: int) -> int:
+    return _checked_limit(limit, 0)
+
+
 TokenLimit = Annotated[int, AfterValidator(_token_limit)]
 # a text completion's: 0 reads (and with logprobs scores) an echoed prompt and writes nothing, as OpenAI's
 # legacy completions and vLLM take it
-EchoTokenLimit = Annotated[int, AfterValidator(lambda limit: _token_limit(limit, lowest=0))]
+EchoTokenLimit = Annotated[int, AfterValidator(_echo_token_limit)]
 
 
 def _named(patterns: list[str]) -> list[str]:
