@@ -36,9 +36,9 @@ def server(tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
 def reference_rows(model: Path, tokens: list[int], cuts: tuple[int, ...] = ()) -> np.ndarray:
     """llama.cpp's log-probabilities at every position of ``tokens`` (row i predicts token i + 1), flash
     attention on, as ead's "auto" loads these models (off, its rows differ by up to 3e-3), read in
-    batches of 128 as ead scores a prompt, and cut at ``cuts`` too. A batch reads the positions before
-    it from the cache's f16: the rows past 128 differ from a single batch's by up to 0.02 on the tiny
-    models, as llama.cpp's own differ at another batch size."""
+    batches of 128 as ead scores a prompt, and cut at ``cuts`` too (a cut's tail past it shorter than
+    128, as the tests' are). llama.cpp's rows depend on those pieces: past 128 they differ from a
+    single batch's by up to 0.02 on the tiny models."""
     llm = llama_cpp.Llama(
         str(model),
         n_ctx=16384,
