@@ -15,6 +15,8 @@ from .option_table import DEFAULT_MODE, OPTIONS, SWITCHING, resolve_mode
 from .policies import POLICY_KINDS, SHAPING, Burst, Policy, SwitchPoint, Tau, as_taus, make_policy
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .sampling import SamplingParams
 
 DEFAULT_TOP_K = 20
@@ -184,6 +186,24 @@ def flash_attn_setting(word: str) -> str:
     return FLASH_ATTN_WORDS[word]
 
 
+def check_context_settings(cache_types: Mapping[str, str], flash_attn: str, load_mode: str) -> str:
+    """How llama.cpp loads the weights and keeps the KV cache, as llama-cli's flags say it: the load mode,
+    flash attention, and each KV cache type by its option, checked together (a quantized V cache needs
+    flash attention). Returns flash attention's setting (on, off or auto)."""
+    if load_mode not in LOAD_MODES:
+        choices = ", ".join(LOAD_MODES)
+        raise EadError(f"--load-mode must be one of {choices}, got {quoted(load_mode)}", exit_code=2)
+    setting = flash_attn_setting(flash_attn)
+    for flag, cache_type in cache_types.items():
+        check_cache_type(cache_type, flag)
+        # llama.cpp makes no context of a quantized V cache without flash attention (a line in its log)
+        quantized_v = flag.startswith("--cache-type-v") and cache_type not in UNQUANTIZED_CACHE_TYPES
+        if quantized_v and setting == "off":
+            message = f"{flag} {cache_type} needs flash attention: leave --flash-attn auto or on"
+            raise EadError(message, exit_code=2)
+    return setting
+
+
 # The small model named for a run that leaves it unused (engine.unused_options), as a note names it:
 # --small, or every model of --models but the largest
 SMALL_MODEL_FLAGS = ("--small", "the smaller --models")
@@ -225,17 +245,8 @@ class ModelOptions:
     def __post_init__(self) -> None:
         if self.chat_template is not None and self.chat_template_file is not None:
             raise EadError("give --chat-template or --chat-template-file, not both", exit_code=2)
-        if self.load_mode not in LOAD_MODES:
-            choices = ", ".join(LOAD_MODES)
-            raise EadError(f"--load-mode must be one of {choices}, got {quoted(self.load_mode)}", exit_code=2)
-        object.__setattr__(self, "flash_attn", flash_attn_setting(self.flash_attn))
-        for flag, cache_type in self.cache_flags().items():
-            check_cache_type(cache_type, flag)
-            # llama.cpp makes no context of a quantized V cache without flash attention (a line in its log)
-            quantized_v = flag.startswith("--cache-type-v") and cache_type not in UNQUANTIZED_CACHE_TYPES
-            if quantized_v and self.flash_attn == "off":
-                message = f"{flag} {cache_type} needs flash attention: leave --flash-attn auto or on"
-                raise EadError(message, exit_code=2)
+        setting = check_context_settings(self.cache_flags(), self.flash_attn, self.load_mode)
+        object.__setattr__(self, "flash_attn", setting)
         check_ctx(self.n_ctx)
         check_batch(self.n_batch, "--batch-size")
         check_batch(self.n_ubatch, "--ubatch-size")

@@ -168,6 +168,24 @@ def test_early_exit_equals_the_full_depth_simulation(model: DepthModel, options:
     assert real.flops < real.full_flops
 
 
+def test_early_exit_on_a_quantized_cache_with_flash_attention_equals_its_simulation(tmp_path: Path) -> None:
+    """-ctk/-ctv and -fa reach depth's one model: the graph stopped at a probe layer leaves a q8_0/q4_0
+    cache read as the full-depth simulation's, token for token (heads of 32 values: a block)."""
+    wide = write_tiny_model(tmp_path / "wide.gguf", n_layer=N_LAYER, n_head=2)
+    loaded = DepthModel(wide, n_threads=1, n_ctx=512, cache_types=("q8_0", "q4_0"), flash_attn="on")
+    try:
+        corpus = calibration_corpus(["prose"], probe_every=2, tokens=512)
+        loaded.profile = calibrate(loaded, corpus, probe_every=2, tokens=512)
+        options = DepthOptions(margin=0.0, probe_every=2)
+        real_events, real = run(loaded, options)
+        simulated_events, simulated = run(loaded, replace(options, simulate=True))
+    finally:
+        loaded.close()
+    assert [e.token for e in real_events] == [e.token for e in simulated_events]
+    assert real.depths == simulated.depths
+    assert min(real.depths) < N_LAYER  # it did exit early
+
+
 def test_fixed_depth_equals_a_truncated_copy(tmp_path: Path, model: DepthModel) -> None:
     copy = write_tiny_model(tmp_path / "four.gguf", n_layer=N_LAYER, keep_layers=4)
     events, summary = run(model, DepthOptions(fixed_depth=4))
@@ -631,6 +649,67 @@ def test_the_advice_to_calibrate_is_a_command_to_paste(deep_model: Path, tmp_pat
     saved.write_text("[]")
     corrupt = assert_one_line_error(ead(*base, "--probe-every", "2", env=env), 1, "is corrupt")
     assert corrupt.endswith(": run ead depth calibrate '~/deep.gguf' --probe-every 2 again")
+
+
+# llama.cpp's line for the KV cache it makes, and for flash attention (EAD_VERBOSE shows its log)
+KV_LINE = re.compile(r"llama_kv_cache: size = .*, K \((\w+)\): .*, V \((\w+)\): ")
+FLASH_LINE = re.compile(r"llama_context: flash_attn += (\w+)")
+LOAD_LINE = re.compile(r"\(load_mode = ([\w+]+)\)")
+
+
+def test_every_depth_command_takes_generates_cache_flash_and_load_settings(tmp_path: Path) -> None:
+    """-ctk/-ctv, -fa and -lm (or --no-mmap, --mlock) reach llama.cpp as its log says it made them, on each
+    depth command; the defaults are f16, auto and a mapping."""
+    wide = write_tiny_model(tmp_path / "wide.gguf", n_layer=N_LAYER, n_head=2)
+    env = {"EAD_CONFIG": str(tmp_path / "config" / "calibration.json"), "EAD_VERBOSE": "1"}
+    settings = ("-ctk", "q8_0", "-ctv", "q4_0", "-fa", "on", "--no-mmap")
+    commands = (
+        ("calibrate", "--corpus", "prose", "--tokens", "256", "--probe-every", "2"),
+        ("generate", PROMPT, "--probe-every", "2", "-n", "4"),
+        ("eval", "--tokens", "256", "--no-timing"),
+    )
+    for command, *extra in commands:
+        result = ead("depth", command, str(wide), "--threads", "1", *extra, *settings, env=env)
+        assert result.returncode == 0, result.stderr.decode()[-2000:]
+        log = result.stderr.decode()
+        made = (set(KV_LINE.findall(log)), set(FLASH_LINE.findall(log)), set(LOAD_LINE.findall(log)))
+        assert made == ({("q8_0", "q4_0")}, {"enabled"}, {"none"}), command
+    default = ead(
+        "depth", "generate", str(wide), PROMPT, "--threads", "1", "-n", "2", "--fixed-depth", "4", env=env
+    )
+    assert default.returncode == 0, default.stderr.decode()[-2000:]
+    log = default.stderr.decode()
+    made = (KV_LINE.findall(log), FLASH_LINE.findall(log), LOAD_LINE.findall(log))
+    assert made == ([("f16", "f16")], ["auto"], ["mmap"])  # auto maps the file on a CPU
+    locked = ead("depth", "generate", str(wide), PROMPT, "-n", "2", "--fixed-depth", "4", "--mlock", env=env)
+    assert LOAD_LINE.findall(locked.stderr.decode()) == ["mmap+mlock"], locked.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["-ctk", "q3_k"], "--cache-type-k must be one of f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, "),
+        (
+            ["-ctv", "q8_0", "-fa", "off"],
+            "--cache-type-v q8_0 needs flash attention: leave --flash-attn auto",
+        ),
+        (["-fa", "maybe"], "--flash-attn must be on, off or auto, got 'maybe'"),
+        (["-lm", "lock"], "--load-mode must be one of auto, none, mmap, mlock, mmap+mlock, dio, got 'lock'"),
+        (
+            ["-lm", "mmap", "--no-mmap"],
+            "--load-mode says how the weights load: leave out --no-mmap and --mlock",
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [("calibrate", "--corpus", "prose"), ("generate", PROMPT, "--fixed-depth", "2"), ("eval",)]
+)
+def test_a_bad_cache_flash_or_load_setting_is_refused_before_the_model_is_looked_for(
+    tmp_path: Path, command: tuple[str, ...], args: list[str], fragment: str
+) -> None:
+    name, *extra = command
+    result = ead("depth", name, str(tmp_path / "no-such.gguf"), *extra, *args)
+    assert_one_line_error(result, 2, fragment)
 
 
 def test_bad_inputs_are_one_line(config: dict[str, str], deep_model: Path, tmp_path: Path) -> None:

@@ -17,9 +17,12 @@ from rich.table import Table
 from ..depth import CALIBRATION_TOKENS, WINDOW
 from ..errors import EadError, counted, shown_path
 from ..option_table import listed
-from ..options import check_max_tokens
+from ..options import DEFAULT_CACHE_TYPE, KV_CACHE_TYPES, check_max_tokens, load_mode_of
 from .groups import (
+    LOAD_SETTINGS,
     BatchSize,
+    CacheTypeK,
+    CacheTypeV,
     Ctx,
     Escape,
     FormatOpt,
@@ -89,12 +92,13 @@ class EstimatorName(str, Enum):
 Opener = Callable[..., "DepthModel"]
 
 
-def _opener(**settings: Any) -> Opener:
+def _opener(load_mode: str | None, no_mmap: bool, mlock: bool, **settings: Any) -> Opener:
     """Every depth command's loader of its model: the reference, and what the command adds (a context, the
     profile), loaded with the group's settings, its progress said on stderr."""
     from ..depth.model import open_model
 
-    return functools.partial(open_model, progress=say_progress, **settings)
+    mode = load_mode_of(load_mode, no_mmap=no_mmap, mlock=mlock)
+    return functools.partial(open_model, progress=say_progress, load_mode=mode, **settings)
 
 
 # generate's --batch-size, in depth's words: no drafts or lookup guesses here
@@ -103,6 +107,9 @@ DepthBatchSize = with_help(
     "Tokens read per batch: a prompt's parts, and calibrate's and eval's teacher-forced windows (default: "
     "512; llama.cpp's tools: 2048).",
 )
+# generate's -ctk and -ctv, for the one model here (generate's are the large model's)
+DepthCacheTypeK = with_help(CacheTypeK, f"KV cache type for K: {', '.join(KV_CACHE_TYPES)}.")
+DepthCacheTypeV = with_help(CacheTypeV, "KV cache type for V; a quantized one needs flash attention.")
 # How llama.cpp runs the one model, the same options on every depth command
 LOAD_OPTIONS = OptionGroup(
     "load",
@@ -112,6 +119,9 @@ LOAD_OPTIONS = OptionGroup(
         ("threads", Threads, None),
         ("repack", RepackOpt, None),
         ("catalog", ModelsFile, None),
+        ("cache_type_k", DepthCacheTypeK, DEFAULT_CACHE_TYPE),
+        ("cache_type_v", DepthCacheTypeV, DEFAULT_CACHE_TYPE),
+        *LOAD_SETTINGS,
     ),
     _opener,
 )

@@ -281,7 +281,7 @@ FlashAttn = Annotated[
         "--flash-attn",
         "-fa",
         metavar="on|off|auto",
-        help="Flash attention for every model (auto: where llama.cpp's device has it).",
+        help="Flash attention for every model loaded (auto: where llama.cpp's device has it).",
     ),
 ]
 LoadMode = Annotated[
@@ -306,6 +306,13 @@ Mlock = Annotated[
         help="Older llama.cpp's: keep the weights in RAM (--load-mode mmap+mlock; mlock with --no-mmap).",
     ),
 ]
+# How llama.cpp loads the weights and runs attention, llama-cli's flags: every command that loads models
+LOAD_SETTINGS = (
+    ("flash_attn", FlashAttn, "auto"),
+    ("load_mode", LoadMode, None),
+    ("no_mmap", NoMmap, False),
+    ("mlock", Mlock, False),
+)
 ChatTemplateOpt = Annotated[
     str | None,
     typer.Option(
@@ -429,10 +436,7 @@ def _model_options(served: bool) -> OptionGroup:
             ("cache_type_v", CacheTypeV, DEFAULT_CACHE_TYPE),
             ("cache_type_k_draft", CacheTypeKDraft, DEFAULT_CACHE_TYPE),
             ("cache_type_v_draft", CacheTypeVDraft, DEFAULT_CACHE_TYPE),
-            ("flash_attn", FlashAttn, "auto"),
-            ("load_mode", LoadMode, None),
-            ("no_mmap", NoMmap, False),
-            ("mlock", Mlock, False),
+            *LOAD_SETTINGS,
             *(remote + templates if served else ()),
         ),
         lambda models, catalog, load_mode, no_mmap, mlock, **options: ModelOptions(

@@ -24,7 +24,14 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EadError
-from ..options import check_batch, check_bits, check_ctx, resolve_threads
+from ..options import (
+    DEFAULT_CACHE_TYPE,
+    check_batch,
+    check_bits,
+    check_context_settings,
+    check_ctx,
+    resolve_threads,
+)
 from ..paths import ead_cache_dir
 from ..response import Response
 from ..runner import Runner
@@ -168,6 +175,9 @@ class DepthModel:
         profile: Profile | None = None,
         repack: bool | None = None,
         reference: str | None = None,
+        cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
+        flash_attn: str = "auto",
+        load_mode: str = "auto",
     ) -> None:
         self.path = Path(path)
         self.reference = str(self.path) if reference is None else reference  # as typed, for advice
@@ -183,6 +193,9 @@ class DepthModel:
             n_gpu_layers=0,
             eval_callback=self.tap.callback,
             repack=repack,
+            cache_types=cache_types,
+            flash_attn=flash_attn,
+            load_mode=load_mode,
         )
         self.n_threads = self.runner.n_threads
         self.n_layer = self.weights.n_layer
@@ -446,8 +459,13 @@ def open_model(
     probe_every: int | None = None,
     progress: Callable[[str], None] | None = None,
     repack: bool | None = None,
+    cache_type_k: str = DEFAULT_CACHE_TYPE,
+    cache_type_v: str = DEFAULT_CACHE_TYPE,
+    flash_attn: str = "auto",
+    load_mode: str = "auto",
 ) -> DepthModel:
-    """A model reference as ead generate takes it (alias, path, ollama:…) loaded for ead depth; with
+    """A model reference as ead generate takes it (alias, path, ollama:…) loaded for ead depth, with
+    llama-cli's KV cache types, flash attention and load mode as ead generate takes them; with
     ``profile`` its saved profile too (a one-line error where there is none, advising the command that
     makes it, with the ``probe_every`` given)."""
     from .. import registry
@@ -458,6 +476,8 @@ def open_model(
     check_ctx(n_ctx)
     check_batch(n_batch, "--batch-size")
     check_batch(n_ubatch, "--ubatch-size")
+    cache_flags = {"--cache-type-k": cache_type_k, "--cache-type-v": cache_type_v}
+    flash_attn = check_context_settings(cache_flags, flash_attn, load_mode)
     path = registry.resolve(ref, registry.load_catalog(catalog), progress=progress)
     saved = load_profile(path, reference=ref, probe_every=probe_every) if profile else None
     check_model(path, repack=repack_choice(repack), n_gpu_layers=0, threads=threads)
@@ -470,4 +490,7 @@ def open_model(
         profile=saved,
         repack=repack,
         reference=ref,
+        cache_types=(cache_type_k, cache_type_v),
+        flash_attn=flash_attn,
+        load_mode=load_mode,
     )
