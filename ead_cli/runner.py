@@ -166,6 +166,16 @@ LOAD_MODE_TYPES = {
 }
 
 
+def common_prefix(first: Sequence[int], second: Sequence[int], limit: int | None = None) -> int:
+    """How many leading tokens ``first`` and ``second`` share (at most ``limit``): what a cache holding one
+    keeps for the other (``Runner.align``, a guess confirmed, serve's kept scores)."""
+    end = min(len(first), len(second)) if limit is None else min(len(first), len(second), limit)
+    common = 0
+    while common < end and first[common] == second[common]:
+        common += 1
+    return common
+
+
 def model_params(
     n_gpu_layers: int | None, repack: Repack, load_mode: str = "auto"
 ) -> llama_cpp.llama_model_params:
@@ -506,9 +516,7 @@ class Runner(ContextOwner):
             return self._logits_at == base
         remaining = self._guess[self._guess_used :]
         new = tokens[base : base + len(remaining)]
-        agreed = 0
-        while agreed < len(new) and new[agreed] == remaining[agreed]:
-            agreed += 1
+        agreed = common_prefix(new, remaining)
         self.n_past = base + agreed
         self._seen.extend(new[:agreed])
         self._guess_used += agreed
@@ -598,11 +606,7 @@ class Runner(ContextOwner):
 
         A new run (the next chat turn, another prompt) then reads only what differs.
         """
-        seen = self._seen
-        common = 0
-        limit = min(len(seen), len(tokens))
-        while common < limit and seen[common] == tokens[common]:
-            common += 1
+        common = common_prefix(self._seen, tokens)
         self.truncate(common)
         return common
 

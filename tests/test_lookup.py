@@ -14,7 +14,7 @@ from ead_cli.decoder import Decoder, SpeculativeDecoder
 from ead_cli.lookup import MAX_MATCH, propose
 from ead_cli.policies import EAD, Fixed, Gate
 from ead_cli.prompt import encode_prompt
-from ead_cli.runner import Runner
+from ead_cli.runner import Runner, common_prefix
 from ead_cli.sampling import SamplingParams, probabilities
 
 
@@ -257,3 +257,13 @@ def test_a_runner_answers_a_confirmed_guess_from_its_batch_and_drops_a_wrong_one
         expected = plain.sync(other, prompt_len=len(prompt) - 1, own_tail=True)
         np.testing.assert_allclose(row, expected, rtol=0, atol=0.01)
         assert runner.align(other) == len(other) == runner.n_past
+
+
+def test_common_prefix_counts_the_leading_tokens_two_sequences_share_up_to_a_limit() -> None:
+    """What a cache holding one sequence keeps for another: a guess confirmed, an aligned prompt."""
+    assert common_prefix([1, 2, 3, 4], [1, 2, 5]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2  # one ends inside the other
+    assert common_prefix([1, 2, 3], [1, 2, 3], 1) == 1  # no more than the limit (a cache's length)
+    assert common_prefix([1, 2, 3], [1, 2, 3], 9) == 3
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([7], [8]) == 0

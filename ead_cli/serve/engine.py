@@ -26,7 +26,7 @@ from ..errors import EadError, counted
 from ..options import GenerationOptions, PolicyOptions
 from ..prompt import context_size
 from ..remote import RemoteRunner
-from ..runner import Abandoned, PromptProgress, Runner, never_abandoned
+from ..runner import Abandoned, PromptProgress, Runner, common_prefix, never_abandoned
 from ..sampling import GrammarDeadEnd
 from .metrics import Metrics
 
@@ -136,11 +136,7 @@ class ScoredPrompt:
         model's cache both hold (0 for another model or top)."""
         if (model, top) != (self.model, self.top):
             return 0
-        limit = min(cached, len(self.tokens), len(tokens))
-        common = 0
-        while common < limit and self.tokens[common] == tokens[common]:
-            common += 1
-        return common
+        return common_prefix(self.tokens, tokens, cached)
 
 
 def scoring_runner(runners: Sequence[Runner | RemoteRunner], policy: PolicyOptions) -> Runner | RemoteRunner:
