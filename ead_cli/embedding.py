@@ -56,7 +56,7 @@ class Embedder(ContextOwner):
         self.n_batch = min(EMBED_BATCH, runner.n_batch)
         params.n_batch = self.n_batch
         params.n_ubatch = min(self.n_batch, runner.n_ubatch)
-        params.n_threads = params.n_threads_batch = runner.n_threads
+        params.n_threads, params.n_threads_batch = runner.n_threads, runner.n_threads_batch
         params.embeddings = True
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE  # pooled here: see the module's docstring
         with main_thread_signals():

@@ -195,6 +195,7 @@ def _load(path: Path, role: str, options: ModelOptions, ref: str) -> Runner:
         n_batch=options.n_batch,
         n_ubatch=options.n_ubatch,
         n_threads=options.threads,
+        n_threads_batch=options.threads_batch,
         n_gpu_layers=options.n_gpu_layers,
         repack=options.repack,
         cache_types=options.cache_types(role),

@@ -88,16 +88,22 @@ def default_threads() -> int:
 MAX_THREADS = 512
 
 
-def resolve_threads(threads: int | None) -> int:
-    """--threads, the same for every command: None is all cores; below 1 or above MAX_THREADS is refused
-    (a usage error)."""
+def resolve_threads(threads: int | None, flag: str = "--threads") -> int:
+    """--threads (or --threads-batch, by ``flag``), the same for every command: None is all cores; below 1
+    or above MAX_THREADS is refused (a usage error)."""
     if threads is None:
         return default_threads()
     if threads < 1:
-        raise EadError(f"--threads must be at least 1, got {threads}", exit_code=2)
+        raise EadError(f"{flag} must be at least 1, got {threads}", exit_code=2)
     if threads > MAX_THREADS:
-        raise EadError(f"--threads must be at most {MAX_THREADS} (llama.cpp's most), got {threads}", 2)
+        raise EadError(f"{flag} must be at most {MAX_THREADS} (llama.cpp's most), got {threads}", 2)
     return threads
+
+
+def batch_threads(threads_batch: int | None, threads: int) -> int:
+    """--threads-batch, llama.cpp's -tb: the threads that read batches of several tokens (a prompt, a
+    catch-up, a draft's or a guess's check), ``threads`` where it is not given, as llama.cpp's."""
+    return threads if threads_batch is None else resolve_threads(threads_batch, "--threads-batch")
 
 
 NO_LIMIT = -1  # --max-tokens -1, llama.cpp's -n -1: an answer runs until it ends or the context is full
@@ -221,6 +227,7 @@ class ModelOptions:
     n_batch: int | None = None  # --batch-size: tokens per llama_decode (a prompt's, a draft's rows)
     n_ubatch: int | None = None  # --ubatch-size: tokens per compute graph within a batch
     threads: int | None = None
+    threads_batch: int | None = None  # -tb: threads for batches of several tokens (default: threads)
     n_gpu_layers: int | None = None
     allow_download: bool = True
     models: tuple[str, ...] = ()
@@ -250,7 +257,9 @@ class ModelOptions:
         check_ctx(self.n_ctx)
         check_batch(self.n_batch, "--batch-size")
         check_batch(self.n_ubatch, "--ubatch-size")
-        resolve_threads(self.threads)  # refused here, before any model loads
+        batch_threads(
+            self.threads_batch, resolve_threads(self.threads)
+        )  # refused here, before any model loads
         layers = self.n_gpu_layers
         if layers is not None and layers < -1:  # any negative would offload every layer: only -1 says so
             raise EadError(f"--n-gpu-layers must be -1 (every layer) or at least 0, got {layers}", 2)

@@ -31,6 +31,7 @@ from .options import (
     DEFAULT_CACHE_TYPE,
     DEFAULT_UBATCH,
     UNQUANTIZED_CACHE_TYPES,
+    batch_threads,
     resolve_threads,
 )
 from .sampling import ParsedGrammars
@@ -309,6 +310,7 @@ class Runner(ContextOwner):
         name: str,
         n_ctx: int | None = None,
         n_threads: int | None = None,
+        n_threads_batch: int | None = None,
         n_gpu_layers: int | None = None,
         n_batch: int | None = None,
         n_ubatch: int | None = None,
@@ -356,8 +358,9 @@ class Runner(ContextOwner):
         ctx_params.n_batch = n_batch or DEFAULT_BATCH
         ctx_params.n_ubatch = n_ubatch or DEFAULT_UBATCH
         self.n_threads = resolve_threads(n_threads)
+        self.n_threads_batch = batch_threads(n_threads_batch, self.n_threads)
         ctx_params.n_threads = self.n_threads
-        ctx_params.n_threads_batch = self.n_threads
+        ctx_params.n_threads_batch = self.n_threads_batch
         if eval_callback is not None:  # shown each graph node (ead depth's probes); kept alive by the caller
             ctx_params.cb_eval = eval_callback
         with main_thread_signals():

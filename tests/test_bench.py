@@ -975,6 +975,7 @@ def test_llama_cpp_makes_the_context_ead_expects_of_a_ctx(tiny_small: Path) -> N
     ("options", "differs"),
     [
         ({"threads": 2}, "--threads"),
+        ({"threads_batch": 2}, "--threads-batch"),
         ({"n_ctx": 1024}, "--ctx"),
         ({"n_batch": 64}, "--batch-size, --ubatch-size"),  # the micro-batch follows a smaller batch
         ({"n_ubatch": 64}, "--ubatch-size"),
@@ -994,6 +995,30 @@ def test_a_resume_under_other_threads_or_another_context_is_refused(
     with pytest.raises(EadError, match=rf"holds results of another setup \(differs in: {differs}\)"):
         run(humaneval_job(humaneval[:2], tmp_path), tiny_pair, **options)
     assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
+def test_threads_batch_is_recorded_where_it_is_not_threads_and_another_is_refused_before_models_load(
+    tmp_path: Path, tiny_pair: tuple[Path, Path], humaneval: list[Task]
+) -> None:
+    """-tb as -t is llama.cpp's default, the setup of every results file before ead took -tb: no key, the
+    same table. Another -tb is recorded, and a resume under another (or none) refused before the models
+    load: a model file llama.cpp cannot load, of the same name and size, is not loaded first."""
+    pair = (tmp_path / tiny_pair[0].name, tmp_path / tiny_pair[1].name)
+    for copy, original in zip(pair, tiny_pair, strict=True):
+        shutil.copyfile(original, copy)
+    plain, batched = tmp_path / "plain", tmp_path / "batched"
+    run(humaneval_job(humaneval[:1], plain), pair, threads_batch=1)
+    assert "threads_batch" not in json.loads((plain / "results.jsonl").read_text().splitlines()[0])
+    assert len(run(humaneval_job(humaneval[:2], plain), pair)) == 4  # -t 1 without -tb: the same
+    run(humaneval_job(humaneval[:1], batched), pair, threads_batch=2)
+    assert json.loads((batched / "results.jsonl").read_text().splitlines()[0])["threads_batch"] == 2
+    assert len(run(humaneval_job(humaneval[:2], batched), pair, threads_batch=2)) == 4
+    held = {out: (out / "results.jsonl").read_bytes() for out in (plain, batched)}
+    pair[1].write_bytes(b"GGUF" + bytes(pair[1].stat().st_size - 4))  # its name and size, not a model
+    for out, options in ((batched, {}), (batched, {"threads_batch": 3}), (plain, {"threads_batch": 2})):
+        with pytest.raises(EadError, match=r"holds results of another setup \(differs in: --threads-batch\)"):
+            run(humaneval_job(humaneval[:3], out), pair, **options)
+    assert {out: (out / "results.jsonl").read_bytes() for out in held} == held
 
 
 def test_a_bench_records_the_machine_and_a_resume_on_another_is_refused(

@@ -157,8 +157,8 @@ def test_a_draft_model_that_is_the_large_model_is_accepted_almost_always(tiny_pa
 
 def test_the_servers_read_in_the_bench_models_batches(tiny_pair: tuple[Path, Path]) -> None:
     """llama.cpp's loops are compared alike: each server is started with the batch and micro-batch the
-    bench's own models read in (--batch-size, --ubatch-size), their KV cache types (the small model's as
-    the draft's) and flash attention."""
+    bench's own models read in (--batch-size, --ubatch-size), with their threads (--threads,
+    --threads-batch), their KV cache types (the small model's as the draft's) and flash attention."""
     caches = {"small": ("f32", "bf16"), "large": ("bf16", "f32")}
     runners = [
         Runner(
@@ -166,6 +166,7 @@ def test_the_servers_read_in_the_bench_models_batches(tiny_pair: tuple[Path, Pat
             name=role,
             n_ctx=256,
             n_threads=1,
+            n_threads_batch=2,
             n_batch=8,
             n_ubatch=4,
             cache_types=caches[role],
@@ -180,11 +181,19 @@ def test_the_servers_read_in_the_bench_models_batches(tiny_pair: tuple[Path, Pat
             [server] = children(os.getpid(), "llama-server")
             argv = Path(f"/proc/{server}/cmdline").read_bytes().decode().split("\0")
             assert argv[argv.index("-b") + 1] == "8" and argv[argv.index("-ub") + 1] == "4"
+            assert argv[argv.index("-t") + 1] == "1" and argv[argv.index("-tb") + 1] == "2"
             given = {flag: argv[argv.index(flag) + 1] for flag in ("-ctk", "-ctv", "-ctkd", "-ctvd", "-fa")}
             assert given == {"-ctk": "bf16", "-ctv": "f32", "-ctkd": "f32", "-ctvd": "bf16", "-fa": "off"}
     finally:
         for runner in runners:
             runner.close()
+
+
+def test_a_draft_model_is_given_the_threads_and_batch_threads() -> None:
+    """llama-server's draft model reads with the bench's threads: -td for its drafts, -tbd for batches."""
+    flags = grid.NativeOptions("spec", draft=3).flags(Path("small.gguf"), 1, 2)
+    assert flags[flags.index("-td") + 1] == "1" and flags[flags.index("-tbd") + 1] == "2"
+    assert flags[flags.index("--spec-draft-model") + 1] == "small.gguf"
 
 
 def test_replay_skips_server_samples_and_refuses_them_by_name(tiny_pair, tiny_bench: Path, tmp_path) -> None:

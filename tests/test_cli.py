@@ -879,8 +879,10 @@ def test_a_file_output_below_a_file_is_refused_naming_the_file(
     ],
 )
 def test_every_command_refuses_zero_threads_before_looking_for_a_model(command: tuple[str, ...]) -> None:
-    """One resolution of --threads: the same refusal everywhere, before the model is even looked up."""
+    """One resolution of --threads and --threads-batch: the same refusal everywhere, before the model is
+    even looked up."""
     assert_one_line_error(ead(*command, "--threads", "0"), 2, "--threads must be at least 1, got 0")
+    assert_one_line_error(ead(*command, "-tb", "0"), 2, "--threads-batch must be at least 1, got 0")
 
 
 @pytest.mark.parametrize(

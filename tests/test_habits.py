@@ -149,6 +149,7 @@ def test_the_help_of_json_schema_says_what_an_empty_schema_allows(tiny_pair: tup
         (["-c", "8"], "--ctx must be at least 16, got 8"),
         (["--ctx-size", "8"], "--ctx must be at least 16, got 8"),
         (["-t", "0"], "--threads must be at least 1, got 0"),
+        (["-tb", "0"], "--threads-batch must be at least 1, got 0"),
         (["-ngl", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
         (["--gpu-layers", "-5"], "--n-gpu-layers must be -1 (every layer) or at least 0, got -5"),
         (["-n", "-2"], "--max-tokens must be -1 (no limit) or at least 0, got -2"),  # -1: llama.cpp's

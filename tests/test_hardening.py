@@ -347,6 +347,8 @@ BOUNDS = [
     ("--ctx", "16", "15", "--ctx must be at least 16", ("--raw",)),
     ("--threads", "1", "0", "--threads must be at least 1", ()),
     ("--threads", "512", "513", "--threads must be at most 512", ()),  # llama.cpp's GGML_MAX_N_THREADS
+    ("--threads-batch", "1", "0", "--threads-batch must be at least 1", ()),
+    ("--threads-batch", "512", "513", "--threads-batch must be at most 512", ()),
     ("--n-gpu-layers", "2147483647", "2147483648", "--n-gpu-layers must be at most 2147483647", ()),
     ("--remote-top-k", "1", "0", "--remote-top-k must be in [1, 1000]", ()),
     ("--remote-top-k", "1000", "1001", "--remote-top-k must be in [1, 1000]", ()),

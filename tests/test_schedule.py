@@ -172,7 +172,7 @@ def test_bench_replay_on_the_recording_pair_reproduces_the_counts(
     assert result.returncode == 0, result.stderr
     assert b"replay vs large" in result.stdout and b"schedule replays" in result.stderr
     report = json.loads((tmp_path / replay.REPLAY_FILE).read_text())
-    assert report["kind"] == "schedule replay" and report["threads"] == 1
+    assert report["kind"] == "schedule replay" and report["threads"] == report["threads_batch"] == 1
     assert report["machine"]["cpu"] == this_cpu()[0] and report["machine"]["repack"] == repack_choice().word
     assert (
         report["models"]["large"]["file"] == tiny_pair[1].name and report["models"]["large"]["twin"] is None
@@ -545,7 +545,7 @@ def test_a_replay_whose_checks_pass_the_batch_is_refused_in_one_line(
 
 def test_bench_speed_times_batches_up_to_the_batch_size(tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """A batch larger than --batch-size runs as several: only the sizes up to it are timed (and shown)."""
-    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1"]
+    pair = ["--small", str(tiny_pair[0]), "--large", str(tiny_pair[1]), "--threads", "1", "-tb", "2"]
     out = tmp_path / "speed.json"
     result = ead("bench", "speed", *pair, "--context", "64", "-b", "8", "-ub", "4", "--json", str(out))
     assert result.returncode == 0, result.stderr
@@ -559,7 +559,9 @@ def test_bench_speed_times_batches_up_to_the_batch_size(tiny_pair: tuple[Path, P
         "cpus": os.cpu_count(),
         "repack": repack_choice().word,
     }
-    assert f"tokens of context, {machine_words(figures['machine'])}\n".encode() in result.stdout
+    assert figures["threads"] == {"decode": 1, "batch": 2}  # -tb: the batches' threads
+    caption = f"tokens of context, 1 thread (2 for batches), {machine_words(figures['machine'])}\n"
+    assert caption.encode() in result.stdout
 
 
 def test_bench_speed_prices_a_replay(recorded: Path, tiny_pair: tuple[Path, Path], tmp_path: Path) -> None:

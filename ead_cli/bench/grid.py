@@ -64,7 +64,7 @@ class NativeOptions:
             return f"server-ngram type={self.spec_type}"
         return "server-large"
 
-    def flags(self, small: Path, threads: int) -> list[str]:
+    def flags(self, small: Path, threads: int, threads_batch: int) -> list[str]:
         """The server's options for this configuration (the large model and the common ones aside).
         A stack gives ``--spec-type`` both kinds: llama.cpp then drafts with whichever proposes."""
         if self.kind == "spec":
@@ -72,7 +72,7 @@ class NativeOptions:
             return [
                 "--spec-type", types, "--spec-draft-model", str(small),
                 "--spec-draft-n-max", str(self.draft),
-                "-td", str(threads), "-tbd", str(threads),
+                "-td", str(threads), "-tbd", str(threads_batch),
             ]  # fmt: skip
         if self.kind == "ngram":
             return ["--spec-type", str(self.spec_type)]

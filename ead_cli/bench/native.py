@@ -219,6 +219,7 @@ class NativePeers:
         self.small, self.large = runners[0], runners[-1]
         self.generation = generation
         self.threads = self.large.n_threads  # as many as ead's own runners use
+        self.threads_batch = self.large.n_threads_batch
         self.n_ctx = self.large.n_ctx
         self._stack = ExitStack()
         self._logs = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ead-native-")))
@@ -230,11 +231,11 @@ class NativePeers:
         if options not in self._clients:
             args = [
                 "-c", str(self.n_ctx), "-b", str(self.large.n_batch), "-ub", str(self.large.n_ubatch),
-                "-t", str(self.threads), "-tb", str(self.threads),
+                "-t", str(self.threads), "-tb", str(self.threads_batch),
                 "-ctk", self.large.cache_types[0], "-ctv", self.large.cache_types[1],
                 "-ctkd", self.small.cache_types[0], "-ctvd", self.small.cache_types[1],
                 "-fa", self.large.flash_attn,
-                *options.flags(self.small.path, self.threads),
+                *options.flags(self.small.path, self.threads, self.threads_batch),
             ]  # fmt: skip
             log = self._logs / f"{options.kind}-{len(self._clients)}.log"
             server = self._stack.enter_context(

@@ -327,6 +327,7 @@ def replay_bench(
         roles = role_names(len(runners))
         models = {role: model_record(runner) for role, runner in zip(roles, runners, strict=True)}
         threads = runners[0].n_threads
+        threads_batch = runners[0].n_threads_batch
         n_batch = runners[0].n_batch
     finally:
         close_all(runners)
@@ -343,6 +344,7 @@ def replay_bench(
         "recorded_models": config["models"],
         "models": models,
         "threads": threads,
+        "threads_batch": threads_batch,
         "machine": {
             "system": platform.platform(),
             "processor": platform.machine(),

@@ -41,7 +41,7 @@ from ..errors import EadError, shown_path
 from ..figures import is_amount, is_count, is_share
 from ..gguf_files import training_context
 from ..hardware import machine_record, repack_choice
-from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, resolve_threads
+from ..options import SAMPLE_TIMEOUT_S, GenerationOptions, ModelOptions, batch_threads, resolve_threads
 from ..paths import (
     cannot_save,
     check_kept_file,
@@ -131,6 +131,7 @@ def config_record(
         "n_batch": runners[0].n_batch,
         "n_ubatch": runners[0].n_ubatch,
         "threads": resolve_threads(models.threads),
+        **batch_threads_record(models),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
         # the template the prompts were written with, as loading set it on the models
@@ -138,6 +139,14 @@ def config_record(
         "machine": machine_record(repack_choice(models.repack)),
     }
     return setup_record(bench, generation, source_sha256, prompt, timeout_s) | json.loads(json.dumps(config))
+
+
+def batch_threads_record(models: ModelOptions) -> Record:
+    """--threads-batch where it is not --threads: a config without it (every one before ead took -tb)
+    read its batches with --threads' threads, as llama.cpp does without -tb."""
+    threads = resolve_threads(models.threads)
+    batch = batch_threads(models.threads_batch, threads)
+    return {} if batch == threads else {"threads_batch": batch}
 
 
 def kv_cache_record(models: ModelOptions) -> Record:
@@ -170,9 +179,9 @@ def check_setup(path: Path, config: Record, stored: Record) -> None:
 
 def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], models: ModelOptions) -> None:
     """Refuse, before the models load, results of other model files (told by their names and sizes; a
-    llama-server's, None, is compared once connected), other --threads, --n-gpu-layers, KV cache types,
-    --flash-attn or machine (CPU, cores, weight repacking), another context where --ctx gives it
-    (``padded_context``) and every model is a file, and other batch sizes
+    llama-server's, None, is compared once connected), other --threads, --threads-batch, --n-gpu-layers,
+    KV cache types, --flash-attn or machine (CPU, cores, weight repacking), another context where --ctx
+    gives it (``padded_context``) and every model is a file, and other batch sizes
     (``made_batches``, in the smallest model's context: --ctx, else its header's training context): all
     that is known of ``config_record`` without loading them. The rest needs them loaded, and is compared
     once they are (``Results``): the parameters and the tokenizer, which llama.cpp reads from the weights
@@ -188,6 +197,7 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
             for role, file in files.items()
         },
         "threads": resolve_threads(models.threads),
+        "threads_batch": batch_threads_record(models).get("threads_batch"),
         "gpu_layers": gpu_layers(models.n_gpu_layers) if gpu_offload_available() else 0,
         **kv_cache_record(models),
         # compared where the stored config has one
@@ -207,6 +217,7 @@ def check_model_files(held: HeldResults, files: Mapping[str, ModelFile | None], 
     if asked is not None:
         config |= made_batches(models.n_batch, models.n_ubatch, padded_context(asked))
     recorded = {key: stored[key] for key in config if key in stored}
+    recorded["threads_batch"] = stored.get("threads_batch")  # absent: --threads' (batch_threads_record)
     if isinstance(recorded.get("models"), dict):  # an edited file's other value differs as it is
         recorded["models"] = {
             role: None if files.get(role) is None else _file_of(model)
@@ -236,6 +247,7 @@ SETUP_NAMES = {
     "n_batch": "--batch-size",
     "n_ubatch": "--ubatch-size",
     "threads": "--threads",
+    "threads_batch": "--threads-batch",
     "gpu_layers": "--n-gpu-layers",
     "cache_types": "the KV cache types: -ctk, -ctv, -ctkd or -ctvd",
     "flash_attn": "--flash-attn",

@@ -290,6 +290,7 @@ class SpeedReport:
     verdict: str
     checks: list[Check] | None  # with a replay report to check the cost model against
     machine: dict[str, Any]  # where the rates were measured (hardware.machine_record)
+    threads: dict[str, int]  # with how many threads: a decode's (--threads), a batch's (--threads-batch)
 
     def as_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -320,6 +321,7 @@ def speed_report(
             read = [shard for runner in runners for shard in shard_paths(runner.path)]
             check_not_read(json_out, [*read, *([replay_file(replay_path)] if replay_path else [])])
         small, large = measure_pair(runners, context, progress)
+        threads = {"decode": runners[0].n_threads, "batch": runners[0].n_threads_batch}
     finally:
         close_all(runners)
     checks = check_replay(replay_report, small, large) if replay_report is not None else None
@@ -330,6 +332,7 @@ def speed_report(
         verdict(small, large),
         checks,
         machine_record(repack_choice(model_options.repack)),
+        threads,
     )
 
 

@@ -381,7 +381,9 @@ def bench_speed(
             for rates in report.rates
         ],
     )
-    print(f"tokens per second at {context} tokens of context, {machine_words(report.machine)}")
+    decode, batch = report.threads["decode"], report.threads["batch"]
+    used = counted(decode, "thread") + (f" ({batch} for batches)" if batch != decode else "")
+    print(f"tokens per second at {context} tokens of context, {used}, {machine_words(report.machine)}")
     for rates in report.rates:
         if rates.out_of_order:
             sizes = ", ".join(str(size) for size in rates.out_of_order)

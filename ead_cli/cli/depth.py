@@ -41,6 +41,7 @@ from .groups import (
     Stop,
     Temp,
     Threads,
+    ThreadsBatch,
     UBatchSize,
     given_file,
     given_model,
@@ -107,6 +108,11 @@ DepthBatchSize = with_help(
     "Tokens read per batch: a prompt's parts, and calibrate's and eval's teacher-forced windows (default: "
     "512; llama.cpp's tools: 2048).",
 )
+DepthThreadsBatch = with_help(
+    ThreadsBatch,
+    "CPU threads for batches of several tokens: a prompt, calibrate's and eval's windows (default: "
+    "--threads).",
+)
 # generate's -ctk and -ctv, for the one model here (generate's are the large model's)
 DepthCacheTypeK = with_help(CacheTypeK, f"KV cache type for K: {', '.join(KV_CACHE_TYPES)}.")
 DepthCacheTypeV = with_help(CacheTypeV, "KV cache type for V; a quantized one needs flash attention.")
@@ -117,6 +123,7 @@ LOAD_OPTIONS = OptionGroup(
         ("n_batch", DepthBatchSize, None),
         ("n_ubatch", UBatchSize, None),
         ("threads", Threads, None),
+        ("threads_batch", DepthThreadsBatch, None),
         ("repack", RepackOpt, None),
         ("catalog", ModelsFile, None),
         ("cache_type_k", DepthCacheTypeK, DEFAULT_CACHE_TYPE),

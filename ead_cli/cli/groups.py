@@ -219,6 +219,15 @@ UBatchSize = Annotated[
     ),
 ]
 Threads = Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads (default: all cores).")]
+ThreadsBatch = Annotated[
+    int | None,
+    typer.Option(
+        "--threads-batch",
+        "-tb",
+        help="CPU threads for batches of several tokens: a prompt, a catch-up, a draft's or a guess's check "
+        "(default: --threads).",
+    ),
+]
 GpuLayers = Annotated[
     int | None,
     typer.Option(
@@ -430,6 +439,7 @@ def _model_options(served: bool) -> OptionGroup:
             ("n_batch", BatchSize, None),
             ("n_ubatch", UBatchSize, None),
             ("threads", Threads, None),
+            ("threads_batch", ThreadsBatch, None),
             ("n_gpu_layers", GpuLayers, None),
             ("repack", RepackOpt, None),
             ("cache_type_k", CacheTypeK, DEFAULT_CACHE_TYPE),

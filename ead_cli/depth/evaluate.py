@@ -472,17 +472,21 @@ def plot(result: dict, path: Path) -> str | None:
 
 
 def plain_runner(model: DepthModel) -> Runner:
-    """The same model file and batches with no callback: the full-depth wall-clock reference. Both runners
-    read one prefill first, so neither is timed while its mapping of the weights pages in."""
+    """The same model file, threads, batches and KV cache with no callback: the full-depth wall-clock
+    reference. Both runners read one prefill first, so neither is timed while its mapping of the weights
+    pages in."""
     plain = Runner(
         model.path,
         name="plain",
         n_ctx=model.runner.n_ctx,
         n_threads=model.n_threads,
+        n_threads_batch=model.runner.n_threads_batch,
         n_batch=model.runner.n_batch,
         n_ubatch=model.runner.n_ubatch,
         n_gpu_layers=0,
         repack=model.runner.repack.enabled,
+        cache_types=model.runner.cache_types,
+        flash_attn=model.runner.flash_attn,
     )
     warm_up([plain, model.runner], prompt_of(model))
     return plain

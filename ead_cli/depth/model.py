@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import EadError
 from ..options import (
     DEFAULT_CACHE_TYPE,
+    batch_threads,
     check_batch,
     check_bits,
     check_context_settings,
@@ -169,6 +170,7 @@ class DepthModel:
         path: Path,
         *,
         n_threads: int | None = None,
+        n_threads_batch: int | None = None,
         n_ctx: int | None = 4096,
         n_batch: int | None = None,
         n_ubatch: int | None = None,
@@ -188,6 +190,7 @@ class DepthModel:
             name="model",
             n_ctx=n_ctx,
             n_threads=n_threads,
+            n_threads_batch=n_threads_batch,
             n_batch=n_batch,
             n_ubatch=n_ubatch,
             n_gpu_layers=0,
@@ -452,6 +455,7 @@ def open_model(
     *,
     catalog: Path | None = None,
     threads: int | None = None,
+    threads_batch: int | None = None,
     n_ctx: int | None = 4096,
     n_batch: int | None = None,
     n_ubatch: int | None = None,
@@ -472,7 +476,9 @@ def open_model(
     from ..hardware import repack_choice
     from ..smoke import check_model
 
-    resolve_threads(threads)  # refused before a model is looked up, as in ead generate
+    batch_threads(
+        threads_batch, resolve_threads(threads)
+    )  # refused before a model is looked up, as in generate
     check_ctx(n_ctx)
     check_batch(n_batch, "--batch-size")
     check_batch(n_ubatch, "--ubatch-size")
@@ -484,6 +490,7 @@ def open_model(
     return DepthModel(
         path,
         n_threads=threads,
+        n_threads_batch=threads_batch,
         n_ctx=n_ctx,
         n_batch=n_batch,
         n_ubatch=n_ubatch,

@@ -51,7 +51,7 @@ def teacher_force(
     """One full-depth pass per window with every probe layer's output kept, read out in full (batched),
     and by the named estimators."""
     runner, tap = model.runner, model.tap
-    head = Head(model.weights, model.n_threads)  # batched readouts are compute-bound: every thread
+    head = Head(model.weights, model.runner.n_threads_batch)  # batched readouts: compute-bound, as batches
     lowrank = (
         model.estimator(DepthOptions(estimator="lowrank", rank=rank)) if "lowrank" in estimators else None
     )
