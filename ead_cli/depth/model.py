@@ -476,9 +476,8 @@ def open_model(
     from ..hardware import repack_choice
     from ..smoke import check_model
 
-    batch_threads(
-        threads_batch, resolve_threads(threads)
-    )  # refused before a model is looked up, as in generate
+    # refused before a model is looked up, as in ead generate
+    batch_threads(threads_batch, resolve_threads(threads))
     check_ctx(n_ctx)
     check_batch(n_batch, "--batch-size")
     check_batch(n_ubatch, "--ubatch-size")
