@@ -257,9 +257,8 @@ class ModelOptions:
         check_ctx(self.n_ctx)
         check_batch(self.n_batch, "--batch-size")
         check_batch(self.n_ubatch, "--ubatch-size")
-        batch_threads(
-            self.threads_batch, resolve_threads(self.threads)
-        )  # refused here, before any model loads
+        # refused here, before any model loads
+        batch_threads(self.threads_batch, resolve_threads(self.threads))
         layers = self.n_gpu_layers
         if layers is not None and layers < -1:  # any negative would offload every layer: only -1 says so
             raise EadError(f"--n-gpu-layers must be -1 (every layer) or at least 0, got {layers}", 2)
