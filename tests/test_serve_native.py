@@ -305,6 +305,38 @@ def test_a_schema_no_answer_meets_ends_a_stream_with_an_error_event_naming_json_
     assert whole.status_code == 400 and whole.json()["error"]["param"] == "json_schema"
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_a_bare_curl_d_is_answered_on_every_route_as_llama_server_answers_it(server: Server) -> None:
+    """``curl URL -d '{...}'`` without a Content-Type sends a form's type, which llama-server reads as JSON:
+    ead reads it so where no web page sent it (no Origin), on llama-server's routes and OpenAI's. From a
+    page, a form is still a 415: a page may post one anywhere without asking first."""
+    cases = (
+        ("/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0}, "content"),
+        ("/v1/chat/completions", {"messages": HI, "max_tokens": 6, "temperature": 0}, "choices"),
+        ("/tokenize", {"content": PROMPT}, "tokens"),
+    )
+    for path, body, key in cases:
+        curl = subprocess.run(
+            ["curl", "-sS", f"{server.url}{path}", "-d", json.dumps(body)], capture_output=True, timeout=120
+        )
+        assert curl.returncode == 0, curl.stderr
+        assert json.loads(curl.stdout)[key] == post(server, path, body).json()[key], path
+        from_page = httpx.post(
+            f"{server.url}{path}",
+            content=json.dumps(body),
+            headers={"Content-Type": "application/x-www-form-urlencoded", "Origin": server.url},
+            timeout=120,
+        )
+        assert from_page.status_code == 415, path
+        assert from_page.json()["error"]["code"] == "unsupported_media_type"
+    untyped = httpx.post(f"{server.url}/tokenize", content=json.dumps({"content": PROMPT}), timeout=60)
+    assert untyped.status_code == 200 and untyped.json()["tokens"]  # no Content-Type at all
+    plain = httpx.post(
+        f"{server.url}/tokenize", content=b"{}", headers={"Content-Type": "text/plain"}, timeout=60
+    )
+    assert plain.status_code == 415  # what a page sends without asking, curl's -d never
+
+
 def test_props_give_the_servers_real_settings(server: Server, tiny_pair: tuple[Path, Path]) -> None:
     props = httpx.get(f"{server.url}/props", timeout=60).json()
     served = httpx.get(f"{server.url}/v1/models", timeout=60).json()["data"][0]["ead"]

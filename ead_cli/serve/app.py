@@ -175,8 +175,7 @@ class Requests:
     rendering, tokenizing (on the preparing threads) and the engine's queue."""
 
     authorized: Callable[[Request], Awaitable[None]]
-    json_body: Callable[[Request], Awaitable[bytes]]  # sent as JSON (what a web page cannot send unasked)
-    curl_body: Callable[[Request], Awaitable[bytes]]  # as ollama takes it: a bare curl -d's too
+    json_body: Callable[[Request], Awaitable[bytes]]  # sent as JSON, or by a bare curl -d (no web page)
     chat: Callable[[bytes], Awaitable[tuple[ChatRequest, Job]]]  # an OpenAI chat request's body
     template: Callable[[bytes], Awaitable[str]]  # a chat request's body: its prompt, rendered
     text: Callable[[bytes], Awaitable[tuple[CompletionRequest, list[Job]]]]  # a text completion's (a batch)
@@ -1412,13 +1411,13 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
             return f"{steps}, which takes tokens back that a grammar cannot"
         return None
 
-    async def _json_body(request: Request, as_curl_sends: bool = False) -> bytes:
+    async def _json_body(request: Request) -> bytes:
         """The body, if it says it is JSON: a web page can POST text/plain or a form anywhere without
         asking; and if it is sent as is (a gzip body read as JSON was a 400 that called it invalid JSON).
-        ``as_curl_sends``: also a bare ``curl -d``'s form type, or none, where no page sent it (no Origin),
-        as ollama takes its API's bodies (its docs' examples send no Content-Type)."""
+        A bare ``curl -d``'s form type, or none, is taken where no page sent it (no Origin), as
+        llama-server and ollama take a body whatever its type (ollama's docs' examples send none)."""
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-        from_curl = as_curl_sends and "origin" not in request.headers and media in ("", FORM)
+        from_curl = "origin" not in request.headers and media in ("", FORM)
         if media != "application/json" and not from_curl:
             sent = quoted(media or "none")
             message = f"the body must be JSON sent as Content-Type: application/json, not {sent}"
@@ -1435,7 +1434,6 @@ def create_app(engine: Engine, defaults: Defaults, options: ServeOptions, log: L
     app.state.requests = Requests(
         authorized=authorized,
         json_body=_json_body,
-        curl_body=functools.partial(_json_body, as_curl_sends=True),
         chat=functools.partial(prepared, _prepare_chat),
         template=functools.partial(prepared, _prepare_template),
         text=functools.partial(prepared, functools.partial(_prepare_text, choices=MAX_CHOICES)),

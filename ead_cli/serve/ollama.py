@@ -660,7 +660,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
 
     @app.post("/api/show", dependencies=keyed)
     async def show(request: Request) -> dict[str, Any]:
-        named = parse(_Named, await requests.curl_body(request))
+        named = parse(_Named, await requests.json_body(request))
         _served_name(named.model, any_model)
         tag = _tag(engine, requests.served_model(), started, size)
         info = {"general.architecture": MODEL_ID, f"{MODEL_ID}.context_length": engine.n_ctx}
@@ -681,7 +681,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
         """A pull of the model served answers as ollama's of a model it has, so that clients that pull
         before they use a model go on: its last line, ``{"status": "success"}``, streamed unless
         ``stream: false``; another name is the 404 of a model not served."""
-        asked = parse(_Pulled, await requests.curl_body(request))
+        asked = parse(_Pulled, await requests.json_body(request))
         name = asked.model or asked.name
         if not name:
             raise ApiError(400, "model is required", param="model")  # ollama's words
@@ -698,12 +698,12 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
 
     @app.post("/api/chat", dependencies=keyed)
     async def chat(request: Request) -> Any:
-        asked = parse(OllamaChat, await requests.curl_body(request))
+        asked = parse(OllamaChat, await requests.json_body(request))
         return await _answered(request, asked)
 
     @app.post("/api/generate", dependencies=keyed)
     async def generate(request: Request) -> Any:
-        asked = parse(OllamaGenerate, await requests.curl_body(request))
+        asked = parse(OllamaGenerate, await requests.json_body(request))
         return await _answered(request, asked)
 
     @app.post("/api/embed", dependencies=keyed)
@@ -735,7 +735,7 @@ def add_routes(app: FastAPI, engine: Engine, any_model: bool) -> None:
             _served_name(asked.model, any_model)
             return asked, asked.tokens(requests.embedder())
 
-        asked, tokens = await requests.prepared(prepare, await requests.curl_body(request))
+        asked, tokens = await requests.prepared(prepare, await requests.json_body(request))
         return asked, tokens, await requests.embedded(request.url.path, tokens)
 
     async def _answered(request: Request, asked: OllamaChat | OllamaGenerate) -> Any:
